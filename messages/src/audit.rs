@@ -1,0 +1,69 @@
+//! Audit events on `sandbox.v1.audit.<event>`, stored in the `SANDBOX_AUDIT` stream.
+
+use serde::{Deserialize, Serialize};
+
+/// The event name is the last subject token, so consumers can filter by subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditKind {
+    RequestReceived,
+    RiskAssessed,
+    ConfirmationRequested,
+    ConfirmationDecided,
+    Placed,
+    Started,
+    Finished,
+    Rejected,
+    FileWritten,
+    FileDeleted,
+    WorkspaceRestored,
+    WorkspaceCleaned,
+    SessionOpened,
+    SessionClosed,
+    SessionLost,
+}
+
+impl AuditKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AuditKind::RequestReceived => "request_received",
+            AuditKind::RiskAssessed => "risk_assessed",
+            AuditKind::ConfirmationRequested => "confirmation_requested",
+            AuditKind::ConfirmationDecided => "confirmation_decided",
+            AuditKind::Placed => "placed",
+            AuditKind::Started => "started",
+            AuditKind::Finished => "finished",
+            AuditKind::Rejected => "rejected",
+            AuditKind::FileWritten => "file_written",
+            AuditKind::FileDeleted => "file_deleted",
+            AuditKind::WorkspaceRestored => "workspace_restored",
+            AuditKind::WorkspaceCleaned => "workspace_cleaned",
+            AuditKind::SessionOpened => "session_opened",
+            AuditKind::SessionClosed => "session_closed",
+            AuditKind::SessionLost => "session_lost",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    /// ULID of the event.
+    pub id: String,
+    pub kind: AuditKind,
+    /// Unix milliseconds.
+    pub time: u64,
+    /// The service instance that emitted it, `<service>.<instance_id>`.
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// Who asked (`requested_by` of the request), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    /// Event-specific facts (level, tier, node, status, path, ...).
+    #[serde(default)]
+    pub details: serde_json::Value,
+}

@@ -1,0 +1,122 @@
+//! Human-in-the-loop confirmation of risky work.
+
+use serde::{Deserialize, Serialize};
+
+use crate::risk::RiskAssessment;
+
+/// `sandbox.v1.confirm.request`. With `wait` (the default) the reply comes when the decision
+/// does (or at the timeout); without it the reply is the pending record, to be followed with
+/// `get` or the `confirm.decided.<id>` event.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ConfirmRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub risk: RiskAssessment,
+    #[serde(default)]
+    pub summary: String,
+    #[serde(default)]
+    pub code_excerpt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default = "default_true")]
+    pub wait: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfirmState {
+    #[default]
+    Pending,
+    Approved,
+    Denied,
+    Timeout,
+}
+
+impl ConfirmState {
+    pub const fn is_final(self) -> bool {
+        !matches!(self, ConfirmState::Pending)
+    }
+}
+
+/// How far an approval reaches: this request only, or the same rules for the rest of the
+/// session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfirmScope {
+    #[default]
+    Once,
+    Session,
+}
+
+/// A confirmation as stored and as returned by every `confirm.*` call.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Confirmation {
+    pub id: String,
+    pub state: ConfirmState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub risk: RiskAssessment,
+    #[serde(default)]
+    pub summary: String,
+    #[serde(default)]
+    pub code_excerpt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// Unix milliseconds.
+    pub created_at: u64,
+    /// Unix milliseconds after which a pending request times out.
+    pub expires_at: u64,
+    /// Who decided (a person, or `policy:<name>` for automatic decisions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub scope: ConfirmScope,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<u64>,
+}
+
+/// `sandbox.v1.confirm.decide`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmDecide {
+    pub id: String,
+    pub approve: bool,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub scope: ConfirmScope,
+}
+
+/// `sandbox.v1.confirm.get`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmGet {
+    pub id: String,
+}
+
+/// `sandbox.v1.confirm.list`: pending ones by default.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ConfirmList {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ConfirmState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ConfirmListReply {
+    pub confirmations: Vec<Confirmation>,
+}

@@ -1,0 +1,295 @@
+//! Executions: the request a client sends, the result it gets back, and the output chunks
+//! streamed while it runs.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ErrorBody;
+use crate::risk::RiskAssessment;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Language {
+    #[default]
+    Python,
+    Javascript,
+    Shell,
+}
+
+impl Language {
+    pub const ALL: &'static [Language] = &[Language::Python, Language::Javascript, Language::Shell];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Javascript => "javascript",
+            Language::Shell => "shell",
+        }
+    }
+}
+
+impl std::str::FromStr for Language {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "python" | "py" | "python3" => Ok(Language::Python),
+            "javascript" | "js" | "node" => Ok(Language::Javascript),
+            "shell" | "sh" | "bash" => Ok(Language::Shell),
+            other => Err(format!(
+                "unknown language {other:?}; supported: python, javascript, shell"
+            )),
+        }
+    }
+}
+
+/// Where code runs (DESIGN.md §1 "Tiers").
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// A pre-warmed single-use hardened container.
+    #[default]
+    Ephemeral,
+    /// The session's own hardened container, reused across its executions.
+    Session,
+    /// An AIO sandbox bound to the session.
+    Aio,
+    /// Never runs.
+    Reject,
+}
+
+impl Tier {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Tier::Ephemeral => "ephemeral",
+            Tier::Session => "session",
+            Tier::Aio => "aio",
+            Tier::Reject => "reject",
+        }
+    }
+}
+
+/// The tier a client asks for; `auto` lets the risk policy decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TierChoice {
+    #[default]
+    Auto,
+    Ephemeral,
+    Session,
+    Aio,
+}
+
+/// Resource limits a request may ask for; each is clamped to (or refused above) the ceilings.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// How a file's `content` is written on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentEncoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+/// A file placed in the workspace before the code runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSpec {
+    pub path: String,
+    pub content: String,
+    #[serde(default)]
+    pub encoding: ContentEncoding,
+}
+
+impl FileSpec {
+    /// The file's bytes, decoding base64 when asked to.
+    pub fn bytes(&self) -> Result<Vec<u8>, String> {
+        crate::decode_content(&self.content, self.encoding)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The idempotency key; a ULID is assigned when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    pub language: Language,
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub tier: TierChoice,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileSpec>,
+    #[serde(default)]
+    pub stream_output: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecStatus {
+    /// Exit code 0.
+    Ok,
+    /// Non-zero exit.
+    Error,
+    Timeout,
+    Oom,
+    OutputLimit,
+    Killed,
+    Rejected,
+    Denied,
+    ExecutorLost,
+    #[default]
+    Internal,
+}
+
+impl ExecStatus {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ExecStatus::Ok => "ok",
+            ExecStatus::Error => "error",
+            ExecStatus::Timeout => "timeout",
+            ExecStatus::Oom => "oom",
+            ExecStatus::OutputLimit => "output_limit",
+            ExecStatus::Killed => "killed",
+            ExecStatus::Rejected => "rejected",
+            ExecStatus::Denied => "denied",
+            ExecStatus::ExecutorLost => "executor_lost",
+            ExecStatus::Internal => "internal",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    #[default]
+    NotRequired,
+    Approved,
+    Denied,
+    Timeout,
+}
+
+/// Why the execution was (or was not) allowed to run.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ConfirmationOutcome {
+    pub decision: Decision,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub peak_memory_bytes: u64,
+    pub cpu_ms: u64,
+}
+
+/// Milliseconds spent in each phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Timing {
+    #[serde(default)]
+    pub queued_ms: u64,
+    #[serde(default)]
+    pub assess_ms: u64,
+    #[serde(default)]
+    pub confirm_ms: u64,
+    #[serde(default)]
+    pub exec_ms: u64,
+    #[serde(default)]
+    pub total_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub execution_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    pub status: ExecStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    #[serde(default)]
+    pub stderr_truncated: bool,
+    pub tier: Tier,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub risk: RiskAssessment,
+    #[serde(default)]
+    pub confirmation: ConfirmationOutcome,
+    #[serde(default)]
+    pub files_created: Vec<String>,
+    #[serde(default)]
+    pub files_modified: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(default)]
+    pub timing: Timing,
+    /// Set when the session's process state was lost (its node died and the session was
+    /// re-placed with its workspace restored).
+    #[serde(default)]
+    pub session_restored: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// `sandbox.v1.exec.result` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultGet {
+    pub execution_id: String,
+}
+
+/// `sandbox.v1.exec.result` reply: the result once stored, or `pending` while it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ResultLookup {
+    Done { result: Box<ExecResult> },
+    Pending { execution_id: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// One piece of live output on `sandbox.v1.output.<execution_id>`. `seq` starts at 0 and has no
+/// gaps, so a consumer can detect loss; the chunk with `eof` is the last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    pub seq: u64,
+    pub stream: OutputStream,
+    pub data: String,
+    #[serde(default)]
+    pub eof: bool,
+}

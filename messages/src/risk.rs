@@ -1,0 +1,114 @@
+//! Static risk assessment: advisory input to routing and confirmation, never the boundary.
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::Tier;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentType {
+    Python,
+    Javascript,
+    Shell,
+    Browser,
+}
+
+impl ContentType {
+    pub const SUPPORTED: &'static str = "python, javascript, shell, browser";
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ContentType::Python => "python",
+            ContentType::Javascript => "javascript",
+            ContentType::Shell => "shell",
+            ContentType::Browser => "browser",
+        }
+    }
+}
+
+impl From<crate::exec::Language> for ContentType {
+    fn from(l: crate::exec::Language) -> Self {
+        match l {
+            crate::exec::Language::Python => ContentType::Python,
+            crate::exec::Language::Javascript => ContentType::Javascript,
+            crate::exec::Language::Shell => ContentType::Shell,
+        }
+    }
+}
+
+/// Strict (production default): anything not SAFE goes to `session` or stricter.
+/// Permissive (development): the assessor's suggestion is followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecurityMode {
+    #[default]
+    Strict,
+    Permissive,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum RiskLevel {
+    #[default]
+    Safe,
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+impl RiskLevel {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RiskLevel::Safe => "safe",
+            RiskLevel::Low => "low",
+            RiskLevel::Medium => "medium",
+            RiskLevel::High => "high",
+            RiskLevel::Critical => "critical",
+        }
+    }
+}
+
+/// `sandbox.v1.risk.assess` request. `content` is the code (or, for `browser`, the action
+/// name); `params` carries browser action parameters (url, selector, text, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssessRequest {
+    pub content: String,
+    pub content_type: ContentType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<SecurityMode>,
+}
+
+/// One rule that matched, with where it matched when the source was parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    pub rule: String,
+    pub severity: RiskLevel,
+    pub description: String,
+    /// 1-based line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// Byte offsets into the content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RiskAssessment {
+    pub level: RiskLevel,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub requires_confirmation: bool,
+    #[serde(default)]
+    pub requires_isolation: bool,
+    pub suggested_tier: Tier,
+    #[serde(default)]
+    pub findings: Vec<Finding>,
+}

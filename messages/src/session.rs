@@ -1,0 +1,67 @@
+//! Sessions: a workspace (always) and, in tier `session`, a container on one executor node.
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::{Language, Tier};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// Opened; no container placed yet.
+    #[default]
+    Open,
+    /// Its container runs on `node`.
+    Active,
+    /// Its node was lost; the next execution re-places it with the workspace restored.
+    Lost,
+    Closed,
+}
+
+/// The value stored in KV `sandbox_sessions` under the session id.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub session_id: String,
+    pub state: SessionState,
+    pub tier: Tier,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Unix milliseconds.
+    pub created_at: u64,
+    pub last_used_at: u64,
+    #[serde(default)]
+    pub executions: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+}
+
+/// `sessions.open`: an id may be supplied (idempotent), otherwise a ULID is assigned.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SessionOpen {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<Tier>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<Language>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+}
+
+/// `sessions.get` and `sessions.close`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRef {
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SessionList {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SessionListReply {
+    pub sessions: Vec<SessionRecord>,
+}

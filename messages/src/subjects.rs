@@ -1,0 +1,258 @@
+//! Every subject of the mesh, built from one configurable prefix. Services never write a subject
+//! string themselves: they call these functions, so a renamed subject changes in one place.
+
+/// The protocol version, carried in every subject.
+pub const VERSION: &str = "v1";
+pub const DEFAULT_PREFIX: &str = "sandbox";
+
+/// The subjects of one mesh (one prefix). Cheap to clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl Default for Subjects {
+    fn default() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.to_string(),
+        }
+    }
+}
+
+/// Is `token` usable as one subject token (no dots, wildcards or whitespace)?
+pub fn is_valid_token(token: &str) -> bool {
+    !token.is_empty()
+        && token.len() <= 256
+        && token
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+impl Subjects {
+    /// A prefix is one or more dot-separated tokens of `[A-Za-z0-9_-]`.
+    pub fn new(prefix: impl Into<String>) -> Result<Self, String> {
+        let prefix = prefix.into();
+        if prefix.split('.').all(is_valid_token) {
+            Ok(Self { prefix })
+        } else {
+            Err(format!(
+                "invalid subject prefix {prefix:?}: use tokens of [A-Za-z0-9_-] joined by '.'"
+            ))
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `<prefix>.v1`, the group every service endpoint hangs under.
+    pub fn api(&self) -> String {
+        format!("{}.{VERSION}", self.prefix)
+    }
+
+    fn at(&self, rest: &str) -> String {
+        format!("{}.{VERSION}.{rest}", self.prefix)
+    }
+
+    /// Upper-case stem for JetStream stream names: `sandbox` → `SANDBOX`.
+    pub fn stream_stem(&self) -> String {
+        self.prefix.replace(['.', '-'], "_").to_ascii_uppercase()
+    }
+
+    /// Lower-case stem for KV and object-store buckets: `sandbox` → `sandbox`.
+    pub fn bucket_stem(&self) -> String {
+        self.prefix.replace(['.', '-'], "_").to_ascii_lowercase()
+    }
+
+    // === scheduler ===
+    pub fn exec(&self) -> String {
+        self.at("exec")
+    }
+    pub fn jobs_exec(&self) -> String {
+        self.at("jobs.exec")
+    }
+    pub fn jobs_all(&self) -> String {
+        self.at("jobs.>")
+    }
+    pub fn result(&self, execution_id: &str) -> String {
+        self.at(&format!("results.{execution_id}"))
+    }
+    /// Every stored result: the subjects bound to the results stream.
+    pub fn results_all(&self) -> String {
+        self.at("results.*")
+    }
+    /// Looks a result up by id. Deliberately *not* `results.get`: the results stream binds
+    /// `results.*`, so a request published there would be captured (and acked) by JetStream.
+    pub fn results_get(&self) -> String {
+        self.at("exec.result")
+    }
+    pub fn output(&self, execution_id: &str) -> String {
+        self.at(&format!("output.{execution_id}"))
+    }
+    pub fn sessions(&self, op: SessionOp) -> String {
+        self.at(&format!("sessions.{}", op.as_str()))
+    }
+
+    // === risk-assessor ===
+    pub fn risk_assess(&self) -> String {
+        self.at("risk.assess")
+    }
+
+    // === confirmation ===
+    pub fn confirm(&self, op: ConfirmOp) -> String {
+        self.at(&format!("confirm.{}", op.as_str()))
+    }
+    pub fn confirm_pending(&self, id: &str) -> String {
+        self.at(&format!("confirm.pending.{id}"))
+    }
+    pub fn confirm_decided(&self, id: &str) -> String {
+        self.at(&format!("confirm.decided.{id}"))
+    }
+    pub fn confirm_events_all(&self) -> String {
+        self.at("confirm.*.*")
+    }
+
+    // === workspace-store ===
+    pub fn workspace(&self, op: WorkspaceOp) -> String {
+        self.at(&format!("workspace.{}", op.as_str()))
+    }
+
+    // === browser-router / aio-pool ===
+    pub fn browser(&self, action: &str) -> String {
+        self.at(&format!("browser.{action}"))
+    }
+    pub fn aio(&self, op: &str) -> String {
+        self.at(&format!("aio.{op}"))
+    }
+
+    // === audit ===
+    pub fn audit(&self, event: &str) -> String {
+        self.at(&format!("audit.{event}"))
+    }
+    pub fn audit_all(&self) -> String {
+        self.at("audit.>")
+    }
+
+    // === internal: executors ===
+    /// Queue group subject: any docker executor takes it.
+    pub fn executor_run(&self) -> String {
+        self.at("executor.docker.run")
+    }
+    /// One executor node's own subject.
+    pub fn executor_node(&self, node_id: &str, op: ExecutorOp) -> String {
+        self.at(&format!("executor.docker.{node_id}.{}", op.as_str()))
+    }
+    /// The group under which one node serves its own endpoints.
+    pub fn executor_node_group(&self, node_id: &str) -> String {
+        self.at(&format!("executor.docker.{node_id}"))
+    }
+    pub fn executor_all(&self) -> String {
+        self.at("executor.>")
+    }
+
+    // === JetStream asset names ===
+    pub fn jobs_stream(&self) -> String {
+        format!("{}_JOBS", self.stream_stem())
+    }
+    pub fn results_stream(&self) -> String {
+        format!("{}_RESULTS", self.stream_stem())
+    }
+    pub fn audit_stream(&self) -> String {
+        format!("{}_AUDIT", self.stream_stem())
+    }
+    pub fn nodes_bucket(&self) -> String {
+        format!("{}_nodes", self.bucket_stem())
+    }
+    pub fn sessions_bucket(&self) -> String {
+        format!("{}_sessions", self.bucket_stem())
+    }
+    pub fn confirmations_bucket(&self) -> String {
+        format!("{}_confirmations", self.bucket_stem())
+    }
+    pub fn workspace_index_bucket(&self) -> String {
+        format!("{}_workspace_index", self.bucket_stem())
+    }
+    pub fn workspace_objects_bucket(&self) -> String {
+        format!("{}_workspace_blobs", self.bucket_stem())
+    }
+}
+
+macro_rules! ops {
+    ($(#[$m:meta])* $name:ident { $($variant:ident => $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($variant),+ }
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $s),+ }
+            }
+        }
+    };
+}
+
+ops!(
+    /// `sandbox.v1.sessions.<op>`
+    SessionOp { Open => "open", Get => "get", List => "list", Close => "close" }
+);
+ops!(
+    /// `sandbox.v1.confirm.<op>`
+    ConfirmOp { Request => "request", Decide => "decide", Get => "get", List => "list" }
+);
+ops!(
+    /// `sandbox.v1.workspace.<op>`
+    WorkspaceOp {
+        Init => "init",
+        Write => "write",
+        Read => "read",
+        List => "list",
+        Stat => "stat",
+        Delete => "delete",
+        Snapshot => "snapshot",
+        Restore => "restore",
+        Usage => "usage",
+        Cleanup => "cleanup",
+    }
+);
+ops!(
+    /// `sandbox.v1.executor.docker.<node_id>.<op>`
+    ExecutorOp { Run => "run", Close => "close", Drain => "drain" }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_subjects_match_the_design() {
+        let s = Subjects::default();
+        assert_eq!(s.exec(), "sandbox.v1.exec");
+        assert_eq!(s.jobs_exec(), "sandbox.v1.jobs.exec");
+        assert_eq!(s.result("01J"), "sandbox.v1.results.01J");
+        assert_eq!(s.risk_assess(), "sandbox.v1.risk.assess");
+        assert_eq!(s.confirm(ConfirmOp::Decide), "sandbox.v1.confirm.decide");
+        assert_eq!(
+            s.workspace(WorkspaceOp::Snapshot),
+            "sandbox.v1.workspace.snapshot"
+        );
+        assert_eq!(s.executor_run(), "sandbox.v1.executor.docker.run");
+        assert_eq!(
+            s.executor_node("n1", ExecutorOp::Close),
+            "sandbox.v1.executor.docker.n1.close"
+        );
+        assert_eq!(s.jobs_stream(), "SANDBOX_JOBS");
+        assert_eq!(s.nodes_bucket(), "sandbox_nodes");
+    }
+
+    #[test]
+    fn prefix_is_validated() {
+        assert!(Subjects::new("acme.prod").is_ok());
+        assert!(Subjects::new("a b").is_err());
+        assert!(Subjects::new("a.*").is_err());
+        assert!(Subjects::new("").is_err());
+        assert_eq!(
+            Subjects::new("acme.prod").unwrap().jobs_stream(),
+            "ACME_PROD_JOBS"
+        );
+    }
+}

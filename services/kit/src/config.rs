@@ -1,0 +1,244 @@
+//! Configuration from `SANDMESH_*` environment variables (or any injectable source), with every
+//! bad value collected and reported together. Binaries exit with code 64 (EX_USAGE) on error.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use messages::Subjects;
+
+/// Where configuration values come from: the process environment, or a map in tests.
+pub trait EnvSource {
+    fn var(&self, key: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl EnvSource for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok()
+    }
+}
+
+impl EnvSource for HashMap<String, String> {
+    fn var(&self, key: &str) -> Option<String> {
+        self.get(key).cloned()
+    }
+}
+
+/// Every problem found in the configuration, one per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub Vec<String>);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration:")?;
+        for e in &self.0 {
+            writeln!(f, "  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub const ENV_PREFIX: &str = "SANDMESH_";
+
+/// Reads `SANDMESH_<KEY>` values, remembering every error instead of stopping at the first.
+pub struct ConfigReader<'a> {
+    source: &'a dyn EnvSource,
+    errors: Vec<String>,
+}
+
+impl<'a> ConfigReader<'a> {
+    pub fn new(source: &'a dyn EnvSource) -> Self {
+        Self {
+            source,
+            errors: Vec::new(),
+        }
+    }
+
+    fn raw(&self, key: &str) -> Option<(String, String)> {
+        let name = format!("{ENV_PREFIX}{key}");
+        let value = self.source.var(&name)?;
+        let value = value.trim().to_string();
+        (!value.is_empty()).then_some((name, value))
+    }
+
+    /// A string value, or the default.
+    pub fn string(&mut self, key: &str, default: &str) -> String {
+        self.raw(key)
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| default.to_string())
+    }
+
+    pub fn optional_string(&mut self, key: &str) -> Option<String> {
+        self.raw(key).map(|(_, v)| v)
+    }
+
+    /// A parsed value, or the default; a value that does not parse is recorded as an error.
+    pub fn parse<T: FromStr>(&mut self, key: &str, default: T) -> T
+    where
+        T::Err: fmt::Display,
+    {
+        self.optional(key).unwrap_or(default)
+    }
+
+    pub fn optional<T: FromStr>(&mut self, key: &str) -> Option<T>
+    where
+        T::Err: fmt::Display,
+    {
+        let (name, value) = self.raw(key)?;
+        match value.parse() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.errors.push(format!("{name}={value:?}: {e}"));
+                None
+            }
+        }
+    }
+
+    /// A duration in milliseconds (`SANDMESH_X_MS`).
+    pub fn millis(&mut self, key: &str, default: Duration) -> Duration {
+        Duration::from_millis(self.parse(key, default.as_millis() as u64))
+    }
+
+    /// A boolean: 1/0, true/false, yes/no, on/off.
+    pub fn flag(&mut self, key: &str, default: bool) -> bool {
+        let Some((name, value)) = self.raw(key) else {
+            return default;
+        };
+        match value.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => true,
+            "0" | "false" | "no" | "off" => false,
+            _ => {
+                self.errors
+                    .push(format!("{name}={value:?}: expected true or false"));
+                default
+            }
+        }
+    }
+
+    /// Records an error found by a cross-field check.
+    pub fn error(&mut self, message: impl Into<String>) {
+        self.errors.push(message.into());
+    }
+
+    pub fn finish(self) -> Result<(), ConfigError> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(self.errors))
+        }
+    }
+}
+
+/// Prints the error and exits with 64 (EX_USAGE), the convention for bad configuration.
+pub fn exit_on_error<T>(result: Result<T, ConfigError>) -> T {
+    result.unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(64)
+    })
+}
+
+/// What every service needs: where NATS is, the subject prefix, who this instance is.
+#[derive(Debug, Clone)]
+pub struct KitConfig {
+    pub nats_url: String,
+    pub nats_user: Option<String>,
+    pub nats_password: Option<String>,
+    pub subjects: Subjects,
+    pub instance_id: String,
+    /// OTLP gRPC endpoint; tracing export is off when absent.
+    pub otlp_endpoint: Option<String>,
+    pub log_json: bool,
+    /// How long in-flight requests may take to finish after a shutdown signal.
+    pub shutdown_grace: Duration,
+    pub heartbeat_interval: Duration,
+    /// Bound on concurrently handled requests per endpoint; beyond it callers get 429.
+    pub max_in_flight: usize,
+}
+
+impl KitConfig {
+    pub fn from_reader(r: &mut ConfigReader<'_>) -> Self {
+        let prefix = r.string("PREFIX", messages::subjects::DEFAULT_PREFIX);
+        let subjects = Subjects::new(prefix).unwrap_or_else(|e| {
+            r.error(format!("SANDMESH_PREFIX: {e}"));
+            Subjects::default()
+        });
+        let instance_id = r.string("INSTANCE_ID", &messages::new_id().to_ascii_lowercase());
+        if messages::validate::validate_id("SANDMESH_INSTANCE_ID", &instance_id).is_err() {
+            r.error(format!(
+                "SANDMESH_INSTANCE_ID={instance_id:?}: use 1-64 of [A-Za-z0-9_-]"
+            ));
+        }
+        let heartbeat_interval = r.millis("HEARTBEAT_MS", Duration::from_secs(2));
+        if heartbeat_interval < Duration::from_millis(100) {
+            r.error("SANDMESH_HEARTBEAT_MS: must be at least 100");
+        }
+        let max_in_flight = r.parse("MAX_IN_FLIGHT", 256usize);
+        if max_in_flight == 0 {
+            r.error("SANDMESH_MAX_IN_FLIGHT: must be at least 1");
+        }
+        Self {
+            nats_url: r.string("NATS_URL", "nats://127.0.0.1:4222"),
+            nats_user: r.optional_string("NATS_USER"),
+            nats_password: r.optional_string("NATS_PASSWORD"),
+            subjects,
+            instance_id,
+            otlp_endpoint: r.optional_string("OTLP_ENDPOINT"),
+            log_json: r.flag("LOG_JSON", false),
+            shutdown_grace: r.millis("SHUTDOWN_GRACE_MS", Duration::from_secs(10)),
+            heartbeat_interval,
+            max_in_flight,
+        }
+    }
+
+    pub fn from_env(source: &dyn EnvSource) -> Result<Self, ConfigError> {
+        let mut r = ConfigReader::new(source);
+        let c = Self::from_reader(&mut r);
+        r.finish().map(|_| c)
+    }
+
+    /// A config for tests and embedded use: this NATS URL, defaults for the rest.
+    pub fn for_url(nats_url: &str) -> Self {
+        let mut env = HashMap::new();
+        env.insert("SANDMESH_NATS_URL".to_string(), nats_url.to_string());
+        Self::from_env(&env).expect("defaults are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_work_on_a_laptop() {
+        let c = KitConfig::from_env(&env(&[])).unwrap();
+        assert_eq!(c.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(c.subjects.prefix(), "sandbox");
+        assert!(c.otlp_endpoint.is_none());
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_together() {
+        let e = KitConfig::from_env(&env(&[
+            ("SANDMESH_PREFIX", "bad prefix"),
+            ("SANDMESH_HEARTBEAT_MS", "soon"),
+            ("SANDMESH_LOG_JSON", "maybe"),
+            ("SANDMESH_MAX_IN_FLIGHT", "0"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.0.len(), 4, "{e}");
+        assert!(e.to_string().contains("SANDMESH_HEARTBEAT_MS"));
+    }
+}

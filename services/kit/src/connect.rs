@@ -1,0 +1,40 @@
+//! Connecting to NATS: retry while the server is not up yet, and log every connection event
+//! (a slow-consumer event means a subscriber dropped messages: the read loop is too slow).
+
+use std::time::Duration;
+
+use async_nats::{Client, ConnectOptions, Event};
+
+use crate::config::KitConfig;
+use crate::KitError;
+
+/// How long one NATS request may take before the caller sees a timeout, unless overridden.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub async fn connect(config: &KitConfig, name: &str) -> Result<Client, KitError> {
+    let mut options = ConnectOptions::new()
+        .name(name)
+        .retry_on_initial_connect()
+        .request_timeout(Some(DEFAULT_REQUEST_TIMEOUT))
+        .event_callback(|event| async move {
+            match event {
+                Event::Connected => tracing::info!("nats connected"),
+                Event::Disconnected => tracing::warn!("nats disconnected; reconnecting"),
+                Event::LameDuckMode => tracing::warn!("nats server entered lame duck mode"),
+                Event::SlowConsumer(sid) => {
+                    tracing::error!(sid, "nats slow consumer: messages were dropped")
+                }
+                Event::ServerError(e) => tracing::error!(error = %e, "nats server error"),
+                Event::ClientError(e) => tracing::error!(error = %e, "nats client error"),
+                other => tracing::debug!(event = %other, "nats event"),
+            }
+        });
+    if let (Some(user), Some(password)) = (&config.nats_user, &config.nats_password) {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    let client = options
+        .connect(config.nats_url.as_str())
+        .await
+        .map_err(|e| KitError::Connect(format!("{}: {e}", config.nats_url)))?;
+    Ok(client)
+}

@@ -1,0 +1,141 @@
+//! `Heartbeat` actor: keeps this instance's key `<service>.<instance_id>` alive in KV
+//! `sandbox_nodes`. Each beat is a fresh message with a per-message TTL (`Nats-TTL`), so a crashed
+//! instance's key expires by itself within the TTL and watchers see a purge; a clean stop
+//! deletes the key at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use messages::heartbeat::Heartbeat;
+use messages::Encoding;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+/// Live gauges reported in each beat: `(capacity, load, metrics)`.
+pub type LoadProbe = Arc<dyn Fn() -> Load + Send + Sync>;
+
+#[derive(Debug, Clone, Default)]
+pub struct Load {
+    pub capacity: u32,
+    pub load: u32,
+    pub metrics: std::collections::BTreeMap<String, f64>,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+pub enum HeartbeatMsg {
+    Beat,
+}
+
+pub struct HeartbeatActor;
+
+pub struct HeartbeatArgs {
+    pub js: jetstream::Context,
+    pub bucket: String,
+    pub service: String,
+    pub instance_id: String,
+    pub version: String,
+    pub interval: Duration,
+    pub probe: LoadProbe,
+}
+
+pub struct HeartbeatState {
+    args: HeartbeatArgs,
+    started_at: u64,
+    /// `$KV.<bucket>.<key>`: beats are published directly so each carries its own TTL.
+    subject: String,
+    /// Why a TTL of three intervals: one lost beat must not make a live instance vanish.
+    ttl: Duration,
+}
+
+/// Messages to the bucket with TTL need whole seconds, at least one.
+fn ttl_header(ttl: Duration) -> String {
+    format!("{}s", ttl.as_secs().max(1))
+}
+
+impl HeartbeatState {
+    async fn beat(&self) -> Result<(), String> {
+        let load = (self.args.probe)();
+        let hb = Heartbeat {
+            service: self.args.service.clone(),
+            instance_id: self.args.instance_id.clone(),
+            version: self.args.version.clone(),
+            started_at: self.started_at,
+            sent_at: messages::now_ms(),
+            capacity: load.capacity,
+            load: load.load,
+            metrics: load.metrics,
+            labels: load.labels,
+        };
+        let payload = Encoding::Json.encode(&hb).map_err(|e| e.to_string())?;
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-TTL", ttl_header(self.ttl).as_str());
+        self.args
+            .js
+            .publish_with_headers(self.subject.clone(), headers, payload.into())
+            .await
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+impl Actor for HeartbeatActor {
+    type Msg = HeartbeatMsg;
+    type State = HeartbeatState;
+    type Arguments = HeartbeatArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: HeartbeatArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let key = messages::heartbeat::heartbeat_key(&args.service, &args.instance_id);
+        let ttl = (args.interval * 3).max(Duration::from_secs(1));
+        let state = HeartbeatState {
+            subject: format!("$KV.{}.{key}", args.bucket),
+            ttl,
+            started_at: messages::now_ms(),
+            args,
+        };
+        // The first beat before anything else, so the instance is visible as soon as it runs.
+        state
+            .beat()
+            .await
+            .map_err(|e| format!("first heartbeat failed: {e}"))?;
+        myself.send_interval(state.args.interval, || HeartbeatMsg::Beat);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            HeartbeatMsg::Beat => {
+                // A missed beat is survivable (the TTL covers three); never crash on it.
+                if let Err(e) = state.beat().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let key = messages::heartbeat::heartbeat_key(&state.args.service, &state.args.instance_id);
+        if let Ok(kv) = state.args.js.get_key_value(&state.args.bucket).await {
+            if let Err(e) = kv.delete(&key).await {
+                tracing::warn!(error = %e, "could not remove heartbeat key");
+            }
+        }
+        Ok(())
+    }
+}

