@@ -1,0 +1,1 @@
+//! risk-assessor (being written)
