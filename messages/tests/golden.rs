@@ -1,0 +1,211 @@
+//! Golden vectors: the exact bytes of the main payloads in JSON and MessagePack, kept in
+//! `testdata/` so clients in other languages can test their codecs against the same bytes.
+//! Regenerate (after a deliberate protocol change) with `UPDATE_GOLDEN=1 cargo test -p messages`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use messages::confirm::{ConfirmDecide, ConfirmScope, ConfirmState, Confirmation};
+use messages::exec::*;
+use messages::risk::*;
+use messages::workspace::WsWrite;
+use messages::{Encoding, ErrorBody};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+fn risk() -> RiskAssessment {
+    RiskAssessment {
+        level: RiskLevel::High,
+        reason: "imports subprocess".into(),
+        requires_confirmation: true,
+        requires_isolation: true,
+        suggested_tier: Tier::Session,
+        findings: vec![Finding {
+            rule: "py.subprocess".into(),
+            severity: RiskLevel::High,
+            description: "runs external commands".into(),
+            line: Some(1),
+            start: Some(0),
+            end: Some(17),
+        }],
+    }
+}
+
+fn exec_request() -> ExecRequest {
+    ExecRequest {
+        execution_id: Some("01JD0000000000000000000000".into()),
+        session_id: Some("s1".into()),
+        language: Language::Python,
+        code: "print('hi')".into(),
+        stdin: None,
+        timeout_ms: Some(5000),
+        tier: TierChoice::Auto,
+        limits: Some(Limits {
+            memory_mb: Some(256),
+            cpus: None,
+            pids: Some(64),
+            max_output_bytes: None,
+        }),
+        env: BTreeMap::from([("GREETING".to_string(), "hello".to_string())]),
+        files: vec![FileSpec {
+            path: "data/in.txt".into(),
+            content: "aGk=".into(),
+            encoding: ContentEncoding::Base64,
+        }],
+        stream_output: true,
+        requested_by: Some("agent-7".into()),
+    }
+}
+
+fn exec_result() -> ExecResult {
+    ExecResult {
+        execution_id: "01JD0000000000000000000000".into(),
+        session_id: Some("s1".into()),
+        status: ExecStatus::Ok,
+        exit_code: Some(0),
+        stdout: "hi\n".into(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        tier: Tier::Session,
+        node: Some("node-a".into()),
+        risk: risk(),
+        confirmation: ConfirmationOutcome {
+            decision: Decision::Approved,
+            by: Some("alice".into()),
+            reason: None,
+        },
+        files_created: vec!["output/result.txt".into()],
+        files_modified: vec![],
+        usage: Some(Usage {
+            peak_memory_bytes: 9_000_000,
+            cpu_ms: 12,
+        }),
+        timing: Timing {
+            queued_ms: 1,
+            assess_ms: 1,
+            confirm_ms: 2000,
+            exec_ms: 60,
+            total_ms: 2063,
+        },
+        session_restored: false,
+        error: None,
+    }
+}
+
+fn check<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(name: &str, value: &T) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata");
+    for (encoding, ext) in [(Encoding::Json, "json"), (Encoding::MsgPack, "msgpack")] {
+        let path = dir.join(format!("{name}.{ext}"));
+        let bytes = encoding.encode(value).unwrap();
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let golden = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
+                path.display()
+            )
+        });
+        assert_eq!(bytes, golden, "{name}.{ext}: encoding changed");
+        let decoded: T = encoding.decode(&golden).unwrap();
+        assert_eq!(&decoded, value, "{name}.{ext}: decoding changed");
+    }
+}
+
+#[test]
+fn golden_vectors_are_byte_exact() {
+    check("exec_request", &exec_request());
+    check("exec_result", &exec_result());
+    check(
+        "assess_request",
+        &AssessRequest {
+            content: "import subprocess".into(),
+            content_type: ContentType::Python,
+            params: None,
+            mode: Some(SecurityMode::Strict),
+        },
+    );
+    check("risk_assessment", &risk());
+    check(
+        "error",
+        &ErrorBody::too_large("code is 300000 bytes; the limit is 262144"),
+    );
+    check(
+        "confirmation",
+        &Confirmation {
+            id: "01JD0000000000000000000001".into(),
+            state: ConfirmState::Approved,
+            execution_id: Some("01JD0000000000000000000000".into()),
+            session_id: Some("s1".into()),
+            risk: risk(),
+            summary: "python: imports subprocess".into(),
+            code_excerpt: "import subprocess".into(),
+            requested_by: Some("agent-7".into()),
+            created_at: 1_764_000_000_000,
+            expires_at: 1_764_000_060_000,
+            by: Some("alice".into()),
+            reason: Some("looks fine".into()),
+            scope: ConfirmScope::Once,
+            decided_at: Some(1_764_000_002_000),
+        },
+    );
+    check(
+        "confirm_decide",
+        &ConfirmDecide {
+            id: "01JD0000000000000000000001".into(),
+            approve: true,
+            by: "alice".into(),
+            reason: None,
+            scope: ConfirmScope::Session,
+        },
+    );
+    check(
+        "ws_write",
+        &WsWrite {
+            session_id: "s1".into(),
+            path: "code/main.py".into(),
+            content: "print(1)\n".into(),
+            encoding: ContentEncoding::Utf8,
+            append: false,
+            requested_by: None,
+        },
+    );
+}
+
+#[test]
+fn minimal_json_from_any_client_decodes_with_defaults() {
+    let req: ExecRequest = Encoding::Json
+        .decode(br#"{"language":"shell","code":"echo hi"}"#)
+        .unwrap();
+    assert_eq!(req.language, Language::Shell);
+    assert_eq!(req.tier, TierChoice::Auto);
+    assert!(req.execution_id.is_none() && req.env.is_empty() && !req.stream_output);
+}
+
+#[test]
+fn both_encodings_round_trip_and_msgpack_decodes_what_json_wrote() {
+    let value = exec_result();
+    for encoding in [Encoding::Json, Encoding::MsgPack] {
+        let back: ExecResult = encoding.decode(&encoding.encode(&value).unwrap()).unwrap();
+        assert_eq!(back, value);
+    }
+}
+
+#[test]
+fn wrong_types_and_unknown_enums_are_malformed() {
+    for bad in [
+        &br#"{"language":"cobol","code":"x"}"#[..],
+        br#"{"language":"python","code":42}"#,
+        br#"{"language":"python"}"#,
+        br#"[1,2,3]"#,
+        b"\xff\xfe",
+    ] {
+        let err = Encoding::Json.decode::<ExecRequest>(bad).unwrap_err();
+        assert_eq!(ErrorBody::from(err).code, 400);
+    }
+    let err = Encoding::MsgPack
+        .decode::<ExecRequest>(b"\xc1garbage")
+        .unwrap_err();
+    assert_eq!(ErrorBody::from(err).code, 400);
+}
