@@ -1,0 +1,349 @@
+//! The kit's edge over a real nats-server: encodings, error replies, discovery, queue groups,
+//! admission, heartbeats and graceful shutdown.
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use common::*;
+use kit::{CallError, Caller, EndpointOptions};
+use messages::codec::{CONTENT_TYPE, MSGPACK, SERVICE_ERROR, SERVICE_ERROR_CODE};
+use messages::{Encoding, ErrorBody, ErrorKind};
+use test_support::NatsServer;
+
+async fn raw(
+    client: &async_nats::Client,
+    content_type: Option<&str>,
+    payload: Vec<u8>,
+) -> async_nats::Message {
+    let mut headers = HeaderMap::new();
+    if let Some(ct) = content_type {
+        headers.insert(CONTENT_TYPE, ct);
+    }
+    client
+        .request_with_headers(ECHO_SUBJECT, headers, payload.into())
+        .await
+        .unwrap()
+}
+
+fn error_of(msg: &async_nats::Message) -> (u16, ErrorBody) {
+    let headers = msg.headers.as_ref().expect("error headers");
+    let code: u16 = headers
+        .get(SERVICE_ERROR_CODE)
+        .expect("code header")
+        .as_str()
+        .parse()
+        .unwrap();
+    assert!(headers.get(SERVICE_ERROR).is_some());
+    let ct = headers.get(CONTENT_TYPE).map(|v| v.as_str().to_string());
+    let body: ErrorBody = Encoding::from_content_type(ct.as_deref())
+        .unwrap()
+        .decode(&msg.payload)
+        .unwrap();
+    (code, body)
+}
+
+#[tokio::test]
+async fn json_and_msgpack_clients_get_answers_in_their_encoding() {
+    let nats = NatsServer::start();
+    let rt = start_echo(&nats.url(), "a", EndpointOptions::default()).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+
+    let reply = raw(&client, None, br#"{"text":"hi"}"#.to_vec()).await;
+    let resp: EchoResp = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(resp.text, "hi");
+
+    let req = EchoReq {
+        text: "packed".into(),
+        delay_ms: 0,
+        fail_with: None,
+    };
+    let reply = raw(
+        &client,
+        Some(MSGPACK),
+        rmp_serde::to_vec_named(&req).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        reply
+            .headers
+            .as_ref()
+            .unwrap()
+            .get(CONTENT_TYPE)
+            .unwrap()
+            .as_str(),
+        MSGPACK
+    );
+    let resp: EchoResp = rmp_serde::from_slice(&reply.payload).unwrap();
+    assert_eq!(resp.text, "packed");
+
+    // The typed caller speaks msgpack and checks error headers.
+    let caller = Caller::new(client.clone(), Duration::from_secs(5));
+    let resp: EchoResp = caller.call(ECHO_SUBJECT.into(), &req).await.unwrap();
+    assert_eq!(resp.instance, "a");
+    let failing = EchoReq {
+        fail_with: Some(409),
+        ..req
+    };
+    let err = caller
+        .call::<_, EchoResp>(ECHO_SUBJECT.into(), &failing)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_payloads_get_the_right_codes_in_headers_and_body() {
+    let nats = NatsServer::start();
+    let options = EndpointOptions {
+        max_payload: 1024,
+        max_in_flight: 16,
+    };
+    let rt = start_echo(&nats.url(), "a", options).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+
+    let cases: Vec<(Option<&str>, Vec<u8>, u16)> = vec![
+        (None, b"{not json".to_vec(), 400),
+        (None, br#"{"text": 5}"#.to_vec(), 400),
+        (None, Vec::new(), 400),
+        (Some(MSGPACK), b"\xc1\xc1".to_vec(), 400),
+        (Some("text/xml"), br#"{"text":"x"}"#.to_vec(), 400),
+        (
+            None,
+            format!(r#"{{"text":"{}"}}"#, "x".repeat(2000)).into_bytes(),
+            413,
+        ),
+        (None, "[".repeat(100_000).into_bytes(), 413),
+    ];
+    for (ct, payload, want) in cases {
+        let (code, body) = error_of(&raw(&client, ct, payload).await);
+        assert_eq!(code, want, "{body:?}");
+        assert_eq!(body.code, want);
+        assert_eq!(body.kind, ErrorKind::from_code(want));
+    }
+    // Deep nesting under the size limit is refused without overflowing the stack.
+    let options = EndpointOptions {
+        max_payload: 1 << 20,
+        max_in_flight: 16,
+    };
+    let rt2 = start_echo(&nats.url(), "b", options).await;
+    rt.shutdown().await;
+    let (code, _) = error_of(&raw(&client, None, "[".repeat(500_000).into_bytes()).await);
+    assert_eq!(code, 400);
+    // Still healthy afterwards.
+    let ok = raw(&client, None, br#"{"text":"alive"}"#.to_vec()).await;
+    assert_eq!(
+        serde_json::from_slice::<EchoResp>(&ok.payload)
+            .unwrap()
+            .text,
+        "alive"
+    );
+    rt2.shutdown().await;
+}
+
+#[tokio::test]
+async fn discovery_and_queue_groups() {
+    let nats = NatsServer::start();
+    let a = start_echo(&nats.url(), "a", EndpointOptions::default()).await;
+    let b = start_echo(&nats.url(), "b", EndpointOptions::default()).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+
+    let ping = client.request("$SRV.PING.echo", "".into()).await.unwrap();
+    let ping: serde_json::Value = serde_json::from_slice(&ping.payload).unwrap();
+    assert_eq!(ping["name"], "echo");
+    let info = client.request("$SRV.INFO.echo", "".into()).await.unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.payload).unwrap();
+    let subjects: Vec<&str> = info["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["subject"].as_str())
+        .collect();
+    assert_eq!(subjects, vec![ECHO_SUBJECT]);
+
+    let caller = Caller::new(client.clone(), Duration::from_secs(5));
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..60 {
+        let req = EchoReq {
+            text: i.to_string(),
+            delay_ms: 0,
+            fail_with: None,
+        };
+        let resp: EchoResp = caller.call(ECHO_SUBJECT.into(), &req).await.unwrap();
+        seen.insert(resp.instance);
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "both instances of the queue group take requests: {seen:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn beyond_max_in_flight_callers_get_429_at_once() {
+    let nats = NatsServer::start();
+    let rt = start_echo(
+        &nats.url(),
+        "a",
+        EndpointOptions {
+            max_payload: 1 << 20,
+            max_in_flight: 1,
+        },
+    )
+    .await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let caller = Caller::new(client, Duration::from_secs(10));
+    let slow = EchoReq {
+        text: "slow".into(),
+        delay_ms: 1500,
+        fail_with: None,
+    };
+    let first = {
+        let caller = caller.clone();
+        // Retried until it holds the slot (a fast request may hold it for an instant).
+        tokio::spawn(async move {
+            loop {
+                match caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &slow).await {
+                    Err(CallError::Service(e)) if e.code == 429 => continue,
+                    other => return other,
+                }
+            }
+        })
+    };
+    let fast = EchoReq {
+        text: "fast".into(),
+        delay_ms: 0,
+        fail_with: None,
+    };
+    // Bounded poll: once the slow one holds the only slot, the next is refused with 429.
+    let refused = eventually(Duration::from_secs(5), || {
+        let caller = caller.clone();
+        let fast = fast.clone();
+        async move {
+            let r = caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &fast).await;
+            matches!(r, Err(CallError::Service(e)) if e.code == 429)
+        }
+    })
+    .await;
+    assert!(refused);
+    assert_eq!(first.await.unwrap().unwrap().text, "slow");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn heartbeat_key_lives_while_the_instance_does() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let mut rt = start_echo(&nats.url(), "hb1", EndpointOptions::default()).await;
+    rt.start_heartbeat(std::sync::Arc::new(|| kit::heartbeat::Load {
+        capacity: 8,
+        load: 3,
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    let kv = js.get_key_value("sandbox_nodes").await.unwrap();
+    let entry = kv
+        .get("echo.hb1")
+        .await
+        .unwrap()
+        .expect("heartbeat key present");
+    let hb: messages::heartbeat::Heartbeat = serde_json::from_slice(&entry).unwrap();
+    assert_eq!((hb.capacity, hb.load, hb.version.as_str()), (8, 3, "1.0.0"));
+
+    // A clean stop removes the key at once.
+    rt.shutdown().await;
+    assert!(kv.get("echo.hb1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_crashed_instance_disappears_within_its_ttl() {
+    use kit::heartbeat::{HeartbeatActor, HeartbeatArgs, Load};
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let subjects = messages::Subjects::default();
+    let kv = kit::bootstrap::nodes_kv(&js, &subjects).await.unwrap();
+    let args = HeartbeatArgs {
+        js: js.clone(),
+        bucket: subjects.nodes_bucket(),
+        service: "echo".into(),
+        instance_id: "crash".into(),
+        version: "1.0.0".into(),
+        interval: Duration::from_millis(300),
+        probe: std::sync::Arc::new(Load::default),
+    };
+    let mut watch = kv.watch("echo.crash").await.unwrap();
+    let (actor, handle) = ractor::Actor::spawn(None, HeartbeatActor, args)
+        .await
+        .unwrap();
+    assert!(kv.get("echo.crash").await.unwrap().is_some());
+    // kill() skips post_stop: like a crash, nothing deletes the key; only the TTL can.
+    actor.kill();
+    handle.await.unwrap();
+    assert!(
+        kv.get("echo.crash").await.unwrap().is_some(),
+        "a killed actor must not delete its key"
+    );
+    let gone = tokio::time::timeout(Duration::from_secs(10), async {
+        use futures::StreamExt;
+        while let Some(Ok(entry)) = watch.next().await {
+            if matches!(
+                entry.operation,
+                async_nats::jetstream::kv::Operation::Purge
+                    | async_nats::jetstream::kv::Operation::Delete
+            ) {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    assert!(gone, "watchers see the key expire");
+    assert!(kv.get("echo.crash").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
+    let nats = NatsServer::start();
+    let rt = start_echo(&nats.url(), "shut", EndpointOptions::default()).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let caller = Caller::new(client.clone(), Duration::from_secs(10));
+    let mut in_flight = Vec::new();
+    for i in 0..5 {
+        let caller = caller.clone();
+        let req = EchoReq {
+            text: format!("r{i}"),
+            delay_ms: 800,
+            fail_with: None,
+        };
+        in_flight.push(tokio::spawn(async move {
+            caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &req).await
+        }));
+    }
+    assert!(eventually(Duration::from_secs(5), || async { started("shut") == 5 }).await);
+    let finished = rt.shutdown().await;
+    assert!(
+        finished,
+        "all in-flight requests finished within the grace period"
+    );
+    for (i, r) in in_flight.into_iter().enumerate() {
+        assert_eq!(r.await.unwrap().unwrap().text, format!("r{i}"));
+    }
+    let req = EchoReq {
+        text: "late".into(),
+        delay_ms: 0,
+        fail_with: None,
+    };
+    let err = caller
+        .call::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CallError::NoResponders(_)), "{err:?}");
+}
