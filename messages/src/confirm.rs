@@ -107,13 +107,16 @@ pub struct ConfirmGet {
     pub id: String,
 }
 
-/// `sandbox.v1.confirm.list`: pending ones by default.
+/// `sandbox.v1.confirm.list`: pending ones by default, newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ConfirmList {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<ConfirmState>,
+    /// At most this many (default 100, at most 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

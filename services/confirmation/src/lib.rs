@@ -1,1 +1,151 @@
-//! confirmation (being written)
+//! confirmation: human-in-the-loop approval of risky work (seed 001 §4.6, seed 002 §6.1).
+//!
+//! Owns the `sandbox_confirmations` bucket — pending requests, decisions, session grants — and
+//! the decision policy (`SANDMESH_CONFIRM_*`: auto-approve for development, auto-deny levels,
+//! levels that need a person, timeouts that deny by default).
+//!
+//! Subjects (`Subjects::confirm(ConfirmOp::*)`, queue group shared by all instances):
+//! - `sandbox.v1.confirm.request` `ConfirmRequest` → `Confirmation` (final with `wait`, else
+//!   as stored; idempotent per `execution_id`)
+//! - `sandbox.v1.confirm.decide` `ConfirmDecide` → `Confirmation` (409 if already decided)
+//! - `sandbox.v1.confirm.get` `ConfirmGet` → `Confirmation`;
+//!   `sandbox.v1.confirm.list` `ConfirmList` → `ConfirmListReply`
+//! - events `sandbox.v1.confirm.pending.<id>` / `sandbox.v1.confirm.decided.<id>` (JSON
+//!   `Confirmation`), audit `confirmation_requested` / `confirmation_decided`.
+//!
+//! The bucket is the source of truth; decisions are compare-and-set, so two instances never
+//! both decide, and a pending request survives restarts of this service and of NATS.
+//!
+//! ```text
+//! run ── kit::Runtime ── endpoints request/decide/get/list ──► Registry (actor)
+//!    │                                                          ├── KV watch task (feeds it)
+//!    │                                                          └── tasks: Workflow steps
+//!    └── HeartbeatActor (pending, waiters)
+//! ```
+
+pub mod config;
+pub mod policy;
+pub mod registry;
+pub mod store;
+pub mod validate;
+pub mod watch;
+pub mod workflow;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use kit::{actor_handler, CancellationToken, KitError, Runtime, ServiceInfo};
+use messages::subjects::ConfirmOp;
+use ractor::Actor;
+
+pub use config::{ConfirmationConfig, PolicyConfig, TimeoutAction};
+use registry::{Gauges, Registry, RegistryArgs, RegistryMsg};
+use store::ConfirmationStore;
+use workflow::Workflow;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfirmationError {
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error("registry actor: {0}")]
+    Actor(String),
+}
+
+pub const SERVICE_NAME: &str = "confirmation";
+
+/// Serves until `shutdown` fires, then answers every waiting request with a retryable 503
+/// (their confirmations stay pending in the bucket) and stops gracefully.
+pub async fn run(
+    config: ConfirmationConfig,
+    shutdown: CancellationToken,
+) -> Result<(), ConfirmationError> {
+    let info = ServiceInfo {
+        name: SERVICE_NAME.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        description: "human-in-the-loop approval of risky work".into(),
+    };
+    let mut runtime = Runtime::start(config.kit.clone(), info).await?;
+    let subjects = runtime.subjects().clone();
+    let kv = kit::bootstrap::confirmations_kv(&runtime.js, &subjects).await?;
+    let workflow = Workflow {
+        store: ConfirmationStore::new(kv),
+        policy: Arc::new(policy::Policy::new(config.policy.clone())),
+        client: runtime.client.clone(),
+        subjects: subjects.clone(),
+        auditor: runtime.auditor.clone(),
+    };
+    let gauges = Arc::new(Gauges::default());
+    let (registry, registry_handle) = Actor::spawn(
+        None,
+        Registry,
+        RegistryArgs {
+            workflow,
+            gauges: gauges.clone(),
+        },
+    )
+    .await
+    .map_err(|e| ConfirmationError::Actor(e.to_string()))?;
+
+    let served = async {
+        runtime
+            .serve(
+                subjects.confirm(ConfirmOp::Request),
+                actor_handler(registry.clone(), RegistryMsg::Request),
+            )
+            .await?;
+        runtime
+            .serve(
+                subjects.confirm(ConfirmOp::Decide),
+                actor_handler(registry.clone(), RegistryMsg::Decide),
+            )
+            .await?;
+        runtime
+            .serve(
+                subjects.confirm(ConfirmOp::Get),
+                actor_handler(registry.clone(), RegistryMsg::Get),
+            )
+            .await?;
+        runtime
+            .serve(
+                subjects.confirm(ConfirmOp::List),
+                actor_handler(registry.clone(), RegistryMsg::List),
+            )
+            .await?;
+        let capacity = runtime.config.max_in_flight as u32;
+        let probe_gauges = gauges.clone();
+        runtime
+            .start_heartbeat(Arc::new(move || {
+                let pending = probe_gauges.pending.load(Ordering::Relaxed);
+                let waiters = probe_gauges.waiters.load(Ordering::Relaxed);
+                kit::heartbeat::Load {
+                    capacity,
+                    load: waiters as u32,
+                    metrics: [
+                        ("confirmations_pending".to_string(), pending as f64),
+                        ("confirmation_waiters".to_string(), waiters as f64),
+                    ]
+                    .into(),
+                    labels: Default::default(),
+                }
+            }))
+            .await?;
+        Ok::<(), KitError>(())
+    }
+    .await;
+    if let Err(e) = served {
+        registry.stop(None);
+        let _ = registry_handle.await;
+        runtime.shutdown().await;
+        return Err(e.into());
+    }
+    tracing::info!(instance = %runtime.config.instance_id, "confirmation service running");
+
+    shutdown.cancelled().await;
+    tracing::info!("confirmation service stopping");
+    // Waiters first: shutdown waits for in-flight requests, and a waiter may wait for minutes.
+    let _ = ractor::call!(registry, RegistryMsg::Drain);
+    runtime.shutdown().await;
+    registry.stop(None);
+    let _ = registry_handle.await;
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! Input checks for `confirm.*`: ids that become KV keys and subject tokens, bounded texts.
+//! Everything refused gets a 400 naming the field.
+
+use messages::confirm::{ConfirmDecide, ConfirmRequest};
+use messages::ErrorBody;
+
+/// `summary`, `reason`: a paragraph, not a document.
+pub const MAX_TEXT_BYTES: usize = 4096;
+/// `by`, `requested_by`: a name.
+pub const MAX_NAME_BYTES: usize = 256;
+/// `code_excerpt` is cut to this (it is an excerpt for a person to read; the full code stays
+/// with the execution).
+pub const MAX_EXCERPT_BYTES: usize = 16 * 1024;
+pub const MAX_FINDINGS: usize = 256;
+pub const MAX_RULE_BYTES: usize = 128;
+const TRUNCATED: &str = "\n… (excerpt truncated)";
+
+fn bad(field: &str, message: String) -> ErrorBody {
+    ErrorBody::bad_request(format!("{field}: {message}"))
+        .with_details(serde_json::json!({ "field": field }))
+}
+
+pub fn id(field: &str, value: &str) -> Result<(), ErrorBody> {
+    messages::validate::validate_id(field, value).map_err(ErrorBody::from)
+}
+
+fn text(field: &str, value: &str, max: usize) -> Result<(), ErrorBody> {
+    if value.len() > max {
+        return Err(bad(field, format!("{} bytes; at most {max}", value.len())));
+    }
+    Ok(())
+}
+
+/// A name: non-empty, bounded, printable (it shows up in logs, audit and terminals).
+fn name(field: &str, value: &str) -> Result<(), ErrorBody> {
+    if value.trim().is_empty() {
+        return Err(bad(field, "must not be empty".into()));
+    }
+    text(field, value, MAX_NAME_BYTES)?;
+    if value.chars().any(char::is_control) {
+        return Err(bad(field, "must not contain control characters".into()));
+    }
+    Ok(())
+}
+
+/// Checks a request, cutting an over-long code excerpt rather than refusing it.
+pub fn request(req: &mut ConfirmRequest) -> Result<(), ErrorBody> {
+    if let Some(v) = &req.execution_id {
+        id("execution_id", v)?;
+    }
+    if let Some(v) = &req.session_id {
+        id("session_id", v)?;
+    }
+    if let Some(v) = &req.requested_by {
+        name("requested_by", v)?;
+    }
+    text("summary", &req.summary, MAX_TEXT_BYTES)?;
+    if req.risk.findings.len() > MAX_FINDINGS {
+        return Err(bad(
+            "risk.findings",
+            format!(
+                "{} findings; at most {MAX_FINDINGS}",
+                req.risk.findings.len()
+            ),
+        ));
+    }
+    for f in &req.risk.findings {
+        if f.rule.is_empty() || f.rule.len() > MAX_RULE_BYTES {
+            return Err(bad(
+                "risk.findings.rule",
+                format!("must be 1..={MAX_RULE_BYTES} bytes"),
+            ));
+        }
+        text("risk.findings.description", &f.description, MAX_TEXT_BYTES)?;
+    }
+    text("risk.reason", &req.risk.reason, MAX_TEXT_BYTES)?;
+    if req.code_excerpt.len() > MAX_EXCERPT_BYTES {
+        let mut cut = MAX_EXCERPT_BYTES - TRUNCATED.len();
+        while !req.code_excerpt.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        req.code_excerpt.truncate(cut);
+        req.code_excerpt.push_str(TRUNCATED);
+    }
+    Ok(())
+}
+
+pub fn decide(d: &ConfirmDecide) -> Result<(), ErrorBody> {
+    id("id", &d.id)?;
+    name("by", &d.by)?;
+    if let Some(reason) = &d.reason {
+        text("reason", reason, MAX_TEXT_BYTES)?;
+    }
+    if d.scope == messages::confirm::ConfirmScope::Session && !d.approve {
+        return Err(bad(
+            "scope",
+            "session scope applies to approvals; a denial is for this request only".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use messages::confirm::ConfirmScope;
+
+    use super::*;
+
+    #[test]
+    fn ids_that_cannot_be_keys_are_refused() {
+        let mut r = ConfirmRequest {
+            execution_id: Some("a.b".into()),
+            ..Default::default()
+        };
+        assert_eq!(request(&mut r).unwrap_err().code, 400);
+        let d = ConfirmDecide {
+            id: "*".into(),
+            approve: true,
+            by: "alice".into(),
+            reason: None,
+            scope: ConfirmScope::Once,
+        };
+        assert_eq!(decide(&d).unwrap_err().code, 400);
+    }
+
+    #[test]
+    fn names_and_texts_are_bounded() {
+        let d = ConfirmDecide {
+            id: "01J".into(),
+            approve: true,
+            by: " ".into(),
+            reason: None,
+            scope: ConfirmScope::Once,
+        };
+        assert_eq!(decide(&d).unwrap_err().code, 400);
+        let mut r = ConfirmRequest {
+            summary: "x".repeat(MAX_TEXT_BYTES + 1),
+            ..Default::default()
+        };
+        assert_eq!(request(&mut r).unwrap_err().code, 400);
+    }
+
+    #[test]
+    fn a_long_excerpt_is_cut_on_a_character_boundary() {
+        let mut r = ConfirmRequest {
+            code_excerpt: "é".repeat(MAX_EXCERPT_BYTES),
+            ..Default::default()
+        };
+        request(&mut r).unwrap();
+        assert!(r.code_excerpt.len() <= MAX_EXCERPT_BYTES);
+        assert!(r.code_excerpt.ends_with("(excerpt truncated)"));
+    }
+
+    #[test]
+    fn a_session_scoped_denial_is_refused() {
+        let d = ConfirmDecide {
+            id: "01J".into(),
+            approve: false,
+            by: "alice".into(),
+            reason: None,
+            scope: ConfirmScope::Session,
+        };
+        assert_eq!(decide(&d).unwrap_err().code, 400);
+    }
+}
