@@ -34,6 +34,12 @@ pub struct SessionRecord {
     pub executions: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// The node the session was last lost from (while `Lost`), so re-placement avoids it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_from: Option<String>,
+    /// How many times the session was re-placed with its workspace restored.
+    #[serde(default)]
+    pub restores: u64,
 }
 
 /// `sessions.open`: an id may be supplied (idempotent), otherwise a ULID is assigned.

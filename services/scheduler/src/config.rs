@@ -1,0 +1,175 @@
+//! Scheduler configuration: the shared `SANDMESH_*` settings plus the scheduler's own, read from
+//! one [`ConfigReader`] so every bad value is reported together.
+
+use std::time::Duration;
+
+use kit::config::{ConfigError, ConfigReader, EnvSource};
+use kit::KitConfig;
+use messages::risk::SecurityMode;
+use messages::validate::Ceilings;
+
+use crate::placement::Strategy;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub kit: KitConfig,
+    /// `SANDMESH_SECURITY_MODE`: strict (default) or permissive.
+    pub security_mode: SecurityMode,
+    /// `SANDMESH_PLACEMENT`: round_robin, least_loaded (default) or resource_aware.
+    pub placement: Strategy,
+    /// `SANDMESH_SCHED_MAX_QUEUE`: executions in flight at once (sync and async together);
+    /// beyond it sync callers get 429 and async jobs stay in the stream.
+    pub max_queue: usize,
+    pub ceilings: Ceilings,
+    /// How long the risk-assessor may take.
+    pub assess_timeout: Duration,
+    /// How long a person has to decide a confirmation before it counts as a timeout.
+    pub confirm_timeout: Duration,
+    /// Added to an execution's own timeout for container start and workspace sync; past it the
+    /// executor counts as lost.
+    pub exec_grace: Duration,
+    /// Deliveries of one async job before a terminal `internal` result is stored.
+    pub job_max_deliver: i64,
+    /// How long a delivered job may go without an ack or progress before redelivery.
+    pub job_ack_wait: Duration,
+    /// Jobs pulled per fetch (never more than free queue slots).
+    pub job_batch: usize,
+    /// Lifetime of an execution claim unless renewed; a crashed scheduler's claims expire.
+    pub claim_ttl: Duration,
+}
+
+fn parse_mode(r: &mut ConfigReader<'_>) -> SecurityMode {
+    match r.string("SECURITY_MODE", "strict").as_str() {
+        "strict" => SecurityMode::Strict,
+        "permissive" => SecurityMode::Permissive,
+        other => {
+            r.error(format!(
+                "SANDMESH_SECURITY_MODE={other:?}: expected strict or permissive"
+            ));
+            SecurityMode::Strict
+        }
+    }
+}
+
+fn ceilings(r: &mut ConfigReader<'_>) -> Ceilings {
+    let d = Ceilings::default();
+    let c = Ceilings {
+        max_code_bytes: r.parse("SCHED_MAX_CODE_BYTES", d.max_code_bytes),
+        max_timeout_ms: r.parse("SCHED_MAX_TIMEOUT_MS", d.max_timeout_ms),
+        default_timeout_ms: r.parse("SCHED_DEFAULT_TIMEOUT_MS", d.default_timeout_ms),
+        max_memory_mb: r.parse("SCHED_MAX_MEMORY_MB", d.max_memory_mb),
+        max_cpus: r.parse("SCHED_MAX_CPUS", d.max_cpus),
+        max_output_bytes: r.parse("SCHED_MAX_OUTPUT_BYTES", d.max_output_bytes),
+        ..d
+    };
+    if c.default_timeout_ms == 0 || c.default_timeout_ms > c.max_timeout_ms {
+        r.error("SANDMESH_SCHED_DEFAULT_TIMEOUT_MS: must be between 1 and the max timeout");
+    }
+    if !(c.max_cpus.is_finite() && c.max_cpus > 0.0) {
+        r.error("SANDMESH_SCHED_MAX_CPUS: must be a positive number");
+    }
+    c
+}
+
+impl SchedulerConfig {
+    pub fn from_env(source: &dyn EnvSource) -> Result<Self, ConfigError> {
+        let mut r = ConfigReader::new(source);
+        let kit = KitConfig::from_reader(&mut r);
+        let security_mode = parse_mode(&mut r);
+        let placement = r.parse("PLACEMENT", Strategy::LeastLoaded);
+        let max_queue = r.parse("SCHED_MAX_QUEUE", 64usize);
+        if max_queue == 0 {
+            r.error("SANDMESH_SCHED_MAX_QUEUE: must be at least 1");
+        }
+        let ceilings = ceilings(&mut r);
+        let job_max_deliver = r.parse("SCHED_JOB_MAX_DELIVER", 5i64);
+        if job_max_deliver < 1 {
+            r.error("SANDMESH_SCHED_JOB_MAX_DELIVER: must be at least 1");
+        }
+        let job_batch = r.parse("SCHED_JOB_BATCH", 4usize);
+        if job_batch == 0 {
+            r.error("SANDMESH_SCHED_JOB_BATCH: must be at least 1");
+        }
+        let job_ack_wait = r.millis("SCHED_JOB_ACK_WAIT_MS", Duration::from_secs(30));
+        let claim_ttl = r.millis("SCHED_CLAIM_TTL_MS", Duration::from_secs(30));
+        for (name, d) in [
+            ("SCHED_JOB_ACK_WAIT_MS", job_ack_wait),
+            ("SCHED_CLAIM_TTL_MS", claim_ttl),
+        ] {
+            // Progress and claim renewals run at a third of these; KV TTLs are whole seconds.
+            if d < Duration::from_secs(3) {
+                r.error(format!("SANDMESH_{name}: must be at least 3000"));
+            }
+        }
+        let config = Self {
+            kit,
+            security_mode,
+            placement,
+            max_queue,
+            ceilings,
+            assess_timeout: r.millis("SCHED_ASSESS_TIMEOUT_MS", Duration::from_secs(10)),
+            confirm_timeout: r.millis("SCHED_CONFIRM_TIMEOUT_MS", Duration::from_secs(300)),
+            exec_grace: r.millis("SCHED_EXEC_GRACE_MS", Duration::from_secs(30)),
+            job_max_deliver,
+            job_ack_wait,
+            job_batch,
+            claim_ttl,
+        };
+        r.finish().map(|_| config)
+    }
+
+    /// Defaults for tests and embedded use, pointed at one NATS server.
+    pub fn for_url(nats_url: &str) -> Self {
+        let env = std::collections::HashMap::from([(
+            "SANDMESH_NATS_URL".to_string(),
+            nats_url.to_string(),
+        )]);
+        Self::from_env(&env).expect("defaults are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_strict_and_least_loaded() {
+        let c = SchedulerConfig::from_env(&env(&[])).unwrap();
+        assert_eq!(c.security_mode, SecurityMode::Strict);
+        assert_eq!(c.placement, Strategy::LeastLoaded);
+        assert_eq!(c.max_queue, 64);
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_together() {
+        let e = SchedulerConfig::from_env(&env(&[
+            ("SANDMESH_SECURITY_MODE", "lax"),
+            ("SANDMESH_PLACEMENT", "random"),
+            ("SANDMESH_SCHED_MAX_QUEUE", "0"),
+            ("SANDMESH_SCHED_CLAIM_TTL_MS", "10"),
+            ("SANDMESH_HEARTBEAT_MS", "x"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.0.len(), 5, "{e}");
+    }
+
+    #[test]
+    fn mode_and_strategy_are_read() {
+        let c = SchedulerConfig::from_env(&env(&[
+            ("SANDMESH_SECURITY_MODE", "permissive"),
+            ("SANDMESH_PLACEMENT", "resource_aware"),
+        ]))
+        .unwrap();
+        assert_eq!(c.security_mode, SecurityMode::Permissive);
+        assert_eq!(c.placement, Strategy::ResourceAware);
+    }
+}

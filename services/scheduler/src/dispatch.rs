@@ -1,0 +1,444 @@
+//! Placement and the executor call. Work without a session goes to the node the strategy picks
+//! (or to the `executor.docker.run` queue group while no node is known); work of a session goes
+//! to the node holding its container. A node that stops answering is treated as lost: its
+//! session is re-placed on a healthy node with `session_restored`, and the executor restores the
+//! workspace there (the files live in workspace-store).
+
+use std::time::{Duration, Instant};
+
+use kit::{AuditScope, CallError};
+use messages::audit::AuditKind;
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Tier};
+use messages::executor::ExecutorRun;
+use messages::session::{SessionOpen, SessionRecord, SessionState};
+use messages::subjects::{ExecutorOp, WorkspaceOp};
+use messages::validate::EffectiveLimits;
+use messages::workspace::WsInit;
+use messages::{ErrorBody, ErrorKind};
+use serde_json::json;
+
+use crate::pipeline::{dependency_error, terminal, Scheduler};
+use crate::placement::{Decision, Requirements};
+use crate::registry::RegistryMsg;
+use crate::sessions::{mark_lost, Change};
+
+/// Tries per execution when the chosen node turns out to be gone (no responders).
+const PLACEMENT_ATTEMPTS: usize = 3;
+
+/// The reply of one executor call, classified.
+enum Call {
+    Done(Box<ExecResult>),
+    /// Nobody listens on that subject: nothing ran; another node may take it.
+    NoResponders,
+    /// The executor took the work and never answered: it is presumed dead.
+    Lost(String),
+    /// A failure before anything ran; the whole request may be retried later.
+    Transient(ErrorBody),
+    /// The executor refused or failed the work; final.
+    Failed(ExecStatus, ErrorBody),
+}
+
+impl Scheduler {
+    pub(crate) async fn dispatch(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+        limits: EffectiveLimits,
+        tier: Tier,
+        scope: &AuditScope,
+    ) -> Result<ExecResult, ErrorBody> {
+        let mut request = req.clone();
+        request.execution_id = Some(id.to_string());
+        request.timeout_ms = Some(limits.timeout_ms);
+        request.limits = Some(limits.as_limits());
+        let mut run = ExecutorRun {
+            execution_id: id.to_string(),
+            tier,
+            request,
+            session_restored: false,
+        };
+        let needs = Requirements {
+            cpus: limits.cpus,
+            memory_mb: limits.memory_mb,
+        };
+        let deadline = Duration::from_millis(limits.timeout_ms) + self.0.config.exec_grace;
+        match req.session_id.clone() {
+            None => {
+                self.dispatch_anywhere(&mut run, needs, deadline, scope)
+                    .await
+            }
+            Some(session_id) => {
+                self.dispatch_session(&session_id, &mut run, needs, deadline, scope)
+                    .await
+            }
+        }
+    }
+
+    async fn dispatch_anywhere(
+        &self,
+        run: &mut ExecutorRun,
+        needs: Requirements,
+        deadline: Duration,
+        scope: &AuditScope,
+    ) -> Result<ExecResult, ErrorBody> {
+        let mut exclude = Vec::new();
+        for _ in 0..PLACEMENT_ATTEMPTS {
+            let decision = self.pick(needs, &exclude).await;
+            let node = decision.as_ref().map(|d| d.node.clone());
+            self.audit_placed(scope, run, decision.as_ref());
+            match self
+                .call_executor(node.as_deref(), run, deadline, scope)
+                .await
+            {
+                Call::NoResponders => match node {
+                    Some(node) => exclude.push(node),
+                    None => break,
+                },
+                other => return self.settle(other, node, run),
+            }
+        }
+        Err(ErrorBody::unavailable(
+            "no docker executor is running (no responders on the executor subjects)",
+        ))
+    }
+
+    async fn dispatch_session(
+        &self,
+        session_id: &str,
+        run: &mut ExecutorRun,
+        needs: Requirements,
+        deadline: Duration,
+        scope: &AuditScope,
+    ) -> Result<ExecResult, ErrorBody> {
+        let mut record = self
+            .ensure_session(session_id, run.request.requested_by.clone(), scope)
+            .await?;
+        for _ in 0..PLACEMENT_ATTEMPTS {
+            if record.state == SessionState::Closed {
+                let error = ErrorBody::conflict(format!(
+                    "session {session_id} is closed; open a new session"
+                ));
+                return Ok(terminal(
+                    &run.execution_id,
+                    &run.request,
+                    ExecStatus::Rejected,
+                    error,
+                ));
+            }
+            let (node, restored, decision) = self.place_session(&record, needs, scope).await?;
+            run.session_restored = restored;
+            self.audit_placed(
+                scope,
+                run,
+                decision.as_ref().or(Some(&Decision {
+                    node: node.clone(),
+                    score: 1.0,
+                    reason: "session affinity".into(),
+                })),
+            );
+            match self.call_executor(Some(&node), run, deadline, scope).await {
+                Call::NoResponders => {
+                    record = self.session_lost(session_id, &node, scope).await?;
+                }
+                Call::Lost(why) => {
+                    self.session_lost(session_id, &node, scope).await?;
+                    return self.settle(Call::Lost(why), Some(node), run);
+                }
+                other => {
+                    let done = matches!(other, Call::Done(_));
+                    let mut result = self.settle(other, Some(node.clone()), run)?;
+                    result.session_restored |= restored;
+                    if done {
+                        self.touch_session(session_id, &node).await;
+                    }
+                    return Ok(result);
+                }
+            }
+        }
+        Err(ErrorBody::unavailable(format!(
+            "no executor node could take session {session_id}"
+        )))
+    }
+
+    /// The session's record, opening it (and its workspace) on first use.
+    pub(crate) async fn ensure_session(
+        &self,
+        session_id: &str,
+        requested_by: Option<String>,
+        scope: &AuditScope,
+    ) -> Result<SessionRecord, ErrorBody> {
+        if let Some(record) = self.0.sessions.get(session_id).await? {
+            return Ok(record);
+        }
+        let open = SessionOpen {
+            session_id: Some(session_id.to_string()),
+            requested_by,
+            ..Default::default()
+        };
+        self.open_session(session_id, &open, scope).await
+    }
+
+    /// Creates the workspace, then the record (idempotent: an existing record is returned).
+    pub(crate) async fn open_session(
+        &self,
+        session_id: &str,
+        open: &SessionOpen,
+        scope: &AuditScope,
+    ) -> Result<SessionRecord, ErrorBody> {
+        let init = WsInit {
+            session_id: session_id.to_string(),
+        };
+        self.0
+            .caller
+            .call::<_, serde::de::IgnoredAny>(self.0.subjects.workspace(WorkspaceOp::Init), &init)
+            .await
+            .map_err(|e| dependency_error("workspace-store", e))?;
+        let (record, created) = self.0.sessions.open(session_id, open).await?;
+        if created {
+            self.audit(
+                AuditKind::SessionOpened,
+                scope,
+                json!({"tier": record.tier.as_str()}),
+            );
+        }
+        Ok(record)
+    }
+
+    /// Where the session's next execution runs, whether its process state was lost on the
+    /// way, and the placement decision when a new node was chosen.
+    async fn place_session(
+        &self,
+        record: &SessionRecord,
+        needs: Requirements,
+        scope: &AuditScope,
+    ) -> Result<(String, bool, Option<Decision>), ErrorBody> {
+        let id = &record.session_id;
+        let mut record = record.clone();
+        if record.state == SessionState::Active {
+            let node = record.node.clone().unwrap_or_default();
+            if self.is_alive(&node).await {
+                return Ok((node, false, None));
+            }
+            // Its heartbeat is gone, but the registry's watch may not have marked it yet.
+            record = self.session_lost(id, &node, scope).await?;
+            if record.state == SessionState::Active {
+                // Another scheduler re-placed it meanwhile: follow.
+                return Ok((record.node.unwrap_or_default(), false, None));
+            }
+        }
+        let exclude: Vec<String> = record.lost_from.clone().into_iter().collect();
+        let decision = match self.pick(needs, &exclude).await {
+            Some(d) => d,
+            // Only the node we would avoid is left; it may have come back.
+            None => self.pick(needs, &[]).await.ok_or_else(|| {
+                ErrorBody::unavailable(format!(
+                    "no executor node is available for session {id}; retry when one runs"
+                ))
+            })?,
+        };
+        let chosen = decision.node.clone();
+        let mut restored = None;
+        let stored = self
+            .0
+            .sessions
+            .update(id, |r| match r.state {
+                SessionState::Open | SessionState::Lost => {
+                    let lost = r.state == SessionState::Lost;
+                    if lost {
+                        r.restores += 1;
+                    }
+                    r.state = SessionState::Active;
+                    r.node = Some(chosen.clone());
+                    r.lost_from = None;
+                    restored = Some(lost);
+                    Change::Write
+                }
+                SessionState::Active | SessionState::Closed => {
+                    restored = None;
+                    Change::Keep
+                }
+            })
+            .await?
+            .ok_or_else(|| ErrorBody::not_found(format!("session {id} vanished")))?;
+        match (stored.state, stored.node, restored) {
+            (SessionState::Active, Some(node), Some(lost)) => Ok((node, lost, Some(decision))),
+            // Another scheduler placed it meanwhile: follow it there.
+            (SessionState::Active, Some(node), None) => Ok((node, false, None)),
+            (state, _, _) => Err(ErrorBody::conflict(format!(
+                "session {id} is {state:?} and cannot run"
+            ))),
+        }
+    }
+
+    /// Marks the session lost on `node` and returns the record as it is now.
+    async fn session_lost(
+        &self,
+        session_id: &str,
+        node: &str,
+        scope: &AuditScope,
+    ) -> Result<SessionRecord, ErrorBody> {
+        let mut changed = false;
+        let record = self
+            .0
+            .sessions
+            .update(session_id, |r| {
+                changed = mark_lost(r, node);
+                if changed {
+                    Change::Write
+                } else {
+                    Change::Keep
+                }
+            })
+            .await?
+            .ok_or_else(|| ErrorBody::not_found(format!("session {session_id} vanished")))?;
+        if changed {
+            self.audit(AuditKind::SessionLost, scope, json!({"node": node}));
+        }
+        Ok(record)
+    }
+
+    async fn touch_session(&self, session_id: &str, node: &str) {
+        let now = messages::now_ms();
+        let updated = self
+            .0
+            .sessions
+            .update(session_id, |r| {
+                if r.node.as_deref() != Some(node) {
+                    return Change::Keep;
+                }
+                r.executions += 1;
+                r.last_used_at = now;
+                Change::Write
+            })
+            .await;
+        if let Err(e) = updated {
+            tracing::warn!(session_id, error = %e, "session use not recorded");
+        }
+    }
+
+    async fn pick(&self, needs: Requirements, exclude: &[String]) -> Option<Decision> {
+        let exclude = exclude.to_vec();
+        ractor::call!(self.0.registry, |reply| RegistryMsg::Pick {
+            req: needs,
+            exclude,
+            reply
+        })
+        .unwrap_or(None)
+    }
+
+    async fn is_alive(&self, node: &str) -> bool {
+        let node = node.to_string();
+        ractor::call!(self.0.registry, |reply| RegistryMsg::IsAlive {
+            node,
+            reply
+        })
+        .unwrap_or(false)
+    }
+
+    fn audit_placed(&self, scope: &AuditScope, run: &ExecutorRun, d: Option<&Decision>) {
+        self.audit(
+            AuditKind::Placed,
+            scope,
+            json!({
+                "tier": run.tier.as_str(),
+                "node": d.map(|d| &d.node),
+                "reason": d.map(|d| d.reason.as_str()).unwrap_or("executor queue group"),
+                "strategy": self.0.config.placement.as_str(),
+                "session_restored": run.session_restored,
+            }),
+        );
+    }
+
+    async fn call_executor(
+        &self,
+        node: Option<&str>,
+        run: &ExecutorRun,
+        deadline: Duration,
+        scope: &AuditScope,
+    ) -> Call {
+        let subjects = &self.0.subjects;
+        let subject = match node {
+            Some(node) => subjects.executor_node(node, ExecutorOp::Run),
+            None => subjects.executor_run(),
+        };
+        if let Some(node) = node {
+            let _ = self
+                .0
+                .registry
+                .cast(RegistryMsg::Dispatched { node: node.into() });
+        }
+        self.audit(
+            AuditKind::Started,
+            scope,
+            json!({"node": node, "tier": run.tier.as_str()}),
+        );
+        let started = Instant::now();
+        let reply = self
+            .0
+            .caller
+            .call_timeout::<_, ExecResult>(subject, run, deadline)
+            .await;
+        if let Some(node) = node {
+            let _ = self
+                .0
+                .registry
+                .cast(RegistryMsg::Finished { node: node.into() });
+        }
+        match reply {
+            Ok(mut result) => {
+                if result.timing.exec_ms == 0 {
+                    result.timing.exec_ms = started.elapsed().as_millis() as u64;
+                }
+                Call::Done(Box::new(result))
+            }
+            Err(CallError::NoResponders(_)) => Call::NoResponders,
+            Err(CallError::TimedOut { timeout, .. }) => {
+                Call::Lost(format!("the executor did not answer within {timeout:?}"))
+            }
+            Err(CallError::Transport { message, .. }) => Call::Transient(ErrorBody::unavailable(
+                format!("executor call failed: {message}"),
+            )),
+            Err(CallError::Service(body)) => match body.kind {
+                ErrorKind::Overloaded | ErrorKind::Unavailable => Call::Transient(body),
+                ErrorKind::BadRequest | ErrorKind::TooLarge | ErrorKind::Denied => {
+                    Call::Failed(ExecStatus::Rejected, body)
+                }
+                _ => Call::Failed(ExecStatus::Internal, body),
+            },
+            Err(e @ CallError::Decode { .. }) => {
+                Call::Failed(ExecStatus::Internal, ErrorBody::internal(e.to_string()))
+            }
+        }
+    }
+
+    /// Turns a classified call into the result (the scheduler's fields overlaid) or a
+    /// transient error.
+    fn settle(
+        &self,
+        call: Call,
+        node: Option<String>,
+        run: &ExecutorRun,
+    ) -> Result<ExecResult, ErrorBody> {
+        let mut result = match call {
+            Call::Done(r) => *r,
+            Call::Transient(e) => return Err(e),
+            Call::NoResponders => {
+                return Err(ErrorBody::unavailable("no docker executor is running"))
+            }
+            Call::Lost(why) => terminal(
+                &run.execution_id,
+                &run.request,
+                ExecStatus::ExecutorLost,
+                ErrorBody::new(ErrorKind::Unavailable, why),
+            ),
+            Call::Failed(status, e) => terminal(&run.execution_id, &run.request, status, e),
+        };
+        result.execution_id = run.execution_id.clone();
+        result.session_id = run.request.session_id.clone();
+        result.tier = run.tier;
+        if result.node.is_none() {
+            result.node = node;
+        }
+        Ok(result)
+    }
+}

@@ -1,0 +1,255 @@
+//! Async intake: a durable pull consumer on `SANDBOX_JOBS`. Jobs are fetched only while the
+//! queue has room (so they wait in the stream, not in memory), in small batches; a running job
+//! sends `Progress` so it is not redelivered, and is acked only after its result is stored.
+//!
+//! Nothing accepted is lost: a job that cannot run now is nak'ed with a delay and comes back; a
+//! job whose scheduler died comes back after `ack_wait` and finds its stored result (or the
+//! expired claim) instead of running twice; past `job_max_deliver` deliveries it gets a stored
+//! terminal `internal` result. The consumer's own `max_deliver` is unlimited, so the server never
+//! drops a job on its own.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, Consumer};
+use async_nats::jetstream::{AckKind, Message};
+use futures::StreamExt;
+use messages::codec;
+use messages::exec::{ExecRequest, ExecStatus};
+use messages::validate::validate_id;
+use messages::{Encoding, ErrorBody};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::pipeline::{terminal, Origin, Outcome, Scheduler};
+
+/// The durable consumer shared by every scheduler instance.
+pub const CONSUMER: &str = "scheduler";
+
+pub async fn consumer(sched: &Scheduler) -> Result<Consumer<pull::Config>, String> {
+    let subjects = &sched.0.subjects;
+    let stream = kit::bootstrap::jobs_stream(&sched.0.js, subjects)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .get_or_create_consumer(
+            CONSUMER,
+            pull::Config {
+                durable_name: Some(CONSUMER.into()),
+                filter_subject: subjects.jobs_exec(),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: sched.config().job_ack_wait,
+                max_deliver: -1,
+                max_ack_pending: 10_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("creating the jobs consumer: {e}"))
+}
+
+/// Pulls and runs jobs until `stop`, then waits for the running ones to finish.
+pub async fn run(
+    sched: Scheduler,
+    consumer: Consumer<pull::Config>,
+    stop: CancellationToken,
+    running: TaskTracker,
+) {
+    let batch = sched.config().job_batch;
+    while !stop.is_cancelled() {
+        // Wait for room without holding it, so sync requests keep every free slot meanwhile.
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            permit = sched.admission().clone().acquire_owned() => drop(permit),
+        }
+        let room = sched.admission().available_permits().clamp(1, batch);
+        let fetched = consumer
+            .batch()
+            .max_messages(room)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await;
+        let mut messages = match fetched {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "fetching jobs failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(error = %e, "job batch ended");
+                    break;
+                }
+            };
+            match sched.admission().clone().try_acquire_owned() {
+                Ok(permit) => {
+                    running.spawn(handle(sched.clone(), message, permit));
+                }
+                // A sync request took the slot since we looked: let the job come back later.
+                Err(_) => {
+                    let _ = message
+                        .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+/// Keeps a job from being redelivered while it runs.
+fn keep_alive(message: &Message, every: Duration) -> CancellationToken {
+    let done = CancellationToken::new();
+    let (token, message) = (done.clone(), message.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = message.ack_with(AckKind::Progress).await {
+                tracing::debug!(error = %e, "progress ack failed");
+            }
+        }
+    });
+    done
+}
+
+async fn handle(sched: Scheduler, message: Message, permit: OwnedSemaphorePermit) {
+    let msg_id = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.as_str().to_string())
+        .filter(|id| validate_id("Nats-Msg-Id", id).is_ok());
+    let span = tracing::info_span!("job", msg_id = msg_id.as_deref().unwrap_or(""));
+    kit::telemetry::set_parent_from(&span, message.headers.as_ref());
+    handle_job(sched, message, msg_id).instrument(span).await;
+    drop(permit);
+}
+
+async fn handle_job(sched: Scheduler, message: Message, msg_id: Option<String>) {
+    let received = Instant::now();
+    let (delivered, queued_ms) = match message.info() {
+        Ok(info) => {
+            let published = info.published.unix_timestamp_nanos() / 1_000_000;
+            let queued = (messages::now_ms() as i128 - published).max(0) as u64;
+            (info.delivered, queued)
+        }
+        Err(_) => (1, 0),
+    };
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    let alive = keep_alive(&message, sched.config().job_ack_wait / 3);
+
+    let decoded = Encoding::from_content_type(header(codec::CONTENT_TYPE).as_deref())
+        .map_err(ErrorBody::from)
+        .and_then(|e| {
+            e.decode::<ExecRequest>(&message.payload)
+                .map_err(ErrorBody::from)
+        });
+    let mut req = match decoded {
+        Ok(req) => req,
+        Err(error) => {
+            alive.cancel();
+            return refuse(&sched, &message, msg_id, None, error).await;
+        }
+    };
+    if req.execution_id.is_none() {
+        req.execution_id = msg_id.clone();
+    }
+    let id = req.execution_id.clone().unwrap_or_else(messages::new_id);
+    req.execution_id = Some(id.clone());
+
+    if delivered > sched.config().job_max_deliver {
+        alive.cancel();
+        let error = ErrorBody::internal(format!(
+            "gave up after {} deliveries without a result",
+            delivered - 1
+        ));
+        let failed = terminal(&id, &req, ExecStatus::Internal, error);
+        return store_and_ack(&sched, &message, failed).await;
+    }
+    let origin = Origin {
+        received,
+        queued_ms,
+        trace_id: kit::telemetry::current_trace_id(),
+    };
+    let outcome = sched.execute(req.clone(), origin).await;
+    alive.cancel();
+    match outcome {
+        Outcome::Done(_) => ack(&message).await,
+        Outcome::Invalid(error) => refuse(&sched, &message, Some(id), Some(&req), error).await,
+        Outcome::Busy(owner) => {
+            tracing::debug!(execution_id = %id, owner, "job runs elsewhere; checking back later");
+            nak(&message, sched.config().claim_ttl / 3).await;
+        }
+        Outcome::Retry(error) | Outcome::Unstored(_, error) => {
+            if delivered >= sched.config().job_max_deliver {
+                let failed = terminal(&id, &req, ExecStatus::Internal, error);
+                store_and_ack(&sched, &message, failed).await;
+            } else {
+                tracing::info!(execution_id = %id, delivered, error = %error, "job will be retried");
+                nak(&message, Duration::from_secs(delivered.clamp(1, 30) as u64)).await;
+            }
+        }
+    }
+}
+
+/// A job that can never run: stored as `rejected` when it has a usable id, else terminated
+/// (nobody could look its result up) with the reason logged.
+async fn refuse(
+    sched: &Scheduler,
+    message: &Message,
+    id: Option<String>,
+    req: Option<&ExecRequest>,
+    error: ErrorBody,
+) {
+    let id = id.filter(|id| validate_id("execution_id", id).is_ok());
+    match id {
+        Some(id) => {
+            let blank = ExecRequest::default();
+            let failed = terminal(&id, req.unwrap_or(&blank), ExecStatus::Rejected, error);
+            store_and_ack(sched, message, failed).await;
+        }
+        None => {
+            tracing::warn!(error = %error, "job without a usable execution id dropped as unreadable");
+            let _ = message.ack_with(AckKind::Term).await;
+        }
+    }
+}
+
+async fn store_and_ack(sched: &Scheduler, message: &Message, result: messages::exec::ExecResult) {
+    match sched.results().put(&result).await {
+        Ok(()) => ack(message).await,
+        Err(e) => {
+            tracing::error!(execution_id = %result.execution_id, error = %e, "result not stored; job will come back");
+            nak(message, Duration::from_secs(2)).await;
+        }
+    }
+}
+
+async fn ack(message: &Message) {
+    // Double ack: the server confirms, so an ack lost on the way cannot cause a redelivery
+    // we did not expect (which would still be harmless: the result is stored).
+    if let Err(e) = message.double_ack().await {
+        tracing::warn!(error = %e, "job ack not confirmed; a redelivery will find the result");
+    }
+}
+
+async fn nak(message: &Message, delay: Duration) {
+    if let Err(e) = message.ack_with(AckKind::Nak(Some(delay))).await {
+        tracing::warn!(error = %e, "job nak failed; it comes back after ack_wait");
+    }
+}

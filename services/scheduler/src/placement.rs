@@ -1,0 +1,305 @@
+//! Placement strategies (seed 003 §2.1.2): which executor node takes an execution. Pure
+//! functions over a snapshot of the node table, so the `Registry` actor stays small and the
+//! choices are testable without NATS.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+/// Heartbeat metric names read by resource-aware placement (seed 003 §8 vocabulary).
+pub mod metric {
+    pub const CPU_TOTAL: &str = "runtime_cpu_total";
+    pub const CPU_USAGE_PERCENT: &str = "runtime_cpu_usage_percent";
+    pub const MEMORY_TOTAL_BYTES: &str = "runtime_memory_total_bytes";
+    pub const MEMORY_USAGE_BYTES: &str = "runtime_memory_usage_bytes";
+    pub const SESSION_COUNT: &str = "runtime_session_count";
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Each node in turn.
+    RoundRobin,
+    /// The node with the least work relative to its capacity.
+    LeastLoaded,
+    /// The node with the most free CPU and memory that still fits the request.
+    ResourceAware,
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "round_robin" | "round-robin" => Ok(Strategy::RoundRobin),
+            "least_loaded" | "least-loaded" => Ok(Strategy::LeastLoaded),
+            "resource_aware" | "resource-aware" => Ok(Strategy::ResourceAware),
+            other => Err(format!(
+                "unknown placement {other:?}; expected round_robin, least_loaded or resource_aware"
+            )),
+        }
+    }
+}
+
+impl Strategy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Strategy::RoundRobin => "round_robin",
+            Strategy::LeastLoaded => "least_loaded",
+            Strategy::ResourceAware => "resource_aware",
+        }
+    }
+}
+
+/// What placement knows about one executor node.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeView {
+    pub id: String,
+    pub capacity: u32,
+    /// Reported load plus work this scheduler sent since the last heartbeat.
+    pub load: u32,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl NodeView {
+    fn is_full(&self) -> bool {
+        self.capacity > 0 && self.load >= self.capacity
+    }
+
+    fn load_ratio(&self) -> f64 {
+        if self.capacity == 0 {
+            f64::from(self.load)
+        } else {
+            f64::from(self.load) / f64::from(self.capacity)
+        }
+    }
+
+    fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics.get(name).copied().filter(|v| v.is_finite())
+    }
+}
+
+/// What one execution needs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Requirements {
+    pub cpus: f64,
+    pub memory_mb: u64,
+}
+
+/// The chosen node, with why (recorded in the `placed` audit event).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub node: String,
+    pub score: f64,
+    pub reason: String,
+}
+
+/// Seed 003's resource score: free CPU 40 %, free memory 40 %, few sessions 20 %; zero when
+/// the request does not fit. Nodes that report no resources score on load alone.
+fn resource_score(node: &NodeView, req: &Requirements) -> f64 {
+    let load_score = 1.0
+        / (node
+            .metric(metric::SESSION_COUNT)
+            .unwrap_or(node.load as f64)
+            + 1.0);
+    let cpu = node.metric(metric::CPU_TOTAL).map(|total| {
+        let used = total * node.metric(metric::CPU_USAGE_PERCENT).unwrap_or(0.0) / 100.0;
+        (total, (total - used).max(0.0))
+    });
+    let mem = node.metric(metric::MEMORY_TOTAL_BYTES).map(|total| {
+        let used = node.metric(metric::MEMORY_USAGE_BYTES).unwrap_or(0.0);
+        (total, (total - used).max(0.0))
+    });
+    let needed_mem = req.memory_mb as f64 * 1024.0 * 1024.0;
+    match (cpu, mem) {
+        (Some((cpu_total, cpu_free)), Some((mem_total, mem_free)))
+            if cpu_total > 0.0 && mem_total > 0.0 =>
+        {
+            if cpu_free < req.cpus || mem_free < needed_mem {
+                return 0.0;
+            }
+            cpu_free / cpu_total * 0.4 + mem_free / mem_total * 0.4 + load_score * 0.2
+        }
+        _ => (1.0 - node.load_ratio()).max(0.0) * 0.8 + load_score * 0.2,
+    }
+}
+
+/// Picks a node. Full nodes (load ≥ capacity) are never chosen; `None` means nobody fits.
+/// `cursor` is the round-robin position, advanced on each round-robin choice.
+pub fn choose(
+    strategy: Strategy,
+    nodes: &[NodeView],
+    req: &Requirements,
+    cursor: &mut usize,
+) -> Option<Decision> {
+    let mut open: Vec<&NodeView> = nodes.iter().filter(|n| !n.is_full()).collect();
+    // A stable order so round-robin visits each node in turn and ties break the same way.
+    open.sort_by(|a, b| a.id.cmp(&b.id));
+    if open.is_empty() {
+        return None;
+    }
+    match strategy {
+        Strategy::RoundRobin => {
+            let node = open[*cursor % open.len()];
+            *cursor = cursor.wrapping_add(1);
+            Some(Decision {
+                node: node.id.clone(),
+                score: 1.0,
+                reason: "round_robin".into(),
+            })
+        }
+        Strategy::LeastLoaded => {
+            let node = open
+                .iter()
+                .min_by(|a, b| a.load_ratio().total_cmp(&b.load_ratio()))?;
+            Some(Decision {
+                node: node.id.clone(),
+                score: 1.0 / (f64::from(node.load) + 1.0),
+                reason: format!("least_loaded: {}/{}", node.load, node.capacity),
+            })
+        }
+        Strategy::ResourceAware => {
+            let (node, score) = open
+                .iter()
+                .map(|n| (*n, resource_score(n, req)))
+                .filter(|(_, s)| *s > 0.0)
+                .max_by(|a, b| a.1.total_cmp(&b.1))?;
+            Some(Decision {
+                node: node.id.clone(),
+                score,
+                reason: format!("resource_score: {score:.2}"),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, capacity: u32, load: u32) -> NodeView {
+        NodeView {
+            id: id.into(),
+            capacity,
+            load,
+            metrics: BTreeMap::new(),
+        }
+    }
+
+    fn with_resources(
+        mut n: NodeView,
+        cpus: f64,
+        cpu_pct: f64,
+        mem_gb: f64,
+        used_gb: f64,
+    ) -> NodeView {
+        let gb = 1024.0 * 1024.0 * 1024.0;
+        n.metrics.insert(metric::CPU_TOTAL.into(), cpus);
+        n.metrics.insert(metric::CPU_USAGE_PERCENT.into(), cpu_pct);
+        n.metrics
+            .insert(metric::MEMORY_TOTAL_BYTES.into(), mem_gb * gb);
+        n.metrics
+            .insert(metric::MEMORY_USAGE_BYTES.into(), used_gb * gb);
+        n
+    }
+
+    const REQ: Requirements = Requirements {
+        cpus: 1.0,
+        memory_mb: 256,
+    };
+
+    #[test]
+    fn round_robin_visits_every_open_node_in_turn() {
+        let nodes = [node("b", 4, 0), node("a", 4, 0), node("c", 4, 4)];
+        let mut cursor = 0;
+        let picks: Vec<String> = (0..4)
+            .map(|_| {
+                choose(Strategy::RoundRobin, &nodes, &REQ, &mut cursor)
+                    .unwrap()
+                    .node
+            })
+            .collect();
+        assert_eq!(picks, ["a", "b", "a", "b"]);
+    }
+
+    #[test]
+    fn least_loaded_compares_load_to_capacity() {
+        let nodes = [node("a", 2, 1), node("b", 10, 2), node("c", 4, 4)];
+        let d = choose(Strategy::LeastLoaded, &nodes, &REQ, &mut 0).unwrap();
+        assert_eq!(d.node, "b");
+    }
+
+    #[test]
+    fn resource_aware_prefers_free_resources_and_skips_nodes_that_do_not_fit() {
+        let busy = with_resources(node("busy", 8, 1), 4.0, 90.0, 8.0, 7.0);
+        let idle = with_resources(node("idle", 8, 1), 4.0, 10.0, 8.0, 1.0);
+        let tiny = with_resources(node("tiny", 8, 0), 0.5, 0.0, 8.0, 0.0);
+        let nodes = [busy.clone(), idle, tiny.clone()];
+        assert_eq!(
+            choose(Strategy::ResourceAware, &nodes, &REQ, &mut 0)
+                .unwrap()
+                .node,
+            "idle"
+        );
+        // Only nodes that cannot fit the request: nobody is chosen.
+        let full = with_resources(node("full", 8, 0), 4.0, 100.0, 8.0, 8.0);
+        assert!(choose(Strategy::ResourceAware, &[tiny, full], &REQ, &mut 0).is_none());
+        // Without resource metrics the score falls back to load.
+        let nodes = [node("x", 4, 3), node("y", 4, 1)];
+        assert_eq!(
+            choose(Strategy::ResourceAware, &nodes, &REQ, &mut 0)
+                .unwrap()
+                .node,
+            "y"
+        );
+    }
+
+    #[test]
+    fn full_or_absent_nodes_give_no_decision() {
+        for s in [
+            Strategy::RoundRobin,
+            Strategy::LeastLoaded,
+            Strategy::ResourceAware,
+        ] {
+            assert!(choose(s, &[], &REQ, &mut 0).is_none());
+            assert!(choose(s, &[node("a", 1, 1)], &REQ, &mut 0).is_none());
+        }
+    }
+
+    /// Over many random tables: every strategy picks an open node, never a full one, and
+    /// least-loaded's pick has the minimal load ratio.
+    #[test]
+    fn choices_are_always_open_nodes() {
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move |m: u32| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % u64::from(m)) as u32
+        };
+        for _ in 0..500 {
+            let nodes: Vec<NodeView> = (0..1 + next(6))
+                .map(|i| node(&format!("n{i}"), 1 + next(8), next(10)))
+                .collect();
+            for s in [
+                Strategy::RoundRobin,
+                Strategy::LeastLoaded,
+                Strategy::ResourceAware,
+            ] {
+                let mut cursor = next(100) as usize;
+                match choose(s, &nodes, &REQ, &mut cursor) {
+                    Some(d) => {
+                        let n = nodes.iter().find(|n| n.id == d.node).unwrap();
+                        assert!(!n.is_full(), "{s:?} chose full node {n:?}");
+                        if s == Strategy::LeastLoaded {
+                            let best = nodes
+                                .iter()
+                                .filter(|n| !n.is_full())
+                                .map(|n| n.load_ratio())
+                                .fold(f64::INFINITY, f64::min);
+                            assert_eq!(n.load_ratio(), best);
+                        }
+                    }
+                    None => assert!(nodes.iter().all(|n| n.is_full()), "{s:?} found nothing"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! `Registry` actor: the runtime registry (seed 003 §2.1.3). It owns the table of live executor
+//! nodes, fed by a watch on KV `sandbox_nodes` (a put is a live or updated node; a delete or a
+//! TTL purge is a node gone), and answers placement questions with the configured strategy.
+//!
+//! ```text
+//! watch task (KV sandbox_nodes, docker-executor.>) ──Upsert/Remove──▶ Registry ──lost node id──▶ on_lost
+//! pipeline ──Pick/IsAlive/Dispatched/Finished──▶ Registry
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use futures::StreamExt;
+use messages::heartbeat::Heartbeat;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::placement::{self, Decision, NodeView, Requirements, Strategy};
+
+/// The heartbeat service name of docker executors; their instance id is the node id.
+pub const EXECUTOR_SERVICE: &str = "docker-executor";
+
+pub enum RegistryMsg {
+    /// A heartbeat arrived (from the KV watch).
+    Upsert(Heartbeat),
+    /// A node's key was deleted or expired.
+    Remove {
+        node: String,
+    },
+    /// The watch restarted: forget everything; the replayed history refills the table.
+    Reset,
+    /// Chooses a node for new work, skipping `exclude`.
+    Pick {
+        req: Requirements,
+        exclude: Vec<String>,
+        reply: RpcReplyPort<Option<Decision>>,
+    },
+    IsAlive {
+        node: String,
+        reply: RpcReplyPort<bool>,
+    },
+    Nodes(RpcReplyPort<Vec<NodeView>>),
+    /// This scheduler sent work to `node`.
+    Dispatched {
+        node: String,
+    },
+    /// That work ended.
+    Finished {
+        node: String,
+    },
+}
+
+pub struct Registry;
+
+pub struct RegistryArgs {
+    pub strategy: Strategy,
+    /// Receives the id of every node that disappears, so its sessions can be marked lost.
+    pub on_lost: mpsc::UnboundedSender<String>,
+}
+
+struct NodeEntry {
+    heartbeat: Heartbeat,
+    /// Work this scheduler sent since the node's last heartbeat: heartbeats are seconds apart
+    /// and a burst placed on stale load would all land on one node.
+    sent_since_beat: u32,
+    /// Work this scheduler has running there now.
+    running: u32,
+}
+
+pub struct RegistryState {
+    strategy: Strategy,
+    on_lost: mpsc::UnboundedSender<String>,
+    nodes: BTreeMap<String, NodeEntry>,
+    /// Round-robin position.
+    cursor: usize,
+}
+
+impl RegistryState {
+    fn views(&self, exclude: &BTreeSet<&str>) -> Vec<NodeView> {
+        self.nodes
+            .iter()
+            .filter(|(id, _)| !exclude.contains(id.as_str()))
+            .map(|(id, e)| NodeView {
+                id: id.clone(),
+                capacity: e.heartbeat.capacity,
+                load: e
+                    .heartbeat
+                    .load
+                    .saturating_add(e.sent_since_beat)
+                    .max(e.running),
+                metrics: e.heartbeat.metrics.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Actor for Registry {
+    type Msg = RegistryMsg;
+    type State = RegistryState;
+    type Arguments = RegistryArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: RegistryArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(RegistryState {
+            strategy: args.strategy,
+            on_lost: args.on_lost,
+            nodes: BTreeMap::new(),
+            cursor: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Upsert(hb) => {
+                let id = hb.instance_id.clone();
+                match state.nodes.get_mut(&id) {
+                    Some(e) => {
+                        e.heartbeat = hb;
+                        e.sent_since_beat = 0;
+                    }
+                    None => {
+                        tracing::info!(node = %id, capacity = hb.capacity, "executor node joined");
+                        state.nodes.insert(
+                            id,
+                            NodeEntry {
+                                heartbeat: hb,
+                                sent_since_beat: 0,
+                                running: 0,
+                            },
+                        );
+                    }
+                }
+            }
+            RegistryMsg::Remove { node } => {
+                if state.nodes.remove(&node).is_some() {
+                    tracing::warn!(node = %node, "executor node gone");
+                    let _ = state.on_lost.send(node);
+                }
+            }
+            RegistryMsg::Reset => state.nodes.clear(),
+            RegistryMsg::Pick {
+                req,
+                exclude,
+                reply,
+            } => {
+                let exclude: BTreeSet<&str> = exclude.iter().map(String::as_str).collect();
+                let views = state.views(&exclude);
+                let decision = placement::choose(state.strategy, &views, &req, &mut state.cursor);
+                let _ = reply.send(decision);
+            }
+            RegistryMsg::IsAlive { node, reply } => {
+                let _ = reply.send(state.nodes.contains_key(&node));
+            }
+            RegistryMsg::Nodes(reply) => {
+                let _ = reply.send(state.views(&BTreeSet::new()));
+            }
+            RegistryMsg::Dispatched { node } => {
+                if let Some(e) = state.nodes.get_mut(&node) {
+                    e.sent_since_beat = e.sent_since_beat.saturating_add(1);
+                    e.running = e.running.saturating_add(1);
+                }
+            }
+            RegistryMsg::Finished { node } => {
+                if let Some(e) = state.nodes.get_mut(&node) {
+                    e.running = e.running.saturating_sub(1);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Feeds the registry from KV `sandbox_nodes` until `stop`. The watch replays the latest
+/// heartbeat of every executor, then follows changes; when it breaks (a NATS reconnect), it is
+/// re-opened and the table rebuilt.
+pub fn spawn_watch(
+    nodes: kv::Store,
+    registry: ActorRef<RegistryMsg>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let filter = format!("{EXECUTOR_SERVICE}.>");
+        while !stop.is_cancelled() {
+            let mut watch = match nodes.watch_with_history(&filter).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch executor heartbeats; retrying");
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            let _ = registry.cast(RegistryMsg::Reset);
+            loop {
+                let entry = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    e = watch.next() => e,
+                };
+                match entry {
+                    Some(Ok(entry)) => {
+                        if let Some(msg) = to_msg(&entry.key, &entry.operation, &entry.value) {
+                            if registry.cast(msg).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "executor heartbeat watch failed; re-opening");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+    })
+}
+
+fn to_msg(key: &str, operation: &kv::Operation, value: &[u8]) -> Option<RegistryMsg> {
+    let node = key.strip_prefix(EXECUTOR_SERVICE)?.strip_prefix('.')?;
+    match operation {
+        kv::Operation::Put => match serde_json::from_slice::<Heartbeat>(value) {
+            Ok(hb) if hb.instance_id == node => Some(RegistryMsg::Upsert(hb)),
+            Ok(hb) => {
+                tracing::warn!(key, instance = %hb.instance_id, "heartbeat key and instance disagree; ignored");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(key, error = %e, "unreadable heartbeat ignored");
+                None
+            }
+        },
+        kv::Operation::Delete | kv::Operation::Purge => Some(RegistryMsg::Remove {
+            node: node.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hb(id: &str, capacity: u32, load: u32) -> Heartbeat {
+        Heartbeat {
+            service: EXECUTOR_SERVICE.into(),
+            instance_id: id.into(),
+            capacity,
+            load,
+            ..Default::default()
+        }
+    }
+
+    async fn pick(r: &ActorRef<RegistryMsg>, exclude: &[&str]) -> Option<String> {
+        let exclude = exclude.iter().map(|s| s.to_string()).collect();
+        ractor::call!(r, |reply| RegistryMsg::Pick {
+            req: Requirements::default(),
+            exclude,
+            reply
+        })
+        .unwrap()
+        .map(|d| d.node)
+    }
+
+    #[tokio::test]
+    async fn dispatched_work_counts_until_the_next_heartbeat() {
+        let (tx, mut lost) = mpsc::unbounded_channel();
+        let (r, _h) = Actor::spawn(
+            None,
+            Registry,
+            RegistryArgs {
+                strategy: Strategy::LeastLoaded,
+                on_lost: tx,
+            },
+        )
+        .await
+        .unwrap();
+        r.cast(RegistryMsg::Upsert(hb("a", 4, 0))).unwrap();
+        r.cast(RegistryMsg::Upsert(hb("b", 4, 0))).unwrap();
+        let first = pick(&r, &[]).await.unwrap();
+        r.cast(RegistryMsg::Dispatched {
+            node: first.clone(),
+        })
+        .unwrap();
+        let second = pick(&r, &[]).await.unwrap();
+        assert_ne!(first, second, "the second pick must see the first dispatch");
+        assert_eq!(pick(&r, &["a", "b"]).await, None);
+
+        r.cast(RegistryMsg::Remove { node: "a".into() }).unwrap();
+        assert_eq!(lost.recv().await.as_deref(), Some("a"));
+        assert_eq!(pick(&r, &[]).await.as_deref(), Some("b"));
+        let alive = ractor::call!(r, |reply| RegistryMsg::IsAlive {
+            node: "a".into(),
+            reply
+        })
+        .unwrap();
+        assert!(!alive);
+        r.stop(None);
+    }
+
+    #[test]
+    fn only_matching_executor_keys_become_nodes() {
+        let a = serde_json::to_vec(&hb("a", 1, 0)).unwrap();
+        let entry = |key: &str, op: kv::Operation| to_msg(key, &op, &a);
+        assert!(matches!(
+            entry("docker-executor.a", kv::Operation::Put),
+            Some(RegistryMsg::Upsert(_))
+        ));
+        assert!(entry("docker-executor.b", kv::Operation::Put).is_none());
+        assert!(entry("scheduler.a", kv::Operation::Put).is_none());
+        assert!(matches!(
+            entry("docker-executor.a", kv::Operation::Purge),
+            Some(RegistryMsg::Remove { .. })
+        ));
+    }
+}

@@ -1,0 +1,188 @@
+//! `SessionTable`: sessions in KV `sandbox_sessions` (session → state, node, tier). The KV is the
+//! only copy — every scheduler instance reads and writes it, so each change is a
+//! compare-and-set on the key's revision, retried on conflict. No in-process actor holds
+//! session state: a second copy would only go stale against the other instances.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use futures::TryStreamExt;
+use messages::exec::Tier;
+use messages::session::{SessionOpen, SessionRecord, SessionState};
+
+use crate::results::StoreError;
+
+fn store_err(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError(format!("{what}: {e}"))
+}
+
+/// How often a compare-and-set is retried before giving up (each retry re-reads the record).
+const CAS_ATTEMPTS: usize = 16;
+
+#[derive(Clone)]
+pub struct SessionTable {
+    kv: kv::Store,
+}
+
+/// What an update closure decides.
+pub enum Change {
+    /// Write the modified record.
+    Write,
+    /// Leave the stored record as it is.
+    Keep,
+}
+
+impl SessionTable {
+    pub fn new(kv: kv::Store) -> Self {
+        Self { kv }
+    }
+
+    async fn entry(&self, id: &str) -> Result<Option<(SessionRecord, u64)>, StoreError> {
+        match self.kv.entry(id).await {
+            Ok(Some(e)) if e.operation == kv::Operation::Put => {
+                let record = serde_json::from_slice(&e.value)
+                    .map_err(|err| store_err(&format!("session {id} is unreadable"), err))?;
+                Ok(Some((record, e.revision)))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(store_err("reading a session", e)),
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        Ok(self.entry(id).await?.map(|(r, _)| r))
+    }
+
+    /// Creates the session when it does not exist. Returns the record and whether it was new.
+    pub async fn open(
+        &self,
+        id: &str,
+        open: &SessionOpen,
+    ) -> Result<(SessionRecord, bool), StoreError> {
+        let now = messages::now_ms();
+        let record = SessionRecord {
+            session_id: id.to_string(),
+            state: SessionState::Open,
+            tier: open.tier.unwrap_or(Tier::Session),
+            created_at: now,
+            last_used_at: now,
+            requested_by: open.requested_by.clone(),
+            ..Default::default()
+        };
+        let value = serde_json::to_vec(&record).map_err(|e| store_err("encoding", e))?;
+        match self.kv.create(id, value.into()).await {
+            Ok(_) => Ok((record, true)),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => match self.get(id).await? {
+                Some(existing) => Ok((existing, false)),
+                None => Err(store_err("opening a session", e)),
+            },
+            Err(e) => Err(store_err("opening a session", e)),
+        }
+    }
+
+    /// Applies `change` to the stored record with compare-and-set, re-reading and re-applying
+    /// on conflict. Returns the record as stored afterwards (`None`: no such session).
+    pub async fn update(
+        &self,
+        id: &str,
+        mut change: impl FnMut(&mut SessionRecord) -> Change,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        for attempt in 0..CAS_ATTEMPTS {
+            let Some((mut record, revision)) = self.entry(id).await? else {
+                return Ok(None);
+            };
+            if let Change::Keep = change(&mut record) {
+                return Ok(Some(record));
+            }
+            let value = serde_json::to_vec(&record).map_err(|e| store_err("encoding", e))?;
+            match self.kv.update(id, value.into(), revision).await {
+                Ok(_) => return Ok(Some(record)),
+                Err(e) => {
+                    tracing::debug!(session_id = id, attempt, error = %e, "session changed meanwhile; retrying");
+                    tokio::time::sleep(Duration::from_millis(5 * (attempt as u64 + 1))).await;
+                }
+            }
+        }
+        Err(StoreError(format!(
+            "session {id} kept changing; gave up after {CAS_ATTEMPTS} attempts"
+        )))
+    }
+
+    /// Every session (those on `node` only, when given).
+    pub async fn list(&self, node: Option<&str>) -> Result<Vec<SessionRecord>, StoreError> {
+        let keys: Vec<String> = match self.kv.keys().await {
+            Ok(keys) => keys
+                .try_collect()
+                .await
+                .map_err(|e| store_err("listing sessions", e))?,
+            Err(e) => return Err(store_err("listing sessions", e)),
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(record) = self.get(&key).await? {
+                if node.is_none() || record.node.as_deref() == node {
+                    out.push(record);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        Ok(out)
+    }
+
+    /// Marks every active session on `node` as lost. Returns the ids it changed.
+    pub async fn mark_node_lost(&self, node: &str) -> Result<Vec<String>, StoreError> {
+        let mut changed = Vec::new();
+        for record in self.list(Some(node)).await? {
+            if record.state != SessionState::Active {
+                continue;
+            }
+            let mut did = false;
+            self.update(&record.session_id, |r| {
+                did = mark_lost(r, node);
+                if did {
+                    Change::Write
+                } else {
+                    Change::Keep
+                }
+            })
+            .await?;
+            if did {
+                changed.push(record.session_id);
+            }
+        }
+        Ok(changed)
+    }
+}
+
+/// Marks `r` lost if it is still active on `node` (another scheduler may have moved it).
+pub fn mark_lost(r: &mut SessionRecord, node: &str) -> bool {
+    if r.state == SessionState::Active && r.node.as_deref() == Some(node) {
+        r.state = SessionState::Lost;
+        r.lost_from = r.node.take();
+        r.container = None;
+        true
+    } else {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_active_session_on_that_node_is_marked_lost() {
+        let mut r = SessionRecord {
+            session_id: "s".into(),
+            state: SessionState::Active,
+            node: Some("n1".into()),
+            ..Default::default()
+        };
+        assert!(!mark_lost(&mut r, "n2"));
+        assert!(mark_lost(&mut r, "n1"));
+        assert_eq!(r.state, SessionState::Lost);
+        assert_eq!(r.lost_from.as_deref(), Some("n1"));
+        assert_eq!(r.node, None);
+        assert!(!mark_lost(&mut r, "n1"), "already lost");
+    }
+}
