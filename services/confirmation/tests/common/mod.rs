@@ -1,0 +1,203 @@
+//! Test harness: confirmation instances running `run` in-process against a real nats-server,
+//! a JSON caller, and bounded waits for events and readiness.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use confirmation::{ConfirmationConfig, ConfirmationError, PolicyConfig};
+use futures::StreamExt;
+use kit::{CallError, Caller, CancellationToken};
+use messages::confirm::{ConfirmDecide, ConfirmGet, ConfirmRequest, ConfirmScope, Confirmation};
+use messages::risk::{Finding, RiskAssessment, RiskLevel};
+use messages::subjects::ConfirmOp;
+use messages::{Encoding, Subjects};
+use tokio::task::JoinHandle;
+
+/// Every wait in these tests is bounded by this.
+pub const BOUND: Duration = Duration::from_secs(20);
+
+pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {BOUND:?}"))
+}
+
+/// Polls `check` until it returns `Some`, every 25 ms, for at most [`BOUND`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    })
+    .await
+}
+
+pub async fn connect(url: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+        .expect("connect to nats")
+}
+
+/// One confirmation service instance running in this process.
+pub struct Instance {
+    pub id: String,
+    token: CancellationToken,
+    handle: JoinHandle<Result<(), ConfirmationError>>,
+}
+
+pub fn config(url: &str, instance_id: &str, policy: PolicyConfig) -> ConfirmationConfig {
+    let mut c = ConfirmationConfig::for_url(url);
+    c.kit.instance_id = instance_id.to_string();
+    c.kit.heartbeat_interval = Duration::from_millis(200);
+    c.kit.shutdown_grace = Duration::from_secs(5);
+    c.policy = policy;
+    c
+}
+
+impl Instance {
+    pub async fn start(url: &str, instance_id: &str) -> Self {
+        Self::start_with(url, instance_id, PolicyConfig::default()).await
+    }
+
+    /// Starts and returns once this very instance beats (its endpoints are served by then).
+    pub async fn start_with(url: &str, instance_id: &str, policy: PolicyConfig) -> Self {
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(confirmation::run(
+            config(url, instance_id, policy),
+            token.clone(),
+        ));
+        let js = jetstream::new(connect(url).await);
+        let key = messages::heartbeat::heartbeat_key(confirmation::SERVICE_NAME, instance_id);
+        eventually(&format!("instance {instance_id} ready"), || {
+            let js = js.clone();
+            let key = key.clone();
+            async move {
+                let kv = js.get_key_value("sandbox_nodes").await.ok()?;
+                kv.get(&key).await.ok().flatten().map(|_| ())
+            }
+        })
+        .await;
+        Self {
+            id: instance_id.to_string(),
+            token,
+            handle,
+        }
+    }
+
+    /// Graceful stop through the cancellation token, as a signal would.
+    pub async fn stop(self) {
+        self.token.cancel();
+        within("instance stops", self.handle)
+            .await
+            .expect("run task")
+            .expect("run ends cleanly");
+    }
+}
+
+pub fn caller(client: &async_nats::Client) -> Caller {
+    Caller::new(client.clone(), Duration::from_secs(30)).with_encoding(Encoding::Json)
+}
+
+pub fn subjects() -> Subjects {
+    Subjects::default()
+}
+
+pub fn risk(level: RiskLevel, rules: &[&str]) -> RiskAssessment {
+    RiskAssessment {
+        level,
+        reason: format!("{} finding(s)", rules.len()),
+        requires_confirmation: true,
+        requires_isolation: true,
+        suggested_tier: messages::exec::Tier::Session,
+        findings: rules
+            .iter()
+            .map(|r| Finding {
+                rule: r.to_string(),
+                severity: level,
+                description: format!("matched {r}"),
+                line: Some(1),
+                start: None,
+                end: None,
+            })
+            .collect(),
+    }
+}
+
+pub fn request(session: Option<&str>, rules: &[&str], wait: bool) -> ConfirmRequest {
+    ConfirmRequest {
+        execution_id: Some(messages::new_id()),
+        session_id: session.map(str::to_string),
+        risk: risk(RiskLevel::High, rules),
+        summary: "python code opens a socket".into(),
+        code_excerpt: "import socket".into(),
+        requested_by: Some("agent-7".into()),
+        timeout_ms: Some(60_000),
+        wait,
+    }
+}
+
+pub async fn ask(c: &Caller, req: &ConfirmRequest) -> Result<Confirmation, CallError> {
+    c.call(subjects().confirm(ConfirmOp::Request), req).await
+}
+
+pub async fn get(c: &Caller, id: &str) -> Result<Confirmation, CallError> {
+    c.call(
+        subjects().confirm(ConfirmOp::Get),
+        &ConfirmGet { id: id.to_string() },
+    )
+    .await
+}
+
+pub fn decision(id: &str, approve: bool, by: &str, scope: ConfirmScope) -> ConfirmDecide {
+    ConfirmDecide {
+        id: id.to_string(),
+        approve,
+        by: by.to_string(),
+        reason: (!approve).then(|| "not on a Friday".to_string()),
+        scope,
+    }
+}
+
+pub async fn decide(c: &Caller, d: &ConfirmDecide) -> Result<Confirmation, CallError> {
+    c.call(subjects().confirm(ConfirmOp::Decide), d).await
+}
+
+/// Asks with `wait` in the background (the reply arrives when the decision does).
+pub fn ask_in_background(
+    c: &Caller,
+    req: ConfirmRequest,
+) -> JoinHandle<Result<Confirmation, CallError>> {
+    let c = c.clone();
+    tokio::spawn(async move { ask(&c, &req).await })
+}
+
+/// The next confirmation event on `subject` (a wildcard), decoded.
+pub async fn next_event(sub: &mut async_nats::Subscriber) -> (String, Confirmation) {
+    let msg = within("confirmation event", sub.next())
+        .await
+        .expect("subscription open");
+    let record = serde_json::from_slice(&msg.payload).expect("event is a JSON Confirmation");
+    (msg.subject.to_string(), record)
+}
+
+/// Waits for the pending event of the request for `execution_id`.
+pub async fn pending_event(sub: &mut async_nats::Subscriber, execution_id: &str) -> Confirmation {
+    loop {
+        let (_, record) = next_event(sub).await;
+        if record.execution_id.as_deref() == Some(execution_id) {
+            return record;
+        }
+    }
+}
