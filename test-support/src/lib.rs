@@ -70,26 +70,36 @@ pub struct NatsServer {
     port: u16,
     dir: tempfile::TempDir,
     config: Option<String>,
+    env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
 impl NatsServer {
     pub fn start() -> Self {
-        Self::start_inner(None)
+        Self::start_inner(None, &[])
     }
 
     /// Starts with extra configuration text (accounts, permissions, limits) appended to the
     /// generated config.
     pub fn start_with_config(config: &str) -> Self {
-        Self::start_inner(Some(config.to_string()))
+        Self::start_inner(Some(config.to_string()), &[])
     }
 
-    fn start_inner(config: Option<String>) -> Self {
+    /// Like `start_with_config`, with environment variables the config refers to (`$NAME`).
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_inner(Some(config.to_string()), env)
+    }
+
+    fn start_inner(config: Option<String>, env: &[(&str, &str)]) -> Self {
         let mut server = Self {
             bin: nats_server_binary(),
             port: free_port(),
             dir: tempfile::tempdir().expect("temp dir"),
             config,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
         };
         server.spawn();
@@ -106,6 +116,11 @@ impl NatsServer {
 
     pub fn store_dir(&self) -> PathBuf {
         self.dir.path().join("js")
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     fn log_path(&self) -> PathBuf {
@@ -127,6 +142,7 @@ impl NatsServer {
             .arg(&conf_path)
             .arg("-l")
             .arg(self.log_path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

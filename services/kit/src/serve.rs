@@ -188,6 +188,12 @@ impl ServiceHost {
             let _ = endpoint.stop().await;
             let _ = client.flush().await;
         });
+        // Once `serve` returns the subscription is live on the server, so a caller that
+        // starts right after never sees "no responders".
+        self.client
+            .flush()
+            .await
+            .map_err(|e| KitError::Nats(format!("flush: {e}")))?;
         Ok(())
     }
 

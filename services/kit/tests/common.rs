@@ -88,7 +88,23 @@ impl Actor for Echo {
 pub const ECHO_SUBJECT: &str = "sandbox.v1.echo";
 
 pub async fn start_echo(url: &str, instance: &str, options: kit::EndpointOptions) -> Runtime {
+    start_echo_on(KitConfig::for_url(url), instance, options, ECHO_SUBJECT).await
+}
+
+/// The echo actor on `subject`, connected as a NATS user (for permission tests).
+pub async fn start_echo_as(url: &str, user: &str, password: &str, subject: &str) -> Runtime {
     let mut config = KitConfig::for_url(url);
+    config.nats_user = Some(user.into());
+    config.nats_password = Some(password.into());
+    start_echo_on(config, user, kit::EndpointOptions::default(), subject).await
+}
+
+async fn start_echo_on(
+    mut config: KitConfig,
+    instance: &str,
+    options: kit::EndpointOptions,
+    subject: &str,
+) -> Runtime {
     config.instance_id = instance.to_string();
     config.heartbeat_interval = Duration::from_millis(200);
     config.shutdown_grace = Duration::from_secs(5);
@@ -113,7 +129,7 @@ pub async fn start_echo(url: &str, instance: &str, options: kit::EndpointOptions
     .unwrap();
     runtime
         .serve_with(
-            ECHO_SUBJECT.to_string(),
+            subject.to_string(),
             options,
             kit::actor_handler(actor, EchoMsg::Echo),
         )
