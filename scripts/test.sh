@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (a current nats-server into .tools/bin, the
+# sandbox image from Debian packages) and runs every test of the workspace against a real
+# nats-server and the real Docker daemon.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-tools.sh
+if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+  echo "the Docker daemon does not answer: start it (tests use the real daemon)" >&2
+  exit 1
+fi
+export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
+cargo test --workspace "$@"
