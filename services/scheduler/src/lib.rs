@@ -90,6 +90,10 @@ pub async fn run(
     )
     .await
     .map_err(|e| SchedulerError::Actor("registry", e.to_string()))?;
+    match registry::preload(&nodes, &registry).await {
+        Ok(n) => tracing::info!(executors = n, "runtime registry loaded"),
+        Err(e) => tracing::warn!(error = %e, "runtime registry not preloaded; the watch fills it"),
+    }
     let background = CancellationToken::new();
     let watch = registry::spawn_watch(nodes, registry.clone(), background.clone());
 

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use messages::heartbeat::Heartbeat;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
@@ -180,6 +180,28 @@ impl Actor for Registry {
     }
 }
 
+/// Loads the executors alive now, so placement works from the first request on (the watch
+/// below delivers them too, but asynchronously).
+pub async fn preload(nodes: &kv::Store, registry: &ActorRef<RegistryMsg>) -> Result<usize, String> {
+    let keys: Vec<String> = nodes
+        .keys()
+        .await
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut loaded = 0;
+    for key in keys.iter().filter(|k| k.starts_with(EXECUTOR_SERVICE)) {
+        if let Ok(Some(entry)) = nodes.entry(key.as_str()).await {
+            if let Some(msg) = to_msg(&entry.key, &entry.operation, &entry.value) {
+                loaded += 1;
+                registry.cast(msg).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(loaded)
+}
+
 /// Feeds the registry from KV `sandbox_nodes` until `stop`. The watch replays the latest
 /// heartbeat of every executor, then follows changes; when it breaks (a NATS reconnect), it is
 /// re-opened and the table rebuilt.
@@ -190,6 +212,7 @@ pub fn spawn_watch(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let filter = format!("{EXECUTOR_SERVICE}.>");
+        let mut reopened = false;
         while !stop.is_cancelled() {
             let mut watch = match nodes.watch_with_history(&filter).await {
                 Ok(w) => w,
@@ -201,7 +224,12 @@ pub fn spawn_watch(
                     }
                 }
             };
-            let _ = registry.cast(RegistryMsg::Reset);
+            // A re-opened watch replays every live key: start from a clean table so nodes
+            // that vanished while it was broken are forgotten.
+            if reopened {
+                let _ = registry.cast(RegistryMsg::Reset);
+            }
+            reopened = true;
             loop {
                 let entry = tokio::select! {
                     _ = stop.cancelled() => return,

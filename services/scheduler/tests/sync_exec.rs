@@ -1,0 +1,359 @@
+//! Sync exec over a real nats-server, with small real stand-ins for the other services.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use messages::exec::{
+    Decision, ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup, Tier,
+};
+use messages::{ErrorKind, Subjects};
+use test_support::NatsServer;
+
+fn req(language: Language, code: &str) -> ExecRequest {
+    ExecRequest {
+        language,
+        code: code.into(),
+        ..Default::default()
+    }
+}
+
+async fn exec(c: &kit::Caller, r: &ExecRequest) -> Result<ExecResult, kit::CallError> {
+    c.call(Subjects::default().exec(), r).await
+}
+
+#[tokio::test]
+async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+
+    for language in [Language::Python, Language::Javascript, Language::Shell] {
+        let r = exec(&c, &req(language, "print(1)")).await.unwrap();
+        assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+        assert_eq!(r.tier, Tier::Ephemeral);
+        assert_eq!(r.node.as_deref(), Some("node-a"));
+        assert_eq!(r.confirmation.decision, Decision::NotRequired);
+    }
+
+    let mut again = req(Language::Python, "print(2)");
+    again.execution_id = Some("exec-repeat-1".into());
+    let first = exec(&c, &again).await.unwrap();
+    let second = exec(&c, &again).await.unwrap();
+    assert_eq!(first, second, "a repeat answers the stored result");
+    let ran = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.execution_id == "exec-repeat-1")
+        .count();
+    assert_eq!(ran, 1, "a repeated id never runs twice");
+
+    let lookup: ResultLookup = c
+        .call(
+            Subjects::default().results_get(),
+            &ResultGet {
+                execution_id: "exec-repeat-1".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(lookup, ResultLookup::Done { result } if *result == first));
+    let missing = c
+        .call::<_, ResultLookup>(
+            Subjects::default().results_get(),
+            &ResultGet {
+                execution_id: "never-ran".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+
+    let kinds = eventually("the audit trail", || {
+        let url = url.clone();
+        async move {
+            let k = audit_kinds(&url, "exec-repeat-1").await;
+            k.iter().any(|k| k == "finished").then_some(k)
+        }
+    })
+    .await;
+    let expected = [
+        "request_received",
+        "risk_assessed",
+        "placed",
+        "started",
+        "finished",
+    ];
+    for kind in expected {
+        assert_eq!(
+            kinds.iter().filter(|k| *k == kind).count(),
+            1,
+            "{kind} in {kinds:?}"
+        );
+    }
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn risk_policy_rejects_and_confirmation_decides() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let deny = serve_confirm(&url, false, asked.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+
+    let r = exec(&c, &req(Language::Shell, "rm -rf /")).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Rejected);
+    assert_eq!(r.error.as_ref().unwrap().kind, ErrorKind::Denied);
+    let kinds = eventually("the rejection audit", || {
+        let (url, id) = (url.clone(), r.execution_id.clone());
+        async move {
+            let k = audit_kinds(&url, &id).await;
+            k.iter().any(|k| k == "finished").then_some(k)
+        }
+    })
+    .await;
+    assert!(kinds.contains(&"rejected".to_string()), "{kinds:?}");
+
+    let risky = req(Language::Python, "import os\nos.system('id')");
+    let r = exec(&c, &risky).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Denied);
+    assert_eq!(r.confirmation.decision, Decision::Denied);
+    assert_eq!(r.confirmation.by.as_deref(), Some("policy:deny"));
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    assert!(
+        runs.lock().unwrap().is_empty(),
+        "nothing rejected or denied reached an executor"
+    );
+
+    deny.shutdown(Duration::from_secs(1)).await;
+    let _approve = serve_confirm(&url, true, asked.clone()).await;
+    let r = exec(&c, &risky).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Ok);
+    assert_eq!(r.confirmation.decision, Decision::Approved);
+    assert_eq!(r.confirmation.by.as_deref(), Some("alice"));
+    assert_eq!(r.tier, Tier::Session, "strict mode isolates high-risk code");
+    assert!(r.timing.total_ms >= r.timing.confirm_ms);
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn permissive_mode_follows_the_suggestion_and_clients_can_only_tighten() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let mut cfg = config(&url);
+    cfg.security_mode = messages::risk::SecurityMode::Permissive;
+    let sched = start_scheduler(cfg).await;
+    let c = client(&url).await;
+
+    let medium = req(Language::Python, "import os\nprint(os.getcwd())");
+    assert_eq!(exec(&c, &medium).await.unwrap().tier, Tier::Ephemeral);
+    let mut stricter = medium.clone();
+    stricter.tier = messages::exec::TierChoice::Session;
+    assert_eq!(exec(&c, &stricter).await.unwrap().tier, Tier::Session);
+    sched.shutdown().await;
+
+    // Strict mode: the same code needs session isolation, and asking for less changes nothing.
+    let sched = start_scheduler(config(&url)).await;
+    let mut looser = medium.clone();
+    looser.tier = messages::exec::TierChoice::Ephemeral;
+    assert_eq!(exec(&c, &looser).await.unwrap().tier, Tier::Session);
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn hostile_and_malformed_requests_get_clear_errors_and_the_mesh_keeps_serving() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+    let nc = connect(&url).await;
+    let s = Subjects::default();
+
+    let raw = |payload: &'static [u8]| {
+        let nc = nc.clone();
+        let subject = s.exec();
+        async move {
+            let m = nc.request(subject, payload.into()).await.unwrap();
+            let h = m.headers.expect("error headers");
+            h.get("Nats-Service-Error-Code")
+                .unwrap()
+                .as_str()
+                .to_string()
+        }
+    };
+    assert_eq!(raw(b"{not json").await, "400");
+    assert_eq!(raw(b"{\"language\":\"cobol\",\"code\":\"x\"}").await, "400");
+    assert_eq!(raw(b"[1,2,3]").await, "400");
+
+    let cases: Vec<(ExecRequest, ErrorKind)> = vec![
+        (
+            req(Language::Python, &"x".repeat(300 * 1024)),
+            ErrorKind::TooLarge,
+        ),
+        (req(Language::Python, "a\0b"), ErrorKind::BadRequest),
+        (
+            ExecRequest {
+                session_id: Some("../etc".into()),
+                ..req(Language::Shell, "ls")
+            },
+            ErrorKind::BadRequest,
+        ),
+        (
+            ExecRequest {
+                execution_id: Some("a.b.>".into()),
+                ..req(Language::Shell, "ls")
+            },
+            ErrorKind::BadRequest,
+        ),
+        (
+            ExecRequest {
+                env: [("LD_PRELOAD".to_string(), "/x.so".to_string())].into(),
+                ..req(Language::Shell, "ls")
+            },
+            ErrorKind::BadRequest,
+        ),
+        (
+            ExecRequest {
+                timeout_ms: Some(0),
+                ..req(Language::Shell, "ls")
+            },
+            ErrorKind::BadRequest,
+        ),
+        (
+            ExecRequest {
+                files: vec![messages::exec::FileSpec {
+                    path: "/etc/passwd".into(),
+                    content: "x".into(),
+                    encoding: Default::default(),
+                }],
+                ..req(Language::Shell, "ls")
+            },
+            ErrorKind::BadRequest,
+        ),
+    ];
+    for (bad, kind) in cases {
+        let e = exec(&c, &bad).await.unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+    }
+    // Just under the server's 1 MiB payload limit: still refused by the code ceiling.
+    let huge = req(Language::Python, &"y".repeat(1000 * 1024));
+    assert_eq!(
+        exec(&c, &huge).await.unwrap_err().kind(),
+        ErrorKind::TooLarge
+    );
+
+    assert!(
+        runs.lock().unwrap().is_empty(),
+        "no bad request reached an executor"
+    );
+    let ok = exec(&c, &req(Language::Python, "print('still here')"))
+        .await
+        .unwrap();
+    assert_eq!(ok.status, ExecStatus::Ok);
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn missing_services_are_named_and_nothing_is_stored_so_a_retry_can_run() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+    let mut r = req(Language::Python, "print(1)");
+    r.execution_id = Some("retry-me".into());
+
+    let e = exec(&c, &r).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.to_string().contains("risk-assessor"), "{e}");
+
+    let _risk = serve_risk(&url).await;
+    let e = exec(&c, &r).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.to_string().contains("executor"), "{e}");
+
+    let runs = Runs::default();
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let done = exec(&c, &r).await.unwrap();
+    assert_eq!(done.status, ExecStatus::Ok);
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn beyond_the_queue_bound_callers_get_429_at_once() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let mut cfg = config(&url);
+    cfg.max_queue = 1;
+    let sched = start_scheduler(cfg).await;
+    let c = client(&url).await;
+
+    let slow = tokio::spawn({
+        let c = c.clone();
+        async move { exec(&c, &req(Language::Python, "sleep:3000")).await }
+    });
+    eventually("the slow run to start", || {
+        let runs = runs.clone();
+        async move { (!runs.lock().unwrap().is_empty()).then_some(()) }
+    })
+    .await;
+    let e = exec(&c, &req(Language::Python, "print(1)"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Overloaded);
+    assert!(e.to_string().contains("queue is full"), "{e}");
+    assert_eq!(slow.await.unwrap().unwrap().status, ExecStatus::Ok);
+    assert_eq!(
+        exec(&c, &req(Language::Python, "print(1)"))
+            .await
+            .unwrap()
+            .status,
+        ExecStatus::Ok,
+        "room again once the slow run ended"
+    );
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn executor_errors_become_terminal_statuses() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let mut cfg = config(&url);
+    cfg.exec_grace = Duration::from_millis(500);
+    let sched = start_scheduler(cfg).await;
+    let c = client(&url).await;
+
+    let r = exec(&c, &req(Language::Python, "fail:500")).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Internal);
+    let r = exec(&c, &req(Language::Python, "fail:400")).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Rejected);
+    // An executor that takes the work and never answers within timeout + grace is lost.
+    let mut hang = req(Language::Python, "sleep:5000");
+    hang.timeout_ms = Some(200);
+    let r = exec(&c, &hang).await.unwrap();
+    assert_eq!(r.status, ExecStatus::ExecutorLost);
+    sched.shutdown().await;
+}
