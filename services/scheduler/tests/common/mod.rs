@@ -90,7 +90,13 @@ pub async fn start_scheduler(config: SchedulerConfig) -> Sched {
     let url = config.kit.nats_url.clone();
     let stop = CancellationToken::new();
     let task = tokio::spawn(scheduler::run(config, stop.clone()));
-    let c = client(&url).await;
+    wait_ready(&url).await;
+    Sched { stop, task }
+}
+
+/// Waits until some scheduler answers on `url`.
+pub async fn wait_ready(url: &str) {
+    let c = client(url).await;
     let subject = Subjects::default().sessions(messages::subjects::SessionOp::List);
     eventually("the scheduler to answer", || {
         let c = c.clone();
@@ -105,7 +111,6 @@ pub async fn start_scheduler(config: SchedulerConfig) -> Sched {
         }
     })
     .await;
-    Sched { stop, task }
 }
 
 // === risk-assessor ===

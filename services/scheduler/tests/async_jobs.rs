@@ -1,0 +1,323 @@
+//! Async exec through `SANDBOX_JOBS` over a real nats-server: every accepted job ends with
+//! exactly one stored result — across duplicates, missing services, poison jobs, and a
+//! scheduler killed mid-flight.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use common::*;
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup};
+use messages::{ErrorKind, Subjects};
+use test_support::NatsServer;
+
+/// Publishes a job as a client does: Nats-Msg-Id = execution id. Returns whether JetStream
+/// accepted it as new (not a duplicate).
+async fn submit(js: &jetstream::Context, id: &str, code: &str) -> bool {
+    let req = ExecRequest {
+        execution_id: Some(id.into()),
+        language: Language::Python,
+        code: code.into(),
+        ..Default::default()
+    };
+    submit_raw(js, id, serde_json::to_vec(&req).unwrap()).await
+}
+
+async fn submit_raw(js: &jetstream::Context, id: &str, payload: Vec<u8>) -> bool {
+    let ack = js
+        .send_publish(
+            Subjects::default().jobs_exec(),
+            PublishMessage::build()
+                .payload(payload.into())
+                .message_id(id),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    !ack.duplicate
+}
+
+async fn stored(js: &jetstream::Context, id: &str) -> Option<ExecResult> {
+    let stream = js
+        .get_stream(Subjects::default().results_stream())
+        .await
+        .ok()?;
+    let m = stream
+        .direct_get_last_for_subject(Subjects::default().result(id))
+        .await
+        .ok()?;
+    Some(serde_json::from_slice(&m.payload).unwrap())
+}
+
+async fn wait_result(js: &jetstream::Context, id: &str) -> ExecResult {
+    eventually(&format!("the result of {id}"), || async move {
+        stored(js, id).await
+    })
+    .await
+}
+
+/// (results stored, results ever written): equal means no result was ever replaced.
+async fn results_counts(js: &jetstream::Context) -> (u64, u64) {
+    let mut stream = js
+        .get_stream(Subjects::default().results_stream())
+        .await
+        .unwrap();
+    let state = stream.info().await.unwrap().state.clone();
+    (state.messages, state.last_sequence)
+}
+
+async fn jobs_left(js: &jetstream::Context) -> u64 {
+    let mut stream = js
+        .get_stream(Subjects::default().jobs_stream())
+        .await
+        .unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
+#[tokio::test]
+async fn jobs_run_once_each_and_duplicates_are_dropped_by_the_stream() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let js = jetstream::new(connect(&url).await);
+
+    let ids: Vec<String> = (0..10).map(|i| format!("job-{i}")).collect();
+    for id in &ids {
+        assert!(submit(&js, id, "print(1)").await);
+    }
+    assert!(
+        !submit(&js, "job-3", "print(1)").await,
+        "same id within the window is a duplicate"
+    );
+    for id in &ids {
+        let r = wait_result(&js, id).await;
+        assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+        assert!(r.timing.total_ms >= r.timing.queued_ms);
+    }
+    let ran: Vec<String> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.execution_id.clone())
+        .collect();
+    assert_eq!(ran.len(), ids.len(), "{ran:?}");
+    assert_eq!(results_counts(&js).await, (10, 10));
+    eventually("the jobs stream to drain", || {
+        let js = js.clone();
+        async move { (jobs_left(&js).await == 0).then_some(()) }
+    })
+    .await;
+
+    // The same id again after its result exists: found, not run.
+    let again = "job-late-repeat";
+    assert!(submit(&js, again, "print(2)").await);
+    wait_result(&js, again).await;
+    let c = client(&url).await;
+    let sync_repeat: ExecResult = c
+        .call(
+            Subjects::default().exec(),
+            &ExecRequest {
+                execution_id: Some(again.into()),
+                language: Language::Python,
+                code: "print(2)".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(sync_repeat, wait_result(&js, again).await);
+    assert_eq!(
+        runs.lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.execution_id == again)
+            .count(),
+        1
+    );
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_jobs_get_a_stored_rejected_result() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let js = jetstream::new(connect(&url).await);
+
+    submit_raw(&js, "bad-json", b"{nope".to_vec()).await;
+    submit(&js, "bad-size", &"x".repeat(300 * 1024)).await;
+    submit(&js, "bad-risk", "rm -rf /").await;
+    for (id, kind) in [
+        ("bad-json", ErrorKind::BadRequest),
+        ("bad-size", ErrorKind::TooLarge),
+    ] {
+        let r = wait_result(&js, id).await;
+        assert_eq!(r.status, ExecStatus::Rejected, "{id}");
+        assert_eq!(r.error.unwrap().kind, kind, "{id}");
+    }
+    assert_eq!(
+        wait_result(&js, "bad-risk").await.status,
+        ExecStatus::Rejected
+    );
+    assert!(runs.lock().unwrap().is_empty());
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_job_waits_for_a_missing_executor_and_gives_up_only_after_max_deliveries() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let _risk = serve_risk(&url).await;
+    let mut cfg = config(&url);
+    cfg.job_max_deliver = 3;
+    let sched = start_scheduler(cfg).await;
+    let js = jetstream::new(connect(&url).await);
+    let c = client(&url).await;
+
+    // No executor yet: the job is retried, not lost; lookups say it is unknown or queued.
+    submit(&js, "waits", "print(1)").await;
+    let runs = Runs::default();
+    let seen_pending_or_queued = c
+        .call::<_, ResultLookup>(
+            Subjects::default().results_get(),
+            &ResultGet {
+                execution_id: "waits".into(),
+            },
+        )
+        .await;
+    match seen_pending_or_queued {
+        Ok(ResultLookup::Pending { .. }) => {}
+        Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound),
+        Ok(other) => panic!("no executor yet, got {other:?}"),
+    }
+    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
+    assert_eq!(wait_result(&js, "waits").await.status, ExecStatus::Ok);
+
+    // An executor that always fails transiently: a terminal internal result after 3 tries.
+    submit(&js, "poison", "fail:503").await;
+    let r = wait_result(&js, "poison").await;
+    assert_eq!(r.status, ExecStatus::Internal);
+    assert_eq!(r.error.unwrap().kind, ErrorKind::Unavailable);
+    let tries = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.execution_id == "poison")
+        .count();
+    assert_eq!(tries, 3);
+    sched.shutdown().await;
+}
+
+/// The scheduler binary is killed (SIGKILL) with jobs in flight; a second scheduler takes
+/// over. Every accepted job ends with exactly one stored result.
+#[tokio::test]
+async fn killing_the_scheduler_mid_flight_loses_and_duplicates_nothing() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _a = FakeExecutor::start(&url, "node-a", 64, runs.clone()).await;
+    let js = jetstream::new(connect(&url).await);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandmesh-scheduler"))
+        .env("SANDMESH_NATS_URL", &url)
+        .env("SANDMESH_INSTANCE_ID", "doomed")
+        .env("SANDMESH_SCHED_JOB_ACK_WAIT_MS", "3000")
+        .env("SANDMESH_SCHED_CLAIM_TTL_MS", "3000")
+        .env("SANDMESH_SCHED_MAX_QUEUE", "8")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ready(&url).await;
+
+    let mut accepted = BTreeSet::new();
+    for i in 0..24 {
+        let id = format!("kill-{i:02}");
+        if submit(&js, &id, "sleep:400").await {
+            accepted.insert(id);
+        }
+    }
+    // Kill it once it is mid-way: some jobs done, some running, some still queued.
+    eventually("the doomed scheduler to be mid-way", || {
+        let runs = runs.clone();
+        async move { (runs.lock().unwrap().len() >= 10).then_some(()) }
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Prove the kill hit work in flight: started by the dead scheduler, no result stored.
+    let started: BTreeSet<String> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.execution_id.clone())
+        .collect();
+    let mut orphaned = 0;
+    for id in &started {
+        if stored(&js, id).await.is_none() {
+            orphaned += 1;
+        }
+    }
+    assert!(orphaned > 0, "the kill should interrupt running jobs");
+    eprintln!(
+        "killed with {} started, {orphaned} of them without a result",
+        started.len()
+    );
+
+    let mut cfg = config(&url);
+    cfg.job_ack_wait = Duration::from_secs(3);
+    cfg.claim_ttl = Duration::from_secs(3);
+    let sched = start_scheduler(cfg).await;
+    let mut results = BTreeSet::new();
+    for id in &accepted {
+        let r = wait_result(&js, id).await;
+        assert_eq!(r.status, ExecStatus::Ok, "{id}: {r:?}");
+        results.insert(r.execution_id);
+    }
+    assert_eq!(results, accepted, "acked ids == result ids");
+    let (stored, written) = results_counts(&js).await;
+    assert_eq!(stored, accepted.len() as u64);
+    assert_eq!(written, stored, "no result was ever written twice");
+    eventually("the jobs stream to drain", || {
+        let js = js.clone();
+        async move { (jobs_left(&js).await == 0).then_some(()) }
+    })
+    .await;
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_running_jobs_before_acking() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let js = jetstream::new(connect(&url).await);
+
+    submit(&js, "slow-at-shutdown", "sleep:1500").await;
+    eventually("the job to start", || {
+        let runs = runs.clone();
+        async move { (!runs.lock().unwrap().is_empty()).then_some(()) }
+    })
+    .await;
+    sched.shutdown().await;
+    let r = stored(&js, "slow-at-shutdown")
+        .await
+        .expect("stored before run() returned");
+    assert_eq!(r.status, ExecStatus::Ok);
+    assert_eq!(jobs_left(&js).await, 0, "acked before run() returned");
+}
