@@ -1,1 +1,212 @@
-//! docker-executor (being written)
+//! docker-executor: runs untrusted Python, JavaScript and shell code in hardened Docker
+//! containers (DESIGN.md §1, §3 "Containers"; seeds 002 and 003 §2.2.1).
+//!
+//! It owns the node's sandbox containers: a warm pool of pre-started single-use containers
+//! (tier `ephemeral`) and one container per session (tier `session`). Each execution costs
+//! one `docker exec` of `sandmesh-supervisor` inside the container, which receives the code,
+//! workspace and limits as frames, runs the program in its own process group, streams its
+//! output, kills everything it started at the end or on timeout, and sends back the changed
+//! files and a report ([`protocol`]).
+//!
+//! Subjects (internal; only the scheduler may publish there):
+//! - `sandbox.v1.executor.docker.run` — queue group of all executors: ephemeral runs and a
+//!   session's first run (the result's `node` says where the session now lives);
+//! - `sandbox.v1.executor.docker.<node_id>.{run,close,drain}` — this node only.
+//!
+//! ```text
+//! Executor (admission, routing; restarts failed children)
+//! ├── WarmPool            ready single-use containers, replenished in the background
+//! ├── Janitor             removes containers no live owner holds (this node, dead nodes)
+//! └── SessionContainer*   one per session: its container, runs one at a time, idle close
+//! (+ the kit's Heartbeat: capacity, running, warm pool size, sessions)
+//! ```
+
+pub mod config;
+pub mod docker;
+pub mod exchange;
+pub mod execution;
+pub mod executor;
+pub mod image;
+pub mod janitor;
+pub mod node;
+pub mod probe;
+pub mod protocol;
+pub mod session;
+pub mod warm_pool;
+pub mod workspace;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kit::{actor_handler, CancellationToken, EndpointOptions, KitError, Runtime, ServiceInfo};
+use messages::subjects::ExecutorOp;
+use ractor::Actor;
+
+pub use config::ExecutorConfig;
+use docker::{DockerError, SandboxSpec, Sandboxes};
+use execution::Runner;
+use executor::{Executor, ExecutorArgs, ExecutorMsg};
+use janitor::{JanitorArgs, SERVICE_NAME};
+use node::NodeState;
+use workspace::WorkspaceSync;
+
+/// The image label `deploy/images/build.sh` sets when the supervisor is installed.
+pub const SUPERVISOR_LABEL: &str = "org.sandmesh.supervisor";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    #[error(transparent)]
+    Docker(#[from] DockerError),
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error("sandbox image {image}: {reason}; build it with deploy/images/build.sh (SUPERVISOR_BIN=<sandmesh-supervisor>) or docker_executor::image::ensure_image()")]
+    Image { image: String, reason: String },
+    #[error("actor: {0}")]
+    Actor(String),
+}
+
+/// Checks that the image exists and carries the supervisor.
+async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), ExecutorError> {
+    let err = |reason: String| ExecutorError::Image {
+        image: image.to_string(),
+        reason,
+    };
+    let inspect = docker
+        .inspect_image(image)
+        .await
+        .map_err(|e| err(format!("not found ({e})")))?;
+    let has_supervisor = inspect
+        .config
+        .and_then(|c| c.labels)
+        .is_some_and(|l| l.contains_key(SUPERVISOR_LABEL));
+    if !has_supervisor {
+        return Err(err("it has no sandmesh-supervisor".into()));
+    }
+    Ok(())
+}
+
+/// The mesh this node belongs to: the creation time of the shared nodes bucket, the same for
+/// every service on one NATS deployment and different for every other.
+async fn mesh_id(kv: &async_nats::jetstream::kv::Store) -> Result<String, ExecutorError> {
+    let kv = kv.clone();
+    let status = kv
+        .status()
+        .await
+        .map_err(|e| KitError::JetStream(format!("nodes bucket status: {e}")))?;
+    Ok(format!("{:x}", status.info.created.unix_timestamp_nanos()))
+}
+
+/// Runs the docker-executor until `shutdown` is cancelled, then removes every container of
+/// this node.
+pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<(), ExecutorError> {
+    let docker = Sandboxes::connect().await?;
+    check_image(&docker, &config.image).await?;
+    let info = ServiceInfo {
+        name: SERVICE_NAME.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        description: "Runs code in hardened Docker containers (ephemeral and session tiers)".into(),
+    };
+    let mut runtime = Runtime::start(config.kit.clone(), info).await?;
+    let subjects = runtime.subjects().clone();
+    let nodes_kv = runtime
+        .js
+        .get_key_value(subjects.nodes_bucket())
+        .await
+        .map_err(|e| KitError::JetStream(format!("nodes bucket: {e}")))?;
+    let mesh = mesh_id(&nodes_kv).await?;
+    let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
+    let node = Arc::new(NodeState::default());
+    let config = Arc::new(config);
+
+    // The heartbeat first: other nodes' janitors judge this node's containers by it.
+    let probe_node = node.clone();
+    let capacity = config.capacity;
+    let labels = std::collections::BTreeMap::from([
+        ("node".to_string(), config.node_id().to_string()),
+        ("image".to_string(), config.image.clone()),
+        ("mesh".to_string(), mesh.clone()),
+    ]);
+    runtime
+        .start_heartbeat(Arc::new(move || kit::heartbeat::Load {
+            capacity: capacity as u32,
+            load: probe_node.running.load(Ordering::Relaxed) as u32,
+            metrics: probe_node.metrics(capacity),
+            labels: labels.clone(),
+        }))
+        .await?;
+
+    let runner = Runner {
+        sandboxes: sandboxes.clone(),
+        workspace: config.workspace_sync.then(|| {
+            WorkspaceSync::new(
+                runtime.client.clone(),
+                subjects.clone(),
+                Duration::from_secs(30),
+            )
+        }),
+        client: runtime.client.clone(),
+        subjects: subjects.clone(),
+        config: config.clone(),
+    };
+    let janitor = JanitorArgs {
+        sandboxes,
+        node: node.clone(),
+        nodes_kv,
+        interval: config.janitor_interval,
+    };
+    let args = ExecutorArgs {
+        runner,
+        node,
+        janitor,
+    };
+    let (executor, _) = Actor::spawn(None, Executor, args)
+        .await
+        .map_err(|e| ExecutorError::Actor(e.to_string()))?;
+
+    let options = EndpointOptions {
+        // Admission (429 past capacity) is the executor's own; the kit only bounds memory.
+        max_in_flight: config.kit.max_in_flight.max(config.capacity * 4),
+        ..runtime.endpoint_options()
+    };
+    let me = config.node_id();
+    let served = async {
+        let run = actor_handler(executor.clone(), ExecutorMsg::Run);
+        runtime
+            .serve_with(subjects.executor_run(), options, run.clone())
+            .await?;
+        runtime
+            .serve_with(subjects.executor_node(me, ExecutorOp::Run), options, run)
+            .await?;
+        runtime
+            .serve_with(
+                subjects.executor_node(me, ExecutorOp::Close),
+                options,
+                actor_handler(executor.clone(), ExecutorMsg::Close),
+            )
+            .await?;
+        runtime
+            .serve_with(
+                subjects.executor_node(me, ExecutorOp::Drain),
+                options,
+                actor_handler(executor.clone(), ExecutorMsg::Drain),
+            )
+            .await
+    };
+    if let Err(e) = served.await {
+        executor.stop_and_wait(None, None).await.ok();
+        runtime.shutdown().await;
+        return Err(e.into());
+    }
+    tracing::info!(node = me, mesh, image = %config.image, "docker-executor ready");
+
+    shutdown.cancelled().await;
+    // Requests in flight finish first (bounded by the grace period), then every container of
+    // this node is removed by the actors' post_stop.
+    runtime.shutdown().await;
+    executor
+        .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
+        .await
+        .map_err(|e| ExecutorError::Actor(e.to_string()))?;
+    Ok(())
+}

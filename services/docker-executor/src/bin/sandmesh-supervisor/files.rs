@@ -1,0 +1,339 @@
+//! The workspace side of an execution: unpack the archive the executor sent (the session's
+//! snapshot plus the request's files), remember what is there, and after the run find what
+//! was created, modified or deleted and pack the changed files.
+//!
+//! Unpacking never follows a symlink: code of an earlier execution in the same session may
+//! have planted one (`ln -s /etc workspace/data`), so every path component that is not a
+//! plain directory is replaced, and files are created with `O_EXCL` (which does not follow).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+
+/// The most entries a manifest records; a workspace with more is reported as a warning.
+const MAX_ENTRIES: usize = 100_000;
+
+/// A plain relative path (no root, no `..`), or `None`.
+fn clean_relative(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(part) => out.push(part),
+            Component::CurDir => {}
+            Component::RootDir | Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    (!out.as_os_str().is_empty()).then_some(out)
+}
+
+/// Makes `root/rel` a real directory, replacing anything else found on the way.
+fn ensure_dir(root: &Path, rel: &Path) -> io::Result<()> {
+    let mut cur = root.to_path_buf();
+    for c in rel.components() {
+        cur.push(c);
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                fs::remove_file(&cur)?;
+                fs::create_dir(&cur)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&cur)?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn write_file(root: &Path, rel: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    if let Some(parent) = rel.parent() {
+        ensure_dir(root, parent)?;
+    }
+    let target = root.join(rel);
+    match fs::symlink_metadata(&target) {
+        Ok(m) if m.is_file() && m.len() == data.len() as u64 => {
+            // Unchanged content is left alone (a session re-sends its whole workspace).
+            if fs::read(&target).map(|old| old == data).unwrap_or(false) {
+                return Ok(());
+            }
+            fs::remove_file(&target)?;
+        }
+        Ok(m) if m.is_dir() => fs::remove_dir_all(&target)?,
+        Ok(_) => fs::remove_file(&target)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if mode & 0o111 != 0 { 0o755 } else { 0o644 })
+        .open(&target)?;
+    f.write_all(data)
+}
+
+/// Unpacks regular files and directories of `archive` under `root` (later entries win). Other entry types
+/// (symlinks, hard links, devices) and unsafe paths are skipped with a warning.
+pub fn unpack(root: &Path, archive: &[u8], warnings: &mut Vec<String>) -> io::Result<()> {
+    if archive.is_empty() {
+        return Ok(());
+    }
+    let mut ar = tar::Archive::new(archive);
+    // The executor sends the session snapshot and the request's files as two archives back
+    // to back; reading past the first end-of-archive marker takes both.
+    ar.set_ignore_zeros(true);
+    for entry in ar.entries()? {
+        let mut entry = entry?;
+        let raw = entry.path()?.into_owned();
+        let Some(rel) = clean_relative(&raw) else {
+            warnings.push(format!("skipped unsafe path {raw:?}"));
+            continue;
+        };
+        match entry.header().entry_type() {
+            tar::EntryType::Directory => ensure_dir(root, &rel)?,
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let mode = entry.header().mode().unwrap_or(0o644);
+                let mut data = Vec::with_capacity(entry.size() as usize);
+                entry.read_to_end(&mut data)?;
+                if let Err(e) = write_file(root, &rel, &data, mode) {
+                    warnings.push(format!("could not write {}: {e}", rel.display()));
+                }
+            }
+            other => warnings.push(format!("skipped {} ({other:?})", rel.display())),
+        }
+    }
+    Ok(())
+}
+
+/// What identifies one version of a file: a rewrite changes `ctime` even when the content
+/// and `mtime` are made to look the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    ino: u64,
+}
+
+/// The regular files under a root, by relative path.
+#[derive(Debug, Default)]
+pub struct Manifest {
+    files: BTreeMap<String, Stamp>,
+    pub truncated: bool,
+}
+
+impl Manifest {
+    pub fn scan(root: &Path) -> Manifest {
+        let mut m = Manifest::default();
+        m.walk(root, "");
+        m
+    }
+
+    fn walk(&mut self, dir: &Path, prefix: &str) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if self.files.len() >= MAX_ENTRIES {
+                self.truncated = true;
+                return;
+            }
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue; // Not UTF-8: the workspace store could not hold it anyway.
+            };
+            let rel = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                self.walk(&entry.path(), &rel);
+            } else if meta.is_file() {
+                let stamp = Stamp {
+                    size: meta.len(),
+                    mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+                    ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+                    ino: meta.ino(),
+                };
+                self.files.insert(rel, stamp);
+            }
+        }
+    }
+}
+
+/// Changes between two manifests, each list sorted.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub created: Vec<String>,
+    pub modified: Vec<String>,
+    pub deleted: Vec<String>,
+}
+
+pub fn diff(before: &Manifest, after: &Manifest) -> Diff {
+    let mut d = Diff::default();
+    for (path, stamp) in &after.files {
+        match before.files.get(path) {
+            None => d.created.push(path.clone()),
+            Some(old) if old != stamp => d.modified.push(path.clone()),
+            Some(_) => {}
+        }
+    }
+    d.deleted = before
+        .files
+        .keys()
+        .filter(|p| !after.files.contains_key(*p))
+        .cloned()
+        .collect();
+    d
+}
+
+/// Packs `paths` (relative to `root`) into a tar written to `out`, stopping before the total
+/// content passes `max_bytes`. Returns the paths left out.
+pub fn pack(
+    root: &Path,
+    paths: &[String],
+    max_bytes: u64,
+    out: impl Write,
+) -> io::Result<Vec<String>> {
+    let mut builder = tar::Builder::new(out);
+    let mut total = 0u64;
+    let mut skipped = Vec::new();
+    for rel in paths {
+        let path = root.join(rel);
+        // Opened without following symlinks: the scan saw a regular file here.
+        let Ok(mut file) = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&path)
+        else {
+            skipped.push(rel.clone());
+            continue;
+        };
+        let meta = file.metadata()?;
+        if !meta.is_file() || total + meta.len() > max_bytes {
+            skipped.push(rel.clone());
+            continue;
+        }
+        total += meta.len();
+        let mut header = tar::Header::new_gnu();
+        header.set_size(meta.len());
+        header.set_mode(meta.mode() & 0o755);
+        header.set_mtime(meta.mtime().max(0) as u64);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder.append_data(&mut header, rel, &mut LimitedFile(&mut file, meta.len()))?;
+    }
+    builder.into_inner()?.flush()?;
+    Ok(skipped)
+}
+
+/// A reader that yields at most the size recorded in the tar header, so a file growing after
+/// the scan cannot corrupt the archive.
+struct LimitedFile<'a>(&'a mut File, u64);
+
+impl Read for LimitedFile<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.1 == 0 {
+            return Ok(0);
+        }
+        let max = buf.len().min(self.1 as usize);
+        let n = self.0.read(&mut buf[..max])?;
+        self.1 -= n as u64;
+        if n == 0 {
+            // Shrunk after the scan: pad with zeros to keep the archive well-formed.
+            let pad = max;
+            buf[..pad].fill(0);
+            self.1 -= pad as u64;
+            return Ok(pad);
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            // `append_data` refuses `..`, so write the name field directly.
+            h.as_gnu_mut().unwrap().name[..path.len()].copy_from_slice(path.as_bytes());
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn unpack_skips_escapes_and_replaces_planted_symlinks() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("data")).unwrap();
+        let archive = tar_of(&[
+            ("../escape.txt", b"x"),
+            ("/abs.txt", b"x"),
+            ("data/in.txt", b"inside"),
+            ("code/main.py", b"print(1)"),
+        ]);
+        let mut warnings = Vec::new();
+        unpack(root.path(), &archive, &mut warnings).unwrap();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(fs::read_dir(outside.path()).unwrap().next().is_none());
+        assert!(root
+            .path()
+            .join("data")
+            .symlink_metadata()
+            .unwrap()
+            .is_dir());
+        assert_eq!(
+            fs::read(root.path().join("data/in.txt")).unwrap(),
+            b"inside"
+        );
+        assert_eq!(
+            fs::read(root.path().join("code/main.py")).unwrap(),
+            b"print(1)"
+        );
+    }
+
+    #[test]
+    fn diff_finds_created_modified_and_deleted() {
+        let root = tempfile::tempdir().unwrap();
+        fs::write(root.path().join("keep"), "a").unwrap();
+        fs::write(root.path().join("change"), "a").unwrap();
+        fs::write(root.path().join("gone"), "a").unwrap();
+        let before = Manifest::scan(root.path());
+        fs::write(root.path().join("change"), "b").unwrap();
+        fs::remove_file(root.path().join("gone")).unwrap();
+        fs::create_dir(root.path().join("sub")).unwrap();
+        fs::write(root.path().join("sub/new"), "n").unwrap();
+        let d = diff(&before, &Manifest::scan(root.path()));
+        assert_eq!(d.created, vec!["sub/new"]);
+        assert_eq!(d.modified, vec!["change"]);
+        assert_eq!(d.deleted, vec!["gone"]);
+    }
+
+    #[test]
+    fn pack_respects_the_size_bound() {
+        let root = tempfile::tempdir().unwrap();
+        fs::write(root.path().join("small"), "12345").unwrap();
+        fs::write(root.path().join("big"), vec![b'x'; 100]).unwrap();
+        let mut out = Vec::new();
+        let paths = vec!["big".to_string(), "small".to_string()];
+        let skipped = pack(root.path(), &paths, 50, &mut out).unwrap();
+        assert_eq!(skipped, vec!["big"]);
+        let mut ar = tar::Archive::new(&out[..]);
+        let names: Vec<String> = ar
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert_eq!(names, vec!["small"]);
+    }
+}

@@ -1,0 +1,200 @@
+//! `sandmesh-supervisor`: the sandbox side of one execution, installed in the sandbox image
+//! as `/usr/local/bin/sandmesh-supervisor` (deploy/images, `SUPERVISOR_BIN`).
+//!
+//! ```text
+//! sandmesh-supervisor keep   the container's command: does nothing, keeps the container up
+//! sandmesh-supervisor run    one execution, started by one `docker exec`: reads the request
+//!                            and workspace archive (frames on stdin), unpacks the archive,
+//!                            runs the program, streams its output, kills everything it
+//!                            started, sends the changed files and the report (frames on stdout)
+//! ```
+//!
+//! The frame format is `src/protocol.rs` of the executor crate, compiled into both sides.
+//! This binary uses std, nix, serde_json and tar only: it must run on the image's bookworm
+//! glibc and start in about a millisecond.
+
+#[allow(dead_code)]
+#[path = "../../protocol.rs"]
+mod protocol;
+
+mod files;
+mod process;
+
+use std::io::{self, BufWriter, Read, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use protocol::{FrameKind, Outcome, RunReport, RunSpec, PROTOCOL_VERSION};
+
+/// Upper bound on the input (request + archive); the workspace tmpfs is far smaller.
+const MAX_INPUT: usize = 512 * 1024 * 1024;
+
+/// Frames to the executor on stdout. Write errors mean the executor is gone (its backstop
+/// killed the exec, or it crashed): the run still ends cleanly, with nobody listening.
+pub struct FrameOut {
+    out: BufWriter<io::Stdout>,
+    broken: bool,
+}
+
+impl FrameOut {
+    fn new() -> Self {
+        Self {
+            out: BufWriter::with_capacity(256 * 1024, io::stdout()),
+            broken: false,
+        }
+    }
+
+    /// Sends one frame at once: output is streamed, not batched.
+    pub fn send(&mut self, kind: FrameKind, payload: &[u8]) {
+        self.queue(kind, payload);
+        self.flush();
+    }
+
+    fn queue(&mut self, kind: FrameKind, payload: &[u8]) {
+        if !self.broken && protocol::write_chunked(&mut self.out, kind, payload).is_err() {
+            self.broken = true;
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.broken && self.out.flush().is_err() {
+            self.broken = true;
+        }
+    }
+}
+
+/// Packs changed files straight into `Changes` frames.
+struct ChangesWriter<'a> {
+    out: &'a mut FrameOut,
+    buf: Vec<u8>,
+}
+
+impl Write for ChangesWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= protocol::MAX_FRAME {
+            let rest = self.buf.split_off(protocol::MAX_FRAME);
+            self.out.queue(FrameKind::Changes, &self.buf);
+            self.buf = rest;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.out.queue(FrameKind::Changes, &self.buf);
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+fn read_input(input: &mut impl Read) -> Result<(RunSpec, Vec<u8>), String> {
+    let mut spec: Option<RunSpec> = None;
+    let mut archive = Vec::new();
+    loop {
+        let frame = protocol::read_frame(input).map_err(|e| format!("reading the request: {e}"))?;
+        match frame {
+            Some((FrameKind::Request, payload)) => {
+                let s: RunSpec = serde_json::from_slice(&payload)
+                    .map_err(|e| format!("malformed request: {e}"))?;
+                if s.version != PROTOCOL_VERSION {
+                    return Err(format!(
+                        "protocol version {} requested; this supervisor speaks {PROTOCOL_VERSION} \
+                         (rebuild the sandbox image)",
+                        s.version
+                    ));
+                }
+                spec = Some(s);
+            }
+            Some((FrameKind::Archive, payload)) => {
+                if archive.len() + payload.len() > MAX_INPUT {
+                    return Err(format!("the workspace archive exceeds {MAX_INPUT} bytes"));
+                }
+                archive.extend_from_slice(&payload);
+            }
+            Some((FrameKind::End, _)) | None => break,
+            Some((kind, _)) => return Err(format!("unexpected {kind:?} frame from the executor")),
+        }
+    }
+    spec.map(|s| (s, archive))
+        .ok_or_else(|| "no request frame".to_string())
+}
+
+fn run_once() -> ExitCode {
+    // Not dumpable: code running as the same user cannot ptrace this process or read its
+    // memory to forge the report (the executor does not trust the report anyway).
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let mut out = FrameOut::new();
+    let mut report = RunReport::failed("not started");
+    let spec = match read_input(&mut io::stdin().lock()) {
+        Ok((spec, archive)) => {
+            let root = Path::new(&spec.workspace);
+            match files::unpack(root, &archive, &mut report.warnings) {
+                Ok(()) => Some(spec),
+                Err(e) => {
+                    report.outcome = Outcome::Failed {
+                        message: format!("cannot place the workspace: {e}"),
+                    };
+                    None
+                }
+            }
+        }
+        Err(message) => {
+            report.outcome = Outcome::Failed { message };
+            None
+        }
+    };
+    if let Some(spec) = spec {
+        let root = Path::new(&spec.workspace);
+        let before = files::Manifest::scan(root);
+        process::run(&spec, &mut out, &mut report);
+        let after = files::Manifest::scan(root);
+        if before.truncated || after.truncated {
+            report
+                .warnings
+                .push("the workspace has too many files to track every change".into());
+        }
+        let diff = files::diff(&before, &after);
+        let changed: Vec<String> = diff.created.iter().chain(&diff.modified).cloned().collect();
+        let mut writer = ChangesWriter {
+            out: &mut out,
+            buf: Vec::new(),
+        };
+        if !changed.is_empty() {
+            match files::pack(root, &changed, spec.max_changes_bytes, &mut writer) {
+                Ok(skipped) => report.files_skipped = skipped,
+                Err(e) => report
+                    .warnings
+                    .push(format!("could not pack the changed files: {e}")),
+            }
+        }
+        report.files_created = diff.created;
+        report.files_modified = diff.modified;
+        report.files_deleted = diff.deleted;
+    }
+    match serde_json::to_vec(&report) {
+        Ok(json) => out.send(FrameKind::Report, &json),
+        Err(e) => eprintln!("sandmesh-supervisor: cannot encode the report: {e}"),
+    }
+    ExitCode::SUCCESS
+}
+
+fn keep() -> ExitCode {
+    // The container's command under docker-init: it only has to exist. Signals forwarded by
+    // docker-init (docker stop) end it with the default action.
+    loop {
+        std::thread::park();
+    }
+}
+
+fn main() -> ExitCode {
+    match std::env::args().nth(1).as_deref() {
+        Some("run") => run_once(),
+        Some("keep") => keep(),
+        _ => {
+            eprintln!("usage: sandmesh-supervisor run|keep");
+            ExitCode::from(64)
+        }
+    }
+}

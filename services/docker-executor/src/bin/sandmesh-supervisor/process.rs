@@ -1,0 +1,343 @@
+//! Runs the program: its own process group, a clean environment, rlimits, output streamed as
+//! frames under a byte cap, a wall-clock timeout — and at the end every process of the
+//! execution killed, including daemonised orphans that left the group with `setsid`.
+//!
+//! "Every process" is found by scanning `/proc`: in the container's PID namespace the only
+//! processes that may survive an execution are PID 1 (`docker-init`), the keeper it started
+//! (the container's command, the lowest other PID, because it was started first) and this
+//! supervisor. So nothing an execution starts outlives it, and the next execution of a
+//! session starts in a quiet container.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::resource::{getrusage, setrlimit, Resource, UsageWho};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::{getpid, Pid};
+
+use crate::protocol::{FrameKind, Outcome, RunReport, RunSpec};
+use crate::FrameOut;
+
+/// How long to wait for pipes to close after everything was killed (a process stuck in
+/// uninterruptible sleep keeps them open; the executor's backstop covers that).
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+const READ_CHUNK: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+enum Event {
+    Output(Stream, Vec<u8>),
+    Eof,
+    Exited(io::Result<ExitStatus>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KillReason {
+    Timeout,
+    OutputLimit,
+}
+
+/// Counters of the container's cgroup that tell why something died. cgroup v1 (this host)
+/// and v2 paths are both tried.
+#[derive(Debug, Default, Clone, Copy)]
+struct CgroupCounters {
+    oom_kills: u64,
+    pids_max_events: u64,
+    cpu_ns: Option<u64>,
+}
+
+fn read_keyed(path: &str, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some(key)).then(|| it.next()?.parse().ok())?
+    })
+}
+
+impl CgroupCounters {
+    fn read() -> Self {
+        let oom_kills = read_keyed("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")
+            .or_else(|| read_keyed("/sys/fs/cgroup/memory.events", "oom_kill"))
+            .unwrap_or(0);
+        let pids_max_events = read_keyed("/sys/fs/cgroup/pids/pids.events", "max")
+            .or_else(|| read_keyed("/sys/fs/cgroup/pids.events", "max"))
+            .unwrap_or(0);
+        let cpu_ns = fs::read_to_string("/sys/fs/cgroup/cpuacct/cpuacct.usage")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .or_else(|| read_keyed("/sys/fs/cgroup/cpu.stat", "usage_usec").map(|us| us * 1000));
+        Self {
+            oom_kills,
+            pids_max_events,
+            cpu_ns,
+        }
+    }
+}
+
+/// `(pid, ppid, state)` of every process visible in `/proc`.
+fn processes() -> Vec<(i32, i32, char)> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?.chars().next()?;
+            let ppid = fields.next()?.parse().ok()?;
+            Some((pid, ppid, state))
+        })
+        .collect()
+}
+
+/// The container's keeper: the first child of PID 1.
+pub fn find_keeper() -> Option<i32> {
+    let me = getpid().as_raw();
+    processes()
+        .into_iter()
+        .filter(|&(pid, ppid, _)| ppid == 1 && pid != me && pid != 1)
+        .map(|(pid, _, _)| pid)
+        .min()
+}
+
+/// SIGKILLs the program's group, then every other process except PID 1, the keeper and this
+/// supervisor, until a scan finds none alive. Returns how many processes the scans killed.
+pub fn kill_all(group: Option<i32>, keeper: Option<i32>) -> u32 {
+    if let Some(pgid) = group {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+    let me = getpid().as_raw();
+    let mut victims = HashSet::new();
+    // Bounded: SIGKILL cannot be blocked, so each round leaves fewer live processes; a fork
+    // racing the scan is caught by the next round.
+    for _ in 0..500 {
+        let mut found = false;
+        for (pid, _, state) in processes() {
+            if pid == 1 || pid == me || Some(pid) == keeper || state == 'Z' || state == 'X' {
+                continue;
+            }
+            if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                found = true;
+                victims.insert(pid);
+            }
+        }
+        if !found {
+            break;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    victims.len() as u32
+}
+
+fn set_limits(spec: &RunSpec) {
+    let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, spec.nofile, spec.nofile);
+    let _ = setrlimit(Resource::RLIMIT_FSIZE, spec.fsize_bytes, spec.fsize_bytes);
+}
+
+fn reader(stream: Stream, mut pipe: impl Read + Send + 'static, tx: mpsc::Sender<Event>) {
+    thread::spawn(move || {
+        let mut buf = vec![0u8; READ_CHUNK];
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.send(Event::Output(stream, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = tx.send(Event::Eof);
+    });
+}
+
+/// Runs the program of `spec` to its end, streaming output frames to `out`.
+pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
+    let keeper = find_keeper();
+    let before = CgroupCounters::read();
+    if let Err(e) = write_code(spec) {
+        report.outcome = Outcome::Failed {
+            message: format!("cannot write the code to {}: {e}", spec.code_path),
+        };
+        return;
+    }
+    set_limits(spec);
+
+    let Some((program, args)) = spec.argv.split_first() else {
+        report.outcome = Outcome::Failed {
+            message: "empty argv".into(),
+        };
+        return;
+    };
+    let started = Instant::now();
+    let spawned = Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&spec.workspace)
+        .process_group(0)
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            report.outcome = Outcome::Failed {
+                message: format!("cannot start {program}: {e}"),
+            };
+            return;
+        }
+    };
+    let group = child.id() as i32;
+    let (tx, rx) = mpsc::channel();
+    if let (Some(mut pipe), Some(data)) = (child.stdin.take(), spec.stdin.clone()) {
+        // A program that never reads its stdin must not block the supervisor: own thread.
+        thread::spawn(move || {
+            let _ = pipe.write_all(data.as_bytes());
+        });
+    }
+    reader(
+        Stream::Stdout,
+        child.stdout.take().expect("piped"),
+        tx.clone(),
+    );
+    reader(
+        Stream::Stderr,
+        child.stderr.take().expect("piped"),
+        tx.clone(),
+    );
+    thread::spawn(move || {
+        let _ = tx.send(Event::Exited(child.wait()));
+    });
+
+    let deadline = started + Duration::from_millis(spec.timeout_ms);
+    let mut budget = spec.max_output_bytes;
+    let mut open_pipes = 2;
+    let mut status: Option<io::Result<ExitStatus>> = None;
+    let mut reason: Option<KillReason> = None;
+    let mut drain_until: Option<Instant> = None;
+    while open_pipes > 0 || status.is_none() {
+        let until = drain_until.unwrap_or(deadline);
+        let event = match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(ev) => ev,
+            Err(mpsc::RecvTimeoutError::Timeout) if drain_until.is_none() => {
+                reason = Some(KillReason::Timeout);
+                report.processes_killed += kill_all(Some(group), keeper);
+                drain_until = Some(Instant::now() + DRAIN_GRACE);
+                continue;
+            }
+            // Drain grace over (or every sender gone): stop waiting.
+            Err(_) => break,
+        };
+        match event {
+            Event::Output(stream, data) => {
+                if reason == Some(KillReason::OutputLimit) {
+                    continue;
+                }
+                let kind = match stream {
+                    Stream::Stdout => FrameKind::Stdout,
+                    Stream::Stderr => FrameKind::Stderr,
+                };
+                let allowed = (data.len() as u64).min(budget) as usize;
+                if allowed > 0 {
+                    out.send(kind, &data[..allowed]);
+                }
+                budget -= allowed as u64;
+                if allowed < data.len() {
+                    match stream {
+                        Stream::Stdout => report.stdout_truncated = true,
+                        Stream::Stderr => report.stderr_truncated = true,
+                    }
+                    reason.get_or_insert(KillReason::OutputLimit);
+                    report.processes_killed += kill_all(Some(group), keeper);
+                    drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
+                }
+            }
+            Event::Eof => open_pipes -= 1,
+            Event::Exited(s) => {
+                status = Some(s);
+                report.wall_ms = started.elapsed().as_millis() as u64;
+                // The program is done: whatever it left running (background jobs holding the
+                // pipes open, daemons) ends with it.
+                report.processes_killed += kill_all(Some(group), keeper);
+                drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
+            }
+        }
+    }
+    if report.wall_ms == 0 {
+        report.wall_ms = started.elapsed().as_millis() as u64;
+    }
+    // A last sweep: something may have been forked while the pipes drained.
+    report.processes_killed += kill_all(Some(group), keeper);
+    let _ = fs::remove_dir_all(code_dir(spec));
+
+    let after = CgroupCounters::read();
+    report.oom_killed = after.oom_kills > before.oom_kills;
+    report.pids_limit_hit = after.pids_max_events > before.pids_max_events;
+    if let Ok(usage) = getrusage(UsageWho::RUSAGE_CHILDREN) {
+        report.peak_memory_bytes = usage.max_rss().max(0) as u64 * 1024;
+        let tv_ms = |tv: nix::sys::time::TimeVal| {
+            (tv.tv_sec().max(0) as u64) * 1000 + (tv.tv_usec().max(0) as u64) / 1000
+        };
+        report.cpu_ms = tv_ms(usage.user_time()) + tv_ms(usage.system_time());
+    }
+    if let (Some(a), Some(b)) = (after.cpu_ns, before.cpu_ns) {
+        // The cgroup also counts orphans that getrusage never sees.
+        report.cpu_ms = report.cpu_ms.max(a.saturating_sub(b) / 1_000_000);
+    }
+    report.outcome = match (reason, status) {
+        (Some(KillReason::Timeout), _) => Outcome::Timeout,
+        (Some(KillReason::OutputLimit), _) => Outcome::OutputLimit,
+        (None, Some(Ok(s))) => match (s.code(), s.signal()) {
+            (Some(code), _) => Outcome::Exited { code },
+            (None, Some(signal)) => Outcome::Signaled { signal },
+            (None, None) => Outcome::Failed {
+                message: format!("unknown exit status {s:?}"),
+            },
+        },
+        (None, Some(Err(e))) => Outcome::Failed {
+            message: format!("waiting for the program failed: {e}"),
+        },
+        (None, None) => Outcome::Failed {
+            message: "the program did not end after its pipes closed".into(),
+        },
+    };
+}
+
+fn code_dir(spec: &RunSpec) -> std::path::PathBuf {
+    std::path::Path::new(&spec.code_path)
+        .parent()
+        .map(|p| p.to_path_buf())
+        .unwrap_or_else(|| "/tmp/.sandmesh".into())
+}
+
+fn write_code(spec: &RunSpec) -> io::Result<()> {
+    let dir = code_dir(spec);
+    // A leftover of an earlier execution (or something planted) is replaced, never reused.
+    match fs::symlink_metadata(&dir) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(&dir)?,
+        Ok(_) => fs::remove_file(&dir)?,
+        Err(_) => {}
+    }
+    fs::create_dir_all(&dir)?;
+    fs::write(&spec.code_path, &spec.code)
+}

@@ -1,0 +1,326 @@
+//! Sandbox containers through the Docker API: the one place that decides how a container is
+//! created (DESIGN.md §3 "Containers"), so the hardening cannot drift between tiers.
+//!
+//! Requests never reach this module's container body: only the node's configuration and the
+//! clamped memory / CPU / pids limits do. Privileged mode, host namespaces, devices, mounts,
+//! the working directory and the Docker socket are not parameters at all.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bollard::models::{
+    ContainerCreateBody, ContainerUpdateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use bollard::Docker;
+use messages::validate::EffectiveLimits;
+
+use crate::config::ExecutorConfig;
+
+/// Every sandbox container carries `sandmesh=1` (the janitor hook counts these).
+pub const LABEL_SANDMESH: &str = "sandmesh";
+/// The executor node that owns the container.
+pub const LABEL_NODE: &str = "sandmesh.node";
+/// `warm` (pool, single use) or `session`.
+pub const LABEL_KIND: &str = "sandmesh.kind";
+/// The session a cold-started session container belongs to.
+pub const LABEL_SESSION: &str = "sandmesh.session";
+/// The mesh (NATS deployment) of the node: janitors only judge containers of their own mesh.
+pub const LABEL_MESH: &str = "sandmesh.mesh";
+
+pub const SUPERVISOR_PATH: &str = "/usr/local/bin/sandmesh-supervisor";
+pub const WORKSPACE_DIR: &str = "/workspace";
+/// The sandbox user of the image (deploy/images/sandbox/Dockerfile).
+pub const SANDBOX_UID: u32 = 10001;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    #[error("cannot reach the Docker daemon: {0}")]
+    Connect(String),
+    #[error("docker {op} {target}: {message}")]
+    Api {
+        op: &'static str,
+        target: String,
+        message: String,
+    },
+}
+
+impl DockerError {
+    pub fn api(op: &'static str, target: &str, e: impl std::fmt::Display) -> Self {
+        DockerError::Api {
+            op,
+            target: target.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerKind {
+    Warm,
+    Session,
+}
+
+impl ContainerKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ContainerKind::Warm => "warm",
+            ContainerKind::Session => "session",
+        }
+    }
+}
+
+/// The cgroup limits a container runs under; changed in place (`docker update`) when a
+/// request asks for others.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ContainerLimits {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+}
+
+impl From<&EffectiveLimits> for ContainerLimits {
+    fn from(l: &EffectiveLimits) -> Self {
+        Self {
+            memory_mb: l.memory_mb,
+            cpus: l.cpus,
+            pids: l.pids,
+        }
+    }
+}
+
+/// A started sandbox container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Container {
+    pub name: String,
+    pub limits: ContainerLimits,
+}
+
+/// What every container of this node shares.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub image: String,
+    pub node_id: String,
+    pub mesh: String,
+    pub workspace_mb: u64,
+    pub tmp_mb: u64,
+    pub nofile: u64,
+    pub fsize_bytes: u64,
+}
+
+impl SandboxSpec {
+    pub fn from_config(c: &ExecutorConfig, mesh: &str) -> Self {
+        Self {
+            image: c.image.clone(),
+            node_id: c.node_id().to_string(),
+            mesh: mesh.to_string(),
+            workspace_mb: c.workspace_mb,
+            tmp_mb: c.tmp_mb,
+            nofile: c.nofile,
+            fsize_bytes: c.fsize_mb << 20,
+        }
+    }
+
+    /// The create body of a hardened sandbox container.
+    pub fn container_body(
+        &self,
+        kind: ContainerKind,
+        session: Option<&str>,
+        limits: ContainerLimits,
+    ) -> ContainerCreateBody {
+        let tmpfs = |mb: u64, mode: &str| {
+            // `exec` (tmpfs defaults to noexec), owned by the sandbox user (Docker would make
+            // the working directory root-owned otherwise).
+            format!(
+                "rw,exec,nosuid,nodev,size={mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode={mode}"
+            )
+        };
+        let ulimit = |name: &str, v: u64| ResourcesUlimits {
+            name: Some(name.into()),
+            soft: Some(v as i64),
+            hard: Some(v as i64),
+        };
+        let memory = (limits.memory_mb << 20) as i64;
+        let host = HostConfig {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            oom_kill_disable: Some(false),
+            nano_cpus: Some((limits.cpus * 1e9) as i64),
+            pids_limit: Some(limits.pids as i64),
+            network_mode: Some("none".into()),
+            readonly_rootfs: Some(true),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(Vec::new()),
+            // The default seccomp profile applies because none is named; never "unconfined".
+            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            privileged: Some(false),
+            ipc_mode: Some("private".into()),
+            tmpfs: Some(HashMap::from([
+                ("/tmp".to_string(), tmpfs(self.tmp_mb, "1777")),
+                (WORKSPACE_DIR.to_string(), tmpfs(self.workspace_mb, "0755")),
+            ])),
+            ulimits: Some(vec![
+                ulimit("nofile", self.nofile),
+                ulimit("fsize", self.fsize_bytes),
+                ulimit("core", 0),
+            ]),
+            // Output travels through the supervisor; a log driver could only fill the disk.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            init: Some(true),
+            ..Default::default()
+        };
+        let mut labels = HashMap::from([
+            (LABEL_SANDMESH.to_string(), "1".to_string()),
+            (LABEL_NODE.to_string(), self.node_id.clone()),
+            (LABEL_MESH.to_string(), self.mesh.clone()),
+            (LABEL_KIND.to_string(), kind.as_str().to_string()),
+        ]);
+        if let Some(s) = session {
+            labels.insert(LABEL_SESSION.to_string(), s.to_string());
+        }
+        ContainerCreateBody {
+            image: Some(self.image.clone()),
+            cmd: Some(vec![SUPERVISOR_PATH.into(), "keep".into()]),
+            user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
+            network_disabled: Some(true),
+            env: Some(Vec::new()),
+            labels: Some(labels),
+            host_config: Some(host),
+            ..Default::default()
+        }
+    }
+}
+
+/// The node's handle on Docker for sandbox containers. Cheap to clone.
+#[derive(Clone)]
+pub struct Sandboxes {
+    pub docker: Docker,
+    pub spec: Arc<SandboxSpec>,
+}
+
+impl Sandboxes {
+    pub async fn connect() -> Result<Docker, DockerError> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|e| DockerError::Connect(e.to_string()))?;
+        docker
+            .negotiate_version()
+            .await
+            .map_err(|e| DockerError::Connect(e.to_string()))
+    }
+
+    pub fn new(docker: Docker, spec: SandboxSpec) -> Self {
+        Self {
+            docker,
+            spec: Arc::new(spec),
+        }
+    }
+
+    /// A fresh, unique container name on this node.
+    pub fn new_name(&self) -> String {
+        format!(
+            "sandmesh-{}-{}",
+            self.spec.node_id,
+            messages::new_id().to_ascii_lowercase()
+        )
+    }
+
+    /// Creates and starts a container under `name`; a container that fails to start is
+    /// removed again.
+    pub async fn start(
+        &self,
+        name: &str,
+        kind: ContainerKind,
+        session: Option<&str>,
+        limits: ContainerLimits,
+    ) -> Result<Container, DockerError> {
+        let body = self.spec.container_body(kind, session, limits);
+        let options = CreateContainerOptionsBuilder::new().name(name).build();
+        self.docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| DockerError::api("create", name, e))?;
+        if let Err(e) = self
+            .docker
+            .start_container(
+                name,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
+            .await
+        {
+            self.remove(name).await;
+            return Err(DockerError::api("start", name, e));
+        }
+        Ok(Container {
+            name: name.to_string(),
+            limits,
+        })
+    }
+
+    /// Removes a container (running or not); a container already gone is fine.
+    pub async fn remove(&self, name: &str) {
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        match self.docker.remove_container(name, Some(options)).await {
+            Ok(()) => {}
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {}
+            // "removal already in progress" and similar: the container is on its way out.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => {}
+            Err(e) => tracing::warn!(container = name, error = %e, "could not remove container"),
+        }
+    }
+
+    /// Applies other cgroup limits to a running container.
+    pub async fn update_limits(
+        &self,
+        name: &str,
+        limits: ContainerLimits,
+    ) -> Result<(), DockerError> {
+        let memory = (limits.memory_mb << 20) as i64;
+        let body = ContainerUpdateBody {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some((limits.cpus * 1e9) as i64),
+            pids_limit: Some(limits.pids as i64),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(name, body)
+            .await
+            .map_err(|e| DockerError::api("update", name, e))
+    }
+
+    /// Every container (running or not) carrying `label` (`key` or `key=value`).
+    pub async fn list(
+        &self,
+        label: &str,
+    ) -> Result<Vec<bollard::models::ContainerSummary>, DockerError> {
+        let filters = HashMap::from([("label", vec![label])]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        self.docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| DockerError::api("list", label, e))
+    }
+}
+
+/// The container's name without Docker's leading `/`.
+pub fn summary_name(s: &bollard::models::ContainerSummary) -> Option<String> {
+    s.names
+        .as_ref()?
+        .first()
+        .map(|n| n.trim_start_matches('/').to_string())
+}

@@ -1,0 +1,352 @@
+//! One execution in a given container, from request to `ExecResult`: limits applied, the
+//! workspace and request files sent along, the one supervised exec, changes pushed back, and
+//! the outcome classified. Shared by both tiers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use messages::exec::{ExecResult, ExecStatus, Language, Tier, Usage};
+use messages::executor::ExecutorRun;
+use messages::validate::{validate_relative_path, EffectiveLimits};
+use messages::{ErrorBody, ErrorKind, Subjects};
+
+use crate::config::ExecutorConfig;
+use crate::docker::{Container, ContainerLimits, Sandboxes, WORKSPACE_DIR};
+use crate::exchange::{self, Ending, Exchange, ExchangeInput, OutputStreamer};
+use crate::protocol::{Outcome, RunReport, RunSpec, PROTOCOL_VERSION};
+use crate::workspace::WorkspaceSync;
+
+/// Where the code file goes: outside the workspace, so it is never a "changed file".
+const CODE_DIR: &str = "/tmp/.sandmesh";
+
+/// Everything an execution needs from its node. Cheap to clone.
+#[derive(Clone)]
+pub struct Runner {
+    pub sandboxes: Sandboxes,
+    pub workspace: Option<WorkspaceSync>,
+    pub client: async_nats::Client,
+    pub subjects: Subjects,
+    pub config: Arc<ExecutorConfig>,
+}
+
+/// An accepted run with its limits decided.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub run: ExecutorRun,
+    pub limits: EffectiveLimits,
+    pub accepted: Instant,
+}
+
+/// Whether the container can take another execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    Reusable,
+    /// Killed, or in an unknown state: remove it.
+    Broken,
+}
+
+fn program(language: Language) -> (Vec<String>, String) {
+    let (file, argv): (&str, &[&str]) = match language {
+        Language::Python => ("main.py", &["python3", "-u"]),
+        Language::Javascript => ("main.js", &["node"]),
+        Language::Shell => ("main.sh", &["bash"]),
+    };
+    let path = format!("{CODE_DIR}/{file}");
+    let mut argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    argv.push(path.clone());
+    (argv, path)
+}
+
+impl Runner {
+    fn spec(&self, job: &Job) -> RunSpec {
+        let req = &job.run.request;
+        let (argv, code_path) = program(req.language);
+        let mut env: Vec<(String, String)> = [
+            (
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            ),
+            ("HOME", WORKSPACE_DIR),
+            ("LANG", "C.UTF-8"),
+            ("TMPDIR", "/tmp"),
+            ("PYTHONUNBUFFERED", "1"),
+            ("PYTHONDONTWRITEBYTECODE", "1"),
+            // The script lives in /tmp/.sandmesh; modules are imported from the workspace.
+            ("PYTHONPATH", WORKSPACE_DIR),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, v) in &req.env {
+            env.retain(|(name, _)| name != k);
+            env.push((k.clone(), v.clone()));
+        }
+        RunSpec {
+            version: PROTOCOL_VERSION,
+            argv,
+            code_path,
+            code: req.code.clone(),
+            stdin: req.stdin.clone(),
+            env,
+            workspace: WORKSPACE_DIR.into(),
+            timeout_ms: job.limits.timeout_ms,
+            max_output_bytes: job.limits.max_output_bytes,
+            nofile: self.config.nofile,
+            fsize_bytes: self.config.fsize_mb << 20,
+            max_changes_bytes: self.config.workspace_mb << 20,
+        }
+    }
+
+    /// The archive sent in: the session's snapshot (when synced), then the request's files.
+    async fn archive(&self, job: &Job) -> Result<Vec<u8>, ErrorBody> {
+        let req = &job.run.request;
+        let mut archive = match (&self.workspace, &req.session_id) {
+            (Some(ws), Some(session)) => ws.snapshot(session).await?,
+            _ => Vec::new(),
+        };
+        if !req.files.is_empty() {
+            let mut b = tar::Builder::new(Vec::new());
+            for f in &req.files {
+                let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
+                let mut h = tar::Header::new_gnu();
+                h.set_size(bytes.len() as u64);
+                h.set_mode(0o644);
+                h.set_entry_type(tar::EntryType::Regular);
+                b.append_data(&mut h, &f.path, bytes.as_slice())
+                    .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
+            }
+            archive.extend(
+                b.into_inner()
+                    .map_err(|e| ErrorBody::internal(e.to_string()))?,
+            );
+        }
+        Ok(archive)
+    }
+
+    /// Runs `job` in `container` and says whether the container is still usable.
+    pub async fn execute(&self, container: &mut Container, job: &Job) -> (ExecResult, Health) {
+        let started = Instant::now();
+        let wanted = ContainerLimits::from(&job.limits);
+        if container.limits != wanted {
+            if let Err(e) = self.sandboxes.update_limits(&container.name, wanted).await {
+                let error = ErrorBody::internal(e.to_string());
+                return (
+                    self.failed(job, ExecStatus::Internal, error, started),
+                    Health::Broken,
+                );
+            }
+            container.limits = wanted;
+        }
+        let archive = match self.archive(job).await {
+            Ok(a) => a,
+            Err(error) => {
+                return (
+                    self.failed(job, ExecStatus::Internal, error, started),
+                    Health::Reusable,
+                )
+            }
+        };
+        let spec = self.spec(job);
+        let mut streamer = job.run.request.stream_output.then(|| {
+            OutputStreamer::new(
+                self.client.clone(),
+                self.subjects.output(&job.run.execution_id),
+            )
+        });
+        // The supervisor ends the run at its timeout; this backstop covers a supervisor that
+        // was killed, stalled or lied.
+        let deadline =
+            Instant::now() + Duration::from_millis(job.limits.timeout_ms) + self.config.kill_grace;
+        let input = ExchangeInput {
+            container: &container.name,
+            spec: &spec,
+            archive: &archive,
+            deadline,
+            streamer: streamer.as_mut(),
+        };
+        let ex = match exchange::exchange(&self.sandboxes, input).await {
+            Ok(ex) => ex,
+            Err(e) => {
+                let error = ErrorBody::internal(e.to_string());
+                return (
+                    self.failed(job, ExecStatus::Internal, error, started),
+                    Health::Broken,
+                );
+            }
+        };
+        let exec_ms = started.elapsed().as_millis() as u64;
+        let health = if ex.ending.container_suspect() {
+            Health::Broken
+        } else {
+            Health::Reusable
+        };
+        let mut result = classify(job, ex.report.as_ref(), &ex);
+        result.node = Some(self.sandboxes.spec.node_id.clone());
+        result.timing.exec_ms = exec_ms;
+        if let (Some(ws), Some(session), Some(report)) =
+            (&self.workspace, &job.run.request.session_id, &ex.report)
+        {
+            let deleted: Vec<String> = report
+                .files_deleted
+                .iter()
+                .filter(|p| validate_relative_path("path", p).is_ok())
+                .cloned()
+                .collect();
+            if !ex.changes.is_empty() || !deleted.is_empty() {
+                if let Err(e) = ws.push(session, ex.changes, deleted).await {
+                    tracing::warn!(session, error = %e, "could not push workspace changes");
+                    result.error.get_or_insert(ErrorBody::new(
+                        e.kind,
+                        format!(
+                            "the run finished but its file changes were not saved: {}",
+                            e.message
+                        ),
+                    ));
+                }
+            }
+        }
+        (result, health)
+    }
+
+    /// A result for a run that never got to (or through) the supervisor.
+    pub fn failed(
+        &self,
+        job: &Job,
+        status: ExecStatus,
+        error: ErrorBody,
+        started: Instant,
+    ) -> ExecResult {
+        let mut r = base_result(job);
+        r.status = status;
+        r.error = Some(error);
+        r.node = Some(self.sandboxes.spec.node_id.clone());
+        r.timing.exec_ms = started.elapsed().as_millis() as u64;
+        r
+    }
+}
+
+fn base_result(job: &Job) -> ExecResult {
+    ExecResult {
+        execution_id: job.run.execution_id.clone(),
+        session_id: job.run.request.session_id.clone(),
+        tier: match job.run.tier {
+            Tier::Session => Tier::Session,
+            _ => Tier::Ephemeral,
+        },
+        session_restored: job.run.session_restored,
+        ..Default::default()
+    }
+}
+
+/// Paths the supervisor reported, kept only when they are plain workspace paths.
+fn safe_paths(paths: &[String]) -> Vec<String> {
+    paths
+        .iter()
+        .filter(|p| validate_relative_path("path", p).is_ok())
+        .cloned()
+        .collect()
+}
+
+/// Turns what the supervisor said (and how the exchange ended) into the result's status.
+pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecResult {
+    let mut r = base_result(job);
+    r.stdout = String::from_utf8_lossy(&ex.stdout).into_owned();
+    r.stderr = String::from_utf8_lossy(&ex.stderr).into_owned();
+    let limits = &job.limits;
+    let Some(report) = report else {
+        let (status, error) = match &ex.ending {
+            Ending::Deadline => (
+                ExecStatus::Timeout,
+                ErrorBody::timeout(format!(
+                    "no result within the {} ms timeout and the kill grace; the container was \
+                     killed",
+                    limits.timeout_ms
+                )),
+            ),
+            Ending::Flood => {
+                r.stdout_truncated = true;
+                (
+                    ExecStatus::OutputLimit,
+                    ErrorBody::too_large(format!(
+                        "output passed {} bytes; the container was killed",
+                        limits.max_output_bytes
+                    )),
+                )
+            }
+            other => (
+                ExecStatus::Killed,
+                ErrorBody::internal(format!(
+                    "the execution ended without a result ({other:?}): {}",
+                    ex.supervisor_log.trim()
+                )),
+            ),
+        };
+        r.status = status;
+        r.error = Some(error);
+        return r;
+    };
+    r.stdout_truncated = report.stdout_truncated;
+    r.stderr_truncated = report.stderr_truncated;
+    r.files_created = safe_paths(&report.files_created);
+    r.files_modified = safe_paths(&report.files_modified);
+    r.usage = Some(Usage {
+        peak_memory_bytes: report.peak_memory_bytes,
+        cpu_ms: report.cpu_ms,
+    });
+    let oom = || {
+        ErrorBody::new(
+            ErrorKind::TooLarge,
+            format!("the memory limit of {} MiB was exceeded", limits.memory_mb),
+        )
+    };
+    let (status, exit_code, error) = match &report.outcome {
+        Outcome::Exited { code: 0 } => (ExecStatus::Ok, Some(0), None),
+        Outcome::Exited { code } if report.oom_killed => {
+            (ExecStatus::Oom, Some(i64::from(*code)), Some(oom()))
+        }
+        Outcome::Exited { code } => (ExecStatus::Error, Some(i64::from(*code)), None),
+        Outcome::Signaled { signal } => {
+            let code = Some(128 + i64::from(*signal));
+            if report.oom_killed && *signal == 9 {
+                (ExecStatus::Oom, code, Some(oom()))
+            } else if *signal == 9 {
+                (ExecStatus::Killed, code, None)
+            } else {
+                (ExecStatus::Error, code, None)
+            }
+        }
+        Outcome::Timeout => (
+            ExecStatus::Timeout,
+            None,
+            Some(ErrorBody::timeout(format!(
+                "killed after the {} ms timeout",
+                limits.timeout_ms
+            ))),
+        ),
+        Outcome::OutputLimit => (
+            ExecStatus::OutputLimit,
+            None,
+            Some(ErrorBody::too_large(format!(
+                "output passed {} bytes; it was cut and the program killed",
+                limits.max_output_bytes
+            ))),
+        ),
+        Outcome::Failed { message } => (
+            ExecStatus::Internal,
+            None,
+            Some(ErrorBody::internal(message.clone())),
+        ),
+    };
+    r.status = status;
+    r.exit_code = exit_code;
+    r.error = error;
+    if report.pids_limit_hit && r.status != ExecStatus::Ok {
+        let note = format!("the process limit of {} was reached", limits.pids);
+        let e = r
+            .error
+            .get_or_insert_with(|| ErrorBody::new(ErrorKind::TooLarge, note.clone()));
+        e.details =
+            Some(serde_json::json!({ "pids_limit_hit": true, "pids": limits.pids, "note": note }));
+    }
+    r
+}

@@ -1,0 +1,59 @@
+//! What the actors of one node share without messages: the names of the containers the node
+//! owns (the janitor removes every other container labelled with this node) and the gauges
+//! the heartbeat reports.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+#[derive(Debug, Default)]
+pub struct NodeState {
+    /// Names are added *before* a container is created and dropped only after it is removed,
+    /// so the janitor can never take a container that is being born for a leak.
+    owned: Mutex<HashSet<String>>,
+    /// Executions accepted and not yet answered (running or queued in a session).
+    pub running: AtomicUsize,
+    /// Ready containers in the warm pool.
+    pub warm: AtomicUsize,
+    /// Live session containers.
+    pub sessions: AtomicUsize,
+    /// Executions answered since start.
+    pub finished: AtomicUsize,
+}
+
+impl NodeState {
+    pub fn own(&self, name: &str) {
+        self.owned
+            .lock()
+            .expect("owned set poisoned")
+            .insert(name.to_string());
+    }
+
+    pub fn disown(&self, name: &str) {
+        self.owned.lock().expect("owned set poisoned").remove(name);
+    }
+
+    pub fn owns(&self, name: &str) -> bool {
+        self.owned
+            .lock()
+            .expect("owned set poisoned")
+            .contains(name)
+    }
+
+    pub fn owned_count(&self) -> usize {
+        self.owned.lock().expect("owned set poisoned").len()
+    }
+
+    /// Gauges for the heartbeat, named after seed 003 §8.
+    pub fn metrics(&self, capacity: usize) -> BTreeMap<String, f64> {
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
+        BTreeMap::from([
+            ("capacity".to_string(), capacity as f64),
+            ("running_executions".to_string(), g(&self.running)),
+            ("warm_pool_size".to_string(), g(&self.warm)),
+            ("active_sessions".to_string(), g(&self.sessions)),
+            ("executions_total".to_string(), g(&self.finished)),
+            ("containers".to_string(), self.owned_count() as f64),
+        ])
+    }
+}

@@ -1,0 +1,328 @@
+//! The framed protocol between the executor and `sandmesh-supervisor`, the small program that
+//! one `docker exec` starts inside the sandbox for each execution (DESIGN.md §3 "Containers").
+//!
+//! This file is compiled into both sides: the library (`docker_executor::protocol`) and the
+//! supervisor binary (through `#[path]`), so the two can never disagree about the format.
+//!
+//! A frame is `kind: u8`, `len: u32` big-endian, then `len` bytes of payload.
+//!
+//! ```text
+//! executor → supervisor (exec stdin):   Request(json) Archive(tar bytes)* End
+//! supervisor → executor (exec stdout):  (Stdout | Stderr)*  Changes(tar bytes)*  Report(json)
+//! ```
+//!
+//! The supervisor runs as the sandbox user next to the untrusted code, so nothing it says is
+//! trusted by the executor: sizes are bounded here and again by the executor.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped on any incompatible change; the supervisor refuses a request of another version.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest payload of one frame. Output and archives are split into frames this size or less.
+pub const MAX_FRAME: usize = 1024 * 1024;
+
+/// Bytes of the frame header.
+pub const HEADER_LEN: usize = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// executor → supervisor: the [`RunSpec`] as JSON.
+    Request,
+    /// executor → supervisor: a piece of the workspace tar placed before the run.
+    Archive,
+    /// executor → supervisor: no more input.
+    End,
+    /// supervisor → executor: program stdout bytes.
+    Stdout,
+    /// supervisor → executor: program stderr bytes.
+    Stderr,
+    /// supervisor → executor: a piece of the tar of files created or modified in the workspace.
+    Changes,
+    /// supervisor → executor: the [`RunReport`] as JSON; always the last frame.
+    Report,
+}
+
+impl FrameKind {
+    pub const fn byte(self) -> u8 {
+        match self {
+            FrameKind::Request => b'Q',
+            FrameKind::Archive => b'A',
+            FrameKind::End => b'E',
+            FrameKind::Stdout => b'O',
+            FrameKind::Stderr => b'R',
+            FrameKind::Changes => b'C',
+            FrameKind::Report => b'Z',
+        }
+    }
+
+    pub fn from_byte(b: u8) -> Option<Self> {
+        Some(match b {
+            b'Q' => FrameKind::Request,
+            b'A' => FrameKind::Archive,
+            b'E' => FrameKind::End,
+            b'O' => FrameKind::Stdout,
+            b'R' => FrameKind::Stderr,
+            b'C' => FrameKind::Changes,
+            b'Z' => FrameKind::Report,
+            _ => return None,
+        })
+    }
+}
+
+/// One execution, as the supervisor receives it. Every value is already validated and clamped
+/// by the executor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub version: u32,
+    /// The program and its arguments, e.g. `["python3", "-u", "/tmp/.sandmesh/main.py"]`.
+    pub argv: Vec<String>,
+    /// Where the code is written before the program starts (outside the workspace, so it
+    /// never shows up as a changed file).
+    pub code_path: String,
+    pub code: String,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// The program's whole environment: nothing of the exec's own environment is inherited.
+    pub env: Vec<(String, String)>,
+    /// The working directory, also the root the archive is unpacked into and diffed.
+    pub workspace: String,
+    pub timeout_ms: u64,
+    /// Cap on stdout + stderr together; beyond it the output is cut and the program killed.
+    pub max_output_bytes: u64,
+    /// `RLIMIT_NOFILE` and `RLIMIT_FSIZE` for the program (the container has the same ulimits;
+    /// this is a second fence).
+    pub nofile: u64,
+    pub fsize_bytes: u64,
+    /// Largest total size of the changed files sent back; the rest is reported as skipped.
+    pub max_changes_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The program exited by itself.
+    Exited { code: i32 },
+    /// The program was killed by a signal the supervisor did not send.
+    Signaled { signal: i32 },
+    /// The wall-clock timeout fired; everything was killed.
+    Timeout,
+    /// Output went past the cap; it was cut and everything was killed.
+    OutputLimit,
+    /// The program could not be started (or the request was unusable).
+    Failed { message: String },
+}
+
+/// How an execution ended, sent as the last frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    pub outcome: Outcome,
+    /// The memory cgroup's OOM killer fired during the run.
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// A fork failed because the pids cgroup limit was reached.
+    #[serde(default)]
+    pub pids_limit_hit: bool,
+    #[serde(default)]
+    pub peak_memory_bytes: u64,
+    #[serde(default)]
+    pub cpu_ms: u64,
+    /// From program start to its end (or kill).
+    #[serde(default)]
+    pub wall_ms: u64,
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    #[serde(default)]
+    pub stderr_truncated: bool,
+    /// Workspace-relative paths, sorted.
+    #[serde(default)]
+    pub files_created: Vec<String>,
+    #[serde(default)]
+    pub files_modified: Vec<String>,
+    #[serde(default)]
+    pub files_deleted: Vec<String>,
+    /// Changed files left out of the changes archive (too large in total).
+    #[serde(default)]
+    pub files_skipped: Vec<String>,
+    /// Processes still found (and killed) after the program ended: background or daemonised
+    /// children.
+    #[serde(default)]
+    pub processes_killed: u32,
+    /// Problems that did not stop the run (an unwritable path in the archive, ...).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+impl RunReport {
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self {
+            outcome: Outcome::Failed {
+                message: message.into(),
+            },
+            oom_killed: false,
+            pids_limit_hit: false,
+            peak_memory_bytes: 0,
+            cpu_ms: 0,
+            wall_ms: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            files_created: Vec::new(),
+            files_modified: Vec::new(),
+            files_deleted: Vec::new(),
+            files_skipped: Vec::new(),
+            processes_killed: 0,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// Writes one frame (not flushed).
+pub fn write_frame(w: &mut impl Write, kind: FrameKind, payload: &[u8]) -> io::Result<()> {
+    if payload.len() > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("frame of {} bytes exceeds {MAX_FRAME}", payload.len()),
+        ));
+    }
+    let mut header = [0u8; HEADER_LEN];
+    header[0] = kind.byte();
+    header[1..].copy_from_slice(&(payload.len() as u32).to_be_bytes());
+    w.write_all(&header)?;
+    w.write_all(payload)
+}
+
+/// Writes `data` as as many frames of `kind` as needed.
+pub fn write_chunked(w: &mut impl Write, kind: FrameKind, data: &[u8]) -> io::Result<()> {
+    for chunk in data.chunks(MAX_FRAME) {
+        write_frame(w, kind, chunk)?;
+    }
+    Ok(())
+}
+
+/// Encodes one frame into a new buffer.
+pub fn encode_frame(kind: FrameKind, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    // Writing into a Vec cannot fail; oversized payloads are a caller bug caught by tests.
+    write_frame(&mut out, kind, payload).expect("frame fits");
+    out
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of stream.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
+    let mut header = [0u8; HEADER_LEN];
+    let mut filled = 0;
+    while filled < HEADER_LEN {
+        let n = r.read(&mut header[filled..])?;
+        if n == 0 {
+            return if filled == 0 {
+                Ok(None)
+            } else {
+                Err(io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        filled += n;
+    }
+    let (kind, len) =
+        parse_header(&header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    Ok(Some((kind, payload)))
+}
+
+/// Checks a frame header: a known kind and a length within [`MAX_FRAME`].
+pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<(FrameKind, usize), String> {
+    let kind = FrameKind::from_byte(header[0])
+        .ok_or_else(|| format!("unknown frame kind {:#04x}", header[0]))?;
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(format!("frame of {len} bytes exceeds {MAX_FRAME}"));
+    }
+    Ok((kind, len))
+}
+
+/// Splits a byte stream that arrives in arbitrary pieces (Docker's exec stream) into frames.
+#[derive(Debug, Default)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl FrameDecoder {
+    pub fn push(&mut self, data: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next complete frame, `Ok(None)` when more bytes are needed, or an error for a
+    /// malformed header (the stream cannot be resynchronised after that).
+    pub fn next_frame(&mut self) -> Result<Option<(FrameKind, Vec<u8>)>, String> {
+        let avail = &self.buf[self.start..];
+        if avail.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let header: [u8; HEADER_LEN] = avail[..HEADER_LEN].try_into().expect("header length");
+        let (kind, len) = parse_header(&header)?;
+        if avail.len() < HEADER_LEN + len {
+            return Ok(None);
+        }
+        let payload = avail[HEADER_LEN..HEADER_LEN + len].to_vec();
+        self.start += HEADER_LEN + len;
+        if self.start > MAX_FRAME {
+            // Compact now and then so the buffer does not grow with the whole stream.
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        Ok(Some((kind, payload)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_through_any_split() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, FrameKind::Stdout, b"hello").unwrap();
+        write_frame(&mut wire, FrameKind::Stderr, b"").unwrap();
+        write_chunked(&mut wire, FrameKind::Changes, &vec![7u8; MAX_FRAME + 10]).unwrap();
+        for split in [1, 3, 5, 4096, wire.len()] {
+            let mut d = FrameDecoder::default();
+            let mut got = Vec::new();
+            for piece in wire.chunks(split) {
+                d.push(piece);
+                while let Some((k, p)) = d.next_frame().unwrap() {
+                    got.push((k, p.len()));
+                }
+            }
+            assert_eq!(
+                got,
+                vec![
+                    (FrameKind::Stdout, 5),
+                    (FrameKind::Stderr, 0),
+                    (FrameKind::Changes, MAX_FRAME),
+                    (FrameKind::Changes, 10)
+                ],
+                "split {split}"
+            );
+        }
+        let mut r = &wire[..];
+        assert_eq!(read_frame(&mut r).unwrap().unwrap().1, b"hello");
+    }
+
+    #[test]
+    fn hostile_headers_are_refused() {
+        let mut d = FrameDecoder::default();
+        d.push(&[b'O', 0xff, 0xff, 0xff, 0xff]);
+        assert!(d.next_frame().is_err());
+        let mut d = FrameDecoder::default();
+        d.push(&[b'?', 0, 0, 0, 1, 0]);
+        assert!(d.next_frame().is_err());
+        assert!(write_frame(&mut Vec::new(), FrameKind::Stdout, &vec![0; MAX_FRAME + 1]).is_err());
+    }
+}

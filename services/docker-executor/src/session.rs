@@ -1,0 +1,247 @@
+//! `SessionContainer`: one per session on this node. It owns the session's container, runs
+//! the session's executions one at a time in arrival order (files in `/workspace` and `/tmp`
+//! persist between them; processes never do — the supervisor kills them at the end of each
+//! run), and removes the container on close or after an idle timeout.
+//!
+//! A new session takes a warm container from the pool when one is ready, so its first run
+//! pays no cold start.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use messages::exec::ExecResult;
+use messages::ErrorBody;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::docker::{Container, ContainerKind, ContainerLimits};
+use crate::execution::{Health, Job, Runner};
+use crate::executor::ExecutorMsg;
+use crate::node::NodeState;
+use crate::warm_pool::WarmPoolMsg;
+
+type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
+
+pub enum SessionMsg {
+    Run(Job, Reply),
+    /// The session's container is ready, or could not be had.
+    Acquired(Result<Container, String>),
+    /// The running execution finished and gives the container back.
+    Done(Container, Health),
+    IdleCheck,
+}
+
+pub struct SessionContainer;
+
+pub struct SessionArgs {
+    pub session_id: String,
+    pub runner: Runner,
+    pub pool: ActorRef<WarmPoolMsg>,
+    pub executor: ActorRef<ExecutorMsg>,
+    pub node: Arc<NodeState>,
+    pub idle: Duration,
+    pub limits: ContainerLimits,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Acquiring,
+    Idle,
+    Busy,
+}
+
+pub struct SessionState {
+    args: SessionArgs,
+    phase: Phase,
+    /// The container while idle; while busy the running task holds it.
+    container: Option<Container>,
+    /// The container's name in every phase, so a close can remove it even mid-run.
+    container_name: Option<String>,
+    queue: VecDeque<(Job, Reply)>,
+    last_used: Instant,
+}
+
+impl SessionState {
+    fn acquire(&mut self, myself: &ActorRef<SessionMsg>) {
+        self.phase = Phase::Acquiring;
+        let pool = self.args.pool.clone();
+        let sandboxes = self.args.runner.sandboxes.clone();
+        let node = self.args.node.clone();
+        let session = self.args.session_id.clone();
+        let limits = self.args.limits;
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            let warm = pool
+                .call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
+                .await
+                .ok()
+                .and_then(|r| r.success_or(()).ok())
+                .flatten();
+            let acquired = match warm {
+                Some(c) => Ok(c),
+                None => {
+                    let name = sandboxes.new_name();
+                    node.own(&name);
+                    let started = sandboxes
+                        .start(&name, ContainerKind::Session, Some(&session), limits)
+                        .await;
+                    if started.is_err() {
+                        node.disown(&name);
+                    }
+                    started.map_err(|e| e.to_string())
+                }
+            };
+            if let Err(ractor::MessagingErr::SendErr(SessionMsg::Acquired(Ok(c)))) =
+                myself.cast(SessionMsg::Acquired(acquired))
+            {
+                // Closed while starting.
+                sandboxes.remove(&c.name).await;
+                node.disown(&c.name);
+            }
+        });
+    }
+
+    fn pump(&mut self, myself: &ActorRef<SessionMsg>) {
+        if self.phase != Phase::Idle {
+            return;
+        }
+        let Some((job, reply)) = self.queue.pop_front() else {
+            return;
+        };
+        let Some(mut container) = self.container.take() else {
+            self.queue.push_front((job, reply));
+            return;
+        };
+        self.phase = Phase::Busy;
+        let runner = self.args.runner.clone();
+        let executor = self.args.executor.clone();
+        let node = self.args.node.clone();
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            let (result, health) = runner.execute(&mut container, &job).await;
+            let _ = reply.send(Ok(result));
+            let _ = executor.cast(ExecutorMsg::Finished);
+            if let Err(ractor::MessagingErr::SendErr(SessionMsg::Done(c, _))) =
+                myself.cast(SessionMsg::Done(container, health))
+            {
+                runner.sandboxes.remove(&c.name).await;
+                node.disown(&c.name);
+            }
+        });
+    }
+
+    fn reject_queued(&mut self, error: ErrorBody) {
+        for (_, reply) in self.queue.drain(..) {
+            let _ = reply.send(Err(error.clone()));
+            let _ = self.args.executor.cast(ExecutorMsg::Finished);
+        }
+    }
+
+    fn remove_container(&mut self) {
+        let Some(name) = self.container_name.take() else {
+            return;
+        };
+        self.container = None;
+        let sandboxes = self.args.runner.sandboxes.clone();
+        let node = self.args.node.clone();
+        tokio::spawn(async move {
+            sandboxes.remove(&name).await;
+            node.disown(&name);
+        });
+    }
+}
+
+impl Actor for SessionContainer {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: SessionArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        args.node.sessions.fetch_add(1, Ordering::Relaxed);
+        let check = (args.idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        myself.send_interval(check, || SessionMsg::IdleCheck);
+        let mut state = SessionState {
+            args,
+            phase: Phase::Acquiring,
+            container: None,
+            container_name: None,
+            queue: VecDeque::new(),
+            last_used: Instant::now(),
+        };
+        state.acquire(&myself);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMsg::Run(job, reply) => {
+                state.queue.push_back((job, reply));
+                state.pump(&myself);
+            }
+            SessionMsg::Acquired(Ok(container)) => {
+                state.container_name = Some(container.name.clone());
+                state.container = Some(container);
+                state.phase = Phase::Idle;
+                state.last_used = Instant::now();
+                state.pump(&myself);
+            }
+            SessionMsg::Acquired(Err(e)) => {
+                tracing::warn!(session = %state.args.session_id, error = %e, "no container for the session");
+                state.reject_queued(ErrorBody::unavailable(format!(
+                    "could not start the session's container: {e}"
+                )));
+                myself.stop(Some("no container".into()));
+            }
+            SessionMsg::Done(container, health) => {
+                state.last_used = Instant::now();
+                match health {
+                    Health::Reusable => {
+                        state.container = Some(container);
+                        state.phase = Phase::Idle;
+                    }
+                    Health::Broken => {
+                        // The execution's container was killed (backstop) or is in an unknown
+                        // state: the session continues in a fresh one.
+                        state.remove_container();
+                        state.acquire(&myself);
+                    }
+                }
+                state.pump(&myself);
+            }
+            SessionMsg::IdleCheck => {
+                if state.phase == Phase::Idle
+                    && state.queue.is_empty()
+                    && state.last_used.elapsed() >= state.args.idle
+                {
+                    tracing::debug!(session = %state.args.session_id, "session idle: closing");
+                    myself.stop(Some("idle".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.reject_queued(ErrorBody::unavailable("the session was closed"));
+        if let Some(name) = state.container_name.take() {
+            state.args.runner.sandboxes.remove(&name).await;
+            state.args.node.disown(&name);
+        }
+        state.args.node.sessions.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

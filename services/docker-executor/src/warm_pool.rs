@@ -1,0 +1,159 @@
+//! `WarmPool`: pre-started hardened containers, each handed out exactly once (for one
+//! ephemeral execution, or as a new session's container) and replenished in the background,
+//! so no execution pays a cold container start while the pool has stock.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::docker::{Container, ContainerKind, ContainerLimits, Sandboxes};
+use crate::node::NodeState;
+
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+pub enum WarmPoolMsg {
+    /// A ready container, or `None` when the pool is empty (the caller starts one itself).
+    Take(RpcReplyPort<Option<Container>>),
+    /// A background start finished.
+    Started(Result<Container, String>),
+    /// Start containers until the pool is full.
+    Replenish,
+}
+
+pub struct WarmPool;
+
+pub struct WarmPoolArgs {
+    pub sandboxes: Sandboxes,
+    pub node: Arc<NodeState>,
+    pub size: usize,
+    /// What the pool's containers start with: the ceilings' defaults.
+    pub limits: ContainerLimits,
+}
+
+pub struct WarmPoolState {
+    args: WarmPoolArgs,
+    ready: VecDeque<Container>,
+    /// Starts in flight, counted so a burst of takes does not over-start.
+    starting: usize,
+    /// Grows while starts fail (no image, daemon down), so a broken host is not hammered.
+    backoff: Duration,
+    retry_pending: bool,
+}
+
+impl WarmPoolState {
+    fn publish_size(&self) {
+        self.args
+            .node
+            .warm
+            .store(self.ready.len(), Ordering::Relaxed);
+    }
+
+    fn replenish(&mut self, myself: &ActorRef<WarmPoolMsg>) {
+        while self.ready.len() + self.starting < self.args.size {
+            self.starting += 1;
+            let sandboxes = self.args.sandboxes.clone();
+            let node = self.args.node.clone();
+            let limits = self.args.limits;
+            let myself = myself.clone();
+            tokio::spawn(async move {
+                let name = sandboxes.new_name();
+                node.own(&name);
+                let started = sandboxes
+                    .start(&name, ContainerKind::Warm, None, limits)
+                    .await
+                    .map_err(|e| e.to_string());
+                if started.is_err() {
+                    node.disown(&name);
+                }
+                let leftover = started.as_ref().ok().map(|c| c.name.clone());
+                if myself.cast(WarmPoolMsg::Started(started)).is_err() {
+                    // The pool stopped while this container was starting: nobody will use it.
+                    if let Some(name) = leftover {
+                        sandboxes.remove(&name).await;
+                        node.disown(&name);
+                    }
+                }
+            });
+        }
+    }
+}
+
+impl Actor for WarmPool {
+    type Msg = WarmPoolMsg;
+    type State = WarmPoolState;
+    type Arguments = WarmPoolArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: WarmPoolArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        myself.cast(WarmPoolMsg::Replenish)?;
+        Ok(WarmPoolState {
+            args,
+            ready: VecDeque::new(),
+            starting: 0,
+            backoff: Duration::from_millis(250),
+            retry_pending: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            WarmPoolMsg::Take(reply) => {
+                let container = state.ready.pop_front();
+                state.publish_size();
+                let _ = reply.send(container);
+                if !state.retry_pending {
+                    state.replenish(&myself);
+                }
+            }
+            WarmPoolMsg::Started(Ok(container)) => {
+                state.starting -= 1;
+                state.backoff = Duration::from_millis(250);
+                state.ready.push_back(container);
+                state.publish_size();
+            }
+            WarmPoolMsg::Started(Err(e)) => {
+                state.starting -= 1;
+                tracing::warn!(error = %e, retry_in = ?state.backoff, "could not start a warm container");
+                if !state.retry_pending {
+                    state.retry_pending = true;
+                    myself.send_after(state.backoff, || WarmPoolMsg::Replenish);
+                    state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+            WarmPoolMsg::Replenish => {
+                state.retry_pending = false;
+                state.replenish(&myself);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let removals = state.ready.drain(..).map(|c| {
+            let sandboxes = state.args.sandboxes.clone();
+            let node = state.args.node.clone();
+            async move {
+                sandboxes.remove(&c.name).await;
+                node.disown(&c.name);
+            }
+        });
+        futures::future::join_all(removals).await;
+        state.publish_size();
+        Ok(())
+    }
+}

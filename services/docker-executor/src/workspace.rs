@@ -1,0 +1,147 @@
+//! The session's workspace around an execution: pulled from workspace-store as a tar before
+//! the run (`workspace.snapshot`), changes pushed back after (`workspace.restore` with
+//! `replace: false` and the files the code deleted in `delete`: one all-or-nothing step).
+//!
+//! Archives small enough travel inline (base64); larger ones go through the workspace
+//! objects bucket, named in the `object` field, with the store's conventions: uploads under
+//! `upload/<id>`, and a fetched snapshot object is deleted by its reader.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::jetstream::object_store::ObjectMetadata;
+use kit::Caller;
+use messages::subjects::WorkspaceOp;
+use messages::workspace::{WsArchive, WsInit, WsRestore, WsRestored, WsSnapshot};
+use messages::{ErrorBody, ErrorKind, Subjects};
+use tokio::io::AsyncReadExt;
+
+/// Inline archives above this go through the object store (NATS payloads are 1 MiB by
+/// default, and base64 grows by a third).
+const MAX_INLINE_TAR: usize = 600 * 1024;
+/// Object chunks well below the 1 MiB default max payload.
+const OBJECT_CHUNK: usize = 512 * 1024;
+/// The store's name space for objects handed to it.
+const UPLOAD_PREFIX: &str = "upload/";
+const REQUESTED_BY: &str = "docker-executor";
+
+#[derive(Clone)]
+pub struct WorkspaceSync {
+    caller: Caller,
+    subjects: Subjects,
+    js: jetstream::Context,
+}
+
+impl WorkspaceSync {
+    pub fn new(client: async_nats::Client, subjects: Subjects, timeout: Duration) -> Self {
+        Self {
+            caller: Caller::new(client.clone(), timeout),
+            js: jetstream::new(client),
+            subjects,
+        }
+    }
+
+    fn unavailable(what: &str, e: impl std::fmt::Display) -> ErrorBody {
+        ErrorBody::unavailable(format!("workspace {what}: {e}"))
+    }
+
+    async fn objects(&self) -> Result<jetstream::object_store::ObjectStore, ErrorBody> {
+        self.js
+            .get_object_store(self.subjects.workspace_objects_bucket())
+            .await
+            .map_err(|e| Self::unavailable("object store", e))
+    }
+
+    /// The session's workspace as a tar; an unknown session has an empty one.
+    pub async fn snapshot(&self, session_id: &str) -> Result<Vec<u8>, ErrorBody> {
+        let req = WsSnapshot {
+            session_id: session_id.to_string(),
+            prefix: None,
+        };
+        let archive: WsArchive = match self
+            .caller
+            .call(self.subjects.workspace(WorkspaceOp::Snapshot), &req)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Self::unavailable("snapshot", e)),
+        };
+        if let Some(b64) = archive.tar_base64 {
+            return messages::decode_base64(&b64).map_err(|e| Self::unavailable("snapshot", e));
+        }
+        let Some(name) = archive.object else {
+            return Ok(Vec::new());
+        };
+        let store = self.objects().await?;
+        let mut object = store
+            .get(&name)
+            .await
+            .map_err(|e| Self::unavailable("snapshot object", e))?;
+        let mut tar = Vec::new();
+        object
+            .read_to_end(&mut tar)
+            .await
+            .map_err(|e| Self::unavailable("snapshot object", e))?;
+        // Staged for this one read; the store's sweep would remove it later anyway.
+        let _ = store.delete(&name).await;
+        Ok(tar)
+    }
+
+    /// Pushes the changed files (a tar) and removes deleted ones, in one step.
+    pub async fn push(
+        &self,
+        session_id: &str,
+        changes: Vec<u8>,
+        deleted: Vec<String>,
+    ) -> Result<WsRestored, ErrorBody> {
+        if changes.is_empty() && deleted.is_empty() {
+            return Ok(WsRestored::default());
+        }
+        let mut req = WsRestore {
+            session_id: session_id.to_string(),
+            tar_base64: None,
+            object: None,
+            replace: false,
+            delete: deleted,
+            requested_by: Some(REQUESTED_BY.into()),
+        };
+        if changes.len() <= MAX_INLINE_TAR {
+            if !changes.is_empty() {
+                req.tar_base64 = Some(messages::encode_base64(&changes));
+            }
+        } else {
+            let name = format!("{UPLOAD_PREFIX}{}", messages::new_id());
+            let meta = ObjectMetadata {
+                name: name.clone(),
+                chunk_size: Some(OBJECT_CHUNK),
+                ..Default::default()
+            };
+            self.objects()
+                .await?
+                .put(meta, &mut changes.as_slice())
+                .await
+                .map_err(|e| Self::unavailable("upload", e))?;
+            req.object = Some(name);
+        }
+        let subject = self.subjects.workspace(WorkspaceOp::Restore);
+        match self.caller.call(subject.clone(), &req).await {
+            Ok(r) => Ok(r),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                // The first files of a session nobody initialised yet.
+                let init = WsInit {
+                    session_id: session_id.to_string(),
+                };
+                let _: Result<serde_json::Value, _> = self
+                    .caller
+                    .call(self.subjects.workspace(WorkspaceOp::Init), &init)
+                    .await;
+                self.caller
+                    .call(subject, &req)
+                    .await
+                    .map_err(|e| e.into_body())
+            }
+            Err(e) => Err(e.into_body()),
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The test harness: a real nats-server, the real Docker daemon, and the docker-executor
+//! running in-process with the sandbox image built from this crate's supervisor.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use docker_executor::docker::{summary_name, Sandboxes, LABEL_NODE, LABEL_SESSION};
+use docker_executor::{ExecutorConfig, ExecutorError};
+use kit::{Caller, CancellationToken};
+use messages::exec::{ExecRequest, ExecResult, Language, Tier};
+use messages::executor::ExecutorRun;
+use messages::subjects::ExecutorOp;
+use messages::Subjects;
+use test_support::NatsServer;
+
+/// The sandbox image with this build's supervisor (build.sh is idempotent and locked, so
+/// parallel test binaries share one build).
+pub fn image() -> &'static str {
+    static IMAGE: OnceLock<String> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        test_support::require_docker();
+        let supervisor = env!("CARGO_BIN_EXE_sandmesh-supervisor");
+        docker_executor::image::build_image(supervisor.as_ref())
+            .unwrap_or_else(|e| panic!("building the sandbox image: {e}"))
+    })
+}
+
+pub struct Harness {
+    pub nats: NatsServer,
+    pub client: async_nats::Client,
+    pub caller: Caller,
+    pub subjects: Subjects,
+    pub node: String,
+    pub docker: bollard::Docker,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<(), ExecutorError>>>,
+}
+
+/// Settings every test starts from: small pool, no workspace-store, fast heartbeats.
+pub fn base_env(nats: &NatsServer, node: &str) -> HashMap<String, String> {
+    [
+        ("SANDMESH_NATS_URL", nats.url()),
+        ("SANDMESH_INSTANCE_ID", node.to_string()),
+        ("SANDMESH_HEARTBEAT_MS", "500".into()),
+        ("SANDMESH_EXEC_IMAGE", image().to_string()),
+        ("SANDMESH_EXEC_WARM_POOL", "1".into()),
+        ("SANDMESH_EXEC_WORKSPACE", "off".into()),
+        ("SANDMESH_EXEC_KILL_GRACE_MS", "3000".into()),
+        ("SANDMESH_EXEC_DEFAULT_TIMEOUT_MS", "5000".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+pub fn unique_node(tag: &str) -> String {
+    format!("t{tag}-{}", messages::new_id().to_ascii_lowercase())
+}
+
+impl Harness {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts with extra `SANDMESH_*` settings.
+    pub async fn start_with(extra: &[(&str, &str)]) -> Self {
+        let nats = NatsServer::start();
+        Self::start_on(nats, extra).await
+    }
+
+    pub async fn start_on(nats: NatsServer, extra: &[(&str, &str)]) -> Self {
+        let node = unique_node("n");
+        let mut env = base_env(&nats, &node);
+        for (k, v) in extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        let config = ExecutorConfig::from_env(&env).expect("valid test config");
+        let subjects = config.kit.subjects.clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(docker_executor::run(config, shutdown.clone()));
+        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let caller = Caller::new(client.clone(), Duration::from_secs(60));
+        let docker = Sandboxes::connect().await.expect("docker");
+        let h = Self {
+            nats,
+            client,
+            caller,
+            subjects,
+            node,
+            docker,
+            shutdown,
+            task: Some(task),
+        };
+        h.wait_ready().await;
+        h
+    }
+
+    /// Until the node's own endpoint answers (close of an unknown session is harmless).
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let subject = self.subjects.executor_node(&self.node, ExecutorOp::Close);
+        let req = messages::executor::ExecutorClose {
+            session_id: "readiness".into(),
+        };
+        loop {
+            let r: Result<messages::workspace::Ack, _> =
+                self.caller.call(subject.clone(), &req).await;
+            if r.is_ok() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "executor not ready: {r:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn call(&self, run: &ExecutorRun) -> Result<ExecResult, kit::CallError> {
+        self.caller.call(self.subjects.executor_run(), run).await
+    }
+
+    pub async fn call_node(&self, run: &ExecutorRun) -> Result<ExecResult, kit::CallError> {
+        self.caller
+            .call(
+                self.subjects.executor_node(&self.node, ExecutorOp::Run),
+                run,
+            )
+            .await
+    }
+
+    /// One ephemeral run; panics on a transport or service error.
+    pub async fn ephemeral(&self, language: Language, code: &str) -> ExecResult {
+        self.call(&run(Tier::Ephemeral, None, language, code))
+            .await
+            .expect("ephemeral run")
+    }
+
+    pub async fn session(&self, session: &str, language: Language, code: &str) -> ExecResult {
+        self.call_node(&run(Tier::Session, Some(session), language, code))
+            .await
+            .expect("session run")
+    }
+
+    pub async fn close(&self, session: &str) -> bool {
+        let req = messages::executor::ExecutorClose {
+            session_id: session.into(),
+        };
+        let ack: messages::workspace::Ack = self
+            .caller
+            .call(
+                self.subjects.executor_node(&self.node, ExecutorOp::Close),
+                &req,
+            )
+            .await
+            .expect("close");
+        ack.ok
+    }
+
+    /// Names of this node's containers (any state).
+    pub async fn containers(&self) -> Vec<String> {
+        containers_with(&self.docker, &format!("{LABEL_NODE}={}", self.node)).await
+    }
+
+    /// The container of a session (cold-started ones carry the session label).
+    pub async fn session_container(&self, session: &str) -> String {
+        let list = containers_with(&self.docker, &format!("{LABEL_SESSION}={session}")).await;
+        assert_eq!(list.len(), 1, "session {session} containers: {list:?}");
+        list[0].clone()
+    }
+
+    /// Polls until this node has exactly `n` containers (the pool refilled, used ones gone).
+    pub async fn wait_containers(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let list = self.containers().await;
+            if list.len() == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} containers, have {list:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Processes in a container besides docker-init, the keeper and the probe.
+    pub async fn stray_processes(&self, container: &str) -> Vec<(u32, String)> {
+        docker_executor::probe::processes(&self.docker, container)
+            .await
+            .expect("probe")
+            .into_iter()
+            .filter(|(pid, cmd)| *pid != 1 && !cmd.ends_with("sandmesh-supervisor keep"))
+            .collect()
+    }
+
+    /// Stops the executor and checks it left no container behind.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(90), task)
+                .await
+                .expect("executor stops in time")
+                .expect("executor task")
+                .expect("executor run");
+        }
+        let left = self.containers().await;
+        assert!(left.is_empty(), "containers left behind: {left:?}");
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub async fn containers_with(docker: &bollard::Docker, label: &str) -> Vec<String> {
+    let filters = HashMap::from([("label", vec![label])]);
+    let options = bollard::query_parameters::ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    docker
+        .list_containers(Some(options))
+        .await
+        .expect("list containers")
+        .iter()
+        .filter_map(summary_name)
+        .collect()
+}
+
+pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) -> ExecutorRun {
+    let execution_id = messages::new_id();
+    ExecutorRun {
+        execution_id: execution_id.clone(),
+        tier,
+        request: ExecRequest {
+            execution_id: Some(execution_id),
+            session_id: session.map(str::to_string),
+            language,
+            code: code.into(),
+            ..Default::default()
+        },
+        session_restored: false,
+    }
+}
