@@ -201,3 +201,97 @@ pub async fn pending_event(sub: &mut async_nats::Subscriber, execution_id: &str)
         }
     }
 }
+
+/// The load gauges this instance last reported in its heartbeat.
+pub async fn heartbeat_metric(
+    js: &jetstream::Context,
+    instance_id: &str,
+    metric: &str,
+) -> Option<f64> {
+    let kv = js.get_key_value(subjects().nodes_bucket()).await.ok()?;
+    let key = messages::heartbeat::heartbeat_key(confirmation::SERVICE_NAME, instance_id);
+    let value = kv.get(&key).await.ok()??;
+    let hb: messages::heartbeat::Heartbeat = serde_json::from_slice(&value).ok()?;
+    hb.metrics.get(metric).copied()
+}
+
+/// Audit events recorded for one execution, in order.
+pub async fn audit_events(
+    js: &jetstream::Context,
+    execution_id: &str,
+) -> Vec<messages::audit::AuditEvent> {
+    let stream = js.get_stream(subjects().audit_stream()).await.unwrap();
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            filter_subject: subjects().audit_all(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .batch()
+        .max_messages(10_000)
+        .expires(Duration::from_millis(200))
+        .messages()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(Ok(msg)) = batch.next().await {
+        let event: messages::audit::AuditEvent = serde_json::from_slice(&msg.payload).unwrap();
+        if event.execution_id.as_deref() == Some(execution_id) {
+            out.push(event);
+        }
+    }
+    out
+}
+
+/// `(instance_id, requests served on `subject`)` for each of the `instances` running, from
+/// `$SRV.INFO` and `$SRV.STATS`.
+pub async fn requests_served(
+    client: &async_nats::Client,
+    subject: &str,
+    instances: usize,
+) -> Vec<(String, usize)> {
+    let infos = gather(
+        client,
+        format!("$SRV.INFO.{}", confirmation::SERVICE_NAME),
+        instances,
+    )
+    .await;
+    let mut out = Vec::new();
+    for info in infos {
+        let info: async_nats::service::Info = serde_json::from_slice(&info).unwrap();
+        let stats = client
+            .request(
+                format!("$SRV.STATS.{}.{}", confirmation::SERVICE_NAME, info.id),
+                "".into(),
+            )
+            .await
+            .unwrap();
+        let stats: async_nats::service::Stats = serde_json::from_slice(&stats.payload).unwrap();
+        let served = stats
+            .endpoints
+            .iter()
+            .filter(|e| e.subject == subject)
+            .map(|e| e.requests)
+            .sum();
+        out.push((info.metadata["instance_id"].clone(), served));
+    }
+    out
+}
+
+/// The first `count` replies to one request (the services protocol answers once per instance).
+async fn gather(client: &async_nats::Client, subject: String, count: usize) -> Vec<bytes::Bytes> {
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply(subject, inbox, "".into())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while out.len() < count {
+        let msg = within("$SRV replies", sub.next()).await.unwrap();
+        out.push(msg.payload);
+    }
+    out
+}
