@@ -30,6 +30,10 @@ pub struct WsWrite {
     pub append: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Large writes: the name (`upload/<token>`) of an object the client put in the workspace
+    /// objects bucket; `content` stays empty. The store takes the object over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +56,13 @@ pub struct WsFile {
     pub encoding: ContentEncoding,
     /// The whole file's size, even when a range was read.
     pub size: u64,
+    /// Set instead of `content` when the file is too large to travel inline: the object in
+    /// the workspace objects bucket holding it, to fetch from the object store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// SHA-256 of the whole file, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +81,12 @@ pub struct WsEntry {
     pub is_dir: bool,
     /// Unix milliseconds.
     pub modified: u64,
+    /// Permission bits (`& 0o777`; set-id and sticky bits are never stored).
+    #[serde(default)]
+    pub mode: u32,
+    /// SHA-256 of a file's content, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -121,6 +138,9 @@ pub struct WsRestore {
     /// Remove files not present in the archive.
     #[serde(default)]
     pub replace: bool,
+    /// Paths to remove in the same all-or-nothing step (files the code deleted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delete: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
 }

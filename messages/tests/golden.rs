@@ -169,6 +169,7 @@ fn golden_vectors_are_byte_exact() {
             encoding: ContentEncoding::Utf8,
             append: false,
             requested_by: None,
+            object: None,
         },
     );
 }

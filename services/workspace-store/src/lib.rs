@@ -1,1 +1,171 @@
-//! workspace-store (being written)
+//! workspace-store: every session's workspace (seed 000 §4 `AgentWorkspace`), shared by all
+//! instances and surviving restarts because it lives in JetStream only:
+//!
+//! - contents in the object store `<prefix>_workspace_blobs` (chunked, so files of any size);
+//! - an index in KV `<prefix>_workspace_index`: one key per file or directory, one meta key
+//!   per session with its totals — the quota is a compare-and-set on that key.
+//!
+//! Subjects (`sandbox.v1.workspace.<op>`, request → reply):
+//! `init` WsInit → WsUsage · `write` WsWrite → WsEntry · `read` WsRead → WsFile ·
+//! `list` WsList → WsListing · `stat` WsPath → WsEntry · `delete` WsPath → Ack ·
+//! `snapshot` WsSnapshot → WsArchive · `restore` WsRestore → WsRestored ·
+//! `usage` WsUsageRequest → WsUsage · `cleanup` WsCleanup → WsCleaned.
+//!
+//! Large content never travels in one message: a write may name an object the client put
+//! under `upload/<token>`, a read of a file over 700 KiB and a large snapshot answer with an
+//! object name instead of inline bytes ([`client::WorkspaceClient`] does both for callers).
+//!
+//! ```text
+//! run ── Runtime (kit: endpoints, heartbeat)
+//!     ├─ StoreActor ── one task per request ── Workspaces (Index + Blobs)
+//!     └─ Sweeper (interval → TTL sweep under a KV lock)
+//! ```
+
+pub mod actor;
+pub mod archive;
+pub mod blobs;
+pub mod cleanup;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod files;
+pub mod index;
+pub mod keys;
+pub mod restore;
+pub mod snapshot;
+pub mod store;
+pub mod sweeper;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use kit::{CancellationToken, EndpointOptions, KitError, Runtime, ServiceInfo};
+use messages::subjects::WorkspaceOp;
+use ractor::Actor;
+
+pub use config::WorkspaceConfig;
+pub use error::StoreError;
+pub use store::Workspaces;
+
+use actor::{StoreActor, StoreMsg};
+use blobs::Blobs;
+use index::Index;
+use sweeper::{Sweeper, SweeperArgs};
+
+pub const SERVICE_NAME: &str = "workspace-store";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("actor: {0}")]
+    Actor(String),
+}
+
+pub fn service_info() -> ServiceInfo {
+    ServiceInfo {
+        name: SERVICE_NAME.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        description: "Per-session workspaces: files, quotas, TTL cleanup, tar snapshots".into(),
+    }
+}
+
+/// Runs one instance until `shutdown` is cancelled (then stops gracefully).
+pub async fn run(
+    config: WorkspaceConfig,
+    shutdown: CancellationToken,
+) -> Result<(), WorkspaceError> {
+    let mut runtime = Runtime::start(config.kit.clone(), service_info()).await?;
+    let subjects = runtime.subjects().clone();
+    let index = Index::open(&runtime.js, &subjects.workspace_index_bucket()).await?;
+    let blobs = Blobs::open(&runtime.js, &subjects.workspace_objects_bucket()).await?;
+    let store = Arc::new(Workspaces::new(
+        &config,
+        index,
+        blobs,
+        runtime.auditor.clone(),
+    ));
+
+    let actor_err = |e: ractor::SpawnErr| WorkspaceError::Actor(e.to_string());
+    let (actor, mut actor_task) = Actor::spawn(None, StoreActor, store.clone())
+        .await
+        .map_err(actor_err)?;
+    let options = EndpointOptions {
+        max_payload: runtime.client.server_info().max_payload,
+        max_in_flight: config.kit.max_in_flight,
+    };
+    macro_rules! serve {
+        ($op:ident, $variant:ident) => {
+            runtime
+                .serve_with(
+                    subjects.workspace(WorkspaceOp::$op),
+                    options,
+                    kit::actor_handler(actor.clone(), StoreMsg::$variant),
+                )
+                .await?;
+        };
+    }
+    serve!(Init, Init);
+    serve!(Write, Write);
+    serve!(Read, Read);
+    serve!(List, List);
+    serve!(Stat, Stat);
+    serve!(Delete, Delete);
+    serve!(Snapshot, Snapshot);
+    serve!(Restore, Restore);
+    serve!(Usage, Usage);
+    serve!(Cleanup, Cleanup);
+
+    let (sweeper, mut sweeper_task) = Actor::spawn(
+        None,
+        Sweeper,
+        SweeperArgs {
+            store: store.clone(),
+            interval: config.sweep_interval,
+            holder: config.kit.instance_id.clone(),
+        },
+    )
+    .await
+    .map_err(actor_err)?;
+
+    let metrics = store.metrics.clone();
+    let capacity = config.kit.max_in_flight as u32;
+    runtime
+        .start_heartbeat(Arc::new(move || {
+            let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
+            kit::heartbeat::Load {
+                capacity,
+                load: metrics.in_flight.load(Ordering::Relaxed) as u32,
+                metrics: [
+                    ("workspace_writes_total", get(&metrics.writes)),
+                    ("workspace_reads_total", get(&metrics.reads)),
+                    ("workspace_bytes_written_total", get(&metrics.bytes_written)),
+                    ("workspace_bytes_read_total", get(&metrics.bytes_read)),
+                    ("workspace_snapshots_total", get(&metrics.snapshots)),
+                    ("workspace_restores_total", get(&metrics.restores)),
+                    (
+                        "workspace_sessions_cleaned_total",
+                        get(&metrics.sessions_cleaned),
+                    ),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+                labels: Default::default(),
+            }
+        }))
+        .await?;
+    tracing::info!(instance = %config.kit.instance_id, "workspace-store serving");
+
+    let outcome = tokio::select! {
+        _ = shutdown.cancelled() => Ok(()),
+        _ = &mut actor_task => Err(WorkspaceError::Actor("the store actor stopped".into())),
+        _ = &mut sweeper_task => Err(WorkspaceError::Actor("the sweeper stopped".into())),
+    };
+    runtime.shutdown().await;
+    actor.stop(None);
+    sweeper.stop(None);
+    outcome
+}

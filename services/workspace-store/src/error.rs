@@ -1,0 +1,60 @@
+//! Errors of the workspace store and how each maps onto the wire (`ErrorBody`).
+
+use messages::validate::ValidationError;
+use messages::ErrorBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// A file where a directory is needed or the reverse, a non-empty directory, a session
+    /// being cleaned up.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("quota exceeded: the workspace uses {used} bytes, this change needs {needed} more, the quota is {quota}")]
+    Quota { used: u64, needed: u64, quota: u64 },
+    #[error("{0}")]
+    TooLarge(String),
+    /// Another writer changed the same node first (retried internally where safe).
+    #[error("{0} changed concurrently")]
+    Raced(String),
+    /// JetStream did not answer or refused: the caller may retry.
+    #[error("storage unavailable: {0}")]
+    Storage(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    pub fn storage(what: &str, e: impl std::fmt::Display) -> Self {
+        StoreError::Storage(format!("{what}: {e}"))
+    }
+}
+
+impl From<StoreError> for ErrorBody {
+    fn from(e: StoreError) -> Self {
+        let message = e.to_string();
+        match e {
+            StoreError::Invalid(v) => v.into(),
+            StoreError::BadRequest(_) => ErrorBody::bad_request(message),
+            StoreError::NotFound(_) => ErrorBody::not_found(message),
+            StoreError::Conflict(_) | StoreError::Raced(_) => ErrorBody::conflict(message),
+            StoreError::Quota {
+                used,
+                needed,
+                quota,
+            } => ErrorBody::too_large(message).with_details(serde_json::json!({
+                "reason": "quota", "used_bytes": used, "needed_bytes": needed, "quota_bytes": quota
+            })),
+            StoreError::TooLarge(_) => ErrorBody::too_large(message),
+            StoreError::Storage(_) => ErrorBody::unavailable(message),
+            StoreError::Internal(_) => ErrorBody::internal(message),
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,345 @@
+//! File operations: init, write, read, list, stat, delete, usage.
+
+use messages::audit::AuditKind;
+use messages::exec::ContentEncoding;
+use messages::workspace::{
+    WsEntry, WsFile, WsInit, WsList, WsListing, WsPath, WsRead, WsUsage, WsUsageRequest, WsWrite,
+    LAYOUT_DIRS, MEMORY_FILES,
+};
+use sha2::{Digest, Sha256};
+
+use crate::blobs::{self, content_name};
+use crate::error::{Result, StoreError};
+use crate::index::{Node, NodeKind};
+use crate::keys::{self, RelPath};
+use crate::store::{entry_of, Accounting, Metrics, Workspaces, INLINE_MAX_BYTES};
+
+/// An append re-reads the file when another writer changed it meanwhile; this bounds it.
+const MAX_APPEND_ATTEMPTS: usize = 16;
+const FILE_MODE: u32 = 0o644;
+
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+impl Workspaces {
+    /// Creates the seed-000 layout: the directories and the `.memory` files, leaving anything
+    /// that exists untouched (so init is idempotent).
+    pub async fn init(&self, req: WsInit) -> Result<WsUsage> {
+        let session = &req.session_id;
+        keys::check_session(session)?;
+        self.touch(session).await?;
+        for dir in LAYOUT_DIRS {
+            self.make_dir(session, &RelPath::from_parts(vec![dir.to_string()]))
+                .await?;
+        }
+        for (path, header) in MEMORY_FILES {
+            let (path, _) = RelPath::parse("path", path)?;
+            if self.index.node(session, &path).await?.is_some() {
+                continue;
+            }
+            let object = content_name(session);
+            self.blobs.put_bytes(&object, header.as_bytes()).await?;
+            let node = file_node(header.len() as u64, sha256_hex(header.as_bytes()), object);
+            match self.commit_file(session, &path, &node, None, true).await {
+                Ok(_) => {}
+                // Written by a concurrent init: theirs stays.
+                Err(StoreError::Raced(_)) => self.blobs.remove(&node.object).await?,
+                Err(e) => {
+                    self.blobs.remove(&node.object).await?;
+                    return Err(e);
+                }
+            }
+        }
+        self.usage(WsUsageRequest {
+            session_id: session.clone(),
+        })
+        .await
+    }
+
+    pub async fn write(&self, req: WsWrite) -> Result<WsEntry> {
+        let session = &req.session_id;
+        keys::check_session(session)?;
+        let (path, is_dir) = RelPath::parse("path", &req.path)?;
+        if is_dir {
+            if !req.content.is_empty() || req.object.is_some() || req.append {
+                return Err(StoreError::BadRequest(
+                    "a path ending in '/' creates a directory and takes no content".into(),
+                ));
+            }
+            self.account(session, 0, 0, Accounting::Reserve).await?;
+            self.ensure_parents(session, &path).await?;
+            self.make_dir(session, &path).await?;
+            let node = self.index.node(session, &path).await?;
+            let node = node
+                .map(|n| n.value)
+                .unwrap_or_else(|| Node::dir(messages::now_ms()));
+            return Ok(entry_of(&path, &node));
+        }
+        let inline = match &req.object {
+            Some(name) => {
+                if !blobs::is_upload_name(name) {
+                    return Err(StoreError::BadRequest(format!(
+                        "object must be named {}<token> with a token of [A-Za-z0-9_-]",
+                        blobs::UPLOAD_PREFIX
+                    )));
+                }
+                if !req.content.is_empty() || req.append {
+                    return Err(StoreError::BadRequest(
+                        "a write names an object or carries content (and only content appends)"
+                            .into(),
+                    ));
+                }
+                None
+            }
+            None => Some(
+                messages::decode_content(&req.content, req.encoding)
+                    .map_err(|e| StoreError::BadRequest(format!("content: {e}")))?,
+            ),
+        };
+        for _ in 0..MAX_APPEND_ATTEMPTS {
+            let current = self.index.node(session, &path).await?;
+            if current.as_ref().is_some_and(|c| c.value.is_dir()) {
+                return Err(StoreError::Conflict(format!("{path} is a directory")));
+            }
+            let node = match (&inline, &req.object) {
+                (Some(bytes), _) => {
+                    let mut data = Vec::new();
+                    if req.append {
+                        if let Some(c) = &current {
+                            data = self.blobs.read_all(&c.value.object).await?;
+                        }
+                    }
+                    data.extend_from_slice(bytes);
+                    if data.len() as u64 > self.quota_bytes {
+                        return Err(StoreError::Quota {
+                            used: 0,
+                            needed: data.len() as u64,
+                            quota: self.quota_bytes,
+                        });
+                    }
+                    let object = content_name(session);
+                    self.blobs.put_bytes(&object, &data).await?;
+                    file_node(data.len() as u64, sha256_hex(&data), object)
+                }
+                (None, Some(upload)) => {
+                    let object = content_name(session);
+                    self.blobs.adopt(upload, &object).await?;
+                    match self.blobs.measure(&object).await {
+                        Ok((size, sha)) => file_node(size, sha, object),
+                        Err(e) => {
+                            self.blobs.remove(&object).await?;
+                            return Err(e);
+                        }
+                    }
+                }
+                (None, None) => unreachable!("content or object is checked above"),
+            };
+            match self
+                .commit_file(session, &path, &node, current, req.append)
+                .await
+            {
+                Ok(old) => {
+                    if let Some(old) = old {
+                        self.blobs.remove(&old.object).await?;
+                    }
+                    Metrics::add(&self.metrics.writes, 1);
+                    Metrics::add(&self.metrics.bytes_written, node.size);
+                    self.audit(
+                        AuditKind::FileWritten,
+                        session,
+                        req.requested_by.clone(),
+                        serde_json::json!({
+                            "path": path.to_string(), "size": node.size,
+                            "sha256": node.sha256, "append": req.append,
+                        }),
+                    );
+                    return Ok(entry_of(&path, &node));
+                }
+                Err(StoreError::Raced(_)) if req.append => {
+                    self.blobs.remove(&node.object).await?;
+                }
+                Err(e) => {
+                    self.blobs.remove(&node.object).await?;
+                    return Err(e);
+                }
+            }
+        }
+        Err(StoreError::Raced(path.to_string()))
+    }
+
+    pub async fn read(&self, req: WsRead) -> Result<WsFile> {
+        keys::check_session(&req.session_id)?;
+        let (path, _) = RelPath::parse("path", &req.path)?;
+        let node = self.file(&req.session_id, &path).await?;
+        let offset = req.offset.unwrap_or(0);
+        if offset > node.size {
+            return Err(StoreError::BadRequest(format!(
+                "offset {offset} is past the end of {path} ({} bytes)",
+                node.size
+            )));
+        }
+        let length = req
+            .length
+            .unwrap_or(node.size - offset)
+            .min(node.size - offset);
+        let whole = offset == 0 && length == node.size;
+        let mut file = WsFile {
+            path: path.to_string(),
+            content: String::new(),
+            encoding: ContentEncoding::Base64,
+            size: node.size,
+            object: None,
+            sha256: Some(node.sha256.clone()),
+        };
+        if length > INLINE_MAX_BYTES {
+            if !whole {
+                return Err(StoreError::TooLarge(format!(
+                    "a ranged read returns at most {INLINE_MAX_BYTES} bytes; ask for less, or \
+                     read the whole file to get it through the object store"
+                )));
+            }
+            // Too large for one message: the client fetches the object itself.
+            file.object = Some(node.object);
+            return Ok(file);
+        }
+        let bytes = if whole {
+            self.blobs.read_all(&node.object).await?
+        } else {
+            self.blobs.read_range(&node.object, offset, length).await?
+        };
+        Metrics::add(&self.metrics.reads, 1);
+        Metrics::add(&self.metrics.bytes_read, bytes.len() as u64);
+        (file.content, file.encoding) = match req.encoding {
+            Some(ContentEncoding::Base64) => {
+                (messages::encode_base64(&bytes), ContentEncoding::Base64)
+            }
+            _ => messages::encode_content(&bytes),
+        };
+        Ok(file)
+    }
+
+    pub async fn stat(&self, req: WsPath) -> Result<WsEntry> {
+        keys::check_session(&req.session_id)?;
+        let (path, _) = RelPath::parse("path", &req.path)?;
+        match self.index.node(&req.session_id, &path).await? {
+            Some(n) => Ok(entry_of(&path, &n.value)),
+            None => Err(not_found(&req.session_id, &path)),
+        }
+    }
+
+    pub async fn list(&self, req: WsList) -> Result<WsListing> {
+        let session = &req.session_id;
+        keys::check_session(session)?;
+        let dir = RelPath::parse_prefix("prefix", req.prefix.as_deref())?;
+        if !dir.is_root() {
+            match self.index.node(session, &dir).await? {
+                None => return Err(not_found(session, &dir)),
+                Some(n) if !n.value.is_dir() => {
+                    return Ok(WsListing {
+                        entries: vec![entry_of(&dir, &n.value)],
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        let nodes = self.index.list(session, &dir, req.recursive).await?;
+        Ok(WsListing {
+            entries: nodes.iter().map(|(p, n)| entry_of(p, &n.value)).collect(),
+        })
+    }
+
+    pub async fn delete(&self, req: WsPath) -> Result<messages::workspace::Ack> {
+        let session = &req.session_id;
+        keys::check_session(session)?;
+        let (path, _) = RelPath::parse("path", &req.path)?;
+        let Some(node) = self.index.node(session, &path).await? else {
+            return Err(not_found(session, &path));
+        };
+        let (files, bytes, objects) = if node.value.is_dir() {
+            let below = self.index.list(session, &path, true).await?;
+            if !below.is_empty() && !req.recursive {
+                return Err(StoreError::Conflict(format!(
+                    "{path} is not empty; delete it with recursive: true"
+                )));
+            }
+            // One purge removes the subtree without leaving a delete marker per key.
+            self.index
+                .purge(&keys::children_filter(session, &path, true))
+                .await?;
+            self.index.purge(&keys::node_key(session, &path)).await?;
+            let files: Vec<&Node> = below
+                .iter()
+                .map(|(_, n)| &n.value)
+                .filter(|n| !n.is_dir())
+                .collect();
+            let bytes: u64 = files.iter().map(|n| n.size).sum();
+            let objects = files.iter().map(|n| n.object.clone()).collect();
+            (files.len() as u64, bytes, objects)
+        } else {
+            match self
+                .index
+                .delete_node(session, &path, node.revision)
+                .await?
+            {
+                crate::index::Cas::Done(_) => {}
+                crate::index::Cas::Stale => return Err(StoreError::Raced(path.to_string())),
+            }
+            (1, node.value.size, vec![node.value.object.clone()])
+        };
+        self.account(
+            session,
+            -(bytes as i64),
+            -(files as i64),
+            Accounting::Settle,
+        )
+        .await?;
+        self.blobs.remove_all(objects).await;
+        self.audit(
+            AuditKind::FileDeleted,
+            session,
+            req.requested_by,
+            serde_json::json!({ "path": path.to_string(), "files": files, "bytes": bytes }),
+        );
+        Ok(messages::workspace::Ack { ok: true })
+    }
+
+    pub async fn usage(&self, req: WsUsageRequest) -> Result<WsUsage> {
+        keys::check_session(&req.session_id)?;
+        let meta = self.index.meta(&req.session_id).await?;
+        let meta = meta.map(|m| m.value).unwrap_or_default();
+        Ok(WsUsage {
+            session_id: req.session_id,
+            bytes: meta.bytes,
+            files: meta.files,
+            quota_bytes: self.quota_bytes,
+            last_modified: meta.last_modified,
+        })
+    }
+
+    /// The file at `path`: 404 when absent, 400 for a directory.
+    pub async fn file(&self, session: &str, path: &RelPath) -> Result<Node> {
+        match self.index.node(session, path).await? {
+            None => Err(not_found(session, path)),
+            Some(n) if n.value.is_dir() => {
+                Err(StoreError::BadRequest(format!("{path} is a directory")))
+            }
+            Some(n) => Ok(n.value),
+        }
+    }
+}
+
+pub fn file_node(size: u64, sha256: String, object: String) -> Node {
+    Node {
+        kind: NodeKind::File,
+        size,
+        sha256,
+        object,
+        mode: FILE_MODE,
+        modified: messages::now_ms(),
+    }
+}
+
+fn not_found(session: &str, path: &RelPath) -> StoreError {
+    StoreError::NotFound(format!("{path} does not exist in workspace {session}"))
+}
