@@ -1,0 +1,314 @@
+//! The `Assessor`: a pure function of (policy, limits, request) → `RiskAssessment`. It parses
+//! the code, applies the policy's rules, and turns the findings into a level, a reason, the
+//! confirmation and isolation flags, and the tier the request's `SecurityMode` requires.
+
+use std::time::Duration;
+
+use messages::exec::Tier;
+use messages::risk::{
+    AssessRequest, ContentType, Finding, RiskAssessment, RiskLevel, SecurityMode,
+};
+use messages::ErrorBody;
+
+use crate::hits::{Hit, Hits};
+use crate::policy::{Detector, Language, Policy};
+use crate::shell::{self, Origin};
+use crate::syntax::{self, Grammar, Unparsed};
+use crate::{browser, code, javascript, python};
+
+/// Bounds on the work one assessment may do.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest `content` accepted, in bytes (larger → 413).
+    pub max_content_bytes: usize,
+    /// Time one parse may take before the code is judged on its text alone.
+    pub parse_budget: Duration,
+    /// Findings returned (the most severe first); the level counts all of them.
+    pub max_findings: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_content_bytes: 256 * 1024,
+            parse_budget: Duration::from_secs(2),
+            max_findings: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssessError {
+    #[error("content is {size} bytes; the risk-assessor accepts at most {max}")]
+    TooLarge { size: usize, max: usize },
+}
+
+impl From<AssessError> for ErrorBody {
+    fn from(e: AssessError) -> Self {
+        match e {
+            AssessError::TooLarge { .. } => ErrorBody::too_large(e.to_string()),
+        }
+    }
+}
+
+/// The tier a request must run in under `mode` (seed 001 §4.2): strict sends anything not
+/// SAFE to `session` or stricter; permissive follows the suggestion. A `reject` (critical
+/// shell) stays a reject in both modes.
+pub fn required_tier(assessment: &RiskAssessment, mode: SecurityMode) -> Tier {
+    match mode {
+        SecurityMode::Strict if assessment.level != RiskLevel::Safe => {
+            assessment.suggested_tier.max(Tier::Session)
+        }
+        _ => assessment.suggested_tier,
+    }
+}
+
+/// What analysing one content produced, before it becomes a `RiskAssessment`.
+struct Outcome {
+    hits: Vec<Hit>,
+    unparsed: Option<Unparsed>,
+    /// Browser findings have no source spans.
+    spans: bool,
+}
+
+pub struct Assessor {
+    policy: Policy,
+    limits: Limits,
+    mode: SecurityMode,
+}
+
+// === impl Assessor ===
+
+impl Assessor {
+    pub fn new(policy: Policy, limits: Limits, mode: SecurityMode) -> Self {
+        Self {
+            policy,
+            limits,
+            mode,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Assesses one request; `suggested_tier` is already resolved under the request's mode
+    /// (or this assessor's default mode).
+    pub fn assess(&self, request: &AssessRequest) -> Result<RiskAssessment, AssessError> {
+        let content = request.content.as_str();
+        if content.len() > self.limits.max_content_bytes {
+            return Err(AssessError::TooLarge {
+                size: content.len(),
+                max: self.limits.max_content_bytes,
+            });
+        }
+        let outcome = match request.content_type {
+            ContentType::Python => self.code(content, Grammar::Python, Language::Python),
+            ContentType::Javascript => {
+                self.code(content, Grammar::Javascript, Language::Javascript)
+            }
+            ContentType::Shell => self.shell(content),
+            ContentType::Browser => Outcome {
+                hits: browser::hits(content, request.params.as_ref(), &self.policy),
+                unparsed: None,
+                spans: false,
+            },
+        };
+        let mut assessment = self.verdict(request.content_type, outcome);
+        assessment.suggested_tier = required_tier(&assessment, request.mode.unwrap_or(self.mode));
+        Ok(assessment)
+    }
+
+    fn code(&self, content: &str, grammar: Grammar, language: Language) -> Outcome {
+        let mut hits = Hits::default();
+        let unparsed = match syntax::parse(grammar, content, self.limits.parse_budget) {
+            Ok(tree) => {
+                let facts = match grammar {
+                    Grammar::Python => python::facts(&tree, content),
+                    _ => javascript::facts(&tree, content),
+                };
+                code::apply(&facts, content, &self.policy, language, grammar, &mut hits);
+                None
+            }
+            Err(unparsed) => {
+                self.on_text(content, language, &unparsed, Origin::TOP, &mut hits);
+                Some(unparsed)
+            }
+        };
+        Outcome {
+            hits: hits.into_vec(),
+            unparsed,
+            spans: true,
+        }
+    }
+
+    fn shell(&self, content: &str) -> Outcome {
+        let mut hits = Hits::default();
+        let unparsed = self.shell_script(content, Origin::TOP, &mut hits);
+        Outcome {
+            hits: hits.into_vec(),
+            unparsed,
+            spans: true,
+        }
+    }
+
+    /// One shell script, top-level or embedded (`sh -c`, `eval`) at `origin`.
+    fn shell_script(&self, source: &str, origin: Origin, hits: &mut Hits) -> Option<Unparsed> {
+        match syntax::parse(Grammar::Bash, source, self.limits.parse_budget) {
+            Ok(tree) => {
+                let mut nested = |script: &str, origin: Origin, hits: &mut Hits| {
+                    self.shell_script(script, origin, hits);
+                };
+                shell::Analysis {
+                    source,
+                    policy: &self.policy,
+                    hits,
+                    origin,
+                    nested: &mut nested,
+                }
+                .run(&tree);
+                None
+            }
+            Err(unparsed) => {
+                self.on_text(source, Language::Shell, &unparsed, origin, hits);
+                Some(unparsed)
+            }
+        }
+    }
+
+    /// Code that does not parse: every rule's `text` and `pattern` regexes on the raw source,
+    /// plus the `unparsed` finding, so it can never come out SAFE.
+    fn on_text(
+        &self,
+        source: &str,
+        language: Language,
+        unparsed: &Unparsed,
+        origin: Origin,
+        hits: &mut Hits,
+    ) {
+        for (index, rule) in self.policy.rules_for(language) {
+            for re in [&rule.text, &rule.pattern].into_iter().flatten() {
+                hits.add_regex(index, re, source, origin.offset);
+            }
+            if rule.detector == Some(Detector::Unparsed) {
+                let (line, start, end) = match unparsed {
+                    Unparsed::Syntax { line, start, end } => {
+                        (*line, *start as usize, *end as usize)
+                    }
+                    Unparsed::Budget(_) => (1, 0, source.len()),
+                };
+                let line = origin.line + line - 1;
+                let (start, end) = (origin.offset + start, origin.offset + end);
+                hits.add_span(index, line, start, end, Some(unparsed.explain()));
+            }
+        }
+    }
+
+    fn verdict(&self, content_type: ContentType, outcome: Outcome) -> RiskAssessment {
+        let rules = &self.policy.rules;
+        let mut hits = outcome.hits;
+        hits.sort_by(|a, b| {
+            let (sa, sb) = (rules[a.rule].severity, rules[b.rule].severity);
+            sb.cmp(&sa).then(a.start.cmp(&b.start))
+        });
+        let found = hits.iter().map(|h| rules[h.rule].severity).max();
+        let browser = content_type == ContentType::Browser;
+        // Seed 000: an ordinary browser action is LOW, code with nothing found is SAFE.
+        let level = found.unwrap_or(if browser {
+            RiskLevel::Low
+        } else {
+            RiskLevel::Safe
+        });
+        let suggested_tier = if browser {
+            Tier::Aio
+        } else if content_type == ContentType::Shell && level == RiskLevel::Critical {
+            Tier::Reject
+        } else if level <= RiskLevel::Low {
+            Tier::Ephemeral
+        } else {
+            Tier::Session
+        };
+        let reason = reason(
+            content_type,
+            level,
+            &hits,
+            outcome.unparsed.as_ref(),
+            &self.policy,
+        );
+        let findings = hits
+            .iter()
+            .take(self.limits.max_findings)
+            .map(|h| {
+                let rule = &rules[h.rule];
+                let description = match &h.detail {
+                    Some(d) => format!("{} — {d}", rule.description),
+                    None => rule.description.clone(),
+                };
+                let span = |v: u32| outcome.spans.then_some(v);
+                Finding {
+                    rule: rule.id.clone(),
+                    severity: rule.severity,
+                    description,
+                    line: span(h.line),
+                    start: span(h.start),
+                    end: span(h.end),
+                }
+            })
+            .collect();
+        RiskAssessment {
+            level,
+            reason,
+            requires_confirmation: level >= RiskLevel::High,
+            requires_isolation: !browser && level >= RiskLevel::Medium,
+            suggested_tier,
+            findings,
+        }
+    }
+}
+
+fn reason(
+    content_type: ContentType,
+    level: RiskLevel,
+    hits: &[Hit],
+    unparsed: Option<&Unparsed>,
+    policy: &Policy,
+) -> String {
+    let summary = match hits.first() {
+        None if content_type == ContentType::Browser => "ordinary browser action".to_string(),
+        None if content_type == ContentType::Shell => {
+            "every command is on the safe list, with no redirection or substitution".to_string()
+        }
+        None => "no risky operation found".to_string(),
+        Some(top) => {
+            let rule = &policy.rules[top.rule];
+            let at = if content_type == ContentType::Browser {
+                String::new()
+            } else {
+                format!(" (line {})", top.line)
+            };
+            let more = match hits.len() - 1 {
+                0 => String::new(),
+                1 => ", and 1 more finding".to_string(),
+                n => format!(", and {n} more findings"),
+            };
+            format!(
+                "{}: {} [{}]{at}{more}",
+                level.as_str(),
+                rule.description,
+                rule.id
+            )
+        }
+    };
+    match unparsed {
+        None => summary,
+        Some(u) => format!(
+            "did not parse as {} ({}), so it was judged on its text: {summary}",
+            content_type.as_str(),
+            u.explain()
+        ),
+    }
+}
