@@ -136,7 +136,16 @@ impl Scheduler {
                     reason: "session affinity".into(),
                 })),
             );
-            match self.call_executor(Some(&node), run, deadline, scope).await {
+            if decision.is_none() {
+                // Not picked (affinity): count it on its node like a pick would.
+                let _ = self
+                    .0
+                    .registry
+                    .cast(RegistryMsg::Dispatched { node: node.clone() });
+            }
+            let call = self.call_executor(Some(&node), run, deadline, scope).await;
+            self.release(Some(&node));
+            match call {
                 Call::NoResponders => {
                     record = self.session_lost(session_id, &node, scope).await?;
                 }
@@ -258,15 +267,31 @@ impl Scheduler {
                     Change::Keep
                 }
             })
-            .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("session {id} vanished")))?;
+            .await;
+        let stored = match stored {
+            Ok(Some(stored)) => stored,
+            Ok(None) => {
+                self.release(Some(&chosen));
+                return Err(ErrorBody::not_found(format!("session {id} vanished")));
+            }
+            Err(e) => {
+                self.release(Some(&chosen));
+                return Err(e.into());
+            }
+        };
         match (stored.state, stored.node, restored) {
             (SessionState::Active, Some(node), Some(lost)) => Ok((node, lost, Some(decision))),
             // Another scheduler placed it meanwhile: follow it there.
-            (SessionState::Active, Some(node), None) => Ok((node, false, None)),
-            (state, _, _) => Err(ErrorBody::conflict(format!(
-                "session {id} is {state:?} and cannot run"
-            ))),
+            (SessionState::Active, Some(node), None) => {
+                self.release(Some(&chosen));
+                Ok((node, false, None))
+            }
+            (state, _, _) => {
+                self.release(Some(&chosen));
+                Err(ErrorBody::conflict(format!(
+                    "session {id} is {state:?} and cannot run"
+                )))
+            }
         }
     }
 
@@ -324,6 +349,16 @@ impl Scheduler {
             reply
         })
         .unwrap_or(None)
+    }
+
+    /// The work counted on `node` (by a pick or `Dispatched`) ended.
+    fn release(&self, node: Option<&str>) {
+        if let Some(node) = node {
+            let _ = self
+                .0
+                .registry
+                .cast(RegistryMsg::Finished { node: node.into() });
+        }
     }
 
     async fn is_alive(&self, node: &str) -> bool {

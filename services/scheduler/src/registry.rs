@@ -31,7 +31,8 @@ pub enum RegistryMsg {
     },
     /// The watch restarted: forget everything; the replayed history refills the table.
     Reset,
-    /// Chooses a node for new work, skipping `exclude`.
+    /// Chooses a node for new work, skipping `exclude`, and counts the work on it at once (so
+    /// concurrent picks see each other); the caller sends `Finished` when the work ends.
     Pick {
         req: Requirements,
         exclude: Vec<String>,
@@ -156,6 +157,10 @@ impl Actor for Registry {
                 let exclude: BTreeSet<&str> = exclude.iter().map(String::as_str).collect();
                 let views = state.views(&exclude);
                 let decision = placement::choose(state.strategy, &views, &req, &mut state.cursor);
+                if let Some(e) = decision.as_ref().and_then(|d| state.nodes.get_mut(&d.node)) {
+                    e.sent_since_beat = e.sent_since_beat.saturating_add(1);
+                    e.running = e.running.saturating_add(1);
+                }
                 let _ = reply.send(decision);
             }
             RegistryMsg::IsAlive { node, reply } => {
@@ -300,7 +305,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn dispatched_work_counts_until_the_next_heartbeat() {
+    async fn picked_work_counts_until_it_finishes() {
         let (tx, mut lost) = mpsc::unbounded_channel();
         let (r, _h) = Actor::spawn(
             None,
