@@ -1,0 +1,265 @@
+//! `sandmesh confirm`: the person in human-in-the-loop — see the queue, approve, deny, and
+//! watch it live (the `confirm.pending.*` / `confirm.decided.*` events).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::Write;
+
+use futures::StreamExt;
+use kit::{CallError, Caller};
+use messages::confirm::{
+    ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, ConfirmState, Confirmation,
+};
+use messages::subjects::ConfirmOp;
+use messages::Subjects;
+
+#[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum ConfirmCommand {
+    /// Confirmations waiting for a decision, newest first.
+    List {
+        /// Only this session's.
+        #[arg(long)]
+        session: Option<String>,
+        /// Decided ones instead: approved, denied or timeout.
+        #[arg(long, value_parser = parse_state)]
+        state: Option<ConfirmState>,
+        /// Print raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending confirmation.
+    Approve {
+        id: String,
+        /// `session`: also approve the same rules for the rest of that session.
+        #[arg(long, default_value = "once", value_parser = parse_scope)]
+        scope: ConfirmScope,
+        /// Who approves (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Deny a pending confirmation.
+    Deny {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+        /// Who denies (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Print the pending queue, then every change to it as it happens (Ctrl-C stops).
+    Watch {
+        #[arg(long)]
+        session: Option<String>,
+    },
+}
+
+fn parse_state(s: &str) -> Result<ConfirmState, String> {
+    match s {
+        "pending" => Ok(ConfirmState::Pending),
+        "approved" => Ok(ConfirmState::Approved),
+        "denied" => Ok(ConfirmState::Denied),
+        "timeout" => Ok(ConfirmState::Timeout),
+        _ => Err("expected pending, approved, denied or timeout".into()),
+    }
+}
+
+fn parse_scope(s: &str) -> Result<ConfirmScope, String> {
+    match s {
+        "once" => Ok(ConfirmScope::Once),
+        "session" => Ok(ConfirmScope::Session),
+        _ => Err("expected once or session".into()),
+    }
+}
+
+/// Runs one `confirm` command. Exit codes: 0 done; 1 the service refused (the reason is
+/// printed: unknown id, already decided, bad input); transport problems are errors.
+pub async fn run(caller: &Caller, subjects: &Subjects, cmd: ConfirmCommand) -> anyhow::Result<i32> {
+    match cmd {
+        ConfirmCommand::List {
+            session,
+            state,
+            json,
+        } => {
+            let filter = ConfirmList {
+                session_id: session,
+                state,
+                limit: None,
+            };
+            let reply: ConfirmListReply = match caller
+                .call(subjects.confirm(ConfirmOp::List), &filter)
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => return refused(e),
+            };
+            let mut out = std::io::stdout().lock();
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&reply)?)?;
+            } else if reply.confirmations.is_empty() {
+                writeln!(out, "no confirmations")?;
+            } else {
+                for c in &reply.confirmations {
+                    writeln!(out, "{}", line(c, messages::now_ms()))?;
+                }
+            }
+            Ok(0)
+        }
+        ConfirmCommand::Approve {
+            id,
+            scope,
+            by,
+            reason,
+        } => decide(caller, subjects, id, true, by, reason, scope).await,
+        ConfirmCommand::Deny { id, reason, by } => {
+            decide(caller, subjects, id, false, by, reason, ConfirmScope::Once).await
+        }
+        ConfirmCommand::Watch { session } => {
+            watch_until(caller, subjects, session, std::io::stdout(), async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+            Ok(0)
+        }
+    }
+}
+
+async fn decide(
+    caller: &Caller,
+    subjects: &Subjects,
+    id: String,
+    approve: bool,
+    by: Option<String>,
+    reason: Option<String>,
+    scope: ConfirmScope,
+) -> anyhow::Result<i32> {
+    let by = by
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "cli".into());
+    let request = ConfirmDecide {
+        id,
+        approve,
+        by,
+        reason,
+        scope,
+    };
+    match caller
+        .call::<_, Confirmation>(subjects.confirm(ConfirmOp::Decide), &request)
+        .await
+    {
+        Ok(c) => {
+            println!("{}", line(&c, messages::now_ms()));
+            Ok(0)
+        }
+        Err(e) => refused(e),
+    }
+}
+
+/// A refusal by the service is the user's business (exit 1), anything else is an error.
+fn refused(e: CallError) -> anyhow::Result<i32> {
+    match e {
+        CallError::Service(body) => {
+            eprintln!("sandmesh confirm: {}", body.message);
+            if let Some(c) = body
+                .details
+                .as_ref()
+                .and_then(|d| d.get("confirmation"))
+                .and_then(|c| serde_json::from_value::<Confirmation>(c.clone()).ok())
+            {
+                eprintln!("  {}", line(&c, messages::now_ms()));
+            }
+            Ok(1)
+        }
+        other => Err(other.into()),
+    }
+}
+
+/// Prints the pending queue, then each event with the queue size, until `stop` completes.
+/// Subscribes before listing, so nothing between the two is missed.
+pub async fn watch_until<W: Write>(
+    caller: &Caller,
+    subjects: &Subjects,
+    session: Option<String>,
+    mut out: W,
+    stop: impl Future<Output = ()>,
+) -> anyhow::Result<W> {
+    let mut events = caller
+        .client()
+        .subscribe(subjects.confirm_events_all())
+        .await?;
+    caller.client().flush().await?;
+    let filter = ConfirmList {
+        session_id: session.clone(),
+        ..Default::default()
+    };
+    let reply: ConfirmListReply = caller
+        .call(subjects.confirm(ConfirmOp::List), &filter)
+        .await?;
+    let mut queue: BTreeMap<String, Confirmation> = reply
+        .confirmations
+        .into_iter()
+        .map(|c| (c.id.clone(), c))
+        .collect();
+    writeln!(out, "{} pending", queue.len())?;
+    for c in queue.values().rev() {
+        writeln!(out, "  {}", line(c, messages::now_ms()))?;
+    }
+    out.flush()?;
+    tokio::pin!(stop);
+    loop {
+        let msg = tokio::select! {
+            _ = &mut stop => break,
+            m = events.next() => match m { Some(m) => m, None => break },
+        };
+        let Ok(c) = serde_json::from_slice::<Confirmation>(&msg.payload) else {
+            continue;
+        };
+        if session.is_some() && c.session_id != session {
+            continue;
+        }
+        if c.state.is_final() {
+            queue.remove(&c.id);
+            writeln!(out, "- {}", line(&c, messages::now_ms()))?;
+        } else {
+            writeln!(out, "+ {}", line(&c, messages::now_ms()))?;
+            queue.insert(c.id.clone(), c);
+        }
+        writeln!(out, "  ({} pending)", queue.len())?;
+        out.flush()?;
+    }
+    Ok(out)
+}
+
+fn state_name(s: ConfirmState) -> &'static str {
+    match s {
+        ConfirmState::Pending => "pending",
+        ConfirmState::Approved => "approved",
+        ConfirmState::Denied => "denied",
+        ConfirmState::Timeout => "timeout",
+    }
+}
+
+/// One confirmation on one line: id, state, level, who/when, session, rules, summary.
+pub fn line(c: &Confirmation, now_ms: u64) -> String {
+    let when = if c.state.is_final() {
+        format!("by {}", c.by.as_deref().unwrap_or("?"))
+    } else {
+        format!("expires in {}s", c.expires_at.saturating_sub(now_ms) / 1000)
+    };
+    let rules: Vec<&str> = c.risk.findings.iter().map(|f| f.rule.as_str()).collect();
+    let mut text = format!(
+        "{} {:<8} {:<8} {} session={} rules=[{}] {:?}",
+        c.id,
+        state_name(c.state),
+        c.risk.level.as_str(),
+        when,
+        c.session_id.as_deref().unwrap_or("-"),
+        rules.join(","),
+        c.summary
+    );
+    if let Some(reason) = &c.reason {
+        text.push_str(&format!(" reason={reason:?}"));
+    }
+    text
+}
