@@ -93,7 +93,12 @@ impl Runner {
             max_output_bytes: job.limits.max_output_bytes,
             nofile: self.config.nofile,
             fsize_bytes: self.config.fsize_mb << 20,
-            max_changes_bytes: self.config.workspace_mb << 20,
+            // Changed files travel back only when there is a workspace to put them in.
+            max_changes_bytes: if self.workspace.is_some() && req.session_id.is_some() {
+                self.config.workspace_mb << 20
+            } else {
+                0
+            },
         }
     }
 

@@ -117,7 +117,7 @@ impl ExecutorState {
         let pool = self.pool.clone();
         let node = self.node.clone();
         let myself = myself.clone();
-        tokio::spawn(async move {
+        self.node.tasks.spawn(async move {
             let warm = pool
                 .call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
                 .await
@@ -145,6 +145,7 @@ impl ExecutorState {
                 Ok(mut container) => {
                     let (result, _) = runner.execute(&mut container, &job).await;
                     let _ = reply.send(Ok(result));
+                    let _ = myself.cast(ExecutorMsg::Finished);
                     // Single use, whatever happened: removed after the answer, off the
                     // caller's clock.
                     runner.sandboxes.remove(&container.name).await;
@@ -158,9 +159,9 @@ impl ExecutorState {
                         job.accepted,
                     );
                     let _ = reply.send(Ok(result));
+                    let _ = myself.cast(ExecutorMsg::Finished);
                 }
             }
-            let _ = myself.cast(ExecutorMsg::Finished);
         });
     }
 

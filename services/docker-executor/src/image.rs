@@ -114,3 +114,14 @@ pub fn ensure_image() -> Result<String, ImageError> {
     };
     build_image(&supervisor)
 }
+
+/// [`ensure_image`] for async callers (`sandmesh up`): returns the image reference to put in
+/// `SANDMESH_EXEC_IMAGE`.
+pub async fn ensure() -> Result<String, ImageError> {
+    tokio::task::spawn_blocking(ensure_image)
+        .await
+        .map_err(|e| ImageError::Failed {
+            command: "ensure_image".into(),
+            message: e.to_string(),
+        })?
+}

@@ -21,9 +21,10 @@ use crate::node::NodeState;
 /// The service name under which executors beat (`docker-executor.<node_id>`).
 pub const SERVICE_NAME: &str = "docker-executor";
 
-/// A foreign container younger than this is left alone even if its node has no heartbeat
-/// yet (a node creates its first containers right after its first beat; clocks may differ).
-const FOREIGN_MIN_AGE: Duration = Duration::from_secs(10);
+/// A foreign container younger than this is left alone even if its node's heartbeat is not
+/// visible yet. A node beats before it creates any container, so this only absorbs the
+/// moment between a watcher's listing and the look-up.
+const FOREIGN_MIN_AGE: Duration = Duration::from_secs(2);
 
 pub enum JanitorMsg {
     Sweep,

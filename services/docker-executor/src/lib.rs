@@ -157,7 +157,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     };
     let args = ExecutorArgs {
         runner,
-        node,
+        node: node.clone(),
         janitor,
     };
     let (executor, _) = Actor::spawn(None, Executor, args)
@@ -204,9 +204,16 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     // Requests in flight finish first (bounded by the grace period), then every container of
     // this node is removed by the actors' post_stop.
     runtime.shutdown().await;
-    executor
+    let stopped = executor
         .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
+        .await;
+    // Starts and removals still in flight finish before `run` returns.
+    node.tasks.close();
+    if tokio::time::timeout(Duration::from_secs(60), node.tasks.wait())
         .await
-        .map_err(|e| ExecutorError::Actor(e.to_string()))?;
-    Ok(())
+        .is_err()
+    {
+        tracing::warn!("container work still running after 60 s; the janitor will clean up");
+    }
+    stopped.map_err(|e| ExecutorError::Actor(e.to_string()))
 }

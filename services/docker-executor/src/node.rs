@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use tokio_util::task::TaskTracker;
+
 #[derive(Debug, Default)]
 pub struct NodeState {
     /// Names are added *before* a container is created and dropped only after it is removed,
@@ -19,6 +21,9 @@ pub struct NodeState {
     pub sessions: AtomicUsize,
     /// Executions answered since start.
     pub finished: AtomicUsize,
+    /// Background work on containers (starts, executions, removals): shutdown waits for it,
+    /// so a stopped node has really removed everything it started.
+    pub tasks: TaskTracker,
 }
 
 impl NodeState {

@@ -71,7 +71,7 @@ impl SessionState {
         let session = self.args.session_id.clone();
         let limits = self.args.limits;
         let myself = myself.clone();
-        tokio::spawn(async move {
+        self.args.node.tasks.spawn(async move {
             let warm = pool
                 .call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
                 .await
@@ -118,7 +118,7 @@ impl SessionState {
         let executor = self.args.executor.clone();
         let node = self.args.node.clone();
         let myself = myself.clone();
-        tokio::spawn(async move {
+        self.args.node.tasks.spawn(async move {
             let (result, health) = runner.execute(&mut container, &job).await;
             let _ = reply.send(Ok(result));
             let _ = executor.cast(ExecutorMsg::Finished);
@@ -145,7 +145,7 @@ impl SessionState {
         self.container = None;
         let sandboxes = self.args.runner.sandboxes.clone();
         let node = self.args.node.clone();
-        tokio::spawn(async move {
+        self.args.node.tasks.spawn(async move {
             sandboxes.remove(&name).await;
             node.disown(&name);
         });

@@ -58,7 +58,7 @@ impl WarmPoolState {
             let node = self.args.node.clone();
             let limits = self.args.limits;
             let myself = myself.clone();
-            tokio::spawn(async move {
+            self.args.node.tasks.spawn(async move {
                 let name = sandboxes.new_name();
                 node.own(&name);
                 let started = sandboxes

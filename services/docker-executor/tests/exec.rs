@@ -1,10 +1,16 @@
 //! Executions over real NATS in real containers: the ephemeral tier, every language, stdin,
-//! env, request files, streaming, validation.
+//! env, request files, streaming, admission.
 
 mod common;
 
+use std::time::Duration;
+
 use common::{run, Harness};
-use messages::exec::{ExecStatus, Language, Tier};
+use futures::StreamExt;
+use messages::exec::{
+    ContentEncoding, ExecStatus, FileSpec, Language, Limits, OutputChunk, OutputStream, Tier,
+};
+use messages::ErrorKind;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ephemeral_python_runs_once_and_its_container_is_gone() {
@@ -15,9 +21,208 @@ async fn ephemeral_python_runs_once_and_its_container_is_gone() {
     assert_eq!(r.exit_code, Some(0));
     assert_eq!(r.tier, Tier::Ephemeral);
     assert_eq!(r.node.as_deref(), Some(h.node.as_str()));
-    assert!(r.usage.unwrap().peak_memory_bytes > 0);
+    let usage = r.usage.expect("usage");
+    assert!(usage.peak_memory_bytes > 1 << 20, "{usage:?}");
     // The used container is removed and the pool (size 1) refilled.
     h.wait_containers(1).await;
-    let _ = run;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_language_stdin_env_files_and_exit_codes() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "2")]).await;
+
+    let r = h
+        .ephemeral(
+            Language::Javascript,
+            "console.log([1,2,3].map(x => x * 2).join(','))",
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "2,4,6\n"),
+        "{r:?}"
+    );
+
+    let r = h
+        .ephemeral(Language::Shell, "echo out; echo err >&2; exit 3")
+        .await;
+    assert_eq!(r.status, ExecStatus::Error, "{r:?}");
+    assert_eq!(r.exit_code, Some(3));
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
+
+    let r = h
+        .ephemeral(Language::Python, "raise SystemExit('bye')")
+        .await;
+    assert_eq!(
+        (r.status, r.exit_code),
+        (ExecStatus::Error, Some(1)),
+        "{r:?}"
+    );
+    assert!(r.stderr.contains("bye"));
+
+    let mut req = run(
+        Tier::Ephemeral,
+        None,
+        Language::Python,
+        "import os, sys\n\
+         print(sys.stdin.read().upper(), end='')\n\
+         print(os.environ['GREETING'], os.getcwd())\n\
+         print(open('data/in.txt').read(), open('bin.dat','rb').read())\n\
+         import helper; print(helper.VALUE)\n\
+         print(sorted(k for k in os.environ if k.startswith(('SANDMESH', 'NATS'))))",
+    );
+    req.request.stdin = Some("shout\n".into());
+    req.request.env.insert("GREETING".into(), "hi".into());
+    req.request.files = vec![
+        FileSpec {
+            path: "data/in.txt".into(),
+            content: "from a file".into(),
+            encoding: ContentEncoding::Utf8,
+        },
+        FileSpec {
+            path: "bin.dat".into(),
+            content: messages::encode_base64(&[0, 1, 2]),
+            encoding: ContentEncoding::Base64,
+        },
+        FileSpec {
+            path: "helper.py".into(),
+            content: "VALUE = 42\n".into(),
+            encoding: ContentEncoding::Utf8,
+        },
+    ];
+    let r = h.call(&req).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert_eq!(
+        r.stdout,
+        "SHOUT\nhi /workspace\nfrom a file b'\\x00\\x01\\x02'\n42\n[]\n"
+    );
+
+    // Files the code creates are reported (they only persist with a workspace).
+    let r = h
+        .ephemeral(
+            Language::Shell,
+            "mkdir -p out && echo x > out/a.txt && echo y > b.txt",
+        )
+        .await;
+    assert_eq!(r.files_created, vec!["b.txt", "out/a.txt"], "{r:?}");
+    h.wait_containers(2).await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_streams_in_order_while_the_code_runs() {
+    let h = Harness::start().await;
+    let mut req = run(
+        Tier::Ephemeral,
+        None,
+        Language::Python,
+        "import sys, time\n\
+         for i in range(5):\n\
+         \x20   print('line', i, '→ é')\n\
+         \x20   print('warn', i, file=sys.stderr)\n\
+         \x20   time.sleep(0.05)",
+    );
+    req.request.stream_output = true;
+    let mut sub = h
+        .client
+        .subscribe(h.subjects.output(&req.execution_id))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+    let r = h.call(&req).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let mut chunks = Vec::new();
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("chunks arrive")
+            .expect("subscription open");
+        let chunk: OutputChunk = serde_json::from_slice(&msg.payload).unwrap();
+        let eof = chunk.eof;
+        chunks.push(chunk);
+        if eof {
+            break;
+        }
+    }
+    let seqs: Vec<u64> = chunks.iter().map(|c| c.seq).collect();
+    assert_eq!(
+        seqs,
+        (0..chunks.len() as u64).collect::<Vec<_>>(),
+        "no gaps"
+    );
+    assert!(chunks.len() > 3, "streamed in pieces: {chunks:?}");
+    let text = |s: OutputStream| -> String {
+        chunks
+            .iter()
+            .filter(|c| c.stream == s)
+            .map(|c| c.data.as_str())
+            .collect()
+    };
+    assert_eq!(text(OutputStream::Stdout), r.stdout);
+    assert_eq!(text(OutputStream::Stderr), r.stderr);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_refuses_bad_requests_and_work_past_capacity() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_CAPACITY", "1")]).await;
+    let kind = |r: Result<_, kit::CallError>| {
+        r.map(|_: messages::exec::ExecResult| ())
+            .unwrap_err()
+            .kind()
+    };
+
+    let mut bad = run(Tier::Ephemeral, None, Language::Python, "print(1)");
+    bad.request.env.insert("LD_PRELOAD".into(), "/x.so".into());
+    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
+    let bad = run(Tier::Session, None, Language::Python, "print(1)");
+    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
+    let bad = run(Tier::Aio, None, Language::Python, "print(1)");
+    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
+    let mut bad = run(Tier::Ephemeral, None, Language::Python, "print(1)");
+    bad.request.limits = Some(Limits {
+        cpus: Some(-1.0),
+        ..Default::default()
+    });
+    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
+    let mut bad = run(Tier::Ephemeral, None, Language::Python, "print(1)");
+    bad.execution_id = "not a subject token".into();
+    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
+
+    // One execution holds the only slot; a second is refused at once with 429.
+    let mut busy = run(
+        Tier::Ephemeral,
+        None,
+        Language::Python,
+        "import time; print('started', flush=True); time.sleep(1.5)",
+    );
+    busy.request.stream_output = true;
+    let mut sub = h
+        .client
+        .subscribe(h.subjects.output(&busy.execution_id))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+    let first = {
+        let caller = h.caller.clone();
+        let subject = h.subjects.executor_run();
+        let busy = busy.clone();
+        tokio::spawn(async move {
+            caller
+                .call::<_, messages::exec::ExecResult>(subject, &busy)
+                .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(20), sub.next())
+        .await
+        .expect("the first run starts");
+    let second = run(Tier::Ephemeral, None, Language::Python, "print(2)");
+    assert_eq!(kind(h.call(&second).await), ErrorKind::Overloaded);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status, ExecStatus::Ok, "{first:?}");
+    // The slot is free again.
+    assert_eq!(h.call(&second).await.unwrap().stdout, "2\n");
+    h.wait_containers(1).await;
     h.stop().await;
 }

@@ -161,7 +161,7 @@ fn run_once() -> ExitCode {
             out: &mut out,
             buf: Vec::new(),
         };
-        if !changed.is_empty() {
+        if !changed.is_empty() && spec.max_changes_bytes > 0 {
             match files::pack(root, &changed, spec.max_changes_bytes, &mut writer) {
                 Ok(skipped) => report.files_skipped = skipped,
                 Err(e) => report

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -183,21 +183,57 @@ pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
         };
         return;
     };
+    // Every thread exists before the program does: a fork bomb may exhaust the pids limit
+    // a moment after it starts, and a supervisor that cannot start a thread then could not
+    // stop it either.
+    let (tx, rx) = mpsc::channel();
+    let pipes = io::pipe().and_then(|stdout| Ok((stdout, io::pipe()?)));
+    let ((out_r, out_w), (err_r, err_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => {
+            report.outcome = Outcome::Failed {
+                message: format!("cannot create pipes: {e}"),
+            };
+            return;
+        }
+    };
+    reader(Stream::Stdout, out_r, tx.clone());
+    reader(Stream::Stderr, err_r, tx.clone());
+    let (child_tx, child_rx) = mpsc::channel::<Child>();
+    let exit_tx = tx.clone();
+    thread::spawn(move || {
+        if let Ok(mut child) = child_rx.recv() {
+            let _ = exit_tx.send(Event::Exited(child.wait()));
+        }
+    });
+    let (stdin_tx, stdin_rx) = mpsc::channel::<(ChildStdin, String)>();
+    thread::spawn(move || {
+        // A program that never reads its stdin must not block the supervisor: own thread.
+        if let Ok((mut pipe, data)) = stdin_rx.recv() {
+            let _ = pipe.write_all(data.as_bytes());
+        }
+    });
+    drop(tx);
+
     let started = Instant::now();
-    let spawned = Command::new(program)
-        .args(args)
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&spec.workspace)
-        .process_group(0)
-        .stdin(if spec.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
+    let spawned = {
+        // The command (holding the pipes' write ends) is dropped right after the spawn, so
+        // the readers see end-of-file once the program's side closes.
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&spec.workspace)
+            .process_group(0)
+            .stdin(if spec.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(out_w)
+            .stderr(err_w);
+        cmd.spawn()
+    };
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -208,26 +244,11 @@ pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
         }
     };
     let group = child.id() as i32;
-    let (tx, rx) = mpsc::channel();
-    if let (Some(mut pipe), Some(data)) = (child.stdin.take(), spec.stdin.clone()) {
-        // A program that never reads its stdin must not block the supervisor: own thread.
-        thread::spawn(move || {
-            let _ = pipe.write_all(data.as_bytes());
-        });
+    if let (Some(pipe), Some(data)) = (child.stdin.take(), spec.stdin.clone()) {
+        let _ = stdin_tx.send((pipe, data));
     }
-    reader(
-        Stream::Stdout,
-        child.stdout.take().expect("piped"),
-        tx.clone(),
-    );
-    reader(
-        Stream::Stderr,
-        child.stderr.take().expect("piped"),
-        tx.clone(),
-    );
-    thread::spawn(move || {
-        let _ = tx.send(Event::Exited(child.wait()));
-    });
+    drop(stdin_tx);
+    let _ = child_tx.send(child);
 
     let deadline = started + Duration::from_millis(spec.timeout_ms);
     let mut budget = spec.max_output_bytes;
