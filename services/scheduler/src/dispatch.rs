@@ -1,32 +1,29 @@
 //! Placement and the executor call. Work without a session goes to the node the strategy picks
 //! (or to the `executor.docker.run` queue group while no node is known); work of a session goes
-//! to the node holding its container. A node that stops answering is treated as lost: its
-//! session is re-placed on a healthy node with `session_restored`, and the executor restores the
-//! workspace there (the files live in workspace-store).
+//! to the node holding its container ([`crate::affinity`]).
 
 use std::time::{Duration, Instant};
 
 use kit::{AuditScope, CallError};
 use messages::audit::AuditKind;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Tier};
+use messages::executor::ExecutorClose;
 use messages::executor::ExecutorRun;
-use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::subjects::{ExecutorOp, WorkspaceOp};
 use messages::validate::EffectiveLimits;
-use messages::workspace::WsInit;
+use messages::workspace::WsCleanup;
 use messages::{ErrorBody, ErrorKind};
 use serde_json::json;
 
-use crate::pipeline::{dependency_error, terminal, Scheduler};
+use crate::pipeline::{terminal, Scheduler};
 use crate::placement::{Decision, Requirements};
 use crate::registry::RegistryMsg;
-use crate::sessions::{mark_lost, Change};
 
 /// Tries per execution when the chosen node turns out to be gone (no responders).
-const PLACEMENT_ATTEMPTS: usize = 3;
+pub(crate) const PLACEMENT_ATTEMPTS: usize = 3;
 
 /// The reply of one executor call, classified.
-enum Call {
+pub(crate) enum Call {
     Done(Box<ExecResult>),
     /// Nobody listens on that subject: nothing ran; another node may take it.
     NoResponders,
@@ -63,6 +60,10 @@ impl Scheduler {
         };
         let deadline = Duration::from_millis(limits.timeout_ms) + self.0.config.exec_grace;
         match req.session_id.clone() {
+            None if tier == Tier::Session => {
+                self.dispatch_dedicated(&mut run, needs, deadline, scope)
+                    .await
+            }
             None => {
                 self.dispatch_anywhere(&mut run, needs, deadline, scope)
                     .await
@@ -102,246 +103,63 @@ impl Scheduler {
         ))
     }
 
-    async fn dispatch_session(
+    /// Session isolation for work without a session (strict mode, code not SAFE): a container
+    /// of its own under a one-off session, closed — with its workspace — right after.
+    async fn dispatch_dedicated(
         &self,
-        session_id: &str,
         run: &mut ExecutorRun,
         needs: Requirements,
         deadline: Duration,
         scope: &AuditScope,
     ) -> Result<ExecResult, ErrorBody> {
-        let mut record = self
-            .ensure_session(session_id, run.request.requested_by.clone(), scope)
-            .await?;
-        for _ in 0..PLACEMENT_ATTEMPTS {
-            if record.state == SessionState::Closed {
-                let error = ErrorBody::conflict(format!(
-                    "session {session_id} is closed; open a new session"
-                ));
-                return Ok(terminal(
-                    &run.execution_id,
-                    &run.request,
-                    ExecStatus::Rejected,
-                    error,
-                ));
-            }
-            let (node, restored, decision) = self.place_session(&record, needs, scope).await?;
-            run.session_restored = restored;
-            self.audit_placed(
-                scope,
-                run,
-                decision.as_ref().or(Some(&Decision {
-                    node: node.clone(),
-                    score: 1.0,
-                    reason: "session affinity".into(),
-                })),
-            );
-            if decision.is_none() {
-                // Not picked (affinity): count it on its node like a pick would.
-                let _ = self
-                    .0
-                    .registry
-                    .cast(RegistryMsg::Dispatched { node: node.clone() });
-            }
-            let call = self.call_executor(Some(&node), run, deadline, scope).await;
-            self.release(Some(&node));
-            match call {
-                Call::NoResponders => {
-                    record = self.session_lost(session_id, &node, scope).await?;
-                }
-                Call::Lost(why) => {
-                    self.session_lost(session_id, &node, scope).await?;
-                    return self.settle(Call::Lost(why), Some(node), run);
-                }
-                other => {
-                    let done = matches!(other, Call::Done(_));
-                    let mut result = self.settle(other, Some(node.clone()), run)?;
-                    result.session_restored |= restored;
-                    if done {
-                        self.touch_session(session_id, &node).await;
-                    }
-                    return Ok(result);
-                }
-            }
-        }
-        Err(ErrorBody::unavailable(format!(
-            "no executor node could take session {session_id}"
-        )))
+        let once = format!("once-{}", messages::new_id().to_ascii_lowercase());
+        run.request.session_id = Some(once.clone());
+        let outcome = self.dispatch_anywhere(run, needs, deadline, scope).await;
+        run.request.session_id = None;
+        let node = outcome.as_ref().ok().and_then(|r| r.node.clone());
+        self.discard_session(once, node);
+        outcome.map(|mut r| {
+            r.session_id = None;
+            r.files_created.clear();
+            r.files_modified.clear();
+            r
+        })
     }
 
-    /// The session's record, opening it (and its workspace) on first use.
-    pub(crate) async fn ensure_session(
-        &self,
-        session_id: &str,
-        requested_by: Option<String>,
-        scope: &AuditScope,
-    ) -> Result<SessionRecord, ErrorBody> {
-        if let Some(record) = self.0.sessions.get(session_id).await? {
-            return Ok(record);
-        }
-        let open = SessionOpen {
-            session_id: Some(session_id.to_string()),
-            requested_by,
-            ..Default::default()
-        };
-        self.open_session(session_id, &open, scope).await
-    }
-
-    /// Creates the workspace, then the record (idempotent: an existing record is returned).
-    pub(crate) async fn open_session(
-        &self,
-        session_id: &str,
-        open: &SessionOpen,
-        scope: &AuditScope,
-    ) -> Result<SessionRecord, ErrorBody> {
-        let init = WsInit {
-            session_id: session_id.to_string(),
-        };
-        self.0
-            .caller
-            .call::<_, serde::de::IgnoredAny>(self.0.subjects.workspace(WorkspaceOp::Init), &init)
-            .await
-            .map_err(|e| dependency_error("workspace-store", e))?;
-        let (record, created) = self.0.sessions.open(session_id, open).await?;
-        if created {
-            self.audit(
-                AuditKind::SessionOpened,
-                scope,
-                json!({"tier": record.tier.as_str()}),
-            );
-        }
-        Ok(record)
-    }
-
-    /// Where the session's next execution runs, whether its process state was lost on the
-    /// way, and the placement decision when a new node was chosen.
-    async fn place_session(
-        &self,
-        record: &SessionRecord,
-        needs: Requirements,
-        scope: &AuditScope,
-    ) -> Result<(String, bool, Option<Decision>), ErrorBody> {
-        let id = &record.session_id;
-        let mut record = record.clone();
-        if record.state == SessionState::Active {
-            let node = record.node.clone().unwrap_or_default();
-            if self.is_alive(&node).await {
-                return Ok((node, false, None));
-            }
-            // Its heartbeat is gone, but the registry's watch may not have marked it yet.
-            record = self.session_lost(id, &node, scope).await?;
-            if record.state == SessionState::Active {
-                // Another scheduler re-placed it meanwhile: follow.
-                return Ok((record.node.unwrap_or_default(), false, None));
-            }
-        }
-        let exclude: Vec<String> = record.lost_from.clone().into_iter().collect();
-        let decision = match self.pick(needs, &exclude).await {
-            Some(d) => d,
-            // Only the node we would avoid is left; it may have come back.
-            None => self.pick(needs, &[]).await.ok_or_else(|| {
-                ErrorBody::unavailable(format!(
-                    "no executor node is available for session {id}; retry when one runs"
-                ))
-            })?,
-        };
-        let chosen = decision.node.clone();
-        let mut restored = None;
-        let stored = self
-            .0
-            .sessions
-            .update(id, |r| match r.state {
-                SessionState::Open | SessionState::Lost => {
-                    let lost = r.state == SessionState::Lost;
-                    if lost {
-                        r.restores += 1;
-                    }
-                    r.state = SessionState::Active;
-                    r.node = Some(chosen.clone());
-                    r.lost_from = None;
-                    restored = Some(lost);
-                    Change::Write
+    /// Closes a one-off session's container and removes its workspace, in the background.
+    fn discard_session(&self, session_id: String, node: Option<String>) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let s = &me.0.subjects;
+            if let Some(node) = node {
+                let close = ExecutorClose {
+                    session_id: session_id.clone(),
+                };
+                let subject = s.executor_node(&node, ExecutorOp::Close);
+                if let Err(e) =
+                    me.0.caller
+                        .call::<_, serde::de::IgnoredAny>(subject, &close)
+                        .await
+                {
+                    tracing::debug!(session_id, node, error = %e, "one-off session not closed; the executor's idle close will");
                 }
-                SessionState::Active | SessionState::Closed => {
-                    restored = None;
-                    Change::Keep
-                }
-            })
-            .await;
-        let stored = match stored {
-            Ok(Some(stored)) => stored,
-            Ok(None) => {
-                self.release(Some(&chosen));
-                return Err(ErrorBody::not_found(format!("session {id} vanished")));
             }
-            Err(e) => {
-                self.release(Some(&chosen));
-                return Err(e.into());
+            let cleanup = WsCleanup {
+                session_id: Some(session_id.clone()),
+                older_than_hours: None,
+            };
+            let subject = s.workspace(WorkspaceOp::Cleanup);
+            if let Err(e) =
+                me.0.caller
+                    .call::<_, serde::de::IgnoredAny>(subject, &cleanup)
+                    .await
+            {
+                tracing::debug!(session_id, error = %e, "one-off workspace not removed; the TTL sweep will");
             }
-        };
-        match (stored.state, stored.node, restored) {
-            (SessionState::Active, Some(node), Some(lost)) => Ok((node, lost, Some(decision))),
-            // Another scheduler placed it meanwhile: follow it there.
-            (SessionState::Active, Some(node), None) => {
-                self.release(Some(&chosen));
-                Ok((node, false, None))
-            }
-            (state, _, _) => {
-                self.release(Some(&chosen));
-                Err(ErrorBody::conflict(format!(
-                    "session {id} is {state:?} and cannot run"
-                )))
-            }
-        }
+        });
     }
 
-    /// Marks the session lost on `node` and returns the record as it is now.
-    async fn session_lost(
-        &self,
-        session_id: &str,
-        node: &str,
-        scope: &AuditScope,
-    ) -> Result<SessionRecord, ErrorBody> {
-        let mut changed = false;
-        let record = self
-            .0
-            .sessions
-            .update(session_id, |r| {
-                changed = mark_lost(r, node);
-                if changed {
-                    Change::Write
-                } else {
-                    Change::Keep
-                }
-            })
-            .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("session {session_id} vanished")))?;
-        if changed {
-            self.audit(AuditKind::SessionLost, scope, json!({"node": node}));
-        }
-        Ok(record)
-    }
-
-    async fn touch_session(&self, session_id: &str, node: &str) {
-        let now = messages::now_ms();
-        let updated = self
-            .0
-            .sessions
-            .update(session_id, |r| {
-                if r.node.as_deref() != Some(node) {
-                    return Change::Keep;
-                }
-                r.executions += 1;
-                r.last_used_at = now;
-                Change::Write
-            })
-            .await;
-        if let Err(e) = updated {
-            tracing::warn!(session_id, error = %e, "session use not recorded");
-        }
-    }
-
-    async fn pick(&self, needs: Requirements, exclude: &[String]) -> Option<Decision> {
+    pub(crate) async fn pick(&self, needs: Requirements, exclude: &[String]) -> Option<Decision> {
         let exclude = exclude.to_vec();
         ractor::call!(self.0.registry, |reply| RegistryMsg::Pick {
             req: needs,
@@ -352,7 +170,7 @@ impl Scheduler {
     }
 
     /// The work counted on `node` (by a pick or `Dispatched`) ended.
-    fn release(&self, node: Option<&str>) {
+    pub(crate) fn release(&self, node: Option<&str>) {
         if let Some(node) = node {
             let _ = self
                 .0
@@ -361,7 +179,7 @@ impl Scheduler {
         }
     }
 
-    async fn is_alive(&self, node: &str) -> bool {
+    pub(crate) async fn is_alive(&self, node: &str) -> bool {
         let node = node.to_string();
         ractor::call!(self.0.registry, |reply| RegistryMsg::IsAlive {
             node,
@@ -370,7 +188,7 @@ impl Scheduler {
         .unwrap_or(false)
     }
 
-    fn audit_placed(&self, scope: &AuditScope, run: &ExecutorRun, d: Option<&Decision>) {
+    pub(crate) fn audit_placed(&self, scope: &AuditScope, run: &ExecutorRun, d: Option<&Decision>) {
         self.audit(
             AuditKind::Placed,
             scope,
@@ -384,7 +202,7 @@ impl Scheduler {
         );
     }
 
-    async fn call_executor(
+    pub(crate) async fn call_executor(
         &self,
         node: Option<&str>,
         run: &ExecutorRun,
@@ -448,7 +266,7 @@ impl Scheduler {
 
     /// Turns a classified call into the result (the scheduler's fields overlaid) or a
     /// transient error.
-    fn settle(
+    pub(crate) fn settle(
         &self,
         call: Call,
         node: Option<String>,

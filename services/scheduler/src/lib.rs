@@ -15,6 +15,7 @@
 //!     └─ Scheduler (shared by all): pipeline → dispatch; SessionTable, ResultStore, Claims
 //! ```
 
+pub mod affinity;
 pub mod config;
 pub mod dispatch;
 pub mod intake;

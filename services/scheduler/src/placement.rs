@@ -12,6 +12,8 @@ pub mod metric {
     pub const MEMORY_TOTAL_BYTES: &str = "runtime_memory_total_bytes";
     pub const MEMORY_USAGE_BYTES: &str = "runtime_memory_usage_bytes";
     pub const SESSION_COUNT: &str = "runtime_session_count";
+    /// The docker-executor's name for the same gauge.
+    pub const ACTIVE_SESSIONS: &str = "active_sessions";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -144,6 +144,14 @@ async fn risk_policy_rejects_and_confirmation_decides() {
     assert_eq!(r.confirmation.decision, Decision::Approved);
     assert_eq!(r.confirmation.by.as_deref(), Some("alice"));
     assert_eq!(r.tier, Tier::Session, "strict mode isolates high-risk code");
+    assert_eq!(r.session_id, None, "the client's request had no session");
+    let last = runs.lock().unwrap().last().cloned().unwrap();
+    assert!(
+        last.session_id
+            .as_deref()
+            .is_some_and(|s| s.starts_with("once-")),
+        "a container of its own under a one-off session: {last:?}"
+    );
     assert!(r.timing.total_ms >= r.timing.confirm_ms);
     sched.shutdown().await;
 }

@@ -1,0 +1,263 @@
+//! Session affinity and failover (seed 003 §3.3): a session's executions go to the node holding
+//! its container. When that node stops answering or its heartbeat vanishes, the session is marked
+//! lost and re-placed on a healthy node with `session_restored`; the executor there restores the
+//! workspace (the files live in workspace-store) and the result says process state was lost.
+
+use std::time::Duration;
+
+use kit::AuditScope;
+use messages::audit::AuditKind;
+use messages::exec::{ExecResult, ExecStatus};
+use messages::executor::ExecutorRun;
+use messages::session::{SessionOpen, SessionRecord, SessionState};
+use messages::subjects::WorkspaceOp;
+use messages::workspace::WsInit;
+use messages::ErrorBody;
+use serde_json::json;
+
+use crate::dispatch::{Call, PLACEMENT_ATTEMPTS};
+use crate::pipeline::{dependency_error, terminal, Scheduler};
+use crate::placement::{Decision, Requirements};
+use crate::registry::RegistryMsg;
+use crate::sessions::{mark_lost, Change};
+
+impl Scheduler {
+    pub(crate) async fn dispatch_session(
+        &self,
+        session_id: &str,
+        run: &mut ExecutorRun,
+        needs: Requirements,
+        deadline: Duration,
+        scope: &AuditScope,
+    ) -> Result<ExecResult, ErrorBody> {
+        let mut record = self
+            .ensure_session(session_id, run.request.requested_by.clone(), scope)
+            .await?;
+        for _ in 0..PLACEMENT_ATTEMPTS {
+            if record.state == SessionState::Closed {
+                let error = ErrorBody::conflict(format!(
+                    "session {session_id} is closed; open a new session"
+                ));
+                return Ok(terminal(
+                    &run.execution_id,
+                    &run.request,
+                    ExecStatus::Rejected,
+                    error,
+                ));
+            }
+            let (node, restored, decision) = self.place_session(&record, needs, scope).await?;
+            run.session_restored = restored;
+            self.audit_placed(
+                scope,
+                run,
+                decision.as_ref().or(Some(&Decision {
+                    node: node.clone(),
+                    score: 1.0,
+                    reason: "session affinity".into(),
+                })),
+            );
+            if decision.is_none() {
+                // Not picked (affinity): count it on its node like a pick would.
+                let _ = self
+                    .0
+                    .registry
+                    .cast(RegistryMsg::Dispatched { node: node.clone() });
+            }
+            let call = self.call_executor(Some(&node), run, deadline, scope).await;
+            self.release(Some(&node));
+            match call {
+                Call::NoResponders => {
+                    record = self.session_lost(session_id, &node, scope).await?;
+                }
+                Call::Lost(why) => {
+                    self.session_lost(session_id, &node, scope).await?;
+                    return self.settle(Call::Lost(why), Some(node), run);
+                }
+                other => {
+                    let done = matches!(other, Call::Done(_));
+                    let mut result = self.settle(other, Some(node.clone()), run)?;
+                    result.session_restored |= restored;
+                    if done {
+                        self.touch_session(session_id, &node).await;
+                    }
+                    return Ok(result);
+                }
+            }
+        }
+        Err(ErrorBody::unavailable(format!(
+            "no executor node could take session {session_id}"
+        )))
+    }
+
+    /// The session's record, opening it (and its workspace) on first use.
+    pub(crate) async fn ensure_session(
+        &self,
+        session_id: &str,
+        requested_by: Option<String>,
+        scope: &AuditScope,
+    ) -> Result<SessionRecord, ErrorBody> {
+        if let Some(record) = self.0.sessions.get(session_id).await? {
+            return Ok(record);
+        }
+        let open = SessionOpen {
+            session_id: Some(session_id.to_string()),
+            requested_by,
+            ..Default::default()
+        };
+        self.open_session(session_id, &open, scope).await
+    }
+
+    /// Creates the workspace, then the record (idempotent: an existing record is returned).
+    pub(crate) async fn open_session(
+        &self,
+        session_id: &str,
+        open: &SessionOpen,
+        scope: &AuditScope,
+    ) -> Result<SessionRecord, ErrorBody> {
+        let init = WsInit {
+            session_id: session_id.to_string(),
+        };
+        self.0
+            .caller
+            .call::<_, serde::de::IgnoredAny>(self.0.subjects.workspace(WorkspaceOp::Init), &init)
+            .await
+            .map_err(|e| dependency_error("workspace-store", e))?;
+        let (record, created) = self.0.sessions.open(session_id, open).await?;
+        if created {
+            self.audit(
+                AuditKind::SessionOpened,
+                scope,
+                json!({"tier": record.tier.as_str()}),
+            );
+        }
+        Ok(record)
+    }
+
+    /// Where the session's next execution runs, whether its process state was lost on the
+    /// way, and the placement decision when a new node was chosen.
+    async fn place_session(
+        &self,
+        record: &SessionRecord,
+        needs: Requirements,
+        scope: &AuditScope,
+    ) -> Result<(String, bool, Option<Decision>), ErrorBody> {
+        let id = &record.session_id;
+        let mut record = record.clone();
+        if record.state == SessionState::Active {
+            let node = record.node.clone().unwrap_or_default();
+            if self.is_alive(&node).await {
+                return Ok((node, false, None));
+            }
+            // Its heartbeat is gone, but the registry's watch may not have marked it yet.
+            record = self.session_lost(id, &node, scope).await?;
+            if record.state == SessionState::Active {
+                // Another scheduler re-placed it meanwhile: follow.
+                return Ok((record.node.unwrap_or_default(), false, None));
+            }
+        }
+        let exclude: Vec<String> = record.lost_from.clone().into_iter().collect();
+        let decision = match self.pick(needs, &exclude).await {
+            Some(d) => d,
+            // Only the node we would avoid is left; it may have come back.
+            None => self.pick(needs, &[]).await.ok_or_else(|| {
+                ErrorBody::unavailable(format!(
+                    "no executor node is available for session {id}; retry when one runs"
+                ))
+            })?,
+        };
+        let chosen = decision.node.clone();
+        let mut restored = None;
+        let stored = self
+            .0
+            .sessions
+            .update(id, |r| match r.state {
+                SessionState::Open | SessionState::Lost => {
+                    let lost = r.state == SessionState::Lost;
+                    if lost {
+                        r.restores += 1;
+                    }
+                    r.state = SessionState::Active;
+                    r.node = Some(chosen.clone());
+                    r.lost_from = None;
+                    restored = Some(lost);
+                    Change::Write
+                }
+                SessionState::Active | SessionState::Closed => {
+                    restored = None;
+                    Change::Keep
+                }
+            })
+            .await;
+        let stored = match stored {
+            Ok(Some(stored)) => stored,
+            Ok(None) => {
+                self.release(Some(&chosen));
+                return Err(ErrorBody::not_found(format!("session {id} vanished")));
+            }
+            Err(e) => {
+                self.release(Some(&chosen));
+                return Err(e.into());
+            }
+        };
+        match (stored.state, stored.node, restored) {
+            (SessionState::Active, Some(node), Some(lost)) => Ok((node, lost, Some(decision))),
+            // Another scheduler placed it meanwhile: follow it there.
+            (SessionState::Active, Some(node), None) => {
+                self.release(Some(&chosen));
+                Ok((node, false, None))
+            }
+            (state, _, _) => {
+                self.release(Some(&chosen));
+                Err(ErrorBody::conflict(format!(
+                    "session {id} is {state:?} and cannot run"
+                )))
+            }
+        }
+    }
+
+    /// Marks the session lost on `node` and returns the record as it is now.
+    async fn session_lost(
+        &self,
+        session_id: &str,
+        node: &str,
+        scope: &AuditScope,
+    ) -> Result<SessionRecord, ErrorBody> {
+        let mut changed = false;
+        let record = self
+            .0
+            .sessions
+            .update(session_id, |r| {
+                changed = mark_lost(r, node);
+                if changed {
+                    Change::Write
+                } else {
+                    Change::Keep
+                }
+            })
+            .await?
+            .ok_or_else(|| ErrorBody::not_found(format!("session {session_id} vanished")))?;
+        if changed {
+            self.audit(AuditKind::SessionLost, scope, json!({"node": node}));
+        }
+        Ok(record)
+    }
+
+    async fn touch_session(&self, session_id: &str, node: &str) {
+        let now = messages::now_ms();
+        let updated = self
+            .0
+            .sessions
+            .update(session_id, |r| {
+                if r.node.as_deref() != Some(node) {
+                    return Change::Keep;
+                }
+                r.executions += 1;
+                r.last_used_at = now;
+                Change::Write
+            })
+            .await;
+        if let Err(e) = updated {
+            tracing::warn!(session_id, error = %e, "session use not recorded");
+        }
+    }
+}
