@@ -24,6 +24,7 @@
 //! ```
 
 pub mod config;
+pub mod listing;
 pub mod policy;
 pub mod registry;
 pub mod store;

@@ -19,6 +19,7 @@ use messages::confirm::{
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use crate::listing;
 use crate::watch::{self, Observation};
 use crate::workflow::Workflow;
 
@@ -31,8 +32,6 @@ const WAITER_GRACE: Duration = Duration::from_secs(5);
 const LIST_BARRIER: Duration = Duration::from_secs(2);
 /// Retry interval for an expiry that could not be written.
 const EXPIRE_RETRY: Duration = Duration::from_secs(1);
-pub const DEFAULT_LIST_LIMIT: u32 = 100;
-pub const MAX_LIST_LIMIT: u32 = 1000;
 
 pub enum RegistryMsg {
     Request(RequestContext, ConfirmRequest, Reply<Confirmation>),
@@ -108,19 +107,6 @@ impl RegistryState {
             let _ = port.send(Ok(record.clone()));
         }
         self.update_gauges();
-    }
-
-    fn answer_list(&self, filter: &ConfirmList, port: Reply<ConfirmListReply>) {
-        let limit = filter.limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize;
-        let mut confirmations: Vec<Confirmation> = self
-            .pending
-            .values()
-            .filter(|c| filter.session_id.is_none() || c.session_id == filter.session_id)
-            .cloned()
-            .collect();
-        confirmations.sort_unstable_by(|a, b| b.id.cmp(&a.id));
-        confirmations.truncate(limit);
-        let _ = port.send(Ok(ConfirmListReply { confirmations }));
     }
 }
 
@@ -227,37 +213,26 @@ impl Actor for Registry {
                 tokio::spawn(async move { port.send(workflow.get(&get.id).await) });
             }
             RegistryMsg::List(_, list, port) => {
-                if let Err(e) = check_list(&list) {
+                if let Err(e) = listing::check(&list) {
                     let _ = port.send(Err(e));
                     return Ok(());
                 }
                 tokio::spawn(async move {
-                    if matches!(list.state, None | Some(ConfirmState::Pending)) {
-                        match workflow.store.last_revision().await {
-                            Ok(revision) => {
-                                let _ = myself.cast(RegistryMsg::ListPending(list, revision, port));
-                            }
-                            Err(e) => drop(port.send(Err(e.into()))),
-                        }
-                        return;
+                    if !listing::wants_pending(&list) {
+                        return drop(port.send(listing::scan(&workflow.store, &list).await));
                     }
-                    let limit = list.limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize;
-                    let keep = |c: &Confirmation| {
-                        Some(c.state) == list.state
-                            && (list.session_id.is_none() || c.session_id == list.session_id)
-                    };
-                    let reply = workflow
-                        .store
-                        .scan(keep, limit)
-                        .await
-                        .map(|confirmations| ConfirmListReply { confirmations })
-                        .map_err(ErrorBody::from);
-                    let _ = port.send(reply);
+                    // Pending ones come from the replica, once it has caught up with the bucket.
+                    match workflow.store.last_revision().await {
+                        Ok(revision) => {
+                            let _ = myself.cast(RegistryMsg::ListPending(list, revision, port));
+                        }
+                        Err(e) => drop(port.send(Err(e.into()))),
+                    }
                 });
             }
             RegistryMsg::ListPending(list, revision, port) => {
                 if state.applied >= revision {
-                    state.answer_list(&list, port);
+                    let _ = port.send(Ok(listing::from_replica(&state.pending, &list)));
                 } else {
                     state
                         .parked_lists
@@ -277,7 +252,7 @@ impl Actor for Registry {
                         applied = state.applied,
                         "list answered from a lagging replica"
                     );
-                    state.answer_list(&list, port);
+                    let _ = port.send(Ok(listing::from_replica(&state.pending, &list)));
                 }
             }
             RegistryMsg::Observed(observation) => {
@@ -302,7 +277,7 @@ impl Actor for Registry {
                     .partition(|(_, revision, _, _)| *revision <= applied);
                 state.parked_lists = parked;
                 for (list, _, _, port) in ready {
-                    state.answer_list(&list, port);
+                    let _ = port.send(Ok(listing::from_replica(&state.pending, &list)));
                 }
             }
             RegistryMsg::Settled(record) => state.settle(&record),
@@ -395,18 +370,4 @@ impl Actor for Registry {
         }
         Ok(())
     }
-}
-
-fn check_list(list: &ConfirmList) -> Result<(), ErrorBody> {
-    if let Some(session) = &list.session_id {
-        crate::validate::id("session_id", session)?;
-    }
-    if let Some(limit) = list.limit {
-        if limit == 0 || limit > MAX_LIST_LIMIT {
-            return Err(ErrorBody::bad_request(format!(
-                "limit: must be 1..={MAX_LIST_LIMIT} (got {limit})"
-            )));
-        }
-    }
-    Ok(())
 }
