@@ -164,7 +164,12 @@ impl Harness {
 
     /// The container of a session (cold-started ones carry the session label).
     pub async fn session_container(&self, session: &str) -> String {
-        let list = containers_with(&self.docker, &format!("{LABEL_SESSION}={session}")).await;
+        let list: Vec<String> =
+            containers_with(&self.docker, &format!("{LABEL_SESSION}={session}"))
+                .await
+                .into_iter()
+                .filter(|name| name.contains(&self.node))
+                .collect();
         assert_eq!(list.len(), 1, "session {session} containers: {list:?}");
         list[0].clone()
     }
@@ -180,6 +185,34 @@ impl Harness {
             assert!(
                 Instant::now() < deadline,
                 "expected {n} containers, have {list:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// This node's last heartbeat.
+    pub async fn heartbeat(&self) -> Option<messages::heartbeat::Heartbeat> {
+        let js = async_nats::jetstream::new(self.client.clone());
+        let kv = js.get_key_value(self.subjects.nodes_bucket()).await.ok()?;
+        let key = messages::heartbeat::heartbeat_key("docker-executor", &self.node);
+        let entry = kv.get(&key).await.ok()??;
+        serde_json::from_slice(&entry).ok()
+    }
+
+    /// Polls the heartbeat until the warm pool reports `n` ready containers.
+    pub async fn wait_warm(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let warm = self
+                .heartbeat()
+                .await
+                .and_then(|hb| hb.metrics.get("warm_pool_size").copied());
+            if warm == Some(n as f64) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "warm pool never reached {n}: {warm:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -211,8 +244,35 @@ impl Harness {
 }
 
 impl Drop for Harness {
+    /// A test that failed before `stop` still leaves nothing behind: the runtime is going
+    /// away with the executor's tasks, so remove the node's containers synchronously.
     fn drop(&mut self) {
         self.shutdown.cancel();
+        if self.task.is_some() {
+            remove_node_containers(&self.node);
+        }
+    }
+}
+
+pub fn remove_node_containers(node: &str) {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label={LABEL_NODE}={node}"),
+        ])
+        .output()
+        .expect("docker ps");
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if !ids.is_empty() {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&ids)
+            .output();
     }
 }
 

@@ -1,0 +1,140 @@
+//! The session tier: one container per session, reused across its executions (files persist,
+//! processes never do), never shared between sessions, closed on request or when idle, and
+//! started from the warm pool so the first run pays no cold start.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{containers_with, run, Harness};
+use messages::exec::{ExecStatus, Language, Limits, Tier};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_persists_within_a_session_and_never_crosses_sessions() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
+    let a = "sess-a";
+    let b = "sess-b";
+
+    let r = h
+        .session(
+            a,
+            Language::Shell,
+            "echo kept > /workspace/note.txt\n\
+             echo 41 > /tmp/counter\n\
+             mkdir -p bin && printf '#!/bin/bash\\necho tool says $1\\n' > bin/tool && chmod +x bin/tool\n\
+             sleep 1000 &\n\
+             echo done",
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "done\n"),
+        "{r:?}"
+    );
+    assert_eq!(r.tier, Tier::Session);
+    let container = h.session_container(a).await;
+    assert!(
+        h.stray_processes(&container).await.is_empty(),
+        "the background job died with its execution"
+    );
+
+    let r = h
+        .session(
+            a,
+            Language::Python,
+            "n = int(open('/tmp/counter').read()) + 1\n\
+             open('/tmp/counter', 'w').write(str(n))\n\
+             print(open('note.txt').read().strip(), n)",
+        )
+        .await;
+    assert_eq!(r.stdout, "kept 42\n", "{r:?}");
+    let r = h.session(a, Language::Shell, "./bin/tool hi").await;
+    assert_eq!(r.stdout, "tool says hi\n", "{r:?}");
+    assert_eq!(h.session_container(a).await, container, "one container");
+
+    let r = h
+        .session(
+            b,
+            Language::Shell,
+            "ls -A /workspace; ls -A /tmp | grep -v '^.sandmesh$'; cat /tmp/counter 2>&1; \
+             for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done | grep -c '[s]leep 1000'",
+        )
+        .await;
+    assert_eq!(r.status, ExecStatus::Error, "grep found nothing: {r:?}");
+    assert_eq!(
+        r.stdout, "cat: /tmp/counter: No such file or directory\n0\n",
+        "session b sees nothing of a: {r:?}"
+    );
+    assert_ne!(h.session_container(b).await, container);
+
+    assert!(h.close(a).await);
+    assert!(!h.close(a).await, "closing twice is harmless");
+    h.wait_containers(1).await;
+    let r = h
+        .session(a, Language::Shell, "ls -A /workspace | wc -l")
+        .await;
+    assert_eq!(r.stdout, "0\n", "a closed session starts afresh");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_takes_a_warm_container() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "1")]).await;
+    h.wait_warm(1).await;
+    let warm = h.containers().await.remove(0);
+    let r = h.session("sess-w", Language::Python, "print('warm')").await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    // The pool refills; the session keeps the warm container it took.
+    h.wait_containers(2).await;
+    assert!(h.containers().await.contains(&warm));
+    assert!(h.close("sess-w").await);
+    h.wait_containers(1).await;
+    assert!(
+        !h.containers().await.contains(&warm),
+        "the session's container went with it"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_are_closed_and_limits_follow_the_request() {
+    let h = Harness::start_with(&[
+        ("SANDMESH_EXEC_WARM_POOL", "0"),
+        ("SANDMESH_EXEC_SESSION_IDLE_MS", "400"),
+    ])
+    .await;
+    let mut req = run(
+        Tier::Session,
+        Some("sess-idle"),
+        Language::Shell,
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max",
+    );
+    req.request.limits = Some(Limits {
+        memory_mb: Some(96),
+        pids: Some(40),
+        ..Default::default()
+    });
+    let r = h.call_node(&req).await.unwrap();
+    assert_eq!(r.stdout, format!("{}\n40\n", 96u64 << 20), "{r:?}");
+    // The next run asks for nothing: back to the defaults, in the same container.
+    let container = h.session_container("sess-idle").await;
+    let r = h
+        .session(
+            "sess-idle",
+            Language::Shell,
+            "cat /sys/fs/cgroup/pids/pids.max",
+        )
+        .await;
+    assert_eq!(r.stdout, "128\n", "{r:?}");
+    assert_eq!(h.session_container("sess-idle").await, container);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !containers_with(&h.docker, "sandmesh.session=sess-idle")
+        .await
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the idle session was not closed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.stop().await;
+}
