@@ -1,0 +1,275 @@
+//! The Docker side of the loadtest: the baseline container (the sandbox image, hardened like
+//! the executor's containers, kept running so each measured exec is a bare `docker exec`), and
+//! the count of sandbox containers left behind.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::models::{
+    ContainerCreateBody, ContainerSummary, HostConfig, HostConfigLogConfig, ResourcesUlimits,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StartContainerOptions,
+};
+use bollard::Docker;
+use futures::StreamExt;
+
+use crate::report::ContainerCount;
+
+/// The labels the executor puts on its containers (services/docker-executor/src/docker.rs).
+pub const LABEL_SANDMESH: &str = "sandmesh";
+pub const LABEL_KIND: &str = "sandmesh.kind";
+/// The mesh (NATS deployment) a container belongs to: other meshes on this Docker host (tests
+/// running in parallel) are not this run's business.
+pub const LABEL_MESH: &str = "sandmesh.mesh";
+/// The baseline container's kind: never counted as a leak of the mesh, always removed.
+pub const KIND_BASELINE: &str = "loadtest-baseline";
+const SANDBOX_UID: u32 = 10001;
+
+pub async fn connect() -> anyhow::Result<Docker> {
+    let docker = Docker::connect_with_local_defaults().context("cannot reach the Docker daemon")?;
+    docker
+        .negotiate_version()
+        .await
+        .context("cannot reach the Docker daemon")
+}
+
+/// `Docker <version> (API <api>)`, for the report.
+pub async fn version(docker: &Docker) -> String {
+    match docker.version().await {
+        Ok(v) => format!(
+            "{} (API {})",
+            v.version.unwrap_or_default(),
+            v.api_version.unwrap_or_default()
+        ),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// The body of the baseline container: the executor's hardening (no capabilities, no new
+/// privileges, default seccomp, read-only root, tmpfs /tmp and /workspace, pids / memory /
+/// CPU limits, ulimits, no network, non-root, no logs), with `sleep` as its main process.
+pub fn baseline_body(image: &str) -> ContainerCreateBody {
+    let tmpfs = |mb: u64, mode: &str| {
+        format!("rw,exec,nosuid,nodev,size={mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode={mode}")
+    };
+    let ulimit = |name: &str, v: i64| ResourcesUlimits {
+        name: Some(name.into()),
+        soft: Some(v),
+        hard: Some(v),
+    };
+    let memory: i64 = 256 << 20;
+    let host = HostConfig {
+        memory: Some(memory),
+        memory_swap: Some(memory),
+        nano_cpus: Some(1_000_000_000),
+        pids_limit: Some(128),
+        network_mode: Some("none".into()),
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        privileged: Some(false),
+        ipc_mode: Some("private".into()),
+        tmpfs: Some(HashMap::from([
+            ("/tmp".to_string(), tmpfs(64, "1777")),
+            ("/workspace".to_string(), tmpfs(64, "0755")),
+        ])),
+        ulimits: Some(vec![
+            ulimit("nofile", 256),
+            ulimit("fsize", 64 << 20),
+            ulimit("core", 0),
+        ]),
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
+        init: Some(true),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(image.to_string()),
+        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
+        working_dir: Some("/workspace".into()),
+        network_disabled: Some(true),
+        labels: Some(HashMap::from([
+            (LABEL_SANDMESH.to_string(), "1".to_string()),
+            (LABEL_KIND.to_string(), KIND_BASELINE.to_string()),
+        ])),
+        host_config: Some(host),
+        ..Default::default()
+    }
+}
+
+/// A running baseline container, removed by [`BaselineContainer::remove`].
+pub struct BaselineContainer {
+    pub docker: Docker,
+    pub name: String,
+}
+
+impl BaselineContainer {
+    pub async fn start(docker: &Docker, image: &str) -> anyhow::Result<Self> {
+        let name = format!(
+            "sandmesh-loadtest-baseline-{}",
+            messages::new_id().to_ascii_lowercase()
+        );
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        docker
+            .create_container(Some(options), baseline_body(image))
+            .await
+            .with_context(|| format!("creating the baseline container from {image}"))?;
+        let me = Self {
+            docker: docker.clone(),
+            name,
+        };
+        if let Err(e) = docker
+            .start_container(&me.name, None::<StartContainerOptions>)
+            .await
+        {
+            me.remove().await;
+            return Err(e).context("starting the baseline container");
+        }
+        Ok(me)
+    }
+
+    /// One bare exec: create, start attached, read all output, inspect the exit code.
+    /// Returns the exit code and stdout.
+    pub async fn exec(&self, cmd: &[&str]) -> anyhow::Result<(i64, String)> {
+        let options = CreateExecOptions {
+            cmd: Some(cmd.to_vec()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            ..Default::default()
+        };
+        let exec = self.docker.create_exec(&self.name, options).await?;
+        let mut stdout = String::new();
+        if let StartExecResults::Attached { mut output, .. } =
+            self.docker.start_exec(&exec.id, None).await?
+        {
+            while let Some(item) = output.next().await {
+                if let LogOutput::StdOut { message } = item? {
+                    stdout.push_str(&String::from_utf8_lossy(&message));
+                }
+            }
+        }
+        let code = self
+            .docker
+            .inspect_exec(&exec.id)
+            .await?
+            .exit_code
+            .unwrap_or(-1);
+        Ok((code, stdout))
+    }
+
+    pub async fn remove(&self) {
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        if let Err(e) = self
+            .docker
+            .remove_container(&self.name, Some(options))
+            .await
+        {
+            eprintln!("loadtest: could not remove {}: {e}", self.name);
+        }
+    }
+}
+
+/// Every container of the mesh `mesh_id` (or, without one, every one carrying the `sandmesh`
+/// label), running or not.
+pub async fn sandbox_containers(
+    docker: &Docker,
+    mesh_id: Option<&str>,
+) -> anyhow::Result<Vec<ContainerSummary>> {
+    let label = match mesh_id {
+        Some(id) => format!("{LABEL_MESH}={id}"),
+        None => LABEL_SANDMESH.to_string(),
+    };
+    let filters = HashMap::from([("label", vec![label.as_str()])]);
+    let options = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    Ok(docker.list_containers(Some(options)).await?)
+}
+
+/// Counts containers by kind. Leaked: every session or other container (the run closes its
+/// sessions), and running warm ones beyond the pool size.
+pub fn count_containers(list: &[ContainerSummary], warm_pool: u64) -> ContainerCount {
+    let mut c = ContainerCount::default();
+    for s in list {
+        let kind = s
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_KIND))
+            .map(String::as_str);
+        if kind == Some(KIND_BASELINE) {
+            continue;
+        }
+        c.total += 1;
+        let running = s.state.as_ref().map(|st| st.to_string()) == Some("running".into());
+        // A warm container that stopped is no longer part of the pool: it counts as other.
+        match kind {
+            Some("warm") if running => c.warm += 1,
+            Some("session") => c.session += 1,
+            _ => c.other += 1,
+        }
+    }
+    c.leaked = c.session + c.other + c.warm.saturating_sub(warm_pool);
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use bollard::models::ContainerSummaryStateEnum;
+
+    use super::*;
+
+    fn summary(kind: &str, state: ContainerSummaryStateEnum) -> ContainerSummary {
+        ContainerSummary {
+            labels: Some(HashMap::from([
+                (LABEL_SANDMESH.to_string(), "1".to_string()),
+                (LABEL_KIND.to_string(), kind.to_string()),
+            ])),
+            state: Some(state),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_warm_pool_is_not_a_leak_but_everything_else_is() {
+        use ContainerSummaryStateEnum::{EXITED, RUNNING};
+        let list = vec![
+            summary("warm", RUNNING),
+            summary("warm", RUNNING),
+            summary("warm", RUNNING),
+            summary("session", RUNNING),
+            summary("warm", EXITED),
+            summary(KIND_BASELINE, RUNNING),
+        ];
+        let c = count_containers(&list, 2);
+        assert_eq!((c.total, c.warm, c.session, c.other), (5, 3, 1, 1));
+        // One warm beyond the pool, the session, and the exited warm one.
+        assert_eq!(c.leaked, 3);
+        assert_eq!(count_containers(&list[..2], 2).leaked, 0);
+    }
+
+    #[test]
+    fn the_baseline_container_is_hardened_like_a_sandbox() {
+        let body = baseline_body("sandmesh/sandbox:latest");
+        let host = body.host_config.unwrap();
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(body.user.as_deref(), Some("10001:10001"));
+        assert!(host
+            .security_opt
+            .unwrap()
+            .iter()
+            .any(|o| o.starts_with("no-new-privileges")));
+    }
+}

@@ -1,0 +1,296 @@
+//! The mesh under test: a NATS connection to it (loopback only), and, for `--spawn-mesh`, the
+//! `sandmesh up` process itself, plus extra service processes (`sandmesh serve <name>`).
+
+use std::net::{IpAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use async_nats::jetstream;
+use kit::Caller;
+use messages::Subjects;
+
+/// The services `sandmesh up` runs; the mesh is ready when each answers `$SRV.PING.<name>`.
+pub const SERVICES: &[&str] = &[
+    "risk-assessor",
+    "confirmation",
+    "workspace-store",
+    "docker-executor",
+    "scheduler",
+];
+
+/// A client's view of the mesh.
+#[derive(Clone)]
+pub struct Mesh {
+    pub url: String,
+    pub subjects: Subjects,
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub caller: Caller,
+}
+
+/// The host of a `nats://host:port` URL.
+pub fn url_host(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some(v6) = host_port.strip_prefix('[') {
+        return v6.split_once(']').map(|(h, _)| h);
+    }
+    Some(host_port.split(':').next().unwrap_or(host_port))
+}
+
+/// The loadtest sends traffic to this machine only: a load generator pointed at a shared
+/// server by mistake would be an attack on it.
+pub fn is_loopback_url(url: &str) -> bool {
+    match url_host(url) {
+        Some("localhost") => true,
+        Some(h) => h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
+impl Mesh {
+    pub async fn connect(url: &str, subjects: Subjects, timeout: Duration) -> anyhow::Result<Self> {
+        if !is_loopback_url(url) {
+            bail!("{url} is not a loopback address; the loadtest only targets this machine");
+        }
+        let client = async_nats::ConnectOptions::new()
+            .name("sandmesh-loadtest")
+            .request_timeout(Some(timeout))
+            // Burst and assess keep many thousands of requests in flight.
+            .subscription_capacity(1 << 20)
+            .connect(url)
+            .await
+            .with_context(|| format!("cannot reach NATS at {url}; is the mesh up?"))?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(30))
+            .max_ack_inflight(4096)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        Ok(Self {
+            url: url.to_string(),
+            caller: Caller::new(client.clone(), timeout),
+            subjects,
+            client,
+            js,
+        })
+    }
+
+    /// How many instances of `service` answer `$SRV.PING.<service>` within `wait`.
+    pub async fn instances(&self, service: &str, wait: Duration) -> usize {
+        use futures::StreamExt;
+        let inbox = self.client.new_inbox();
+        let Ok(mut sub) = self.client.subscribe(inbox.clone()).await else {
+            return 0;
+        };
+        if self
+            .client
+            .publish_with_reply(format!("$SRV.PING.{service}"), inbox, "".into())
+            .await
+            .is_err()
+        {
+            return 0;
+        }
+        let mut n = 0;
+        let deadline = tokio::time::Instant::now() + wait;
+        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, sub.next()).await {
+            n += 1;
+        }
+        n
+    }
+
+    /// Bounded poll until every service answers (at least `at_least` instances of `service`).
+    pub async fn wait_for(&self, service: &str, at_least: usize, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if self.instances(service, Duration::from_millis(300)).await >= at_least {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// A free loopback TCP port (bound, read, released: a race with other programs is possible
+/// but harmless, the server would fail loudly).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A child process of the mesh, stopped with SIGTERM (then SIGKILL) when dropped.
+pub struct MeshProcess {
+    pub label: String,
+    child: Child,
+}
+
+impl MeshProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Has it exited already (a crash at start)?
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// SIGTERM, a bounded wait for the graceful shutdown, then SIGKILL.
+    pub fn stop(&mut self, grace: Duration) {
+        if self.exited().is_some() {
+            return;
+        }
+        // `kill` instead of libc: the workspace forbids unsafe code.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.exited().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "loadtest: {} did not stop within {grace:?}; killing it",
+            self.label
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for MeshProcess {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(15));
+    }
+}
+
+/// Starts `program args..` with `env` added, its output appended to `log`.
+pub fn spawn(
+    label: &str,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, String)],
+    log: &Path,
+) -> anyhow::Result<MeshProcess> {
+    if !program.exists() {
+        bail!(
+            "{} not found; build it first: cargo build --release -p sandmesh",
+            program.display()
+        );
+    }
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    for (k, v) in env {
+        // An empty value removes the variable (e.g. so `up` starts its own nats-server).
+        if v.is_empty() {
+            cmd.env_remove(k);
+        } else {
+            cmd.env(k, v);
+        }
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    Ok(MeshProcess {
+        label: label.to_string(),
+        child,
+    })
+}
+
+/// `sandmesh up` on its own nats-server (a free port, data in `data_dir`), ready when every
+/// service answers. Returns the process and the NATS URL.
+pub async fn spawn_up(
+    sandmesh: &Path,
+    data_dir: &Path,
+    subjects: &Subjects,
+    limit: Duration,
+) -> anyhow::Result<(MeshProcess, String)> {
+    let port = free_port()?;
+    let url = format!("nats://127.0.0.1:{port}");
+    let log = data_dir.join("sandmesh-up.log");
+    let data = data_dir.join("mesh");
+    let mut process = spawn(
+        "sandmesh up",
+        sandmesh,
+        &[
+            "up",
+            "--data-dir",
+            &data.to_string_lossy(),
+            "--nats-port",
+            &port.to_string(),
+        ],
+        &[("SANDMESH_NATS_URL", String::new())],
+        &log,
+    )?;
+    let deadline = Instant::now() + limit;
+    let mesh = loop {
+        if let Some(status) = process.exited() {
+            bail!("sandmesh up exited ({status}); see {}", log.display());
+        }
+        if let Ok(m) = Mesh::connect(&url, subjects.clone(), Duration::from_secs(5)).await {
+            break m;
+        }
+        if Instant::now() > deadline {
+            bail!("NATS of sandmesh up did not come up; see {}", log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for service in SERVICES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !mesh.wait_for(service, 1, left).await {
+            bail!(
+                "{service} did not answer within {limit:?}; see {}",
+                log.display()
+            );
+        }
+    }
+    Ok((process, url))
+}
+
+/// `target/release/sandmesh` beside the loadtest binary, else in `./target/release`.
+pub fn default_sandmesh_bin() -> PathBuf {
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        let beside = dir.join("sandmesh");
+        if beside.exists() {
+            return beside;
+        }
+    }
+    PathBuf::from("target/release/sandmesh")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_extracted_from_urls() {
+        assert_eq!(url_host("nats://127.0.0.1:4222"), Some("127.0.0.1"));
+        assert_eq!(url_host("nats://u:p@localhost:4222"), Some("localhost"));
+        assert_eq!(url_host("nats://[::1]:4222"), Some("::1"));
+        assert_eq!(url_host("127.0.0.1"), Some("127.0.0.1"));
+    }
+
+    #[test]
+    fn only_loopback_urls_are_accepted() {
+        assert!(is_loopback_url("nats://127.0.0.1:4222"));
+        assert!(is_loopback_url("nats://127.0.0.9:1"));
+        assert!(is_loopback_url("nats://localhost:4222"));
+        assert!(is_loopback_url("nats://[::1]:4222"));
+        assert!(!is_loopback_url("nats://10.0.0.1:4222"));
+        assert!(!is_loopback_url("nats://demo.nats.io:4222"));
+        assert!(!is_loopback_url("nats://127.0.0.1.evil.example:4222"));
+    }
+}

@@ -1,0 +1,243 @@
+//! `baseline` and `exec`: the tiny programs as bare Docker execs in a running container, then
+//! through the mesh per tier (ephemeral, session) and mode (sync, async), and the first
+//! execution of new sessions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use messages::exec::{Language, TierChoice};
+
+use crate::client::{close_session, exec_async, exec_sync, open_session};
+use crate::docker::{self, BaselineContainer};
+use crate::driver::{drive, note, Load, Sample};
+use crate::programs::{request, tiny};
+use crate::scenarios::Ctx;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecTier {
+    Ephemeral,
+    Session,
+}
+
+impl ExecTier {
+    fn as_str(self) -> &'static str {
+        match self {
+            ExecTier::Ephemeral => "ephemeral",
+            ExecTier::Session => "session",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Sync,
+    Async,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Sync => "sync",
+            Mode::Async => "async",
+        }
+    }
+}
+
+/// `baseline`: the tiny programs as bare `docker exec`s in one already running, hardened
+/// container of the sandbox image.
+pub async fn baseline(
+    ctx: &mut Ctx,
+    image: &str,
+    languages: &[Language],
+    concurrency: &[usize],
+    load: Load,
+) -> anyhow::Result<()> {
+    let docker = docker::connect().await?;
+    let container = Arc::new(BaselineContainer::start(&docker, image).await?);
+    let outcome = async {
+        for &language in languages {
+            let (_, expect, argv) = tiny(language);
+            // One unmeasured exec: page cache and the runtime's first-exec costs.
+            container.exec(argv).await?;
+            for &c in concurrency {
+                let name = format!("baseline/{}/c{c}", language.as_str());
+                let container = container.clone();
+                let run = drive(&name, load.with_concurrency(c), move |_, _| {
+                    let container = container.clone();
+                    async move {
+                        let start = Instant::now();
+                        match container.exec(argv).await {
+                            Ok((0, out)) if out == expect => Sample::timed(start.elapsed(), "ok"),
+                            Ok((0, _)) => Sample::timed(start.elapsed(), "wrong_output"),
+                            Ok((code, _)) => Sample::timed(start.elapsed(), format!("exit_{code}")),
+                            Err(e) => Sample::failed(format!("err:docker: {e}")),
+                        }
+                    }
+                })
+                .await;
+                ctx.push(
+                    run.report(&name)
+                        .tagged(Some(language.as_str()), None, None),
+                );
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    container.remove().await;
+    outcome
+}
+
+/// `exec`: every tier × mode × language × concurrency through the mesh.
+pub async fn exec(
+    ctx: &mut Ctx,
+    languages: &[Language],
+    tiers: &[ExecTier],
+    modes: &[Mode],
+    concurrency: &[usize],
+    load: Load,
+) -> anyhow::Result<()> {
+    for &tier in tiers {
+        for &mode in modes {
+            for &language in languages {
+                for &c in concurrency {
+                    series(ctx, language, tier, mode, c, load).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn series(
+    ctx: &mut Ctx,
+    language: Language,
+    tier: ExecTier,
+    mode: Mode,
+    c: usize,
+    load: Load,
+) -> anyhow::Result<()> {
+    let name = format!(
+        "exec/{}/{}/{}/c{c}",
+        language.as_str(),
+        tier.as_str(),
+        mode.as_str()
+    );
+    let (code, expect, _) = tiny(language);
+    // Session tier: one session per worker (a session runs one execution at a time), each
+    // warmed by one unmeasured execution so the series measures the steady state.
+    let mut sessions = Vec::new();
+    if tier == ExecTier::Session {
+        for _ in 0..c {
+            let id = open_session(&ctx.mesh, language)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            exec_sync(
+                &ctx.mesh,
+                &request(language, code, TierChoice::Session, Some(&id)),
+                None,
+            )
+            .await;
+            sessions.push(id);
+        }
+    } else {
+        // One unmeasured execution: the first one pays for connections and caches.
+        exec_sync(
+            &ctx.mesh,
+            &request(language, code, TierChoice::Ephemeral, None),
+            None,
+        )
+        .await;
+    }
+    let sessions = Arc::new(sessions);
+    let mesh = ctx.mesh.clone();
+    let limit = ctx.timeout;
+    let worker_sessions = sessions.clone();
+    let run = drive(&name, load.with_concurrency(c), move |worker, _| {
+        let mesh = mesh.clone();
+        let session = worker_sessions.get(worker).cloned();
+        async move {
+            let choice = match tier {
+                ExecTier::Ephemeral => TierChoice::Ephemeral,
+                ExecTier::Session => TierChoice::Session,
+            };
+            let req = request(language, code, choice, session.as_deref());
+            match mode {
+                Mode::Sync => exec_sync(&mesh, &req, Some(expect)).await,
+                Mode::Async => exec_async(&mesh, &req, Some(expect), limit).await,
+            }
+        }
+    })
+    .await;
+    for id in sessions.iter() {
+        close_session(&ctx.mesh, id).await;
+    }
+    ctx.push(run.report(&name).tagged(
+        Some(language.as_str()),
+        Some(tier.as_str()),
+        Some(mode.as_str()),
+    ));
+    Ok(())
+}
+
+/// The first execution of `samples` new sessions, one after another: `session-open` times
+/// opening the session, `session-first` its first execution (a warm container is bound).
+pub async fn first_session(ctx: &mut Ctx, language: Language, samples: u64) -> anyhow::Result<()> {
+    let (code, expect, _) = tiny(language);
+    let mut open = crate::driver::Run {
+        concurrency: 1,
+        ..Default::default()
+    };
+    let mut first = open.clone();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(300);
+    for i in 0..samples {
+        if Instant::now() > deadline {
+            break;
+        }
+        eprint!("\rsession-first: {i}/{samples}   ");
+        let t = Instant::now();
+        let id = match open_session(&ctx.mesh, language).await {
+            Ok(id) => id,
+            Err(e) => {
+                open.absorb(&Sample::failed(format!("err:{e}")));
+                continue;
+            }
+        };
+        open.absorb(&Sample::timed(t.elapsed(), "ok"));
+        let req = request(language, code, TierChoice::Session, Some(&id));
+        first.absorb(&exec_sync(&ctx.mesh, &req, Some(expect)).await);
+        close_session(&ctx.mesh, &id).await;
+        // Closing returns the container; give the pool a bounded moment to refill so each
+        // sample measures a warm start, as a session arriving at a quiet mesh would see.
+        wait_for_warm_pool(ctx).await;
+    }
+    note("");
+    open.elapsed = started.elapsed();
+    first.elapsed = open.elapsed;
+    let lang = Some(language.as_str());
+    ctx.push(
+        open.report("session-open/c1")
+            .tagged(lang, Some("session"), Some("sync")),
+    );
+    ctx.push(
+        first
+            .report("session-first/c1")
+            .tagged(lang, Some("session"), Some("sync")),
+    );
+    Ok(())
+}
+
+/// Bounded poll (≤ 5 s) until the executor's warm pool is back at its size.
+async fn wait_for_warm_pool(ctx: &Ctx) {
+    let Some(docker) = &ctx.docker else { return };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(list) = docker::sandbox_containers(docker, ctx.mesh_id.as_deref()).await {
+            if docker::count_containers(&list, ctx.warm_pool).warm >= ctx.warm_pool {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

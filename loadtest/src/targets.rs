@@ -1,0 +1,203 @@
+//! The targets, judged against what one run measured.
+
+use crate::report::{Report, SeriesReport, TargetCheck};
+
+impl Report {
+    fn find(
+        &self,
+        scenario: &str,
+        lang: &str,
+        tier: &str,
+        mode: &str,
+        c: usize,
+    ) -> Option<&SeriesReport> {
+        self.series.iter().find(|s| {
+            s.scenario == scenario
+                && s.language.as_deref() == Some(lang)
+                && s.tier.as_deref() == Some(tier)
+                && s.mode.as_deref() == Some(mode)
+                && s.concurrency == c
+        })
+    }
+
+    /// Judges the targets against what this run measured.
+    pub fn evaluate_targets(&mut self) {
+        let mut t = Vec::new();
+        for (tier, limit) in [("ephemeral", 1.25), ("session", 1.15)] {
+            let s = self.find("exec", "python", tier, "sync", 1);
+            let r = s.and_then(|s| s.p50_vs_baseline);
+            t.push(TargetCheck {
+                target: format!("e2e print(1) {tier} p50 <= {limit}x bare docker exec"),
+                measured: s.zip(r).map(|(s, r)| {
+                    format!(
+                        "{r:.2}x ({:.1} ms vs {})",
+                        s.latency.p50_ms,
+                        s.baseline.clone().unwrap_or_default()
+                    )
+                }),
+                met: r.map(|r| r <= limit),
+                note: String::new(),
+            });
+        }
+        let overhead = self
+            .find("exec", "python", "ephemeral", "sync", 1)
+            .and_then(|s| s.overhead);
+        let session_overhead = self
+            .find("exec", "python", "session", "sync", 1)
+            .and_then(|s| s.overhead);
+        t.push(TargetCheck {
+            target: "mesh overhead (e2e - executor exec_ms) p50 <= 3 ms".into(),
+            measured: overhead.map(|o| {
+                let session = session_overhead
+                    .map_or(String::new(), |s| format!("; session {:.2} ms", s.p50_ms));
+                format!("ephemeral {:.2} ms{session}", o.p50_ms)
+            }),
+            met: overhead.map(|o| o.p50_ms <= 3.0),
+            note: String::new(),
+        });
+        let first = self.series.iter().find(|s| s.scenario == "session-first");
+        t.push(TargetCheck {
+            target: "first execution of a new session p50 <= 100 ms".into(),
+            measured: first.map(|s| format!("{:.1} ms (n={})", s.latency.p50_ms, s.latency.count)),
+            met: first.map(|s| s.latency.count > 0 && s.latency.p50_ms <= 100.0),
+            note: String::new(),
+        });
+        let assess = self
+            .series
+            .iter()
+            .filter(|s| s.scenario == "assess" && s.instances == Some(2))
+            .max_by(|a, b| a.throughput_rps.total_cmp(&b.throughput_rps));
+        t.push(TargetCheck {
+            target: "risk assessment through NATS >= 20000 req/s with two instances".into(),
+            measured: assess.map(|s| {
+                format!(
+                    "{:.0} req/s at concurrency {}",
+                    s.throughput_rps, s.concurrency
+                )
+            }),
+            met: assess.map(|s| s.throughput_rps >= 20_000.0),
+            note: String::new(),
+        });
+        let burst = self.burst.as_ref();
+        t.push(TargetCheck {
+            target: "burst of 10000 async jobs: zero lost, zero duplicated".into(),
+            measured: burst.map(|b| {
+                format!(
+                    "{} jobs: {} lost, {} duplicated, {} unexpected, all stored in {:.1} s",
+                    b.jobs, b.check.lost, b.check.duplicated, b.check.unexpected, b.all_stored_s
+                )
+            }),
+            met: burst.map(|b| b.check.passed() && !b.timed_out && b.jobs >= 10_000),
+            note: burst
+                .filter(|b| b.jobs < 10_000)
+                .map(|b| format!("run with {} jobs, fewer than the target's 10000", b.jobs))
+                .unwrap_or_default(),
+        });
+        let worst = self
+            .idle_memory
+            .iter()
+            .max_by(|a, b| a.rss_mb.total_cmp(&b.rss_mb));
+        t.push(TargetCheck {
+            target: "each service idle under 30 MB RSS".into(),
+            measured: worst.map(|_| {
+                self.idle_memory
+                    .iter()
+                    .map(|m| format!("{} {:.1} MB", m.service, m.rss_mb))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
+            met: worst.map(|w| w.rss_mb < 30.0),
+            note: String::new(),
+        });
+        self.targets = t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ids::IdCheck;
+    use crate::report::testing::series;
+    use crate::report::{BurstReport, IdleMemory};
+    use crate::stats::LatencySummary;
+
+    use super::*;
+
+    #[test]
+    fn targets_are_judged_and_missing_ones_reported_as_not_run() {
+        let mut r = Report {
+            series: vec![
+                series("baseline/python/c1", "python", None, None, 1, 40.0),
+                series(
+                    "exec/python/ephemeral/sync/c1",
+                    "python",
+                    Some("ephemeral"),
+                    Some("sync"),
+                    1,
+                    60.0,
+                ),
+                series(
+                    "exec/python/session/sync/c1",
+                    "python",
+                    Some("session"),
+                    Some("sync"),
+                    1,
+                    44.0,
+                ),
+            ],
+            idle_memory: vec![
+                IdleMemory {
+                    service: "scheduler".into(),
+                    rss_mb: 12.0,
+                    peak_mb: 13.0,
+                },
+                IdleMemory {
+                    service: "docker-executor".into(),
+                    rss_mb: 31.0,
+                    peak_mb: 31.0,
+                },
+            ],
+            ..Default::default()
+        };
+        r.series[1].overhead = Some(LatencySummary {
+            p50_ms: 2.5,
+            ..Default::default()
+        });
+        r.attach_baselines();
+        r.evaluate_targets();
+        let met: Vec<Option<bool>> = r.targets.iter().map(|t| t.met).collect();
+        // ephemeral 1.5x: no; session 1.1x: yes; overhead 2.5 ms: yes; first-session, assess,
+        // burst: not run; idle: one service above 30 MB.
+        assert_eq!(
+            met,
+            vec![
+                Some(false),
+                Some(true),
+                Some(true),
+                None,
+                None,
+                None,
+                Some(false)
+            ]
+        );
+        let text = r.human();
+        assert!(text.contains("NOT MET"), "{text}");
+        assert!(text.contains("not run"), "{text}");
+        assert!(text.contains("exec/python/ephemeral/sync/c1"), "{text}");
+    }
+
+    #[test]
+    fn a_short_or_lossy_burst_does_not_meet_the_target() {
+        let mut r = Report {
+            burst: Some(BurstReport {
+                jobs: 500,
+                check: IdCheck::compute(&["a".to_string()], &["a".to_string()], 1),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        r.evaluate_targets();
+        let burst = &r.targets[5];
+        assert_eq!(burst.met, Some(false));
+        assert!(burst.note.contains("500"), "{burst:?}");
+    }
+}
