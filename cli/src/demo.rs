@@ -1,0 +1,63 @@
+//! The sample executions `sandmesh up --demo` prints: one per language, plus one the risk
+//! policy refuses, so a new user sees the whole path work.
+
+use std::time::Duration;
+
+use messages::exec::{ExecRequest, ExecResult, Language};
+use messages::Subjects;
+
+const SAMPLES: &[(Language, &str)] = &[
+    (
+        Language::Python,
+        "import platform\nprint(f'hello from python {platform.python_version()}')",
+    ),
+    (
+        Language::Javascript,
+        "console.log(`hello from node ${process.version}`)",
+    ),
+    (
+        Language::Shell,
+        "echo \"hello from $(bash --version | head -n1)\"",
+    ),
+    (Language::Shell, "rm -rf /"),
+];
+
+pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Result<i32> {
+    let caller = kit::Caller::new(client.clone(), Duration::from_secs(120))
+        .with_encoding(messages::Encoding::Json);
+    let mut failures = 0;
+    for (language, code) in SAMPLES {
+        let request = ExecRequest {
+            language: *language,
+            code: code.to_string(),
+            requested_by: Some("sandmesh-up-demo".into()),
+            ..Default::default()
+        };
+        println!("$ sandmesh exec --lang {} {:?}", language.as_str(), code);
+        match caller
+            .call::<_, ExecResult>(subjects.exec(), &request)
+            .await
+        {
+            Ok(r) => {
+                print!("{}", r.stdout);
+                eprint!("{}", r.stderr);
+                println!(
+                    "  → status={} tier={} risk={} exec={}ms total={}ms{}",
+                    r.status.as_str(),
+                    r.tier.as_str(),
+                    r.risk.level.as_str(),
+                    r.timing.exec_ms,
+                    r.timing.total_ms,
+                    r.error
+                        .map(|e| format!(" ({})", e.message))
+                        .unwrap_or_default()
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                println!("  → failed: {e}");
+            }
+        }
+    }
+    Ok(if failures == 0 { 0 } else { 1 })
+}

@@ -1,0 +1,274 @@
+//! `sandmesh exec`: run code through the mesh. Output is printed live as the executor streams
+//! it (`output.<execution_id>`, subscribed before the request is sent so nothing is missed),
+//! then a one-line summary goes to stderr, and the process exits with the program's exit code.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use kit::Caller;
+use messages::exec::{
+    ExecRequest, ExecResult, ExecStatus, Language, OutputChunk, OutputStream, TierChoice,
+};
+use messages::{codec, Encoding, Subjects};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExecArgs {
+    /// python, javascript or shell.
+    #[arg(long, default_value = "python")]
+    pub lang: Language,
+    /// Run in this session (its files and container persist between executions).
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Read the code from this file (`-` for stdin).
+    #[arg(long, conflicts_with = "code")]
+    pub file: Option<PathBuf>,
+    /// The code to run.
+    pub code: Option<String>,
+    /// auto, ephemeral, session or aio (stricter than the risk policy requires only).
+    #[arg(long, value_parser = parse_tier)]
+    pub tier: Option<TierChoice>,
+    /// Time limit for the program.
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+    /// Print the whole result as JSON instead of live output and a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_tier(s: &str) -> Result<TierChoice, String> {
+    match s {
+        "auto" => Ok(TierChoice::Auto),
+        "ephemeral" => Ok(TierChoice::Ephemeral),
+        "session" => Ok(TierChoice::Session),
+        "aio" => Ok(TierChoice::Aio),
+        other => Err(format!(
+            "unknown tier {other:?}; expected auto, ephemeral, session or aio"
+        )),
+    }
+}
+
+fn read_code(args: &ExecArgs) -> anyhow::Result<String> {
+    match (&args.file, &args.code) {
+        (Some(path), _) if path.as_os_str() == "-" => {
+            let mut code = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut code)
+                .context("reading code from stdin")?;
+            Ok(code)
+        }
+        (Some(path), _) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading code from {}", path.display())),
+        (None, Some(code)) => Ok(code.clone()),
+        (None, None) => anyhow::bail!("give the code as an argument, or --file F (- for stdin)"),
+    }
+}
+
+/// What the output printer saw.
+#[derive(Default)]
+struct Printed {
+    chunks: u64,
+    eof: bool,
+}
+
+/// Prints chunks as they arrive until the `eof` chunk or until `stop`.
+async fn print_output(
+    mut sub: async_nats::Subscriber,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> Printed {
+    let mut printed = Printed::default();
+    tokio::pin!(stop);
+    loop {
+        let msg = tokio::select! {
+            _ = &mut stop => break,
+            m = sub.next() => match m { Some(m) => m, None => break },
+        };
+        let content_type = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(codec::CONTENT_TYPE))
+            .map(|v| v.as_str().to_string());
+        let chunk = Encoding::from_content_type(content_type.as_deref())
+            .ok()
+            .and_then(|e| e.decode::<OutputChunk>(&msg.payload).ok());
+        let Some(chunk) = chunk else { continue };
+        printed.chunks += 1;
+        match chunk.stream {
+            OutputStream::Stdout => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(chunk.data.as_bytes());
+                let _ = out.flush();
+            }
+            OutputStream::Stderr => {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(chunk.data.as_bytes());
+                let _ = err.flush();
+            }
+        }
+        if chunk.eof {
+            printed.eof = true;
+            break;
+        }
+    }
+    printed
+}
+
+/// `ok · exit 0 · tier ephemeral · risk safe · 212 ms (queued 0, assess 4, confirm 0, exec 198) · node n1 · id 01J…`
+pub fn summary(r: &ExecResult) -> String {
+    let mut parts = vec![r.status.as_str().to_string()];
+    if let Some(code) = r.exit_code {
+        parts.push(format!("exit {code}"));
+    }
+    parts.push(format!("tier {}", r.tier.as_str()));
+    parts.push(format!("risk {}", r.risk.level.as_str()));
+    if r.confirmation.decision != messages::exec::Decision::NotRequired {
+        let by = r.confirmation.by.as_deref().unwrap_or("?");
+        parts.push(format!("confirmation {:?} by {by}", r.confirmation.decision).to_lowercase());
+    }
+    let t = &r.timing;
+    parts.push(format!(
+        "{} ms (queued {}, assess {}, confirm {}, exec {})",
+        t.total_ms, t.queued_ms, t.assess_ms, t.confirm_ms, t.exec_ms
+    ));
+    if let Some(node) = &r.node {
+        parts.push(format!("node {node}"));
+    }
+    if r.session_restored {
+        parts.push("session restored (process state was lost)".into());
+    }
+    parts.push(format!("id {}", r.execution_id));
+    let mut line = parts.join(" · ");
+    if let Some(e) = &r.error {
+        line.push_str(&format!("\n  {}: {}", e.kind, e.message));
+    }
+    line
+}
+
+/// The exit code for a result: the program's own (128 + N when signal N killed it), else 0 for
+/// ok and 1 for anything else — never 0 for a run that did not end well.
+pub fn exit_code(r: &ExecResult) -> i32 {
+    let fallback = if r.status == ExecStatus::Ok { 0 } else { 1 };
+    match r.exit_code {
+        Some(code @ 1..=255) => code as i32,
+        Some(0) => fallback,
+        Some(code @ -64..=-1) => 128 - code as i32,
+        _ => fallback,
+    }
+}
+
+pub async fn run(caller: &Caller, subjects: &Subjects, args: ExecArgs) -> anyhow::Result<i32> {
+    let code = read_code(&args)?;
+    let id = messages::new_id();
+    let req = ExecRequest {
+        execution_id: Some(id.clone()),
+        session_id: args.session.clone(),
+        language: args.lang,
+        code,
+        timeout_ms: args.timeout_ms,
+        tier: args.tier.unwrap_or_default(),
+        stream_output: !args.json,
+        requested_by: std::env::var("USER").ok().map(|u| format!("cli:{u}")),
+        ..Default::default()
+    };
+    // Subscribed before sending, so the first chunk cannot slip by.
+    let printer = if args.json {
+        None
+    } else {
+        let sub = caller
+            .client()
+            .subscribe(subjects.output(&id))
+            .await
+            .context("subscribing to the output")?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        Some((stop, tokio::spawn(print_output(sub, stopped))))
+    };
+    // Room for the program's own time and a person deciding a confirmation.
+    let wait = Duration::from_millis(args.timeout_ms.unwrap_or(30_000)) + Duration::from_secs(600);
+    let reply: Result<ExecResult, _> = caller.call_timeout(subjects.exec(), &req, wait).await;
+    let result = match reply {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some((stop, task)) = printer {
+                let _ = stop.send(());
+                let _ = task.await;
+            }
+            return Err(anyhow::anyhow!("{}", e.into_body()));
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(exit_code(&result));
+    }
+    let printed = match printer {
+        Some((stop, task)) => {
+            // The executor sends the eof chunk before its reply; allow it a moment in transit.
+            let mut task = task;
+            match tokio::time::timeout(Duration::from_secs(1), &mut task).await {
+                Ok(p) => p.unwrap_or_default(),
+                Err(_) => {
+                    let _ = stop.send(());
+                    task.await.unwrap_or_default()
+                }
+            }
+        }
+        None => Printed::default(),
+    };
+    if printed.chunks == 0 {
+        // Nothing streamed (rejected, denied, a stored result, or a non-streaming executor).
+        print!("{}", result.stdout);
+        eprint!("{}", result.stderr);
+        let _ = std::io::stdout().flush();
+    }
+    if result.stdout_truncated || result.stderr_truncated {
+        eprintln!("(output truncated at the limit)");
+    }
+    eprintln!("{}", summary(&result));
+    Ok(exit_code(&result))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_program_then_the_status() {
+        let mut r = ExecResult {
+            status: ExecStatus::Error,
+            exit_code: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(exit_code(&r), 3);
+        r.exit_code = None;
+        assert_eq!(exit_code(&r), 1);
+        r.status = ExecStatus::Ok;
+        assert_eq!(exit_code(&r), 0);
+        r.status = ExecStatus::Killed;
+        r.exit_code = Some(-9);
+        assert_eq!(exit_code(&r), 137);
+        r.status = ExecStatus::Timeout;
+        r.exit_code = Some(0);
+        assert_eq!(exit_code(&r), 1, "a timed-out run never exits 0");
+    }
+
+    #[test]
+    fn the_summary_names_status_tier_risk_and_timings() {
+        let r = ExecResult {
+            execution_id: "01J".into(),
+            status: ExecStatus::Ok,
+            exit_code: Some(0),
+            ..Default::default()
+        };
+        let s = summary(&r);
+        for part in [
+            "ok",
+            "exit 0",
+            "tier ephemeral",
+            "risk safe",
+            "ms (queued",
+            "id 01J",
+        ] {
+            assert!(s.contains(part), "{part} in {s}");
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The embedded NATS server of `sandmesh up`: when no `SANDMESH_NATS_URL` is configured, a
+//! current nats-server with JetStream is started with its data in a project-local directory.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+const HINT: &str = "run scripts/install-tools.sh (installs nats-server into .tools/bin), \
+    or set SANDMESH_NATS_SERVER to a nats-server >= 2.11, or SANDMESH_NATS_URL to a running one";
+
+/// A nats-server child process, stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct LocalNats {
+    child: Child,
+    pub url: String,
+}
+
+impl Drop for LocalNats {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn version_ok(bin: &Path) -> Option<bool> {
+    let out = Command::new(bin).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next()?, parts.next()?);
+    Some((major, minor) >= (2, 11))
+}
+
+/// `SANDMESH_NATS_SERVER`, then `.tools/bin/nats-server` here or beside the executable's
+/// checkout, then PATH.
+pub fn find_binary() -> anyhow::Result<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("SANDMESH_NATS_SERVER") {
+        candidates.push(p.into());
+    }
+    candidates.push(PathBuf::from(".tools/bin/nats-server"));
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/sandmesh → the checkout's .tools.
+        if let Some(root) = exe.ancestors().nth(3) {
+            candidates.push(root.join(".tools/bin/nats-server"));
+        }
+    }
+    candidates.push(PathBuf::from("nats-server"));
+    for bin in candidates {
+        match version_ok(&bin) {
+            Some(true) => return Ok(bin),
+            Some(false) => bail!("{} is older than 2.11 (no KV TTLs); {HINT}", bin.display()),
+            None => continue,
+        }
+    }
+    bail!("no nats-server found; {HINT}")
+}
+
+fn listening(port: u16) -> bool {
+    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
+}
+
+/// Starts nats-server on 127.0.0.1:`port` with JetStream storage in `data_dir`.
+pub fn start(data_dir: &Path, port: u16) -> anyhow::Result<LocalNats> {
+    if listening(port) {
+        bail!(
+            "port {port} is taken; set SANDMESH_NATS_URL to use that server, or pick --nats-port"
+        );
+    }
+    let bin = find_binary()?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let data_dir = data_dir.canonicalize()?;
+    let log = data_dir.join("nats.log");
+    let child = Command::new(&bin)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(data_dir.join("jetstream"))
+        .arg("-l")
+        .arg(&log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut server = LocalNats {
+        child,
+        url: format!("nats://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("Server is ready")
+        {
+            return Ok(server);
+        }
+        if let Ok(Some(status)) = server.child.try_wait() {
+            bail!("nats-server exited with {status}; see {}", log.display());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "nats-server did not get ready within 20 s; see {}",
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
