@@ -72,6 +72,11 @@ impl Harness {
     }
 
     pub async fn start_on(nats: NatsServer, extra: &[(&str, &str)]) -> Self {
+        // `RUST_LOG=docker_executor=debug cargo test ...` shows the executor's side.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let node = unique_node("n");
         let mut env = base_env(&nats, &node);
         for (k, v) in extra {
@@ -218,14 +223,66 @@ impl Harness {
         }
     }
 
-    /// Processes in a container besides docker-init, the keeper and the probe.
+    /// Processes in a container besides docker-init, the keeper (the first `keep`, started
+    /// with the container: an impostor started later is a stray) and the probe.
     pub async fn stray_processes(&self, container: &str) -> Vec<(u32, String)> {
-        docker_executor::probe::processes(&self.docker, container)
+        let procs = docker_executor::probe::processes(&self.docker, container)
             .await
-            .expect("probe")
+            .expect("probe");
+        let keeper = procs
+            .iter()
+            .filter(|(_, cmd)| cmd.ends_with("sandmesh-supervisor keep"))
+            .map(|(pid, _)| *pid)
+            .min();
+        procs
             .into_iter()
-            .filter(|(pid, cmd)| *pid != 1 && !cmd.ends_with("sandmesh-supervisor keep"))
+            .filter(|(pid, _)| *pid != 1 && Some(*pid) != keeper)
             .collect()
+    }
+
+    /// A run with a 2 s timeout (hostile code ends fast) in the given tier.
+    pub async fn hostile(
+        &self,
+        session: Option<&str>,
+        language: Language,
+        code: &str,
+        limits: Option<messages::exec::Limits>,
+    ) -> ExecResult {
+        let tier = if session.is_some() {
+            Tier::Session
+        } else {
+            Tier::Ephemeral
+        };
+        let mut req = run(tier, session, language, code);
+        req.request.timeout_ms = Some(2000);
+        req.request.limits = limits;
+        let started = Instant::now();
+        let r = self.call(&req).await.expect("hostile run answered");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "a hostile run must end near its timeout"
+        );
+        r
+    }
+
+    /// After hostile code: nothing of it is left running, and the next execution works —
+    /// in the same session container, or (ephemeral) with the used container gone.
+    pub async fn assert_recovered(&self, session: Option<&str>, pool: usize) {
+        match session {
+            Some(s) => {
+                let container = self.session_container(s).await;
+                let strays = self.stray_processes(&container).await;
+                assert!(strays.is_empty(), "processes left behind: {strays:?}");
+                let r = self.session(s, Language::Python, "print('next')").await;
+                assert_eq!(r.stdout, "next\n", "the session still works: {r:?}");
+                assert_eq!(self.session_container(s).await, container);
+            }
+            None => {
+                let r = self.ephemeral(Language::Python, "print('next')").await;
+                assert_eq!(r.stdout, "next\n", "the next run works: {r:?}");
+                self.wait_containers(pool).await;
+            }
+        }
     }
 
     /// Stops the executor and checks it left no container behind.
