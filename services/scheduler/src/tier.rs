@@ -8,16 +8,15 @@ use messages::risk::{RiskAssessment, RiskLevel, SecurityMode};
 /// The least isolated tier the assessment allows.
 ///
 /// `reject` always wins. Strict mode sends anything not SAFE to `session` or stricter;
-/// permissive mode follows the assessor's suggestion.
+/// permissive mode follows the assessor's suggestion. The same rule as the risk-assessor's own
+/// `required_tier`, so both sides of the wire agree.
 pub fn required_tier(risk: &RiskAssessment, mode: SecurityMode) -> Tier {
     if risk.suggested_tier == Tier::Reject {
         return Tier::Reject;
     }
     match mode {
         SecurityMode::Permissive => risk.suggested_tier,
-        SecurityMode::Strict if risk.level == RiskLevel::Safe && !risk.requires_isolation => {
-            risk.suggested_tier
-        }
+        SecurityMode::Strict if risk.level == RiskLevel::Safe => risk.suggested_tier,
         SecurityMode::Strict => risk.suggested_tier.max(Tier::Session),
     }
 }
@@ -81,9 +80,6 @@ mod tests {
             required_tier(&risk(RiskLevel::High, Tier::Aio), strict),
             Tier::Aio
         );
-        let mut isolated = risk(RiskLevel::Safe, Tier::Ephemeral);
-        isolated.requires_isolation = true;
-        assert_eq!(required_tier(&isolated, strict), Tier::Session);
     }
 
     #[test]
