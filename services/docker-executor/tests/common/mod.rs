@@ -231,7 +231,7 @@ impl Harness {
             .expect("probe");
         let keeper = procs
             .iter()
-            .filter(|(_, cmd)| cmd.ends_with("sandmesh-supervisor keep"))
+            .filter(|(pid, cmd)| *pid != 1 && cmd.ends_with("sandmesh-supervisor keep"))
             .map(|(pid, _)| *pid)
             .min();
         procs
