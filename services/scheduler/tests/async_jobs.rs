@@ -145,6 +145,39 @@ async fn jobs_run_once_each_and_duplicates_are_dropped_by_the_stream() {
 }
 
 #[tokio::test]
+async fn async_jobs_respect_the_queue_bound_and_all_complete() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _a = FakeExecutor::start(&url, "node-a", 16, runs.clone()).await;
+    let mut cfg = config(&url);
+    cfg.max_queue = 2;
+    let sched = start_scheduler(cfg).await;
+    let js = jetstream::new(connect(&url).await);
+
+    for i in 0..8 {
+        submit(&js, &format!("bounded-{i}"), "sleep:200").await;
+    }
+    for i in 0..8 {
+        assert_eq!(
+            wait_result(&js, &format!("bounded-{i}")).await.status,
+            ExecStatus::Ok
+        );
+    }
+    let peak = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.in_flight)
+        .max()
+        .unwrap();
+    assert!(peak <= 2, "at most max_queue jobs ran at once, saw {peak}");
+    assert_eq!(results_counts(&js).await, (8, 8));
+    sched.shutdown().await;
+}
+
+#[tokio::test]
 async fn invalid_jobs_get_a_stored_rejected_result() {
     let nats = NatsServer::start();
     let url = nats.url();

@@ -363,3 +363,103 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
     mesh::remove_containers(&holder);
     mesh.shutdown().await;
 }
+
+/// The scheduler binary is SIGKILLed with async jobs in flight on the real mesh; a new
+/// scheduler takes over. Every accepted job ends with exactly one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() {
+    let mut mesh = Mesh::start_services(1, &[]).await;
+    let s = Subjects::default();
+    let settings = [
+        ("SANDMESH_SCHED_JOB_ACK_WAIT_MS", "3000"),
+        ("SANDMESH_SCHED_CLAIM_TTL_MS", "3000"),
+        ("SANDMESH_SCHED_MAX_QUEUE", "4"),
+    ];
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandmesh-scheduler"))
+        .env("SANDMESH_NATS_URL", &mesh.url)
+        .env("SANDMESH_INSTANCE_ID", "doomed")
+        .envs(settings)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    mesh.wait_ready().await;
+
+    let js = jetstream::new(mesh.client.client().clone());
+    let mut accepted = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let id = format!("kill-{i:02}-{}", messages::new_id());
+        let mut r = req(
+            Language::Python,
+            &format!("import time\ntime.sleep(0.5)\nprint({i})"),
+        );
+        r.execution_id = Some(id.clone());
+        let ack = js
+            .send_publish(
+                s.jobs_exec(),
+                PublishMessage::build()
+                    .payload(serde_json::to_vec(&r).unwrap().into())
+                    .message_id(&id),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(!ack.duplicate);
+        accepted.insert(id);
+    }
+    let results = js.get_stream(s.results_stream()).await.unwrap();
+    let stored = |id: String| {
+        let results = results.clone();
+        async move {
+            results
+                .direct_get_last_for_subject(Subjects::default().result(&id))
+                .await
+                .ok()
+        }
+    };
+    eventually("the first results", || {
+        let (stored, accepted) = (&stored, &accepted);
+        async move {
+            let mut done = 0;
+            for id in accepted {
+                done += stored(id.clone()).await.is_some() as usize;
+            }
+            (done >= 2).then_some(())
+        }
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Executions the dead scheduler held claims on were in flight when it died.
+    let claims = js
+        .get_key_value(scheduler::results::Claims::bucket_name(&s))
+        .await
+        .unwrap();
+    let mut held = 0;
+    for id in &accepted {
+        if claims.get(id.as_str()).await.unwrap().is_some() && stored(id.clone()).await.is_none() {
+            held += 1;
+        }
+    }
+    assert!(held > 0, "the kill should interrupt running executions");
+
+    mesh.start_scheduler(&settings).await;
+    let mut ended = std::collections::BTreeSet::new();
+    for id in &accepted {
+        let m = eventually(&format!("the result of {id}"), || stored(id.clone())).await;
+        let r: ExecResult = serde_json::from_slice(&m.payload).unwrap();
+        assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+        ended.insert(r.execution_id);
+    }
+    assert_eq!(ended, accepted, "acked ids == result ids");
+    let mut results = js.get_stream(s.results_stream()).await.unwrap();
+    let state = results.info().await.unwrap().state.clone();
+    assert_eq!(state.messages, accepted.len() as u64);
+    assert_eq!(
+        state.last_sequence, state.messages,
+        "no result was written twice"
+    );
+    mesh.shutdown().await;
+}

@@ -227,6 +227,9 @@ pub struct Run {
     pub session_id: Option<String>,
     pub restored: bool,
     pub tier: Tier,
+    /// Runs of this log still going when this one started, itself included.
+    pub in_flight: usize,
+    pub finished: bool,
 }
 
 pub type Runs = Arc<Mutex<Vec<Run>>>;
@@ -249,17 +252,25 @@ fn parse_after(code: &str, tag: &str) -> Option<u64> {
 }
 
 async fn fake_run(node: String, runs: Runs, run: ExecutorRun) -> Result<ExecResult, ErrorBody> {
-    runs.lock().unwrap().push(Run {
-        execution_id: run.execution_id.clone(),
-        node: node.clone(),
-        session_id: run.request.session_id.clone(),
-        restored: run.session_restored,
-        tier: run.tier,
-    });
+    let index = {
+        let mut log = runs.lock().unwrap();
+        let in_flight = log.iter().filter(|r| !r.finished).count() + 1;
+        log.push(Run {
+            execution_id: run.execution_id.clone(),
+            node: node.clone(),
+            session_id: run.request.session_id.clone(),
+            restored: run.session_restored,
+            tier: run.tier,
+            in_flight,
+            finished: false,
+        });
+        log.len() - 1
+    };
     let code = &run.request.code;
     if let Some(ms) = parse_after(code, "sleep:") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    runs.lock().unwrap()[index].finished = true;
     if let Some(status) = parse_after(code, "fail:") {
         return Err(ErrorBody::new(
             ErrorKind::from_code(status as u16),

@@ -98,6 +98,13 @@ impl Mesh {
         confirm_env: &[(&str, &str)],
         sched_env: &[(&str, &str)],
     ) -> Self {
+        let mut mesh = Self::start_services(executors, confirm_env).await;
+        mesh.start_scheduler(sched_env).await;
+        mesh
+    }
+
+    /// Everything but the scheduler.
+    pub async fn start_services(executors: usize, confirm_env: &[(&str, &str)]) -> Self {
         let image = image().await;
         let nats = NatsServer::start();
         let url = nats.url();
@@ -123,13 +130,19 @@ impl Mesh {
         for i in 0..executors {
             mesh.start_executor(&format!("n{i}")).await;
         }
-        let mut env: Vec<(&str, String)> = base.to_vec();
-        env.push(("SANDMESH_HEARTBEAT_MS", "500".into()));
+        mesh
+    }
+
+    /// Starts the scheduler in-process and waits until the mesh answers.
+    pub async fn start_scheduler(&mut self, sched_env: &[(&str, &str)]) {
+        let mut env = vec![
+            ("SANDMESH_NATS_URL", self.url.clone()),
+            ("SANDMESH_HEARTBEAT_MS", "500".into()),
+        ];
         env.extend(sched_env.iter().map(|(k, v)| (*k, v.to_string())));
         let c = scheduler::SchedulerConfig::from_env(&env_of(&env)).unwrap();
-        mesh.add("scheduler", |stop| spawn(scheduler::run(c, stop)));
-        mesh.wait_ready().await;
-        mesh
+        self.add("scheduler", |stop| spawn(scheduler::run(c, stop)));
+        self.wait_ready().await;
     }
 
     fn add(&mut self, name: &'static str, start: impl FnOnce(CancellationToken) -> Task) {
@@ -235,7 +248,7 @@ impl Mesh {
         }
     }
 
-    async fn wait_ready(&self) {
+    pub async fn wait_ready(&self) {
         let subject = Subjects::default().sessions(SessionOp::List);
         let client = self.client.clone();
         eventually("the scheduler", || {
