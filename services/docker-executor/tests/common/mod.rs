@@ -82,6 +82,7 @@ impl Harness {
         for (k, v) in extra {
             env.insert(k.to_string(), v.to_string());
         }
+        let node = env["SANDMESH_INSTANCE_ID"].clone();
         let config = ExecutorConfig::from_env(&env).expect("valid test config");
         let subjects = config.kit.subjects.clone();
         let shutdown = CancellationToken::new();

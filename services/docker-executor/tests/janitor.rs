@@ -1,0 +1,229 @@
+//! Nothing leaks for long: containers of a crashed executor are reaped (by another node once
+//! the crashed node's heartbeat expires, or by its successor with the same node id at once),
+//! unowned containers of this node go, and containers of other meshes are left alone.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{base_env, containers_with, run, unique_node, Harness};
+use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
+use kit::Caller;
+use messages::exec::{ExecResult, ExecStatus, Language, Tier};
+use messages::subjects::ExecutorOp;
+use messages::Subjects;
+use test_support::NatsServer;
+
+/// The executor as its own process, so it can be killed like a crash.
+struct Process(Child, String);
+
+impl Process {
+    fn spawn(nats: &NatsServer, node: &str, extra: &[(&str, &str)]) -> Self {
+        let mut env = base_env(nats, node);
+        for (k, v) in extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        let child = Command::new(env!("CARGO_BIN_EXE_sandmesh-docker-executor"))
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the executor");
+        Self(child, node.to_string())
+    }
+
+    fn crash(&mut self) {
+        self.0.kill().expect("SIGKILL");
+        self.0.wait().expect("reaped");
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        common::remove_node_containers(&self.1);
+    }
+}
+
+/// Runs a session execution on `node` (retrying until the process serves).
+async fn session_on(client: &async_nats::Client, node: &str, session: &str) -> ExecResult {
+    let caller = Caller::new(client.clone(), Duration::from_secs(60));
+    let subject = Subjects::default().executor_node(node, ExecutorOp::Run);
+    let req = run(
+        Tier::Session,
+        Some(session),
+        Language::Python,
+        "print('alive')",
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match caller.call(subject.clone(), &req).await {
+            Ok(r) => return r,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the executor never served: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn wait_count(docker: &bollard::Docker, label: &str, n: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let list = containers_with(docker, label).await;
+        if list.len() == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label}: expected {n}, have {list:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leak_after_crash() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let docker = Sandboxes::connect().await.unwrap();
+    let crashed = unique_node("crash");
+    let mut process = Process::spawn(&nats, &crashed, &[("SANDMESH_EXEC_WARM_POOL", "2")]);
+    let r = session_on(&client, &crashed, "crash-s").await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let label = format!("sandmesh.node={crashed}");
+    // Two warm containers (the pool refilled after the session took one) and the session's.
+    wait_count(&docker, &label, 3, Duration::from_secs(30)).await;
+    process.crash();
+    assert_eq!(
+        containers_with(&docker, &label).await.len(),
+        3,
+        "a crash leaves them"
+    );
+
+    // Another node of the same mesh reaps them once the crashed node's heartbeat expires.
+    let h = Harness::start_on(nats, &[("SANDMESH_EXEC_JANITOR_MS", "300")]).await;
+    wait_count(&docker, &label, 0, Duration::from_secs(30)).await;
+    let r = h
+        .ephemeral(Language::Python, "print('still serving')")
+        .await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_the_same_node_id_reaps_its_predecessor_at_once() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let docker = Sandboxes::connect().await.unwrap();
+    let node = unique_node("same");
+    let mut process = Process::spawn(&nats, &node, &[("SANDMESH_EXEC_WARM_POOL", "1")]);
+    assert_eq!(
+        session_on(&client, &node, "same-s").await.status,
+        ExecStatus::Ok
+    );
+    let label = format!("sandmesh.node={node}");
+    wait_count(&docker, &label, 2, Duration::from_secs(30)).await;
+    let before = containers_with(&docker, &label).await;
+    process.crash();
+
+    let mut env = process_env_for(&node);
+    env.push(("SANDMESH_EXEC_WARM_POOL", "0"));
+    let h = Harness::start_on(nats, &env).await;
+    // The startup sweep: no heartbeat expiry to wait for, these are this node's own.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = containers_with(&docker, &label).await;
+        if !before.iter().any(|c| now.contains(c)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "predecessor's containers remain: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.stop().await;
+}
+
+fn process_env_for(node: &str) -> Vec<(&'static str, &str)> {
+    vec![("SANDMESH_INSTANCE_ID", node)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
+    let h = Harness::start_with(&[
+        ("SANDMESH_EXEC_WARM_POOL", "1"),
+        ("SANDMESH_EXEC_JANITOR_MS", "300"),
+    ])
+    .await;
+    h.wait_warm(1).await;
+    let hb = h.heartbeat().await.expect("heartbeat");
+    assert_eq!(hb.capacity, 8);
+    for gauge in [
+        "running_executions",
+        "warm_pool_size",
+        "active_sessions",
+        "capacity",
+    ] {
+        assert!(
+            hb.metrics.contains_key(gauge),
+            "{gauge} in {:?}",
+            hb.metrics
+        );
+    }
+    let mesh = hb.labels.get("mesh").expect("mesh label").clone();
+    let docker = h.docker.clone();
+    let spec = |node: &str, mesh: &str| SandboxSpec {
+        image: common::image().to_string(),
+        node_id: node.to_string(),
+        mesh: mesh.to_string(),
+        workspace_mb: 8,
+        tmp_mb: 8,
+        nofile: 64,
+        fsize_bytes: 1 << 20,
+    };
+    let limits = ContainerLimits {
+        memory_mb: 32,
+        cpus: 0.1,
+        pids: 16,
+    };
+    let mut made = Vec::new();
+    for (node, mesh) in [
+        (h.node.clone(), mesh.clone()),
+        (unique_node("ghost"), mesh.clone()),
+        (unique_node("other"), "another-mesh".to_string()),
+    ] {
+        let s = Sandboxes::new(docker.clone(), spec(&node, &mesh));
+        let name = s.new_name();
+        s.start(&name, ContainerKind::Warm, None, limits)
+            .await
+            .unwrap();
+        made.push((s, name));
+    }
+    let exists = |name: &str| {
+        let docker = docker.clone();
+        let name = name.to_string();
+        async move { containers_with(&docker, "sandmesh=1").await.contains(&name) }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while exists(&made[0].1).await || exists(&made[1].1).await {
+        assert!(
+            Instant::now() < deadline,
+            "unowned containers of this mesh remain"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        exists(&made[2].1).await,
+        "another mesh's container is not ours to judge"
+    );
+    made[2].0.remove(&made[2].1).await;
+    // The pool's own container was never touched.
+    h.wait_warm(1).await;
+    h.wait_containers(1).await;
+    h.stop().await;
+}
