@@ -1,6 +1,6 @@
 //! Rule hits collected while analysing one source: which rule, where, and an optional detail.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use regex::Regex;
 use tree_sitter::Node;
@@ -23,6 +23,8 @@ pub struct Hit {
 pub struct Hits {
     items: Vec<Hit>,
     by_start: HashMap<(usize, u32), usize>,
+    /// Spans that have a hit, for `covers` (a lookup, not a scan: scripts can have 100k hits).
+    spans: HashSet<(u32, u32)>,
 }
 
 impl Hits {
@@ -45,6 +47,7 @@ impl Hits {
         detail: Option<String>,
     ) {
         let (start, end) = (start as u32, end as u32);
+        self.spans.insert((start, end));
         match self.by_start.get(&(rule, start)) {
             Some(&i) => {
                 if end < self.items[i].end {
@@ -65,17 +68,19 @@ impl Hits {
     }
 
     /// Every match of `regex` in `source` (an offset shifts spans of an embedded script).
+    /// Lines are counted incrementally: matches come in order, so the whole scan stays linear.
     pub fn add_regex(&mut self, rule: usize, regex: &Regex, source: &str, offset: usize) {
+        let (mut line, mut counted) = (1u32, 0usize);
         for m in regex.find_iter(source) {
-            let line = syntax::line_at(source, m.start());
+            line += syntax::line_at(&source[counted..m.start()], usize::MAX) - 1;
+            counted = m.start();
             self.add_span(rule, line, offset + m.start(), offset + m.end(), None);
         }
     }
 
     /// Whether any hit already covers this exact span.
     pub fn covers(&self, start: usize, end: usize) -> bool {
-        let (start, end) = (start as u32, end as u32);
-        self.items.iter().any(|h| h.start == start && h.end == end)
+        self.spans.contains(&(start as u32, end as u32))
     }
 
     pub fn into_vec(self) -> Vec<Hit> {

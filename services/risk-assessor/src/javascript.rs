@@ -12,7 +12,9 @@ use crate::syntax::{self, Grammar};
 
 const G: Grammar = Grammar::Javascript;
 const PREFIXES: &[&str] = &["globalThis.", "window.", "global.", "self.", "this."];
-const MAX_CHAIN: usize = 64;
+const MAX_CHAIN: usize = 32;
+
+crate::fields!(G; property, object, index);
 
 pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
     let mut facts = Facts::default();
@@ -118,6 +120,7 @@ fn resolve(name: String, aliases: &HashMap<String, String>) -> String {
 
 /// The dotted name of an expression (`a.b['c']` → `a.b.c`); computed parts become `?`.
 fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) -> String {
+    let f = fields();
     let mut parts: Vec<String> = Vec::new();
     let mut current = node;
     for _ in 0..MAX_CHAIN {
@@ -128,8 +131,8 @@ fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) -> Str
                 return join(parts);
             }
             "member_expression" => {
-                let property = current.child_by_field_name("property");
-                let object = current.child_by_field_name("object");
+                let property = current.child_by_field_id(f.property);
+                let object = current.child_by_field_id(f.object);
                 let (Some(property), Some(object)) = (property, object) else {
                     break;
                 };
@@ -138,9 +141,9 @@ fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) -> Str
             }
             "subscript_expression" => {
                 let key = current
-                    .child_by_field_name("index")
+                    .child_by_field_id(f.index)
                     .and_then(|k| syntax::constant_string(k, source, G));
-                let Some(object) = current.child_by_field_name("object") else {
+                let Some(object) = current.child_by_field_id(f.object) else {
                     break;
                 };
                 parts.push(key.unwrap_or_else(|| "?".into()));

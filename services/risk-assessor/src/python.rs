@@ -20,7 +20,9 @@ const PREFIXES: &[&str] = &[
     "vars.",
 ];
 /// Longest attribute chain resolved; longer ones end in `?` (bounded work on hostile input).
-const MAX_CHAIN: usize = 64;
+const MAX_CHAIN: usize = 32;
+
+crate::fields!(G; attribute, object, subscript, value, function, arguments);
 /// Calls whose first argument names a module to load.
 const IMPORT_CALLS: &[&str] = &[
     "__import__",
@@ -79,11 +81,11 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
         }
     }
     for call in calls {
-        let Some(callee) = call.child_by_field_name("function") else {
+        let Some(callee) = call.child_by_field_id(fields().function) else {
             continue;
         };
         let names = name_forms(qualified(callee, source, &aliases), PREFIXES);
-        let args = call.child_by_field_name("arguments");
+        let args = call.child_by_field_id(fields().arguments);
         if names.iter().any(|n| IMPORT_CALLS.contains(&n.as_str())) {
             let first = args.and_then(|a| a.named_child(0));
             if let Some(module) = first.and_then(|f| syntax::constant_string(f, source, G)) {
@@ -192,6 +194,7 @@ fn resolve(name: String, aliases: &HashMap<String, String>) -> String {
 /// `getattr(__builtins__, 'ev' + 'al')` → `__builtins__.eval`, `x['k']` → `x.k`. Parts that
 /// are computed become `?`. Iterative: a chain of any length costs at most `MAX_CHAIN` steps.
 pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) -> String {
+    let f = fields();
     let mut parts: Vec<String> = Vec::new();
     let mut current = node;
     for _ in 0..MAX_CHAIN {
@@ -202,8 +205,8 @@ pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) ->
                 return join(parts);
             }
             "attribute" => {
-                let attr = current.child_by_field_name("attribute");
-                let object = current.child_by_field_name("object");
+                let attr = current.child_by_field_id(f.attribute);
+                let object = current.child_by_field_id(f.object);
                 let (Some(attr), Some(object)) = (attr, object) else {
                     break;
                 };
@@ -212,9 +215,9 @@ pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) ->
             }
             "subscript" => {
                 let key = current
-                    .child_by_field_name("subscript")
+                    .child_by_field_id(f.subscript)
                     .and_then(|k| syntax::constant_string(k, source, G));
-                let Some(value) = current.child_by_field_name("value") else {
+                let Some(value) = current.child_by_field_id(f.value) else {
                     break;
                 };
                 parts.push(key.unwrap_or_else(|| "?".into()));
@@ -225,7 +228,7 @@ pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) ->
                 None => break,
             },
             "call" if is_getattr(current, source, aliases) => {
-                let args = current.child_by_field_name("arguments");
+                let args = current.child_by_field_id(f.arguments);
                 let object = args.and_then(|a| a.named_child(0));
                 let attr = args
                     .and_then(|a| a.named_child(1))
@@ -242,7 +245,7 @@ pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) ->
 }
 
 fn is_getattr(call: Node, source: &str, aliases: &HashMap<String, String>) -> bool {
-    let callee = call.child_by_field_name("function");
+    let callee = call.child_by_field_id(fields().function);
     callee.is_some_and(|c| {
         c.kind() == "identifier"
             && resolve(syntax::identifier(syntax::text(c, source), G), aliases) == "getattr"

@@ -31,6 +31,30 @@ impl Grammar {
     }
 }
 
+/// A field id looked up once: `child_by_field_name` compares the name against every field of
+/// the grammar on each call, which dominated long attribute chains.
+pub fn field_id(grammar: Grammar, name: &str) -> u16 {
+    grammar
+        .language()
+        .field_id_for_name(name)
+        .map_or(0, |id| id.get())
+}
+
+/// Field ids of one grammar, resolved on first use.
+#[macro_export]
+macro_rules! fields {
+    ($grammar:expr; $($name:ident),* $(,)?) => {
+        #[allow(non_snake_case)]
+        struct Fields { $($name: u16),* }
+        fn fields() -> &'static Fields {
+            static FIELDS: std::sync::OnceLock<Fields> = std::sync::OnceLock::new();
+            FIELDS.get_or_init(|| Fields {
+                $($name: $crate::syntax::field_id($grammar, stringify!($name))),*
+            })
+        }
+    };
+}
+
 /// Why a source has no usable tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unparsed {

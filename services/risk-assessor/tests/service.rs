@@ -1,0 +1,159 @@
+//! The service over a real nats-server: JSON and MessagePack, bad input answered with clear
+//! 400/413 errors, hostile nesting that finishes, and the instance heartbeat.
+
+mod common;
+
+use kit::call::{decode_reply, CallError};
+use messages::codec::{self, Encoding};
+use messages::risk::{AssessRequest, ContentType, RiskAssessment, RiskLevel};
+use messages::ErrorBody;
+
+fn request(content: &str, content_type: ContentType) -> AssessRequest {
+    AssessRequest {
+        content: content.into(),
+        content_type,
+        params: None,
+        mode: None,
+    }
+}
+
+fn decode(subject: &str, reply: &async_nats::Message) -> Result<RiskAssessment, ErrorBody> {
+    decode_reply::<RiskAssessment>(subject, reply.headers.as_ref(), &reply.payload).map_err(|e| {
+        match e {
+            CallError::Service(body) => body,
+            other => panic!("not a service reply: {other}"),
+        }
+    })
+}
+
+#[tokio::test]
+async fn answers_in_the_callers_encoding() {
+    let mut svc = common::start(&[]).await;
+    for encoding in [Encoding::Json, Encoding::MsgPack] {
+        let body = encoding
+            .encode(&request("rm -rf /", ContentType::Shell))
+            .unwrap();
+        let reply = svc.raw(Some(encoding.content_type()), body).await.unwrap();
+        let ct = reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(codec::CONTENT_TYPE));
+        assert_eq!(ct.map(|v| v.as_str()), Some(encoding.content_type()));
+        let a = decode(&svc.subject, &reply).unwrap();
+        assert_eq!(a.level, RiskLevel::Critical);
+        assert_eq!(a.suggested_tier, messages::exec::Tier::Reject);
+    }
+    svc.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_error() {
+    let mut svc = common::start(&[("SANDMESH_RISK_MAX_CONTENT_BYTES", "1024")]).await;
+    // Invalid UTF-8 inside a MessagePack string, and as raw JSON bytes.
+    let mut msgpack =
+        rmp_serde::to_vec_named(&request("PLACEHOLDER", ContentType::Python)).unwrap();
+    let at = msgpack
+        .windows(11)
+        .position(|w| w == b"PLACEHOLDER")
+        .unwrap();
+    msgpack[at..at + 2].copy_from_slice(&[0xff, 0xfe]);
+    let json = b"{\"content\":\"\xff\xfe\",\"content_type\":\"python\"}".to_vec();
+    let unknown = Encoding::Json
+        .encode(&serde_json::json!({"content": "x", "content_type": "cobol"}))
+        .unwrap();
+    let too_big = Encoding::Json
+        .encode(&request(&"x".repeat(1025), ContentType::Python))
+        .unwrap();
+    let bad_mode = Encoding::Json
+        .encode(&serde_json::json!({"content": "x", "content_type": "python", "mode": "lax"}))
+        .unwrap();
+    let cases = [
+        (codec::MSGPACK, msgpack, 400, "not valid UTF-8"),
+        (codec::JSON, json, 400, "JSON"),
+        (
+            codec::JSON,
+            unknown,
+            400,
+            "supported: python, javascript, shell, browser",
+        ),
+        (codec::JSON, too_big, 413, "at most 1024"),
+        (codec::JSON, bad_mode, 400, "strict, permissive"),
+        (codec::JSON, b"{".to_vec(), 400, "JSON"),
+    ];
+    for (content_type, body, code, says) in cases {
+        let reply = svc.raw(Some(content_type), body).await.unwrap();
+        let error = decode(&svc.subject, &reply).unwrap_err();
+        assert_eq!(error.code, code, "{error:?}");
+        assert!(
+            error.message.contains(says),
+            "{:?} lacks {says:?}",
+            error.message
+        );
+        let header = reply
+            .headers
+            .as_ref()
+            .unwrap()
+            .get(codec::SERVICE_ERROR_CODE);
+        assert_eq!(
+            header.map(|v| v.as_str().to_string()),
+            Some(code.to_string())
+        );
+    }
+    svc.stop().await;
+}
+
+#[tokio::test]
+async fn deeply_nested_input_finishes_and_the_service_stays_up() {
+    let mut svc = common::start(&[]).await;
+    let cases = [
+        (
+            ContentType::Python,
+            "(".repeat(100_000) + &")".repeat(100_000),
+        ),
+        (
+            ContentType::Javascript,
+            "[".repeat(100_000) + &"]".repeat(100_000),
+        ),
+        (
+            ContentType::Shell,
+            "$(".repeat(60_000) + &")".repeat(60_000),
+        ),
+        (
+            ContentType::Python,
+            "x = ".to_string() + &"'a' + ".repeat(40_000) + "'a'",
+        ),
+        (ContentType::Shell, "f() { ".repeat(40_000)),
+    ];
+    for (content_type, content) in cases {
+        let body = Encoding::MsgPack
+            .encode(&request(&content, content_type))
+            .unwrap();
+        let reply = svc.raw(Some(codec::MSGPACK), body).await.unwrap();
+        // Only that it returns: any verdict is acceptable, a crash or a hang is not.
+        let a = decode(&svc.subject, &reply).unwrap();
+        assert!(!a.reason.is_empty());
+    }
+    let body = Encoding::Json
+        .encode(&request("print(1)", ContentType::Python))
+        .unwrap();
+    let reply = svc.raw(Some(codec::JSON), body).await.unwrap();
+    assert_eq!(decode(&svc.subject, &reply).unwrap().level, RiskLevel::Safe);
+    svc.stop().await;
+}
+
+#[tokio::test]
+async fn the_instance_beats_into_the_nodes_bucket() {
+    let mut svc = common::start(&[]).await;
+    let js = async_nats::jetstream::new(svc.client.clone());
+    let kv = js
+        .get_key_value(messages::Subjects::default().nodes_bucket())
+        .await
+        .unwrap();
+    let key = messages::heartbeat::heartbeat_key(risk_assessor::SERVICE_NAME, &svc.instance_id);
+    let entry = kv.get(&key).await.unwrap().expect("heartbeat key present");
+    let beat: messages::heartbeat::Heartbeat = serde_json::from_slice(&entry).unwrap();
+    assert_eq!(beat.service, risk_assessor::SERVICE_NAME);
+    svc.stop().await;
+    // A clean stop removes the key at once.
+    assert!(kv.get(&key).await.unwrap().is_none());
+}
