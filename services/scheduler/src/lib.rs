@@ -12,7 +12,8 @@
 //!     ├─ Registry actor ◀── heartbeat watch task (KV sandbox_nodes)
 //!     │        └─ lost nodes ──▶ session-loss task (marks their sessions Lost)
 //!     ├─ jobs loop (pull consumer) ──▶ one task per job
-//!     └─ Scheduler (shared by all): pipeline → dispatch; SessionTable, ResultStore, Claims
+//!     └─ Scheduler (shared by all): pipeline → dispatch / affinity; SessionTable, ResultStore,
+//!        Claims; a semaphore of SANDMESH_SCHED_MAX_QUEUE permits is the bounded queue
 //! ```
 
 pub mod affinity;
@@ -117,10 +118,14 @@ pub async fn run(
     serve_endpoints(&runtime, &sched).await?;
     let probe = admission.clone();
     runtime
-        .start_heartbeat(Arc::new(move || kit::heartbeat::Load {
-            capacity: max_queue as u32,
-            load: (max_queue - probe.available_permits()) as u32,
-            ..Default::default()
+        .start_heartbeat(Arc::new(move || {
+            let in_flight = max_queue - probe.available_permits();
+            kit::heartbeat::Load {
+                capacity: max_queue as u32,
+                load: in_flight as u32,
+                metrics: [("executions_in_flight".to_string(), in_flight as f64)].into(),
+                ..Default::default()
+            }
         }))
         .await?;
 
