@@ -155,8 +155,10 @@ fn take_utf8(buf: &mut Vec<u8>) -> String {
 pub struct ExchangeInput<'a> {
     pub container: &'a str,
     pub spec: &'a RunSpec,
-    /// Workspace snapshot and request files, as tar archives back to back.
+    /// The workspace snapshot (tar).
     pub archive: &'a [u8],
+    /// The request's files (tar).
+    pub files: &'a [u8],
     pub deadline: Instant,
     pub streamer: Option<&'a mut OutputStreamer>,
 }
@@ -195,11 +197,12 @@ pub async fn exchange(
         ));
     };
 
-    let mut wire = Vec::with_capacity(input.archive.len() + 4096);
+    let mut wire = Vec::with_capacity(input.archive.len() + input.files.len() + 4096);
     let request = serde_json::to_vec(input.spec).expect("RunSpec serialises");
     protocol::write_frame(&mut wire, FrameKind::Request, &request)
         .map_err(|e| DockerError::api("exec", input.container, e))?;
     protocol::write_chunked(&mut wire, FrameKind::Archive, input.archive).expect("vec write");
+    protocol::write_chunked(&mut wire, FrameKind::Files, input.files).expect("vec write");
     protocol::write_frame(&mut wire, FrameKind::End, &[]).expect("vec write");
     // Written from its own task so a slow reader on the other side never deadlocks us.
     let writer = tokio::spawn(async move {

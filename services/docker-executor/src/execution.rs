@@ -102,30 +102,32 @@ impl Runner {
         }
     }
 
-    /// The archive sent in: the session's snapshot (when synced), then the request's files.
-    async fn archive(&self, job: &Job) -> Result<Vec<u8>, ErrorBody> {
-        let req = &job.run.request;
-        let mut archive = match (&self.workspace, &req.session_id) {
-            (Some(ws), Some(session)) => ws.snapshot(session).await?,
-            _ => Vec::new(),
-        };
-        if !req.files.is_empty() {
-            let mut b = tar::Builder::new(Vec::new());
-            for f in &req.files {
-                let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
-                let mut h = tar::Header::new_gnu();
-                h.set_size(bytes.len() as u64);
-                h.set_mode(0o644);
-                h.set_entry_type(tar::EntryType::Regular);
-                b.append_data(&mut h, &f.path, bytes.as_slice())
-                    .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
-            }
-            archive.extend(
-                b.into_inner()
-                    .map_err(|e| ErrorBody::internal(e.to_string()))?,
-            );
+    /// The session's snapshot, when synced (an unknown session has an empty workspace).
+    async fn snapshot(&self, job: &Job) -> Result<Vec<u8>, ErrorBody> {
+        match (&self.workspace, &job.run.request.session_id) {
+            (Some(ws), Some(session)) => ws.snapshot(session).await,
+            _ => Ok(Vec::new()),
         }
-        Ok(archive)
+    }
+
+    /// The request's files as a tar (paths were validated on admission).
+    fn files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
+        let files = &job.run.request.files;
+        if files.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut b = tar::Builder::new(Vec::new());
+        for f in files {
+            let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
+            let mut h = tar::Header::new_gnu();
+            h.set_size(bytes.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, &f.path, bytes.as_slice())
+                .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
+        }
+        b.into_inner()
+            .map_err(|e| ErrorBody::internal(e.to_string()))
     }
 
     /// Runs `job` in `container` and says whether the container is still usable.
@@ -142,7 +144,11 @@ impl Runner {
             }
             container.limits = wanted;
         }
-        let archive = match self.archive(job).await {
+        let inputs = match Self::files(job) {
+            Ok(files) => self.snapshot(job).await.map(|snapshot| (snapshot, files)),
+            Err(e) => Err(e),
+        };
+        let (archive, files) = match inputs {
             Ok(a) => a,
             Err(error) => {
                 return (
@@ -166,6 +172,7 @@ impl Runner {
             container: &container.name,
             spec: &spec,
             archive: &archive,
+            files: &files,
             deadline,
             streamer: streamer.as_mut(),
         };

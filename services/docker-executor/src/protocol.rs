@@ -7,7 +7,7 @@
 //! A frame is `kind: u8`, `len: u32` big-endian, then `len` bytes of payload.
 //!
 //! ```text
-//! executor → supervisor (exec stdin):   Request(json) Archive(tar bytes)* End
+//! executor → supervisor (exec stdin):   Request(json) Archive(tar)* Files(tar)* End
 //! supervisor → executor (exec stdout):  (Stdout | Stderr)*  Changes(tar bytes)*  Report(json)
 //! ```
 //!
@@ -33,6 +33,9 @@ pub enum FrameKind {
     Request,
     /// executor → supervisor: a piece of the workspace tar placed before the run.
     Archive,
+    /// executor → supervisor: a piece of the tar of the request's files, written over the
+    /// workspace after it is placed; they count as changes of the run (and so persist).
+    Files,
     /// executor → supervisor: no more input.
     End,
     /// supervisor → executor: program stdout bytes.
@@ -50,6 +53,7 @@ impl FrameKind {
         match self {
             FrameKind::Request => b'Q',
             FrameKind::Archive => b'A',
+            FrameKind::Files => b'F',
             FrameKind::End => b'E',
             FrameKind::Stdout => b'O',
             FrameKind::Stderr => b'R',
@@ -62,6 +66,7 @@ impl FrameKind {
         Some(match b {
             b'Q' => FrameKind::Request,
             b'A' => FrameKind::Archive,
+            b'F' => FrameKind::Files,
             b'E' => FrameKind::End,
             b'O' => FrameKind::Stdout,
             b'R' => FrameKind::Stderr,

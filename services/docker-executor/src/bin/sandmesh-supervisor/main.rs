@@ -89,9 +89,13 @@ impl Write for ChangesWriter<'_> {
     }
 }
 
-fn read_input(input: &mut impl Read) -> Result<(RunSpec, Vec<u8>), String> {
+/// The request, the workspace archive and the request's files archive.
+type Input = (RunSpec, Vec<u8>, Vec<u8>);
+
+fn read_input(input: &mut impl Read) -> Result<Input, String> {
     let mut spec: Option<RunSpec> = None;
     let mut archive = Vec::new();
+    let mut files = Vec::new();
     loop {
         let frame = protocol::read_frame(input).map_err(|e| format!("reading the request: {e}"))?;
         match frame {
@@ -107,17 +111,22 @@ fn read_input(input: &mut impl Read) -> Result<(RunSpec, Vec<u8>), String> {
                 }
                 spec = Some(s);
             }
-            Some((FrameKind::Archive, payload)) => {
-                if archive.len() + payload.len() > MAX_INPUT {
-                    return Err(format!("the workspace archive exceeds {MAX_INPUT} bytes"));
+            Some((kind @ (FrameKind::Archive | FrameKind::Files), payload)) => {
+                if archive.len() + files.len() + payload.len() > MAX_INPUT {
+                    return Err(format!("the input exceeds {MAX_INPUT} bytes"));
                 }
-                archive.extend_from_slice(&payload);
+                let target = if kind == FrameKind::Archive {
+                    &mut archive
+                } else {
+                    &mut files
+                };
+                target.extend_from_slice(&payload);
             }
             Some((FrameKind::End, _)) | None => break,
             Some((kind, _)) => return Err(format!("unexpected {kind:?} frame from the executor")),
         }
     }
-    spec.map(|s| (s, archive))
+    spec.map(|s| (s, archive, files))
         .ok_or_else(|| "no request frame".to_string())
 }
 
@@ -127,57 +136,65 @@ fn run_once() -> ExitCode {
     let _ = nix::sys::prctl::set_dumpable(false);
     let mut out = FrameOut::new();
     let mut report = RunReport::failed("not started");
-    let spec = match read_input(&mut io::stdin().lock()) {
-        Ok((spec, archive)) => {
-            let root = Path::new(&spec.workspace);
-            match files::unpack(root, &archive, &mut report.warnings) {
-                Ok(()) => Some(spec),
-                Err(e) => {
-                    report.outcome = Outcome::Failed {
-                        message: format!("cannot place the workspace: {e}"),
-                    };
-                    None
-                }
-            }
-        }
-        Err(message) => {
-            report.outcome = Outcome::Failed { message };
-            None
-        }
-    };
-    if let Some(spec) = spec {
-        let root = Path::new(&spec.workspace);
-        let before = files::Manifest::scan(root);
-        process::run(&spec, &mut out, &mut report);
-        let after = files::Manifest::scan(root);
-        if before.truncated || after.truncated {
-            report
-                .warnings
-                .push("the workspace has too many files to track every change".into());
-        }
-        let diff = files::diff(&before, &after);
-        let changed: Vec<String> = diff.created.iter().chain(&diff.modified).cloned().collect();
-        let mut writer = ChangesWriter {
-            out: &mut out,
-            buf: Vec::new(),
-        };
-        if !changed.is_empty() && spec.max_changes_bytes > 0 {
-            match files::pack(root, &changed, spec.max_changes_bytes, &mut writer) {
-                Ok(skipped) => report.files_skipped = skipped,
-                Err(e) => report
-                    .warnings
-                    .push(format!("could not pack the changed files: {e}")),
-            }
-        }
-        report.files_created = diff.created;
-        report.files_modified = diff.modified;
-        report.files_deleted = diff.deleted;
+    match read_input(&mut io::stdin().lock()) {
+        Ok((spec, archive, files)) => execute(&spec, &archive, &files, &mut out, &mut report),
+        Err(message) => report.outcome = Outcome::Failed { message },
     }
     match serde_json::to_vec(&report) {
         Ok(json) => out.send(FrameKind::Report, &json),
         Err(e) => eprintln!("sandmesh-supervisor: cannot encode the report: {e}"),
     }
     ExitCode::SUCCESS
+}
+
+/// Places the workspace, runs the program, and collects what changed.
+fn execute(
+    spec: &RunSpec,
+    archive: &[u8],
+    files: &[u8],
+    out: &mut FrameOut,
+    report: &mut RunReport,
+) {
+    let root = Path::new(&spec.workspace);
+    if let Err(e) = files::unpack(root, archive, &mut report.warnings) {
+        report.outcome = Outcome::Failed {
+            message: format!("cannot place the workspace: {e}"),
+        };
+        return;
+    }
+    // The baseline is the workspace as stored: the request's files, written next, are
+    // changes of this run.
+    let before = files::Manifest::scan(root);
+    if let Err(e) = files::unpack(root, files, &mut report.warnings) {
+        report.outcome = Outcome::Failed {
+            message: format!("cannot write the request's files: {e}"),
+        };
+        return;
+    }
+    process::run(spec, out, report);
+    let after = files::Manifest::scan(root);
+    if before.truncated || after.truncated {
+        report
+            .warnings
+            .push("the workspace has too many files to track every change".into());
+    }
+    let diff = files::diff(&before, &after);
+    let changed: Vec<String> = diff.created.iter().chain(&diff.modified).cloned().collect();
+    if !changed.is_empty() && spec.max_changes_bytes > 0 {
+        let mut writer = ChangesWriter {
+            out,
+            buf: Vec::new(),
+        };
+        match files::pack(root, &changed, spec.max_changes_bytes, &mut writer) {
+            Ok(skipped) => report.files_skipped = skipped,
+            Err(e) => report
+                .warnings
+                .push(format!("could not pack the changed files: {e}")),
+        }
+    }
+    report.files_created = diff.created;
+    report.files_modified = diff.modified;
+    report.files_deleted = diff.deleted;
 }
 
 fn keep() -> ExitCode {
