@@ -25,6 +25,9 @@ use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
 
 type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 
+// `Run` is large, but it is the message this actor exists for and the kit's `actor_handler`
+// builds it by value; boxing would only add an allocation per request.
+#[allow(clippy::large_enum_variant)]
 pub enum ExecutorMsg {
     Run(RequestContext, ExecutorRun, Reply<ExecResult>),
     Close(RequestContext, ExecutorClose, Reply<Ack>),
@@ -172,7 +175,7 @@ impl ExecutorState {
         reply: Reply<ExecResult>,
     ) -> Result<(), ActorProcessingErr> {
         let session_id = job.run.request.session_id.clone().expect("admitted");
-        let mut msg = SessionMsg::Run(job, reply);
+        let mut msg = SessionMsg::Run(Box::new(job), reply);
         // Twice at most: a session actor that just stopped (idle) is replaced once.
         for _ in 0..2 {
             let actor = match self.sessions.get(&session_id) {

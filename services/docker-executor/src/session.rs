@@ -24,7 +24,7 @@ use crate::warm_pool::WarmPoolMsg;
 type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
 
 pub enum SessionMsg {
-    Run(Job, Reply),
+    Run(Box<Job>, Reply),
     /// The session's container is ready, or could not be had.
     Acquired(Result<Container, String>),
     /// The running execution finished and gives the container back.
@@ -58,7 +58,7 @@ pub struct SessionState {
     container: Option<Container>,
     /// The container's name in every phase, so a close can remove it even mid-run.
     container_name: Option<String>,
-    queue: VecDeque<(Job, Reply)>,
+    queue: VecDeque<(Box<Job>, Reply)>,
     last_used: Instant,
 }
 
