@@ -230,3 +230,52 @@ mod tests {
         assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
     }
 }
+
+/// A Python interpreter with the example client's requirements (`clients/python/
+/// requirements.txt`: PyPI `nats-py`, `msgpack`) installed — a venv under the target dir,
+/// created on first use and rebuilt when the requirements change. `SANDMESH_PYTHON` picks
+/// another base interpreter than `python3`.
+pub fn python_client() -> PathBuf {
+    fn run(cmd: &mut Command) {
+        let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cmd:?} failed (python3 with venv and pip, and PyPI, are needed): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let requirements = repo_root().join("clients/python/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).expect("clients/python/requirements.txt");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let venv = target.join("tmp/python-client-venv");
+    let python = venv.join("bin/python");
+    let marker = venv.join("requirements.installed");
+    // One installer at a time: test binaries of several crates may ask at once.
+    let lock = target.join("tmp/python-client-venv.lock");
+    std::fs::create_dir_all(target.join("tmp")).expect("target/tmp");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while std::fs::create_dir(&lock).is_err() {
+        assert!(Instant::now() < deadline, "{} is held for too long", lock.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let result = std::panic::catch_unwind(|| {
+        if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) {
+            if !python.exists() {
+                let base = std::env::var("SANDMESH_PYTHON").unwrap_or_else(|_| "python3".into());
+                run(Command::new(base).args(["-m", "venv"]).arg(&venv));
+            }
+            run(Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+                .arg(&requirements));
+            std::fs::write(&marker, &wanted).expect("write marker");
+        }
+    });
+    let _ = std::fs::remove_dir(&lock);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+    python
+}
