@@ -209,28 +209,6 @@ pub fn require_docker() {
     );
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_parse() {
-        assert_eq!(parse_version("nats-server: v2.15.1\n"), Some((2, 15)));
-        assert_eq!(parse_version("garbage"), None);
-    }
-
-    #[test]
-    fn server_starts_restarts_and_stops() {
-        let mut s = NatsServer::start();
-        assert!(std::net::TcpStream::connect(("127.0.0.1", s.port())).is_ok());
-        s.restart();
-        assert!(std::net::TcpStream::connect(("127.0.0.1", s.port())).is_ok());
-        let port = s.port();
-        drop(s);
-        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
-    }
-}
-
 /// A Python interpreter with the example client's requirements (`clients/python/
 /// requirements.txt`: PyPI `nats-py`, `msgpack`) installed — a venv under the target dir,
 /// created on first use and rebuilt when the requirements change. `SANDMESH_PYTHON` picks
@@ -278,4 +256,26 @@ pub fn python_client() -> PathBuf {
         std::panic::resume_unwind(panic);
     }
     python
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse() {
+        assert_eq!(parse_version("nats-server: v2.15.1\n"), Some((2, 15)));
+        assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn server_starts_restarts_and_stops() {
+        let mut s = NatsServer::start();
+        assert!(std::net::TcpStream::connect(("127.0.0.1", s.port())).is_ok());
+        s.restart();
+        assert!(std::net::TcpStream::connect(("127.0.0.1", s.port())).is_ok());
+        let port = s.port();
+        drop(s);
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    }
 }
