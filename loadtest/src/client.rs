@@ -20,6 +20,21 @@ pub fn error_status(e: &CallError) -> String {
     format!("err:{}", e.kind().as_str())
 }
 
+/// A failed call as a sample: counted by kind, with its message as the detail.
+pub fn call_failed(e: &CallError) -> Sample {
+    Sample::failed(error_status(e), e.to_string())
+}
+
+/// An error of this client's own making (`err:<what>: <message>`) as a sample.
+pub fn failed_with(status_and_detail: String) -> Sample {
+    let status = status_and_detail
+        .split(':')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(":");
+    Sample::failed(status, status_and_detail)
+}
+
 /// A sample from an execution's outcome: the result's status (`wrong_output` when it is `ok`
 /// but printed something else), the executor's time as the inner time.
 pub fn exec_sample(
@@ -33,13 +48,17 @@ pub fn exec_sample(
             if status == "ok" && expect.is_some_and(|e| r.stdout != e) {
                 status = "wrong_output".into();
             }
+            let detail = r.error.as_ref().map(|e| e.message.clone());
             Sample {
                 latency: Some(latency),
                 status,
                 inner: (r.timing.exec_ms > 0).then(|| Duration::from_millis(r.timing.exec_ms)),
+                detail: detail.or_else(|| {
+                    (!r.stderr.is_empty()).then(|| r.stderr.chars().take(200).collect())
+                }),
             }
         }
-        Err(status) => Sample::failed(status),
+        Err(e) => failed_with(e),
     }
 }
 
@@ -50,7 +69,7 @@ pub async fn exec_sync(mesh: &Mesh, req: &ExecRequest, expect: Option<&str>) -> 
         .caller
         .call::<ExecRequest, ExecResult>(mesh.subjects.exec(), req)
         .await
-        .map_err(|e| error_status(&e));
+        .map_err(|e| format!("{}: {e}", error_status(&e)));
     exec_sample(outcome, start.elapsed(), expect)
 }
 
@@ -139,7 +158,7 @@ pub async fn lookup_until(mesh: &Mesh, id: &str, limit: Duration) -> Result<Exec
             Ok(ResultLookup::Done { result }) => return Ok(*result),
             Ok(ResultLookup::Pending { .. }) => {}
             Err(e) if e.kind() == messages::ErrorKind::NotFound => {}
-            Err(e) => return Err(error_status(&e)),
+            Err(e) => return Err(format!("{}: {e}", error_status(&e))),
         }
         if Instant::now() > deadline {
             return Err("err:result-missing".into());

@@ -2,6 +2,7 @@
 //! `requests` operations were issued or `duration` passed, whichever comes first. Every loop is
 //! bounded in count and time; a progress line on stderr shows how far it got.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,6 +40,8 @@ pub struct Sample {
     pub status: String,
     /// The executor's own time for this operation (`timing.exec_ms`), when it reports one.
     pub inner: Option<Duration>,
+    /// What went wrong, for the first failure of each status in the report.
+    pub detail: Option<String>,
 }
 
 impl Sample {
@@ -46,16 +49,21 @@ impl Sample {
         Self {
             latency: Some(latency),
             status: status.into(),
-            inner: None,
+            ..Default::default()
         }
     }
 
-    pub fn failed(status: impl Into<String>) -> Self {
+    pub fn failed(status: impl Into<String>, detail: impl Into<String>) -> Self {
         Self {
-            latency: None,
             status: status.into(),
-            inner: None,
+            detail: Some(detail.into()),
+            ..Default::default()
         }
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
     }
 }
 
@@ -67,6 +75,8 @@ pub struct Run {
     pub overhead: Latencies,
     pub inner: Latencies,
     pub statuses: Counts,
+    /// The first detail seen for each status that is not `ok`.
+    pub examples: BTreeMap<String, String>,
     pub elapsed: Duration,
     pub completed: u64,
     pub concurrency: usize,
@@ -76,6 +86,11 @@ impl Run {
     pub fn absorb(&mut self, s: &Sample) {
         self.completed += 1;
         self.statuses.add(&s.status);
+        if let Some(d) = s.detail.as_ref().filter(|_| s.status != "ok") {
+            self.examples
+                .entry(s.status.clone())
+                .or_insert_with(|| d.clone());
+        }
         if let Some(l) = s.latency {
             self.latencies.record(l);
             if let Some(inner) = s.inner {
@@ -90,6 +105,9 @@ impl Run {
         self.overhead.merge(&other.overhead);
         self.inner.merge(&other.inner);
         self.statuses.merge(&other.statuses);
+        for (k, v) in other.examples {
+            self.examples.entry(k).or_insert(v);
+        }
         self.completed += other.completed;
     }
 
@@ -251,15 +269,20 @@ mod tests {
                     latency: Some(Duration::from_millis(12)),
                     status: "ok".into(),
                     inner: Some(Duration::from_millis(10)),
+                    detail: None,
                 }
             } else {
-                Sample::failed("unavailable")
+                Sample::failed("unavailable", "no executor")
             }
         })
         .await;
         assert_eq!(run.statuses.get("ok"), 2);
         assert_eq!(run.statuses.get("unavailable"), 2);
         assert_eq!(run.latencies.len(), 2);
+        assert_eq!(
+            run.examples.get("unavailable").map(String::as_str),
+            Some("no executor")
+        );
         let overhead = run.overhead.summary();
         assert!((overhead.p50_ms - 2.0).abs() < 0.01, "{overhead:?}");
     }

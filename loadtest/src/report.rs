@@ -1,6 +1,8 @@
 //! The run's report: every measured series, the burst and mixed checks, memory, and the
 //! targets judged against them. Written as JSON (`--json-out`) and as a short human summary.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::driver::Run;
@@ -29,6 +31,9 @@ pub struct SeriesReport {
     pub throughput_rps: f64,
     pub latency: LatencySummary,
     pub statuses: Counts,
+    /// The first error message of each status that is not `ok`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub examples: BTreeMap<String, String>,
     /// End-to-end minus the executor's `timing.exec_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overhead: Option<LatencySummary>,
@@ -54,6 +59,7 @@ impl SeriesReport {
             throughput_rps: (run.throughput() * 10.0).round() / 10.0,
             latency: run.latencies.summary(),
             statuses: run.statuses.clone(),
+            examples: run.examples.clone(),
             overhead: some(&run.overhead),
             exec_time: some(&run.inner),
             ..Default::default()
@@ -158,7 +164,7 @@ impl Report {
         let baselines: Vec<(Option<String>, usize, String, f64)> = self
             .series
             .iter()
-            .filter(|s| s.scenario == "baseline")
+            .filter(|s| s.scenario == "baseline" && s.latency.count > 0)
             .map(|s| {
                 (
                     s.language.clone(),
@@ -168,7 +174,11 @@ impl Report {
                 )
             })
             .collect();
-        for s in self.series.iter_mut().filter(|s| s.scenario == "exec") {
+        for s in self
+            .series
+            .iter_mut()
+            .filter(|s| s.scenario == "exec" && s.latency.count > 0)
+        {
             let found = baselines
                 .iter()
                 .find(|(lang, c, _, _)| *lang == s.language && *c == s.concurrency);

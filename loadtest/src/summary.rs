@@ -53,6 +53,12 @@ impl Report {
                 s.statuses.compact()
             );
         }
+        for s in &self.series {
+            for (status, example) in &s.examples {
+                let short: String = example.chars().take(200).collect();
+                let _ = writeln!(out, "  {} {status}: {short}", s.name);
+            }
+        }
         if let Some(b) = &self.burst {
             let _ = writeln!(
                 out,

@@ -2,6 +2,30 @@
 
 use crate::report::{Report, SeriesReport, TargetCheck};
 
+/// `N of M not ok (status: first message)` when a series had failures, else empty.
+pub fn failures(s: &SeriesReport) -> String {
+    let total: u64 = s.statuses.0.values().sum();
+    let bad: Vec<(&String, &u64)> = s.statuses.0.iter().filter(|(k, _)| *k != "ok").collect();
+    if bad.is_empty() {
+        return String::new();
+    }
+    let n: u64 = bad.iter().map(|(_, v)| **v).sum();
+    let (status, _) = bad[0];
+    let example = s.examples.get(status).map_or(String::new(), |e| {
+        let short: String = e.chars().take(160).collect();
+        format!(": {short}")
+    });
+    format!("{n} of {total} not ok ({status}{example})")
+}
+
+/// A verdict that also fails when the series it rests on had failures.
+fn verdict(s: Option<&SeriesReport>, met: Option<bool>) -> (Option<bool>, String) {
+    match s {
+        Some(s) if !failures(s).is_empty() => (Some(false), failures(s)),
+        _ => (met, String::new()),
+    }
+}
+
 impl Report {
     fn find(
         &self,
@@ -35,13 +59,12 @@ impl Report {
                         s.baseline.clone().unwrap_or_default()
                     )
                 }),
-                met: r.map(|r| r <= limit),
-                note: String::new(),
+                met: verdict(s, r.map(|r| r <= limit)).0,
+                note: verdict(s, None).1,
             });
         }
-        let overhead = self
-            .find("exec", "python", "ephemeral", "sync", 1)
-            .and_then(|s| s.overhead);
+        let ephemeral = self.find("exec", "python", "ephemeral", "sync", 1);
+        let overhead = ephemeral.and_then(|s| s.overhead);
         let session_overhead = self
             .find("exec", "python", "session", "sync", 1)
             .and_then(|s| s.overhead);
@@ -52,15 +75,19 @@ impl Report {
                     .map_or(String::new(), |s| format!("; session {:.2} ms", s.p50_ms));
                 format!("ephemeral {:.2} ms{session}", o.p50_ms)
             }),
-            met: overhead.map(|o| o.p50_ms <= 3.0),
-            note: String::new(),
+            met: verdict(ephemeral, overhead.map(|o| o.p50_ms <= 3.0)).0,
+            note: verdict(ephemeral, None).1,
         });
         let first = self.series.iter().find(|s| s.scenario == "session-first");
         t.push(TargetCheck {
             target: "first execution of a new session p50 <= 100 ms".into(),
             measured: first.map(|s| format!("{:.1} ms (n={})", s.latency.p50_ms, s.latency.count)),
-            met: first.map(|s| s.latency.count > 0 && s.latency.p50_ms <= 100.0),
-            note: String::new(),
+            met: verdict(
+                first,
+                first.map(|s| s.latency.count > 0 && s.latency.p50_ms <= 100.0),
+            )
+            .0,
+            note: verdict(first, None).1,
         });
         let assess = self
             .series
@@ -75,8 +102,8 @@ impl Report {
                     s.throughput_rps, s.concurrency
                 )
             }),
-            met: assess.map(|s| s.throughput_rps >= 20_000.0),
-            note: String::new(),
+            met: verdict(assess, assess.map(|s| s.throughput_rps >= 20_000.0)).0,
+            note: verdict(assess, None).1,
         });
         let burst = self.burst.as_ref();
         t.push(TargetCheck {
@@ -121,6 +148,33 @@ mod tests {
     use crate::stats::LatencySummary;
 
     use super::*;
+
+    #[test]
+    fn a_series_with_failures_cannot_meet_a_target() {
+        let mut s = series(
+            "session-first/c1",
+            "python",
+            Some("session"),
+            Some("sync"),
+            1,
+            50.0,
+        );
+        s.statuses.add_n("ok", 8);
+        s.statuses.add_n("err:unavailable", 2);
+        s.examples
+            .insert("err:unavailable".into(), "no executor node".into());
+        let mut r = Report {
+            series: vec![s],
+            ..Default::default()
+        };
+        r.evaluate_targets();
+        let first = &r.targets[3];
+        assert_eq!(first.met, Some(false));
+        assert_eq!(
+            first.note,
+            "2 of 10 not ok (err:unavailable: no executor node)"
+        );
+    }
 
     #[test]
     fn targets_are_judged_and_missing_ones_reported_as_not_run() {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use messages::risk::{AssessRequest, ContentType, RiskAssessment};
 
-use crate::client::error_status;
+use crate::client::call_failed;
 use crate::driver::{drive, note, Load, Sample};
 use crate::mesh::{self, Mesh};
 use crate::scenarios::Ctx;
@@ -104,7 +104,7 @@ pub async fn assess(
                         .await
                     {
                         Ok(_) => Sample::timed(start.elapsed(), "ok"),
-                        Err(e) => Sample::failed(error_status(&e)),
+                        Err(e) => call_failed(&e),
                     }
                 }
             })

@@ -69,8 +69,11 @@ pub async fn baseline(
                         match container.exec(argv).await {
                             Ok((0, out)) if out == expect => Sample::timed(start.elapsed(), "ok"),
                             Ok((0, _)) => Sample::timed(start.elapsed(), "wrong_output"),
-                            Ok((code, _)) => Sample::timed(start.elapsed(), format!("exit_{code}")),
-                            Err(e) => Sample::failed(format!("err:docker: {e}")),
+                            Ok((code, out)) => {
+                                Sample::timed(start.elapsed(), format!("exit_{code}"))
+                                    .with_detail(out)
+                            }
+                            Err(e) => Sample::failed("err:docker", e.to_string()),
                         }
                     }
                 })
@@ -200,7 +203,7 @@ pub async fn first_session(ctx: &mut Ctx, language: Language, samples: u64) -> a
         let id = match open_session(&ctx.mesh, language).await {
             Ok(id) => id,
             Err(e) => {
-                open.absorb(&Sample::failed(format!("err:{e}")));
+                open.absorb(&Sample::failed("err:session-open", e));
                 continue;
             }
         };

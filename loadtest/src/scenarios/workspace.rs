@@ -10,7 +10,7 @@ use messages::workspace::{
     WsCleaned, WsCleanup, WsEntry, WsFile, WsInit, WsList, WsListing, WsRead, WsUsage, WsWrite,
 };
 
-use crate::client::error_status;
+use crate::client::call_failed;
 use crate::driver::{drive, Load, Sample};
 use crate::scenarios::Ctx;
 
@@ -98,7 +98,7 @@ async fn write(mesh: &crate::mesh::Mesh, session: &str, path: &str, bytes: usize
     {
         Ok(e) if e.size == bytes as u64 => Sample::timed(start.elapsed(), "ok"),
         Ok(_) => Sample::timed(start.elapsed(), "wrong_size"),
-        Err(e) => Sample::failed(error_status(&e)),
+        Err(e) => call_failed(&e),
     }
 }
 
@@ -118,7 +118,7 @@ async fn read(mesh: &crate::mesh::Mesh, session: &str, path: &str, bytes: usize)
     {
         Ok(f) if f.content.len() == bytes => Sample::timed(start.elapsed(), "ok"),
         Ok(_) => Sample::timed(start.elapsed(), "wrong_content"),
-        Err(e) => Sample::failed(error_status(&e)),
+        Err(e) => call_failed(&e),
     }
 }
 
@@ -140,6 +140,6 @@ async fn list(mesh: &crate::mesh::Mesh, session: &str) -> Sample {
             Sample::timed(start.elapsed(), "ok")
         }
         Ok(_) => Sample::timed(start.elapsed(), "wrong_listing"),
-        Err(e) => Sample::failed(error_status(&e)),
+        Err(e) => call_failed(&e),
     }
 }
