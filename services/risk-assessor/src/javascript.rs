@@ -14,7 +14,7 @@ const G: Grammar = Grammar::Javascript;
 const PREFIXES: &[&str] = &["globalThis.", "window.", "global.", "self.", "this."];
 const MAX_CHAIN: usize = 32;
 
-crate::fields!(G; property, object, index);
+syntax::fields!(G; property, object, index);
 
 pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
     let mut facts = Facts::default();

@@ -22,7 +22,7 @@ const PREFIXES: &[&str] = &[
 /// Longest attribute chain resolved; longer ones end in `?` (bounded work on hostile input).
 const MAX_CHAIN: usize = 32;
 
-crate::fields!(G; attribute, object, subscript, value, function, arguments);
+syntax::fields!(G; attribute, object, subscript, value, function, arguments);
 /// Calls whose first argument names a module to load.
 const IMPORT_CALLS: &[&str] = &[
     "__import__",

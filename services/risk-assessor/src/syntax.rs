@@ -41,7 +41,6 @@ pub fn field_id(grammar: Grammar, name: &str) -> u16 {
 }
 
 /// Field ids of one grammar, resolved on first use.
-#[macro_export]
 macro_rules! fields {
     ($grammar:expr; $($name:ident),* $(,)?) => {
         #[allow(non_snake_case)]
@@ -54,6 +53,7 @@ macro_rules! fields {
         }
     };
 }
+pub(crate) use fields;
 
 /// Why a source has no usable tree.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -278,3 +278,36 @@ fn a_disabled_rule_no_longer_fires() {
     // Still not SAFE: mv is not on the safe list.
     assert_eq!(a.level, RiskLevel::Medium);
 }
+
+#[test]
+fn comments_and_strings_are_not_code() {
+    let cases = [
+        (
+            ContentType::Python,
+            "# eval(x)\ns = 'os.system(1)'\nprint(s)",
+        ),
+        (
+            ContentType::Javascript,
+            "// eval(x)\nconst s = \"require('child_process')\";",
+        ),
+        (ContentType::Shell, "# rm -rf /\necho 'rm -rf /'"),
+    ];
+    for (ct, source) in cases {
+        let a = run(ct, source, None);
+        assert_eq!(a.level, RiskLevel::Safe, "{source}: {a:?}");
+    }
+}
+
+#[test]
+fn an_embedded_script_is_judged_with_spans_into_the_outer_source() {
+    let source = "echo start\nbash -c 'rm -rf /'";
+    let a = run(ContentType::Shell, source, None);
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.rule == "sh.rm_root")
+        .expect("rm_root");
+    let (start, end) = (f.start.unwrap() as usize, f.end.unwrap() as usize);
+    assert_eq!(&source[start..end], "rm -rf /");
+    assert_eq!(f.line, Some(2));
+}

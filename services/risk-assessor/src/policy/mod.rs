@@ -8,12 +8,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use messages::risk::RiskLevel;
 use regex::Regex;
 use serde::Deserialize;
-use toml::Spanned;
 
 use crate::glob::Glob;
 
+mod file;
+
+use file::{compile, PolicyFile, RuleSpec, ShellSpec};
+
 /// The default policy, as shipped.
-pub const DEFAULT_POLICY: &str = include_str!("../policy/default.toml");
+pub const DEFAULT_POLICY: &str = include_str!("../../policy/default.toml");
 
 /// What a rule applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -112,92 +115,6 @@ pub struct ShellTables {
 pub struct Policy {
     pub rules: Vec<Rule>,
     pub shell: ShellTables,
-}
-
-// === file shape ===
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PolicyFile {
-    #[serde(default)]
-    shell: Option<ShellSpec>,
-    #[serde(default)]
-    rules: Vec<Spanned<RuleSpec>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ShellSpec {
-    safe_commands: Option<Vec<String>>,
-    #[serde(default)]
-    add_safe_commands: Vec<String>,
-    #[serde(default)]
-    remove_safe_commands: Vec<String>,
-    unsafe_options: Option<BTreeMap<String, Vec<String>>>,
-    wrappers: Option<NameList>,
-    options_with_value: Option<BTreeMap<String, Vec<String>>>,
-    interpreters: Option<NameList>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NameList {
-    names: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ArgSpec {
-    position: Option<usize>,
-    keyword: Option<String>,
-    matches: String,
-    #[serde(default)]
-    when_absent: bool,
-}
-
-/// One `[[rules]]` entry: complete for a new rule, partial for an override.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RuleSpec {
-    id: String,
-    language: Option<Language>,
-    severity: Option<RiskLevel>,
-    description: Option<String>,
-    source: Option<String>,
-    enabled: Option<bool>,
-    pattern: Option<String>,
-    text: Option<String>,
-    calls: Option<Vec<String>>,
-    refs: Option<Vec<String>>,
-    imports: Option<Vec<String>>,
-    news: Option<Vec<String>>,
-    modules: Option<Vec<String>>,
-    commands: Option<Vec<String>>,
-    actions: Option<Vec<String>>,
-    flags: Option<Vec<String>>,
-    args: Option<String>,
-    args_text: Option<String>,
-    arg: Option<ArgSpec>,
-    subcommand: Option<String>,
-    redirect: Option<String>,
-    redirect_except: Option<String>,
-    pipe_from: Option<Vec<String>>,
-    pipe_to: Option<Vec<String>>,
-    detector: Option<Detector>,
-}
-
-macro_rules! overlay_fields {
-    ($base:expr, $over:expr; $($f:ident),*) => {
-        $( if $over.$f.is_some() { $base.$f = $over.$f.clone(); } )*
-    };
-}
-
-impl RuleSpec {
-    fn apply(&mut self, over: &RuleSpec) {
-        overlay_fields!(self, over; language, severity, description, source, enabled, pattern,
-            text, calls, refs, imports, news, modules, commands, actions, flags, args, args_text,
-            arg, subcommand, redirect, redirect_except, pipe_from, pipe_to, detector);
-    }
 }
 
 // === impl Policy ===
@@ -308,152 +225,6 @@ fn apply_shell(tables: &mut ShellTables, spec: Option<ShellSpec>) {
     if let Some(i) = spec.interpreters {
         tables.interpreters = i.names.into_iter().collect();
     }
-}
-
-fn regex(field: &str, pattern: &Option<String>) -> Result<Option<Regex>, String> {
-    pattern
-        .as_deref()
-        .map(|p| Regex::new(p).map_err(|e| format!("{field}: invalid regex {p:?}: {e}")))
-        .transpose()
-}
-
-fn globs(list: &Option<Vec<String>>) -> Vec<Glob> {
-    list.iter().flatten().map(|g| Glob::new(g)).collect()
-}
-
-/// Which matcher fields each language understands; any other is a mistake worth reporting.
-fn allowed(language: Language) -> &'static [&'static str] {
-    match language {
-        Language::Python => &["calls", "refs", "imports", "arg", "args_text"],
-        Language::Javascript => &["calls", "news", "modules", "refs"],
-        Language::Shell => &[
-            "commands",
-            "flags",
-            "args",
-            "subcommand",
-            "redirect",
-            "redirect_except",
-            "pipe_from",
-            "pipe_to",
-        ],
-        Language::Browser => &["actions"],
-    }
-}
-
-fn compile(spec: RuleSpec) -> Result<Rule, String> {
-    let id = spec.id.clone();
-    let valid_id = !id.is_empty()
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if !valid_id {
-        return Err(format!(
-            "rule id {id:?}: use letters, digits, '.', '_', '-'"
-        ));
-    }
-    let ctx = |m: String| format!("rule {id}: {m}");
-    let language = spec
-        .language
-        .ok_or_else(|| ctx("a new rule needs `language`".into()))?;
-    let severity = spec
-        .severity
-        .ok_or_else(|| ctx("a new rule needs `severity`".into()))?;
-    if severity == RiskLevel::Safe {
-        return Err(ctx("severity must be low, medium, high or critical".into()));
-    }
-    let description = spec
-        .description
-        .clone()
-        .ok_or_else(|| ctx("a new rule needs `description`".into()))?;
-    let present: Vec<&str> = [
-        ("calls", spec.calls.is_some()),
-        ("refs", spec.refs.is_some()),
-        ("imports", spec.imports.is_some()),
-        ("news", spec.news.is_some()),
-        ("modules", spec.modules.is_some()),
-        ("commands", spec.commands.is_some()),
-        ("actions", spec.actions.is_some()),
-        ("flags", spec.flags.is_some()),
-        ("args", spec.args.is_some()),
-        ("args_text", spec.args_text.is_some()),
-        ("arg", spec.arg.is_some()),
-        ("subcommand", spec.subcommand.is_some()),
-        ("redirect", spec.redirect.is_some()),
-        ("redirect_except", spec.redirect_except.is_some()),
-        ("pipe_from", spec.pipe_from.is_some()),
-        ("pipe_to", spec.pipe_to.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(name, set)| set.then_some(name))
-    .collect();
-    if let Some(bad) = present.iter().find(|f| !allowed(language).contains(f)) {
-        return Err(ctx(format!("`{bad}` does not apply to {language:?} rules")));
-    }
-    let conditions = [
-        "flags",
-        "args",
-        "subcommand",
-        "arg",
-        "args_text",
-        "redirect_except",
-    ];
-    let matchers = present.iter().filter(|f| !conditions.contains(f)).count();
-    if matchers == 0 && spec.pattern.is_none() && spec.detector.is_none() {
-        return Err(ctx("needs a matcher (calls, commands, pattern, ...)".into()));
-    }
-    if spec.pipe_from.is_some() != spec.pipe_to.is_some() {
-        return Err(ctx("`pipe_from` and `pipe_to` go together".into()));
-    }
-    let enabled = spec.enabled.unwrap_or(true);
-    if spec.detector == Some(Detector::Unparsed) && !enabled {
-        // Code that does not parse must never come out SAFE.
-        return Err(ctx(
-            "the `unparsed` rule cannot be disabled (re-grade it instead)".into(),
-        ));
-    }
-    let arg = match &spec.arg {
-        None => None,
-        Some(a) => Some(ArgCheck {
-            position: a.position,
-            keyword: a.keyword.clone(),
-            matches: regex("arg.matches", &Some(a.matches.clone()))
-                .map_err(ctx)?
-                .expect("present"),
-            when_absent: a.when_absent,
-        }),
-    };
-    Ok(Rule {
-        language,
-        severity,
-        description,
-        source: spec.source.clone().unwrap_or_else(|| "user policy".into()),
-        enabled,
-        pattern: regex("pattern", &spec.pattern).map_err(ctx)?,
-        text: regex("text", &spec.text).map_err(ctx)?,
-        calls: globs(&spec.calls),
-        refs: globs(&spec.refs),
-        imports: spec.imports.clone().unwrap_or_default(),
-        news: globs(&spec.news),
-        modules: globs(&spec.modules),
-        commands: globs(&spec.commands),
-        actions: globs(&spec.actions),
-        flags: spec
-            .flags
-            .iter()
-            .flatten()
-            .map(|g| g.split('|').map(str::to_string).collect())
-            .collect(),
-        args: regex("args", &spec.args).map_err(ctx)?,
-        args_text: regex("args_text", &spec.args_text).map_err(ctx)?,
-        arg,
-        subcommand: spec.subcommand.clone(),
-        redirect: regex("redirect", &spec.redirect).map_err(ctx)?,
-        redirect_except: regex("redirect_except", &spec.redirect_except).map_err(ctx)?,
-        pipe_from: globs(&spec.pipe_from),
-        pipe_to: globs(&spec.pipe_to),
-        detector: spec.detector,
-        id,
-    })
 }
 
 #[cfg(test)]
