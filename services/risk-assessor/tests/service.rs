@@ -48,7 +48,8 @@ async fn answers_in_the_callers_encoding() {
 
 #[tokio::test]
 async fn bad_input_gets_a_clear_error() {
-    let mut svc = common::start(&[("SANDMESH_RISK_MAX_CONTENT_BYTES", "1024")]).await;
+    // The default ceiling (256 KiB), so the 413 below is what a caller of a stock service sees.
+    let mut svc = common::start(&[]).await;
     // Invalid UTF-8 inside a MessagePack string, and as raw JSON bytes.
     let mut msgpack =
         rmp_serde::to_vec_named(&request("PLACEHOLDER", ContentType::Python)).unwrap();
@@ -62,7 +63,7 @@ async fn bad_input_gets_a_clear_error() {
         .encode(&serde_json::json!({"content": "x", "content_type": "cobol"}))
         .unwrap();
     let too_big = Encoding::Json
-        .encode(&request(&"x".repeat(1025), ContentType::Python))
+        .encode(&request(&"x".repeat(256 * 1024 + 1), ContentType::Python))
         .unwrap();
     let bad_mode = Encoding::Json
         .encode(&serde_json::json!({"content": "x", "content_type": "python", "mode": "lax"}))
@@ -76,7 +77,7 @@ async fn bad_input_gets_a_clear_error() {
             400,
             "supported: python, javascript, shell, browser",
         ),
-        (codec::JSON, too_big, 413, "at most 1024"),
+        (codec::JSON, too_big, 413, "at most 262144"),
         (codec::JSON, bad_mode, 400, "strict, permissive"),
         (codec::JSON, b"{".to_vec(), 400, "JSON"),
     ];
@@ -156,4 +157,18 @@ async fn the_instance_beats_into_the_nodes_bucket() {
     svc.stop().await;
     // A clean stop removes the key at once.
     assert!(kv.get(&key).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn the_content_ceiling_is_configurable() {
+    let mut svc = common::start(&[("SANDMESH_RISK_MAX_CONTENT_BYTES", "1024")]).await;
+    for (size, code) in [(1024, None), (1025, Some(413))] {
+        let body = Encoding::Json
+            .encode(&request(&"#".repeat(size), ContentType::Python))
+            .unwrap();
+        let reply = svc.raw(Some(codec::JSON), body).await.unwrap();
+        let outcome = decode(&svc.subject, &reply);
+        assert_eq!(outcome.err().map(|e| e.code), code, "{size} bytes");
+    }
+    svc.stop().await;
 }
