@@ -295,8 +295,13 @@ fn reason(
                 1 => ", and 1 more finding".to_string(),
                 n => format!(", and {n} more findings"),
             };
+            let detail = top
+                .detail
+                .as_ref()
+                .map(|d| format!(" — {d}"))
+                .unwrap_or_default();
             format!(
-                "{}: {} [{}]{at}{more}",
+                "{}: {}{detail} [{}]{at}{more}",
                 level.as_str(),
                 rule.description,
                 rule.id

@@ -141,11 +141,7 @@ impl Analysis<'_, '_> {
                     .child(0)
                     .map(|k| syntax::text(k, self.source))
                     .unwrap_or("");
-                self.hit(
-                    rule,
-                    node,
-                    Some(format!("`{keyword}` is not on the safe list")),
-                );
+                self.hit(rule, node, Some(format!("`{keyword}`")));
             }
             return;
         }
@@ -199,7 +195,7 @@ impl Analysis<'_, '_> {
     fn not_safe(&self, name: &str, args: &[Word]) -> Option<String> {
         let tables = &self.policy.shell;
         if !tables.safe_commands.contains(name) {
-            return Some(format!("`{name}` is not on the safe list"));
+            return Some(format!("`{name}`"));
         }
         let options = tables.unsafe_options.get(name)?;
         args.iter()
