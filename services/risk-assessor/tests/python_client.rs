@@ -2,60 +2,19 @@
 //! a real nats-server and this service, in JSON and MessagePack: the proof that any language
 //! can use the mesh.
 //!
-//! Requirements are installed on first use, idempotently, into a venv in cargo's per-crate
-//! test directory (`target/tmp/python-client-venv`, from `CARGO_TARGET_TMPDIR`):
-//! `python3 -m venv <dir>` then `<dir>/bin/pip install -r clients/python/requirements.txt`.
-//! A marker file holds the requirements it was built from; a changed requirements.txt
-//! reinstalls. `SANDMESH_PYTHON` picks another interpreter than `python3`.
+//! Requirements are installed on first use, idempotently, by `test_support::python_client`.
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The venv's python, with the client's requirements installed.
-fn client_python() -> PathBuf {
-    let requirements = repo_root().join("clients/python/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).expect("requirements.txt");
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-client-venv");
-    let python = venv.join("bin/python");
-    let marker = venv.join("requirements.installed");
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
-        return python;
-    }
-    if !python.exists() {
-        let base = std::env::var("SANDMESH_PYTHON").unwrap_or_else(|_| "python3".into());
-        run(Command::new(base).args(["-m", "venv"]).arg(&venv));
-    }
-    run(Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
-        .arg(&requirements));
-    std::fs::write(&marker, wanted).expect("write marker");
-    python
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_assesses_in_json_and_msgpack() {
-    let python = tokio::task::spawn_blocking(client_python).await.unwrap();
+    let python = tokio::task::spawn_blocking(test_support::python_client)
+        .await
+        .unwrap();
     let mut svc = common::start(&[]).await;
-    let script = repo_root().join("clients/python/assess.py");
+    let script = test_support::repo_root().join("clients/python/assess.py");
     let out = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new(&python)
