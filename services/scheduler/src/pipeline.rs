@@ -344,16 +344,19 @@ impl Scheduler {
             json!({"level": risk.level.as_str(), "timeout_ms": ms(wait)}),
         );
         // The confirmation service answers at its own timeout; ours only guards against it
-        // vanishing mid-wait.
-        let reply: Result<Confirmation, CallError> = self
-            .0
-            .caller
-            .call_timeout(
-                self.0.subjects.confirm(ConfirmOp::Request),
-                &ask,
-                wait + Duration::from_secs(10),
-            )
-            .await;
+        // vanishing mid-wait. A 503 (its instance stopped while we waited, or none is up yet)
+        // is retried with the same execution id, which finds the same pending confirmation.
+        let deadline = tokio::time::Instant::now() + wait + Duration::from_secs(10);
+        let reply: Result<Confirmation, CallError> = loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let subject = self.0.subjects.confirm(ConfirmOp::Request);
+            let reply = self.0.caller.call_timeout(subject, &ask, left).await;
+            let retry = matches!(&reply, Err(e) if e.kind() == messages::ErrorKind::Unavailable);
+            if !retry || tokio::time::Instant::now() + CONFIRM_RETRY >= deadline {
+                break reply;
+            }
+            tokio::time::sleep(CONFIRM_RETRY).await;
+        };
         let outcome = match reply {
             Ok(c) => ConfirmationOutcome {
                 decision: match c.state {
@@ -379,6 +382,9 @@ impl Scheduler {
         Ok(outcome)
     }
 }
+
+/// Pause between attempts to reach a confirmation service that is restarting.
+const CONFIRM_RETRY: Duration = Duration::from_millis(250);
 
 /// A failed call to another service, named so the client knows which part is missing.
 pub(crate) fn dependency_error(service: &str, e: CallError) -> ErrorBody {

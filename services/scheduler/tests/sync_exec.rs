@@ -365,3 +365,38 @@ async fn executor_errors_become_terminal_statuses() {
     assert_eq!(r.status, ExecStatus::ExecutorLost);
     sched.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_confirmation_service_that_is_not_up_yet_is_waited_for() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+    let mut risky = req(Language::Python, "import os\nos.system('id')");
+    risky.execution_id = Some("awaits-confirmation".into());
+    let pending = {
+        let (c, risky) = (c.clone(), risky.clone());
+        tokio::spawn(async move { exec(&c, &risky).await })
+    };
+    // The scheduler has asked (and found no confirmation service) before one starts.
+    eventually("the confirmation request", || {
+        let url = url.clone();
+        async move {
+            let k = audit_kinds(&url, "awaits-confirmation").await;
+            k.iter()
+                .any(|k| k == "confirmation_requested")
+                .then_some(())
+        }
+    })
+    .await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let _approve = serve_confirm(&url, true, asked.clone()).await;
+    let r = pending.await.unwrap().unwrap();
+    assert_eq!(r.status, ExecStatus::Ok);
+    assert_eq!(r.confirmation.decision, Decision::Approved);
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    sched.shutdown().await;
+}
