@@ -25,14 +25,13 @@ pub fn call_failed(e: &CallError) -> Sample {
     Sample::failed(error_status(e), e.to_string())
 }
 
-/// An error of this client's own making (`err:<what>: <message>`) as a sample.
-pub fn failed_with(status_and_detail: String) -> Sample {
-    let status = status_and_detail
-        .split(':')
-        .take(2)
-        .collect::<Vec<_>>()
-        .join(":");
-    Sample::failed(status, status_and_detail)
+/// An error as `err:<kind>: <message>` (this client's own form) as a sample: counted under
+/// `err:<kind>`, the message kept as the detail.
+pub fn failed_with(error: String) -> Sample {
+    match error.strip_prefix("err:").and_then(|r| r.split_once(": ")) {
+        Some((kind, message)) => Sample::failed(format!("err:{kind}"), message),
+        None => Sample::failed(error.clone(), error),
+    }
 }
 
 /// A sample from an execution's outcome: the result's status (`wrong_output` when it is `ok`

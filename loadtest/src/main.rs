@@ -98,10 +98,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
     };
     let outcome = run_scenario(&mut ctx, &cli).await;
-    ctx.report.memory = match &spawned {
+    let mesh_memory = match &spawned {
         Some(p) => rss::read_pid(p.pid()).into_iter().collect(),
         None => rss::mesh_processes(),
     };
+    ctx.report.memory.splice(0..0, mesh_memory);
     drop(spawned);
     ctx.report.attach_baselines();
     ctx.report.evaluate_targets();

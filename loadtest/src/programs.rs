@@ -135,8 +135,12 @@ pub const MIXED: &[Program] = &[
     },
 ];
 
-/// The program at position `seq` of a deterministic weighted cycle through `programs`.
+/// The program at position `seq`: each program once first (so a short run still meets every
+/// hostile one), then a deterministic weighted cycle through `programs`.
 pub fn pick(programs: &[Program], seq: u64) -> &Program {
+    if let Some(p) = programs.get(seq as usize) {
+        return p;
+    }
     let total: u64 = programs.iter().map(|p| u64::from(p.weight)).sum();
     // A multiplicative hash spreads consecutive sequence numbers across the cycle, so a short
     // run still sees every kind.
@@ -169,6 +173,15 @@ mod tests {
             let want = f64::from(p.weight) / total as f64;
             assert!((share - want).abs() < 0.02, "{}: {share} vs {want}", p.name);
         }
+    }
+
+    #[test]
+    fn a_short_run_meets_every_program() {
+        let names: Vec<&str> = (0..MIXED.len() as u64)
+            .map(|s| pick(MIXED, s).name)
+            .collect();
+        let all: Vec<&str> = MIXED.iter().map(|p| p.name).collect();
+        assert_eq!(names, all);
     }
 
     #[test]

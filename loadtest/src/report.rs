@@ -89,6 +89,9 @@ pub struct BurstReport {
     pub all_stored_s: f64,
     pub results_per_s: f64,
     pub statuses: Counts,
+    /// The first error message of each status that is not `ok`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub examples: BTreeMap<String, String>,
     pub check: IdCheck,
     /// The wait for results ended at its time limit rather than with every result in.
     pub timed_out: bool,

@@ -75,6 +75,10 @@ impl Report {
                 b.statuses.compact()
             );
         }
+        for (status, example) in self.burst.iter().flat_map(|b| &b.examples) {
+            let short: String = example.chars().take(200).collect();
+            let _ = writeln!(out, "  burst {status}: {short}");
+        }
         if let Some(m) = &self.mixed {
             for (program, counts) in &m.by_program {
                 let _ = writeln!(out, "mixed {program:<14} {}", counts.compact());

@@ -115,6 +115,8 @@ pub async fn assess(
         }
     }
     for mut p in extra {
+        // Its peak under load, before it goes.
+        ctx.report.memory.extend(crate::rss::read_pid(p.pid()));
         p.stop(Duration::from_secs(10));
     }
     Ok(())

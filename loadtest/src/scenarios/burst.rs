@@ -2,7 +2,7 @@
 //! check that nothing was lost or doubled: the acked ids against the results stream, read back
 //! in order from the sequence it had before the burst.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,8 @@ struct Seen {
     order: Vec<String>,
     distinct: HashSet<String>,
     statuses: Counts,
+    /// The first error message of each status that is not `ok`.
+    examples: BTreeMap<String, String>,
     last_at: Option<Instant>,
 }
 
@@ -79,10 +81,14 @@ pub async fn burst(
                     .strip_prefix(&prefix)
                     .unwrap_or_default()
                     .to_string();
-                let status = decode_result(msg.headers.as_ref(), &msg.payload)
-                    .map(|r| r.status.as_str().to_string())
-                    .unwrap_or_else(|e| e);
+                let (status, detail) = match decode_result(msg.headers.as_ref(), &msg.payload) {
+                    Ok(r) => (r.status.as_str().to_string(), r.error.map(|e| e.message)),
+                    Err(e) => ("err:decode".to_string(), Some(e)),
+                };
                 if let Ok(mut s) = seen.lock() {
+                    if let Some(d) = detail.filter(|_| status != "ok") {
+                        s.examples.entry(status.clone()).or_insert(d);
+                    }
                     s.distinct.insert(id.clone());
                     s.order.push(id);
                     s.statuses.add(&status);
@@ -133,7 +139,7 @@ pub async fn burst(
     // Bounded wait until every acked id has its result.
     let deadline = started + limit;
     let mut timed_out = false;
-    loop {
+    for round in 0u64.. {
         let (have, missing) = {
             let s = seen
                 .lock()
@@ -143,10 +149,12 @@ pub async fn burst(
                 acked.iter().filter(|id| !s.distinct.contains(*id)).count(),
             )
         };
-        eprint!(
-            "\rburst: {have} results stored, {missing} to go, {:.0}s   ",
-            started.elapsed().as_secs_f64()
-        );
+        if round % 4 == 0 {
+            eprint!(
+                "\rburst: {have} results stored, {missing} to go, {:.0}s   ",
+                started.elapsed().as_secs_f64()
+            );
+        }
         if missing == 0 {
             break;
         }
@@ -170,7 +178,7 @@ pub async fn burst(
         last_seq = now;
     }
     reader.abort();
-    let (all_stored_s, check, statuses) = {
+    let (all_stored_s, check, statuses, examples) = {
         let s = seen
             .lock()
             .map_err(|_| anyhow::anyhow!("reader panicked"))?;
@@ -183,6 +191,7 @@ pub async fn burst(
             all_stored_s,
             IdCheck::compute(&acked, &s.order, last_seq - start_seq),
             statuses,
+            s.examples.clone(),
         )
     };
     for id in &session_ids {
@@ -202,6 +211,7 @@ pub async fn burst(
             0.0
         },
         statuses,
+        examples,
         check,
         timed_out,
     });
