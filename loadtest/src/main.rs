@@ -30,6 +30,7 @@ use messages::Subjects;
 use crate::cli::{BurstArgs, Cli, ExecArgs, LoadArgs, Scenario};
 use crate::mesh::Mesh;
 use crate::report::{Machine, Report};
+use crate::scenarios::exec::ExecTier;
 use crate::scenarios::Ctx;
 
 #[tokio::main]
@@ -141,19 +142,50 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
         }
         Scenario::Burst(b) => run_burst(ctx, b).await,
         Scenario::IdleRss { services } => memory::idle_rss(ctx, services).await,
-        Scenario::All { burst: b } => {
-            memory::idle_rss(ctx, &[]).await?;
-            let defaults = ExecArgs::from_defaults();
-            run_exec(ctx, cli, &defaults).await?;
-            let (c, l) = LoadArgs::default().resolve(&[8], 2_000, 20.0);
-            workspace::workspace(ctx, c[0], 1024, l).await?;
-            let (c, l) = LoadArgs::default().resolve(&[256], 2_000_000, 10.0);
-            assess::assess(ctx, &c, 4, l, &[1, 2]).await?;
-            let (_, l) = LoadArgs::default().resolve(&[4], 300, 180.0);
-            mixed::mixed(ctx, l).await?;
-            run_burst(ctx, b).await
-        }
+        Scenario::All { burst: b } => run_all(ctx, cli, b).await,
     }
+}
+
+/// Every scenario, each failure recorded and the rest still run. Session work comes before
+/// the long ephemeral series so each tier is measured on a mesh that has not yet run thousands
+/// of executions; the order is part of the reproduce command's definition.
+async fn run_all(ctx: &mut Ctx, cli: &Cli, b: &BurstArgs) -> anyhow::Result<()> {
+    use scenarios::{assess, exec, memory, mixed, workspace};
+    let d = ExecArgs::from_defaults();
+    let (c, l) = d.load.resolve(&[1, 4], 200, 30.0);
+    let mut failures = Vec::new();
+    let mut step = |name: &str, r: anyhow::Result<()>| {
+        if let Err(e) = r {
+            eprintln!("loadtest: {name} failed: {e:#}");
+            failures.push(format!("{name}: {e:#}"));
+        }
+    };
+    step("idle-rss", memory::idle_rss(ctx, &[]).await);
+    step(
+        "baseline",
+        exec::baseline(ctx, &cli.image, &d.languages, &c, l).await,
+    );
+    step(
+        "exec session",
+        exec::exec(ctx, &d.languages, &[ExecTier::Session], &d.modes, &c, l).await,
+    );
+    step(
+        "first session",
+        exec::first_session(ctx, Language::Python, d.first_session).await,
+    );
+    step("burst", run_burst(ctx, b).await);
+    step(
+        "exec ephemeral",
+        exec::exec(ctx, &d.languages, &[ExecTier::Ephemeral], &d.modes, &c, l).await,
+    );
+    let (c, l) = LoadArgs::default().resolve(&[8], 2_000, 20.0);
+    step("workspace", workspace::workspace(ctx, c[0], 1024, l).await);
+    let (c, l) = LoadArgs::default().resolve(&[256], 2_000_000, 10.0);
+    step("assess", assess::assess(ctx, &c, 4, l, &[1, 2]).await);
+    let (_, l) = LoadArgs::default().resolve(&[4], 300, 180.0);
+    step("mixed", mixed::mixed(ctx, l).await);
+    ctx.report.failures.extend(failures);
+    Ok(())
 }
 
 async fn run_exec(ctx: &mut Ctx, cli: &Cli, a: &ExecArgs) -> anyhow::Result<()> {

@@ -158,6 +158,9 @@ pub struct Report {
     pub memory: Vec<ProcessMemory>,
     pub idle_memory: Vec<IdleMemory>,
     pub targets: Vec<TargetCheck>,
+    /// Scenarios that could not run to the end, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
 }
 
 impl Report {

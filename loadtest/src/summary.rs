@@ -126,6 +126,9 @@ impl Report {
                 }
             );
         }
+        for f in &self.failures {
+            let _ = writeln!(out, "scenario failed: {f}");
+        }
         out
     }
 }
