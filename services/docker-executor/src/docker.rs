@@ -261,6 +261,21 @@ impl Sandboxes {
         })
     }
 
+    /// Starts each interpreter once in the container (`sandmesh-supervisor warm`), which also
+    /// proves the container can run an execution.
+    pub async fn warm(&self, name: &str) -> Result<(), DockerError> {
+        let out =
+            crate::probe::exec_capture(&self.docker, name, &[SUPERVISOR_PATH, "warm"]).await?;
+        match out.exit_code {
+            Some(0) => Ok(()),
+            code => Err(DockerError::api(
+                "warm",
+                name,
+                format!("exit {code:?}: {}", out.stderr.trim()),
+            )),
+        }
+    }
+
     /// Removes a container (running or not); a container already gone is fine.
     pub async fn remove(&self, name: &str) {
         let options = RemoveContainerOptionsBuilder::new()

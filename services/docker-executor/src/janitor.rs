@@ -100,6 +100,20 @@ pub async fn sweep(args: &JanitorArgs) -> usize {
     count
 }
 
+/// Removes every container labelled with this node (at shutdown, when it owns none).
+pub async fn remove_node(sandboxes: &Sandboxes) -> usize {
+    let label = format!("{LABEL_NODE}={}", sandboxes.spec.node_id);
+    let names: Vec<String> = match sandboxes.list(&label).await {
+        Ok(list) => list.iter().filter_map(summary_name).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this node's containers");
+            return 0;
+        }
+    };
+    futures::future::join_all(names.iter().map(|n| sandboxes.remove(n))).await;
+    names.len()
+}
+
 impl Actor for Janitor {
     type Msg = JanitorMsg;
     type State = JanitorArgs;

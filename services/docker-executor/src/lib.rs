@@ -149,6 +149,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         subjects: subjects.clone(),
         config: config.clone(),
     };
+    let sandboxes_for_exit = sandboxes.clone();
     let janitor = JanitorArgs {
         sandboxes,
         node: node.clone(),
@@ -214,6 +215,12 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         .is_err()
     {
         tracing::warn!("container work still running after 60 s; the janitor will clean up");
+    }
+    // Last line of defence: a node that stops owns nothing, so anything still labelled with
+    // it is a leak of a race above.
+    let left = janitor::remove_node(&sandboxes_for_exit).await;
+    if left > 0 {
+        tracing::warn!(left, "removed containers left at shutdown");
     }
     stopped.map_err(|e| ExecutorError::Actor(e.to_string()))
 }

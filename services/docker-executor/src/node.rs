@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio_util::task::TaskTracker;
 
@@ -60,5 +60,47 @@ impl NodeState {
             ("executions_total".to_string(), g(&self.finished)),
             ("containers".to_string(), self.owned_count() as f64),
         ])
+    }
+}
+
+/// Hands containers started by a background task to an actor that may stop meanwhile. A
+/// message sent to an actor that is already stopping is dropped silently, so the name is
+/// registered here first: whatever was offered and not received is returned by `close`, for
+/// the actor's `post_stop` to remove.
+#[derive(Debug, Default, Clone)]
+pub struct Handoff(Arc<Mutex<HandoffState>>);
+
+#[derive(Debug, Default)]
+struct HandoffState {
+    closed: bool,
+    pending: HashSet<String>,
+}
+
+impl Handoff {
+    /// Registers `name` as on its way to the actor. `false` when the actor is closed: the
+    /// caller keeps the container (and removes it).
+    pub fn offer(&self, name: &str) -> bool {
+        let mut s = self.0.lock().expect("handoff poisoned");
+        if s.closed {
+            return false;
+        }
+        s.pending.insert(name.to_string());
+        true
+    }
+
+    /// The actor took the container over.
+    pub fn received(&self, name: &str) {
+        self.0
+            .lock()
+            .expect("handoff poisoned")
+            .pending
+            .remove(name);
+    }
+
+    /// No more offers; returns the containers offered but never received.
+    pub fn close(&self) -> Vec<String> {
+        let mut s = self.0.lock().expect("handoff poisoned");
+        s.closed = true;
+        s.pending.drain().collect()
     }
 }

@@ -18,7 +18,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use crate::docker::{Container, ContainerKind, ContainerLimits};
 use crate::execution::{Health, Job, Runner};
 use crate::executor::ExecutorMsg;
-use crate::node::NodeState;
+use crate::node::{Handoff, NodeState};
 use crate::warm_pool::WarmPoolMsg;
 
 type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
@@ -60,6 +60,8 @@ pub struct SessionState {
     container_name: Option<String>,
     queue: VecDeque<(Box<Job>, Reply)>,
     last_used: Instant,
+    /// Containers acquired by a background task, until this actor has them.
+    handoff: Handoff,
 }
 
 impl SessionState {
@@ -71,6 +73,7 @@ impl SessionState {
         let session = self.args.session_id.clone();
         let limits = self.args.limits;
         let myself = myself.clone();
+        let handoff = self.handoff.clone();
         self.args.node.tasks.spawn(async move {
             let warm = pool
                 .call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
@@ -92,13 +95,15 @@ impl SessionState {
                     started.map_err(|e| e.to_string())
                 }
             };
-            if let Err(ractor::MessagingErr::SendErr(SessionMsg::Acquired(Ok(c)))) =
-                myself.cast(SessionMsg::Acquired(acquired))
-            {
-                // Closed while starting.
-                sandboxes.remove(&c.name).await;
-                node.disown(&c.name);
+            if let Ok(c) = &acquired {
+                if !handoff.offer(&c.name) {
+                    // Closed while starting.
+                    sandboxes.remove(&c.name).await;
+                    node.disown(&c.name);
+                    return;
+                }
             }
+            let _ = myself.cast(SessionMsg::Acquired(acquired));
         });
     }
 
@@ -172,6 +177,7 @@ impl Actor for SessionContainer {
             container_name: None,
             queue: VecDeque::new(),
             last_used: Instant::now(),
+            handoff: Handoff::default(),
         };
         state.acquire(&myself);
         Ok(state)
@@ -189,6 +195,7 @@ impl Actor for SessionContainer {
                 state.pump(&myself);
             }
             SessionMsg::Acquired(Ok(container)) => {
+                state.handoff.received(&container.name);
                 state.container_name = Some(container.name.clone());
                 state.container = Some(container);
                 state.phase = Phase::Idle;
@@ -237,7 +244,9 @@ impl Actor for SessionContainer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.reject_queued(ErrorBody::unavailable("the session was closed"));
-        if let Some(name) = state.container_name.take() {
+        let mut names = state.handoff.close();
+        names.extend(state.container_name.take());
+        for name in names {
             state.args.runner.sandboxes.remove(&name).await;
             state.args.node.disown(&name);
         }

@@ -1,6 +1,7 @@
 //! `WarmPool`: pre-started hardened containers, each handed out exactly once (for one
 //! ephemeral execution, or as a new session's container) and replenished in the background,
-//! so no execution pays a cold container start while the pool has stock.
+//! so no execution pays a cold container start while the pool has stock. A container joins
+//! the pool only after a warm-up exec started each interpreter in it once.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::docker::{Container, ContainerKind, ContainerLimits, Sandboxes};
-use crate::node::NodeState;
+use crate::node::{Handoff, NodeState};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -41,6 +42,7 @@ pub struct WarmPoolState {
     /// Grows while starts fail (no image, daemon down), so a broken host is not hammered.
     backoff: Duration,
     retry_pending: bool,
+    handoff: Handoff,
 }
 
 impl WarmPoolState {
@@ -58,24 +60,37 @@ impl WarmPoolState {
             let node = self.args.node.clone();
             let limits = self.args.limits;
             let myself = myself.clone();
+            let handoff = self.handoff.clone();
             self.args.node.tasks.spawn(async move {
                 let name = sandboxes.new_name();
                 node.own(&name);
-                let started = sandboxes
+                let started = match sandboxes
                     .start(&name, ContainerKind::Warm, None, limits)
                     .await
-                    .map_err(|e| e.to_string());
+                {
+                    Ok(c) => match sandboxes.warm(&name).await {
+                        Ok(()) => Ok(c),
+                        Err(e) => {
+                            sandboxes.remove(&name).await;
+                            Err(e.to_string())
+                        }
+                    },
+                    Err(e) => Err(e.to_string()),
+                };
                 if started.is_err() {
                     node.disown(&name);
                 }
-                let leftover = started.as_ref().ok().map(|c| c.name.clone());
-                if myself.cast(WarmPoolMsg::Started(started)).is_err() {
-                    // The pool stopped while this container was starting: nobody will use it.
-                    if let Some(name) = leftover {
-                        sandboxes.remove(&name).await;
-                        node.disown(&name);
+                if let Ok(c) = &started {
+                    if !handoff.offer(&c.name) {
+                        // The pool stopped while this container was starting.
+                        sandboxes.remove(&c.name).await;
+                        node.disown(&c.name);
+                        return;
                     }
                 }
+                // If the pool stops before it reads this, `post_stop` finds the name in the
+                // handoff and removes the container.
+                let _ = myself.cast(WarmPoolMsg::Started(started));
             });
         }
     }
@@ -98,6 +113,7 @@ impl Actor for WarmPool {
             starting: 0,
             backoff: Duration::from_millis(250),
             retry_pending: false,
+            handoff: Handoff::default(),
         })
     }
 
@@ -117,6 +133,7 @@ impl Actor for WarmPool {
                 }
             }
             WarmPoolMsg::Started(Ok(container)) => {
+                state.handoff.received(&container.name);
                 state.starting -= 1;
                 state.backoff = Duration::from_millis(250);
                 state.ready.push_back(container);
@@ -144,12 +161,14 @@ impl Actor for WarmPool {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let removals = state.ready.drain(..).map(|c| {
+        let mut names: Vec<String> = state.ready.drain(..).map(|c| c.name).collect();
+        names.extend(state.handoff.close());
+        let removals = names.into_iter().map(|name| {
             let sandboxes = state.args.sandboxes.clone();
             let node = state.args.node.clone();
             async move {
-                sandboxes.remove(&c.name).await;
-                node.disown(&c.name);
+                sandboxes.remove(&name).await;
+                node.disown(&name);
             }
         });
         futures::future::join_all(removals).await;

@@ -199,9 +199,13 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
     ] {
         let s = Sandboxes::new(docker.clone(), spec(&node, &mesh));
         let name = s.new_name();
-        s.start(&name, ContainerKind::Warm, None, limits)
-            .await
-            .unwrap();
+        match s.start(&name, ContainerKind::Warm, None, limits).await {
+            Ok(_) => {}
+            // The janitor may take a container labelled with its node between create and
+            // start: that is the behaviour under test, only early.
+            Err(_) if node == h.node => {}
+            Err(e) => panic!("{e}"),
+        }
         made.push((s, name));
     }
     let exists = |name: &str| {
