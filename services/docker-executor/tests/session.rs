@@ -138,3 +138,62 @@ async fn idle_sessions_are_closed_and_limits_follow_the_request() {
     }
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_finishes_running_work_closes_sessions_and_refuses_new_work() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
+    let r = h
+        .session("drain-s", Language::Python, "print('before')")
+        .await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    // A run in flight when the drain arrives still finishes.
+    let mut req = run(
+        Tier::Session,
+        Some("drain-s"),
+        Language::Shell,
+        "echo started; sleep 0.5; echo finished",
+    );
+    req.request.stream_output = true;
+    let mut chunks = h
+        .client
+        .subscribe(h.subjects.output(&req.execution_id))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+    let slow = {
+        let caller = h.caller.clone();
+        let subject = h
+            .subjects
+            .executor_node(&h.node, messages::subjects::ExecutorOp::Run);
+        tokio::spawn(async move {
+            caller
+                .call::<_, messages::exec::ExecResult>(subject, &req)
+                .await
+        })
+    };
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        futures::StreamExt::next(&mut chunks),
+    )
+    .await
+    .expect("the slow run started");
+    let ack: messages::workspace::Ack = h
+        .caller
+        .call(
+            h.subjects
+                .executor_node(&h.node, messages::subjects::ExecutorOp::Drain),
+            &messages::executor::ExecutorDrain {},
+        )
+        .await
+        .unwrap();
+    assert!(ack.ok);
+    let r = slow.await.unwrap().unwrap();
+    assert_eq!(r.stdout, "started\nfinished\n", "{r:?}");
+    h.wait_containers(0).await;
+    let refused = h
+        .call(&run(Tier::Ephemeral, None, Language::Python, "print(1)"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), messages::ErrorKind::Unavailable);
+    h.stop().await;
+}
