@@ -215,7 +215,9 @@ pub fn require_docker() {
 /// another base interpreter than `python3`.
 pub fn python_client() -> PathBuf {
     fn run(cmd: &mut Command) {
-        let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
         assert!(
             out.status.success(),
             "{cmd:?} failed (python3 with venv and pip, and PyPI, are needed): {}\n{}",
@@ -236,7 +238,11 @@ pub fn python_client() -> PathBuf {
     std::fs::create_dir_all(target.join("tmp")).expect("target/tmp");
     let deadline = Instant::now() + Duration::from_secs(300);
     while std::fs::create_dir(&lock).is_err() {
-        assert!(Instant::now() < deadline, "{} is held for too long", lock.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} is held for too long",
+            lock.display()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let result = std::panic::catch_unwind(|| {

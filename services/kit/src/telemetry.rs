@@ -97,7 +97,8 @@ pub fn init(service: &str, otlp_endpoint: Option<&str>, json: bool) -> Telemetry
 /// Installs the global subscriber with a given provider (tests use an in-memory exporter).
 /// Does nothing when a global subscriber is already set.
 pub fn install(provider: SdkTracerProvider, json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,async_nats=warn"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,async_nats=warn"));
     let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("sandmesh"));
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     let _ = if json {
