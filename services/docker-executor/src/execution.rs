@@ -58,6 +58,13 @@ fn program(language: Language) -> (Vec<String>, String) {
 }
 
 impl Runner {
+    /// The most output a result can carry: the server's max payload less room for the rest
+    /// of the result.
+    pub fn output_budget(&self) -> u64 {
+        let max_payload = self.client.server_info().max_payload as u64;
+        max_payload.saturating_sub(64 * 1024).max(64 * 1024)
+    }
+
     fn spec(&self, job: &Job) -> RunSpec {
         let req = &job.run.request;
         let (argv, code_path) = program(req.language);
@@ -133,37 +140,54 @@ impl Runner {
     /// Runs `job` in `container` and says whether the container is still usable.
     pub async fn execute(&self, container: &mut Container, job: &Job) -> (ExecResult, Health) {
         let started = Instant::now();
-        let wanted = ContainerLimits::from(&job.limits);
-        if container.limits != wanted {
-            if let Err(e) = self.sandboxes.update_limits(&container.name, wanted).await {
-                let error = ErrorBody::internal(e.to_string());
-                return (
-                    self.failed(job, ExecStatus::Internal, error, started),
-                    Health::Broken,
-                );
-            }
-            container.limits = wanted;
-        }
-        let inputs = match Self::files(job) {
-            Ok(files) => self.snapshot(job).await.map(|snapshot| (snapshot, files)),
-            Err(e) => Err(e),
-        };
-        let (archive, files) = match inputs {
-            Ok(a) => a,
-            Err(error) => {
-                return (
-                    self.failed(job, ExecStatus::Internal, error, started),
-                    Health::Reusable,
-                )
-            }
-        };
-        let spec = self.spec(job);
         let mut streamer = job.run.request.stream_output.then(|| {
             OutputStreamer::new(
                 self.client.clone(),
                 self.subjects.output(&job.run.execution_id),
             )
         });
+        let outcome = self
+            .prepare_and_exchange(container, job, streamer.as_mut())
+            .await;
+        let (mut result, health) = match outcome {
+            Ok(done) => done,
+            Err((error, health)) => {
+                // A stream that never started still ends, so its readers do not hang.
+                if let Some(s) = streamer.as_mut() {
+                    s.finish().await;
+                }
+                (
+                    self.failed(job, ExecStatus::Internal, error, started),
+                    health,
+                )
+            }
+        };
+        result.timing.exec_ms = started.elapsed().as_millis() as u64;
+        // Time spent waiting for a container or for the session's earlier runs.
+        result.timing.queued_ms = started.duration_since(job.accepted).as_millis() as u64;
+        (result, health)
+    }
+
+    async fn prepare_and_exchange(
+        &self,
+        container: &mut Container,
+        job: &Job,
+        streamer: Option<&mut OutputStreamer>,
+    ) -> Result<(ExecResult, Health), (ErrorBody, Health)> {
+        let wanted = ContainerLimits::from(&job.limits);
+        if container.limits != wanted {
+            self.sandboxes
+                .update_limits(&container.name, wanted)
+                .await
+                .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Broken))?;
+            container.limits = wanted;
+        }
+        let files = Self::files(job).map_err(|e| (e, Health::Reusable))?;
+        let archive = self
+            .snapshot(job)
+            .await
+            .map_err(|e| (e, Health::Reusable))?;
+        let spec = self.spec(job);
         // The supervisor ends the run at its timeout; this backstop covers a supervisor that
         // was killed, stalled or lied.
         let deadline =
@@ -174,19 +198,11 @@ impl Runner {
             archive: &archive,
             files: &files,
             deadline,
-            streamer: streamer.as_mut(),
+            streamer,
         };
-        let ex = match exchange::exchange(&self.sandboxes, input).await {
-            Ok(ex) => ex,
-            Err(e) => {
-                let error = ErrorBody::internal(e.to_string());
-                return (
-                    self.failed(job, ExecStatus::Internal, error, started),
-                    Health::Broken,
-                );
-            }
-        };
-        let exec_ms = started.elapsed().as_millis() as u64;
+        let ex = exchange::exchange(&self.sandboxes, input)
+            .await
+            .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Broken))?;
         let health = if ex.ending.container_suspect() {
             Health::Broken
         } else {
@@ -194,16 +210,10 @@ impl Runner {
         };
         let mut result = classify(job, ex.report.as_ref(), &ex);
         result.node = Some(self.sandboxes.spec.node_id.clone());
-        result.timing.exec_ms = exec_ms;
         if let (Some(ws), Some(session), Some(report)) =
             (&self.workspace, &job.run.request.session_id, &ex.report)
         {
-            let deleted: Vec<String> = report
-                .files_deleted
-                .iter()
-                .filter(|p| validate_relative_path("path", p).is_ok())
-                .cloned()
-                .collect();
+            let deleted = safe_paths(&report.files_deleted);
             if !ex.changes.is_empty() || !deleted.is_empty() {
                 if let Err(e) = ws.push(session, ex.changes, deleted).await {
                     tracing::warn!(session, error = %e, "could not push workspace changes");
@@ -217,7 +227,7 @@ impl Runner {
                 }
             }
         }
-        (result, health)
+        Ok((result, health))
     }
 
     /// A result for a run that never got to (or through) the supervisor.

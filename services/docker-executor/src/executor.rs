@@ -88,7 +88,10 @@ impl ExecutorState {
             return Err(ErrorBody::unavailable("this executor is draining"));
         }
         validate_id("execution_id", &run.execution_id).map_err(ErrorBody::from)?;
-        let limits = validate_exec(&run.request, &self.ceilings).map_err(ErrorBody::from)?;
+        let mut limits = validate_exec(&run.request, &self.ceilings).map_err(ErrorBody::from)?;
+        // The result travels in one NATS message: output beyond what fits is cut (and the
+        // status says so) rather than making the reply undeliverable.
+        limits.max_output_bytes = limits.max_output_bytes.min(self.runner.output_budget());
         match run.tier {
             Tier::Ephemeral => {}
             Tier::Session if run.request.session_id.is_some() => {}
