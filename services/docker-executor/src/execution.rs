@@ -5,15 +5,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use messages::exec::{ExecResult, ExecStatus, Language, Tier, Usage};
+use messages::exec::{ExecResult, ExecStatus, Language};
 use messages::executor::ExecutorRun;
-use messages::validate::{validate_relative_path, EffectiveLimits};
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::validate::EffectiveLimits;
+use messages::{ErrorBody, Subjects};
 
 use crate::config::ExecutorConfig;
 use crate::docker::{Container, ContainerLimits, Sandboxes, WORKSPACE_DIR};
-use crate::exchange::{self, Ending, Exchange, ExchangeInput, OutputStreamer};
-use crate::protocol::{Outcome, RunReport, RunSpec, PROTOCOL_VERSION};
+use crate::exchange::{self, ExchangeInput, OutputStreamer};
+use crate::outcome::{base_result, classify, safe_paths};
+use crate::protocol::{RunSpec, PROTOCOL_VERSION};
 use crate::workspace::WorkspaceSync;
 
 /// Where the code file goes: outside the workspace, so it is never a "changed file".
@@ -245,130 +246,4 @@ impl Runner {
         r.timing.exec_ms = started.elapsed().as_millis() as u64;
         r
     }
-}
-
-fn base_result(job: &Job) -> ExecResult {
-    ExecResult {
-        execution_id: job.run.execution_id.clone(),
-        session_id: job.run.request.session_id.clone(),
-        tier: match job.run.tier {
-            Tier::Session => Tier::Session,
-            _ => Tier::Ephemeral,
-        },
-        session_restored: job.run.session_restored,
-        ..Default::default()
-    }
-}
-
-/// Paths the supervisor reported, kept only when they are plain workspace paths.
-fn safe_paths(paths: &[String]) -> Vec<String> {
-    paths
-        .iter()
-        .filter(|p| validate_relative_path("path", p).is_ok())
-        .cloned()
-        .collect()
-}
-
-/// Turns what the supervisor said (and how the exchange ended) into the result's status.
-pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecResult {
-    let mut r = base_result(job);
-    r.stdout = String::from_utf8_lossy(&ex.stdout).into_owned();
-    r.stderr = String::from_utf8_lossy(&ex.stderr).into_owned();
-    let limits = &job.limits;
-    let Some(report) = report else {
-        let (status, error) = match &ex.ending {
-            Ending::Deadline => (
-                ExecStatus::Timeout,
-                ErrorBody::timeout(format!(
-                    "no result within the {} ms timeout and the kill grace; the container was \
-                     killed",
-                    limits.timeout_ms
-                )),
-            ),
-            Ending::Flood => {
-                r.stdout_truncated = true;
-                (
-                    ExecStatus::OutputLimit,
-                    ErrorBody::too_large(format!(
-                        "output passed {} bytes; the container was killed",
-                        limits.max_output_bytes
-                    )),
-                )
-            }
-            other => (
-                ExecStatus::Killed,
-                ErrorBody::internal(format!(
-                    "the execution ended without a result ({other:?}): {}",
-                    ex.supervisor_log.trim()
-                )),
-            ),
-        };
-        r.status = status;
-        r.error = Some(error);
-        return r;
-    };
-    r.stdout_truncated = report.stdout_truncated;
-    r.stderr_truncated = report.stderr_truncated;
-    r.files_created = safe_paths(&report.files_created);
-    r.files_modified = safe_paths(&report.files_modified);
-    r.usage = Some(Usage {
-        peak_memory_bytes: report.peak_memory_bytes,
-        cpu_ms: report.cpu_ms,
-    });
-    let oom = || {
-        ErrorBody::new(
-            ErrorKind::TooLarge,
-            format!("the memory limit of {} MiB was exceeded", limits.memory_mb),
-        )
-    };
-    let (status, exit_code, error) = match &report.outcome {
-        Outcome::Exited { code: 0 } => (ExecStatus::Ok, Some(0), None),
-        Outcome::Exited { code } if report.oom_killed => {
-            (ExecStatus::Oom, Some(i64::from(*code)), Some(oom()))
-        }
-        Outcome::Exited { code } => (ExecStatus::Error, Some(i64::from(*code)), None),
-        Outcome::Signaled { signal } => {
-            let code = Some(128 + i64::from(*signal));
-            if report.oom_killed && *signal == 9 {
-                (ExecStatus::Oom, code, Some(oom()))
-            } else if *signal == 9 {
-                (ExecStatus::Killed, code, None)
-            } else {
-                (ExecStatus::Error, code, None)
-            }
-        }
-        Outcome::Timeout => (
-            ExecStatus::Timeout,
-            None,
-            Some(ErrorBody::timeout(format!(
-                "killed after the {} ms timeout",
-                limits.timeout_ms
-            ))),
-        ),
-        Outcome::OutputLimit => (
-            ExecStatus::OutputLimit,
-            None,
-            Some(ErrorBody::too_large(format!(
-                "output passed {} bytes; it was cut and the program killed",
-                limits.max_output_bytes
-            ))),
-        ),
-        Outcome::Failed { message } => (
-            ExecStatus::Internal,
-            None,
-            Some(ErrorBody::internal(message.clone())),
-        ),
-    };
-    r.status = status;
-    r.exit_code = exit_code;
-    r.error = error;
-    if report.pids_limit_hit && r.status != ExecStatus::Ok {
-        let note = format!("the process limit of {} was reached", limits.pids);
-        let e = r
-            .error
-            .get_or_insert_with(|| ErrorBody::new(ErrorKind::TooLarge, note.clone()));
-        e.details =
-            Some(serde_json::json!({ "pids_limit_hit": true, "pids": limits.pids, "note": note }));
-    }
-    r
 }

@@ -29,6 +29,7 @@ pub mod executor;
 pub mod image;
 pub mod janitor;
 pub mod node;
+pub mod outcome;
 pub mod probe;
 pub mod protocol;
 pub mod session;

@@ -375,33 +375,3 @@ async fn unknown_language() {
     h.assert_recovered(None, 0).await;
     h.stop().await;
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_every_process_loses_the_container_not_the_session() {
-    let h = Harness::start_with(POOL0).await;
-    let s = "kill-all";
-    let r = h
-        .session(s, Language::Shell, "echo kept > /workspace/f; echo ok")
-        .await;
-    assert_eq!(r.stdout, "ok\n");
-    let before = h.session_container(s).await;
-    // kill(-1) reaches the container's keeper and the supervisor too: the container stops.
-    let r = h
-        .hostile(Some(s), Language::Shell, "kill -9 -1; sleep 5", None)
-        .await;
-    assert_eq!(r.status, ExecStatus::Killed, "{r:?}");
-    assert!(r.error.is_some(), "{r:?}");
-    // The session goes on in a fresh container (its files live in the workspace-store when
-    // sync is on; here, without it, they are gone with the container).
-    let r = h.session(s, Language::Shell, "ls /workspace | wc -l").await;
-    assert_eq!(
-        (r.status, r.stdout.as_str()),
-        (ExecStatus::Ok, "0\n"),
-        "{r:?}"
-    );
-    let after = h.session_container(s).await;
-    assert_ne!(before, after);
-    assert!(h.stray_processes(&after).await.is_empty());
-    h.wait_containers(1).await;
-    h.stop().await;
-}

@@ -1,0 +1,250 @@
+//! How an execution ended, as the result's status: what the supervisor reported (exit,
+//! signal, timeout, output cap, OOM, pids limit) and how the exchange ended (no report,
+//! backstop deadline, flood), classified into `ExecResult`.
+
+use messages::exec::{ExecResult, ExecStatus, Tier, Usage};
+use messages::validate::validate_relative_path;
+use messages::{ErrorBody, ErrorKind};
+
+use crate::exchange::{Ending, Exchange};
+use crate::execution::Job;
+use crate::protocol::{Outcome, RunReport};
+
+pub fn base_result(job: &Job) -> ExecResult {
+    ExecResult {
+        execution_id: job.run.execution_id.clone(),
+        session_id: job.run.request.session_id.clone(),
+        tier: match job.run.tier {
+            Tier::Session => Tier::Session,
+            _ => Tier::Ephemeral,
+        },
+        session_restored: job.run.session_restored,
+        ..Default::default()
+    }
+}
+
+/// Paths the supervisor reported, kept only when they are plain workspace paths.
+pub fn safe_paths(paths: &[String]) -> Vec<String> {
+    paths
+        .iter()
+        .filter(|p| validate_relative_path("path", p).is_ok())
+        .cloned()
+        .collect()
+}
+
+/// Turns what the supervisor said (and how the exchange ended) into the result's status.
+pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecResult {
+    let mut r = base_result(job);
+    r.stdout = String::from_utf8_lossy(&ex.stdout).into_owned();
+    r.stderr = String::from_utf8_lossy(&ex.stderr).into_owned();
+    let limits = &job.limits;
+    let Some(report) = report else {
+        let (status, error) = match &ex.ending {
+            Ending::Deadline => (
+                ExecStatus::Timeout,
+                ErrorBody::timeout(format!(
+                    "no result within the {} ms timeout and the kill grace; the container was \
+                     killed",
+                    limits.timeout_ms
+                )),
+            ),
+            Ending::Flood => {
+                r.stdout_truncated = true;
+                (
+                    ExecStatus::OutputLimit,
+                    ErrorBody::too_large(format!(
+                        "output passed {} bytes; the container was killed",
+                        limits.max_output_bytes
+                    )),
+                )
+            }
+            other => (
+                ExecStatus::Killed,
+                ErrorBody::internal(format!(
+                    "the execution ended without a result ({other:?}): {}",
+                    ex.supervisor_log.trim()
+                )),
+            ),
+        };
+        r.status = status;
+        r.error = Some(error);
+        return r;
+    };
+    r.stdout_truncated = report.stdout_truncated;
+    r.stderr_truncated = report.stderr_truncated;
+    r.files_created = safe_paths(&report.files_created);
+    r.files_modified = safe_paths(&report.files_modified);
+    r.usage = Some(Usage {
+        peak_memory_bytes: report.peak_memory_bytes,
+        cpu_ms: report.cpu_ms,
+    });
+    let oom = || {
+        ErrorBody::new(
+            ErrorKind::TooLarge,
+            format!("the memory limit of {} MiB was exceeded", limits.memory_mb),
+        )
+    };
+    let (status, exit_code, error) = match &report.outcome {
+        Outcome::Exited { code: 0 } => (ExecStatus::Ok, Some(0), None),
+        Outcome::Exited { code } if report.oom_killed => {
+            (ExecStatus::Oom, Some(i64::from(*code)), Some(oom()))
+        }
+        Outcome::Exited { code } => (ExecStatus::Error, Some(i64::from(*code)), None),
+        Outcome::Signaled { signal } => {
+            let code = Some(128 + i64::from(*signal));
+            if report.oom_killed && *signal == 9 {
+                (ExecStatus::Oom, code, Some(oom()))
+            } else if *signal == 9 {
+                (ExecStatus::Killed, code, None)
+            } else {
+                (ExecStatus::Error, code, None)
+            }
+        }
+        Outcome::Timeout => (
+            ExecStatus::Timeout,
+            None,
+            Some(ErrorBody::timeout(format!(
+                "killed after the {} ms timeout",
+                limits.timeout_ms
+            ))),
+        ),
+        Outcome::OutputLimit => (
+            ExecStatus::OutputLimit,
+            None,
+            Some(ErrorBody::too_large(format!(
+                "output passed {} bytes; it was cut and the program killed",
+                limits.max_output_bytes
+            ))),
+        ),
+        Outcome::Failed { message } => (
+            ExecStatus::Internal,
+            None,
+            Some(ErrorBody::internal(message.clone())),
+        ),
+    };
+    r.status = status;
+    r.exit_code = exit_code;
+    r.error = error;
+    if report.pids_limit_hit && r.status != ExecStatus::Ok {
+        let note = format!("the process limit of {} was reached", limits.pids);
+        let e = r
+            .error
+            .get_or_insert_with(|| ErrorBody::new(ErrorKind::TooLarge, note.clone()));
+        e.details =
+            Some(serde_json::json!({ "pids_limit_hit": true, "pids": limits.pids, "note": note }));
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use messages::exec::{ExecRequest, Language};
+    use messages::executor::ExecutorRun;
+    use messages::validate::{validate_exec, Ceilings};
+
+    use super::*;
+
+    fn job() -> Job {
+        let request = ExecRequest {
+            language: Language::Python,
+            code: "x".into(),
+            ..Default::default()
+        };
+        Job {
+            limits: validate_exec(&request, &Ceilings::default()).unwrap(),
+            run: ExecutorRun {
+                execution_id: "e1".into(),
+                tier: Tier::Ephemeral,
+                request,
+                session_restored: false,
+            },
+            accepted: Instant::now(),
+        }
+    }
+
+    fn exchange(ending: Ending) -> Exchange {
+        Exchange {
+            ending,
+            report: None,
+            stdout: b"out \xff".to_vec(),
+            stderr: Vec::new(),
+            changes: Vec::new(),
+            supervisor_log: "gone".into(),
+        }
+    }
+
+    fn status(outcome: Outcome, oom: bool, pids: bool) -> ExecResult {
+        let mut report = RunReport::failed("");
+        report.outcome = outcome;
+        report.oom_killed = oom;
+        report.pids_limit_hit = pids;
+        report.files_created = vec!["ok.txt".into(), "../escape".into(), "/abs".into()];
+        classify(&job(), Some(&report), &exchange(Ending::Reported))
+    }
+
+    #[test]
+    fn outcomes_map_to_statuses() {
+        let r = status(Outcome::Exited { code: 0 }, false, false);
+        assert_eq!(
+            (r.status, r.exit_code, r.error),
+            (ExecStatus::Ok, Some(0), None)
+        );
+        assert_eq!(r.stdout, "out \u{FFFD}", "lossy UTF-8");
+        assert_eq!(
+            r.files_created,
+            vec!["ok.txt"],
+            "unsafe paths from the sandbox dropped"
+        );
+        assert_eq!(
+            status(Outcome::Exited { code: 2 }, false, false).status,
+            ExecStatus::Error
+        );
+        assert_eq!(
+            status(Outcome::Exited { code: 137 }, true, false).status,
+            ExecStatus::Oom
+        );
+        let r = status(Outcome::Signaled { signal: 9 }, true, false);
+        assert_eq!((r.status, r.exit_code), (ExecStatus::Oom, Some(137)));
+        assert_eq!(
+            status(Outcome::Signaled { signal: 9 }, false, false).status,
+            ExecStatus::Killed
+        );
+        assert_eq!(
+            status(Outcome::Signaled { signal: 11 }, false, false).status,
+            ExecStatus::Error
+        );
+        assert_eq!(
+            status(Outcome::Timeout, false, false).status,
+            ExecStatus::Timeout
+        );
+        assert_eq!(
+            status(Outcome::OutputLimit, false, false).status,
+            ExecStatus::OutputLimit
+        );
+        let failed = Outcome::Failed {
+            message: "no python".into(),
+        };
+        assert_eq!(status(failed, false, false).status, ExecStatus::Internal);
+        let r = status(Outcome::Timeout, false, true);
+        assert_eq!(r.error.unwrap().details.unwrap()["pids_limit_hit"], true);
+        assert!(status(Outcome::Exited { code: 0 }, false, true)
+            .error
+            .is_none());
+    }
+
+    #[test]
+    fn exchanges_without_a_report_are_classified_too() {
+        let r = classify(&job(), None, &exchange(Ending::Deadline));
+        assert_eq!(r.status, ExecStatus::Timeout);
+        let r = classify(&job(), None, &exchange(Ending::Flood));
+        assert_eq!(
+            (r.status, r.stdout_truncated),
+            (ExecStatus::OutputLimit, true)
+        );
+        let r = classify(&job(), None, &exchange(Ending::Closed));
+        assert_eq!(r.status, ExecStatus::Killed);
+        assert!(r.error.unwrap().message.contains("gone"));
+    }
+}
