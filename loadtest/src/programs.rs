@@ -142,9 +142,12 @@ pub fn pick(programs: &[Program], seq: u64) -> &Program {
         return p;
     }
     let total: u64 = programs.iter().map(|p| u64::from(p.weight)).sum();
-    // A multiplicative hash spreads consecutive sequence numbers across the cycle, so a short
-    // run still sees every kind.
-    let mut slot = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % total.max(1);
+    // splitmix64's finaliser: consecutive sequence numbers land all over the cycle, so any
+    // stretch of a run follows the weights.
+    let mut z = seq.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let mut slot = (z ^ (z >> 31)) % total.max(1);
     for p in programs {
         if slot < u64::from(p.weight) {
             return p;
@@ -164,14 +167,19 @@ mod tests {
     fn the_blend_follows_the_weights() {
         let mut seen: HashMap<&str, u64> = HashMap::new();
         let total: u64 = MIXED.iter().map(|p| u64::from(p.weight)).sum();
-        let n = total * 200;
+        // A stretch as long as a default run, not whole cycles: the spread must hold there.
+        let n = 3_000;
         for seq in 0..n {
             *seen.entry(pick(MIXED, seq).name).or_default() += 1;
         }
         for p in MIXED {
             let share = seen[p.name] as f64 / n as f64;
             let want = f64::from(p.weight) / total as f64;
-            assert!((share - want).abs() < 0.02, "{}: {share} vs {want}", p.name);
+            assert!(
+                (share - want).abs() < 0.01 + want * 0.25,
+                "{}: {share} vs {want}",
+                p.name
+            );
         }
     }
 

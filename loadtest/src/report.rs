@@ -66,6 +66,11 @@ impl SeriesReport {
         }
     }
 
+    /// Did every operation end `ok`?
+    pub fn all_ok(&self) -> bool {
+        self.statuses.0.keys().all(|k| k == "ok")
+    }
+
     pub fn tagged(
         mut self,
         language: Option<&str>,
@@ -183,7 +188,8 @@ impl Report {
         for s in self
             .series
             .iter_mut()
-            .filter(|s| s.scenario == "exec" && s.latency.count > 0)
+            // A ratio of a series with failures would compare error replies with executions.
+            .filter(|s| s.scenario == "exec" && s.latency.count > 0 && s.all_ok())
         {
             let found = baselines
                 .iter()
@@ -267,6 +273,29 @@ mod tests {
         assert_eq!(r.series[3].p50_vs_baseline, Some(1.1));
         // No shell baseline was run: no ratio rather than a wrong one.
         assert_eq!(r.series[4].p50_vs_baseline, None);
+    }
+
+    #[test]
+    fn a_series_with_failures_gets_no_ratio() {
+        let mut failing = series(
+            "exec/python/session/sync/c1",
+            "python",
+            Some("session"),
+            Some("sync"),
+            1,
+            5.0,
+        );
+        failing.statuses.add_n("ok", 3);
+        failing.statuses.add("internal");
+        let mut r = Report {
+            series: vec![
+                series("baseline/python/c1", "python", None, None, 1, 40.0),
+                failing,
+            ],
+            ..Default::default()
+        };
+        r.attach_baselines();
+        assert_eq!(r.series[1].p50_vs_baseline, None);
     }
 
     #[test]

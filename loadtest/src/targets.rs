@@ -18,6 +18,32 @@ pub fn failures(s: &SeriesReport) -> String {
     format!("{n} of {total} not ok ({status}{example})")
 }
 
+/// What the burst target's verdict does not say: a short run, and results that are stored
+/// (nothing lost) but are not `ok`.
+fn burst_note(b: &crate::report::BurstReport) -> String {
+    let mut notes = Vec::new();
+    if b.jobs < 10_000 {
+        notes.push(format!(
+            "run with {} jobs, fewer than the target's 10000",
+            b.jobs
+        ));
+    }
+    let bad: u64 = b
+        .statuses
+        .0
+        .iter()
+        .filter(|(k, _)| *k != "ok")
+        .map(|(_, v)| v)
+        .sum();
+    if bad > 0 {
+        notes.push(format!(
+            "{bad} of the stored results are not ok: {}",
+            b.statuses.compact()
+        ));
+    }
+    notes.join("; ")
+}
+
 /// A verdict that also fails when the series it rests on had failures.
 fn verdict(s: Option<&SeriesReport>, met: Option<bool>) -> (Option<bool>, String) {
     match s {
@@ -115,10 +141,7 @@ impl Report {
                 )
             }),
             met: burst.map(|b| b.check.passed() && !b.timed_out && b.jobs >= 10_000),
-            note: burst
-                .filter(|b| b.jobs < 10_000)
-                .map(|b| format!("run with {} jobs, fewer than the target's 10000", b.jobs))
-                .unwrap_or_default(),
+            note: burst.map(burst_note).unwrap_or_default(),
         });
         let worst = self
             .idle_memory
