@@ -266,7 +266,7 @@ async fn mount_modules() {
 async fn cross_session() {
     let h = Harness::start_with(POOL0).await;
     let r = h
-        .hostile(
+        .hostile_until_timeout(
             Some("cross-a"),
             Language::Shell,
             "echo secret > /tmp/a-secret; echo secret > /workspace/a-file\n\

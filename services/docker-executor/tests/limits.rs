@@ -24,7 +24,7 @@ async fn fork_bomb() {
     // The shell classic (kept in the foreground): the pids cgroup stops it, the wall clock
     // ends it.
     let r = h
-        .hostile(
+        .hostile_until_timeout(
             Some(s),
             Language::Shell,
             ":(){ :|:& };:\nsleep 1000",
@@ -109,7 +109,9 @@ async fn cpu_burn_and_sleeper() {
         ("cpu-burn", "print('burning', flush=True)\nwhile True: pass"),
         ("sleeper", "import time\ntime.sleep(1e6)"),
     ] {
-        let r = h.hostile(Some(s), Language::Python, code, None).await;
+        let r = h
+            .hostile_until_timeout(Some(s), Language::Python, code, None)
+            .await;
         assert_eq!(r.status, ExecStatus::Timeout, "{s}: {r:?}");
         assert_eq!(r.error.as_ref().map(|e| e.kind), Some(ErrorKind::Timeout));
         if s == "cpu-burn" {
@@ -119,7 +121,9 @@ async fn cpu_burn_and_sleeper() {
         h.assert_recovered(Some(s), 0).await;
         assert!(h.close(s).await);
     }
-    let r = h.hostile(None, Language::Shell, "sleep 1000", None).await;
+    let r = h
+        .hostile_until_timeout(None, Language::Shell, "sleep 1000", None)
+        .await;
     assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
     h.assert_recovered(None, 0).await;
     h.stop().await;
@@ -147,7 +151,7 @@ async fn orphan_escape() {
 
     // The same, with the parent still running at the timeout.
     let r = h
-        .hostile(
+        .hostile_until_timeout(
             Some(s),
             Language::Shell,
             &format!("{escape}\nsleep 1000"),
