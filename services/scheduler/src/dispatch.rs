@@ -21,6 +21,10 @@ use crate::registry::RegistryMsg;
 
 /// Tries per execution when the chosen node turns out to be gone (no responders).
 pub(crate) const PLACEMENT_ATTEMPTS: usize = 3;
+/// How often a request waiting for a free executor slot looks again.
+const SLOT_POLL: Duration = Duration::from_millis(20);
+/// The longest pause between retries of an executor that answered 429.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 /// The reply of one executor call, classified.
 pub(crate) enum Call {
@@ -84,13 +88,15 @@ impl Scheduler {
     ) -> Result<ExecResult, ErrorBody> {
         let mut exclude = Vec::new();
         for _ in 0..PLACEMENT_ATTEMPTS {
-            let decision = self.pick(needs, &exclude).await;
+            let decision = self.pick_waiting(needs, &exclude, deadline).await;
             let node = decision.as_ref().map(|d| d.node.clone());
             self.audit_placed(scope, run, decision.as_ref());
-            match self
+            let call = self
                 .call_executor(node.as_deref(), run, deadline, scope)
-                .await
-            {
+                .await;
+            // The pick counted this work on the node; it has ended either way.
+            self.release(node.as_deref());
+            match call {
                 Call::NoResponders => match node {
                     Some(node) => exclude.push(node),
                     None => break,
@@ -159,6 +165,28 @@ impl Scheduler {
         });
     }
 
+    /// Like [`Self::pick`], but while executors are known and all of them are full, waits
+    /// (up to `limit`) for a slot instead of sending work they would refuse with 429. `None`
+    /// means no executor is known (the queue group is the fallback) or the wait ran out.
+    async fn pick_waiting(
+        &self,
+        needs: Requirements,
+        exclude: &[String],
+        limit: Duration,
+    ) -> Option<Decision> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(decision) = self.pick(needs, exclude).await {
+                return Some(decision);
+            }
+            let known = ractor::call!(self.0.registry, RegistryMsg::Nodes).unwrap_or_default();
+            if known.iter().all(|n| exclude.contains(&n.id)) || Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(SLOT_POLL).await;
+        }
+    }
+
     pub(crate) async fn pick(&self, needs: Requirements, exclude: &[String]) -> Option<Decision> {
         let exclude = exclude.to_vec();
         ractor::call!(self.0.registry, |reply| RegistryMsg::Pick {
@@ -214,29 +242,31 @@ impl Scheduler {
             Some(node) => subjects.executor_node(node, ExecutorOp::Run),
             None => subjects.executor_run(),
         };
-        if let Some(node) = node {
-            let _ = self
-                .0
-                .registry
-                .cast(RegistryMsg::Dispatched { node: node.into() });
-        }
         self.audit(
             AuditKind::Started,
             scope,
             json!({"node": node, "tier": run.tier.as_str()}),
         );
         let started = Instant::now();
-        let reply = self
-            .0
-            .caller
-            .call_timeout::<_, ExecResult>(subject, run, deadline)
-            .await;
-        if let Some(node) = node {
-            let _ = self
+        let give_up = started + deadline;
+        let mut backoff = SLOT_POLL;
+        let reply = loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            let reply = self
                 .0
-                .registry
-                .cast(RegistryMsg::Finished { node: node.into() });
-        }
+                .caller
+                .call_timeout::<_, ExecResult>(subject.clone(), run, left)
+                .await;
+            // A full executor refused before running anything: wait for a slot rather than
+            // fail work the scheduler already admitted.
+            let full =
+                matches!(&reply, Err(CallError::Service(e)) if e.kind == ErrorKind::Overloaded);
+            if !full || Instant::now() + backoff >= give_up {
+                break reply;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        };
         match reply {
             Ok(mut result) => {
                 if result.timing.exec_ms == 0 {

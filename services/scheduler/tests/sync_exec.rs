@@ -400,3 +400,50 @@ async fn a_confirmation_service_that_is_not_up_yet_is_waited_for() {
     assert_eq!(asked.lock().unwrap().len(), 1);
     sched.shutdown().await;
 }
+
+#[tokio::test]
+async fn placement_counts_return_to_zero_so_sessions_keep_finding_nodes() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 2, runs.clone()).await;
+    let _ws = serve_workspace(&url).await;
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+    // More finished executions than the node's capacity: each must give its slot back.
+    for _ in 0..5 {
+        let r = exec(&c, &req(Language::Python, "print(1)")).await.unwrap();
+        assert_eq!(r.status, ExecStatus::Ok);
+    }
+    let mut in_session = req(Language::Python, "print(1)");
+    in_session.session_id = Some("after-many".into());
+    let r = exec(&c, &in_session).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{:?}", r.error);
+    assert_eq!(r.node.as_deref(), Some("node-a"));
+    sched.shutdown().await;
+}
+
+#[tokio::test]
+async fn work_beyond_executor_capacity_waits_for_a_slot() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 1, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+    let mut pending = Vec::new();
+    for _ in 0..3 {
+        let c = c.clone();
+        pending.push(tokio::spawn(async move {
+            exec(&c, &req(Language::Python, "# sleep:300\nprint(1)")).await
+        }));
+    }
+    for p in pending {
+        assert_eq!(p.await.unwrap().unwrap().status, ExecStatus::Ok);
+    }
+    let most = runs.lock().unwrap().iter().map(|r| r.in_flight).max();
+    assert_eq!(most, Some(1), "the node never held more than its capacity");
+    sched.shutdown().await;
+}
