@@ -152,6 +152,7 @@ impl ExecutorState {
                     let (result, _) = runner.execute(&mut container, &job).await;
                     let _ = reply.send(Ok(result));
                     let _ = myself.cast(ExecutorMsg::Finished);
+                    let _ = pool.cast(WarmPoolMsg::Replenish);
                     // Single use, whatever happened: removed after the answer, off the
                     // caller's clock.
                     runner.sandboxes.remove(&container.name).await;

@@ -14,14 +14,22 @@ use crate::docker::{Container, ContainerKind, ContainerLimits, Sandboxes};
 use crate::node::{Handoff, NodeState};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// While the pool still has stock, a refill waits this long (or for the execution that took
+/// a container to end, whichever comes first): starting a container is CPU-heavy for
+/// dockerd, containerd and runc, and on a small host it would slow the very execution that
+/// just took one. An empty pool refills at once.
+const REFILL_DELAY: Duration = Duration::from_millis(300);
 
 pub enum WarmPoolMsg {
     /// A ready container, or `None` when the pool is empty (the caller starts one itself).
     Take(RpcReplyPort<Option<Container>>),
     /// A background start finished.
     Started(Result<Container, String>),
-    /// Start containers until the pool is full.
+    /// Start containers until the pool is full (also sent when an execution that took a
+    /// container ends). Ignored while a retry after failed starts is pending.
     Replenish,
+    /// The backoff after failed starts is over.
+    Retry,
 }
 
 pub struct WarmPool;
@@ -128,8 +136,10 @@ impl Actor for WarmPool {
                 let container = state.ready.pop_front();
                 state.publish_size();
                 let _ = reply.send(container);
-                if !state.retry_pending {
-                    state.replenish(&myself);
+                if state.ready.is_empty() {
+                    let _ = myself.cast(WarmPoolMsg::Replenish);
+                } else {
+                    myself.send_after(REFILL_DELAY, || WarmPoolMsg::Replenish);
                 }
             }
             WarmPoolMsg::Started(Ok(container)) => {
@@ -144,11 +154,16 @@ impl Actor for WarmPool {
                 tracing::warn!(error = %e, retry_in = ?state.backoff, "could not start a warm container");
                 if !state.retry_pending {
                     state.retry_pending = true;
-                    myself.send_after(state.backoff, || WarmPoolMsg::Replenish);
+                    myself.send_after(state.backoff, || WarmPoolMsg::Retry);
                     state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
                 }
             }
             WarmPoolMsg::Replenish => {
+                if !state.retry_pending {
+                    state.replenish(&myself);
+                }
+            }
+            WarmPoolMsg::Retry => {
                 state.retry_pending = false;
                 state.replenish(&myself);
             }
