@@ -36,6 +36,8 @@ pub struct Job {
     pub run: ExecutorRun,
     pub limits: EffectiveLimits,
     pub accepted: Instant,
+    /// Already retried once after an unusable container.
+    pub retried: bool,
 }
 
 /// Whether the container can take another execution.
@@ -44,6 +46,9 @@ pub enum Health {
     Reusable,
     /// Killed, or in an unknown state: remove it.
     Broken,
+    /// It could not start anything (stopped or gone, e.g. killed from outside while warm):
+    /// the run never began, so it may be retried once in another container.
+    Unusable,
 }
 
 fn program(language: Language) -> (Vec<String>, String) {
@@ -180,7 +185,7 @@ impl Runner {
             self.sandboxes
                 .update_limits(&container.name, wanted)
                 .await
-                .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Broken))?;
+                .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
             container.limits = wanted;
         }
         let files = Self::files(job).map_err(|e| (e, Health::Reusable))?;
@@ -203,7 +208,7 @@ impl Runner {
         };
         let ex = exchange::exchange(&self.sandboxes, input)
             .await
-            .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Broken))?;
+            .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
         let health = if ex.ending.container_suspect() {
             Health::Broken
         } else {

@@ -16,8 +16,8 @@ use messages::workspace::Ack;
 use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::docker::{ContainerKind, ContainerLimits};
-use crate::execution::{Job, Runner};
+use crate::docker::{Container, ContainerKind, ContainerLimits};
+use crate::execution::{Health, Job, Runner};
 use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
 use crate::node::NodeState;
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
@@ -81,6 +81,21 @@ async fn spawn_pool(
     Ok(pool)
 }
 
+/// A container started for one job, outside the pool.
+async fn cold_start(runner: &Runner, node: &NodeState, job: &Job) -> Result<Container, ErrorBody> {
+    let name = runner.sandboxes.new_name();
+    node.own(&name);
+    let limits = ContainerLimits::from(&job.limits);
+    let started = runner
+        .sandboxes
+        .start(&name, ContainerKind::Warm, None, limits)
+        .await;
+    if started.is_err() {
+        node.disown(&name);
+    }
+    started.map_err(|e| ErrorBody::unavailable(format!("no container: {e}")))
+}
+
 impl ExecutorState {
     /// Checks a run against this node's rules and decides its limits.
     fn admit(&self, run: &ExecutorRun) -> Result<Job, ErrorBody> {
@@ -115,6 +130,7 @@ impl ExecutorState {
             run: run.clone(),
             limits,
             accepted: Instant::now(),
+            retried: false,
         })
     }
 
@@ -130,44 +146,39 @@ impl ExecutorState {
                 .ok()
                 .and_then(|r| r.success_or(()).ok())
                 .flatten();
-            let container = match warm {
-                Some(c) => Ok(c),
-                None => {
+            let mut container = warm;
+            let mut attempts = 0;
+            let (result, used) = loop {
+                attempts += 1;
+                let mut c = match container.take() {
+                    Some(c) => c,
                     // Pool empty (a burst, or still warming up): a cold start.
-                    let name = runner.sandboxes.new_name();
-                    node.own(&name);
-                    let limits = ContainerLimits::from(&job.limits);
-                    let started = runner
-                        .sandboxes
-                        .start(&name, ContainerKind::Warm, None, limits)
-                        .await;
-                    if started.is_err() {
-                        node.disown(&name);
-                    }
-                    started
+                    None => match cold_start(&runner, &node, &job).await {
+                        Ok(c) => c,
+                        Err(error) => {
+                            let failed =
+                                runner.failed(&job, ExecStatus::Internal, error, job.accepted);
+                            break (failed, None);
+                        }
+                    },
+                };
+                let (result, health) = runner.execute(&mut c, &job).await;
+                // A warm container found dead (killed from outside) costs a cold start, not
+                // the execution: it never began, so it is retried once.
+                if health == Health::Unusable && attempts < 2 {
+                    runner.sandboxes.remove(&c.name).await;
+                    node.disown(&c.name);
+                    continue;
                 }
+                break (result, Some(c.name));
             };
-            match container {
-                Ok(mut container) => {
-                    let (result, _) = runner.execute(&mut container, &job).await;
-                    let _ = reply.send(Ok(result));
-                    let _ = myself.cast(ExecutorMsg::Finished);
-                    let _ = pool.cast(WarmPoolMsg::Replenish);
-                    // Single use, whatever happened: removed after the answer, off the
-                    // caller's clock.
-                    runner.sandboxes.remove(&container.name).await;
-                    node.disown(&container.name);
-                }
-                Err(e) => {
-                    let result = runner.failed(
-                        &job,
-                        ExecStatus::Internal,
-                        ErrorBody::unavailable(format!("no container: {e}")),
-                        job.accepted,
-                    );
-                    let _ = reply.send(Ok(result));
-                    let _ = myself.cast(ExecutorMsg::Finished);
-                }
+            let _ = reply.send(Ok(result));
+            let _ = myself.cast(ExecutorMsg::Finished);
+            let _ = pool.cast(WarmPoolMsg::Replenish);
+            // Single use, whatever happened: removed after the answer, off the caller's clock.
+            if let Some(name) = used {
+                runner.sandboxes.remove(&name).await;
+                node.disown(&name);
             }
         });
     }

@@ -161,6 +161,7 @@ mod tests {
                 session_restored: false,
             },
             accepted: Instant::now(),
+            retried: false,
         }
     }
 

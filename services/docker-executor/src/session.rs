@@ -27,8 +27,9 @@ pub enum SessionMsg {
     Run(Box<Job>, Reply),
     /// The session's container is ready, or could not be had.
     Acquired(Result<Container, String>),
-    /// The running execution finished and gives the container back.
-    Done(Container, Health),
+    /// The running execution finished and gives the container back (with the run itself
+    /// when it must be retried in another container).
+    Done(Container, Health, Option<(Box<Job>, Reply)>),
     IdleCheck,
 }
 
@@ -65,7 +66,9 @@ pub struct SessionState {
 }
 
 impl SessionState {
-    fn acquire(&mut self, myself: &ActorRef<SessionMsg>) {
+    /// Gets the session a container: a warm one from the pool, or a cold start (always
+    /// cold after a dead container, which may have died with the pool's others).
+    fn acquire(&mut self, myself: &ActorRef<SessionMsg>, use_pool: bool) {
         self.phase = Phase::Acquiring;
         let pool = self.args.pool.clone();
         let sandboxes = self.args.runner.sandboxes.clone();
@@ -75,12 +78,15 @@ impl SessionState {
         let myself = myself.clone();
         let handoff = self.handoff.clone();
         self.args.node.tasks.spawn(async move {
-            let warm = pool
-                .call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
-                .await
-                .ok()
-                .and_then(|r| r.success_or(()).ok())
-                .flatten();
+            let warm = if use_pool {
+                pool.call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
+                    .await
+                    .ok()
+                    .and_then(|r| r.success_or(()).ok())
+                    .flatten()
+            } else {
+                None
+            };
             let acquired = match warm {
                 Some(c) => Ok(c),
                 None => {
@@ -125,11 +131,24 @@ impl SessionState {
         let myself = myself.clone();
         self.args.node.tasks.spawn(async move {
             let (result, health) = runner.execute(&mut container, &job).await;
-            let _ = reply.send(Ok(result));
-            let _ = executor.cast(ExecutorMsg::Finished);
-            if let Err(ractor::MessagingErr::SendErr(SessionMsg::Done(c, _))) =
-                myself.cast(SessionMsg::Done(container, health))
+            // The container was dead before the run began (killed from outside): the run
+            // goes back to the head of the queue, once, for the next container.
+            let retry = if health == Health::Unusable && !job.retried {
+                let mut job = job;
+                job.retried = true;
+                Some((job, reply))
+            } else {
+                let _ = reply.send(Ok(result));
+                let _ = executor.cast(ExecutorMsg::Finished);
+                None
+            };
+            if let Err(ractor::MessagingErr::SendErr(SessionMsg::Done(c, _, retry))) =
+                myself.cast(SessionMsg::Done(container, health, retry))
             {
+                if let Some((_, reply)) = retry {
+                    let _ = reply.send(Err(ErrorBody::unavailable("the session was closed")));
+                    let _ = executor.cast(ExecutorMsg::Finished);
+                }
                 runner.sandboxes.remove(&c.name).await;
                 node.disown(&c.name);
             }
@@ -179,7 +198,7 @@ impl Actor for SessionContainer {
             last_used: Instant::now(),
             handoff: Handoff::default(),
         };
-        state.acquire(&myself);
+        state.acquire(&myself, true);
         Ok(state)
     }
 
@@ -209,19 +228,18 @@ impl Actor for SessionContainer {
                 )));
                 myself.stop(Some("no container".into()));
             }
-            SessionMsg::Done(container, health) => {
+            SessionMsg::Done(container, health, retry) => {
                 state.last_used = Instant::now();
-                match health {
-                    Health::Reusable => {
-                        state.container = Some(container);
-                        state.phase = Phase::Idle;
-                    }
-                    Health::Broken => {
-                        // The execution's container was killed (backstop) or is in an unknown
-                        // state: the session continues in a fresh one.
-                        state.remove_container();
-                        state.acquire(&myself);
-                    }
+                if let Some(run) = retry {
+                    state.queue.push_front(run);
+                }
+                if health == Health::Reusable {
+                    state.container = Some(container);
+                    state.phase = Phase::Idle;
+                } else {
+                    // Killed (backstop) or dead: the session continues in a fresh container.
+                    state.remove_container();
+                    state.acquire(&myself, health != Health::Unusable);
                 }
                 state.pump(&myself);
             }

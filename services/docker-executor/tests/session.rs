@@ -227,3 +227,45 @@ async fn killing_every_process_loses_the_container_not_the_session() {
     h.wait_containers(1).await;
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_killed_from_outside_cost_a_retry_not_the_run() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "1")]).await;
+    let kill = |name: String| async move {
+        let out = std::process::Command::new("docker")
+            .args(["kill", &name])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    // A warm container dies while it waits in the pool.
+    h.wait_warm(1).await;
+    let warm = h.containers().await.remove(0);
+    kill(warm).await;
+    let r = h.ephemeral(Language::Python, "print('retried')").await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "retried\n"),
+        "{r:?}"
+    );
+
+    // A session's container dies between its runs.
+    h.wait_warm(1).await;
+    let r = h.session("killed-s", Language::Python, "print(1)").await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    h.wait_warm(1).await;
+    let owned = h.containers().await;
+    // The session holds the container that is not the pool's fresh one: kill both, the
+    // pool's refill comes back by itself.
+    for name in owned {
+        kill(name).await;
+    }
+    let r = h.session("killed-s", Language::Python, "print(2)").await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "2\n"),
+        "{r:?}"
+    );
+    assert!(h.close("killed-s").await);
+    h.stop().await;
+}
