@@ -20,6 +20,27 @@
 //! └── SessionContainer*   one per session: its container, runs one at a time, idle close
 //! (+ the kit's Heartbeat: capacity, running, warm pool size, sessions)
 //! ```
+//!
+//! Behaviour worth knowing:
+//! - Processes never outlive their execution: when the program exits (or times out, or
+//!   passes the output cap) the supervisor kills every process of the container except
+//!   `docker-init` and the keeper, daemonised orphans included. Files persist in a session
+//!   (`/workspace`, `/tmp`); with `SANDMESH_EXEC_WORKSPACE=on` the workspace also lives in
+//!   workspace-store, so an ephemeral run of a session sees it and a lost container loses
+//!   nothing.
+//! - Nothing the supervisor says is trusted (it runs next to the untrusted code): sizes are
+//!   capped again here, reported paths are validated, and an outer deadline (timeout +
+//!   `SANDMESH_EXEC_KILL_GRACE_MS`) removes the container.
+//! - Output is capped at what one NATS message can carry (max payload − 64 KiB).
+//! - A container found dead before a run began is replaced and the run retried once.
+//! - The janitor removes this node's unowned containers and those of nodes of the same mesh
+//!   whose heartbeat expired; at shutdown every container of the node is removed.
+//!
+//! Configuration (`SANDMESH_EXEC_*`, see [`ExecutorConfig`]): `IMAGE`, `WARM_POOL` (2),
+//! `CAPACITY` (8), `MAX_SESSIONS` (64), `SESSION_IDLE_MS` (600000), `WORKSPACE` (on|off),
+//! `WORKSPACE_MB` (64), `TMP_MB` (64), `NOFILE` (256), `FSIZE_MB` (= WORKSPACE_MB),
+//! `KILL_GRACE_MS` (5000), `JANITOR_MS` (30000), and the request ceilings
+//! `{DEFAULT,MAX}_{TIMEOUT_MS,MEMORY_MB,CPUS,PIDS,OUTPUT_BYTES}`.
 
 pub mod config;
 pub mod docker;
