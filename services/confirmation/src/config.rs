@@ -165,16 +165,10 @@ fn levels(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use kit::config::env_map as env;
 
     #[test]
     fn defaults_keep_a_person_in_the_loop() {

@@ -46,6 +46,14 @@ impl std::error::Error for ConfigError {}
 
 pub const ENV_PREFIX: &str = "SANDMESH_";
 
+/// An environment from pairs: for tests, and for configs built in code (`for_url`).
+pub fn env_map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// Reads `SANDMESH_<KEY>` values, remembering every error instead of stopping at the first.
 pub struct ConfigReader<'a> {
     source: &'a dyn EnvSource,
@@ -204,9 +212,7 @@ impl KitConfig {
 
     /// A config for tests and embedded use: this NATS URL, defaults for the rest.
     pub fn for_url(nats_url: &str) -> Self {
-        let mut env = HashMap::new();
-        env.insert("SANDMESH_NATS_URL".to_string(), nats_url.to_string());
-        Self::from_env(&env).expect("defaults are valid")
+        Self::from_env(&env_map(&[("SANDMESH_NATS_URL", nats_url)])).expect("defaults are valid")
     }
 }
 
@@ -214,12 +220,7 @@ impl KitConfig {
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use super::env_map as env;
 
     #[test]
     fn defaults_work_on_a_laptop() {

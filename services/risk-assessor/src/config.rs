@@ -80,16 +80,10 @@ impl RiskAssessorConfig {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use kit::config::env_map as env;
 
     #[test]
     fn defaults_are_strict_with_a_256_kib_ceiling() {

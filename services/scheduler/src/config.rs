@@ -120,26 +120,17 @@ impl SchedulerConfig {
 
     /// Defaults for tests and embedded use, pointed at one NATS server.
     pub fn for_url(nats_url: &str) -> Self {
-        let env = std::collections::HashMap::from([(
-            "SANDMESH_NATS_URL".to_string(),
-            nats_url.to_string(),
-        )]);
-        Self::from_env(&env).expect("defaults are valid")
+        Self::from_env(&kit::config::env_map(&[("SANDMESH_NATS_URL", nats_url)]))
+            .expect("defaults are valid")
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use kit::config::env_map as env;
 
     #[test]
     fn defaults_are_strict_and_least_loaded() {
