@@ -325,7 +325,14 @@ impl Drop for Harness {
     /// away with the executor's tasks, so remove the node's containers synchronously.
     fn drop(&mut self) {
         self.shutdown.cancel();
-        if self.task.is_some() {
+        if let Some(task) = self.task.take() {
+            // Let the executor shut down properly (its starts in flight end and are removed);
+            // the tests run on multi-thread runtimes, where blocking here is allowed.
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                tokio::task::block_in_place(|| {
+                    let _ = handle.block_on(tokio::time::timeout(Duration::from_secs(60), task));
+                });
+            }
             remove_node_containers(&self.node);
         }
     }
