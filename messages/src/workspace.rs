@@ -18,7 +18,7 @@ pub struct WsInit {
     pub session_id: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsWrite {
     pub session_id: String,
     pub path: String,
@@ -36,7 +36,7 @@ pub struct WsWrite {
     pub object: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsRead {
     pub session_id: String,
     pub path: String,
@@ -65,13 +65,19 @@ pub struct WsFile {
     pub sha256: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsList {
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
     #[serde(default)]
     pub recursive: bool,
+    /// Paging: continue after this path (the `next` of the previous page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Paging: at most this many entries (the store may return fewer to fit one message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,10 +98,13 @@ pub struct WsEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsListing {
     pub entries: Vec<WsEntry>,
+    /// Set when more entries follow: ask again with `after` set to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// `stat` and `delete` name one path.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsPath {
     pub session_id: String,
     pub path: String,
@@ -107,7 +116,7 @@ pub struct WsPath {
 
 /// `snapshot`: the workspace as a tar. Small snapshots come inline (base64 in JSON, bin in
 /// msgpack); larger ones are left in the object store under `object` for the caller to fetch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsSnapshot {
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,7 +137,7 @@ pub struct WsArchive {
 }
 
 /// `restore`: unpack a tar into the workspace, all or nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsRestore {
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

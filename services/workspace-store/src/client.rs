@@ -128,7 +128,7 @@ impl WorkspaceClient {
             object: None,
         };
         if data.len() as u64 <= INLINE_MAX_BYTES {
-            (req.content, req.encoding) = messages::encode_content(data);
+            (req.content, req.encoding) = crate::files::wire_content(data);
             self.call(WorkspaceOp::Write, &req, false).await
         } else {
             req.object = Some(self.upload(data).await?);
@@ -154,18 +154,28 @@ impl WorkspaceClient {
         }
     }
 
+    /// Lists a directory (or the whole workspace), following every page.
     pub async fn list(
         &self,
         session: &str,
         prefix: Option<&str>,
         recursive: bool,
     ) -> Result<WsListing> {
-        let req = WsList {
+        let mut req = WsList {
             session_id: session.into(),
             prefix: prefix.map(str::to_string),
             recursive,
+            ..Default::default()
         };
-        self.call(WorkspaceOp::List, &req, false).await
+        let mut all = WsListing::default();
+        loop {
+            let page: WsListing = self.call(WorkspaceOp::List, &req, false).await?;
+            all.entries.extend(page.entries);
+            match page.next {
+                Some(next) => req.after = Some(next),
+                None => return Ok(all),
+            }
+        }
     }
 
     pub async fn stat(&self, session: &str, path: &str) -> Result<WsEntry> {

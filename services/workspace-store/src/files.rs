@@ -17,6 +17,28 @@ use crate::store::{entry_of, Accounting, Metrics, Workspaces, INLINE_MAX_BYTES};
 /// An append re-reads the file when another writer changed it meanwhile; this bounds it.
 const MAX_APPEND_ATTEMPTS: usize = 16;
 const FILE_MODE: u32 = 0o644;
+/// A listing page stays well inside one message; `next` says where the following one starts.
+const LIST_PAGE_BYTES: usize = 900 * 1024;
+
+/// Content as it goes on the wire: UTF-8 text when it is text *and* JSON-escaping would not
+/// make it larger than base64 (quotes and control characters grow), so an inline reply never
+/// outgrows the message it was sized for.
+pub fn wire_content(bytes: &[u8]) -> (String, ContentEncoding) {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        let escaped: usize = text
+            .bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' => 2,
+                0..=0x1f => 6,
+                _ => 1,
+            })
+            .sum();
+        if escaped <= bytes.len().div_ceil(3) * 4 {
+            return (text.to_string(), ContentEncoding::Utf8);
+        }
+    }
+    (messages::encode_base64(bytes), ContentEncoding::Base64)
+}
 
 pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
@@ -214,7 +236,7 @@ impl Workspaces {
             Some(ContentEncoding::Base64) => {
                 (messages::encode_base64(&bytes), ContentEncoding::Base64)
             }
-            _ => messages::encode_content(&bytes),
+            _ => wire_content(&bytes),
         };
         Ok(file)
     }
@@ -238,15 +260,36 @@ impl Workspaces {
                 Some(n) if !n.value.is_dir() => {
                     return Ok(WsListing {
                         entries: vec![entry_of(&dir, &n.value)],
+                        next: None,
                     })
                 }
                 Some(_) => {}
             }
         }
         let nodes = self.index.list(session, &dir, req.recursive).await?;
-        Ok(WsListing {
-            entries: nodes.iter().map(|(p, n)| entry_of(p, &n.value)).collect(),
-        })
+        let after = match &req.after {
+            Some(a) => Some(RelPath::parse("after", a)?.0),
+            None => None,
+        };
+        let limit = req.limit.map_or(usize::MAX, |l| l.max(1) as usize);
+        let mut listing = WsListing::default();
+        let mut size = 0;
+        for (path, node) in nodes
+            .iter()
+            .filter(|(p, _)| after.as_ref().is_none_or(|a| p > a))
+        {
+            let entry = entry_of(path, &node.value);
+            // The most the entry can cost in JSON: a path can double when escaped, the other
+            // fields and their names take at most 190 bytes.
+            let cost = 2 * entry.path.len() + 190;
+            if listing.entries.len() == limit || size + cost > LIST_PAGE_BYTES {
+                listing.next = listing.entries.last().map(|e| e.path.clone());
+                break;
+            }
+            size += cost;
+            listing.entries.push(entry);
+        }
+        Ok(listing)
     }
 
     pub async fn delete(&self, req: WsPath) -> Result<messages::workspace::Ack> {
@@ -342,4 +385,21 @@ pub fn file_node(size: u64, sha256: String, object: String) -> Node {
 
 fn not_found(session: &str, path: &RelPath) -> StoreError {
     StoreError::NotFound(format!("{path} does not exist in workspace {session}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_that_escapes_badly_travels_as_base64() {
+        assert_eq!(wire_content(b"print(1)\n").1, ContentEncoding::Utf8);
+        assert_eq!(wire_content(&[b'"'; 300]).1, ContentEncoding::Base64);
+        assert_eq!(wire_content(&[1u8; 300]).1, ContentEncoding::Base64);
+        assert_eq!(wire_content(&[0xff, 0xfe]).1, ContentEncoding::Base64);
+        for data in [&b"a\"b"[..], &[0xc3, 0x28], b"plain"] {
+            let (text, enc) = wire_content(data);
+            assert_eq!(messages::decode_content(&text, enc).unwrap(), data);
+        }
+    }
 }

@@ -15,7 +15,7 @@ use crate::error::{Result, StoreError};
 use crate::keys::{self, RelPath};
 
 /// Messages fetched per round trip while scanning.
-const SCAN_BATCH: usize = 4096;
+const SCAN_BATCH: usize = 20_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -326,7 +326,9 @@ impl Index {
             while let Some(message) = batch.next().await {
                 let message = message.map_err(|e| err(&e))?;
                 got += 1;
-                pending = message.info().map_err(|e| err(&e))?.pending;
+                let info = message.info().map_err(|e| err(&e))?;
+                pending = info.pending;
+                let revision = info.stream_sequence;
                 let deleted = message
                     .headers
                     .as_ref()
@@ -338,7 +340,6 @@ impl Index {
                 let Some(key) = message.subject.strip_prefix(&prefix) else {
                     continue;
                 };
-                let revision = message.info().map_err(|e| err(&e))?.stream_sequence;
                 out.push((key.to_string(), message.payload.clone(), revision));
             }
             if got == 0 {

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
-use messages::workspace::{WsFile, WsRead, WsWrite, LAYOUT_DIRS, MEMORY_FILES};
+use messages::workspace::{WsFile, WsList, WsListing, WsRead, WsWrite, LAYOUT_DIRS, MEMORY_FILES};
 use messages::{ErrorKind, Subjects};
 use test_support::NatsServer;
 
@@ -74,12 +74,32 @@ async fn files_directories_ranges_and_conflicts() {
         ws.list("s", Some("nope"), false).await.unwrap_err().kind(),
         ErrorKind::NotFound
     );
+    // Paging: `next` names where the following page starts.
+    let nc = common::nats(&nats.url()).await;
+    let list = Subjects::default().workspace(WorkspaceOp::List);
+    let mut page = WsList {
+        session_id: "s".into(),
+        recursive: true,
+        limit: Some(2),
+        ..Default::default()
+    };
+    let mut seen = Vec::new();
+    loop {
+        let got: WsListing = raw(&nc, list.clone(), &page).await.unwrap();
+        assert!(got.entries.len() <= 2);
+        seen.extend(got.entries.into_iter().map(|e| e.path));
+        match got.next {
+            Some(next) => page.after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 6);
+    assert_eq!(seen, names(ws.list("s", None, true).await.unwrap()));
     let stat = ws.stat("s", "data/blob.bin").await.unwrap();
     assert_eq!((stat.size, stat.is_dir), (3000, false));
     assert!(ws.stat("s", "code").await.unwrap().is_dir);
 
     // Ranged reads, raw JSON as any client would send them.
-    let nc = common::nats(&nats.url()).await;
     let read = |offset, length| WsRead {
         session_id: "s".into(),
         path: "data/blob.bin".into(),

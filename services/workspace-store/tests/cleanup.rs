@@ -1,0 +1,131 @@
+//! TTL sweep, explicit cleanup, and the audit trail of workspace changes.
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use common::*;
+use messages::audit::AuditEvent;
+use messages::Subjects;
+use test_support::NatsServer;
+use workspace_store::index::SessionMeta;
+
+/// Makes a session look untouched for `hours` (as if its last write were that long ago).
+async fn backdate(js: &jetstream::Context, session: &str, hours: u64) {
+    let kv = js
+        .get_key_value(Subjects::default().workspace_index_bucket())
+        .await
+        .unwrap();
+    let key = workspace_store::keys::meta_key(session);
+    let mut meta: SessionMeta =
+        serde_json::from_slice(&kv.get(&key).await.unwrap().unwrap()).unwrap();
+    meta.last_modified -= hours * 3600 * 1000;
+    kv.put(&key, serde_json::to_vec(&meta).unwrap().into())
+        .await
+        .unwrap();
+}
+
+/// The last audit event of `kind` for `session`, if stored yet.
+async fn audit_event(js: &jetstream::Context, kind: &str, session: &str) -> Option<AuditEvent> {
+    let s = Subjects::default();
+    let stream = js.get_stream(s.audit_stream()).await.ok()?;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            filter_subject: s.audit(kind),
+            ..Default::default()
+        })
+        .await
+        .ok()?;
+    use futures::StreamExt;
+    let mut batch = consumer.fetch().max_messages(1000).messages().await.ok()?;
+    let mut found = None;
+    while let Some(Ok(m)) = batch.next().await {
+        let event: AuditEvent = serde_json::from_slice(&m.payload).ok()?;
+        if event.session_id.as_deref() == Some(session) {
+            found = Some(event);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn idle_workspaces_are_swept_and_active_ones_kept() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let mut cfg = config(&url, "sweep");
+    cfg.sweep_interval = Duration::from_millis(200);
+    let _svc = start(cfg).await;
+    let ws = client(&url).await;
+    let js = jetstream::new(common::nats(&url).await);
+    for s in ["idle", "busy"] {
+        ws.init(s).await.unwrap();
+        ws.write(s, "data/x.bin", &bytes(5000, 1)).await.unwrap();
+    }
+    backdate(&js, "idle", 25).await;
+
+    let gone = eventually(TIMEOUT, || async {
+        ws.usage("idle").await.unwrap().last_modified == 0
+    })
+    .await;
+    assert!(gone, "the idle workspace was not swept");
+    assert_eq!(
+        ws.read("idle", "data/x.bin").await.unwrap_err().kind(),
+        messages::ErrorKind::NotFound
+    );
+    assert_eq!(ws.read("busy", "data/x.bin").await.unwrap().len(), 5000);
+    // Its contents are gone from the object store too.
+    let (objects, _) = store_state(&url, &[]).await;
+    assert!(
+        objects.iter().all(|o| !o.starts_with("ws/idle/")),
+        "{objects:?}"
+    );
+    assert!(objects.iter().any(|o| o.starts_with("ws/busy/")));
+
+    let event = audit_event(&js, "workspace_cleaned", "idle").await.unwrap();
+    assert_eq!(event.details["reason"], "ttl");
+}
+
+#[tokio::test]
+async fn cleanup_on_request_and_audit_of_changes() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let _svc = start(config(&url, "clean")).await;
+    let ws = client(&url).await;
+    let js = jetstream::new(common::nats(&url).await);
+    ws.init("s").await.unwrap();
+    ws.write("s", "code/a.py", b"a").await.unwrap();
+    ws.delete("s", "code/a.py", false).await.unwrap();
+    let tar = RawTar::default().file("out/r.txt", b"r").finish();
+    ws.restore("s", &tar, false, Vec::new()).await.unwrap();
+
+    let cleaned = ws.cleanup(Some("s")).await.unwrap();
+    assert_eq!(cleaned.sessions_removed, ["s"]);
+    assert!(ws.list("s", None, true).await.unwrap().entries.is_empty());
+    assert_eq!(ws.usage("s").await.unwrap().bytes, 0);
+    assert!(ws
+        .cleanup(Some("s"))
+        .await
+        .unwrap()
+        .sessions_removed
+        .is_empty());
+    let (objects, _) = store_state(&url, &[]).await;
+    assert!(objects.is_empty(), "{objects:?}");
+
+    for (kind, check) in [
+        ("file_written", "code/a.py"),
+        ("file_deleted", "code/a.py"),
+        ("workspace_restored", ""),
+        ("workspace_cleaned", ""),
+    ] {
+        let found = eventually(TIMEOUT, || async {
+            audit_event(&js, kind, "s").await.is_some()
+        })
+        .await;
+        assert!(found, "no {kind} event");
+        let event = audit_event(&js, kind, "s").await.unwrap();
+        if !check.is_empty() {
+            assert_eq!(event.details["path"], check, "{kind}");
+        }
+    }
+}

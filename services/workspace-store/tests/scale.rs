@@ -1,0 +1,101 @@
+//! Listing one session costs that session's keys, not everyone's: a session with 10,000
+//! files is listed while other sessions hold 100,000. The index is filled with direct KV
+//! publishes (what the store would write, without the contents) to keep the test fast.
+//! Latencies are printed, never asserted.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use common::*;
+use messages::Subjects;
+use test_support::NatsServer;
+use workspace_store::index::{Node, NodeKind};
+use workspace_store::keys::{self, RelPath};
+
+/// Publishes `count` file nodes for `session` straight into the index bucket, acks awaited
+/// in windows so the server is kept busy.
+async fn fill(js: &jetstream::Context, session: &str, count: usize, dirs: usize) {
+    let bucket = Subjects::default().workspace_index_bucket();
+    let node = |i: usize| Node {
+        kind: NodeKind::File,
+        size: 100 + i as u64 % 50,
+        sha256: "0".repeat(64),
+        object: format!("ws/{session}/none-{i}"),
+        mode: 0o644,
+        modified: 1_700_000_000_000,
+    };
+    let mut acks = Vec::with_capacity(2000);
+    for d in 0..dirs {
+        let dir = RelPath::from_parts(vec![format!("dir{d}")]);
+        let key = keys::node_key(session, &dir);
+        let value = serde_json::to_vec(&Node::dir(1_700_000_000_000)).unwrap();
+        js.publish(format!("$KV.{bucket}.{key}"), value.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    for i in 0..count {
+        let path =
+            RelPath::from_parts(vec![format!("dir{}", i % dirs), format!("file-{i:06}.txt")]);
+        let key = keys::node_key(session, &path);
+        let value = serde_json::to_vec(&node(i)).unwrap();
+        acks.push(
+            js.publish(format!("$KV.{bucket}.{key}"), value.into())
+                .await
+                .unwrap(),
+        );
+        if acks.len() == 2000 {
+            for ack in acks.drain(..) {
+                ack.await.unwrap();
+            }
+        }
+    }
+    for ack in acks {
+        ack.await.unwrap();
+    }
+}
+
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
+    let t = Instant::now();
+    let out = f.await;
+    (out, t.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn listing_a_session_costs_its_own_keys_only() {
+    let nats = NatsServer::start();
+    let _svc = start(config(&nats.url(), "scale")).await;
+    let js = jetstream::new(common::nats(&nats.url()).await);
+    let ws = client(&nats.url()).await;
+    ws.init("small").await.unwrap();
+    fill(&js, "target", 10_000, 10).await;
+
+    let (listing, alone) = timed(ws.list("target", None, true)).await;
+    assert_eq!(listing.unwrap().entries.len(), 10_010);
+
+    let t = Instant::now();
+    for other in 0..10 {
+        fill(&js, &format!("other{other}"), 10_000, 10).await;
+    }
+    println!("filled 100,000 other keys in {:?}", t.elapsed());
+
+    // Warm once, then measure a few times.
+    ws.list("target", None, true).await.unwrap();
+    let mut crowded = Vec::new();
+    for _ in 0..3 {
+        let (listing, took) = timed(ws.list("target", None, true)).await;
+        assert_eq!(listing.unwrap().entries.len(), 10_010);
+        crowded.push(took);
+    }
+    let (dir, dir_took) = timed(ws.list("target", Some("dir3"), false)).await;
+    assert_eq!(dir.unwrap().entries.len(), 1000);
+    let (small, small_took) = timed(ws.list("small", None, true)).await;
+    assert_eq!(small.unwrap().entries.len(), 9);
+    println!(
+        "list 10,010 entries: {alone:?} alone; {crowded:?} beside 100,000 other keys; \
+         one directory of 1,000: {dir_took:?}; a 9-entry session: {small_took:?}"
+    );
+}
