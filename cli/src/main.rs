@@ -16,6 +16,7 @@ mod exec;
 mod local_nats;
 mod status;
 mod up;
+mod ws;
 
 use std::time::Duration;
 
@@ -49,6 +50,11 @@ enum Command {
     Confirm {
         #[command(subcommand)]
         command: confirm::ConfirmCommand,
+    },
+    /// Workspace files: ls, get, put, rm.
+    Ws {
+        #[command(subcommand)]
+        command: ws::WsCommand,
     },
     /// Read or follow the audit trail.
     Audit(audit::AuditArgs),
@@ -111,6 +117,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Confirm { command } => {
             let (config, client) = client_config().await?;
             confirm::run(&caller(client), &config.subjects, command).await
+        }
+        Command::Ws { command } => {
+            let (config, client) = client_config().await?;
+            ws::run(&caller(client), &config.subjects, command).await
         }
         Command::Audit(args) => {
             let (config, client) = client_config().await?;
