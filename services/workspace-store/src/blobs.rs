@@ -51,7 +51,7 @@ pub fn is_upload_name(name: &str) -> bool {
         .is_some_and(|token| messages::validate::validate_id("object", token).is_ok())
 }
 
-/// A name `read` or `snapshot` may have handed out (what a client fetches).
+/// Staged objects: client uploads not yet used, snapshots not yet fetched.
 pub fn is_staged_name(name: &str) -> bool {
     name.starts_with(UPLOAD_PREFIX) || name.starts_with(SNAPSHOT_PREFIX)
 }

@@ -141,15 +141,20 @@ impl WorkspaceClient {
         let req = WsRead {
             session_id: session.into(),
             path: path.into(),
-            offset: None,
-            length: None,
-            encoding: None,
+            ..Default::default()
         };
-        let file: WsFile = self.call(WorkspaceOp::Read, &req, true).await?;
-        match &file.object {
-            Some(object) => self.fetch(object).await,
-            None => {
-                messages::decode_content(&file.content, file.encoding).map_err(ClientError::Reply)
+        let mut attempts = 0;
+        loop {
+            let file: WsFile = self.call(WorkspaceOp::Read, &req, true).await?;
+            let Some(object) = &file.object else {
+                return messages::decode_content(&file.content, file.encoding)
+                    .map_err(ClientError::Reply);
+            };
+            match self.fetch(object).await {
+                Ok(bytes) => return Ok(bytes),
+                // Overwritten between the reply and the fetch: read the new version.
+                Err(_) if attempts < 3 => attempts += 1,
+                Err(e) => return Err(e),
             }
         }
     }

@@ -135,20 +135,16 @@ impl Workspaces {
     pub async fn restore(&self, req: WsRestore) -> Result<WsRestored> {
         keys::check_session(&req.session_id)?;
         if let Some(name) = &req.object {
-            if !blobs::is_staged_name(name) {
+            if !blobs::is_upload_name(name) {
                 return Err(StoreError::BadRequest(format!(
-                    "object must be an {}<token> (or snapshot) name",
+                    "object must be named {}<token> with a token of [A-Za-z0-9_-]",
                     blobs::UPLOAD_PREFIX
                 )));
             }
         }
         let outcome = self.restore_checked(&req).await;
         // An uploaded archive is consumed by its restore, whether it was accepted or not.
-        if let Some(name) = req
-            .object
-            .as_deref()
-            .filter(|n| n.starts_with(blobs::UPLOAD_PREFIX))
-        {
+        if let Some(name) = &req.object {
             self.blobs.remove(name).await?;
         }
         let result = outcome?;
