@@ -44,6 +44,17 @@ async fn init_creates_the_seed_layout_and_is_idempotent() {
     let usage = ws.usage("s1").await.unwrap();
     assert_eq!(usage.files, 3);
     assert_eq!(usage.quota_bytes, 1024 << 20);
+
+    // The instance announces itself in the nodes bucket, with its counters.
+    let js = async_nats::jetstream::new(common::nats(&nats.url()).await);
+    let nodes = js
+        .get_key_value(Subjects::default().nodes_bucket())
+        .await
+        .unwrap();
+    let key = messages::heartbeat::heartbeat_key("workspace-store", "f1");
+    let beat = nodes.get(&key).await.unwrap().expect("heartbeat key");
+    let beat: messages::heartbeat::Heartbeat = serde_json::from_slice(&beat).unwrap();
+    assert!(beat.metrics.contains_key("workspace_writes_total"));
 }
 
 #[tokio::test]
