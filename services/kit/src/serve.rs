@@ -158,6 +158,7 @@ impl ServiceHost {
         let in_flight = self.in_flight.clone();
         let admission = Arc::new(Semaphore::new(options.max_in_flight));
         let client = self.client.clone();
+        let max_reply = client.server_info().max_payload;
         self.loops.spawn(async move {
             loop {
                 let request = tokio::select! {
@@ -174,6 +175,7 @@ impl ServiceHost {
                         request,
                         Err(error),
                         encoding.unwrap_or_default(),
+                        max_reply,
                     ));
                     continue;
                 };
@@ -181,7 +183,7 @@ impl ServiceHost {
                 let subject = subject.clone();
                 in_flight.spawn(async move {
                     let _permit = permit;
-                    handle_one(subject, request, options, handler).await;
+                    handle_one(subject, request, options, max_reply, handler).await;
                 });
             }
             // Unsubscribe so that new requests find no responder (or another instance).
@@ -238,6 +240,7 @@ async fn handle_one<Req, Resp>(
     subject: String,
     request: async_nats::service::Request,
     options: EndpointOptions,
+    max_reply: usize,
     handler: Handler<Req, Resp>,
 ) where
     Req: DeserializeOwned + Send + 'static,
@@ -278,7 +281,7 @@ async fn handle_one<Req, Resp>(
         if let Err(e) = &outcome {
             tracing::debug!(code = e.code, message = %e.message, "request failed");
         }
-        respond(request, outcome, encoding).await;
+        respond(request, outcome, encoding, max_reply).await;
     }
     .instrument(span)
     .await
@@ -298,16 +301,36 @@ fn decode_request<Req: DeserializeOwned>(
     Ok(encoding.decode(payload)?)
 }
 
+/// Bytes kept free for headers (content type, error headers, trace context) in a reply.
+const REPLY_HEADER_ROOM: usize = 4096;
+
 /// Sends a reply or an error reply. Errors carry the NATS micro headers *and* a typed body.
+/// A reply larger than the server's max payload (`max_reply`, 0 when unknown) would never
+/// arrive and leave the caller waiting out its timeout: it becomes a 500 error instead.
 async fn respond<Resp: Serialize>(
     request: async_nats::service::Request,
     outcome: Result<Resp, ErrorBody>,
     encoding: Encoding,
+    max_reply: usize,
 ) {
     let mut headers = HeaderMap::new();
     headers.insert(codec::CONTENT_TYPE, encoding.content_type());
     let body = match outcome {
-        Ok(resp) => encoding.encode(&resp).map_err(ErrorBody::from),
+        Ok(resp) => encoding
+            .encode(&resp)
+            .map_err(ErrorBody::from)
+            .and_then(|bytes| {
+                // Headers travel in the same message; keep room for them.
+                let limit = max_reply.saturating_sub(REPLY_HEADER_ROOM);
+                if max_reply > 0 && bytes.len() > limit {
+                    Err(ErrorBody::internal(format!(
+                        "the reply is {} bytes, over the {limit} a NATS message can carry here",
+                        bytes.len()
+                    )))
+                } else {
+                    Ok(bytes)
+                }
+            }),
         Err(e) => Err(e),
     };
     let body = match body {

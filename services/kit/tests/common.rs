@@ -16,6 +16,9 @@ pub struct EchoReq {
     pub delay_ms: u64,
     #[serde(default)]
     pub fail_with: Option<u16>,
+    /// Echo the text this many times (0 = once): makes replies larger than requests.
+    #[serde(default)]
+    pub repeat: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -75,7 +78,7 @@ impl Actor for Echo {
                     "asked to fail",
                 )),
                 None => Ok(EchoResp {
-                    text: req.text,
+                    text: req.text.repeat(req.repeat.max(1)),
                     instance,
                 }),
             };

@@ -58,6 +58,7 @@ async fn json_and_msgpack_clients_get_answers_in_their_encoding() {
         text: "packed".into(),
         delay_ms: 0,
         fail_with: None,
+        repeat: 0,
     };
     let reply = raw(
         &client,
@@ -170,6 +171,7 @@ async fn discovery_and_queue_groups() {
             text: i.to_string(),
             delay_ms: 0,
             fail_with: None,
+            repeat: 0,
         };
         let resp: EchoResp = caller.call(ECHO_SUBJECT.into(), &req).await.unwrap();
         seen.insert(resp.instance);
@@ -201,6 +203,7 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
         text: "slow".into(),
         delay_ms: 1500,
         fail_with: None,
+        repeat: 0,
     };
     let first = {
         let caller = caller.clone();
@@ -218,6 +221,7 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
         text: "fast".into(),
         delay_ms: 0,
         fail_with: None,
+        repeat: 0,
     };
     // Bounded poll: once the slow one holds the only slot, the next is refused with 429.
     let refused = eventually(Duration::from_secs(5), || {
@@ -322,6 +326,7 @@ async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
             text: format!("r{i}"),
             delay_ms: 800,
             fail_with: None,
+            repeat: 0,
         };
         in_flight.push(tokio::spawn(async move {
             caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &req).await
@@ -340,10 +345,35 @@ async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
         text: "late".into(),
         delay_ms: 0,
         fail_with: None,
+        repeat: 0,
     };
     let err = caller
         .call::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
         .await
         .unwrap_err();
     assert!(matches!(err, CallError::NoResponders(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_reply_too_large_for_nats_is_an_error_not_a_silent_timeout() {
+    // A small max payload, so a modest reply is too large to carry.
+    let nats = NatsServer::start_with_config("max_payload: 65536");
+    let rt = start_echo(&nats.url(), "big", EndpointOptions::default()).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let caller = Caller::new(client, Duration::from_secs(20));
+    let req = EchoReq {
+        text: "x".repeat(20_000),
+        delay_ms: 0,
+        fail_with: None,
+        repeat: 5,
+    };
+    let err = caller
+        .call::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CallError::Service(e) if e.code == 500),
+        "{err:?}"
+    );
+    rt.shutdown().await;
 }
