@@ -102,7 +102,7 @@ pub async fn start_echo_as(url: &str, user: &str, password: &str, subject: &str)
     start_echo_on(config, user, kit::EndpointOptions::default(), subject).await
 }
 
-async fn start_echo_on(
+pub async fn start_echo_on(
     mut config: KitConfig,
     instance: &str,
     options: kit::EndpointOptions,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use common::*;
-use kit::{CallError, Caller, EndpointOptions};
+use kit::{CallError, Caller, EndpointOptions, KitConfig};
 use messages::codec::{CONTENT_TYPE, MSGPACK, SERVICE_ERROR, SERVICE_ERROR_CODE};
 use messages::{Encoding, ErrorBody, ErrorKind};
 use test_support::NatsServer;
@@ -124,24 +124,41 @@ async fn bad_payloads_get_the_right_codes_in_headers_and_body() {
         assert_eq!(body.code, want);
         assert_eq!(body.kind, ErrorKind::from_code(want));
     }
-    // Deep nesting under the size limit is refused without overflowing the stack.
-    let options = EndpointOptions {
-        max_payload: 1 << 20,
-        max_in_flight: 16,
-    };
-    let rt2 = start_echo(&nats.url(), "b", options).await;
-    rt.shutdown().await;
-    let (code, _) = error_of(&raw(&client, None, "[".repeat(500_000).into_bytes()).await);
-    assert_eq!(code, 400);
-    // Still healthy afterwards.
+    // Deep nesting under the size limit is refused without overflowing the stack (an
+    // endpoint that accepts 1 MiB, beside the small one).
+    let big = start_echo_on(
+        KitConfig::for_url(&nats.url()),
+        "big",
+        EndpointOptions {
+            max_payload: 1 << 20,
+            max_in_flight: 16,
+        },
+        "sandbox.v1.echo-big",
+    )
+    .await;
+    let nested = client
+        .request("sandbox.v1.echo-big", "[".repeat(500_000).into())
+        .await
+        .unwrap();
+    assert_eq!(error_of(&nested).0, 400);
+    // Both still healthy afterwards.
     let ok = raw(&client, None, br#"{"text":"alive"}"#.to_vec()).await;
+    let ok: EchoResp = serde_json::from_slice(&ok.payload).unwrap();
+    assert_eq!(ok.text, "alive");
+    let ok = client
+        .request(
+            "sandbox.v1.echo-big",
+            br#"{"text":"alive"}"#.to_vec().into(),
+        )
+        .await;
     assert_eq!(
-        serde_json::from_slice::<EchoResp>(&ok.payload)
+        serde_json::from_slice::<EchoResp>(&ok.unwrap().payload)
             .unwrap()
             .text,
         "alive"
     );
-    rt2.shutdown().await;
+    rt.shutdown().await;
+    big.shutdown().await;
 }
 
 #[tokio::test]
