@@ -13,6 +13,16 @@ use test_support::{
 
 const SANDMESH: &str = env!("CARGO_BIN_EXE_sandmesh");
 
+/// The tests run one at a time: each counts the sandbox containers before and after its mesh,
+/// and another test's mesh would show up in that count.
+static ONE_MESH_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_mesh_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_MESH_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn sandbox_containers() -> BTreeSet<String> {
     let out = Command::new("docker")
         .args(["ps", "-aq", "--no-trunc", "--filter", "label=sandmesh"])
@@ -45,6 +55,7 @@ fn run_bounded(cmd: &mut Command, limit: Duration) -> std::process::Output {
 #[test]
 fn up_with_embedded_nats_runs_the_sample_and_stops() {
     require_docker();
+    let _one = one_mesh_at_a_time();
     let before = sandbox_containers();
     let data = tempfile::tempdir().unwrap();
     let out = run_bounded(
@@ -148,6 +159,7 @@ fn wait_ready(url: &str) {
 #[test]
 fn a_python_client_and_the_cli_use_a_running_mesh() {
     require_docker();
+    let _one = one_mesh_at_a_time();
     let python = python_client();
     let nats = NatsServer::start();
     let mut mesh = Mesh::start(&nats.url());
