@@ -10,4 +10,8 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   exit 1
 fi
 export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
+# Many tests start a whole mesh (nats-server, services, warm Docker containers). On a small
+# machine several at once starve each other into timeouts, so each test binary runs its tests
+# one at a time unless told otherwise.
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-1}"
 cargo test --workspace "$@"
