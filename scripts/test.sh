@@ -14,4 +14,4 @@ export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
 # machine several at once starve each other into timeouts, so each test binary runs its tests
 # one at a time unless told otherwise.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-1}"
-cargo test --workspace "$@"
+cargo test --workspace --no-fail-fast "$@"

@@ -188,7 +188,8 @@ pub async fn watch_until<W: Write>(
         .client()
         .subscribe(subjects.confirm_events_all())
         .await?;
-    caller.client().flush().await?;
+    // Live before listing, so no decision falls between the list and the subscription.
+    kit::connect::sync_with_server(caller.client()).await?;
     let filter = ConfirmList {
         session_id: session.clone(),
         ..Default::default()

@@ -24,11 +24,12 @@ async fn a_session_scoped_approval_covers_the_same_rules_for_that_session_only()
     let queued = ask(&c, &request(Some("s1"), &["net.socket"], false))
         .await
         .unwrap();
-    let mut queued_events = connect(&nats.url())
-        .await
+    let watcher = connect(&nats.url()).await;
+    let mut queued_events = watcher
         .subscribe(subjects().confirm_decided(&queued.id))
         .await
         .unwrap();
+    kit::connect::sync_with_server(&watcher).await.unwrap();
     decide(
         &c,
         &decision(&first.id, true, "alice", ConfirmScope::Session),

@@ -38,3 +38,29 @@ pub async fn connect(config: &KitConfig, name: &str) -> Result<Client, KitError>
         .map_err(|e| KitError::Connect(format!("{}: {e}", config.nats_url)))?;
     Ok(client)
 }
+
+/// Waits until the server has processed everything this client sent before the call, so
+/// subscriptions made earlier are live for every other client. `flush` alone only writes the
+/// socket; the server may not have registered a SUB yet when another client publishes, which
+/// shows up as a spurious "no responders". A message to our own inbox comes back only after
+/// the server has handled all earlier protocol lines of this connection, in order.
+pub async fn sync_with_server(client: &Client) -> Result<(), KitError> {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let failed = |e: &dyn std::fmt::Display| KitError::Nats(format!("syncing with server: {e}"));
+    let mut echo = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| failed(&e))?;
+    client
+        .publish(inbox, bytes::Bytes::new())
+        .await
+        .map_err(|e| failed(&e))?;
+    let outcome = tokio::time::timeout(DEFAULT_REQUEST_TIMEOUT, echo.next()).await;
+    let _ = echo.unsubscribe().await;
+    match outcome {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(failed(&"connection closed")),
+        Err(_) => Err(failed(&"no echo from the server")),
+    }
+}

@@ -192,11 +192,7 @@ impl ServiceHost {
         });
         // Once `serve` returns the subscription is live on the server, so a caller that
         // starts right after never sees "no responders".
-        self.client
-            .flush()
-            .await
-            .map_err(|e| KitError::Nats(format!("flush: {e}")))?;
-        Ok(())
+        crate::connect::sync_with_server(&self.client).await
     }
 
     /// Stops taking requests, lets in-flight ones finish for at most `grace`, then stops the
