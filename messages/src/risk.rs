@@ -112,3 +112,18 @@ pub struct RiskAssessment {
     #[serde(default)]
     pub findings: Vec<Finding>,
 }
+
+impl RiskAssessment {
+    /// The least isolated tier this assessment allows under `mode` (seed 001 §4.2): strict
+    /// sends anything not SAFE to `session` or stricter; permissive follows the suggestion. A
+    /// `reject` (critical shell) stays a reject in both modes, as it is the strictest tier.
+    /// One rule for the assessor and the scheduler, so both sides of the wire agree.
+    pub fn required_tier(&self, mode: SecurityMode) -> Tier {
+        match mode {
+            SecurityMode::Strict if self.level != RiskLevel::Safe => {
+                self.suggested_tier.max(Tier::Session)
+            }
+            _ => self.suggested_tier,
+        }
+    }
+}

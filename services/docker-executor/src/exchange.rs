@@ -27,6 +27,8 @@ pub enum Ending {
     Reported,
     /// The exec stream ended without a report (the supervisor died or was killed).
     Closed,
+    /// Reading the exec stream from the Docker daemon failed before the report.
+    StreamFailed(String),
     /// The outer deadline passed.
     Deadline,
     /// The supervisor sent more than it may (output or changes past their caps).
@@ -232,7 +234,8 @@ pub async fn exchange(
             }
             Ok(None) => break,
             Ok(Some(Err(e))) => {
-                tracing::debug!(error = %e, "exec stream failed");
+                tracing::warn!(container = input.container, error = %e, "exec stream failed");
+                ex.ending = Ending::StreamFailed(e.to_string());
                 break;
             }
             Ok(Some(Ok(item))) => item,
@@ -299,6 +302,15 @@ pub async fn exchange(
         }
     }
     writer.abort();
+    if ex.ending == Ending::Closed {
+        // Say how the supervisor ended, so a lost report can be told from a killed process.
+        if let Ok(inspect) = docker.inspect_exec(&exec.id).await {
+            ex.supervisor_log.push_str(&format!(
+                " (supervisor exit code {:?}, running {:?})",
+                inspect.exit_code, inspect.running
+            ));
+        }
+    }
     if let Some(s) = streamer {
         s.finish().await;
     }

@@ -51,18 +51,6 @@ impl From<AssessError> for ErrorBody {
     }
 }
 
-/// The tier a request must run in under `mode` (seed 001 §4.2): strict sends anything not
-/// SAFE to `session` or stricter; permissive follows the suggestion. A `reject` (critical
-/// shell) stays a reject in both modes.
-pub fn required_tier(assessment: &RiskAssessment, mode: SecurityMode) -> Tier {
-    match mode {
-        SecurityMode::Strict if assessment.level != RiskLevel::Safe => {
-            assessment.suggested_tier.max(Tier::Session)
-        }
-        _ => assessment.suggested_tier,
-    }
-}
-
 /// What analysing one content produced, before it becomes a `RiskAssessment`.
 struct Outcome {
     hits: Vec<Hit>,
@@ -119,7 +107,7 @@ impl Assessor {
             },
         };
         let mut assessment = self.verdict(request.content_type, outcome);
-        assessment.suggested_tier = required_tier(&assessment, request.mode.unwrap_or(self.mode));
+        assessment.suggested_tier = assessment.required_tier(request.mode.unwrap_or(self.mode));
         Ok(assessment)
     }
 

@@ -37,7 +37,7 @@ use std::sync::{Arc, OnceLock};
 use kit::{CancellationToken, EndpointOptions, KitError, Runtime, ServiceInfo};
 use messages::risk::{AssessRequest, RiskAssessment};
 
-pub use assess::{required_tier, AssessError, Assessor, Limits};
+pub use assess::{AssessError, Assessor, Limits};
 pub use config::RiskAssessorConfig;
 pub use policy::{Policy, PolicyError, DEFAULT_POLICY};
 pub use service::{AssessService, WireAssessRequest};

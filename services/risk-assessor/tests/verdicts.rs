@@ -3,7 +3,7 @@
 
 use messages::exec::Tier;
 use messages::risk::{AssessRequest, ContentType, RiskAssessment, RiskLevel, SecurityMode};
-use risk_assessor::{assess, required_tier, Assessor, Limits, Policy};
+use risk_assessor::{assess, Assessor, Limits, Policy};
 
 fn run(content_type: ContentType, content: &str, mode: Option<SecurityMode>) -> RiskAssessment {
     assess(&AssessRequest {
@@ -218,23 +218,23 @@ fn required_tier_follows_the_mode() {
     let strict = SecurityMode::Strict;
     let permissive = SecurityMode::Permissive;
     assert_eq!(
-        required_tier(&with(RiskLevel::Safe, Tier::Ephemeral), strict),
+        with(RiskLevel::Safe, Tier::Ephemeral).required_tier(strict),
         Tier::Ephemeral
     );
     assert_eq!(
-        required_tier(&with(RiskLevel::Low, Tier::Ephemeral), strict),
+        with(RiskLevel::Low, Tier::Ephemeral).required_tier(strict),
         Tier::Session
     );
     assert_eq!(
-        required_tier(&with(RiskLevel::Low, Tier::Ephemeral), permissive),
+        with(RiskLevel::Low, Tier::Ephemeral).required_tier(permissive),
         Tier::Ephemeral
     );
     assert_eq!(
-        required_tier(&with(RiskLevel::Low, Tier::Aio), strict),
+        with(RiskLevel::Low, Tier::Aio).required_tier(strict),
         Tier::Aio
     );
     assert_eq!(
-        required_tier(&with(RiskLevel::Critical, Tier::Reject), permissive),
+        with(RiskLevel::Critical, Tier::Reject).required_tier(permissive),
         Tier::Reject
     );
 }

@@ -24,7 +24,7 @@ use crate::config::SchedulerConfig;
 use crate::registry::RegistryMsg;
 use crate::results::{ClaimOutcome, Claims, ResultStore};
 use crate::sessions::SessionTable;
-use crate::tier::{decide_tier, required_tier};
+use crate::tier::decide_tier;
 
 /// Everything the pipeline talks to. Cheap to clone.
 #[derive(Clone)]
@@ -133,17 +133,20 @@ impl Scheduler {
                 return Outcome::Invalid(body);
             }
         };
-        match self.0.results.get(&id).await {
-            Ok(Some(stored)) => return Outcome::Done(stored),
-            Ok(None) => {}
-            Err(e) => return Outcome::Retry(e.into()),
-        }
+        // Claim first, then look for a stored result: a holder stores before it releases, so
+        // a result stored by an earlier attempt is always seen (two round trips, not three).
         let claim = match self.0.claims.claim(&id).await {
             Ok(ClaimOutcome::Claimed(claim)) => claim,
-            Ok(ClaimOutcome::HeldBy(owner)) => return Outcome::Busy(owner),
+            Ok(ClaimOutcome::HeldBy(owner)) => {
+                // The holder may have stored its result already and not yet released.
+                return match self.0.results.get(&id).await {
+                    Ok(Some(stored)) => Outcome::Done(stored),
+                    Ok(None) => Outcome::Busy(owner),
+                    Err(e) => Outcome::Retry(e.into()),
+                };
+            }
             Err(e) => return Outcome::Retry(e.into()),
         };
-        // The previous holder may have stored its result between our look-up and our claim.
         match self.0.results.get(&id).await {
             Ok(Some(stored)) => {
                 claim.release().await;
@@ -188,7 +191,9 @@ impl Scheduler {
             }
             Err(body) => Outcome::Retry(body),
         };
-        claim.release().await;
+        // The result is stored (or the attempt failed): the caller need not wait for the
+        // release, and a claim whose release is lost expires by its TTL.
+        tokio::spawn(claim.release());
         outcome
     }
 
@@ -225,7 +230,7 @@ impl Scheduler {
         };
         timing.assess_ms = ms(started.elapsed());
         let tier = decide_tier(
-            required_tier(&risk, self.0.config.security_mode),
+            risk.required_tier(self.0.config.security_mode),
             req.tier,
             req.session_id.is_some(),
         );

@@ -3,23 +3,6 @@
 //! never lowered.
 
 use messages::exec::{Tier, TierChoice};
-use messages::risk::{RiskAssessment, RiskLevel, SecurityMode};
-
-/// The least isolated tier the assessment allows.
-///
-/// `reject` always wins. Strict mode sends anything not SAFE to `session` or stricter;
-/// permissive mode follows the assessor's suggestion. The same rule as the risk-assessor's own
-/// `required_tier`, so both sides of the wire agree.
-pub fn required_tier(risk: &RiskAssessment, mode: SecurityMode) -> Tier {
-    if risk.suggested_tier == Tier::Reject {
-        return Tier::Reject;
-    }
-    match mode {
-        SecurityMode::Permissive => risk.suggested_tier,
-        SecurityMode::Strict if risk.level == RiskLevel::Safe => risk.suggested_tier,
-        SecurityMode::Strict => risk.suggested_tier.max(Tier::Session),
-    }
-}
 
 /// The tier the execution gets: the required one, at least `session` when it belongs to a
 /// session (its container holds the session's state), and the client's choice when stricter.
@@ -43,6 +26,7 @@ pub fn decide_tier(required: Tier, choice: TierChoice, has_session: bool) -> Tie
 #[cfg(test)]
 mod tests {
     use super::*;
+    use messages::risk::{RiskAssessment, RiskLevel, SecurityMode};
 
     fn risk(level: RiskLevel, suggested: Tier) -> RiskAssessment {
         RiskAssessment {
@@ -55,7 +39,7 @@ mod tests {
     #[test]
     fn reject_wins_in_every_mode_and_for_every_choice() {
         for mode in [SecurityMode::Strict, SecurityMode::Permissive] {
-            let r = required_tier(&risk(RiskLevel::Critical, Tier::Reject), mode);
+            let r = risk(RiskLevel::Critical, Tier::Reject).required_tier(mode);
             assert_eq!(r, Tier::Reject);
             for choice in [TierChoice::Auto, TierChoice::Session, TierChoice::Aio] {
                 assert_eq!(decide_tier(r, choice, true), Tier::Reject);
@@ -67,27 +51,24 @@ mod tests {
     fn strict_raises_anything_not_safe_to_session() {
         let strict = SecurityMode::Strict;
         assert_eq!(
-            required_tier(&risk(RiskLevel::Safe, Tier::Ephemeral), strict),
+            risk(RiskLevel::Safe, Tier::Ephemeral).required_tier(strict),
             Tier::Ephemeral
         );
         for level in [RiskLevel::Low, RiskLevel::Medium, RiskLevel::High] {
             assert_eq!(
-                required_tier(&risk(level, Tier::Ephemeral), strict),
+                risk(level, Tier::Ephemeral).required_tier(strict),
                 Tier::Session
             );
         }
         assert_eq!(
-            required_tier(&risk(RiskLevel::High, Tier::Aio), strict),
+            risk(RiskLevel::High, Tier::Aio).required_tier(strict),
             Tier::Aio
         );
     }
 
     #[test]
     fn permissive_follows_the_suggestion() {
-        let r = required_tier(
-            &risk(RiskLevel::Medium, Tier::Ephemeral),
-            SecurityMode::Permissive,
-        );
+        let r = risk(RiskLevel::Medium, Tier::Ephemeral).required_tier(SecurityMode::Permissive);
         assert_eq!(r, Tier::Ephemeral);
     }
 
