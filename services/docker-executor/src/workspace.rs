@@ -14,7 +14,6 @@ use kit::Caller;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{WsArchive, WsInit, WsRestore, WsRestored, WsSnapshot};
 use messages::{ErrorBody, ErrorKind, Subjects};
-use tokio::io::AsyncReadExt;
 
 /// Inline archives above this go through the object store (NATS payloads are 1 MiB by
 /// default, and base64 grows by a third).
@@ -73,18 +72,15 @@ impl WorkspaceSync {
         let Some(name) = archive.object else {
             return Ok(Vec::new());
         };
-        let store = self.objects().await?;
-        let mut object = store
-            .get(&name)
+        let bucket = self.subjects.workspace_objects_bucket();
+        let tar = kit::objects::read_all(&self.js, &bucket, &name)
             .await
-            .map_err(|e| Self::unavailable("snapshot object", e))?;
-        let mut tar = Vec::new();
-        object
-            .read_to_end(&mut tar)
-            .await
-            .map_err(|e| Self::unavailable("snapshot object", e))?;
+            .map_err(|e| Self::unavailable("snapshot object", e))?
+            .ok_or_else(|| Self::unavailable("snapshot object", format!("{name} is gone")))?;
         // Staged for this one read; the store's sweep would remove it later anyway.
-        let _ = store.delete(&name).await;
+        if let Ok(store) = self.objects().await {
+            let _ = store.delete(&name).await;
+        }
         Ok(tar)
     }
 

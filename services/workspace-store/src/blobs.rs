@@ -17,6 +17,8 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use kit::objects::{ObjectChunks, ObjectReader};
+
 use crate::error::{Result, StoreError};
 
 /// Chunk size of the objects this store writes: large enough for few round trips, well
@@ -34,6 +36,7 @@ pub struct Blobs {
     /// The bucket's stream (`OBJ_<bucket>`): deleting an object leaves a "deleted" meta
     /// message behind; purging its subject keeps the stream from growing with every write.
     stream: stream::Stream,
+    chunks: ObjectChunks,
     bucket: String,
 }
 
@@ -83,6 +86,9 @@ impl Blobs {
             .map_err(|e| StoreError::storage("opening the object store stream", e))?;
         Ok(Self {
             store,
+            chunks: ObjectChunks::open(js, bucket)
+                .await
+                .map_err(StoreError::Internal)?,
             stream,
             bucket: bucket.to_string(),
         })
@@ -117,19 +123,18 @@ impl Blobs {
         }
     }
 
-    /// A reader over the object's bytes (the object store checks its digest at the end).
-    pub async fn open_reader(&self, name: &str) -> Result<object_store::Object> {
-        self.store.get(name).await.map_err(|e| match e.kind() {
-            object_store::GetErrorKind::NotFound => {
-                StoreError::NotFound(format!("object {name} does not exist"))
-            }
-            _ => StoreError::storage(&format!("reading {name}"), e),
-        })
+    /// The object's size and a reader over its bytes (its digest is checked at the end).
+    pub async fn open_reader(&self, name: &str) -> Result<(u64, ObjectReader)> {
+        let info = self
+            .info(name)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("object {name} does not exist")))?;
+        Ok((info.size as u64, self.chunks.reader(&info)))
     }
 
     pub async fn read_all(&self, name: &str) -> Result<Vec<u8>> {
-        let mut reader = self.open_reader(name).await?;
-        let mut out = Vec::with_capacity(reader.info().size);
+        let (size, mut reader) = self.open_reader(name).await?;
+        let mut out = Vec::with_capacity(size.min(1 << 24) as usize);
         reader
             .read_to_end(&mut out)
             .await
@@ -140,7 +145,7 @@ impl Blobs {
     /// `length` bytes from `offset`. Objects are read front to back, so the bytes before the
     /// range are streamed and dropped; ranges serve small reads of large files.
     pub async fn read_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
-        let reader = self.open_reader(name).await?;
+        let (_, reader) = self.open_reader(name).await?;
         let mut reader = reader.take(offset.saturating_add(length));
         let err = |e| StoreError::storage(&format!("reading {name}"), e);
         tokio::io::copy(&mut (&mut reader).take(offset), &mut tokio::io::sink())
@@ -154,7 +159,7 @@ impl Blobs {
     /// Streams an object and returns its true size and SHA-256 (hex): a client's claim in the
     /// object's metadata is not trusted for quota.
     pub async fn measure(&self, name: &str) -> Result<(u64, String)> {
-        let mut reader = self.open_reader(name).await?;
+        let (_, mut reader) = self.open_reader(name).await?;
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         let mut buf = vec![0u8; 256 * 1024];

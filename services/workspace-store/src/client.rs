@@ -16,7 +16,6 @@ use messages::workspace::{
 use messages::{ErrorKind, Subjects};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::AsyncReadExt;
 
 use crate::blobs::{CHUNK_SIZE, UPLOAD_PREFIX};
 use crate::store::INLINE_MAX_BYTES;
@@ -102,11 +101,11 @@ impl WorkspaceClient {
     }
 
     async fn fetch(&self, name: &str) -> Result<Vec<u8>> {
-        let err = |e: &dyn std::fmt::Display| ClientError::Objects(format!("reading {name}: {e}"));
-        let mut object = self.objects().await?.get(name).await.map_err(|e| err(&e))?;
-        let mut out = Vec::with_capacity(object.info().size);
-        object.read_to_end(&mut out).await.map_err(|e| err(&e))?;
-        Ok(out)
+        let bucket = self.subjects.workspace_objects_bucket();
+        kit::objects::read_all(&self.js, &bucket, name)
+            .await
+            .map_err(ClientError::Objects)?
+            .ok_or_else(|| ClientError::Objects(format!("{name}: no such object")))
     }
 
     pub async fn init(&self, session: &str) -> Result<WsUsage> {

@@ -230,7 +230,7 @@ impl Workspaces {
         let reader: Box<dyn std::io::Read + Send> = match source {
             ArchiveSource::Inline(tar) => Box::new(std::io::Cursor::new(tar)),
             ArchiveSource::Object(name) => {
-                let object = self.blobs.open_reader(&name).await?;
+                let (_, object) = self.blobs.open_reader(&name).await?;
                 Box::new(SyncIoBridge::new_with_handle(object, handle.clone()))
             }
         };

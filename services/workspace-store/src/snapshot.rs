@@ -127,7 +127,7 @@ async fn build_into_object(blobs: &Blobs, name: &str, nodes: Vec<(RelPath, Node)
                 archive::append(&mut builder, path, node, std::io::empty()).map_err(internal)?;
                 continue;
             }
-            let object = handle
+            let (_, object) = handle
                 .block_on(source.open_reader(&node.object))
                 .map_err(changed)?;
             let data = SyncIoBridge::new_with_handle(object, handle.clone());

@@ -99,3 +99,40 @@ async fn listing_a_session_costs_its_own_keys_only() {
          one directory of 1,000: {dir_took:?}; a 9-entry session: {small_took:?}"
     );
 }
+
+/// Reads leave nothing behind on the server: 1,500 reads (more than the server allows
+/// consumers on a stream) all succeed, and the object store's stream has no consumers after.
+/// Reading through ordered consumers left one behind per read until the server refused more.
+#[tokio::test]
+async fn many_reads_leave_no_consumers_behind() {
+    let nats = NatsServer::start();
+    let _store = start(config(&nats.url(), "a")).await;
+    let ws = client(&nats.url()).await;
+    ws.init("s1").await.unwrap();
+    let data = bytes(700 * 1024, 7); // two chunks
+    ws.write("s1", "data/big.bin", &data).await.unwrap();
+    ws.write("s1", "code/small.py", b"print(1)\n")
+        .await
+        .unwrap();
+    for i in 0..1500 {
+        let path = if i % 10 == 0 {
+            "data/big.bin"
+        } else {
+            "code/small.py"
+        };
+        let got = ws
+            .read("s1", path)
+            .await
+            .unwrap_or_else(|e| panic!("read {i}: {e}"));
+        if i % 10 == 0 {
+            assert_eq!(got, data);
+        } else {
+            assert_eq!(got, b"print(1)\n");
+        }
+    }
+    let js = jetstream::new(common::nats(&nats.url()).await);
+    let bucket = Subjects::default().workspace_objects_bucket();
+    let mut stream = js.get_stream(format!("OBJ_{bucket}")).await.unwrap();
+    let consumers = stream.info().await.unwrap().state.consumer_count;
+    assert_eq!(consumers, 0, "reads left consumers on the object store");
+}
