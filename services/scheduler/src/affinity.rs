@@ -3,7 +3,7 @@
 //! lost and re-placed on a healthy node with `session_restored`; the executor there restores the
 //! workspace (the files live in workspace-store) and the result says process state was lost.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kit::AuditScope;
 use messages::audit::AuditKind;
@@ -45,7 +45,8 @@ impl Scheduler {
                     error,
                 ));
             }
-            let (node, restored, decision) = self.place_session(&record, needs, scope).await?;
+            let (node, restored, decision) =
+                self.place_session(&record, needs, deadline, scope).await?;
             run.session_restored = restored;
             self.audit_placed(
                 scope,
@@ -139,6 +140,7 @@ impl Scheduler {
         &self,
         record: &SessionRecord,
         needs: Requirements,
+        wait: Duration,
         scope: &AuditScope,
     ) -> Result<(String, bool, Option<Decision>), ErrorBody> {
         let id = &record.session_id;
@@ -156,15 +158,22 @@ impl Scheduler {
             }
         }
         let exclude: Vec<String> = record.lost_from.clone().into_iter().collect();
-        let decision = match self.pick(needs, &exclude).await {
-            Some(d) => d,
+        // Like work without a session, a new placement waits (bounded by the execution's
+        // deadline) for a free slot instead of failing while every node is busy.
+        let until = Instant::now() + wait;
+        let decision = match self.pick_waiting(needs, &exclude, wait).await {
+            Some(d) => Some(d),
             // Only the node we would avoid is left; it may have come back.
-            None => self.pick(needs, &[]).await.ok_or_else(|| {
-                ErrorBody::unavailable(format!(
-                    "no executor node is available for session {id}; retry when one runs"
-                ))
-            })?,
+            None => {
+                let left = until.saturating_duration_since(Instant::now());
+                self.pick_waiting(needs, &[], left).await
+            }
         };
+        let decision = decision.ok_or_else(|| {
+            ErrorBody::unavailable(format!(
+                "no executor node is available for session {id}; retry when one runs"
+            ))
+        })?;
         let chosen = decision.node.clone();
         let mut restored = None;
         let stored = self

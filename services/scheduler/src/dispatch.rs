@@ -168,7 +168,7 @@ impl Scheduler {
     /// Like [`Self::pick`], but while executors are known and all of them are full, waits
     /// (up to `limit`) for a slot instead of sending work they would refuse with 429. `None`
     /// means no executor is known (the queue group is the fallback) or the wait ran out.
-    async fn pick_waiting(
+    pub(crate) async fn pick_waiting(
         &self,
         needs: Requirements,
         exclude: &[String],

@@ -94,7 +94,7 @@ pub struct Decision {
 }
 
 /// Seed 003's resource score: free CPU 40 %, free memory 40 %, few sessions 20 %; zero when
-/// the request does not fit. Nodes that report no resources score on load alone.
+/// the request does not fit (too few CPUs in all, or too little free memory). Nodes that report no resources score on load alone.
 fn resource_score(node: &NodeView, req: &Requirements) -> f64 {
     let load_score = 1.0
         / (node
@@ -114,7 +114,10 @@ fn resource_score(node: &NodeView, req: &Requirements) -> f64 {
         (Some((cpu_total, cpu_free)), Some((mem_total, mem_free)))
             if cpu_total > 0.0 && mem_total > 0.0 =>
         {
-            if cpu_free < req.cpus || mem_free < needed_mem {
+            // CPU is compressible: a node busy right now still fits (its capacity bounds the
+            // concurrency) and only scores lower; without this, a small host under load
+            // refused every new session. Memory is not compressible.
+            if cpu_total < req.cpus || mem_free < needed_mem {
                 return 0.0;
             }
             cpu_free / cpu_total * 0.4 + mem_free / mem_total * 0.4 + load_score * 0.2
@@ -242,7 +245,11 @@ mod tests {
         );
         // Only nodes that cannot fit the request: nobody is chosen.
         let full = with_resources(node("full", 8, 0), 4.0, 100.0, 8.0, 8.0);
-        assert!(choose(Strategy::ResourceAware, &[tiny, full], &REQ, &mut 0).is_none());
+        assert!(choose(Strategy::ResourceAware, &[tiny.clone(), full], &REQ, &mut 0).is_none());
+        // A node whose CPUs are all busy right now but has memory free still takes work.
+        let saturated = with_resources(node("saturated", 8, 2), 2.0, 100.0, 8.0, 1.0);
+        let d = choose(Strategy::ResourceAware, &[tiny, saturated], &REQ, &mut 0);
+        assert_eq!(d.unwrap().node, "saturated");
         // Without resource metrics the score falls back to load.
         let nodes = [node("x", 4, 3), node("y", 4, 1)];
         assert_eq!(

@@ -244,3 +244,31 @@ async fn a_session_whose_node_dies_is_re_placed_with_its_state_restored() {
     assert!(moved.session_restored);
     sched.shutdown().await;
 }
+
+/// New sessions beyond the free slots wait for one (bounded by their deadline) instead of
+/// failing with 503 while the node is busy: one slot, three sessions at once, all run.
+#[tokio::test]
+async fn new_sessions_wait_for_a_free_slot() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _ws = serve_workspace(&url).await;
+    let _a = FakeExecutor::start(&url, "node-a", 1, runs.clone()).await;
+    let sched = start_scheduler(config(&url)).await;
+    let c = client(&url).await;
+
+    let mut running = Vec::new();
+    for i in 0..3 {
+        let c = c.clone();
+        running.push(tokio::spawn(async move {
+            exec(&c, &in_session(&format!("busy-{i}"), "sleep:300")).await
+        }));
+    }
+    for r in running {
+        let result = r.await.unwrap();
+        assert_eq!(result.status, ExecStatus::Ok, "{:?}", result.error);
+        assert_eq!(result.node.as_deref(), Some("node-a"));
+    }
+    sched.shutdown().await;
+}
