@@ -79,7 +79,10 @@ impl Scheduler {
                     let mut result = self.settle(other, Some(node.clone()), run)?;
                     result.session_restored |= restored;
                     if done {
-                        self.touch_session(session_id, &node).await;
+                        // Bookkeeping (use count, last use) off the reply's path: two KV
+                        // round trips the caller need not wait for.
+                        let (me, id) = (self.clone(), session_id.to_string());
+                        tokio::spawn(async move { me.touch_session(&id, &node).await });
                     }
                     return Ok(result);
                 }

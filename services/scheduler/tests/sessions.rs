@@ -74,7 +74,16 @@ async fn open_get_list_close_and_affinity() {
     let record = get(&c, "s-1").await;
     assert_eq!(record.state, SessionState::Active);
     assert_eq!(record.node.as_deref(), Some(nodes[0].as_str()));
-    assert_eq!(record.executions, 4);
+    // The use count is recorded after the reply, in the background.
+    let mut executions = record.executions;
+    for _ in 0..100 {
+        if executions == 4 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        executions = get(&c, "s-1").await.executions;
+    }
+    assert_eq!(executions, 4);
     assert!(runs.lock().unwrap().iter().all(|r| r.tier == Tier::Session));
 
     // A session used without opening is opened on first use.
