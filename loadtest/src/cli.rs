@@ -115,7 +115,8 @@ pub struct ExecArgs {
     /// Do not run the bare-Docker baseline first (no ratios then).
     #[arg(long)]
     pub skip_baseline: bool,
-    /// New sessions whose first execution is timed (0: skip).
+    /// New sessions whose first execution is timed, and ephemeral executions timed with a
+    /// warm container ready (0: skip both).
     #[arg(long, default_value_t = 20)]
     pub first_session: u64,
 }

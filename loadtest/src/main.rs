@@ -173,6 +173,10 @@ async fn run_all(ctx: &mut Ctx, cli: &Cli, b: &BurstArgs) -> anyhow::Result<()> 
         "first session",
         exec::first_session(ctx, Language::Python, d.first_session).await,
     );
+    step(
+        "ephemeral with a warm container ready",
+        exec::ephemeral_ready(ctx, Language::Python, d.first_session).await,
+    );
     step("burst", run_burst(ctx, b).await);
     step(
         "exec ephemeral",
@@ -196,7 +200,12 @@ async fn run_exec(ctx: &mut Ctx, cli: &Cli, a: &ExecArgs) -> anyhow::Result<()> 
     }
     exec::exec(ctx, &a.languages, &a.tiers, &a.modes, &c, l).await?;
     if a.first_session > 0 {
-        exec::first_session(ctx, Language::Python, a.first_session).await?;
+        if a.tiers.contains(&ExecTier::Session) {
+            exec::first_session(ctx, Language::Python, a.first_session).await?;
+        }
+        if a.tiers.contains(&ExecTier::Ephemeral) {
+            exec::ephemeral_ready(ctx, Language::Python, a.first_session).await?;
+        }
     }
     Ok(())
 }

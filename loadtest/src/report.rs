@@ -189,7 +189,11 @@ impl Report {
             .series
             .iter_mut()
             // A ratio of a series with failures would compare error replies with executions.
-            .filter(|s| s.scenario == "exec" && s.latency.count > 0 && s.all_ok())
+            .filter(|s| {
+                matches!(s.scenario.as_str(), "exec" | "ephemeral-ready")
+                    && s.latency.count > 0
+                    && s.all_ok()
+            })
         {
             let found = baselines
                 .iter()

@@ -73,14 +73,24 @@ impl Report {
     /// Judges the targets against what this run measured.
     pub fn evaluate_targets(&mut self) {
         let mut t = Vec::new();
+        let ready = self.series.iter().find(|s| s.scenario == "ephemeral-ready");
         for (tier, limit) in [("ephemeral", 1.25), ("session", 1.15)] {
             let s = self.find("exec", "python", tier, "sync", 1);
             let r = s.and_then(|s| s.p50_vs_baseline);
+            // The closed loop runs ephemeral work as fast as containers are replaced; say
+            // also what one execution costs when a warm container is ready.
+            let ready_note = match (tier, ready.and_then(|s| s.p50_vs_baseline)) {
+                ("ephemeral", Some(x)) => format!(
+                    "; with a warm container ready {x:.2}x ({:.1} ms)",
+                    ready.map_or(0.0, |s| s.latency.p50_ms)
+                ),
+                _ => String::new(),
+            };
             t.push(TargetCheck {
                 target: format!("e2e print(1) {tier} p50 <= {limit}x bare docker exec"),
                 measured: s.zip(r).map(|(s, r)| {
                     format!(
-                        "{r:.2}x ({:.1} ms vs {})",
+                        "{r:.2}x ({:.1} ms vs {}){ready_note}",
                         s.latency.p50_ms,
                         s.baseline.clone().unwrap_or_default()
                     )
@@ -89,20 +99,30 @@ impl Report {
                 note: verdict(s, None).1,
             });
         }
-        let ephemeral = self.find("exec", "python", "ephemeral", "sync", 1);
-        let overhead = ephemeral.and_then(|s| s.overhead);
-        let session_overhead = self
-            .find("exec", "python", "session", "sync", 1)
-            .and_then(|s| s.overhead);
+        // The hops of the mesh, measured where no container has to be replaced first (in the
+        // closed ephemeral loop the wait for one would count as "overhead").
+        let session = self.find("exec", "python", "session", "sync", 1);
+        let overhead = session.and_then(|s| s.overhead);
+        let others = [
+            ("ephemeral with a warm container ready", ready),
+            (
+                "ephemeral closed loop",
+                self.find("exec", "python", "ephemeral", "sync", 1),
+            ),
+        ];
         t.push(TargetCheck {
             target: "mesh overhead (e2e - executor exec_ms) p50 <= 3 ms".into(),
             measured: overhead.map(|o| {
-                let session = session_overhead
-                    .map_or(String::new(), |s| format!("; session {:.2} ms", s.p50_ms));
-                format!("ephemeral {:.2} ms{session}", o.p50_ms)
+                let mut text = format!("session {:.2} ms", o.p50_ms);
+                for (what, s) in others {
+                    if let Some(o) = s.and_then(|s| s.overhead) {
+                        text.push_str(&format!("; {what} {:.2} ms", o.p50_ms));
+                    }
+                }
+                text
             }),
-            met: verdict(ephemeral, overhead.map(|o| o.p50_ms <= 3.0)).0,
-            note: verdict(ephemeral, None).1,
+            met: verdict(session, overhead.map(|o| o.p50_ms <= 3.0)).0,
+            note: verdict(session, None).1,
         });
         let first = self.series.iter().find(|s| s.scenario == "session-first");
         t.push(TargetCheck {
@@ -235,7 +255,8 @@ mod tests {
             ],
             ..Default::default()
         };
-        r.series[1].overhead = Some(LatencySummary {
+        // The overhead target is judged on the session series.
+        r.series[2].overhead = Some(LatencySummary {
             p50_ms: 2.5,
             ..Default::default()
         });

@@ -231,6 +231,41 @@ pub async fn first_session(ctx: &mut Ctx, language: Language, samples: u64) -> a
     Ok(())
 }
 
+/// `samples` ephemeral executions, one at a time, each started once the warm pool is full
+/// again: the latency of the tier when a warm container is ready, as an agent that is not
+/// saturating the node sees it. (The closed-loop `exec/*/ephemeral/*` series instead run
+/// as fast as containers can be replaced, so they measure the container churn.)
+pub async fn ephemeral_ready(
+    ctx: &mut Ctx,
+    language: Language,
+    samples: u64,
+) -> anyhow::Result<()> {
+    let (code, expect, _) = tiny(language);
+    let mut run = crate::driver::Run {
+        concurrency: 1,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(300);
+    for i in 0..samples {
+        if Instant::now() > deadline {
+            break;
+        }
+        eprint!("\rephemeral-ready: {i}/{samples}   ");
+        wait_for_warm_pool(ctx).await;
+        let req = request(language, code, TierChoice::Ephemeral, None);
+        run.absorb(&exec_sync(&ctx.mesh, &req, Some(expect)).await);
+    }
+    note("");
+    run.elapsed = started.elapsed();
+    ctx.push(run.report("ephemeral-ready/c1").tagged(
+        Some(language.as_str()),
+        Some("ephemeral"),
+        Some("sync"),
+    ));
+    Ok(())
+}
+
 /// Bounded poll (≤ 5 s) until the executor's warm pool is back at its size.
 async fn wait_for_warm_pool(ctx: &Ctx) {
     let Some(docker) = &ctx.docker else { return };

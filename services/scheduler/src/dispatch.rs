@@ -248,14 +248,16 @@ impl Scheduler {
             json!({"node": node, "tier": run.tier.as_str()}),
         );
         let started = Instant::now();
+        // Waiting for a slot is bounded by `deadline`; each attempt gets the whole execution
+        // budget, since an executor that takes the work needs all of it. (Giving the last
+        // attempt only what was left of the wait made a run that started late look lost.)
         let give_up = started + deadline;
         let mut backoff = SLOT_POLL;
         let reply = loop {
-            let left = give_up.saturating_duration_since(Instant::now());
             let reply = self
                 .0
                 .caller
-                .call_timeout::<_, ExecResult>(subject.clone(), run, left)
+                .call_timeout::<_, ExecResult>(subject.clone(), run, deadline)
                 .await;
             // A full executor refused before running anything: wait for a slot rather than
             // fail work the scheduler already admitted.
