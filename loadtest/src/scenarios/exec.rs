@@ -213,7 +213,7 @@ pub async fn first_session(ctx: &mut Ctx, language: Language, samples: u64) -> a
         close_session(&ctx.mesh, &id).await;
         // Closing returns the container; give the pool a bounded moment to refill so each
         // sample measures a warm start, as a session arriving at a quiet mesh would see.
-        wait_for_warm_pool(ctx).await;
+        wait_until_quiet(ctx, messages::now_ms()).await;
     }
     note("");
     open.elapsed = started.elapsed();
@@ -252,7 +252,7 @@ pub async fn ephemeral_ready(
             break;
         }
         eprint!("\rephemeral-ready: {i}/{samples}   ");
-        wait_for_warm_pool(ctx).await;
+        wait_until_quiet(ctx, messages::now_ms()).await;
         let req = request(language, code, TierChoice::Ephemeral, None);
         run.absorb(&exec_sync(&ctx.mesh, &req, Some(expect)).await);
     }
@@ -266,15 +266,43 @@ pub async fn ephemeral_ready(
     Ok(())
 }
 
-/// Bounded poll (≤ 5 s) until the executor's warm pool is back at its size.
-async fn wait_for_warm_pool(ctx: &Ctx) {
-    let Some(docker) = &ctx.docker else { return };
-    let deadline = Instant::now() + Duration::from_secs(5);
+/// Bounded poll (≤ 6 s) until the executor is quiet again: its warm pool back at its size
+/// (containers started *and* warmed up, as its heartbeat says) and nothing running, in a
+/// heartbeat sent after `since_ms`. A sample taken while the node still removes the last
+/// container or warms up its replacement would measure that work too.
+async fn wait_until_quiet(ctx: &Ctx, since_ms: u64) {
+    use futures::TryStreamExt;
+    use messages::heartbeat::Heartbeat;
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let Ok(kv) = ctx
+        .mesh
+        .js
+        .get_key_value(ctx.mesh.subjects.nodes_bucket())
+        .await
+    else {
+        return;
+    };
+    let quiet = |beat: &Heartbeat| {
+        let metric = |name: &str| beat.metrics.get(name).copied().unwrap_or(0.0);
+        beat.sent_at >= since_ms
+            && metric("warm_pool_size") >= ctx.warm_pool as f64
+            && metric("running_executions") == 0.0
+    };
     while Instant::now() < deadline {
-        if let Ok(list) = docker::sandbox_containers(docker, ctx.mesh_id.as_deref()).await {
-            if docker::count_containers(&list, ctx.warm_pool).warm >= ctx.warm_pool {
-                return;
+        let keys: Vec<String> = match kv.keys().await {
+            Ok(keys) => keys.try_collect().await.unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        let mut beats = Vec::new();
+        for key in keys.iter().filter(|k| k.starts_with("docker-executor.")) {
+            if let Ok(Some(value)) = kv.get(key).await {
+                if let Ok(beat) = serde_json::from_slice::<Heartbeat>(&value) {
+                    beats.push(beat);
+                }
             }
+        }
+        if !beats.is_empty() && beats.iter().all(quiet) {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
