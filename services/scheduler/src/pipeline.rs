@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::SchedulerConfig;
 use crate::registry::RegistryMsg;
-use crate::results::{ClaimOutcome, Claims, ResultStore};
+use crate::results::{Claim, ClaimOutcome, Claims, ResultStore};
 use crate::sessions::SessionTable;
 use crate::tier::decide_tier;
 
@@ -133,31 +133,17 @@ impl Scheduler {
                 return Outcome::Invalid(body);
             }
         };
-        // Claim first, then look for a stored result: a holder stores before it releases, so
-        // a result stored by an earlier attempt is always seen (two round trips, not three).
-        let claim = match self.0.claims.claim(&id).await {
-            Ok(ClaimOutcome::Claimed(claim)) => claim,
-            Ok(ClaimOutcome::HeldBy(owner)) => {
-                // The holder may have stored its result already and not yet released.
-                return match self.0.results.get(&id).await {
-                    Ok(Some(stored)) => Outcome::Done(stored),
-                    Ok(None) => Outcome::Busy(owner),
-                    Err(e) => Outcome::Retry(e.into()),
-                };
-            }
-            Err(e) => return Outcome::Retry(e.into()),
+        // The assessment has no side effects, so it runs while the claim is taken; it is
+        // wasted only when an earlier attempt holds the claim or already has a result.
+        let assessing = async {
+            let started = Instant::now();
+            (self.assess(&req).await, started.elapsed())
         };
-        match self.0.results.get(&id).await {
-            Ok(Some(stored)) => {
-                claim.release().await;
-                return Outcome::Done(stored);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                claim.release().await;
-                return Outcome::Retry(e.into());
-            }
-        }
+        let (claimed, assessed) = tokio::join!(self.claim_fresh(&id), assessing);
+        let claim = match claimed {
+            Ok(claim) => claim,
+            Err(outcome) => return outcome,
+        };
         self.audit(
             AuditKind::RequestReceived,
             &scope,
@@ -168,7 +154,7 @@ impl Scheduler {
                 "timeout_ms": limits.timeout_ms,
             }),
         );
-        let outcome = match self.run(&id, &req, limits, &scope, &origin).await {
+        let outcome = match self.run(&id, &req, limits, &scope, &origin, assessed).await {
             Ok(result) => {
                 self.audit(
                     AuditKind::Finished,
@@ -197,6 +183,35 @@ impl Scheduler {
         outcome
     }
 
+    /// Takes the claim on `id` when no result is stored for it yet; otherwise the outcome to
+    /// answer with. Claim first, then look: a holder stores before it releases, so a result
+    /// stored by an earlier attempt is always seen (two round trips, not three).
+    async fn claim_fresh(&self, id: &str) -> Result<Box<Claim>, Outcome> {
+        let claim = match self.0.claims.claim(id).await {
+            Ok(ClaimOutcome::Claimed(claim)) => claim,
+            Ok(ClaimOutcome::HeldBy(owner)) => {
+                // The holder may have stored its result already and not yet released.
+                return Err(match self.0.results.get(id).await {
+                    Ok(Some(stored)) => Outcome::Done(stored),
+                    Ok(None) => Outcome::Busy(owner),
+                    Err(e) => Outcome::Retry(e.into()),
+                });
+            }
+            Err(e) => return Err(Outcome::Retry(e.into())),
+        };
+        match self.0.results.get(id).await {
+            Ok(None) => Ok(claim),
+            Ok(Some(stored)) => {
+                tokio::spawn(claim.release());
+                Err(Outcome::Done(stored))
+            }
+            Err(e) => {
+                tokio::spawn(claim.release());
+                Err(Outcome::Retry(e.into()))
+            }
+        }
+    }
+
     /// Assess → tier → confirm → dispatch. `Err` is a transient failure before anything ran.
     async fn run(
         &self,
@@ -205,6 +220,7 @@ impl Scheduler {
         limits: EffectiveLimits,
         scope: &AuditScope,
         origin: &Origin,
+        assessed: (Result<RiskAssessment, ErrorBody>, Duration),
     ) -> Result<ExecResult, ErrorBody> {
         let mut timing = Timing {
             queued_ms: origin.queued_ms,
@@ -219,8 +235,8 @@ impl Scheduler {
             r
         };
 
-        let started = Instant::now();
-        let risk = match self.assess(req).await {
+        let (risk, assess_took) = assessed;
+        let risk = match risk {
             Ok(risk) => risk,
             Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
                 let r = terminal(id, req, ExecStatus::Rejected, e);
@@ -228,7 +244,7 @@ impl Scheduler {
             }
             Err(e) => return Err(e),
         };
-        timing.assess_ms = ms(started.elapsed());
+        timing.assess_ms = ms(assess_took);
         let tier = decide_tier(
             risk.required_tier(self.0.config.security_mode),
             req.tier,
