@@ -447,3 +447,25 @@ async fn work_beyond_executor_capacity_waits_for_a_slot() {
     assert_eq!(most, Some(1), "the node never held more than its capacity");
     sched.shutdown().await;
 }
+
+/// A run that starts late, after the executor refused it (429) for most of the wait, still gets
+/// its whole time budget: it is not cut off with what was left of the wait and called lost.
+#[tokio::test]
+async fn a_run_accepted_after_waiting_for_a_slot_gets_its_whole_budget() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runs = Runs::default();
+    let _risk = serve_risk(&url).await;
+    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    let mut cfg = config(&url);
+    cfg.exec_grace = Duration::from_millis(500);
+    let sched = start_scheduler(cfg).await;
+    let c = client(&url).await;
+
+    // Budget 500 + 500 ms; refused for the first 500 ms, then runs for 600 ms.
+    let mut r = req(Language::Python, "busy:500 sleep:600");
+    r.timeout_ms = Some(500);
+    let result = exec(&c, &r).await.unwrap();
+    assert_eq!(result.status, ExecStatus::Ok, "{:?}", result.error);
+    sched.shutdown().await;
+}

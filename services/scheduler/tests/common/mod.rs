@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -235,7 +236,8 @@ pub struct Run {
 pub type Runs = Arc<Mutex<Vec<Run>>>;
 
 /// An executor stand-in: heartbeats as `docker-executor.<node>`, serves its node subjects and
-/// the shared queue group. Code `sleep:<ms>` sleeps first; `fail:<code>` answers that error.
+/// the shared queue group. Code `sleep:<ms>` sleeps first; `fail:<code>` answers that error;
+/// `busy:<ms>` answers 429 until that long after the run's first attempt.
 pub struct FakeExecutor {
     pub node: String,
     host: Option<ServiceHost>,
@@ -267,6 +269,20 @@ async fn fake_run(node: String, runs: Runs, run: ExecutorRun) -> Result<ExecResu
         log.len() - 1
     };
     let code = &run.request.code;
+    if let Some(ms) = parse_after(code, "busy:") {
+        // A full executor: refuses (429) until `ms` after the first attempt at this run.
+        static FIRST_SEEN: Mutex<BTreeMap<String, std::time::Instant>> =
+            Mutex::new(BTreeMap::new());
+        let first = *FIRST_SEEN
+            .lock()
+            .unwrap()
+            .entry(run.execution_id.clone())
+            .or_insert_with(std::time::Instant::now);
+        if first.elapsed() < Duration::from_millis(ms) {
+            runs.lock().unwrap()[index].finished = true;
+            return Err(ErrorBody::overloaded("busy"));
+        }
+    }
     if let Some(ms) = parse_after(code, "sleep:") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
