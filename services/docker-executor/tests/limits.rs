@@ -70,6 +70,11 @@ async fn fork_bomb() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_bomb() {
     let h = Harness::start_with(POOL0).await;
+    // The program, not its supervisor, is what the OOM killer picks first.
+    let r = h
+        .hostile(None, Language::Shell, "cat /proc/self/oom_score_adj", None)
+        .await;
+    assert_eq!(r.stdout.trim(), "1000", "{r:?}");
     let small = Some(Limits {
         memory_mb: Some(96),
         ..Default::default()

@@ -244,6 +244,10 @@ pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
         }
     };
     let group = child.id() as i32;
+    // Under the memory limit the kernel's OOM killer must pick the program, never the
+    // supervisor (whose death loses the report: the run would end `killed`, not `oom`).
+    // Raising a score needs no privilege, and the program's children inherit it.
+    let _ = std::fs::write(format!("/proc/{group}/oom_score_adj"), "1000");
     if let (Some(pipe), Some(data)) = (child.stdin.take(), spec.stdin.clone()) {
         let _ = stdin_tx.send((pipe, data));
     }
