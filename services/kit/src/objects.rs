@@ -48,7 +48,6 @@ impl ObjectChunks {
             hasher: Sha256,
             digest: Option<String>,
             name: String,
-            done: bool,
         }
         let state = State {
             stream: self.stream.clone(),
@@ -59,14 +58,10 @@ impl ObjectChunks {
             hasher: Sha256::new(),
             digest: info.digest.clone(),
             name: info.name.clone(),
-            done: false,
         };
         let chunks = stream::try_unfold(state, |mut s| async move {
-            if s.done {
-                return Ok(None);
-            }
+            // `try_unfold` ends the stream at the first `None`, so this runs once.
             if s.chunks_left == 0 {
-                s.done = true;
                 verify(&s.name, s.size_left, s.hasher.clone(), s.digest.as_deref())?;
                 return Ok(None);
             }
