@@ -16,6 +16,24 @@ pub struct ExecutorRun {
     /// into a fresh container and the result says process state was lost.
     #[serde(default)]
     pub session_restored: bool,
+    /// Which container runs it.
+    #[serde(default)]
+    pub kind: RunKind,
+}
+
+/// The container an [`ExecutorRun`] gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunKind {
+    /// A pre-warmed single-use container (tier `ephemeral`); workspace files of the request's
+    /// session, if any, travel with the run.
+    #[default]
+    Pooled,
+    /// A fresh single-use container made for this run alone, with no workspace at all: strict
+    /// isolation for code that has no session (nothing survives it).
+    Isolated,
+    /// The session's own long-lived container (`request.session_id` is set).
+    Session,
 }
 
 /// `executor.docker.<node>.close`

@@ -196,6 +196,39 @@ impl Drop for NatsServer {
     }
 }
 
+/// Polls `check` every 25 ms until it returns `Some`, for at most `limit`, and panics naming
+/// `what` when the limit passes. It sleeps on tokio's clock, so it also works under paused time.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Like [`eventually`] for a yes/no condition.
+pub async fn eventually_true<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually(what, limit, || {
+        let fut = check();
+        async move { fut.await.then_some(()) }
+    })
+    .await
+}
+
 /// Fails (never skips) when the Docker daemon does not answer.
 pub fn require_docker() {
     let ok = Command::new("docker")
@@ -283,5 +316,23 @@ mod tests {
         let port = s.port();
         drop(s);
         assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eventually_returns_the_first_value() {
+        let mut polls = 0;
+        let got = eventually("the third poll", Duration::from_secs(1), || {
+            polls += 1;
+            let n = polls;
+            async move { (n == 3).then_some(n) }
+        })
+        .await;
+        assert_eq!(got, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "timed out after 1s waiting for nothing")]
+    async fn eventually_gives_up_at_its_limit() {
+        eventually_true("nothing", Duration::from_secs(1), || async { false }).await;
     }
 }

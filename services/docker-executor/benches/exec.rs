@@ -88,6 +88,7 @@ impl Mesh {
                 ..Default::default()
             },
             session_restored: false,
+            kind: Default::default(),
         };
         let subjects = &self.config.kit.subjects;
         let subject = match tier {

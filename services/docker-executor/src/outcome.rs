@@ -159,6 +159,7 @@ mod tests {
                 tier: Tier::Ephemeral,
                 request,
                 session_restored: false,
+                kind: Default::default(),
             },
             accepted: Instant::now(),
             retried: false,

@@ -8,7 +8,7 @@ use kit::{AuditScope, CallError};
 use messages::audit::AuditKind;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Tier};
 use messages::executor::ExecutorClose;
-use messages::executor::ExecutorRun;
+use messages::executor::{ExecutorRun, RunKind};
 use messages::subjects::{ExecutorOp, WorkspaceOp};
 use messages::validate::EffectiveLimits;
 use messages::workspace::WsCleanup;
@@ -57,6 +57,11 @@ impl Scheduler {
             tier,
             request,
             session_restored: false,
+            kind: match (tier, req.session_id.is_some()) {
+                (_, true) => RunKind::Session,
+                (Tier::Session, false) => RunKind::Isolated,
+                _ => RunKind::Pooled,
+            },
         };
         let needs = Requirements {
             cpus: limits.cpus,

@@ -388,5 +388,6 @@ pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) ->
             ..Default::default()
         },
         session_restored: false,
+        kind: Default::default(),
     }
 }
