@@ -11,26 +11,39 @@
 //! - `sandbox.v1.confirm.get` `ConfirmGet` → `Confirmation`;
 //!   `sandbox.v1.confirm.list` `ConfirmList` → `ConfirmListReply`
 //! - events `sandbox.v1.confirm.pending.<id>` / `sandbox.v1.confirm.decided.<id>` (JSON
-//!   `Confirmation`), audit `confirmation_requested` / `confirmation_decided`.
+//!   `Confirmation`). `decided` is published for every final state — approved, denied, and
+//!   timeout (also when nobody waits: every instance arms the expiry of every pending one) —
+//!   so a caller that asked without `wait` can park and resume on it, or on `get`.
+//! - audit `confirmation_requested` / `confirmation_decided`: this service is their only
+//!   emitter, once per confirmation (`workflow.rs`).
 //!
 //! The bucket is the source of truth; decisions are compare-and-set, so two instances never
 //! both decide, and a pending request survives restarts of this service and of NATS.
 //!
 //! ```text
-//! run ── kit::Runtime ── endpoints request/decide/get/list ──► Registry (actor)
-//!    │                                                          ├── KV watch task (feeds it)
-//!    │                                                          └── tasks: Workflow steps
-//!    └── HeartbeatActor (pending, waiters)
+//! run ── kit::Runtime ── endpoints request/decide/get/list ──► Root (actor, supervisor)
+//!    │                                                          └─ Registry (linked; restarted
+//!    │                                                             │  on death, state reloaded
+//!    │                                                             │  from the bucket)
+//!    │                                                             ├── watch task (feeds it)
+//!    │                                                             └── TaskTracker: workflow
+//!    │                                                                  steps, awaited on stop
+//!    ├── kit HeartbeatActor (unlinked; pending, waiters)
+//!    └── select!: shutdown, or the Root stopped (registry died too often) → run() fails
 //! ```
 
 pub mod config;
 pub mod listing;
 pub mod policy;
 pub mod registry;
+pub mod root;
 pub mod store;
 pub mod validate;
 pub mod watch;
 pub mod workflow;
+
+#[cfg(test)]
+mod testing;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -40,22 +53,27 @@ use messages::subjects::ConfirmOp;
 use ractor::Actor;
 
 pub use config::{ConfirmationConfig, PolicyConfig, TimeoutAction};
-use registry::{Gauges, Registry, RegistryArgs, RegistryMsg};
+use registry::{Gauges, RegistryMsg};
+use root::{Root, RootArgs};
 use store::ConfirmationStore;
-use workflow::Workflow;
+use workflow::KvWorkflow;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfirmationError {
     #[error(transparent)]
     Kit(#[from] KitError),
-    #[error("registry actor: {0}")]
-    Actor(String),
+    #[error("cannot start the confirmation actors")]
+    Spawn(#[source] ractor::SpawnErr),
+    /// The registry died more often than the root restarts it (the reason is in the log).
+    #[error("the confirmation registry kept dying; this instance stopped")]
+    RegistryLost,
 }
 
 pub const SERVICE_NAME: &str = "confirmation";
 
 /// Serves until `shutdown` fires, then answers every waiting request with a retryable 503
-/// (their confirmations stay pending in the bucket) and stops gracefully.
+/// (their confirmations stay pending in the bucket) and stops gracefully. Fails when the
+/// registry cannot be kept running.
 pub async fn run(
     config: ConfirmationConfig,
     shutdown: CancellationToken,
@@ -68,7 +86,7 @@ pub async fn run(
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
     let kv = kit::bootstrap::confirmations_kv(&runtime.js, &subjects).await?;
-    let workflow = Workflow {
+    let workflow = KvWorkflow {
         store: ConfirmationStore::new(kv),
         policy: Arc::new(policy::Policy::new(config.policy.clone())),
         client: runtime.client.clone(),
@@ -76,40 +94,41 @@ pub async fn run(
         auditor: runtime.auditor.clone(),
     };
     let gauges = Arc::new(Gauges::default());
-    let (registry, registry_handle) = Actor::spawn(
+    let (root, mut root_task) = Actor::spawn(
         None,
-        Registry,
-        RegistryArgs {
+        Root::default(),
+        RootArgs {
             workflow,
             gauges: gauges.clone(),
+            instance_id: config.kit.instance_id.clone(),
         },
     )
     .await
-    .map_err(|e| ConfirmationError::Actor(e.to_string()))?;
+    .map_err(ConfirmationError::Spawn)?;
 
     let served = async {
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::Request),
-                actor_handler(registry.clone(), RegistryMsg::Request),
+                actor_handler(root.clone(), RegistryMsg::Request),
             )
             .await?;
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::Decide),
-                actor_handler(registry.clone(), RegistryMsg::Decide),
+                actor_handler(root.clone(), RegistryMsg::Decide),
             )
             .await?;
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::Get),
-                actor_handler(registry.clone(), RegistryMsg::Get),
+                actor_handler(root.clone(), RegistryMsg::Get),
             )
             .await?;
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::List),
-                actor_handler(registry.clone(), RegistryMsg::List),
+                actor_handler(root.clone(), RegistryMsg::List),
             )
             .await?;
         let capacity = runtime.config.max_in_flight as u32;
@@ -134,19 +153,27 @@ pub async fn run(
     }
     .await;
     if let Err(e) = served {
-        registry.stop(None);
-        let _ = registry_handle.await;
+        root.stop(None);
+        let _ = root_task.await;
         runtime.shutdown().await;
         return Err(e.into());
     }
     tracing::info!(instance = %runtime.config.instance_id, "confirmation service running");
 
-    shutdown.cancelled().await;
+    let outcome = tokio::select! {
+        _ = shutdown.cancelled() => Ok(()),
+        _ = &mut root_task => Err(ConfirmationError::RegistryLost),
+    };
     tracing::info!("confirmation service stopping");
-    // Waiters first: shutdown waits for in-flight requests, and a waiter may wait for minutes.
-    let _ = ractor::call!(registry, RegistryMsg::Drain);
+    if outcome.is_ok() {
+        // Waiters first: shutdown waits for in-flight requests, and a waiter may wait for
+        // minutes.
+        let _ = ractor::call!(root, RegistryMsg::Drain);
+    }
     runtime.shutdown().await;
-    registry.stop(None);
-    let _ = registry_handle.await;
-    Ok(())
+    if outcome.is_ok() {
+        root.stop(None);
+        let _ = root_task.await;
+    }
+    outcome
 }

@@ -1,37 +1,48 @@
 //! `Registry`: this instance's view of the confirmations bucket and everything that waits on it.
 //!
 //! It owns the requests waiting for a decision, the expiry timer of every pending confirmation,
-//! and a replica of the pending ones, fed by the KV watch (`watch.rs`). It never awaits NATS
-//! itself: each request runs its `Workflow` step in a task that replies directly or sends the
-//! outcome back here. Because every instance watches the same bucket, a decision written by
-//! any instance releases the waiters held by this one.
+//! and a replica of the pending ones, fed by the watch (`Workflow::watch`). It never awaits
+//! NATS itself: each request runs its `Workflow` step in a tracked task that replies directly
+//! or sends the outcome back here as a message. Because every instance watches the same
+//! bucket, a decision written by any instance releases the waiters held by this one, and every
+//! instance arms the expiry of every pending confirmation (compare-and-set lets one write it).
+//!
+//! Its state is rebuilt from the bucket when it starts (the watch replays the current value of
+//! every key), so the `Root` can restart it after a crash; only the waiters it held are lost,
+//! and they are told to retry.
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kit::{CancellationToken, RequestContext};
+use kit::RequestContext;
 use messages::confirm::{
     ConfirmDecide, ConfirmGet, ConfirmList, ConfirmListReply, ConfirmRequest, ConfirmScope,
     ConfirmState, Confirmation,
 };
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 
 use crate::listing;
-use crate::watch::{self, Observation};
+use crate::watch::Observation;
 use crate::workflow::Workflow;
 
 pub type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 
 /// A waiter is answered at the latest this long after its confirmation expires, even if no
 /// instance could record the timeout (NATS unreachable): then with an error to retry on.
-const WAITER_GRACE: Duration = Duration::from_secs(5);
+pub const WAITER_GRACE: Duration = Duration::from_secs(5);
 /// How long `list` waits for the replica to catch up with the bucket before answering anyway.
 const LIST_BARRIER: Duration = Duration::from_secs(2);
 /// Retry interval for an expiry that could not be written.
-const EXPIRE_RETRY: Duration = Duration::from_secs(1);
+pub const EXPIRE_RETRY: Duration = Duration::from_secs(1);
+/// How long a stopping registry waits for its tasks (each is a few bounded NATS calls).
+const TASKS_GRACE: Duration = Duration::from_secs(5);
 
 pub enum RegistryMsg {
     Request(RequestContext, ConfirmRequest, Reply<Confirmation>),
@@ -65,15 +76,21 @@ pub struct Gauges {
     pub waiters: AtomicU64,
 }
 
-pub struct Registry;
+pub struct Registry<W>(PhantomData<fn() -> W>);
 
-pub struct RegistryArgs {
-    pub workflow: Workflow,
+impl<W> Default for Registry<W> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+pub struct RegistryArgs<W> {
+    pub workflow: W,
     pub gauges: Arc<Gauges>,
 }
 
-pub struct RegistryState {
-    workflow: Workflow,
+pub struct RegistryState<W> {
+    workflow: W,
     gauges: Arc<Gauges>,
     /// Requests with `wait` whose confirmation is pending, by id; answered when it is final.
     waiters: HashMap<String, Vec<Reply<Confirmation>>>,
@@ -83,19 +100,290 @@ pub struct RegistryState {
     /// The highest bucket revision applied to `pending`; `list` waits for it to reach the
     /// bucket's revision so a caller always sees its own earlier writes.
     applied: u64,
-    parked_lists: Vec<(ConfirmList, u64, Instant, Reply<ConfirmListReply>)>,
+    parked_lists: Vec<ParkedList>,
     /// Set by `Drain`: new waits are refused so shutdown is not held up by them.
     draining: bool,
-    watch_stop: CancellationToken,
+    /// The workflow steps in flight; closed and awaited when the registry stops.
+    tasks: TaskTracker,
+    /// Stops the watch when the state is dropped, also when the actor is killed (no
+    /// `post_stop` then): a restarted registry starts its own watch.
+    _watch: DropGuard,
 }
 
-impl RegistryState {
+struct ParkedList {
+    list: ConfirmList,
+    revision: u64,
+    deadline: Instant,
+    port: Reply<ConfirmListReply>,
+}
+
+fn stopping() -> ErrorBody {
+    ErrorBody::unavailable(
+        "this confirmation instance is stopping; retry the request (same execution_id) or get \
+         the confirmation by id — its state is kept",
+    )
+}
+
+/// Time left until `at_ms` on the workflow's clock.
+fn until(workflow: &impl Workflow, at_ms: u64) -> Duration {
+    Duration::from_millis(at_ms.saturating_sub(workflow.now_ms()))
+}
+
+impl<W: Workflow> Actor for Registry<W> {
+    type Msg = RegistryMsg;
+    type State = RegistryState<W>;
+    type Arguments = RegistryArgs<W>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: RegistryArgs<W>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let watch = CancellationToken::new();
+        args.workflow.watch(myself, watch.clone());
+        let state = RegistryState {
+            workflow: args.workflow,
+            gauges: args.gauges,
+            waiters: HashMap::new(),
+            pending: HashMap::new(),
+            applied: 0,
+            parked_lists: Vec::new(),
+            draining: false,
+            tasks: TaskTracker::new(),
+            _watch: watch.drop_guard(),
+        };
+        // A restarted registry must not report its predecessor's numbers.
+        state.update_gauges();
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Request(ctx, req, port) => state.request(myself, ctx, req, port),
+            RegistryMsg::Wait(id, expires_at, port) => state.wait(myself, id, expires_at, port),
+            RegistryMsg::Decide(ctx, decide, port) => state.decide(myself, ctx, decide, port),
+            RegistryMsg::Get(_, get, port) => state.get(get, port),
+            RegistryMsg::List(_, list, port) => state.list(myself, list, port),
+            RegistryMsg::ListPending(list, revision, port) => {
+                state.list_pending(myself, list, revision, port)
+            }
+            RegistryMsg::ListDeadline => state.list_deadline(),
+            RegistryMsg::Observed(observation) => state.observed(myself, observation),
+            RegistryMsg::Settled(record) => state.settle(&record),
+            RegistryMsg::Expire(id) => state.expire(myself, id),
+            RegistryMsg::WaiterDeadline(id) => state.waiter_deadline(myself, id),
+            RegistryMsg::FailWaiters(id, error) => state.fail_waiters(&id, error),
+            RegistryMsg::SessionGranted(session) => state.session_granted(myself, &session),
+            RegistryMsg::Drain(done) => {
+                state.drain();
+                let _ = done.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.drain();
+        state.tasks.close();
+        if tokio::time::timeout(TASKS_GRACE, state.tasks.wait())
+            .await
+            .is_err()
+        {
+            // What they were writing is redone from the bucket by any instance.
+            tracing::warn!(
+                tasks = state.tasks.len(),
+                "registry stopped with tasks running"
+            );
+        }
+        Ok(())
+    }
+}
+
+// === impl RegistryState: one method per message ===
+
+impl<W: Workflow> RegistryState<W> {
     fn update_gauges(&self) {
         let waiters = self.waiters.values().map(Vec::len).sum::<usize>();
         self.gauges
             .pending
             .store(self.pending.len() as u64, Ordering::Relaxed);
         self.gauges.waiters.store(waiters as u64, Ordering::Relaxed);
+    }
+
+    fn request(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        ctx: RequestContext,
+        req: ConfirmRequest,
+        port: Reply<Confirmation>,
+    ) {
+        let workflow = self.workflow.clone();
+        self.tasks.spawn(async move {
+            let wait = req.wait;
+            let record = match workflow.open(req, ctx.trace_id).await {
+                Ok(record) => record,
+                Err(e) => return drop(port.send(Err(e))),
+            };
+            if !wait || record.state.is_final() {
+                return drop(port.send(Ok(record)));
+            }
+            let id = record.id.clone();
+            let _ = myself.cast(RegistryMsg::Wait(id.clone(), record.expires_at, port));
+            // A decision written before the Wait was queued is not in the watch's future:
+            // read once more after registering.
+            if let Ok(now) = workflow.get(&id).await {
+                if now.state.is_final() {
+                    let _ = myself.cast(RegistryMsg::Settled(now));
+                }
+            }
+        });
+    }
+
+    fn wait(
+        &mut self,
+        myself: ActorRef<RegistryMsg>,
+        id: String,
+        expires_at: u64,
+        port: Reply<Confirmation>,
+    ) {
+        if self.draining {
+            let _ = port.send(Err(stopping()));
+            return;
+        }
+        self.waiters.entry(id.clone()).or_default().push(port);
+        myself.send_after(
+            until(&self.workflow, expires_at) + WAITER_GRACE,
+            move || RegistryMsg::WaiterDeadline(id),
+        );
+        self.update_gauges();
+    }
+
+    fn decide(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        ctx: RequestContext,
+        decide: ConfirmDecide,
+        port: Reply<Confirmation>,
+    ) {
+        let workflow = self.workflow.clone();
+        self.tasks.spawn(async move {
+            let outcome = workflow.decide(decide, ctx.trace_id).await;
+            if let Ok(record) = &outcome {
+                if record.scope == ConfirmScope::Session && record.state == ConfirmState::Approved {
+                    if let Some(session) = &record.session_id {
+                        let _ = myself.cast(RegistryMsg::SessionGranted(session.clone()));
+                    }
+                }
+                let _ = myself.cast(RegistryMsg::Settled(record.clone()));
+            }
+            let _ = port.send(outcome);
+        });
+    }
+
+    fn get(&self, get: ConfirmGet, port: Reply<Confirmation>) {
+        let workflow = self.workflow.clone();
+        self.tasks
+            .spawn(async move { port.send(workflow.get(&get.id).await) });
+    }
+
+    fn list(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        list: ConfirmList,
+        port: Reply<ConfirmListReply>,
+    ) {
+        if let Err(e) = listing::check(&list) {
+            let _ = port.send(Err(e));
+            return;
+        }
+        let workflow = self.workflow.clone();
+        self.tasks.spawn(async move {
+            if !listing::wants_pending(&list) {
+                return drop(port.send(workflow.scan(&list).await));
+            }
+            // Pending ones come from the replica, once it has caught up with the bucket.
+            match workflow.last_revision().await {
+                Ok(revision) => {
+                    let _ = myself.cast(RegistryMsg::ListPending(list, revision, port));
+                }
+                Err(e) => drop(port.send(Err(e))),
+            }
+        });
+    }
+
+    fn list_pending(
+        &mut self,
+        myself: ActorRef<RegistryMsg>,
+        list: ConfirmList,
+        revision: u64,
+        port: Reply<ConfirmListReply>,
+    ) {
+        if self.applied >= revision {
+            let _ = port.send(Ok(listing::from_replica(&self.pending, &list)));
+            return;
+        }
+        self.parked_lists.push(ParkedList {
+            list,
+            revision,
+            deadline: Instant::now() + LIST_BARRIER,
+            port,
+        });
+        myself.send_after(LIST_BARRIER, || RegistryMsg::ListDeadline);
+    }
+
+    fn list_deadline(&mut self) {
+        let now = Instant::now();
+        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked_lists)
+            .into_iter()
+            .partition(|p| p.deadline <= now);
+        self.parked_lists = keep;
+        for parked in due {
+            tracing::warn!(
+                revision = parked.revision,
+                applied = self.applied,
+                "list answered from a lagging replica"
+            );
+            let _ = parked
+                .port
+                .send(Ok(listing::from_replica(&self.pending, &parked.list)));
+        }
+    }
+
+    fn observed(&mut self, myself: ActorRef<RegistryMsg>, observation: Observation) {
+        self.applied = self.applied.max(observation.revision);
+        if let Some(record) = observation.record {
+            if record.state.is_final() {
+                self.settle(&record);
+            } else {
+                let id = record.id.clone();
+                if !self.pending.contains_key(&id) {
+                    myself.send_after(until(&self.workflow, record.expires_at), move || {
+                        RegistryMsg::Expire(id)
+                    });
+                }
+                self.pending.insert(record.id.clone(), record);
+                self.update_gauges();
+            }
+        }
+        let applied = self.applied;
+        let (ready, parked): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked_lists)
+            .into_iter()
+            .partition(|p| p.revision <= applied);
+        self.parked_lists = parked;
+        for p in ready {
+            let _ = p
+                .port
+                .send(Ok(listing::from_replica(&self.pending, &p.list)));
+        }
     }
 
     fn settle(&mut self, record: &Confirmation) {
@@ -108,266 +396,87 @@ impl RegistryState {
         }
         self.update_gauges();
     }
-}
 
-fn stopping() -> ErrorBody {
-    ErrorBody::unavailable(
-        "this confirmation instance is stopping; retry the request (same execution_id) or get \
-         the confirmation by id — its state is kept",
-    )
-}
-
-fn until(at_ms: u64) -> Duration {
-    Duration::from_millis(at_ms.saturating_sub(messages::now_ms()))
-}
-
-impl Actor for Registry {
-    type Msg = RegistryMsg;
-    type State = RegistryState;
-    type Arguments = RegistryArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        args: RegistryArgs,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        let watch_stop = CancellationToken::new();
-        watch::spawn(
-            args.workflow.store.kv().clone(),
-            myself.clone(),
-            watch_stop.clone(),
-        );
-        Ok(RegistryState {
-            workflow: args.workflow,
-            gauges: args.gauges,
-            waiters: HashMap::new(),
-            pending: HashMap::new(),
-            applied: 0,
-            parked_lists: Vec::new(),
-            draining: false,
-            watch_stop,
-        })
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let workflow = state.workflow.clone();
-        match msg {
-            RegistryMsg::Request(ctx, req, port) => {
-                let wait = req.wait;
-                tokio::spawn(async move {
-                    let opened = match workflow.open(req, ctx.trace_id).await {
-                        Ok(o) => o,
-                        Err(e) => return drop(port.send(Err(e))),
-                    };
-                    let record = opened.record;
-                    if !wait || record.state.is_final() {
-                        return drop(port.send(Ok(record)));
-                    }
-                    let _ = myself.cast(RegistryMsg::Wait(
-                        record.id.clone(),
-                        record.expires_at,
-                        port,
-                    ));
-                    // A decision written before the Wait was queued is not in the watch's
-                    // future: read once more after registering.
-                    if let Ok(now) = workflow.get(&record.id).await {
-                        if now.state.is_final() {
-                            let _ = myself.cast(RegistryMsg::Settled(now));
-                        }
-                    }
-                });
-            }
-            RegistryMsg::Wait(id, expires_at, port) => {
-                if state.draining {
-                    let _ = port.send(Err(stopping()));
-                    return Ok(());
-                }
-                state.waiters.entry(id.clone()).or_default().push(port);
-                myself.send_after(until(expires_at) + WAITER_GRACE, move || {
-                    RegistryMsg::WaiterDeadline(id)
-                });
-                state.update_gauges();
-            }
-            RegistryMsg::Decide(ctx, decide, port) => {
-                tokio::spawn(async move {
-                    let outcome = workflow.decide(decide, ctx.trace_id).await;
-                    if let Ok(record) = &outcome {
-                        if record.scope == ConfirmScope::Session
-                            && record.state == ConfirmState::Approved
-                        {
-                            if let Some(session) = &record.session_id {
-                                let _ = myself.cast(RegistryMsg::SessionGranted(session.clone()));
-                            }
-                        }
-                        let _ = myself.cast(RegistryMsg::Settled(record.clone()));
-                    }
-                    let _ = port.send(outcome);
-                });
-            }
-            RegistryMsg::Get(_, get, port) => {
-                tokio::spawn(async move { port.send(workflow.get(&get.id).await) });
-            }
-            RegistryMsg::List(_, list, port) => {
-                if let Err(e) = listing::check(&list) {
-                    let _ = port.send(Err(e));
-                    return Ok(());
-                }
-                tokio::spawn(async move {
-                    if !listing::wants_pending(&list) {
-                        return drop(port.send(listing::scan(&workflow.store, &list).await));
-                    }
-                    // Pending ones come from the replica, once it has caught up with the bucket.
-                    match workflow.store.last_revision().await {
-                        Ok(revision) => {
-                            let _ = myself.cast(RegistryMsg::ListPending(list, revision, port));
-                        }
-                        Err(e) => drop(port.send(Err(e.into()))),
-                    }
-                });
-            }
-            RegistryMsg::ListPending(list, revision, port) => {
-                if state.applied >= revision {
-                    let _ = port.send(Ok(listing::from_replica(&state.pending, &list)));
-                } else {
-                    state
-                        .parked_lists
-                        .push((list, revision, Instant::now() + LIST_BARRIER, port));
-                    myself.send_after(LIST_BARRIER, || RegistryMsg::ListDeadline);
-                }
-            }
-            RegistryMsg::ListDeadline => {
-                let now = Instant::now();
-                let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut state.parked_lists)
-                    .into_iter()
-                    .partition(|(_, _, deadline, _)| *deadline <= now);
-                state.parked_lists = keep;
-                for (list, revision, _, port) in due {
-                    tracing::warn!(
-                        revision,
-                        applied = state.applied,
-                        "list answered from a lagging replica"
-                    );
-                    let _ = port.send(Ok(listing::from_replica(&state.pending, &list)));
-                }
-            }
-            RegistryMsg::Observed(observation) => {
-                state.applied = state.applied.max(observation.revision);
-                if let Some(record) = observation.record {
-                    if record.state.is_final() {
-                        state.settle(&record);
-                    } else {
-                        let id = record.id.clone();
-                        if !state.pending.contains_key(&id) {
-                            myself.send_after(until(record.expires_at), move || {
-                                RegistryMsg::Expire(id)
-                            });
-                        }
-                        state.pending.insert(record.id.clone(), record);
-                        state.update_gauges();
-                    }
-                }
-                let applied = state.applied;
-                let (ready, parked): (Vec<_>, Vec<_>) = std::mem::take(&mut state.parked_lists)
-                    .into_iter()
-                    .partition(|(_, revision, _, _)| *revision <= applied);
-                state.parked_lists = parked;
-                for (list, _, _, port) in ready {
-                    let _ = port.send(Ok(listing::from_replica(&state.pending, &list)));
-                }
-            }
-            RegistryMsg::Settled(record) => state.settle(&record),
-            RegistryMsg::Expire(id) => {
-                if !state.pending.contains_key(&id) {
-                    return Ok(());
-                }
-                // Every instance does this; compare-and-set lets exactly one write the timeout.
-                tokio::spawn(async move {
-                    match workflow.expire(&id, None).await {
-                        Ok(record) if record.state.is_final() => {
-                            let _ = myself.cast(RegistryMsg::Settled(record));
-                        }
-                        Ok(record) => {
-                            myself.send_after(until(record.expires_at), move || {
-                                RegistryMsg::Expire(id)
-                            });
-                        }
-                        Err(e) if e.code == 404 => {}
-                        Err(e) => {
-                            tracing::warn!(%id, error = %e, "could not record a timeout; retrying");
-                            myself.send_after(EXPIRE_RETRY, move || RegistryMsg::Expire(id));
-                        }
-                    }
-                });
-            }
-            RegistryMsg::WaiterDeadline(id) => {
-                if !state.waiters.contains_key(&id) {
-                    return Ok(());
-                }
-                tokio::spawn(async move {
-                    let msg = match workflow.expire(&id, None).await {
-                        Ok(record) if record.state.is_final() => RegistryMsg::Settled(record),
-                        Ok(_) => RegistryMsg::FailWaiters(
-                            id,
-                            ErrorBody::timeout("no decision observed in time; get it by id"),
-                        ),
-                        Err(e) => RegistryMsg::FailWaiters(id, e),
-                    };
-                    let _ = myself.cast(msg);
-                });
-            }
-            RegistryMsg::FailWaiters(id, error) => {
-                for port in state.waiters.remove(&id).unwrap_or_default() {
-                    let _ = port.send(Err(error.clone()));
-                }
-                state.update_gauges();
-            }
-            RegistryMsg::SessionGranted(session) => {
-                let ids: Vec<String> = state
-                    .pending
-                    .values()
-                    .filter(|c| c.session_id.as_deref() == Some(session.as_str()))
-                    .map(|c| c.id.clone())
-                    .collect();
-                tokio::spawn(async move {
-                    for id in ids {
-                        match workflow.settle_by_grant(&id).await {
-                            Ok(Some(record)) => drop(myself.cast(RegistryMsg::Settled(record))),
-                            Ok(None) => {}
-                            Err(e) => tracing::warn!(%id, error = %e, "session grant not applied"),
-                        }
-                    }
-                });
-            }
-            RegistryMsg::Drain(done) => {
-                state.draining = true;
-                for (_, ports) in state.waiters.drain() {
-                    for port in ports {
-                        let _ = port.send(Err(stopping()));
-                    }
-                }
-                state.update_gauges();
-                let _ = done.send(());
-            }
+    fn expire(&self, myself: ActorRef<RegistryMsg>, id: String) {
+        if !self.pending.contains_key(&id) {
+            return;
         }
-        Ok(())
+        let workflow = self.workflow.clone();
+        // Every instance does this; compare-and-set lets exactly one write the timeout.
+        self.tasks.spawn(async move {
+            match workflow.expire(&id).await {
+                Ok(record) if record.state.is_final() => {
+                    let _ = myself.cast(RegistryMsg::Settled(record));
+                }
+                Ok(record) => {
+                    // Not yet due by the workflow's clock: try again when it is.
+                    myself.send_after(until(&workflow, record.expires_at), move || {
+                        RegistryMsg::Expire(id)
+                    });
+                }
+                Err(e) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(%id, error = %e, "could not record a timeout; retrying");
+                    myself.send_after(EXPIRE_RETRY, move || RegistryMsg::Expire(id));
+                }
+            }
+        });
     }
 
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        state.watch_stop.cancel();
-        for (_, ports) in state.waiters.drain() {
+    fn waiter_deadline(&self, myself: ActorRef<RegistryMsg>, id: String) {
+        if !self.waiters.contains_key(&id) {
+            return;
+        }
+        let workflow = self.workflow.clone();
+        self.tasks.spawn(async move {
+            let msg = match workflow.expire(&id).await {
+                Ok(record) if record.state.is_final() => RegistryMsg::Settled(record),
+                Ok(_) => RegistryMsg::FailWaiters(
+                    id,
+                    ErrorBody::timeout("no decision observed in time; get it by id"),
+                ),
+                Err(e) => RegistryMsg::FailWaiters(id, e),
+            };
+            let _ = myself.cast(msg);
+        });
+    }
+
+    fn fail_waiters(&mut self, id: &str, error: ErrorBody) {
+        for port in self.waiters.remove(id).unwrap_or_default() {
+            let _ = port.send(Err(error.clone()));
+        }
+        self.update_gauges();
+    }
+
+    fn session_granted(&self, myself: ActorRef<RegistryMsg>, session: &str) {
+        let ids: Vec<String> = self
+            .pending
+            .values()
+            .filter(|c| c.session_id.as_deref() == Some(session))
+            .map(|c| c.id.clone())
+            .collect();
+        let workflow = self.workflow.clone();
+        self.tasks.spawn(async move {
+            for id in ids {
+                match workflow.settle_by_grant(&id).await {
+                    Ok(Some(record)) => drop(myself.cast(RegistryMsg::Settled(record))),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(%id, error = %e, "session grant not applied"),
+                }
+            }
+        });
+    }
+
+    fn drain(&mut self) {
+        self.draining = true;
+        for (_, ports) in self.waiters.drain() {
             for port in ports {
                 let _ = port.send(Err(stopping()));
             }
         }
-        Ok(())
+        self.update_gauges();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,25 +23,69 @@ const SESSION: &str = "s.";
 /// Concurrent reads while scanning for `list`.
 const SCAN_CONCURRENCY: usize = 32;
 
+/// A bucket operation's error, boxed: each async-nats operation has its own error type.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("the confirmations bucket is unavailable: {0}")]
-    Unavailable(String),
-    #[error("entry {key} is corrupt: {message}")]
-    Corrupt { key: String, message: String },
+    /// NATS or JetStream did not serve the operation; worth retrying.
+    #[error("the confirmations bucket is unavailable ({op})")]
+    Unavailable {
+        op: &'static str,
+        #[source]
+        source: BoxError,
+    },
+    /// An entry this service did not write in this shape; retrying does not help.
+    #[error("entry {key} is corrupt")]
+    Corrupt {
+        key: String,
+        #[source]
+        source: Corruption,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Corruption {
+    #[error("not the expected JSON")]
+    Json(#[from] serde_json::Error),
+    #[error("not UTF-8")]
+    Utf8(#[from] std::string::FromUtf8Error),
+    #[error("claimed but empty")]
+    Empty,
 }
 
 impl From<StoreError> for ErrorBody {
+    /// The wire message carries the whole cause chain: callers on the other side of NATS
+    /// cannot walk `source()`.
     fn from(e: StoreError) -> Self {
+        let message = messages_of(&e);
         match e {
-            StoreError::Unavailable(_) => ErrorBody::unavailable(e.to_string()),
-            StoreError::Corrupt { .. } => ErrorBody::internal(e.to_string()),
+            StoreError::Unavailable { .. } => ErrorBody::unavailable(message),
+            StoreError::Corrupt { .. } => ErrorBody::internal(message),
         }
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// `e: cause: its cause…`
+fn messages_of(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+fn unavailable<E>(op: &'static str) -> impl FnOnce(E) -> StoreError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |e| StoreError::Unavailable {
+        op,
+        source: Box::new(e),
+    }
 }
 
 /// A value with the revision it was read at (for compare-and-set).
@@ -71,7 +115,7 @@ pub fn decode_record(key: &str, value: &[u8]) -> Result<Confirmation, StoreError
 fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(value).map_err(|e| StoreError::Corrupt {
         key: key.to_string(),
-        message: e.to_string(),
+        source: e.into(),
     })
 }
 
@@ -98,7 +142,7 @@ impl ConfirmationStore {
         &self,
         key: &str,
     ) -> Result<Option<Versioned<T>>, StoreError> {
-        match self.kv.entry(key).await.map_err(unavailable)? {
+        match self.kv.entry(key).await.map_err(unavailable("read"))? {
             Some(e) if e.operation == Operation::Put => Ok(Some(Versioned {
                 value: decode(key, &e.value)?,
                 revision: e.revision,
@@ -120,14 +164,17 @@ impl ConfirmationStore {
         {
             Ok(revision) => Ok(Some(revision)),
             Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
-            Err(e) => Err(unavailable(e)),
+            Err(e) => Err(unavailable("create")(e)),
         }
     }
 
     /// Replaces the confirmation if it is still at `revision`.
     pub async fn replace(&self, record: &Confirmation, revision: u64) -> Result<Cas, StoreError> {
         let key = format!("{RECORD}{}", record.id);
-        cas(self.kv.update(key, encode(record), revision).await)
+        cas(
+            "replace",
+            self.kv.update(key, encode(record), revision).await,
+        )
     }
 
     /// The confirmation id owned by `execution_id`: `proposed` if this call claimed it, else the
@@ -149,17 +196,17 @@ impl ConfirmationStore {
                     .kv
                     .get(&key)
                     .await
-                    .map_err(unavailable)?
+                    .map_err(unavailable("read the execution index"))?
                     .ok_or_else(|| StoreError::Corrupt {
                         key: key.clone(),
-                        message: "claimed but empty".into(),
+                        source: Corruption::Empty,
                     })?;
                 String::from_utf8(value.to_vec()).map_err(|e| StoreError::Corrupt {
                     key,
-                    message: e.to_string(),
+                    source: e.into(),
                 })
             }
-            Err(e) => Err(unavailable(e)),
+            Err(e) => Err(unavailable("claim the execution")(e)),
         }
     }
 
@@ -178,11 +225,11 @@ impl ConfirmationStore {
     ) -> Result<Cas, StoreError> {
         let key = format!("{SESSION}{}", grants.session_id);
         match revision {
-            Some(r) => cas(self.kv.update(key, encode(grants), r).await),
+            Some(r) => cas("write grants", self.kv.update(key, encode(grants), r).await),
             None => match self.kv.create(key, encode(grants)).await {
                 Ok(r) => Ok(Cas::Written(r)),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(Cas::Conflict),
-                Err(e) => Err(unavailable(e)),
+                Err(e) => Err(unavailable("create grants")(e)),
             },
         }
     }
@@ -198,10 +245,10 @@ impl ConfirmationStore {
             .kv
             .keys()
             .await
-            .map_err(unavailable)?
+            .map_err(unavailable("list keys"))?
             .try_collect()
             .await
-            .map_err(unavailable)?;
+            .map_err(unavailable("list keys"))?;
         let mut ids: Vec<String> = keys
             .into_iter()
             .filter_map(|k| k.strip_prefix(RECORD).map(str::to_string))
@@ -226,15 +273,20 @@ impl ConfirmationStore {
 
     /// The bucket's latest revision: a replica that has applied it is up to date.
     pub async fn last_revision(&self) -> Result<u64, StoreError> {
-        let info = self.kv.stream.get_info().await.map_err(unavailable)?;
+        let info = self
+            .kv
+            .stream
+            .get_info()
+            .await
+            .map_err(unavailable("read the revision"))?;
         Ok(info.state.last_sequence)
     }
 }
 
-fn cas(result: Result<u64, kv::UpdateError>) -> Result<Cas, StoreError> {
+fn cas(op: &'static str, result: Result<u64, kv::UpdateError>) -> Result<Cas, StoreError> {
     match result {
         Ok(revision) => Ok(Cas::Written(revision)),
         Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(Cas::Conflict),
-        Err(e) => Err(unavailable(e)),
+        Err(e) => Err(unavailable(op)(e)),
     }
 }

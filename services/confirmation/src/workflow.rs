@@ -1,34 +1,86 @@
 //! The operations on confirmations — open, decide, expire, get, scan — each a few reads and
 //! compare-and-set writes on the bucket, then the live event and the audit event. Stateless
 //! and cloneable: the `Registry` runs them in tasks so it never waits on NATS itself.
+//!
+//! This service owns the audit events `confirmation_requested` (a new confirmation, decided
+//! at once or not) and `confirmation_decided` (by a person, a policy, a session grant or the
+//! timeout), emitted here exactly once per confirmation by the instance whose write won.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, HeaderMap};
-use kit::{AuditScope, Auditor};
+use kit::{AuditScope, Auditor, CancellationToken};
 use messages::audit::AuditKind;
-use messages::confirm::{ConfirmDecide, ConfirmRequest, ConfirmScope, ConfirmState, Confirmation};
+use messages::confirm::{
+    ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmRequest, ConfirmScope, ConfirmState,
+    Confirmation,
+};
 use messages::{ErrorBody, Subjects};
+use ractor::ActorRef;
 use serde_json::json;
 
 use crate::policy::{AutoDecision, Grant, Policy, SessionGrants};
+use crate::registry::RegistryMsg;
 use crate::store::{Cas, ConfirmationStore, Versioned};
-use crate::validate;
+use crate::{listing, validate, watch};
 
 /// Compare-and-set retries on the session grants before giving up (each retry follows a
 /// concurrent writer's success, so this only runs out under heavy contention).
 const GRANT_ATTEMPTS: usize = 8;
 
-/// A request's confirmation and whether this call created it (or found an earlier one).
-#[derive(Debug, Clone)]
-pub struct Opened {
-    pub record: Confirmation,
-    pub created: bool,
+/// What the `Registry` has done to confirmations. [`KvWorkflow`] does it on the bucket; the
+/// registry's unit tests use an in-memory one, so expiry runs on paused time.
+pub trait Workflow: Clone + Send + Sync + 'static {
+    /// Unix milliseconds, the clock `expires_at` is on.
+    fn now_ms(&self) -> u64;
+
+    /// Finds the execution's confirmation or creates it, decided at once when policy or a
+    /// session grant says so, pending otherwise.
+    fn open(
+        &self,
+        req: ConfirmRequest,
+        trace_id: Option<String>,
+    ) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+
+    /// A person's decision. Only the first decision on a pending confirmation counts; any
+    /// later one gets 409 with the first in `details.confirmation`.
+    fn decide(
+        &self,
+        decide: ConfirmDecide,
+        trace_id: Option<String>,
+    ) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+
+    fn get(&self, id: &str) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+
+    /// Applies the timeout to a pending confirmation whose time is up, and returns the
+    /// confirmation as it now stands (still pending if its time is not up).
+    fn expire(&self, id: &str) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+
+    /// Settles a pending confirmation that a session grant now covers; returns it if it did.
+    fn settle_by_grant(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Confirmation>, ErrorBody>> + Send;
+
+    /// Decided confirmations matching `list` (pending ones come from the registry's replica).
+    fn scan(
+        &self,
+        list: &ConfirmList,
+    ) -> impl Future<Output = Result<ConfirmListReply, ErrorBody>> + Send;
+
+    /// The latest revision: a replica that has applied it has seen every earlier write.
+    fn last_revision(&self) -> impl Future<Output = Result<u64, ErrorBody>> + Send;
+
+    /// Feeds every change, starting with the current state, to `registry` until `stop`.
+    fn watch(&self, registry: ActorRef<RegistryMsg>, stop: CancellationToken);
 }
 
+/// The workflow on the `sandbox_confirmations` bucket: a few reads and compare-and-set writes
+/// per operation, then the live event and the audit event.
 #[derive(Clone)]
-pub struct Workflow {
+pub struct KvWorkflow {
     pub store: ConfirmationStore,
     pub policy: Arc<Policy>,
     pub client: Client,
@@ -36,14 +88,16 @@ pub struct Workflow {
     pub auditor: Auditor,
 }
 
-impl Workflow {
-    /// Finds the execution's confirmation or creates it, decided at once when policy or a
-    /// session grant says so, pending otherwise.
-    pub async fn open(
+impl Workflow for KvWorkflow {
+    fn now_ms(&self) -> u64 {
+        messages::now_ms()
+    }
+
+    async fn open(
         &self,
         mut req: ConfirmRequest,
         trace_id: Option<String>,
-    ) -> Result<Opened, ErrorBody> {
+    ) -> Result<Confirmation, ErrorBody> {
         validate::request(&mut req)?;
         let timeout = self.policy.timeout_for(req.timeout_ms)?;
         let mut id = messages::new_id();
@@ -51,10 +105,7 @@ impl Workflow {
             id = self.store.claim_execution(execution_id, &id).await?;
         }
         if let Some(existing) = self.store.get(&id).await? {
-            return Ok(Opened {
-                record: existing.value,
-                created: false,
-            });
+            return Ok(existing.value);
         }
         let now = messages::now_ms();
         let mut record = Confirmation {
@@ -82,11 +133,9 @@ impl Workflow {
             let existing = self.store.get(&id).await?.ok_or_else(|| {
                 ErrorBody::unavailable(format!("confirmation {id} vanished while created"))
             })?;
-            return Ok(Opened {
-                record: existing.value,
-                created: false,
-            });
+            return Ok(existing.value);
         }
+        // This service owns the `confirmation_*` audit events (the scheduler emits none).
         let scope = audit_scope(&record, trace_id, record.requested_by.clone());
         self.auditor.emit(
             AuditKind::ConfirmationRequested,
@@ -101,26 +150,10 @@ impl Workflow {
             self.publish(self.subjects.confirm_pending(&record.id), &record)
                 .await;
         }
-        Ok(Opened {
-            record,
-            created: true,
-        })
+        Ok(record)
     }
 
-    async fn session_decision(
-        &self,
-        record: &Confirmation,
-    ) -> Result<Option<AutoDecision>, ErrorBody> {
-        let Some(session_id) = &record.session_id else {
-            return Ok(None);
-        };
-        let grants = self.store.grants(session_id).await?;
-        Ok(grants.and_then(|g| g.value.covers(&record.risk)))
-    }
-
-    /// A person's decision. Only the first decision on a pending confirmation counts; any
-    /// later one gets 409 with the first in `details.confirmation`.
-    pub async fn decide(
+    async fn decide(
         &self,
         decide: ConfirmDecide,
         trace_id: Option<String>,
@@ -139,7 +172,7 @@ impl Workflow {
         let now = messages::now_ms();
         if now >= current.value.expires_at {
             // Too late: the timeout decided it, whether or not a sweep has written that yet.
-            let expired = self.expire(&decide.id, trace_id).await?;
+            let expired = self.record_timeout(&decide.id, trace_id).await?;
             return Err(already_decided(&expired));
         }
         let mut record = current.value.clone();
@@ -164,6 +197,59 @@ impl Workflow {
             }
             Cas::Conflict => Err(already_decided(&self.read(&decide.id).await?.value)),
         }
+    }
+
+    async fn get(&self, id: &str) -> Result<Confirmation, ErrorBody> {
+        validate::id("id", id)?;
+        Ok(self.read(id).await?.value)
+    }
+
+    async fn expire(&self, id: &str) -> Result<Confirmation, ErrorBody> {
+        self.record_timeout(id, None).await
+    }
+
+    async fn settle_by_grant(&self, id: &str) -> Result<Option<Confirmation>, ErrorBody> {
+        let current = self.read(id).await?;
+        if current.value.state.is_final() {
+            return Ok(None);
+        }
+        let Some(decision) = self.session_decision(&current.value).await? else {
+            return Ok(None);
+        };
+        let mut record = current.value;
+        settle(&mut record, &decision, messages::now_ms());
+        match self.store.replace(&record, current.revision).await? {
+            Cas::Written(_) => {
+                self.announce_decision(&record, None).await;
+                Ok(Some(record))
+            }
+            Cas::Conflict => Ok(None),
+        }
+    }
+
+    async fn scan(&self, list: &ConfirmList) -> Result<ConfirmListReply, ErrorBody> {
+        listing::scan(&self.store, list).await
+    }
+
+    async fn last_revision(&self) -> Result<u64, ErrorBody> {
+        Ok(self.store.last_revision().await?)
+    }
+
+    fn watch(&self, registry: ActorRef<RegistryMsg>, stop: CancellationToken) {
+        watch::spawn(self.store.kv().clone(), registry, stop);
+    }
+}
+
+impl KvWorkflow {
+    async fn session_decision(
+        &self,
+        record: &Confirmation,
+    ) -> Result<Option<AutoDecision>, ErrorBody> {
+        let Some(session_id) = &record.session_id else {
+            return Ok(None);
+        };
+        let grants = self.store.grants(session_id).await?;
+        Ok(grants.and_then(|g| g.value.covers(&record.risk)))
     }
 
     /// Records the rules of a session-scoped approval as granted for that session.
@@ -202,29 +288,8 @@ impl Workflow {
         )))
     }
 
-    /// Settles a pending confirmation that a session grant now covers; returns it if it did.
-    pub async fn settle_by_grant(&self, id: &str) -> Result<Option<Confirmation>, ErrorBody> {
-        let current = self.read(id).await?;
-        if current.value.state.is_final() {
-            return Ok(None);
-        }
-        let Some(decision) = self.session_decision(&current.value).await? else {
-            return Ok(None);
-        };
-        let mut record = current.value;
-        settle(&mut record, &decision, messages::now_ms());
-        match self.store.replace(&record, current.revision).await? {
-            Cas::Written(_) => {
-                self.announce_decision(&record, None).await;
-                Ok(Some(record))
-            }
-            Cas::Conflict => Ok(None),
-        }
-    }
-
-    /// Applies the timeout to a pending confirmation whose time is up, and returns the
-    /// confirmation as it now stands (possibly still pending if its time is not up).
-    pub async fn expire(
+    /// [`Workflow::expire`], with the trace of the request that found the time up.
+    async fn record_timeout(
         &self,
         id: &str,
         trace_id: Option<String>,
@@ -245,11 +310,6 @@ impl Workflow {
             // Another instance's sweep or a person got there first: theirs stands.
             Cas::Conflict => Ok(self.read(id).await?.value),
         }
-    }
-
-    pub async fn get(&self, id: &str) -> Result<Confirmation, ErrorBody> {
-        validate::id("id", id)?;
-        Ok(self.read(id).await?.value)
     }
 
     async fn read(&self, id: &str) -> Result<Versioned<Confirmation>, ErrorBody> {
