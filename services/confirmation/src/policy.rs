@@ -268,4 +268,45 @@ mod tests {
         assert_eq!(g.covers(&risk(RiskLevel::High, &["fs", "exec"])), None);
         assert_eq!(g.covers(&risk(RiskLevel::High, &[])), None);
     }
+
+    #[test]
+    fn an_empty_require_levels_approves_every_level_not_denied() {
+        let p = policy(|c| {
+            c.require_levels.clear();
+            c.auto_deny_levels.insert(RiskLevel::Critical);
+        });
+        for level in [RiskLevel::Safe, RiskLevel::Medium, RiskLevel::High] {
+            let d = p.automatic(&risk(level, &["r"])).unwrap();
+            assert_eq!(
+                (d.state, d.by.as_str()),
+                (ConfirmState::Approved, "policy:require_levels")
+            );
+        }
+        let d = p.automatic(&risk(RiskLevel::Critical, &["r"])).unwrap();
+        assert_eq!(d.state, ConfirmState::Denied);
+    }
+
+    #[test]
+    fn a_request_may_ask_for_the_maximum_timeout_but_not_more() {
+        let p = policy(|c| c.max_timeout = Duration::from_secs(10));
+        assert_eq!(
+            p.timeout_for(Some(10_000)).unwrap(),
+            Duration::from_secs(10)
+        );
+        let e = p.timeout_for(Some(10_001)).unwrap_err();
+        assert_eq!(e.code, 400);
+        assert_eq!(e.details.unwrap()["field"], "timeout_ms");
+    }
+
+    #[test]
+    fn a_timeout_says_how_long_it_waited_and_who_decided() {
+        let d = policy(|_| {}).on_timeout(Duration::from_millis(1500));
+        assert_eq!(d.by, "policy:timeout");
+        assert!(d.reason.contains("1500 ms"), "{}", d.reason);
+        let lax = policy(|c| c.timeout_action = TimeoutAction::Approve);
+        assert_eq!(
+            lax.on_timeout(Duration::from_millis(1)).by,
+            "policy:timeout_action"
+        );
+    }
 }

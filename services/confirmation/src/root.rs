@@ -146,3 +146,99 @@ impl<W: Workflow> Actor for Root<W> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use messages::confirm::{ConfirmDecide, ConfirmScope, ConfirmState};
+    use ractor::{call_t, ActorCell};
+    use tokio::time::sleep;
+
+    use super::*;
+    use crate::testing::{ctx, request, Book};
+
+    const CALL_MS: u64 = 3_600_000;
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    fn the_registry(root: &ActorRef<RegistryMsg>) -> ActorCell {
+        let children = root.get_children();
+        assert_eq!(children.len(), 1, "one registry under the root");
+        children.into_iter().next().unwrap()
+    }
+
+    /// Kills the registry and returns once the root has restarted it.
+    async fn kill_registry(root: &ActorRef<RegistryMsg>) {
+        let dead = the_registry(root);
+        dead.kill();
+        test_support::eventually("a new registry", Duration::from_secs(5), || {
+            let children = root.get_children();
+            let restarted = children.len() == 1 && children[0].get_id() != dead.get_id();
+            async move { restarted.then_some(()) }
+        })
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_killed_registry_is_restarted_with_the_pending_ones_it_had() {
+        let book = Book::new();
+        let args = RootArgs {
+            workflow: book.clone(),
+            gauges: Arc::new(Gauges::default()),
+            instance_id: "t".into(),
+        };
+        let (root, _) = Actor::spawn(None, Root::default(), args).await.unwrap();
+        let open = |timeout| {
+            let root = root.clone();
+            async move {
+                call_t!(
+                    root,
+                    RegistryMsg::Request,
+                    CALL_MS,
+                    ctx(),
+                    request(false, timeout)
+                )
+                .unwrap()
+                .unwrap()
+            }
+        };
+        let expiring = open(MINUTE).await;
+        let decided_later = open(MINUTE * 10).await;
+
+        kill_registry(&root).await;
+
+        // The new registry decides, and expires on time what its predecessor was timing.
+        let decide = ConfirmDecide {
+            id: decided_later.id.clone(),
+            approve: true,
+            by: "alice".into(),
+            reason: None,
+            scope: ConfirmScope::Once,
+        };
+        let decided = call_t!(root, RegistryMsg::Decide, CALL_MS, ctx(), decide)
+            .unwrap()
+            .unwrap();
+        assert_eq!(decided.state, ConfirmState::Approved);
+        sleep(MINUTE - Duration::from_millis(100)).await;
+        assert_eq!(book.state(&expiring.id), Some(ConfirmState::Pending));
+        sleep(Duration::from_millis(200)).await;
+        assert_eq!(book.state(&expiring.id), Some(ConfirmState::Timeout));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_root_stops_when_the_registry_keeps_dying() {
+        let args = RootArgs {
+            workflow: Book::new(),
+            gauges: Arc::new(Gauges::default()),
+            instance_id: "t".into(),
+        };
+        let (root, root_task) = Actor::spawn(None, Root::default(), args).await.unwrap();
+        for _ in 0..MAX_RESTARTS {
+            kill_registry(&root).await;
+        }
+        assert!(!root_task.is_finished());
+        the_registry(&root).kill();
+        tokio::time::timeout(Duration::from_secs(5), root_task)
+            .await
+            .expect("the root stops after one death too many")
+            .unwrap();
+    }
+}

@@ -25,21 +25,13 @@ pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: not within {BOUND:?}"))
 }
 
-/// Polls `check` until it returns `Some`, every 25 ms, for at most [`BOUND`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+/// `test_support::eventually`, bounded by [`BOUND`].
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    within(what, async {
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    })
-    .await
+    test_support::eventually(what, BOUND, check).await
 }
 
 pub async fn connect(url: &str) -> async_nats::Client {
@@ -94,6 +86,11 @@ impl Instance {
             token,
             handle,
         }
+    }
+
+    /// Waits for `run` to end by itself (without a stop signal) and returns its outcome.
+    pub async fn ended(self) -> Result<(), ConfirmationError> {
+        within("run ends", self.handle).await.expect("run task")
     }
 
     /// Graceful stop through the cancellation token, as a signal would.
