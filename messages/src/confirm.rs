@@ -5,8 +5,11 @@ use serde::{Deserialize, Serialize};
 use crate::risk::RiskAssessment;
 
 /// `sandbox.v1.confirm.request`. With `wait` (the default) the reply comes when the decision
-/// does (or at the timeout); without it the reply is the pending record, to be followed with
-/// `get` or the `confirm.decided.<id>` event.
+/// does (or at the timeout); without it the reply is the pending record at once (id,
+/// `expires_at`), to be followed with the `confirm.decided.<id>` event — published for every
+/// final state, the timeout included, whether or not anyone waits — or with `get` (events are
+/// core NATS: a caller that was disconnected asks). Asking again for the same `execution_id`
+/// returns the same confirmation, as it stands.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ConfirmRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]

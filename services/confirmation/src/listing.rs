@@ -2,14 +2,20 @@
 //! case: a person's queue), decided ones by scanning the bucket (rarer: history).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use messages::confirm::{ConfirmList, ConfirmListReply, ConfirmState, Confirmation};
 use messages::ErrorBody;
+use tokio::time::Instant;
 
+use crate::registry::Reply;
 use crate::store::ConfirmationStore;
 
 pub const DEFAULT_LIMIT: u32 = 100;
 pub const MAX_LIMIT: u32 = 1000;
+/// How long a pending `list` waits for the replica to catch up with the bucket before it is
+/// answered anyway.
+pub const BARRIER: Duration = Duration::from_secs(2);
 
 pub fn check(list: &ConfirmList) -> Result<(), ErrorBody> {
     if let Some(session) = &list.session_id {
@@ -60,4 +66,53 @@ pub async fn scan(
     let keep = |c: &Confirmation| Some(c.state) == list.state && in_session(list, c);
     let confirmations = store.scan(keep, limit(list)).await?;
     Ok(ConfirmListReply { confirmations })
+}
+
+/// Pending `list`s parked until the replica has applied the bucket revision they were asked
+/// at (or their [`BARRIER`] is over).
+#[derive(Default)]
+pub struct ParkedLists(Vec<Parked>);
+
+struct Parked {
+    list: ConfirmList,
+    revision: u64,
+    deadline: Instant,
+    port: Reply<ConfirmListReply>,
+}
+
+impl ParkedLists {
+    pub fn park(&mut self, list: ConfirmList, revision: u64, port: Reply<ConfirmListReply>) {
+        self.0.push(Parked {
+            list,
+            revision,
+            deadline: Instant::now() + BARRIER,
+            port,
+        });
+    }
+
+    /// Answers the lists the replica has caught up with.
+    pub fn release_applied(&mut self, applied: u64, pending: &HashMap<String, Confirmation>) {
+        for parked in self.take(|p| p.revision <= applied) {
+            let _ = parked.port.send(Ok(from_replica(pending, &parked.list)));
+        }
+    }
+
+    /// Answers the lists whose barrier is over, from the replica as it is.
+    pub fn release_due(&mut self, applied: u64, pending: &HashMap<String, Confirmation>) {
+        let now = Instant::now();
+        for parked in self.take(|p| p.deadline <= now) {
+            tracing::warn!(
+                revision = parked.revision,
+                applied,
+                "list answered from a lagging replica"
+            );
+            let _ = parked.port.send(Ok(from_replica(pending, &parked.list)));
+        }
+    }
+
+    fn take(&mut self, done: impl Fn(&Parked) -> bool) -> Vec<Parked> {
+        let (done, keep) = std::mem::take(&mut self.0).into_iter().partition(done);
+        self.0 = keep;
+        done
+    }
 }

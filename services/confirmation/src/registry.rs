@@ -24,11 +24,10 @@ use messages::confirm::{
 };
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
-use crate::listing;
+use crate::listing::{self, ParkedLists};
 use crate::watch::Observation;
 use crate::workflow::Workflow;
 
@@ -37,8 +36,6 @@ pub type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 /// A waiter is answered at the latest this long after its confirmation expires, even if no
 /// instance could record the timeout (NATS unreachable): then with an error to retry on.
 pub const WAITER_GRACE: Duration = Duration::from_secs(5);
-/// How long `list` waits for the replica to catch up with the bucket before answering anyway.
-const LIST_BARRIER: Duration = Duration::from_secs(2);
 /// Retry interval for an expiry that could not be written.
 pub const EXPIRE_RETRY: Duration = Duration::from_secs(1);
 /// How long a stopping registry waits for its tasks (each is a few bounded NATS calls).
@@ -97,10 +94,11 @@ pub struct RegistryState<W> {
     /// Every pending confirmation in the bucket (watch replica): expiry timers run from it and
     /// the pending `list` reads it, so neither scans the bucket.
     pending: HashMap<String, Confirmation>,
-    /// The highest bucket revision applied to `pending`; `list` waits for it to reach the
-    /// bucket's revision so a caller always sees its own earlier writes.
+    /// The highest bucket revision applied to `pending`.
     applied: u64,
-    parked_lists: Vec<ParkedList>,
+    /// Pending `list`s waiting for `applied` to reach the bucket's revision, so a caller always
+    /// sees its own earlier writes.
+    parked_lists: ParkedLists,
     /// Set by `Drain`: new waits are refused so shutdown is not held up by them.
     draining: bool,
     /// The workflow steps in flight; closed and awaited when the registry stops.
@@ -108,13 +106,6 @@ pub struct RegistryState<W> {
     /// Stops the watch when the state is dropped, also when the actor is killed (no
     /// `post_stop` then): a restarted registry starts its own watch.
     _watch: DropGuard,
-}
-
-struct ParkedList {
-    list: ConfirmList,
-    revision: u64,
-    deadline: Instant,
-    port: Reply<ConfirmListReply>,
 }
 
 fn stopping() -> ErrorBody {
@@ -147,7 +138,7 @@ impl<W: Workflow> Actor for Registry<W> {
             waiters: HashMap::new(),
             pending: HashMap::new(),
             applied: 0,
-            parked_lists: Vec::new(),
+            parked_lists: ParkedLists::default(),
             draining: false,
             tasks: TaskTracker::new(),
             _watch: watch.drop_guard(),
@@ -331,31 +322,12 @@ impl<W: Workflow> RegistryState<W> {
             let _ = port.send(Ok(listing::from_replica(&self.pending, &list)));
             return;
         }
-        self.parked_lists.push(ParkedList {
-            list,
-            revision,
-            deadline: Instant::now() + LIST_BARRIER,
-            port,
-        });
-        myself.send_after(LIST_BARRIER, || RegistryMsg::ListDeadline);
+        self.parked_lists.park(list, revision, port);
+        myself.send_after(listing::BARRIER, || RegistryMsg::ListDeadline);
     }
 
     fn list_deadline(&mut self) {
-        let now = Instant::now();
-        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked_lists)
-            .into_iter()
-            .partition(|p| p.deadline <= now);
-        self.parked_lists = keep;
-        for parked in due {
-            tracing::warn!(
-                revision = parked.revision,
-                applied = self.applied,
-                "list answered from a lagging replica"
-            );
-            let _ = parked
-                .port
-                .send(Ok(listing::from_replica(&self.pending, &parked.list)));
-        }
+        self.parked_lists.release_due(self.applied, &self.pending);
     }
 
     fn observed(&mut self, myself: ActorRef<RegistryMsg>, observation: Observation) {
@@ -374,16 +346,8 @@ impl<W: Workflow> RegistryState<W> {
                 self.update_gauges();
             }
         }
-        let applied = self.applied;
-        let (ready, parked): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked_lists)
-            .into_iter()
-            .partition(|p| p.revision <= applied);
-        self.parked_lists = parked;
-        for p in ready {
-            let _ = p
-                .port
-                .send(Ok(listing::from_replica(&self.pending, &p.list)));
-        }
+        self.parked_lists
+            .release_applied(self.applied, &self.pending);
     }
 
     fn settle(&mut self, record: &Confirmation) {

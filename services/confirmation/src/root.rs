@@ -26,6 +26,13 @@ pub fn registry_name_prefix(instance_id: &str) -> String {
     format!("{}.registry.{instance_id}.", crate::SERVICE_NAME)
 }
 
+/// Why the root stopped: the registry died once more than it is restarted.
+#[derive(Debug, thiserror::Error)]
+#[error("the registry died {} times within {RESTART_WINDOW:?}; last: {last}", MAX_RESTARTS + 1)]
+pub struct GaveUp {
+    pub last: String,
+}
+
 pub struct Root<W>(PhantomData<fn() -> W>);
 
 impl<W> Default for Root<W> {
@@ -124,12 +131,9 @@ impl<W: Workflow> Actor for Root<W> {
             .restarts
             .retain(|at| now.duration_since(*at) < RESTART_WINDOW);
         if state.restarts.len() >= MAX_RESTARTS {
-            tracing::error!(
-                reason = %why,
-                "the confirmation registry died {} times within {RESTART_WINDOW:?}; giving up",
-                MAX_RESTARTS + 1
-            );
-            return Err(format!("registry died too often, last: {why}").into());
+            let gave_up = GaveUp { last: why };
+            tracing::error!(error = %gave_up, "the confirmation registry is not restarted again");
+            return Err(gave_up.into());
         }
         tracing::error!(reason = %why, "the confirmation registry died; restarting it");
         state.restarts.push_back(now);
