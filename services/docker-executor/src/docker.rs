@@ -23,7 +23,7 @@ use crate::config::ExecutorConfig;
 pub const LABEL_SANDMESH: &str = "sandmesh";
 /// The executor node that owns the container.
 pub const LABEL_NODE: &str = "sandmesh.node";
-/// `warm` (pool, single use) or `session`.
+/// `warm` (pool, single use), `isolated` (made for one run) or `session`.
 pub const LABEL_KIND: &str = "sandmesh.kind";
 /// The session a cold-started session container belongs to.
 pub const LABEL_SESSION: &str = "sandmesh.session";
@@ -60,6 +60,7 @@ impl DockerError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerKind {
     Warm,
+    Isolated,
     Session,
 }
 
@@ -67,6 +68,7 @@ impl ContainerKind {
     pub const fn as_str(self) -> &'static str {
         match self {
             ContainerKind::Warm => "warm",
+            ContainerKind::Isolated => "isolated",
             ContainerKind::Session => "session",
         }
     }
@@ -270,6 +272,20 @@ impl Sandboxes {
             Some(0) => Ok(()),
             code => Err(DockerError::api(
                 "warm",
+                name,
+                format!("exit {code:?}: {}", out.stderr.trim()),
+            )),
+        }
+    }
+
+    /// Empties the container's workspace (before a newer snapshot is unpacked over it).
+    pub async fn clear_workspace(&self, name: &str) -> Result<(), DockerError> {
+        let cmd = ["find", WORKSPACE_DIR, "-mindepth", "1", "-delete"];
+        let out = crate::probe::exec_capture(&self.docker, name, &cmd).await?;
+        match out.exit_code {
+            Some(0) => Ok(()),
+            code => Err(DockerError::api(
+                "clear workspace",
                 name,
                 format!("exit {code:?}: {}", out.stderr.trim()),
             )),

@@ -49,6 +49,7 @@ pub mod execution;
 pub mod executor;
 pub mod image;
 pub mod janitor;
+pub mod lease;
 pub mod node;
 pub mod outcome;
 pub mod probe;

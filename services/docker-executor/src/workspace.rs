@@ -1,6 +1,15 @@
-//! The session's workspace around an execution: pulled from workspace-store as a tar before
-//! the run (`workspace.snapshot`), changes pushed back after (`workspace.restore` with
-//! `replace: false` and the files the code deleted in `delete`: one all-or-nothing step).
+//! The session's workspace around an execution: pulled from workspace-store as a tar when the
+//! container does not hold the current revision (`workspace.snapshot`), changes pushed back
+//! after (`workspace.restore` with `replace: false` and the files the code deleted in
+//! `delete`: one all-or-nothing step).
+//!
+//! Whether a container's copy is current is learnt without a workspace-store request: the
+//! session's revision is the entry revision of one KV key
+//! (`messages::workspace::revision_key`), read directly from the index bucket. The store puts
+//! that key after every change has landed and before it answers, so a write the client saw
+//! answered is seen by the next run's read (the read goes to the stream's leader, not a
+//! cache). A change still in flight during the read is either in the snapshot already or
+//! bumps the revision after it, which only costs one more fetch later.
 //!
 //! Archives small enough travel inline (base64); larger ones go through the workspace
 //! objects bucket, named in the `object` field, with the store's conventions: uploads under
@@ -9,6 +18,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
+use async_nats::jetstream::kv;
 use async_nats::jetstream::object_store::ObjectMetadata;
 use kit::Caller;
 use messages::subjects::WorkspaceOp;
@@ -29,6 +39,8 @@ pub struct WorkspaceSync {
     caller: Caller,
     subjects: Subjects,
     js: jetstream::Context,
+    /// The index bucket, opened on first use (workspace-store creates it).
+    index: tokio::sync::OnceCell<kv::Store>,
 }
 
 impl WorkspaceSync {
@@ -37,6 +49,30 @@ impl WorkspaceSync {
             caller: Caller::new(client.clone(), timeout),
             js: jetstream::new(client),
             subjects,
+            index: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The session's current workspace revision; `None` when it has none, or when it cannot
+    /// be read (then the caller fetches, which is always safe).
+    pub async fn revision(&self, session_id: &str) -> Option<u64> {
+        let bucket = self.subjects.workspace_index_bucket();
+        let index = self
+            .index
+            .get_or_try_init(|| self.js.get_key_value(bucket))
+            .await
+            .map_err(|e| tracing::debug!(error = %e, "workspace index bucket"))
+            .ok()?;
+        match index
+            .entry(messages::workspace::revision_key(session_id))
+            .await
+        {
+            Ok(Some(entry)) if entry.operation == kv::Operation::Put => Some(entry.revision),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(session = session_id, error = %e, "workspace revision");
+                None
+            }
         }
     }
 
@@ -51,8 +87,9 @@ impl WorkspaceSync {
             .map_err(|e| Self::unavailable("object store", e))
     }
 
-    /// The session's workspace as a tar; an unknown session has an empty one.
-    pub async fn snapshot(&self, session_id: &str) -> Result<Vec<u8>, ErrorBody> {
+    /// The session's workspace as a tar (an unknown session has an empty one) and the
+    /// revision it holds at least.
+    pub async fn snapshot(&self, session_id: &str) -> Result<(Vec<u8>, Option<u64>), ErrorBody> {
         let req = WsSnapshot {
             session_id: session_id.to_string(),
             prefix: None,
@@ -63,14 +100,17 @@ impl WorkspaceSync {
             .await
         {
             Ok(a) => a,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok((Vec::new(), None)),
             Err(e) => return Err(Self::unavailable("snapshot", e)),
         };
+        let revision = archive.revision;
         if let Some(b64) = archive.tar_base64 {
-            return messages::decode_base64(&b64).map_err(|e| Self::unavailable("snapshot", e));
+            return messages::decode_base64(&b64)
+                .map(|tar| (tar, revision))
+                .map_err(|e| Self::unavailable("snapshot", e));
         }
         let Some(name) = archive.object else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), revision));
         };
         let bucket = self.subjects.workspace_objects_bucket();
         let tar = kit::objects::read_all(&self.js, &bucket, &name)
@@ -81,7 +121,7 @@ impl WorkspaceSync {
         if let Ok(store) = self.objects().await {
             let _ = store.delete(&name).await;
         }
-        Ok(tar)
+        Ok((tar, revision))
     }
 
     /// Pushes the changed files (a tar) and removes deleted ones, in one step.
