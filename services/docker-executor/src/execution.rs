@@ -278,6 +278,11 @@ impl Runner {
         if ex.report.is_some() {
             container.held = will_hold;
         }
+        if job.run.kind == RunKind::Isolated {
+            // Its files die with its container: none was created anywhere that lasts.
+            result.files_created.clear();
+            result.files_modified.clear();
+        }
         if let (Some(ws), Some(session), Some(report)) =
             (&self.workspace, job.workspace_session(), &ex.report)
         {

@@ -104,7 +104,9 @@ impl ExecutorState {
                 return Err(ErrorBody::bad_request("tier session needs a session_id"));
             }
             (Tier::Ephemeral, RunKind::Session) => {
-                return Err(ErrorBody::bad_request("run kind session needs tier session"));
+                return Err(ErrorBody::bad_request(
+                    "run kind session needs tier session",
+                ));
             }
             (other, _) => {
                 return Err(ErrorBody::bad_request(format!(
@@ -165,7 +167,12 @@ impl ExecutorState {
                             Err(e) => {
                                 let error = ErrorBody::unavailable(format!("no container: {e}"));
                                 let job = &run.job;
-                                break runner.failed(job, ExecStatus::Internal, error, job.accepted);
+                                break runner.failed(
+                                    job,
+                                    ExecStatus::Internal,
+                                    error,
+                                    job.accepted,
+                                );
                             }
                         }
                     }
@@ -192,7 +199,9 @@ impl ExecutorState {
         run: Admitted,
     ) -> Result<(), ActorProcessingErr> {
         let Some(session_id) = run.job.run.request.session_id.clone() else {
-            run.answer(Err(ErrorBody::bad_request("tier session needs a session_id")));
+            run.answer(Err(ErrorBody::bad_request(
+                "tier session needs a session_id",
+            )));
             return Ok(());
         };
         let mut run = Box::new(run);

@@ -235,7 +235,9 @@ impl Index {
                 return Ok(Revisions { previous, revision });
             }
         }
-        Err(StoreError::Raced(format!("the revision of workspace {session}")))
+        Err(StoreError::Raced(format!(
+            "the revision of workspace {session}"
+        )))
     }
 
     /// Deletes a node if it is still at `revision`.
