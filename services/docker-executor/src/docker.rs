@@ -38,9 +38,19 @@ pub const SANDBOX_UID: u32 = 10001;
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
     #[error("cannot reach the Docker daemon: {0}")]
-    Connect(String),
-    #[error("docker {op} {target}: {message}")]
+    Connect(#[source] bollard::errors::Error),
+    /// The Docker API refused or failed a call.
+    #[error("docker {op} {target}: {source}")]
     Api {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// The call went through but did not do its job (a command's exit code, a stream
+    /// that was not attached).
+    #[error("docker {op} {target}: {message}")]
+    Failed {
         op: &'static str,
         target: String,
         message: String,
@@ -48,11 +58,19 @@ pub enum DockerError {
 }
 
 impl DockerError {
-    pub fn api(op: &'static str, target: &str, e: impl std::fmt::Display) -> Self {
+    pub fn api(op: &'static str, target: &str, source: bollard::errors::Error) -> Self {
         DockerError::Api {
             op,
             target: target.to_string(),
-            message: e.to_string(),
+            source,
+        }
+    }
+
+    pub fn failed(op: &'static str, target: &str, message: impl Into<String>) -> Self {
+        DockerError::Failed {
+            op,
+            target: target.to_string(),
+            message: message.into(),
         }
     }
 }
@@ -207,12 +225,11 @@ pub struct Sandboxes {
 
 impl Sandboxes {
     pub async fn connect() -> Result<Docker, DockerError> {
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(|e| DockerError::Connect(e.to_string()))?;
+        let docker = Docker::connect_with_local_defaults().map_err(DockerError::Connect)?;
         docker
             .negotiate_version()
             .await
-            .map_err(|e| DockerError::Connect(e.to_string()))
+            .map_err(DockerError::Connect)
     }
 
     pub fn new(docker: Docker, spec: SandboxSpec) -> Self {
@@ -270,7 +287,7 @@ impl Sandboxes {
             crate::probe::exec_capture(&self.docker, name, &[SUPERVISOR_PATH, "warm"]).await?;
         match out.exit_code {
             Some(0) => Ok(()),
-            code => Err(DockerError::api(
+            code => Err(DockerError::failed(
                 "warm",
                 name,
                 format!("exit {code:?}: {}", out.stderr.trim()),
@@ -284,7 +301,7 @@ impl Sandboxes {
         let out = crate::probe::exec_capture(&self.docker, name, &cmd).await?;
         match out.exit_code {
             Some(0) => Ok(()),
-            code => Err(DockerError::api(
+            code => Err(DockerError::failed(
                 "clear workspace",
                 name,
                 format!("exit {code:?}: {}", out.stderr.trim()),
