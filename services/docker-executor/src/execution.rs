@@ -161,9 +161,13 @@ impl Runner {
         let (Some(ws), Some(session)) = (&self.workspace, job.workspace_session()) else {
             return Ok((Vec::new(), container.held));
         };
-        if let Held::At(held) = container.held {
-            if ws.revision(session).await == Some(held) {
-                return Ok((Vec::new(), container.held));
+        if matches!(container.held, Held::At(_) | Held::Absent) {
+            match ws.revision(session).await {
+                Ok(current) if container.held.matches(current) => {
+                    return Ok((Vec::new(), container.held));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(session, error = %e, "refetching the workspace"),
             }
         }
         if container.held != Held::Nothing {
@@ -174,11 +178,11 @@ impl Runner {
                 .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
             container.held = Held::Nothing;
         }
-        let (archive, revision) = ws
+        let snapshot = ws
             .snapshot(session)
             .await
             .map_err(|e| (e, Health::Reusable))?;
-        Ok((archive, revision.map_or(Held::Unknown, Held::At)))
+        Ok((snapshot.tar, snapshot.holds))
     }
 
     /// The request's files as a tar (paths were validated on admission).
@@ -292,9 +296,9 @@ impl Runner {
                     // The container holds the pushed revision only if nothing else changed
                     // the workspace since the revision it held before.
                     Ok(pushed) => {
-                        container.held = match (container.held, pushed.previous_revision) {
-                            (Held::At(held), Some(previous)) if held == previous => {
-                                pushed.revision.map_or(Held::Unknown, Held::At)
+                        container.held = match pushed.revision {
+                            Some(made) if container.held.matches(pushed.previous_revision) => {
+                                Held::At(made)
                             }
                             _ => Held::Unknown,
                         }

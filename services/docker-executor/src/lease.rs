@@ -17,8 +17,22 @@ pub enum Held {
     Nothing,
     /// Something that matches no known revision (a failed or raced push): cleared before use.
     Unknown,
-    /// The store's workspace as of this revision (`messages::workspace` revision key).
+    /// The workspace of a session without a revision: unknown to the store, or not changed
+    /// since revisions exist (its first change makes one).
+    Absent,
+    /// The store's workspace as of this revision (`messages::workspace::revision_key`).
     At(u64),
+}
+
+impl Held {
+    /// Whether this is the store's workspace at `revision` (`None`: the session has none).
+    pub fn matches(self, revision: Option<u64>) -> bool {
+        match (self, revision) {
+            (Held::At(held), Some(current)) => held == current,
+            (Held::Absent, None) => true,
+            _ => false,
+        }
+    }
 }
 
 /// One sandbox container of this node, from the moment its name exists until Docker removed

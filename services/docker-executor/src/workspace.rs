@@ -25,6 +25,8 @@ use messages::subjects::WorkspaceOp;
 use messages::workspace::{WsArchive, WsInit, WsRestore, WsRestored, WsSnapshot};
 use messages::{ErrorBody, ErrorKind, Subjects};
 
+use crate::lease::Held;
+
 /// Inline archives above this go through the object store (NATS payloads are 1 MiB by
 /// default, and base64 grows by a third).
 const MAX_INLINE_TAR: usize = 600 * 1024;
@@ -33,6 +35,21 @@ const OBJECT_CHUNK: usize = 512 * 1024;
 /// The store's name space for objects handed to it.
 const UPLOAD_PREFIX: &str = "upload/";
 const REQUESTED_BY: &str = "docker-executor";
+
+/// Why the session's revision could not be read (the caller then fetches, which is safe).
+#[derive(Debug, thiserror::Error)]
+pub enum RevisionError {
+    #[error("opening the workspace index bucket")]
+    Bucket(#[source] async_nats::jetstream::context::KeyValueError),
+    #[error("reading the workspace revision")]
+    Read(#[source] kv::EntryError),
+}
+
+/// A fetched workspace and what a container holds once it is unpacked.
+pub struct Snapshot {
+    pub tar: Vec<u8>,
+    pub holds: Held,
+}
 
 #[derive(Clone)]
 pub struct WorkspaceSync {
@@ -53,27 +70,21 @@ impl WorkspaceSync {
         }
     }
 
-    /// The session's current workspace revision; `None` when it has none, or when it cannot
-    /// be read (then the caller fetches, which is always safe).
-    pub async fn revision(&self, session_id: &str) -> Option<u64> {
+    /// The session's current workspace revision (`None`: it has none).
+    pub async fn revision(&self, session_id: &str) -> Result<Option<u64>, RevisionError> {
         let bucket = self.subjects.workspace_index_bucket();
         let index = self
             .index
             .get_or_try_init(|| self.js.get_key_value(bucket))
             .await
-            .map_err(|e| tracing::debug!(error = %e, "workspace index bucket"))
-            .ok()?;
-        match index
+            .map_err(RevisionError::Bucket)?;
+        let entry = index
             .entry(messages::workspace::revision_key(session_id))
             .await
-        {
-            Ok(Some(entry)) if entry.operation == kv::Operation::Put => Some(entry.revision),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::debug!(session = session_id, error = %e, "workspace revision");
-                None
-            }
-        }
+            .map_err(RevisionError::Read)?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .map(|e| e.revision))
     }
 
     fn unavailable(what: &str, e: impl std::fmt::Display) -> ErrorBody {
@@ -87,9 +98,8 @@ impl WorkspaceSync {
             .map_err(|e| Self::unavailable("object store", e))
     }
 
-    /// The session's workspace as a tar (an unknown session has an empty one) and the
-    /// revision it holds at least.
-    pub async fn snapshot(&self, session_id: &str) -> Result<(Vec<u8>, Option<u64>), ErrorBody> {
+    /// The session's workspace as a tar (an unknown session has an empty one).
+    pub async fn snapshot(&self, session_id: &str) -> Result<Snapshot, ErrorBody> {
         let req = WsSnapshot {
             session_id: session_id.to_string(),
             prefix: None,
@@ -100,17 +110,26 @@ impl WorkspaceSync {
             .await
         {
             Ok(a) => a,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok((Vec::new(), None)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Ok(Snapshot {
+                    tar: Vec::new(),
+                    holds: Held::Absent,
+                })
+            }
             Err(e) => return Err(Self::unavailable("snapshot", e)),
         };
-        let revision = archive.revision;
+        // No revision yet: the first change of the session will make one.
+        let holds = archive.revision.map_or(Held::Absent, Held::At);
         if let Some(b64) = archive.tar_base64 {
             return messages::decode_base64(&b64)
-                .map(|tar| (tar, revision))
+                .map(|tar| Snapshot { tar, holds })
                 .map_err(|e| Self::unavailable("snapshot", e));
         }
         let Some(name) = archive.object else {
-            return Ok((Vec::new(), revision));
+            return Ok(Snapshot {
+                tar: Vec::new(),
+                holds,
+            });
         };
         let bucket = self.subjects.workspace_objects_bucket();
         let tar = kit::objects::read_all(&self.js, &bucket, &name)
@@ -121,7 +140,7 @@ impl WorkspaceSync {
         if let Ok(store) = self.objects().await {
             let _ = store.delete(&name).await;
         }
-        Ok((tar, revision))
+        Ok(Snapshot { tar, holds })
     }
 
     /// Pushes the changed files (a tar) and removes deleted ones, in one step.

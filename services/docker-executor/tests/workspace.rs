@@ -162,6 +162,19 @@ async fn a_sessions_second_execution_makes_no_workspace_request() {
         third.iter().any(|s| s.ends_with(".snapshot")),
         "a changed workspace is fetched: {third:?}"
     );
+
+    // A session the store has never heard of: asked once, then no more.
+    let unknown = "ws-unknown";
+    assert_eq!(
+        h.session(unknown, Language::Shell, "echo hi").await.stdout,
+        "hi\n"
+    );
+    assert!(!traffic.since_last().await.is_empty());
+    assert_eq!(
+        h.session(unknown, Language::Shell, "echo hi").await.stdout,
+        "hi\n"
+    );
+    assert_eq!(traffic.since_last().await, Vec::<String>::new());
     t.stop().await;
 }
 
