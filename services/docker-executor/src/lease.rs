@@ -131,3 +131,51 @@ impl Drop for RunSlot {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_slots_stop_at_capacity_and_come_back_when_dropped() {
+        let node = Arc::new(NodeState::default());
+        let a = RunSlot::acquire(&node, 2).expect("first");
+        let b = RunSlot::acquire(&node, 2).expect("second");
+        assert!(RunSlot::acquire(&node, 2).is_none(), "past capacity");
+        drop(a);
+        let c = RunSlot::acquire(&node, 2).expect("a dropped slot is free again");
+        b.finished();
+        assert_eq!(node.running.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            node.finished.load(Ordering::Relaxed),
+            1,
+            "only answers count"
+        );
+        drop(c);
+        assert_eq!(node.running.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn only_a_known_revision_matches() {
+        assert!(Held::At(7).matches(Some(7)));
+        assert!(!Held::At(7).matches(Some(8)));
+        assert!(!Held::At(7).matches(None), "a removed workspace");
+        assert!(Held::Absent.matches(None));
+        assert!(
+            !Held::Absent.matches(Some(1)),
+            "the first change of a session"
+        );
+        assert!(!Held::Nothing.matches(None) && !Held::Unknown.matches(None));
+    }
+
+    #[tokio::test]
+    async fn the_last_slot_back_wakes_a_drain() {
+        let node = Arc::new(NodeState::default());
+        let slot = RunSlot::acquire(&node, 1).unwrap();
+        let idle = node.idle.notified();
+        drop(slot);
+        tokio::time::timeout(std::time::Duration::from_secs(5), idle)
+            .await
+            .expect("notified when running reaches zero");
+    }
+}
