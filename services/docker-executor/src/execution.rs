@@ -22,6 +22,11 @@ use crate::workspace::WorkspaceSync;
 /// Where the code file goes: outside the workspace, so it is never a "changed file".
 const CODE_DIR: &str = "/tmp/.sandmesh";
 
+/// workspace-store removes workspaces unused past its TTL (hours), counting snapshots and
+/// changes as use. A session that runs for hours without changing a file makes neither, so its
+/// container refetches at least this often to keep the workspace alive.
+const SYNC_AT_LEAST_EVERY: Duration = Duration::from_secs(3600);
+
 /// Everything an execution needs from its node. Cheap to clone.
 #[derive(Clone)]
 pub struct Runner {
@@ -161,7 +166,8 @@ impl Runner {
         let (Some(ws), Some(session)) = (&self.workspace, job.workspace_session()) else {
             return Ok((Vec::new(), container.held));
         };
-        if matches!(container.held, Held::At(_) | Held::Absent) {
+        let recent = container.synced.elapsed() < SYNC_AT_LEAST_EVERY;
+        if recent && matches!(container.held, Held::At(_) | Held::Absent) {
             match ws.revision(session).await {
                 Ok(current) if container.held.matches(current) => {
                     return Ok((Vec::new(), container.held));
@@ -182,6 +188,7 @@ impl Runner {
             .snapshot(session)
             .await
             .map_err(|e| (e, Health::Reusable))?;
+        container.synced = Instant::now();
         Ok((snapshot.tar, snapshot.holds))
     }
 
@@ -296,6 +303,7 @@ impl Runner {
                     // The container holds the pushed revision only if nothing else changed
                     // the workspace since the revision it held before.
                     Ok(pushed) => {
+                        container.synced = Instant::now();
                         container.held = match pushed.revision {
                             Some(made) if container.held.matches(pushed.previous_revision) => {
                                 Held::At(made)

@@ -44,6 +44,8 @@ pub struct ContainerLease {
     pub limits: ContainerLimits,
     /// The workspace revision the container holds (meaningful for session containers).
     pub held: Held,
+    /// The last snapshot or push for it: each one also keeps the workspace alive in the store.
+    pub synced: std::time::Instant,
     sandboxes: Sandboxes,
     node: Arc<NodeState>,
 }
@@ -64,6 +66,7 @@ impl ContainerLease {
             name,
             limits,
             held: Held::Nothing,
+            synced: std::time::Instant::now(),
             sandboxes: sandboxes.clone(),
             node: node.clone(),
         };
