@@ -39,8 +39,8 @@ pub enum JanitorMsg {
     SweepNow(RpcReplyPort<usize>),
     /// Another node's heartbeat key was deleted or expired.
     NodeGone(String),
-    /// The watch on the nodes bucket ended.
-    WatchEnded(String),
+    /// The watch on the nodes bucket ended (with its error, if any).
+    WatchEnded(ActorProcessingErr),
 }
 
 pub struct Janitor;
@@ -107,7 +107,7 @@ async fn watch_nodes(args: JanitorArgs, janitor: ActorRef<JanitorMsg>) {
     let mut entries = match args.nodes_kv.watch(format!("{prefix}>")).await {
         Ok(w) => w,
         Err(e) => {
-            let _ = janitor.cast(JanitorMsg::WatchEnded(e.to_string()));
+            let _ = janitor.cast(JanitorMsg::WatchEnded(e.into()));
             return;
         }
     };
@@ -123,8 +123,8 @@ async fn watch_nodes(args: JanitorArgs, janitor: ActorRef<JanitorMsg>) {
                     let _ = janitor.cast(JanitorMsg::NodeGone(node.to_string()));
                 }
             }
-            Some(Err(e)) => break e.to_string(),
-            None => break "the watch ended".to_string(),
+            Some(Err(e)) => break e.into(),
+            None => break "the watch on the nodes bucket ended".into(),
         }
     };
     let _ = janitor.cast(JanitorMsg::WatchEnded(ended));
@@ -224,9 +224,8 @@ impl Actor for Janitor {
             JanitorMsg::NodeGone(node) => {
                 reap_node(&state.args, &node).await;
             }
-            JanitorMsg::WatchEnded(why) => {
-                return Err(format!("watch on the nodes bucket: {why}").into());
-            }
+            // Failing makes the executor restart the janitor, and with it the watch.
+            JanitorMsg::WatchEnded(why) => return Err(why),
         }
         Ok(())
     }
