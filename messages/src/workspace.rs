@@ -134,6 +134,19 @@ pub struct WsArchive {
     pub object: Option<String>,
     pub size: u64,
     pub files: u64,
+    /// The session's revision read before the snapshot was taken: the archive holds at
+    /// least every change up to it. `None`: the session has no revision yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+}
+
+/// The KV key (in the workspace index bucket, `Subjects::workspace_index_bucket`) whose
+/// entry revision is the session's workspace revision: every change of the workspace (write,
+/// delete, restore, init, cleanup) puts it once, after the change landed, so a reader that
+/// sees the same entry revision twice knows nothing changed in between — one direct KV read,
+/// no workspace-store request. Gone when the workspace is removed.
+pub fn revision_key(session_id: &str) -> String {
+    format!("{session_id}.rev")
 }
 
 /// `restore`: unpack a tar into the workspace, all or nothing.
@@ -159,6 +172,13 @@ pub struct WsRestored {
     pub files_created: Vec<String>,
     pub files_modified: Vec<String>,
     pub files_deleted: Vec<String>,
+    /// The session's revision after this restore ([`revision_key`]), and the one just before
+    /// it: a caller that held `previous_revision` now holds `revision`, because no other
+    /// change came in between.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_revision: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

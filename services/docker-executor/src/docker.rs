@@ -23,7 +23,7 @@ use crate::config::ExecutorConfig;
 pub const LABEL_SANDMESH: &str = "sandmesh";
 /// The executor node that owns the container.
 pub const LABEL_NODE: &str = "sandmesh.node";
-/// `warm` (pool, single use) or `session`.
+/// `warm` (pool, single use), `isolated` (made for one run) or `session`.
 pub const LABEL_KIND: &str = "sandmesh.kind";
 /// The session a cold-started session container belongs to.
 pub const LABEL_SESSION: &str = "sandmesh.session";
@@ -38,9 +38,19 @@ pub const SANDBOX_UID: u32 = 10001;
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
     #[error("cannot reach the Docker daemon: {0}")]
-    Connect(String),
-    #[error("docker {op} {target}: {message}")]
+    Connect(#[source] bollard::errors::Error),
+    /// The Docker API refused or failed a call.
+    #[error("docker {op} {target}: {source}")]
     Api {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// The call went through but did not do its job (a command's exit code, a stream
+    /// that was not attached).
+    #[error("docker {op} {target}: {message}")]
+    Failed {
         op: &'static str,
         target: String,
         message: String,
@@ -48,11 +58,19 @@ pub enum DockerError {
 }
 
 impl DockerError {
-    pub fn api(op: &'static str, target: &str, e: impl std::fmt::Display) -> Self {
+    pub fn api(op: &'static str, target: &str, source: bollard::errors::Error) -> Self {
         DockerError::Api {
             op,
             target: target.to_string(),
-            message: e.to_string(),
+            source,
+        }
+    }
+
+    pub fn failed(op: &'static str, target: &str, message: impl Into<String>) -> Self {
+        DockerError::Failed {
+            op,
+            target: target.to_string(),
+            message: message.into(),
         }
     }
 }
@@ -60,6 +78,7 @@ impl DockerError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerKind {
     Warm,
+    Isolated,
     Session,
 }
 
@@ -67,6 +86,7 @@ impl ContainerKind {
     pub const fn as_str(self) -> &'static str {
         match self {
             ContainerKind::Warm => "warm",
+            ContainerKind::Isolated => "isolated",
             ContainerKind::Session => "session",
         }
     }
@@ -205,12 +225,11 @@ pub struct Sandboxes {
 
 impl Sandboxes {
     pub async fn connect() -> Result<Docker, DockerError> {
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(|e| DockerError::Connect(e.to_string()))?;
+        let docker = Docker::connect_with_local_defaults().map_err(DockerError::Connect)?;
         docker
             .negotiate_version()
             .await
-            .map_err(|e| DockerError::Connect(e.to_string()))
+            .map_err(DockerError::Connect)
     }
 
     pub fn new(docker: Docker, spec: SandboxSpec) -> Self {
@@ -268,8 +287,22 @@ impl Sandboxes {
             crate::probe::exec_capture(&self.docker, name, &[SUPERVISOR_PATH, "warm"]).await?;
         match out.exit_code {
             Some(0) => Ok(()),
-            code => Err(DockerError::api(
+            code => Err(DockerError::failed(
                 "warm",
+                name,
+                format!("exit {code:?}: {}", out.stderr.trim()),
+            )),
+        }
+    }
+
+    /// Empties the container's workspace (before a newer snapshot is unpacked over it).
+    pub async fn clear_workspace(&self, name: &str) -> Result<(), DockerError> {
+        let cmd = ["find", WORKSPACE_DIR, "-mindepth", "1", "-delete"];
+        let out = crate::probe::exec_capture(&self.docker, name, &cmd).await?;
+        match out.exit_code {
+            Some(0) => Ok(()),
+            code => Err(DockerError::failed(
+                "clear workspace",
                 name,
                 format!("exit {code:?}: {}", out.stderr.trim()),
             )),

@@ -192,7 +192,7 @@ pub async fn exchange(
         input: mut stdin,
     } = started
     else {
-        return Err(DockerError::api(
+        return Err(DockerError::failed(
             "exec start",
             input.container,
             "not attached",
@@ -202,7 +202,7 @@ pub async fn exchange(
     let mut wire = Vec::with_capacity(input.archive.len() + input.files.len() + 4096);
     let request = serde_json::to_vec(input.spec).expect("RunSpec serialises");
     protocol::write_frame(&mut wire, FrameKind::Request, &request)
-        .map_err(|e| DockerError::api("exec", input.container, e))?;
+        .map_err(|e| DockerError::failed("exec", input.container, e.to_string()))?;
     protocol::write_chunked(&mut wire, FrameKind::Archive, input.archive).expect("vec write");
     protocol::write_chunked(&mut wire, FrameKind::Files, input.files).expect("vec write");
     protocol::write_frame(&mut wire, FrameKind::End, &[]).expect("vec write");

@@ -1,24 +1,31 @@
 //! One execution in a given container, from request to `ExecResult`: limits applied, the
-//! workspace and request files sent along, the one supervised exec, changes pushed back, and
-//! the outcome classified. Shared by both tiers.
+//! workspace brought up to date and the request files sent along, the one supervised exec,
+//! changes pushed back, and the outcome classified. Shared by every kind of run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use messages::exec::{ExecResult, ExecStatus, Language};
-use messages::executor::ExecutorRun;
+use messages::executor::{ExecutorRun, RunKind};
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
+use ractor::RpcReplyPort;
 
 use crate::config::ExecutorConfig;
-use crate::docker::{Container, ContainerLimits, Sandboxes, WORKSPACE_DIR};
+use crate::docker::{ContainerLimits, Sandboxes, WORKSPACE_DIR};
 use crate::exchange::{self, ExchangeInput, OutputStreamer};
+use crate::lease::{ContainerLease, Held, RunSlot};
 use crate::outcome::{base_result, classify, safe_paths};
 use crate::protocol::{RunSpec, PROTOCOL_VERSION};
 use crate::workspace::WorkspaceSync;
 
 /// Where the code file goes: outside the workspace, so it is never a "changed file".
 const CODE_DIR: &str = "/tmp/.sandmesh";
+
+/// workspace-store removes workspaces unused past its TTL (hours), counting snapshots and
+/// changes as use. A session that runs for hours without changing a file makes neither, so its
+/// container refetches at least this often to keep the workspace alive.
+const SYNC_AT_LEAST_EVERY: Duration = Duration::from_secs(3600);
 
 /// Everything an execution needs from its node. Cheap to clone.
 #[derive(Clone)]
@@ -31,13 +38,45 @@ pub struct Runner {
 }
 
 /// An accepted run with its limits decided.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Job {
     pub run: ExecutorRun,
     pub limits: EffectiveLimits,
     pub accepted: Instant,
     /// Already retried once after an unusable container.
     pub retried: bool,
+}
+
+impl Job {
+    /// The session whose workspace travels with this run: none for an isolated run, which
+    /// makes no workspace round trip at all.
+    pub fn workspace_session(&self) -> Option<&str> {
+        match self.run.kind {
+            RunKind::Isolated => None,
+            RunKind::Pooled | RunKind::Session => self.run.request.session_id.as_deref(),
+        }
+    }
+}
+
+pub type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
+
+/// A job with the caller waiting for it and its run slot: answering consumes it (and gives
+/// the slot back); dropping it unanswered does too, and the caller learns the actor is gone.
+pub struct Admitted {
+    pub job: Job,
+    reply: Reply,
+    slot: RunSlot,
+}
+
+impl Admitted {
+    pub fn new(job: Job, reply: Reply, slot: RunSlot) -> Self {
+        Self { job, reply, slot }
+    }
+
+    pub fn answer(self, result: Result<ExecResult, ErrorBody>) {
+        let _ = self.reply.send(result);
+        self.slot.finished();
+    }
 }
 
 /// Whether the container can take another execution.
@@ -107,7 +146,7 @@ impl Runner {
             nofile: self.config.nofile,
             fsize_bytes: self.config.fsize_mb << 20,
             // Changed files travel back only when there is a workspace to put them in.
-            max_changes_bytes: if self.workspace.is_some() && req.session_id.is_some() {
+            max_changes_bytes: if self.workspace.is_some() && job.workspace_session().is_some() {
                 self.config.workspace_mb << 20
             } else {
                 0
@@ -115,12 +154,42 @@ impl Runner {
         }
     }
 
-    /// The session's snapshot, when synced (an unknown session has an empty workspace).
-    async fn snapshot(&self, job: &Job) -> Result<Vec<u8>, ErrorBody> {
-        match (&self.workspace, &job.run.request.session_id) {
-            (Some(ws), Some(session)) => ws.snapshot(session).await,
-            _ => Ok(Vec::new()),
+    /// What the container's workspace needs before the run (an archive to unpack, maybe
+    /// empty), and the revision it will then hold. A container already holding the current
+    /// revision costs one KV read and no workspace-store request; one holding anything else is
+    /// cleared and gets the whole snapshot.
+    async fn workspace_in(
+        &self,
+        container: &mut ContainerLease,
+        job: &Job,
+    ) -> Result<(Vec<u8>, Held), (ErrorBody, Health)> {
+        let (Some(ws), Some(session)) = (&self.workspace, job.workspace_session()) else {
+            return Ok((Vec::new(), container.held));
+        };
+        let recent = container.synced.elapsed() < SYNC_AT_LEAST_EVERY;
+        if recent && matches!(container.held, Held::At(_) | Held::Absent) {
+            match ws.revision(session).await {
+                Ok(current) if container.held.matches(current) => {
+                    return Ok((Vec::new(), container.held));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(session, error = %e, "refetching the workspace"),
+            }
         }
+        if container.held != Held::Nothing {
+            // The snapshot only adds files: what was deleted since must go first.
+            self.sandboxes
+                .clear_workspace(&container.name)
+                .await
+                .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
+            container.held = Held::Nothing;
+        }
+        let snapshot = ws
+            .snapshot(session)
+            .await
+            .map_err(|e| (e, Health::Reusable))?;
+        container.synced = Instant::now();
+        Ok((snapshot.tar, snapshot.holds))
     }
 
     /// The request's files as a tar (paths were validated on admission).
@@ -144,7 +213,7 @@ impl Runner {
     }
 
     /// Runs `job` in `container` and says whether the container is still usable.
-    pub async fn execute(&self, container: &mut Container, job: &Job) -> (ExecResult, Health) {
+    pub async fn execute(&self, container: &mut ContainerLease, job: &Job) -> (ExecResult, Health) {
         let started = Instant::now();
         let mut streamer = job.run.request.stream_output.then(|| {
             OutputStreamer::new(
@@ -176,7 +245,7 @@ impl Runner {
 
     async fn prepare_and_exchange(
         &self,
-        container: &mut Container,
+        container: &mut ContainerLease,
         job: &Job,
         streamer: Option<&mut OutputStreamer>,
     ) -> Result<(ExecResult, Health), (ErrorBody, Health)> {
@@ -189,10 +258,11 @@ impl Runner {
             container.limits = wanted;
         }
         let files = Self::files(job).map_err(|e| (e, Health::Reusable))?;
-        let archive = self
-            .snapshot(job)
-            .await
-            .map_err(|e| (e, Health::Reusable))?;
+        let (archive, will_hold) = self.workspace_in(container, job).await?;
+        // Until the supervisor says it unpacked, the container holds nothing known.
+        if !archive.is_empty() {
+            container.held = Held::Unknown;
+        }
         let spec = self.spec(job);
         // The supervisor ends the run at its timeout; this backstop covers a supervisor that
         // was killed, stalled or lied.
@@ -216,20 +286,42 @@ impl Runner {
         };
         let mut result = classify(job, ex.report.as_ref(), &ex);
         result.node = Some(self.sandboxes.spec.node_id.clone());
+        if ex.report.is_some() {
+            container.held = will_hold;
+        }
+        if job.run.kind == RunKind::Isolated {
+            // Its files die with its container: none was created anywhere that lasts.
+            result.files_created.clear();
+            result.files_modified.clear();
+        }
         if let (Some(ws), Some(session), Some(report)) =
-            (&self.workspace, &job.run.request.session_id, &ex.report)
+            (&self.workspace, job.workspace_session(), &ex.report)
         {
             let deleted = safe_paths(&report.files_deleted);
             if !ex.changes.is_empty() || !deleted.is_empty() {
-                if let Err(e) = ws.push(session, ex.changes, deleted).await {
-                    tracing::warn!(session, error = %e, "could not push workspace changes");
-                    result.error.get_or_insert(ErrorBody::new(
-                        e.kind,
-                        format!(
-                            "the run finished but its file changes were not saved: {}",
-                            e.message
-                        ),
-                    ));
+                match ws.push(session, ex.changes, deleted).await {
+                    // The container holds the pushed revision only if nothing else changed
+                    // the workspace since the revision it held before.
+                    Ok(pushed) => {
+                        container.synced = Instant::now();
+                        container.held = match pushed.revision {
+                            Some(made) if container.held.matches(pushed.previous_revision) => {
+                                Held::At(made)
+                            }
+                            _ => Held::Unknown,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(session, error = %e, "could not push workspace changes");
+                        container.held = Held::Unknown;
+                        result.error.get_or_insert(ErrorBody::new(
+                            e.kind,
+                            format!(
+                                "the run finished but its file changes were not saved: {}",
+                                e.message
+                            ),
+                        ));
+                    }
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! `Executor`: the node's supervisor actor. It admits runs (validation, the node's ceilings,
-//! capacity → 429, draining → 503), sends ephemeral runs to a warm container and session runs
-//! to the session's `SessionContainer`, and owns the `WarmPool`, the `Janitor` and every
-//! session actor as linked children.
+//! capacity → 429, draining → 503), sends pooled runs to a warm container, isolated runs to a
+//! container made for them alone and session runs to the session's `SessionContainer`, and
+//! owns the `WarmPool`, the `Janitor` and every session actor as linked children.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -10,15 +10,16 @@ use std::time::{Duration, Instant};
 
 use kit::RequestContext;
 use messages::exec::{ExecResult, ExecStatus, Tier};
-use messages::executor::{ExecutorClose, ExecutorDrain, ExecutorRun};
+use messages::executor::{ExecutorClose, ExecutorDrain, ExecutorRun, RunKind};
 use messages::validate::{validate_exec, validate_id, Ceilings};
 use messages::workspace::Ack;
 use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::docker::{Container, ContainerKind, ContainerLimits};
-use crate::execution::{Health, Job, Runner};
+use crate::docker::{ContainerKind, ContainerLimits};
+use crate::execution::{Admitted, Health, Job, Runner};
 use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
+use crate::lease::{ContainerLease, RunSlot};
 use crate::node::NodeState;
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
 use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
@@ -32,8 +33,6 @@ pub enum ExecutorMsg {
     Run(RequestContext, ExecutorRun, Reply<ExecResult>),
     Close(RequestContext, ExecutorClose, Reply<Ack>),
     Drain(RequestContext, ExecutorDrain, Reply<Ack>),
-    /// An accepted execution was answered.
-    Finished,
     /// Part of a drain: close every session once nothing runs.
     CloseAll(RpcReplyPort<()>),
 }
@@ -81,24 +80,9 @@ async fn spawn_pool(
     Ok(pool)
 }
 
-/// A container started for one job, outside the pool.
-async fn cold_start(runner: &Runner, node: &NodeState, job: &Job) -> Result<Container, ErrorBody> {
-    let name = runner.sandboxes.new_name();
-    node.own(&name);
-    let limits = ContainerLimits::from(&job.limits);
-    let started = runner
-        .sandboxes
-        .start(&name, ContainerKind::Warm, None, limits)
-        .await;
-    if started.is_err() {
-        node.disown(&name);
-    }
-    started.map_err(|e| ErrorBody::unavailable(format!("no container: {e}")))
-}
-
 impl ExecutorState {
-    /// Checks a run against this node's rules and decides its limits.
-    fn admit(&self, run: &ExecutorRun) -> Result<Job, ErrorBody> {
+    /// Checks a run against this node's rules, decides its limits and takes its run slot.
+    fn admit(&self, run: &ExecutorRun) -> Result<(Job, RunSlot), ErrorBody> {
         if self.draining {
             return Err(ErrorBody::unavailable("this executor is draining"));
         }
@@ -107,13 +91,24 @@ impl ExecutorState {
         // The result travels in one NATS message: output beyond what fits is cut (and the
         // status says so) rather than making the reply undeliverable.
         limits.max_output_bytes = limits.max_output_bytes.min(self.runner.output_budget());
-        match run.tier {
-            Tier::Ephemeral => {}
-            Tier::Session if run.request.session_id.is_some() => {}
-            Tier::Session => {
+        match (run.tier, run.kind) {
+            (Tier::Ephemeral, RunKind::Pooled | RunKind::Isolated) => {}
+            (Tier::Session, RunKind::Pooled | RunKind::Session)
+                if run.request.session_id.is_some() => {}
+            (Tier::Session, RunKind::Isolated) => {
+                return Err(ErrorBody::bad_request(
+                    "an isolated run has no session container; send it with tier ephemeral",
+                ));
+            }
+            (Tier::Session, _) => {
                 return Err(ErrorBody::bad_request("tier session needs a session_id"));
             }
-            other => {
+            (Tier::Ephemeral, RunKind::Session) => {
+                return Err(ErrorBody::bad_request(
+                    "run kind session needs tier session",
+                ));
+            }
+            (other, _) => {
                 return Err(ErrorBody::bad_request(format!(
                     "the docker executor runs tiers ephemeral and session, not {}",
                     other.as_str()
@@ -121,64 +116,79 @@ impl ExecutorState {
             }
         }
         let capacity = self.runner.config.capacity;
-        if self.node.running.load(Ordering::Relaxed) >= capacity {
-            return Err(ErrorBody::overloaded(format!(
+        let slot = RunSlot::acquire(&self.node, capacity).ok_or_else(|| {
+            ErrorBody::overloaded(format!(
                 "this executor runs {capacity} executions at once; retry later"
-            )));
-        }
-        Ok(Job {
+            ))
+        })?;
+        let job = Job {
             run: run.clone(),
             limits,
             accepted: Instant::now(),
             retried: false,
-        })
+        };
+        Ok((job, slot))
     }
 
-    fn run_ephemeral(&self, myself: &ActorRef<ExecutorMsg>, job: Job, reply: Reply<ExecResult>) {
+    /// A run in a single-use container: a warm one from the pool (pooled), or one made for
+    /// this run alone (isolated; also a pooled run's fallback when the pool is empty). The
+    /// container goes, with its lease, right after the answer.
+    fn run_single_use(&self, run: Admitted) {
         let runner = self.runner.clone();
         let pool = self.pool.clone();
         let node = self.node.clone();
-        let myself = myself.clone();
         self.node.tasks.spawn(async move {
-            let warm = pool
-                .call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
-                .await
-                .ok()
-                .and_then(|r| r.success_or(()).ok())
-                .flatten();
-            let mut container = warm;
+            let pooled = run.job.run.kind == RunKind::Pooled;
+            let mut container = if pooled {
+                pool.call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
+                    .await
+                    .ok()
+                    .and_then(|r| r.success_or(()).ok())
+                    .flatten()
+            } else {
+                None
+            };
             let mut attempts = 0;
-            let (result, used) = loop {
+            let result = loop {
                 attempts += 1;
                 let mut c = match container.take() {
                     Some(c) => c,
-                    // Pool empty (a burst, or still warming up): a cold start.
-                    None => match cold_start(&runner, &node, &job).await {
-                        Ok(c) => c,
-                        Err(error) => {
-                            let failed =
-                                runner.failed(&job, ExecStatus::Internal, error, job.accepted);
-                            break (failed, None);
+                    None => {
+                        let kind = if pooled {
+                            ContainerKind::Warm
+                        } else {
+                            ContainerKind::Isolated
+                        };
+                        let limits = ContainerLimits::from(&run.job.limits);
+                        match ContainerLease::start(&runner.sandboxes, &node, kind, None, limits)
+                            .await
+                        {
+                            Ok(c) => c,
+                            Err(e) => {
+                                let error = ErrorBody::unavailable(format!("no container: {e}"));
+                                let job = &run.job;
+                                break runner.failed(
+                                    job,
+                                    ExecStatus::Internal,
+                                    error,
+                                    job.accepted,
+                                );
+                            }
                         }
-                    },
+                    }
                 };
-                let (result, health) = runner.execute(&mut c, &job).await;
+                let (result, health) = runner.execute(&mut c, &run.job).await;
                 // A warm container found dead (killed from outside) costs a cold start, not
                 // the execution: it never began, so it is retried once.
                 if health == Health::Unusable && attempts < 2 {
-                    runner.sandboxes.remove(&c.name).await;
-                    node.disown(&c.name);
                     continue;
                 }
-                break (result, Some(c.name));
+                // Single use, whatever happened: the lease removes it, off the caller's clock.
+                break result;
             };
-            let _ = reply.send(Ok(result));
-            let _ = myself.cast(ExecutorMsg::Finished);
-            let _ = pool.cast(WarmPoolMsg::Replenish);
-            // Single use, whatever happened: removed after the answer, off the caller's clock.
-            if let Some(name) = used {
-                runner.sandboxes.remove(&name).await;
-                node.disown(&name);
+            run.answer(Ok(result));
+            if pooled {
+                let _ = pool.cast(WarmPoolMsg::Replenish);
             }
         });
     }
@@ -186,32 +196,31 @@ impl ExecutorState {
     async fn run_session(
         &mut self,
         myself: &ActorRef<ExecutorMsg>,
-        job: Job,
-        reply: Reply<ExecResult>,
+        run: Admitted,
     ) -> Result<(), ActorProcessingErr> {
-        let session_id = job.run.request.session_id.clone().expect("admitted");
-        let mut msg = SessionMsg::Run(Box::new(job), reply);
+        let Some(session_id) = run.job.run.request.session_id.clone() else {
+            run.answer(Err(ErrorBody::bad_request(
+                "tier session needs a session_id",
+            )));
+            return Ok(());
+        };
+        let mut run = Box::new(run);
         // Twice at most: a session actor that just stopped (idle) is replaced once.
         for _ in 0..2 {
             let actor = match self.sessions.get(&session_id) {
                 Some(a) => a.clone(),
                 None => {
                     if self.sessions.len() >= self.runner.config.max_sessions {
-                        let SessionMsg::Run(_, reply) = msg else {
-                            unreachable!()
-                        };
-                        let _ = reply.send(Err(ErrorBody::overloaded(format!(
+                        run.answer(Err(ErrorBody::overloaded(format!(
                             "this executor holds {} sessions; retry on another",
                             self.sessions.len()
                         ))));
-                        self.node.running.fetch_sub(1, Ordering::Relaxed);
                         return Ok(());
                     }
                     let args = SessionArgs {
                         session_id: session_id.clone(),
                         runner: self.runner.clone(),
                         pool: self.pool.clone(),
-                        executor: myself.clone(),
                         node: self.node.clone(),
                         idle: self.runner.config.session_idle,
                         limits: default_limits(&self.ceilings),
@@ -223,21 +232,18 @@ impl ExecutorState {
                     actor
                 }
             };
-            match actor.cast(msg) {
-                Ok(()) => return Ok(()),
-                Err(ractor::MessagingErr::SendErr(m)) => {
+            match actor.cast(SessionMsg::Run(run)) {
+                Err(ractor::MessagingErr::SendErr(SessionMsg::Run(back))) => {
                     self.sessions.remove(&session_id);
-                    msg = m;
+                    run = back;
                 }
-                Err(_) => return Ok(()),
+                // Delivered; or dropped with the message, which answers the caller.
+                _ => return Ok(()),
             }
         }
-        if let SessionMsg::Run(_, reply) = msg {
-            let _ = reply.send(Err(ErrorBody::unavailable(
-                "the session is restarting; retry",
-            )));
-            self.node.running.fetch_sub(1, Ordering::Relaxed);
-        }
+        run.answer(Err(ErrorBody::unavailable(
+            "the session is restarting; retry",
+        )));
         Ok(())
     }
 
@@ -279,22 +285,18 @@ impl Actor for Executor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ExecutorMsg::Run(_ctx, run, reply) => {
-                let job = match state.admit(&run) {
-                    Ok(job) => job,
+                let (job, slot) = match state.admit(&run) {
+                    Ok(admitted) => admitted,
                     Err(e) => {
                         let _ = reply.send(Err(e));
                         return Ok(());
                     }
                 };
-                state.node.running.fetch_add(1, Ordering::Relaxed);
-                match job.run.tier {
-                    Tier::Session => state.run_session(&myself, job, reply).await?,
-                    _ => state.run_ephemeral(&myself, job, reply),
+                let run = Admitted::new(job, reply, slot);
+                match run.job.run.tier {
+                    Tier::Session => state.run_session(&myself, run).await?,
+                    _ => state.run_single_use(run),
                 }
-            }
-            ExecutorMsg::Finished => {
-                state.node.running.fetch_sub(1, Ordering::Relaxed);
-                state.node.finished.fetch_add(1, Ordering::Relaxed);
             }
             ExecutorMsg::Close(_ctx, close, reply) => {
                 match state.sessions.remove(&close.session_id) {
@@ -315,9 +317,16 @@ impl Actor for Executor {
                 let grace = state.runner.config.kill_grace
                     + Duration::from_millis(state.ceilings.max_timeout_ms);
                 tokio::spawn(async move {
-                    let until = Instant::now() + grace;
-                    while node.running.load(Ordering::Relaxed) > 0 && Instant::now() < until {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    let until = tokio::time::Instant::now() + grace;
+                    loop {
+                        // Registered before the check, so a run ending in between still wakes.
+                        let idle = node.idle.notified();
+                        if node.running.load(Ordering::Acquire) == 0 {
+                            break;
+                        }
+                        if tokio::time::timeout_at(until, idle).await.is_err() {
+                            break;
+                        }
                     }
                     let _ = ractor::call!(myself, ExecutorMsg::CloseAll);
                     let _ = reply.send(Ok(Ack { ok: true }));

@@ -7,13 +7,20 @@
 //!
 //! Containers of other meshes (another NATS deployment on the same Docker host, e.g. parallel
 //! test runs) are never judged: their heartbeats are not in this mesh's bucket.
+//!
+//! A crashed node is not left for the next periodic sweep: the janitor watches the executors'
+//! keys in `sandbox_nodes`, and the purge marker the server writes when a heartbeat's TTL
+//! expires (or the delete of a clean stop) makes it reap that node's containers at once. The
+//! watch is the janitor's own: when it ends, the janitor fails and the executor restarts it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
+use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::task::JoinHandle;
 
 use crate::docker::{summary_name, Sandboxes, LABEL_MESH, LABEL_NODE};
 use crate::node::NodeState;
@@ -30,9 +37,18 @@ pub enum JanitorMsg {
     Sweep,
     /// Sweeps now and answers with the number of containers removed.
     SweepNow(RpcReplyPort<usize>),
+    /// Another node's heartbeat key was deleted or expired.
+    NodeGone(String),
+    /// The watch on the nodes bucket ended (with its error, if any).
+    WatchEnded(ActorProcessingErr),
 }
 
 pub struct Janitor;
+
+pub struct JanitorState {
+    args: JanitorArgs,
+    watch: JoinHandle<()>,
+}
 
 #[derive(Clone)]
 pub struct JanitorArgs {
@@ -52,6 +68,66 @@ async fn node_alive(kv: &kv::Store, node_id: &str) -> bool {
             true
         }
     }
+}
+
+/// Containers of this mesh labelled with `node`, when that node's heartbeat is gone (checked
+/// again: a node restarted under the same id beats again at once).
+async fn reap_node(args: &JanitorArgs, node: &str) -> usize {
+    let sandboxes = &args.sandboxes;
+    let label = format!("{LABEL_NODE}={node}");
+    let names: Vec<String> = match sandboxes.list(&label).await {
+        Ok(list) => list
+            .iter()
+            .filter(|c| {
+                c.labels.as_ref().and_then(|l| l.get(LABEL_MESH)) == Some(&sandboxes.spec.mesh)
+            })
+            .filter_map(summary_name)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(node, error = %e, "janitor: cannot list a gone node's containers");
+            return 0;
+        }
+    };
+    if names.is_empty() || node_alive(&args.nodes_kv, node).await {
+        return 0;
+    }
+    tracing::info!(
+        node,
+        containers = names.len(),
+        "janitor: node's heartbeat expired"
+    );
+    futures::future::join_all(names.iter().map(|name| sandboxes.remove(name))).await;
+    names.len()
+}
+
+/// Forwards the deletions and expiries of other executors' heartbeat keys to the janitor.
+async fn watch_nodes(args: JanitorArgs, janitor: ActorRef<JanitorMsg>) {
+    let me = args.sandboxes.spec.node_id.clone();
+    let prefix = messages::heartbeat::heartbeat_key(SERVICE_NAME, "");
+    let mut entries = match args.nodes_kv.watch(format!("{prefix}>")).await {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = janitor.cast(JanitorMsg::WatchEnded(e.into()));
+            return;
+        }
+    };
+    let ended = loop {
+        match entries.next().await {
+            Some(Ok(entry)) => {
+                let gone = matches!(
+                    entry.operation,
+                    kv::Operation::Delete | kv::Operation::Purge
+                );
+                let node = entry.key.strip_prefix(&prefix).unwrap_or_default();
+                if gone && !node.is_empty() && node != me {
+                    let _ = janitor.cast(JanitorMsg::NodeGone(node.to_string()));
+                }
+            }
+            Some(Err(e)) => break e.into(),
+            None => break "the watch on the nodes bucket ended".into(),
+        }
+    };
+    let _ = janitor.cast(JanitorMsg::WatchEnded(ended));
 }
 
 /// One sweep; returns how many containers were removed.
@@ -116,7 +192,7 @@ pub async fn remove_node(sandboxes: &Sandboxes) -> usize {
 
 impl Actor for Janitor {
     type Msg = JanitorMsg;
-    type State = JanitorArgs;
+    type State = JanitorState;
     type Arguments = JanitorArgs;
 
     async fn pre_start(
@@ -126,7 +202,8 @@ impl Actor for Janitor {
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.cast(JanitorMsg::Sweep)?;
         myself.send_interval(args.interval, || JanitorMsg::Sweep);
-        Ok(args)
+        let watch = tokio::spawn(watch_nodes(args.clone(), myself.clone()));
+        Ok(JanitorState { args, watch })
     }
 
     async fn handle(
@@ -139,12 +216,26 @@ impl Actor for Janitor {
         // to do, and overlapping sweeps would only race each other.
         match msg {
             JanitorMsg::Sweep => {
-                sweep(state).await;
+                sweep(&state.args).await;
             }
             JanitorMsg::SweepNow(reply) => {
-                let _ = reply.send(sweep(state).await);
+                let _ = reply.send(sweep(&state.args).await);
             }
+            JanitorMsg::NodeGone(node) => {
+                reap_node(&state.args, &node).await;
+            }
+            // Failing makes the executor restart the janitor, and with it the watch.
+            JanitorMsg::WatchEnded(why) => return Err(why),
         }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.watch.abort();
         Ok(())
     }
 }

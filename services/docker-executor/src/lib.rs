@@ -2,7 +2,10 @@
 //! containers (DESIGN.md §1, §3 "Containers"; seeds 002 and 003 §2.2.1).
 //!
 //! It owns the node's sandbox containers: a warm pool of pre-started single-use containers
-//! (tier `ephemeral`) and one container per session (tier `session`). Each execution costs
+//! (tier `ephemeral`), containers made for one isolated run (`RunKind::Isolated`: strict mode
+//! without a session) and one container per session (tier `session`). Every container is held
+//! through a [`lease::ContainerLease`], which removes it when dropped, and every accepted run
+//! through a [`lease::RunSlot`], which gives its capacity back. Each execution costs
 //! one `docker exec` of `sandmesh-supervisor` inside the container, which receives the code,
 //! workspace and limits as frames, runs the program in its own process group, streams its
 //! output, kills everything it started at the end or on timeout, and sends back the changed
@@ -28,13 +31,25 @@
 //!   (`/workspace`, `/tmp`); with `SANDMESH_EXEC_WORKSPACE=on` the workspace also lives in
 //!   workspace-store, so an ephemeral run of a session sees it and a lost container loses
 //!   nothing.
+//! - Workspace freshness: a session's container remembers the workspace revision it holds.
+//!   Before a run the executor reads the session's revision key from the workspace index
+//!   bucket (one direct KV get; no workspace-store request); when it matches, nothing is
+//!   fetched. A new container fetches the snapshot; one that is behind (a client changed the
+//!   workspace) is cleared and fetches it. After the run only the changes are pushed, and the
+//!   restore's reply says whether the container now holds the new revision (no other change
+//!   came in between) or must refetch next time. Chosen over a watch (which could lag behind
+//!   a client's write answered just before the next run) and over a revision carried by the
+//!   scheduler (which would make the session record depend on workspace-store's writes):
+//!   the store puts the key before it answers, so a write the client saw answered is always
+//!   seen by the next run. An isolated run makes no workspace round trip at all.
 //! - Nothing the supervisor says is trusted (it runs next to the untrusted code): sizes are
 //!   capped again here, reported paths are validated, and an outer deadline (timeout +
 //!   `SANDMESH_EXEC_KILL_GRACE_MS`) removes the container.
 //! - Output is capped at what one NATS message can carry (max payload − 64 KiB).
 //! - A container found dead before a run began is replaced and the run retried once.
 //! - The janitor removes this node's unowned containers and those of nodes of the same mesh
-//!   whose heartbeat expired; at shutdown every container of the node is removed.
+//!   whose heartbeat expired — at once, by watching the heartbeat keys' expiry, and in its
+//!   periodic sweep; at shutdown every container of the node is removed.
 //!
 //! Configuration (`SANDMESH_EXEC_*`, see [`ExecutorConfig`]): `IMAGE`, `WARM_POOL` (2),
 //! `CAPACITY` (8), `MAX_SESSIONS` (64), `SESSION_IDLE_MS` (600000), `WORKSPACE` (on|off),
@@ -49,6 +64,7 @@ pub mod execution;
 pub mod executor;
 pub mod image;
 pub mod janitor;
+pub mod lease;
 pub mod node;
 pub mod outcome;
 pub mod probe;
@@ -82,28 +98,40 @@ pub enum ExecutorError {
     Docker(#[from] DockerError),
     #[error(transparent)]
     Kit(#[from] KitError),
-    #[error("sandbox image {image}: {reason}; build it with deploy/images/build.sh (SUPERVISOR_BIN=<sandmesh-supervisor>) or docker_executor::image::ensure_image()")]
-    Image { image: String, reason: String },
-    #[error("actor: {0}")]
-    Actor(String),
+    #[error("sandbox image {image} not found; {BUILD_HINT}")]
+    ImageMissing {
+        image: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    #[error("sandbox image {image} has no sandmesh-supervisor; {BUILD_HINT}")]
+    ImageWithoutSupervisor { image: String },
+    #[error("starting the executor actor")]
+    Spawn(#[source] ractor::SpawnErr),
+    #[error("stopping the executor actor")]
+    Stop(#[source] ractor::RactorErr<ractor::actor::messages::StopMessage>),
 }
+
+const BUILD_HINT: &str = "build it with deploy/images/build.sh (SUPERVISOR_BIN=<sandmesh-supervisor>) or docker_executor::image::ensure_image()";
 
 /// Checks that the image exists and carries the supervisor.
 async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), ExecutorError> {
-    let err = |reason: String| ExecutorError::Image {
-        image: image.to_string(),
-        reason,
-    };
-    let inspect = docker
-        .inspect_image(image)
-        .await
-        .map_err(|e| err(format!("not found ({e})")))?;
+    let inspect =
+        docker
+            .inspect_image(image)
+            .await
+            .map_err(|source| ExecutorError::ImageMissing {
+                image: image.to_string(),
+                source,
+            })?;
     let has_supervisor = inspect
         .config
         .and_then(|c| c.labels)
         .is_some_and(|l| l.contains_key(SUPERVISOR_LABEL));
     if !has_supervisor {
-        return Err(err("it has no sandmesh-supervisor".into()));
+        return Err(ExecutorError::ImageWithoutSupervisor {
+            image: image.to_string(),
+        });
     }
     Ok(())
 }
@@ -185,7 +213,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     };
     let (executor, _) = Actor::spawn(None, Executor, args)
         .await
-        .map_err(|e| ExecutorError::Actor(e.to_string()))?;
+        .map_err(ExecutorError::Spawn)?;
 
     let options = EndpointOptions {
         // Admission (429 past capacity) is the executor's own; the kit only bounds memory.
@@ -244,5 +272,5 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     if left > 0 {
         tracing::warn!(left, "removed containers left at shutdown");
     }
-    stopped.map_err(|e| ExecutorError::Actor(e.to_string()))
+    stopped.map_err(ExecutorError::Stop)
 }

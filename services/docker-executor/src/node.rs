@@ -1,20 +1,25 @@
 //! What the actors of one node share without messages: the names of the containers the node
 //! owns (the janitor removes every other container labelled with this node) and the gauges
-//! the heartbeat reports.
+//! the heartbeat reports. Ownership and the running count change only through the guards in
+//! `lease`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
+use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
 #[derive(Debug, Default)]
 pub struct NodeState {
-    /// Names are added *before* a container is created and dropped only after it is removed,
+    /// Changed only by `lease::ContainerLease`. Names are added *before* a container is created and dropped only after it is removed,
     /// so the janitor can never take a container that is being born for a leak.
     owned: Mutex<HashSet<String>>,
     /// Executions accepted and not yet answered (running or queued in a session).
+    /// Changed only by `lease::RunSlot`.
     pub running: AtomicUsize,
+    /// Notified when `running` drops to zero (a drain waits for it).
+    pub idle: Notify,
     /// Ready containers in the warm pool.
     pub warm: AtomicUsize,
     /// Live session containers.
@@ -27,14 +32,14 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    pub fn own(&self, name: &str) {
+    pub(crate) fn own(&self, name: &str) {
         self.owned
             .lock()
             .expect("owned set poisoned")
             .insert(name.to_string());
     }
 
-    pub fn disown(&self, name: &str) {
+    pub(crate) fn disown(&self, name: &str) {
         self.owned.lock().expect("owned set poisoned").remove(name);
     }
 
@@ -60,47 +65,5 @@ impl NodeState {
             ("executions_total".to_string(), g(&self.finished)),
             ("containers".to_string(), self.owned_count() as f64),
         ])
-    }
-}
-
-/// Hands containers started by a background task to an actor that may stop meanwhile. A
-/// message sent to an actor that is already stopping is dropped silently, so the name is
-/// registered here first: whatever was offered and not received is returned by `close`, for
-/// the actor's `post_stop` to remove.
-#[derive(Debug, Default, Clone)]
-pub struct Handoff(Arc<Mutex<HandoffState>>);
-
-#[derive(Debug, Default)]
-struct HandoffState {
-    closed: bool,
-    pending: HashSet<String>,
-}
-
-impl Handoff {
-    /// Registers `name` as on its way to the actor. `false` when the actor is closed: the
-    /// caller keeps the container (and removes it).
-    pub fn offer(&self, name: &str) -> bool {
-        let mut s = self.0.lock().expect("handoff poisoned");
-        if s.closed {
-            return false;
-        }
-        s.pending.insert(name.to_string());
-        true
-    }
-
-    /// The actor took the container over.
-    pub fn received(&self, name: &str) {
-        self.0
-            .lock()
-            .expect("handoff poisoned")
-            .pending
-            .remove(name);
-    }
-
-    /// No more offers; returns the containers offered but never received.
-    pub fn close(&self) -> Vec<String> {
-        let mut s = self.0.lock().expect("handoff poisoned");
-        s.closed = true;
-        s.pending.drain().collect()
     }
 }

@@ -4,32 +4,32 @@
 //! run), and removes the container on close or after an idle timeout.
 //!
 //! A new session takes a warm container from the pool when one is ready, so its first run
-//! pays no cold start.
+//! pays no cold start. The container remembers the workspace revision it holds
+//! (`lease::Held`), so a run after one that changed nothing makes no workspace request.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use messages::exec::ExecResult;
 use messages::ErrorBody;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::docker::{Container, ContainerKind, ContainerLimits};
-use crate::execution::{Health, Job, Runner};
-use crate::executor::ExecutorMsg;
-use crate::node::{Handoff, NodeState};
+use crate::docker::{ContainerKind, ContainerLimits, DockerError};
+use crate::execution::{Admitted, Health, Runner};
+use crate::lease::ContainerLease;
+use crate::node::NodeState;
 use crate::warm_pool::WarmPoolMsg;
 
-type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
-
+/// Containers travel in messages as leases: one the stopped actor never reads is dropped with
+/// its message, and that removes it.
 pub enum SessionMsg {
-    Run(Box<Job>, Reply),
+    Run(Box<Admitted>),
     /// The session's container is ready, or could not be had.
-    Acquired(Result<Container, String>),
+    Acquired(Result<ContainerLease, DockerError>),
     /// The running execution finished and gives the container back (with the run itself
     /// when it must be retried in another container).
-    Done(Container, Health, Option<(Box<Job>, Reply)>),
+    Done(ContainerLease, Health, Option<Box<Admitted>>),
     IdleCheck,
 }
 
@@ -39,7 +39,6 @@ pub struct SessionArgs {
     pub session_id: String,
     pub runner: Runner,
     pub pool: ActorRef<WarmPoolMsg>,
-    pub executor: ActorRef<ExecutorMsg>,
     pub node: Arc<NodeState>,
     pub idle: Duration,
     pub limits: ContainerLimits,
@@ -56,13 +55,11 @@ pub struct SessionState {
     args: SessionArgs,
     phase: Phase,
     /// The container while idle; while busy the running task holds it.
-    container: Option<Container>,
-    /// The container's name in every phase, so a close can remove it even mid-run.
-    container_name: Option<String>,
-    queue: VecDeque<(Box<Job>, Reply)>,
+    container: Option<ContainerLease>,
+    /// The name of the container a run holds, so a close can kill that run.
+    running_in: Option<String>,
+    queue: VecDeque<Box<Admitted>>,
     last_used: Instant,
-    /// Containers acquired by a background task, until this actor has them.
-    handoff: Handoff,
 }
 
 impl SessionState {
@@ -76,7 +73,6 @@ impl SessionState {
         let session = self.args.session_id.clone();
         let limits = self.args.limits;
         let myself = myself.clone();
-        let handoff = self.handoff.clone();
         self.args.node.tasks.spawn(async move {
             let warm = if use_pool {
                 pool.call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
@@ -90,25 +86,10 @@ impl SessionState {
             let acquired = match warm {
                 Some(c) => Ok(c),
                 None => {
-                    let name = sandboxes.new_name();
-                    node.own(&name);
-                    let started = sandboxes
-                        .start(&name, ContainerKind::Session, Some(&session), limits)
-                        .await;
-                    if started.is_err() {
-                        node.disown(&name);
-                    }
-                    started.map_err(|e| e.to_string())
+                    let kind = ContainerKind::Session;
+                    ContainerLease::start(&sandboxes, &node, kind, Some(&session), limits).await
                 }
             };
-            if let Ok(c) = &acquired {
-                if !handoff.offer(&c.name) {
-                    // Closed while starting.
-                    sandboxes.remove(&c.name).await;
-                    node.disown(&c.name);
-                    return;
-                }
-            }
             let _ = myself.cast(SessionMsg::Acquired(acquired));
         });
     }
@@ -117,62 +98,41 @@ impl SessionState {
         if self.phase != Phase::Idle {
             return;
         }
-        let Some((job, reply)) = self.queue.pop_front() else {
+        let Some(run) = self.queue.pop_front() else {
             return;
         };
         let Some(mut container) = self.container.take() else {
-            self.queue.push_front((job, reply));
+            self.queue.push_front(run);
             return;
         };
         self.phase = Phase::Busy;
+        self.running_in = Some(container.name.clone());
         let runner = self.args.runner.clone();
-        let executor = self.args.executor.clone();
-        let node = self.args.node.clone();
         let myself = myself.clone();
         self.args.node.tasks.spawn(async move {
-            let (result, health) = runner.execute(&mut container, &job).await;
+            let (result, health) = runner.execute(&mut container, &run.job).await;
             // The container was dead before the run began (killed from outside): the run
             // goes back to the head of the queue, once, for the next container.
-            let retry = if health == Health::Unusable && !job.retried {
-                let mut job = job;
-                job.retried = true;
-                Some((job, reply))
+            let retry = if health == Health::Unusable && !run.job.retried {
+                let mut run = run;
+                run.job.retried = true;
+                Some(run)
             } else {
-                let _ = reply.send(Ok(result));
-                let _ = executor.cast(ExecutorMsg::Finished);
+                run.answer(Ok(result));
                 None
             };
-            if let Err(ractor::MessagingErr::SendErr(SessionMsg::Done(c, _, retry))) =
+            if let Err(ractor::MessagingErr::SendErr(SessionMsg::Done(_, _, Some(run)))) =
                 myself.cast(SessionMsg::Done(container, health, retry))
             {
-                if let Some((_, reply)) = retry {
-                    let _ = reply.send(Err(ErrorBody::unavailable("the session was closed")));
-                    let _ = executor.cast(ExecutorMsg::Finished);
-                }
-                runner.sandboxes.remove(&c.name).await;
-                node.disown(&c.name);
+                run.answer(Err(ErrorBody::unavailable("the session was closed")));
             }
         });
     }
 
     fn reject_queued(&mut self, error: ErrorBody) {
-        for (_, reply) in self.queue.drain(..) {
-            let _ = reply.send(Err(error.clone()));
-            let _ = self.args.executor.cast(ExecutorMsg::Finished);
+        for run in self.queue.drain(..) {
+            run.answer(Err(error.clone()));
         }
-    }
-
-    fn remove_container(&mut self) {
-        let Some(name) = self.container_name.take() else {
-            return;
-        };
-        self.container = None;
-        let sandboxes = self.args.runner.sandboxes.clone();
-        let node = self.args.node.clone();
-        self.args.node.tasks.spawn(async move {
-            sandboxes.remove(&name).await;
-            node.disown(&name);
-        });
     }
 }
 
@@ -193,10 +153,9 @@ impl Actor for SessionContainer {
             args,
             phase: Phase::Acquiring,
             container: None,
-            container_name: None,
+            running_in: None,
             queue: VecDeque::new(),
             last_used: Instant::now(),
-            handoff: Handoff::default(),
         };
         state.acquire(&myself, true);
         Ok(state)
@@ -209,13 +168,11 @@ impl Actor for SessionContainer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SessionMsg::Run(job, reply) => {
-                state.queue.push_back((job, reply));
+            SessionMsg::Run(run) => {
+                state.queue.push_back(run);
                 state.pump(&myself);
             }
             SessionMsg::Acquired(Ok(container)) => {
-                state.handoff.received(&container.name);
-                state.container_name = Some(container.name.clone());
                 state.container = Some(container);
                 state.phase = Phase::Idle;
                 state.last_used = Instant::now();
@@ -230,6 +187,7 @@ impl Actor for SessionContainer {
             }
             SessionMsg::Done(container, health, retry) => {
                 state.last_used = Instant::now();
+                state.running_in = None;
                 if let Some(run) = retry {
                     state.queue.push_front(run);
                 }
@@ -237,8 +195,9 @@ impl Actor for SessionContainer {
                     state.container = Some(container);
                     state.phase = Phase::Idle;
                 } else {
-                    // Killed (backstop) or dead: the session continues in a fresh container.
-                    state.remove_container();
+                    // Killed (backstop) or dead: the session continues in a fresh container
+                    // (the old one goes with its lease).
+                    drop(container);
                     state.acquire(&myself, health != Health::Unusable);
                 }
                 state.pump(&myself);
@@ -262,11 +221,13 @@ impl Actor for SessionContainer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.reject_queued(ErrorBody::unavailable("the session was closed"));
-        let mut names = state.handoff.close();
-        names.extend(state.container_name.take());
-        for name in names {
+        // A run in progress dies with its container now; its lease, back from the run's task
+        // to this stopped actor, is dropped and finishes the removal.
+        if let Some(name) = state.running_in.take() {
             state.args.runner.sandboxes.remove(&name).await;
-            state.args.node.disown(&name);
+        }
+        if let Some(container) = state.container.take() {
+            container.remove().await;
         }
         state.args.node.sessions.fetch_sub(1, Ordering::Relaxed);
         Ok(())

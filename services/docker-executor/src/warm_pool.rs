@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::docker::{Container, ContainerKind, ContainerLimits, Sandboxes};
-use crate::node::{Handoff, NodeState};
+use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
+use crate::lease::ContainerLease;
+use crate::node::NodeState;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// While the pool still has stock, a refill waits this long (or for the execution that took
@@ -22,9 +23,10 @@ const REFILL_DELAY: Duration = Duration::from_millis(300);
 
 pub enum WarmPoolMsg {
     /// A ready container, or `None` when the pool is empty (the caller starts one itself).
-    Take(RpcReplyPort<Option<Container>>),
-    /// A background start finished.
-    Started(Result<Container, String>),
+    Take(RpcReplyPort<Option<ContainerLease>>),
+    /// A background start finished. A lease in a message the stopped pool never reads is
+    /// dropped with it, which removes the container.
+    Started(Result<ContainerLease, DockerError>),
     /// Start containers until the pool is full (also sent when an execution that took a
     /// container ends). Ignored while a retry after failed starts is pending.
     Replenish,
@@ -44,13 +46,12 @@ pub struct WarmPoolArgs {
 
 pub struct WarmPoolState {
     args: WarmPoolArgs,
-    ready: VecDeque<Container>,
+    ready: VecDeque<ContainerLease>,
     /// Starts in flight, counted so a burst of takes does not over-start.
     starting: usize,
     /// Grows while starts fail (no image, daemon down), so a broken host is not hammered.
     backoff: Duration,
     retry_pending: bool,
-    handoff: Handoff,
 }
 
 impl WarmPoolState {
@@ -68,36 +69,14 @@ impl WarmPoolState {
             let node = self.args.node.clone();
             let limits = self.args.limits;
             let myself = myself.clone();
-            let handoff = self.handoff.clone();
             self.args.node.tasks.spawn(async move {
-                let name = sandboxes.new_name();
-                node.own(&name);
-                let started = match sandboxes
-                    .start(&name, ContainerKind::Warm, None, limits)
-                    .await
-                {
-                    Ok(c) => match sandboxes.warm(&name).await {
-                        Ok(()) => Ok(c),
-                        Err(e) => {
-                            sandboxes.remove(&name).await;
-                            Err(e.to_string())
-                        }
-                    },
-                    Err(e) => Err(e.to_string()),
-                };
-                if started.is_err() {
-                    node.disown(&name);
+                let started = async {
+                    let lease =
+                        ContainerLease::start(&sandboxes, &node, ContainerKind::Warm, None, limits)
+                            .await?;
+                    sandboxes.warm(&lease.name).await.map(|()| lease)
                 }
-                if let Ok(c) = &started {
-                    if !handoff.offer(&c.name) {
-                        // The pool stopped while this container was starting.
-                        sandboxes.remove(&c.name).await;
-                        node.disown(&c.name);
-                        return;
-                    }
-                }
-                // If the pool stops before it reads this, `post_stop` finds the name in the
-                // handoff and removes the container.
+                .await;
                 let _ = myself.cast(WarmPoolMsg::Started(started));
             });
         }
@@ -121,7 +100,6 @@ impl Actor for WarmPool {
             starting: 0,
             backoff: Duration::from_millis(250),
             retry_pending: false,
-            handoff: Handoff::default(),
         })
     }
 
@@ -143,7 +121,6 @@ impl Actor for WarmPool {
                 }
             }
             WarmPoolMsg::Started(Ok(container)) => {
-                state.handoff.received(&container.name);
                 state.starting -= 1;
                 state.backoff = Duration::from_millis(250);
                 state.ready.push_back(container);
@@ -176,17 +153,8 @@ impl Actor for WarmPool {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let mut names: Vec<String> = state.ready.drain(..).map(|c| c.name).collect();
-        names.extend(state.handoff.close());
-        let removals = names.into_iter().map(|name| {
-            let sandboxes = state.args.sandboxes.clone();
-            let node = state.args.node.clone();
-            async move {
-                sandboxes.remove(&name).await;
-                node.disown(&name);
-            }
-        });
-        futures::future::join_all(removals).await;
+        // Dropped leases remove their containers (shutdown waits for the node's tasks).
+        state.ready.clear();
         state.publish_size();
         Ok(())
     }

@@ -1,11 +1,11 @@
-//! Nothing leaks for long: containers of a crashed executor are reaped (by another node once
-//! the crashed node's heartbeat expires, or by its successor with the same node id at once),
-//! unowned containers of this node go, and containers of other meshes are left alone.
+//! Nothing leaks for long: containers of a crashed executor are reaped (by another node as
+//! soon as the crashed node's heartbeat expires, or by its successor with the same node id at
+//! once), unowned containers of this node go, and containers of other meshes are left alone.
 
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{base_env, containers_with, run, unique_node, Harness};
 use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
@@ -13,7 +13,7 @@ use kit::Caller;
 use messages::exec::{ExecResult, ExecStatus, Language, Tier};
 use messages::subjects::ExecutorOp;
 use messages::Subjects;
-use test_support::NatsServer;
+use test_support::{eventually, eventually_true, NatsServer};
 
 /// The executor as its own process, so it can be killed like a crash.
 struct Process(Child, String);
@@ -58,31 +58,45 @@ async fn session_on(client: &async_nats::Client, node: &str, session: &str) -> E
         Language::Python,
         "print('alive')",
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match caller.call(subject.clone(), &req).await {
-            Ok(r) => return r,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "the executor never served: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    eventually("the executor to serve", Duration::from_secs(60), || {
+        let (caller, subject, req) = (&caller, &subject, &req);
+        async move { caller.call(subject.clone(), req).await.ok() }
+    })
+    .await
 }
 
 async fn wait_count(docker: &bollard::Docker, label: &str, n: usize, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let list = containers_with(docker, label).await;
-        if list.len() == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{label}: expected {n}, have {list:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("{n} containers labelled {label}");
+    eventually_true(&what, within, || async {
+        containers_with(docker, label).await.len() == n
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_executors_containers_go_when_its_heartbeat_expires() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let docker = Sandboxes::connect().await.unwrap();
+    // The survivor runs first, with the default 30 s sweep: its start-up sweep sees the other
+    // node alive, so only the heartbeat's expiry can make it act in time.
+    let survivor = Harness::start_on(nats, &[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
+    let crashed = unique_node("crash");
+    // Heartbeats every 500 ms (base_env): the key's TTL is 1 s.
+    let mut process = Process::spawn(
+        &survivor.nats,
+        &crashed,
+        &[("SANDMESH_EXEC_WARM_POOL", "2")],
+    );
+    let r = session_on(&client, &crashed, "expiry-s").await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let label = format!("sandmesh.node={crashed}");
+    // Two warm containers (the pool refilled after the session took one) and the session's.
+    wait_count(&docker, &label, 3, Duration::from_secs(30)).await;
+    process.crash();
+    // TTL (1 s) plus a few seconds, far below the 30 s sweep.
+    wait_count(&docker, &label, 0, Duration::from_secs(6)).await;
+    survivor.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,18 +148,15 @@ async fn a_restart_with_the_same_node_id_reaps_its_predecessor_at_once() {
     env.push(("SANDMESH_EXEC_WARM_POOL", "0"));
     let h = Harness::start_on(nats, &env).await;
     // The startup sweep: no heartbeat expiry to wait for, these are this node's own.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let now = containers_with(&docker, &label).await;
-        if !before.iter().any(|c| now.contains(c)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "predecessor's containers remain: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_true(
+        "the predecessor's containers removed",
+        Duration::from_secs(15),
+        || async {
+            let now = containers_with(&docker, &label).await;
+            !before.iter().any(|c| now.contains(c))
+        },
+    )
+    .await;
     h.stop().await;
 }
 
@@ -213,14 +224,12 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
         let name = name.to_string();
         async move { containers_with(&docker, "sandmesh=1").await.contains(&name) }
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while exists(&made[0].1).await || exists(&made[1].1).await {
-        assert!(
-            Instant::now() < deadline,
-            "unowned containers of this mesh remain"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_true(
+        "unowned containers of this mesh removed",
+        Duration::from_secs(20),
+        || async { !exists(&made[0].1).await && !exists(&made[1].1).await },
+    )
+    .await;
     assert!(
         exists(&made[2].1).await,
         "another mesh's container is not ours to judge"

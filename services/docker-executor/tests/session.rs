@@ -4,10 +4,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{containers_with, run, Harness};
 use messages::exec::{ExecStatus, Language, Limits, Tier};
+use test_support::eventually_true;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_persists_within_a_session_and_never_crosses_sessions() {
@@ -128,14 +129,16 @@ async fn idle_sessions_are_closed_and_limits_follow_the_request() {
     assert_eq!(r.stdout, "128\n", "{r:?}");
     assert_eq!(h.session_container("sess-idle").await, container);
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !containers_with(&h.docker, "sandmesh.session=sess-idle")
-        .await
-        .is_empty()
-    {
-        assert!(Instant::now() < deadline, "the idle session was not closed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_true(
+        "the idle session closed",
+        Duration::from_secs(10),
+        || async {
+            containers_with(&h.docker, "sandmesh.session=sess-idle")
+                .await
+                .is_empty()
+        },
+    )
+    .await;
     h.stop().await;
 }
 

@@ -1,24 +1,38 @@
 //! Workspace sync with the real workspace-store: the session's files are placed at
 //! `/workspace` before a run (request files on top), and what the code creates, modifies or
-//! deletes goes back to the store — inline or, when large, through the object store.
+//! deletes goes back to the store — inline or, when large, through the object store. A
+//! session's container keeps the revision it holds, so a run after one that changed nothing
+//! asks the store nothing; an isolated run never talks to it.
 
 mod common;
 
 use common::{run, Harness};
+use docker_executor::docker::LABEL_KIND;
+use futures::StreamExt;
 use kit::{Caller, CancellationToken};
 use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language, Tier};
+use messages::executor::RunKind;
+use messages::subjects::WorkspaceOp;
 use std::time::Duration;
-use test_support::NatsServer;
+use test_support::{eventually, eventually_true, NatsServer};
 use workspace_store::client::WorkspaceClient;
-use workspace_store::WorkspaceConfig;
+use workspace_store::{WorkspaceConfig, WorkspaceError};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn files_flow_between_the_store_and_the_sandbox() {
+struct WithStore {
+    h: Harness,
+    ws: WorkspaceClient,
+    stop: CancellationToken,
+    store: tokio::task::JoinHandle<Result<(), WorkspaceError>>,
+}
+
+/// An executor with workspace sync on, next to a real workspace-store; `session` is written
+/// once (`data/in.txt` = `first`) so the store is known to answer.
+async fn with_store(session: &str, first: &[u8]) -> WithStore {
     let nats = NatsServer::start();
-    let store_stop = CancellationToken::new();
+    let stop = CancellationToken::new();
     let store = tokio::spawn(workspace_store::run(
         WorkspaceConfig::for_url(&nats.url()),
-        store_stop.clone(),
+        stop.clone(),
     ));
     let h = Harness::start_on(
         nats,
@@ -32,14 +46,200 @@ async fn files_flow_between_the_store_and_the_sandbox() {
         Caller::new(h.client.clone(), Duration::from_secs(30)),
         h.subjects.clone(),
     );
-    let s = "ws-sync";
-    // The store may still be starting: retry the first write briefly.
-    let mut tries = 0;
-    while let Err(e) = ws.write(s, "data/in.txt", b"from the store").await {
-        tries += 1;
-        assert!(tries < 100, "workspace-store never answered: {e}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // The store may still be starting.
+    eventually("workspace-store to answer", Duration::from_secs(10), || {
+        let ws = &ws;
+        async move { ws.write(session, "data/in.txt", first).await.ok() }
+    })
+    .await;
+    WithStore { h, ws, stop, store }
+}
+
+impl WithStore {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.store.await.unwrap().unwrap();
+        self.h.stop().await;
     }
+}
+
+/// Every message on the workspace-store's subjects (`<prefix>.v1.workspace.>`), whoever
+/// sends it: a plain subscription, so nothing can hide a request from it.
+struct WorkspaceTraffic {
+    sub: async_nats::Subscriber,
+    client: async_nats::Client,
+    marker: String,
+}
+
+impl WorkspaceTraffic {
+    async fn watch(h: &Harness) -> Self {
+        let init = h.subjects.workspace(WorkspaceOp::Init);
+        let (group, _) = init.rsplit_once('.').expect("a workspace subject");
+        let sub = h.client.subscribe(format!("{group}.>")).await.unwrap();
+        Self {
+            sub,
+            client: h.client.clone(),
+            marker: format!("{group}.test-marker"),
+        }
+    }
+
+    /// The workspace subjects seen since the last call. A marker published last comes back
+    /// after everything sent before it (one server, in order), so nothing is still on its way.
+    async fn since_last(&mut self) -> Vec<String> {
+        self.client
+            .publish(self.marker.clone(), "".into())
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(10), self.sub.next())
+                .await
+                .expect("the marker comes back")
+                .expect("subscription open");
+            if msg.subject.as_str() == self.marker {
+                return seen;
+            }
+            seen.push(msg.subject.to_string());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_second_execution_makes_no_workspace_request() {
+    let s = "ws-fresh";
+    let t = with_store(s, b"v1").await;
+    let (h, ws) = (&t.h, &t.ws);
+    ws.write(s, "data/gone.txt", b"deleted later")
+        .await
+        .unwrap();
+    let mut traffic = WorkspaceTraffic::watch(h).await;
+
+    // The first run fetches the workspace into the new container and pushes its change.
+    let r = h
+        .session(s, Language::Shell, "cat data/in.txt; echo made > out.txt")
+        .await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "v1"),
+        "{r:?}"
+    );
+    let first = traffic.since_last().await;
+    assert!(
+        first.iter().any(|s| s.ends_with(".snapshot"))
+            && first.iter().any(|s| s.ends_with(".restore")),
+        "the first run fetches and pushes: {first:?}"
+    );
+
+    // Nothing changed since: the second run asks the store nothing (its own push included).
+    let r = h
+        .session(s, Language::Shell, "cat data/in.txt out.txt")
+        .await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "v1made\n"),
+        "{r:?}"
+    );
+    assert_eq!(traffic.since_last().await, Vec::<String>::new());
+
+    // A client's changes between runs are seen by the next run: a write and a deletion.
+    ws.write(s, "data/in.txt", b"v2").await.unwrap();
+    ws.delete(s, "data/gone.txt", false).await.unwrap();
+    traffic.since_last().await;
+    let r = h
+        .session(
+            s,
+            Language::Shell,
+            "cat data/in.txt; test -e data/gone.txt && echo ' still there' || echo ' gone'",
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "v2 gone\n"),
+        "{r:?}"
+    );
+    let third = traffic.since_last().await;
+    assert!(
+        third.iter().any(|s| s.ends_with(".snapshot")),
+        "a changed workspace is fetched: {third:?}"
+    );
+
+    // A session the store has never heard of: asked once, then no more.
+    let unknown = "ws-unknown";
+    assert_eq!(
+        h.session(unknown, Language::Shell, "echo hi").await.stdout,
+        "hi\n"
+    );
+    assert!(!traffic.since_last().await.is_empty());
+    assert_eq!(
+        h.session(unknown, Language::Shell, "echo hi").await.stdout,
+        "hi\n"
+    );
+    assert_eq!(traffic.since_last().await, Vec::<String>::new());
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_run_leaves_nothing_and_never_touches_the_workspace() {
+    let s = "ws-isolated";
+    let t = with_store(s, b"stored").await;
+    let h = &t.h;
+    let mut traffic = WorkspaceTraffic::watch(h).await;
+    let isolated = |code: &str| {
+        // Even with a session named, an isolated run has no workspace.
+        let mut r = run(Tier::Ephemeral, Some(s), Language::Shell, code);
+        r.kind = RunKind::Isolated;
+        r
+    };
+    let r = h
+        .call(&isolated(
+            "ls /workspace; echo secret > /workspace/left.txt; echo secret > /tmp/left.txt; echo ok",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "ok\n"),
+        "{r:?}"
+    );
+    assert!(r.files_created.is_empty(), "{r:?}");
+    // The container made for it is gone right after.
+    let label = format!("{LABEL_KIND}=isolated");
+    eventually_true(
+        "the isolated container removed",
+        Duration::from_secs(20),
+        || {
+            let docker = &h.docker;
+            let label = &label;
+            let node = &h.node;
+            async move {
+                common::containers_with(docker, label)
+                    .await
+                    .iter()
+                    .all(|name| !name.contains(node.as_str()))
+            }
+        },
+    )
+    .await;
+    let r = h
+        .call(&isolated(
+            "ls -A /workspace /tmp | grep -c left.txt || true",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "0\n"),
+        "{r:?}"
+    );
+    assert_eq!(traffic.since_last().await, Vec::<String>::new());
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_flow_between_the_store_and_the_sandbox() {
+    let s = "ws-sync";
+    let t = with_store(s, b"from the store").await;
+    let (h, ws) = (&t.h, &t.ws);
     ws.write(s, "old.txt", b"to be deleted").await.unwrap();
 
     let mut req = run(
@@ -117,7 +317,5 @@ async fn files_flow_between_the_store_and_the_sandbox() {
     assert_eq!(ws.read(s, "eph.txt").await.unwrap(), b"new\n");
 
     assert!(h.close(s).await);
-    store_stop.cancel();
-    store.await.unwrap().unwrap();
-    h.stop().await;
+    t.stop().await;
 }

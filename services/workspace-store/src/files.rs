@@ -73,13 +73,21 @@ impl Workspaces {
                 }
             }
         }
+        self.index.bump_revision(session).await?;
         self.usage(WsUsageRequest {
             session_id: session.clone(),
         })
         .await
     }
 
+    /// Writes a file or makes a directory, then moves the session's revision on.
     pub async fn write(&self, req: WsWrite) -> Result<WsEntry> {
+        let entry = self.write_node(&req).await?;
+        self.index.bump_revision(&req.session_id).await?;
+        Ok(entry)
+    }
+
+    async fn write_node(&self, req: &WsWrite) -> Result<WsEntry> {
         let session = &req.session_id;
         keys::check_session(session)?;
         let (path, is_dir) = RelPath::parse("path", &req.path)?;
@@ -292,7 +300,14 @@ impl Workspaces {
         Ok(listing)
     }
 
+    /// Deletes a path, then moves the session's revision on.
     pub async fn delete(&self, req: WsPath) -> Result<messages::workspace::Ack> {
+        let ack = self.delete_node(&req).await?;
+        self.index.bump_revision(&req.session_id).await?;
+        Ok(ack)
+    }
+
+    async fn delete_node(&self, req: &WsPath) -> Result<messages::workspace::Ack> {
         let session = &req.session_id;
         keys::check_session(session)?;
         let (path, _) = RelPath::parse("path", &req.path)?;
@@ -341,7 +356,7 @@ impl Workspaces {
         self.audit(
             AuditKind::FileDeleted,
             session,
-            req.requested_by,
+            req.requested_by.clone(),
             serde_json::json!({ "path": path.to_string(), "files": files, "bytes": bytes }),
         );
         Ok(messages::workspace::Ack { ok: true })

@@ -96,6 +96,16 @@ fn encode<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(serde_json::to_vec(value).expect("index values serialise"))
 }
 
+/// Compare-and-set retries of a revision bump (each retry means another change landed).
+const MAX_BUMP_ATTEMPTS: usize = 1000;
+
+/// A revision bump: the revision a change followed and the one it made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Revisions {
+    pub previous: Option<u64>,
+    pub revision: u64,
+}
+
 /// The outcome of a compare-and-set.
 pub enum Cas {
     Done(u64),
@@ -198,6 +208,36 @@ impl Index {
         expected: Option<u64>,
     ) -> Result<Cas> {
         self.cas(&keys::meta_key(session), meta, expected).await
+    }
+
+    /// The session's workspace revision: the entry revision of its revision key
+    /// (`messages::workspace::revision_key`); `None` before its first change or after removal.
+    pub async fn revision(&self, session: &str) -> Result<Option<u64>> {
+        let key = messages::workspace::revision_key(session);
+        let entry = self
+            .kv
+            .entry(&key)
+            .await
+            .map_err(|e| StoreError::storage("reading the workspace revision", e))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .map(|e| e.revision))
+    }
+
+    /// Records one change of the session's workspace, after it landed: returns the revision
+    /// before and the new one. Compare-and-set, so `previous` is exactly the revision this
+    /// change follows (no other change in between).
+    pub async fn bump_revision(&self, session: &str) -> Result<Revisions> {
+        let key = messages::workspace::revision_key(session);
+        for _ in 0..MAX_BUMP_ATTEMPTS {
+            let previous = self.revision(session).await?;
+            if let Cas::Done(revision) = self.cas(&key, &(), previous).await? {
+                return Ok(Revisions { previous, revision });
+            }
+        }
+        Err(StoreError::Raced(format!(
+            "the revision of workspace {session}"
+        )))
     }
 
     /// Deletes a node if it is still at `revision`.

@@ -3,7 +3,9 @@
 //!
 //! - contents in the object store `<prefix>_workspace_blobs` (chunked, so files of any size);
 //! - an index in KV `<prefix>_workspace_index`: one key per file or directory, one meta key
-//!   per session with its totals — the quota is a compare-and-set on that key.
+//!   per session with its totals — the quota is a compare-and-set on that key — and one
+//!   revision key per session (`messages::workspace::revision_key`), put after every change,
+//!   so executors learn whether their copy is current with one KV read and no request here.
 //!
 //! Subjects (`sandbox.v1.workspace.<op>`, request → reply):
 //! `init` WsInit → WsUsage · `write` WsWrite → WsEntry · `read` WsRead → WsFile ·

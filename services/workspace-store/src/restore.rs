@@ -147,7 +147,10 @@ impl Workspaces {
         if let Some(name) = &req.object {
             self.blobs.remove(name).await?;
         }
-        let result = outcome?;
+        let mut result = outcome?;
+        let revisions = self.index.bump_revision(&req.session_id).await?;
+        result.previous_revision = revisions.previous;
+        result.revision = Some(revisions.revision);
         Metrics::add(&self.metrics.restores, 1);
         self.audit(
             AuditKind::WorkspaceRestored,

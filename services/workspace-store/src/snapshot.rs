@@ -1,5 +1,5 @@
-//! `snapshot`: a workspace (or one directory of it) as a tar. Executors take one before
-//! every run, so the small case is one listing plus concurrent object reads, built in
+//! `snapshot`: a workspace (or one directory of it) as a tar, with the revision it holds at
+//! least. Executors take one when a container is new or behind, so the small case is one listing plus concurrent object reads, built in
 //! memory and returned inline; a workspace too large for one message is streamed into the
 //! object store (`snapshot/<id>`) and the reply names that object.
 
@@ -40,6 +40,8 @@ impl Workspaces {
         let session = &req.session_id;
         keys::check_session(session)?;
         let dir = RelPath::parse_prefix("prefix", req.prefix.as_deref())?;
+        // Read before the listing: the archive holds at least every change up to it.
+        let revision = self.index.revision(session).await?;
         if self.index.meta(session).await?.is_some() {
             self.touch(session).await?;
         }
@@ -68,6 +70,7 @@ impl Workspaces {
                 tar_base64: Some(messages::encode_base64(&tar)),
                 object: None,
                 files,
+                revision,
             });
         }
         let name = snapshot_name();
@@ -78,6 +81,7 @@ impl Workspaces {
                 object: Some(name),
                 size,
                 files,
+                revision,
             }),
             Err(e) => {
                 self.blobs.remove(&name).await?;

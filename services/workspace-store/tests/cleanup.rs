@@ -8,7 +8,7 @@ use async_nats::jetstream;
 use common::*;
 use messages::audit::AuditEvent;
 use messages::Subjects;
-use test_support::NatsServer;
+use test_support::{eventually, eventually_true, NatsServer};
 use workspace_store::index::SessionMeta;
 
 /// Makes a session look untouched for `hours` (as if its last write were that long ago).
@@ -64,11 +64,10 @@ async fn idle_workspaces_are_swept_and_active_ones_kept() {
     }
     backdate(&js, "idle", 25).await;
 
-    let gone = eventually(TIMEOUT, || async {
+    eventually_true("the idle workspace swept", TIMEOUT, || async {
         ws.usage("idle").await.unwrap().last_modified == 0
     })
     .await;
-    assert!(gone, "the idle workspace was not swept");
     assert_eq!(
         ws.read("idle", "data/x.bin").await.unwrap_err().kind(),
         messages::ErrorKind::NotFound
@@ -118,12 +117,10 @@ async fn cleanup_on_request_and_audit_of_changes() {
         ("workspace_restored", ""),
         ("workspace_cleaned", ""),
     ] {
-        let found = eventually(TIMEOUT, || async {
-            audit_event(&js, kind, "s").await.is_some()
+        let event = eventually(&format!("a {kind} event"), TIMEOUT, || async {
+            audit_event(&js, kind, "s").await
         })
         .await;
-        assert!(found, "no {kind} event");
-        let event = audit_event(&js, kind, "s").await.unwrap();
         if !check.is_empty() {
             assert_eq!(event.details["path"], check, "{kind}");
         }

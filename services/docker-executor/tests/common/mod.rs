@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use docker_executor::docker::{summary_name, Sandboxes, LABEL_NODE, LABEL_SESSION};
 use docker_executor::{ExecutorConfig, ExecutorError};
@@ -14,7 +14,7 @@ use messages::exec::{ExecRequest, ExecResult, Language, Tier};
 use messages::executor::ExecutorRun;
 use messages::subjects::ExecutorOp;
 use messages::Subjects;
-use test_support::NatsServer;
+use test_support::{eventually, eventually_true, NatsServer};
 
 /// The sandbox image with this build's supervisor (build.sh is idempotent and locked, so
 /// parallel test binaries share one build).
@@ -106,20 +106,19 @@ impl Harness {
 
     /// Until the node's own endpoint answers (close of an unknown session is harmless).
     async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
         let subject = self.subjects.executor_node(&self.node, ExecutorOp::Close);
         let req = messages::executor::ExecutorClose {
             session_id: "readiness".into(),
         };
-        loop {
-            let r: Result<messages::workspace::Ack, _> =
-                self.caller.call(subject.clone(), &req).await;
-            if r.is_ok() {
-                return;
+        eventually("the executor to serve", Duration::from_secs(30), || {
+            let (subject, req) = (&subject, &req);
+            async move {
+                let r: Result<messages::workspace::Ack, _> =
+                    self.caller.call(subject.clone(), req).await;
+                r.ok()
             }
-            assert!(Instant::now() < deadline, "executor not ready: {r:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     }
 
     pub async fn call(&self, run: &ExecutorRun) -> Result<ExecResult, kit::CallError> {
@@ -182,18 +181,11 @@ impl Harness {
 
     /// Polls until this node has exactly `n` containers (the pool refilled, used ones gone).
     pub async fn wait_containers(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let list = self.containers().await;
-            if list.len() == n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} containers, have {list:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{n} containers on the node");
+        eventually_true(&what, Duration::from_secs(20), || async {
+            self.containers().await.len() == n
+        })
+        .await;
     }
 
     /// This node's last heartbeat.
@@ -207,21 +199,12 @@ impl Harness {
 
     /// Polls the heartbeat until the warm pool reports `n` ready containers.
     pub async fn wait_warm(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let warm = self
-                .heartbeat()
-                .await
-                .and_then(|hb| hb.metrics.get("warm_pool_size").copied());
-            if warm == Some(n as f64) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "warm pool never reached {n}: {warm:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("a warm pool of {n}");
+        eventually_true(&what, Duration::from_secs(20), || async {
+            let hb = self.heartbeat().await;
+            hb.and_then(|hb| hb.metrics.get("warm_pool_size").copied()) == Some(n as f64)
+        })
+        .await;
     }
 
     /// Processes in a container besides docker-init, the keeper (the first `keep`, started

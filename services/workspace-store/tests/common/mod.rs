@@ -48,11 +48,10 @@ pub async fn start(config: WorkspaceConfig) -> Instance {
 
 /// Polls until a workspace call is answered (bounded).
 pub async fn wait_ready(client: &WorkspaceClient) {
-    let ok = eventually(TIMEOUT, || async {
+    test_support::eventually_true("workspace-store to answer", TIMEOUT, || async {
         client.usage("ready-probe").await.is_ok()
     })
     .await;
-    assert!(ok, "workspace-store did not answer within {TIMEOUT:?}");
 }
 
 pub async fn nats(url: &str) -> async_nats::Client {
@@ -79,23 +78,6 @@ pub async fn raw<Req: Serialize, Resp: DeserializeOwned>(
         .call(subject, req)
         .await
         .map_err(|e| e.into_body())
-}
-
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Everything a test can observe of the store: every object name and, per session, its
