@@ -1,0 +1,158 @@
+//! `Placer`: which executor node takes a run, and waiting for a free slot. It asks the
+//! `Registry` actor (through the [`RegistryHandle`], so a restarted registry is found) and, while
+//! every known node is full, sleeps on the registry's `slots` [`Notify`] — woken by heartbeats,
+//! finished runs and nodes leaving — instead of polling.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kit::{AuditScope, Auditor};
+use messages::audit::AuditKind;
+use messages::executor::ExecutorRun;
+use messages::ErrorBody;
+use ractor::rpc::CallResult;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::placement::{Decision, NodeView, Requirements, Strategy};
+use crate::registry::{RegistryHandle, RegistryMsg};
+
+/// How long one question to the registry may take; it answers from memory.
+const REGISTRY_CALL: Duration = Duration::from_secs(5);
+
+/// The registry could not be asked (it died and is being restarted).
+#[derive(Debug, thiserror::Error)]
+#[error("the runtime registry did not answer ({0}); retry")]
+pub struct RegistryGone(String);
+
+impl From<RegistryGone> for ErrorBody {
+    fn from(e: RegistryGone) -> Self {
+        ErrorBody::unavailable(e.to_string())
+    }
+}
+
+#[derive(Clone)]
+pub struct Placer {
+    registry: RegistryHandle,
+    slots: Arc<Notify>,
+    /// Named in the `placed` audit event.
+    strategy: Strategy,
+    auditor: Auditor,
+}
+
+impl Placer {
+    pub fn new(
+        registry: RegistryHandle,
+        slots: Arc<Notify>,
+        strategy: Strategy,
+        auditor: Auditor,
+    ) -> Self {
+        Self {
+            registry,
+            slots,
+            strategy,
+            auditor,
+        }
+    }
+
+    /// Audits where `run` goes and why (`None`: the executor queue group).
+    pub fn audit_placed(&self, scope: &AuditScope, run: &ExecutorRun, d: Option<&Decision>) {
+        self.auditor.emit(
+            AuditKind::Placed,
+            scope,
+            json!({
+                "tier": run.tier.as_str(),
+                "node": d.map(|d| &d.node),
+                "reason": d.map(|d| d.reason.as_str()).unwrap_or("executor queue group"),
+                "strategy": self.strategy.as_str(),
+                "session_restored": run.session_restored,
+            }),
+        );
+    }
+
+    async fn ask<T>(
+        &self,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> RegistryMsg,
+    ) -> Result<T, RegistryGone>
+    where
+        T: Send + 'static,
+    {
+        match self.registry.get().call(msg, Some(REGISTRY_CALL)).await {
+            Ok(CallResult::Success(v)) => Ok(v),
+            Ok(CallResult::Timeout) => Err(RegistryGone("timed out".into())),
+            Ok(CallResult::SenderError) => Err(RegistryGone("it stopped".into())),
+            Err(e) => Err(RegistryGone(e.to_string())),
+        }
+    }
+
+    /// Chooses a node (counting the work on it at once), skipping `exclude`.
+    pub async fn pick(
+        &self,
+        needs: Requirements,
+        exclude: &[String],
+    ) -> Result<Option<Decision>, RegistryGone> {
+        let exclude = exclude.to_vec();
+        self.ask(|reply| RegistryMsg::Pick {
+            req: needs,
+            exclude,
+            reply,
+        })
+        .await
+    }
+
+    /// Like [`Self::pick`], but while executors are known and all of them are full, waits (up
+    /// to `limit`) for a slot instead of sending work they would refuse with 429. `None` means
+    /// no executor is known outside `exclude` (the queue group is the fallback) or the wait
+    /// ran out.
+    pub async fn pick_waiting(
+        &self,
+        needs: Requirements,
+        exclude: &[String],
+        limit: Duration,
+    ) -> Result<Option<Decision>, RegistryGone> {
+        let deadline = Instant::now() + limit;
+        loop {
+            // Registered before looking, so a slot freed between the look and the wait wakes us.
+            let freed = self.slots.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(decision) = self.pick(needs, exclude).await? {
+                return Ok(Some(decision));
+            }
+            let known = self.nodes().await?;
+            if known.iter().all(|n| exclude.contains(&n.id)) {
+                return Ok(None);
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Ok(None);
+            }
+        }
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeView>, RegistryGone> {
+        self.ask(RegistryMsg::Nodes).await
+    }
+
+    pub async fn is_alive(&self, node: &str) -> Result<bool, RegistryGone> {
+        let node = node.to_string();
+        self.ask(|reply| RegistryMsg::IsAlive { node, reply }).await
+    }
+
+    /// Work sent to `node` without a pick (session affinity) counts there like a pick.
+    pub fn dispatched(&self, node: &str) {
+        let _ = self.registry.get().cast(RegistryMsg::Dispatched {
+            node: node.to_string(),
+        });
+    }
+
+    /// The work counted on `node` (by a pick or [`Self::dispatched`]) ended.
+    pub fn release(&self, node: Option<&str>) {
+        if let Some(node) = node {
+            let _ = self
+                .registry
+                .get()
+                .cast(RegistryMsg::Finished { node: node.into() });
+        }
+    }
+}
