@@ -25,6 +25,7 @@ use messages::{Encoding, Subjects};
 use scheduler::SchedulerConfig;
 use test_support::NatsServer;
 
+#[allow(unused_imports)]
 pub use fakes::{audit_kinds, FakeExecutor, Runs};
 
 /// The bound of every wait in these tests.
