@@ -12,8 +12,8 @@ use anyhow::Context;
 use futures::StreamExt;
 use kit::Caller;
 use messages::exec::{
-    AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputChunk,
-    OutputStream, TierChoice, NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
+    AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputChunk, OutputStream,
+    TierChoice, NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
 use messages::{codec, Encoding, Subjects};
 
@@ -118,10 +118,7 @@ async fn print_output(
 }
 
 /// Prints the scheduler's notice that the execution waits for a person, until `stop`.
-async fn print_notices(
-    mut sub: async_nats::Subscriber,
-    stop: tokio::sync::oneshot::Receiver<()>,
-) {
+async fn print_notices(mut sub: async_nats::Subscriber, stop: tokio::sync::oneshot::Receiver<()>) {
     tokio::pin!(stop);
     loop {
         let msg = tokio::select! {
@@ -165,7 +162,10 @@ async fn call_exec(
         message: e.to_string(),
     };
     let inbox = client.new_inbox();
-    let notices = client.subscribe(inbox.clone()).await.map_err(|e| transport(&e))?;
+    let notices = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| transport(&e))?;
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let printer = tokio::spawn(print_notices(notices, stopped));
     let mut headers = async_nats::HeaderMap::new();

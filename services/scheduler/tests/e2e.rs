@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
-use futures::StreamExt;
 use common::{eventually, Mesh};
+use futures::StreamExt;
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{
     Decision, ExecRequest, ExecResult, ExecStatus, Language, OutputChunk, OutputStream, ResultGet,
@@ -456,10 +456,7 @@ async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() 
     child.kill().unwrap();
     child.wait().unwrap();
     // Executions the dead scheduler held claims on were in flight when it died.
-    let claims = js
-        .get_key_value(s.exec_claims_bucket())
-        .await
-        .unwrap();
+    let claims = js.get_key_value(s.exec_claims_bucket()).await.unwrap();
     let mut held = 0;
     for id in &accepted {
         if claims.get(id.as_str()).await.unwrap().is_some() && stored(id.clone()).await.is_none() {

@@ -106,7 +106,11 @@ async fn parked(mesh: &Mesh) -> usize {
     let bucket = Subjects::default().parked_executions_bucket();
     let kv = mesh.js.get_key_value(bucket).await.unwrap();
     match kv.keys().await {
-        Ok(keys) => keys.filter(|k| futures::future::ready(k.is_ok())).count().await,
+        Ok(keys) => {
+            keys.filter(|k| futures::future::ready(k.is_ok()))
+                .count()
+                .await
+        }
         Err(_) => 0,
     }
 }
@@ -191,10 +195,18 @@ async fn a_hundred_parked_executions_hold_no_capacity() {
         assert_eq!((r.status, r.confirmation.decision), expected, "{id}: {r:?}");
         seen.insert(r.execution_id);
     }
-    assert_eq!(seen.len(), 100, "every parked execution reached a terminal result");
+    assert_eq!(
+        seen.len(),
+        100,
+        "every parked execution reached a terminal result"
+    );
     let ran = mesh.runs.lock().unwrap().clone();
     for id in &ids[..51] {
-        assert_eq!(ran.iter().filter(|r| &r.execution_id == id).count(), 1, "{id}");
+        assert_eq!(
+            ran.iter().filter(|r| &r.execution_id == id).count(),
+            1,
+            "{id}"
+        );
     }
     eventually("the parked bucket to empty", || async {
         (parked(&mesh).await == 0).then_some(())
@@ -234,7 +246,10 @@ async fn a_sync_caller_is_told_at_once_that_it_waits_for_a_person() {
         .expect("a notice in time")
         .unwrap();
     let status = notice.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
-    assert_eq!(status.map(|v| v.as_str()), Some(STATUS_AWAITING_CONFIRMATION));
+    assert_eq!(
+        status.map(|v| v.as_str()),
+        Some(STATUS_AWAITING_CONFIRMATION)
+    );
     let awaiting: AwaitingConfirmation = serde_json::from_slice(&notice.payload).unwrap();
     assert_eq!(awaiting.execution_id, "notified");
     assert!(awaiting.expires_at > messages::now_ms());
@@ -244,7 +259,10 @@ async fn a_sync_caller_is_told_at_once_that_it_waits_for_a_person() {
     decide(&mesh, &awaiting.confirmation_id, true).await;
     let reply = asking.await.unwrap().unwrap();
     let r: ExecResult = serde_json::from_slice(&reply.payload).unwrap();
-    assert_eq!((r.status, r.confirmation.decision), (ExecStatus::Ok, Decision::Approved));
+    assert_eq!(
+        (r.status, r.confirmation.decision),
+        (ExecStatus::Ok, Decision::Approved)
+    );
     assert_eq!(r.confirmation.by.as_deref(), Some("tester"));
 
     // A plain request-reply caller just gets the final result.
@@ -261,7 +279,10 @@ async fn a_sync_caller_is_told_at_once_that_it_waits_for_a_person() {
     .await;
     decide(&mesh, &c.id, false).await;
     let r = plain.await.unwrap().unwrap();
-    assert_eq!((r.status, r.confirmation.decision), (ExecStatus::Denied, Decision::Denied));
+    assert_eq!(
+        (r.status, r.confirmation.decision),
+        (ExecStatus::Denied, Decision::Denied)
+    );
     assert_eq!(r.error.unwrap().kind, ErrorKind::Denied);
     mesh.shutdown().await;
 }
@@ -288,14 +309,21 @@ async fn an_async_job_parks_and_resumes() {
     .await;
     // Acked once parked: nothing of it is left in the jobs stream.
     eventually("the job to be acked", || async {
-        let mut jobs = mesh.js.get_stream(Subjects::default().jobs_stream()).await.ok()?;
+        let mut jobs = mesh
+            .js
+            .get_stream(Subjects::default().jobs_stream())
+            .await
+            .ok()?;
         (jobs.info().await.ok()?.state.messages == 0).then_some(())
     })
     .await;
     assert!(mesh.runs.lock().unwrap().is_empty());
     decide(&mesh, &awaiting.confirmation_id, true).await;
     let r = result(&mesh, "async-parked").await;
-    assert_eq!((r.status, r.confirmation.decision), (ExecStatus::Ok, Decision::Approved));
+    assert_eq!(
+        (r.status, r.confirmation.decision),
+        (ExecStatus::Ok, Decision::Approved)
+    );
     assert!(r.timing.confirm_ms > 0);
     mesh.shutdown().await;
 }

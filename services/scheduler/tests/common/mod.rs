@@ -139,8 +139,7 @@ impl MeshBuilder {
         let url = nats.url();
         let nc = connect(&url).await;
         let mut mesh = Mesh {
-            client: Caller::new(nc.clone(), Duration::from_secs(120))
-                .with_encoding(Encoding::Json),
+            client: Caller::new(nc.clone(), Duration::from_secs(120)).with_encoding(Encoding::Json),
             js: jetstream::new(nc),
             nats,
             url,
@@ -154,16 +153,18 @@ impl MeshBuilder {
         match self.risk {
             Some(Part::Fake) => mesh.serve_risk_standin().await,
             Some(Part::Real) => {
-                let c = risk_assessor::RiskAssessorConfig::from_env(&env_of(&mesh.url, &[]))
-                    .unwrap();
+                let c =
+                    risk_assessor::RiskAssessorConfig::from_env(&env_of(&mesh.url, &[])).unwrap();
                 mesh.add("risk-assessor", |stop| spawn(risk_assessor::run(c, stop)));
                 mesh.wait_for_risk().await;
             }
             None => {}
         }
         if let Some(policy) = &self.confirm {
-            let policy: Vec<(&str, &str)> =
-                policy.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let policy: Vec<(&str, &str)> = policy
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
             mesh.start_confirmation(&policy);
         }
         if let Some(approve) = self.confirm_standin {
