@@ -15,9 +15,10 @@ use messages::workspace::WsInit;
 use messages::{ErrorBody, Subjects};
 use serde_json::json;
 
+use crate::dispatch::PLACEMENT_ATTEMPTS;
+use crate::error::dependency_error;
 use crate::execution::terminal;
 use crate::executor_client::{settle, Call, ExecutorClient};
-use crate::pipeline::{dependency_error, PLACEMENT_ATTEMPTS};
 use crate::placement::{Decision, Requirements};
 use crate::placer::Placer;
 use crate::sessions::{mark_lost, Change, SessionTable};

@@ -12,8 +12,8 @@ use messages::risk::RiskAssessment;
 use messages::subjects::ConfirmOp;
 use messages::{ErrorBody, ErrorKind, Subjects};
 
+use crate::error::dependency_error;
 use crate::execution::{ms, Execution};
-use crate::pipeline::dependency_error;
 
 /// Pause between attempts to reach a confirmation service that is (re)starting.
 const RETRY: Duration = Duration::from_millis(250);

@@ -1,5 +1,7 @@
-//! The scheduler's error for JetStream operations: what was being done, and why it failed.
+//! The scheduler's errors: JetStream operations that failed (what was being done, and why), and
+//! failed calls to other services, named.
 
+use kit::CallError;
 use messages::ErrorBody;
 
 type Cause = Box<dyn std::error::Error + Send + Sync>;
@@ -32,5 +34,35 @@ impl StoreError {
 impl From<StoreError> for ErrorBody {
     fn from(e: StoreError) -> Self {
         ErrorBody::unavailable(format!("JetStream: {e}"))
+    }
+}
+
+/// A failed call to another service, named so the client knows which part is missing.
+pub fn dependency_error(service: &str, e: CallError) -> ErrorBody {
+    match e {
+        CallError::Service(body) => body,
+        CallError::NoResponders(subject) => ErrorBody::unavailable(format!(
+            "the {service} service is not running (no responders on {subject})"
+        )),
+        other => {
+            let kind = other.kind();
+            ErrorBody::new(kind, format!("{service}: {other}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use messages::ErrorKind;
+
+    #[test]
+    fn missing_services_are_named() {
+        let e = dependency_error(
+            "risk-assessor",
+            CallError::NoResponders("sandbox.v1.risk.assess".into()),
+        );
+        assert_eq!(e.kind, ErrorKind::Unavailable);
+        assert!(e.message.contains("risk-assessor"));
     }
 }

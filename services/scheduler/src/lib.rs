@@ -26,7 +26,8 @@
 //!     │                              └─ lost nodes ──▶ SessionApi::mark_lost_sessions
 //!     ├─ Intake (sync) ─┐
 //!     ├─ Jobs (async) ──┼──▶ Pipeline ── Placer (registry + slots Notify), SessionAffinity,
-//!     └─ Resumer ───────┘    ExecutorClient, ConfirmClient, ResultStore, Claims, ParkedStore
+//!     └─ Resumer ───────┘    ExecutorClient (Dispatcher), ConfirmClient, ResultStore, Claims,
+//!                            ParkedStore
 //! ```
 //! A semaphore of `SANDMESH_SCHED_MAX_QUEUE` permits, shared by Intake, Jobs and Resumer, is
 //! the bounded queue.
@@ -35,6 +36,7 @@ pub mod affinity;
 pub mod claims;
 pub mod config;
 pub mod confirm;
+pub mod dispatch;
 pub mod error;
 pub mod execution;
 pub mod executor_client;
@@ -69,6 +71,7 @@ pub use execution::{Origin, Outcome};
 use crate::affinity::SessionAffinity;
 use crate::claims::Claims;
 use crate::confirm::ConfirmClient;
+use crate::dispatch::Dispatcher;
 use crate::executor_client::ExecutorClient;
 use crate::intake::Intake;
 use crate::jobs::{Jobs, JobsError};
@@ -185,9 +188,12 @@ pub async fn run(
         claims.clone(),
         confirm.clone(),
         parked.clone(),
-        placer,
-        executor.clone(),
-        affinity.clone(),
+        Dispatcher::new(
+            placer,
+            executor.clone(),
+            affinity.clone(),
+            config.exec_grace,
+        ),
         auditor.clone(),
     );
     let stopping = CancellationToken::new();

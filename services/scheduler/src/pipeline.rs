@@ -9,28 +9,22 @@
 
 use std::time::{Duration, Instant};
 
-use kit::{AuditScope, Auditor, CallError, Caller};
+use kit::{AuditScope, Auditor, Caller};
 use messages::audit::AuditKind;
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier};
-use messages::executor::{ExecutorRun, RunKind};
 use messages::risk::{AssessRequest, RiskAssessment};
 use messages::validate::{validate_exec, Ceilings};
 use messages::{ErrorBody, ErrorKind, Subjects};
 use serde_json::json;
 
-use crate::affinity::SessionAffinity;
 use crate::claims::{Claim, ClaimOutcome, Claims};
 use crate::confirm::{self, ConfirmClient};
+use crate::dispatch::Dispatcher;
+use crate::error::dependency_error;
 use crate::execution::{ms, Execution, Origin, Outcome};
-use crate::executor_client::{settle, Call, ExecutorClient};
 use crate::parking::{Parked, ParkedState, ParkedStore};
-use crate::placement::Requirements;
-use crate::placer::Placer;
 use crate::results::ResultStore;
 use crate::tier::decide_tier;
-
-/// Tries per execution when the chosen node turns out to be gone (no responders).
-pub const PLACEMENT_ATTEMPTS: usize = 3;
 
 /// The settings the stages decide by.
 #[derive(Debug, Clone)]
@@ -52,9 +46,7 @@ pub struct Pipeline {
     claims: Claims,
     confirm: ConfirmClient,
     parked: ParkedStore,
-    placer: Placer,
-    executor: ExecutorClient,
-    affinity: SessionAffinity,
+    dispatcher: Dispatcher,
     auditor: Auditor,
 }
 
@@ -78,9 +70,7 @@ impl Pipeline {
         claims: Claims,
         confirm: ConfirmClient,
         parked: ParkedStore,
-        placer: Placer,
-        executor: ExecutorClient,
-        affinity: SessionAffinity,
+        dispatcher: Dispatcher,
         auditor: Auditor,
     ) -> Self {
         Self {
@@ -91,9 +81,7 @@ impl Pipeline {
             claims,
             confirm,
             parked,
-            placer,
-            executor,
-            affinity,
+            dispatcher,
             auditor,
         }
     }
@@ -361,7 +349,7 @@ impl Pipeline {
             let r = exec.refused(ExecStatus::Internal, exec.tier, error);
             return self.store(&exec, r, claim).await;
         }
-        match self.dispatch(&exec).await {
+        match self.dispatcher.dispatch(&exec).await {
             Ok(result) => {
                 let result = exec.finish(result);
                 self.store(&exec, result, claim).await
@@ -422,91 +410,8 @@ impl Pipeline {
             .await
             .map_err(|e| dependency_error("risk-assessor", e))
     }
-
-    /// The place and run stages: a session's node, or the node the strategy picks (the
-    /// executor queue group while no node is known). `Err` is a transient failure.
-    async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
-        let limits = exec.limits;
-        let mut request = exec.request.clone();
-        request.timeout_ms = Some(limits.timeout_ms);
-        request.limits = Some(limits.as_limits());
-        let mut run = ExecutorRun {
-            execution_id: exec.id.clone(),
-            tier: exec.tier,
-            request,
-            session_restored: false,
-            kind: match (exec.tier, exec.request.session_id.is_some()) {
-                (_, true) => RunKind::Session,
-                (Tier::Session, false) => RunKind::Isolated,
-                _ => RunKind::Pooled,
-            },
-        };
-        let needs = Requirements {
-            cpus: limits.cpus,
-            memory_mb: limits.memory_mb,
-        };
-        let deadline = Duration::from_millis(limits.timeout_ms) + self.policy.exec_grace;
-        let scope = exec.scope();
-        if let Some(session_id) = &exec.request.session_id {
-            return self
-                .affinity
-                .dispatch_session(session_id, &mut run, needs, deadline, &scope)
-                .await;
-        }
-        let mut exclude = Vec::new();
-        for _ in 0..PLACEMENT_ATTEMPTS {
-            let decision = self.placer.pick_waiting(needs, &exclude, deadline).await?;
-            let node = decision.as_ref().map(|d| d.node.clone());
-            self.placer.audit_placed(&scope, &run, decision.as_ref());
-            let call = self
-                .executor
-                .run(node.as_deref(), &run, deadline, &scope)
-                .await;
-            // The pick counted this work on the node; it has ended either way.
-            self.placer.release(node.as_deref());
-            match call {
-                Call::NoResponders => match node {
-                    Some(node) => exclude.push(node),
-                    None => break,
-                },
-                other => return settle(other, node, &run),
-            }
-        }
-        Err(ErrorBody::unavailable(
-            "no docker executor is running (no responders on the executor subjects)",
-        ))
-    }
 }
 
 fn spawn_release(claim: Box<Claim>) {
     tokio::spawn(claim.release());
-}
-
-/// A failed call to another service, named so the client knows which part is missing.
-pub fn dependency_error(service: &str, e: CallError) -> ErrorBody {
-    match e {
-        CallError::Service(body) => body,
-        CallError::NoResponders(subject) => ErrorBody::unavailable(format!(
-            "the {service} service is not running (no responders on {subject})"
-        )),
-        other => {
-            let kind = other.kind();
-            ErrorBody::new(kind, format!("{service}: {other}"))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn missing_services_are_named() {
-        let e = dependency_error(
-            "risk-assessor",
-            CallError::NoResponders("sandbox.v1.risk.assess".into()),
-        );
-        assert_eq!(e.kind, ErrorKind::Unavailable);
-        assert!(e.message.contains("risk-assessor"));
-    }
 }

@@ -90,7 +90,12 @@ impl Resumer {
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     m = decided.next() => match m {
-                        Some(m) => self.on_decided(&m.payload, &stop).await,
+                        // Off the read loop, so a burst of decisions never makes NATS drop
+                        // events for a slow subscriber.
+                        Some(m) => {
+                            let (me, stop) = (self.clone(), stop.clone());
+                            self.tasks.spawn(async move { me.on_decided(&m.payload, &stop).await });
+                        }
                         None => break,
                     },
                     _ = tick.tick() => {

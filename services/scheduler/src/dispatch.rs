@@ -1,0 +1,99 @@
+//! `Dispatcher`: the place and run stages of the [`crate::pipeline::Pipeline`]. Work of a
+//! session goes to the node holding its container ([`SessionAffinity`]); other work to the node
+//! the strategy picks ([`Placer`], waiting for a free slot), or to the `executor.docker.run`
+//! queue group while no node is known. Strict isolation without a session is its own run kind
+//! (`RunKind::Isolated`): a fresh single-use container, no workspace, no fake session.
+
+use std::time::Duration;
+
+use messages::exec::{ExecResult, Tier};
+use messages::executor::{ExecutorRun, RunKind};
+use messages::ErrorBody;
+
+use crate::affinity::SessionAffinity;
+use crate::execution::Execution;
+use crate::executor_client::{settle, Call, ExecutorClient};
+use crate::placement::Requirements;
+use crate::placer::Placer;
+
+/// Tries per execution when the chosen node turns out to be gone (no responders).
+pub const PLACEMENT_ATTEMPTS: usize = 3;
+
+#[derive(Clone)]
+pub struct Dispatcher {
+    placer: Placer,
+    executor: ExecutorClient,
+    affinity: SessionAffinity,
+    /// Added to an execution's own timeout; past it the executor counts as lost.
+    exec_grace: Duration,
+}
+
+impl Dispatcher {
+    pub fn new(
+        placer: Placer,
+        executor: ExecutorClient,
+        affinity: SessionAffinity,
+        exec_grace: Duration,
+    ) -> Self {
+        Self {
+            placer,
+            executor,
+            affinity,
+            exec_grace,
+        }
+    }
+
+    /// The place and run stages: a session's node, or the node the strategy picks (the
+    /// executor queue group while no node is known). `Err` is a transient failure.
+    pub async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
+        let limits = exec.limits;
+        let mut request = exec.request.clone();
+        request.timeout_ms = Some(limits.timeout_ms);
+        request.limits = Some(limits.as_limits());
+        let mut run = ExecutorRun {
+            execution_id: exec.id.clone(),
+            tier: exec.tier,
+            request,
+            session_restored: false,
+            kind: match (exec.tier, exec.request.session_id.is_some()) {
+                (_, true) => RunKind::Session,
+                (Tier::Session, false) => RunKind::Isolated,
+                _ => RunKind::Pooled,
+            },
+        };
+        let needs = Requirements {
+            cpus: limits.cpus,
+            memory_mb: limits.memory_mb,
+        };
+        let deadline = Duration::from_millis(limits.timeout_ms) + self.exec_grace;
+        let scope = exec.scope();
+        if let Some(session_id) = &exec.request.session_id {
+            return self
+                .affinity
+                .dispatch_session(session_id, &mut run, needs, deadline, &scope)
+                .await;
+        }
+        let mut exclude = Vec::new();
+        for _ in 0..PLACEMENT_ATTEMPTS {
+            let decision = self.placer.pick_waiting(needs, &exclude, deadline).await?;
+            let node = decision.as_ref().map(|d| d.node.clone());
+            self.placer.audit_placed(&scope, &run, decision.as_ref());
+            let call = self
+                .executor
+                .run(node.as_deref(), &run, deadline, &scope)
+                .await;
+            // The pick counted this work on the node; it has ended either way.
+            self.placer.release(node.as_deref());
+            match call {
+                Call::NoResponders => match node {
+                    Some(node) => exclude.push(node),
+                    None => break,
+                },
+                other => return settle(other, node, &run),
+            }
+        }
+        Err(ErrorBody::unavailable(
+            "no docker executor is running (no responders on the executor subjects)",
+        ))
+    }
+}
