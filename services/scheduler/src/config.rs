@@ -104,6 +104,10 @@ impl SchedulerConfig {
                 r.error(format!("SANDMESH_{name}: must be at least 3000"));
             }
         }
+        let parked_sweep = r.millis("SCHED_PARKED_SWEEP_MS", Duration::from_secs(5));
+        if parked_sweep < Duration::from_millis(100) {
+            r.error("SANDMESH_SCHED_PARKED_SWEEP_MS: must be at least 100");
+        }
         let config = Self {
             kit,
             security_mode,
@@ -112,7 +116,7 @@ impl SchedulerConfig {
             ceilings,
             assess_timeout: r.millis("SCHED_ASSESS_TIMEOUT_MS", Duration::from_secs(10)),
             confirm_timeout: r.millis("SCHED_CONFIRM_TIMEOUT_MS", Duration::from_secs(300)),
-            parked_sweep: r.millis("SCHED_PARKED_SWEEP_MS", Duration::from_secs(5)),
+            parked_sweep,
             exec_grace: r.millis("SCHED_EXEC_GRACE_MS", Duration::from_secs(30)),
             job_max_deliver,
             job_ack_wait,
@@ -169,10 +173,11 @@ mod tests {
             ("SANDMESH_PLACEMENT", "random"),
             ("SANDMESH_SCHED_MAX_QUEUE", "0"),
             ("SANDMESH_SCHED_CLAIM_TTL_MS", "10"),
+            ("SANDMESH_SCHED_PARKED_SWEEP_MS", "0"),
             ("SANDMESH_HEARTBEAT_MS", "x"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 5, "{e}");
+        assert_eq!(e.0.len(), 6, "{e}");
     }
 
     #[test]

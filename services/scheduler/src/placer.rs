@@ -21,10 +21,16 @@ use crate::registry::{RegistryHandle, RegistryMsg};
 /// How long one question to the registry may take; it answers from memory.
 const REGISTRY_CALL: Duration = Duration::from_secs(5);
 
-/// The registry could not be asked (it died and is being restarted).
+/// The registry could not be asked (it died and is being restarted): retry.
 #[derive(Debug, thiserror::Error)]
-#[error("the runtime registry did not answer ({0}); retry")]
-pub struct RegistryGone(String);
+pub enum RegistryGone {
+    #[error("the runtime registry did not answer in time; retry")]
+    TimedOut,
+    #[error("the runtime registry stopped before answering; retry")]
+    Stopped,
+    #[error("the runtime registry is not running; retry")]
+    Unreachable(#[source] ractor::MessagingErr<RegistryMsg>),
+}
 
 impl From<RegistryGone> for ErrorBody {
     fn from(e: RegistryGone) -> Self {
@@ -80,9 +86,9 @@ impl Placer {
     {
         match self.registry.get().call(msg, Some(REGISTRY_CALL)).await {
             Ok(CallResult::Success(v)) => Ok(v),
-            Ok(CallResult::Timeout) => Err(RegistryGone("timed out".into())),
-            Ok(CallResult::SenderError) => Err(RegistryGone("it stopped".into())),
-            Err(e) => Err(RegistryGone(e.to_string())),
+            Ok(CallResult::Timeout) => Err(RegistryGone::TimedOut),
+            Ok(CallResult::SenderError) => Err(RegistryGone::Stopped),
+            Err(e) => Err(RegistryGone::Unreachable(e)),
         }
     }
 
