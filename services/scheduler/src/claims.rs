@@ -12,7 +12,7 @@ use messages::Subjects;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::StoreError;
+use crate::error::{ensure_bucket, StoreError};
 
 /// What a claim key holds: who runs the execution, since when.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -55,17 +55,7 @@ impl Claims {
             storage: stream::StorageType::File,
             ..Default::default()
         };
-        let kv = match js.get_key_value(&bucket).await {
-            Ok(kv) => kv,
-            Err(_) => match js.create_key_value(config).await {
-                Ok(kv) => kv,
-                // Another instance created it in between.
-                Err(e) => js
-                    .get_key_value(&bucket)
-                    .await
-                    .map_err(|_| StoreError::new("creating the claims bucket", e))?,
-            },
-        };
+        let kv = ensure_bucket(js, config).await?;
         Ok(Self {
             js: js.clone(),
             kv,

@@ -1,6 +1,7 @@
 //! The scheduler's errors: JetStream operations that failed (what was being done, and why), and
-//! failed calls to other services, named.
+//! failed calls to other services, named; and opening its own KV buckets.
 
+use async_nats::jetstream::{self, kv};
 use kit::CallError;
 use messages::ErrorBody;
 
@@ -34,6 +35,25 @@ impl StoreError {
 impl From<StoreError> for ErrorBody {
     fn from(e: StoreError) -> Self {
         ErrorBody::unavailable(format!("JetStream: {e}"))
+    }
+}
+
+/// Opens the scheduler's own KV bucket, creating it when it does not exist yet (another
+/// instance may create it in between: then it is opened).
+pub async fn ensure_bucket(
+    js: &jetstream::Context,
+    config: kv::Config,
+) -> Result<kv::Store, StoreError> {
+    let bucket = config.bucket.clone();
+    match js.get_key_value(&bucket).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => match js.create_key_value(config).await {
+            Ok(kv) => Ok(kv),
+            Err(e) => js
+                .get_key_value(&bucket)
+                .await
+                .map_err(|_| StoreError::new("creating a KV bucket", e)),
+        },
     }
 }
 

@@ -9,7 +9,7 @@ use messages::exec::AwaitingConfirmation;
 use messages::Subjects;
 use serde::{Deserialize, Serialize};
 
-use crate::error::StoreError;
+use crate::error::{ensure_bucket, StoreError};
 use crate::execution::Execution;
 
 /// What a parked execution waits for.
@@ -47,24 +47,13 @@ pub struct ParkedStore {
 
 impl ParkedStore {
     pub async fn open(js: &jetstream::Context, subjects: &Subjects) -> Result<Self, StoreError> {
-        let bucket = subjects.parked_executions_bucket();
         let config = kv::Config {
-            bucket: bucket.clone(),
+            bucket: subjects.parked_executions_bucket(),
             history: 1,
             storage: stream::StorageType::File,
             ..Default::default()
         };
-        let kv = match js.get_key_value(&bucket).await {
-            Ok(kv) => kv,
-            Err(_) => match js.create_key_value(config).await {
-                Ok(kv) => kv,
-                // Another instance created it in between.
-                Err(e) => js
-                    .get_key_value(&bucket)
-                    .await
-                    .map_err(|_| StoreError::new("creating the parked executions bucket", e))?,
-            },
-        };
+        let kv = ensure_bucket(js, config).await?;
         Ok(Self { kv })
     }
 
