@@ -162,3 +162,89 @@ impl Placer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{Registry, RegistryArgs};
+    use messages::heartbeat::Heartbeat;
+    use ractor::Actor;
+
+    async fn placer_with_one_slot() -> (Placer, ractor::ActorRef<RegistryMsg>) {
+        let slots = Arc::new(Notify::new());
+        let (on_lost, _) = tokio::sync::mpsc::unbounded_channel();
+        let args = RegistryArgs {
+            strategy: Strategy::LeastLoaded,
+            on_lost,
+            slots: slots.clone(),
+        };
+        let (registry, _) = Actor::spawn(None, Registry, args).await.unwrap();
+        registry
+            .cast(RegistryMsg::Upsert(Heartbeat {
+                instance_id: "a".into(),
+                capacity: 1,
+                ..Default::default()
+            }))
+            .unwrap();
+        // Nothing is audited here; the client never needs a server.
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("127.0.0.1:1")
+            .await
+            .unwrap();
+        let subjects = messages::Subjects::default();
+        let auditor = Auditor::new(async_nats::jetstream::new(client), subjects, "t", "t");
+        let handle = RegistryHandle::new(registry.clone());
+        let placer = Placer::new(handle, slots, Strategy::LeastLoaded, auditor);
+        (placer, registry)
+    }
+
+    /// On a paused clock no time passes while the waiter sleeps on the `Notify`: it is woken by
+    /// the finished run, not by a timer (a polling loop would advance the clock).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_pick_is_woken_by_a_finished_run_not_by_polling() {
+        let (placer, registry) = placer_with_one_slot().await;
+        let needs = Requirements::default();
+        let taken = placer
+            .pick(needs, &[])
+            .await
+            .unwrap()
+            .expect("the one slot");
+        let started = Instant::now();
+        let waiting = tokio::spawn({
+            let placer = placer.clone();
+            async move {
+                placer
+                    .pick_waiting(needs, &[], Duration::from_secs(3600))
+                    .await
+            }
+        });
+        // Let the waiter find every node full and go to sleep.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "no slot is free yet");
+        placer.release(Some(&taken.node));
+        let decision = waiting.await.unwrap().unwrap();
+        assert_eq!(decision.map(|d| d.node).as_deref(), Some("a"));
+        assert_eq!(started.elapsed(), Duration::ZERO, "woken, not polled");
+        registry.stop(None);
+    }
+
+    #[tokio::test]
+    async fn a_wait_ends_when_the_only_nodes_left_are_excluded() {
+        let (placer, registry) = placer_with_one_slot().await;
+        let picked = placer
+            .pick_waiting(
+                Requirements::default(),
+                &["a".into()],
+                Duration::from_secs(3600),
+            )
+            .await
+            .unwrap();
+        assert_eq!(picked, None);
+        registry.kill();
+        let gone = placer.pick(Requirements::default(), &[]).await;
+        assert!(gone.is_err(), "a dead registry is an error, not 'no node'");
+    }
+}

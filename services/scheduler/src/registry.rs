@@ -193,6 +193,9 @@ impl Actor for Registry {
             RegistryMsg::Finished { node } => {
                 if let Some(e) = state.nodes.get_mut(&node) {
                     e.running = e.running.saturating_sub(1);
+                    // Work that ended before the node's next heartbeat is no longer load: its
+                    // slot is free now, not a heartbeat later.
+                    e.sent_since_beat = e.sent_since_beat.saturating_sub(1);
                 }
                 state.slots.notify_waiters();
             }
