@@ -325,6 +325,18 @@ async fn an_async_job_parks_and_resumes() {
         (ExecStatus::Ok, Decision::Approved)
     );
     assert!(r.timing.confirm_ms > 0);
+    let kinds = eventually("the parked and resumed audit events", || async {
+        let k = audit_kinds(&mesh.url, "async-parked").await;
+        k.iter().any(|k| k == "finished").then_some(k)
+    })
+    .await;
+    for kind in ["parked", "resumed"] {
+        assert_eq!(
+            kinds.iter().filter(|k| *k == kind).count(),
+            1,
+            "{kind} in {kinds:?}"
+        );
+    }
     mesh.shutdown().await;
 }
 
