@@ -1,6 +1,8 @@
 //! `sandmesh exec`: run code through the mesh. Output is printed live as the executor streams
 //! it (`output.<execution_id>`, subscribed before the request is sent so nothing is missed),
 //! then a one-line summary goes to stderr, and the process exits with the program's exit code.
+//! When the code needs a person's approval, the scheduler parks it and says so at once on the
+//! inbox named in the `Sandmesh-Notify` header; the CLI prints how to approve it while it waits.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,7 +12,8 @@ use anyhow::Context;
 use futures::StreamExt;
 use kit::Caller;
 use messages::exec::{
-    ExecRequest, ExecResult, ExecStatus, Language, OutputChunk, OutputStream, TierChoice,
+    AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputChunk, OutputStream,
+    TierChoice, NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
 use messages::{codec, Encoding, Subjects};
 
@@ -114,6 +117,80 @@ async fn print_output(
     printed
 }
 
+/// Prints the scheduler's notice that the execution waits for a person, until `stop`.
+async fn print_notices(mut sub: async_nats::Subscriber, stop: tokio::sync::oneshot::Receiver<()>) {
+    tokio::pin!(stop);
+    loop {
+        let msg = tokio::select! {
+            _ = &mut stop => return,
+            m = sub.next() => match m { Some(m) => m, None => return },
+        };
+        let status = msg.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
+        if status.map(|v| v.as_str()) != Some(STATUS_AWAITING_CONFIRMATION) {
+            continue;
+        }
+        if let Ok(a) = serde_json::from_slice::<AwaitingConfirmation>(&msg.payload) {
+            eprintln!("{}", waiting_line(&a, messages::now_ms()));
+        }
+    }
+}
+
+/// `waiting for approval — sandmesh confirm approve <id> (expires in 4m 59s)`
+pub fn waiting_line(a: &AwaitingConfirmation, now_ms: u64) -> String {
+    let left = a.expires_at.saturating_sub(now_ms) / 1000;
+    let expires = match left {
+        0..=59 => format!("{left}s"),
+        _ => format!("{}m {}s", left / 60, left % 60),
+    };
+    format!(
+        "waiting for approval — sandmesh confirm approve {} (expires in {expires})",
+        a.confirmation_id
+    )
+}
+
+/// Sends the sync request with a notify inbox, printing any awaiting-confirmation notice.
+async fn call_exec(
+    caller: &Caller,
+    subjects: &Subjects,
+    req: &ExecRequest,
+    wait: Duration,
+) -> Result<ExecResult, kit::CallError> {
+    let client = caller.client();
+    let subject = subjects.exec();
+    let transport = |e: &dyn std::fmt::Display| kit::CallError::Transport {
+        subject: subject.clone(),
+        message: e.to_string(),
+    };
+    let inbox = client.new_inbox();
+    let notices = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| transport(&e))?;
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let printer = tokio::spawn(print_notices(notices, stopped));
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(codec::CONTENT_TYPE, codec::JSON);
+    headers.insert(NOTIFY_HEADER, inbox.as_str());
+    kit::telemetry::inject_current(&mut headers);
+    let payload = Encoding::Json.encode(req).map_err(|e| transport(&e))?;
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(payload.into())
+        .timeout(Some(wait));
+    let reply = client.send_request(subject.clone(), request).await;
+    let _ = stop.send(());
+    let _ = printer.await;
+    let message = reply.map_err(|e| match e.kind() {
+        async_nats::RequestErrorKind::NoResponders => kit::CallError::NoResponders(subject.clone()),
+        async_nats::RequestErrorKind::TimedOut => kit::CallError::TimedOut {
+            subject: subject.clone(),
+            timeout: wait,
+        },
+        _ => transport(&e),
+    })?;
+    kit::call::decode_reply(&subject, message.headers.as_ref(), &message.payload)
+}
+
 /// `ok · exit 0 · tier ephemeral · risk safe · 212 ms (queued 0, assess 4, confirm 0, exec 198) · node n1 · id 01J…`
 pub fn summary(r: &ExecResult) -> String {
     let mut parts = vec![r.status.as_str().to_string()];
@@ -185,7 +262,7 @@ pub async fn run(caller: &Caller, subjects: &Subjects, args: ExecArgs) -> anyhow
     };
     // Room for the program's own time and a person deciding a confirmation.
     let wait = Duration::from_millis(args.timeout_ms.unwrap_or(30_000)) + Duration::from_secs(600);
-    let reply: Result<ExecResult, _> = caller.call_timeout(subjects.exec(), &req, wait).await;
+    let reply = call_exec(caller, subjects, &req, wait).await;
     let result = match reply {
         Ok(r) => r,
         Err(e) => {
@@ -249,6 +326,20 @@ mod tests {
         r.status = ExecStatus::Timeout;
         r.exit_code = Some(0);
         assert_eq!(exit_code(&r), 1, "a timed-out run never exits 0");
+    }
+
+    #[test]
+    fn the_waiting_line_says_how_to_approve_and_when_it_expires() {
+        let a = AwaitingConfirmation {
+            execution_id: "e".into(),
+            confirmation_id: "01JC".into(),
+            expires_at: 300_000,
+        };
+        assert_eq!(
+            waiting_line(&a, 1_000),
+            "waiting for approval — sandmesh confirm approve 01JC (expires in 4m 59s)"
+        );
+        assert!(waiting_line(&a, 290_000).ends_with("(expires in 10s)"));
     }
 
     #[test]

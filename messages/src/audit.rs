@@ -21,6 +21,10 @@ pub enum AuditKind {
     SessionOpened,
     SessionClosed,
     SessionLost,
+    /// An execution waits for a person; its state is parked and its capacity released.
+    Parked,
+    /// A parked execution continues after the decision (or its expiry).
+    Resumed,
 }
 
 impl AuditKind {
@@ -41,6 +45,8 @@ impl AuditKind {
             AuditKind::SessionOpened => "session_opened",
             AuditKind::SessionClosed => "session_closed",
             AuditKind::SessionLost => "session_lost",
+            AuditKind::Parked => "parked",
+            AuditKind::Resumed => "resumed",
         }
     }
 }

@@ -272,8 +272,35 @@ pub struct ResultGet {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ResultLookup {
-    Done { result: Box<ExecResult> },
-    Pending { execution_id: String },
+    Done {
+        result: Box<ExecResult>,
+    },
+    Pending {
+        execution_id: String,
+        /// Set while the execution is parked waiting for a person's decision.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        awaiting_confirmation: Option<AwaitingConfirmation>,
+    },
+}
+
+/// Request header of a sync `exec` naming a subject (an `_INBOX.` subject of the caller's) on
+/// which the scheduler publishes status notices before the final reply. Opt-in, because a plain
+/// request-reply client would take the first message on its reply inbox as the reply.
+pub const NOTIFY_HEADER: &str = "Sandmesh-Notify";
+/// Header of a status notice saying what it is.
+pub const STATUS_HEADER: &str = "Sandmesh-Status";
+/// [`STATUS_HEADER`] value: the execution is parked until a person decides; the body is an
+/// [`AwaitingConfirmation`] (JSON).
+pub const STATUS_AWAITING_CONFIRMATION: &str = "awaiting-confirmation";
+
+/// An execution waits for a person: decide it with `confirm.decide` (CLI:
+/// `sandmesh confirm approve <confirmation_id>`) before `expires_at`, or it is denied.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AwaitingConfirmation {
+    pub execution_id: String,
+    pub confirmation_id: String,
+    /// Unix milliseconds.
+    pub expires_at: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -175,6 +175,14 @@ impl Subjects {
     pub fn workspace_objects_bucket(&self) -> String {
         format!("{}_workspace_blobs", self.bucket_stem())
     }
+    /// The scheduler's executions parked while they wait for a person (one key per execution).
+    pub fn parked_executions_bucket(&self) -> String {
+        format!("{}_parked_executions", self.bucket_stem())
+    }
+    /// The scheduler's execution claims (one key per execution id being run).
+    pub fn exec_claims_bucket(&self) -> String {
+        format!("{}_exec_claims", self.bucket_stem())
+    }
 }
 
 macro_rules! ops {

@@ -5,24 +5,63 @@
 
 use std::time::{Duration, Instant};
 
-use kit::AuditScope;
+use kit::{AuditScope, Auditor, Caller};
 use messages::audit::AuditKind;
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::ExecutorRun;
 use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::subjects::WorkspaceOp;
 use messages::workspace::WsInit;
-use messages::ErrorBody;
+use messages::{ErrorBody, Subjects};
 use serde_json::json;
 
-use crate::dispatch::{Call, PLACEMENT_ATTEMPTS};
-use crate::pipeline::{dependency_error, terminal, Scheduler};
+use crate::dispatch::PLACEMENT_ATTEMPTS;
+use crate::error::dependency_error;
+use crate::execution::terminal;
+use crate::executor_client::{settle, Call, ExecutorClient};
 use crate::placement::{Decision, Requirements};
-use crate::registry::RegistryMsg;
-use crate::sessions::{mark_lost, Change};
+use crate::placer::Placer;
+use crate::sessions::{mark_lost, Change, SessionTable};
 
-impl Scheduler {
-    pub(crate) async fn dispatch_session(
+#[derive(Clone)]
+pub struct SessionAffinity {
+    sessions: SessionTable,
+    placer: Placer,
+    executor: ExecutorClient,
+    /// For `workspace.init` when a session opens.
+    caller: Caller,
+    subjects: Subjects,
+    auditor: Auditor,
+    /// Session bookkeeping off the reply's path; waited for at shutdown.
+    background: tokio_util::task::TaskTracker,
+}
+
+impl SessionAffinity {
+    pub fn new(
+        sessions: SessionTable,
+        placer: Placer,
+        executor: ExecutorClient,
+        caller: Caller,
+        subjects: Subjects,
+        auditor: Auditor,
+        background: tokio_util::task::TaskTracker,
+    ) -> Self {
+        Self {
+            sessions,
+            placer,
+            executor,
+            caller,
+            subjects,
+            auditor,
+            background,
+        }
+    }
+
+    pub fn sessions(&self) -> &SessionTable {
+        &self.sessions
+    }
+
+    pub async fn dispatch_session(
         &self,
         session_id: &str,
         run: &mut ExecutorRun,
@@ -48,7 +87,7 @@ impl Scheduler {
             let (node, restored, decision) =
                 self.place_session(&record, needs, deadline, scope).await?;
             run.session_restored = restored;
-            self.audit_placed(
+            self.placer.audit_placed(
                 scope,
                 run,
                 decision.as_ref().or(Some(&Decision {
@@ -59,30 +98,28 @@ impl Scheduler {
             );
             if decision.is_none() {
                 // Not picked (affinity): count it on its node like a pick would.
-                let _ = self
-                    .0
-                    .registry
-                    .cast(RegistryMsg::Dispatched { node: node.clone() });
+                self.placer.dispatched(&node);
             }
-            let call = self.call_executor(Some(&node), run, deadline, scope).await;
-            self.release(Some(&node));
+            let call = self.executor.run(Some(&node), run, deadline, scope).await;
+            self.placer.release(Some(&node));
             match call {
                 Call::NoResponders => {
                     record = self.session_lost(session_id, &node, scope).await?;
                 }
                 Call::Lost(why) => {
                     self.session_lost(session_id, &node, scope).await?;
-                    return self.settle(Call::Lost(why), Some(node), run);
+                    return settle(Call::Lost(why), Some(node), run);
                 }
                 other => {
                     let done = matches!(other, Call::Done(_));
-                    let mut result = self.settle(other, Some(node.clone()), run)?;
+                    let mut result = settle(other, Some(node.clone()), run)?;
                     result.session_restored |= restored;
                     if done {
                         // Bookkeeping (use count, last use) off the reply's path: two KV
                         // round trips the caller need not wait for.
                         let (me, id) = (self.clone(), session_id.to_string());
-                        tokio::spawn(async move { me.touch_session(&id, &node).await });
+                        self.background
+                            .spawn(async move { me.touch_session(&id, &node).await });
                     }
                     return Ok(result);
                 }
@@ -94,13 +131,13 @@ impl Scheduler {
     }
 
     /// The session's record, opening it (and its workspace) on first use.
-    pub(crate) async fn ensure_session(
+    pub async fn ensure_session(
         &self,
         session_id: &str,
         requested_by: Option<String>,
         scope: &AuditScope,
     ) -> Result<SessionRecord, ErrorBody> {
-        if let Some(record) = self.0.sessions.get(session_id).await? {
+        if let Some(record) = self.sessions.get(session_id).await? {
             return Ok(record);
         }
         let open = SessionOpen {
@@ -112,7 +149,7 @@ impl Scheduler {
     }
 
     /// Creates the workspace, then the record (idempotent: an existing record is returned).
-    pub(crate) async fn open_session(
+    pub async fn open_session(
         &self,
         session_id: &str,
         open: &SessionOpen,
@@ -121,14 +158,13 @@ impl Scheduler {
         let init = WsInit {
             session_id: session_id.to_string(),
         };
-        self.0
-            .caller
-            .call::<_, serde::de::IgnoredAny>(self.0.subjects.workspace(WorkspaceOp::Init), &init)
+        self.caller
+            .call::<_, serde::de::IgnoredAny>(self.subjects.workspace(WorkspaceOp::Init), &init)
             .await
             .map_err(|e| dependency_error("workspace-store", e))?;
-        let (record, created) = self.0.sessions.open(session_id, open).await?;
+        let (record, created) = self.sessions.open(session_id, open).await?;
         if created {
-            self.audit(
+            self.auditor.emit(
                 AuditKind::SessionOpened,
                 scope,
                 json!({"tier": record.tier.as_str()}),
@@ -150,7 +186,7 @@ impl Scheduler {
         let mut record = record.clone();
         if record.state == SessionState::Active {
             let node = record.node.clone().unwrap_or_default();
-            if self.is_alive(&node).await {
+            if self.placer.is_alive(&node).await? {
                 return Ok((node, false, None));
             }
             // Its heartbeat is gone, but the registry's watch may not have marked it yet.
@@ -164,12 +200,12 @@ impl Scheduler {
         // Like work without a session, a new placement waits (bounded by the execution's
         // deadline) for a free slot instead of failing while every node is busy.
         let until = Instant::now() + wait;
-        let decision = match self.pick_waiting(needs, &exclude, wait).await {
+        let decision = match self.placer.pick_waiting(needs, &exclude, wait).await? {
             Some(d) => Some(d),
             // Only the node we would avoid is left; it may have come back.
             None => {
                 let left = until.saturating_duration_since(Instant::now());
-                self.pick_waiting(needs, &[], left).await
+                self.placer.pick_waiting(needs, &[], left).await?
             }
         };
         let decision = decision.ok_or_else(|| {
@@ -180,7 +216,6 @@ impl Scheduler {
         let chosen = decision.node.clone();
         let mut restored = None;
         let stored = self
-            .0
             .sessions
             .update(id, |r| match r.state {
                 SessionState::Open | SessionState::Lost => {
@@ -203,11 +238,11 @@ impl Scheduler {
         let stored = match stored {
             Ok(Some(stored)) => stored,
             Ok(None) => {
-                self.release(Some(&chosen));
+                self.placer.release(Some(&chosen));
                 return Err(ErrorBody::not_found(format!("session {id} vanished")));
             }
             Err(e) => {
-                self.release(Some(&chosen));
+                self.placer.release(Some(&chosen));
                 return Err(e.into());
             }
         };
@@ -215,11 +250,11 @@ impl Scheduler {
             (SessionState::Active, Some(node), Some(lost)) => Ok((node, lost, Some(decision))),
             // Another scheduler placed it meanwhile: follow it there.
             (SessionState::Active, Some(node), None) => {
-                self.release(Some(&chosen));
+                self.placer.release(Some(&chosen));
                 Ok((node, false, None))
             }
             (state, _, _) => {
-                self.release(Some(&chosen));
+                self.placer.release(Some(&chosen));
                 Err(ErrorBody::conflict(format!(
                     "session {id} is {state:?} and cannot run"
                 )))
@@ -236,7 +271,6 @@ impl Scheduler {
     ) -> Result<SessionRecord, ErrorBody> {
         let mut changed = false;
         let record = self
-            .0
             .sessions
             .update(session_id, |r| {
                 changed = mark_lost(r, node);
@@ -249,7 +283,8 @@ impl Scheduler {
             .await?
             .ok_or_else(|| ErrorBody::not_found(format!("session {session_id} vanished")))?;
         if changed {
-            self.audit(AuditKind::SessionLost, scope, json!({"node": node}));
+            self.auditor
+                .emit(AuditKind::SessionLost, scope, json!({"node": node}));
         }
         Ok(record)
     }
@@ -257,7 +292,6 @@ impl Scheduler {
     async fn touch_session(&self, session_id: &str, node: &str) {
         let now = messages::now_ms();
         let updated = self
-            .0
             .sessions
             .update(session_id, |r| {
                 if r.node.as_deref() != Some(node) {

@@ -25,6 +25,9 @@ pub struct SchedulerConfig {
     pub assess_timeout: Duration,
     /// How long a person has to decide a confirmation before it counts as a timeout.
     pub confirm_timeout: Duration,
+    /// `SANDMESH_SCHED_PARKED_SWEEP_MS`: how often parked executions past their expiry are
+    /// looked at (decisions themselves arrive as events).
+    pub parked_sweep: Duration,
     /// Added to an execution's own timeout for container start and workspace sync; past it the
     /// executor counts as lost.
     pub exec_grace: Duration,
@@ -101,6 +104,10 @@ impl SchedulerConfig {
                 r.error(format!("SANDMESH_{name}: must be at least 3000"));
             }
         }
+        let parked_sweep = r.millis("SCHED_PARKED_SWEEP_MS", Duration::from_secs(5));
+        if parked_sweep < Duration::from_millis(100) {
+            r.error("SANDMESH_SCHED_PARKED_SWEEP_MS: must be at least 100");
+        }
         let config = Self {
             kit,
             security_mode,
@@ -109,6 +116,7 @@ impl SchedulerConfig {
             ceilings,
             assess_timeout: r.millis("SCHED_ASSESS_TIMEOUT_MS", Duration::from_secs(10)),
             confirm_timeout: r.millis("SCHED_CONFIRM_TIMEOUT_MS", Duration::from_secs(300)),
+            parked_sweep,
             exec_grace: r.millis("SCHED_EXEC_GRACE_MS", Duration::from_secs(30)),
             job_max_deliver,
             job_ack_wait,
@@ -119,6 +127,24 @@ impl SchedulerConfig {
     }
 
     /// Defaults for tests and embedded use, pointed at one NATS server.
+    pub fn job_settings(&self) -> crate::jobs::JobSettings {
+        crate::jobs::JobSettings {
+            max_deliver: self.job_max_deliver,
+            ack_wait: self.job_ack_wait,
+            batch: self.job_batch,
+            claim_ttl: self.claim_ttl,
+        }
+    }
+
+    pub fn policy(&self) -> crate::pipeline::Policy {
+        crate::pipeline::Policy {
+            security_mode: self.security_mode,
+            ceilings: self.ceilings.clone(),
+            assess_timeout: self.assess_timeout,
+            exec_grace: self.exec_grace,
+        }
+    }
+
     pub fn for_url(nats_url: &str) -> Self {
         Self::from_env(&kit::config::env_map(&[("SANDMESH_NATS_URL", nats_url)]))
             .expect("defaults are valid")
@@ -147,10 +173,11 @@ mod tests {
             ("SANDMESH_PLACEMENT", "random"),
             ("SANDMESH_SCHED_MAX_QUEUE", "0"),
             ("SANDMESH_SCHED_CLAIM_TTL_MS", "10"),
+            ("SANDMESH_SCHED_PARKED_SWEEP_MS", "0"),
             ("SANDMESH_HEARTBEAT_MS", "x"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 5, "{e}");
+        assert_eq!(e.0.len(), 6, "{e}");
     }
 
     #[test]

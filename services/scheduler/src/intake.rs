@@ -1,43 +1,98 @@
-//! The request-reply edge: sync `exec`, `exec.result` look-ups and `sessions.*`. Each handler
-//! turns a pipeline outcome into a reply or a typed error.
+//! `Intake`: the request-reply edge for executions — sync `exec` and `exec.result` look-ups.
+//! A sync execution holds an admission permit while it runs; one that is parked for a person
+//! gives its permit back and waits for its result on `results.<id>` (stored by whichever
+//! scheduler instance resumes it). A caller that sent the `Sandmesh-Notify` header gets an
+//! `awaiting-confirmation` notice there at once.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use kit::{AuditScope, RequestContext};
-use messages::audit::AuditKind;
-use messages::exec::{ExecRequest, ExecResult, ResultGet, ResultLookup};
-use messages::executor::ExecutorClose;
-use messages::session::{
-    SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use kit::RequestContext;
+use messages::codec;
+use messages::exec::{
+    AwaitingConfirmation, ExecRequest, ExecResult, ResultGet, ResultLookup, NOTIFY_HEADER,
+    STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
-use messages::subjects::ExecutorOp;
 use messages::validate::validate_id;
-use messages::ErrorBody;
-use serde_json::json;
+use messages::{Encoding, ErrorBody, Subjects};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
-use crate::pipeline::{Origin, Outcome, Scheduler};
-use crate::sessions::Change;
+use crate::claims::Claims;
+use crate::execution::{Origin, Outcome};
+use crate::parking::ParkedStore;
+use crate::pipeline::Pipeline;
+use crate::results::ResultStore;
 
-impl Scheduler {
+/// Beyond the confirmation's expiry and the run's own budget, how long a parked sync caller
+/// waits for the result before it is told to look it up later.
+const PARKED_WAIT_SLACK: Duration = Duration::from_secs(30);
+
+#[derive(Clone)]
+pub struct Intake {
+    pipeline: Pipeline,
+    /// The bounded queue: one permit per execution in flight, shared with async jobs.
+    admission: Arc<Semaphore>,
+    /// Its size, for the 429 message.
+    max_queue: usize,
+    results: ResultStore,
+    claims: Claims,
+    parked: ParkedStore,
+    /// For notices and for waiting on a parked execution's result.
+    client: async_nats::Client,
+    subjects: Subjects,
+    /// Cancelled when the scheduler stops: parked sync callers are answered then, not held.
+    stopping: CancellationToken,
+}
+
+impl Intake {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        pipeline: Pipeline,
+        (admission, max_queue): (Arc<Semaphore>, usize),
+        results: ResultStore,
+        claims: Claims,
+        parked: ParkedStore,
+        client: async_nats::Client,
+        subjects: Subjects,
+        stopping: CancellationToken,
+    ) -> Self {
+        Self {
+            pipeline,
+            admission,
+            max_queue,
+            results,
+            claims,
+            parked,
+            client,
+            subjects,
+            stopping,
+        }
+    }
+
     /// `exec`: runs the request now. Beyond the queue bound the caller gets 429 at once.
-    pub async fn exec_sync(
+    pub async fn exec(
         &self,
         ctx: RequestContext,
         req: ExecRequest,
     ) -> Result<ExecResult, ErrorBody> {
         let received = Instant::now();
-        let Ok(_permit) = self.admission().clone().try_acquire_owned() else {
+        let Ok(permit) = self.admission.clone().try_acquire_owned() else {
             return Err(ErrorBody::overloaded(format!(
                 "the scheduler queue is full ({} executions in flight); retry later",
-                self.config().max_queue
+                self.max_queue
             )));
         };
         let origin = Origin {
             received,
             queued_ms: 0,
-            trace_id: ctx.trace_id,
+            trace_id: ctx.trace_id.clone(),
         };
-        match self.execute(req, origin).await {
+        let outcome = self.pipeline.execute(req, origin).await;
+        drop(permit);
+        match outcome {
             Outcome::Done(result) => Ok(result),
             // The caller still gets what ran; a later look-up by id will not find it.
             Outcome::Unstored(result, _) => Ok(result),
@@ -46,20 +101,122 @@ impl Scheduler {
                 "this execution id is running now (on scheduler {owner}); read its result \
                  with exec.result when it ends"
             ))),
+            Outcome::Parked(notice) => {
+                self.notify(&ctx, &notice).await;
+                self.wait_parked(&notice).await
+            }
         }
     }
 
-    /// `exec.result`: the stored result, `pending` while a scheduler runs it, else 404.
-    pub async fn lookup(&self, req: ResultGet) -> Result<ResultLookup, ErrorBody> {
+    /// Publishes the awaiting-confirmation notice on the caller's notify subject, if it asked
+    /// for one. Only inbox subjects are accepted, so the scheduler cannot be made to publish
+    /// onto service subjects.
+    async fn notify(&self, ctx: &RequestContext, notice: &AwaitingConfirmation) {
+        let Some(subject) = ctx
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(NOTIFY_HEADER))
+            .map(|v| v.as_str().to_string())
+            .filter(|s| is_inbox(s))
+        else {
+            return;
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(STATUS_HEADER, STATUS_AWAITING_CONFIRMATION);
+        headers.insert(codec::CONTENT_TYPE, codec::JSON);
+        let Ok(body) = Encoding::Json.encode(notice) else {
+            return;
+        };
+        if let Err(e) = self
+            .client
+            .publish_with_headers(subject, headers, body.into())
+            .await
+        {
+            tracing::debug!(error = %e, "awaiting-confirmation notice not sent");
+        }
+    }
+
+    /// Waits for the result of a parked execution, stored by whoever resumes it.
+    async fn wait_parked(&self, notice: &AwaitingConfirmation) -> Result<ExecResult, ErrorBody> {
+        let id = &notice.execution_id;
+        let later = || {
+            format!(
+                "execution {id} waits for confirmation {}; read its result with exec.result",
+                notice.confirmation_id
+            )
+        };
+        let mut stored = self
+            .client
+            .subscribe(self.subjects.result(id))
+            .await
+            .map_err(|e| ErrorBody::unavailable(format!("{}: {e}", later())))?;
+        // The subscription is live before the look below, so a result stored in between is
+        // seen by one or the other.
+        let _ = self.client.flush().await;
+        if let Some(result) = self.results.get(id).await? {
+            return Ok(result);
+        }
+        let budget = self
+            .parked
+            .get(id)
+            .await?
+            .map(|p| {
+                Duration::from_millis(p.execution.limits.timeout_ms)
+                    + self.pipeline.policy.exec_grace
+            })
+            .unwrap_or_default();
+        let left = Duration::from_millis(notice.expires_at.saturating_sub(messages::now_ms()));
+        let deadline = tokio::time::Instant::now() + left + budget + PARKED_WAIT_SLACK;
+        loop {
+            let message = tokio::select! {
+                _ = self.stopping.cancelled() => {
+                    return Err(ErrorBody::unavailable(format!("the scheduler is stopping; {}", later())));
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(ErrorBody::timeout(later()));
+                }
+                m = stored.next() => m,
+            };
+            let Some(message) = message else {
+                return Err(ErrorBody::unavailable(later()));
+            };
+            let content_type = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(codec::CONTENT_TYPE))
+                .map(|v| v.as_str().to_string());
+            let decoded = Encoding::from_content_type(content_type.as_deref())
+                .ok()
+                .and_then(|e| e.decode::<ExecResult>(&message.payload).ok());
+            if let Some(result) = decoded {
+                return Ok(result);
+            }
+        }
+    }
+
+    /// `exec.result`: the stored result, `pending` while a scheduler runs it or it waits for
+    /// a person, else 404.
+    pub async fn lookup(
+        &self,
+        _ctx: RequestContext,
+        req: ResultGet,
+    ) -> Result<ResultLookup, ErrorBody> {
         validate_id("execution_id", &req.execution_id)?;
-        if let Some(result) = self.results().get(&req.execution_id).await? {
+        if let Some(result) = self.results.get(&req.execution_id).await? {
             return Ok(ResultLookup::Done {
                 result: Box::new(result),
             });
         }
-        if self.claims().holder(&req.execution_id).await?.is_some() {
+        if let Some(parked) = self.parked.get(&req.execution_id).await? {
             return Ok(ResultLookup::Pending {
                 execution_id: req.execution_id,
+                awaiting_confirmation: Some(parked.notice()),
+            });
+        }
+        if self.claims.holder(&req.execution_id).await?.is_some() {
+            return Ok(ResultLookup::Pending {
+                execution_id: req.execution_id,
+                awaiting_confirmation: None,
             });
         }
         Err(ErrorBody::not_found(format!(
@@ -67,99 +224,26 @@ impl Scheduler {
             req.execution_id
         )))
     }
+}
 
-    fn session_scope(&self, ctx: &RequestContext, id: &str, actor: Option<String>) -> AuditScope {
-        AuditScope {
-            execution_id: None,
-            session_id: Some(id.to_string()),
-            trace_id: ctx.trace_id.clone(),
-            actor,
-        }
-    }
+/// A plain inbox subject (`_INBOX.` and tokens without wildcards or spaces).
+fn is_inbox(subject: &str) -> bool {
+    subject.starts_with("_INBOX.")
+        && subject
+            .split('.')
+            .all(|t| !t.is_empty() && !t.contains(['*', '>', ' ', '\t', '\r', '\n']))
+}
 
-    /// `sessions.open`: creates the session and its workspace (idempotent by id).
-    pub async fn session_open(
-        &self,
-        ctx: RequestContext,
-        open: SessionOpen,
-    ) -> Result<SessionRecord, ErrorBody> {
-        let id = open.session_id.clone().unwrap_or_else(messages::new_id);
-        validate_id("session_id", &id)?;
-        let scope = self.session_scope(&ctx, &id, open.requested_by.clone());
-        if let Some(existing) = self.0.sessions.get(&id).await? {
-            if existing.state == SessionState::Closed {
-                return Err(ErrorBody::conflict(format!(
-                    "session {id} was closed; open a session with a new id"
-                )));
-            }
-            return Ok(existing);
-        }
-        self.open_session(&id, &open, &scope).await
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    pub async fn session_get(&self, req: SessionRef) -> Result<SessionRecord, ErrorBody> {
-        validate_id("session_id", &req.session_id)?;
-        self.0
-            .sessions
-            .get(&req.session_id)
-            .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("no session {}", req.session_id)))
-    }
-
-    pub async fn session_list(&self, req: SessionList) -> Result<SessionListReply, ErrorBody> {
-        let sessions = self.0.sessions.list(req.node.as_deref()).await?;
-        Ok(SessionListReply { sessions })
-    }
-
-    /// `sessions.close`: closes the container on its node (when it still runs), then marks
-    /// the session closed. Closing a closed session answers the record again.
-    pub async fn session_close(
-        &self,
-        ctx: RequestContext,
-        req: SessionRef,
-    ) -> Result<SessionRecord, ErrorBody> {
-        let record = self.session_get(req.clone()).await?;
-        if record.state == SessionState::Closed {
-            return Ok(record);
-        }
-        if let (SessionState::Active, Some(node)) = (record.state, &record.node) {
-            let close = ExecutorClose {
-                session_id: req.session_id.clone(),
-            };
-            let subject = self.0.subjects.executor_node(node, ExecutorOp::Close);
-            match self
-                .0
-                .caller
-                .call::<_, serde::de::IgnoredAny>(subject, &close)
-                .await
-            {
-                Ok(_) => {}
-                // The node is gone, and its container with it.
-                Err(kit::CallError::NoResponders(_)) => {}
-                Err(e) => {
-                    tracing::warn!(session_id = %req.session_id, node, error = %e, "executor close failed; closing anyway")
-                }
-            }
-        }
-        let closed = self
-            .0
-            .sessions
-            .update(&req.session_id, |r| {
-                if r.state == SessionState::Closed {
-                    return Change::Keep;
-                }
-                r.state = SessionState::Closed;
-                r.container = None;
-                Change::Write
-            })
-            .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("no session {}", req.session_id)))?;
-        let scope = self.session_scope(&ctx, &req.session_id, None);
-        self.audit(
-            AuditKind::SessionClosed,
-            &scope,
-            json!({"node": record.node, "executions": closed.executions}),
-        );
-        Ok(closed)
+    #[test]
+    fn notices_go_to_inboxes_only() {
+        assert!(is_inbox("_INBOX.abc.def"));
+        assert!(!is_inbox("sandbox.v1.exec"));
+        assert!(!is_inbox("_INBOX.*"));
+        assert!(!is_inbox("_INBOX.>"));
+        assert!(!is_inbox("_INBOX..x"));
     }
 }

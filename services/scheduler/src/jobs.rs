@@ -6,8 +6,10 @@
 //! job whose scheduler died comes back after `ack_wait` and finds its stored result (or the
 //! expired claim) instead of running twice; past `job_max_deliver` deliveries it gets a stored
 //! terminal `internal` result. The consumer's own `max_deliver` is unlimited, so the server never
-//! drops a job on its own.
+//! drops a job on its own. A job that waits for a person is acked once it is parked (durably, in
+//! KV): the resumed execution stores its result.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, Consumer};
@@ -16,54 +18,106 @@ use futures::StreamExt;
 use messages::codec;
 use messages::exec::{ExecRequest, ExecStatus};
 use messages::validate::validate_id;
-use messages::{Encoding, ErrorBody};
-use tokio::sync::OwnedSemaphorePermit;
+use messages::{Encoding, ErrorBody, Subjects};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::pipeline::{terminal, Origin, Outcome, Scheduler};
+use crate::execution::{terminal, Origin, Outcome};
+use crate::pipeline::Pipeline;
+use crate::results::ResultStore;
 
 /// The durable consumer shared by every scheduler instance.
 pub const CONSUMER: &str = "scheduler";
 
-pub async fn consumer(sched: &Scheduler) -> Result<Consumer<pull::Config>, String> {
-    let subjects = &sched.0.subjects;
-    let stream = kit::bootstrap::jobs_stream(&sched.0.js, subjects)
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .get_or_create_consumer(
-            CONSUMER,
-            pull::Config {
-                durable_name: Some(CONSUMER.into()),
-                filter_subject: subjects.jobs_exec(),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: sched.config().job_ack_wait,
-                max_deliver: -1,
-                max_ack_pending: 10_000,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| format!("creating the jobs consumer: {e}"))
+/// How jobs are pulled and retried.
+#[derive(Debug, Clone, Copy)]
+pub struct JobSettings {
+    /// Deliveries of one job before a terminal `internal` result is stored.
+    pub max_deliver: i64,
+    /// How long a delivered job may go without an ack or progress before redelivery.
+    pub ack_wait: Duration,
+    /// Jobs pulled per fetch (never more than free queue slots).
+    pub batch: usize,
+    /// A job whose id another scheduler holds checks back after a third of this.
+    pub claim_ttl: Duration,
+}
+
+/// The async intake: jobs from `SANDBOX_JOBS` through the [`Pipeline`].
+#[derive(Clone)]
+pub struct Jobs {
+    pipeline: Pipeline,
+    results: ResultStore,
+    /// Shared with sync intake: a job runs only with a permit.
+    admission: Arc<Semaphore>,
+    settings: JobSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobsError {
+    #[error("the jobs stream")]
+    Stream(#[source] kit::KitError),
+    #[error("creating the jobs consumer")]
+    Consumer(#[source] async_nats::jetstream::stream::ConsumerError),
+}
+
+impl Jobs {
+    pub fn new(
+        pipeline: Pipeline,
+        results: ResultStore,
+        admission: Arc<Semaphore>,
+        settings: JobSettings,
+    ) -> Self {
+        Self {
+            pipeline,
+            results,
+            admission,
+            settings,
+        }
+    }
+
+    pub async fn consumer(
+        &self,
+        js: &async_nats::jetstream::Context,
+        subjects: &Subjects,
+    ) -> Result<Consumer<pull::Config>, JobsError> {
+        let stream = kit::bootstrap::jobs_stream(js, subjects)
+            .await
+            .map_err(JobsError::Stream)?;
+        stream
+            .get_or_create_consumer(
+                CONSUMER,
+                pull::Config {
+                    durable_name: Some(CONSUMER.into()),
+                    filter_subject: subjects.jobs_exec(),
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: self.settings.ack_wait,
+                    max_deliver: -1,
+                    max_ack_pending: 10_000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(JobsError::Consumer)
+    }
 }
 
 /// Pulls and runs jobs until `stop`, then waits for the running ones to finish.
 pub async fn run(
-    sched: Scheduler,
+    jobs: Jobs,
     consumer: Consumer<pull::Config>,
     stop: CancellationToken,
     running: TaskTracker,
 ) {
-    let batch = sched.config().job_batch;
+    let batch = jobs.settings.batch;
     while !stop.is_cancelled() {
         // Wait for room without holding it, so sync requests keep every free slot meanwhile.
         tokio::select! {
             _ = stop.cancelled() => break,
-            permit = sched.admission().clone().acquire_owned() => drop(permit),
+            permit = jobs.admission.clone().acquire_owned() => drop(permit),
         }
-        let room = sched.admission().available_permits().clamp(1, batch);
+        let room = jobs.admission.available_permits().clamp(1, batch);
         let fetched = consumer
             .batch()
             .max_messages(room)
@@ -88,9 +142,9 @@ pub async fn run(
                     break;
                 }
             };
-            match sched.admission().clone().try_acquire_owned() {
+            match jobs.admission.clone().try_acquire_owned() {
                 Ok(permit) => {
-                    running.spawn(handle(sched.clone(), message, permit));
+                    running.spawn(handle(jobs.clone(), message, permit));
                 }
                 // A sync request took the slot since we looked: let the job come back later.
                 Err(_) => {
@@ -121,7 +175,7 @@ fn keep_alive(message: &Message, every: Duration) -> CancellationToken {
     done
 }
 
-async fn handle(sched: Scheduler, message: Message, permit: OwnedSemaphorePermit) {
+async fn handle(jobs: Jobs, message: Message, permit: OwnedSemaphorePermit) {
     let msg_id = message
         .headers
         .as_ref()
@@ -130,11 +184,11 @@ async fn handle(sched: Scheduler, message: Message, permit: OwnedSemaphorePermit
         .filter(|id| validate_id("Nats-Msg-Id", id).is_ok());
     let span = tracing::info_span!("job", msg_id = msg_id.as_deref().unwrap_or(""));
     kit::telemetry::set_parent_from(&span, message.headers.as_ref());
-    handle_job(sched, message, msg_id).instrument(span).await;
+    handle_job(jobs, message, msg_id).instrument(span).await;
     drop(permit);
 }
 
-async fn handle_job(sched: Scheduler, message: Message, msg_id: Option<String>) {
+async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
     let received = Instant::now();
     let (delivered, queued_ms) = match message.info() {
         Ok(info) => {
@@ -151,7 +205,8 @@ async fn handle_job(sched: Scheduler, message: Message, msg_id: Option<String>) 
             .and_then(|h| h.get(name))
             .map(|v| v.as_str().to_string())
     };
-    let alive = keep_alive(&message, sched.config().job_ack_wait / 3);
+    let settings = jobs.settings;
+    let alive = keep_alive(&message, settings.ack_wait / 3);
 
     let decoded = Encoding::from_content_type(header(codec::CONTENT_TYPE).as_deref())
         .map_err(ErrorBody::from)
@@ -163,7 +218,7 @@ async fn handle_job(sched: Scheduler, message: Message, msg_id: Option<String>) 
         Ok(req) => req,
         Err(error) => {
             alive.cancel();
-            return refuse(&sched, &message, msg_id, None, error).await;
+            return refuse(&jobs, &message, msg_id, None, error).await;
         }
     };
     if req.execution_id.is_none() {
@@ -172,33 +227,34 @@ async fn handle_job(sched: Scheduler, message: Message, msg_id: Option<String>) 
     let id = req.execution_id.clone().unwrap_or_else(messages::new_id);
     req.execution_id = Some(id.clone());
 
-    if delivered > sched.config().job_max_deliver {
+    if delivered > settings.max_deliver {
         alive.cancel();
         let error = ErrorBody::internal(format!(
             "gave up after {} deliveries without a result",
             delivered - 1
         ));
         let failed = terminal(&id, &req, ExecStatus::Internal, error);
-        return store_and_ack(&sched, &message, failed).await;
+        return store_and_ack(&jobs, &message, failed).await;
     }
     let origin = Origin {
         received,
         queued_ms,
         trace_id: kit::telemetry::current_trace_id(),
     };
-    let outcome = sched.execute(req.clone(), origin).await;
+    let outcome = jobs.pipeline.execute(req.clone(), origin).await;
     alive.cancel();
     match outcome {
-        Outcome::Done(_) => ack(&message).await,
-        Outcome::Invalid(error) => refuse(&sched, &message, Some(id), Some(&req), error).await,
+        // Parked: durable in KV, so the job is done; the resumed execution stores the result.
+        Outcome::Done(_) | Outcome::Parked(_) => ack(&message).await,
+        Outcome::Invalid(error) => refuse(&jobs, &message, Some(id), Some(&req), error).await,
         Outcome::Busy(owner) => {
             tracing::debug!(execution_id = %id, owner, "job runs elsewhere; checking back later");
-            nak(&message, sched.config().claim_ttl / 3).await;
+            nak(&message, settings.claim_ttl / 3).await;
         }
         Outcome::Retry(error) | Outcome::Unstored(_, error) => {
-            if delivered >= sched.config().job_max_deliver {
+            if delivered >= settings.max_deliver {
                 let failed = terminal(&id, &req, ExecStatus::Internal, error);
-                store_and_ack(&sched, &message, failed).await;
+                store_and_ack(&jobs, &message, failed).await;
             } else {
                 tracing::info!(execution_id = %id, delivered, error = %error, "job will be retried");
                 nak(&message, Duration::from_secs(delivered.clamp(1, 30) as u64)).await;
@@ -210,7 +266,7 @@ async fn handle_job(sched: Scheduler, message: Message, msg_id: Option<String>) 
 /// A job that can never run: stored as `rejected` when it has a usable id, else terminated
 /// (nobody could look its result up) with the reason logged.
 async fn refuse(
-    sched: &Scheduler,
+    jobs: &Jobs,
     message: &Message,
     id: Option<String>,
     req: Option<&ExecRequest>,
@@ -221,7 +277,7 @@ async fn refuse(
         Some(id) => {
             let blank = ExecRequest::default();
             let failed = terminal(&id, req.unwrap_or(&blank), ExecStatus::Rejected, error);
-            store_and_ack(sched, message, failed).await;
+            store_and_ack(jobs, message, failed).await;
         }
         None => {
             tracing::warn!(error = %error, "job without a usable execution id dropped as unreadable");
@@ -230,8 +286,8 @@ async fn refuse(
     }
 }
 
-async fn store_and_ack(sched: &Scheduler, message: &Message, result: messages::exec::ExecResult) {
-    match sched.results().put(&result).await {
+async fn store_and_ack(jobs: &Jobs, message: &Message, result: messages::exec::ExecResult) {
+    match jobs.results.put(&result).await {
         Ok(()) => ack(message).await,
         Err(e) => {
             tracing::error!(execution_id = %result.execution_id, error = %e, "result not stored; job will come back");

@@ -5,46 +5,84 @@
 //!
 //! Subjects: `exec` (sync), `jobs.exec` (async, stream `SANDBOX_JOBS`), `results.<id>` (stream
 //! `SANDBOX_RESULTS`), `exec.result`, `sessions.{open,get,list,close}`. It calls `risk.assess`,
-//! `confirm.request`, `workspace.init`, `executor.docker.run` and `executor.docker.<node>.*`.
+//! `confirm.request` / `confirm.get`, `workspace.init`, `executor.docker.run` and
+//! `executor.docker.<node>.*`, and listens to `confirm.decided.*`.
+//!
+//! **Waiting for a person never holds capacity.** An execution that needs approval is parked
+//! in the KV bucket `Subjects::parked_executions_bucket()` (state `awaiting_confirmation`, the
+//! confirmation id and expiry, the request, tier and limits), its admission permit is released,
+//! and it resumes on `confirm.decided.<id>` — on whichever instance claims it first, also after
+//! a restart — or is denied when the confirmation expires. An async job is acked once parked.
+//! A sync caller keeps waiting for the final reply; to be told at once, it sends the request
+//! header `Sandmesh-Notify: <an _INBOX. subject it subscribed to>` and receives there one
+//! message with header `Sandmesh-Status: awaiting-confirmation` and the JSON body
+//! `{execution_id, confirmation_id, expires_at}` (opt-in, because a plain request-reply client
+//! would take a first message on its reply inbox for the reply).
 //!
 //! ```text
 //! run ── Runtime (endpoints: exec, exec.result, sessions.*; heartbeat)
-//!     ├─ Registry actor ◀── heartbeat watch task (KV sandbox_nodes)
-//!     │        └─ lost nodes ──▶ session-loss task (marks their sessions Lost)
-//!     ├─ jobs loop (pull consumer) ──▶ one task per job
-//!     └─ Scheduler (shared by all): pipeline → dispatch / affinity; SessionTable, ResultStore,
-//!        Claims; a semaphore of SANDMESH_SCHED_MAX_QUEUE permits is the bounded queue
+//!     ├─ Root actor ──supervises──▶ Registry actor (restarted and re-preloaded; run() fails
+//!     │                              when it keeps dying) ◀── heartbeat watch task (KV)
+//!     │                              └─ lost nodes ──▶ SessionApi::mark_lost_sessions
+//!     ├─ Intake (sync) ─┐
+//!     ├─ Jobs (async) ──┼──▶ Pipeline ── Placer (registry + slots Notify), SessionAffinity,
+//!     └─ Resumer ───────┘    ExecutorClient (Dispatcher), ConfirmClient, ResultStore, Claims,
+//!                            ParkedStore
 //! ```
+//! A semaphore of `SANDMESH_SCHED_MAX_QUEUE` permits, shared by Intake, Jobs and Resumer, is
+//! the bounded queue.
 
 pub mod affinity;
+pub mod claims;
 pub mod config;
+pub mod confirm;
 pub mod dispatch;
+pub mod error;
+pub mod execution;
+pub mod executor_client;
 pub mod intake;
 pub mod jobs;
+pub mod parking;
 pub mod pipeline;
 pub mod placement;
+pub mod placer;
 pub mod registry;
 pub mod results;
+pub mod resumer;
+pub mod root;
+pub mod session_api;
 pub mod sessions;
 pub mod tier;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kit::{AuditScope, KitError, Runtime, ServiceInfo};
-use messages::audit::AuditKind;
+use kit::{KitError, Runtime, ServiceInfo};
 use messages::subjects::SessionOp;
 use ractor::Actor;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::SchedulerConfig;
-pub use pipeline::{Origin, Outcome, Scheduler};
+pub use error::StoreError;
+pub use execution::{Origin, Outcome};
 
-use crate::pipeline::Parts;
-use crate::registry::{Registry, RegistryArgs};
-use crate::results::{Claims, ResultStore, StoreError};
+use crate::affinity::SessionAffinity;
+use crate::claims::Claims;
+use crate::confirm::ConfirmClient;
+use crate::dispatch::Dispatcher;
+use crate::executor_client::ExecutorClient;
+use crate::intake::Intake;
+use crate::jobs::{Jobs, JobsError};
+use crate::parking::ParkedStore;
+use crate::pipeline::Pipeline;
+use crate::placer::Placer;
+use crate::registry::RegistryArgs;
+use crate::results::ResultStore;
+use crate::resumer::Resumer;
+use crate::root::{Root, RootArgs};
+use crate::session_api::SessionApi;
 use crate::sessions::SessionTable;
 
 pub const SERVICE_NAME: &str = "scheduler";
@@ -55,14 +93,35 @@ pub enum SchedulerError {
     Kit(#[from] KitError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("starting the {0} actor: {1}")]
-    Actor(&'static str, String),
-    #[error("async jobs: {0}")]
-    Jobs(String),
+    #[error("starting the supervision tree")]
+    Actor(#[source] ractor::SpawnErr),
+    #[error(transparent)]
+    Jobs(#[from] JobsError),
+    #[error("subscribing to confirmation decisions")]
+    Decisions(#[source] async_nats::SubscribeError),
+    #[error("the root actor stopped: the runtime registry could not be kept running")]
+    RegistryLost,
+}
+
+/// Serves `$method(ctx, req)` of `$target` on `$subject`.
+macro_rules! serve {
+    ($runtime:expr, $($subject:expr => $target:ident . $method:ident),+ $(,)?) => {$(
+        let target = $target.clone();
+        $runtime
+            .serve(
+                $subject,
+                kit::handler(move |ctx, req| {
+                    let target = target.clone();
+                    async move { target.$method(ctx, req).await }
+                }),
+            )
+            .await?;
+    )+};
 }
 
 /// Runs the scheduler until `shutdown`, then stops taking work and lets the executions in
-/// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`).
+/// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`). Fails when the registry actor
+/// cannot be kept running.
 pub async fn run(
     config: SchedulerConfig,
     shutdown: CancellationToken,
@@ -75,47 +134,91 @@ pub async fn run(
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
     let js = runtime.js.clone();
-    let owner = format!("{SERVICE_NAME}.{}", config.kit.instance_id);
+    let client = runtime.client.clone();
+    let auditor = runtime.auditor.clone();
+    let caller = runtime.caller(Duration::from_secs(30));
+    let instance = &config.kit.instance_id;
+    let owner = format!("{SERVICE_NAME}.{instance}");
     let results = ResultStore::open(&js, &subjects).await?;
     let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl).await?;
+    let parked = ParkedStore::open(&js, &subjects).await?;
     let sessions = SessionTable::new(kit::bootstrap::sessions_kv(&js, &subjects).await?);
     let nodes = kit::bootstrap::nodes_kv(&js, &subjects).await?;
 
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
-    let (registry, _) = Actor::spawn(
-        None,
-        Registry,
-        RegistryArgs {
+    let slots = Arc::new(Notify::new());
+    let (handle_tx, handle_rx) = oneshot::channel();
+    let root_args = RootArgs {
+        registry: RegistryArgs {
             strategy: config.placement,
             on_lost: lost_tx,
+            slots: slots.clone(),
         },
-    )
-    .await
-    .map_err(|e| SchedulerError::Actor("registry", e.to_string()))?;
-    match registry::preload(&nodes, &registry).await {
-        Ok(n) => tracing::info!(executors = n, "runtime registry loaded"),
-        Err(e) => tracing::warn!(error = %e, "runtime registry not preloaded; the watch fills it"),
-    }
+        registry_name: registry::actor_name(instance),
+        nodes: nodes.clone(),
+        handle: handle_tx,
+    };
+    let (root, mut root_done) = Actor::spawn(None, Root, root_args)
+        .await
+        .map_err(SchedulerError::Actor)?;
+    let registry = handle_rx.await.map_err(|_| SchedulerError::RegistryLost)?;
     let background = CancellationToken::new();
     let watch = registry::spawn_watch(nodes, registry.clone(), background.clone());
 
     let max_queue = config.max_queue;
     let admission = Arc::new(Semaphore::new(max_queue));
-    let sched = Scheduler(Arc::new(Parts {
-        caller: runtime.caller(Duration::from_secs(30)),
-        subjects: subjects.clone(),
-        js,
-        registry: registry.clone(),
-        sessions: sessions.clone(),
-        results,
+    let placer = Placer::new(registry.clone(), slots, config.placement, auditor.clone());
+    let executor = ExecutorClient::new(caller.clone(), subjects.clone(), auditor.clone());
+    let bookkeeping = TaskTracker::new();
+    let affinity = SessionAffinity::new(
+        sessions,
+        placer.clone(),
+        executor.clone(),
+        caller.clone(),
+        subjects.clone(),
+        auditor.clone(),
+        bookkeeping.clone(),
+    );
+    let confirm = ConfirmClient::new(caller.clone(), subjects.clone(), config.confirm_timeout);
+    let pipeline = Pipeline::new(
+        config.policy(),
+        caller.clone(),
+        subjects.clone(),
+        results.clone(),
+        claims.clone(),
+        confirm.clone(),
+        parked.clone(),
+        Dispatcher::new(
+            placer,
+            executor.clone(),
+            affinity.clone(),
+            config.exec_grace,
+        ),
+        auditor.clone(),
+    );
+    let stopping = CancellationToken::new();
+    let intake = Intake::new(
+        pipeline.clone(),
+        (admission.clone(), max_queue),
+        results.clone(),
         claims,
-        auditor: runtime.auditor.clone(),
-        admission: admission.clone(),
-        config,
-    }));
-    let lost = tokio::spawn(mark_lost_sessions(sched.clone(), lost_rx));
+        parked.clone(),
+        client.clone(),
+        subjects.clone(),
+        stopping.clone(),
+    );
+    let sessions = SessionApi::new(affinity, executor, auditor);
+    let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
 
-    serve_endpoints(&runtime, &sched).await?;
+    let s = subjects.clone();
+    serve!(runtime,
+        s.exec() => intake.exec,
+        s.results_get() => intake.lookup,
+        s.sessions(SessionOp::Open) => sessions.open,
+        s.sessions(SessionOp::Get) => sessions.get,
+        s.sessions(SessionOp::List) => sessions.list,
+        s.sessions(SessionOp::Close) => sessions.close,
+    );
     let probe = admission.clone();
     runtime
         .start_heartbeat(Arc::new(move || {
@@ -129,119 +232,64 @@ pub async fn run(
         }))
         .await?;
 
-    let consumer = jobs::consumer(&sched).await.map_err(SchedulerError::Jobs)?;
+    let resuming = TaskTracker::new();
+    let resumer = Resumer::new(
+        pipeline.clone(),
+        parked,
+        confirm,
+        admission.clone(),
+        client,
+        subjects.clone(),
+        config.parked_sweep,
+        resuming.clone(),
+    );
+    let resumer = resumer
+        .start(stopping.clone())
+        .await
+        .map_err(SchedulerError::Decisions)?;
+    let jobs = Jobs::new(pipeline, results, admission, config.job_settings());
+    let consumer = jobs.consumer(&js, &subjects).await?;
     let jobs_stop = CancellationToken::new();
     let jobs_running = TaskTracker::new();
     let jobs_loop = tokio::spawn(jobs::run(
-        sched.clone(),
+        jobs,
         consumer,
         jobs_stop.clone(),
         jobs_running.clone(),
     ));
     tracing::info!(instance = %owner, "scheduler running");
 
-    shutdown.cancelled().await;
+    let outcome = tokio::select! {
+        _ = shutdown.cancelled() => Ok(()),
+        _ = &mut root_done => Err(SchedulerError::RegistryLost),
+    };
     tracing::info!("scheduler stopping: finishing executions in flight");
+    // Parked sync callers are answered now (their executions stay parked), so the endpoint
+    // shutdown below does not wait for a person.
+    stopping.cancel();
     jobs_stop.cancel();
     let _ = jobs_loop.await;
-    jobs_running.close();
-    let grace = sched.config().kit.shutdown_grace;
-    if tokio::time::timeout(grace, jobs_running.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("async jobs still running after the grace period; they will be redelivered");
+    let _ = resumer.await;
+    let grace = config.kit.shutdown_grace;
+    let running = async {
+        for tasks in [&jobs_running, &resuming, &bookkeeping] {
+            tasks.close();
+            tasks.wait().await;
+        }
+    };
+    if tokio::time::timeout(grace, running).await.is_err() {
+        tracing::warn!(
+            "executions still running after the grace period; they will be redelivered or resumed"
+        );
     }
     runtime.shutdown().await;
     background.cancel();
     let _ = watch.await;
     lost.abort();
-    registry.stop(None);
-    Ok(())
-}
-
-async fn serve_endpoints(runtime: &Runtime, sched: &Scheduler) -> Result<(), KitError> {
-    let s = runtime.subjects();
-    let me = sched.clone();
-    runtime
-        .serve(
-            s.exec(),
-            kit::handler(move |ctx, req| {
-                let me = me.clone();
-                async move { me.exec_sync(ctx, req).await }
-            }),
-        )
-        .await?;
-    let me = sched.clone();
-    runtime
-        .serve(
-            s.results_get(),
-            kit::handler(move |_, req| {
-                let me = me.clone();
-                async move { me.lookup(req).await }
-            }),
-        )
-        .await?;
-    let me = sched.clone();
-    runtime
-        .serve(
-            s.sessions(SessionOp::Open),
-            kit::handler(move |ctx, req| {
-                let me = me.clone();
-                async move { me.session_open(ctx, req).await }
-            }),
-        )
-        .await?;
-    let me = sched.clone();
-    runtime
-        .serve(
-            s.sessions(SessionOp::Get),
-            kit::handler(move |_, req| {
-                let me = me.clone();
-                async move { me.session_get(req).await }
-            }),
-        )
-        .await?;
-    let me = sched.clone();
-    runtime
-        .serve(
-            s.sessions(SessionOp::List),
-            kit::handler(move |_, req| {
-                let me = me.clone();
-                async move { me.session_list(req).await }
-            }),
-        )
-        .await?;
-    let me = sched.clone();
-    runtime
-        .serve(
-            s.sessions(SessionOp::Close),
-            kit::handler(move |ctx, req| {
-                let me = me.clone();
-                async move { me.session_close(ctx, req).await }
-            }),
-        )
-        .await
-}
-
-/// Marks the sessions of every node whose heartbeat vanished as lost (seed 003 §3.3).
-async fn mark_lost_sessions(sched: Scheduler, mut lost: mpsc::UnboundedReceiver<String>) {
-    while let Some(node) = lost.recv().await {
-        match sched.0.sessions.mark_node_lost(&node).await {
-            Ok(ids) => {
-                for id in ids {
-                    let scope = AuditScope {
-                        session_id: Some(id),
-                        ..Default::default()
-                    };
-                    sched.audit(
-                        AuditKind::SessionLost,
-                        &scope,
-                        serde_json::json!({"node": node, "cause": "heartbeat expired"}),
-                    );
-                }
-            }
-            Err(e) => tracing::warn!(node, error = %e, "could not mark the node's sessions lost"),
-        }
+    if outcome.is_ok() {
+        // The root first, so it does not restart the registry stopped after it.
+        let _ = root.stop_and_wait(None, Some(Duration::from_secs(5))).await;
     }
+    registry.get().stop(None);
+    outcome
 }

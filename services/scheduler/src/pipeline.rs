@@ -1,197 +1,222 @@
-//! One execution from request to stored result (seed 000 §5.2: assess → confirm → select →
-//! execute): validate, look for a stored result, claim the id, ask the risk-assessor, decide
-//! the tier, ask for confirmation when required, place and run it ([`crate::dispatch`]), store
-//! the result, and audit every step. Sync and async intake share this path.
+//! `Pipeline`: one execution from request to stored result (seed 000 §5.2: assess → confirm →
+//! select → execute), as stages over an [`Execution`]: validate, claim + assess, tier, confirm
+//! (or park), place, run, store. Sync and async intake share it, and so does the
+//! [`crate::resumer::Resumer`], which continues a parked execution at the place stage.
+//!
+//! Waiting for a person never holds capacity (DESIGN.md §3): an execution that needs approval
+//! is recorded in the [`ParkedStore`], its claim released, and [`Outcome::Parked`] returned so
+//! the intake releases its admission permit.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kit::{AuditScope, Auditor, CallError, Caller};
+use kit::{AuditScope, Auditor, Caller};
 use messages::audit::AuditKind;
-use messages::confirm::{ConfirmRequest, ConfirmState, Confirmation};
-use messages::exec::{
-    ConfirmationOutcome, Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing,
-};
+use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier};
 use messages::risk::{AssessRequest, RiskAssessment};
-use messages::subjects::ConfirmOp;
-use messages::validate::{validate_exec, EffectiveLimits};
+use messages::validate::{validate_exec, Ceilings};
 use messages::{ErrorBody, ErrorKind, Subjects};
-use ractor::ActorRef;
 use serde_json::json;
-use tokio::sync::Semaphore;
 
-use crate::config::SchedulerConfig;
-use crate::registry::RegistryMsg;
-use crate::results::{Claim, ClaimOutcome, Claims, ResultStore};
-use crate::sessions::SessionTable;
+use crate::claims::{Claim, ClaimOutcome, Claims};
+use crate::confirm::{self, ConfirmClient};
+use crate::dispatch::Dispatcher;
+use crate::error::dependency_error;
+use crate::execution::{ms, Execution, Origin, Outcome};
+use crate::parking::{Parked, ParkedState, ParkedStore};
+use crate::results::ResultStore;
 use crate::tier::decide_tier;
 
-/// Everything the pipeline talks to. Cheap to clone.
-#[derive(Clone)]
-pub struct Scheduler(pub(crate) Arc<Parts>);
-
-pub(crate) struct Parts {
-    pub config: SchedulerConfig,
-    pub js: async_nats::jetstream::Context,
-    pub subjects: Subjects,
-    pub caller: Caller,
-    pub registry: ActorRef<RegistryMsg>,
-    pub sessions: SessionTable,
-    pub results: ResultStore,
-    pub claims: Claims,
-    pub auditor: Auditor,
-    /// The bounded queue: one permit per execution in flight, shared by sync and async.
-    pub admission: Arc<Semaphore>,
-}
-
-/// Where a request came from and how long it waited.
+/// The settings the stages decide by.
 #[derive(Debug, Clone)]
-pub struct Origin {
-    pub received: Instant,
-    pub queued_ms: u64,
-    pub trace_id: Option<String>,
+pub struct Policy {
+    pub security_mode: messages::risk::SecurityMode,
+    pub ceilings: Ceilings,
+    pub assess_timeout: Duration,
+    /// Added to an execution's own timeout; past it the executor counts as lost.
+    pub exec_grace: Duration,
 }
 
-/// How an execution attempt ended.
-#[derive(Debug)]
-pub enum Outcome {
-    /// A terminal result, stored (or found stored).
-    Done(ExecResult),
-    /// A terminal result that could not be stored.
-    Unstored(ExecResult, ErrorBody),
-    /// The request is malformed or beyond a ceiling; nothing ran.
-    Invalid(ErrorBody),
-    /// Another scheduler (named) runs this id right now.
-    Busy(String),
-    /// A dependency failed before anything ran; the same request may be retried.
-    Retry(ErrorBody),
+#[derive(Clone)]
+pub struct Pipeline {
+    pub(crate) policy: Policy,
+    /// For `risk.assess`.
+    caller: Caller,
+    subjects: Subjects,
+    results: ResultStore,
+    claims: Claims,
+    confirm: ConfirmClient,
+    parked: ParkedStore,
+    dispatcher: Dispatcher,
+    auditor: Auditor,
 }
 
-/// A result for an execution that never reached an executor.
-pub(crate) fn terminal(
-    id: &str,
-    req: &ExecRequest,
-    status: ExecStatus,
-    error: ErrorBody,
-) -> ExecResult {
-    ExecResult {
-        execution_id: id.to_string(),
-        session_id: req.session_id.clone(),
-        status,
-        tier: Tier::Reject,
-        error: Some(error),
-        ..Default::default()
-    }
+/// What the confirm stage decided.
+enum Confirmed {
+    /// Run it (approved, or no confirmation needed).
+    Go,
+    /// A terminal result: denied or timed out.
+    Stop(ExecResult),
+    /// Waiting for a person; parked.
+    Park(Parked),
 }
 
-fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u128::from(u64::MAX)) as u64
-}
-
-impl Scheduler {
-    pub fn config(&self) -> &SchedulerConfig {
-        &self.0.config
+impl Pipeline {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        policy: Policy,
+        caller: Caller,
+        subjects: Subjects,
+        results: ResultStore,
+        claims: Claims,
+        confirm: ConfirmClient,
+        parked: ParkedStore,
+        dispatcher: Dispatcher,
+        auditor: Auditor,
+    ) -> Self {
+        Self {
+            policy,
+            caller,
+            subjects,
+            results,
+            claims,
+            confirm,
+            parked,
+            dispatcher,
+            auditor,
+        }
     }
 
-    pub fn results(&self) -> &ResultStore {
-        &self.0.results
-    }
-
-    pub fn claims(&self) -> &Claims {
-        &self.0.claims
-    }
-
-    pub fn admission(&self) -> &Arc<Semaphore> {
-        &self.0.admission
-    }
-
-    pub(crate) fn audit(&self, kind: AuditKind, scope: &AuditScope, details: serde_json::Value) {
-        self.0.auditor.emit(kind, scope, details);
+    fn audit(&self, kind: AuditKind, exec: &Execution, details: serde_json::Value) {
+        self.auditor.emit(kind, &exec.scope(), details);
     }
 
     /// Runs `req` through the whole pipeline. An absent `execution_id` is assigned here.
     pub async fn execute(&self, mut req: ExecRequest, origin: Origin) -> Outcome {
-        let id = req
-            .execution_id
-            .get_or_insert_with(messages::new_id)
-            .clone();
-        let scope = AuditScope {
-            execution_id: Some(id.clone()),
-            session_id: req.session_id.clone(),
-            trace_id: origin.trace_id.clone(),
-            actor: req.requested_by.clone(),
-        };
-        let limits = match validate_exec(&req, &self.0.config.ceilings) {
+        req.execution_id.get_or_insert_with(messages::new_id);
+        let limits = match validate_exec(&req, &self.policy.ceilings) {
             Ok(limits) => limits,
             Err(e) => {
                 let body = ErrorBody::from(e);
-                self.audit(
-                    AuditKind::Rejected,
-                    &scope,
-                    json!({"stage": "validate", "reason": body.message}),
-                );
+                let scope = AuditScope {
+                    execution_id: req.execution_id.clone(),
+                    session_id: req.session_id.clone(),
+                    trace_id: origin.trace_id.clone(),
+                    actor: req.requested_by.clone(),
+                };
+                let why = json!({"stage": "validate", "reason": body.message});
+                self.auditor.emit(AuditKind::Rejected, &scope, why);
                 return Outcome::Invalid(body);
             }
         };
+        let mut exec = Execution::new(req, limits, &origin);
         // The assessment has no side effects, so it runs while the claim is taken; it is
         // wasted only when an earlier attempt holds the claim or already has a result.
         let assessing = async {
             let started = Instant::now();
-            (self.assess(&req).await, started.elapsed())
+            (self.assess(&exec.request).await, started.elapsed())
         };
-        let (claimed, assessed) = tokio::join!(self.claim_fresh(&id), assessing);
+        let (claimed, (risk, assess_took)) = tokio::join!(self.claim_fresh(&exec.id), assessing);
         let claim = match claimed {
             Ok(claim) => claim,
             Err(outcome) => return outcome,
         };
         self.audit(
             AuditKind::RequestReceived,
-            &scope,
+            &exec,
             json!({
-                "language": req.language.as_str(),
-                "code_bytes": req.code.len(),
-                "tier": req.tier,
-                "timeout_ms": limits.timeout_ms,
+                "language": exec.request.language.as_str(),
+                "code_bytes": exec.request.code.len(),
+                "tier": exec.request.tier,
+                "timeout_ms": exec.limits.timeout_ms,
             }),
         );
-        let outcome = match self.run(&id, &req, limits, &scope, &origin, assessed).await {
-            Ok(result) => {
-                self.audit(
-                    AuditKind::Finished,
-                    &scope,
-                    json!({
-                        "status": result.status.as_str(),
-                        "exit_code": result.exit_code,
-                        "tier": result.tier.as_str(),
-                        "node": result.node,
-                        "timing": result.timing,
-                    }),
-                );
-                match self.0.results.put(&result).await {
-                    Ok(()) => Outcome::Done(result),
-                    Err(e) => {
-                        tracing::error!(execution_id = %id, error = %e, "result not stored");
-                        Outcome::Unstored(result, e.into())
+        exec.timing.assess_ms = ms(assess_took);
+        let risk = match risk {
+            Ok(risk) => risk,
+            Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
+                let r = exec.refused(ExecStatus::Rejected, Tier::Reject, e);
+                return self.store(&exec, r, claim).await;
+            }
+            Err(e) => {
+                spawn_release(claim);
+                return Outcome::Retry(e);
+            }
+        };
+        if let Some(rejected) = self.decide_tier(&mut exec, risk) {
+            return self.store(&exec, rejected, claim).await;
+        }
+        match self.confirm_stage(&mut exec).await {
+            Ok(Confirmed::Go) => {}
+            Ok(Confirmed::Stop(result)) => return self.store(&exec, result, claim).await,
+            Ok(Confirmed::Park(parked)) => {
+                // Released before the decision is looked at again, so whoever resumes it (an
+                // event, or the look below) can claim it.
+                claim.release().await;
+                return self.after_parking(parked).await;
+            }
+            Err(e) => {
+                spawn_release(claim);
+                return Outcome::Retry(e);
+            }
+        }
+        self.run_and_store(exec, claim).await
+    }
+
+    /// Continues a parked execution with the decision: runs it when approved, and stores its
+    /// result (denied, timed out, or what ran) once. `Busy` when another instance resumes it.
+    pub async fn resume(
+        &self,
+        parked: Parked,
+        decision: messages::exec::ConfirmationOutcome,
+    ) -> Outcome {
+        let mut exec = parked.execution;
+        let claim = match self.claim_fresh(&exec.id).await {
+            Ok(claim) => claim,
+            Err(outcome) => {
+                if matches!(outcome, Outcome::Done(_)) {
+                    // Stored by an earlier resume that stopped before forgetting the entry.
+                    if let Err(e) = self.parked.remove(&exec.id).await {
+                        tracing::warn!(execution_id = %exec.id, error = %e, "parked entry kept");
                     }
                 }
+                return outcome;
             }
-            Err(body) => Outcome::Retry(body),
         };
-        // The result is stored (or the attempt failed): the caller need not wait for the
-        // release, and a claim whose release is lost expires by its TTL.
-        tokio::spawn(claim.release());
-        outcome
+        exec.timing.confirm_ms += messages::now_ms().saturating_sub(parked.parked_at);
+        exec.confirmation = decision;
+        self.audit(
+            AuditKind::Resumed,
+            &exec,
+            json!({"confirmation_id": parked.confirmation_id,
+                   "decision": exec.confirmation.decision}),
+        );
+        if exec.confirmation.decision != Decision::Approved {
+            let denied = self.denied(&exec);
+            return self.store(&exec, denied, claim).await;
+        }
+        self.run_and_store(exec, claim).await
+    }
+
+    /// Stores a terminal result for a parked execution that cannot be resumed.
+    pub async fn fail_parked(&self, parked: Parked, error: ErrorBody) -> Outcome {
+        let exec = parked.execution;
+        let claim = match self.claim_fresh(&exec.id).await {
+            Ok(claim) => claim,
+            Err(outcome) => return outcome,
+        };
+        let r = exec.refused(ExecStatus::Internal, exec.tier, error);
+        self.store(&exec, r, claim).await
     }
 
     /// Takes the claim on `id` when no result is stored for it yet; otherwise the outcome to
     /// answer with. Claim first, then look: a holder stores before it releases, so a result
     /// stored by an earlier attempt is always seen (two round trips, not three).
     async fn claim_fresh(&self, id: &str) -> Result<Box<Claim>, Outcome> {
-        let claim = match self.0.claims.claim(id).await {
+        let claim = match self.claims.claim(id).await {
             Ok(ClaimOutcome::Claimed(claim)) => claim,
             Ok(ClaimOutcome::HeldBy(owner)) => {
                 // The holder may have stored its result already and not yet released.
-                return Err(match self.0.results.get(id).await {
+                return Err(match self.results.get(id).await {
                     Ok(Some(stored)) => Outcome::Done(stored),
                     Ok(None) => Outcome::Busy(owner),
                     Err(e) => Outcome::Retry(e.into()),
@@ -199,108 +224,121 @@ impl Scheduler {
             }
             Err(e) => return Err(Outcome::Retry(e.into())),
         };
-        match self.0.results.get(id).await {
+        match self.results.get(id).await {
             Ok(None) => Ok(claim),
             Ok(Some(stored)) => {
-                tokio::spawn(claim.release());
+                spawn_release(claim);
                 Err(Outcome::Done(stored))
             }
             Err(e) => {
-                tokio::spawn(claim.release());
+                spawn_release(claim);
                 Err(Outcome::Retry(e.into()))
             }
         }
     }
 
-    /// Assess → tier → confirm → dispatch. `Err` is a transient failure before anything ran.
-    async fn run(
-        &self,
-        id: &str,
-        req: &ExecRequest,
-        limits: EffectiveLimits,
-        scope: &AuditScope,
-        origin: &Origin,
-        assessed: (Result<RiskAssessment, ErrorBody>, Duration),
-    ) -> Result<ExecResult, ErrorBody> {
-        let mut timing = Timing {
-            queued_ms: origin.queued_ms,
-            ..Default::default()
-        };
-        let finish = |mut r: ExecResult, timing: Timing| {
-            r.timing = Timing {
-                exec_ms: r.timing.exec_ms,
-                total_ms: ms(origin.received.elapsed()) + origin.queued_ms,
-                ..timing
-            };
-            r
-        };
-
-        let (risk, assess_took) = assessed;
-        let risk = match risk {
-            Ok(risk) => risk,
-            Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
-                let r = terminal(id, req, ExecStatus::Rejected, e);
-                return Ok(finish(r, timing));
-            }
-            Err(e) => return Err(e),
-        };
-        timing.assess_ms = ms(assess_took);
-        let tier = decide_tier(
-            risk.required_tier(self.0.config.security_mode),
-            req.tier,
-            req.session_id.is_some(),
+    /// Records the risk and decides the tier; a result when the risk policy rejects the code.
+    fn decide_tier(&self, exec: &mut Execution, risk: RiskAssessment) -> Option<ExecResult> {
+        let required = risk.required_tier(self.policy.security_mode);
+        exec.tier = decide_tier(
+            required,
+            exec.request.tier,
+            exec.request.session_id.is_some(),
         );
+        exec.risk = risk;
+        let risk = &exec.risk;
         self.audit(
             AuditKind::RiskAssessed,
-            scope,
+            exec,
             json!({
                 "level": risk.level.as_str(),
                 "suggested_tier": risk.suggested_tier.as_str(),
-                "tier": tier.as_str(),
+                "tier": exec.tier.as_str(),
                 "requires_confirmation": risk.requires_confirmation,
                 "reason": risk.reason,
                 "findings": risk.findings.iter().map(|f| &f.rule).collect::<Vec<_>>(),
             }),
         );
-        let with_risk = |mut r: ExecResult, confirmation: ConfirmationOutcome| {
-            r.risk = risk.clone();
-            r.confirmation = confirmation;
-            r
-        };
-
-        if tier == Tier::Reject {
-            self.audit(
-                AuditKind::Rejected,
-                scope,
-                json!({"stage": "risk", "level": risk.level.as_str(), "reason": risk.reason}),
-            );
-            let error = ErrorBody::denied(format!("rejected by the risk policy: {}", risk.reason))
-                .with_details(json!({ "findings": risk.findings }));
-            let r = terminal(id, req, ExecStatus::Rejected, error);
-            return Ok(finish(with_risk(r, ConfirmationOutcome::default()), timing));
+        if exec.tier != Tier::Reject {
+            return None;
         }
+        let why = json!({"stage": "risk", "level": risk.level.as_str(), "reason": risk.reason});
+        self.audit(AuditKind::Rejected, exec, why);
+        let error = ErrorBody::denied(format!("rejected by the risk policy: {}", risk.reason))
+            .with_details(json!({ "findings": risk.findings }));
+        Some(exec.refused(ExecStatus::Rejected, Tier::Reject, error))
+    }
 
-        let mut confirmation = ConfirmationOutcome::default();
-        if risk.requires_confirmation {
-            let started = Instant::now();
-            confirmation = self.confirm(id, req, &risk, scope).await?;
-            timing.confirm_ms = ms(started.elapsed());
-            if confirmation.decision != Decision::Approved {
-                let error = ErrorBody::denied(format!(
-                    "confirmation {}: {}",
-                    match confirmation.decision {
-                        Decision::Timeout => "timed out",
-                        _ => "denied",
-                    },
-                    confirmation.reason.as_deref().unwrap_or("no reason given")
-                ));
-                let mut r = terminal(id, req, ExecStatus::Denied, error);
-                r.tier = tier;
-                return Ok(finish(with_risk(r, confirmation), timing));
+    /// Asks for a confirmation when the risk requires one. A decision made at once (a policy,
+    /// a session grant) is applied here; a pending one parks the execution.
+    async fn confirm_stage(&self, exec: &mut Execution) -> Result<Confirmed, ErrorBody> {
+        if !exec.risk.requires_confirmation {
+            return Ok(Confirmed::Go);
+        }
+        let started = Instant::now();
+        let confirmation = self.confirm.request(exec).await?;
+        exec.timing.confirm_ms = ms(started.elapsed());
+        if let Some(decision) = confirm::outcome(&confirmation) {
+            exec.confirmation = decision;
+            return Ok(if exec.confirmation.decision == Decision::Approved {
+                Confirmed::Go
+            } else {
+                Confirmed::Stop(self.denied(exec))
+            });
+        }
+        let parked = Parked {
+            state: ParkedState::AwaitingConfirmation,
+            confirmation_id: confirmation.id,
+            expires_at: confirmation.expires_at,
+            parked_at: messages::now_ms(),
+            execution: exec.clone(),
+        };
+        self.parked.put(&parked).await?;
+        self.audit(
+            AuditKind::Parked,
+            exec,
+            json!({"confirmation_id": parked.confirmation_id, "expires_at": parked.expires_at}),
+        );
+        Ok(Confirmed::Park(parked))
+    }
+
+    /// A decision that came between the request and the parking found no parked entry to
+    /// resume; look once more now that the entry exists.
+    async fn after_parking(&self, parked: Parked) -> Outcome {
+        let notice = parked.notice();
+        match self.confirm.get(&parked.confirmation_id).await {
+            Ok(c) => match confirm::outcome(&c) {
+                Some(decision) => match self.resume(parked, decision).await {
+                    // Another instance resumes it: the caller waits for that result.
+                    Outcome::Busy(_) => Outcome::Parked(notice),
+                    done => done,
+                },
+                None => Outcome::Parked(notice),
+            },
+            Err(e) => {
+                // The event (or the expiry sweep) resumes it.
+                tracing::debug!(execution_id = %notice.execution_id, error = %e, "confirmation not re-read");
+                Outcome::Parked(notice)
             }
         }
+    }
 
-        if tier == Tier::Aio {
+    fn denied(&self, exec: &Execution) -> ExecResult {
+        let c = &exec.confirmation;
+        let error = ErrorBody::denied(format!(
+            "confirmation {}: {}",
+            match c.decision {
+                Decision::Timeout => "timed out",
+                _ => "denied",
+            },
+            c.reason.as_deref().unwrap_or("no reason given")
+        ));
+        exec.refused(ExecStatus::Denied, exec.tier, error)
+    }
+
+    /// Place, run, store.
+    async fn run_and_store(&self, exec: Execution, claim: Box<Claim>) -> Outcome {
+        if exec.tier == Tier::Aio {
             // The aio-pool runs shell commands for browser work; it does not take exec
             // requests yet, so this tier cannot be served here and saying so beats a fallback
             // to a weaker tier.
@@ -308,13 +346,52 @@ impl Scheduler {
                 "tier aio is required, but executions in AIO sandboxes are not served by this \
                  scheduler; use the browser API, or permissive mode for a docker tier",
             );
-            let mut r = terminal(id, req, ExecStatus::Internal, error);
-            r.tier = tier;
-            return Ok(finish(with_risk(r, confirmation), timing));
+            let r = exec.refused(ExecStatus::Internal, exec.tier, error);
+            return self.store(&exec, r, claim).await;
         }
+        match self.dispatcher.dispatch(&exec).await {
+            Ok(result) => {
+                let result = exec.finish(result);
+                self.store(&exec, result, claim).await
+            }
+            Err(e) => {
+                spawn_release(claim);
+                Outcome::Retry(e)
+            }
+        }
+    }
 
-        let result = self.dispatch(id, req, limits, tier, scope).await?;
-        Ok(finish(with_risk(result, confirmation), timing))
+    /// Audits the end, stores the result, forgets a parked entry, releases the claim.
+    async fn store(&self, exec: &Execution, result: ExecResult, claim: Box<Claim>) -> Outcome {
+        self.audit(
+            AuditKind::Finished,
+            exec,
+            json!({
+                "status": result.status.as_str(),
+                "exit_code": result.exit_code,
+                "tier": result.tier.as_str(),
+                "node": result.node,
+                "timing": result.timing,
+            }),
+        );
+        let outcome = match self.results.put(&result).await {
+            Ok(()) => {
+                if exec.risk.requires_confirmation {
+                    if let Err(e) = self.parked.remove(&exec.id).await {
+                        tracing::warn!(execution_id = %exec.id, error = %e, "parked entry kept; a resume will find the result");
+                    }
+                }
+                Outcome::Done(result)
+            }
+            Err(e) => {
+                tracing::error!(execution_id = %exec.id, error = %e, "result not stored");
+                Outcome::Unstored(result, e.into())
+            }
+        };
+        // The result is stored (or the attempt failed): the caller need not wait for the
+        // release, and a claim whose release is lost expires by its TTL.
+        spawn_release(claim);
+        outcome
     }
 
     async fn assess(&self, req: &ExecRequest) -> Result<RiskAssessment, ErrorBody> {
@@ -322,134 +399,19 @@ impl Scheduler {
             content: req.code.clone(),
             content_type: req.language.into(),
             params: None,
-            mode: Some(self.0.config.security_mode),
+            mode: Some(self.policy.security_mode),
         };
-        self.0
-            .caller
+        self.caller
             .call_timeout(
-                self.0.subjects.risk_assess(),
+                self.subjects.risk_assess(),
                 &ask,
-                self.0.config.assess_timeout,
+                self.policy.assess_timeout,
             )
             .await
             .map_err(|e| dependency_error("risk-assessor", e))
     }
-
-    async fn confirm(
-        &self,
-        id: &str,
-        req: &ExecRequest,
-        risk: &RiskAssessment,
-        scope: &AuditScope,
-    ) -> Result<ConfirmationOutcome, ErrorBody> {
-        let wait = self.0.config.confirm_timeout;
-        let ask = ConfirmRequest {
-            execution_id: Some(id.to_string()),
-            session_id: req.session_id.clone(),
-            risk: risk.clone(),
-            summary: format!(
-                "{} code ({} bytes), risk {}: {}",
-                req.language.as_str(),
-                req.code.len(),
-                risk.level.as_str(),
-                risk.reason
-            ),
-            code_excerpt: excerpt(&req.code, 2048),
-            requested_by: req.requested_by.clone(),
-            timeout_ms: Some(ms(wait)),
-            wait: true,
-        };
-        self.audit(
-            AuditKind::ConfirmationRequested,
-            scope,
-            json!({"level": risk.level.as_str(), "timeout_ms": ms(wait)}),
-        );
-        // The confirmation service answers at its own timeout; ours only guards against it
-        // vanishing mid-wait. A 503 (its instance stopped while we waited, or none is up yet)
-        // is retried with the same execution id, which finds the same pending confirmation.
-        let deadline = tokio::time::Instant::now() + wait + Duration::from_secs(10);
-        let reply: Result<Confirmation, CallError> = loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let subject = self.0.subjects.confirm(ConfirmOp::Request);
-            let reply = self.0.caller.call_timeout(subject, &ask, left).await;
-            let retry = matches!(&reply, Err(e) if e.kind() == messages::ErrorKind::Unavailable);
-            if !retry || tokio::time::Instant::now() + CONFIRM_RETRY >= deadline {
-                break reply;
-            }
-            tokio::time::sleep(CONFIRM_RETRY).await;
-        };
-        let outcome = match reply {
-            Ok(c) => ConfirmationOutcome {
-                decision: match c.state {
-                    ConfirmState::Approved => Decision::Approved,
-                    ConfirmState::Denied => Decision::Denied,
-                    ConfirmState::Timeout | ConfirmState::Pending => Decision::Timeout,
-                },
-                by: c.by,
-                reason: c.reason,
-            },
-            Err(CallError::TimedOut { timeout, .. }) => ConfirmationOutcome {
-                decision: Decision::Timeout,
-                by: None,
-                reason: Some(format!("no decision within {timeout:?}")),
-            },
-            Err(e) => return Err(dependency_error("confirmation", e)),
-        };
-        self.audit(
-            AuditKind::ConfirmationDecided,
-            scope,
-            json!({"decision": outcome.decision, "by": outcome.by, "reason": outcome.reason}),
-        );
-        Ok(outcome)
-    }
 }
 
-/// Pause between attempts to reach a confirmation service that is restarting.
-const CONFIRM_RETRY: Duration = Duration::from_millis(250);
-
-/// A failed call to another service, named so the client knows which part is missing.
-pub(crate) fn dependency_error(service: &str, e: CallError) -> ErrorBody {
-    match e {
-        CallError::Service(body) => body,
-        CallError::NoResponders(subject) => ErrorBody::unavailable(format!(
-            "the {service} service is not running (no responders on {subject})"
-        )),
-        other => {
-            let kind = other.kind();
-            ErrorBody::new(kind, format!("{service}: {other}"))
-        }
-    }
-}
-
-/// At most `max` bytes of `code`, cut at a character boundary.
-fn excerpt(code: &str, max: usize) -> String {
-    if code.len() <= max {
-        return code.to_string();
-    }
-    let mut end = max;
-    while !code.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &code[..end])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn excerpts_cut_at_character_boundaries() {
-        assert_eq!(excerpt("abc", 10), "abc");
-        assert_eq!(excerpt("ééé", 3), "é…");
-    }
-
-    #[test]
-    fn missing_services_are_named() {
-        let e = dependency_error(
-            "risk-assessor",
-            CallError::NoResponders("sandbox.v1.risk.assess".into()),
-        );
-        assert_eq!(e.kind, ErrorKind::Unavailable);
-        assert!(e.message.contains("risk-assessor"));
-    }
+fn spawn_release(claim: Box<Claim>) {
+    tokio::spawn(claim.release());
 }

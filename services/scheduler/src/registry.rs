@@ -2,21 +2,28 @@
 //! nodes, fed by a watch on KV `sandbox_nodes` (a put is a live or updated node; a delete or a
 //! TTL purge is a node gone), and answers placement questions with the configured strategy.
 //!
+//! Every heartbeat and every finished run signals `slots`, the `Notify` on which the
+//! [`crate::placer::Placer`] waits for a free slot. The actor is supervised by
+//! [`crate::root::Root`]; everyone else reaches it through a [`RegistryHandle`], which the root
+//! points at the replacement when it restarts one.
+//!
 //! ```text
 //! watch task (KV sandbox_nodes, docker-executor.>) ──Upsert/Remove──▶ Registry ──lost node id──▶ on_lost
-//! pipeline ──Pick/IsAlive/Dispatched/Finished──▶ Registry
+//! Placer ──Pick/IsAlive/Nodes/Dispatched/Finished──▶ Registry ──notify──▶ slots
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use futures::{StreamExt, TryStreamExt};
 use messages::heartbeat::Heartbeat;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::StoreError;
 use crate::placement::{self, Decision, NodeView, Requirements, Strategy};
 
 /// The heartbeat service name of docker executors; their instance id is the node id.
@@ -55,10 +62,13 @@ pub enum RegistryMsg {
 
 pub struct Registry;
 
+#[derive(Clone)]
 pub struct RegistryArgs {
     pub strategy: Strategy,
     /// Receives the id of every node that disappears, so its sessions can be marked lost.
     pub on_lost: mpsc::UnboundedSender<String>,
+    /// Signalled whenever a slot may have freed up (a heartbeat, a finished run, a node gone).
+    pub slots: Arc<Notify>,
 }
 
 struct NodeEntry {
@@ -73,6 +83,7 @@ struct NodeEntry {
 pub struct RegistryState {
     strategy: Strategy,
     on_lost: mpsc::UnboundedSender<String>,
+    slots: Arc<Notify>,
     nodes: BTreeMap<String, NodeEntry>,
     /// Round-robin position.
     cursor: usize,
@@ -110,6 +121,7 @@ impl Actor for Registry {
         Ok(RegistryState {
             strategy: args.strategy,
             on_lost: args.on_lost,
+            slots: args.slots,
             nodes: BTreeMap::new(),
             cursor: 0,
         })
@@ -141,11 +153,14 @@ impl Actor for Registry {
                         );
                     }
                 }
+                state.slots.notify_waiters();
             }
             RegistryMsg::Remove { node } => {
                 if state.nodes.remove(&node).is_some() {
                     tracing::warn!(node = %node, "executor node gone");
                     let _ = state.on_lost.send(node);
+                    // Waiters that only had this node left must stop waiting for it.
+                    state.slots.notify_waiters();
                 }
             }
             RegistryMsg::Reset => state.nodes.clear(),
@@ -178,29 +193,61 @@ impl Actor for Registry {
             RegistryMsg::Finished { node } => {
                 if let Some(e) = state.nodes.get_mut(&node) {
                     e.running = e.running.saturating_sub(1);
+                    // Work that ended before the node's next heartbeat is no longer load: its
+                    // slot is free now, not a heartbeat later.
+                    e.sent_since_beat = e.sent_since_beat.saturating_sub(1);
                 }
+                state.slots.notify_waiters();
             }
         }
         Ok(())
     }
 }
 
+/// The registry actor now running. The root swaps in the replacement when it restarts one, so
+/// holders never keep talking to a dead actor.
+#[derive(Clone)]
+pub struct RegistryHandle(Arc<RwLock<ActorRef<RegistryMsg>>>);
+
+impl RegistryHandle {
+    pub fn new(registry: ActorRef<RegistryMsg>) -> Self {
+        Self(Arc::new(RwLock::new(registry)))
+    }
+
+    pub fn get(&self) -> ActorRef<RegistryMsg> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set(&self, registry: ActorRef<RegistryMsg>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = registry;
+    }
+}
+
+/// The registry actor's name, so an operator (or a test) can find it in ractor's registry.
+pub fn actor_name(instance_id: &str) -> String {
+    format!("scheduler-registry-{instance_id}")
+}
+
 /// Loads the executors alive now, so placement works from the first request on (the watch
 /// below delivers them too, but asynchronously).
-pub async fn preload(nodes: &kv::Store, registry: &ActorRef<RegistryMsg>) -> Result<usize, String> {
+pub async fn preload(
+    nodes: &kv::Store,
+    registry: &ActorRef<RegistryMsg>,
+) -> Result<usize, StoreError> {
     let keys: Vec<String> = nodes
         .keys()
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(StoreError::during("listing executor heartbeats"))?
         .try_collect()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(StoreError::during("listing executor heartbeats"))?;
     let mut loaded = 0;
     for key in keys.iter().filter(|k| k.starts_with(EXECUTOR_SERVICE)) {
         if let Ok(Some(entry)) = nodes.entry(key.as_str()).await {
             if let Some(msg) = to_msg(&entry.key, &entry.operation, &entry.value) {
                 loaded += 1;
-                registry.cast(msg).map_err(|e| e.to_string())?;
+                // A registry that died meanwhile is restarted and preloaded again.
+                let _ = registry.cast(msg);
             }
         }
     }
@@ -212,7 +259,7 @@ pub async fn preload(nodes: &kv::Store, registry: &ActorRef<RegistryMsg>) -> Res
 /// re-opened and the table rebuilt.
 pub fn spawn_watch(
     nodes: kv::Store,
-    registry: ActorRef<RegistryMsg>,
+    registry: RegistryHandle,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -232,7 +279,7 @@ pub fn spawn_watch(
             // A re-opened watch replays every live key: start from a clean table so nodes
             // that vanished while it was broken are forgotten.
             if reopened {
-                let _ = registry.cast(RegistryMsg::Reset);
+                let _ = registry.get().cast(RegistryMsg::Reset);
             }
             reopened = true;
             loop {
@@ -243,9 +290,9 @@ pub fn spawn_watch(
                 match entry {
                     Some(Ok(entry)) => {
                         if let Some(msg) = to_msg(&entry.key, &entry.operation, &entry.value) {
-                            if registry.cast(msg).is_err() {
-                                return;
-                            }
+                            // While a dead registry is being replaced the cast fails; the
+                            // replacement is preloaded from the KV, so nothing is missed.
+                            let _ = registry.get().cast(msg);
                         }
                     }
                     Some(Err(e)) => {
@@ -313,6 +360,7 @@ mod tests {
             RegistryArgs {
                 strategy: Strategy::LeastLoaded,
                 on_lost: tx,
+                slots: Arc::new(Notify::new()),
             },
         )
         .await

@@ -10,11 +10,7 @@ use futures::TryStreamExt;
 use messages::exec::Tier;
 use messages::session::{SessionOpen, SessionRecord, SessionState};
 
-use crate::results::StoreError;
-
-fn store_err(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError(format!("{what}: {e}"))
-}
+use crate::error::StoreError;
 
 /// How often a compare-and-set is retried before giving up (each retry re-reads the record).
 const CAS_ATTEMPTS: usize = 16;
@@ -41,11 +37,11 @@ impl SessionTable {
         match self.kv.entry(id).await {
             Ok(Some(e)) if e.operation == kv::Operation::Put => {
                 let record = serde_json::from_slice(&e.value)
-                    .map_err(|err| store_err(&format!("session {id} is unreadable"), err))?;
+                    .map_err(StoreError::during("decoding a session record"))?;
                 Ok(Some((record, e.revision)))
             }
             Ok(_) => Ok(None),
-            Err(e) => Err(store_err("reading a session", e)),
+            Err(e) => Err(StoreError::new("reading a session", e)),
         }
     }
 
@@ -69,14 +65,15 @@ impl SessionTable {
             requested_by: open.requested_by.clone(),
             ..Default::default()
         };
-        let value = serde_json::to_vec(&record).map_err(|e| store_err("encoding", e))?;
+        let value =
+            serde_json::to_vec(&record).map_err(StoreError::during("encoding a session record"))?;
         match self.kv.create(id, value.into()).await {
             Ok(_) => Ok((record, true)),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => match self.get(id).await? {
                 Some(existing) => Ok((existing, false)),
-                None => Err(store_err("opening a session", e)),
+                None => Err(StoreError::new("opening a session", e)),
             },
-            Err(e) => Err(store_err("opening a session", e)),
+            Err(e) => Err(StoreError::new("opening a session", e)),
         }
     }
 
@@ -94,7 +91,8 @@ impl SessionTable {
             if let Change::Keep = change(&mut record) {
                 return Ok(Some(record));
             }
-            let value = serde_json::to_vec(&record).map_err(|e| store_err("encoding", e))?;
+            let value = serde_json::to_vec(&record)
+                .map_err(StoreError::during("encoding a session record"))?;
             match self.kv.update(id, value.into(), revision).await {
                 Ok(_) => return Ok(Some(record)),
                 Err(e) => {
@@ -103,9 +101,10 @@ impl SessionTable {
                 }
             }
         }
-        Err(StoreError(format!(
-            "session {id} kept changing; gave up after {CAS_ATTEMPTS} attempts"
-        )))
+        Err(StoreError::new(
+            "updating a session",
+            format!("session {id} kept changing; gave up after {CAS_ATTEMPTS} attempts"),
+        ))
     }
 
     /// Every session (those on `node` only, when given).
@@ -114,8 +113,8 @@ impl SessionTable {
             Ok(keys) => keys
                 .try_collect()
                 .await
-                .map_err(|e| store_err("listing sessions", e))?,
-            Err(e) => return Err(store_err("listing sessions", e)),
+                .map_err(StoreError::during("listing sessions"))?,
+            Err(e) => return Err(StoreError::new("listing sessions", e)),
         };
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {

@@ -12,7 +12,6 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use common::*;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup};
 use messages::{ErrorKind, Subjects};
-use test_support::NatsServer;
 
 /// Publishes a job as a client does: Nats-Msg-Id = execution id. Returns whether JetStream
 /// accepted it as new (not a duplicate).
@@ -80,13 +79,13 @@ async fn jobs_left(js: &jetstream::Context) -> u64 {
 
 #[tokio::test]
 async fn jobs_run_once_each_and_duplicates_are_dropped_by_the_stream() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let js = jetstream::new(connect(&url).await);
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 8)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (js, runs) = (mesh.js.clone(), mesh.runs.clone());
 
     let ids: Vec<String> = (0..10).map(|i| format!("job-{i}")).collect();
     for id in &ids {
@@ -119,8 +118,8 @@ async fn jobs_run_once_each_and_duplicates_are_dropped_by_the_stream() {
     let again = "job-late-repeat";
     assert!(submit(&js, again, "print(2)").await);
     wait_result(&js, again).await;
-    let c = client(&url).await;
-    let sync_repeat: ExecResult = c
+    let sync_repeat: ExecResult = mesh
+        .client
         .call(
             Subjects::default().exec(),
             &ExecRequest {
@@ -141,20 +140,18 @@ async fn jobs_run_once_each_and_duplicates_are_dropped_by_the_stream() {
             .count(),
         1
     );
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn async_jobs_respect_the_queue_bound_and_all_complete() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _a = FakeExecutor::start(&url, "node-a", 16, runs.clone()).await;
-    let mut cfg = config(&url);
-    cfg.max_queue = 2;
-    let sched = start_scheduler(cfg).await;
-    let js = jetstream::new(connect(&url).await);
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 16)
+        .scheduler(|c| c.max_queue = 2)
+        .start()
+        .await;
+    let (js, runs) = (mesh.js.clone(), mesh.runs.clone());
 
     for i in 0..8 {
         submit(&js, &format!("bounded-{i}"), "sleep:200").await;
@@ -174,18 +171,18 @@ async fn async_jobs_respect_the_queue_bound_and_all_complete() {
         .unwrap();
     assert!(peak <= 2, "at most max_queue jobs ran at once, saw {peak}");
     assert_eq!(results_counts(&js).await, (8, 8));
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn invalid_jobs_get_a_stored_rejected_result() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let js = jetstream::new(connect(&url).await);
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 8)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (js, runs) = (mesh.js.clone(), mesh.runs.clone());
 
     submit_raw(&js, "bad-json", b"{nope".to_vec()).await;
     submit(&js, "bad-size", &"x".repeat(300 * 1024)).await;
@@ -203,23 +200,20 @@ async fn invalid_jobs_get_a_stored_rejected_result() {
         ExecStatus::Rejected
     );
     assert!(runs.lock().unwrap().is_empty());
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_job_waits_for_a_missing_executor_and_gives_up_only_after_max_deliveries() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let _risk = serve_risk(&url).await;
-    let mut cfg = config(&url);
-    cfg.job_max_deliver = 3;
-    let sched = start_scheduler(cfg).await;
-    let js = jetstream::new(connect(&url).await);
-    let c = client(&url).await;
+    let mut mesh = Mesh::builder()
+        .risk()
+        .scheduler(|c| c.job_max_deliver = 3)
+        .start()
+        .await;
+    let (js, c, runs) = (mesh.js.clone(), mesh.client.clone(), mesh.runs.clone());
 
     // No executor yet: the job is retried, not lost; lookups say it is unknown or queued.
     submit(&js, "waits", "print(1)").await;
-    let runs = Runs::default();
     let seen_pending_or_queued = c
         .call::<_, ResultLookup>(
             Subjects::default().results_get(),
@@ -233,7 +227,7 @@ async fn a_job_waits_for_a_missing_executor_and_gives_up_only_after_max_deliveri
         Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound),
         Ok(other) => panic!("no executor yet, got {other:?}"),
     }
-    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
+    mesh.add_executor("node-a", 8).await;
     assert_eq!(wait_result(&js, "waits").await.status, ExecStatus::Ok);
 
     // An executor that always fails transiently: a terminal internal result after 3 tries.
@@ -248,19 +242,15 @@ async fn a_job_waits_for_a_missing_executor_and_gives_up_only_after_max_deliveri
         .filter(|r| r.execution_id == "poison")
         .count();
     assert_eq!(tries, 3);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 /// The scheduler binary is killed (SIGKILL) with jobs in flight; a second scheduler takes
 /// over. Every accepted job ends with exactly one stored result.
 #[tokio::test]
 async fn killing_the_scheduler_mid_flight_loses_and_duplicates_nothing() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _a = FakeExecutor::start(&url, "node-a", 64, runs.clone()).await;
-    let js = jetstream::new(connect(&url).await);
+    let mut mesh = Mesh::builder().risk().executor("node-a", 64).start().await;
+    let (js, runs, url) = (mesh.js.clone(), mesh.runs.clone(), mesh.url.clone());
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandmesh-scheduler"))
         .env("SANDMESH_NATS_URL", &url)
@@ -273,7 +263,7 @@ async fn killing_the_scheduler_mid_flight_loses_and_duplicates_nothing() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_ready(&url).await;
+    mesh.wait_ready().await;
 
     let mut accepted = BTreeSet::new();
     for i in 0..24 {
@@ -309,10 +299,10 @@ async fn killing_the_scheduler_mid_flight_loses_and_duplicates_nothing() {
         started.len()
     );
 
-    let mut cfg = config(&url);
+    let mut cfg = mesh.config();
     cfg.job_ack_wait = Duration::from_secs(3);
     cfg.claim_ttl = Duration::from_secs(3);
-    let sched = start_scheduler(cfg).await;
+    mesh.start_scheduler(cfg).await;
     let mut results = BTreeSet::new();
     for id in &accepted {
         let r = wait_result(&js, id).await;
@@ -328,18 +318,18 @@ async fn killing_the_scheduler_mid_flight_loses_and_duplicates_nothing() {
         async move { (jobs_left(&js).await == 0).then_some(()) }
     })
     .await;
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn graceful_shutdown_finishes_running_jobs_before_acking() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let js = jetstream::new(connect(&url).await);
+    let mut mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 8)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (js, runs) = (mesh.js.clone(), mesh.runs.clone());
 
     submit(&js, "slow-at-shutdown", "sleep:1500").await;
     eventually("the job to start", || {
@@ -347,7 +337,7 @@ async fn graceful_shutdown_finishes_running_jobs_before_acking() {
         async move { (!runs.lock().unwrap().is_empty()).then_some(()) }
     })
     .await;
-    sched.shutdown().await;
+    mesh.stop_scheduler().await;
     let r = stored(&js, "slow-at-shutdown")
         .await
         .expect("stored before run() returned");

@@ -1,7 +1,7 @@
 //! End to end: the real risk-assessor, confirmation, workspace-store, docker-executor and
 //! scheduler over a real nats-server and the real Docker daemon.
 
-mod mesh;
+mod common;
 
 /// The `sandmesh exec` module, compiled here to run it against the real mesh (the CLI crate
 /// wires it into its `main`).
@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
+use common::{eventually, Mesh};
 use futures::StreamExt;
-use mesh::{eventually, Mesh};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{
     Decision, ExecRequest, ExecResult, ExecStatus, Language, OutputChunk, OutputStream, ResultGet,
@@ -24,6 +24,26 @@ use messages::risk::RiskLevel;
 use messages::session::{SessionOpen, SessionRecord, SessionRef, SessionState};
 use messages::subjects::{ConfirmOp, SessionOp};
 use messages::{ErrorKind, Subjects};
+
+/// The real services, `executors` docker-executor nodes, and (when `tune` is given) the
+/// scheduler; `policy` is the confirmation service's.
+async fn real_mesh(
+    executors: usize,
+    policy: &[(&str, &str)],
+    tune: Option<fn(&mut scheduler::SchedulerConfig)>,
+) -> Mesh {
+    let mesh = Mesh::builder()
+        .real_risk()
+        .confirm(policy)
+        .real_workspace()
+        .docker_executors(executors);
+    match tune {
+        Some(tune) => mesh.scheduler(tune),
+        None => mesh,
+    }
+    .start()
+    .await
+}
 
 fn req(language: Language, code: &str) -> ExecRequest {
     ExecRequest {
@@ -42,7 +62,7 @@ async fn exec(mesh: &Mesh, r: &ExecRequest) -> ExecResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn python_javascript_and_shell_run_sync_async_and_from_the_cli() {
-    let mesh = Mesh::start(1, &[], &[]).await;
+    let mesh = real_mesh(1, &[], Some(|_| {})).await;
     let s = Subjects::default();
     let cases = [
         (
@@ -176,7 +196,7 @@ async fn pending_for(mesh: &Mesh, execution_id: &str) -> Confirmation {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rm_rf_is_rejected_a_deny_policy_denies_and_an_approval_runs() {
     let deny_critical = [("SANDMESH_CONFIRM_AUTO_DENY_LEVELS", "critical")];
-    let mesh = Mesh::start(1, &deny_critical, &[]).await;
+    let mesh = real_mesh(1, &deny_critical, Some(|_| {})).await;
     let s = Subjects::default();
 
     let r = exec(&mesh, &req(Language::Shell, "rm -rf /")).await;
@@ -275,7 +295,10 @@ async fn session_get(mesh: &Mesh, id: &str) -> SessionRecord {
 async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_files() {
     // Development policy: confirmations approve themselves, so file writes just run.
     let auto = [("SANDMESH_CONFIRM_AUTO_APPROVE", "true")];
-    let mut mesh = Mesh::start(2, &auto, &[("SANDMESH_PLACEMENT", "least_loaded")]).await;
+    let tune = |c: &mut scheduler::SchedulerConfig| {
+        c.placement = scheduler::placement::Strategy::LeastLoaded
+    };
+    let mut mesh = real_mesh(2, &auto, Some(tune)).await;
     let s = Subjects::default();
 
     // Two executors share ephemeral work.
@@ -337,7 +360,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
 
     // Kill the node holding it: the next execution runs elsewhere, files intact.
     let holder = read.node.clone().unwrap();
-    mesh.crash_executor(&holder);
+    mesh.crash_docker_executor(&holder);
     let after = exec(&mesh, &in_session("print(open('data/note.txt').read())")).await;
     assert_eq!(after.status, ExecStatus::Ok, "{after:?}");
     assert_eq!(after.stdout, "persisted\n", "the workspace was restored");
@@ -360,7 +383,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
         .await
         .unwrap();
     assert_eq!(closed.state, SessionState::Closed);
-    mesh::remove_containers(&holder);
+    common::docker::remove_containers(&holder);
     mesh.shutdown().await;
 }
 
@@ -368,7 +391,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
 /// scheduler takes over. Every accepted job ends with exactly one result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() {
-    let mut mesh = Mesh::start_services(1, &[]).await;
+    let mut mesh = real_mesh(1, &[], None).await;
     let s = Subjects::default();
     let settings = [
         ("SANDMESH_SCHED_JOB_ACK_WAIT_MS", "3000"),
@@ -433,10 +456,7 @@ async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() 
     child.kill().unwrap();
     child.wait().unwrap();
     // Executions the dead scheduler held claims on were in flight when it died.
-    let claims = js
-        .get_key_value(scheduler::results::Claims::bucket_name(&s))
-        .await
-        .unwrap();
+    let claims = js.get_key_value(s.exec_claims_bucket()).await.unwrap();
     let mut held = 0;
     for id in &accepted {
         if claims.get(id.as_str()).await.unwrap().is_some() && stored(id.clone()).await.is_none() {
@@ -445,7 +465,11 @@ async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() 
     }
     assert!(held > 0, "the kill should interrupt running executions");
 
-    mesh.start_scheduler(&settings).await;
+    let mut config = mesh.config();
+    config.job_ack_wait = Duration::from_secs(3);
+    config.claim_ttl = Duration::from_secs(3);
+    config.max_queue = 4;
+    mesh.start_scheduler(config).await;
     let mut ended = std::collections::BTreeSet::new();
     for id in &accepted {
         let m = eventually(&format!("the result of {id}"), || stored(id.clone())).await;

@@ -13,7 +13,6 @@ use messages::session::{
 use messages::subjects::SessionOp;
 use messages::{ErrorKind, Subjects};
 use scheduler::placement::Strategy;
-use test_support::NatsServer;
 
 fn in_session(session: &str, code: &str) -> ExecRequest {
     ExecRequest {
@@ -41,17 +40,15 @@ async fn get(c: &kit::Caller, id: &str) -> SessionRecord {
 
 #[tokio::test]
 async fn open_get_list_close_and_affinity() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _ws = serve_workspace(&url).await;
-    let _a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
-    let _b = FakeExecutor::start(&url, "node-b", 8, runs.clone()).await;
-    let mut cfg = config(&url);
-    cfg.placement = Strategy::RoundRobin;
-    let sched = start_scheduler(cfg).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 8)
+        .executor("node-b", 8)
+        .scheduler(|c| c.placement = Strategy::RoundRobin)
+        .start()
+        .await;
+    let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
     let s = Subjects::default();
 
     let opened: SessionRecord = c
@@ -75,15 +72,11 @@ async fn open_get_list_close_and_affinity() {
     assert_eq!(record.state, SessionState::Active);
     assert_eq!(record.node.as_deref(), Some(nodes[0].as_str()));
     // The use count is recorded after the reply, in the background.
-    let mut executions = record.executions;
-    for _ in 0..100 {
-        if executions == 4 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        executions = get(&c, "s-1").await.executions;
-    }
-    assert_eq!(executions, 4);
+    eventually("the use count", || {
+        let c = c.clone();
+        async move { (get(&c, "s-1").await.executions == 4).then_some(()) }
+    })
+    .await;
     assert!(runs.lock().unwrap().iter().all(|r| r.tier == Tier::Session));
 
     // A session used without opening is opened on first use.
@@ -134,7 +127,7 @@ async fn open_get_list_close_and_affinity() {
         .await
         .unwrap_err();
     assert_eq!(missing.kind(), ErrorKind::NotFound);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 async fn futures_nodes(c: &kit::Caller, session: &str, n: usize) -> Vec<String> {
@@ -149,21 +142,18 @@ async fn futures_nodes(c: &kit::Caller, session: &str, n: usize) -> Vec<String> 
 
 #[tokio::test]
 async fn two_executors_share_ephemeral_load_under_every_strategy() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let _risk = serve_risk(&url).await;
+    let mut mesh = Mesh::builder().risk().start().await;
+    let c = mesh.client.clone();
     for strategy in [
         Strategy::RoundRobin,
         Strategy::LeastLoaded,
         Strategy::ResourceAware,
     ] {
-        let runs = Runs::default();
-        let a = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-        let b = FakeExecutor::start(&url, "node-b", 4, runs.clone()).await;
-        let mut cfg = config(&url);
+        mesh.add_executor("node-a", 4).await;
+        mesh.add_executor("node-b", 4).await;
+        let mut cfg = mesh.config();
         cfg.placement = strategy;
-        let sched = start_scheduler(cfg).await;
-        let c = client(&url).await;
+        mesh.start_scheduler(cfg).await;
         // Concurrent work: placement must spread it, since each node reports load 0 until
         // its next heartbeat.
         let tasks: Vec<_> = (0..8)
@@ -190,30 +180,31 @@ async fn two_executors_share_ephemeral_load_under_every_strategy() {
             per_node.values().all(|n| *n >= 2),
             "{strategy:?}: {per_node:?}"
         );
-        sched.shutdown().await;
-        a.stop().await;
-        b.stop().await;
+        mesh.stop_scheduler().await;
+        mesh.stop_executor("node-a").await;
+        mesh.stop_executor("node-b").await;
     }
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_session_whose_node_dies_is_re_placed_with_its_state_restored() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _ws = serve_workspace(&url).await;
-    let a = FakeExecutor::start(&url, "node-a", 8, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mut mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 8)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
 
     let first = exec(&c, &in_session("s-fail", "x = 1")).await;
     assert_eq!(first.node.as_deref(), Some("node-a"));
     assert!(!first.session_restored);
-    let b = FakeExecutor::start(&url, "node-b", 8, runs.clone()).await;
+    mesh.add_executor("node-b", 8).await;
 
     // Killed: its heartbeat key is still there, but nobody answers on its subjects.
-    a.crash().await;
+    mesh.crash_executor("node-a").await;
     let next = exec(&c, &in_session("s-fail", "print(x)")).await;
     assert_eq!(next.status, ExecStatus::Ok);
     assert_eq!(next.node.as_deref(), Some("node-b"));
@@ -237,8 +228,8 @@ async fn a_session_whose_node_dies_is_re_placed_with_its_state_restored() {
 
     // A node that goes away cleanly: its heartbeat key is deleted and the registry marks its
     // sessions lost before anyone executes.
-    let _c = FakeExecutor::start(&url, "node-c", 8, runs.clone()).await;
-    b.stop().await;
+    mesh.add_executor("node-c", 8).await;
+    mesh.stop_executor("node-b").await;
     let lost = eventually("the session to be marked lost", || {
         let c = c.clone();
         async move {
@@ -251,21 +242,21 @@ async fn a_session_whose_node_dies_is_re_placed_with_its_state_restored() {
     let moved = exec(&c, &in_session("s-fail", "print(x)")).await;
     assert_eq!(moved.node.as_deref(), Some("node-c"));
     assert!(moved.session_restored);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 /// New sessions beyond the free slots wait for one (bounded by their deadline) instead of
 /// failing with 503 while the node is busy: one slot, three sessions at once, all run.
 #[tokio::test]
 async fn new_sessions_wait_for_a_free_slot() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _ws = serve_workspace(&url).await;
-    let _a = FakeExecutor::start(&url, "node-a", 1, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 1)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let c = mesh.client.clone();
 
     let mut running = Vec::new();
     for i in 0..3 {
@@ -279,5 +270,5 @@ async fn new_sessions_wait_for_a_free_slot() {
         assert_eq!(result.status, ExecStatus::Ok, "{:?}", result.error);
         assert_eq!(result.node.as_deref(), Some("node-a"));
     }
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }

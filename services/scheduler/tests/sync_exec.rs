@@ -2,15 +2,14 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
 use messages::exec::{
     Decision, ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup, Tier,
 };
+use messages::executor::RunKind;
 use messages::{ErrorKind, Subjects};
-use test_support::NatsServer;
 
 fn req(language: Language, code: &str) -> ExecRequest {
     ExecRequest {
@@ -26,13 +25,13 @@ async fn exec(c: &kit::Caller, r: &ExecRequest) -> Result<ExecResult, kit::CallE
 
 #[tokio::test]
 async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (c, url, runs) = (mesh.client.clone(), mesh.url.clone(), mesh.runs.clone());
 
     for language in [Language::Python, Language::Javascript, Language::Shell] {
         let r = exec(&c, &req(language, "print(1)")).await.unwrap();
@@ -98,20 +97,24 @@ async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
             "{kind} in {kinds:?}"
         );
     }
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn risk_policy_rejects_and_confirmation_decides() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let asked = Arc::new(Mutex::new(Vec::new()));
-    let deny = serve_confirm(&url, false, asked.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mut mesh = Mesh::builder()
+        .risk()
+        .confirm_standin(false)
+        .executor("node-a", 4)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (c, url, runs, asked) = (
+        mesh.client.clone(),
+        mesh.url.clone(),
+        mesh.runs.clone(),
+        mesh.asked.clone(),
+    );
 
     let r = exec(&c, &req(Language::Shell, "rm -rf /")).await.unwrap();
     assert_eq!(r.status, ExecStatus::Rejected);
@@ -137,8 +140,8 @@ async fn risk_policy_rejects_and_confirmation_decides() {
         "nothing rejected or denied reached an executor"
     );
 
-    deny.shutdown(Duration::from_secs(1)).await;
-    let _approve = serve_confirm(&url, true, asked.clone()).await;
+    mesh.stop_standin("confirm").await;
+    mesh.serve_confirm_standin(true).await;
     let r = exec(&c, &risky).await.unwrap();
     assert_eq!(r.status, ExecStatus::Ok);
     assert_eq!(r.confirmation.decision, Decision::Approved);
@@ -146,53 +149,50 @@ async fn risk_policy_rejects_and_confirmation_decides() {
     assert_eq!(r.tier, Tier::Session, "strict mode isolates high-risk code");
     assert_eq!(r.session_id, None, "the client's request had no session");
     let last = runs.lock().unwrap().last().cloned().unwrap();
-    assert!(
-        last.session_id
-            .as_deref()
-            .is_some_and(|s| s.starts_with("once-")),
-        "a container of its own under a one-off session: {last:?}"
+    assert_eq!(
+        (last.kind, last.session_id),
+        (RunKind::Isolated, None),
+        "a fresh container of its own, no session"
     );
     assert!(r.timing.total_ms >= r.timing.confirm_ms);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn permissive_mode_follows_the_suggestion_and_clients_can_only_tighten() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let mut cfg = config(&url);
-    cfg.security_mode = messages::risk::SecurityMode::Permissive;
-    let sched = start_scheduler(cfg).await;
-    let c = client(&url).await;
+    let mut mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|c| c.security_mode = messages::risk::SecurityMode::Permissive)
+        .start()
+        .await;
+    let c = mesh.client.clone();
 
     let medium = req(Language::Python, "import os\nprint(os.getcwd())");
     assert_eq!(exec(&c, &medium).await.unwrap().tier, Tier::Ephemeral);
     let mut stricter = medium.clone();
     stricter.tier = messages::exec::TierChoice::Session;
     assert_eq!(exec(&c, &stricter).await.unwrap().tier, Tier::Session);
-    sched.shutdown().await;
+    mesh.stop_scheduler().await;
 
     // Strict mode: the same code needs session isolation, and asking for less changes nothing.
-    let sched = start_scheduler(config(&url)).await;
+    mesh.start_scheduler(mesh.config()).await;
     let mut looser = medium.clone();
     looser.tier = messages::exec::TierChoice::Ephemeral;
     assert_eq!(exec(&c, &looser).await.unwrap().tier, Tier::Session);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn hostile_and_malformed_requests_get_clear_errors_and_the_mesh_keeps_serving() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
-    let nc = connect(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
+    let nc = c.client().clone();
     let s = Subjects::default();
 
     let raw = |payload: &'static [u8]| {
@@ -276,15 +276,13 @@ async fn hostile_and_malformed_requests_get_clear_errors_and_the_mesh_keeps_serv
         .await
         .unwrap();
     assert_eq!(ok.status, ExecStatus::Ok);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn missing_services_are_named_and_nothing_is_stored_so_a_retry_can_run() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mut mesh = Mesh::builder().scheduler(|_| {}).start().await;
+    let c = mesh.client.clone();
     let mut r = req(Language::Python, "print(1)");
     r.execution_id = Some("retry-me".into());
 
@@ -292,29 +290,26 @@ async fn missing_services_are_named_and_nothing_is_stored_so_a_retry_can_run() {
     assert_eq!(e.kind(), ErrorKind::Unavailable);
     assert!(e.to_string().contains("risk-assessor"), "{e}");
 
-    let _risk = serve_risk(&url).await;
+    mesh.serve_risk_standin().await;
     let e = exec(&c, &r).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable);
     assert!(e.to_string().contains("executor"), "{e}");
 
-    let runs = Runs::default();
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
+    mesh.add_executor("node-a", 4).await;
     let done = exec(&c, &r).await.unwrap();
     assert_eq!(done.status, ExecStatus::Ok);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn beyond_the_queue_bound_callers_get_429_at_once() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let mut cfg = config(&url);
-    cfg.max_queue = 1;
-    let sched = start_scheduler(cfg).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|c| c.max_queue = 1)
+        .start()
+        .await;
+    let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
 
     let slow = tokio::spawn({
         let c = c.clone();
@@ -339,20 +334,18 @@ async fn beyond_the_queue_bound_callers_get_429_at_once() {
         ExecStatus::Ok,
         "room again once the slow run ended"
     );
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn executor_errors_become_terminal_statuses() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let mut cfg = config(&url);
-    cfg.exec_grace = Duration::from_millis(500);
-    let sched = start_scheduler(cfg).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|c| c.exec_grace = Duration::from_millis(500))
+        .start()
+        .await;
+    let c = mesh.client.clone();
 
     let r = exec(&c, &req(Language::Python, "fail:500")).await.unwrap();
     assert_eq!(r.status, ExecStatus::Internal);
@@ -363,54 +356,52 @@ async fn executor_errors_become_terminal_statuses() {
     hang.timeout_ms = Some(200);
     let r = exec(&c, &hang).await.unwrap();
     assert_eq!(r.status, ExecStatus::ExecutorLost);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_confirmation_service_that_is_not_up_yet_is_waited_for() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mut mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (c, url) = (mesh.client.clone(), mesh.url.clone());
     let mut risky = req(Language::Python, "import os\nos.system('id')");
     risky.execution_id = Some("awaits-confirmation".into());
     let pending = {
         let (c, risky) = (c.clone(), risky.clone());
         tokio::spawn(async move { exec(&c, &risky).await })
     };
-    // The scheduler has asked (and found no confirmation service) before one starts.
-    eventually("the confirmation request", || {
+    // The scheduler has reached the confirm stage (and found no confirmation service) before
+    // one starts.
+    eventually("the risk assessment", || {
         let url = url.clone();
         async move {
             let k = audit_kinds(&url, "awaits-confirmation").await;
-            k.iter()
-                .any(|k| k == "confirmation_requested")
-                .then_some(())
+            k.iter().any(|k| k == "risk_assessed").then_some(())
         }
     })
     .await;
-    let asked = Arc::new(Mutex::new(Vec::new()));
-    let _approve = serve_confirm(&url, true, asked.clone()).await;
+    mesh.serve_confirm_standin(true).await;
     let r = pending.await.unwrap().unwrap();
     assert_eq!(r.status, ExecStatus::Ok);
     assert_eq!(r.confirmation.decision, Decision::Approved);
-    assert_eq!(asked.lock().unwrap().len(), 1);
-    sched.shutdown().await;
+    assert_eq!(mesh.asked.lock().unwrap().len(), 1);
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn placement_counts_return_to_zero_so_sessions_keep_finding_nodes() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 2, runs.clone()).await;
-    let _ws = serve_workspace(&url).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 2)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let c = mesh.client.clone();
     // More finished executions than the node's capacity: each must give its slot back.
     for _ in 0..5 {
         let r = exec(&c, &req(Language::Python, "print(1)")).await.unwrap();
@@ -421,18 +412,18 @@ async fn placement_counts_return_to_zero_so_sessions_keep_finding_nodes() {
     let r = exec(&c, &in_session).await.unwrap();
     assert_eq!(r.status, ExecStatus::Ok, "{:?}", r.error);
     assert_eq!(r.node.as_deref(), Some("node-a"));
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn work_beyond_executor_capacity_waits_for_a_slot() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 1, runs.clone()).await;
-    let sched = start_scheduler(config(&url)).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 1)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
     let mut pending = Vec::new();
     for _ in 0..3 {
         let c = c.clone();
@@ -445,27 +436,25 @@ async fn work_beyond_executor_capacity_waits_for_a_slot() {
     }
     let most = runs.lock().unwrap().iter().map(|r| r.in_flight).max();
     assert_eq!(most, Some(1), "the node never held more than its capacity");
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }
 
 /// A run that starts late, after the executor refused it (429) for most of the wait, still gets
 /// its whole time budget: it is not cut off with what was left of the wait and called lost.
 #[tokio::test]
 async fn a_run_accepted_after_waiting_for_a_slot_gets_its_whole_budget() {
-    let nats = NatsServer::start();
-    let url = nats.url();
-    let runs = Runs::default();
-    let _risk = serve_risk(&url).await;
-    let _exec = FakeExecutor::start(&url, "node-a", 4, runs.clone()).await;
-    let mut cfg = config(&url);
-    cfg.exec_grace = Duration::from_millis(500);
-    let sched = start_scheduler(cfg).await;
-    let c = client(&url).await;
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|c| c.exec_grace = Duration::from_millis(500))
+        .start()
+        .await;
+    let c = mesh.client.clone();
 
     // Budget 500 + 500 ms; refused for the first 500 ms, then runs for 600 ms.
     let mut r = req(Language::Python, "busy:500 sleep:600");
     r.timeout_ms = Some(500);
     let result = exec(&c, &r).await.unwrap();
     assert_eq!(result.status, ExecStatus::Ok, "{:?}", result.error);
-    sched.shutdown().await;
+    mesh.shutdown().await;
 }

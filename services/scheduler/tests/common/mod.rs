@@ -1,440 +1,389 @@
-//! Small real stand-ins for the services around the scheduler, served over a real nats-server
-//! with the kit — enough behaviour to drive every branch of the scheduler's logic. The true
-//! services are exercised in `e2e.rs`.
+//! The one test harness of the scheduler: a real nats-server and the services around the
+//! scheduler, each either a small stand-in served over NATS ([`fakes`]) or the real service
+//! through its library's `run(config, shutdown)` (and, for the end-to-end tests, real
+//! docker-executor nodes on the real Docker daemon, [`docker`]). A test says what it needs:
+//!
+//! ```ignore
+//! let mesh = Mesh::builder().risk().confirm(&[]).executor("a", 4).scheduler(|_| {}).start().await;
+//! ```
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+pub mod docker;
+pub mod fakes;
+
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::HeaderMap;
+use async_nats::jetstream;
 use kit::serve::ServiceHost;
-use kit::{Caller, EndpointOptions, ServiceInfo};
-use messages::confirm::{ConfirmRequest, ConfirmState, Confirmation};
-use messages::exec::{ExecResult, ExecStatus, Tier};
-use messages::executor::{ExecutorClose, ExecutorRun};
-use messages::heartbeat::Heartbeat;
-use messages::risk::{AssessRequest, RiskAssessment, RiskLevel};
-use messages::subjects::{ConfirmOp, ExecutorOp, WorkspaceOp};
-use messages::workspace::{Ack, WsInit};
-use messages::{Encoding, ErrorBody, ErrorKind, Subjects};
+use kit::{CallError, Caller, CancellationToken};
+use messages::confirm::ConfirmRequest;
+use messages::exec::{ExecRequest, ExecResult};
+use messages::{Encoding, Subjects};
 use scheduler::SchedulerConfig;
-use tokio_util::sync::CancellationToken;
+use test_support::NatsServer;
 
-pub const WAIT: Duration = Duration::from_secs(20);
+#[allow(unused_imports)]
+pub use fakes::{audit_kinds, FakeExecutor, Runs};
 
-pub fn info(name: &str) -> ServiceInfo {
-    ServiceInfo {
-        name: name.into(),
-        version: "0.0.1".into(),
-        description: "test stand-in".into(),
-    }
-}
+/// The bound of every wait in these tests.
+pub const WAIT: Duration = Duration::from_secs(60);
 
 pub async fn connect(url: &str) -> async_nats::Client {
     async_nats::connect(url).await.expect("connect")
 }
 
-/// A JSON client, as a user's program would be.
-pub async fn client(url: &str) -> Caller {
-    Caller::new(connect(url).await, Duration::from_secs(30)).with_encoding(Encoding::Json)
-}
-
-/// Polls `f` every 50 ms until it returns `Some`, at most `WAIT`.
-pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+/// Polls `check` until it returns `Some`, at most [`WAIT`].
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    test_support::eventually(what, WAIT, check).await
+}
+
+type Task = tokio::task::JoinHandle<Result<(), String>>;
+type Tune = Box<dyn FnOnce(&mut SchedulerConfig) + Send>;
+
+/// A service running in-process through its library's `run`.
+struct Service {
+    stop: CancellationToken,
+    task: Task,
+}
+
+fn spawn<E: std::fmt::Display>(
+    f: impl std::future::Future<Output = Result<(), E>> + Send + 'static,
+) -> Task {
+    tokio::spawn(async move { f.await.map_err(|e| e.to_string()) })
+}
+
+fn env_of(url: &str, pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    let mut env: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.insert("SANDMESH_NATS_URL".into(), url.into());
+    env
+}
+
+enum Part {
+    Fake,
+    Real,
+}
+
+/// What a test's mesh is made of; [`MeshBuilder::start`] starts it in dependency order.
+#[derive(Default)]
+pub struct MeshBuilder {
+    risk: Option<Part>,
+    workspace: Option<Part>,
+    /// The real confirmation service with these `SANDMESH_CONFIRM_*` settings.
+    confirm: Option<Vec<(String, String)>>,
+    /// A stand-in that decides at once: approve or deny.
+    confirm_standin: Option<bool>,
+    executors: Vec<(String, u32)>,
+    docker_executors: usize,
+    scheduler: Option<Tune>,
+}
+
+impl MeshBuilder {
+    /// The risk-assessor stand-in ([`fakes::assess`]).
+    pub fn risk(mut self) -> Self {
+        self.risk = Some(Part::Fake);
+        self
     }
-}
-
-// === the scheduler ===
-
-pub struct Sched {
-    pub stop: CancellationToken,
-    pub task: tokio::task::JoinHandle<Result<(), scheduler::SchedulerError>>,
-}
-
-impl Sched {
-    pub async fn shutdown(self) {
-        self.stop.cancel();
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("scheduler stops in time")
-            .expect("task")
-            .expect("scheduler ran");
+    /// The real risk-assessor.
+    pub fn real_risk(mut self) -> Self {
+        self.risk = Some(Part::Real);
+        self
     }
-}
-
-pub fn config(url: &str) -> SchedulerConfig {
-    let mut c = SchedulerConfig::for_url(url);
-    c.kit.heartbeat_interval = Duration::from_millis(300);
-    c.confirm_timeout = Duration::from_secs(5);
-    c.exec_grace = Duration::from_secs(5);
-    c
-}
-
-/// Starts a scheduler in-process and waits until it answers.
-pub async fn start_scheduler(config: SchedulerConfig) -> Sched {
-    let url = config.kit.nats_url.clone();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(scheduler::run(config, stop.clone()));
-    wait_ready(&url).await;
-    Sched { stop, task }
-}
-
-/// Waits until some scheduler answers on `url`.
-pub async fn wait_ready(url: &str) {
-    let c = client(url).await;
-    let subject = Subjects::default().sessions(messages::subjects::SessionOp::List);
-    eventually("the scheduler to answer", || {
-        let c = c.clone();
-        let subject = subject.clone();
-        async move {
-            c.call::<_, messages::session::SessionListReply>(
-                subject,
-                &messages::session::SessionList::default(),
-            )
-            .await
-            .ok()
-        }
-    })
-    .await;
-}
-
-// === risk-assessor ===
-
-/// `rm -rf /` → reject; `os.system` → high, needs confirmation; `import os` → medium; else safe.
-pub fn assess(req: &AssessRequest) -> RiskAssessment {
-    let code = &req.content;
-    if code.contains("rm -rf /") {
-        RiskAssessment {
-            level: RiskLevel::Critical,
-            reason: "deletes the filesystem".into(),
-            suggested_tier: Tier::Reject,
-            ..Default::default()
-        }
-    } else if code.contains("os.system") {
-        RiskAssessment {
-            level: RiskLevel::High,
-            reason: "runs shell commands".into(),
-            requires_confirmation: true,
-            requires_isolation: true,
-            suggested_tier: Tier::Session,
-            ..Default::default()
-        }
-    } else if code.contains("import os") {
-        RiskAssessment {
-            level: RiskLevel::Medium,
-            reason: "uses os".into(),
-            suggested_tier: Tier::Ephemeral,
-            ..Default::default()
-        }
-    } else {
-        RiskAssessment {
-            level: RiskLevel::Safe,
-            reason: "nothing risky".into(),
-            suggested_tier: Tier::Ephemeral,
-            ..Default::default()
-        }
+    /// The real confirmation service with this policy (`SANDMESH_CONFIRM_*`).
+    pub fn confirm(mut self, policy: &[(&str, &str)]) -> Self {
+        let policy = policy.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        self.confirm = Some(policy.collect());
+        self
     }
-}
+    /// A confirmation stand-in that approves (or denies) every request at once.
+    pub fn confirm_standin(mut self, approve: bool) -> Self {
+        self.confirm_standin = Some(approve);
+        self
+    }
+    /// The workspace-store stand-in (`workspace.init` only).
+    pub fn workspace(mut self) -> Self {
+        self.workspace = Some(Part::Fake);
+        self
+    }
+    pub fn real_workspace(mut self) -> Self {
+        self.workspace = Some(Part::Real);
+        self
+    }
+    /// An executor stand-in `node` with `capacity` slots.
+    pub fn executor(mut self, node: &str, capacity: u32) -> Self {
+        self.executors.push((node.to_string(), capacity));
+        self
+    }
+    /// `n` real docker-executor nodes (needs Docker).
+    pub fn docker_executors(mut self, n: usize) -> Self {
+        self.docker_executors = n;
+        self
+    }
+    /// A scheduler with the test defaults, changed by `tune`.
+    pub fn scheduler(mut self, tune: impl FnOnce(&mut SchedulerConfig) + Send + 'static) -> Self {
+        self.scheduler = Some(Box::new(tune));
+        self
+    }
 
-pub async fn host(url: &str, name: &str, instance: &str) -> ServiceHost {
-    ServiceHost::start(&connect(url).await, &info(name), instance)
-        .await
-        .expect("service host")
-}
-
-pub async fn serve_risk(url: &str) -> ServiceHost {
-    let h = host(url, "risk-standin", "r1").await;
-    h.serve(
-        Subjects::default().risk_assess(),
-        EndpointOptions::default(),
-        kit::handler(|_, req: AssessRequest| async move { Ok(assess(&req)) }),
-    )
-    .await
-    .unwrap();
-    h
-}
-
-// === confirmation ===
-
-pub async fn serve_confirm(
-    url: &str,
-    approve: bool,
-    asked: Arc<Mutex<Vec<ConfirmRequest>>>,
-) -> ServiceHost {
-    let h = host(url, "confirm-standin", "c1").await;
-    h.serve(
-        Subjects::default().confirm(ConfirmOp::Request),
-        EndpointOptions::default(),
-        kit::handler(move |_, req: ConfirmRequest| {
-            asked.lock().unwrap().push(req.clone());
-            async move {
-                Ok(Confirmation {
-                    id: messages::new_id(),
-                    state: if approve {
-                        ConfirmState::Approved
-                    } else {
-                        ConfirmState::Denied
-                    },
-                    execution_id: req.execution_id,
-                    by: Some(if approve { "alice" } else { "policy:deny" }.into()),
-                    reason: Some("test policy".into()),
-                    ..Default::default()
-                })
+    pub async fn start(self) -> Mesh {
+        let nats = NatsServer::start();
+        let url = nats.url();
+        let nc = connect(&url).await;
+        let mut mesh = Mesh {
+            client: Caller::new(nc.clone(), Duration::from_secs(120)).with_encoding(Encoding::Json),
+            js: jetstream::new(nc),
+            nats,
+            url,
+            runs: Runs::default(),
+            asked: Arc::default(),
+            executors: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            services: BTreeMap::new(),
+            docker: docker::Nodes::default(),
+        };
+        match self.risk {
+            Some(Part::Fake) => mesh.serve_risk_standin().await,
+            Some(Part::Real) => {
+                let c =
+                    risk_assessor::RiskAssessorConfig::from_env(&env_of(&mesh.url, &[])).unwrap();
+                mesh.add("risk-assessor", |stop| spawn(risk_assessor::run(c, stop)));
+                mesh.wait_for_risk().await;
             }
-        }),
-    )
-    .await
-    .unwrap();
-    h
+            None => {}
+        }
+        if let Some(policy) = &self.confirm {
+            let policy: Vec<(&str, &str)> = policy
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            mesh.start_confirmation(&policy);
+        }
+        if let Some(approve) = self.confirm_standin {
+            mesh.serve_confirm_standin(approve).await;
+        }
+        match self.workspace {
+            Some(Part::Fake) => {
+                let host = fakes::serve_workspace(&mesh.url).await;
+                mesh.hosts.insert("workspace", host);
+            }
+            Some(Part::Real) => {
+                let c = workspace_store::WorkspaceConfig::for_url(&mesh.url);
+                mesh.add("workspace-store", |stop| {
+                    spawn(workspace_store::run(c, stop))
+                });
+            }
+            None => {}
+        }
+        for (node, capacity) in &self.executors {
+            mesh.add_executor(node, *capacity).await;
+        }
+        for i in 0..self.docker_executors {
+            mesh.start_docker_executor(&format!("n{i}")).await;
+        }
+        if let Some(tune) = self.scheduler {
+            let mut config = mesh.config();
+            tune(&mut config);
+            mesh.start_scheduler(config).await;
+        }
+        mesh
+    }
 }
 
-// === workspace-store ===
-
-pub async fn serve_workspace(url: &str) -> ServiceHost {
-    let h = host(url, "workspace-standin", "w1").await;
-    h.serve(
-        Subjects::default().workspace(WorkspaceOp::Init),
-        EndpointOptions::default(),
-        kit::handler(|_, _req: WsInit| async move { Ok(Ack { ok: true }) }),
-    )
-    .await
-    .unwrap();
-    h
+pub struct Mesh {
+    pub nats: NatsServer,
+    pub url: String,
+    /// A JSON client, as a user's program would be.
+    pub client: Caller,
+    pub js: jetstream::Context,
+    /// Every run the executor stand-ins took.
+    pub runs: Runs,
+    /// What the confirmation stand-in was asked.
+    pub asked: Arc<Mutex<Vec<ConfirmRequest>>>,
+    executors: BTreeMap<String, FakeExecutor>,
+    /// Stand-ins by name ("risk", "confirm", "workspace").
+    hosts: BTreeMap<&'static str, ServiceHost>,
+    services: BTreeMap<&'static str, Service>,
+    docker: docker::Nodes,
 }
 
-// === docker-executor ===
+impl Mesh {
+    pub fn builder() -> MeshBuilder {
+        MeshBuilder::default()
+    }
 
-/// One run an executor stand-in took.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Run {
-    pub execution_id: String,
-    pub node: String,
-    pub session_id: Option<String>,
-    pub restored: bool,
-    pub tier: Tier,
-    /// Runs of this log still going when this one started, itself included.
-    pub in_flight: usize,
-    pub finished: bool,
-}
+    /// The scheduler settings of these tests: quick heartbeats, short waits.
+    pub fn config(&self) -> SchedulerConfig {
+        let mut c = SchedulerConfig::for_url(&self.url);
+        c.kit.heartbeat_interval = Duration::from_millis(300);
+        c.confirm_timeout = Duration::from_secs(5);
+        c.parked_sweep = Duration::from_millis(500);
+        if self.docker.ids().is_empty() {
+            // Stand-ins answer at once; real containers need the default.
+            c.exec_grace = Duration::from_secs(5);
+        }
+        c
+    }
 
-pub type Runs = Arc<Mutex<Vec<Run>>>;
+    fn add(&mut self, name: &'static str, start: impl FnOnce(CancellationToken) -> Task) {
+        let stop = CancellationToken::new();
+        let task = start(stop.clone());
+        self.services.insert(name, Service { stop, task });
+    }
 
-/// An executor stand-in: heartbeats as `docker-executor.<node>`, serves its node subjects and
-/// the shared queue group. Code `sleep:<ms>` sleeps first; `fail:<code>` answers that error;
-/// `busy:<ms>` answers 429 until that long after the run's first attempt.
-pub struct FakeExecutor {
-    pub node: String,
-    host: Option<ServiceHost>,
-    beat: tokio::task::JoinHandle<()>,
-    client: async_nats::Client,
-}
+    /// Starts a scheduler in-process and waits until it answers.
+    pub async fn start_scheduler(&mut self, config: SchedulerConfig) {
+        self.add("scheduler", |stop| spawn(scheduler::run(config, stop)));
+        self.wait_ready().await;
+    }
 
-fn parse_after(code: &str, tag: &str) -> Option<u64> {
-    let rest = &code[code.find(tag)? + tag.len()..];
-    rest.split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
-}
+    /// Stops the scheduler gracefully; panics when its `run` failed.
+    pub async fn stop_scheduler(&mut self) {
+        self.stop_service("scheduler").await;
+    }
 
-async fn fake_run(node: String, runs: Runs, run: ExecutorRun) -> Result<ExecResult, ErrorBody> {
-    let index = {
-        let mut log = runs.lock().unwrap();
-        let in_flight = log.iter().filter(|r| !r.finished).count() + 1;
-        log.push(Run {
-            execution_id: run.execution_id.clone(),
-            node: node.clone(),
-            session_id: run.request.session_id.clone(),
-            restored: run.session_restored,
-            tier: run.tier,
-            in_flight,
-            finished: false,
-        });
-        log.len() - 1
-    };
-    let code = &run.request.code;
-    if let Some(ms) = parse_after(code, "busy:") {
-        // A full executor: refuses (429) until `ms` after the first attempt at this run.
-        static FIRST_SEEN: Mutex<BTreeMap<String, std::time::Instant>> =
-            Mutex::new(BTreeMap::new());
-        let first = *FIRST_SEEN
-            .lock()
-            .unwrap()
-            .entry(run.execution_id.clone())
-            .or_insert_with(std::time::Instant::now);
-        if first.elapsed() < Duration::from_millis(ms) {
-            runs.lock().unwrap()[index].finished = true;
-            return Err(ErrorBody::overloaded("busy"));
+    /// The scheduler's `run`, ended (by a failure) or still running.
+    pub fn scheduler_finished(&self) -> bool {
+        self.services
+            .get("scheduler")
+            .is_none_or(|s| s.task.is_finished())
+    }
+
+    /// (Re)starts the real confirmation service with this policy.
+    pub fn start_confirmation(&mut self, policy: &[(&str, &str)]) {
+        let c = confirmation::ConfirmationConfig::from_env(&env_of(&self.url, policy)).unwrap();
+        self.add("confirmation", |stop| spawn(confirmation::run(c, stop)));
+    }
+
+    pub async fn serve_confirm_standin(&mut self, approve: bool) {
+        let host = fakes::serve_confirm(&self.url, approve, self.asked.clone()).await;
+        self.hosts.insert("confirm", host);
+    }
+
+    pub async fn serve_risk_standin(&mut self) {
+        let host = fakes::serve_risk(&self.url).await;
+        self.hosts.insert("risk", host);
+    }
+
+    /// Stops the stand-in `name` ("risk", "confirm", "workspace").
+    pub async fn stop_standin(&mut self, name: &str) {
+        let host = self.hosts.remove(name).expect("running stand-in");
+        host.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Stops a service and returns how its `run` ended.
+    pub async fn stop_service_result(&mut self, name: &str) -> Result<(), String> {
+        let s = self.services.remove(name).expect("running service");
+        s.stop.cancel();
+        let r = tokio::time::timeout(WAIT, s.task)
+            .await
+            .expect("stops in time");
+        r.expect("task")
+    }
+
+    pub async fn stop_service(&mut self, name: &str) {
+        if let Err(e) = self.stop_service_result(name).await {
+            panic!("{name} failed: {e}");
         }
     }
-    if let Some(ms) = parse_after(code, "sleep:") {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-    runs.lock().unwrap()[index].finished = true;
-    if let Some(status) = parse_after(code, "fail:") {
-        return Err(ErrorBody::new(
-            ErrorKind::from_code(status as u16),
-            "asked to fail",
-        ));
-    }
-    Ok(ExecResult {
-        execution_id: run.execution_id,
-        status: ExecStatus::Ok,
-        exit_code: Some(0),
-        stdout: format!("ran on {node}\n"),
-        node: Some(node),
-        session_restored: run.session_restored,
-        ..Default::default()
-    })
-}
 
-impl FakeExecutor {
-    pub async fn start(url: &str, node: &str, capacity: u32, runs: Runs) -> Self {
-        let client = connect(url).await;
-        let host = ServiceHost::start(&client, &info("docker-executor"), node)
-            .await
-            .unwrap();
-        let s = Subjects::default();
-        for subject in [s.executor_run(), s.executor_node(node, ExecutorOp::Run)] {
-            let (n, r) = (node.to_string(), runs.clone());
-            host.serve(
-                subject,
-                EndpointOptions::default(),
-                kit::handler(move |_, run: ExecutorRun| fake_run(n.clone(), r.clone(), run)),
-            )
-            .await
-            .unwrap();
-        }
-        host.serve(
-            s.executor_node(node, ExecutorOp::Close),
-            EndpointOptions::default(),
-            kit::handler(|_, _: ExecutorClose| async { Ok(Ack { ok: true }) }),
-        )
-        .await
-        .unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        kit::bootstrap::nodes_kv(&js, &s).await.unwrap();
-        let beat = tokio::spawn(heartbeat(js, node.to_string(), capacity));
-        // Visible in KV before anyone places work.
-        let kv = async_nats::jetstream::new(client.clone())
-            .get_key_value(s.nodes_bucket())
-            .await
-            .unwrap();
-        let key = format!("docker-executor.{node}");
-        eventually("the first heartbeat", || {
-            let (kv, key) = (kv.clone(), key.clone());
-            async move { kv.get(key).await.ok().flatten() }
+    pub async fn add_executor(&mut self, node: &str, capacity: u32) {
+        let e = FakeExecutor::start(&self.url, node, capacity, self.runs.clone()).await;
+        self.executors.insert(node.to_string(), e);
+    }
+
+    /// The stand-in dies like a killed process (its heartbeat key is left to expire).
+    pub async fn crash_executor(&mut self, node: &str) {
+        self.executors.remove(node).expect("stand-in").crash().await;
+    }
+
+    /// The stand-in stops cleanly (its heartbeat key deleted).
+    pub async fn stop_executor(&mut self, node: &str) {
+        self.executors.remove(node).expect("stand-in").stop().await;
+    }
+
+    pub async fn start_docker_executor(&mut self, tag: &str) -> String {
+        self.docker.start(&self.url, &self.client, tag).await
+    }
+
+    pub fn docker_nodes(&self) -> Vec<String> {
+        self.docker.ids()
+    }
+
+    pub fn crash_docker_executor(&mut self, node: &str) {
+        self.docker.crash(node);
+    }
+
+    pub async fn exec(&self, r: &ExecRequest) -> Result<ExecResult, CallError> {
+        self.client.call(Subjects::default().exec(), r).await
+    }
+
+    /// Waits until the scheduler answers.
+    pub async fn wait_ready(&self) {
+        let subject = Subjects::default().sessions(messages::subjects::SessionOp::List);
+        let client = self.client.clone();
+        eventually("the scheduler to answer", || {
+            let (client, subject) = (client.clone(), subject.clone());
+            async move {
+                client
+                    .call::<_, serde_json::Value>(subject, &serde_json::json!({}))
+                    .await
+                    .ok()
+            }
         })
         .await;
-        Self {
-            node: node.to_string(),
-            host: Some(host),
-            beat,
-            client,
-        }
     }
 
-    /// Dies like a killed process: no more answers, no more heartbeats, the key left to expire.
-    pub async fn crash(mut self) {
-        self.beat.abort();
-        if let Some(h) = self.host.take() {
-            h.shutdown(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Stops cleanly: endpoints gone and the heartbeat key deleted.
-    pub async fn stop(mut self) {
-        self.beat.abort();
-        if let Some(h) = self.host.take() {
-            h.shutdown(Duration::from_secs(1)).await;
-        }
-        let kv = async_nats::jetstream::new(self.client.clone())
-            .get_key_value(Subjects::default().nodes_bucket())
-            .await
-            .unwrap();
-        kv.delete(format!("docker-executor.{}", self.node))
-            .await
-            .unwrap();
-    }
-}
-
-/// Beats every 300 ms with a 2 s TTL, like the kit's heartbeat.
-async fn heartbeat(js: async_nats::jetstream::Context, node: String, capacity: u32) {
-    let s = Subjects::default();
-    let subject = format!("$KV.{}.docker-executor.{node}", s.nodes_bucket());
-    loop {
-        let hb = Heartbeat {
-            service: "docker-executor".into(),
-            instance_id: node.clone(),
-            capacity,
-            sent_at: messages::now_ms(),
-            ..Default::default()
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-TTL", "2s");
-        if let Ok(ack) = js
-            .publish_with_headers(
-                subject.clone(),
-                headers,
-                serde_json::to_vec(&hb).unwrap().into(),
-            )
-            .await
-        {
-            let _ = ack.await;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-/// Every audit event stored so far for `execution_id`, oldest first.
-pub async fn audit_kinds(url: &str, execution_id: &str) -> Vec<String> {
-    use async_nats::jetstream::consumer::{pull, DeliverPolicy};
-    use futures::StreamExt;
-    let js = async_nats::jetstream::new(connect(url).await);
-    let stream = js
-        .get_stream(Subjects::default().audit_stream())
-        .await
-        .unwrap();
-    let consumer = stream
-        .create_consumer(pull::Config {
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
+    async fn wait_for_risk(&self) {
+        let client = self.client.clone();
+        eventually("the risk-assessor", || {
+            let client = client.clone();
+            async move {
+                let ask = messages::risk::AssessRequest {
+                    content: "print(1)".into(),
+                    content_type: messages::risk::ContentType::Python,
+                    params: None,
+                    mode: None,
+                };
+                client
+                    .call::<_, serde_json::Value>(Subjects::default().risk_assess(), &ask)
+                    .await
+                    .ok()
+            }
         })
-        .await
-        .unwrap();
-    let pending = consumer.clone().info().await.unwrap().num_pending as usize;
-    let mut out = Vec::new();
-    if pending == 0 {
-        return out;
+        .await;
     }
-    let mut batch = consumer
-        .batch()
-        .max_messages(pending)
-        .expires(Duration::from_secs(2))
-        .messages()
-        .await
-        .unwrap();
-    while let Some(Ok(m)) = batch.next().await {
-        let e: messages::audit::AuditEvent = serde_json::from_slice(&m.payload).unwrap();
-        if e.execution_id.as_deref() == Some(execution_id) {
-            out.push(e.kind.as_str().to_string());
+
+    /// Stops everything gracefully, the scheduler first; panics when a service failed.
+    pub async fn shutdown(mut self) {
+        if self.services.contains_key("scheduler") {
+            self.stop_scheduler().await;
+        }
+        for node in self.docker.ids() {
+            self.docker.stop(&node).await;
+        }
+        let names: Vec<&'static str> = self.services.keys().copied().collect();
+        for name in names {
+            self.stop_service(name).await;
+        }
+        for (_, host) in std::mem::take(&mut self.hosts) {
+            host.shutdown(Duration::from_secs(1)).await;
         }
     }
-    out
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        for (_, s) in std::mem::take(&mut self.services) {
+            s.stop.cancel();
+        }
+    }
 }

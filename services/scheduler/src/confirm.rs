@@ -1,0 +1,140 @@
+//! `ConfirmClient`: the scheduler's side of the confirmation service. It opens a confirmation
+//! without waiting for the decision (`wait: false`: the pending record, its id and expiry, comes
+//! back at once) and reads one back by id; the decision itself arrives as the
+//! `confirm.decided.<id>` event (see [`crate::resumer`]).
+
+use std::time::Duration;
+
+use kit::{CallError, Caller};
+use messages::confirm::{ConfirmGet, ConfirmRequest, ConfirmState, Confirmation};
+use messages::exec::{ConfirmationOutcome, Decision};
+use messages::risk::RiskAssessment;
+use messages::subjects::ConfirmOp;
+use messages::{ErrorBody, ErrorKind, Subjects};
+
+use crate::error::dependency_error;
+use crate::execution::{ms, Execution};
+
+/// Pause between attempts to reach a confirmation service that is (re)starting.
+const RETRY: Duration = Duration::from_millis(250);
+
+#[derive(Clone)]
+pub struct ConfirmClient {
+    caller: Caller,
+    subjects: Subjects,
+    /// How long a person has to decide.
+    timeout: Duration,
+}
+
+impl ConfirmClient {
+    pub fn new(caller: Caller, subjects: Subjects, timeout: Duration) -> Self {
+        Self {
+            caller,
+            subjects,
+            timeout,
+        }
+    }
+
+    /// Opens (or finds: it is idempotent per execution id) the execution's confirmation. A
+    /// confirmation service that is not up (yet) is waited for, at most the decision timeout.
+    pub async fn request(&self, exec: &Execution) -> Result<Confirmation, ErrorBody> {
+        let req = &exec.request;
+        let ask = ConfirmRequest {
+            execution_id: Some(exec.id.clone()),
+            session_id: req.session_id.clone(),
+            risk: exec.risk.clone(),
+            summary: summary(req.language.as_str(), req.code.len(), &exec.risk),
+            code_excerpt: excerpt(&req.code, 2048),
+            requested_by: req.requested_by.clone(),
+            timeout_ms: Some(ms(self.timeout)),
+            wait: false,
+        };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let subject = self.subjects.confirm(ConfirmOp::Request);
+        loop {
+            let reply = self.caller.call(subject.clone(), &ask).await;
+            let retry = matches!(&reply, Err(e) if e.kind() == ErrorKind::Unavailable);
+            if !retry || tokio::time::Instant::now() + RETRY >= deadline {
+                return reply.map_err(|e| dependency_error("confirmation", e));
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Confirmation, CallError> {
+        let get = ConfirmGet { id: id.to_string() };
+        self.caller
+            .call(self.subjects.confirm(ConfirmOp::Get), &get)
+            .await
+    }
+}
+
+/// The decision a final confirmation carries; `None` while it is pending.
+pub fn outcome(c: &Confirmation) -> Option<ConfirmationOutcome> {
+    let decision = match c.state {
+        ConfirmState::Pending => return None,
+        ConfirmState::Approved => Decision::Approved,
+        ConfirmState::Denied => Decision::Denied,
+        ConfirmState::Timeout => Decision::Timeout,
+    };
+    Some(ConfirmationOutcome {
+        decision,
+        by: c.by.clone(),
+        reason: c.reason.clone(),
+    })
+}
+
+/// The decision for a confirmation nobody decided in time (or that cannot be read any more).
+pub fn expired(why: &str) -> ConfirmationOutcome {
+    ConfirmationOutcome {
+        decision: Decision::Timeout,
+        by: None,
+        reason: Some(why.to_string()),
+    }
+}
+
+fn summary(language: &str, bytes: usize, risk: &RiskAssessment) -> String {
+    format!(
+        "{language} code ({bytes} bytes), risk {}: {}",
+        risk.level.as_str(),
+        risk.reason
+    )
+}
+
+/// At most `max` bytes of `code`, cut at a character boundary.
+fn excerpt(code: &str, max: usize) -> String {
+    if code.len() <= max {
+        return code.to_string();
+    }
+    let mut end = max;
+    while !code.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &code[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpts_cut_at_character_boundaries() {
+        assert_eq!(excerpt("abc", 10), "abc");
+        assert_eq!(excerpt("ééé", 3), "é…");
+    }
+
+    #[test]
+    fn only_final_confirmations_carry_a_decision() {
+        let mut c = Confirmation::default();
+        assert_eq!(outcome(&c), None);
+        c.state = ConfirmState::Timeout;
+        assert_eq!(outcome(&c).unwrap().decision, Decision::Timeout);
+        c.state = ConfirmState::Approved;
+        c.by = Some("alice".into());
+        let o = outcome(&c).unwrap();
+        assert_eq!(
+            (o.decision, o.by.as_deref()),
+            (Decision::Approved, Some("alice"))
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! `Execution`: one request as it goes through the [`crate::pipeline::Pipeline`] — what was
+//! decided so far (limits, risk, tier, confirmation) and how long each stage took. It is
+//! serializable, because an execution waiting for a person is parked in KV as exactly this.
+
+use std::time::{Duration, Instant};
+
+use kit::AuditScope;
+use messages::exec::{
+    AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, Tier, Timing,
+};
+use messages::risk::RiskAssessment;
+use messages::validate::EffectiveLimits;
+use messages::ErrorBody;
+use serde::{Deserialize, Serialize};
+
+/// Where a request came from and how long it waited before the scheduler took it.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub received: Instant,
+    pub queued_ms: u64,
+    pub trace_id: Option<String>,
+}
+
+/// How an execution attempt ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A terminal result, stored (or found stored).
+    Done(ExecResult),
+    /// A terminal result that could not be stored.
+    Unstored(ExecResult, ErrorBody),
+    /// The request is malformed or beyond a ceiling; nothing ran.
+    Invalid(ErrorBody),
+    /// Another scheduler (named) runs this id right now.
+    Busy(String),
+    /// A dependency failed before anything ran; the same request may be retried.
+    Retry(ErrorBody),
+    /// It waits for a person: parked durably, holding no capacity; it resumes on the decision.
+    Parked(AwaitingConfirmation),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Execution {
+    pub id: String,
+    /// The client's request, `execution_id` filled in.
+    pub request: ExecRequest,
+    pub limits: EffectiveLimits,
+    /// Unix milliseconds when this scheduler took the request (the monotonic clock does not
+    /// survive a restart; a parked execution's total time must).
+    pub received_at: u64,
+    pub trace_id: Option<String>,
+    pub timing: Timing,
+    #[serde(default)]
+    pub risk: RiskAssessment,
+    #[serde(default)]
+    pub tier: Tier,
+    #[serde(default)]
+    pub confirmation: ConfirmationOutcome,
+}
+
+impl Execution {
+    pub fn new(request: ExecRequest, limits: EffectiveLimits, origin: &Origin) -> Self {
+        let waited = ms(origin.received.elapsed());
+        Self {
+            id: request.execution_id.clone().unwrap_or_default(),
+            request,
+            limits,
+            received_at: messages::now_ms().saturating_sub(waited),
+            trace_id: origin.trace_id.clone(),
+            timing: Timing {
+                queued_ms: origin.queued_ms,
+                ..Default::default()
+            },
+            risk: RiskAssessment::default(),
+            tier: Tier::Ephemeral,
+            confirmation: ConfirmationOutcome::default(),
+        }
+    }
+
+    pub fn scope(&self) -> AuditScope {
+        AuditScope {
+            execution_id: Some(self.id.clone()),
+            session_id: self.request.session_id.clone(),
+            trace_id: self.trace_id.clone(),
+            actor: self.request.requested_by.clone(),
+        }
+    }
+
+    /// A result that never reached an executor, with what was decided so far.
+    pub fn refused(&self, status: ExecStatus, tier: Tier, error: ErrorBody) -> ExecResult {
+        let mut r = terminal(&self.id, &self.request, status, error);
+        r.tier = tier;
+        self.finish(r)
+    }
+
+    /// Overlays the scheduler's view (risk, confirmation, timings) on a result.
+    pub fn finish(&self, mut r: ExecResult) -> ExecResult {
+        r.risk = self.risk.clone();
+        r.confirmation = self.confirmation.clone();
+        let since = messages::now_ms().saturating_sub(self.received_at);
+        r.timing = Timing {
+            exec_ms: r.timing.exec_ms,
+            total_ms: since + self.timing.queued_ms,
+            ..self.timing
+        };
+        r
+    }
+}
+
+/// A result for an execution that never reached an executor.
+pub fn terminal(id: &str, req: &ExecRequest, status: ExecStatus, error: ErrorBody) -> ExecResult {
+    ExecResult {
+        execution_id: id.to_string(),
+        session_id: req.session_id.clone(),
+        status,
+        tier: Tier::Reject,
+        error: Some(error),
+        ..Default::default()
+    }
+}
+
+pub fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}

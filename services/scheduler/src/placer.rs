@@ -1,0 +1,250 @@
+//! `Placer`: which executor node takes a run, and waiting for a free slot. It asks the
+//! `Registry` actor (through the [`RegistryHandle`], so a restarted registry is found) and, while
+//! every known node is full, sleeps on the registry's `slots` [`Notify`] — woken by heartbeats,
+//! finished runs and nodes leaving — instead of polling.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kit::{AuditScope, Auditor};
+use messages::audit::AuditKind;
+use messages::executor::ExecutorRun;
+use messages::ErrorBody;
+use ractor::rpc::CallResult;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::placement::{Decision, NodeView, Requirements, Strategy};
+use crate::registry::{RegistryHandle, RegistryMsg};
+
+/// How long one question to the registry may take; it answers from memory.
+const REGISTRY_CALL: Duration = Duration::from_secs(5);
+
+/// The registry could not be asked (it died and is being restarted): retry.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryGone {
+    #[error("the runtime registry did not answer in time; retry")]
+    TimedOut,
+    #[error("the runtime registry stopped before answering; retry")]
+    Stopped,
+    #[error("the runtime registry is not running; retry")]
+    Unreachable(#[source] ractor::MessagingErr<RegistryMsg>),
+}
+
+impl From<RegistryGone> for ErrorBody {
+    fn from(e: RegistryGone) -> Self {
+        ErrorBody::unavailable(e.to_string())
+    }
+}
+
+#[derive(Clone)]
+pub struct Placer {
+    registry: RegistryHandle,
+    slots: Arc<Notify>,
+    /// Named in the `placed` audit event.
+    strategy: Strategy,
+    auditor: Auditor,
+}
+
+impl Placer {
+    pub fn new(
+        registry: RegistryHandle,
+        slots: Arc<Notify>,
+        strategy: Strategy,
+        auditor: Auditor,
+    ) -> Self {
+        Self {
+            registry,
+            slots,
+            strategy,
+            auditor,
+        }
+    }
+
+    /// Audits where `run` goes and why (`None`: the executor queue group).
+    pub fn audit_placed(&self, scope: &AuditScope, run: &ExecutorRun, d: Option<&Decision>) {
+        self.auditor.emit(
+            AuditKind::Placed,
+            scope,
+            json!({
+                "tier": run.tier.as_str(),
+                "node": d.map(|d| &d.node),
+                "reason": d.map(|d| d.reason.as_str()).unwrap_or("executor queue group"),
+                "strategy": self.strategy.as_str(),
+                "session_restored": run.session_restored,
+            }),
+        );
+    }
+
+    async fn ask<T>(
+        &self,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> RegistryMsg,
+    ) -> Result<T, RegistryGone>
+    where
+        T: Send + 'static,
+    {
+        match self.registry.get().call(msg, Some(REGISTRY_CALL)).await {
+            Ok(CallResult::Success(v)) => Ok(v),
+            Ok(CallResult::Timeout) => Err(RegistryGone::TimedOut),
+            Ok(CallResult::SenderError) => Err(RegistryGone::Stopped),
+            Err(e) => Err(RegistryGone::Unreachable(e)),
+        }
+    }
+
+    /// Chooses a node (counting the work on it at once), skipping `exclude`.
+    pub async fn pick(
+        &self,
+        needs: Requirements,
+        exclude: &[String],
+    ) -> Result<Option<Decision>, RegistryGone> {
+        let exclude = exclude.to_vec();
+        self.ask(|reply| RegistryMsg::Pick {
+            req: needs,
+            exclude,
+            reply,
+        })
+        .await
+    }
+
+    /// Like [`Self::pick`], but while executors are known and all of them are full, waits (up
+    /// to `limit`) for a slot instead of sending work they would refuse with 429. `None` means
+    /// no executor is known outside `exclude` (the queue group is the fallback) or the wait
+    /// ran out.
+    pub async fn pick_waiting(
+        &self,
+        needs: Requirements,
+        exclude: &[String],
+        limit: Duration,
+    ) -> Result<Option<Decision>, RegistryGone> {
+        let deadline = Instant::now() + limit;
+        loop {
+            // Registered before looking, so a slot freed between the look and the wait wakes us.
+            let freed = self.slots.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(decision) = self.pick(needs, exclude).await? {
+                return Ok(Some(decision));
+            }
+            let known = self.nodes().await?;
+            if known.iter().all(|n| exclude.contains(&n.id)) {
+                return Ok(None);
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Ok(None);
+            }
+        }
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeView>, RegistryGone> {
+        self.ask(RegistryMsg::Nodes).await
+    }
+
+    pub async fn is_alive(&self, node: &str) -> Result<bool, RegistryGone> {
+        let node = node.to_string();
+        self.ask(|reply| RegistryMsg::IsAlive { node, reply }).await
+    }
+
+    /// Work sent to `node` without a pick (session affinity) counts there like a pick.
+    pub fn dispatched(&self, node: &str) {
+        let _ = self.registry.get().cast(RegistryMsg::Dispatched {
+            node: node.to_string(),
+        });
+    }
+
+    /// The work counted on `node` (by a pick or [`Self::dispatched`]) ended.
+    pub fn release(&self, node: Option<&str>) {
+        if let Some(node) = node {
+            let _ = self
+                .registry
+                .get()
+                .cast(RegistryMsg::Finished { node: node.into() });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{Registry, RegistryArgs};
+    use messages::heartbeat::Heartbeat;
+    use ractor::Actor;
+
+    async fn placer_with_one_slot() -> (Placer, ractor::ActorRef<RegistryMsg>) {
+        let slots = Arc::new(Notify::new());
+        let (on_lost, _) = tokio::sync::mpsc::unbounded_channel();
+        let args = RegistryArgs {
+            strategy: Strategy::LeastLoaded,
+            on_lost,
+            slots: slots.clone(),
+        };
+        let (registry, _) = Actor::spawn(None, Registry, args).await.unwrap();
+        registry
+            .cast(RegistryMsg::Upsert(Heartbeat {
+                instance_id: "a".into(),
+                capacity: 1,
+                ..Default::default()
+            }))
+            .unwrap();
+        // Nothing is audited here; the client never needs a server.
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("127.0.0.1:1")
+            .await
+            .unwrap();
+        let subjects = messages::Subjects::default();
+        let auditor = Auditor::new(async_nats::jetstream::new(client), subjects, "t", "t");
+        let handle = RegistryHandle::new(registry.clone());
+        let placer = Placer::new(handle, slots, Strategy::LeastLoaded, auditor);
+        (placer, registry)
+    }
+
+    /// On a paused clock no time passes while the waiter sleeps on the `Notify`: it is woken by
+    /// the finished run, not by a timer (a polling loop would advance the clock).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_pick_is_woken_by_a_finished_run_not_by_polling() {
+        let (placer, registry) = placer_with_one_slot().await;
+        let needs = Requirements::default();
+        let taken = placer
+            .pick(needs, &[])
+            .await
+            .unwrap()
+            .expect("the one slot");
+        let started = Instant::now();
+        let waiting = tokio::spawn({
+            let placer = placer.clone();
+            async move {
+                placer
+                    .pick_waiting(needs, &[], Duration::from_secs(3600))
+                    .await
+            }
+        });
+        // Let the waiter find every node full and go to sleep.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "no slot is free yet");
+        placer.release(Some(&taken.node));
+        let decision = waiting.await.unwrap().unwrap();
+        assert_eq!(decision.map(|d| d.node).as_deref(), Some("a"));
+        assert_eq!(started.elapsed(), Duration::ZERO, "woken, not polled");
+        registry.stop(None);
+    }
+
+    #[tokio::test]
+    async fn a_wait_ends_when_the_only_nodes_left_are_excluded() {
+        let (placer, registry) = placer_with_one_slot().await;
+        let picked = placer
+            .pick_waiting(
+                Requirements::default(),
+                &["a".into()],
+                Duration::from_secs(3600),
+            )
+            .await
+            .unwrap();
+        assert_eq!(picked, None);
+        registry.kill();
+        let gone = placer.pick(Requirements::default(), &[]).await;
+        assert!(gone.is_err(), "a dead registry is an error, not 'no node'");
+    }
+}
