@@ -92,14 +92,12 @@ impl ExecutorState {
         // status says so) rather than making the reply undeliverable.
         limits.max_output_bytes = limits.max_output_bytes.min(self.runner.output_budget());
         match (run.tier, run.kind) {
-            (Tier::Ephemeral, RunKind::Pooled | RunKind::Isolated) => {}
+            // Tier `session` with an isolated run is strict mode's answer to non-SAFE code that
+            // has no session: session-grade isolation in a container of its own.
+            (Tier::Ephemeral | Tier::Session, RunKind::Isolated) => {}
+            (Tier::Ephemeral, RunKind::Pooled) => {}
             (Tier::Session, RunKind::Pooled | RunKind::Session)
                 if run.request.session_id.is_some() => {}
-            (Tier::Session, RunKind::Isolated) => {
-                return Err(ErrorBody::bad_request(
-                    "an isolated run has no session container; send it with tier ephemeral",
-                ));
-            }
             (Tier::Session, _) => {
                 return Err(ErrorBody::bad_request("tier session needs a session_id"));
             }
@@ -293,9 +291,14 @@ impl Actor for Executor {
                     }
                 };
                 let run = Admitted::new(job, reply, slot);
-                match run.job.run.tier {
-                    Tier::Session => state.run_session(&myself, run).await?,
-                    _ => state.run_single_use(run),
+                match run.job.run.kind {
+                    RunKind::Session => state.run_session(&myself, run).await?,
+                    // A pooled run of a session (tier `session`, sent before run kinds
+                    // existed) goes to the session's container too.
+                    RunKind::Pooled if run.job.run.tier == Tier::Session => {
+                        state.run_session(&myself, run).await?
+                    }
+                    RunKind::Pooled | RunKind::Isolated => state.run_single_use(run),
                 }
             }
             ExecutorMsg::Close(_ctx, close, reply) => {

@@ -442,21 +442,27 @@ async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() 
                 .ok()
         }
     };
-    eventually("the first results", || {
-        let (stored, accepted) = (&stored, &accepted);
+    // Kill it while it holds a claim on work that has not finished (each job sleeps 0.5 s),
+    // after it stored at least one result.
+    let claims = js.get_key_value(s.exec_claims_bucket()).await.unwrap();
+    let in_flight = || {
+        let (stored, accepted, claims) = (&stored, &accepted, &claims);
         async move {
-            let mut done = 0;
+            let (mut done, mut held) = (0, 0);
             for id in accepted {
-                done += stored(id.clone()).await.is_some() as usize;
+                if stored(id.clone()).await.is_some() {
+                    done += 1;
+                } else if claims.get(id.as_str()).await.ok().flatten().is_some() {
+                    held += 1;
+                }
             }
-            (done >= 2).then_some(())
+            (done >= 1 && held >= 1).then_some(held)
         }
-    })
-    .await;
+    };
+    eventually("a stored result and work in flight", in_flight).await;
     child.kill().unwrap();
     child.wait().unwrap();
     // Executions the dead scheduler held claims on were in flight when it died.
-    let claims = js.get_key_value(s.exec_claims_bucket()).await.unwrap();
     let mut held = 0;
     for id in &accepted {
         if claims.get(id.as_str()).await.unwrap().is_some() && stored(id.clone()).await.is_none() {
