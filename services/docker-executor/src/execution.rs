@@ -9,12 +9,12 @@ use messages::exec::{ExecResult, ExecStatus, Language};
 use messages::executor::ExecutorRun;
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
+use sandbox_protocol::{RunSpec, PROTOCOL_VERSION};
 
 use crate::config::ExecutorConfig;
 use crate::docker::{Container, ContainerLimits, Sandboxes, WORKSPACE_DIR};
 use crate::exchange::{self, ExchangeInput, OutputStreamer};
 use crate::outcome::{base_result, classify, safe_paths};
-use crate::protocol::{RunSpec, PROTOCOL_VERSION};
 use crate::workspace::WorkspaceSync;
 
 /// Where the code file goes: outside the workspace, so it is never a "changed file".

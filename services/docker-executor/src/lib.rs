@@ -6,7 +6,7 @@
 //! one `docker exec` of `sandmesh-supervisor` inside the container, which receives the code,
 //! workspace and limits as frames, runs the program in its own process group, streams its
 //! output, kills everything it started at the end or on timeout, and sends back the changed
-//! files and a report ([`protocol`]).
+//! files and a report (the `sandmesh-sandbox-protocol` crate, `sandbox/protocol`).
 //!
 //! Subjects (internal; only the scheduler may publish there):
 //! - `sandbox.v1.executor.docker.run` — queue group of all executors: ephemeral runs and a
@@ -52,7 +52,6 @@ pub mod janitor;
 pub mod node;
 pub mod outcome;
 pub mod probe;
-pub mod protocol;
 pub mod session;
 pub mod warm_pool;
 pub mod workspace;
