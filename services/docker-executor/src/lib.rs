@@ -114,7 +114,7 @@ async fn mesh_id(kv: &async_nats::jetstream::kv::Store) -> Result<String, Execut
     let status = kv
         .status()
         .await
-        .map_err(|e| KitError::JetStream(format!("nodes bucket status: {e}")))?;
+        .map_err(|e| KitError::jetstream("nodes bucket status", e))?;
     Ok(format!("{:x}", status.info.created.unix_timestamp_nanos()))
 }
 
@@ -134,7 +134,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         .js
         .get_key_value(subjects.nodes_bucket())
         .await
-        .map_err(|e| KitError::JetStream(format!("nodes bucket: {e}")))?;
+        .map_err(|e| KitError::jetstream("nodes bucket", e))?;
     let mesh = mesh_id(&nodes_kv).await?;
     let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
     let node = Arc::new(NodeState::default());
