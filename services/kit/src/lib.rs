@@ -11,7 +11,7 @@
 //! - [`audit`]: audit events into `SANDBOX_AUDIT`;
 //! - [`objects`]: object store reads without a consumer per read;
 //! - [`telemetry`]: tracing, OpenTelemetry export and W3C trace context in NATS headers;
-//! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token.
+//! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token; every NATS step of a stop bounded.
 //!
 //! [`Runtime`] ties them together for a service's `run(config, shutdown)`:
 //!
