@@ -120,6 +120,13 @@ impl Actor for HeartbeatActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             HeartbeatMsg::Beat => {
+                // Disconnected, a beat would only wait out the ack timeout (and hold up a
+                // stop); the first beat after the reconnect renews the key within its TTL.
+                let client = state.args.js.client();
+                if client.connection_state() != async_nats::connection::State::Connected {
+                    tracing::debug!("NATS is not connected; heartbeat skipped");
+                    return Ok(());
+                }
                 // A missed beat is survivable (the TTL covers three); never crash on it.
                 if let Err(e) = state.beat().await {
                     tracing::warn!(error = %e, "heartbeat failed");
