@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-tools.sh
-cargo build --release --bin sandmesh --bin sandmesh-supervisor
+cargo build --release -p sandmesh -p sandmesh-supervisor
 SUPERVISOR_BIN="$PWD/target/release/sandmesh-supervisor" deploy/images/build.sh >/dev/null
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT

@@ -10,5 +10,5 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   echo "the Docker daemon does not answer: start it (sandboxes are Docker containers)" >&2
   exit 1
 fi
-cargo build --release --bin sandmesh --bin sandmesh-supervisor
+cargo build --release -p sandmesh -p sandmesh-supervisor
 exec target/release/sandmesh up --demo "$@"

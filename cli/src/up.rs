@@ -1,5 +1,9 @@
 //! `sandmesh up` and `sandmesh serve`: services run in-process, each through its library's
 //! `run(config, shutdown)`, sharing one shutdown token.
+//!
+//! Stopping always ends: after the token fires the services get `SANDMESH_SHUTDOWN_GRACE_MS`
+//! plus [`STOP_MARGIN`] to finish (with NATS gone some of them never would), then this node's
+//! sandbox containers are removed through Docker whatever state the executor was left in.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -8,8 +12,12 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
+use docker_executor::docker::{SandboxSpec, Sandboxes};
+use docker_executor::ExecutorConfig;
 use kit::config::ConfigError;
 use kit::CancellationToken;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::local_nats;
 
@@ -31,6 +39,14 @@ pub struct UpArgs {
 
 type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 
+/// How long the services may take to stop beyond the grace period of their requests.
+const STOP_MARGIN: Duration = Duration::from_secs(5);
+/// Docker answers locally, so removing a node's containers takes seconds; a hung daemon must
+/// not hold the process either.
+const REMOVAL_LIMIT: Duration = Duration::from_secs(20);
+/// How often a long wait says that it is still waiting.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 /// The process environment as a map, so `up` can point every service at its own NATS.
 fn process_env() -> HashMap<String, String> {
     std::env::vars().collect()
@@ -44,15 +60,23 @@ pub const SERVICES: &[&str] = &[
     "scheduler",
 ];
 
+/// The services' `run` futures, and the executor's config when one of them is the executor
+/// (its node id labels the containers to remove at the end).
+struct Services {
+    futures: Vec<(String, ServiceFuture)>,
+    executor: Option<ExecutorConfig>,
+}
+
 /// Builds the named services' configs (every error of every service reported together) and
 /// their `run` futures.
 fn build(
     names: &[&str],
     env: &HashMap<String, String>,
     shutdown: &CancellationToken,
-) -> Result<Vec<(String, ServiceFuture)>, ConfigError> {
+) -> Result<Services, ConfigError> {
     let mut errors = Vec::new();
-    let mut out: Vec<(String, ServiceFuture)> = Vec::new();
+    let mut futures: Vec<(String, ServiceFuture)> = Vec::new();
+    let mut executor = None;
     for name in names {
         let token = shutdown.clone();
         let built: Result<ServiceFuture, ConfigError> = match *name {
@@ -65,7 +89,8 @@ fn build(
             "workspace-store" => workspace_store::WorkspaceConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(workspace_store::run(c, token).await?) }) as ServiceFuture
             }),
-            "docker-executor" => docker_executor::ExecutorConfig::from_env(env).map(|c| {
+            "docker-executor" => ExecutorConfig::from_env(env).map(|c| {
+                executor = Some(c.clone());
                 Box::pin(async move { Ok(docker_executor::run(c, token).await?) }) as ServiceFuture
             }),
             "scheduler" => scheduler::SchedulerConfig::from_env(env).map(|c| {
@@ -77,12 +102,12 @@ fn build(
             )])),
         };
         match built {
-            Ok(f) => out.push((name.to_string(), f)),
+            Ok(f) => futures.push((name.to_string(), f)),
             Err(e) => errors.extend(e.0.into_iter().map(|m| format!("{name}: {m}"))),
         }
     }
     if errors.is_empty() {
-        Ok(out)
+        Ok(Services { futures, executor })
     } else {
         Err(ConfigError(errors))
     }
@@ -99,7 +124,10 @@ async fn run_services(
     }
     let mut failure = None;
     while let Some(joined) = set.join_next().await {
-        let (name, result) = joined.context("service task panicked")?;
+        let (name, result) = match joined {
+            Ok(done) => done,
+            Err(e) => ("a service".to_string(), Err(anyhow::Error::new(e))),
+        };
         if let Err(e) = result {
             eprintln!("sandmesh: {name} stopped: {e:#}");
             failure.get_or_insert_with(|| anyhow::anyhow!("{name} failed: {e:#}"));
@@ -110,6 +138,81 @@ async fn run_services(
     failure.map_or(Ok(()), Err)
 }
 
+/// The running services and what stopping them needs.
+struct Running {
+    task: JoinHandle<anyhow::Result<()>>,
+    shutdown: CancellationToken,
+    grace: Duration,
+    executor: Option<ExecutorConfig>,
+}
+
+impl Running {
+    fn start(services: Services, shutdown: CancellationToken, grace: Duration) -> Self {
+        let task = tokio::spawn(run_services(services.futures, shutdown.clone()));
+        Self {
+            task,
+            shutdown,
+            grace,
+            executor: services.executor,
+        }
+    }
+
+    /// Fires the token, gives the services the grace period plus [`STOP_MARGIN`], then
+    /// removes this node's containers through Docker, whether the executor got to it or not.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        let limit = self.grace + STOP_MARGIN;
+        eprintln!("sandmesh: stopping (at most {} s)", limit.as_secs());
+        let stopped = match tokio::time::timeout(limit, &mut self.task).await {
+            Ok(joined) => joined
+                .context("the services' task panicked")
+                .and_then(|r| r),
+            Err(_) => {
+                // Dropping the task drops every service future with it.
+                self.task.abort();
+                Err(anyhow::anyhow!(
+                    "the services did not stop within {limit:?} (is NATS reachable?)"
+                ))
+            }
+        };
+        if let Some(executor) = &self.executor {
+            match tokio::time::timeout(REMOVAL_LIMIT, remove_containers(executor)).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => eprintln!("sandmesh: removed {n} sandbox containers left behind"),
+                Ok(Err(e)) => eprintln!("sandmesh: cannot remove sandbox containers: {e:#}"),
+                Err(_) => eprintln!(
+                    "sandmesh: Docker did not remove the sandbox containers within {REMOVAL_LIMIT:?}"
+                ),
+            }
+        }
+        stopped
+    }
+}
+
+/// Removes every container labelled with this executor's node, by the janitor's own sweep.
+async fn remove_containers(config: &ExecutorConfig) -> anyhow::Result<usize> {
+    let docker = Sandboxes::connect().await?;
+    // Removal goes by the node label alone; the mesh only labels containers being created.
+    let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(config, ""));
+    Ok(docker_executor::janitor::remove_node(&sandboxes).await)
+}
+
+/// Awaits `work`, saying every [`PROGRESS_EVERY`] that it is still `doing` it, so a newcomer
+/// never waits in silence.
+async fn with_progress<F: Future>(doing: &str, work: F) -> F::Output {
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                eprintln!("sandmesh: still {doing} ({} s)…", started.elapsed().as_secs());
+            }
+        }
+    }
+}
+
 pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
     let config = kit::KitConfig::from_env(&kit::config::ProcessEnv);
     let config = kit::config::exit_on_error(config);
@@ -117,7 +220,9 @@ pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
         kit::telemetry::init(service, config.otlp_endpoint.as_deref(), config.log_json);
     let shutdown = kit::shutdown::on_signals();
     let services = kit::config::exit_on_error(build(&[service], &process_env(), &shutdown));
-    run_services(services, shutdown).await?;
+    let running = Running::start(services, shutdown.clone(), config.shutdown_grace);
+    shutdown.cancelled().await;
+    running.stop().await?;
     Ok(0)
 }
 
@@ -135,6 +240,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     let _nats = if configured {
         None
     } else {
+        eprintln!("sandmesh: starting nats-server");
         let server = local_nats::start(&args.data_dir.join("nats"), args.nats_port)?;
         eprintln!(
             "sandmesh: started nats-server at {} (data in {})",
@@ -146,47 +252,68 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     };
     let nats_url = env["SANDMESH_NATS_URL"].clone();
     eprintln!("sandmesh: preparing the sandbox image (built from Debian packages when missing)");
-    let image = docker_executor::image::ensure()
-        .await
-        .context("building the sandbox image")?;
+    let image = with_progress(
+        "building the sandbox image",
+        docker_executor::image::ensure(),
+    )
+    .await
+    .context("building the sandbox image")?;
     env.entry("SANDMESH_EXEC_IMAGE".into()).or_insert(image);
 
     let shutdown = kit::shutdown::on_signals();
     let services = kit::config::exit_on_error(build(SERVICES, &env, &shutdown));
-    let running = tokio::spawn(run_services(services, shutdown.clone()));
+    let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
+    let code = tokio::select! {
+        code = serve_until_stopped(&nats_url, &args, &kit_config, &shutdown) => code,
+        // A signal (or a failed service) while starting: stop without waiting for readiness.
+        _ = shutdown.cancelled() => Ok(0),
+    };
+    let stopped = running.stop().await;
+    let code = code?;
+    stopped?;
+    Ok(code)
+}
 
-    let client = async_nats::connect(&nats_url).await?;
+/// Waits until the mesh answers, runs the demo when asked, and then serves until the token
+/// fires (at once after `--demo --once`). Returns the exit code.
+async fn serve_until_stopped(
+    nats_url: &str,
+    args: &UpArgs,
+    kit_config: &kit::KitConfig,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<i32> {
+    let client = async_nats::connect(nats_url).await?;
     wait_until_ready(&client, Duration::from_secs(120)).await?;
     eprintln!(
         "sandmesh: mesh is up — NATS {nats_url}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it"
     );
     if args.demo {
-        let code = crate::demo::run(&client, &kit_config.subjects).await;
+        let code = crate::demo::run(&client, &kit_config.subjects).await?;
         if args.once {
-            shutdown.cancel();
-            running.await??;
-            return code;
+            return Ok(code);
         }
-        code?;
     }
-    running.await??;
+    shutdown.cancelled().await;
     Ok(0)
 }
 
 /// Bounded poll until every service answers `$SRV.PING.<name>`.
 async fn wait_until_ready(client: &async_nats::Client, limit: Duration) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + limit;
+    let deadline = Instant::now() + limit;
     for name in SERVICES {
-        loop {
-            let ping = client.request(format!("$SRV.PING.{name}"), "".into());
-            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), ping).await {
-                break;
+        let answered = async {
+            loop {
+                let ping = client.request(format!("$SRV.PING.{name}"), "".into());
+                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), ping).await {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    anyhow::bail!("{name} did not come up within {limit:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            if tokio::time::Instant::now() > deadline {
-                anyhow::bail!("{name} did not come up within {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        };
+        with_progress(&format!("waiting for {name} to answer"), answered).await?;
     }
     Ok(())
 }

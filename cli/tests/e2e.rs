@@ -3,77 +3,46 @@
 //! (nats-py, JSON), the `exec` and `status` commands, then stopping cleanly on SIGTERM.
 //! Real nats-server, real Docker, the real binary.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use test_support::{
-    free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
+    eventually, free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
 };
 
-const SANDMESH: &str = env!("CARGO_BIN_EXE_sandmesh");
+use common::{containers, run_bounded, Up, SANDMESH};
 
 /// The tests run one at a time: each counts the sandbox containers before and after its mesh,
 /// and another test's mesh would show up in that count.
-static ONE_MESH_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_mesh_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_MESH_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+static ONE_MESH_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn sandbox_containers() -> BTreeSet<String> {
-    let out = Command::new("docker")
-        .args(["ps", "-aq", "--no-trunc", "--filter", "label=sandmesh"])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    containers(&["sandmesh".to_string()]).into_iter().collect()
 }
 
-/// Runs a command to completion within `limit`, killing it past that.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> std::process::Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
-}
-
-#[test]
-fn up_with_embedded_nats_runs_the_sample_and_stops() {
+#[tokio::test]
+async fn up_with_embedded_nats_runs_the_sample_and_stops() {
     require_docker();
-    let _one = one_mesh_at_a_time();
+    let _one = ONE_MESH_AT_A_TIME.lock().await;
     let before = sandbox_containers();
     let data = tempfile::tempdir().unwrap();
-    let out = run_bounded(
-        Command::new(SANDMESH)
-            .args([
-                "up",
-                "--demo",
-                "--once",
-                "--nats-port",
-                &free_port().to_string(),
-            ])
-            .arg("--data-dir")
-            .arg(data.path())
-            .env_remove("SANDMESH_NATS_URL")
-            .env("SANDMESH_NATS_SERVER", nats_server_binary())
-            .current_dir(repo_root()),
-        Duration::from_secs(600),
-    );
+    let mut up = Command::new(SANDMESH);
+    up.args([
+        "up",
+        "--demo",
+        "--once",
+        "--nats-port",
+        &free_port().to_string(),
+    ])
+    .arg("--data-dir")
+    .arg(data.path())
+    .env_remove("SANDMESH_NATS_URL")
+    .env("SANDMESH_NATS_SERVER", nats_server_binary())
+    .current_dir(repo_root());
+    let out = run_bounded(up, Duration::from_secs(600)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "up failed: {stdout}\n{stderr}");
@@ -91,86 +60,37 @@ fn up_with_embedded_nats_runs_the_sample_and_stops() {
     );
 }
 
-/// `sandmesh up` against a given NATS, stopped with SIGTERM on drop.
-struct Mesh(Child);
-
-impl Mesh {
-    fn start(url: &str) -> Self {
-        let child = Command::new(SANDMESH)
-            .arg("up")
-            .env("SANDMESH_NATS_URL", url)
-            .current_dir(repo_root())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn sandmesh up");
-        Self(child)
-    }
-
-    /// SIGTERM, then the exit status within `limit`.
-    fn stop(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.0.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
+/// `sandmesh status` against `url`, bounded.
+async fn status(url: &str) -> String {
+    let mut cmd = Command::new(SANDMESH);
+    cmd.arg("status").env("SANDMESH_NATS_URL", url);
+    let out = run_bounded(cmd, Duration::from_secs(30)).await;
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
-impl Drop for Mesh {
-    fn drop(&mut self) {
-        if self.stop(Duration::from_secs(30)).is_none() {
-            let _ = self.0.kill();
-        }
-    }
+async fn wait_ready(url: &str) {
+    eventually("the mesh to come up", Duration::from_secs(300), || async {
+        let listed = status(url).await;
+        (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
+    })
+    .await;
 }
 
-fn wait_ready(url: &str) {
-    let ok = run_bounded(
-        Command::new(SANDMESH)
-            .arg("status")
-            .env("SANDMESH_NATS_URL", url),
-        Duration::from_secs(30),
-    );
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut last = String::from_utf8_lossy(&ok.stdout).to_string();
-    while !(last.contains("scheduler") && last.contains("docker-executor")) {
-        assert!(
-            Instant::now() < deadline,
-            "the mesh did not come up: {last}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-        let out = run_bounded(
-            Command::new(SANDMESH)
-                .arg("status")
-                .env("SANDMESH_NATS_URL", url),
-            Duration::from_secs(30),
-        );
-        last = String::from_utf8_lossy(&out.stdout).to_string();
-    }
-}
-
-#[test]
-fn a_python_client_and_the_cli_use_a_running_mesh() {
+#[tokio::test]
+async fn a_python_client_and_the_cli_use_a_running_mesh() {
     require_docker();
-    let _one = one_mesh_at_a_time();
+    let _one = ONE_MESH_AT_A_TIME.lock().await;
     let python = python_client();
     let nats = NatsServer::start();
-    let mut mesh = Mesh::start(&nats.url());
-    wait_ready(&nats.url());
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut mesh = Up::start(&nats.url(), &[], log.path());
+    wait_ready(&nats.url()).await;
 
-    let out = run_bounded(
-        Command::new(&python)
-            .arg(repo_root().join("clients/python/exec.py"))
-            .args(["--url", &nats.url()]),
-        Duration::from_secs(300),
-    );
+    let mut client = Command::new(&python);
+    client
+        .arg(repo_root().join("clients/python/exec.py"))
+        .args(["--url", &nats.url()]);
+    let out = run_bounded(client, Duration::from_secs(300)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -210,12 +130,10 @@ fn a_python_client_and_the_cli_use_a_running_mesh() {
     );
 
     // The CLI prints the program's output and exits with its exit code.
-    let out = run_bounded(
-        Command::new(SANDMESH)
-            .args(["exec", "--lang", "shell", "echo from-cli; exit 3"])
-            .env("SANDMESH_NATS_URL", nats.url()),
-        Duration::from_secs(120),
-    );
+    let mut exec = Command::new(SANDMESH);
+    exec.args(["exec", "--lang", "shell", "echo from-cli; exit 3"])
+        .env("SANDMESH_NATS_URL", nats.url());
+    let out = run_bounded(exec, Duration::from_secs(120)).await;
     assert_eq!(
         out.status.code(),
         Some(3),
@@ -224,8 +142,10 @@ fn a_python_client_and_the_cli_use_a_running_mesh() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "from-cli\n");
 
-    let status = mesh
-        .stop(Duration::from_secs(60))
-        .expect("up stops within 60 s of SIGTERM");
-    assert!(status.success(), "up exited with {status}");
+    let status = mesh.stop(Duration::from_secs(60)).await;
+    assert!(
+        status.success(),
+        "up exited with {status}: {}",
+        std::fs::read_to_string(log.path()).unwrap_or_default()
+    );
 }

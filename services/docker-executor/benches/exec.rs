@@ -160,8 +160,8 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let supervisor = env!("CARGO_BIN_EXE_sandmesh-supervisor");
-    let image = docker_executor::image::build_image(supervisor.as_ref()).expect("image");
+    let supervisor = docker_executor::image::build_supervisor().expect("supervisor");
+    let image = docker_executor::image::build_image(&supervisor).expect("image");
     println!("image {image}, {rounds} rounds, python3 print(1)\n");
 
     let mesh = start(&image, 2).await;

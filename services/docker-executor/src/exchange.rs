@@ -10,10 +10,10 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures::StreamExt;
 use messages::exec::{OutputChunk, OutputStream};
 use messages::Encoding;
+use sandbox_protocol::{self as protocol, FrameDecoder, FrameKind, RunReport, RunSpec};
 use tokio::io::AsyncWriteExt;
 
 use crate::docker::{DockerError, Sandboxes, SUPERVISOR_PATH};
-use crate::protocol::{self, FrameDecoder, FrameKind, RunReport, RunSpec};
 
 /// How much of the supervisor's own stderr is kept for error messages.
 const MAX_SUPERVISOR_LOG: usize = 16 * 1024;
@@ -256,7 +256,7 @@ pub async fn exchange(
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(e) => {
-                    ex.ending = Ending::Protocol(e);
+                    ex.ending = Ending::Protocol(e.to_string());
                     break 'read;
                 }
             };

@@ -10,13 +10,13 @@ use messages::executor::{ExecutorRun, RunKind};
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
 use ractor::RpcReplyPort;
+use sandbox_protocol::{RunSpec, PROTOCOL_VERSION};
 
 use crate::config::ExecutorConfig;
 use crate::docker::{ContainerLimits, Sandboxes, WORKSPACE_DIR};
 use crate::exchange::{self, ExchangeInput, OutputStreamer};
 use crate::lease::{ContainerLease, Held, RunSlot};
 use crate::outcome::{base_result, classify, safe_paths};
-use crate::protocol::{RunSpec, PROTOCOL_VERSION};
 use crate::workspace::WorkspaceSync;
 
 /// Where the code file goes: outside the workspace, so it is never a "changed file".

@@ -9,7 +9,7 @@ use std::process::Command;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    #[error("the supervisor binary was not found ({0}); build it with `cargo build -p sandmesh-docker-executor --bin sandmesh-supervisor` or set SANDMESH_SUPERVISOR_BIN")]
+    #[error("the supervisor binary was not found ({0}); build it with `cargo build -p sandmesh-supervisor` or set SANDMESH_SUPERVISOR_BIN")]
     NoSupervisor(String),
     #[error("deploy/images/build.sh was not found at {0} (set SANDMESH_IMAGES_DIR)")]
     NoScript(String),
@@ -68,11 +68,14 @@ pub fn build_image(supervisor: &Path) -> Result<String, ImageError> {
         })
 }
 
+/// The supervisor's package and binary (`sandbox/supervisor`).
+const SUPERVISOR: &str = "sandmesh-supervisor";
+
 /// Where the supervisor binary is: `SANDMESH_SUPERVISOR_BIN`, next to the running program
 /// (cargo puts all of a workspace's binaries in one directory), or this checkout's
 /// `target/{release,debug}`.
 pub fn find_supervisor() -> Option<PathBuf> {
-    const NAME: &str = "sandmesh-supervisor";
+    const NAME: &str = SUPERVISOR;
     let mut candidates = Vec::new();
     if let Some(p) = std::env::var_os("SANDMESH_SUPERVISOR_BIN") {
         candidates.push(PathBuf::from(p));
@@ -92,25 +95,36 @@ pub fn find_supervisor() -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
+/// Builds the supervisor of this source checkout (`cargo build --release -p
+/// sandmesh-supervisor`, a no-op when it is up to date) and returns its path. The release
+/// profile also keeps it clear of the debug build lock a running `cargo test` holds. Blocking.
+pub fn build_supervisor() -> Result<PathBuf, ImageError> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args([
+        "build",
+        "--release",
+        "-p",
+        SUPERVISOR,
+        "--message-format=json-render-diagnostics",
+        "--manifest-path",
+    ])
+    .arg(&manifest);
+    let out = run(cmd)?;
+    // The artifact messages name the binary's path, wherever CARGO_TARGET_DIR points.
+    out.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|m| m.get("executable")?.as_str().map(PathBuf::from))
+        .find(|p| p.file_name().is_some_and(|n| n == SUPERVISOR))
+        .ok_or_else(|| ImageError::NoSupervisor("cargo build named no executable".into()))
+}
+
 /// For `sandmesh up`: finds the supervisor (building it with cargo in a source checkout when
 /// it is missing) and builds the image. Blocking; call it from `spawn_blocking` in async code.
 pub fn ensure_image() -> Result<String, ImageError> {
     let supervisor = match find_supervisor() {
         Some(p) => p,
-        None => {
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-            let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            cmd.args([
-                "build",
-                "--release",
-                "--bin",
-                "sandmesh-supervisor",
-                "--manifest-path",
-            ])
-            .arg(&manifest);
-            run(cmd)?;
-            find_supervisor().ok_or_else(|| ImageError::NoSupervisor("after cargo build".into()))?
-        }
+        None => build_supervisor()?,
     };
     build_image(&supervisor)
 }

@@ -9,7 +9,7 @@
 //! one `docker exec` of `sandmesh-supervisor` inside the container, which receives the code,
 //! workspace and limits as frames, runs the program in its own process group, streams its
 //! output, kills everything it started at the end or on timeout, and sends back the changed
-//! files and a report ([`protocol`]).
+//! files and a report (the `sandmesh-sandbox-protocol` crate, `sandbox/protocol`).
 //!
 //! Subjects (internal; only the scheduler may publish there):
 //! - `sandbox.v1.executor.docker.run` — queue group of all executors: ephemeral runs and a
@@ -68,7 +68,6 @@ pub mod lease;
 pub mod node;
 pub mod outcome;
 pub mod probe;
-pub mod protocol;
 pub mod session;
 pub mod warm_pool;
 pub mod workspace;
@@ -143,7 +142,7 @@ async fn mesh_id(kv: &async_nats::jetstream::kv::Store) -> Result<String, Execut
     let status = kv
         .status()
         .await
-        .map_err(|e| KitError::JetStream(format!("nodes bucket status: {e}")))?;
+        .map_err(|e| KitError::jetstream("nodes bucket status", e))?;
     Ok(format!("{:x}", status.info.created.unix_timestamp_nanos()))
 }
 
@@ -163,7 +162,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         .js
         .get_key_value(subjects.nodes_bucket())
         .await
-        .map_err(|e| KitError::JetStream(format!("nodes bucket: {e}")))?;
+        .map_err(|e| KitError::jetstream("nodes bucket", e))?;
     let mesh = mesh_id(&nodes_kv).await?;
     let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
     let node = Arc::new(NodeState::default());

@@ -5,10 +5,10 @@
 use messages::exec::{ExecResult, ExecStatus, Tier, Usage};
 use messages::validate::validate_relative_path;
 use messages::{ErrorBody, ErrorKind};
+use sandbox_protocol::{Outcome, RunReport};
 
 use crate::exchange::{Ending, Exchange};
 use crate::execution::Job;
-use crate::protocol::{Outcome, RunReport};
 
 pub fn base_result(job: &Job) -> ExecResult {
     ExecResult {

@@ -5,6 +5,15 @@ use async_nats::jetstream;
 use messages::audit::{AuditEvent, AuditKind};
 use messages::{Encoding, Subjects};
 
+/// Why an audit event was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("encoding the audit event: {0}")]
+    Encode(#[source] messages::CodecError),
+    #[error("storing the audit event in JetStream: {0}")]
+    Publish(#[source] jetstream::context::PublishError),
+}
+
 #[derive(Clone)]
 pub struct Auditor {
     js: jetstream::Context,
@@ -58,18 +67,18 @@ impl Auditor {
     }
 
     /// Publishes and waits for the stream's ack (for callers that must know it is stored).
-    pub async fn record(&self, event: &AuditEvent) -> Result<(), String> {
+    pub async fn record(&self, event: &AuditEvent) -> Result<(), AuditError> {
         let subject = self.subjects.audit(event.kind.as_str());
-        let payload = Encoding::Json.encode(event).map_err(|e| e.to_string())?;
+        let payload = Encoding::Json.encode(event).map_err(AuditError::Encode)?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(messages::codec::CONTENT_TYPE, messages::codec::JSON);
         headers.insert(async_nats::header::NATS_MESSAGE_ID, event.id.as_str());
         self.js
             .publish_with_headers(subject, headers, payload.into())
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(AuditError::Publish)?
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(AuditError::Publish)?;
         Ok(())
     }
 

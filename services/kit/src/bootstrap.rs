@@ -8,8 +8,8 @@ use messages::Subjects;
 
 use crate::KitError;
 
-fn js_err(what: &str, e: impl std::fmt::Display) -> KitError {
-    KitError::JetStream(format!("{what}: {e}"))
+fn js_err(what: &str, e: impl Into<crate::BoxError>) -> KitError {
+    KitError::jetstream(what, e)
 }
 
 /// `SANDBOX_JOBS`: async exec requests, each consumed once (work-queue retention), deduplicated

@@ -35,7 +35,10 @@ pub async fn connect(config: &KitConfig, name: &str) -> Result<Client, KitError>
     let client = options
         .connect(config.nats_url.as_str())
         .await
-        .map_err(|e| KitError::Connect(format!("{}: {e}", config.nats_url)))?;
+        .map_err(|source| KitError::Connect {
+            url: config.nats_url.clone(),
+            source,
+        })?;
     Ok(client)
 }
 
@@ -47,20 +50,20 @@ pub async fn connect(config: &KitConfig, name: &str) -> Result<Client, KitError>
 pub async fn sync_with_server(client: &Client) -> Result<(), KitError> {
     use futures::StreamExt;
     let inbox = client.new_inbox();
-    let failed = |e: &dyn std::fmt::Display| KitError::Nats(format!("syncing with server: {e}"));
+    let failed = |e: crate::BoxError| KitError::nats("syncing with server", e);
     let mut echo = client
         .subscribe(inbox.clone())
         .await
-        .map_err(|e| failed(&e))?;
+        .map_err(|e| failed(e.into()))?;
     client
         .publish(inbox, bytes::Bytes::new())
         .await
-        .map_err(|e| failed(&e))?;
+        .map_err(|e| failed(e.into()))?;
     let outcome = tokio::time::timeout(DEFAULT_REQUEST_TIMEOUT, echo.next()).await;
     let _ = echo.unsubscribe().await;
     match outcome {
         Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(failed(&"connection closed")),
-        Err(_) => Err(failed(&"no echo from the server")),
+        Ok(None) => Err(failed("connection closed".into())),
+        Err(_) => Err(failed("no echo from the server".into())),
     }
 }

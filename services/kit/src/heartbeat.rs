@@ -12,6 +12,8 @@ use messages::heartbeat::Heartbeat;
 use messages::Encoding;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use crate::KitError;
+
 /// Live gauges reported in each beat: `(capacity, load, metrics)`.
 pub type LoadProbe = Arc<dyn Fn() -> Load + Send + Sync>;
 
@@ -54,7 +56,7 @@ fn ttl_header(ttl: Duration) -> String {
 }
 
 impl HeartbeatState {
-    async fn beat(&self) -> Result<(), String> {
+    async fn beat(&self) -> Result<(), KitError> {
         let load = (self.args.probe)();
         let hb = Heartbeat {
             service: self.args.service.clone(),
@@ -67,16 +69,21 @@ impl HeartbeatState {
             metrics: load.metrics,
             labels: load.labels,
         };
-        let payload = Encoding::Json.encode(&hb).map_err(|e| e.to_string())?;
+        let payload = Encoding::Json
+            .encode(&hb)
+            .map_err(|source| KitError::Encode {
+                what: "the heartbeat",
+                source,
+            })?;
         let mut headers = HeaderMap::new();
         headers.insert("Nats-TTL", ttl_header(self.ttl).as_str());
         self.args
             .js
             .publish_with_headers(self.subject.clone(), headers, payload.into())
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| KitError::jetstream("publishing the heartbeat", e))?
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| KitError::jetstream("storing the heartbeat", e))?;
         Ok(())
     }
 }
@@ -100,10 +107,7 @@ impl Actor for HeartbeatActor {
             args,
         };
         // The first beat before anything else, so the instance is visible as soon as it runs.
-        state
-            .beat()
-            .await
-            .map_err(|e| format!("first heartbeat failed: {e}"))?;
+        state.beat().await?;
         myself.send_interval(state.args.interval, || HeartbeatMsg::Beat);
         Ok(state)
     }
@@ -116,6 +120,13 @@ impl Actor for HeartbeatActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             HeartbeatMsg::Beat => {
+                // Disconnected, a beat would only wait out the ack timeout (and hold up a
+                // stop); the first beat after the reconnect renews the key within its TTL.
+                let client = state.args.js.client();
+                if client.connection_state() != async_nats::connection::State::Connected {
+                    tracing::debug!("NATS is not connected; heartbeat skipped");
+                    return Ok(());
+                }
                 // A missed beat is survivable (the TTL covers three); never crash on it.
                 if let Err(e) = state.beat().await {
                     tracing::warn!(error = %e, "heartbeat failed");
@@ -131,10 +142,16 @@ impl Actor for HeartbeatActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let key = messages::heartbeat::heartbeat_key(&state.args.service, &state.args.instance_id);
-        if let Ok(kv) = state.args.js.get_key_value(&state.args.bucket).await {
-            if let Err(e) = kv.delete(&key).await {
-                tracing::warn!(error = %e, "could not remove heartbeat key");
-            }
+        let delete = async {
+            let kv = state.args.js.get_key_value(&state.args.bucket).await?;
+            kv.delete(&key).await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        };
+        // With NATS gone the key expires by its TTL instead.
+        let client = state.args.js.client();
+        let step = "delete the heartbeat key";
+        if let Some(Err(e)) = crate::shutdown::bounded(&client, step, delete).await {
+            tracing::warn!(error = %e, "could not remove heartbeat key");
         }
         Ok(())
     }

@@ -11,7 +11,7 @@
 //! - [`audit`]: audit events into `SANDBOX_AUDIT`;
 //! - [`objects`]: object store reads without a consumer per read;
 //! - [`telemetry`]: tracing, OpenTelemetry export and W3C trace context in NATS headers;
-//! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token.
+//! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token; every NATS step of a stop bounded.
 //!
 //! [`Runtime`] ties them together for a service's `run(config, shutdown)`:
 //!
@@ -45,16 +45,61 @@ pub use config::{ConfigError, ConfigReader, KitConfig};
 pub use serve::{actor_handler, handler, EndpointOptions, Handler, RequestContext, ServiceInfo};
 pub use tokio_util::sync::CancellationToken;
 
+/// A cause from any of the crates the kit drives (async-nats has one error type per call).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong in the plumbing, with its cause kept: `source()` gives the underlying
+/// error, and the message repeats it (as async-nats' errors do) so a log line is whole.
 #[derive(Debug, thiserror::Error)]
 pub enum KitError {
-    #[error("cannot connect to NATS at {0}")]
-    Connect(String),
-    #[error("NATS: {0}")]
-    Nats(String),
-    #[error("JetStream: {0} (JetStream must be enabled, nats-server >= 2.11)")]
-    JetStream(String),
-    #[error("actor: {0}")]
-    Actor(String),
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("NATS: {what}: {source}")]
+    Nats {
+        what: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("JetStream: {what}: {source} (JetStream must be enabled, nats-server >= 2.11)")]
+    JetStream {
+        what: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("encoding {what}: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: messages::CodecError,
+    },
+    #[error("starting the {actor} actor: {source}")]
+    Actor {
+        actor: &'static str,
+        #[source]
+        source: ractor::SpawnErr,
+    },
+}
+
+impl KitError {
+    /// A failed NATS call: `what` we were doing, and why it failed.
+    pub fn nats(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Nats {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// A failed JetStream call: `what` we were doing, and why it failed.
+    pub fn jetstream(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::JetStream {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// A running service instance: its connection, JetStream context, endpoints and heartbeat.
@@ -150,7 +195,10 @@ impl Runtime {
         };
         let (actor, _) = Actor::spawn(None, heartbeat::HeartbeatActor, args)
             .await
-            .map_err(|e| KitError::Actor(format!("heartbeat: {e}")))?;
+            .map_err(|source| KitError::Actor {
+                actor: "heartbeat",
+                source,
+            })?;
         self.heartbeat = Some(actor);
         Ok(())
     }
@@ -160,10 +208,13 @@ impl Runtime {
     pub async fn shutdown(self) -> bool {
         let finished = self.host.shutdown(self.config.shutdown_grace).await;
         if let Some(hb) = self.heartbeat {
-            let _ = hb.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+            // Its post_stop deletes the key: one bounded NATS step.
+            let limit = shutdown::NATS_STEP_LIMIT + Duration::from_secs(1);
+            let _ = hb.stop_and_wait(None, Some(limit)).await;
         }
-        let _ = self.client.flush().await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.client.drain()).await;
+        shutdown::bounded(&self.client, "flush", self.client.flush()).await;
+        // A drain that cannot reach the server gives up.
+        shutdown::bounded(&self.client, "drain", self.client.drain()).await;
         finished
     }
 }

@@ -18,6 +18,30 @@ use futures::stream::{self, BoxStream};
 use sha2::{Digest, Sha256};
 use tokio_util::io::StreamReader;
 
+/// Why an object could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectsError {
+    #[error("opening the object store {bucket}: {source}")]
+    Open {
+        bucket: String,
+        #[source]
+        source: crate::BoxError,
+    },
+    #[error("looking up {name}: {source}")]
+    Lookup {
+        name: String,
+        #[source]
+        source: async_nats::jetstream::object_store::InfoError,
+    },
+    /// A chunk could not be fetched, or the bytes do not match the object's size or digest.
+    #[error("reading {name}: {source}")]
+    Read {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
 /// An `AsyncRead` over an object's bytes; a wrong size or digest is an error at its end.
 pub type ObjectReader = StreamReader<BoxStream<'static, io::Result<Bytes>>, Bytes>;
 
@@ -29,11 +53,14 @@ pub struct ObjectChunks {
 
 impl ObjectChunks {
     /// Opens the stream behind `bucket` (which must exist).
-    pub async fn open(js: &jetstream::Context, bucket: &str) -> Result<Self, String> {
-        let stream = js
-            .get_stream(format!("OBJ_{bucket}"))
-            .await
-            .map_err(|e| format!("opening the object store {bucket}: {e}"))?;
+    pub async fn open(js: &jetstream::Context, bucket: &str) -> Result<Self, ObjectsError> {
+        let stream =
+            js.get_stream(format!("OBJ_{bucket}"))
+                .await
+                .map_err(|e| ObjectsError::Open {
+                    bucket: bucket.to_string(),
+                    source: e.into(),
+                })?;
         Ok(Self { stream })
     }
 
@@ -69,7 +96,7 @@ impl ObjectChunks {
                 .stream
                 .direct_get_next_for_subject(s.subject.clone(), Some(s.next_seq))
                 .await
-                .map_err(|e| io::Error::other(format!("reading {}: {e}", s.name)))?;
+                .map_err(io::Error::other)?;
             s.next_seq = message.sequence + 1;
             s.chunks_left -= 1;
             s.size_left = s
@@ -111,18 +138,26 @@ pub async fn read_all(
     js: &jetstream::Context,
     bucket: &str,
     name: &str,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, ObjectsError> {
     use async_nats::jetstream::object_store::InfoErrorKind;
     use tokio::io::AsyncReadExt;
     let store = js
         .get_object_store(bucket)
         .await
-        .map_err(|e| format!("opening the object store {bucket}: {e}"))?;
+        .map_err(|e| ObjectsError::Open {
+            bucket: bucket.to_string(),
+            source: e.into(),
+        })?;
     let info = match store.info(name).await {
         Ok(info) if !info.deleted => info,
         Ok(_) => return Ok(None),
         Err(e) if e.kind() == InfoErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("looking up {name}: {e}")),
+        Err(source) => {
+            return Err(ObjectsError::Lookup {
+                name: name.to_string(),
+                source,
+            })
+        }
     };
     let mut out = Vec::with_capacity(info.size.min(1 << 24));
     ObjectChunks::open(js, bucket)
@@ -130,6 +165,9 @@ pub async fn read_all(
         .reader(&info)
         .read_to_end(&mut out)
         .await
-        .map_err(|e| format!("reading {name}: {e}"))?;
+        .map_err(|source| ObjectsError::Read {
+            name: name.to_string(),
+            source,
+        })?;
     Ok(Some(out))
 }

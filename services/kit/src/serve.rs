@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::{telemetry, KitError};
+use crate::{shutdown, telemetry, KitError};
 
 /// What a handler knows about the request besides its payload.
 #[derive(Debug, Clone)]
@@ -126,7 +126,7 @@ impl ServiceHost {
             .metadata([("instance_id".to_string(), instance_id.to_string())].into())
             .start(&info.name, &info.version)
             .await
-            .map_err(|e| KitError::Nats(format!("starting service {}: {e}", info.name)))?;
+            .map_err(|e| KitError::nats(format!("starting service {}", info.name), e))?;
         Ok(Self {
             client: client.clone(),
             service,
@@ -153,7 +153,7 @@ impl ServiceHost {
             .name(subject.replace(['.', '*', '>'], "-"))
             .add(subject.clone())
             .await
-            .map_err(|e| KitError::Nats(format!("serving {subject}: {e}")))?;
+            .map_err(|e| KitError::nats(format!("serving {subject}"), e))?;
         let stop = self.stop.clone();
         let in_flight = self.in_flight.clone();
         let admission = Arc::new(Semaphore::new(options.max_in_flight));
@@ -187,8 +187,8 @@ impl ServiceHost {
                 });
             }
             // Unsubscribe so that new requests find no responder (or another instance).
-            let _ = endpoint.stop().await;
-            let _ = client.flush().await;
+            shutdown::bounded(&client, "unsubscribe", endpoint.stop()).await;
+            shutdown::bounded(&client, "flush", client.flush()).await;
         });
         // Once `serve` returns the subscription is live on the server, so a caller that
         // starts right after never sees "no responders".
@@ -211,8 +211,9 @@ impl ServiceHost {
                 "in-flight requests did not finish within the grace period"
             );
         }
-        let _ = self.service.stop().await;
-        let _ = self.client.flush().await;
+        let client = &self.client;
+        shutdown::bounded(client, "stop the service", self.service.stop()).await;
+        shutdown::bounded(client, "flush", client.flush()).await;
         finished
     }
 

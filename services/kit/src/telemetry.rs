@@ -4,6 +4,8 @@
 //! Spans exist even when nothing is exported, so trace ids still cross services and land in
 //! audit events.
 
+use std::io::IsTerminal;
+
 use async_nats::HeaderMap;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
@@ -68,8 +70,8 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Installs the global subscriber: env-filtered logs (`RUST_LOG`, default info), plain or JSON,
-/// plus OpenTelemetry spans exported to `otlp_endpoint` when given.
+/// Installs the global subscriber: env-filtered logs (`RUST_LOG`, default info), plain (coloured
+/// on a terminal) or JSON, plus OpenTelemetry spans exported to `otlp_endpoint` when given.
 pub fn init(service: &str, otlp_endpoint: Option<&str>, json: bool) -> TelemetryGuard {
     let mut builder = SdkTracerProvider::builder();
     if let Some(endpoint) = otlp_endpoint {
@@ -110,8 +112,14 @@ pub fn install(provider: SdkTracerProvider, json: bool) {
             )
             .try_init()
     } else {
+        // Colour codes only for a person at a terminal, never into a log file or a pipe.
+        let ansi = std::io::stderr().is_terminal();
         registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            )
             .try_init()
     };
 }

@@ -140,21 +140,3 @@ pub async fn start_echo_on(
         .unwrap();
     runtime
 }
-
-/// Polls `check` every 20 ms until it returns true or `limit` passes.
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}

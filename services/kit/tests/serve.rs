@@ -10,7 +10,7 @@ use common::*;
 use kit::{CallError, Caller, EndpointOptions, KitConfig};
 use messages::codec::{CONTENT_TYPE, MSGPACK, SERVICE_ERROR, SERVICE_ERROR_CODE};
 use messages::{Encoding, ErrorBody, ErrorKind};
-use test_support::NatsServer;
+use test_support::{eventually_true, NatsServer};
 
 async fn raw(
     client: &async_nats::Client,
@@ -241,16 +241,19 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
         repeat: 0,
     };
     // Bounded poll: once the slow one holds the only slot, the next is refused with 429.
-    let refused = eventually(Duration::from_secs(5), || {
-        let caller = caller.clone();
-        let fast = fast.clone();
-        async move {
-            let r = caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &fast).await;
-            matches!(r, Err(CallError::Service(e)) if e.code == 429)
-        }
-    })
+    eventually_true(
+        "a 429 once the slot is held",
+        Duration::from_secs(5),
+        || {
+            let caller = caller.clone();
+            let fast = fast.clone();
+            async move {
+                let r = caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &fast).await;
+                matches!(r, Err(CallError::Service(e)) if e.code == 429)
+            }
+        },
+    )
     .await;
-    assert!(refused);
     assert_eq!(first.await.unwrap().unwrap().text, "slow");
     rt.shutdown().await;
 }
@@ -349,7 +352,10 @@ async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
             caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &req).await
         }));
     }
-    assert!(eventually(Duration::from_secs(5), || async { started("shut") == 5 }).await);
+    eventually_true("5 requests in flight", Duration::from_secs(5), || async {
+        started("shut") == 5
+    })
+    .await;
     let finished = rt.shutdown().await;
     assert!(
         finished,

@@ -180,6 +180,12 @@ const TABLE: &[(&str, ContentType, &str, &str)] = &[
     ),
     // --- Shell high ---
     ("sh.rm", S, "rm file.txt", "ls rm"),
+    (
+        "sh.find_delete",
+        S,
+        "find . -name '*.pyc' -delete",
+        "find . -name '*.pyc' -print",
+    ),
     ("sh.mv", S, "mv a b", "echo mv a b"),
     (
         "sh.redirect_write",

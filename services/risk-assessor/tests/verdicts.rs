@@ -180,7 +180,7 @@ fn the_safe_shortcut_needs_every_command_safe_and_nothing_else() {
         ("echo $(ls)", "sh.substitution"),
         ("cat <(ls)", "sh.substitution"),
         ("eval ls", "sh.eval"),
-        ("find . -exec rm {} \\;", "sh.not_allowlisted"),
+        ("find . -exec ls {} \\;", "sh.not_allowlisted"),
         ("$LS -la", "sh.dynamic_command"),
         ("cat <<EOF\nhi\nEOF\n", "sh.redirection"),
     ];
@@ -310,4 +310,33 @@ fn an_embedded_script_is_judged_with_spans_into_the_outer_source() {
     let (start, end) = (f.start.unwrap() as usize, f.end.unwrap() as usize);
     assert_eq!(&source[start..end], "rm -rf /");
     assert_eq!(f.line, Some(2));
+}
+
+#[test]
+fn deleting_found_files_is_judged_as_the_deletion_it_is() {
+    // (source, the rule that must fire): each deletes files, like `rm file` (high).
+    let cases = [
+        ("find . -name '*.pyc' -exec rm {} \\;", "sh.rm"),
+        ("find . -name '*.pyc' -exec rm -f {} +", "sh.rm"),
+        ("find . -name '*.pyc' -execdir sudo rm {} \\;", "sh.rm"),
+        ("find . -name '*.pyc' -delete", "sh.find_delete"),
+        ("find . -name '*.pyc' | xargs rm", "sh.rm"),
+        ("find . -name '*.pyc' -print0 | xargs -0 rm -f", "sh.rm"),
+    ];
+    for (source, rule) in cases {
+        let a = run(ContentType::Shell, source, None);
+        assert_eq!(a.level, RiskLevel::High, "{source}: {a:?}");
+        assert!(a.requires_confirmation, "{source}: {a:?}");
+        assert!(
+            a.findings.iter().any(|f| f.rule == rule),
+            "{source} fires {rule}: {a:?}"
+        );
+    }
+    // Listing what would be deleted deletes nothing: still only an unsafe `find` option.
+    let listing = run(
+        ContentType::Shell,
+        "find . -name '*.pyc' -exec ls {} \\;",
+        None,
+    );
+    assert_eq!(listing.level, RiskLevel::Medium, "{listing:?}");
 }

@@ -88,7 +88,7 @@ impl Blobs {
             store,
             chunks: ObjectChunks::open(js, bucket)
                 .await
-                .map_err(StoreError::Internal)?,
+                .map_err(|e| StoreError::Internal(e.to_string()))?,
             stream,
             bucket: bucket.to_string(),
         })

@@ -104,7 +104,7 @@ impl WorkspaceClient {
         let bucket = self.subjects.workspace_objects_bucket();
         kit::objects::read_all(&self.js, &bucket, name)
             .await
-            .map_err(ClientError::Objects)?
+            .map_err(|e| ClientError::Objects(e.to_string()))?
             .ok_or_else(|| ClientError::Objects(format!("{name}: no such object")))
     }
 

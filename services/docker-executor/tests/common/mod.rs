@@ -22,8 +22,9 @@ pub fn image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
         test_support::require_docker();
-        let supervisor = env!("CARGO_BIN_EXE_sandmesh-supervisor");
-        docker_executor::image::build_image(supervisor.as_ref())
+        let supervisor = docker_executor::image::build_supervisor()
+            .unwrap_or_else(|e| panic!("building the supervisor: {e}"));
+        docker_executor::image::build_image(&supervisor)
             .unwrap_or_else(|e| panic!("building the sandbox image: {e}"))
     })
 }

@@ -32,6 +32,7 @@ pub(super) struct ShellSpec {
     pub(super) unsafe_options: Option<BTreeMap<String, Vec<String>>>,
     pub(super) wrappers: Option<NameList>,
     pub(super) options_with_value: Option<BTreeMap<String, Vec<String>>>,
+    pub(super) command_options: Option<BTreeMap<String, Vec<String>>>,
     pub(super) interpreters: Option<NameList>,
 }
 

@@ -106,6 +106,8 @@ pub struct ShellTables {
     pub wrappers: BTreeSet<String>,
     /// Command → its options that take the next word as a value.
     pub options_with_value: BTreeMap<String, Vec<String>>,
+    /// Command → its options whose following words are a command it runs (`find -exec`).
+    pub command_options: BTreeMap<String, Vec<String>>,
     /// Shells whose `-c` argument is a script.
     pub interpreters: BTreeSet<String>,
 }
@@ -221,6 +223,9 @@ fn apply_shell(tables: &mut ShellTables, spec: Option<ShellSpec>) {
     }
     if let Some(map) = spec.options_with_value {
         tables.options_with_value.extend(map);
+    }
+    if let Some(map) = spec.command_options {
+        tables.command_options.extend(map);
     }
     if let Some(i) = spec.interpreters {
         tables.interpreters = i.names.into_iter().collect();

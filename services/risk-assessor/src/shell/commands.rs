@@ -7,11 +7,28 @@ use super::words::{basename, command_words, Word};
 use crate::glob;
 use crate::policy::{Policy, Rule};
 
-/// Start indices of the commands a command line runs: itself, and the command each wrapper
-/// runs (`sudo -u root env X=1 rm -rf /` runs sudo, env and rm).
+/// Start indices of the commands a command line runs: itself, the command each wrapper runs
+/// (`sudo -u root env X=1 rm -rf /` runs sudo, env and rm), and the command a command option
+/// runs (`find . -exec rm {} ;` runs find and rm).
 pub fn invocations(words: &[Word], policy: &Policy) -> Vec<usize> {
-    let mut starts = vec![0];
-    let mut i = 0;
+    let mut starts = Vec::new();
+    let mut pending = vec![0];
+    // Every start found lies after the one it was found from, so this ends.
+    while let Some(start) = pending.pop() {
+        for s in wrapped(words, start, policy) {
+            pending.extend(run_by_options(words, s, policy));
+            starts.push(s);
+        }
+    }
+    starts.sort_unstable();
+    starts.dedup();
+    starts
+}
+
+/// The command at `start` and, while it is a wrapper, the command it wraps.
+fn wrapped(words: &[Word], start: usize, policy: &Policy) -> Vec<usize> {
+    let mut starts = vec![start];
+    let mut i = start;
     while let Some(name) = words[i].value.as_deref().map(basename) {
         if !policy.shell.wrappers.contains(name) {
             break;
@@ -45,6 +62,26 @@ pub fn invocations(words: &[Word], policy: &Policy) -> Vec<usize> {
         i = j;
     }
     starts
+}
+
+/// Where the commands run by the options of the command at `start` begin (`-exec CMD`).
+fn run_by_options(words: &[Word], start: usize, policy: &Policy) -> Vec<usize> {
+    let Some(options) = words[start]
+        .value
+        .as_deref()
+        .and_then(|name| policy.shell.command_options.get(basename(name)))
+    else {
+        return Vec::new();
+    };
+    (start + 1..words.len().saturating_sub(1))
+        .filter(|&i| {
+            words[i]
+                .value
+                .as_deref()
+                .is_some_and(|v| options.iter().any(|o| o == v))
+        })
+        .map(|i| i + 1)
+        .collect()
 }
 
 /// Flags, argument pattern and subcommand conditions of a command rule.

@@ -1,8 +1,9 @@
 //! The framed protocol between the executor and `sandmesh-supervisor`, the small program that
 //! one `docker exec` starts inside the sandbox for each execution (DESIGN.md §3 "Containers").
 //!
-//! This file is compiled into both sides: the library (`docker_executor::protocol`) and the
-//! supervisor binary (through `#[path]`), so the two can never disagree about the format.
+//! Both sides depend on this crate (the docker-executor library and the `sandmesh-supervisor`
+//! binary), so they can never disagree about the format. It needs only std and serde: the
+//! supervisor stays small, and the executor needs no process-control crates.
 //!
 //! A frame is `kind: u8`, `len: u32` big-endian, then `len` bytes of payload.
 //!
@@ -26,6 +27,15 @@ pub const MAX_FRAME: usize = 1024 * 1024;
 
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 5;
+
+/// A frame header the protocol does not allow; the stream cannot be resynchronised after it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("unknown frame kind {0:#04x}")]
+    UnknownKind(u8),
+    #[error("frame of {0} bytes exceeds {MAX_FRAME}")]
+    TooLarge(usize),
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameKind {
@@ -188,7 +198,7 @@ pub fn write_frame(w: &mut impl Write, kind: FrameKind, payload: &[u8]) -> io::R
     if payload.len() > MAX_FRAME {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("frame of {} bytes exceeds {MAX_FRAME}", payload.len()),
+            FrameError::TooLarge(payload.len()),
         ));
     }
     let mut header = [0u8; HEADER_LEN];
@@ -237,12 +247,11 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(FrameKind, Vec<u8>)>>
 }
 
 /// Checks a frame header: a known kind and a length within [`MAX_FRAME`].
-pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<(FrameKind, usize), String> {
-    let kind = FrameKind::from_byte(header[0])
-        .ok_or_else(|| format!("unknown frame kind {:#04x}", header[0]))?;
+pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<(FrameKind, usize), FrameError> {
+    let kind = FrameKind::from_byte(header[0]).ok_or(FrameError::UnknownKind(header[0]))?;
     let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
     if len > MAX_FRAME {
-        return Err(format!("frame of {len} bytes exceeds {MAX_FRAME}"));
+        return Err(FrameError::TooLarge(len));
     }
     Ok((kind, len))
 }
@@ -265,7 +274,7 @@ impl FrameDecoder {
 
     /// The next complete frame, `Ok(None)` when more bytes are needed, or an error for a
     /// malformed header (the stream cannot be resynchronised after that).
-    pub fn next_frame(&mut self) -> Result<Option<(FrameKind, Vec<u8>)>, String> {
+    pub fn next_frame(&mut self) -> Result<Option<(FrameKind, Vec<u8>)>, FrameError> {
         let avail = &self.buf[self.start..];
         if avail.len() < HEADER_LEN {
             return Ok(None);
@@ -324,10 +333,90 @@ mod tests {
     fn hostile_headers_are_refused() {
         let mut d = FrameDecoder::default();
         d.push(&[b'O', 0xff, 0xff, 0xff, 0xff]);
-        assert!(d.next_frame().is_err());
+        assert_eq!(d.next_frame(), Err(FrameError::TooLarge(u32::MAX as usize)));
         let mut d = FrameDecoder::default();
         d.push(&[b'?', 0, 0, 0, 1, 0]);
-        assert!(d.next_frame().is_err());
-        assert!(write_frame(&mut Vec::new(), FrameKind::Stdout, &vec![0; MAX_FRAME + 1]).is_err());
+        assert_eq!(d.next_frame(), Err(FrameError::UnknownKind(b'?')));
+        let err = write_frame(&mut Vec::new(), FrameKind::Stdout, &vec![0; MAX_FRAME + 1]);
+        assert_eq!(err.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        const KINDS: [FrameKind; 8] = [
+            FrameKind::Request,
+            FrameKind::Archive,
+            FrameKind::Files,
+            FrameKind::End,
+            FrameKind::Stdout,
+            FrameKind::Stderr,
+            FrameKind::Changes,
+            FrameKind::Report,
+        ];
+
+        fn frames() -> impl Strategy<Value = Vec<(FrameKind, Vec<u8>)>> {
+            let frame = (
+                proptest::sample::select(&KINDS[..]),
+                proptest::collection::vec(any::<u8>(), 0..600),
+            );
+            proptest::collection::vec(frame, 0..12)
+        }
+
+        /// Feeds `wire` to a decoder in pieces cut at `cuts` (positions, any order).
+        fn decode_in_pieces(
+            wire: &[u8],
+            cuts: &[usize],
+        ) -> Result<Vec<(FrameKind, Vec<u8>)>, FrameError> {
+            let mut at: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+            at.push(0);
+            at.push(wire.len());
+            at.sort_unstable();
+            let mut decoder = FrameDecoder::default();
+            let mut out = Vec::new();
+            for piece in at.windows(2) {
+                decoder.push(&wire[piece[0]..piece[1]]);
+                while let Some(frame) = decoder.next_frame()? {
+                    out.push(frame);
+                }
+            }
+            Ok(out)
+        }
+
+        proptest! {
+            #[test]
+            fn any_split_of_the_stream_decodes_to_the_same_frames(
+                frames in frames(),
+                cuts in proptest::collection::vec(any::<usize>(), 0..40),
+            ) {
+                let mut wire = Vec::new();
+                for (kind, payload) in &frames {
+                    write_frame(&mut wire, *kind, payload).unwrap();
+                }
+                prop_assert_eq!(decode_in_pieces(&wire, &cuts), Ok(frames.clone()));
+                let mut reader = &wire[..];
+                let mut read = Vec::new();
+                while let Some(frame) = read_frame(&mut reader).unwrap() {
+                    read.push(frame);
+                }
+                prop_assert_eq!(read, frames);
+            }
+
+            #[test]
+            fn garbage_never_panics_and_never_yields_an_oversized_frame(
+                garbage in proptest::collection::vec(any::<u8>(), 0..4096),
+                cuts in proptest::collection::vec(any::<usize>(), 0..20),
+            ) {
+                if let Ok(frames) = decode_in_pieces(&garbage, &cuts) {
+                    prop_assert!(frames.iter().all(|(_, p)| p.len() <= MAX_FRAME));
+                }
+                let mut reader = &garbage[..];
+                while let Ok(Some((_, payload))) = read_frame(&mut reader) {
+                    prop_assert!(payload.len() <= MAX_FRAME);
+                }
+            }
+        }
     }
 }

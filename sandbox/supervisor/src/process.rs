@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use nix::sys::resource::{getrusage, setrlimit, Resource, UsageWho};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{getpid, Pid};
+use sandbox_protocol::{FrameKind, Outcome, RunReport, RunSpec};
 
-use crate::protocol::{FrameKind, Outcome, RunReport, RunSpec};
 use crate::FrameOut;
 
 /// How long to wait for pipes to close after everything was killed (a process stuck in

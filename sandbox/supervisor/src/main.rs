@@ -11,13 +11,9 @@
 //!                            started, sends the changed files and the report (frames on stdout)
 //! ```
 //!
-//! The frame format is `src/protocol.rs` of the executor crate, compiled into both sides.
-//! This binary uses std, nix, serde_json and tar only: it must run on the image's bookworm
-//! glibc and start in about a millisecond.
-
-#[allow(dead_code)]
-#[path = "../../protocol.rs"]
-mod protocol;
+//! The frame format is the `sandmesh-sandbox-protocol` crate (`sandbox/protocol`), shared with
+//! the executor. This binary uses std, nix, serde_json and tar only: it must run on the
+//! image's bookworm glibc and start in about a millisecond.
 
 mod files;
 mod process;
@@ -26,7 +22,9 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
-use protocol::{FrameKind, Outcome, RunReport, RunSpec, PROTOCOL_VERSION};
+use sandbox_protocol::{
+    self as protocol, FrameKind, Outcome, RunReport, RunSpec, PROTOCOL_VERSION,
+};
 
 /// Upper bound on the input (request + archive); the workspace tmpfs is far smaller.
 const MAX_INPUT: usize = 512 * 1024 * 1024;
@@ -94,28 +92,42 @@ impl Write for ChangesWriter<'_> {
 /// The request, the workspace archive and the request's files archive.
 type Input = (RunSpec, Vec<u8>, Vec<u8>);
 
-fn read_input(input: &mut impl Read) -> Result<Input, String> {
+/// Why the executor's input could not be used; it becomes the report's failure message.
+#[derive(Debug, thiserror::Error)]
+enum InputError {
+    #[error("reading the request: {0}")]
+    Read(#[source] io::Error),
+    #[error("malformed request: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error(
+        "protocol version {0} requested; this supervisor speaks {PROTOCOL_VERSION} \
+         (rebuild the sandbox image)"
+    )]
+    Version(u32),
+    #[error("the input exceeds {MAX_INPUT} bytes")]
+    TooLarge,
+    #[error("unexpected {0:?} frame from the executor")]
+    Unexpected(FrameKind),
+    #[error("no request frame")]
+    NoRequest,
+}
+
+fn read_input(input: &mut impl Read) -> Result<Input, InputError> {
     let mut spec: Option<RunSpec> = None;
     let mut archive = Vec::new();
     let mut files = Vec::new();
     loop {
-        let frame = protocol::read_frame(input).map_err(|e| format!("reading the request: {e}"))?;
-        match frame {
+        match protocol::read_frame(input).map_err(InputError::Read)? {
             Some((FrameKind::Request, payload)) => {
-                let s: RunSpec = serde_json::from_slice(&payload)
-                    .map_err(|e| format!("malformed request: {e}"))?;
+                let s: RunSpec = serde_json::from_slice(&payload).map_err(InputError::Malformed)?;
                 if s.version != PROTOCOL_VERSION {
-                    return Err(format!(
-                        "protocol version {} requested; this supervisor speaks {PROTOCOL_VERSION} \
-                         (rebuild the sandbox image)",
-                        s.version
-                    ));
+                    return Err(InputError::Version(s.version));
                 }
                 spec = Some(s);
             }
             Some((kind @ (FrameKind::Archive | FrameKind::Files), payload)) => {
                 if archive.len() + files.len() + payload.len() > MAX_INPUT {
-                    return Err(format!("the input exceeds {MAX_INPUT} bytes"));
+                    return Err(InputError::TooLarge);
                 }
                 let target = if kind == FrameKind::Archive {
                     &mut archive
@@ -125,11 +137,11 @@ fn read_input(input: &mut impl Read) -> Result<Input, String> {
                 target.extend_from_slice(&payload);
             }
             Some((FrameKind::End, _)) | None => break,
-            Some((kind, _)) => return Err(format!("unexpected {kind:?} frame from the executor")),
+            Some((kind, _)) => return Err(InputError::Unexpected(kind)),
         }
     }
     spec.map(|s| (s, archive, files))
-        .ok_or_else(|| "no request frame".to_string())
+        .ok_or(InputError::NoRequest)
 }
 
 fn run_once() -> ExitCode {
@@ -140,7 +152,11 @@ fn run_once() -> ExitCode {
     let mut report = RunReport::failed("not started");
     match read_input(&mut io::stdin().lock()) {
         Ok((spec, archive, files)) => execute(&spec, &archive, &files, &mut out, &mut report),
-        Err(message) => report.outcome = Outcome::Failed { message },
+        Err(e) => {
+            report.outcome = Outcome::Failed {
+                message: e.to_string(),
+            }
+        }
     }
     match serde_json::to_vec(&report) {
         Ok(json) => out.send(FrameKind::Report, &json),

@@ -1,0 +1,72 @@
+//! What the CLI's end-to-end tests share: the real `sandmesh` binary run as a user runs it,
+//! bounded waits for it, and the sandbox containers Docker holds.
+
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::path::Path;
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::time::Duration;
+
+use test_support::repo_root;
+
+pub const SANDMESH: &str = env!("CARGO_BIN_EXE_sandmesh");
+
+/// Ids of the containers carrying every one of `labels` (`key` or `key=value`), running or not.
+pub fn containers(labels: &[String]) -> Vec<String> {
+    let mut cmd = Command::new("docker");
+    cmd.args(["ps", "-aq", "--no-trunc"]);
+    for label in labels {
+        cmd.args(["--filter", &format!("label={label}")]);
+    }
+    let out = cmd.output().expect("docker ps");
+    assert!(out.status.success(), "docker ps: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Runs a command to completion, its output captured; past `limit` it is killed and the test
+/// fails.
+pub async fn run_bounded(cmd: Command, limit: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true);
+    match tokio::time::timeout(limit, cmd.output()).await {
+        Ok(out) => out.unwrap_or_else(|e| panic!("{what}: {e}")),
+        Err(_) => panic!("{what} did not finish within {limit:?}"),
+    }
+}
+
+/// `sandmesh up` against a given NATS, its stderr in `log`; killed on drop if still running.
+pub struct Up {
+    child: tokio::process::Child,
+}
+
+impl Up {
+    pub fn start(nats_url: &str, env: &[(&str, &str)], log: &Path) -> Self {
+        let log = std::fs::File::create(log).expect("log file");
+        let child = tokio::process::Command::new(SANDMESH)
+            .arg("up")
+            .env("SANDMESH_NATS_URL", nats_url)
+            .envs(env.iter().copied())
+            .current_dir(repo_root())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn sandmesh up");
+        Self { child }
+    }
+
+    /// SIGTERM, then its exit status within `limit` (the test fails past it).
+    pub async fn stop(&mut self, limit: Duration) -> ExitStatus {
+        let pid = self.child.id().expect("running").to_string();
+        let term = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(term.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => status.expect("wait"),
+            Err(_) => panic!("`sandmesh up` did not exit within {limit:?} of SIGTERM"),
+        }
+    }
+}
