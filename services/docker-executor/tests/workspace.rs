@@ -5,11 +5,11 @@
 mod common;
 
 use common::{run, Harness};
-use kit::{Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language, Tier};
+use sandmesh_client::MeshClient;
 use std::time::Duration;
 use test_support::NatsServer;
-use workspace_store::client::WorkspaceClient;
 use workspace_store::WorkspaceConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -28,10 +28,7 @@ async fn files_flow_between_the_store_and_the_sandbox() {
         ],
     )
     .await;
-    let ws = WorkspaceClient::new(
-        Caller::new(h.client.clone(), Duration::from_secs(30)),
-        h.subjects.clone(),
-    );
+    let ws = MeshClient::new(h.client.clone(), h.subjects.clone()).workspace();
     let s = "ws-sync";
     // The store may still be starting: retry the first write briefly.
     let mut tries = 0;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use common::*;
+use sandmesh_client::ErrorKind;
 use messages::audit::AuditEvent;
 use messages::Subjects;
 use test_support::NatsServer;
@@ -71,7 +72,7 @@ async fn idle_workspaces_are_swept_and_active_ones_kept() {
     assert!(gone, "the idle workspace was not swept");
     assert_eq!(
         ws.read("idle", "data/x.bin").await.unwrap_err().kind(),
-        messages::ErrorKind::NotFound
+        ErrorKind::NotFound
     );
     assert_eq!(ws.read("busy", "data/x.bin").await.unwrap().len(), 5000);
     // Its contents are gone from the object store too.
