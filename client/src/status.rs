@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use messages::heartbeat::Heartbeat;
 use messages::service::{srv, SrvVerb};
 use messages::ServiceName;
 use serde::de::DeserializeOwned;
@@ -61,6 +62,36 @@ impl StatusClient {
         window: Duration,
     ) -> Result<Vec<async_nats::service::Info>> {
         self.collect(srv(SrvVerb::Info, service), window).await
+    }
+
+    /// The live heartbeats in `sandbox_nodes`: one per instance (expired ones are gone), in
+    /// key order. No bucket yet means no instance ever beat.
+    pub async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
+        let bucket = self.mesh.subjects().nodes_bucket();
+        let failed = |e| ClientError::transport(format!("reading {bucket}"), e);
+        let Ok(kv) = self.mesh.jetstream().get_key_value(&bucket).await else {
+            return Ok(Vec::new());
+        };
+        let mut keys: Vec<String> = kv
+            .keys()
+            .await
+            .map_err(|e| ClientError::transport(format!("reading {bucket}"), e))?
+            .filter_map(|k| async move { k.ok() })
+            .collect()
+            .await;
+        keys.sort();
+        let mut out = Vec::new();
+        for key in keys {
+            // Expired between listing and reading: not live any more.
+            let Some(value) = kv.get(&key).await.map_err(failed)? else {
+                continue;
+            };
+            match serde_json::from_slice::<Heartbeat>(&value) {
+                Ok(hb) => out.push(hb),
+                Err(e) => return Err(ClientError::codec(format!("heartbeat {key} in {bucket}"), e)),
+            }
+        }
+        Ok(out)
     }
 
     /// Sends one request and gathers every reply that arrives within `window` (replies that
