@@ -14,7 +14,8 @@
 //! One [`MeshClient`] holds the connection, the mesh's subjects, the encoding and the default
 //! timeout; [`MeshClient::exec`], [`sessions`](MeshClient::sessions),
 //! [`workspace`](MeshClient::workspace), [`confirm`](MeshClient::confirm),
-//! [`risk`](MeshClient::risk) and [`status`](MeshClient::status) hand out the typed clients.
+//! [`risk`](MeshClient::risk), [`audit`](MeshClient::audit) and
+//! [`status`](MeshClient::status) hand out the typed clients.
 //! Every call checks the NATS micro error headers (an error reply is a *successful* request)
 //! and fails with one [`ClientError`] whose [`kind`](ClientError::kind) callers branch on.
 //!
@@ -22,6 +23,7 @@
 //! programs outside this repository use the same code. A service passes
 //! [`MeshClient::with_headers`] its trace-context injector to keep one trace across calls.
 
+pub mod audit;
 pub mod confirm;
 pub mod error;
 pub mod exec;
@@ -39,6 +41,7 @@ use messages::{ErrorBody, Subjects};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use audit::AuditClient;
 pub use confirm::ConfirmClient;
 pub use error::{ClientError, ErrorKind, Result};
 pub use exec::ExecClient;
@@ -132,6 +135,10 @@ impl MeshClient {
 
     pub fn risk(&self) -> RiskClient {
         RiskClient::new(self.clone())
+    }
+
+    pub fn audit(&self) -> AuditClient {
+        AuditClient::new(self.clone())
     }
 
     pub fn status(&self) -> StatusClient {
