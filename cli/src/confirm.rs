@@ -255,3 +255,44 @@ pub fn line(c: &Confirmation, now_ms: u64) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ConfirmCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<ConfirmCommand, clap::Error> {
+        Cli::try_parse_from(std::iter::once("confirm").chain(args.iter().copied())).map(|c| c.cmd)
+    }
+
+    #[test]
+    fn arguments_parse_as_documented() {
+        assert_eq!(
+            parse(&["approve", "01J", "--scope", "session", "--by", "alice"]).unwrap(),
+            ConfirmCommand::Approve {
+                id: "01J".into(),
+                scope: ConfirmScope::Session,
+                by: Some("alice".into()),
+                reason: None,
+            }
+        );
+        assert_eq!(
+            parse(&["deny", "01J", "--reason", "no"]).unwrap(),
+            ConfirmCommand::Deny {
+                id: "01J".into(),
+                reason: Some("no".into()),
+                by: None,
+            }
+        );
+        assert!(parse(&["approve", "01J", "--scope", "forever"]).is_err());
+        assert!(parse(&["list", "--state", "maybe"]).is_err());
+        assert!(parse(&["deny"]).is_err());
+    }
+}
