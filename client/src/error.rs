@@ -33,6 +33,21 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::Denied => "denied",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Internal => "internal",
+            ErrorKind::Transport => "transport",
+        }
+    }
+
     fn of_service(kind: messages::ErrorKind) -> Self {
         use messages::ErrorKind as K;
         match kind {
@@ -62,6 +77,12 @@ impl ErrorKind {
             ErrorKind::Timeout => K::Timeout,
             ErrorKind::Internal => K::Internal,
         }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

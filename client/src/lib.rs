@@ -92,6 +92,13 @@ impl MeshClient {
         self
     }
 
+    /// A JetStream context of the caller's own (tuned ack limits for bulk submits, say) for
+    /// async jobs, the object store and the audit trail.
+    pub fn with_jetstream(mut self, js: jetstream::Context) -> Self {
+        self.js = js;
+        self
+    }
+
     pub fn with_headers(mut self, hook: HeaderHook) -> Self {
         self.headers = Some(hook);
         self
