@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::process::Command;
 use std::time::Duration;
 
 use kit::config::env_map;
@@ -21,11 +22,35 @@ pub struct Mesh {
     pub client: MeshClient,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<Result<(), String>>>,
+    /// Executor nodes started: a test that failed before [`Mesh::stop`] leaves their
+    /// containers behind, which the drop removes.
+    nodes: Vec<String>,
 }
 
 impl Drop for Mesh {
     fn drop(&mut self) {
         self.stop.cancel();
+        for node in &self.nodes {
+            remove_containers(node);
+        }
+    }
+}
+
+/// `docker rm -f` of every container labelled with this executor node.
+fn remove_containers(node: &str) {
+    let filter = format!("label={}={node}", docker_executor::docker::LABEL_NODE);
+    let Ok(out) = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &filter])
+        .output()
+    else {
+        return;
+    };
+    let ids = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !ids.trim().is_empty() {
+        let _ = Command::new("docker")
+            .args(["rm", "-f"])
+            .args(ids.split_whitespace())
+            .output();
     }
 }
 
@@ -38,6 +63,7 @@ impl Mesh {
             nats,
             stop: CancellationToken::new(),
             tasks: Vec::new(),
+            nodes: Vec::new(),
         }
     }
 
@@ -107,6 +133,7 @@ impl Mesh {
         ]);
         let config = docker_executor::ExecutorConfig::from_env(&env).unwrap();
         self.spawn(docker_executor::run(config, self.stop.clone()));
+        self.nodes.push(node);
         self
     }
 
