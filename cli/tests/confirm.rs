@@ -98,7 +98,10 @@ async fn approve_and_deny_decide_and_a_repeat_is_refused() {
     let list = sandmesh(&url, &["confirm", "list", "--session", "s1"]).await;
     assert!(list.status.success(), "{}", text(&list.stderr));
     let listed = text(&list.stdout);
-    assert!(listed.contains(&one.id) && listed.contains(&two.id), "{listed}");
+    assert!(
+        listed.contains(&one.id) && listed.contains(&two.id),
+        "{listed}"
+    );
 
     let approve = [
         "confirm", "approve", &one.id, "--scope", "session", "--by", "alice",
@@ -111,10 +114,20 @@ async fn approve_and_deny_decide_and_a_repeat_is_refused() {
     // Already decided: refused with exit code 1 and the service's reason; the first stands.
     let again = sandmesh(&url, &approve).await;
     assert_eq!(again.status.code(), Some(1), "{}", text(&again.stderr));
-    assert!(text(&again.stderr).contains(&one.id), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains(&one.id),
+        "{}",
+        text(&again.stderr)
+    );
 
     let deny = [
-        "confirm", "deny", &two.id, "--reason", "writes outside", "--by", "bob",
+        "confirm",
+        "deny",
+        &two.id,
+        "--reason",
+        "writes outside",
+        "--by",
+        "bob",
     ];
     assert!(sandmesh(&url, &deny).await.status.success());
     let denied = confirm.get(&two.id).await.unwrap();
@@ -156,11 +169,17 @@ async fn watch_prints_the_queue_and_its_changes() {
         let out = out.clone();
         async move {
             let text = out.lock().unwrap().clone();
-            needles.iter().all(|n| text.contains(n.as_str())).then_some(())
+            needles
+                .iter()
+                .all(|n| text.contains(n.as_str()))
+                .then_some(())
         }
     };
     // The queue is printed after the watch subscribed, so later changes cannot be missed.
-    eventually("the queue is printed", BOUND, || printed(vec![before.id.clone()])).await;
+    eventually("the queue is printed", BOUND, || {
+        printed(vec![before.id.clone()])
+    })
+    .await;
     assert!(out.lock().unwrap().starts_with("1 pending"));
 
     let after = confirm.request(&pending("fs.write")).await.unwrap();
@@ -173,7 +192,10 @@ async fn watch_prints_the_queue_and_its_changes() {
     };
     confirm.decide(&decide).await.unwrap();
     let changes = vec![format!("+ {}", after.id), format!("- {}", before.id)];
-    eventually("both changes are printed", BOUND, || printed(changes.clone())).await;
+    eventually("both changes are printed", BOUND, || {
+        printed(changes.clone())
+    })
+    .await;
     eventually("the queue size follows", BOUND, || {
         printed(vec!["(1 pending)".into(), "by alice".into()])
     })

@@ -84,7 +84,10 @@ async fn ls_get_put_rm() {
         assert_eq!(out.status.code(), Some(1), "{refused:?}: {out:?}");
         assert!(!out.stderr.is_empty(), "{refused:?} says why");
     }
-    assert!(sandmesh(&url, &["rm", "s1", "code", "-r"]).await.status.success());
+    assert!(sandmesh(&url, &["rm", "s1", "code", "-r"])
+        .await
+        .status
+        .success());
 
     let listing = ws.list("s1", None, true).await.unwrap();
     let paths: Vec<String> = listing.entries.into_iter().map(|e| e.path).collect();

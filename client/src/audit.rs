@@ -37,7 +37,12 @@ impl AuditClient {
         let subjects = self.mesh.subjects();
         let name = subjects.audit_stream();
         let failed = |e| ClientError::transport(format!("reading {name}"), e);
-        let mut stream = self.mesh.jetstream().get_stream(&name).await.map_err(failed)?;
+        let mut stream = self
+            .mesh
+            .jetstream()
+            .get_stream(&name)
+            .await
+            .map_err(failed)?;
         let last_seq = stream
             .info()
             .await

@@ -77,8 +77,8 @@ impl Stream for ConfirmEvents {
     type Item = Result<Confirmation>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.messages.poll_next_unpin(cx).map(|m| {
-            m.map(|msg| decode_reply(&self.subject, msg.headers.as_ref(), &msg.payload))
-        })
+        self.messages
+            .poll_next_unpin(cx)
+            .map(|m| m.map(|msg| decode_reply(&self.subject, msg.headers.as_ref(), &msg.payload)))
     }
 }

@@ -207,7 +207,10 @@ mod tests {
         assert_eq!(late.kind(), ErrorKind::Timeout);
         let io = ClientError::transport("publish", std::io::Error::other("closed"));
         assert_eq!(io.kind(), ErrorKind::Transport);
-        assert!(std::error::Error::source(&io).is_some(), "the cause is kept");
+        assert!(
+            std::error::Error::source(&io).is_some(),
+            "the cause is kept"
+        );
         assert_eq!(io.into_body().kind, messages::ErrorKind::Unavailable);
     }
 }

@@ -162,7 +162,11 @@ impl MeshClient {
         headers
     }
 
-    pub(crate) fn encode<T: Serialize + ?Sized>(&self, subject: &str, value: &T) -> Result<Vec<u8>> {
+    pub(crate) fn encode<T: Serialize + ?Sized>(
+        &self,
+        subject: &str,
+        value: &T,
+    ) -> Result<Vec<u8>> {
         self.encoding
             .encode(value)
             .map_err(|e| ClientError::codec(format!("encoding a request for {subject}"), e))
@@ -279,11 +283,17 @@ mod tests {
     fn replies_decode_in_either_encoding() {
         let value = serde_json::json!({"a": 1});
         let json = Encoding::Json.encode(&value).unwrap();
-        assert_eq!(decode_reply::<serde_json::Value>("s", None, &json).unwrap(), value);
+        assert_eq!(
+            decode_reply::<serde_json::Value>("s", None, &json).unwrap(),
+            value
+        );
         let mut h = HeaderMap::new();
         h.insert(codec::CONTENT_TYPE, codec::MSGPACK);
         let mp = Encoding::MsgPack.encode(&value).unwrap();
-        assert_eq!(decode_reply::<serde_json::Value>("s", Some(&h), &mp).unwrap(), value);
+        assert_eq!(
+            decode_reply::<serde_json::Value>("s", Some(&h), &mp).unwrap(),
+            value
+        );
         let bad = decode_reply::<serde_json::Value>("s", None, b"{no").unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::Internal);
     }

@@ -88,7 +88,12 @@ impl StatusClient {
             };
             match serde_json::from_slice::<Heartbeat>(&value) {
                 Ok(hb) => out.push(hb),
-                Err(e) => return Err(ClientError::codec(format!("heartbeat {key} in {bucket}"), e)),
+                Err(e) => {
+                    return Err(ClientError::codec(
+                        format!("heartbeat {key} in {bucket}"),
+                        e,
+                    ))
+                }
             }
         }
         Ok(out)
@@ -96,7 +101,11 @@ impl StatusClient {
 
     /// Sends one request and gathers every reply that arrives within `window` (replies that
     /// do not decode are someone else's protocol and skipped).
-    async fn collect<T: DeserializeOwned>(&self, subject: String, window: Duration) -> Result<Vec<T>> {
+    async fn collect<T: DeserializeOwned>(
+        &self,
+        subject: String,
+        window: Duration,
+    ) -> Result<Vec<T>> {
         let nats = self.mesh.nats();
         let failed = |e| ClientError::transport(format!("asking {subject}"), e);
         let inbox = nats.new_inbox();

@@ -9,8 +9,8 @@ use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{
     upload_name, wire_content, Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFile, WsInit,
-    WsList, WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage,
-    WsUsageRequest, WsWrite, INLINE_MAX_BYTES, OBJECT_CHUNK_SIZE,
+    WsList, WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest,
+    WsWrite, INLINE_MAX_BYTES, OBJECT_CHUNK_SIZE,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -138,12 +138,12 @@ impl WorkspaceClient {
         loop {
             let file: WsFile = self.call(WorkspaceOp::Read, &req, true).await?;
             let Some(object) = &file.object else {
-                return messages::decode_content(&file.content, file.encoding).map_err(
-                    |problem| ClientError::Protocol {
+                return messages::decode_content(&file.content, file.encoding).map_err(|problem| {
+                    ClientError::Protocol {
                         subject: subject.clone(),
                         problem,
-                    },
-                );
+                    }
+                });
             };
             match self.fetch(object).await {
                 Ok(bytes) => return Ok(bytes),
@@ -205,12 +205,12 @@ impl WorkspaceClient {
         };
         let archive: WsArchive = self.call(WorkspaceOp::Snapshot, &req, true).await?;
         match (&archive.tar_base64, &archive.object) {
-            (Some(b64), _) => messages::decode_base64(b64).map_err(|problem| {
-                ClientError::Protocol {
+            (Some(b64), _) => {
+                messages::decode_base64(b64).map_err(|problem| ClientError::Protocol {
                     subject: self.mesh.subjects().workspace(WorkspaceOp::Snapshot),
                     problem,
-                }
-            }),
+                })
+            }
             (None, Some(object)) => {
                 let tar = self.fetch(object).await?;
                 // Fetched: the staged copy is of no further use (the store's sweep would

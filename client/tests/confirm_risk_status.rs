@@ -57,16 +57,24 @@ async fn confirmations_are_asked_listed_decided_and_watched() {
         })
         .await
         .unwrap();
-    assert_eq!(listed.iter().map(|c| &c.id).collect::<Vec<_>>(), [&asked.id]);
+    assert_eq!(
+        listed.iter().map(|c| &c.id).collect::<Vec<_>>(),
+        [&asked.id]
+    );
 
     let decided = confirm.decide(&decision(&asked.id, true)).await.unwrap();
     assert_eq!(decided.state, ConfirmState::Approved);
-    assert_eq!(confirm.get(&asked.id).await.unwrap().by.as_deref(), Some("alice"));
+    assert_eq!(
+        confirm.get(&asked.id).await.unwrap().by.as_deref(),
+        Some("alice")
+    );
 
     // The watch saw both changes, in order.
     let mut seen = Vec::new();
     while seen.len() < 2 {
-        let event = tokio::time::timeout(BOUND, events.next()).await.expect("an event");
+        let event = tokio::time::timeout(BOUND, events.next())
+            .await
+            .expect("an event");
         let c = event.expect("open").expect("decodes");
         if c.id == asked.id {
             seen.push(c.state);
@@ -74,7 +82,10 @@ async fn confirmations_are_asked_listed_decided_and_watched() {
     }
     assert_eq!(seen, [ConfirmState::Pending, ConfirmState::Approved]);
 
-    let again = confirm.decide(&decision(&asked.id, false)).await.unwrap_err();
+    let again = confirm
+        .decide(&decision(&asked.id, false))
+        .await
+        .unwrap_err();
     assert_eq!(again.kind(), ErrorKind::Conflict, "{again}");
     let unknown = confirm.get(&messages::new_id()).await.unwrap_err();
     assert_eq!(unknown.kind(), ErrorKind::NotFound, "{unknown}");
@@ -98,7 +109,10 @@ async fn risk_is_assessed_and_oversized_content_is_too_large() {
     assert_eq!(safe.level, RiskLevel::Safe);
     let wipe = risk.assess(&assess("rm -rf /".into())).await.unwrap();
     assert!(wipe.level >= RiskLevel::High, "{wipe:?}");
-    let huge = risk.assess(&assess("#".repeat(300 * 1024))).await.unwrap_err();
+    let huge = risk
+        .assess(&assess("#".repeat(300 * 1024)))
+        .await
+        .unwrap_err();
     assert_eq!(huge.kind(), ErrorKind::TooLarge, "{huge}");
 }
 
@@ -119,7 +133,10 @@ async fn status_finds_instances_and_their_heartbeats() {
         .await
         .unwrap()
         .is_empty());
-    let info = status.info(Some(ServiceName::Confirmation), window).await.unwrap();
+    let info = status
+        .info(Some(ServiceName::Confirmation), window)
+        .await
+        .unwrap();
     assert!(info[0].endpoints.len() >= 4, "request, decide, get, list");
 
     let beats = test_support::eventually("a heartbeat", BOUND, || {

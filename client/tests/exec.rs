@@ -43,7 +43,10 @@ async fn sync_and_async_executions_reach_their_results() {
     let exec = mesh.client.exec();
 
     let result = exec.exec(&python("print(1)")).await.unwrap();
-    assert_eq!((result.status, result.stdout.as_str()), (ExecStatus::Ok, "1\n"));
+    assert_eq!(
+        (result.status, result.stdout.as_str()),
+        (ExecStatus::Ok, "1\n")
+    );
     let nul = exec.exec(&python("print(1)\0")).await.unwrap_err();
     assert_eq!(nul.kind(), ErrorKind::BadRequest, "{nul}");
 
@@ -54,8 +57,15 @@ async fn sync_and_async_executions_reach_their_results() {
     assert!(!first.duplicate);
     assert!(exec.submit(&req).await.unwrap().duplicate);
     let result = exec.wait_result(&first.execution_id, BOUND).await.unwrap();
-    assert_eq!((result.status, result.stdout.as_str()), (ExecStatus::Ok, "2\n"));
-    let stored = exec.result(&first.execution_id).await.unwrap().expect("stored");
+    assert_eq!(
+        (result.status, result.stdout.as_str()),
+        (ExecStatus::Ok, "2\n")
+    );
+    let stored = exec
+        .result(&first.execution_id)
+        .await
+        .unwrap()
+        .expect("stored");
     assert_eq!(stored.execution_id, first.execution_id);
 
     let unknown = messages::new_id();
@@ -84,7 +94,11 @@ async fn output_streams_in_order_and_ends_with_the_run() {
         .expect("the stream ends after its eof chunk");
     let chunks: Vec<_> = chunks.into_iter().map(|c| c.unwrap()).collect();
     let seqs: Vec<u64> = chunks.iter().map(|c| c.seq).collect();
-    assert_eq!(seqs, (0..chunks.len() as u64).collect::<Vec<_>>(), "no gaps");
+    assert_eq!(
+        seqs,
+        (0..chunks.len() as u64).collect::<Vec<_>>(),
+        "no gaps"
+    );
     assert!(chunks.last().unwrap().eof);
     let stdout: String = chunks
         .iter()
@@ -118,7 +132,10 @@ async fn sessions_open_run_list_and_close() {
     assert_eq!(sessions.get(&id).await.unwrap().executions, 1);
     let listed = sessions.list(None).await.unwrap();
     assert!(listed.iter().any(|s| s.session_id == id), "{listed:?}");
-    assert_eq!(sessions.close(&id).await.unwrap().state, SessionState::Closed);
+    assert_eq!(
+        sessions.close(&id).await.unwrap().state,
+        SessionState::Closed
+    );
     let e = sessions.get(&messages::new_id()).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
     mesh.stop().await;

@@ -28,10 +28,15 @@ async fn files_round_trip_and_list_stat_delete_see_them() {
     ws.init("s1").await.unwrap();
     let entry = ws.write("s1", "code/a.py", b"print(1)\n").await.unwrap();
     assert_eq!((entry.path.as_str(), entry.size), ("code/a.py", 9));
-    ws.write("s1", "data/b.bin", &[0, 159, 146, 150]).await.unwrap();
+    ws.write("s1", "data/b.bin", &[0, 159, 146, 150])
+        .await
+        .unwrap();
 
     assert_eq!(ws.read("s1", "code/a.py").await.unwrap(), b"print(1)\n");
-    assert_eq!(ws.read("s1", "data/b.bin").await.unwrap(), [0, 159, 146, 150]);
+    assert_eq!(
+        ws.read("s1", "data/b.bin").await.unwrap(),
+        [0, 159, 146, 150]
+    );
     assert_eq!(ws.stat("s1", "data/b.bin").await.unwrap().size, 4);
     let listing = ws.list("s1", Some("code"), false).await.unwrap();
     let paths: Vec<&str> = listing.entries.iter().map(|e| e.path.as_str()).collect();
@@ -60,7 +65,10 @@ async fn refusals_keep_their_kind() {
     let non_empty = ws.delete("s1", "code", false).await.unwrap_err();
     assert_eq!(non_empty.kind(), ErrorKind::Conflict);
     let e = ws.read("s1", "missing").await.unwrap_err();
-    assert!(e.service_error().is_some(), "a refusal carries the service's body: {e}");
+    assert!(
+        e.service_error().is_some(),
+        "a refusal carries the service's body: {e}"
+    );
 }
 
 #[tokio::test]
@@ -68,7 +76,10 @@ async fn a_5_mb_file_goes_through_the_object_store_both_ways() {
     let mesh = store().await;
     let ws = mesh.client.workspace();
     let big = noise(5 << 20);
-    assert!(big.len() as u64 > 4 * INLINE_MAX_BYTES, "far beyond one message");
+    assert!(
+        big.len() as u64 > 4 * INLINE_MAX_BYTES,
+        "far beyond one message"
+    );
     let entry = ws.write("s1", "data/big.bin", &big).await.unwrap();
     assert_eq!(entry.size, big.len() as u64);
     assert!(ws.read("s1", "data/big.bin").await.unwrap() == big);

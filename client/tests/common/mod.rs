@@ -57,7 +57,9 @@ fn remove_containers(node: &str) {
 impl Mesh {
     pub async fn new() -> Self {
         let nats = NatsServer::start();
-        let connection = async_nats::connect(nats.url()).await.expect("connect to nats");
+        let connection = async_nats::connect(nats.url())
+            .await
+            .expect("connect to nats");
         Self {
             client: MeshClient::new(connection, Subjects::default()).with_timeout(BOUND),
             nats,

@@ -119,7 +119,10 @@ pub async fn burst(
             async move {
                 let id = req.execution_id.clone().unwrap_or_default();
                 let r = exec.submit(&req).await;
-                (id, r.map(|job| !job.duplicate).map_err(|e| error_status(&e)))
+                (
+                    id,
+                    r.map(|job| !job.duplicate).map_err(|e| error_status(&e)),
+                )
             }
         })
         .buffer_unordered(PUBLISH_IN_FLIGHT)

@@ -23,7 +23,10 @@ pub async fn idle_rss(ctx: &mut Ctx, services: &[ServiceName]) -> anyhow::Result
     };
     for &service in names {
         let name = service.as_str();
-        let before = ctx.mesh.instances(service, Duration::from_millis(500)).await;
+        let before = ctx
+            .mesh
+            .instances(service, Duration::from_millis(500))
+            .await;
         let env = vec![
             ("SANDMESH_NATS_URL", ctx.mesh.url.clone()),
             ("SANDMESH_INSTANCE_ID", format!("loadtest-idle-{name}")),

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use common::*;
-use sandmesh_client::ErrorKind;
 use messages::audit::AuditEvent;
 use messages::Subjects;
+use sandmesh_client::ErrorKind;
 use test_support::NatsServer;
 use workspace_store::index::SessionMeta;
 

@@ -4,11 +4,11 @@
 mod common;
 
 use common::*;
-use sandmesh_client::ErrorKind as ClientKind;
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{WsFile, WsList, WsListing, WsRead, WsWrite, LAYOUT_DIRS, MEMORY_FILES};
 use messages::{ErrorKind, Subjects};
+use sandmesh_client::ErrorKind as ClientKind;
 use test_support::NatsServer;
 
 #[tokio::test]
