@@ -86,7 +86,9 @@ impl WorkspaceClient {
         Ok(name)
     }
 
-    /// The bytes of an object a reply named (the object store checks its digest).
+    /// The bytes of an object a reply named (the object store checks its digest). Each read
+    /// costs the server a short-lived ordered consumer: fine for a client's reads, while the
+    /// store itself reads its objects without consumers (`kit::objects`).
     async fn fetch(&self, name: &str) -> Result<Vec<u8>> {
         let failed = |e| ClientError::transport(format!("fetching {name}"), e);
         let mut object = self.objects().await?.get(name).await.map_err(failed)?;
