@@ -1,4 +1,4 @@
-//! `ConfirmClient`, `RiskClient` and `StatusClient` against the real confirmation service and
+//! `ConfirmClient`, `RiskClient`, `AuditClient` and `StatusClient` against the real confirmation service and
 //! risk-assessor: round trips, the watch, error kinds, discovery.
 
 mod common;
@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use common::{Mesh, BOUND};
 use futures::StreamExt;
+use messages::audit::AuditKind;
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmRequest, ConfirmScope, ConfirmState};
 use messages::risk::{AssessRequest, ContentType, RiskAssessment, RiskLevel};
 use messages::ServiceName;
+use sandmesh_client::audit::AuditQuery;
 use sandmesh_client::ErrorKind;
 
 fn pending(session: &str) -> ConfirmRequest {
@@ -167,4 +169,59 @@ async fn a_service_nobody_runs_is_unavailable_and_a_slow_one_times_out() {
     };
     let e = quick.risk().assess(&req).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+}
+
+#[tokio::test]
+async fn the_audit_trail_is_read_to_its_end_or_followed() {
+    let mesh = Mesh::new()
+        .await
+        .confirmation()
+        .ready(ServiceName::Confirmation)
+        .await;
+    let confirm = mesh.client.confirm();
+    let audit = mesh.client.audit();
+    let first = confirm.request(&pending("s1")).await.unwrap();
+    confirm.decide(&decision(&first.id, true)).await.unwrap();
+
+    // Events are stored in the background: read the trail until the decision is in it. Each
+    // read ends by itself at the end of the trail.
+    let decided = AuditQuery {
+        kind: Some(AuditKind::ConfirmationDecided.as_str().into()),
+        last: 100,
+        follow: false,
+    };
+    let events = test_support::eventually("the decision in the trail", BOUND, || {
+        let audit = audit.clone();
+        let decided = decided.clone();
+        async move {
+            let events = audit.events(&decided).await.ok()?;
+            let read = tokio::time::timeout(BOUND, events.collect::<Vec<_>>());
+            let events = read.await.expect("a read ends at the trail's end");
+            Some(events).filter(|e| !e.is_empty())
+        }
+    })
+    .await;
+    let event = events.into_iter().next().unwrap().unwrap();
+    assert_eq!(event.kind, AuditKind::ConfirmationDecided);
+    assert_eq!(event.details["id"], first.id.as_str());
+
+    // Following from now on: only what happens next.
+    let follow = AuditQuery {
+        kind: None,
+        last: 0,
+        follow: true,
+    };
+    let mut live = audit.events(&follow).await.unwrap();
+    let second = confirm.request(&pending("s2")).await.unwrap();
+    let next = tokio::time::timeout(BOUND, live.next())
+        .await
+        .expect("a new event");
+    let event = next.expect("open").expect("decodes");
+    assert_eq!(event.kind, AuditKind::ConfirmationRequested);
+    assert_eq!(
+        event.session_id.as_deref(),
+        Some("s2"),
+        "{event:?} for {}",
+        second.id
+    );
 }

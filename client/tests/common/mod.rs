@@ -139,17 +139,27 @@ impl Mesh {
         self
     }
 
-    /// Returns once `service` answers `$SRV.PING` (its endpoints are served by then).
-    pub async fn ready(self, service: messages::ServiceName) -> Self {
+    /// Returns once `service` answers `$SRV.PING` (its endpoints are served by then); a
+    /// service that ended meanwhile fails the test with its error.
+    pub async fn ready(mut self, service: messages::ServiceName) -> Self {
         let status = self.client.status();
-        test_support::eventually(&format!("{service} answers"), BOUND, || {
+        let tasks = &self.tasks;
+        let ended = test_support::eventually(&format!("{service} answers"), BOUND, || {
             let status = status.clone();
+            let ended = tasks.iter().position(|t| t.is_finished());
             async move {
+                if ended.is_some() {
+                    return Some(ended);
+                }
                 let found = status.ping(Some(service), Duration::from_millis(200)).await;
-                found.ok().filter(|i| !i.is_empty())
+                found.ok().filter(|i| !i.is_empty()).map(|_| None)
             }
         })
         .await;
+        if let Some(task) = ended {
+            let outcome = self.tasks.swap_remove(task).await;
+            panic!("a service ended while {service} was starting: {outcome:?}");
+        }
         self
     }
 }
