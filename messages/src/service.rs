@@ -82,8 +82,13 @@ impl fmt::Display for ServiceName {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown service {0:?}: expected one of risk-assessor, confirmation, scheduler, docker-executor, workspace-store, aio-pool, browser-router, console")]
+#[error("unknown service {0:?}: expected one of {known}", known = known_names())]
 pub struct UnknownService(pub String);
+
+fn known_names() -> String {
+    let names: Vec<&str> = ServiceName::ALL.iter().map(|n| n.as_str()).collect();
+    names.join(", ")
+}
 
 impl FromStr for ServiceName {
     type Err = UnknownService;
@@ -133,7 +138,11 @@ mod tests {
         for name in ServiceName::ALL {
             assert_eq!(name.as_str().parse::<ServiceName>(), Ok(*name));
         }
-        assert!("docker_executor".parse::<ServiceName>().is_err());
+        let e = "docker_executor".parse::<ServiceName>().unwrap_err();
+        assert!(
+            e.to_string().contains("docker-executor, workspace-store"),
+            "{e}"
+        );
     }
 
     #[test]
