@@ -206,3 +206,31 @@ async fn watch_prints_the_queue_and_its_changes() {
     let _ = tokio::time::timeout(BOUND, reader).await;
     service.stop().await;
 }
+
+#[tokio::test]
+async fn audit_prints_the_decisions_and_ends_at_the_end_of_the_trail() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let (service, confirm) = Service::start(&url).await;
+    let asked = confirm.request(&pending("net.socket")).await.unwrap();
+    let approve = ["confirm", "approve", &asked.id, "--by", "alice"];
+    assert!(sandmesh(&url, &approve).await.status.success());
+
+    // Audit events are stored in the background; each run ends by itself at the trail's end.
+    let args = ["audit", "--kind", "confirmation_decided", "--json"];
+    let printed = eventually("the decision in the audit trail", BOUND, || async {
+        let out = sandmesh(&url, &args).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines = text(&out.stdout);
+        lines.contains(&asked.id).then_some(lines)
+    })
+    .await;
+    let events: Vec<serde_json::Value> = printed
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
+        .collect();
+    assert_eq!(events.len(), 1, "{printed}");
+    assert_eq!(events[0]["kind"], "confirmation_decided");
+    assert_eq!(events[0]["details"]["by"], "alice");
+    service.stop().await;
+}
