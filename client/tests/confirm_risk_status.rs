@@ -225,3 +225,37 @@ async fn the_audit_trail_is_read_to_its_end_or_followed() {
         second.id
     );
 }
+
+#[tokio::test]
+async fn every_request_carries_the_hooks_headers() {
+    let mesh = Mesh::new().await;
+    let nats = mesh.client.nats().clone();
+    let mut requests = nats.subscribe("test.echo").await.unwrap();
+    // Answers with the `traceparent` it was sent, as JSON.
+    let echo = tokio::spawn(async move {
+        let msg = requests.next().await.expect("a request");
+        let header = msg.headers.as_ref().and_then(|h| h.get("traceparent"));
+        let seen = serde_json::json!(header.map(|v| v.as_str().to_string()));
+        let reply = msg.reply.expect("a reply subject");
+        nats.publish(reply, serde_json::to_vec(&seen).unwrap().into())
+            .await
+            .unwrap();
+    });
+    fn trace(headers: &mut async_nats::HeaderMap) {
+        headers.insert(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
+    }
+    let traced = mesh
+        .client
+        .clone()
+        .with_encoding(messages::Encoding::Json)
+        .with_headers(trace);
+    let seen: Option<String> = traced.request("test.echo".into(), &()).await.unwrap();
+    assert_eq!(
+        seen.as_deref(),
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    );
+    echo.await.unwrap();
+}
