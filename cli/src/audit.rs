@@ -1,9 +1,9 @@
 //! `sandmesh audit`: read (or follow) the audit trail in `SANDBOX_AUDIT`.
 
-use async_nats::jetstream::consumer::{self, DeliverPolicy};
 use futures::StreamExt;
-use messages::audit::AuditEvent;
 use messages::Subjects;
+use sandmesh_client::audit::AuditQuery;
+use sandmesh_client::MeshClient;
 
 #[derive(clap::Args, Debug)]
 pub struct AuditArgs {
@@ -32,45 +32,17 @@ pub async fn run(
     subjects: &Subjects,
     args: AuditArgs,
 ) -> anyhow::Result<i32> {
-    let js = async_nats::jetstream::new(client.clone());
-    let mut stream = js.get_stream(subjects.audit_stream()).await?;
-    let info = stream.info().await?.clone();
-    let last_seq = info.state.last_sequence;
-    let start = last_seq.saturating_sub(args.last.saturating_sub(1)).max(1);
-    let filter = match &args.kind {
-        Some(kind) => subjects.audit(kind),
-        None => subjects.audit_all(),
+    let query = AuditQuery {
+        kind: args.kind.clone(),
+        last: args.last,
+        follow: args.follow,
     };
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: filter,
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: start,
-            },
-            ..Default::default()
-        })
+    let mut events = MeshClient::new(client.clone(), subjects.clone())
+        .audit()
+        .events(&query)
         .await?;
-    let mut messages = consumer.messages().await?;
-    let mut seen_to_end = info.state.messages == 0;
-    loop {
-        let next = if seen_to_end && !args.follow {
-            break;
-        } else if seen_to_end {
-            messages.next().await
-        } else {
-            match tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await {
-                Ok(m) => m,
-                Err(_) => break,
-            }
-        };
-        let Some(Ok(msg)) = next else { break };
-        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-        if seq >= last_seq {
-            seen_to_end = true;
-        }
-        let Ok(event) = serde_json::from_slice::<AuditEvent>(&msg.payload) else {
-            continue;
-        };
+    while let Some(event) = events.next().await {
+        let event = event?;
         if args
             .execution
             .as_ref()

@@ -6,12 +6,12 @@ use std::future::Future;
 use std::io::Write;
 
 use futures::StreamExt;
-use kit::{CallError, Caller};
+use kit::Caller;
 use messages::confirm::{
     ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, ConfirmState, Confirmation,
 };
-use messages::subjects::ConfirmOp;
 use messages::Subjects;
+use sandmesh_client::{ClientError, ConfirmClient, MeshClient};
 
 #[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
 pub enum ConfirmCommand {
@@ -76,6 +76,9 @@ fn parse_scope(s: &str) -> Result<ConfirmScope, String> {
 /// Runs one `confirm` command. Exit codes: 0 done; 1 the service refused (the reason is
 /// printed: unknown id, already decided, bad input); transport problems are errors.
 pub async fn run(caller: &Caller, subjects: &Subjects, cmd: ConfirmCommand) -> anyhow::Result<i32> {
+    let confirm = MeshClient::new(caller.client().clone(), subjects.clone())
+        .with_encoding(messages::Encoding::Json)
+        .confirm();
     match cmd {
         ConfirmCommand::List {
             session,
@@ -87,20 +90,18 @@ pub async fn run(caller: &Caller, subjects: &Subjects, cmd: ConfirmCommand) -> a
                 state,
                 limit: None,
             };
-            let reply: ConfirmListReply = match caller
-                .call(subjects.confirm(ConfirmOp::List), &filter)
-                .await
-            {
-                Ok(r) => r,
+            let confirmations = match confirm.list(&filter).await {
+                Ok(list) => list,
                 Err(e) => return refused(e),
             };
             let mut out = std::io::stdout().lock();
             if json {
+                let reply = ConfirmListReply { confirmations };
                 writeln!(out, "{}", serde_json::to_string_pretty(&reply)?)?;
-            } else if reply.confirmations.is_empty() {
+            } else if confirmations.is_empty() {
                 writeln!(out, "no confirmations")?;
             } else {
-                for c in &reply.confirmations {
+                for c in &confirmations {
                     writeln!(out, "{}", line(c, messages::now_ms()))?;
                 }
             }
@@ -111,12 +112,12 @@ pub async fn run(caller: &Caller, subjects: &Subjects, cmd: ConfirmCommand) -> a
             scope,
             by,
             reason,
-        } => decide(caller, subjects, id, true, by, reason, scope).await,
+        } => decide(&confirm, id, true, by, reason, scope).await,
         ConfirmCommand::Deny { id, reason, by } => {
-            decide(caller, subjects, id, false, by, reason, ConfirmScope::Once).await
+            decide(&confirm, id, false, by, reason, ConfirmScope::Once).await
         }
         ConfirmCommand::Watch { session } => {
-            watch_until(caller, subjects, session, std::io::stdout(), async {
+            watch_until(&confirm, session, std::io::stdout(), async {
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
@@ -126,8 +127,7 @@ pub async fn run(caller: &Caller, subjects: &Subjects, cmd: ConfirmCommand) -> a
 }
 
 async fn decide(
-    caller: &Caller,
-    subjects: &Subjects,
+    confirm: &ConfirmClient,
     id: String,
     approve: bool,
     by: Option<String>,
@@ -144,10 +144,7 @@ async fn decide(
         reason,
         scope,
     };
-    match caller
-        .call::<_, Confirmation>(subjects.confirm(ConfirmOp::Decide), &request)
-        .await
-    {
+    match confirm.decide(&request).await {
         Ok(c) => {
             println!("{}", line(&c, messages::now_ms()));
             Ok(0)
@@ -157,9 +154,9 @@ async fn decide(
 }
 
 /// A refusal by the service is the user's business (exit 1), anything else is an error.
-fn refused(e: CallError) -> anyhow::Result<i32> {
+fn refused(e: ClientError) -> anyhow::Result<i32> {
     match e {
-        CallError::Service(body) => {
+        ClientError::Service { body, .. } => {
             eprintln!("sandmesh confirm: {}", body.message);
             if let Some(c) = body
                 .details
@@ -178,27 +175,20 @@ fn refused(e: CallError) -> anyhow::Result<i32> {
 /// Prints the pending queue, then each event with the queue size, until `stop` completes.
 /// Subscribes before listing, so nothing between the two is missed.
 pub async fn watch_until<W: Write>(
-    caller: &Caller,
-    subjects: &Subjects,
+    confirm: &ConfirmClient,
     session: Option<String>,
     mut out: W,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<W> {
-    let mut events = caller
-        .client()
-        .subscribe(subjects.confirm_events_all())
-        .await?;
     // Live before listing, so no decision falls between the list and the subscription.
-    kit::connect::sync_with_server(caller.client()).await?;
+    let mut events = confirm.watch().await?;
     let filter = ConfirmList {
         session_id: session.clone(),
         ..Default::default()
     };
-    let reply: ConfirmListReply = caller
-        .call(subjects.confirm(ConfirmOp::List), &filter)
-        .await?;
-    let mut queue: BTreeMap<String, Confirmation> = reply
-        .confirmations
+    let mut queue: BTreeMap<String, Confirmation> = confirm
+        .list(&filter)
+        .await?
         .into_iter()
         .map(|c| (c.id.clone(), c))
         .collect();
@@ -209,11 +199,12 @@ pub async fn watch_until<W: Write>(
     out.flush()?;
     tokio::pin!(stop);
     loop {
-        let msg = tokio::select! {
+        let event = tokio::select! {
             _ = &mut stop => break,
-            m = events.next() => match m { Some(m) => m, None => break },
+            e = events.next() => match e { Some(e) => e, None => break },
         };
-        let Ok(c) = serde_json::from_slice::<Confirmation>(&msg.payload) else {
+        // An event this version cannot read is skipped, not fatal to the watch.
+        let Ok(c) = event else {
             continue;
         };
         if session.is_some() && c.session_id != session {
@@ -263,4 +254,45 @@ pub fn line(c: &Confirmation, now_ms: u64) -> String {
         text.push_str(&format!(" reason={reason:?}"));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ConfirmCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<ConfirmCommand, clap::Error> {
+        Cli::try_parse_from(std::iter::once("confirm").chain(args.iter().copied())).map(|c| c.cmd)
+    }
+
+    #[test]
+    fn arguments_parse_as_documented() {
+        assert_eq!(
+            parse(&["approve", "01J", "--scope", "session", "--by", "alice"]).unwrap(),
+            ConfirmCommand::Approve {
+                id: "01J".into(),
+                scope: ConfirmScope::Session,
+                by: Some("alice".into()),
+                reason: None,
+            }
+        );
+        assert_eq!(
+            parse(&["deny", "01J", "--reason", "no"]).unwrap(),
+            ConfirmCommand::Deny {
+                id: "01J".into(),
+                reason: Some("no".into()),
+                by: None,
+            }
+        );
+        assert!(parse(&["approve", "01J", "--scope", "forever"]).is_err());
+        assert!(parse(&["list", "--state", "maybe"]).is_err());
+        assert!(parse(&["deny"]).is_err());
+    }
 }

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::StreamExt;
 use messages::heartbeat::Heartbeat;
 use messages::Subjects;
+use sandmesh_client::MeshClient;
 
 #[derive(Default)]
 struct Row {
@@ -16,62 +16,28 @@ struct Row {
     heartbeat: Option<Heartbeat>,
 }
 
-/// Collects every `$SRV.PING` answer that arrives within `window`.
-async fn ping_all(
-    client: &async_nats::Client,
-    window: Duration,
-) -> anyhow::Result<Vec<serde_json::Value>> {
-    let inbox = client.new_inbox();
-    let mut replies = client.subscribe(inbox.clone()).await?;
-    client
-        .publish_with_reply("$SRV.PING", inbox, "".into())
-        .await?;
-    client.flush().await?;
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + window;
-    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, replies.next()).await {
-        if let Ok(v) = serde_json::from_slice(&msg.payload) {
-            out.push(v);
-        }
-    }
-    Ok(out)
-}
-
 pub async fn run(
     client: &async_nats::Client,
     subjects: &Subjects,
     json: bool,
 ) -> anyhow::Result<i32> {
+    let status = MeshClient::new(client.clone(), subjects.clone()).status();
     let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
-    for ping in ping_all(client, Duration::from_millis(500)).await? {
-        let service = ping["name"].as_str().unwrap_or("?").to_string();
-        let instance = ping["metadata"]["instance_id"]
-            .as_str()
-            .or(ping["id"].as_str())
-            .unwrap_or("?")
-            .to_string();
-        let row = rows.entry((service.clone(), instance)).or_default();
-        row.service = service;
-        row.version = ping["version"].as_str().unwrap_or("").to_string();
+    for ping in status.ping(None, Duration::from_millis(500)).await? {
+        let row = rows
+            .entry((ping.service.clone(), ping.instance_id))
+            .or_default();
+        row.service = ping.service;
+        row.version = ping.version;
         row.answers_ping = true;
     }
-    let js = async_nats::jetstream::new(client.clone());
-    if let Ok(kv) = js.get_key_value(subjects.nodes_bucket()).await {
-        let mut keys = kv.keys().await?;
-        while let Some(Ok(key)) = keys.next().await {
-            let Ok(Some(value)) = kv.get(&key).await else {
-                continue;
-            };
-            let Ok(hb) = serde_json::from_slice::<Heartbeat>(&value) else {
-                continue;
-            };
-            let row = rows
-                .entry((hb.service.clone(), hb.instance_id.clone()))
-                .or_default();
-            row.service = hb.service.clone();
-            row.version = hb.version.clone();
-            row.heartbeat = Some(hb);
-        }
+    for hb in status.heartbeats().await? {
+        let row = rows
+            .entry((hb.service.clone(), hb.instance_id.clone()))
+            .or_default();
+        row.service = hb.service.clone();
+        row.version = hb.version.clone();
+        row.heartbeat = Some(hb);
     }
     if json {
         let list: Vec<_> = rows

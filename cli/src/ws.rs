@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use workspace_store::client::{ClientError, WorkspaceClient};
+use sandmesh_client::{ClientError, MeshClient};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum WsCommand {
@@ -53,7 +53,9 @@ pub async fn run(
     subjects: &messages::Subjects,
     cmd: WsCommand,
 ) -> anyhow::Result<i32> {
-    let ws = WorkspaceClient::new(caller.clone(), subjects.clone());
+    let ws = MeshClient::new(caller.client().clone(), subjects.clone())
+        .with_encoding(messages::Encoding::Json)
+        .workspace();
     let outcome = match cmd {
         WsCommand::Ls {
             session,
@@ -129,7 +131,7 @@ fn report(outcome: Result<(), ClientError>) -> i32 {
     match outcome {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {:#}", anyhow::Error::from(e));
             1
         }
     }

@@ -160,7 +160,7 @@ pub enum Scenario {
     IdleRss {
         /// Services to measure (default: all five).
         #[arg(long, value_delimiter = ',')]
-        services: Vec<String>,
+        services: Vec<messages::ServiceName>,
     },
     /// Every scenario with its defaults: the README's figures.
     All {

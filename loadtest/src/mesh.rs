@@ -8,16 +8,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use async_nats::jetstream;
-use kit::Caller;
-use messages::Subjects;
+use messages::{ServiceName, Subjects};
+use sandmesh_client::MeshClient;
 
 /// The services `sandmesh up` runs; the mesh is ready when each answers `$SRV.PING.<name>`.
-pub const SERVICES: &[&str] = &[
-    "risk-assessor",
-    "confirmation",
-    "workspace-store",
-    "docker-executor",
-    "scheduler",
+pub const SERVICES: &[ServiceName] = &[
+    ServiceName::RiskAssessor,
+    ServiceName::Confirmation,
+    ServiceName::WorkspaceStore,
+    ServiceName::DockerExecutor,
+    ServiceName::Scheduler,
 ];
 
 /// A client's view of the mesh.
@@ -25,9 +25,9 @@ pub const SERVICES: &[&str] = &[
 pub struct Mesh {
     pub url: String,
     pub subjects: Subjects,
-    pub client: async_nats::Client,
     pub js: jetstream::Context,
-    pub caller: Caller,
+    /// The typed clients, on the same connection and JetStream context.
+    pub api: MeshClient,
 }
 
 /// The host of a `nats://host:port` URL.
@@ -69,40 +69,25 @@ impl Mesh {
             .max_ack_inflight(4096)
             .backpressure_on_inflight(true)
             .build(client.clone());
+        let api = MeshClient::new(client, subjects.clone())
+            .with_timeout(timeout)
+            .with_jetstream(js.clone());
         Ok(Self {
             url: url.to_string(),
-            caller: Caller::new(client.clone(), timeout),
             subjects,
-            client,
             js,
+            api,
         })
     }
 
     /// How many instances of `service` answer `$SRV.PING.<service>` within `wait`.
-    pub async fn instances(&self, service: &str, wait: Duration) -> usize {
-        use futures::StreamExt;
-        let inbox = self.client.new_inbox();
-        let Ok(mut sub) = self.client.subscribe(inbox.clone()).await else {
-            return 0;
-        };
-        if self
-            .client
-            .publish_with_reply(format!("$SRV.PING.{service}"), inbox, "".into())
-            .await
-            .is_err()
-        {
-            return 0;
-        }
-        let mut n = 0;
-        let deadline = tokio::time::Instant::now() + wait;
-        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, sub.next()).await {
-            n += 1;
-        }
-        n
+    pub async fn instances(&self, service: ServiceName, wait: Duration) -> usize {
+        let pings = self.api.status().ping(Some(service), wait).await;
+        pings.map_or(0, |p| p.len())
     }
 
     /// Bounded poll until every service answers (at least `at_least` instances of `service`).
-    pub async fn wait_for(&self, service: &str, at_least: usize, limit: Duration) -> bool {
+    pub async fn wait_for(&self, service: ServiceName, at_least: usize, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             if self.instances(service, Duration::from_millis(300)).await >= at_least {
@@ -245,7 +230,7 @@ pub async fn spawn_up(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    for service in SERVICES {
+    for &service in SERVICES {
         let left = deadline.saturating_duration_since(Instant::now());
         if !mesh.wait_for(service, 1, left).await {
             bail!(

@@ -185,6 +185,8 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
+    use messages::ServiceName;
+
     use crate::ids::IdCheck;
     use crate::report::testing::series;
     use crate::report::{BurstReport, IdleMemory};
@@ -243,12 +245,12 @@ mod tests {
             ],
             idle_memory: vec![
                 IdleMemory {
-                    service: "scheduler".into(),
+                    service: ServiceName::Scheduler.to_string(),
                     rss_mb: 12.0,
                     peak_mb: 13.0,
                 },
                 IdleMemory {
-                    service: "docker-executor".into(),
+                    service: ServiceName::DockerExecutor.to_string(),
                     rss_mb: 31.0,
                     peak_mb: 31.0,
                 },

@@ -11,6 +11,7 @@ pub mod exec;
 pub mod executor;
 pub mod heartbeat;
 pub mod risk;
+pub mod service;
 pub mod session;
 pub mod subjects;
 pub mod validate;
@@ -18,6 +19,7 @@ pub mod workspace;
 
 pub use codec::{CodecError, Encoding};
 pub use error::{ErrorBody, ErrorKind};
+pub use service::ServiceName;
 pub use subjects::Subjects;
 
 use base64::Engine as _;

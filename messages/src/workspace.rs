@@ -4,6 +4,45 @@ use serde::{Deserialize, Serialize};
 
 use crate::exec::ContentEncoding;
 
+/// The largest content (file or tar) that travels inside one message; anything larger is handed
+/// over through the workspace objects bucket (`object` fields). base64 grows it by 4/3, and the
+/// message must stay below the 1 MiB default max payload. The store, its
+/// clients and the executors all decide by this one number.
+pub const INLINE_MAX_BYTES: u64 = 700 * 1024;
+
+/// Chunk size of objects put in the workspace objects bucket: few round trips, each chunk well
+/// below the max payload.
+pub const OBJECT_CHUNK_SIZE: usize = 512 * 1024;
+
+/// Where a client puts an object it hands over (`upload/<token>`, token 1–64 of
+/// `[A-Za-z0-9_-]`); the store takes it over when the write or restore names it.
+pub const UPLOAD_PREFIX: &str = "upload/";
+
+/// A fresh name to hand content over under.
+pub fn upload_name() -> String {
+    format!("{UPLOAD_PREFIX}{}", crate::new_id())
+}
+
+/// Content as it goes on the wire: UTF-8 text when it is text *and* JSON-escaping would not
+/// make it larger than base64 (quotes and control characters grow), so an inline reply never
+/// outgrows the message it was sized for.
+pub fn wire_content(bytes: &[u8]) -> (String, ContentEncoding) {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        let escaped: usize = text
+            .bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' => 2,
+                0..=0x1f => 6,
+                _ => 1,
+            })
+            .sum();
+        if escaped <= bytes.len().div_ceil(3) * 4 {
+            return (text.to_string(), ContentEncoding::Utf8);
+        }
+    }
+    (crate::encode_base64(bytes), ContentEncoding::Base64)
+}
+
 /// The directories every workspace starts with (seed 000 §4).
 pub const LAYOUT_DIRS: &[&str] = &["code", "data", "output", "artifacts", "temp", ".memory"];
 /// The memory files created by `init`, with their first line.

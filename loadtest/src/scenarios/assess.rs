@@ -4,12 +4,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use messages::risk::{AssessRequest, ContentType, RiskAssessment};
+use messages::risk::{AssessRequest, ContentType};
+use messages::ServiceName;
 
 use crate::client::call_failed;
 use crate::driver::{drive, note, Load, Sample};
 use crate::mesh::{self, Mesh};
 use crate::scenarios::Ctx;
+
+const ASSESSOR: ServiceName = ServiceName::RiskAssessor;
 
 /// A realistic spread of what the scheduler sends: mostly benign, some risky.
 const SAMPLES: &[(ContentType, &str)] = &[
@@ -55,7 +58,7 @@ pub async fn assess(
     for &want in instances {
         let have = ctx
             .mesh
-            .instances("risk-assessor", Duration::from_millis(500))
+            .instances(ASSESSOR, Duration::from_millis(500))
             .await;
         for i in have..want {
             let env = vec![
@@ -65,23 +68,23 @@ pub async fn assess(
             ];
             let log = ctx.work_dir.join(format!("risk-assessor-{i}.log"));
             extra.push(mesh::spawn(
-                "risk-assessor",
+                ASSESSOR.as_str(),
                 &ctx.sandmesh_bin,
-                &["serve", "risk-assessor"],
+                &["serve", ASSESSOR.as_str()],
                 &env,
                 &log,
             )?);
         }
         if !ctx
             .mesh
-            .wait_for("risk-assessor", want, Duration::from_secs(30))
+            .wait_for(ASSESSOR, want, Duration::from_secs(30))
             .await
         {
             anyhow::bail!("{want} risk-assessor instances did not answer within 30 s");
         }
         let running = ctx
             .mesh
-            .instances("risk-assessor", Duration::from_millis(500))
+            .instances(ASSESSOR, Duration::from_millis(500))
             .await;
         note(&format!("assess: {running} risk-assessor instance(s)"));
         for &c in concurrency {
@@ -98,11 +101,7 @@ pub async fn assess(
                         mode: None,
                     };
                     let start = Instant::now();
-                    match mesh
-                        .caller
-                        .call::<AssessRequest, RiskAssessment>(mesh.subjects.risk_assess(), &req)
-                        .await
-                    {
+                    match mesh.api.risk().assess(&req).await {
                         Ok(_) => Sample::timed(start.elapsed(), "ok"),
                         Err(e) => call_failed(&e),
                     }

@@ -10,7 +10,10 @@ use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use futures::{stream, StreamExt};
 use messages::exec::{Language, TierChoice};
 
-use crate::client::{close_session, decode_result, exec_sync, open_session, publish_job};
+use messages::exec::ExecResult;
+use sandmesh_client::decode_reply;
+
+use crate::client::{close_session, error_status, exec_sync, open_session};
 use crate::ids::IdCheck;
 use crate::programs::{request, tiny};
 use crate::report::BurstReport;
@@ -45,9 +48,7 @@ pub async fn burst(
     let mut session_ids = Vec::new();
     if tier == ExecTier::Session {
         for _ in 0..sessions.max(1) {
-            let id = open_session(&mesh, language)
-                .await
-                .map_err(anyhow::Error::msg)?;
+            let id = open_session(&mesh, language).await?;
             exec_sync(
                 &mesh,
                 &request(language, code, TierChoice::Session, Some(&id)),
@@ -81,9 +82,11 @@ pub async fn burst(
                     .strip_prefix(&prefix)
                     .unwrap_or_default()
                     .to_string();
-                let (status, detail) = match decode_result(msg.headers.as_ref(), &msg.payload) {
+                let decoded: Result<ExecResult, _> =
+                    decode_reply(&msg.subject, msg.headers.as_ref(), &msg.payload);
+                let (status, detail) = match decoded {
                     Ok(r) => (r.status.as_str().to_string(), r.error.map(|e| e.message)),
-                    Err(e) => ("err:decode".to_string(), Some(e)),
+                    Err(e) => (error_status(&e), Some(e.to_string())),
                 };
                 if let Ok(mut s) = seen.lock() {
                     if let Some(d) = detail.filter(|_| status != "ok") {
@@ -109,13 +112,17 @@ pub async fn burst(
             request(language, code, choice, session.map(String::as_str))
         })
         .collect();
+    let exec = mesh.api.exec();
     let published: Vec<(String, Result<bool, String>)> = stream::iter(requests)
         .map(|req| {
-            let mesh = mesh.clone();
+            let exec = exec.clone();
             async move {
                 let id = req.execution_id.clone().unwrap_or_default();
-                let r = publish_job(&mesh, &id, &req).await;
-                (id, r)
+                let r = exec.submit(&req).await;
+                (
+                    id,
+                    r.map(|job| !job.duplicate).map_err(|e| error_status(&e)),
+                )
             }
         })
         .buffer_unordered(PUBLISH_IN_FLIGHT)

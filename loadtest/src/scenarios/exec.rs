@@ -132,9 +132,7 @@ async fn series(
     let mut sessions = Vec::new();
     if tier == ExecTier::Session {
         for _ in 0..c {
-            let id = open_session(&ctx.mesh, language)
-                .await
-                .map_err(anyhow::Error::msg)?;
+            let id = open_session(&ctx.mesh, language).await?;
             exec_sync(
                 &ctx.mesh,
                 &request(language, code, TierChoice::Session, Some(&id)),
@@ -203,7 +201,7 @@ pub async fn first_session(ctx: &mut Ctx, language: Language, samples: u64) -> a
         let id = match open_session(&ctx.mesh, language).await {
             Ok(id) => id,
             Err(e) => {
-                open.absorb(&Sample::failed("err:session-open", e));
+                open.absorb(&Sample::failed("err:session-open", e.to_string()));
                 continue;
             }
         };

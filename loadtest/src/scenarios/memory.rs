@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use messages::ServiceName;
+
 use crate::driver::note;
 use crate::mesh::{self, SERVICES};
 use crate::report::IdleMemory;
@@ -13,24 +15,28 @@ use crate::scenarios::Ctx;
 /// after start-up allocations settled.
 const SETTLE: Duration = Duration::from_secs(3);
 
-pub async fn idle_rss(ctx: &mut Ctx, services: &[String]) -> anyhow::Result<()> {
-    let names: Vec<String> = if services.is_empty() {
-        SERVICES.iter().map(|s| s.to_string()).collect()
+pub async fn idle_rss(ctx: &mut Ctx, services: &[ServiceName]) -> anyhow::Result<()> {
+    let names = if services.is_empty() {
+        SERVICES
     } else {
-        services.to_vec()
+        services
     };
-    for name in names {
-        let before = ctx.mesh.instances(&name, Duration::from_millis(500)).await;
+    for &service in names {
+        let name = service.as_str();
+        let before = ctx
+            .mesh
+            .instances(service, Duration::from_millis(500))
+            .await;
         let env = vec![
             ("SANDMESH_NATS_URL", ctx.mesh.url.clone()),
             ("SANDMESH_INSTANCE_ID", format!("loadtest-idle-{name}")),
             ("SANDMESH_PREFIX", ctx.mesh.subjects.prefix().to_string()),
         ];
         let log = ctx.work_dir.join(format!("idle-{name}.log"));
-        let mut process = mesh::spawn(&name, &ctx.sandmesh_bin, &["serve", &name], &env, &log)?;
+        let mut process = mesh::spawn(name, &ctx.sandmesh_bin, &["serve", name], &env, &log)?;
         let up = ctx
             .mesh
-            .wait_for(&name, before + 1, Duration::from_secs(60))
+            .wait_for(service, before + 1, Duration::from_secs(60))
             .await;
         if !up {
             process.stop(Duration::from_secs(10));
@@ -54,7 +60,7 @@ pub async fn idle_rss(ctx: &mut Ctx, services: &[String]) -> anyhow::Result<()> 
                 m.peak_mb()
             ));
             ctx.report.idle_memory.push(IdleMemory {
-                service: name,
+                service: name.to_string(),
                 rss_mb: (m.rss_mb() * 10.0).round() / 10.0,
                 peak_mb: (m.peak_mb() * 10.0).round() / 10.0,
             });

@@ -4,11 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use messages::exec::ContentEncoding;
-use messages::subjects::WorkspaceOp;
-use messages::workspace::{
-    WsCleaned, WsCleanup, WsEntry, WsFile, WsInit, WsList, WsListing, WsRead, WsUsage, WsWrite,
-};
+use sandmesh_client::WorkspaceClient;
 
 use crate::client::call_failed;
 use crate::driver::{drive, Load, Sample};
@@ -27,37 +23,31 @@ pub async fn workspace(
     file_bytes: usize,
     load: Load,
 ) -> anyhow::Result<()> {
-    let mesh = ctx.mesh.clone();
+    let ws = ctx.mesh.api.workspace().requested_by("loadtest");
     let sessions: Vec<String> = (0..concurrency.max(1))
         .map(|_| format!("loadtest-ws-{}", messages::new_id().to_ascii_lowercase()))
         .collect();
     for s in &sessions {
-        mesh.caller
-            .call::<WsInit, WsUsage>(
-                mesh.subjects.workspace(WorkspaceOp::Init),
-                &WsInit {
-                    session_id: s.clone(),
-                },
-            )
+        ws.init(s)
             .await
             .map_err(|e| anyhow::anyhow!("workspace init: {e}"))?;
         // Every file exists before reads start.
         for seq in 0..FILES {
-            write(&mesh, s, &path(seq), file_bytes).await;
+            write(&ws, s, &path(seq), file_bytes).await;
         }
     }
     let sessions = Arc::new(sessions);
     let load = load.with_concurrency(concurrency);
     for op in ["write", "read", "list"] {
         let name = format!("workspace/{op}/c{concurrency}");
-        let (mesh, sessions) = (mesh.clone(), sessions.clone());
+        let (ws, sessions) = (ws.clone(), sessions.clone());
         let run = drive(&name, load, move |worker, seq| {
-            let (mesh, session) = (mesh.clone(), sessions[worker].clone());
+            let (ws, session) = (ws.clone(), sessions[worker].clone());
             async move {
                 match op {
-                    "write" => write(&mesh, &session, &path(seq), file_bytes).await,
-                    "read" => read(&mesh, &session, &path(seq), file_bytes).await,
-                    _ => list(&mesh, &session).await,
+                    "write" => write(&ws, &session, &path(seq), file_bytes).await,
+                    "read" => read(&ws, &session, &path(seq), file_bytes).await,
+                    _ => list(&ws, &session).await,
                 }
             }
         })
@@ -65,77 +55,35 @@ pub async fn workspace(
         ctx.push(run.report(&name).tagged(None, None, Some(op)));
     }
     for s in sessions.iter() {
-        let req = WsCleanup {
-            session_id: Some(s.clone()),
-            older_than_hours: None,
-        };
-        if let Err(e) = mesh
-            .caller
-            .call::<WsCleanup, WsCleaned>(mesh.subjects.workspace(WorkspaceOp::Cleanup), &req)
-            .await
-        {
+        if let Err(e) = ws.cleanup(Some(s)).await {
             eprintln!("loadtest: removing workspace {s}: {e}");
         }
     }
     Ok(())
 }
 
-async fn write(mesh: &crate::mesh::Mesh, session: &str, path: &str, bytes: usize) -> Sample {
-    let req = WsWrite {
-        session_id: session.to_string(),
-        path: path.to_string(),
-        content: "x".repeat(bytes),
-        encoding: ContentEncoding::Utf8,
-        append: false,
-        requested_by: Some("loadtest".into()),
-        object: None,
-    };
+async fn write(ws: &WorkspaceClient, session: &str, path: &str, bytes: usize) -> Sample {
+    let content = "x".repeat(bytes);
     let start = Instant::now();
-    match mesh
-        .caller
-        .call::<WsWrite, WsEntry>(mesh.subjects.workspace(WorkspaceOp::Write), &req)
-        .await
-    {
+    match ws.write(session, path, content.as_bytes()).await {
         Ok(e) if e.size == bytes as u64 => Sample::timed(start.elapsed(), "ok"),
         Ok(_) => Sample::timed(start.elapsed(), "wrong_size"),
         Err(e) => call_failed(&e),
     }
 }
 
-async fn read(mesh: &crate::mesh::Mesh, session: &str, path: &str, bytes: usize) -> Sample {
-    let req = WsRead {
-        session_id: session.to_string(),
-        path: path.to_string(),
-        offset: None,
-        length: None,
-        encoding: None,
-    };
+async fn read(ws: &WorkspaceClient, session: &str, path: &str, bytes: usize) -> Sample {
     let start = Instant::now();
-    match mesh
-        .caller
-        .call::<WsRead, WsFile>(mesh.subjects.workspace(WorkspaceOp::Read), &req)
-        .await
-    {
-        Ok(f) if f.content.len() == bytes => Sample::timed(start.elapsed(), "ok"),
+    match ws.read(session, path).await {
+        Ok(content) if content.len() == bytes => Sample::timed(start.elapsed(), "ok"),
         Ok(_) => Sample::timed(start.elapsed(), "wrong_content"),
         Err(e) => call_failed(&e),
     }
 }
 
-async fn list(mesh: &crate::mesh::Mesh, session: &str) -> Sample {
-    let req = WsList {
-        session_id: session.to_string(),
-        prefix: Some("data/load".into()),
-        recursive: true,
-        after: None,
-        limit: None,
-    };
+async fn list(ws: &WorkspaceClient, session: &str) -> Sample {
     let start = Instant::now();
-    match mesh
-        .caller
-        .call::<WsList, WsListing>(mesh.subjects.workspace(WorkspaceOp::List), &req)
-        .await
-    {
+    match ws.list(session, Some("data/load"), true).await {
         Ok(l) if l.entries.iter().filter(|e| !e.is_dir).count() as u64 == FILES => {
             Sample::timed(start.elapsed(), "ok")
         }

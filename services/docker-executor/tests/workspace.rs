@@ -9,13 +9,13 @@ mod common;
 use common::{run, Harness};
 use docker_executor::docker::LABEL_KIND;
 use futures::StreamExt;
-use kit::{Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language, Tier};
 use messages::executor::RunKind;
 use messages::subjects::WorkspaceOp;
+use sandmesh_client::{MeshClient, WorkspaceClient};
 use std::time::Duration;
 use test_support::{eventually, eventually_true, NatsServer};
-use workspace_store::client::WorkspaceClient;
 use workspace_store::{WorkspaceConfig, WorkspaceError};
 
 struct WithStore {
@@ -42,10 +42,7 @@ async fn with_store(session: &str, first: &[u8]) -> WithStore {
         ],
     )
     .await;
-    let ws = WorkspaceClient::new(
-        Caller::new(h.client.clone(), Duration::from_secs(30)),
-        h.subjects.clone(),
-    );
+    let ws = MeshClient::new(h.client.clone(), h.subjects.clone()).workspace();
     // The store may still be starting.
     eventually("workspace-store to answer", Duration::from_secs(10), || {
         let ws = &ws;

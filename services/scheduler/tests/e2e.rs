@@ -3,12 +3,6 @@
 
 mod common;
 
-/// The `sandmesh exec` module, compiled here to run it against the real mesh (the CLI crate
-/// wires it into its `main`).
-#[path = "../../../cli/src/exec.rs"]
-#[allow(dead_code)]
-mod exec;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -61,7 +55,7 @@ async fn exec(mesh: &Mesh, r: &ExecRequest) -> ExecResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn python_javascript_and_shell_run_sync_async_and_from_the_cli() {
+async fn python_javascript_and_shell_run_sync_and_async() {
     let mesh = real_mesh(1, &[], Some(|_| {})).await;
     let s = Subjects::default();
     let cases = [
@@ -156,25 +150,7 @@ async fn python_javascript_and_shell_run_sync_async_and_from_the_cli() {
     }
     assert_eq!(text, result.stdout);
     assert_eq!(text, "line 0\nline 1\nline 2\n");
-
-    // The CLI: live output, then the program's exit code.
-    let args = |code: &str| exec::ExecArgs {
-        lang: Language::Python,
-        session: None,
-        file: None,
-        code: Some(code.into()),
-        tier: None,
-        timeout_ms: None,
-        json: false,
-    };
-    let code = exec::run(&mesh.client, &s, args("print('from the cli')"))
-        .await
-        .unwrap();
-    assert_eq!(code, 0);
-    let code = exec::run(&mesh.client, &s, args("raise SystemExit(3)"))
-        .await
-        .unwrap();
-    assert_eq!(code, 3);
+    // `sandmesh exec` itself is tested as the real binary in cli/tests/e2e.rs.
     mesh.shutdown().await;
 }
 

@@ -21,12 +21,9 @@ use kit::objects::{ObjectChunks, ObjectReader};
 
 use crate::error::{Result, StoreError};
 
-/// Chunk size of the objects this store writes: large enough for few round trips, well
-/// below the 1 MiB default max payload.
-pub const CHUNK_SIZE: usize = 512 * 1024;
+use messages::workspace::OBJECT_CHUNK_SIZE;
+pub use messages::workspace::UPLOAD_PREFIX;
 
-/// Where clients put objects they hand over (`upload/<token>`).
-pub const UPLOAD_PREFIX: &str = "upload/";
 pub const SNAPSHOT_PREFIX: &str = "snapshot/";
 pub const CONTENT_PREFIX: &str = "ws/";
 
@@ -98,7 +95,7 @@ impl Blobs {
     pub async fn put(&self, name: &str, data: &mut (impl AsyncRead + Unpin)) -> Result<u64> {
         let meta = ObjectMetadata {
             name: name.to_string(),
-            chunk_size: Some(CHUNK_SIZE),
+            chunk_size: Some(OBJECT_CHUNK_SIZE),
             ..Default::default()
         };
         let info = self

@@ -20,25 +20,7 @@ const FILE_MODE: u32 = 0o644;
 /// A listing page stays well inside one message; `next` says where the following one starts.
 const LIST_PAGE_BYTES: usize = 900 * 1024;
 
-/// Content as it goes on the wire: UTF-8 text when it is text *and* JSON-escaping would not
-/// make it larger than base64 (quotes and control characters grow), so an inline reply never
-/// outgrows the message it was sized for.
-pub fn wire_content(bytes: &[u8]) -> (String, ContentEncoding) {
-    if let Ok(text) = std::str::from_utf8(bytes) {
-        let escaped: usize = text
-            .bytes()
-            .map(|b| match b {
-                b'"' | b'\\' | b'\n' | b'\r' | b'\t' => 2,
-                0..=0x1f => 6,
-                _ => 1,
-            })
-            .sum();
-        if escaped <= bytes.len().div_ceil(3) * 4 {
-            return (text.to_string(), ContentEncoding::Utf8);
-        }
-    }
-    (messages::encode_base64(bytes), ContentEncoding::Base64)
-}
+pub use messages::workspace::wire_content;
 
 pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))

@@ -14,8 +14,9 @@
 //! `usage` WsUsageRequest → WsUsage · `cleanup` WsCleanup → WsCleaned.
 //!
 //! Large content never travels in one message: a write may name an object the client put
-//! under `upload/<token>`, a read of a file over 700 KiB and a large snapshot answer with an
-//! object name instead of inline bytes ([`client::WorkspaceClient`] does both for callers).
+//! under `upload/<token>`, a read of a file over `messages::workspace::INLINE_MAX_BYTES` and a
+//! large snapshot answer with an object name instead of inline bytes (`sandmesh-client`'s
+//! `WorkspaceClient` does both for callers).
 //!
 //! ```text
 //! run ── Runtime (kit: endpoints, heartbeat)
@@ -27,7 +28,6 @@ pub mod actor;
 pub mod archive;
 pub mod blobs;
 pub mod cleanup;
-pub mod client;
 pub mod config;
 pub mod error;
 pub mod files;

@@ -25,9 +25,7 @@ use crate::keys::RelPath;
 /// Compare-and-set retries before giving up with 409 (only reached under extreme contention).
 const MAX_CAS_ATTEMPTS: usize = 1000;
 
-/// Largest content that travels inline in one NATS message (base64 grows it by 4/3 and the
-/// reply must stay below the 1 MiB default max payload).
-pub const INLINE_MAX_BYTES: u64 = 700 * 1024;
+pub use messages::workspace::INLINE_MAX_BYTES;
 
 /// Counters reported in the heartbeat.
 #[derive(Debug, Default)]

@@ -8,6 +8,7 @@ use async_nats::jetstream;
 use common::*;
 use messages::audit::AuditEvent;
 use messages::Subjects;
+use sandmesh_client::ErrorKind;
 use test_support::{eventually, eventually_true, NatsServer};
 use workspace_store::index::SessionMeta;
 
@@ -70,7 +71,7 @@ async fn idle_workspaces_are_swept_and_active_ones_kept() {
     .await;
     assert_eq!(
         ws.read("idle", "data/x.bin").await.unwrap_err().kind(),
-        messages::ErrorKind::NotFound
+        ErrorKind::NotFound
     );
     assert_eq!(ws.read("busy", "data/x.bin").await.unwrap().len(), 5000);
     // Its contents are gone from the object store too.

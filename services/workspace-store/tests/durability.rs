@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 
 use common::*;
-use messages::ErrorKind;
+use sandmesh_client::ErrorKind;
 use test_support::NatsServer;
 
 /// The service binary as its own process, killed (SIGKILL) on drop.

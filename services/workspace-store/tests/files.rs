@@ -8,6 +8,7 @@ use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{WsFile, WsList, WsListing, WsRead, WsWrite, LAYOUT_DIRS, MEMORY_FILES};
 use messages::{ErrorKind, Subjects};
+use sandmesh_client::ErrorKind as ClientKind;
 use test_support::NatsServer;
 
 #[tokio::test]
@@ -83,7 +84,7 @@ async fn files_directories_ranges_and_conflicts() {
     );
     assert_eq!(
         ws.list("s", Some("nope"), false).await.unwrap_err().kind(),
-        ErrorKind::NotFound
+        ClientKind::NotFound
     );
     // Paging: `next` names where the following page starts.
     let nc = common::nats(&nats.url()).await;
@@ -163,25 +164,25 @@ async fn files_directories_ranges_and_conflicts() {
             .await
             .unwrap_err()
             .kind(),
-        ErrorKind::Conflict
+        ClientKind::Conflict
     );
     assert_eq!(
         ws.write("s", "code", b"x").await.unwrap_err().kind(),
-        ErrorKind::Conflict
+        ClientKind::Conflict
     );
     assert_eq!(
         ws.read("s", "code").await.unwrap_err().kind(),
-        ErrorKind::BadRequest
+        ClientKind::BadRequest
     );
     assert_eq!(
         ws.read("s", "missing").await.unwrap_err().kind(),
-        ErrorKind::NotFound
+        ClientKind::NotFound
     );
 
     // Delete: a non-empty directory needs `recursive`; usage follows.
     assert_eq!(
         ws.delete("s", "code", false).await.unwrap_err().kind(),
-        ErrorKind::Conflict
+        ClientKind::Conflict
     );
     ws.delete("s", "code", true).await.unwrap();
     ws.delete("s", "data/blob.bin", false).await.unwrap();
@@ -210,20 +211,20 @@ async fn quota_exceeded_is_refused_and_usage_is_unchanged() {
         .write("q", "b.bin", &bytes(600 * 1024, 2))
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert_eq!(e.kind(), ClientKind::TooLarge, "{e}");
     assert!(e.to_string().contains("quota"), "{e}");
     // Through the object-store hand-off too.
     let e = ws
         .write("q", "c.bin", &bytes(2 << 20, 3))
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert_eq!(e.kind(), ClientKind::TooLarge, "{e}");
     // And an archive that would overflow.
     let tar = RawTar::default()
         .file("d.bin", &bytes(500 * 1024, 4))
         .finish();
     let e = ws.restore("q", &tar, false, Vec::new()).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert_eq!(e.kind(), ClientKind::TooLarge, "{e}");
 
     assert_eq!(ws.usage("q").await.unwrap().bytes, usage.bytes);
     assert_eq!(store_state(&nats.url(), &["q"]).await, before);

@@ -125,7 +125,7 @@ async fn refused(url: &str, tar: Vec<u8>) -> messages::ErrorBody {
     let before = store_state(url, &[SESSION]).await;
     let usage = ws.usage(SESSION).await.unwrap();
     // Archives too large for one message go through the object store, as clients send them.
-    let (tar_base64, object) = if tar.len() > 700 * 1024 {
+    let (tar_base64, object) = if tar.len() as u64 > messages::workspace::INLINE_MAX_BYTES {
         (None, Some(upload(url, &tar).await))
     } else {
         (Some(messages::encode_base64(&tar)), None)

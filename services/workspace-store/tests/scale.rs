@@ -9,8 +9,8 @@ use async_nats::jetstream;
 use common::*;
 use futures::StreamExt;
 use messages::Subjects;
+use sandmesh_client::WorkspaceClient;
 use test_support::NatsServer;
-use workspace_store::client::WorkspaceClient;
 use workspace_store::index::{Node, NodeKind};
 use workspace_store::keys::{self, RelPath};
 

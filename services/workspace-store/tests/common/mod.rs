@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use kit::{Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::{Encoding, ErrorBody, Subjects};
+use sandmesh_client::{MeshClient, WorkspaceClient};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tar::{EntryType, Header};
-use workspace_store::client::WorkspaceClient;
 use workspace_store::WorkspaceConfig;
 
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -63,8 +63,9 @@ pub async fn nats(url: &str) -> async_nats::Client {
 }
 
 pub async fn client(url: &str) -> WorkspaceClient {
-    let caller = Caller::new(nats(url).await, TIMEOUT);
-    WorkspaceClient::new(caller, Subjects::default())
+    MeshClient::new(nats(url).await, Subjects::default())
+        .with_timeout(TIMEOUT)
+        .workspace()
 }
 
 /// A JSON request as any client (`nats req`) would send it; the raw outcome.
@@ -73,9 +74,10 @@ pub async fn raw<Req: Serialize, Resp: DeserializeOwned>(
     subject: String,
     req: &Req,
 ) -> Result<Resp, ErrorBody> {
-    Caller::new(nc.clone(), TIMEOUT)
+    MeshClient::new(nc.clone(), Subjects::default())
+        .with_timeout(TIMEOUT)
         .with_encoding(Encoding::Json)
-        .call(subject, req)
+        .request(subject, req)
         .await
         .map_err(|e| e.into_body())
 }

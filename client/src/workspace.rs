@@ -1,65 +1,46 @@
-//! `WorkspaceClient`: typed calls to the workspace-store for other services and the CLI,
-//! with the large-content hand-off done for the caller — content too large for one message
-//! goes through the object store (`upload/<id>` on the way in; the object named in a read or
-//! snapshot reply on the way out).
+//! Workspaces: files of any size and whole-workspace tar archives. Content larger than
+//! [`INLINE_MAX_BYTES`] is handed over through the workspace objects bucket for the caller:
+//! put under `upload/<id>` on the way in, fetched from the object a reply names on the way out.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, object_store};
-use kit::{CallError, Caller};
+use async_nats::jetstream::object_store::{self, ObjectStore};
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{
-    Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFile, WsInit, WsList, WsListing, WsPath,
-    WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest, WsWrite,
+    upload_name, wire_content, Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFile, WsInit,
+    WsList, WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest,
+    WsWrite, INLINE_MAX_BYTES, OBJECT_CHUNK_SIZE,
 };
-use messages::{ErrorKind, Subjects};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::AsyncReadExt;
 
-use crate::blobs::{CHUNK_SIZE, UPLOAD_PREFIX};
-use crate::store::INLINE_MAX_BYTES;
+use crate::{ClientError, ErrorKind, MeshClient, Result};
 
 /// Calls that move whole files or archives may take longer than the caller's default.
 const BULK_TIMEOUT: Duration = Duration::from_secs(300);
+/// A read whose object was replaced between the reply and the fetch is asked again this often.
+const READ_ATTEMPTS: usize = 3;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error(transparent)]
-    Call(#[from] CallError),
-    #[error("workspace objects: {0}")]
-    Objects(String),
-    #[error("bad reply: {0}")]
-    Reply(String),
-}
-
-impl ClientError {
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            ClientError::Call(e) => e.kind(),
-            ClientError::Objects(_) => ErrorKind::Unavailable,
-            ClientError::Reply(_) => ErrorKind::Internal,
-        }
-    }
-}
-
-pub type Result<T> = std::result::Result<T, ClientError>;
-
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct WorkspaceClient {
-    caller: Caller,
-    subjects: Subjects,
-    js: jetstream::Context,
+    mesh: MeshClient,
+    requested_by: Option<String>,
 }
 
 impl WorkspaceClient {
-    pub fn new(caller: Caller, subjects: Subjects) -> Self {
-        let js = jetstream::new(caller.client().clone());
+    pub fn new(mesh: MeshClient) -> Self {
         Self {
-            caller,
-            subjects,
-            js,
+            mesh,
+            requested_by: None,
         }
+    }
+
+    /// Who changes files, for the store's audit events.
+    pub fn requested_by(mut self, who: impl Into<String>) -> Self {
+        self.requested_by = Some(who.into());
+        self
     }
 
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
@@ -68,27 +49,32 @@ impl WorkspaceClient {
         req: &Req,
         bulk: bool,
     ) -> Result<Resp> {
-        let subject = self.subjects.workspace(op);
-        Ok(if bulk {
-            self.caller.call_timeout(subject, req, BULK_TIMEOUT).await?
+        let subject = self.mesh.subjects().workspace(op);
+        let timeout = if bulk {
+            BULK_TIMEOUT
         } else {
-            self.caller.call(subject, req).await?
-        })
+            self.mesh.timeout()
+        };
+        self.mesh.request_timeout(subject, req, timeout).await
     }
 
-    async fn objects(&self) -> Result<object_store::ObjectStore> {
-        let bucket = self.subjects.workspace_objects_bucket();
-        self.js.get_object_store(&bucket).await.map_err(|e| {
-            ClientError::Objects(format!("{bucket}: {e} (is workspace-store running?)"))
-        })
+    async fn objects(&self) -> Result<ObjectStore> {
+        let bucket = self.mesh.subjects().workspace_objects_bucket();
+        self.mesh
+            .jetstream()
+            .get_object_store(&bucket)
+            .await
+            .map_err(|e| {
+                ClientError::transport(format!("opening {bucket} (is workspace-store running?)"), e)
+            })
     }
 
-    /// Puts `data` under a fresh `upload/<id>` name and returns it.
+    /// Puts `data` under a fresh `upload/<id>` name and returns the name.
     async fn upload(&self, data: &[u8]) -> Result<String> {
-        let name = format!("{UPLOAD_PREFIX}{}", messages::new_id());
+        let name = upload_name();
         let meta = object_store::ObjectMetadata {
             name: name.clone(),
-            chunk_size: Some(CHUNK_SIZE),
+            chunk_size: Some(OBJECT_CHUNK_SIZE),
             ..Default::default()
         };
         let mut reader = data;
@@ -96,18 +82,25 @@ impl WorkspaceClient {
             .await?
             .put(meta, &mut reader)
             .await
-            .map_err(|e| ClientError::Objects(format!("uploading {name}: {e}")))?;
+            .map_err(|e| ClientError::transport(format!("uploading {name}"), e))?;
         Ok(name)
     }
 
+    /// The bytes of an object a reply named (the object store checks its digest). Each read
+    /// costs the server a short-lived ordered consumer: fine for a client's reads, while the
+    /// store itself reads its objects without consumers (`kit::objects`).
     async fn fetch(&self, name: &str) -> Result<Vec<u8>> {
-        let bucket = self.subjects.workspace_objects_bucket();
-        kit::objects::read_all(&self.js, &bucket, name)
+        let failed = |e| ClientError::transport(format!("fetching {name}"), e);
+        let mut object = self.objects().await?.get(name).await.map_err(failed)?;
+        let mut out = Vec::new();
+        object
+            .read_to_end(&mut out)
             .await
-            .map_err(|e| ClientError::Objects(e.to_string()))?
-            .ok_or_else(|| ClientError::Objects(format!("{name}: no such object")))
+            .map_err(|e| ClientError::transport(format!("fetching {name}"), e))?;
+        Ok(out)
     }
 
+    /// Creates the session's workspace layout (idempotent).
     pub async fn init(&self, session: &str) -> Result<WsUsage> {
         let req = WsInit {
             session_id: session.into(),
@@ -115,7 +108,7 @@ impl WorkspaceClient {
         self.call(WorkspaceOp::Init, &req, false).await
     }
 
-    /// Writes a file of any size (inline when it fits one message, else via the object store).
+    /// Writes a file of any size: inline when it fits one message, else via the object store.
     pub async fn write(&self, session: &str, path: &str, data: &[u8]) -> Result<WsEntry> {
         let mut req = WsWrite {
             session_id: session.into(),
@@ -123,11 +116,11 @@ impl WorkspaceClient {
             content: String::new(),
             encoding: ContentEncoding::Utf8,
             append: false,
-            requested_by: None,
+            requested_by: self.requested_by.clone(),
             object: None,
         };
         if data.len() as u64 <= INLINE_MAX_BYTES {
-            (req.content, req.encoding) = crate::files::wire_content(data);
+            (req.content, req.encoding) = wire_content(data);
             self.call(WorkspaceOp::Write, &req, false).await
         } else {
             req.object = Some(self.upload(data).await?);
@@ -137,22 +130,27 @@ impl WorkspaceClient {
 
     /// Reads a whole file of any size.
     pub async fn read(&self, session: &str, path: &str) -> Result<Vec<u8>> {
+        let subject = self.mesh.subjects().workspace(WorkspaceOp::Read);
         let req = WsRead {
             session_id: session.into(),
             path: path.into(),
             ..Default::default()
         };
-        let mut attempts = 0;
+        let mut attempt = 1;
         loop {
             let file: WsFile = self.call(WorkspaceOp::Read, &req, true).await?;
             let Some(object) = &file.object else {
-                return messages::decode_content(&file.content, file.encoding)
-                    .map_err(ClientError::Reply);
+                return messages::decode_content(&file.content, file.encoding).map_err(|problem| {
+                    ClientError::Protocol {
+                        subject: subject.clone(),
+                        problem,
+                    }
+                });
             };
             match self.fetch(object).await {
                 Ok(bytes) => return Ok(bytes),
                 // Overwritten between the reply and the fetch: read the new version.
-                Err(_) if attempts < 3 => attempts += 1,
+                Err(_) if attempt < READ_ATTEMPTS => attempt += 1,
                 Err(e) => return Err(e),
             }
         }
@@ -183,17 +181,22 @@ impl WorkspaceClient {
     }
 
     pub async fn stat(&self, session: &str, path: &str) -> Result<WsEntry> {
-        self.call(WorkspaceOp::Stat, &path_req(session, path, false), false)
-            .await
+        let req = self.path_req(session, path, false);
+        self.call(WorkspaceOp::Stat, &req, false).await
+    }
+
+    /// Whether `path` exists: `stat` with `NotFound` as `false`.
+    pub async fn exists(&self, session: &str, path: &str) -> Result<bool> {
+        match self.stat(session, path).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     pub async fn delete(&self, session: &str, path: &str, recursive: bool) -> Result<Ack> {
-        self.call(
-            WorkspaceOp::Delete,
-            &path_req(session, path, recursive),
-            false,
-        )
-        .await
+        let req = self.path_req(session, path, recursive);
+        self.call(WorkspaceOp::Delete, &req, false).await
     }
 
     /// The workspace (or the directory `prefix`) as tar bytes.
@@ -204,20 +207,29 @@ impl WorkspaceClient {
         };
         let archive: WsArchive = self.call(WorkspaceOp::Snapshot, &req, true).await?;
         match (&archive.tar_base64, &archive.object) {
-            (Some(b64), _) => messages::decode_base64(b64).map_err(ClientError::Reply),
+            (Some(b64), _) => {
+                messages::decode_base64(b64).map_err(|problem| ClientError::Protocol {
+                    subject: self.mesh.subjects().workspace(WorkspaceOp::Snapshot),
+                    problem,
+                })
+            }
             (None, Some(object)) => {
                 let tar = self.fetch(object).await?;
-                // Fetched: the staged copy is of no further use (the sweep would remove it).
+                // Fetched: the staged copy is of no further use (the store's sweep would
+                // remove it later), so a failure to delete it now is not the caller's.
                 if let Ok(store) = self.objects().await {
                     let _ = store.delete(object).await;
                 }
                 Ok(tar)
             }
-            (None, None) => Err(ClientError::Reply("snapshot without tar or object".into())),
+            (None, None) => Err(ClientError::Protocol {
+                subject: self.mesh.subjects().workspace(WorkspaceOp::Snapshot),
+                problem: "a snapshot with neither tar bytes nor an object".into(),
+            }),
         }
     }
 
-    /// Unpacks `tar` into the workspace (all or nothing), removing `delete` paths too, and
+    /// Unpacks `tar` into the workspace (all or nothing), removing the `delete` paths too, and
     /// with `replace` every file the archive does not hold.
     pub async fn restore(
         &self,
@@ -232,7 +244,7 @@ impl WorkspaceClient {
             object: None,
             replace,
             delete,
-            requested_by: None,
+            requested_by: self.requested_by.clone(),
         };
         if tar.len() as u64 <= INLINE_MAX_BYTES {
             req.tar_base64 = Some(messages::encode_base64(tar));
@@ -257,13 +269,13 @@ impl WorkspaceClient {
         };
         self.call(WorkspaceOp::Cleanup, &req, true).await
     }
-}
 
-fn path_req(session: &str, path: &str, recursive: bool) -> WsPath {
-    WsPath {
-        session_id: session.into(),
-        path: path.into(),
-        recursive,
-        requested_by: None,
+    fn path_req(&self, session: &str, path: &str, recursive: bool) -> WsPath {
+        WsPath {
+            session_id: session.into(),
+            path: path.into(),
+            recursive,
+            requested_by: self.requested_by.clone(),
+        }
     }
 }
