@@ -22,18 +22,14 @@ use async_nats::jetstream::kv;
 use async_nats::jetstream::object_store::ObjectMetadata;
 use kit::Caller;
 use messages::subjects::WorkspaceOp;
-use messages::workspace::{WsArchive, WsInit, WsRestore, WsRestored, WsSnapshot};
+use messages::workspace::{
+    upload_name, WsArchive, WsInit, WsRestore, WsRestored, WsSnapshot, INLINE_MAX_BYTES,
+    OBJECT_CHUNK_SIZE,
+};
 use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::lease::Held;
 
-/// Inline archives above this go through the object store (NATS payloads are 1 MiB by
-/// default, and base64 grows by a third).
-const MAX_INLINE_TAR: usize = 600 * 1024;
-/// Object chunks well below the 1 MiB default max payload.
-const OBJECT_CHUNK: usize = 512 * 1024;
-/// The store's name space for objects handed to it.
-const UPLOAD_PREFIX: &str = "upload/";
 const REQUESTED_BY: &str = "docker-executor";
 
 /// Why the session's revision could not be read (the caller then fetches, which is safe).
@@ -161,15 +157,15 @@ impl WorkspaceSync {
             delete: deleted,
             requested_by: Some(REQUESTED_BY.into()),
         };
-        if changes.len() <= MAX_INLINE_TAR {
+        if changes.len() as u64 <= INLINE_MAX_BYTES {
             if !changes.is_empty() {
                 req.tar_base64 = Some(messages::encode_base64(&changes));
             }
         } else {
-            let name = format!("{UPLOAD_PREFIX}{}", messages::new_id());
+            let name = upload_name();
             let meta = ObjectMetadata {
                 name: name.clone(),
-                chunk_size: Some(OBJECT_CHUNK),
+                chunk_size: Some(OBJECT_CHUNK_SIZE),
                 ..Default::default()
             };
             self.objects()
