@@ -1,7 +1,6 @@
 //! `sandmesh audit`: read (or follow) the audit trail in `SANDBOX_AUDIT`.
 
 use futures::StreamExt;
-use messages::Subjects;
 use sandmesh_client::audit::AuditQuery;
 use sandmesh_client::MeshClient;
 
@@ -27,20 +26,13 @@ pub struct AuditArgs {
     pub json: bool,
 }
 
-pub async fn run(
-    client: &async_nats::Client,
-    subjects: &Subjects,
-    args: AuditArgs,
-) -> anyhow::Result<i32> {
+pub async fn run(mesh: &MeshClient, args: AuditArgs) -> anyhow::Result<i32> {
     let query = AuditQuery {
         kind: args.kind.clone(),
         last: args.last,
         follow: args.follow,
     };
-    let mut events = MeshClient::new(client.clone(), subjects.clone())
-        .audit()
-        .events(&query)
-        .await?;
+    let mut events = mesh.audit().events(&query).await?;
     while let Some(event) = events.next().await {
         let event = event?;
         if args

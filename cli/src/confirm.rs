@@ -6,11 +6,9 @@ use std::future::Future;
 use std::io::Write;
 
 use futures::StreamExt;
-use kit::Caller;
 use messages::confirm::{
     ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, ConfirmState, Confirmation,
 };
-use messages::Subjects;
 use sandmesh_client::{ClientError, ConfirmClient, MeshClient};
 
 #[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
@@ -75,10 +73,8 @@ fn parse_scope(s: &str) -> Result<ConfirmScope, String> {
 
 /// Runs one `confirm` command. Exit codes: 0 done; 1 the service refused (the reason is
 /// printed: unknown id, already decided, bad input); transport problems are errors.
-pub async fn run(caller: &Caller, subjects: &Subjects, cmd: ConfirmCommand) -> anyhow::Result<i32> {
-    let confirm = MeshClient::new(caller.client().clone(), subjects.clone())
-        .with_encoding(messages::Encoding::Json)
-        .confirm();
+pub async fn run(mesh: &MeshClient, cmd: ConfirmCommand) -> anyhow::Result<i32> {
+    let confirm = mesh.confirm();
     match cmd {
         ConfirmCommand::List {
             session,

@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::StreamExt;
-use kit::Caller;
 use messages::exec::{
-    AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputChunk, OutputStream,
-    TierChoice, NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
+    AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputStream, TierChoice,
 };
-use messages::{codec, Encoding, Subjects};
+use sandmesh_client::exec::OutputChunks;
+use sandmesh_client::MeshClient;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExecArgs {
@@ -77,25 +76,18 @@ struct Printed {
 
 /// Prints chunks as they arrive until the `eof` chunk or until `stop`.
 async fn print_output(
-    mut sub: async_nats::Subscriber,
+    mut chunks: OutputChunks,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Printed {
     let mut printed = Printed::default();
     tokio::pin!(stop);
     loop {
-        let msg = tokio::select! {
+        let chunk = tokio::select! {
             _ = &mut stop => break,
-            m = sub.next() => match m { Some(m) => m, None => break },
+            c = chunks.next() => match c { Some(c) => c, None => break },
         };
-        let content_type = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(codec::CONTENT_TYPE))
-            .map(|v| v.as_str().to_string());
-        let chunk = Encoding::from_content_type(content_type.as_deref())
-            .ok()
-            .and_then(|e| e.decode::<OutputChunk>(&msg.payload).ok());
-        let Some(chunk) = chunk else { continue };
+        // A chunk that does not decode is skipped: the result still carries all the output.
+        let Ok(chunk) = chunk else { continue };
         printed.chunks += 1;
         match chunk.stream {
             OutputStream::Stdout => {
@@ -117,24 +109,6 @@ async fn print_output(
     printed
 }
 
-/// Prints the scheduler's notice that the execution waits for a person, until `stop`.
-async fn print_notices(mut sub: async_nats::Subscriber, stop: tokio::sync::oneshot::Receiver<()>) {
-    tokio::pin!(stop);
-    loop {
-        let msg = tokio::select! {
-            _ = &mut stop => return,
-            m = sub.next() => match m { Some(m) => m, None => return },
-        };
-        let status = msg.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
-        if status.map(|v| v.as_str()) != Some(STATUS_AWAITING_CONFIRMATION) {
-            continue;
-        }
-        if let Ok(a) = serde_json::from_slice::<AwaitingConfirmation>(&msg.payload) {
-            eprintln!("{}", waiting_line(&a, messages::now_ms()));
-        }
-    }
-}
-
 /// `waiting for approval — sandmesh confirm approve <id> (expires in 4m 59s)`
 pub fn waiting_line(a: &AwaitingConfirmation, now_ms: u64) -> String {
     let left = a.expires_at.saturating_sub(now_ms) / 1000;
@@ -146,49 +120,6 @@ pub fn waiting_line(a: &AwaitingConfirmation, now_ms: u64) -> String {
         "waiting for approval — sandmesh confirm approve {} (expires in {expires})",
         a.confirmation_id
     )
-}
-
-/// Sends the sync request with a notify inbox, printing any awaiting-confirmation notice.
-async fn call_exec(
-    caller: &Caller,
-    subjects: &Subjects,
-    req: &ExecRequest,
-    wait: Duration,
-) -> Result<ExecResult, kit::CallError> {
-    let client = caller.client();
-    let subject = subjects.exec();
-    let transport = |e: &dyn std::fmt::Display| kit::CallError::Transport {
-        subject: subject.clone(),
-        message: e.to_string(),
-    };
-    let inbox = client.new_inbox();
-    let notices = client
-        .subscribe(inbox.clone())
-        .await
-        .map_err(|e| transport(&e))?;
-    let (stop, stopped) = tokio::sync::oneshot::channel();
-    let printer = tokio::spawn(print_notices(notices, stopped));
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(codec::CONTENT_TYPE, codec::JSON);
-    headers.insert(NOTIFY_HEADER, inbox.as_str());
-    kit::telemetry::inject_current(&mut headers);
-    let payload = Encoding::Json.encode(req).map_err(|e| transport(&e))?;
-    let request = async_nats::Request::new()
-        .headers(headers)
-        .payload(payload.into())
-        .timeout(Some(wait));
-    let reply = client.send_request(subject.clone(), request).await;
-    let _ = stop.send(());
-    let _ = printer.await;
-    let message = reply.map_err(|e| match e.kind() {
-        async_nats::RequestErrorKind::NoResponders => kit::CallError::NoResponders(subject.clone()),
-        async_nats::RequestErrorKind::TimedOut => kit::CallError::TimedOut {
-            subject: subject.clone(),
-            timeout: wait,
-        },
-        _ => transport(&e),
-    })?;
-    kit::call::decode_reply(&subject, message.headers.as_ref(), &message.payload)
 }
 
 /// `ok · exit 0 · tier ephemeral · risk safe · 212 ms (queued 0, assess 4, confirm 0, exec 198) · node n1 · id 01J…`
@@ -234,7 +165,7 @@ pub fn exit_code(r: &ExecResult) -> i32 {
     }
 }
 
-pub async fn run(caller: &Caller, subjects: &Subjects, args: ExecArgs) -> anyhow::Result<i32> {
+pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
     let code = read_code(&args)?;
     let id = messages::new_id();
     let req = ExecRequest {
@@ -252,9 +183,9 @@ pub async fn run(caller: &Caller, subjects: &Subjects, args: ExecArgs) -> anyhow
     let printer = if args.json {
         None
     } else {
-        let sub = caller
-            .client()
-            .subscribe(subjects.output(&id))
+        let sub = mesh
+            .exec()
+            .output(&id)
             .await
             .context("subscribing to the output")?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -262,7 +193,12 @@ pub async fn run(caller: &Caller, subjects: &Subjects, args: ExecArgs) -> anyhow
     };
     // Room for the program's own time and a person deciding a confirmation.
     let wait = Duration::from_millis(args.timeout_ms.unwrap_or(30_000)) + Duration::from_secs(600);
-    let reply = call_exec(caller, subjects, &req, wait).await;
+    let reply = mesh
+        .exec()
+        .exec_notified(&req, wait, |notice| {
+            eprintln!("{}", waiting_line(&notice, messages::now_ms()))
+        })
+        .await;
     let result = match reply {
         Ok(r) => r,
         Err(e) => {

@@ -23,6 +23,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use kit::config::{ConfigReader, ProcessEnv};
 use kit::KitConfig;
+use sandmesh_client::MeshClient;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -89,8 +90,12 @@ async fn client_config() -> anyhow::Result<(KitConfig, async_nats::Client)> {
 }
 
 /// The CLI speaks JSON, the encoding a person can read in `nats sub` while debugging.
-fn caller(client: async_nats::Client) -> kit::Caller {
-    kit::Caller::new(client, Duration::from_secs(600)).with_encoding(messages::Encoding::Json)
+async fn mesh_client() -> anyhow::Result<MeshClient> {
+    let (config, client) = client_config().await?;
+    Ok(MeshClient::new(client, config.subjects)
+        .with_encoding(messages::Encoding::Json)
+        .with_timeout(Duration::from_secs(600))
+        .with_headers(kit::telemetry::inject_current))
 }
 
 #[tokio::main]
@@ -110,25 +115,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Up(args) => up::run(args).await,
         Command::Serve { service } => up::serve_one(&service).await,
-        Command::Exec(args) => {
-            let (config, client) = client_config().await?;
-            exec::run(&caller(client), &config.subjects, args).await
-        }
-        Command::Confirm { command } => {
-            let (config, client) = client_config().await?;
-            confirm::run(&caller(client), &config.subjects, command).await
-        }
-        Command::Ws { command } => {
-            let (config, client) = client_config().await?;
-            ws::run(&caller(client), &config.subjects, command).await
-        }
-        Command::Audit(args) => {
-            let (config, client) = client_config().await?;
-            audit::run(&client, &config.subjects, args).await
-        }
-        Command::Status { json } => {
-            let (config, client) = client_config().await?;
-            status::run(&client, &config.subjects, json).await
-        }
+        Command::Exec(args) => exec::run(&mesh_client().await?, args).await,
+        Command::Confirm { command } => confirm::run(&mesh_client().await?, command).await,
+        Command::Ws { command } => ws::run(&mesh_client().await?, command).await,
+        Command::Audit(args) => audit::run(&mesh_client().await?, args).await,
+        Command::Status { json } => status::run(&mesh_client().await?, json).await,
     }
 }

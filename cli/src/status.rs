@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use messages::heartbeat::Heartbeat;
-use messages::Subjects;
 use sandmesh_client::MeshClient;
 
 #[derive(Default)]
@@ -16,12 +15,8 @@ struct Row {
     heartbeat: Option<Heartbeat>,
 }
 
-pub async fn run(
-    client: &async_nats::Client,
-    subjects: &Subjects,
-    json: bool,
-) -> anyhow::Result<i32> {
-    let status = MeshClient::new(client.clone(), subjects.clone()).status();
+pub async fn run(mesh: &MeshClient, json: bool) -> anyhow::Result<i32> {
+    let status = mesh.status();
     let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
     for ping in status.ping(None, Duration::from_millis(500)).await? {
         let row = rows

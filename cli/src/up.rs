@@ -16,6 +16,7 @@ use docker_executor::docker::{SandboxSpec, Sandboxes};
 use docker_executor::ExecutorConfig;
 use kit::config::ConfigError;
 use kit::CancellationToken;
+use messages::ServiceName;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -52,13 +53,22 @@ fn process_env() -> HashMap<String, String> {
     std::env::vars().collect()
 }
 
-pub const SERVICES: &[&str] = &[
-    "risk-assessor",
-    "confirmation",
-    "workspace-store",
-    "docker-executor",
-    "scheduler",
+/// The services `up` runs, in start order.
+pub const SERVICES: &[ServiceName] = &[
+    ServiceName::RiskAssessor,
+    ServiceName::Confirmation,
+    ServiceName::WorkspaceStore,
+    ServiceName::DockerExecutor,
+    ServiceName::Scheduler,
 ];
+
+fn service_list() -> String {
+    SERVICES
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The services' `run` futures, and the executor's config when one of them is the executor
 /// (its node id labels the containers to remove at the end).
@@ -70,7 +80,7 @@ struct Services {
 /// Builds the named services' configs (every error of every service reported together) and
 /// their `run` futures.
 fn build(
-    names: &[&str],
+    names: &[ServiceName],
     env: &HashMap<String, String>,
     shutdown: &CancellationToken,
 ) -> Result<Services, ConfigError> {
@@ -80,25 +90,31 @@ fn build(
     for name in names {
         let token = shutdown.clone();
         let built: Result<ServiceFuture, ConfigError> = match *name {
-            "risk-assessor" => risk_assessor::RiskAssessorConfig::from_env(env).map(|c| {
-                Box::pin(async move { Ok(risk_assessor::run(c, token).await?) }) as ServiceFuture
-            }),
-            "confirmation" => confirmation::ConfirmationConfig::from_env(env).map(|c| {
+            ServiceName::RiskAssessor => {
+                risk_assessor::RiskAssessorConfig::from_env(env).map(|c| {
+                    Box::pin(async move { Ok(risk_assessor::run(c, token).await?) })
+                        as ServiceFuture
+                })
+            }
+            ServiceName::Confirmation => confirmation::ConfirmationConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(confirmation::run(c, token).await?) }) as ServiceFuture
             }),
-            "workspace-store" => workspace_store::WorkspaceConfig::from_env(env).map(|c| {
-                Box::pin(async move { Ok(workspace_store::run(c, token).await?) }) as ServiceFuture
-            }),
-            "docker-executor" => ExecutorConfig::from_env(env).map(|c| {
+            ServiceName::WorkspaceStore => {
+                workspace_store::WorkspaceConfig::from_env(env).map(|c| {
+                    Box::pin(async move { Ok(workspace_store::run(c, token).await?) })
+                        as ServiceFuture
+                })
+            }
+            ServiceName::DockerExecutor => ExecutorConfig::from_env(env).map(|c| {
                 executor = Some(c.clone());
                 Box::pin(async move { Ok(docker_executor::run(c, token).await?) }) as ServiceFuture
             }),
-            "scheduler" => scheduler::SchedulerConfig::from_env(env).map(|c| {
+            ServiceName::Scheduler => scheduler::SchedulerConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(scheduler::run(c, token).await?) }) as ServiceFuture
             }),
             other => Err(ConfigError(vec![format!(
-                "unknown service {other:?}; one of: {}",
-                SERVICES.join(", ")
+                "{other} is not served by this program; one of: {}",
+                service_list()
             )])),
         };
         match built {
@@ -219,7 +235,17 @@ pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
     let _telemetry =
         kit::telemetry::init(service, config.otlp_endpoint.as_deref(), config.log_json);
     let shutdown = kit::shutdown::on_signals();
-    let services = kit::config::exit_on_error(build(&[service], &process_env(), &shutdown));
+    let name: ServiceName = match service.parse() {
+        Ok(name) => name,
+        Err(_) => {
+            eprintln!(
+                "sandmesh: unknown service {service:?}; one of: {}",
+                service_list()
+            );
+            return Ok(64);
+        }
+    };
+    let services = kit::config::exit_on_error(build(&[name], &process_env(), &shutdown));
     let running = Running::start(services, shutdown.clone(), config.shutdown_grace);
     shutdown.cancelled().await;
     running.stop().await?;
@@ -303,7 +329,7 @@ async fn wait_until_ready(client: &async_nats::Client, limit: Duration) -> anyho
     for name in SERVICES {
         let answered = async {
             loop {
-                let ping = client.request(format!("$SRV.PING.{name}"), "".into());
+                let ping = client.request(name.srv_ping(), "".into());
                 if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), ping).await {
                     return Ok(());
                 }

@@ -48,14 +48,8 @@ pub enum WsCommand {
 }
 
 /// Runs one `ws` command; returns the process exit code (0 ok, 1 refused by the store).
-pub async fn run(
-    caller: &kit::Caller,
-    subjects: &messages::Subjects,
-    cmd: WsCommand,
-) -> anyhow::Result<i32> {
-    let ws = MeshClient::new(caller.client().clone(), subjects.clone())
-        .with_encoding(messages::Encoding::Json)
-        .workspace();
+pub async fn run(mesh: &MeshClient, cmd: WsCommand) -> anyhow::Result<i32> {
+    let ws = mesh.workspace();
     let outcome = match cmd {
         WsCommand::Ls {
             session,

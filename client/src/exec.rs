@@ -6,7 +6,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use messages::exec::{ExecRequest, ExecResult, OutputChunk, ResultGet, ResultLookup};
+use messages::exec::{
+    AwaitingConfirmation, ExecRequest, ExecResult, OutputChunk, ResultGet, ResultLookup,
+    NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
+};
 
 use crate::{decode_reply, ClientError, ErrorKind, MeshClient, Result};
 
@@ -39,6 +42,44 @@ impl ExecClient {
     pub async fn exec_timeout(&self, req: &ExecRequest, timeout: Duration) -> Result<ExecResult> {
         let subject = self.mesh.subjects().exec();
         self.mesh.request_timeout(subject, req, timeout).await
+    }
+
+    /// Like [`Self::exec_timeout`], and when the execution is parked for a person's approval,
+    /// `on_wait` hears of it at once (confirmation id and expiry) while the call goes on
+    /// waiting for the result. The scheduler sends that notice only to callers that name an
+    /// inbox in the `Sandmesh-Notify` header, so plain request-reply clients see one reply.
+    pub async fn exec_notified(
+        &self,
+        req: &ExecRequest,
+        timeout: Duration,
+        mut on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
+    ) -> Result<ExecResult> {
+        let subject = self.mesh.subjects().exec();
+        let nats = self.mesh.nats();
+        let inbox = nats.new_inbox();
+        let mut notices = nats
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| ClientError::transport(format!("subscribing to {inbox}"), e))?;
+        let listener = tokio::spawn(async move {
+            while let Some(msg) = notices.next().await {
+                let status = msg.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
+                if status.map(|v| v.as_str()) != Some(STATUS_AWAITING_CONFIRMATION) {
+                    continue;
+                }
+                if let Ok(notice) = serde_json::from_slice(&msg.payload) {
+                    on_wait(notice);
+                }
+            }
+        });
+        let mut headers = self.mesh.headers();
+        headers.insert(NOTIFY_HEADER, inbox.as_str());
+        let reply = self
+            .mesh
+            .request_with_headers(subject, req, headers, timeout)
+            .await;
+        listener.abort();
+        reply
     }
 
     /// Queues `req` as a job; JetStream's ack means it is accepted and will reach a result.

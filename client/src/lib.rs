@@ -212,6 +212,22 @@ impl MeshClient {
         Req: Serialize + ?Sized,
         Resp: DeserializeOwned,
     {
+        self.request_with_headers(subject, request, self.headers(), timeout)
+            .await
+    }
+
+    /// [`Self::request_timeout`] with headers of the caller's (built from [`Self::headers`]).
+    pub(crate) async fn request_with_headers<Req, Resp>(
+        &self,
+        subject: String,
+        request: &Req,
+        headers: HeaderMap,
+        timeout: Duration,
+    ) -> Result<Resp>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
         let payload = self.encode(&subject, request)?;
         let message = self
             .nats
@@ -219,7 +235,7 @@ impl MeshClient {
                 subject.clone(),
                 async_nats::Request::new()
                     .payload(payload.into())
-                    .headers(self.headers())
+                    .headers(headers)
                     .timeout(Some(timeout)),
             )
             .await

@@ -69,7 +69,7 @@ pub enum ConfirmationError {
     RegistryLost,
 }
 
-pub const SERVICE_NAME: &str = "confirmation";
+pub const SERVICE_NAME: &str = messages::ServiceName::Confirmation.as_str();
 
 /// Serves until `shutdown` fires, then answers every waiting request with a retryable 503
 /// (their confirmations stay pending in the bucket) and stops gracefully. Fails when the

@@ -26,7 +26,7 @@ use crate::docker::{summary_name, Sandboxes, LABEL_MESH, LABEL_NODE};
 use crate::node::NodeState;
 
 /// The service name under which executors beat (`docker-executor.<node_id>`).
-pub const SERVICE_NAME: &str = "docker-executor";
+pub const SERVICE_NAME: &str = messages::ServiceName::DockerExecutor.as_str();
 
 /// A foreign container younger than this is left alone even if its node's heartbeat is not
 /// visible yet. A node beats before it creates any container, so this only absorbs the

@@ -30,7 +30,7 @@ use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::lease::Held;
 
-const REQUESTED_BY: &str = "docker-executor";
+const REQUESTED_BY: &str = crate::janitor::SERVICE_NAME;
 
 /// Why the session's revision could not be read (the caller then fetches, which is safe).
 #[derive(Debug, thiserror::Error)]

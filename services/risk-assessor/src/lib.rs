@@ -42,7 +42,7 @@ pub use config::RiskAssessorConfig;
 pub use policy::{Policy, PolicyError, DEFAULT_POLICY};
 pub use service::{AssessService, WireAssessRequest};
 
-pub const SERVICE_NAME: &str = "risk-assessor";
+pub const SERVICE_NAME: &str = messages::ServiceName::RiskAssessor.as_str();
 
 #[derive(Debug, thiserror::Error)]
 pub enum RiskAssessorError {

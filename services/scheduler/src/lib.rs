@@ -85,7 +85,7 @@ use crate::root::{Root, RootArgs};
 use crate::session_api::SessionApi;
 use crate::sessions::SessionTable;
 
-pub const SERVICE_NAME: &str = "scheduler";
+pub const SERVICE_NAME: &str = messages::ServiceName::Scheduler.as_str();
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {

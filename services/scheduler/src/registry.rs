@@ -27,7 +27,7 @@ use crate::error::StoreError;
 use crate::placement::{self, Decision, NodeView, Requirements, Strategy};
 
 /// The heartbeat service name of docker executors; their instance id is the node id.
-pub const EXECUTOR_SERVICE: &str = "docker-executor";
+pub const EXECUTOR_SERVICE: &str = messages::ServiceName::DockerExecutor.as_str();
 
 pub enum RegistryMsg {
     /// A heartbeat arrived (from the KV watch).

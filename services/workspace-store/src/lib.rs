@@ -54,7 +54,7 @@ use blobs::Blobs;
 use index::Index;
 use sweeper::{Sweeper, SweeperArgs};
 
-pub const SERVICE_NAME: &str = "workspace-store";
+pub const SERVICE_NAME: &str = messages::ServiceName::WorkspaceStore.as_str();
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
