@@ -25,6 +25,8 @@ pub enum AuditKind {
     Parked,
     /// A parked execution continues after the decision (or its expiry).
     Resumed,
+    /// An egress proxy allowed or refused a connection (host, port, address, rule).
+    Egress,
 }
 
 impl AuditKind {
@@ -47,6 +49,7 @@ impl AuditKind {
             AuditKind::SessionLost => "session_lost",
             AuditKind::Parked => "parked",
             AuditKind::Resumed => "resumed",
+            AuditKind::Egress => "egress",
         }
     }
 }

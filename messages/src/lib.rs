@@ -10,6 +10,7 @@ pub mod error;
 pub mod exec;
 pub mod executor;
 pub mod heartbeat;
+pub mod network;
 pub mod risk;
 pub mod service;
 pub mod session;
