@@ -115,7 +115,10 @@ impl Mesh {
             .get_key_value(self.config.kit.subjects.nodes_bucket())
             .await
             .unwrap();
-        let key = messages::heartbeat::heartbeat_key(docker_executor::janitor::SERVICE_NAME, self.config.node_id());
+        let key = messages::heartbeat::heartbeat_key(
+            docker_executor::janitor::SERVICE_NAME,
+            self.config.node_id(),
+        );
         loop {
             if let Ok(Some(v)) = kv.get(&key).await {
                 let hb: messages::heartbeat::Heartbeat = serde_json::from_slice(&v).unwrap();
