@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use messages::confirm::{ConfirmDecide, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
+use messages::network::NetworkPolicy;
 use messages::risk::*;
 use messages::workspace::WsWrite;
 use messages::{Encoding, ErrorBody};
@@ -127,6 +128,16 @@ fn golden_vectors_are_byte_exact() {
         },
     );
     check("risk_assessment", &risk());
+    check(
+        "network_policy",
+        &NetworkPolicy {
+            allow_domains: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+            deny_domains: vec!["upload.pypi.org".into()],
+            allow_cidrs: vec!["10.20.0.0/16".into()],
+            allow_all: false,
+            ports: Some(vec![443]),
+        },
+    );
     check(
         "error",
         &ErrorBody::too_large("code is 300000 bytes; the limit is 262144"),
