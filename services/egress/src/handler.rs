@@ -160,12 +160,18 @@ impl Handler {
             Err(refusal) => return Err(refuse(None, refusal)),
             Ok(Target::Address { ip, rule }) => (ip, rule),
             Ok(Target::Name { host: name, rule }) => {
-                let answers = match self.resolver.resolve(&name).await {
-                    Ok(answers) => answers,
-                    Err(e) => {
+                let lookup = self.resolver.resolve(&name);
+                let answers = match tokio::time::timeout(self.connect_timeout, lookup).await {
+                    Ok(Ok(answers)) => answers,
+                    Ok(Err(e)) => {
                         let rule = format!("cannot resolve {name}: {e}");
                         self.report(host, port, None, false, &rule);
                         return Err(plain(StatusCode::BAD_GATEWAY, rule));
+                    }
+                    Err(_) => {
+                        let rule = format!("resolving {name} timed out");
+                        self.report(host, port, None, false, &rule);
+                        return Err(plain(StatusCode::GATEWAY_TIMEOUT, rule));
                     }
                 };
                 let checked: Vec<_> = answers

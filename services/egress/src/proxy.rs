@@ -56,7 +56,8 @@ impl EgressProxyBuilder {
         self
     }
 
-    /// How long dialing an upstream may take before the client gets 504.
+    /// How long resolving a name, and then dialing its address, may each take before the
+    /// client gets 504.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

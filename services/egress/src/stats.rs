@@ -10,12 +10,14 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// One decision: a destination allowed or refused, and the rule that decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One decision: a destination allowed or refused, and the rule that decided. It serializes
+/// to the `details` of an `egress` audit event.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct EgressEvent {
     pub host: String,
     pub port: u16,
     /// The address dialed (allowed) or refused after resolution, when there was one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub address: Option<IpAddr>,
     pub allowed: bool,
     pub rule: String,
@@ -24,8 +26,8 @@ pub struct EgressEvent {
 /// Receives every decision; it runs on the proxy's tasks, so it should only hand the event on.
 pub type Observer = Arc<dyn Fn(&EgressEvent) + Send + Sync>;
 
-/// A proxy's counters at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A proxy's counters at one moment (for heartbeats and the execution's result).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EgressStats {
     pub allowed: u64,
     pub denied: u64,
@@ -106,5 +108,31 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_serializes_to_audit_details() {
+        let event = EgressEvent {
+            host: "pypi.org".into(),
+            port: 443,
+            address: Some("151.101.0.223".parse().unwrap()),
+            allowed: true,
+            rule: "allowed by allow_domains pypi.org".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&event).unwrap(),
+            serde_json::json!({
+                "host": "pypi.org",
+                "port": 443,
+                "address": "151.101.0.223",
+                "allowed": true,
+                "rule": "allowed by allow_domains pypi.org",
+            })
+        );
     }
 }
