@@ -21,6 +21,7 @@ fn resolver() -> StaticResolver {
         .with("loop.test", &[LOOPBACK])
         .with("metadata.test", &["169.254.169.254".parse().unwrap()])
         .with("private.test", &["10.0.0.5".parse().unwrap()])
+        .with("mixed.test", &["10.0.0.5".parse().unwrap(), LOOPBACK])
 }
 
 fn loopback_policy(domains: &[&str], port: u16) -> egress::NetworkPolicy {
@@ -166,6 +167,57 @@ async fn names_resolving_to_internal_addresses_are_refused_without_a_cidr() -> a
         (403, "127.0.0.1 is not in allow_cidrs\n")
     );
     assert_eq!(proxy.stats().denied, 4);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_redirect_to_an_internal_address_is_passed_back_and_its_target_refused(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let upstream = http_upstream().await;
+    let port = upstream.addr.port();
+    let policy = policy(json!({
+        "allow_domains": ["upstream.test", "metadata.test"],
+        "allow_cidrs": ["127.0.0.1/32"],
+        "ports": [port, 80],
+    }));
+    let (proxy, _events) = proxy(dir.path(), policy, resolver());
+
+    let host = format!("upstream.test:{port}");
+    let raw = format!("GET http://{host}/redirect HTTP/1.1\r\nhost: {host}\r\n\r\n");
+    let reply = send(proxy.socket_path(), raw.as_bytes()).await?;
+    assert_eq!(
+        reply.status, 302,
+        "the proxy does not follow redirects itself"
+    );
+
+    // Following it is a new request, judged again after resolution.
+    let followed = get(proxy.socket_path(), "metadata.test").await?;
+    assert_eq!(
+        (followed.status, followed.body.trim_end()),
+        (
+            403,
+            "resolves to 169.254.169.254: link-local (cloud metadata)"
+        )
+    );
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_mixed_answer_is_served_only_from_the_address_that_passed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let upstream = http_upstream().await;
+    let port = upstream.addr.port();
+    let (proxy, mut events) = proxy(
+        dir.path(),
+        loopback_policy(&["mixed.test"], port),
+        resolver(),
+    );
+
+    let reply = get(proxy.socket_path(), &format!("mixed.test:{port}")).await?;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(next_event(&mut events).await.address, Some(LOOPBACK));
     Ok(())
 }
 

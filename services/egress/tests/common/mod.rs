@@ -41,8 +41,8 @@ pub fn proxy(
     (proxy, rx)
 }
 
-/// An HTTP/1.1 upstream answering every request with its request line and Host header, and
-/// counting the connections it accepted.
+/// An HTTP/1.1 upstream answering every request with its request line and Host header (and a
+/// redirect for `/redirect`), counting the connections it accepted.
 pub struct HttpUpstream {
     pub addr: SocketAddr,
     pub accepted: Arc<AtomicUsize>,
@@ -68,8 +68,13 @@ pub async fn http_upstream() -> HttpUpstream {
                     .find_map(|l| l.strip_prefix("host: ").or(l.strip_prefix("Host: ")))
                     .unwrap_or("-");
                 let body = format!("{request_line}\nhost={host}\n");
+                // `/redirect` sends the client on to a name the test resolver makes internal.
+                let status = match request_line.contains(" /redirect ") {
+                    true => "302 Found\r\nlocation: http://metadata.test/",
+                    false => "200 OK",
+                };
                 let response = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = stream.write_all(response.as_bytes()).await;
