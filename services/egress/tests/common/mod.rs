@@ -1,6 +1,8 @@
 //! Real sockets for the proxy tests: upstreams on 127.0.0.1, a raw client on the proxy's Unix
 //! socket (raw, so malformed requests can be sent), and a proxy whose decisions land in a
-//! channel.
+//! channel. Each test binary uses part of it.
+
+#![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -10,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use egress::{EgressEvent, EgressProxy, NetworkPolicy, StaticResolver};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::mpsc;
@@ -169,4 +172,24 @@ pub async fn next_event(events: &mut mpsc::UnboundedReceiver<EgressEvent>) -> Eg
         .await
         .expect("a decision in time")
         .expect("the proxy is alive")
+}
+
+/// `upstream.test` and friends resolve to the loopback upstreams.
+pub fn resolver() -> StaticResolver {
+    StaticResolver::new()
+        .with("upstream.test", &[LOOPBACK])
+        .with("secret.test", &[LOOPBACK])
+        .with("other.test", &[LOOPBACK])
+        .with("loop.test", &[LOOPBACK])
+        .with("metadata.test", &["169.254.169.254".parse().unwrap()])
+        .with("private.test", &["10.0.0.5".parse().unwrap()])
+        .with("mixed.test", &["10.0.0.5".parse().unwrap(), LOOPBACK])
+}
+
+pub fn loopback_policy(domains: &[&str], port: u16) -> egress::NetworkPolicy {
+    policy(json!({
+        "allow_domains": domains,
+        "allow_cidrs": ["127.0.0.1/32"],
+        "ports": [port, 22],
+    }))
 }
