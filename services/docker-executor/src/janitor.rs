@@ -33,12 +33,19 @@ pub const SERVICE_NAME: &str = messages::ServiceName::DockerExecutor.as_str();
 /// moment between a watcher's listing and the look-up.
 const FOREIGN_MIN_AGE: Duration = Duration::from_secs(2);
 
+/// How long after another node's heartbeat key vanished the janitor looks again before it
+/// removes that node's containers. A live node whose beat came late (a starved machine) puts
+/// its key back within this time, and its running executions must not be killed for that.
+const GONE_GRACE: Duration = Duration::from_millis(1500);
+
 pub enum JanitorMsg {
     Sweep,
     /// Sweeps now and answers with the number of containers removed.
     SweepNow(RpcReplyPort<usize>),
     /// Another node's heartbeat key was deleted or expired.
     NodeGone(String),
+    /// [`GONE_GRACE`] after `NodeGone`: reap the node's containers if its key is still gone.
+    ReapIfStillGone(String),
     /// The watch on the nodes bucket ended (with its error, if any).
     WatchEnded(ActorProcessingErr),
 }
@@ -208,7 +215,7 @@ impl Actor for Janitor {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -222,6 +229,9 @@ impl Actor for Janitor {
                 let _ = reply.send(sweep(&state.args).await);
             }
             JanitorMsg::NodeGone(node) => {
+                myself.send_after(GONE_GRACE, move || JanitorMsg::ReapIfStillGone(node));
+            }
+            JanitorMsg::ReapIfStillGone(node) => {
                 reap_node(&state.args, &node).await;
             }
             // Failing makes the executor restart the janitor, and with it the watch.

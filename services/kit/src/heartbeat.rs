@@ -50,9 +50,10 @@ pub struct HeartbeatState {
     ttl: Duration,
 }
 
-/// Messages to the bucket with TTL need whole seconds, at least one.
+/// Messages to the bucket with TTL need whole seconds, at least one; rounded up, so a key never
+/// lives shorter than the three intervals it is meant to cover (1.5 s must not become 1 s).
 fn ttl_header(ttl: Duration) -> String {
-    format!("{}s", ttl.as_secs().max(1))
+    format!("{}s", ttl.as_secs_f64().ceil().max(1.0) as u64)
 }
 
 impl HeartbeatState {
@@ -154,5 +155,17 @@ impl Actor for HeartbeatActor {
             tracing::warn!(error = %e, "could not remove heartbeat key");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_header(Duration::from_millis(1500)), "2s");
+        assert_eq!(ttl_header(Duration::from_secs(6)), "6s");
+        assert_eq!(ttl_header(Duration::from_millis(300)), "1s");
     }
 }
