@@ -27,6 +27,7 @@ pub mod audit;
 pub mod confirm;
 pub mod error;
 pub mod exec;
+pub mod objects;
 pub mod risk;
 pub mod sessions;
 pub mod status;

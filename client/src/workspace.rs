@@ -14,7 +14,6 @@ use messages::workspace::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::AsyncReadExt;
 
 use crate::{ClientError, ErrorKind, MeshClient, Result};
 
@@ -86,18 +85,17 @@ impl WorkspaceClient {
         Ok(name)
     }
 
-    /// The bytes of an object a reply named (the object store checks its digest). Each read
-    /// costs the server a short-lived ordered consumer: fine for a client's reads, while the
-    /// store itself reads its objects without consumers (`kit::objects`).
+    /// The bytes of an object a reply named, read chunk by chunk with direct gets (no consumer
+    /// per read, see [`crate::objects`]) and checked against its size and digest.
     async fn fetch(&self, name: &str) -> Result<Vec<u8>> {
-        let failed = |e| ClientError::transport(format!("fetching {name}"), e);
-        let mut object = self.objects().await?.get(name).await.map_err(failed)?;
-        let mut out = Vec::new();
-        object
-            .read_to_end(&mut out)
+        let bucket = self.mesh.subjects().workspace_objects_bucket();
+        crate::objects::read_all(self.mesh.jetstream(), &bucket, name)
             .await
-            .map_err(|e| ClientError::transport(format!("fetching {name}"), e))?;
-        Ok(out)
+            .map_err(|e| ClientError::transport(format!("fetching {name}"), e))?
+            .ok_or_else(|| ClientError::Protocol {
+                subject: self.mesh.subjects().workspace(WorkspaceOp::Snapshot),
+                problem: format!("the object {name} a reply named is gone"),
+            })
     }
 
     /// Creates the session's workspace layout (idempotent).
@@ -201,12 +199,22 @@ impl WorkspaceClient {
 
     /// The workspace (or the directory `prefix`) as tar bytes.
     pub async fn snapshot(&self, session: &str, prefix: Option<&str>) -> Result<Vec<u8>> {
+        Ok(self.snapshot_at(session, prefix).await?.0)
+    }
+
+    /// [`Self::snapshot`] and the workspace revision it was taken at (`None`: the workspace has
+    /// not changed since it was created), for callers that cache a copy.
+    pub async fn snapshot_at(
+        &self,
+        session: &str,
+        prefix: Option<&str>,
+    ) -> Result<(Vec<u8>, Option<u64>)> {
         let req = WsSnapshot {
             session_id: session.into(),
             prefix: prefix.map(str::to_string),
         };
         let archive: WsArchive = self.call(WorkspaceOp::Snapshot, &req, true).await?;
-        match (&archive.tar_base64, &archive.object) {
+        let tar = match (&archive.tar_base64, &archive.object) {
             (Some(b64), _) => {
                 messages::decode_base64(b64).map_err(|problem| ClientError::Protocol {
                     subject: self.mesh.subjects().workspace(WorkspaceOp::Snapshot),
@@ -226,7 +234,8 @@ impl WorkspaceClient {
                 subject: self.mesh.subjects().workspace(WorkspaceOp::Snapshot),
                 problem: "a snapshot with neither tar bytes nor an object".into(),
             }),
-        }
+        }?;
+        Ok((tar, archive.revision))
     }
 
     /// Unpacks `tar` into the workspace (all or nothing), removing the `delete` paths too, and
@@ -246,7 +255,9 @@ impl WorkspaceClient {
             delete,
             requested_by: self.requested_by.clone(),
         };
-        if tar.len() as u64 <= INLINE_MAX_BYTES {
+        if tar.is_empty() {
+            // Only deletions: no archive at all.
+        } else if tar.len() as u64 <= INLINE_MAX_BYTES {
             req.tar_base64 = Some(messages::encode_base64(tar));
         } else {
             req.object = Some(self.upload(tar).await?);

@@ -11,22 +11,17 @@
 //! cache). A change still in flight during the read is either in the snapshot already or
 //! bumps the revision after it, which only costs one more fetch later.
 //!
-//! Archives small enough travel inline (base64); larger ones go through the workspace
-//! objects bucket, named in the `object` field, with the store's conventions: uploads under
-//! `upload/<id>`, and a fetched snapshot object is deleted by its reader.
+//! Snapshots and pushes go through `sandmesh_client::WorkspaceClient`, the one implementation
+//! of the store's hand-off: archives above `messages::workspace::INLINE_MAX_BYTES` travel
+//! through the workspace objects bucket, read back with direct gets (no consumer per read).
 
 use std::time::Duration;
 
 use async_nats::jetstream;
 use async_nats::jetstream::kv;
-use async_nats::jetstream::object_store::ObjectMetadata;
-use kit::Caller;
-use messages::subjects::WorkspaceOp;
-use messages::workspace::{
-    upload_name, WsArchive, WsInit, WsRestore, WsRestored, WsSnapshot, INLINE_MAX_BYTES,
-    OBJECT_CHUNK_SIZE,
-};
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::workspace::WsRestored;
+use messages::{ErrorBody, Subjects};
+use sandmesh_client::{ErrorKind, MeshClient, WorkspaceClient};
 
 use crate::lease::Held;
 
@@ -49,7 +44,7 @@ pub struct Snapshot {
 
 #[derive(Clone)]
 pub struct WorkspaceSync {
-    caller: Caller,
+    ws: WorkspaceClient,
     subjects: Subjects,
     js: jetstream::Context,
     /// The index bucket, opened on first use (workspace-store creates it).
@@ -58,8 +53,13 @@ pub struct WorkspaceSync {
 
 impl WorkspaceSync {
     pub fn new(client: async_nats::Client, subjects: Subjects, timeout: Duration) -> Self {
+        let ws = MeshClient::new(client.clone(), subjects.clone())
+            .with_timeout(timeout)
+            .with_headers(kit::telemetry::inject_current)
+            .workspace()
+            .requested_by(REQUESTED_BY);
         Self {
-            caller: Caller::new(client.clone(), timeout),
+            ws,
             js: jetstream::new(client),
             subjects,
             index: tokio::sync::OnceCell::new(),
@@ -87,56 +87,20 @@ impl WorkspaceSync {
         ErrorBody::unavailable(format!("workspace {what}: {e}"))
     }
 
-    async fn objects(&self) -> Result<jetstream::object_store::ObjectStore, ErrorBody> {
-        self.js
-            .get_object_store(self.subjects.workspace_objects_bucket())
-            .await
-            .map_err(|e| Self::unavailable("object store", e))
-    }
-
     /// The session's workspace as a tar (an unknown session has an empty one).
     pub async fn snapshot(&self, session_id: &str) -> Result<Snapshot, ErrorBody> {
-        let req = WsSnapshot {
-            session_id: session_id.to_string(),
-            prefix: None,
-        };
-        let archive: WsArchive = match self
-            .caller
-            .call(self.subjects.workspace(WorkspaceOp::Snapshot), &req)
-            .await
-        {
-            Ok(a) => a,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Ok(Snapshot {
-                    tar: Vec::new(),
-                    holds: Held::Absent,
-                })
-            }
-            Err(e) => return Err(Self::unavailable("snapshot", e)),
-        };
-        // No revision yet: the first change of the session will make one.
-        let holds = archive.revision.map_or(Held::Absent, Held::At);
-        if let Some(b64) = archive.tar_base64 {
-            return messages::decode_base64(&b64)
-                .map(|tar| Snapshot { tar, holds })
-                .map_err(|e| Self::unavailable("snapshot", e));
-        }
-        let Some(name) = archive.object else {
-            return Ok(Snapshot {
+        match self.ws.snapshot_at(session_id, None).await {
+            // No revision yet: the first change of the session will make one.
+            Ok((tar, revision)) => Ok(Snapshot {
+                tar,
+                holds: revision.map_or(Held::Absent, Held::At),
+            }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Snapshot {
                 tar: Vec::new(),
-                holds,
-            });
-        };
-        let bucket = self.subjects.workspace_objects_bucket();
-        let tar = kit::objects::read_all(&self.js, &bucket, &name)
-            .await
-            .map_err(|e| Self::unavailable("snapshot object", e))?
-            .ok_or_else(|| Self::unavailable("snapshot object", format!("{name} is gone")))?;
-        // Staged for this one read; the store's sweep would remove it later anyway.
-        if let Ok(store) = self.objects().await {
-            let _ = store.delete(&name).await;
+                holds: Held::Absent,
+            }),
+            Err(e) => Err(Self::unavailable("snapshot", e)),
         }
-        Ok(Snapshot { tar, holds })
     }
 
     /// Pushes the changed files (a tar) and removes deleted ones, in one step.
@@ -149,46 +113,17 @@ impl WorkspaceSync {
         if changes.is_empty() && deleted.is_empty() {
             return Ok(WsRestored::default());
         }
-        let mut req = WsRestore {
-            session_id: session_id.to_string(),
-            tar_base64: None,
-            object: None,
-            replace: false,
-            delete: deleted,
-            requested_by: Some(REQUESTED_BY.into()),
-        };
-        if changes.len() as u64 <= INLINE_MAX_BYTES {
-            if !changes.is_empty() {
-                req.tar_base64 = Some(messages::encode_base64(&changes));
-            }
-        } else {
-            let name = upload_name();
-            let meta = ObjectMetadata {
-                name: name.clone(),
-                chunk_size: Some(OBJECT_CHUNK_SIZE),
-                ..Default::default()
-            };
-            self.objects()
-                .await?
-                .put(meta, &mut changes.as_slice())
-                .await
-                .map_err(|e| Self::unavailable("upload", e))?;
-            req.object = Some(name);
-        }
-        let subject = self.subjects.workspace(WorkspaceOp::Restore);
-        match self.caller.call(subject.clone(), &req).await {
+        match self
+            .ws
+            .restore(session_id, &changes, false, deleted.clone())
+            .await
+        {
             Ok(r) => Ok(r),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 // The first files of a session nobody initialised yet.
-                let init = WsInit {
-                    session_id: session_id.to_string(),
-                };
-                let _: Result<serde_json::Value, _> = self
-                    .caller
-                    .call(self.subjects.workspace(WorkspaceOp::Init), &init)
-                    .await;
-                self.caller
-                    .call(subject, &req)
+                let _ = self.ws.init(session_id).await;
+                self.ws
+                    .restore(session_id, &changes, false, deleted)
                     .await
                     .map_err(|e| e.into_body())
             }

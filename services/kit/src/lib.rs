@@ -9,7 +9,6 @@
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
 //! - [`bootstrap`]: idempotent JetStream streams and buckets;
 //! - [`audit`]: audit events into `SANDBOX_AUDIT`;
-//! - [`objects`]: object store reads without a consumer per read;
 //! - [`telemetry`]: tracing, OpenTelemetry export and W3C trace context in NATS headers;
 //! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token; every NATS step of a stop bounded.
 //!
@@ -26,7 +25,6 @@ pub mod call;
 pub mod config;
 pub mod connect;
 pub mod heartbeat;
-pub mod objects;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;

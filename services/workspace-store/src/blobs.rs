@@ -17,7 +17,7 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use kit::objects::{ObjectChunks, ObjectReader};
+use sandmesh_client::objects::{ObjectChunks, ObjectReader};
 
 use crate::error::{Result, StoreError};
 

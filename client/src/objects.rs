@@ -25,7 +25,7 @@ pub enum ObjectsError {
     Open {
         bucket: String,
         #[source]
-        source: crate::BoxError,
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
     #[error("looking up {name}: {source}")]
     Lookup {
