@@ -201,7 +201,7 @@ pub async fn run(
         pipeline.clone(),
         (admission.clone(), max_queue),
         results.clone(),
-        claims,
+        claims.clone(),
         parked.clone(),
         client.clone(),
         subjects.clone(),
@@ -268,9 +268,19 @@ pub async fn run(
     // shutdown below does not wait for a person.
     stopping.cancel();
     jobs_stop.cancel();
-    let _ = jobs_loop.await;
-    let _ = resumer.await;
+    background.cancel();
+    // The loops race every NATS wait with their token, so they end at once; the bound only
+    // keeps a stop from hanging should one not.
+    for (name, task) in [("jobs", jobs_loop), ("resumer", resumer), ("watch", watch)] {
+        if tokio::time::timeout(kit::shutdown::NATS_STEP_LIMIT, task)
+            .await
+            .is_err()
+        {
+            tracing::warn!(task = name, "background task did not stop; left behind");
+        }
+    }
     let grace = config.kit.shutdown_grace;
+    let started = tokio::time::Instant::now();
     let running = async {
         for tasks in [&jobs_running, &resuming, &bookkeeping] {
             tasks.close();
@@ -282,9 +292,12 @@ pub async fn run(
             "executions still running after the grace period; they will be redelivered or resumed"
         );
     }
+    // Claims released by the executions that just ended; each release is itself bounded.
+    let left = grace.saturating_sub(started.elapsed());
+    claims
+        .finish_releases(left.max(kit::shutdown::NATS_STEP_LIMIT))
+        .await;
     runtime.shutdown().await;
-    background.cancel();
-    let _ = watch.await;
     lost.abort();
     if outcome.is_ok() {
         // The root first, so it does not restart the registry stopped after it.
