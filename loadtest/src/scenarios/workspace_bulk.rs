@@ -132,7 +132,7 @@ async fn restore(
     seq: u64,
     tars: &(Vec<u8>, Vec<u8>),
 ) -> Sample {
-    let creates = seq % 2 == 0;
+    let creates = seq.is_multiple_of(2);
     let (tar, delete) = if creates {
         (&tars.0, Vec::new())
     } else {

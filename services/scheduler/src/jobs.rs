@@ -103,7 +103,7 @@ impl Jobs {
     }
 }
 
-/// Pulls and runs jobs until `stop`, then waits for the running ones to finish.
+/// Pulls jobs and runs each on `running` until `stop`; the caller waits for those (bounded).
 pub async fn run(
     jobs: Jobs,
     consumer: Consumer<pull::Config>,

@@ -120,8 +120,9 @@ macro_rules! serve {
 }
 
 /// Runs the scheduler until `shutdown`, then stops taking work and lets the executions in
-/// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`). Fails when the registry actor
-/// cannot be kept running.
+/// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`). Every NATS wait on the way out is
+/// bounded too, so it stops even with its server gone. Fails when the registry actor cannot be
+/// kept running.
 pub async fn run(
     config: SchedulerConfig,
     shutdown: CancellationToken,

@@ -1,6 +1,5 @@
 //! Property tests of `parse`: hostile archives built byte by byte.
 
-
 use proptest::prelude::*;
 use tar::{Builder, EntryType, Header};
 
