@@ -269,17 +269,8 @@ pub async fn run(
     // shutdown below does not wait for a person.
     stopping.cancel();
     jobs_stop.cancel();
-    background.cancel();
-    // The loops race every NATS wait with their token, so they end at once; the bound only
-    // keeps a stop from hanging should one not.
-    for (name, task) in [("jobs", jobs_loop), ("resumer", resumer), ("watch", watch)] {
-        if tokio::time::timeout(kit::shutdown::NATS_STEP_LIMIT, task)
-            .await
-            .is_err()
-        {
-            tracing::warn!(task = name, "background task did not stop; left behind");
-        }
-    }
+    join_bounded("jobs", jobs_loop).await;
+    join_bounded("resumer", resumer).await;
     let grace = config.kit.shutdown_grace;
     let started = tokio::time::Instant::now();
     let running = async {
@@ -299,6 +290,10 @@ pub async fn run(
         .finish_releases(left.max(kit::shutdown::NATS_STEP_LIMIT))
         .await;
     runtime.shutdown().await;
+    // The heartbeat watch runs until here: executions finishing above may still need to learn
+    // that their node was lost.
+    background.cancel();
+    join_bounded("heartbeat watch", watch).await;
     lost.abort();
     if outcome.is_ok() {
         // The root first, so it does not restart the registry stopped after it.
@@ -306,4 +301,15 @@ pub async fn run(
     }
     registry.get().stop(None);
     outcome
+}
+
+/// Joins a background loop of the stop path. Each races its NATS waits with its token and
+/// ends at once; the bound only keeps the stop from hanging should one not.
+async fn join_bounded(name: &str, task: tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(kit::shutdown::NATS_STEP_LIMIT, task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(task = name, "background task did not stop; left behind");
+    }
 }
