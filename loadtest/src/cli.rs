@@ -149,6 +149,19 @@ pub enum Scenario {
         #[arg(long, default_value_t = 1024)]
         file_bytes: usize,
     },
+    /// One at a time in one workspace: large files written and read through the object
+    /// store, and the executor's per-run snapshot + restore of a small workspace.
+    WorkspaceBulk {
+        /// Operations per series (an upper bound; default 10 large files, 200 pairs).
+        #[arg(short = 'n', long)]
+        requests: Option<u64>,
+        /// Seconds per series (an upper bound; default 60 for large files, 20 for pairs).
+        #[arg(short = 'd', long)]
+        duration_s: Option<f64>,
+        /// Size of the large files.
+        #[arg(long, default_value_t = 10 << 20)]
+        big_bytes: usize,
+    },
     /// A blend with hostile programs; results by status; leaked containers.
     Mixed {
         #[command(flatten)]
@@ -221,6 +234,27 @@ mod tests {
         assert_eq!(l.requests, Some(50));
         assert_eq!(l.duration, Duration::from_secs(30));
         assert_eq!(a.tiers, vec![ExecTier::Session]);
+    }
+
+    #[test]
+    fn workspace_bulk_takes_its_bounds_and_file_size() {
+        let cli = Cli::parse_from([
+            "loadtest",
+            "workspace-bulk",
+            "-n",
+            "5",
+            "--big-bytes",
+            "1024",
+        ]);
+        let Scenario::WorkspaceBulk {
+            requests,
+            duration_s,
+            big_bytes,
+        } = cli.scenario
+        else {
+            panic!("workspace-bulk expected")
+        };
+        assert_eq!((requests, duration_s, big_bytes), (Some(5), None, 1024));
     }
 
     #[test]

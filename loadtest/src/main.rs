@@ -117,7 +117,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
-    use scenarios::{assess, exec, memory, mixed, workspace};
+    use scenarios::{assess, exec, memory, mixed, workspace, workspace_bulk};
     match &cli.scenario {
         Scenario::Baseline { load, languages } => {
             let (c, l) = load.resolve(&[1, 4], 200, 30.0);
@@ -136,6 +136,14 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
             let (c, l) = load.resolve(&[8], 2_000, 20.0);
             workspace::workspace(ctx, c[0], *file_bytes, l).await
         }
+        Scenario::WorkspaceBulk {
+            requests,
+            duration_s,
+            big_bytes,
+        } => {
+            let (big, pair) = bulk_loads(*requests, *duration_s);
+            workspace_bulk::workspace_bulk(ctx, *big_bytes, big, pair).await
+        }
         Scenario::Mixed { load } => {
             let (_, l) = load.resolve(&[4], 300, 180.0);
             mixed::mixed(ctx, l).await
@@ -150,7 +158,7 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
 /// the long ephemeral series so each tier is measured on a mesh that has not yet run thousands
 /// of executions; the order is part of the reproduce command's definition.
 async fn run_all(ctx: &mut Ctx, cli: &Cli, b: &BurstArgs) -> anyhow::Result<()> {
-    use scenarios::{assess, exec, memory, mixed, workspace};
+    use scenarios::{assess, exec, memory, mixed, workspace, workspace_bulk};
     let d = ExecArgs::from_defaults();
     let (c, l) = d.load.resolve(&[1, 4], 200, 30.0);
     let mut failures = Vec::new();
@@ -184,6 +192,11 @@ async fn run_all(ctx: &mut Ctx, cli: &Cli, b: &BurstArgs) -> anyhow::Result<()> 
     );
     let (c, l) = LoadArgs::default().resolve(&[8], 2_000, 20.0);
     step("workspace", workspace::workspace(ctx, c[0], 1024, l).await);
+    let (big, pair) = bulk_loads(None, None);
+    step(
+        "workspace-bulk",
+        workspace_bulk::workspace_bulk(ctx, 10 << 20, big, pair).await,
+    );
     let (c, l) = LoadArgs::default().resolve(&[256], 2_000_000, 10.0);
     step("assess", assess::assess(ctx, &c, 4, l, &[1, 2]).await);
     let (_, l) = LoadArgs::default().resolve(&[4], 300, 180.0);
@@ -219,4 +232,17 @@ async fn run_burst(ctx: &mut Ctx, b: &BurstArgs) -> anyhow::Result<()> {
         Duration::from_secs(b.limit_s),
     )
     .await
+}
+
+/// The bounds of `workspace-bulk`: large-file series, then snapshot / restore series.
+fn bulk_loads(requests: Option<u64>, duration_s: Option<f64>) -> (driver::Load, driver::Load) {
+    let args = LoadArgs {
+        concurrency: Vec::new(),
+        requests,
+        duration_s,
+    };
+    (
+        args.resolve(&[1], 10, 60.0).1,
+        args.resolve(&[1], 200, 20.0).1,
+    )
 }

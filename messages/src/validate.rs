@@ -372,6 +372,9 @@ pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits,
 }
 
 #[cfg(test)]
+mod properties;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::exec::{ContentEncoding, FileSpec, Language};

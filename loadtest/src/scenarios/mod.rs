@@ -6,6 +6,7 @@ pub mod exec;
 pub mod memory;
 pub mod mixed;
 pub mod workspace;
+pub mod workspace_bulk;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -11,6 +11,7 @@ use async_nats::HeaderMap;
 use messages::Subjects;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{ensure_bucket, StoreError};
 
@@ -28,6 +29,8 @@ pub struct Claims {
     bucket: String,
     owner: String,
     ttl: Duration,
+    /// Releases handed off by [`Claim::release_later`]; the scheduler's stop awaits them.
+    releases: TaskTracker,
 }
 
 /// The outcome of trying to claim an execution id.
@@ -62,7 +65,20 @@ impl Claims {
             bucket,
             owner: owner.to_string(),
             ttl,
+            releases: TaskTracker::new(),
         })
+    }
+
+    /// Waits, at most `limit`, for the releases handed off by [`Claim::release_later`]; no
+    /// new ones are taken after this. A release not finished leaves its claim to expire.
+    pub async fn finish_releases(&self, limit: Duration) {
+        self.releases.close();
+        if tokio::time::timeout(limit, self.releases.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("claim releases still pending; those claims will expire");
+        }
     }
 
     /// Claims `execution_id` for this scheduler until the claim is released or dropped.
@@ -189,18 +205,25 @@ impl Claim {
         }
     }
 
-    /// Gives the claim up so another attempt may take it at once.
+    /// Gives the claim up so another attempt may take it at once. Bounded: with NATS gone a
+    /// delete would wait for a reconnect, and a claim not deleted simply expires.
     pub async fn release(self) {
         self.stop.cancel();
         let revision = self.revision.load(Ordering::SeqCst);
-        if let Err(e) = self
+        let client = self.claims.js.client();
+        let delete = self
             .claims
             .kv
-            .delete_expect_revision(&self.key, Some(revision))
-            .await
-        {
+            .delete_expect_revision(&self.key, Some(revision));
+        if let Some(Err(e)) = kit::shutdown::bounded(&client, "releasing a claim", delete).await {
             tracing::debug!(execution_id = %self.key, error = %e, "claim not deleted; it will expire");
         }
+    }
+
+    /// Releases the claim in the background, tracked so the scheduler's stop awaits it.
+    pub fn release_later(self: Box<Self>) {
+        let releases = self.claims.releases.clone();
+        releases.spawn(self.release());
     }
 }
 

@@ -103,7 +103,7 @@ impl Jobs {
     }
 }
 
-/// Pulls and runs jobs until `stop`, then waits for the running ones to finish.
+/// Pulls jobs and runs each on `running` until `stop`; the caller waits for those (bounded).
 pub async fn run(
     jobs: Jobs,
     consumer: Consumer<pull::Config>,
@@ -118,12 +118,16 @@ pub async fn run(
             permit = jobs.admission.clone().acquire_owned() => drop(permit),
         }
         let room = jobs.admission.available_permits().clamp(1, batch);
-        let fetched = consumer
+        // Every NATS wait races `stop`: with the server gone, a fetch or a batch may never end.
+        let fetch = consumer
             .batch()
             .max_messages(room)
             .expires(Duration::from_secs(1))
-            .messages()
-            .await;
+            .messages();
+        let fetched = tokio::select! {
+            _ = stop.cancelled() => break,
+            f = fetch => f,
+        };
         let mut messages = match fetched {
             Ok(m) => m,
             Err(e) => {
@@ -134,7 +138,13 @@ pub async fn run(
                 }
             }
         };
-        while let Some(message) = messages.next().await {
+        loop {
+            // Jobs of the batch not taken yet come back after `ack_wait`.
+            let next = tokio::select! {
+                _ = stop.cancelled() => break,
+                next = messages.next() => next,
+            };
+            let Some(message) = next else { break };
             let message = match message {
                 Ok(m) => m,
                 Err(e) => {

@@ -120,8 +120,9 @@ macro_rules! serve {
 }
 
 /// Runs the scheduler until `shutdown`, then stops taking work and lets the executions in
-/// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`). Fails when the registry actor
-/// cannot be kept running.
+/// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`). Every NATS wait on the way out is
+/// bounded too, so it stops even with its server gone. Fails when the registry actor cannot be
+/// kept running.
 pub async fn run(
     config: SchedulerConfig,
     shutdown: CancellationToken,
@@ -201,7 +202,7 @@ pub async fn run(
         pipeline.clone(),
         (admission.clone(), max_queue),
         results.clone(),
-        claims,
+        claims.clone(),
         parked.clone(),
         client.clone(),
         subjects.clone(),
@@ -268,9 +269,10 @@ pub async fn run(
     // shutdown below does not wait for a person.
     stopping.cancel();
     jobs_stop.cancel();
-    let _ = jobs_loop.await;
-    let _ = resumer.await;
+    join_bounded("jobs", jobs_loop).await;
+    join_bounded("resumer", resumer).await;
     let grace = config.kit.shutdown_grace;
+    let started = tokio::time::Instant::now();
     let running = async {
         for tasks in [&jobs_running, &resuming, &bookkeeping] {
             tasks.close();
@@ -282,9 +284,16 @@ pub async fn run(
             "executions still running after the grace period; they will be redelivered or resumed"
         );
     }
+    // Claims released by the executions that just ended; each release is itself bounded.
+    let left = grace.saturating_sub(started.elapsed());
+    claims
+        .finish_releases(left.max(kit::shutdown::NATS_STEP_LIMIT))
+        .await;
     runtime.shutdown().await;
+    // The heartbeat watch runs until here: executions finishing above may still need to learn
+    // that their node was lost.
     background.cancel();
-    let _ = watch.await;
+    join_bounded("heartbeat watch", watch).await;
     lost.abort();
     if outcome.is_ok() {
         // The root first, so it does not restart the registry stopped after it.
@@ -292,4 +301,15 @@ pub async fn run(
     }
     registry.get().stop(None);
     outcome
+}
+
+/// Joins a background loop of the stop path. Each races its NATS waits with its token and
+/// ends at once; the bound only keeps the stop from hanging should one not.
+async fn join_bounded(name: &str, task: tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(kit::shutdown::NATS_STEP_LIMIT, task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(task = name, "background task did not stop; left behind");
+    }
 }

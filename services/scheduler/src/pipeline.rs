@@ -138,7 +138,7 @@ impl Pipeline {
                 return self.store(&exec, r, claim).await;
             }
             Err(e) => {
-                spawn_release(claim);
+                claim.release_later();
                 return Outcome::Retry(e);
             }
         };
@@ -155,7 +155,7 @@ impl Pipeline {
                 return self.after_parking(parked).await;
             }
             Err(e) => {
-                spawn_release(claim);
+                claim.release_later();
                 return Outcome::Retry(e);
             }
         }
@@ -227,11 +227,11 @@ impl Pipeline {
         match self.results.get(id).await {
             Ok(None) => Ok(claim),
             Ok(Some(stored)) => {
-                spawn_release(claim);
+                claim.release_later();
                 Err(Outcome::Done(stored))
             }
             Err(e) => {
-                spawn_release(claim);
+                claim.release_later();
                 Err(Outcome::Retry(e.into()))
             }
         }
@@ -355,7 +355,7 @@ impl Pipeline {
                 self.store(&exec, result, claim).await
             }
             Err(e) => {
-                spawn_release(claim);
+                claim.release_later();
                 Outcome::Retry(e)
             }
         }
@@ -390,7 +390,7 @@ impl Pipeline {
         };
         // The result is stored (or the attempt failed): the caller need not wait for the
         // release, and a claim whose release is lost expires by its TTL.
-        spawn_release(claim);
+        claim.release_later();
         outcome
     }
 
@@ -410,8 +410,4 @@ impl Pipeline {
             .await
             .map_err(|e| dependency_error("risk-assessor", e))
     }
-}
-
-fn spawn_release(claim: Box<Claim>) {
-    tokio::spawn(claim.release());
 }

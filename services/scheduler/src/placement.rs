@@ -272,43 +272,11 @@ mod tests {
         }
     }
 
-    /// Over many random tables: every strategy picks an open node, never a full one, and
-    /// least-loaded's pick has the minimal load ratio.
-    #[test]
-    fn choices_are_always_open_nodes() {
-        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move |m: u32| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % u64::from(m)) as u32
-        };
-        for _ in 0..500 {
-            let nodes: Vec<NodeView> = (0..1 + next(6))
-                .map(|i| node(&format!("n{i}"), 1 + next(8), next(10)))
-                .collect();
-            for s in [
-                Strategy::RoundRobin,
-                Strategy::LeastLoaded,
-                Strategy::ResourceAware,
-            ] {
-                let mut cursor = next(100) as usize;
-                match choose(s, &nodes, &REQ, &mut cursor) {
-                    Some(d) => {
-                        let n = nodes.iter().find(|n| n.id == d.node).unwrap();
-                        assert!(!n.is_full(), "{s:?} chose full node {n:?}");
-                        if s == Strategy::LeastLoaded {
-                            let best = nodes
-                                .iter()
-                                .filter(|n| !n.is_full())
-                                .map(|n| n.load_ratio())
-                                .fold(f64::INFINITY, f64::min);
-                            assert_eq!(n.load_ratio(), best);
-                        }
-                    }
-                    None => assert!(nodes.iter().all(|n| n.is_full()), "{s:?} found nothing"),
-                }
-            }
-        }
-    }
+    const STRATEGIES: [Strategy; 3] = [
+        Strategy::RoundRobin,
+        Strategy::LeastLoaded,
+        Strategy::ResourceAware,
+    ];
+
+    mod properties;
 }

@@ -266,7 +266,12 @@ pub fn spawn_watch(
         let filter = format!("{EXECUTOR_SERVICE}.>");
         let mut reopened = false;
         while !stop.is_cancelled() {
-            let mut watch = match nodes.watch_with_history(&filter).await {
+            // Raced with `stop`: with NATS gone, opening a watch waits for a reconnect.
+            let opened = tokio::select! {
+                _ = stop.cancelled() => break,
+                w = nodes.watch_with_history(&filter) => w,
+            };
+            let mut watch = match opened {
                 Ok(w) => w,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot watch executor heartbeats; retrying");

@@ -99,7 +99,12 @@ impl Resumer {
                         None => break,
                     },
                     _ = tick.tick() => {
-                        self.sweep(everything, &stop).await;
+                        // A sweep reads KV and asks the confirmation service: with NATS gone it
+                        // may hang, so it races `stop` (it spawns resumes, never half-does one).
+                        tokio::select! {
+                            _ = stop.cancelled() => break,
+                            _ = self.sweep(everything, &stop) => {}
+                        }
                         everything = false;
                     }
                 }

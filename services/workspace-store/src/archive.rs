@@ -283,3 +283,6 @@ pub fn append(
     };
     builder.append_data(&mut header, name, data)
 }
+
+#[cfg(test)]
+mod tests;

@@ -230,4 +230,62 @@ mod tests {
         assert_eq!(session_of_meta_key("s1.meta"), Some("s1"));
         assert_eq!(session_of_meta_key("s1.f.meta"), None);
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Path-like strings: components that are plain, dots, encoded dots, empty or odd,
+        /// joined by `/`, sometimes absolute or with a trailing slash.
+        pub(crate) fn path_like() -> impl Strategy<Value = String> {
+            let component = prop_oneof![
+                4 => "[a-zA-Z0-9_.-]{1,12}",
+                1 => Just("..".to_string()),
+                1 => Just(".".to_string()),
+                1 => Just(String::new()),
+                1 => Just("%2e%2e".to_string()),
+                1 => Just("%252e%252e".to_string()),
+                1 => "\\PC{1,6}",
+            ];
+            let parts = proptest::collection::vec(component, 1..6);
+            (any::<bool>(), parts, any::<bool>()).prop_map(|(absolute, parts, slash)| {
+                let lead = if absolute { "/" } else { "" };
+                let tail = if slash { "/" } else { "" };
+                format!("{lead}{}{tail}", parts.join("/"))
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever is accepted is a plain relative path that reads back as itself.
+            #[test]
+            fn accepted_paths_are_relative_plain_and_normal(
+                raw in prop_oneof![path_like(), any::<String>()],
+            ) {
+                let Ok((path, _)) = RelPath::parse("path", &raw) else {
+                    return Ok(());
+                };
+                prop_assert!(!raw.starts_with('/'));
+                for part in path.parts() {
+                    prop_assert!(!part.is_empty() && part != "." && part != "..", "{:?}", raw);
+                    prop_assert!(!part.contains('/') && !part.contains('\0'), "{:?}", raw);
+                }
+                let shown = path.to_string();
+                prop_assert_eq!(&shown, raw.strip_suffix('/').unwrap_or(&raw));
+                let (again, is_dir) = RelPath::parse("path", &shown).unwrap();
+                prop_assert_eq!(again, path);
+                prop_assert!(!is_dir);
+            }
+
+            #[test]
+            fn a_dotdot_component_or_an_absolute_path_is_refused(raw in path_like()) {
+                let climbs = raw.split('/').any(|c| c == "..");
+                if climbs || raw.starts_with('/') {
+                    prop_assert!(RelPath::parse("path", &raw).is_err(), "{:?}", raw);
+                }
+            }
+        }
+    }
 }
