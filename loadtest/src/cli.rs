@@ -50,6 +50,10 @@ pub struct Cli {
         global = true
     )]
     pub warm_pool: u64,
+    /// Sync requests carry an execution id of the client's (as a client that may retry sends
+    /// them, so the scheduler claims it); by default they carry none, as `nats req` sends them.
+    #[arg(long, global = true)]
+    pub sync_ids: bool,
     /// The sandbox image the baseline container runs.
     #[arg(
         long,

@@ -51,8 +51,12 @@ pub fn exec_sample(
 
 /// Sync: one request on `exec`, timed end to end.
 pub async fn exec_sync(mesh: &Mesh, req: &ExecRequest, expect: Option<&str>) -> Sample {
+    let mut req = req.clone();
+    if !mesh.sync_ids {
+        req.execution_id = None;
+    }
     let start = Instant::now();
-    let outcome = mesh.api.exec().exec_timeout(req, mesh.api.timeout()).await;
+    let outcome = mesh.api.exec().exec_timeout(&req, mesh.api.timeout()).await;
     exec_sample(outcome, start.elapsed(), expect)
 }
 

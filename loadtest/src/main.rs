@@ -68,7 +68,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     } else {
         (None, cli.nats_url.clone())
     };
-    let mesh = Mesh::connect(&url, subjects, timeout).await?;
+    let mut mesh = Mesh::connect(&url, subjects, timeout).await?;
+    mesh.sync_ids = cli.sync_ids;
     let docker = docker::connect().await.ok();
     let machine = Machine {
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),

@@ -28,6 +28,8 @@ pub struct Mesh {
     pub js: jetstream::Context,
     /// The typed clients, on the same connection and JetStream context.
     pub api: MeshClient,
+    /// Whether sync requests keep the execution id they were built with (`--sync-ids`).
+    pub sync_ids: bool,
 }
 
 /// The host of a `nats://host:port` URL.
@@ -77,6 +79,7 @@ impl Mesh {
             subjects,
             js,
             api,
+            sync_ids: false,
         })
     }
 

@@ -232,3 +232,27 @@ impl Drop for Claim {
         self.stop.cancel();
     }
 }
+
+/// What keeps a second attempt of an execution from running while this one does.
+pub enum Hold {
+    /// The id is the caller's, who may send it again: a claim in the KV.
+    Claimed(Box<Claim>),
+    /// The scheduler made the id for this sync request just now, so no other attempt can
+    /// know it and there is nothing to claim or look up (two JetStream round trips saved).
+    FreshId,
+}
+
+impl Hold {
+    pub async fn release(self) {
+        if let Hold::Claimed(claim) = self {
+            claim.release().await;
+        }
+    }
+
+    /// [`Claim::release_later`], or nothing for a fresh id.
+    pub fn release_later(self) {
+        if let Hold::Claimed(claim) = self {
+            claim.release_later();
+        }
+    }
+}

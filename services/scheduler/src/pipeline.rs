@@ -17,7 +17,7 @@ use messages::validate::{validate_exec, Ceilings};
 use messages::{ErrorBody, ErrorKind, Subjects};
 use serde_json::json;
 
-use crate::claims::{Claim, ClaimOutcome, Claims};
+use crate::claims::{ClaimOutcome, Claims, Hold};
 use crate::confirm::{self, ConfirmClient};
 use crate::dispatch::Dispatcher;
 use crate::error::dependency_error;
@@ -90,8 +90,10 @@ impl Pipeline {
         self.auditor.emit(kind, &exec.scope(), details);
     }
 
-    /// Runs `req` through the whole pipeline. An absent `execution_id` is assigned here.
+    /// Runs `req` through the whole pipeline. An absent `execution_id` (only a sync request
+    /// can lack one: async jobs carry theirs) is assigned here, and then needs no claim.
     pub async fn execute(&self, mut req: ExecRequest, origin: Origin) -> Outcome {
+        let fresh_id = req.execution_id.is_none();
         req.execution_id.get_or_insert_with(messages::new_id);
         let limits = match validate_exec(&req, &self.policy.ceilings) {
             Ok(limits) => limits,
@@ -115,7 +117,14 @@ impl Pipeline {
             let started = Instant::now();
             (self.assess(&exec.request).await, started.elapsed())
         };
-        let (claimed, (risk, assess_took)) = tokio::join!(self.claim_fresh(&exec.id), assessing);
+        let holding = async {
+            if fresh_id {
+                Ok(Hold::FreshId)
+            } else {
+                self.claim_fresh(&exec.id).await
+            }
+        };
+        let (claimed, (risk, assess_took)) = tokio::join!(holding, assessing);
         let claim = match claimed {
             Ok(claim) => claim,
             Err(outcome) => return outcome,
@@ -211,7 +220,7 @@ impl Pipeline {
     /// Takes the claim on `id` when no result is stored for it yet; otherwise the outcome to
     /// answer with. Claim first, then look: a holder stores before it releases, so a result
     /// stored by an earlier attempt is always seen (two round trips, not three).
-    async fn claim_fresh(&self, id: &str) -> Result<Box<Claim>, Outcome> {
+    async fn claim_fresh(&self, id: &str) -> Result<Hold, Outcome> {
         let claim = match self.claims.claim(id).await {
             Ok(ClaimOutcome::Claimed(claim)) => claim,
             Ok(ClaimOutcome::HeldBy(owner)) => {
@@ -225,7 +234,7 @@ impl Pipeline {
             Err(e) => return Err(Outcome::Retry(e.into())),
         };
         match self.results.get(id).await {
-            Ok(None) => Ok(claim),
+            Ok(None) => Ok(Hold::Claimed(claim)),
             Ok(Some(stored)) => {
                 claim.release_later();
                 Err(Outcome::Done(stored))
@@ -337,7 +346,7 @@ impl Pipeline {
     }
 
     /// Place, run, store.
-    async fn run_and_store(&self, exec: Execution, claim: Box<Claim>) -> Outcome {
+    async fn run_and_store(&self, exec: Execution, claim: Hold) -> Outcome {
         if exec.tier == Tier::Aio {
             // The aio-pool runs shell commands for browser work; it does not take exec
             // requests yet, so this tier cannot be served here and saying so beats a fallback
@@ -362,7 +371,7 @@ impl Pipeline {
     }
 
     /// Audits the end, stores the result, forgets a parked entry, releases the claim.
-    async fn store(&self, exec: &Execution, result: ExecResult, claim: Box<Claim>) -> Outcome {
+    async fn store(&self, exec: &Execution, result: ExecResult, claim: Hold) -> Outcome {
         self.audit(
             AuditKind::Finished,
             exec,

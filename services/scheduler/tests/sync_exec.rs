@@ -4,6 +4,8 @@ mod common;
 
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use common::*;
 use messages::exec::{
     Decision, ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup, Tier,
@@ -97,6 +99,47 @@ async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
             "{kind} in {kinds:?}"
         );
     }
+    mesh.shutdown().await;
+}
+
+/// A sync request without an id gets one from the scheduler; nobody else can know it, so it is
+/// neither claimed nor looked up first — and its result is still stored under it.
+#[tokio::test]
+async fn a_request_without_an_id_runs_unclaimed_and_is_stored() {
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 4)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let c = mesh.client.clone();
+    let mut r = req(Language::Python, "print(1)");
+    r.execution_id = None;
+    let done = exec(&c, &r).await.unwrap();
+    assert_eq!(done.status, ExecStatus::Ok, "{done:?}");
+    let id = done.execution_id.clone();
+    assert!(!id.is_empty());
+
+    let lookup: ResultLookup = c
+        .call(
+            Subjects::default().results_get(),
+            &ResultGet {
+                execution_id: id.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(lookup, ResultLookup::Done { result } if *result == done));
+    let js = async_nats::jetstream::new(c.client().clone());
+    let claims = js
+        .get_key_value(Subjects::default().exec_claims_bucket())
+        .await
+        .unwrap();
+    let mut history = claims.history(&id).await.unwrap();
+    assert!(
+        history.next().await.is_none(),
+        "the claims bucket never held {id}"
+    );
     mesh.shutdown().await;
 }
 
