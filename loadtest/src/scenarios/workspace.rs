@@ -24,6 +24,7 @@ pub async fn workspace(
     load: Load,
 ) -> anyhow::Result<()> {
     let ws = ctx.mesh.api.workspace().requested_by("loadtest");
+    let content = Arc::new(vec![b'x'; file_bytes]);
     let sessions: Vec<String> = (0..concurrency.max(1))
         .map(|_| format!("loadtest-ws-{}", messages::new_id().to_ascii_lowercase()))
         .collect();
@@ -33,19 +34,20 @@ pub async fn workspace(
             .map_err(|e| anyhow::anyhow!("workspace init: {e}"))?;
         // Every file exists before reads start.
         for seq in 0..FILES {
-            write(&ws, s, &path(seq), file_bytes).await;
+            write(&ws, s, &path(seq), &content).await;
         }
     }
     let sessions = Arc::new(sessions);
     let load = load.with_concurrency(concurrency);
     for op in ["write", "read", "list"] {
         let name = format!("workspace/{op}/c{concurrency}");
-        let (ws, sessions) = (ws.clone(), sessions.clone());
+        let (ws, sessions, content) = (ws.clone(), sessions.clone(), content.clone());
         let run = drive(&name, load, move |worker, seq| {
             let (ws, session) = (ws.clone(), sessions[worker].clone());
+            let content = content.clone();
             async move {
                 match op {
-                    "write" => write(&ws, &session, &path(seq), file_bytes).await,
+                    "write" => write(&ws, &session, &path(seq), &content).await,
                     "read" => read(&ws, &session, &path(seq), file_bytes).await,
                     _ => list(&ws, &session).await,
                 }
@@ -62,17 +64,18 @@ pub async fn workspace(
     Ok(())
 }
 
-async fn write(ws: &WorkspaceClient, session: &str, path: &str, bytes: usize) -> Sample {
-    let content = "x".repeat(bytes);
+/// One timed write of `data`; a reply with another size is not ok.
+pub(crate) async fn write(ws: &WorkspaceClient, session: &str, path: &str, data: &[u8]) -> Sample {
     let start = Instant::now();
-    match ws.write(session, path, content.as_bytes()).await {
-        Ok(e) if e.size == bytes as u64 => Sample::timed(start.elapsed(), "ok"),
+    match ws.write(session, path, data).await {
+        Ok(e) if e.size == data.len() as u64 => Sample::timed(start.elapsed(), "ok"),
         Ok(_) => Sample::timed(start.elapsed(), "wrong_size"),
         Err(e) => call_failed(&e),
     }
 }
 
-async fn read(ws: &WorkspaceClient, session: &str, path: &str, bytes: usize) -> Sample {
+/// One timed read; content of another length is not ok.
+pub(crate) async fn read(ws: &WorkspaceClient, session: &str, path: &str, bytes: usize) -> Sample {
     let start = Instant::now();
     match ws.read(session, path).await {
         Ok(content) if content.len() == bytes => Sample::timed(start.elapsed(), "ok"),

@@ -11,6 +11,7 @@ use sandmesh_client::WorkspaceClient;
 
 use crate::client::call_failed;
 use crate::driver::{drive, Load, Sample};
+use crate::scenarios::workspace::{read, write};
 use crate::scenarios::Ctx;
 
 /// The small workspace of the pair: code files as an agent leaves them.
@@ -96,24 +97,6 @@ fn output_tar(empty: bool) -> anyhow::Result<Vec<u8>> {
         builder.append_data(&mut header, OUTPUT, &data[..])?;
     }
     Ok(builder.into_inner()?)
-}
-
-async fn write(ws: &WorkspaceClient, session: &str, path: &str, data: &[u8]) -> Sample {
-    let start = Instant::now();
-    match ws.write(session, path, data).await {
-        Ok(e) if e.size == data.len() as u64 => Sample::timed(start.elapsed(), "ok"),
-        Ok(_) => Sample::timed(start.elapsed(), "wrong_size"),
-        Err(e) => call_failed(&e),
-    }
-}
-
-async fn read(ws: &WorkspaceClient, session: &str, path: &str, bytes: usize) -> Sample {
-    let start = Instant::now();
-    match ws.read(session, path).await {
-        Ok(content) if content.len() == bytes => Sample::timed(start.elapsed(), "ok"),
-        Ok(_) => Sample::timed(start.elapsed(), "wrong_content"),
-        Err(e) => call_failed(&e),
-    }
 }
 
 async fn snapshot(ws: &WorkspaceClient, session: &str) -> Sample {

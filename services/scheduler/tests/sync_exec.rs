@@ -25,6 +25,13 @@ async fn exec(c: &kit::Caller, r: &ExecRequest) -> Result<ExecResult, kit::CallE
     c.call(Subjects::default().exec(), r).await
 }
 
+async fn look_up(c: &kit::Caller, id: &str) -> Result<ResultLookup, kit::CallError> {
+    let get = ResultGet {
+        execution_id: id.into(),
+    };
+    c.call(Subjects::default().results_get(), &get).await
+}
+
 #[tokio::test]
 async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
     let mesh = Mesh::builder()
@@ -56,25 +63,9 @@ async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
         .count();
     assert_eq!(ran, 1, "a repeated id never runs twice");
 
-    let lookup: ResultLookup = c
-        .call(
-            Subjects::default().results_get(),
-            &ResultGet {
-                execution_id: "exec-repeat-1".into(),
-            },
-        )
-        .await
-        .unwrap();
+    let lookup = look_up(&c, "exec-repeat-1").await.unwrap();
     assert!(matches!(lookup, ResultLookup::Done { result } if *result == first));
-    let missing = c
-        .call::<_, ResultLookup>(
-            Subjects::default().results_get(),
-            &ResultGet {
-                execution_id: "never-ran".into(),
-            },
-        )
-        .await
-        .unwrap_err();
+    let missing = look_up(&c, "never-ran").await.unwrap_err();
     assert_eq!(missing.kind(), ErrorKind::NotFound);
 
     let kinds = eventually("the audit trail", || {
@@ -120,15 +111,7 @@ async fn a_request_without_an_id_runs_unclaimed_and_is_stored() {
     let id = done.execution_id.clone();
     assert!(!id.is_empty());
 
-    let lookup: ResultLookup = c
-        .call(
-            Subjects::default().results_get(),
-            &ResultGet {
-                execution_id: id.clone(),
-            },
-        )
-        .await
-        .unwrap();
+    let lookup = look_up(&c, &id).await.unwrap();
     assert!(matches!(lookup, ResultLookup::Done { result } if *result == done));
     let js = async_nats::jetstream::new(c.client().clone());
     let claims = js
