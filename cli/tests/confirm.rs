@@ -1,6 +1,8 @@
 //! `sandmesh confirm` as a person runs it: the real binary against a confirmation service
 //! running in this process over a real nats-server.
 
+mod common;
+
 use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,7 +16,7 @@ use sandmesh_client::{ConfirmClient, MeshClient};
 use test_support::{eventually, NatsServer};
 use tokio::io::AsyncBufReadExt;
 
-const SANDMESH: &str = env!("CARGO_BIN_EXE_sandmesh");
+use common::SANDMESH;
 const BOUND: Duration = Duration::from_secs(30);
 
 struct Service {
@@ -72,15 +74,7 @@ fn pending(rule: &str) -> ConfirmRequest {
 
 /// Runs `sandmesh <args>` to completion against the mesh at `url`.
 async fn sandmesh(url: &str, args: &[&str]) -> Output {
-    let run = tokio::process::Command::new(SANDMESH)
-        .args(args)
-        .env("SANDMESH_NATS_URL", url)
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(BOUND, run)
-        .await
-        .unwrap_or_else(|_| panic!("sandmesh {args:?} did not finish"))
-        .expect("sandmesh runs")
+    common::sandmesh(url, args, BOUND).await
 }
 
 fn text(bytes: &[u8]) -> String {

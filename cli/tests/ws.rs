@@ -1,6 +1,8 @@
 //! `sandmesh ws` as a person runs it: the real binary against a workspace-store running in
 //! this process over a real nats-server; files of any size, refusals as exit code 1.
 
+mod common;
+
 use std::process::Output;
 use std::time::Duration;
 
@@ -10,7 +12,6 @@ use sandmesh_client::{MeshClient, WorkspaceClient};
 use test_support::{eventually, NatsServer};
 use workspace_store::WorkspaceConfig;
 
-const SANDMESH: &str = env!("CARGO_BIN_EXE_sandmesh");
 const BOUND: Duration = Duration::from_secs(60);
 
 async fn start_store(url: &str) -> (CancellationToken, WorkspaceClient) {
@@ -29,17 +30,10 @@ async fn start_store(url: &str) -> (CancellationToken, WorkspaceClient) {
     (token, ws)
 }
 
+/// `sandmesh ws <args>`.
 async fn sandmesh(url: &str, args: &[&str]) -> Output {
-    let run = tokio::process::Command::new(SANDMESH)
-        .arg("ws")
-        .args(args)
-        .env("SANDMESH_NATS_URL", url)
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(BOUND, run)
-        .await
-        .unwrap_or_else(|_| panic!("sandmesh ws {args:?} did not finish"))
-        .expect("sandmesh runs")
+    let args: Vec<&str> = ["ws"].iter().chain(args).copied().collect();
+    common::sandmesh(url, &args, BOUND).await
 }
 
 #[tokio::test]

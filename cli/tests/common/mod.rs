@@ -38,6 +38,13 @@ pub async fn run_bounded(cmd: Command, limit: Duration) -> Output {
     }
 }
 
+/// `sandmesh <args>` against the NATS at `url`, as a user runs it, bounded by `limit`.
+pub async fn sandmesh(url: &str, args: &[&str], limit: Duration) -> Output {
+    let mut cmd = Command::new(SANDMESH);
+    cmd.args(args).env("SANDMESH_NATS_URL", url);
+    run_bounded(cmd, limit).await
+}
+
 /// `sandmesh up` against a given NATS, its stderr in `log`; killed on drop if still running.
 pub struct Up {
     child: tokio::process::Child,
