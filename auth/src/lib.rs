@@ -287,7 +287,7 @@ impl Tenancy {
         // One account per tenant.
         for (tenant, agents) in &self.tenants {
             let _ = writeln!(out, "  {tenant} {{\n    users: [");
-            let perms = p.agent(tenant);
+            let perms = p.agent();
             for a in agents {
                 let _ = writeln!(out, "      {}", user_entry(a, Some(&perms)));
             }

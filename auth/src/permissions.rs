@@ -318,13 +318,16 @@ impl<'s> Plan<'s> {
         ]
     }
 
-    pub(crate) fn agent(&self, tenant: &Tenant) -> Permissions {
+    pub(crate) fn agent(&self) -> Permissions {
         let s = self.s;
         let mut p = Permissions::default();
+        // Its own inboxes: `subscribe_live` publishes there to learn its subscription is live.
         p.publish(self.services().into_iter().map(|(subject, _)| subject))
-            .publish([s.jobs_exec()])
+            .publish([s.jobs_exec(), "_INBOX.>".to_string()])
             .subscribe(["_INBOX.>".to_string()])
-            .subscribe(self.tenant_events(tenant));
+            // Any event subject of its own account: only its own tenant's events are imported
+            // there, so `output.*.<id>` or `audit.>` can never match another tenant's.
+            .subscribe([s.output_all(), s.audit_all(), s.confirm_events_all()]);
         // Imported so agents can follow their own confirmations, but deciding is an operator's:
         // the server refuses it with a permissions violation.
         p.deny_publish = vec![s.confirm(messages::subjects::ConfirmOp::Decide)];
@@ -348,7 +351,7 @@ impl<'s> Plan<'s> {
     pub(crate) fn operator(&self, scope: &Scope) -> Permissions {
         let s = self.s;
         let mut p = Permissions::default();
-        p.publish([s.pattern("confirm.*")])
+        p.publish([s.pattern("confirm.*"), "_INBOX.>".to_string()])
             .subscribe(["_INBOX.>".to_string()]);
         match scope {
             Scope::All => {

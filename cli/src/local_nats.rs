@@ -85,6 +85,28 @@ pub fn write_accounts(data_dir: &Path, tenancy: &Tenancy) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Writes `nats.conf` (and the accounts file it includes) into `dir`: a server listening on
+/// `listen` with JetStream in `store` (fsync on every write: acked jobs survive a crash).
+pub fn write_config(
+    dir: &Path,
+    listen: &str,
+    store: &Path,
+    tenancy: Option<&Tenancy>,
+) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut config = format!(
+        "listen: {listen}\nmax_payload: 1MB\njetstream {{\n  store_dir: {store:?}\n  sync_interval: always\n}}\npid_file: {:?}\n",
+        dir.join(PID_FILE),
+    );
+    if let Some(tenancy) = tenancy {
+        write_accounts(dir, tenancy)?;
+        config.push_str(&format!("include {ACCOUNTS_FILE:?}\n"));
+    }
+    let conf = dir.join("nats.conf");
+    std::fs::write(&conf, config).with_context(|| format!("writing {}", conf.display()))?;
+    Ok(conf)
+}
+
 /// Has the running server re-read its configuration (new tenants, changed scopes).
 pub fn reload(data_dir: &Path) -> anyhow::Result<()> {
     let pid_file = data_dir.join(PID_FILE);
@@ -114,17 +136,12 @@ pub fn start(data_dir: &Path, port: u16, tenancy: Option<&Tenancy>) -> anyhow::R
         .with_context(|| format!("creating {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let log = data_dir.join("nats.log");
-    let mut config = format!(
-        "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?} }}\npid_file: {:?}\n",
-        data_dir.join("jetstream"),
-        data_dir.join(PID_FILE),
-    );
-    if let Some(tenancy) = tenancy {
-        write_accounts(&data_dir, tenancy)?;
-        config.push_str(&format!("include {ACCOUNTS_FILE:?}\n"));
-    }
-    let conf = data_dir.join("nats.conf");
-    std::fs::write(&conf, config).with_context(|| format!("writing {}", conf.display()))?;
+    let conf = write_config(
+        &data_dir,
+        &format!("127.0.0.1:{port}"),
+        &data_dir.join("jetstream"),
+        tenancy,
+    )?;
     let child = Command::new(&bin)
         .arg("-c")
         .arg(&conf)

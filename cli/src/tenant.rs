@@ -17,10 +17,29 @@ pub struct CredsArgs {
     /// The tenant whose agent to show (default: `default`).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Print only the URL with the credentials in it (for scripts: `--url "$(sandmesh creds
+    /// --url-only)"`).
+    #[arg(long)]
+    pub url_only: bool,
 }
 
 #[derive(clap::Subcommand, Debug)]
 pub enum TenantCommand {
+    /// Writes a deployment's accounts and credentials into the data directory (kept if they
+    /// exist): `tenancy.json` (services read their own credentials from it through
+    /// `SANDMESH_TENANCY_FILE`), `nats/nats.conf` with `nats/accounts.conf`, and `creds/`.
+    /// docker-compose runs this before NATS starts.
+    Init {
+        /// Where nats-server listens.
+        #[arg(long, default_value = "127.0.0.1:4222")]
+        listen: String,
+        /// Where nats-server keeps JetStream data.
+        #[arg(long, default_value = "/var/lib/nats/jetstream")]
+        store: std::path::PathBuf,
+        /// The server URL written into the credentials files (as clients reach it).
+        #[arg(long, default_value = "nats://127.0.0.1:4222")]
+        url: String,
+    },
     /// Adds a tenant (its own account: it sees only its own sessions, workspaces and results)
     /// and prints how its agents connect.
     Add { name: String },
@@ -45,7 +64,12 @@ pub fn creds(args: CredsArgs) -> anyhow::Result<i32> {
             path.display()
         );
     }
-    print_creds(&CredsFile::load(&path)?, &path);
+    let file = CredsFile::load(&path)?;
+    if args.url_only {
+        println!("{}", file.url_with_credentials());
+    } else {
+        print_creds(&file, &path);
+    }
     Ok(0)
 }
 
@@ -84,9 +108,21 @@ fn load(data_dir: &std::path::Path) -> anyhow::Result<Tenancy> {
 
 pub fn run(command: TenantCommand) -> anyhow::Result<i32> {
     let data_dir = creds::data_dir();
-    let mut tenancy = load(&data_dir)?;
     match command {
+        TenantCommand::Init { listen, store, url } => {
+            let tenancy = up::load_or_create_tenancy(&data_dir, &messages::Subjects::default())?;
+            let nats_dir = data_dir.join("nats");
+            let conf = local_nats::write_config(&nats_dir, &listen, &store, Some(&tenancy))?;
+            creds::write_all(&data_dir, &url, &tenancy)?;
+            eprintln!(
+                "sandmesh: nats-server config {}; credentials in {}",
+                conf.display(),
+                creds::creds_dir(&data_dir).display()
+            );
+            Ok(0)
+        }
         TenantCommand::List => {
+            let tenancy = load(&data_dir)?;
             for (tenant, agents) in &tenancy.tenants {
                 let users: Vec<&str> = agents.iter().map(|a| a.user.as_str()).collect();
                 println!("{tenant}\t{}", users.join(","));
@@ -94,6 +130,7 @@ pub fn run(command: TenantCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
         TenantCommand::Add { name } => {
+            let mut tenancy = load(&data_dir)?;
             let tenant = Tenant::new(name)?;
             let existed = tenancy.tenants.contains_key(&tenant);
             tenancy.add_tenant(&tenant);

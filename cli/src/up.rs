@@ -164,7 +164,7 @@ fn service_env(
 
 /// The deployment's accounts and credentials: `tenancy.json` in the data directory, made on
 /// first use and kept (so `sandmesh creds` stays valid across restarts).
-fn load_or_create_tenancy(data_dir: &Path, subjects: &Subjects) -> anyhow::Result<Tenancy> {
+pub fn load_or_create_tenancy(data_dir: &Path, subjects: &Subjects) -> anyhow::Result<Tenancy> {
     let path = data_dir.join(TENANCY_FILE);
     if path.exists() {
         return Ok(Tenancy::load(&path)?);

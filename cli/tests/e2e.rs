@@ -89,7 +89,7 @@ async fn a_python_client_and_the_cli_use_a_running_mesh() {
     let mut client = Command::new(&python);
     client
         .arg(repo_root().join("clients/python/exec.py"))
-        .args(["--url", &nats.url()]);
+        .args(["--url", &nats.agent_url("default")]);
     let out = run_bounded(client, Duration::from_secs(300)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

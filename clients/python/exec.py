@@ -2,14 +2,17 @@
 """Run code through the sandmesh mesh from Python: request-reply and async jobs, in JSON.
 
     python3 -m venv .venv && .venv/bin/pip install -r clients/python/requirements.txt
-    .venv/bin/python clients/python/exec.py --url nats://127.0.0.1:4222
+    .venv/bin/python clients/python/exec.py --url "$(sandmesh creds --url-only)"
+
+The URL carries the credentials `sandmesh creds` prints (`nats://user:password@host:port`):
+with them the mesh knows the tenant, and everything below stays within it.
 
 Request-reply: `ExecRequest` on `sandbox.v1.exec`, the reply is the `ExecResult`.
 Async: publish the request to JetStream on `sandbox.v1.jobs.exec` with `Nats-Msg-Id` set to
 the execution id (the idempotency key: publishing twice runs it once); the JetStream ack means
-"accepted". The result appears in the `SANDBOX_RESULTS` stream at
-`sandbox.v1.results.<execution_id>`, fetched here with a direct get by subject.
-Each result is printed as one JSON line.
+"accepted". The result is then asked for on `sandbox.v1.exec.result` with `wait_ms`: the
+scheduler holds the answer until the result is stored (a long poll), so the client needs no
+access to the results stream. Each result is printed as one JSON line.
 """
 
 import argparse
@@ -40,12 +43,18 @@ async def exec_async(nc, js, request, wait_s=120):
                                headers={**JSON_HEADERS, "Nats-Msg-Id": execution_id})
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        try:
-            msg = await js.get_last_msg("SANDBOX_RESULTS", f"sandbox.v1.results.{execution_id}",
-                                        direct=True)
-            return {**json.loads(msg.data), "duplicate_publish_acked": ack.duplicate}
-        except nats.js.errors.NotFoundError:
+        ask = {"execution_id": execution_id, "wait_ms": 10_000}
+        msg = await nc.request("sandbox.v1.exec.result", json.dumps(ask).encode(), timeout=20,
+                               headers=JSON_HEADERS)
+        code = (msg.headers or {}).get("Nats-Service-Error-Code")
+        body = json.loads(msg.data)
+        if code == "404":  # not taken from the queue yet
             await asyncio.sleep(0.1)
+            continue
+        if code:
+            return {"error": int(code), "message": body.get("message")}
+        if body.get("state") == "done":
+            return {**body["result"], "duplicate_publish_acked": ack.duplicate}
     return {"error": 504, "message": f"no result for {execution_id} within {wait_s}s"}
 
 

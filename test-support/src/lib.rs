@@ -92,6 +92,11 @@ impl NatsServer {
         for t in tenants {
             tenancy.add_tenant(&Tenant::new(*t).expect("a valid tenant name"));
         }
+        Self::start_with_tenancy(tenancy)
+    }
+
+    /// The shipped configuration for these accounts and users.
+    pub fn start_with_tenancy(tenancy: Tenancy) -> Self {
         Self::start_inner(Some(tenancy), None)
     }
 

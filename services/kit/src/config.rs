@@ -157,6 +157,10 @@ pub struct KitConfig {
     pub nats_url: String,
     pub nats_user: Option<String>,
     pub nats_password: Option<String>,
+    /// The deployment's tenancy file (`SANDMESH_TENANCY_FILE`, written by `sandmesh up` or
+    /// `sandmesh tenant init`): a service takes its own credentials from it, so a deployment
+    /// mounts one secret instead of a password per service.
+    pub tenancy_file: Option<std::path::PathBuf>,
     pub subjects: Subjects,
     pub instance_id: String,
     /// OTLP gRPC endpoint; tracing export is off when absent.
@@ -194,6 +198,7 @@ impl KitConfig {
             nats_url: r.string("NATS_URL", "nats://127.0.0.1:4222"),
             nats_user: r.optional_string("NATS_USER"),
             nats_password: r.optional_string("NATS_PASSWORD"),
+            tenancy_file: r.optional_string("TENANCY_FILE").map(Into::into),
             subjects,
             instance_id,
             otlp_endpoint: r.optional_string("OTLP_ENDPOINT"),

@@ -32,14 +32,19 @@ pub async fn connect(config: &KitConfig, service: &str, name: &str) -> Result<Cl
                 other => tracing::debug!(event = %other, "nats event"),
             }
         });
-    // Credentials in the URL (`sandmesh creds` prints them so) win over the separate settings.
+    // Credentials in the URL (`sandmesh creds` prints them so) win over the separate settings,
+    // and those over the tenancy file.
     let (url, in_url) = sandmesh_auth::split_url(&config.nats_url);
-    match (in_url, &config.nats_user, &config.nats_password) {
-        (Some(c), _, _) => options = options.user_and_password(c.user, c.password),
-        (None, Some(user), Some(password)) => {
-            options = options.user_and_password(user.clone(), password.clone())
-        }
-        _ => {}
+    let credentials = match (in_url, &config.nats_user, &config.nats_password) {
+        (Some(c), _, _) => Some(c),
+        (None, Some(user), Some(password)) => Some(sandmesh_auth::Credentials {
+            user: user.clone(),
+            password: password.clone(),
+        }),
+        _ => from_tenancy_file(config, service)?,
+    };
+    if let Some(c) = credentials {
+        options = options.user_and_password(c.user, c.password);
     }
     let client = options
         .connect(url.as_str())
@@ -49,6 +54,27 @@ pub async fn connect(config: &KitConfig, service: &str, name: &str) -> Result<Cl
             source,
         })?;
     Ok(client)
+}
+
+/// This service's own credentials from the tenancy file, when one is configured.
+fn from_tenancy_file(
+    config: &KitConfig,
+    service: &str,
+) -> Result<Option<sandmesh_auth::Credentials>, KitError> {
+    let Some(path) = &config.tenancy_file else {
+        return Ok(None);
+    };
+    let tenancy = sandmesh_auth::Tenancy::load(path)?;
+    let missing = || KitError::NoCredentials {
+        file: path.display().to_string(),
+        service: service.to_string(),
+    };
+    let name: messages::ServiceName = service.parse().map_err(|_| missing())?;
+    tenancy
+        .credentials(sandmesh_auth::Role::Service(name))
+        .cloned()
+        .map(Some)
+        .ok_or_else(missing)
 }
 
 /// `_INBOX_<service>`: the inbox prefix of a service's connections.

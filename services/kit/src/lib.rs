@@ -80,6 +80,10 @@ pub enum KitError {
         #[source]
         source: ractor::SpawnErr,
     },
+    #[error("the tenancy file: {0}")]
+    Tenancy(#[from] sandmesh_auth::TenancyError),
+    #[error("the tenancy file {file} holds no credentials for the service {service:?}")]
+    NoCredentials { file: String, service: String },
 }
 
 impl KitError {

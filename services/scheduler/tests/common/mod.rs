@@ -21,7 +21,9 @@ use kit::serve::ServiceHost;
 use kit::{CallError, Caller, CancellationToken};
 use messages::confirm::ConfirmRequest;
 use messages::exec::{ExecRequest, ExecResult};
+use messages::tenancy::Tenant;
 use messages::{Encoding, ServiceName, Subjects};
+use sandmesh_auth::{Scope, Tenancy};
 use scheduler::SchedulerConfig;
 use test_support::NatsServer;
 
@@ -85,6 +87,8 @@ pub struct MeshBuilder {
     executors: Vec<(String, u32)>,
     docker_executors: usize,
     scheduler: Option<Tune>,
+    /// Accounts and users beyond the default ones (tenants, scoped operators).
+    tenancy: Option<Tenancy>,
 }
 
 impl MeshBuilder {
@@ -128,6 +132,19 @@ impl MeshBuilder {
         self.docker_executors = n;
         self
     }
+    /// These tenants besides `default`, and operators with a scope of named tenants.
+    pub fn tenants(mut self, tenants: &[&str], operators: &[(&str, &[&str])]) -> Self {
+        let mut t = Tenancy::generate(&Subjects::default());
+        for name in tenants {
+            t.add_tenant(&Tenant::new(*name).unwrap());
+        }
+        for (user, scope) in operators {
+            let set = scope.iter().map(|n| Tenant::new(*n).unwrap()).collect();
+            t.add_operator(user, Scope::Tenants(set));
+        }
+        self.tenancy = Some(t);
+        self
+    }
     /// A scheduler with the test defaults, changed by `tune`.
     pub fn scheduler(mut self, tune: impl FnOnce(&mut SchedulerConfig) + Send + 'static) -> Self {
         self.scheduler = Some(Box::new(tune));
@@ -135,7 +152,10 @@ impl MeshBuilder {
     }
 
     pub async fn start(self) -> Mesh {
-        let nats = NatsServer::start();
+        let nats = match self.tenancy {
+            Some(t) => NatsServer::start_with_tenancy(t),
+            None => NatsServer::start(),
+        };
         let url = nats.url();
         let nc = connect(&url).await;
         let mut mesh = Mesh {
@@ -264,11 +284,11 @@ impl Mesh {
 
     /// (Re)starts the real confirmation service with this policy.
     pub fn start_confirmation(&mut self, policy: &[(&str, &str)]) {
-        let c = confirmation::ConfirmationConfig::from_env(&env_of(
-            &self.nats.service_url(ServiceName::Confirmation),
-            policy,
-        ))
-        .unwrap();
+        let mut env = env_of(&self.nats.service_url(ServiceName::Confirmation), policy);
+        if let Some(t) = self.nats.tenancy() {
+            env.insert("SANDMESH_OPERATOR_SCOPES".into(), t.operator_scopes());
+        }
+        let c = confirmation::ConfirmationConfig::from_env(&env).unwrap();
         self.add("confirmation", |stop| spawn(confirmation::run(c, stop)));
     }
 
