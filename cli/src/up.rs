@@ -36,6 +36,10 @@ pub struct UpArgs {
     /// Port of the embedded nats-server.
     #[arg(long, default_value_t = 4222)]
     pub nats_port: u16,
+    /// The egress ceiling: the domains (and CIDRs, `!denied` names, `*`) sandboxes may be
+    /// allowed to reach at all; nothing when unset (every network policy is refused).
+    #[arg(long, env = "SANDMESH_NETWORK_ALLOW", value_name = "LIST")]
+    pub network_allow: Option<String>,
 }
 
 type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -254,6 +258,9 @@ pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
 
 pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     let mut env = process_env();
+    if let Some(allow) = &args.network_allow {
+        env.insert("SANDMESH_NETWORK_ALLOW".into(), allow.clone());
+    }
     let kit_config = kit::config::exit_on_error(kit::KitConfig::from_env(&env));
     let _telemetry = kit::telemetry::init(
         "sandmesh",

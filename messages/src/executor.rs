@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecRequest, Tier};
+use crate::network::NetworkPolicy;
 
 /// `executor.docker.run` (any node, tier `ephemeral`) or `executor.docker.<node>.run` (the
 /// node holding the session's container). Limits and timeout in `request` are already
@@ -19,6 +20,11 @@ pub struct ExecutorRun {
     /// Which container runs it.
     #[serde(default)]
     pub kind: RunKind,
+    /// The effective egress policy (the request's or the session's, validated and clamped by
+    /// the scheduler). Set only for `Isolated` and `Session` runs: a pooled warm container
+    /// has no egress socket. Absent: no network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// The container an [`ExecutorRun`] gets.

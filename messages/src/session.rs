@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{Language, Tier};
+use crate::network::NetworkPolicy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -40,6 +41,10 @@ pub struct SessionRecord {
     /// How many times the session was re-placed with its workspace restored.
     #[serde(default)]
     pub restores: u64,
+    /// The session's egress policy, as admitted (validated, clamped by the operator's
+    /// ceiling); every execution of the session runs under it. Absent: no network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// `sessions.open`: an id may be supplied (idempotent), otherwise a ULID is assigned.
@@ -53,6 +58,9 @@ pub struct SessionOpen {
     pub language: Option<Language>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Egress for every execution of the session; absent: no network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// `sessions.get` and `sessions.close`.

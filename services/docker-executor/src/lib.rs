@@ -59,6 +59,7 @@
 
 pub mod config;
 pub mod docker;
+pub mod egress;
 pub mod exchange;
 pub mod execution;
 pub mod executor;
@@ -197,6 +198,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         client: runtime.client.clone(),
         subjects: subjects.clone(),
         config: config.clone(),
+        egress: egress::EgressHost::new(config.egress_dir.clone(), runtime.auditor.clone()),
     };
     let sandboxes_for_exit = sandboxes.clone();
     let janitor = JanitorArgs {

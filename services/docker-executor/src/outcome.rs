@@ -160,6 +160,7 @@ mod tests {
                 request,
                 session_restored: false,
                 kind: Default::default(),
+                network: None,
             },
             accepted: Instant::now(),
             retried: false,

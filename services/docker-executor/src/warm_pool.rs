@@ -72,7 +72,7 @@ impl WarmPoolState {
             self.args.node.tasks.spawn(async move {
                 let started = async {
                     let lease =
-                        ContainerLease::start(&sandboxes, &node, ContainerKind::Warm, None, limits)
+                        ContainerLease::start(&sandboxes, &node, ContainerKind::Warm, None, limits, None)
                             .await?;
                     sandboxes.warm(&lease.name).await.map(|()| lease)
                 }

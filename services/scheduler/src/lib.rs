@@ -42,6 +42,7 @@ pub mod execution;
 pub mod executor_client;
 pub mod intake;
 pub mod jobs;
+pub mod network;
 pub mod parking;
 pub mod pipeline;
 pub mod placement;
@@ -208,7 +209,7 @@ pub async fn run(
         subjects.clone(),
         stopping.clone(),
     );
-    let sessions = SessionApi::new(affinity, executor, auditor);
+    let sessions = SessionApi::new(affinity, executor, auditor, config.network_ceiling.clone());
     let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
 
     let s = subjects.clone();

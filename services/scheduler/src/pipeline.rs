@@ -34,6 +34,8 @@ pub struct Policy {
     pub assess_timeout: Duration,
     /// Added to an execution's own timeout; past it the executor counts as lost.
     pub exec_grace: Duration,
+    /// The egress a deployment permits at all (`SANDMESH_NETWORK_ALLOW`).
+    pub network_ceiling: messages::network::NetworkPolicy,
 }
 
 #[derive(Clone)]
@@ -95,10 +97,15 @@ impl Pipeline {
     pub async fn execute(&self, mut req: ExecRequest, origin: Origin) -> Outcome {
         let fresh_id = req.execution_id.is_none();
         req.execution_id.get_or_insert_with(messages::new_id);
-        let limits = match validate_exec(&req, &self.policy.ceilings) {
+        let admitted = validate_exec(&req, &self.policy.ceilings)
+            .map_err(ErrorBody::from)
+            .and_then(|limits| {
+                crate::network::admit_request(&mut req, &self.policy.network_ceiling)?;
+                Ok(limits)
+            });
+        let limits = match admitted {
             Ok(limits) => limits,
-            Err(e) => {
-                let body = ErrorBody::from(e);
+            Err(body) => {
                 let scope = AuditScope {
                     execution_id: req.execution_id.clone(),
                     session_id: req.session_id.clone(),
@@ -403,11 +410,17 @@ impl Pipeline {
         outcome
     }
 
+    /// Assesses the code, telling the assessor whether it runs under a network policy (its
+    /// own, or its session's): then fetching is bounded by the policy, not a risk by itself.
     async fn assess(&self, req: &ExecRequest) -> Result<RiskAssessment, ErrorBody> {
+        let network = match &req.session_id {
+            Some(id) => self.dispatcher.session_has_network(id).await?,
+            None => req.network.is_some(),
+        };
         let ask = AssessRequest {
             content: req.code.clone(),
             content_type: req.language.into(),
-            params: None,
+            params: network.then(|| json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: Some(self.policy.security_mode),
         };
         self.caller
