@@ -196,7 +196,10 @@ pub fn summary(r: &ExecResult) -> String {
             .iter()
             .map(|c| format!("{}:{}", c.host, c.port))
             .collect();
-        line.push_str(&format!("\n  network: contacted [{}]", contacted.join(", ")));
+        line.push_str(&format!(
+            "\n  network: contacted [{}]",
+            contacted.join(", ")
+        ));
         for refused in &n.refused {
             let (host, port, rule) = (&refused.host, refused.port, &refused.rule);
             line.push_str(&format!("\n  network: refused {host}:{port} — {rule}"));

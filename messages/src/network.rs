@@ -169,7 +169,10 @@ impl NetworkPolicy {
     /// lists the destination ports (empty: [`DEFAULT_PORTS`]). Empty `allow` permits nothing.
     pub fn ceiling(allow: &str, ports: &str) -> Result<Self, ValidationError> {
         let mut policy = NetworkPolicy::default();
-        for entry in allow.split([',', ' ', '\t', '\n']).filter(|e| !e.is_empty()) {
+        for entry in allow
+            .split([',', ' ', '\t', '\n'])
+            .filter(|e| !e.is_empty())
+        {
             if entry == "*" {
                 policy.allow_all = true;
             } else if let Some(denied) = entry.strip_prefix('!') {
@@ -236,7 +239,9 @@ impl NetworkReport {
     /// Adds one proxy decision; repeats of a listed destination change nothing.
     pub fn record(&mut self, host: &str, port: u16, allowed: bool, rule: &str) {
         let listed = if allowed {
-            self.contacted.iter().any(|c| c.host == host && c.port == port)
+            self.contacted
+                .iter()
+                .any(|c| c.host == host && c.port == port)
         } else {
             self.refused
                 .iter()
@@ -433,8 +438,11 @@ mod tests {
 
     #[test]
     fn a_ceiling_is_read_from_its_configuration_text() {
-        let c = NetworkPolicy::ceiling("pypi.org, *.pythonhosted.org !evil.pythonhosted.org 127.0.0.1/32", "443,8080")
-            .unwrap();
+        let c = NetworkPolicy::ceiling(
+            "pypi.org, *.pythonhosted.org !evil.pythonhosted.org 127.0.0.1/32",
+            "443,8080",
+        )
+        .unwrap();
         assert_eq!(
             c,
             policy(serde_json::json!({
@@ -444,7 +452,10 @@ mod tests {
                 "ports": [443, 8080],
             }))
         );
-        assert_eq!(NetworkPolicy::ceiling("", "").unwrap(), NetworkPolicy::default());
+        assert_eq!(
+            NetworkPolicy::ceiling("", "").unwrap(),
+            NetworkPolicy::default()
+        );
         assert!(NetworkPolicy::ceiling("*", "").unwrap().allow_all);
         assert!(NetworkPolicy::ceiling("bad..name", "").is_err());
         assert!(NetworkPolicy::ceiling("a.com", "http").is_err());
@@ -466,6 +477,9 @@ mod tests {
         assert_eq!(r.refused.len(), MAX_REPORTED);
         assert_eq!(r.unlisted, 4);
         let json = serde_json::to_value(&r).unwrap();
-        assert_eq!(json["contacted"][0], serde_json::json!({"host": "pypi.org", "port": 443}));
+        assert_eq!(
+            json["contacted"][0],
+            serde_json::json!({"host": "pypi.org", "port": 443})
+        );
     }
 }

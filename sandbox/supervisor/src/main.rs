@@ -189,7 +189,8 @@ fn execute(
             return;
         }
         let proxy = relay::proxy_env();
-        spec.env.retain(|(name, _)| !proxy.iter().any(|(p, _)| p == name));
+        spec.env
+            .retain(|(name, _)| !proxy.iter().any(|(p, _)| p == name));
         spec.env.extend(proxy);
     }
     let spec = &spec;

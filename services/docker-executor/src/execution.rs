@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use kit::AuditScope;
 use messages::exec::{ExecResult, ExecStatus, Language};
-use messages::network::NetworkPolicy;
 use messages::executor::{ExecutorRun, RunKind};
+use messages::network::NetworkPolicy;
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
 use ractor::RpcReplyPort;
@@ -270,7 +270,7 @@ impl Runner {
                 )
             }
         };
-        result.network = container.egress.as_ref().map(ContainerEgress::finish);
+        result.network = container.egress.as_ref().map(|e| e.finish());
         result.timing.exec_ms = started.elapsed().as_millis() as u64;
         // Time spent waiting for a container or for the session's earlier runs.
         result.timing.queued_ms = started.duration_since(job.accepted).as_millis() as u64;

@@ -57,8 +57,9 @@ pub struct ContainerLease {
     /// The last snapshot or push for it: each one also keeps the workspace alive in the store.
     pub synced: std::time::Instant,
     /// Its egress proxy and socket, when it was made for a network policy; they go with the
-    /// lease (before the container itself is gone, never after).
-    pub egress: Option<ContainerEgress>,
+    /// lease (before the container itself is gone, never after). Boxed: leases travel in
+    /// actor messages, and most have none.
+    pub egress: Option<Box<ContainerEgress>>,
     sandboxes: Sandboxes,
     node: Arc<NodeState>,
 }
@@ -82,7 +83,7 @@ impl ContainerLease {
             limits,
             held: Held::Nothing,
             synced: std::time::Instant::now(),
-            egress,
+            egress: egress.map(Box::new),
             sandboxes: sandboxes.clone(),
             node: node.clone(),
         };

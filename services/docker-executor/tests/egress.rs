@@ -140,7 +140,10 @@ async fn audited(sub: &mut async_nats::Subscriber, execution: &str, n: usize) ->
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     while found.len() < n {
         let Ok(Some(message)) = tokio::time::timeout_at(until, sub.next()).await else {
-            panic!("only {} of {n} egress audit events: {found:#?}", found.len());
+            panic!(
+                "only {} of {n} egress audit events: {found:#?}",
+                found.len()
+            );
         };
         let event: AuditEvent = serde_json::from_slice(&message.payload).expect("audit event");
         if event.execution_id.as_deref() == Some(execution) {
@@ -154,7 +157,11 @@ async fn audited(sub: &mut async_nats::Subscriber, execution: &str, n: usize) ->
 async fn allowed_hosts_pass_over_http_and_connect_and_others_get_403() {
     let h = Harness::start().await;
     let (web, echo) = (http_upstream().await, echo_upstream().await);
-    let mut audit = h.client.subscribe(h.subjects.audit("egress")).await.unwrap();
+    let mut audit = h
+        .client
+        .subscribe(h.subjects.audit("egress"))
+        .await
+        .unwrap();
     let code = format!(
         "{CLIENT}
 print(get('http://localhost:{web}/hello'))
@@ -180,8 +187,7 @@ except urllib.error.HTTPError as e:
         format!("HTTP/1.1 200 OK | upstream saw /hello for localhost:{web}")
     );
     assert_eq!(
-        out[1],
-        "HTTP/1.1 200 OK | ping through the tunnel",
+        out[1], "HTTP/1.1 200 OK | ping through the tunnel",
         "CONNECT tunnels bytes both ways"
     );
     assert_eq!(
@@ -193,7 +199,9 @@ except urllib.error.HTTPError as e:
         out[4], "urllib 403 also-denied.example is not in allow_domains",
         "programs find the proxy through the standard variables"
     );
-    let report = r.network.expect("a run with a policy reports its network use");
+    let report = r
+        .network
+        .expect("a run with a policy reports its network use");
     let contacted: Vec<String> = report
         .contacted
         .iter()
@@ -220,7 +228,11 @@ except urllib.error.HTTPError as e:
 async fn bypasses_are_refused_and_audited() {
     let h = Harness::start().await;
     let web = http_upstream().await;
-    let mut audit = h.client.subscribe(h.subjects.audit("egress")).await.unwrap();
+    let mut audit = h
+        .client
+        .subscribe(h.subjects.audit("egress"))
+        .await
+        .unwrap();
     // With the loopback CIDR: the upstream is reachable, and each trick around the policy is
     // judged on its own.
     let with_cidr = format!(
@@ -236,7 +248,10 @@ print(connect('localhost:2222'))
         "allow_cidrs": ["127.0.0.1/32"],
         "ports": [web, 80, 443],
     }));
-    let r = h.call(&isolated(&with_cidr, Some(network))).await.expect("run");
+    let r = h
+        .call(&isolated(&with_cidr, Some(network)))
+        .await
+        .expect("run");
     let out = lines(&r);
     assert!(
         out[0].starts_with("HTTP/1.1 302 Found"),
@@ -292,7 +307,10 @@ for what, attempt in [
 "
     );
     let network = policy(serde_json::json!({"allow_domains": ["localhost"], "ports": [web]}));
-    let r = h.call(&isolated(&without, Some(network))).await.expect("run");
+    let r = h
+        .call(&isolated(&without, Some(network)))
+        .await
+        .expect("run");
     let out = lines(&r);
     assert_eq!(
         out[0],
@@ -302,7 +320,10 @@ for what, attempt in [
         out[1],
         "HTTP/1.1 403 Forbidden | 127.0.0.1 is not in allow_cidrs"
     );
-    for (line, what) in out[2..].iter().zip(["tcp", "udp-dns", "resolve", "tcp-host"]) {
+    for (line, what) in out[2..]
+        .iter()
+        .zip(["tcp", "udp-dns", "resolve", "tcp-host"])
+    {
         assert!(
             line.starts_with(&format!("{what} failed")),
             "{what} must not leave the container: {line}"
@@ -324,7 +345,10 @@ for what, attempt in [
 async fn egress_mounts(h: &Harness, container: &str) -> Vec<String> {
     let inspect = h
         .docker
-        .inspect_container(container, None::<bollard::query_parameters::InspectContainerOptions>)
+        .inspect_container(
+            container,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
         .await
         .expect("inspect");
     inspect
@@ -384,11 +408,17 @@ except OSError as e:
     print('read-only', type(e).__name__)
 "
     );
-    let r = h.call_node(&session_run(b, &probe, None)).await.expect("probe");
+    let r = h
+        .call_node(&session_run(b, &probe, None))
+        .await
+        .expect("probe");
     let out = lines(&r);
     assert_eq!(out[0], "['egress.sock']");
     assert_eq!(out[1], "a unreachable FileNotFoundError");
-    assert!(out[2].starts_with("HTTP/1.1 200 OK"), "b's own socket works: {out:?}");
+    assert!(
+        out[2].starts_with("HTTP/1.1 200 OK"),
+        "b's own socket works: {out:?}"
+    );
     assert!(out[3].starts_with("read-only"), "{out:?}");
     assert!(
         std::path::Path::new(&a_socket).exists(),
@@ -396,12 +426,21 @@ except OSError as e:
     );
     // Closing a removes its container, and with it the socket, its directory and its proxy.
     assert!(h.close(a).await);
-    assert!(!std::path::Path::new(&ma[0]).exists(), "a's directory is gone");
-    let r = h.call_node(&session_run(b, "print('b still')", None)).await.expect("b");
+    assert!(
+        !std::path::Path::new(&ma[0]).exists(),
+        "a's directory is gone"
+    );
+    let r = h
+        .call_node(&session_run(b, "print('b still')", None))
+        .await
+        .expect("b");
     assert_eq!(r.stdout, "b still\n");
     h.stop().await;
     let left: Vec<_> = std::fs::read_dir(base.path()).unwrap().collect();
-    assert!(left.is_empty(), "nothing left in the egress directory: {left:?}");
+    assert!(
+        left.is_empty(),
+        "nothing left in the egress directory: {left:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -416,13 +455,28 @@ except OSError as e:
     print('no relay', type(e).__name__)
 ";
     let r = h.ephemeral(Language::Python, code).await;
-    assert_eq!(r.stdout, "False False\nno relay ConnectionRefusedError\n", "{r:?}");
+    assert_eq!(
+        r.stdout, "False False\nno relay ConnectionRefusedError\n",
+        "{r:?}"
+    );
     assert_eq!(r.network, None);
-    let mut pooled = isolated("print(1)", Some(policy(serde_json::json!({"allow_all": true}))));
+    let mut pooled = isolated(
+        "print(1)",
+        Some(policy(serde_json::json!({"allow_all": true}))),
+    );
     pooled.kind = RunKind::Pooled;
-    let e = h.call(&pooled).await.expect_err("a warm container has no socket");
-    assert!(e.to_string().contains("run kind isolated or session"), "{e}");
-    let bad = isolated("print(1)", Some(policy(serde_json::json!({"allow_domains": ["*"]}))));
+    let e = h
+        .call(&pooled)
+        .await
+        .expect_err("a warm container has no socket");
+    assert!(
+        e.to_string().contains("run kind isolated or session"),
+        "{e}"
+    );
+    let bad = isolated(
+        "print(1)",
+        Some(policy(serde_json::json!({"allow_domains": ["*"]}))),
+    );
     let e = h.call(&bad).await.expect_err("bare * without allow_all");
     assert!(e.to_string().contains("allow_all"), "{e}");
     h.stop().await;
@@ -485,7 +539,11 @@ async fn pip_downloads_a_package_through_the_proxy_and_not_without_it() {
     let hosts = pypi_hosts();
     let ca = pypi_ca_bundle();
     let h = Harness::start().await;
-    let cert = if ca.is_some() { "--cert /workspace/ca.pem" } else { "" };
+    let cert = if ca.is_some() {
+        "--cert /workspace/ca.pem"
+    } else {
+        ""
+    };
     let code = format!(
         "python3 -m pip download --no-deps --no-cache-dir --disable-pip-version-check \
          --retries 0 --timeout 20 {cert} -d /tmp/pkgs six==1.16.0 && ls /tmp/pkgs"

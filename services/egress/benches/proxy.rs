@@ -67,7 +67,11 @@ async fn tunnel(socket: &Path, port: u16) -> UnixStream {
         s.read_exact(&mut byte).await.unwrap();
         head.push(byte[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     s
 }
 
@@ -126,8 +130,16 @@ async fn main() {
     let (d50, p50) = (percentile(&direct, 0.5), percentile(&proxied, 0.5));
     let (d99, p99) = (percentile(&direct, 0.99), percentile(&proxied, 0.99));
     println!("connection + first byte, {CONNECTIONS} each (µs):");
-    println!("  direct   p50 {:>8.0}  p99 {:>8.0}", micros(d50), micros(d99));
-    println!("  proxied  p50 {:>8.0}  p99 {:>8.0}", micros(p50), micros(p99));
+    println!(
+        "  direct   p50 {:>8.0}  p99 {:>8.0}",
+        micros(d50),
+        micros(d99)
+    );
+    println!(
+        "  proxied  p50 {:>8.0}  p99 {:>8.0}",
+        micros(p50),
+        micros(p99)
+    );
     println!(
         "  added    p50 {:>8.0}  p99 {:>8.0}",
         micros(p50.saturating_sub(d50)),

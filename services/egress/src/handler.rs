@@ -21,13 +21,12 @@ use crate::resolver::Resolver;
 use crate::rules::{EgressRules, Refusal, Target};
 use crate::stats::{Counted, Counters, EgressEvent, Observer};
 
+/// Buffer per direction of a CONNECT tunnel. Four times tokio's default: a bulk download
+/// through the tunnel then costs far fewer wake-ups (the proxy bench in `benches/proxy.rs`
+/// measures it), at 64 KiB per tunnel (both directions), MAX_CONNECTIONS per container.
 const TUNNEL_BUFFER: usize = 32 * 1024;
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
-
-/// Buffer per direction of a CONNECT tunnel. Eight times tokio's default: a bulk download
-/// through the tunnel then costs far fewer wake-ups (the proxy bench in `benches/proxy.rs`
-/// measures it), at 64 KiB per tunnel and MAX_CONNECTIONS tunnels per container at most.
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1, plus the proxy ones).
 const HOP_BY_HOP: [&str; 9] = [

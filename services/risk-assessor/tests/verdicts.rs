@@ -350,19 +350,33 @@ fn fetching_under_a_network_policy_is_not_automatically_high() {
         assess(&AssessRequest {
             content: content.into(),
             content_type,
-            params: policy.then(|| {
-                serde_json::json!({ messages::risk::NETWORK_POLICY_PARAM: true })
-            }),
+            params: policy
+                .then(|| serde_json::json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: None,
         })
         .unwrap()
     };
     let fetches = [
-        (ContentType::Python, "import requests\nrequests.get('https://pypi.org/simple/')"),
-        (ContentType::Python, "import urllib.request\nurllib.request.urlopen('https://x.org')"),
-        (ContentType::Python, "import http.client\nhttp.client.HTTPSConnection('x.org')"),
-        (ContentType::Javascript, "fetch('https://registry.npmjs.org/')"),
-        (ContentType::Javascript, "const https = require('https'); https.get('https://x.org')"),
+        (
+            ContentType::Python,
+            "import requests\nrequests.get('https://pypi.org/simple/')",
+        ),
+        (
+            ContentType::Python,
+            "import urllib.request\nurllib.request.urlopen('https://x.org')",
+        ),
+        (
+            ContentType::Python,
+            "import http.client\nhttp.client.HTTPSConnection('x.org')",
+        ),
+        (
+            ContentType::Javascript,
+            "fetch('https://registry.npmjs.org/')",
+        ),
+        (
+            ContentType::Javascript,
+            "const https = require('https'); https.get('https://x.org')",
+        ),
     ];
     for (content_type, code) in fetches {
         let without = under(content_type, code, false);
@@ -373,12 +387,23 @@ fn fetching_under_a_network_policy_is_not_automatically_high() {
         assert!(!with.requires_confirmation, "{code}");
         assert!(with.reason.contains("network policy"), "{}", with.reason);
     }
-    let also_writes = "import requests, os\nos.system('rm -rf /tmp/x')\nrequests.get('https://x.org')";
+    let also_writes =
+        "import requests, os\nos.system('rm -rf /tmp/x')\nrequests.get('https://x.org')";
     let with = under(ContentType::Python, also_writes, true);
-    assert!(with.level >= RiskLevel::High, "other findings keep their level: {with:?}");
+    assert!(
+        with.level >= RiskLevel::High,
+        "other findings keep their level: {with:?}"
+    );
     // Shell fetchers are not on the safe list either way: never SAFE, never high by fetching.
-    for script in ["curl -sSLO https://x.org/a.tgz", "wget https://x.org/a.tgz", "pip install six"] {
+    for script in [
+        "curl -sSLO https://x.org/a.tgz",
+        "wget https://x.org/a.tgz",
+        "pip install six",
+    ] {
         let with = under(ContentType::Shell, script, true);
-        assert!(with.level > RiskLevel::Safe && with.level < RiskLevel::High, "{script}: {with:?}");
+        assert!(
+            with.level > RiskLevel::Safe && with.level < RiskLevel::High,
+            "{script}: {with:?}"
+        );
     }
 }

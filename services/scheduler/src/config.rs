@@ -114,7 +114,9 @@ impl SchedulerConfig {
             &r.string("NETWORK_PORTS", ""),
         )
         .unwrap_or_else(|e| {
-            r.error(format!("SANDMESH_NETWORK_ALLOW / SANDMESH_NETWORK_PORTS: {e}"));
+            r.error(format!(
+                "SANDMESH_NETWORK_ALLOW / SANDMESH_NETWORK_PORTS: {e}"
+            ));
             NetworkPolicy::default()
         });
         let parked_sweep = r.millis("SCHED_PARKED_SWEEP_MS", Duration::from_secs(5));
@@ -179,7 +181,11 @@ mod tests {
         assert_eq!(c.security_mode, SecurityMode::Strict);
         assert_eq!(c.placement, Strategy::LeastLoaded);
         assert_eq!(c.max_queue, 64);
-        assert_eq!(c.network_ceiling, NetworkPolicy::default(), "no egress by default");
+        assert_eq!(
+            c.network_ceiling,
+            NetworkPolicy::default(),
+            "no egress by default"
+        );
     }
 
     #[test]

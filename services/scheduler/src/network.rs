@@ -45,7 +45,10 @@ mod tests {
     #[test]
     fn within_the_ceiling_is_admitted_with_its_denials() {
         let ceiling = NetworkPolicy::ceiling("*.example.org !secret.example.org", "").unwrap();
-        let admitted = admit(&policy(json!({"allow_domains": ["api.example.org"]})), &ceiling);
+        let admitted = admit(
+            &policy(json!({"allow_domains": ["api.example.org"]})),
+            &ceiling,
+        );
         assert_eq!(
             admitted.unwrap(),
             policy(json!({"allow_domains": ["api.example.org"],

@@ -3,11 +3,11 @@
 
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
+use messages::network::NetworkPolicy;
 use messages::session::{
     SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
 };
 use messages::validate::validate_id;
-use messages::network::NetworkPolicy;
 use messages::ErrorBody;
 use serde_json::json;
 use tokio::sync::mpsc;

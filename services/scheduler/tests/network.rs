@@ -95,10 +95,16 @@ async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_run
             .unwrap_err();
         assert_eq!(e.kind(), kind, "sessions.open: {e}");
     }
-    let in_session = fetching(Some(policy(serde_json::json!({"allow_domains": ["pypi.org"]}))), Some("s1"));
+    let in_session = fetching(
+        Some(policy(serde_json::json!({"allow_domains": ["pypi.org"]}))),
+        Some("s1"),
+    );
     let e = mesh.exec(&in_session).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::BadRequest, "{e}");
-    assert!(mesh.runs.lock().unwrap().is_empty(), "nothing reached an executor");
+    assert!(
+        mesh.runs.lock().unwrap().is_empty(),
+        "nothing reached an executor"
+    );
     mesh.shutdown().await;
 }
 
@@ -118,13 +124,19 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
     let c = mesh.client.clone();
     // Without a policy, fetching code waits for a person (denied by the stand-in).
     let r: ExecResult = mesh.exec(&fetching(None, None)).await.unwrap();
-    assert_eq!(r.error.unwrap().kind, ErrorKind::Denied, "confirmation denied");
+    assert_eq!(
+        r.error.unwrap().kind,
+        ErrorKind::Denied,
+        "confirmation denied"
+    );
     let network = policy(serde_json::json!({"allow_domains": ["pypi.org"]}));
     let r = mesh.exec(&fetching(Some(network), None)).await.unwrap();
     assert_eq!(r.error, None, "{r:?}");
     let session = SessionOpen {
         session_id: Some("net-1".into()),
-        network: Some(policy(serde_json::json!({"allow_domains": ["files.pythonhosted.org"]}))),
+        network: Some(policy(
+            serde_json::json!({"allow_domains": ["files.pythonhosted.org"]}),
+        )),
         ..Default::default()
     };
     let opened: SessionRecord = c
@@ -135,12 +147,20 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
         "allow_domains": ["files.pythonhosted.org"],
         "deny_domains": ["evil.pythonhosted.org"],
     }));
-    assert_eq!(opened.network.as_ref(), Some(&admitted), "stored as admitted");
+    assert_eq!(
+        opened.network.as_ref(),
+        Some(&admitted),
+        "stored as admitted"
+    );
     let r = mesh.exec(&fetching(None, Some("net-1"))).await.unwrap();
     assert_eq!(r.error, None, "the session's policy counts: {r:?}");
     let runs = mesh.runs.lock().unwrap().clone();
     assert_eq!(runs.len(), 2, "{runs:?}");
-    assert_eq!(runs[0].kind, RunKind::Isolated, "never a warm pooled container");
+    assert_eq!(
+        runs[0].kind,
+        RunKind::Isolated,
+        "never a warm pooled container"
+    );
     assert_eq!(
         runs[0].network,
         Some(policy(serde_json::json!({
