@@ -227,8 +227,14 @@ pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
     let code = read_code(&args)?;
     let id = messages::new_id();
     let mut network = args.network.policy();
-    if let (Some(session), Some(policy)) = (&args.session, network.take()) {
-        // A session's executions run under the session's policy, set when it opens.
+    // A session's executions run under the session's policy, set when it opens: with a
+    // session the flags open it with theirs; without one they go with the request.
+    let for_session = if args.session.is_some() {
+        network.take()
+    } else {
+        None
+    };
+    if let (Some(session), Some(policy)) = (&args.session, for_session) {
         let open = SessionOpen {
             session_id: Some(session.clone()),
             network: Some(policy.clone()),
