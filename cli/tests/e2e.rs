@@ -13,7 +13,7 @@ use test_support::{
     free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
 };
 
-use common::{containers, run_bounded, status, wait_ready, Up, SANDMESH};
+use common::{containers, run_bounded, wait_ready, Up, SANDMESH};
 
 /// The tests run one at a time: each counts the sandbox containers before and after its mesh,
 /// and another test's mesh would show up in that count.
