@@ -10,41 +10,12 @@ mod common;
 use std::time::Duration;
 
 use common::{sandmesh, wait_ready, Up};
-use test_support::{require_docker, NatsServer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Answers every request with 200 and the path it asked for.
-async fn upstream() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let text = String::from_utf8_lossy(&head).to_string();
-                let body = format!("upstream saw {}", text.split(' ').nth(1).unwrap_or("?"));
-                let response = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = conn.write_all(response.as_bytes()).await;
-            });
-        }
-    });
-    port
-}
+use test_support::{require_docker, upstream, NatsServer};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_with_allow_domain_reaches_the_host_and_nothing_else() {
     require_docker();
-    let web = upstream().await;
+    let web = upstream::http_server(|path, _| upstream::ok(&format!("upstream saw {path}"))).await;
     let nats = NatsServer::start();
     let url = nats.url();
     let log = tempfile::NamedTempFile::new().unwrap();

@@ -13,8 +13,7 @@ use messages::audit::AuditEvent;
 use messages::exec::{ExecResult, ExecStatus, Language, Tier};
 use messages::executor::{ExecutorRun, RunKind};
 use messages::network::NetworkPolicy;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use test_support::upstream;
 
 /// Python helpers the sandbox code uses to speak to the relay at 127.0.0.1:3128 directly, so
 /// each test controls the exact request line and headers a hostile client could send.
@@ -62,58 +61,16 @@ def connect(target):
 /// A plain HTTP/1.1 upstream: `/redirect` answers 302 to the cloud metadata address, every
 /// other path 200 with a body naming the path and the Host header it received.
 async fn http_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let text = String::from_utf8_lossy(&head);
-                let path = text.split(' ').nth(1).unwrap_or("/").to_string();
-                let host = text
-                    .lines()
-                    .find_map(|l| l.strip_prefix("host: ").or(l.strip_prefix("Host: ")))
-                    .unwrap_or("")
-                    .to_string();
-                let response = if path == "/redirect" {
-                    "HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/latest/meta-data/\r\n\
-                     Content-Length: 0\r\nConnection: close\r\n\r\n"
-                        .to_string()
-                } else {
-                    let body = format!("upstream saw {path} for {host}");
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                };
-                let _ = conn.write_all(response.as_bytes()).await;
-                let _ = conn.shutdown().await;
-            });
+    upstream::http_server(|path, host| {
+        if path == "/redirect" {
+            "HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/latest/meta-data/\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+                .to_string()
+        } else {
+            upstream::ok(&format!("upstream saw {path} for {host}"))
         }
-    });
-    port
-}
-
-/// A TCP echo server: what an HTTPS origin looks like from the proxy (bytes in a tunnel).
-async fn echo_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = conn.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    port
+    })
+    .await
 }
 
 fn policy(json: serde_json::Value) -> NetworkPolicy {
@@ -156,7 +113,7 @@ async fn audited(sub: &mut async_nats::Subscriber, execution: &str, n: usize) ->
 #[tokio::test(flavor = "multi_thread")]
 async fn allowed_hosts_pass_over_http_and_connect_and_others_get_403() {
     let h = Harness::start().await;
-    let (web, echo) = (http_upstream().await, echo_upstream().await);
+    let (web, echo) = (http_upstream().await, upstream::echo_server().await);
     let mut audit = h
         .client
         .subscribe(h.subjects.audit("egress"))

@@ -12,26 +12,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use egress::{EgressProxy, NetworkPolicy};
+use test_support::upstream::echo_server;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
 const CONNECTIONS: usize = 300;
 const DOWNLOAD: usize = 50 * 1024 * 1024;
 const DOWNLOADS: usize = 5;
-
-async fn echo_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = conn.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    port
-}
 
 /// Sends [`DOWNLOAD`] bytes to every connection, then closes it.
 async fn download_server() -> u16 {
