@@ -240,10 +240,7 @@ impl Runner {
     pub async fn execute(&self, container: &mut ContainerLease, job: &Job) -> (ExecResult, Health) {
         let started = Instant::now();
         let mut streamer = job.run.request.stream_output.then(|| {
-            OutputStreamer::new(
-                self.client.clone(),
-                self.subjects.output(&job.run.execution_id),
-            )
+            OutputStreamer::new(self.client.clone(), job.run.output_subject(&self.subjects))
         });
         if let Some(egress) = &container.egress {
             let request = &job.run.request;
@@ -252,6 +249,9 @@ impl Runner {
                 session_id: request.session_id.clone(),
                 trace_id: None,
                 actor: request.requested_by.clone(),
+                // The tenant the scheduler names for the run; the executor has no caller.
+                tenant: job.run.tenant.clone(),
+                ..Default::default()
             });
         }
         let outcome = self

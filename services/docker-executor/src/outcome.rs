@@ -161,6 +161,7 @@ mod tests {
                 session_restored: false,
                 kind: Default::default(),
                 network: None,
+                tenant: None,
             },
             accepted: Instant::now(),
             retried: false,

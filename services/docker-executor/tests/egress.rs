@@ -116,7 +116,7 @@ async fn allowed_hosts_pass_over_http_and_connect_and_others_get_403() {
     let (web, echo) = (http_upstream().await, upstream::echo_server().await);
     let mut audit = h
         .client
-        .subscribe(h.subjects.audit("egress"))
+        .subscribe(h.subjects.audit(None, "egress"))
         .await
         .unwrap();
     let code = format!(
@@ -187,7 +187,7 @@ async fn bypasses_are_refused_and_audited() {
     let web = http_upstream().await;
     let mut audit = h
         .client
-        .subscribe(h.subjects.audit("egress"))
+        .subscribe(h.subjects.audit(None, "egress"))
         .await
         .unwrap();
     // With the loopback CIDR: the upstream is reachable, and each trick around the policy is

@@ -21,7 +21,7 @@ use crate::claims::{ClaimOutcome, Claims, Hold};
 use crate::confirm::{self, ConfirmClient};
 use crate::dispatch::Dispatcher;
 use crate::error::dependency_error;
-use crate::execution::{ms, Execution, Origin, Outcome};
+use crate::execution::{mint_id, ms, Execution, Origin, Outcome};
 use crate::parking::{Parked, ParkedState, ParkedStore};
 use crate::results::ResultStore;
 use crate::tier::decide_tier;
@@ -56,10 +56,11 @@ pub struct Pipeline {
 enum Confirmed {
     /// Run it (approved, or no confirmation needed).
     Go,
-    /// A terminal result: denied or timed out.
-    Stop(ExecResult),
+    /// A terminal result: denied or timed out. (Both boxed: results and executions carry
+    /// network policies and reports, and most executions take neither branch.)
+    Stop(Box<ExecResult>),
     /// Waiting for a person; parked.
-    Park(Parked),
+    Park(Box<Parked>),
 }
 
 impl Pipeline {
@@ -96,7 +97,8 @@ impl Pipeline {
     /// can lack one: async jobs carry theirs) is assigned here, and then needs no claim.
     pub async fn execute(&self, mut req: ExecRequest, origin: Origin) -> Outcome {
         let fresh_id = req.execution_id.is_none();
-        req.execution_id.get_or_insert_with(messages::new_id);
+        req.execution_id
+            .get_or_insert_with(|| mint_id(&origin.caller));
         let admitted = validate_exec(&req, &self.policy.ceilings)
             .map_err(ErrorBody::from)
             .and_then(|limits| {
@@ -111,7 +113,9 @@ impl Pipeline {
                     session_id: req.session_id.clone(),
                     trace_id: origin.trace_id.clone(),
                     actor: req.requested_by.clone(),
-                };
+                    ..Default::default()
+                }
+                .by(&origin.caller);
                 let why = json!({"stage": "validate", "reason": body.message});
                 self.auditor.emit(AuditKind::Rejected, &scope, why);
                 return Outcome::Invalid(body);
@@ -163,12 +167,12 @@ impl Pipeline {
         }
         match self.confirm_stage(&mut exec).await {
             Ok(Confirmed::Go) => {}
-            Ok(Confirmed::Stop(result)) => return self.store(&exec, result, claim).await,
+            Ok(Confirmed::Stop(result)) => return self.store(&exec, *result, claim).await,
             Ok(Confirmed::Park(parked)) => {
                 // Released before the decision is looked at again, so whoever resumes it (an
                 // event, or the look below) can claim it.
                 claim.release().await;
-                return self.after_parking(parked).await;
+                return self.after_parking(*parked).await;
             }
             Err(e) => {
                 claim.release_later();
@@ -299,7 +303,7 @@ impl Pipeline {
             return Ok(if exec.confirmation.decision == Decision::Approved {
                 Confirmed::Go
             } else {
-                Confirmed::Stop(self.denied(exec))
+                Confirmed::Stop(Box::new(self.denied(exec)))
             });
         }
         let parked = Parked {
@@ -315,7 +319,7 @@ impl Pipeline {
             exec,
             json!({"confirmation_id": parked.confirmation_id, "expires_at": parked.expires_at}),
         );
-        Ok(Confirmed::Park(parked))
+        Ok(Confirmed::Park(Box::new(parked)))
     }
 
     /// A decision that came between the request and the parking found no parked entry to
