@@ -10,6 +10,11 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   exit 1
 fi
 export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
+# The package index the egress test downloads a package from (issue 13): its hosts are
+# configuration, never code. A machine whose HTTPS goes through an intercepting gateway also
+# names the trust store its own clients use, so pip in the sandbox trusts the same CA.
+export SANDMESH_TEST_PYPI_HOSTS="${SANDMESH_TEST_PYPI_HOSTS:-pypi.org,files.pythonhosted.org}"
+export SANDMESH_TEST_PYPI_CA_BUNDLE="${SANDMESH_TEST_PYPI_CA_BUNDLE:-${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-}}}"
 # Many tests start a whole mesh (nats-server, services, warm Docker containers). On a small
 # machine several at once starve each other into timeouts, so each test binary runs its tests
 # one at a time unless told otherwise.

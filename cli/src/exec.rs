@@ -13,6 +13,8 @@ use futures::StreamExt;
 use messages::exec::{
     AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputStream, TierChoice,
 };
+use messages::network::NetworkPolicy;
+use messages::session::SessionOpen;
 use sandmesh_client::exec::OutputChunks;
 use sandmesh_client::MeshClient;
 
@@ -38,6 +40,47 @@ pub struct ExecArgs {
     /// Print the whole result as JSON instead of live output and a summary.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub network: NetworkArgs,
+}
+
+/// A network egress policy from flags (without any: no network at all). With `--session` it
+/// becomes the session's policy when this command opens the session.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct NetworkArgs {
+    /// Let the program reach this host (`pypi.org`, `*.example.org`); repeatable.
+    #[arg(long = "allow-domain", value_name = "HOST")]
+    pub allow_domains: Vec<String>,
+    /// Never let it reach this host, even when an allow entry matches; repeatable.
+    #[arg(long = "deny-domain", value_name = "HOST")]
+    pub deny_domains: Vec<String>,
+    /// Let it reach this address block, also internal ones (`127.0.0.1/32`); repeatable.
+    #[arg(long = "allow-cidr", value_name = "CIDR")]
+    pub allow_cidrs: Vec<String>,
+    /// Destination ports (default 80 and 443); repeatable.
+    #[arg(long = "allow-port", value_name = "PORT")]
+    pub ports: Vec<u16>,
+    /// Let it reach every public host not denied.
+    #[arg(long = "allow-all-network")]
+    pub allow_all: bool,
+}
+
+impl NetworkArgs {
+    /// The policy the flags describe, or `None` when no flag was given.
+    pub fn policy(&self) -> Option<NetworkPolicy> {
+        let given = !self.allow_domains.is_empty()
+            || !self.deny_domains.is_empty()
+            || !self.allow_cidrs.is_empty()
+            || !self.ports.is_empty()
+            || self.allow_all;
+        given.then(|| NetworkPolicy {
+            allow_domains: self.allow_domains.clone(),
+            deny_domains: self.deny_domains.clone(),
+            allow_cidrs: self.allow_cidrs.clone(),
+            allow_all: self.allow_all,
+            ports: (!self.ports.is_empty()).then(|| self.ports.clone()),
+        })
+    }
 }
 
 fn parse_tier(s: &str) -> Result<TierChoice, String> {
@@ -147,6 +190,21 @@ pub fn summary(r: &ExecResult) -> String {
     }
     parts.push(format!("id {}", r.execution_id));
     let mut line = parts.join(" · ");
+    if let Some(n) = &r.network {
+        let contacted: Vec<String> = n
+            .contacted
+            .iter()
+            .map(|c| format!("{}:{}", c.host, c.port))
+            .collect();
+        line.push_str(&format!(
+            "\n  network: contacted [{}]",
+            contacted.join(", ")
+        ));
+        for refused in &n.refused {
+            let (host, port, rule) = (&refused.host, refused.port, &refused.rule);
+            line.push_str(&format!("\n  network: refused {host}:{port} — {rule}"));
+        }
+    }
     if let Some(e) = &r.error {
         line.push_str(&format!("\n  {}: {}", e.kind, e.message));
     }
@@ -168,7 +226,34 @@ pub fn exit_code(r: &ExecResult) -> i32 {
 pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
     let code = read_code(&args)?;
     let id = messages::new_id();
+    let mut network = args.network.policy();
+    // A session's executions run under the session's policy, set when it opens: with a
+    // session the flags open it with theirs; without one they go with the request.
+    let for_session = if args.session.is_some() {
+        network.take()
+    } else {
+        None
+    };
+    if let (Some(session), Some(policy)) = (&args.session, for_session) {
+        let open = SessionOpen {
+            session_id: Some(session.clone()),
+            network: Some(policy.clone()),
+            ..Default::default()
+        };
+        let record = mesh
+            .sessions()
+            .open(&open)
+            .await
+            .map_err(|e| anyhow::anyhow!("opening session {session}: {}", e.into_body()))?;
+        if record.network.as_ref().map(|p| &p.allow_domains) != Some(&policy.allow_domains) {
+            eprintln!(
+                "sandmesh: session {session} was already open; it keeps its network policy {}",
+                serde_json::to_string(&record.network)?
+            );
+        }
+    }
     let req = ExecRequest {
+        network,
         execution_id: Some(id.clone()),
         session_id: args.session.clone(),
         language: args.lang,

@@ -38,6 +38,10 @@ pub struct UpArgs {
     /// Port of the embedded nats-server.
     #[arg(long, default_value_t = 4222)]
     pub nats_port: u16,
+    /// The egress ceiling: the domains (and CIDRs, `!denied` names, `*`) sandboxes may be
+    /// allowed to reach at all; nothing when unset (every network policy is refused).
+    #[arg(long, env = "SANDMESH_NETWORK_ALLOW", value_name = "LIST")]
+    pub network_allow: Option<String>,
     /// DEBUGGING ONLY: run NATS without accounts or passwords. Every client is then trusted
     /// like a service: agents can approve their own code and read each other's results.
     #[arg(long)]
@@ -308,6 +312,9 @@ pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
 
 pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     let mut env = process_env();
+    if let Some(allow) = &args.network_allow {
+        env.insert("SANDMESH_NETWORK_ALLOW".into(), allow.clone());
+    }
     let kit_config = kit::config::exit_on_error(kit::KitConfig::from_env(&env));
     let _telemetry = kit::telemetry::init(
         "sandmesh",

@@ -10,10 +10,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use test_support::{
-    eventually, free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
+    free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
 };
 
-use common::{containers, run_bounded, Up, SANDMESH};
+use common::{containers, run_bounded, wait_ready, Up, SANDMESH};
 
 /// The tests run one at a time: each counts the sandbox containers before and after its mesh,
 /// and another test's mesh would show up in that count.
@@ -58,22 +58,6 @@ async fn up_with_embedded_nats_runs_the_sample_and_stops() {
         leaked.is_empty(),
         "containers left after up stopped: {leaked:?}"
     );
-}
-
-/// `sandmesh status` against `url`, bounded.
-async fn status(url: &str) -> String {
-    let mut cmd = Command::new(SANDMESH);
-    cmd.arg("status").env("SANDMESH_NATS_URL", url);
-    let out = run_bounded(cmd, Duration::from_secs(30)).await;
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-async fn wait_ready(url: &str) {
-    eventually("the mesh to come up", Duration::from_secs(300), || async {
-        let listed = status(url).await;
-        (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
-    })
-    .await;
 }
 
 #[tokio::test]

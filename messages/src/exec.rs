@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorBody;
+use crate::network::{NetworkPolicy, NetworkReport};
 use crate::risk::RiskAssessment;
 use crate::tenancy::{unscoped, Tenant};
 
@@ -146,6 +147,10 @@ pub struct ExecRequest {
     pub stream_output: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Egress for this one execution (no session: a session's policy is set when it opens).
+    /// Absent: no network at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -259,6 +264,10 @@ pub struct ExecResult {
     /// re-placed with its workspace restored).
     #[serde(default)]
     pub session_restored: bool,
+    /// The hosts the run contacted and those its egress proxy refused (runs with a network
+    /// policy only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
 }

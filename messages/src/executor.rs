@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecRequest, Tier};
+use crate::network::NetworkPolicy;
 use crate::tenancy::{unscoped, Tenant};
 use crate::Subjects;
 
@@ -21,6 +22,11 @@ pub struct ExecutorRun {
     /// Which container runs it.
     #[serde(default)]
     pub kind: RunKind,
+    /// The effective egress policy (the request's or the session's, validated and clamped by
+    /// the scheduler). Set only for `Isolated` and `Session` runs: a pooled warm container
+    /// has no egress socket. Absent: no network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
     /// The tenant it runs for: ids in this run are scoped by it (`crate::tenancy`), and its
     /// output chunks go to the tenant's own subject.
     #[serde(default, skip_serializing_if = "Option::is_none")]

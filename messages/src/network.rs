@@ -162,6 +162,116 @@ fn check_len(field: &str, len: usize) -> Result<(), ValidationError> {
     Ok(())
 }
 
+impl NetworkPolicy {
+    /// The operator's ceiling from its configuration text: `allow` lists entries separated by
+    /// commas or whitespace — a domain pattern (`pypi.org`, `*.example.org`), a CIDR
+    /// (`10.0.0.0/8`), `!name` for a denied domain, or `*` for every public name; `ports`
+    /// lists the destination ports (empty: [`DEFAULT_PORTS`]). Empty `allow` permits nothing.
+    pub fn ceiling(allow: &str, ports: &str) -> Result<Self, ValidationError> {
+        let mut policy = NetworkPolicy::default();
+        for entry in allow
+            .split([',', ' ', '\t', '\n'])
+            .filter(|e| !e.is_empty())
+        {
+            if entry == "*" {
+                policy.allow_all = true;
+            } else if let Some(denied) = entry.strip_prefix('!') {
+                policy.deny_domains.push(denied.to_string());
+            } else if entry.contains('/') {
+                policy.allow_cidrs.push(entry.to_string());
+            } else {
+                policy.allow_domains.push(entry.to_string());
+            }
+        }
+        let ports: Vec<&str> = ports.split([',', ' ']).filter(|p| !p.is_empty()).collect();
+        if !ports.is_empty() {
+            let parsed = ports
+                .iter()
+                .map(|p| {
+                    p.parse::<u16>().map_err(|e| ValidationError::Invalid {
+                        field: "network.ports".into(),
+                        reason: format!("{p:?}: {e}"),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            policy.ports = Some(parsed);
+        }
+        policy.validate()?;
+        Ok(policy)
+    }
+}
+
+/// Most distinct entries in each list of a [`NetworkReport`]; more are counted, not listed.
+pub const MAX_REPORTED: usize = 64;
+
+/// What one execution did on the network: the destinations its egress proxy let through and
+/// those it refused, each once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkReport {
+    #[serde(default)]
+    pub contacted: Vec<Contact>,
+    #[serde(default)]
+    pub refused: Vec<RefusedContact>,
+    /// Decisions beyond [`MAX_REPORTED`] distinct entries, not listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Contact {
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedContact {
+    pub host: String,
+    pub port: u16,
+    /// The rule that refused it (the text of the proxy's 403).
+    pub rule: String,
+}
+
+impl NetworkReport {
+    /// Adds one proxy decision; repeats of a listed destination change nothing.
+    pub fn record(&mut self, host: &str, port: u16, allowed: bool, rule: &str) {
+        let listed = if allowed {
+            self.contacted
+                .iter()
+                .any(|c| c.host == host && c.port == port)
+        } else {
+            self.refused
+                .iter()
+                .any(|r| r.host == host && r.port == port && r.rule == rule)
+        };
+        if listed {
+            return;
+        }
+        let full = if allowed {
+            self.contacted.len()
+        } else {
+            self.refused.len()
+        } >= MAX_REPORTED;
+        if full {
+            self.unlisted += 1;
+        } else if allowed {
+            self.contacted.push(Contact {
+                host: host.to_string(),
+                port,
+            });
+        } else {
+            self.refused.push(RefusedContact {
+                host: host.to_string(),
+                port,
+                rule: rule.to_string(),
+            });
+        }
+    }
+}
+
 /// One entry of a requested policy that the ceiling does not permit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {
@@ -324,5 +434,52 @@ mod tests {
             .unwrap()
             .refused;
         assert_eq!(refused, [Refusal::new("allow_domains", "pypi.org")]);
+    }
+
+    #[test]
+    fn a_ceiling_is_read_from_its_configuration_text() {
+        let c = NetworkPolicy::ceiling(
+            "pypi.org, *.pythonhosted.org !evil.pythonhosted.org 127.0.0.1/32",
+            "443,8080",
+        )
+        .unwrap();
+        assert_eq!(
+            c,
+            policy(serde_json::json!({
+                "allow_domains": ["pypi.org", "*.pythonhosted.org"],
+                "deny_domains": ["evil.pythonhosted.org"],
+                "allow_cidrs": ["127.0.0.1/32"],
+                "ports": [443, 8080],
+            }))
+        );
+        assert_eq!(
+            NetworkPolicy::ceiling("", "").unwrap(),
+            NetworkPolicy::default()
+        );
+        assert!(NetworkPolicy::ceiling("*", "").unwrap().allow_all);
+        assert!(NetworkPolicy::ceiling("bad..name", "").is_err());
+        assert!(NetworkPolicy::ceiling("a.com", "http").is_err());
+        assert!(NetworkPolicy::ceiling("a.com", "0").is_err());
+    }
+
+    #[test]
+    fn a_report_lists_each_destination_once_and_counts_past_its_bound() {
+        let mut r = NetworkReport::default();
+        r.record("pypi.org", 443, true, "allowed by allow_domains pypi.org");
+        r.record("pypi.org", 443, true, "allowed by allow_domains pypi.org");
+        r.record("evil.com", 443, false, "evil.com is not in allow_domains");
+        r.record("evil.com", 443, false, "evil.com is not in allow_domains");
+        assert_eq!(r.contacted.len(), 1);
+        assert_eq!(r.refused.len(), 1);
+        for i in 0..MAX_REPORTED + 3 {
+            r.record(&format!("h{i}.com"), 80, false, "no");
+        }
+        assert_eq!(r.refused.len(), MAX_REPORTED);
+        assert_eq!(r.unlisted, 4);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            json["contacted"][0],
+            serde_json::json!({"host": "pypi.org", "port": 443})
+        );
     }
 }

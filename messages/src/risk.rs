@@ -71,8 +71,13 @@ impl RiskLevel {
     }
 }
 
+/// The `params` key (`true`) saying the code runs under a network egress policy: the policy
+/// bounds what it can reach, so fetching is no risk by itself.
+pub const NETWORK_POLICY_PARAM: &str = "network_policy";
+
 /// `sandbox.v1.risk.assess` request. `content` is the code (or, for `browser`, the action
-/// name); `params` carries browser action parameters (url, selector, text, ...).
+/// name); `params` carries browser action parameters (url, selector, text, ...), and for code
+/// [`NETWORK_POLICY_PARAM`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssessRequest {
     pub content: String,
@@ -81,6 +86,17 @@ pub struct AssessRequest {
     pub params: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<SecurityMode>,
+}
+
+impl AssessRequest {
+    /// Whether the code runs under a network policy ([`NETWORK_POLICY_PARAM`]).
+    pub fn under_network_policy(&self) -> bool {
+        self.params
+            .as_ref()
+            .and_then(|p| p.get(NETWORK_POLICY_PARAM))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    }
 }
 
 /// One rule that matched, with where it matched when the source was parsed.

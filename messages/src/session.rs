@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{Language, Tier};
+use crate::network::NetworkPolicy;
 use crate::tenancy::{unscoped, Tenant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -41,6 +42,10 @@ pub struct SessionRecord {
     /// How many times the session was re-placed with its workspace restored.
     #[serde(default)]
     pub restores: u64,
+    /// The session's egress policy, as admitted (validated, clamped by the operator's
+    /// ceiling); every execution of the session runs under it. Absent: no network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
     /// The tenant that opened it (its id is scoped by it); `None` for internal callers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Tenant>,
@@ -65,6 +70,9 @@ pub struct SessionOpen {
     pub language: Option<Language>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Egress for every execution of the session; absent: no network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// `sessions.get` and `sessions.close`.

@@ -55,6 +55,7 @@ fn exec_request() -> ExecRequest {
         }],
         stream_output: true,
         requested_by: Some("agent-7".into()),
+        network: None,
     }
 }
 
@@ -90,6 +91,7 @@ fn exec_result() -> ExecResult {
             total_ms: 2063,
         },
         session_restored: false,
+        network: None,
         error: None,
     }
 }
@@ -118,6 +120,31 @@ fn check<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(name: &s
 fn golden_vectors_are_byte_exact() {
     check("exec_request", &exec_request());
     check("exec_result", &exec_result());
+    // Issue 13: a request's egress policy and what the result reports about it.
+    check(
+        "exec_request_network",
+        &ExecRequest {
+            session_id: None,
+            network: Some(messages::network::NetworkPolicy {
+                allow_domains: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+                deny_domains: vec!["evil.pythonhosted.org".into()],
+                allow_cidrs: vec!["10.1.0.0/16".into()],
+                allow_all: false,
+                ports: Some(vec![443]),
+            }),
+            ..exec_request()
+        },
+    );
+    let mut network = messages::network::NetworkReport::default();
+    network.record("pypi.org", 443, true, "allowed by allow_domains pypi.org");
+    network.record("evil.com", 443, false, "evil.com is not in allow_domains");
+    check(
+        "exec_result_network",
+        &ExecResult {
+            network: Some(network),
+            ..exec_result()
+        },
+    );
     check(
         "assess_request",
         &AssessRequest {

@@ -4,6 +4,8 @@
 //! with its own storage directory, can restart it on the same port and storage, and kills it on
 //! drop. When the binary is missing or too old, it fails with a message saying how to get one.
 
+pub mod upstream;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

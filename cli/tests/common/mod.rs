@@ -77,3 +77,20 @@ impl Up {
         }
     }
 }
+
+/// `sandmesh status` against `url`, bounded.
+pub async fn status(url: &str) -> String {
+    let mut cmd = Command::new(SANDMESH);
+    cmd.arg("status").env("SANDMESH_NATS_URL", url);
+    let out = run_bounded(cmd, Duration::from_secs(30)).await;
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Until `sandmesh status` lists a scheduler and a docker-executor.
+pub async fn wait_ready(url: &str) {
+    test_support::eventually("the mesh to come up", Duration::from_secs(300), || async {
+        let listed = status(url).await;
+        (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
+    })
+    .await;
+}

@@ -113,7 +113,15 @@ pub struct RunSpec {
     pub fsize_bytes: u64,
     /// Largest total size of the changed files sent back; the rest is reported as skipped.
     pub max_changes_bytes: u64,
+    /// The container's egress socket (bind-mounted), when its run has a network policy: the
+    /// supervisor relays `127.0.0.1:`[`EGRESS_PROXY_PORT`] to it for the run's duration and
+    /// points the program's proxy variables there. Absent: no network at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_socket: Option<String>,
 }
+
+/// The in-container TCP port of the egress relay (the conventional HTTP proxy port).
+pub const EGRESS_PROXY_PORT: u16 = 3128;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

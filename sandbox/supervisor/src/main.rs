@@ -8,7 +8,8 @@
 //! sandmesh-supervisor run    one execution, started by one `docker exec`: reads the request
 //!                            and workspace archive (frames on stdin), unpacks the archive,
 //!                            runs the program, streams its output, kills everything it
-//!                            started, sends the changed files and the report (frames on stdout)
+//!                            started, sends the changed files and the report (frames on stdout);
+//!                            with an egress socket, relays 127.0.0.1:3128 to it meanwhile
 //! ```
 //!
 //! The frame format is the `sandmesh-sandbox-protocol` crate (`sandbox/protocol`), shared with
@@ -17,6 +18,7 @@
 
 mod files;
 mod process;
+mod relay;
 
 use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
@@ -173,6 +175,25 @@ fn execute(
     out: &mut FrameOut,
     report: &mut RunReport,
 ) {
+    // Egress first: a run whose network cannot be set up does not run at all (its program
+    // would find no proxy and fail in a more confusing way).
+    let mut spec = spec.clone();
+    if let Some(socket) = &spec.egress_socket {
+        if let Err(e) = relay::start(socket) {
+            report.outcome = Outcome::Failed {
+                message: format!(
+                    "cannot listen on 127.0.0.1:{} for the egress relay: {e}",
+                    protocol::EGRESS_PROXY_PORT
+                ),
+            };
+            return;
+        }
+        let proxy = relay::proxy_env();
+        spec.env
+            .retain(|(name, _)| !proxy.iter().any(|(p, _)| p == name));
+        spec.env.extend(proxy);
+    }
+    let spec = &spec;
     let root = Path::new(&spec.workspace);
     if let Err(e) = files::unpack(root, archive, &mut report.warnings) {
         report.outcome = Outcome::Failed {

@@ -90,6 +90,7 @@ impl Mesh {
             },
             session_restored: false,
             kind: Default::default(),
+            network: None,
         };
         let subjects = &self.config.kit.subjects;
         let subject = match tier {
@@ -182,7 +183,7 @@ async fn main() {
         pids: 128,
     };
     baseline
-        .start(&name, ContainerKind::Warm, None, limits)
+        .start(&name, ContainerKind::Warm, None, limits, None)
         .await
         .unwrap();
     let bare = || async {

@@ -33,6 +33,10 @@ pub struct ExecutorConfig {
     pub janitor_interval: Duration,
     /// Per-request limits: defaults and the most a request may ask for.
     pub ceilings: Ceilings,
+    /// `SANDMESH_EXEC_EGRESS_DIR`: where containers' egress socket directories are made (one
+    /// per container with a network policy; the Docker daemon must see this path). Default:
+    /// `sandmesh-egress` in the system temporary directory.
+    pub egress_dir: std::path::PathBuf,
 }
 
 impl ExecutorConfig {
@@ -79,6 +83,10 @@ impl ExecutorConfig {
             kill_grace: r.millis("EXEC_KILL_GRACE_MS", Duration::from_secs(5)),
             janitor_interval: r.millis("EXEC_JANITOR_MS", Duration::from_secs(30)),
             ceilings,
+            egress_dir: r
+                .optional_string("EXEC_EGRESS_DIR")
+                .map(Into::into)
+                .unwrap_or_else(|| std::env::temp_dir().join("sandmesh-egress")),
             kit,
         };
         c.check(&mut r);

@@ -2,8 +2,9 @@
 //! created (DESIGN.md §3 "Containers"), so the hardening cannot drift between tiers.
 //!
 //! Requests never reach this module's container body: only the node's configuration and the
-//! clamped memory / CPU / pids limits do. Privileged mode, host namespaces, devices, mounts,
-//! the working directory and the Docker socket are not parameters at all.
+//! clamped memory / CPU / pids limits do. Privileged mode, host namespaces, devices, the
+//! working directory and the Docker socket are not parameters at all; the one mount that is
+//! (the container's own egress socket directory, read-only) is made by `crate::egress`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -149,6 +150,7 @@ impl SandboxSpec {
         kind: ContainerKind,
         session: Option<&str>,
         limits: ContainerLimits,
+        egress_bind: Option<&str>,
     ) -> ContainerCreateBody {
         let tmpfs = |mb: u64, mode: &str| {
             // `exec` (tmpfs defaults to noexec), owned by the sandbox user (Docker would make
@@ -192,6 +194,8 @@ impl SandboxSpec {
                 config: None,
             }),
             init: Some(true),
+            // The network stays `none`: the egress socket directory is the only way out.
+            binds: egress_bind.map(|bind| vec![bind.to_string()]),
             ..Default::default()
         };
         let mut labels = HashMap::from([
@@ -248,16 +252,17 @@ impl Sandboxes {
         )
     }
 
-    /// Creates and starts a container under `name`; a container that fails to start is
-    /// removed again.
+    /// Creates and starts a container under `name` (with its egress socket directory bound
+    /// when given); a container that fails to start is removed again.
     pub async fn start(
         &self,
         name: &str,
         kind: ContainerKind,
         session: Option<&str>,
         limits: ContainerLimits,
+        egress_bind: Option<&str>,
     ) -> Result<Container, DockerError> {
-        let body = self.spec.container_body(kind, session, limits);
+        let body = self.spec.container_body(kind, session, limits, egress_bind);
         let options = CreateContainerOptionsBuilder::new().name(name).build();
         self.docker
             .create_container(Some(options), body)

@@ -5,17 +5,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kit::AuditScope;
 use messages::exec::{ExecResult, ExecStatus, Language};
 use messages::executor::{ExecutorRun, RunKind};
+use messages::network::NetworkPolicy;
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
 use ractor::RpcReplyPort;
 use sandbox_protocol::{RunSpec, PROTOCOL_VERSION};
 
 use crate::config::ExecutorConfig;
-use crate::docker::{ContainerLimits, Sandboxes, WORKSPACE_DIR};
+use crate::docker::{ContainerKind, ContainerLimits, Sandboxes, WORKSPACE_DIR};
+use crate::egress::{ContainerEgress, EgressHost};
 use crate::exchange::{self, ExchangeInput, OutputStreamer};
-use crate::lease::{ContainerLease, Held, RunSlot};
+use crate::lease::{ContainerLease, Held, RunSlot, StartError};
+use crate::node::NodeState;
 use crate::outcome::{base_result, classify, safe_paths};
 use crate::workspace::WorkspaceSync;
 
@@ -35,6 +39,8 @@ pub struct Runner {
     pub client: async_nats::Client,
     pub subjects: Subjects,
     pub config: Arc<ExecutorConfig>,
+    /// Binds the egress proxies of containers made for a network policy.
+    pub egress: EgressHost,
 }
 
 /// An accepted run with its limits decided.
@@ -103,6 +109,20 @@ fn program(language: Language) -> (Vec<String>, String) {
 }
 
 impl Runner {
+    /// Starts a container of `kind`, with an egress proxy of its own when `network` is set
+    /// (never for the warm pool: a warm container has no network).
+    pub async fn start_container(
+        &self,
+        node: &Arc<NodeState>,
+        kind: ContainerKind,
+        session: Option<&str>,
+        limits: ContainerLimits,
+        network: Option<&NetworkPolicy>,
+    ) -> Result<ContainerLease, StartError> {
+        let egress = network.map(|p| self.egress.bind(p)).transpose()?;
+        Ok(ContainerLease::start(&self.sandboxes, node, kind, session, limits, egress).await?)
+    }
+
     /// The most output a result can carry: the server's max payload less room for the rest
     /// of the result.
     pub fn output_budget(&self) -> u64 {
@@ -110,7 +130,7 @@ impl Runner {
         max_payload.saturating_sub(64 * 1024).max(64 * 1024)
     }
 
-    fn spec(&self, job: &Job) -> RunSpec {
+    fn spec(&self, job: &Job, container: &ContainerLease) -> RunSpec {
         let req = &job.run.request;
         let (argv, code_path) = program(req.language);
         let mut env: Vec<(String, String)> = [
@@ -151,6 +171,10 @@ impl Runner {
             } else {
                 0
             },
+            egress_socket: container
+                .egress
+                .as_ref()
+                .map(|_| ContainerEgress::socket_in_container()),
         }
     }
 
@@ -218,6 +242,18 @@ impl Runner {
         let mut streamer = job.run.request.stream_output.then(|| {
             OutputStreamer::new(self.client.clone(), job.run.output_subject(&self.subjects))
         });
+        if let Some(egress) = &container.egress {
+            let request = &job.run.request;
+            egress.begin(AuditScope {
+                execution_id: Some(job.run.execution_id.clone()),
+                session_id: request.session_id.clone(),
+                trace_id: None,
+                actor: request.requested_by.clone(),
+                // The tenant the scheduler names for the run; the executor has no caller.
+                tenant: job.run.tenant.clone(),
+                ..Default::default()
+            });
+        }
         let outcome = self
             .prepare_and_exchange(container, job, streamer.as_mut())
             .await;
@@ -234,6 +270,7 @@ impl Runner {
                 )
             }
         };
+        result.network = container.egress.as_ref().map(|e| e.finish());
         result.timing.exec_ms = started.elapsed().as_millis() as u64;
         // Time spent waiting for a container or for the session's earlier runs.
         result.timing.queued_ms = started.duration_since(job.accepted).as_millis() as u64;
@@ -260,7 +297,7 @@ impl Runner {
         if !archive.is_empty() {
             container.held = Held::Unknown;
         }
-        let spec = self.spec(job);
+        let spec = self.spec(job, container);
         // The supervisor ends the run at its timeout; this backstop covers a supervisor that
         // was killed, stalled or lied.
         let deadline =

@@ -19,7 +19,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Admitted, Health, Job, Runner};
 use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
-use crate::lease::{ContainerLease, RunSlot};
+use crate::lease::RunSlot;
 use crate::node::NodeState;
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
 use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
@@ -114,6 +114,15 @@ impl ExecutorState {
                 )));
             }
         }
+        if let Some(policy) = &run.network {
+            policy.validate().map_err(ErrorBody::from)?;
+            if run.kind == RunKind::Pooled {
+                // A warm container is made before anyone asked: it has no egress socket.
+                return Err(ErrorBody::bad_request(
+                    "a run with a network policy needs run kind isolated or session",
+                ));
+            }
+        }
         let capacity = self.runner.config.capacity;
         let slot = RunSlot::acquire(&self.node, capacity).ok_or_else(|| {
             ErrorBody::overloaded(format!(
@@ -159,7 +168,9 @@ impl ExecutorState {
                             ContainerKind::Isolated
                         };
                         let limits = ContainerLimits::from(&run.job.limits);
-                        match ContainerLease::start(&runner.sandboxes, &node, kind, None, limits)
+                        let network = run.job.run.network.as_ref();
+                        match runner
+                            .start_container(&node, kind, None, limits, network)
                             .await
                         {
                             Ok(c) => c,
@@ -223,6 +234,7 @@ impl ExecutorState {
                         node: self.node.clone(),
                         idle: self.runner.config.session_idle,
                         limits: default_limits(&self.ceilings),
+                        network: run.job.run.network.clone(),
                     };
                     let (actor, _) =
                         Actor::spawn_linked(None, SessionContainer, args, myself.get_cell())

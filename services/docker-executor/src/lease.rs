@@ -8,7 +8,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
+use crate::egress::ContainerEgress;
 use crate::node::NodeState;
+
+/// Why a container could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Docker(#[from] DockerError),
+    #[error(transparent)]
+    Egress(#[from] crate::egress::EgressSetupError),
+}
 
 /// What a container's `/workspace` holds, compared with the session's workspace in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +56,10 @@ pub struct ContainerLease {
     pub held: Held,
     /// The last snapshot or push for it: each one also keeps the workspace alive in the store.
     pub synced: std::time::Instant,
+    /// Its egress proxy and socket, when it was made for a network policy; they go with the
+    /// lease (before the container itself is gone, never after). Boxed: leases travel in
+    /// actor messages, and most have none.
+    pub egress: Option<Box<ContainerEgress>>,
     sandboxes: Sandboxes,
     node: Arc<NodeState>,
 }
@@ -59,25 +73,29 @@ impl ContainerLease {
         kind: ContainerKind,
         session: Option<&str>,
         limits: ContainerLimits,
+        egress: Option<ContainerEgress>,
     ) -> Result<Self, DockerError> {
         let name = sandboxes.new_name();
         node.own(&name);
+        let mount = egress.as_ref().map(ContainerEgress::bind_spec);
         let lease = Self {
             name,
             limits,
             held: Held::Nothing,
             synced: std::time::Instant::now(),
+            egress: egress.map(Box::new),
             sandboxes: sandboxes.clone(),
             node: node.clone(),
         };
         sandboxes
-            .start(&lease.name, kind, session, limits)
+            .start(&lease.name, kind, session, limits, mount.as_deref())
             .await
             .map(|_| lease)
     }
 
     /// Removes the container now, for a caller that must know it is gone when this returns.
     pub async fn remove(mut self) {
+        drop(self.egress.take());
         let name = std::mem::take(&mut self.name);
         self.sandboxes.remove(&name).await;
         self.node.disown(&name);

@@ -47,6 +47,11 @@
 //!   `SANDMESH_EXEC_KILL_GRACE_MS`) removes the container.
 //! - Output is capped at what one NATS message can carry (max payload − 64 KiB).
 //! - A container found dead before a run began is replaced and the run retried once.
+//! - Network egress (issue 13): a run or session with a network policy gets a container of its
+//!   own with an egress proxy ([`egress`]) on a socket bind-mounted into it alone; the
+//!   supervisor relays `127.0.0.1:3128` to it during the run, every decision is audited
+//!   (`sandbox.v1.audit.egress`) and the result lists the hosts contacted and refused. Warm
+//!   containers have no socket, and a pooled run with a policy is refused (400).
 //! - The janitor removes this node's unowned containers and those of nodes of the same mesh
 //!   whose heartbeat expired — at once, by watching the heartbeat keys' expiry, and in its
 //!   periodic sweep; at shutdown every container of the node is removed.
@@ -54,11 +59,14 @@
 //! Configuration (`SANDMESH_EXEC_*`, see [`ExecutorConfig`]): `IMAGE`, `WARM_POOL` (2),
 //! `CAPACITY` (8), `MAX_SESSIONS` (64), `SESSION_IDLE_MS` (600000), `WORKSPACE` (on|off),
 //! `WORKSPACE_MB` (64), `TMP_MB` (64), `NOFILE` (256), `FSIZE_MB` (= WORKSPACE_MB),
-//! `KILL_GRACE_MS` (5000), `JANITOR_MS` (30000), and the request ceilings
+//! `KILL_GRACE_MS` (5000), `JANITOR_MS` (30000), `EGRESS_DIR` (`$TMPDIR/sandmesh-egress`:
+//! the containers' socket directories; the Docker daemon must see this path), and the request
+//! ceilings
 //! `{DEFAULT,MAX}_{TIMEOUT_MS,MEMORY_MB,CPUS,PIDS,OUTPUT_BYTES}`.
 
 pub mod config;
 pub mod docker;
+pub mod egress;
 pub mod exchange;
 pub mod execution;
 pub mod executor;
@@ -197,6 +205,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         client: runtime.client.clone(),
         subjects: subjects.clone(),
         config: config.clone(),
+        egress: egress::EgressHost::new(config.egress_dir.clone(), runtime.auditor.clone()),
     };
     let sandboxes_for_exit = sandboxes.clone();
     let janitor = JanitorArgs {

@@ -12,12 +12,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use messages::network::NetworkPolicy;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::docker::{ContainerKind, ContainerLimits, DockerError};
+use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Admitted, Health, Runner};
-use crate::lease::ContainerLease;
+use crate::lease::{ContainerLease, StartError};
 use crate::node::NodeState;
 use crate::warm_pool::WarmPoolMsg;
 
@@ -26,7 +27,7 @@ use crate::warm_pool::WarmPoolMsg;
 pub enum SessionMsg {
     Run(Box<Admitted>),
     /// The session's container is ready, or could not be had.
-    Acquired(Result<ContainerLease, DockerError>),
+    Acquired(Result<ContainerLease, StartError>),
     /// The running execution finished and gives the container back (with the run itself
     /// when it must be retried in another container).
     Done(ContainerLease, Health, Option<Box<Admitted>>),
@@ -42,6 +43,9 @@ pub struct SessionArgs {
     pub node: Arc<NodeState>,
     pub idle: Duration,
     pub limits: ContainerLimits,
+    /// The session's egress policy: its container gets a proxy of its own (and is never a
+    /// warm one, which has none).
+    pub network: Option<NetworkPolicy>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,13 +72,14 @@ impl SessionState {
     fn acquire(&mut self, myself: &ActorRef<SessionMsg>, use_pool: bool) {
         self.phase = Phase::Acquiring;
         let pool = self.args.pool.clone();
-        let sandboxes = self.args.runner.sandboxes.clone();
+        let runner = self.args.runner.clone();
         let node = self.args.node.clone();
         let session = self.args.session_id.clone();
         let limits = self.args.limits;
+        let network = self.args.network.clone();
         let myself = myself.clone();
         self.args.node.tasks.spawn(async move {
-            let warm = if use_pool {
+            let warm = if use_pool && network.is_none() {
                 pool.call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
                     .await
                     .ok()
@@ -87,7 +92,9 @@ impl SessionState {
                 Some(c) => Ok(c),
                 None => {
                     let kind = ContainerKind::Session;
-                    ContainerLease::start(&sandboxes, &node, kind, Some(&session), limits).await
+                    runner
+                        .start_container(&node, kind, Some(&session), limits, network.as_ref())
+                        .await
                 }
             };
             let _ = myself.cast(SessionMsg::Acquired(acquired));

@@ -71,9 +71,15 @@ impl WarmPoolState {
             let myself = myself.clone();
             self.args.node.tasks.spawn(async move {
                 let started = async {
-                    let lease =
-                        ContainerLease::start(&sandboxes, &node, ContainerKind::Warm, None, limits)
-                            .await?;
+                    let lease = ContainerLease::start(
+                        &sandboxes,
+                        &node,
+                        ContainerKind::Warm,
+                        None,
+                        limits,
+                        None,
+                    )
+                    .await?;
                     sandboxes.warm(&lease.name).await.map(|()| lease)
                 }
                 .await;

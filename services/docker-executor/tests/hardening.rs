@@ -29,7 +29,7 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     };
     let name = sandboxes.new_name();
     sandboxes
-        .start(&name, ContainerKind::Session, Some("s-hard"), limits)
+        .start(&name, ContainerKind::Session, Some("s-hard"), limits, None)
         .await
         .unwrap();
     let inspect = docker

@@ -210,7 +210,10 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
     ] {
         let s = Sandboxes::new(docker.clone(), spec(&node, &mesh));
         let name = s.new_name();
-        match s.start(&name, ContainerKind::Warm, None, limits).await {
+        match s
+            .start(&name, ContainerKind::Warm, None, limits, None)
+            .await
+        {
             Ok(_) => {}
             // The janitor may take a container labelled with its node between create and
             // start: that is the behaviour under test, only early.

@@ -106,7 +106,8 @@ impl Assessor {
                 spans: false,
             },
         };
-        let mut assessment = self.verdict(request.content_type, outcome);
+        let under_policy = request.under_network_policy();
+        let mut assessment = self.verdict(request.content_type, outcome, under_policy);
         assessment.suggested_tier = assessment.required_tier(request.mode.unwrap_or(self.mode));
         Ok(assessment)
     }
@@ -196,14 +197,27 @@ impl Assessor {
         }
     }
 
-    fn verdict(&self, content_type: ContentType, outcome: Outcome) -> RiskAssessment {
+    fn verdict(
+        &self,
+        content_type: ContentType,
+        outcome: Outcome,
+        under_policy: bool,
+    ) -> RiskAssessment {
         let rules = &self.policy.rules;
+        let severity = |rule: usize| {
+            let rule = &rules[rule];
+            if under_policy && rule.fetches {
+                rule.severity.min(RiskLevel::Low)
+            } else {
+                rule.severity
+            }
+        };
         let mut hits = outcome.hits;
         hits.sort_by(|a, b| {
-            let (sa, sb) = (rules[a.rule].severity, rules[b.rule].severity);
+            let (sa, sb) = (severity(a.rule), severity(b.rule));
             sb.cmp(&sa).then(a.start.cmp(&b.start))
         });
-        let found = hits.iter().map(|h| rules[h.rule].severity).max();
+        let found = hits.iter().map(|h| severity(h.rule)).max();
         let browser = content_type == ContentType::Browser;
         // Seed 000: an ordinary browser action is LOW, code with nothing found is SAFE.
         let level = found.unwrap_or(if browser {
@@ -227,6 +241,11 @@ impl Assessor {
             outcome.unparsed.as_ref(),
             &self.policy,
         );
+        let reason = if under_policy && hits.iter().any(|h| rules[h.rule].fetches) {
+            format!("{reason} (network access is bounded by the request's network policy)")
+        } else {
+            reason
+        };
         let findings = hits
             .iter()
             .take(self.limits.max_findings)
@@ -239,7 +258,7 @@ impl Assessor {
                 let span = |v: u32| outcome.spans.then_some(v);
                 Finding {
                     rule: rule.id.clone(),
-                    severity: rule.severity,
+                    severity: severity(h.rule),
                     description,
                     line: span(h.line),
                     start: span(h.start),

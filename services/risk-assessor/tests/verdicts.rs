@@ -340,3 +340,70 @@ fn deleting_found_files_is_judged_as_the_deletion_it_is() {
     );
     assert_eq!(listing.level, RiskLevel::Medium, "{listing:?}");
 }
+
+/// Issue 13: under a network policy the policy bounds what fetching code can reach, so a fetch
+/// alone is at most low there; without one the verdicts stay as they were, and other findings
+/// in the same code keep their level.
+#[test]
+fn fetching_under_a_network_policy_is_not_automatically_high() {
+    let under = |content_type: ContentType, content: &str, policy: bool| {
+        assess(&AssessRequest {
+            content: content.into(),
+            content_type,
+            params: policy
+                .then(|| serde_json::json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
+            mode: None,
+        })
+        .unwrap()
+    };
+    let fetches = [
+        (
+            ContentType::Python,
+            "import requests\nrequests.get('https://pypi.org/simple/')",
+        ),
+        (
+            ContentType::Python,
+            "import urllib.request\nurllib.request.urlopen('https://x.org')",
+        ),
+        (
+            ContentType::Python,
+            "import http.client\nhttp.client.HTTPSConnection('x.org')",
+        ),
+        (
+            ContentType::Javascript,
+            "fetch('https://registry.npmjs.org/')",
+        ),
+        (
+            ContentType::Javascript,
+            "const https = require('https'); https.get('https://x.org')",
+        ),
+    ];
+    for (content_type, code) in fetches {
+        let without = under(content_type, code, false);
+        assert_eq!(without.level, RiskLevel::High, "{code}: {without:?}");
+        assert!(without.requires_confirmation);
+        let with = under(content_type, code, true);
+        assert_eq!(with.level, RiskLevel::Low, "{code}: {with:?}");
+        assert!(!with.requires_confirmation, "{code}");
+        assert!(with.reason.contains("network policy"), "{}", with.reason);
+    }
+    let also_writes =
+        "import requests, os\nos.system('rm -rf /tmp/x')\nrequests.get('https://x.org')";
+    let with = under(ContentType::Python, also_writes, true);
+    assert!(
+        with.level >= RiskLevel::High,
+        "other findings keep their level: {with:?}"
+    );
+    // Shell fetchers are not on the safe list either way: never SAFE, never high by fetching.
+    for script in [
+        "curl -sSLO https://x.org/a.tgz",
+        "wget https://x.org/a.tgz",
+        "pip install six",
+    ] {
+        let with = under(ContentType::Shell, script, true);
+        assert!(
+            with.level > RiskLevel::Safe && with.level < RiskLevel::High,
+            "{script}: {with:?}"
+        );
+    }
+}

@@ -72,6 +72,8 @@ impl SessionAffinity {
         let mut record = self
             .ensure_session(session_id, run.request.requested_by.clone(), scope)
             .await?;
+        // The session's container is made with the session's egress socket, if it has one.
+        run.network = record.network.clone();
         for _ in 0..PLACEMENT_ATTEMPTS {
             if record.state == SessionState::Closed {
                 let error = ErrorBody::conflict(format!(

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use kit::config::{ConfigError, ConfigReader, EnvSource};
 use kit::KitConfig;
+use messages::network::NetworkPolicy;
 use messages::risk::SecurityMode;
 use messages::validate::Ceilings;
 
@@ -39,6 +40,10 @@ pub struct SchedulerConfig {
     pub job_batch: usize,
     /// Lifetime of an execution claim unless renewed; a crashed scheduler's claims expire.
     pub claim_ttl: Duration,
+    /// `SANDMESH_NETWORK_ALLOW` (and `SANDMESH_NETWORK_PORTS`): the egress a deployment
+    /// permits at all; a requested network policy beyond it is refused (403). Default:
+    /// nothing, so every policy is refused until an operator allows domains.
+    pub network_ceiling: NetworkPolicy,
 }
 
 fn parse_mode(r: &mut ConfigReader<'_>) -> SecurityMode {
@@ -104,6 +109,16 @@ impl SchedulerConfig {
                 r.error(format!("SANDMESH_{name}: must be at least 3000"));
             }
         }
+        let network_ceiling = NetworkPolicy::ceiling(
+            &r.string("NETWORK_ALLOW", ""),
+            &r.string("NETWORK_PORTS", ""),
+        )
+        .unwrap_or_else(|e| {
+            r.error(format!(
+                "SANDMESH_NETWORK_ALLOW / SANDMESH_NETWORK_PORTS: {e}"
+            ));
+            NetworkPolicy::default()
+        });
         let parked_sweep = r.millis("SCHED_PARKED_SWEEP_MS", Duration::from_secs(5));
         if parked_sweep < Duration::from_millis(100) {
             r.error("SANDMESH_SCHED_PARKED_SWEEP_MS: must be at least 100");
@@ -122,6 +137,7 @@ impl SchedulerConfig {
             job_ack_wait,
             job_batch,
             claim_ttl,
+            network_ceiling,
         };
         r.finish().map(|_| config)
     }
@@ -142,6 +158,7 @@ impl SchedulerConfig {
             ceilings: self.ceilings.clone(),
             assess_timeout: self.assess_timeout,
             exec_grace: self.exec_grace,
+            network_ceiling: self.network_ceiling.clone(),
         }
     }
 
@@ -164,6 +181,11 @@ mod tests {
         assert_eq!(c.security_mode, SecurityMode::Strict);
         assert_eq!(c.placement, Strategy::LeastLoaded);
         assert_eq!(c.max_queue, 64);
+        assert_eq!(
+            c.network_ceiling,
+            NetworkPolicy::default(),
+            "no egress by default"
+        );
     }
 
     #[test]
@@ -175,9 +197,10 @@ mod tests {
             ("SANDMESH_SCHED_CLAIM_TTL_MS", "10"),
             ("SANDMESH_SCHED_PARKED_SWEEP_MS", "0"),
             ("SANDMESH_HEARTBEAT_MS", "x"),
+            ("SANDMESH_NETWORK_ALLOW", "a..b"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 6, "{e}");
+        assert_eq!(e.0.len(), 7, "{e}");
     }
 
     #[test]

@@ -43,6 +43,12 @@ impl Dispatcher {
         }
     }
 
+    /// Whether the session runs under a network policy (an unknown session has none yet).
+    pub async fn session_has_network(&self, session_id: &str) -> Result<bool, ErrorBody> {
+        let record = self.affinity.sessions().get(session_id).await?;
+        Ok(record.is_some_and(|r| r.network.is_some()))
+    }
+
     /// The place and run stages: a session's node, or the node the strategy picks (the
     /// executor queue group while no node is known). `Err` is a transient failure.
     pub async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
@@ -56,11 +62,15 @@ impl Dispatcher {
             tier: exec.tier,
             request,
             session_restored: false,
+            // A warm pooled container has no egress socket: a run with a network policy gets
+            // a container of its own (a session's runs get the session's policy on the way).
             kind: match (exec.tier, exec.request.session_id.is_some()) {
                 (_, true) => RunKind::Session,
                 (Tier::Session, false) => RunKind::Isolated,
+                _ if exec.request.network.is_some() => RunKind::Isolated,
                 _ => RunKind::Pooled,
             },
+            network: exec.request.network.clone(),
         };
         let needs = Requirements {
             cpus: limits.cpus,

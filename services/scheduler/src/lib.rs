@@ -45,6 +45,7 @@ pub mod execution;
 pub mod executor_client;
 pub mod intake;
 pub mod jobs;
+pub mod network;
 pub mod parking;
 pub mod pipeline;
 pub mod placement;
@@ -211,7 +212,7 @@ pub async fn run(
         subjects.clone(),
         stopping.clone(),
     );
-    let sessions = SessionApi::new(affinity, executor, auditor);
+    let sessions = SessionApi::new(affinity, executor, auditor, config.network_ceiling.clone());
     let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
 
     let s = subjects.clone();

@@ -34,6 +34,8 @@ pub struct Policy {
     pub assess_timeout: Duration,
     /// Added to an execution's own timeout; past it the executor counts as lost.
     pub exec_grace: Duration,
+    /// The egress a deployment permits at all (`SANDMESH_NETWORK_ALLOW`).
+    pub network_ceiling: messages::network::NetworkPolicy,
 }
 
 #[derive(Clone)]
@@ -54,10 +56,11 @@ pub struct Pipeline {
 enum Confirmed {
     /// Run it (approved, or no confirmation needed).
     Go,
-    /// A terminal result: denied or timed out.
-    Stop(ExecResult),
+    /// A terminal result: denied or timed out. (Both boxed: results and executions carry
+    /// network policies and reports, and most executions take neither branch.)
+    Stop(Box<ExecResult>),
     /// Waiting for a person; parked.
-    Park(Parked),
+    Park(Box<Parked>),
 }
 
 impl Pipeline {
@@ -96,10 +99,15 @@ impl Pipeline {
         let fresh_id = req.execution_id.is_none();
         req.execution_id
             .get_or_insert_with(|| mint_id(&origin.caller));
-        let limits = match validate_exec(&req, &self.policy.ceilings) {
+        let admitted = validate_exec(&req, &self.policy.ceilings)
+            .map_err(ErrorBody::from)
+            .and_then(|limits| {
+                crate::network::admit_request(&mut req, &self.policy.network_ceiling)?;
+                Ok(limits)
+            });
+        let limits = match admitted {
             Ok(limits) => limits,
-            Err(e) => {
-                let body = ErrorBody::from(e);
+            Err(body) => {
                 let scope = AuditScope {
                     execution_id: req.execution_id.clone(),
                     session_id: req.session_id.clone(),
@@ -159,12 +167,12 @@ impl Pipeline {
         }
         match self.confirm_stage(&mut exec).await {
             Ok(Confirmed::Go) => {}
-            Ok(Confirmed::Stop(result)) => return self.store(&exec, result, claim).await,
+            Ok(Confirmed::Stop(result)) => return self.store(&exec, *result, claim).await,
             Ok(Confirmed::Park(parked)) => {
                 // Released before the decision is looked at again, so whoever resumes it (an
                 // event, or the look below) can claim it.
                 claim.release().await;
-                return self.after_parking(parked).await;
+                return self.after_parking(*parked).await;
             }
             Err(e) => {
                 claim.release_later();
@@ -295,7 +303,7 @@ impl Pipeline {
             return Ok(if exec.confirmation.decision == Decision::Approved {
                 Confirmed::Go
             } else {
-                Confirmed::Stop(self.denied(exec))
+                Confirmed::Stop(Box::new(self.denied(exec)))
             });
         }
         let parked = Parked {
@@ -311,7 +319,7 @@ impl Pipeline {
             exec,
             json!({"confirmation_id": parked.confirmation_id, "expires_at": parked.expires_at}),
         );
-        Ok(Confirmed::Park(parked))
+        Ok(Confirmed::Park(Box::new(parked)))
     }
 
     /// A decision that came between the request and the parking found no parked entry to
@@ -406,11 +414,17 @@ impl Pipeline {
         outcome
     }
 
+    /// Assesses the code, telling the assessor whether it runs under a network policy (its
+    /// own, or its session's): then fetching is bounded by the policy, not a risk by itself.
     async fn assess(&self, req: &ExecRequest) -> Result<RiskAssessment, ErrorBody> {
+        let network = match &req.session_id {
+            Some(id) => self.dispatcher.session_has_network(id).await?,
+            None => req.network.is_some(),
+        };
         let ask = AssessRequest {
             content: req.code.clone(),
             content_type: req.language.into(),
-            params: None,
+            params: network.then(|| json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: Some(self.policy.security_mode),
         };
         self.caller

@@ -3,6 +3,7 @@
 
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
+use messages::network::NetworkPolicy;
 use messages::session::{
     SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
 };
@@ -19,6 +20,8 @@ pub struct SessionApi {
     affinity: SessionAffinity,
     executor: ExecutorClient,
     auditor: Auditor,
+    /// The egress a deployment permits at all (`SANDMESH_NETWORK_ALLOW`).
+    network_ceiling: NetworkPolicy,
 }
 
 fn scope(ctx: &RequestContext, id: &str, actor: Option<String>) -> AuditScope {
@@ -32,11 +35,17 @@ fn scope(ctx: &RequestContext, id: &str, actor: Option<String>) -> AuditScope {
 }
 
 impl SessionApi {
-    pub fn new(affinity: SessionAffinity, executor: ExecutorClient, auditor: Auditor) -> Self {
+    pub fn new(
+        affinity: SessionAffinity,
+        executor: ExecutorClient,
+        auditor: Auditor,
+        network_ceiling: NetworkPolicy,
+    ) -> Self {
         Self {
             affinity,
             executor,
             auditor,
+            network_ceiling,
         }
     }
 
@@ -48,11 +57,14 @@ impl SessionApi {
     pub async fn open(
         &self,
         ctx: RequestContext,
-        open: SessionOpen,
+        mut open: SessionOpen,
     ) -> Result<SessionRecord, ErrorBody> {
         let named = open.session_id.clone().unwrap_or_else(messages::new_id);
         let id = ctx.caller.scope("session_id", &named)?;
         let tenant = ctx.caller.tenant();
+        if let Some(wanted) = &open.network {
+            open.network = Some(crate::network::admit(wanted, &self.network_ceiling)?);
+        }
         if let Some(existing) = self.table().get(&id).await? {
             if existing.state == SessionState::Closed {
                 return Err(ErrorBody::conflict(format!(

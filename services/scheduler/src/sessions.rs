@@ -66,6 +66,7 @@ impl SessionTable {
             created_at: now,
             last_used_at: now,
             requested_by: open.requested_by.clone(),
+            network: open.network.clone(),
             ..Default::default()
         };
         let value =

@@ -374,5 +374,6 @@ pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) ->
         },
         session_restored: false,
         kind: Default::default(),
+        network: None,
     }
 }

@@ -81,6 +81,8 @@ pub(super) struct RuleSpec {
     pub(super) pipe_from: Option<Vec<String>>,
     pub(super) pipe_to: Option<Vec<String>>,
     pub(super) detector: Option<Detector>,
+    /// A network fetch: at most `low` when the code runs under a network policy.
+    pub(super) fetches: Option<bool>,
 }
 
 macro_rules! overlay_fields {
@@ -93,7 +95,7 @@ impl RuleSpec {
     pub(super) fn apply(&mut self, over: &RuleSpec) {
         overlay_fields!(self, over; language, severity, description, source, enabled, pattern,
             text, calls, refs, imports, news, modules, commands, actions, flags, args, args_text,
-            arg, subcommand, redirect, redirect_except, pipe_from, pipe_to, detector);
+            arg, subcommand, redirect, redirect_except, pipe_from, pipe_to, detector, fetches);
     }
 }
 
@@ -215,6 +217,7 @@ pub(super) fn compile(spec: RuleSpec) -> Result<Rule, String> {
         description,
         source: spec.source.clone().unwrap_or_else(|| "user policy".into()),
         enabled,
+        fetches: spec.fetches.unwrap_or(false),
         pattern: regex("pattern", &spec.pattern).map_err(ctx)?,
         text: regex("text", &spec.text).map_err(ctx)?,
         calls: globs(&spec.calls),

@@ -75,6 +75,9 @@ pub struct Rule {
     pub description: String,
     pub source: String,
     pub enabled: bool,
+    /// A network fetch (requests, urllib, fetch, ...): under a network policy the policy is
+    /// the boundary, so it counts at most `low` there.
+    pub fetches: bool,
     pub pattern: Option<Regex>,
     pub text: Option<Regex>,
     pub calls: Vec<Glob>,

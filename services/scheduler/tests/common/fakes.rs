@@ -49,6 +49,14 @@ pub fn assess(req: &AssessRequest) -> RiskAssessment {
             suggested_tier: Tier::Session,
             ..Default::default()
         }
+    } else if code.contains("urllib") && !req.under_network_policy() {
+        RiskAssessment {
+            level: RiskLevel::High,
+            reason: "network request".into(),
+            requires_confirmation: true,
+            suggested_tier: Tier::Session,
+            ..Default::default()
+        }
     } else if code.contains("import os") {
         RiskAssessment {
             level: RiskLevel::Medium,
@@ -143,6 +151,8 @@ pub struct Run {
     pub restored: bool,
     pub tier: Tier,
     pub kind: RunKind,
+    /// The egress policy the executor was told to enforce.
+    pub network: Option<messages::network::NetworkPolicy>,
     /// Runs of this log still going when this one started, itself included.
     pub in_flight: usize,
     pub finished: bool,
@@ -179,6 +189,7 @@ async fn fake_run(node: String, runs: Runs, run: ExecutorRun) -> Result<ExecResu
             restored: run.session_restored,
             tier: run.tier,
             kind: run.kind,
+            network: run.network.clone(),
             in_flight,
             finished: false,
         });

@@ -1,0 +1,96 @@
+//! The egress relay: while a run with a network policy lasts, `127.0.0.1:3128` inside the
+//! container is a plain byte relay to the container's egress socket (bind-mounted from the
+//! host), and the program's proxy variables point there. The container itself has no network
+//! interface but loopback, so a program that ignores the variables reaches nothing.
+//!
+//! Threads, not an async runtime: the supervisor stays std + nix. Each connection costs two
+//! threads (one per direction); they end when either side closes, and all of them end with
+//! the supervisor process after the report.
+
+use std::io;
+use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::thread;
+
+use sandbox_protocol::EGRESS_PROXY_PORT;
+
+/// The proxy URL the program is given.
+fn proxy_url() -> String {
+    format!("http://127.0.0.1:{EGRESS_PROXY_PORT}")
+}
+
+/// The variables that send HTTP(S) clients through the relay: both spellings, since tools
+/// disagree (curl reads lowercase `http_proxy` only; Python and pip read either). Local
+/// addresses bypass it, so a program's own loopback servers keep working.
+pub fn proxy_env() -> Vec<(String, String)> {
+    let url = proxy_url();
+    let no_proxy = "localhost,127.0.0.1".to_string();
+    let mut env = Vec::new();
+    for (name, value) in [
+        ("HTTP_PROXY", &url),
+        ("HTTPS_PROXY", &url),
+        ("ALL_PROXY", &url),
+        ("NO_PROXY", &no_proxy),
+    ] {
+        env.push((name.to_string(), value.clone()));
+        env.push((name.to_ascii_lowercase(), value.clone()));
+    }
+    env
+}
+
+/// Listens on the relay port and serves every connection in the background. Bound before the
+/// program starts, so the program cannot take the port first.
+pub fn start(socket: &str) -> io::Result<()> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT))?;
+    let socket = PathBuf::from(socket);
+    thread::Builder::new()
+        .name("egress-accept".into())
+        .spawn(move || {
+            for client in listener.incoming().flatten() {
+                let socket = socket.clone();
+                // A thread that cannot start (pids limit) drops the connection: fail closed.
+                let _ = thread::Builder::new()
+                    .name("egress-relay".into())
+                    .spawn(move || relay(client, &socket));
+            }
+        })?;
+    Ok(())
+}
+
+/// Copies bytes both ways until each side has closed its direction.
+fn relay(client: TcpStream, socket: &Path) {
+    let Ok(upstream) = UnixStream::connect(socket) else {
+        return; // the proxy is gone: the client sees its connection closed
+    };
+    let (Ok(mut client_back), Ok(mut upstream_back)) = (client.try_clone(), upstream.try_clone())
+    else {
+        return;
+    };
+    let back = thread::Builder::new()
+        .name("egress-relay-back".into())
+        .spawn(move || {
+            let _ = io::copy(&mut upstream_back, &mut client_back);
+            let _ = client_back.shutdown(Shutdown::Write);
+        });
+    if back.is_err() {
+        return;
+    }
+    let (mut client, mut upstream) = (client, upstream);
+    let _ = io::copy(&mut client, &mut upstream);
+    let _ = upstream.shutdown(Shutdown::Write);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_proxy_variable_is_set_in_both_spellings() {
+        let env = proxy_env();
+        for name in ["HTTP_PROXY", "https_proxy", "ALL_PROXY", "no_proxy"] {
+            assert!(env.iter().any(|(k, _)| k == name), "{name} missing");
+        }
+        assert!(env.contains(&("https_proxy".into(), "http://127.0.0.1:3128".into())));
+    }
+}

@@ -1,0 +1,154 @@
+//! A container's network egress (DESIGN §3 "Network egress", issue 13): an
+//! [`egress::EgressProxy`] on a Unix socket in a host directory of that container alone,
+//! bind-mounted read-only at [`EGRESS_MOUNT`] into it and into no other. The container keeps
+//! `NetworkMode none`; the supervisor relays `127.0.0.1:3128` to the socket during each run.
+//!
+//! [`ContainerEgress`] lives inside the container's [`crate::lease::ContainerLease`], so the
+//! socket, its directory and the proxy's connections go exactly when the lease does. Every
+//! decision is audited (`sandbox.v1.audit.egress`) under the execution running at the time and
+//! collected into that execution's [`NetworkReport`].
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use egress::{EgressError, EgressEvent, EgressProxy};
+use kit::{AuditScope, Auditor};
+use messages::audit::AuditKind;
+use messages::network::{NetworkPolicy, NetworkReport};
+
+/// Where the socket directory appears inside the container.
+pub const EGRESS_MOUNT: &str = "/run/sandmesh-egress";
+/// The socket's file name in its directory.
+pub const SOCKET_NAME: &str = "egress.sock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressSetupError {
+    #[error("cannot prepare the egress directory {}", path.display())]
+    Directory {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Proxy(#[from] EgressError),
+}
+
+/// What every container's egress on this node shares: the directory the sockets live under
+/// (`SANDMESH_EXEC_EGRESS_DIR`) and the audit publisher.
+#[derive(Clone)]
+pub struct EgressHost {
+    base: PathBuf,
+    auditor: Auditor,
+}
+
+impl EgressHost {
+    pub fn new(base: PathBuf, auditor: Auditor) -> Self {
+        Self { base, auditor }
+    }
+
+    /// Binds a proxy for one container under `policy`. The directory is named by a fresh id
+    /// (short, so the socket path stays far below the 108-byte limit of Unix socket names).
+    pub fn bind(&self, policy: &NetworkPolicy) -> Result<ContainerEgress, EgressSetupError> {
+        let directory = |path: &Path, source| EgressSetupError::Directory {
+            path: path.to_path_buf(),
+            source,
+        };
+        // The base is root's alone: other host users cannot reach any container's socket.
+        std::fs::create_dir_all(&self.base).map_err(|e| directory(&self.base, e))?;
+        set_mode(&self.base, 0o711).map_err(|e| directory(&self.base, e))?;
+        let dir = self.base.join(messages::new_id().to_ascii_lowercase());
+        std::fs::create_dir(&dir).map_err(|e| directory(&dir, e))?;
+        // From here on, dropping `egress` removes the directory again.
+        let mut egress = ContainerEgress {
+            proxy: None,
+            dir,
+            log: Arc::new(Mutex::new(RunLog::default())),
+        };
+        set_mode(&egress.dir, 0o755).map_err(|e| directory(&egress.dir, e))?;
+        let log = egress.log.clone();
+        let auditor = self.auditor.clone();
+        let proxy = EgressProxy::builder(policy.clone())
+            .observer(move |event| observe(&log, &auditor, event))
+            .bind(egress.dir.join(SOCKET_NAME))?;
+        // The sandbox user (not root) connects: a socket needs write permission to connect.
+        let socket = proxy.socket_path().to_path_buf();
+        set_mode(&socket, 0o666).map_err(|e| directory(&socket, e))?;
+        egress.proxy = Some(proxy);
+        Ok(egress)
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// The execution a container runs now, and what its proxy decided for it so far.
+#[derive(Default)]
+struct RunLog {
+    scope: AuditScope,
+    report: NetworkReport,
+}
+
+fn observe(log: &Mutex<RunLog>, auditor: &Auditor, event: &EgressEvent) {
+    let scope = {
+        let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
+        log.report
+            .record(&event.host, event.port, event.allowed, &event.rule);
+        log.scope.clone()
+    };
+    let details = serde_json::to_value(event).unwrap_or_default();
+    auditor.emit(AuditKind::Egress, &scope, details);
+}
+
+/// One container's egress: its proxy and socket directory, removed when dropped.
+pub struct ContainerEgress {
+    proxy: Option<EgressProxy>,
+    dir: PathBuf,
+    log: Arc<Mutex<RunLog>>,
+}
+
+impl ContainerEgress {
+    /// The Docker bind of the socket directory (read-only: the sandbox can connect to the
+    /// socket, never replace it).
+    pub fn bind_spec(&self) -> String {
+        format!("{}:{EGRESS_MOUNT}:ro", self.dir.display())
+    }
+
+    /// The socket's path inside the container.
+    pub fn socket_in_container() -> String {
+        format!("{EGRESS_MOUNT}/{SOCKET_NAME}")
+    }
+
+    /// The socket's path on the host.
+    pub fn host_socket(&self) -> PathBuf {
+        self.dir.join(SOCKET_NAME)
+    }
+
+    /// Decisions from now on belong to the execution of `scope`.
+    pub fn begin(&self, scope: AuditScope) {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        *log = RunLog {
+            scope,
+            report: NetworkReport::default(),
+        };
+    }
+
+    /// What the proxy decided since [`Self::begin`].
+    pub fn finish(&self) -> NetworkReport {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut log.report)
+    }
+}
+
+impl Drop for ContainerEgress {
+    fn drop(&mut self) {
+        // The proxy first: it ends its connections and removes its socket file.
+        drop(self.proxy.take());
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "egress directory left behind");
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Network policies at the scheduler (issue 13): validated and clamped by the operator ceiling
+//! `SANDMESH_NETWORK_ALLOW` on `exec` and `sessions.open`, carried to the executor in the run,
+//! and a fetching program under a policy not held for confirmation.
+
+mod common;
+
+use common::*;
+use messages::exec::{ExecRequest, ExecResult, Language};
+use messages::executor::RunKind;
+use messages::network::NetworkPolicy;
+use messages::session::{SessionOpen, SessionRecord};
+use messages::subjects::SessionOp;
+use messages::{ErrorKind, Subjects};
+
+fn policy(json: serde_json::Value) -> NetworkPolicy {
+    serde_json::from_value(json).unwrap()
+}
+
+fn fetching(network: Option<NetworkPolicy>, session: Option<&str>) -> ExecRequest {
+    ExecRequest {
+        language: Language::Python,
+        code: "import urllib.request; urllib.request.urlopen('https://pypi.org/')".into(),
+        network,
+        session_id: session.map(str::to_string),
+        ..Default::default()
+    }
+}
+
+async fn mesh(allow: &'static str) -> Mesh {
+    Mesh::builder()
+        .risk()
+        .workspace()
+        .confirm_standin(false)
+        .executor("node-a", 8)
+        .scheduler(move |c| {
+            c.network_ceiling = NetworkPolicy::ceiling(allow, "").unwrap();
+        })
+        .start()
+        .await
+}
+
+#[tokio::test]
+async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_runs() {
+    let mesh = mesh("pypi.org *.pythonhosted.org").await;
+    let c = mesh.client.clone();
+    let cases = [
+        (
+            policy(serde_json::json!({"allow_domains": ["pypi.org", "evil.com"]})),
+            ErrorKind::Denied,
+            "allow_domains evil.com",
+        ),
+        (
+            policy(serde_json::json!({"allow_all": true})),
+            ErrorKind::Denied,
+            "allow_all true",
+        ),
+        (
+            policy(serde_json::json!({"allow_cidrs": ["10.0.0.0/8"]})),
+            ErrorKind::Denied,
+            "allow_cidrs 10.0.0.0/8",
+        ),
+        (
+            policy(serde_json::json!({"allow_domains": ["*"]})),
+            ErrorKind::BadRequest,
+            "needs allow_all",
+        ),
+        (
+            policy(serde_json::json!({"allow_domains": ["exa mple.com"]})),
+            ErrorKind::BadRequest,
+            "network.allow_domains[0]",
+        ),
+        (
+            NetworkPolicy {
+                allow_domains: (0..65).map(|i| format!("h{i}.pythonhosted.org")).collect(),
+                ..Default::default()
+            },
+            ErrorKind::BadRequest,
+            "65 entries",
+        ),
+    ];
+    for (network, kind, names) in cases {
+        let e = mesh
+            .exec(&fetching(Some(network.clone()), None))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+        assert!(e.to_string().contains(names), "{e}");
+        let open = SessionOpen {
+            network: Some(network),
+            ..Default::default()
+        };
+        let e = c
+            .call::<_, SessionRecord>(Subjects::default().sessions(SessionOp::Open), &open)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), kind, "sessions.open: {e}");
+    }
+    let in_session = fetching(
+        Some(policy(serde_json::json!({"allow_domains": ["pypi.org"]}))),
+        Some("s1"),
+    );
+    let e = mesh.exec(&in_session).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadRequest, "{e}");
+    assert!(
+        mesh.runs.lock().unwrap().is_empty(),
+        "nothing reached an executor"
+    );
+    mesh.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_default_ceiling_permits_no_network_at_all() {
+    let mesh = mesh("").await;
+    let network = policy(serde_json::json!({"allow_domains": ["pypi.org"]}));
+    let e = mesh.exec(&fetching(Some(network), None)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Denied);
+    assert!(e.to_string().contains("allow_domains pypi.org"), "{e}");
+    mesh.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_approval() {
+    let mesh = mesh("pypi.org,*.pythonhosted.org !evil.pythonhosted.org").await;
+    let c = mesh.client.clone();
+    // Without a policy, fetching code waits for a person (denied by the stand-in).
+    let r: ExecResult = mesh.exec(&fetching(None, None)).await.unwrap();
+    assert_eq!(
+        r.error.unwrap().kind,
+        ErrorKind::Denied,
+        "confirmation denied"
+    );
+    let network = policy(serde_json::json!({"allow_domains": ["pypi.org"]}));
+    let r = mesh.exec(&fetching(Some(network), None)).await.unwrap();
+    assert_eq!(r.error, None, "{r:?}");
+    let session = SessionOpen {
+        session_id: Some("net-1".into()),
+        network: Some(policy(
+            serde_json::json!({"allow_domains": ["files.pythonhosted.org"]}),
+        )),
+        ..Default::default()
+    };
+    let opened: SessionRecord = c
+        .call(Subjects::default().sessions(SessionOp::Open), &session)
+        .await
+        .unwrap();
+    let admitted = policy(serde_json::json!({
+        "allow_domains": ["files.pythonhosted.org"],
+        "deny_domains": ["evil.pythonhosted.org"],
+    }));
+    assert_eq!(
+        opened.network.as_ref(),
+        Some(&admitted),
+        "stored as admitted"
+    );
+    let r = mesh.exec(&fetching(None, Some("net-1"))).await.unwrap();
+    assert_eq!(r.error, None, "the session's policy counts: {r:?}");
+    let runs = mesh.runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(
+        runs[0].kind,
+        RunKind::Isolated,
+        "never a warm pooled container"
+    );
+    assert_eq!(
+        runs[0].network,
+        Some(policy(serde_json::json!({
+            "allow_domains": ["pypi.org"],
+            "deny_domains": ["evil.pythonhosted.org"],
+        })))
+    );
+    assert_eq!(runs[1].kind, RunKind::Session);
+    assert_eq!(runs[1].network, Some(admitted));
+    mesh.shutdown().await;
+}
