@@ -4,12 +4,14 @@
 //!   `SANDMESH_NATS_URL` is set), optionally with a sample execution;
 //! - `serve`   run one service on its own, for deployment;
 //! - `exec`    run code through the mesh, output live;
+//! - `browse`  one action in a session's browser;
 //! - `confirm` list, approve, deny and watch confirmations;
 //! - `ws`      workspace files;
 //! - `audit`   read or follow the audit trail;
 //! - `status`  live instances from `$SRV.PING` and heartbeats.
 
 mod audit;
+mod browse;
 mod confirm;
 mod demo;
 mod exec;
@@ -47,6 +49,8 @@ enum Command {
     },
     /// Run code through the mesh; output is printed live.
     Exec(exec::ExecArgs),
+    /// One action in a session's browser: navigate URL, elements, click N, screenshot, ...
+    Browse(browse::BrowseArgs),
     /// List, approve, deny or watch confirmations.
     Confirm {
         #[command(subcommand)]
@@ -116,6 +120,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Up(args) => up::run(args).await,
         Command::Serve { service } => up::serve_one(&service).await,
         Command::Exec(args) => exec::run(&mesh_client().await?, args).await,
+        Command::Browse(args) => browse::run(&mesh_client().await?, args).await,
         Command::Confirm { command } => confirm::run(&mesh_client().await?, command).await,
         Command::Ws { command } => ws::run(&mesh_client().await?, command).await,
         Command::Audit(args) => audit::run(&mesh_client().await?, args).await,
