@@ -32,6 +32,8 @@ pub const VIEWPORT: (u32, u32) = (1280, 800);
 /// `elements` lists at most this many.
 const MAX_ELEMENTS: usize = 500;
 const ELEMENTS_JS: &str = include_str!("elements.js");
+/// The longest an action waits for the page it started loading.
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
@@ -187,10 +189,19 @@ impl Chromium {
     }
 
     /// After an input that may start a navigation: give it a moment to start, then wait until
-    /// the main frame has loaded (at once when nothing navigates).
+    /// the document has loaded (at once when nothing navigates), at most [`SETTLE_LIMIT`].
+    /// The document is asked directly: chromiumoxide's frame tracking never sees a page come
+    /// back from the back/forward cache as loaded.
     async fn settle(&self) -> Result<(), ActionError> {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        self.page.wait_for_navigation().await?;
+        let deadline = Instant::now() + SETTLE_LIMIT;
+        // Between documents the evaluation fails: that is "not yet".
+        while Instant::now() < deadline {
+            if let Ok(true) = self.eval::<bool>("document.readyState === 'complete'".into()).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         Ok(())
     }
 

@@ -169,12 +169,10 @@ impl Containers {
     /// Creates and starts a browser container and waits until its DevTools answer. A
     /// container that fails on the way is removed (the lease is dropped).
     pub async fn start(&self, ready_within: Duration) -> Result<BrowserContainer, StartError> {
-        let name = format!(
-            "sandmesh-browser-{}-{}",
-            self.router,
-            messages::new_id().to_ascii_lowercase()
-        );
-        let egress_dir = self.egress_dir.join(&name);
+        let id = messages::new_id().to_ascii_lowercase();
+        let name = format!("sandmesh-browser-{}-{id}", self.router);
+        // Only the id: a Unix socket path has room for 107 bytes.
+        let egress_dir = self.egress_dir.join(&id);
         let mut lease = BrowserContainer {
             name: name.clone(),
             ip: IpAddr::from([0, 0, 0, 0]),

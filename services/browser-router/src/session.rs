@@ -267,7 +267,10 @@ impl SessionState {
                 auditor.emit(AuditKind::Egress, &scope, json!(event));
             })
             .bind(&socket)
-            .map_err(|e| ErrorBody::internal(format!("cannot bind the browser's egress proxy: {e}")))?;
+            .map_err(|e| {
+                let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
+                ErrorBody::internal(format!("cannot bind the browser's egress proxy: {e}{cause}"))
+            })?;
         // Chromium runs as another user in the container and must be able to connect.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))

@@ -5,8 +5,9 @@
 //! Where the fixture lives: the browser containers have no route out; Chromium's only way
 //! out is the egress proxy, which runs in this process on the host. So the fixture is served
 //! on the host's loopback, on 127.0.0.2 (all of 127/8 is loopback on Linux), and the test
-//! router's policy allows exactly `127.0.0.2/32` on the fixture's port. That also lets the
-//! refusal tests show that 127.0.0.1 (`localhost`) stays refused under that policy.
+//! router's policy allows exactly `127.0.0.2/32` on the fixture's port. It also allows the
+//! name `localhost`, so that the refusal tests show the check after resolution: the name
+//! passes, its address 127.0.0.1 does not.
 
 #![allow(dead_code)]
 
@@ -107,7 +108,7 @@ impl Mesh {
         mesh.spawn(scheduler::run(scheduler, mesh.stop.clone()));
 
         let policy = format!(
-            r#"{{"allow_cidrs":["127.0.0.2/32"],"ports":[{}]}}"#,
+            r#"{{"allow_domains":["localhost"],"allow_cidrs":["127.0.0.2/32"],"ports":[{}]}}"#,
             mesh.fixture.port
         );
         let egress_dir = mesh._egress.path().display().to_string();
