@@ -73,10 +73,18 @@ fn print(result: &BrowserResult) {
         "{} — {}{}",
         result.url.as_deref().unwrap_or("-"),
         result.title.as_deref().unwrap_or(""),
-        if result.state_lost { "  (the previous browser died: page state lost)" } else { "" }
+        if result.state_lost {
+            "  (the previous browser died: page state lost)"
+        } else {
+            ""
+        }
     );
     for e in &result.elements {
-        let kind = e.input_type.as_deref().map(|t| format!(" type={t}")).unwrap_or_default();
+        let kind = e
+            .input_type
+            .as_deref()
+            .map(|t| format!(" type={t}"))
+            .unwrap_or_default();
         println!("[{}] {} {:?} <{}{kind}>", e.index, e.role, e.name, e.tag);
     }
     if let Some(path) = &result.screenshot_path {
@@ -94,7 +102,11 @@ fn print(result: &BrowserResult) {
 pub async fn run(mesh: &MeshClient, args: BrowseArgs) -> anyhow::Result<i32> {
     let action = BrowserAction::parse(&args.action).with_context(|| {
         let known: Vec<_> = BrowserAction::ALL.iter().map(|a| a.as_str()).collect();
-        format!("unknown action {:?}; one of: {}", args.action, known.join(", "))
+        format!(
+            "unknown action {:?}; one of: {}",
+            args.action,
+            known.join(", ")
+        )
     })?;
     let req = request(&args, action)?;
     match mesh.browser().act(action, &req).await {

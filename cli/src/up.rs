@@ -296,7 +296,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     )
     .await
     .context("building the browser image")?;
-    env.entry("SANDMESH_BROWSER_IMAGE".into()).or_insert(browser);
+    env.entry("SANDMESH_BROWSER_IMAGE".into())
+        .or_insert(browser);
 
     let shutdown = kit::shutdown::on_signals();
     let services = kit::config::exit_on_error(build(SERVICES, &env, &shutdown));

@@ -157,10 +157,7 @@ impl Chromium {
             .map_err(CdpError::msg)?;
         let reply = self.page.execute(params).await?.result;
         if let Some(e) = reply.exception_details {
-            let text = e
-                .exception
-                .and_then(|x| x.description)
-                .unwrap_or(e.text);
+            let text = e.exception.and_then(|x| x.description).unwrap_or(e.text);
             return Err(ActionError::Script(text));
         }
         let value = reply.result.value.unwrap_or(serde_json::Value::Null);
@@ -168,11 +165,7 @@ impl Chromium {
     }
 
     pub async fn navigate(&self, url: &str) -> Result<(), ActionError> {
-        let reply = self
-            .page
-            .execute(NavigateParams::new(url))
-            .await?
-            .result;
+        let reply = self.page.execute(NavigateParams::new(url)).await?.result;
         if let Some(reason) = reply.error_text {
             return Err(ActionError::Navigation {
                 url: url.to_string(),
@@ -184,7 +177,8 @@ impl Chromium {
     }
 
     pub async fn back(&self) -> Result<(), ActionError> {
-        self.eval::<serde_json::Value>("history.back()".into()).await?;
+        self.eval::<serde_json::Value>("history.back()".into())
+            .await?;
         self.settle().await
     }
 
@@ -197,7 +191,10 @@ impl Chromium {
         let deadline = Instant::now() + SETTLE_LIMIT;
         // Between documents the evaluation fails: that is "not yet".
         while Instant::now() < deadline {
-            if let Ok(true) = self.eval::<bool>("document.readyState === 'complete'".into()).await {
+            if let Ok(true) = self
+                .eval::<bool>("document.readyState === 'complete'".into())
+                .await
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

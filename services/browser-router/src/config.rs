@@ -55,7 +55,9 @@ impl BrowserConfig {
                     p
                 }
                 Err(e) => {
-                    r.error(format!("SANDMESH_BROWSER_NETWORK_POLICY: not a policy: {e}"));
+                    r.error(format!(
+                        "SANDMESH_BROWSER_NETWORK_POLICY: not a policy: {e}"
+                    ));
                     NetworkPolicy::default()
                 }
             },
@@ -105,7 +107,10 @@ mod tests {
     #[test]
     fn every_bad_value_is_reported_together() {
         let e = BrowserConfig::from_env(&env_map(&[
-            ("SANDMESH_BROWSER_NETWORK_POLICY", "{\"allow_cidrs\":[\"nope\"]}"),
+            (
+                "SANDMESH_BROWSER_NETWORK_POLICY",
+                "{\"allow_cidrs\":[\"nope\"]}",
+            ),
             ("SANDMESH_BROWSER_MAX", "0"),
             ("SANDMESH_BROWSER_MEMORY_MB", "64"),
         ]))

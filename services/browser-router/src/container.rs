@@ -57,7 +57,9 @@ pub enum ContainerError {
         #[source]
         source: bollard::errors::Error,
     },
-    #[error("browser image {image} not found; build it with deploy/images/build-browser.sh: {source}")]
+    #[error(
+        "browser image {image} not found; build it with deploy/images/build-browser.sh: {source}"
+    )]
     ImageMissing {
         image: String,
         #[source]
@@ -154,7 +156,10 @@ impl Containers {
                 "com.docker.network.bridge.enable_icc".to_string(),
                 "false".to_string(),
             )])),
-            labels: Some(HashMap::from([(LABEL_BROWSER.to_string(), "1".to_string())])),
+            labels: Some(HashMap::from([(
+                LABEL_BROWSER.to_string(),
+                "1".to_string(),
+            )])),
             ..Default::default()
         };
         match self.docker.create_network(body).await {
@@ -189,7 +194,10 @@ impl Containers {
             .await
             .map_err(api("create", &name))?;
         self.docker
-            .start_container(&name, None::<bollard::query_parameters::StartContainerOptions>)
+            .start_container(
+                &name,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
             .await
             .map_err(api("start", &name))?;
         let inspect = self

@@ -39,12 +39,20 @@ pub fn sensitive_field(field: &serde_json::Value) -> bool {
     };
     let kind = get("type");
     let autocomplete = get("autocomplete");
-    let words = format!("{} {} {} {}", get("name"), get("id"), get("label"), autocomplete);
+    let words = format!(
+        "{} {} {} {}",
+        get("name"),
+        get("id"),
+        get("label"),
+        autocomplete
+    );
     kind == "password"
         || autocomplete.starts_with("cc-")
-        || ["password", "passwd", "card", "cvv", "cvc", "iban", "payment"]
-            .iter()
-            .any(|w| words.contains(w))
+        || [
+            "password", "passwd", "card", "cvv", "cvc", "iban", "payment",
+        ]
+        .iter()
+        .any(|w| words.contains(w))
 }
 
 impl Gate {
@@ -109,8 +117,10 @@ impl Gate {
                 decided.id,
                 decided.state
             ))
-            .with_details(json!({"confirmation_id": decided.id, "confirmation": decided.state,
-                                 "risk_level": level})));
+            .with_details(
+                json!({"confirmation_id": decided.id, "confirmation": decided.state,
+                                 "risk_level": level}),
+            ));
         }
         Ok(Verdict {
             level,
@@ -126,11 +136,21 @@ mod tests {
 
     #[test]
     fn secrets_and_payment_fields_are_sensitive() {
-        assert!(sensitive_field(&json!({"tag": "input", "type": "password"})));
-        assert!(sensitive_field(&json!({"tag": "input", "autocomplete": "cc-number"})));
-        assert!(sensitive_field(&json!({"tag": "input", "name": "card_number"})));
-        assert!(sensitive_field(&json!({"tag": "input", "label": "Your Password"})));
-        assert!(!sensitive_field(&json!({"tag": "input", "type": "text", "name": "user"})));
+        assert!(sensitive_field(
+            &json!({"tag": "input", "type": "password"})
+        ));
+        assert!(sensitive_field(
+            &json!({"tag": "input", "autocomplete": "cc-number"})
+        ));
+        assert!(sensitive_field(
+            &json!({"tag": "input", "name": "card_number"})
+        ));
+        assert!(sensitive_field(
+            &json!({"tag": "input", "label": "Your Password"})
+        ));
+        assert!(!sensitive_field(
+            &json!({"tag": "input", "type": "text", "name": "user"})
+        ));
         assert!(!sensitive_field(&json!({"tag": "button"})));
     }
 }

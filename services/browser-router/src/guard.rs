@@ -116,18 +116,32 @@ mod tests {
             ("ftp://example.com/", "ftp"),
         ] {
             let e = refusal(url).await;
-            assert!(e.contains(&format!("{scheme}: URLs are refused")), "{url}: {e}");
+            assert!(
+                e.contains(&format!("{scheme}: URLs are refused")),
+                "{url}: {e}"
+            );
         }
-        let resolver = StaticResolver::new().with("example.com", &["93.184.215.14".parse().unwrap()]);
-        assert!(check(&public(), &resolver, "https://example.com/x").await.is_ok());
+        let resolver =
+            StaticResolver::new().with("example.com", &["93.184.215.14".parse().unwrap()]);
+        assert!(check(&public(), &resolver, "https://example.com/x")
+            .await
+            .is_ok());
     }
 
     #[tokio::test]
     async fn internal_targets_are_refused_by_name_and_by_address() {
-        assert!(refusal("http://localhost:8080/").await.contains("port 8080"));
-        assert!(refusal("http://localhost/").await.contains("resolves to 127.0.0.1"));
-        assert!(refusal("http://rebind.test/").await.contains("resolves to 10.0.0.5"));
-        assert!(refusal("http://169.254.169.254/latest/meta-data/").await.contains("169.254.169.254"));
+        assert!(refusal("http://localhost:8080/")
+            .await
+            .contains("port 8080"));
+        assert!(refusal("http://localhost/")
+            .await
+            .contains("resolves to 127.0.0.1"));
+        assert!(refusal("http://rebind.test/")
+            .await
+            .contains("resolves to 10.0.0.5"));
+        assert!(refusal("http://169.254.169.254/latest/meta-data/")
+            .await
+            .contains("169.254.169.254"));
         assert!(refusal("http://[::1]/").await.contains("::1"));
         assert!(refusal("not a url").await.contains("not a URL"));
     }
@@ -141,8 +155,12 @@ mod tests {
         })
         .unwrap();
         let resolver = StaticResolver::new();
-        assert!(check(&rules, &resolver, "http://127.0.0.2:8080/").await.is_ok());
-        let e = check(&rules, &resolver, "http://127.0.0.1:8080/").await.unwrap_err();
+        assert!(check(&rules, &resolver, "http://127.0.0.2:8080/")
+            .await
+            .is_ok());
+        let e = check(&rules, &resolver, "http://127.0.0.1:8080/")
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains("127.0.0.1"), "{e}");
     }
 }

@@ -72,7 +72,10 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
     let containers = Containers::connect(&config).await?;
     let swept = containers.sweep().await;
     if swept > 0 {
-        tracing::warn!(swept, "removed browser containers of an earlier run of this instance");
+        tracing::warn!(
+            swept,
+            "removed browser containers of an earlier run of this instance"
+        );
     }
     let info = ServiceInfo {
         name: ServiceName::BrowserRouter.as_str().into(),
@@ -171,8 +174,9 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
 /// Keeps the heartbeat's figures fresh (the heartbeat probe cannot await the actor).
 async fn refresh_stats(router: ActorRef<RouterMsg>, into: Arc<std::sync::Mutex<RouterStats>>) {
     loop {
-        if let Ok(ractor::rpc::CallResult::Success(s)) =
-            router.call(RouterMsg::Stats, Some(Duration::from_secs(1))).await
+        if let Ok(ractor::rpc::CallResult::Success(s)) = router
+            .call(RouterMsg::Stats, Some(Duration::from_secs(1)))
+            .await
         {
             *into.lock().expect("stats lock") = s;
         }
@@ -181,7 +185,11 @@ async fn refresh_stats(router: ActorRef<RouterMsg>, into: Arc<std::sync::Mutex<R
 }
 
 /// Every `session_closed` audit event closes that session's browser here.
-async fn forward_session_closed(client: async_nats::Client, subject: String, router: ActorRef<RouterMsg>) {
+async fn forward_session_closed(
+    client: async_nats::Client,
+    subject: String,
+    router: ActorRef<RouterMsg>,
+) {
     let mut events = match client.subscribe(subject.clone()).await {
         Ok(s) => s,
         Err(e) => {

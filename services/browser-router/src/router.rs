@@ -160,7 +160,10 @@ impl RouterState {
             let containers = self.shared.containers.clone();
             let me = myself.clone();
             tokio::spawn(async move {
-                let started = containers.start(START_WITHIN).await.map_err(|e| e.to_string());
+                let started = containers
+                    .start(START_WITHIN)
+                    .await
+                    .map_err(|e| e.to_string());
                 // A router that stopped meanwhile drops the message, and with it the container.
                 let _ = me.cast(RouterMsg::Warmed(started));
             });
@@ -219,7 +222,11 @@ impl RouterState {
 
     /// Everything about a request that needs no browser: the action, the session id, the
     /// backend.
-    fn check(&self, ctx: &RequestContext, req: &BrowserRequest) -> Result<BrowserAction, ErrorBody> {
+    fn check(
+        &self,
+        ctx: &RequestContext,
+        req: &BrowserRequest,
+    ) -> Result<BrowserAction, ErrorBody> {
         let token = ctx.subject.rsplit('.').next().unwrap_or_default();
         let action = BrowserAction::parse(token).ok_or_else(|| {
             let known: Vec<_> = BrowserAction::ALL.iter().map(|a| a.as_str()).collect();
@@ -259,8 +266,10 @@ impl RouterState {
         let (session, _) = Actor::spawn_linked(None, BrowserSession, args, myself.get_cell())
             .await
             .map_err(|e| ErrorBody::internal(format!("cannot start the session's actor: {e}")))?;
-        self.by_actor.insert(session.get_id(), session_id.to_string());
-        self.sessions.insert(session_id.to_string(), session.clone());
+        self.by_actor
+            .insert(session.get_id(), session_id.to_string());
+        self.sessions
+            .insert(session_id.to_string(), session.clone());
         Ok(session)
     }
 }

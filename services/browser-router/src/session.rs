@@ -10,10 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use chromiumoxide::error::CdpError;
 use egress::{EgressProxy, EgressRules, SystemResolver};
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
-use messages::browser::{BrowserAction, BrowserBackend, BrowserRequest, BrowserResult, ContentFormat};
+use messages::browser::{
+    BrowserAction, BrowserBackend, BrowserRequest, BrowserResult, ContentFormat,
+};
 use messages::network::NetworkPolicy;
 use messages::{ErrorBody, ErrorKind};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -125,7 +128,10 @@ impl Actor for BrowserSession {
                     Err(e) => json!({"action": action.as_str(), "ok": false, "code": e.code,
                                      "error": e.message}),
                 };
-                state.shared.auditor.emit(AuditKind::Finished, &scope, details);
+                state
+                    .shared
+                    .auditor
+                    .emit(AuditKind::Finished, &scope, details);
                 let _ = reply.send(outcome);
                 if action == BrowserAction::Close {
                     myself.stop(Some("closed".into()));
@@ -149,7 +155,11 @@ fn schedule_idle_check(myself: &ActorRef<SessionMsg>, after: Duration) {
     myself.send_after(after + Duration::from_millis(10), || SessionMsg::IdleCheck);
 }
 
-fn need<'a>(value: &'a Option<String>, field: &str, action: BrowserAction) -> Result<&'a str, ErrorBody> {
+fn need<'a>(
+    value: &'a Option<String>,
+    field: &str,
+    action: BrowserAction,
+) -> Result<&'a str, ErrorBody> {
     value
         .as_deref()
         .filter(|v| !v.is_empty())
@@ -194,7 +204,7 @@ fn action_error(e: ActionError) -> ErrorBody {
     let kind = match &e {
         ActionError::NoElement(_) | ActionError::Script(_) => ErrorKind::BadRequest,
         ActionError::Navigation { .. } => ErrorKind::Unavailable,
-        ActionError::WaitTimeout(_) => ErrorKind::Timeout,
+        ActionError::WaitTimeout(_) | ActionError::Cdp(CdpError::Timeout) => ErrorKind::Timeout,
         ActionError::Cdp(_) | ActionError::Decode(_) => ErrorKind::Internal,
     };
     ErrorBody::new(kind, e.to_string())
@@ -268,8 +278,12 @@ impl SessionState {
             })
             .bind(&socket)
             .map_err(|e| {
-                let cause = std::error::Error::source(&e).map(|c| format!(": {c}")).unwrap_or_default();
-                ErrorBody::internal(format!("cannot bind the browser's egress proxy: {e}{cause}"))
+                let cause = std::error::Error::source(&e)
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default();
+                ErrorBody::internal(format!(
+                    "cannot bind the browser's egress proxy: {e}{cause}"
+                ))
             })?;
         // Chromium runs as another user in the container and must be able to connect.
         use std::os::unix::fs::PermissionsExt;
@@ -327,8 +341,12 @@ impl SessionState {
             BrowserAction::Fill | BrowserAction::Type => drop(need(&req.text, "text", action)?),
             BrowserAction::PressKey => drop(need(&req.key, "key", action)?),
             BrowserAction::Evaluate => drop(need(&req.script, "script", action)?),
-            BrowserAction::WaitFor if req.text.is_none() && req.selector.is_none() && req.ms.is_none() => {
-                return Err(ErrorBody::bad_request("wait_for needs text, selector or ms"))
+            BrowserAction::WaitFor
+                if req.text.is_none() && req.selector.is_none() && req.ms.is_none() =>
+            {
+                return Err(ErrorBody::bad_request(
+                    "wait_for needs text, selector or ms",
+                ))
             }
             _ => {}
         }
@@ -343,11 +361,12 @@ impl SessionState {
         // What the assessor and a person see: the action, its target and what it would do;
         // a secret is never shown, only its length.
         let field = match (&selector, action) {
-            (Some(s), BrowserAction::Fill | BrowserAction::Type | BrowserAction::Click) => {
-                Some(tokio::time::timeout(limit, chromium.describe(s)).await
+            (Some(s), BrowserAction::Fill | BrowserAction::Type | BrowserAction::Click) => Some(
+                tokio::time::timeout(limit, chromium.describe(s))
+                    .await
                     .map_err(|_| ErrorBody::timeout("describing the target timed out"))?
-                    .map_err(action_error)?)
-            }
+                    .map_err(action_error)?,
+            ),
             _ => None,
         };
         let sensitive = field.as_ref().is_some_and(sensitive_field);
@@ -364,9 +383,15 @@ impl SessionState {
         let summary = format!(
             "browser {} in session {session}{}",
             action.as_str(),
-            field.as_ref().map(|f| format!(" on {f}")).unwrap_or_default()
+            field
+                .as_ref()
+                .map(|f| format!(" on {f}"))
+                .unwrap_or_default()
         );
-        let verdict = shared.gate.pass(action, params, sensitive, summary, &scope).await?;
+        let verdict = shared
+            .gate
+            .pass(action, params, sensitive, summary, &scope)
+            .await?;
 
         let mut result = BrowserResult {
             ok: true,
@@ -378,26 +403,43 @@ impl SessionState {
         };
         let run = async {
             match action {
-                BrowserAction::Navigate => chromium.navigate(url.as_deref().unwrap_or_default()).await,
+                BrowserAction::Navigate => {
+                    chromium.navigate(url.as_deref().unwrap_or_default()).await
+                }
                 BrowserAction::Back => chromium.back().await,
-                BrowserAction::Click => chromium.click(selector.as_deref().unwrap_or_default()).await,
+                BrowserAction::Click => {
+                    chromium
+                        .click(selector.as_deref().unwrap_or_default())
+                        .await
+                }
                 BrowserAction::Fill | BrowserAction::Type => {
                     let clear = action == BrowserAction::Fill;
                     let text = req.text.as_deref().unwrap_or_default();
-                    chromium.fill(selector.as_deref().unwrap_or_default(), text, clear).await
+                    chromium
+                        .fill(selector.as_deref().unwrap_or_default(), text, clear)
+                        .await
                 }
-                BrowserAction::PressKey => chromium.press_key(req.key.as_deref().unwrap_or_default()).await,
+                BrowserAction::PressKey => {
+                    chromium
+                        .press_key(req.key.as_deref().unwrap_or_default())
+                        .await
+                }
                 BrowserAction::Scroll => {
                     result.value = Some(chromium.scroll(req.dx.unwrap_or(0), req.dy).await?);
                     Ok(())
                 }
                 BrowserAction::WaitFor => match (req.text.as_deref(), req.selector.as_deref()) {
                     (None, None) => {
-                        tokio::time::sleep(Duration::from_millis(req.ms.unwrap_or(0)).min(limit)).await;
+                        tokio::time::sleep(Duration::from_millis(req.ms.unwrap_or(0)).min(limit))
+                            .await;
                         Ok(())
                     }
                     (text, sel) => {
-                        let within = req.ms.map(Duration::from_millis).unwrap_or(limit).min(limit);
+                        let within = req
+                            .ms
+                            .map(Duration::from_millis)
+                            .unwrap_or(limit)
+                            .min(limit);
                         chromium.wait_for(text, sel, within).await
                     }
                 },
@@ -408,7 +450,8 @@ impl SessionState {
                 BrowserAction::Screenshot => {
                     let png = chromium.screenshot(req.full_page).await?;
                     result.value = Some(json!({"bytes": png.len()}));
-                    result.screenshot_base64 = Some(base64::engine::general_purpose::STANDARD.encode(&png));
+                    result.screenshot_base64 =
+                        Some(base64::engine::general_purpose::STANDARD.encode(&png));
                     Ok(())
                 }
                 BrowserAction::Content => {
@@ -424,7 +467,11 @@ impl SessionState {
                     Ok(())
                 }
                 BrowserAction::Evaluate => {
-                    result.value = Some(chromium.evaluate(req.script.as_deref().unwrap_or_default()).await?);
+                    result.value = Some(
+                        chromium
+                            .evaluate(req.script.as_deref().unwrap_or_default())
+                            .await?,
+                    );
                     Ok(())
                 }
                 BrowserAction::Close => Ok(()),
@@ -433,7 +480,10 @@ impl SessionState {
         // A little more than the action's own bound: wait_for reports its own timeout.
         let outcome = match tokio::time::timeout(limit + Duration::from_secs(1), run).await {
             Ok(r) => r.map_err(action_error),
-            Err(_) => Err(ErrorBody::timeout(format!("{} took longer than {limit:?}", action.as_str()))),
+            Err(_) => Err(ErrorBody::timeout(format!(
+                "{} took longer than {limit:?}",
+                action.as_str()
+            ))),
         };
         if let Err(e) = outcome {
             if !chromium.is_alive().await {
@@ -449,7 +499,11 @@ impl SessionState {
         result.url = chromium.url().await;
         result.title = chromium.title().await;
         if action == BrowserAction::Evaluate {
-            let size = result.value.as_ref().map(|v| v.to_string().len()).unwrap_or(0);
+            let size = result
+                .value
+                .as_ref()
+                .map(|v| v.to_string().len())
+                .unwrap_or(0);
             if size > MAX_CONTENT_BYTES {
                 return Err(ErrorBody::too_large(format!(
                     "the script's value is {size} bytes serialized; at most {MAX_CONTENT_BYTES}"
@@ -466,17 +520,26 @@ impl SessionState {
 
     /// Writes the PNG to `artifacts/` in the session's workspace; keeps it inline only when
     /// asked and small enough.
-    async fn store_screenshot(&self, req: &BrowserRequest, result: &mut BrowserResult) -> Result<(), ErrorBody> {
+    async fn store_screenshot(
+        &self,
+        req: &BrowserRequest,
+        result: &mut BrowserResult,
+    ) -> Result<(), ErrorBody> {
         let encoded = result.screenshot_base64.take().unwrap_or_default();
         let png = base64::engine::general_purpose::STANDARD
             .decode(&encoded)
             .map_err(|e| ErrorBody::internal(format!("screenshot encoding: {e}")))?;
-        let path = format!("artifacts/screenshot-{}.png", messages::new_id().to_ascii_lowercase());
+        let path = format!(
+            "artifacts/screenshot-{}.png",
+            messages::new_id().to_ascii_lowercase()
+        );
         self.shared
             .workspace
             .write(&self.id, &path, &png)
             .await
-            .map_err(|e| ErrorBody::unavailable(format!("cannot store the screenshot in the workspace: {e}")))?;
+            .map_err(|e| {
+                ErrorBody::unavailable(format!("cannot store the screenshot in the workspace: {e}"))
+            })?;
         result.screenshot_path = Some(path);
         if req.inline {
             if png.len() <= self.shared.config.inline_max_bytes {

@@ -33,26 +33,56 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
 
     // elements → fill by index → click submit by index → the server got it.
     let listed = mesh.ok(s, A::Elements, BrowserRequest::default()).await;
-    let names: Vec<_> = listed.elements.iter().map(|e| (e.role.as_str(), e.name.as_str())).collect();
+    let names: Vec<_> = listed
+        .elements
+        .iter()
+        .map(|e| (e.role.as_str(), e.name.as_str()))
+        .collect();
     assert!(names.contains(&("textbox", "User name")), "{names:?}");
     assert!(names.contains(&("button", "Sign in")), "{names:?}");
     assert!(names.contains(&("link", "Late page")), "{names:?}");
     let user = mesh.index_of(s, |e| e.name == "User name").await;
     let submit = mesh.index_of(s, |e| e.name == "Sign in").await;
-    let filled = mesh.ok(s, A::Fill, req(|r| { r.index = Some(user); r.text = Some("alice".into()) })).await;
-    assert!(filled.confirmation.is_none(), "a plain text field needs no person");
+    let filled = mesh
+        .ok(
+            s,
+            A::Fill,
+            req(|r| {
+                r.index = Some(user);
+                r.text = Some("alice".into())
+            }),
+        )
+        .await;
+    assert!(
+        filled.confirmation.is_none(),
+        "a plain text field needs no person"
+    );
     assert!(filled.risk_level.is_some());
     let clicked = mesh.ok(s, A::Click, req(|r| r.index = Some(submit))).await;
     assert_eq!(clicked.title.as_deref(), Some("Welcome"));
-    assert!(mesh.text(s).await.contains("server received user=alice&password="));
-    assert_eq!(mesh.fixture.received.lock().unwrap().as_slice(), ["user=alice&password="]);
+    assert!(mesh
+        .text(s)
+        .await
+        .contains("server received user=alice&password="));
+    assert_eq!(
+        mesh.fixture.received.lock().unwrap().as_slice(),
+        ["user=alice&password="]
+    );
 
     // screenshot: a PNG of the viewport's size under artifacts/, inline only when asked.
     let shot = mesh.ok(s, A::Screenshot, BrowserRequest::default()).await;
     let path = shot.screenshot_path.expect("a path");
-    assert!(path.starts_with("artifacts/") && path.ends_with(".png"), "{path}");
+    assert!(
+        path.starts_with("artifacts/") && path.ends_with(".png"),
+        "{path}"
+    );
     assert!(shot.screenshot_base64.is_none());
-    let png = mesh.client.workspace().read(s, &path).await.expect("read the screenshot");
+    let png = mesh
+        .client
+        .workspace()
+        .read(s, &path)
+        .await
+        .expect("read the screenshot");
     assert_eq!(png_size(&png), browser_router::cdp::VIEWPORT);
     let inline = mesh.ok(s, A::Screenshot, req(|r| r.inline = true)).await;
     assert!(inline.screenshot_base64.is_some_and(|b| !b.is_empty()));
@@ -63,17 +93,27 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
 
     // wait_for text that appears 700 ms after load; and one that never does.
     mesh.navigate(s, "/late").await;
-    mesh.ok(s, A::WaitFor, req(|r| r.text = Some("arrived late".into()))).await;
+    mesh.ok(s, A::WaitFor, req(|r| r.text = Some("arrived late".into())))
+        .await;
     let never = mesh
-        .act(s, A::WaitFor, req(|r| { r.text = Some("never there".into()); r.ms = Some(300) }))
+        .act(
+            s,
+            A::WaitFor,
+            req(|r| {
+                r.text = Some("never there".into());
+                r.ms = Some(300)
+            }),
+        )
         .await
         .unwrap_err();
     assert_eq!(never.kind(), ErrorKind::Timeout, "{never}");
 
     // press_key on the focused field.
     mesh.navigate(s, "/keys").await;
-    mesh.ok(s, A::Click, req(|r| r.selector = Some("#k".into()))).await;
-    mesh.ok(s, A::PressKey, req(|r| r.key = Some("Enter".into()))).await;
+    mesh.ok(s, A::Click, req(|r| r.selector = Some("#k".into())))
+        .await;
+    mesh.ok(s, A::PressKey, req(|r| r.key = Some("Enter".into())))
+        .await;
     assert!(mesh.text(s).await.contains("pressed Enter"));
 
     // scroll: one screen down by default, then by an amount; a full-page shot is taller.
@@ -83,13 +123,20 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
     let more = mesh.ok(s, A::Scroll, req(|r| r.dy = Some(100))).await;
     assert_eq!(more.value.unwrap()["y"], 900);
     let full = mesh.ok(s, A::Screenshot, req(|r| r.full_page = true)).await;
-    let png = mesh.client.workspace().read(s, &full.screenshot_path.unwrap()).await.unwrap();
+    let png = mesh
+        .client
+        .workspace()
+        .read(s, &full.screenshot_path.unwrap())
+        .await
+        .unwrap();
     let (w, h) = png_size(&png);
     // The layout width: the viewport less the vertical scrollbar of a long page.
     assert!((1200..=1280).contains(&w), "full page width {w}");
     assert!(h > 5000, "full page height {h}");
 
-    let html = mesh.ok(s, A::Content, req(|r| r.format = ContentFormat::Html)).await;
+    let html = mesh
+        .ok(s, A::Content, req(|r| r.format = ContentFormat::Html))
+        .await;
     assert!(html.content.unwrap().contains("linear-gradient"));
     mesh.stop().await;
 }
@@ -99,8 +146,21 @@ async fn two_sessions_do_not_share_cookies_or_pages() {
     let mesh = Mesh::start(&[]).await;
     for (s, who) in [("alice-s", "alice"), ("bob-s", "bob")] {
         mesh.navigate(s, "/").await;
-        mesh.ok(s, A::Fill, req(|r| { r.selector = Some("#user".into()); r.text = Some(who.into()) })).await;
-        mesh.ok(s, A::Click, req(|r| r.selector = Some("input[type=submit]".into()))).await;
+        mesh.ok(
+            s,
+            A::Fill,
+            req(|r| {
+                r.selector = Some("#user".into());
+                r.text = Some(who.into())
+            }),
+        )
+        .await;
+        mesh.ok(
+            s,
+            A::Click,
+            req(|r| r.selector = Some("input[type=submit]".into())),
+        )
+        .await;
     }
     mesh.navigate("alice-s", "/me").await;
     mesh.navigate("bob-s", "/me").await;
@@ -110,7 +170,9 @@ async fn two_sessions_do_not_share_cookies_or_pages() {
     mesh.navigate("carol-s", "/me").await;
     assert!(mesh.text("carol-s").await.contains("anonymous"));
     mesh.navigate("alice-s", "/late").await;
-    let bob = mesh.ok("bob-s", A::Content, BrowserRequest::default()).await;
+    let bob = mesh
+        .ok("bob-s", A::Content, BrowserRequest::default())
+        .await;
     assert_eq!(bob.title.as_deref(), Some("Me"));
     // One container per session (plus the warm one).
     assert_eq!(mesh.containers().len(), 4, "{:?}", mesh.containers());
@@ -122,22 +184,39 @@ async fn password_fill_and_evaluate_wait_for_a_person() {
     let mesh = Mesh::start(&[]).await;
     let s = "confirm-session";
     mesh.navigate(s, "/").await;
-    let password = mesh.index_of(s, |e| e.input_type.as_deref() == Some("password")).await;
+    let password = mesh
+        .index_of(s, |e| e.input_type.as_deref() == Some("password"))
+        .await;
 
     // Denied: refused, nothing typed.
     let (denier, mut denied) = mesh.decide_all(false).await;
     let e = mesh
-        .act(s, A::Fill, req(|r| { r.index = Some(password); r.text = Some("hunter2".into()) }))
+        .act(
+            s,
+            A::Fill,
+            req(|r| {
+                r.index = Some(password);
+                r.text = Some("hunter2".into())
+            }),
+        )
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Denied, "{e}");
     assert!(e.to_string().contains("Denied"), "{e}");
     let id = denied.recv().await.expect("a confirmation was asked");
     let asked = mesh.client.confirm().get(&id).await.unwrap();
-    assert!(!asked.code_excerpt.contains("hunter2"), "the secret is hidden: {}", asked.code_excerpt);
+    assert!(
+        !asked.code_excerpt.contains("hunter2"),
+        "the secret is hidden: {}",
+        asked.code_excerpt
+    );
     assert!(asked.code_excerpt.contains("7 characters"));
     let e = mesh
-        .act(s, A::Evaluate, req(|r| r.script = Some("document.title = 'changed'".into())))
+        .act(
+            s,
+            A::Evaluate,
+            req(|r| r.script = Some("document.title = 'changed'".into())),
+        )
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Denied, "{e}");
@@ -146,17 +225,39 @@ async fn password_fill_and_evaluate_wait_for_a_person() {
     // Approved: done, and the reply names the decision.
     let (approver, _) = mesh.decide_all(true).await;
     let value = mesh
-        .ok(s, A::Evaluate, req(|r| r.script = Some("[document.title, document.querySelector('#password').value]".into())))
+        .ok(
+            s,
+            A::Evaluate,
+            req(|r| {
+                r.script =
+                    Some("[document.title, document.querySelector('#password').value]".into())
+            }),
+        )
         .await;
-    assert_eq!(value.value.unwrap(), serde_json::json!(["Login", ""]), "the denied fill typed nothing");
+    assert_eq!(
+        value.value.unwrap(),
+        serde_json::json!(["Login", ""]),
+        "the denied fill typed nothing"
+    );
     assert_eq!(value.confirmation, Some(ConfirmState::Approved));
     let filled = mesh
-        .ok(s, A::Fill, req(|r| { r.index = Some(password); r.text = Some("hunter2".into()) }))
+        .ok(
+            s,
+            A::Fill,
+            req(|r| {
+                r.index = Some(password);
+                r.text = Some("hunter2".into())
+            }),
+        )
         .await;
     assert_eq!(filled.confirmation, Some(ConfirmState::Approved));
     assert!(filled.confirmation_id.is_some());
     let typed = mesh
-        .ok(s, A::Evaluate, req(|r| r.script = Some("document.querySelector('#password').value".into())))
+        .ok(
+            s,
+            A::Evaluate,
+            req(|r| r.script = Some("document.querySelector('#password').value".into())),
+        )
         .await;
     assert_eq!(typed.value.unwrap(), "hunter2");
     approver.abort();
@@ -171,11 +272,20 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
     for (url, expect) in [
         ("file:///etc/passwd".to_string(), "file: URLs are refused"),
         ("chrome://settings".to_string(), "chrome: URLs are refused"),
-        ("javascript:alert(1)".to_string(), "javascript: URLs are refused"),
+        (
+            "javascript:alert(1)".to_string(),
+            "javascript: URLs are refused",
+        ),
         (format!("http://localhost:{port}/"), "resolves to 127.0.0.1"),
         (format!("http://127.0.0.1:{port}/"), "127.0.0.1"),
-        (format!("http://169.254.169.254:{port}/latest/meta-data/"), "169.254.169.254"),
-        ("http://169.254.169.254/latest/meta-data/".to_string(), "port 80 not allowed"),
+        (
+            format!("http://169.254.169.254:{port}/latest/meta-data/"),
+            "169.254.169.254",
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data/".to_string(),
+            "port 80 not allowed",
+        ),
     ] {
         let e = mesh
             .act(s, A::Navigate, req(|r| r.url = Some(url.clone())))
@@ -187,6 +297,29 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
     // Nothing was started for refused navigations: only the warm browser exists.
     assert_eq!(mesh.containers().len(), 1);
 
+    // A redirect from an allowed page to 127.0.0.1: the navigation check passed, the egress
+    // proxy refuses the second hop and the fixture never sees it.
+    let redirected = mesh.navigate(s, "/to-local").await;
+    let text = mesh.text(s).await;
+    assert!(
+        text.contains("resolves to 127.0.0.1"),
+        "{redirected:?}: {text}"
+    );
+    // A download goes nowhere: the page stays where it was.
+    mesh.navigate(s, "/").await;
+    let download = req(|r| {
+        r.url = Some(mesh.fixture.url("/download"));
+        r.timeout_ms = Some(2000);
+    });
+    let e = mesh.act(s, A::Navigate, download).await.unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::Timeout,
+        "a download never loads a page: {e}"
+    );
+    let after = mesh.ok(s, A::Content, BrowserRequest::default()).await;
+    assert_eq!(after.title.as_deref(), Some("Login"));
+
     // Bad input.
     let bad = |e: sandmesh_client::ClientError, kind: ErrorKind, text: &str| {
         assert_eq!(e.kind(), kind, "{e}");
@@ -195,33 +328,97 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
     let raw = |subject: &str, payload: Vec<u8>| {
         let nats = mesh.client.nats().clone();
         let subject = subject.to_string();
-        async move { nats.request(subject, payload.into()).await.expect("a reply") }
+        async move {
+            nats.request(subject, payload.into())
+                .await
+                .expect("a reply")
+        }
     };
-    let reply = raw("sandbox.v1.browser.teleport", br#"{"session_id":"x"}"#.to_vec()).await;
+    let reply = raw(
+        "sandbox.v1.browser.teleport",
+        br#"{"session_id":"x"}"#.to_vec(),
+    )
+    .await;
     let body = String::from_utf8_lossy(&reply.payload).to_string();
-    assert!(body.contains("unknown browser action \\\"teleport\\\""), "{body}");
+    assert!(
+        body.contains("unknown browser action \\\"teleport\\\""),
+        "{body}"
+    );
     let reply = raw("sandbox.v1.browser.navigate", b"{not json".to_vec()).await;
-    assert_eq!(reply.headers.unwrap().get("Nats-Service-Error-Code").unwrap().as_str(), "400");
+    assert_eq!(
+        reply
+            .headers
+            .unwrap()
+            .get("Nats-Service-Error-Code")
+            .unwrap()
+            .as_str(),
+        "400"
+    );
     let reply = raw("sandbox.v1.browser.navigate", vec![b'x'; 300 * 1024]).await;
-    assert_eq!(reply.headers.unwrap().get("Nats-Service-Error-Code").unwrap().as_str(), "413");
-    bad(mesh.act(s, A::Navigate, BrowserRequest::default()).await.unwrap_err(), ErrorKind::BadRequest, "navigate needs url");
-    bad(mesh.act(s, A::Click, BrowserRequest::default()).await.unwrap_err(), ErrorKind::BadRequest, "index (from elements) or selector");
-    bad(mesh.act("bad id!", A::Content, BrowserRequest::default()).await.unwrap_err(), ErrorKind::BadRequest, "session_id");
+    assert_eq!(
+        reply
+            .headers
+            .unwrap()
+            .get("Nats-Service-Error-Code")
+            .unwrap()
+            .as_str(),
+        "413"
+    );
     bad(
-        mesh.act(s, A::Fill, req(|r| { r.selector = Some("#x".into()); r.text = Some("y".repeat(65 * 1024)) })).await.unwrap_err(),
+        mesh.act(s, A::Navigate, BrowserRequest::default())
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "navigate needs url",
+    );
+    bad(
+        mesh.act(s, A::Click, BrowserRequest::default())
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "index (from elements) or selector",
+    );
+    bad(
+        mesh.act("bad id!", A::Content, BrowserRequest::default())
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "session_id",
+    );
+    bad(
+        mesh.act(
+            s,
+            A::Fill,
+            req(|r| {
+                r.selector = Some("#x".into());
+                r.text = Some("y".repeat(65 * 1024))
+            }),
+        )
+        .await
+        .unwrap_err(),
         ErrorKind::TooLarge,
         "text is",
     );
-    bad(mesh.act(s, A::Content, req(|r| r.is_research = true)).await.unwrap_err(), ErrorKind::Unavailable, "aio-pool");
+    bad(
+        mesh.act(s, A::Content, req(|r| r.is_research = true))
+            .await
+            .unwrap_err(),
+        ErrorKind::Unavailable,
+        "aio-pool",
+    );
     // A selector that matches nothing, on a live page.
     mesh.navigate(s, "/").await;
     bad(
-        mesh.act(s, A::Click, req(|r| r.selector = Some("#nope".into()))).await.unwrap_err(),
+        mesh.act(s, A::Click, req(|r| r.selector = Some("#nope".into())))
+            .await
+            .unwrap_err(),
         ErrorKind::BadRequest,
         "no element matches #nope",
     );
     bad(
-        mesh.act(s, A::Click, req(|r| r.index = Some(999))).await.unwrap_err(),
+        mesh.act(s, A::Click, req(|r| r.index = Some(999)))
+            .await
+            .unwrap_err(),
         ErrorKind::BadRequest,
         "call elements again",
     );
@@ -230,12 +427,19 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_browser_is_replaced_and_closing_removes_it() {
-    let mesh = Mesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "0"), ("SANDMESH_BROWSER_IDLE_MS", "3000")]).await;
+    let mesh = Mesh::start(&[
+        ("SANDMESH_BROWSER_WARM_POOL", "0"),
+        ("SANDMESH_BROWSER_IDLE_MS", "3000"),
+    ])
+    .await;
     let s = "crashy";
     mesh.navigate(s, "/").await;
     let first = mesh.containers();
     assert_eq!(first.len(), 1);
-    std::process::Command::new("docker").args(["kill", &first[0]]).output().unwrap();
+    std::process::Command::new("docker")
+        .args(["kill", &first[0]])
+        .output()
+        .unwrap();
     let again = mesh.navigate(s, "/me").await;
     assert!(again.state_lost, "the reply says the page state was lost");
     assert!(mesh.text(s).await.contains("anonymous"));
@@ -249,7 +453,10 @@ async fn a_killed_browser_is_replaced_and_closing_removes_it() {
 
     // close: the container goes.
     mesh.ok(s, A::Close, BrowserRequest::default()).await;
-    eventually_true("close removes the container", BOUND, || async { mesh.containers().is_empty() }).await;
+    eventually_true("close removes the container", BOUND, || async {
+        mesh.containers().is_empty()
+    })
+    .await;
 
     // The session closing (scheduler's sessions.close) removes it too.
     let opened = mesh
@@ -260,14 +467,24 @@ async fn a_killed_browser_is_replaced_and_closing_removes_it() {
         .unwrap();
     mesh.navigate(&opened.session_id, "/").await;
     assert_eq!(mesh.containers().len(), 1);
-    mesh.client.sessions().close(&opened.session_id).await.unwrap();
-    eventually_true("session close removes the container", BOUND, || async { mesh.containers().is_empty() }).await;
+    mesh.client
+        .sessions()
+        .close(&opened.session_id)
+        .await
+        .unwrap();
+    eventually_true("session close removes the container", BOUND, || async {
+        mesh.containers().is_empty()
+    })
+    .await;
 
     // Idle: unused for SANDMESH_BROWSER_IDLE_MS, the browser is closed.
     mesh.navigate("idler", "/").await;
     assert_eq!(mesh.containers().len(), 1);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    eventually_true("an idle browser is closed", BOUND, || async { mesh.containers().is_empty() }).await;
+    eventually_true("an idle browser is closed", BOUND, || async {
+        mesh.containers().is_empty()
+    })
+    .await;
     mesh.stop().await;
 }
 
@@ -280,7 +497,8 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
         async move {
             // 20 actions per session, 200 in all.
             for round in 0..4 {
-                mesh.navigate(s, if round % 2 == 0 { "/" } else { "/long" }).await;
+                mesh.navigate(s, if round % 2 == 0 { "/" } else { "/long" })
+                    .await;
                 mesh.ok(s, A::Elements, BrowserRequest::default()).await;
                 mesh.ok(s, A::Scroll, BrowserRequest::default()).await;
                 mesh.ok(s, A::Content, BrowserRequest::default()).await;
@@ -293,8 +511,14 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
     for s in &sessions {
         mesh.ok(s, A::Close, BrowserRequest::default()).await;
     }
-    eventually_true("only the warm pool is left", BOUND, || async { mesh.containers().len() == 2 }).await;
+    eventually_true("only the warm pool is left", BOUND, || async {
+        mesh.containers().len() == 2
+    })
+    .await;
     let router = mesh.router.clone();
     mesh.stop().await;
-    assert!(common::containers_of(&router).is_empty(), "shutdown removes the warm pool");
+    assert!(
+        common::containers_of(&router).is_empty(),
+        "shutdown removes the warm pool"
+    );
 }

@@ -59,7 +59,11 @@ impl Fixture {
                 tokio::spawn(serve(stream, log.clone()));
             }
         });
-        Self { port, received, task }
+        Self {
+            port,
+            received,
+            task,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -91,17 +95,22 @@ async fn serve(mut stream: TcpStream, log: Arc<Mutex<Vec<String>>>) {
     // rewrites it), but accept an absolute URI too.
     let target = parts.next().unwrap_or("/").to_string();
     let path = match target.find("://") {
-        Some(i) => target[i + 3..].find('/').map_or("/".to_string(), |j| target[i + 3 + j..].to_string()),
+        Some(i) => target[i + 3..]
+            .find('/')
+            .map_or("/".to_string(), |j| target[i + 3 + j..].to_string()),
         None => target,
     };
     let header = |name: &str| {
-        head.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-            })
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
     };
-    let length: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let length: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let mut body = buf[head_end..].to_vec();
     while body.len() < length {
         match stream.read(&mut chunk).await {
@@ -126,16 +135,39 @@ async fn serve(mut stream: TcpStream, log: Arc<Mutex<Vec<String>>>) {
             let page = format!(
                 "<!doctype html><html><head><title>Welcome</title></head><body><p>server received {body}</p></body></html>"
             );
-            ("200 OK", format!("Set-Cookie: user={name}; Path=/\r\n"), page)
+            (
+                "200 OK",
+                format!("Set-Cookie: user={name}; Path=/\r\n"),
+                page,
+            )
         }
         ("GET", "/me") => {
             let who = user.map_or("anonymous".to_string(), |u| format!("logged in as {u}"));
             ("200 OK", String::new(), format!("<!doctype html><html><head><title>Me</title></head><body><p>{who}</p></body></html>"))
         }
+        // Allowed by the navigation check, but the redirect leads to 127.0.0.1: only the
+        // egress proxy can stop that.
+        ("GET", "/to-local") => {
+            let port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
+            (
+                "302 Found",
+                format!("Location: http://localhost:{port}/\r\n"),
+                String::new(),
+            )
+        }
+        ("GET", "/download") => (
+            "200 OK",
+            "Content-Disposition: attachment; filename=\"x.bin\"\r\n".to_string(),
+            "not for the disk".to_string(),
+        ),
         ("GET", "/late") => ("200 OK", String::new(), LATE.to_string()),
         ("GET", "/keys") => ("200 OK", String::new(), KEYS.to_string()),
         ("GET", "/long") => ("200 OK", String::new(), LONG.to_string()),
-        _ => ("404 Not Found", String::new(), "<html><body>not found</body></html>".to_string()),
+        _ => (
+            "404 Not Found",
+            String::new(),
+            "<html><body>not found</body></html>".to_string(),
+        ),
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{page}",

@@ -97,7 +97,10 @@ impl Mesh {
             _egress: egress,
         };
         let url = mesh.nats.url();
-        let base = env_map(&[("SANDMESH_NATS_URL", url.as_str()), ("SANDMESH_HEARTBEAT_MS", "500")]);
+        let base = env_map(&[
+            ("SANDMESH_NATS_URL", url.as_str()),
+            ("SANDMESH_HEARTBEAT_MS", "500"),
+        ]);
         let risk = risk_assessor::RiskAssessorConfig::from_env(&base).unwrap();
         mesh.spawn(risk_assessor::run(risk, mesh.stop.clone()));
         let confirm = confirmation::ConfirmationConfig::from_env(&base).unwrap();
@@ -139,9 +142,13 @@ impl Mesh {
         mesh
     }
 
-    fn spawn<E: std::fmt::Display>(&mut self, run: impl Future<Output = Result<(), E>> + Send + 'static) {
-        self.tasks
-            .push(tokio::spawn(async move { run.await.map_err(|e| e.to_string()) }));
+    fn spawn<E: std::fmt::Display>(
+        &mut self,
+        run: impl Future<Output = Result<(), E>> + Send + 'static,
+    ) {
+        self.tasks.push(tokio::spawn(
+            async move { run.await.map_err(|e| e.to_string()) },
+        ));
     }
 
     async fn ready(&mut self, service: messages::ServiceName) {
@@ -170,7 +177,10 @@ impl Mesh {
         self.stop.cancel();
         for task in std::mem::take(&mut self.tasks) {
             let ended = tokio::time::timeout(BOUND, task).await;
-            ended.expect("a service stops in time").expect("its task").expect("a service ends cleanly");
+            ended
+                .expect("a service stops in time")
+                .expect("its task")
+                .expect("a service ends cleanly");
         }
     }
 
@@ -178,7 +188,12 @@ impl Mesh {
         containers_of(&self.router)
     }
 
-    pub async fn act(&self, session: &str, action: BrowserAction, req: BrowserRequest) -> Result<BrowserResult, ClientError> {
+    pub async fn act(
+        &self,
+        session: &str,
+        action: BrowserAction,
+        req: BrowserRequest,
+    ) -> Result<BrowserResult, ClientError> {
         let req = BrowserRequest {
             session_id: session.to_string(),
             ..req
@@ -187,7 +202,12 @@ impl Mesh {
     }
 
     /// The action must succeed.
-    pub async fn ok(&self, session: &str, action: BrowserAction, req: BrowserRequest) -> BrowserResult {
+    pub async fn ok(
+        &self,
+        session: &str,
+        action: BrowserAction,
+        req: BrowserRequest,
+    ) -> BrowserResult {
         self.act(session, action, req)
             .await
             .unwrap_or_else(|e| panic!("{} failed: {e}", action.as_str()))
@@ -195,7 +215,15 @@ impl Mesh {
 
     pub async fn navigate(&self, session: &str, path: &str) -> BrowserResult {
         let url = self.fixture.url(path);
-        self.ok(session, BrowserAction::Navigate, BrowserRequest { url: Some(url), ..Default::default() }).await
+        self.ok(
+            session,
+            BrowserAction::Navigate,
+            BrowserRequest {
+                url: Some(url),
+                ..Default::default()
+            },
+        )
+        .await
     }
 
     pub async fn text(&self, session: &str) -> String {
@@ -206,8 +234,14 @@ impl Mesh {
     }
 
     /// The index of the first element whose name or input type matches.
-    pub async fn index_of(&self, session: &str, matches: impl Fn(&messages::browser::BrowserElement) -> bool) -> u32 {
-        let listed = self.ok(session, BrowserAction::Elements, BrowserRequest::default()).await;
+    pub async fn index_of(
+        &self,
+        session: &str,
+        matches: impl Fn(&messages::browser::BrowserElement) -> bool,
+    ) -> u32 {
+        let listed = self
+            .ok(session, BrowserAction::Elements, BrowserRequest::default())
+            .await;
         listed
             .elements
             .iter()
@@ -218,7 +252,13 @@ impl Mesh {
 
     /// Decides every confirmation asked from now on with `approve`, until the returned task
     /// is aborted. Returns the decided ids through the task's channel.
-    pub async fn decide_all(&self, approve: bool) -> (tokio::task::JoinHandle<()>, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    pub async fn decide_all(
+        &self,
+        approve: bool,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ) {
         use futures::StreamExt;
         let confirm = self.client.confirm();
         let mut events = confirm.watch().await.expect("watch confirmations");
@@ -230,7 +270,10 @@ impl Mesh {
                         id: c.id.clone(),
                         approve,
                         by: "test".into(),
-                        reason: Some(format!("the test {}", if approve { "approves" } else { "denies" })),
+                        reason: Some(format!(
+                            "the test {}",
+                            if approve { "approves" } else { "denies" }
+                        )),
                         scope: Default::default(),
                     };
                     confirm.decide(&decide).await.expect("decide");
