@@ -14,7 +14,7 @@ use chromiumoxide::cdp::browser_protocol::browser::{
     SetDownloadBehaviorBehavior, SetDownloadBehaviorParams,
 };
 use chromiumoxide::cdp::browser_protocol::input::InsertTextParams;
-use chromiumoxide::cdp::browser_protocol::page::{CaptureScreenshotFormat, NavigateParams};
+use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
 use chromiumoxide::cdp::js_protocol::runtime::EvaluateParams;
 use chromiumoxide::error::CdpError;
 use chromiumoxide::handler::viewport::Viewport;
@@ -41,6 +41,8 @@ pub enum ActionError {
     Cdp(#[from] CdpError),
     #[error("navigation to {url} failed: {reason}")]
     Navigation { url: String, reason: String },
+    #[error("{url} loaded no page within {within:?} (a download, which is refused, or a server that does not answer)")]
+    NoLoad { url: String, within: Duration },
     #[error("the page script threw: {0}")]
     Script(String),
     #[error("unexpected script result: {0}")]
@@ -139,12 +141,15 @@ impl Chromium {
         )
     }
 
-    pub async fn url(&self) -> Option<String> {
-        self.page.url().await.ok().flatten()
-    }
-
-    pub async fn title(&self) -> Option<String> {
-        self.page.get_title().await.ok().flatten()
+    /// The page's URL and title, as the document says.
+    pub async fn location(&self) -> (Option<String>, Option<String>) {
+        match self
+            .eval::<(String, String)>("[location.href, document.title]".into())
+            .await
+        {
+            Ok((href, title)) => (Some(href), Some(title)),
+            Err(_) => (None, None),
+        }
     }
 
     /// Runs `expression` in the page and decodes its (JSON) value.
@@ -164,15 +169,57 @@ impl Chromium {
         serde_json::from_value(value).map_err(ActionError::Decode)
     }
 
-    pub async fn navigate(&self, url: &str) -> Result<(), ActionError> {
-        let reply = self.page.execute(NavigateParams::new(url)).await?.result;
-        if let Some(reason) = reply.error_text {
+    /// Loads `url` and waits (at most `limit`) until the new document has loaded.
+    ///
+    /// Not through `Page.navigate`: chromiumoxide queues every `Page.navigate` behind the
+    /// previous one until its page loads, so one that never loads (a download, which the
+    /// browser refuses) would block every later navigation of the page. The old document is
+    /// marked instead, and the new one is there when the mark is gone.
+    pub async fn navigate(&self, url: &str, limit: Duration) -> Result<(), ActionError> {
+        let mark = js_string(&messages::new_id());
+        let target = js_string(url);
+        self.eval::<serde_json::Value>(format!(
+            "window.__sandmesh_nav = {mark}; location.href = {target}; null"
+        ))
+        .await?;
+        let deadline = Instant::now() + limit;
+        loop {
+            // Between documents the evaluation fails: that is "not yet".
+            let state = self
+                .eval::<(bool, String)>(format!(
+                    "[window.__sandmesh_nav !== {mark} || location.href === {target}, document.readyState]"
+                ))
+                .await;
+            if let Ok((true, ready)) = &state {
+                if ready == "complete" {
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ActionError::NoLoad {
+                    url: url.to_string(),
+                    within: limit,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Chromium shows its own error page when a load fails (the proxy refused, nothing
+        // listens): say which error it was.
+        let (href, _) = self.location().await;
+        if href
+            .as_deref()
+            .is_some_and(|h| h.starts_with("chrome-error:"))
+        {
+            let text = self.text().await.unwrap_or_default();
+            let code = text
+                .split_whitespace()
+                .find(|w| w.starts_with("ERR_"))
+                .unwrap_or("the load failed");
             return Err(ActionError::Navigation {
                 url: url.to_string(),
-                reason,
+                reason: code.to_string(),
             });
         }
-        self.page.wait_for_navigation().await?;
         Ok(())
     }
 

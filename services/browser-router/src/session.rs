@@ -204,7 +204,9 @@ fn action_error(e: ActionError) -> ErrorBody {
     let kind = match &e {
         ActionError::NoElement(_) | ActionError::Script(_) => ErrorKind::BadRequest,
         ActionError::Navigation { .. } => ErrorKind::Unavailable,
-        ActionError::WaitTimeout(_) | ActionError::Cdp(CdpError::Timeout) => ErrorKind::Timeout,
+        ActionError::WaitTimeout(_)
+        | ActionError::NoLoad { .. }
+        | ActionError::Cdp(CdpError::Timeout) => ErrorKind::Timeout,
         ActionError::Cdp(_) | ActionError::Decode(_) => ErrorKind::Internal,
     };
     ErrorBody::new(kind, e.to_string())
@@ -379,7 +381,7 @@ impl SessionState {
         });
         let params = json!({"url": url, "selector": selector, "index": req.index, "text": text,
                             "key": req.key, "script": req.script, "field": field,
-                            "page": chromium.url().await});
+                            "page": chromium.location().await.0});
         let summary = format!(
             "browser {} in session {session}{}",
             action.as_str(),
@@ -404,7 +406,9 @@ impl SessionState {
         let run = async {
             match action {
                 BrowserAction::Navigate => {
-                    chromium.navigate(url.as_deref().unwrap_or_default()).await
+                    chromium
+                        .navigate(url.as_deref().unwrap_or_default(), limit)
+                        .await
                 }
                 BrowserAction::Back => chromium.back().await,
                 BrowserAction::Click => {
@@ -496,8 +500,7 @@ impl SessionState {
             }
             return Err(e);
         }
-        result.url = chromium.url().await;
-        result.title = chromium.title().await;
+        (result.url, result.title) = chromium.location().await;
         if action == BrowserAction::Evaluate {
             let size = result
                 .value
