@@ -136,7 +136,7 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
         .serve_with(
             subjects.browser("*"),
             options,
-            actor_handler(router.clone(), RouterMsg::Act),
+            actor_handler(router.clone(), RouterMsg::act),
         )
         .await;
     if let Err(e) = served {

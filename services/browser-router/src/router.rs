@@ -14,23 +14,36 @@ use messages::browser::{BrowserAction, BrowserBackend, BrowserRequest, BrowserRe
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::container::BrowserContainer;
-use crate::session::{Act, BrowserSession, SessionArgs, SessionMsg, Shared, START_WITHIN};
+use crate::session::{open, Act, BrowserSession, SessionArgs, SessionMsg, Shared, Started};
+
+/// One request on its way to a session.
+pub struct Routed {
+    pub ctx: RequestContext,
+    pub req: BrowserRequest,
+    pub reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
+}
 
 pub enum RouterMsg {
-    Act(
-        RequestContext,
-        BrowserRequest,
-        RpcReplyPort<Result<BrowserResult, ErrorBody>>,
-    ),
+    Act(Box<Routed>),
     /// The session was closed (its `session_closed` audit event): drop its browser.
     SessionClosed(String),
     /// A session takes a warm browser, if there is one.
-    Take(RpcReplyPort<Option<BrowserContainer>>),
+    Take(RpcReplyPort<Option<Started>>),
     /// A warm-pool start finished.
-    Warmed(Result<BrowserContainer, String>),
+    Warmed(Result<Box<Started>, ErrorBody>),
     /// Sessions and warm browsers now (for the heartbeat and tests).
     Stats(RpcReplyPort<RouterStats>),
+}
+
+impl RouterMsg {
+    /// The request handler's constructor (`kit::actor_handler`).
+    pub fn act(
+        ctx: RequestContext,
+        req: BrowserRequest,
+        reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
+    ) -> Self {
+        RouterMsg::Act(Box::new(Routed { ctx, req, reply }))
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,7 +57,8 @@ pub struct RouterState {
     sessions: HashMap<String, ActorRef<SessionMsg>>,
     /// Session of each child actor, to forget it when it stops.
     by_actor: HashMap<ractor::ActorId, String>,
-    warm: VecDeque<BrowserContainer>,
+    /// Started and connected browsers, no session's yet.
+    warm: VecDeque<Started>,
     warming: usize,
 }
 
@@ -92,7 +106,8 @@ impl Actor for Router {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RouterMsg::Act(ctx, req, reply) => {
+            RouterMsg::Act(routed) => {
+                let Routed { ctx, req, reply } = *routed;
                 if let Err(e) = state.route(&myself, ctx, req, reply).await {
                     tracing::debug!(error = %e, "request not routed");
                 }
@@ -110,7 +125,7 @@ impl Actor for Router {
             RouterMsg::Warmed(result) => {
                 state.warming -= 1;
                 match result {
-                    Ok(c) => state.warm.push_back(c),
+                    Ok(c) => state.warm.push_back(*c),
                     // Not retried at once: a broken image or daemon would spin. The next
                     // Take tries again.
                     Err(e) => tracing::warn!(error = %e, "warm browser failed to start"),
@@ -160,10 +175,7 @@ impl RouterState {
             let containers = self.shared.containers.clone();
             let me = myself.clone();
             tokio::spawn(async move {
-                let started = containers
-                    .start(START_WITHIN)
-                    .await
-                    .map_err(|e| e.to_string());
+                let started = open(&containers).await.map(Box::new);
                 // A router that stopped meanwhile drops the message, and with it the container.
                 let _ = me.cast(RouterMsg::Warmed(started));
             });

@@ -64,6 +64,28 @@ pub struct SessionArgs {
     pub router: ActorRef<RouterMsg>,
 }
 
+/// A started browser container with its CDP connection and page, not yet any session's.
+/// Field order is drop order: the connection first, then the container.
+pub struct Started {
+    pub chromium: Chromium,
+    pub container: BrowserContainer,
+}
+
+/// Starts a browser container and connects to it (the warm pool's and a cold start's way).
+pub async fn open(containers: &Containers) -> Result<Started, ErrorBody> {
+    let container = containers
+        .start(START_WITHIN)
+        .await
+        .map_err(|e| ErrorBody::unavailable(format!("cannot start a browser: {e}")))?;
+    let chromium = Chromium::connect(&container.cdp_url())
+        .await
+        .map_err(|e| ErrorBody::unavailable(format!("cannot connect to the browser: {e}")))?;
+    Ok(Started {
+        chromium,
+        container,
+    })
+}
+
 /// The live browser. Field order is drop order: the CDP connection first, then the proxy,
 /// then the container.
 struct Live {
@@ -259,14 +281,14 @@ impl SessionState {
             Ok(ractor::rpc::CallResult::Success(c)) => c,
             _ => None,
         };
-        let container = match warm {
-            Some(c) => c,
-            None => self
-                .shared
-                .containers
-                .start(START_WITHIN)
-                .await
-                .map_err(|e| ErrorBody::unavailable(format!("cannot start a browser: {e}")))?,
+        // A warm browser may have died while it waited: then it is a cold start, not lost
+        // state (this session never had it).
+        let Started {
+            chromium,
+            container,
+        } = match warm {
+            Some(w) if w.chromium.is_alive().await => w,
+            _ => open(&self.shared.containers).await?,
         };
         let auditor = self.shared.auditor.clone();
         let scope = AuditScope {
@@ -291,9 +313,6 @@ impl SessionState {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
             .map_err(|e| ErrorBody::internal(format!("egress socket permissions: {e}")))?;
-        let chromium = Chromium::connect(&container.cdp_url())
-            .await
-            .map_err(|e| ErrorBody::unavailable(format!("cannot connect to the browser: {e}")))?;
         tracing::info!(session_id = %self.id, container = %container.name, "browser bound");
         Ok(Live {
             chromium,
