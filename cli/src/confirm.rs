@@ -134,6 +134,7 @@ async fn decide(
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "cli".into());
     let request = ConfirmDecide {
+        by_account: None,
         id,
         approve,
         by,

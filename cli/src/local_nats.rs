@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use sandmesh_auth::Tenancy;
 
 const HINT: &str = "run scripts/install-tools.sh (installs nats-server into .tools/bin), \
     or set SANDMESH_NATS_SERVER to a nats-server >= 2.11, or SANDMESH_NATS_URL to a running one";
@@ -72,8 +73,37 @@ fn listening(port: u16) -> bool {
     TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
 }
 
-/// Starts nats-server on 127.0.0.1:`port` with JetStream storage in `data_dir`.
-pub fn start(data_dir: &Path, port: u16) -> anyhow::Result<LocalNats> {
+/// The accounts file the server config includes; `sandmesh tenant add` rewrites it and has
+/// the running server reload it.
+const ACCOUNTS_FILE: &str = "accounts.conf";
+const PID_FILE: &str = "nats.pid";
+
+/// Writes the server's accounts file (0600: it holds every password).
+pub fn write_accounts(data_dir: &Path, tenancy: &Tenancy) -> anyhow::Result<()> {
+    let path = data_dir.join(ACCOUNTS_FILE);
+    sandmesh_auth::write_private(&path, &tenancy.accounts_config())?;
+    Ok(())
+}
+
+/// Has the running server re-read its configuration (new tenants, changed scopes).
+pub fn reload(data_dir: &Path) -> anyhow::Result<()> {
+    let pid_file = data_dir.join(PID_FILE);
+    let pid = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("reading {} (is `sandmesh up` running?)", pid_file.display()))?;
+    let status = Command::new(find_binary()?)
+        .arg("--signal")
+        .arg(format!("reload={}", pid.trim()))
+        .status()
+        .context("signalling nats-server")?;
+    if !status.success() {
+        bail!("nats-server did not take the reload signal ({status})");
+    }
+    Ok(())
+}
+
+/// Starts nats-server on 127.0.0.1:`port` with JetStream storage in `data_dir`, with the
+/// accounts, users and permissions of `tenancy` (none: no authentication at all).
+pub fn start(data_dir: &Path, port: u16, tenancy: Option<&Tenancy>) -> anyhow::Result<LocalNats> {
     if listening(port) {
         bail!(
             "port {port} is taken; set SANDMESH_NATS_URL to use that server, or pick --nats-port"
@@ -84,9 +114,20 @@ pub fn start(data_dir: &Path, port: u16) -> anyhow::Result<LocalNats> {
         .with_context(|| format!("creating {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let log = data_dir.join("nats.log");
+    let mut config = format!(
+        "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?} }}\npid_file: {:?}\n",
+        data_dir.join("jetstream"),
+        data_dir.join(PID_FILE),
+    );
+    if let Some(tenancy) = tenancy {
+        write_accounts(&data_dir, tenancy)?;
+        config.push_str(&format!("include {ACCOUNTS_FILE:?}\n"));
+    }
+    let conf = data_dir.join("nats.conf");
+    std::fs::write(&conf, config).with_context(|| format!("writing {}", conf.display()))?;
     let child = Command::new(&bin)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(data_dir.join("jetstream"))
+        .arg("-c")
+        .arg(&conf)
         .arg("-l")
         .arg(&log)
         .stdin(Stdio::null())

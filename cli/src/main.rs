@@ -8,21 +8,26 @@
 //! - `confirm` list, approve, deny and watch confirmations;
 //! - `ws`      workspace files;
 //! - `audit`   read or follow the audit trail;
-//! - `status`  live instances from `$SRV.PING` and heartbeats.
+//! - `status`  live instances from `$SRV.PING` and heartbeats;
+//! - `creds`   how another program connects;
+//! - `tenant`  add or list tenants.
 
 mod audit;
 mod browse;
 mod confirm;
+mod creds;
 mod demo;
 mod exec;
 mod local_nats;
 mod status;
+mod tenant;
 mod up;
 mod ws;
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use creds::Acting;
 use kit::config::{ConfigReader, ProcessEnv};
 use kit::KitConfig;
 use sandmesh_client::MeshClient;
@@ -68,34 +73,42 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print how another program connects (URL, user, password, examples).
+    Creds(tenant::CredsArgs),
+    /// Add or list tenants of the local mesh.
+    Tenant {
+        #[command(subcommand)]
+        command: tenant::TenantCommand,
+    },
 }
 
-/// Connects as a client with the `SANDMESH_*` settings (exit 64 on bad configuration).
-async fn client_config() -> anyhow::Result<(KitConfig, async_nats::Client)> {
+/// Connects as a client acting as `acting` with the `SANDMESH_*` settings (exit 64 on bad
+/// configuration), with the credentials `sandmesh up` wrote when there are any.
+async fn client_config(acting: Acting) -> anyhow::Result<(KitConfig, async_nats::Client)> {
     let mut reader = ConfigReader::new(&ProcessEnv);
     let config = KitConfig::from_reader(&mut reader);
     kit::config::exit_on_error(reader.finish());
     let mut options = async_nats::ConnectOptions::new()
         .name("sandmesh-cli")
         .request_timeout(Some(Duration::from_secs(600)));
-    if let (Some(u), Some(p)) = (&config.nats_user, &config.nats_password) {
-        options = options.user_and_password(u.clone(), p.clone());
+    let (url, in_url) = sandmesh_auth::split_url(&creds::url_for(acting, &config.nats_url)?);
+    match (in_url, &config.nats_user, &config.nats_password) {
+        (Some(c), _, _) => options = options.user_and_password(c.user, c.password),
+        (None, Some(u), Some(p)) => options = options.user_and_password(u.clone(), p.clone()),
+        _ => {}
     }
-    let client = options
-        .connect(config.nats_url.as_str())
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach NATS at {} ({e}); is the mesh up? `sandmesh up`",
-                config.nats_url
-            )
-        })?;
+    let client = options.connect(url.as_str()).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach NATS at {} ({e}); is the mesh up? `sandmesh up`",
+            config.nats_url
+        )
+    })?;
     Ok((config, client))
 }
 
 /// The CLI speaks JSON, the encoding a person can read in `nats sub` while debugging.
-async fn mesh_client() -> anyhow::Result<MeshClient> {
-    let (config, client) = client_config().await?;
+async fn mesh_client(acting: Acting) -> anyhow::Result<MeshClient> {
+    let (config, client) = client_config(acting).await?;
     Ok(MeshClient::new(client, config.subjects)
         .with_encoding(messages::Encoding::Json)
         .with_timeout(Duration::from_secs(600))
@@ -119,11 +132,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Up(args) => up::run(args).await,
         Command::Serve { service } => up::serve_one(&service).await,
-        Command::Exec(args) => exec::run(&mesh_client().await?, args).await,
-        Command::Browse(args) => browse::run(&mesh_client().await?, args).await,
-        Command::Confirm { command } => confirm::run(&mesh_client().await?, command).await,
-        Command::Ws { command } => ws::run(&mesh_client().await?, command).await,
-        Command::Audit(args) => audit::run(&mesh_client().await?, args).await,
-        Command::Status { json } => status::run(&mesh_client().await?, json).await,
+        Command::Exec(args) => exec::run(&mesh_client(Acting::Agent).await?, args).await,
+        Command::Browse(args) => browse::run(&mesh_client(Acting::Agent).await?, args).await,
+        Command::Confirm { command } => {
+            confirm::run(&mesh_client(Acting::Operator).await?, command).await
+        }
+        Command::Ws { command } => ws::run(&mesh_client(Acting::Agent).await?, command).await,
+        Command::Audit(args) => audit::run(&mesh_client(Acting::Admin).await?, args).await,
+        Command::Status { json } => status::run(&mesh_client(Acting::Admin).await?, json).await,
+        Command::Creds(args) => tenant::creds(args),
+        Command::Tenant { command } => tenant::run(command),
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -16,11 +16,13 @@ use docker_executor::docker::{SandboxSpec, Sandboxes};
 use docker_executor::ExecutorConfig;
 use kit::config::ConfigError;
 use kit::CancellationToken;
-use messages::ServiceName;
+use messages::tenancy::Tenant;
+use messages::{ServiceName, Subjects};
+use sandmesh_auth::{Role, Tenancy};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::local_nats;
+use crate::{creds, local_nats};
 
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
@@ -30,12 +32,16 @@ pub struct UpArgs {
     /// Stop after the sample execution instead of serving until Ctrl-C.
     #[arg(long, requires = "demo")]
     pub once: bool,
-    /// Where the embedded nats-server keeps its data.
-    #[arg(long, default_value = ".sandmesh")]
+    /// Where the embedded nats-server keeps its data, and the generated credentials.
+    #[arg(long, env = "SANDMESH_DATA_DIR", default_value = ".sandmesh")]
     pub data_dir: PathBuf,
     /// Port of the embedded nats-server.
     #[arg(long, default_value_t = 4222)]
     pub nats_port: u16,
+    /// DEBUGGING ONLY: run NATS without accounts or passwords. Every client is then trusted
+    /// like a service: agents can approve their own code and read each other's results.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -83,6 +89,7 @@ struct Services {
 fn build(
     names: &[ServiceName],
     env: &HashMap<String, String>,
+    auth: Option<&ServiceAuth>,
     shutdown: &CancellationToken,
 ) -> Result<Services, ConfigError> {
     let mut errors = Vec::new();
@@ -90,6 +97,7 @@ fn build(
     let mut executor = None;
     for name in names {
         let token = shutdown.clone();
+        let env = &service_env(env, *name, auth);
         let built: Result<ServiceFuture, ConfigError> = match *name {
             ServiceName::RiskAssessor => {
                 risk_assessor::RiskAssessorConfig::from_env(env).map(|c| {
@@ -132,6 +140,52 @@ fn build(
         Err(ConfigError(errors))
     }
 }
+
+/// What the services need to connect as themselves: the server URL and the tenancy.
+struct ServiceAuth {
+    url: String,
+    tenancy: Tenancy,
+}
+
+/// `env` with the service's own credentials in `SANDMESH_NATS_URL` (each service is allowed
+/// only its own subjects and JetStream assets), and the operators' scopes for the
+/// confirmation service.
+fn service_env(
+    env: &HashMap<String, String>,
+    name: ServiceName,
+    auth: Option<&ServiceAuth>,
+) -> HashMap<String, String> {
+    let mut env = env.clone();
+    if let Some(auth) = auth {
+        if let Some(c) = auth.tenancy.credentials(Role::Service(name)) {
+            env.insert("SANDMESH_NATS_URL".into(), c.url(&auth.url));
+        }
+        env.entry("SANDMESH_OPERATOR_SCOPES".into())
+            .or_insert_with(|| auth.tenancy.operator_scopes());
+    }
+    env
+}
+
+/// The deployment's accounts and credentials: `tenancy.json` in the data directory, made on
+/// first use and kept (so `sandmesh creds` stays valid across restarts).
+fn load_or_create_tenancy(data_dir: &Path, subjects: &Subjects) -> anyhow::Result<Tenancy> {
+    let path = data_dir.join(TENANCY_FILE);
+    if path.exists() {
+        return Ok(Tenancy::load(&path)?);
+    }
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let tenancy = Tenancy::generate(subjects);
+    tenancy.save(&path)?;
+    eprintln!(
+        "sandmesh: generated credentials in {} (tenant `default`, an agent, an operator)",
+        path.display()
+    );
+    Ok(tenancy)
+}
+
+/// The services' account file in the data directory.
+pub const TENANCY_FILE: &str = "tenancy.json";
 
 /// Runs the services until the token fires or one of them fails.
 async fn run_services(
@@ -249,7 +303,7 @@ pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
             return Ok(64);
         }
     };
-    let services = kit::config::exit_on_error(build(&[name], &process_env(), &shutdown));
+    let services = kit::config::exit_on_error(build(&[name], &process_env(), None, &shutdown));
     let running = Running::start(services, shutdown.clone(), config.shutdown_grace);
     shutdown.cancelled().await;
     running.stop().await?;
@@ -267,20 +321,63 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     let configured = env
         .get("SANDMESH_NATS_URL")
         .is_some_and(|v| !v.trim().is_empty());
+    let mut auth = None;
     let _nats = if configured {
         None
     } else {
+        let tenancy = if args.insecure {
+            eprintln!(
+                "sandmesh: WARNING: --insecure: NATS runs WITHOUT authentication. Any client can \
+                 approve any confirmation and read every tenant's results. Debugging only."
+            );
+            None
+        } else {
+            Some(load_or_create_tenancy(
+                &args.data_dir,
+                &kit_config.subjects,
+            )?)
+        };
         eprintln!("sandmesh: starting nats-server");
-        let server = local_nats::start(&args.data_dir.join("nats"), args.nats_port)?;
+        let server = local_nats::start(
+            &args.data_dir.join("nats"),
+            args.nats_port,
+            tenancy.as_ref(),
+        )?;
         eprintln!(
             "sandmesh: started nats-server at {} (data in {})",
             server.url,
             args.data_dir.display()
         );
         env.insert("SANDMESH_NATS_URL".into(), server.url.clone());
+        if let Some(tenancy) = tenancy {
+            creds::write_all(&args.data_dir, &server.url, &tenancy)?;
+            eprintln!(
+                "sandmesh: credentials in {}; `sandmesh creds` shows how a program connects",
+                creds::creds_dir(&args.data_dir).display()
+            );
+            auth = Some(ServiceAuth {
+                url: server.url.clone(),
+                tenancy,
+            });
+        }
         Some(server)
     };
     let nats_url = env["SANDMESH_NATS_URL"].clone();
+    // The admin watches the services come up; the demo runs as the default tenant's agent,
+    // the way a user's program would.
+    let (watch_url, demo_url) = match &auth {
+        Some(a) => {
+            let url_as = |role| {
+                a.tenancy
+                    .credentials(role)
+                    .map(|c| c.url(&a.url))
+                    .unwrap_or_else(|| a.url.clone())
+            };
+            let default = Tenant::default_tenant();
+            (url_as(Role::Admin), url_as(Role::Agent(&default)))
+        }
+        None => (nats_url.clone(), nats_url.clone()),
+    };
     eprintln!("sandmesh: preparing the sandbox image (built from Debian packages when missing)");
     let image = with_progress(
         "building the sandbox image",
@@ -300,10 +397,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
         .or_insert(browser);
 
     let shutdown = kit::shutdown::on_signals();
-    let services = kit::config::exit_on_error(build(SERVICES, &env, &shutdown));
+    let services = kit::config::exit_on_error(build(SERVICES, &env, auth.as_ref(), &shutdown));
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
+    let urls = Urls {
+        shown: &nats_url,
+        watch: &watch_url,
+        demo: &demo_url,
+    };
     let code = tokio::select! {
-        code = serve_until_stopped(&nats_url, &args, &kit_config, &shutdown) => code,
+        code = serve_until_stopped(&urls, &args, &kit_config, &shutdown) => code,
         // A signal (or a failed service) while starting: stop without waiting for readiness.
         _ = shutdown.cancelled() => Ok(0),
     };
@@ -313,21 +415,39 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
+/// The URLs `up` uses itself: the one it shows, the admin's (readiness) and the agent's (demo).
+struct Urls<'a> {
+    shown: &'a str,
+    watch: &'a str,
+    demo: &'a str,
+}
+
+async fn connect(url: &str) -> anyhow::Result<async_nats::Client> {
+    let (plain, credentials) = sandmesh_auth::split_url(url);
+    let mut options = async_nats::ConnectOptions::new();
+    if let Some(c) = credentials {
+        options = options.user_and_password(c.user, c.password);
+    }
+    Ok(options.connect(plain).await?)
+}
+
 /// Waits until the mesh answers, runs the demo when asked, and then serves until the token
 /// fires (at once after `--demo --once`). Returns the exit code.
 async fn serve_until_stopped(
-    nats_url: &str,
+    urls: &Urls<'_>,
     args: &UpArgs,
     kit_config: &kit::KitConfig,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<i32> {
-    let client = async_nats::connect(nats_url).await?;
+    let client = connect(urls.watch).await?;
     wait_until_ready(&client, Duration::from_secs(120)).await?;
     eprintln!(
-        "sandmesh: mesh is up — NATS {nats_url}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it"
+        "sandmesh: mesh is up — NATS {}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it",
+        urls.shown
     );
     if args.demo {
-        let code = crate::demo::run(&client, &kit_config.subjects).await?;
+        let agent = connect(urls.demo).await?;
+        let code = crate::demo::run(&agent, &kit_config.subjects).await?;
         if args.once {
             return Ok(code);
         }

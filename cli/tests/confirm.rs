@@ -31,7 +31,7 @@ impl Service {
             ConfirmationConfig::for_url(url),
             token.clone(),
         ));
-        let nats = async_nats::connect(url).await.expect("connect to nats");
+        let nats = test_support::connect(url).await;
         let confirm = MeshClient::new(nats, Subjects::default()).confirm();
         eventually("confirmation answers", BOUND, || {
             let confirm = confirm.clone();
@@ -178,6 +178,7 @@ async fn watch_prints_the_queue_and_its_changes() {
 
     let after = confirm.request(&pending("fs.write")).await.unwrap();
     let decide = ConfirmDecide {
+        by_account: None,
         id: before.id.clone(),
         approve: true,
         by: "alice".into(),

@@ -36,7 +36,8 @@ impl Drop for MeshContainers {
 
 /// The mesh id the executor labels its containers with, from its heartbeat.
 async fn executor_mesh(nats_url: &str) -> Option<String> {
-    let client = async_nats::connect(nats_url).await.ok()?;
+    let (options, plain) = test_support::connect_options(nats_url);
+    let client = options.connect(plain).await.ok()?;
     let js = async_nats::jetstream::new(client);
     let kv = js
         .get_key_value(messages::Subjects::default().nodes_bucket())

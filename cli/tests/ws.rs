@@ -20,7 +20,7 @@ async fn start_store(url: &str) -> (CancellationToken, WorkspaceClient) {
         WorkspaceConfig::for_url(url),
         token.clone(),
     ));
-    let nats = async_nats::connect(url).await.expect("connect to nats");
+    let nats = test_support::connect(url).await;
     let ws = MeshClient::new(nats, Subjects::default()).workspace();
     eventually("workspace-store answers", BOUND, || {
         let ws = ws.clone();

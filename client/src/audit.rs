@@ -57,7 +57,7 @@ impl AuditClient {
             }
         };
         let filter_subject = match &query.kind {
-            Some(kind) => subjects.audit(kind),
+            Some(kind) => subjects.audit_kind(kind),
             None => subjects.audit_all(),
         };
         let mut consumer = stream

@@ -56,30 +56,42 @@ impl ExecClient {
     ) -> Result<ExecResult> {
         let subject = self.mesh.subjects().exec();
         let nats = self.mesh.nats();
+        // Notices and the reply arrive on one inbox: notices carry a status header.
         let inbox = nats.new_inbox();
-        let mut notices = nats
+        let mut replies = nats
             .subscribe(inbox.clone())
             .await
             .map_err(|e| ClientError::transport(format!("subscribing to {inbox}"), e))?;
-        let listener = tokio::spawn(async move {
-            while let Some(msg) = notices.next().await {
-                let status = msg.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
-                if status.map(|v| v.as_str()) != Some(STATUS_AWAITING_CONFIRMATION) {
-                    continue;
+        let mut headers = self.mesh.headers();
+        headers.insert(NOTIFY_HEADER, "1");
+        let payload = self.mesh.encode(&subject, req)?;
+        nats.publish_with_reply_and_headers(subject.clone(), inbox, headers, payload.into())
+            .await
+            .map_err(|e| ClientError::transport(format!("request to {subject}"), e))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let message = match tokio::time::timeout_at(deadline, replies.next()).await {
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    return Err(ClientError::transport(
+                        format!("request to {subject}"),
+                        std::io::Error::other("the connection closed"),
+                    ))
                 }
-                if let Ok(notice) = serde_json::from_slice(&msg.payload) {
+                Err(_) => return Err(ClientError::TimedOut { subject, timeout }),
+            };
+            let status = message.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
+            if status.map(|v| v.as_str()) == Some(STATUS_AWAITING_CONFIRMATION) {
+                if let Ok(notice) = serde_json::from_slice(&message.payload) {
                     on_wait(notice);
                 }
+                continue;
             }
-        });
-        let mut headers = self.mesh.headers();
-        headers.insert(NOTIFY_HEADER, inbox.as_str());
-        let reply = self
-            .mesh
-            .request_with_headers(subject, req, headers, timeout)
-            .await;
-        listener.abort();
-        reply
+            if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                return Err(ClientError::NoResponders { subject });
+            }
+            return decode_reply(&subject, message.headers.as_ref(), &message.payload);
+        }
     }
 
     /// Queues `req` as a job; JetStream's ack means it is accepted and will reach a result.
@@ -114,6 +126,7 @@ impl ExecClient {
     pub async fn result(&self, execution_id: &str) -> Result<Option<ExecResult>> {
         let req = ResultGet {
             execution_id: execution_id.to_string(),
+            wait_ms: None,
         };
         let lookup = self
             .mesh
@@ -125,41 +138,43 @@ impl ExecClient {
         })
     }
 
-    /// Waits for the result: the stored result's own message on `results.<id>`, with a look-up
-    /// first (it may be stored already) and last (in case the message slipped by). A job just
-    /// submitted may not be known yet, so `NotFound` counts as pending here.
+    /// Waits for the result, asking the scheduler to hold each look-up until it is stored (a
+    /// long poll of at most [`messages::exec::MAX_RESULT_WAIT_MS`]), so a client needs no
+    /// access to the results stream. A job just submitted may not be known yet, so `NotFound`
+    /// counts as pending here.
     pub async fn wait_result(&self, execution_id: &str, timeout: Duration) -> Result<ExecResult> {
-        let subject = self.mesh.subjects().result(execution_id);
+        let subject = self.mesh.subjects().results_get();
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut stored = self
-            .mesh
-            .nats()
-            .subscribe(subject.clone())
-            .await
-            .map_err(|e| ClientError::transport(format!("subscribing to {subject}"), e))?;
-        if let Some(result) = self.lookup(execution_id).await? {
-            return Ok(result);
-        }
-        if let Ok(Some(msg)) = tokio::time::timeout_at(deadline, stored.next()).await {
-            return decode_reply(&subject, msg.headers.as_ref(), &msg.payload);
-        }
-        match self.lookup(execution_id).await? {
-            Some(result) => Ok(result),
-            None => Err(ClientError::TimedOut { subject, timeout }),
-        }
-    }
-
-    async fn lookup(&self, execution_id: &str) -> Result<Option<ExecResult>> {
-        match self.result(execution_id).await {
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            other => other,
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait = left.min(Duration::from_millis(messages::exec::MAX_RESULT_WAIT_MS));
+            let req = ResultGet {
+                execution_id: execution_id.to_string(),
+                wait_ms: Some(wait.as_millis() as u64),
+            };
+            let asked = self
+                .mesh
+                .request_timeout(subject.clone(), &req, wait + self.mesh.timeout())
+                .await;
+            match asked {
+                Ok(ResultLookup::Done { result }) => return Ok(*result),
+                Ok(ResultLookup::Pending { .. }) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    // Not seen yet (still in the job queue): ask again shortly.
+                    tokio::time::sleep(Duration::from_millis(50).min(left)).await;
+                }
+                Err(e) => return Err(e),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ClientError::TimedOut { subject, timeout });
+            }
         }
     }
 
     /// The live output of an execution, chunk by chunk, ending after the `eof` chunk. Subscribe
     /// before the execution starts (output is not stored): pass your own `execution_id`.
     pub async fn output(&self, execution_id: &str) -> Result<OutputChunks> {
-        let subject = self.mesh.subjects().output(execution_id);
+        let subject = self.mesh.subjects().output_any(execution_id);
         let messages = self.mesh.subscribe_live(subject.clone()).await?;
         Ok(OutputChunks {
             subject,

@@ -32,6 +32,7 @@ fn pending(session: &str) -> ConfirmRequest {
 
 fn decision(id: &str, approve: bool) -> ConfirmDecide {
     ConfirmDecide {
+        by_account: None,
         id: id.into(),
         approve,
         by: "alice".into(),

@@ -58,12 +58,17 @@ impl Mesh {
         if !is_loopback_url(url) {
             bail!("{url} is not a loopback address; the loadtest only targets this machine");
         }
-        let client = async_nats::ConnectOptions::new()
+        let (url, credentials) = sandmesh_auth::split_url(url);
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(c) = credentials {
+            options = options.user_and_password(c.user, c.password);
+        }
+        let client = options
             .name("sandmesh-loadtest")
             .request_timeout(Some(timeout))
             // Burst and assess keep many thousands of requests in flight.
             .subscription_capacity(1 << 20)
-            .connect(url)
+            .connect(&url)
             .await
             .with_context(|| format!("cannot reach NATS at {url}; is the mesh up?"))?;
         let js = jetstream::ContextBuilder::new()

@@ -1,6 +1,8 @@
-//! Audit events on `sandbox.v1.audit.<event>`, stored in the `SANDBOX_AUDIT` stream.
+//! Audit events on `sandbox.v1.audit.<tenant>.<event>`, stored in the `SANDBOX_AUDIT` stream.
 
 use serde::{Deserialize, Serialize};
+
+use crate::tenancy::Tenant;
 
 /// The event name is the last subject token, so consumers can filter by subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -69,9 +71,18 @@ pub struct AuditEvent {
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
-    /// Who asked (`requested_by` of the request), when known.
+    /// Who asked (`requested_by` of the request), when known: a label the caller wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
+    /// The tenant the event belongs to (also the subject token), `None` for internal work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
+    /// The NATS account that made the request, as the server authenticated it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// The NATS user that made the request, as the server authenticated it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Event-specific facts (level, tier, node, status, path, ...).
     #[serde(default)]
     pub details: serde_json::Value,

@@ -3,10 +3,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::risk::RiskAssessment;
+use crate::tenancy::Tenant;
 
 /// `sandbox.v1.confirm.request`. With `wait` (the default) the reply comes when the decision
 /// does (or at the timeout); without it the reply is the pending record at once (id,
-/// `expires_at`), to be followed with the `confirm.decided.<id>` event — published for every
+/// `expires_at`), to be followed with the `confirm.decided.<tenant>.<id>` event — published for every
 /// final state, the timeout included, whether or not anyone waits — or with `get` (events are
 /// core NATS: a caller that was disconnected asks). Asking again for the same `execution_id`
 /// returns the same confirmation, as it stands.
@@ -28,6 +29,10 @@ pub struct ConfirmRequest {
     pub timeout_ms: Option<u64>,
     #[serde(default = "default_true")]
     pub wait: bool,
+    /// The tenant the work belongs to (set by the service that asks; ids above are scoped by
+    /// it). Only operators whose scope covers it, and that tenant's agents, see the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
 }
 
 fn default_true() -> bool {
@@ -90,6 +95,12 @@ pub struct Confirmation {
     pub scope: ConfirmScope,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
+    /// The NATS account `by` was authenticated in (`OPERATORS` for a person's decision made
+    /// with operator credentials); `None` for policy decisions and trusted internal callers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_account: Option<String>,
 }
 
 /// `sandbox.v1.confirm.decide`
@@ -102,6 +113,10 @@ pub struct ConfirmDecide {
     pub reason: Option<String>,
     #[serde(default)]
     pub scope: ConfirmScope,
+    /// Filled in by the confirmation service from the authenticated caller; a value sent by a
+    /// client is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_account: Option<String>,
 }
 
 /// `sandbox.v1.confirm.get`

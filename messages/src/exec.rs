@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorBody;
 use crate::risk::RiskAssessment;
+use crate::tenancy::{unscoped, Tenant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -262,10 +263,52 @@ pub struct ExecResult {
     pub error: Option<ErrorBody>,
 }
 
-/// `sandbox.v1.exec.result` request.
+impl ExecResult {
+    /// The result as `tenant`'s agents know it: ids without the tenant's scope prefix.
+    pub fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.execution_id = unscoped(tenant, &self.execution_id);
+        self.session_id = self.session_id.map(|s| unscoped(tenant, &s));
+        self
+    }
+}
+
+impl AwaitingConfirmation {
+    /// The notice as `tenant`'s agents know it.
+    pub fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.execution_id = unscoped(tenant, &self.execution_id);
+        self
+    }
+}
+
+impl ResultLookup {
+    /// The look-up as `tenant`'s agents know it.
+    pub fn unscoped(self, tenant: Option<&Tenant>) -> Self {
+        match self {
+            ResultLookup::Done { result } => ResultLookup::Done {
+                result: Box::new(result.unscoped(tenant)),
+            },
+            ResultLookup::Pending {
+                execution_id,
+                awaiting_confirmation,
+            } => ResultLookup::Pending {
+                execution_id: unscoped(tenant, &execution_id),
+                awaiting_confirmation: awaiting_confirmation.map(|a| a.unscoped(tenant)),
+            },
+        }
+    }
+}
+
+/// The longest a `exec.result` look-up may wait for its result to be stored.
+pub const MAX_RESULT_WAIT_MS: u64 = 30_000;
+
+/// `sandbox.v1.exec.result` request. With `wait_ms`, a result not stored yet is waited for up
+/// to that long (at most [`MAX_RESULT_WAIT_MS`]) before the reply says `pending`: a long poll
+/// that needs no subscription to the results stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultGet {
     pub execution_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// `sandbox.v1.exec.result` reply: the result once stored, or `pending` while it runs.
@@ -283,9 +326,11 @@ pub enum ResultLookup {
     },
 }
 
-/// Request header of a sync `exec` naming a subject (an `_INBOX.` subject of the caller's) on
-/// which the scheduler publishes status notices before the final reply. Opt-in, because a plain
-/// request-reply client would take the first message on its reply inbox as the reply.
+/// Request header of a sync `exec` asking for status notices as extra messages on the reply
+/// subject before the final reply (any value). Opt-in, because a plain request-reply client
+/// would take the first message on its reply inbox as the reply. They go to the reply subject,
+/// not to a subject the caller names, because a tenant's inboxes are in its own account: only
+/// replies cross back.
 pub const NOTIFY_HEADER: &str = "Sandmesh-Notify";
 /// Header of a status notice saying what it is.
 pub const STATUS_HEADER: &str = "Sandmesh-Status";

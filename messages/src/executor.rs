@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecRequest, Tier};
+use crate::tenancy::{unscoped, Tenant};
+use crate::Subjects;
 
 /// `executor.docker.run` (any node, tier `ephemeral`) or `executor.docker.<node>.run` (the
 /// node holding the session's container). Limits and timeout in `request` are already
@@ -19,6 +21,18 @@ pub struct ExecutorRun {
     /// Which container runs it.
     #[serde(default)]
     pub kind: RunKind,
+    /// The tenant it runs for: ids in this run are scoped by it (`crate::tenancy`), and its
+    /// output chunks go to the tenant's own subject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
+}
+
+impl ExecutorRun {
+    /// Where its output chunks go: the tenant's subject, under the id the client knows.
+    pub fn output_subject(&self, subjects: &Subjects) -> String {
+        let tenant = self.tenant.as_ref();
+        subjects.output(tenant, &unscoped(tenant, &self.execution_id))
+    }
 }
 
 /// The container an [`ExecutorRun`] gets.

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{Language, Tier};
+use crate::tenancy::{unscoped, Tenant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -40,6 +41,17 @@ pub struct SessionRecord {
     /// How many times the session was re-placed with its workspace restored.
     #[serde(default)]
     pub restores: u64,
+    /// The tenant that opened it (its id is scoped by it); `None` for internal callers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
+}
+
+impl SessionRecord {
+    /// The record as `tenant`'s agents know it: the id without the tenant's scope prefix.
+    pub fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.session_id = unscoped(tenant, &self.session_id);
+        self
+    }
 }
 
 /// `sessions.open`: an id may be supplied (idempotent), otherwise a ULID is assigned.

@@ -1,6 +1,8 @@
 //! Every subject of the mesh, built from one configurable prefix. Services never write a subject
 //! string themselves: they call these functions, so a renamed subject changes in one place.
 
+use crate::tenancy::{tenant_token, Tenant};
+
 /// The protocol version, carried in every subject.
 pub const VERSION: &str = "v1";
 pub const DEFAULT_PREFIX: &str = "sandbox";
@@ -54,6 +56,12 @@ impl Subjects {
         format!("{}.{VERSION}.{rest}", self.prefix)
     }
 
+    /// `<prefix>.v1.<rest>` for subject *patterns* (permissions, exports, imports), which name
+    /// groups of the subjects below with wildcards.
+    pub fn pattern(&self, rest: &str) -> String {
+        self.at(rest)
+    }
+
     /// Upper-case stem for JetStream stream names: `sandbox` → `SANDBOX`.
     pub fn stream_stem(&self) -> String {
         self.prefix.replace(['.', '-'], "_").to_ascii_uppercase()
@@ -86,8 +94,35 @@ impl Subjects {
     pub fn results_get(&self) -> String {
         self.at("exec.result")
     }
-    pub fn output(&self, execution_id: &str) -> String {
-        self.at(&format!("output.{execution_id}"))
+    /// Output chunks of one execution of `tenant`. A tenant imports only its own
+    /// `output.<tenant>.>` (DESIGN.md §5.3), so the token is the boundary.
+    pub fn output(&self, tenant: Option<&Tenant>, execution_id: &str) -> String {
+        self.at(&format!("output.{}.{execution_id}", tenant_token(tenant)))
+    }
+    /// What a client subscribes to for one execution's chunks: it sees only its own tenant's.
+    pub fn output_any(&self, execution_id: &str) -> String {
+        self.at(&format!("output.*.{execution_id}"))
+    }
+    /// Every tenant's output chunks (the export).
+    pub fn output_all(&self) -> String {
+        self.at("output.>")
+    }
+    /// Async jobs of `tenant`: a tenant publishes to [`Self::jobs_exec`] in its own account and
+    /// its import maps that here, so the scheduler learns the tenant from the subject, which the
+    /// server guarantees (the job stream keeps no `Nats-Request-Info`).
+    pub fn jobs_exec_of(&self, tenant: &Tenant) -> String {
+        self.at(&format!("jobs.{tenant}.exec"))
+    }
+    /// The tenant a job subject names (`None`: published inside the services' account).
+    pub fn tenant_of_job(&self, subject: &str) -> Result<Option<Tenant>, String> {
+        if subject == self.jobs_exec() {
+            return Ok(None);
+        }
+        let rest = subject
+            .strip_prefix(&self.at("jobs."))
+            .and_then(|r| r.strip_suffix(".exec"))
+            .ok_or_else(|| format!("{subject:?} is not a job subject"))?;
+        Tenant::new(rest).map(Some).map_err(|e| e.to_string())
     }
     pub fn sessions(&self, op: SessionOp) -> String {
         self.at(&format!("sessions.{}", op.as_str()))
@@ -102,14 +137,34 @@ impl Subjects {
     pub fn confirm(&self, op: ConfirmOp) -> String {
         self.at(&format!("confirm.{}", op.as_str()))
     }
-    pub fn confirm_pending(&self, id: &str) -> String {
-        self.at(&format!("confirm.pending.{id}"))
+    pub fn confirm_pending(&self, tenant: Option<&Tenant>, id: &str) -> String {
+        self.at(&format!("confirm.pending.{}.{id}", tenant_token(tenant)))
     }
-    pub fn confirm_decided(&self, id: &str) -> String {
-        self.at(&format!("confirm.decided.{id}"))
+    pub fn confirm_decided(&self, tenant: Option<&Tenant>, id: &str) -> String {
+        self.at(&format!("confirm.decided.{}.{id}", tenant_token(tenant)))
     }
+    /// The decision on one confirmation, whichever tenant it belongs to.
+    pub fn confirm_decided_any(&self, id: &str) -> String {
+        self.at(&format!("confirm.decided.*.{id}"))
+    }
+    /// Every decision (the schedulers resume parked executions on these).
+    pub fn confirm_decided_all(&self) -> String {
+        self.at("confirm.decided.*.*")
+    }
+    /// Every pending and decided event of every tenant.
     pub fn confirm_events_all(&self) -> String {
-        self.at("confirm.*.*")
+        self.at("confirm.*.*.*")
+    }
+    /// Pending and decided events of one tenant (`_`: internal requests).
+    pub fn confirm_events_of(&self, tenant: Option<&Tenant>) -> String {
+        self.at(&format!("confirm.*.{}.*", tenant_token(tenant)))
+    }
+    /// The confirmation id and tenant token of a pending/decided event subject.
+    pub fn parse_confirm_event<'s>(&self, subject: &'s str) -> Option<(&'s str, &'s str)> {
+        let rest = subject.strip_prefix(&self.at("confirm."))?;
+        let mut parts = rest.split('.');
+        let (_kind, tenant, id) = (parts.next()?, parts.next()?, parts.next()?);
+        parts.next().is_none().then_some((tenant, id))
     }
 
     // === workspace-store ===
@@ -126,8 +181,17 @@ impl Subjects {
     }
 
     // === audit ===
-    pub fn audit(&self, event: &str) -> String {
-        self.at(&format!("audit.{event}"))
+    /// One audit event of `tenant` (`_`: the event belongs to no tenant).
+    pub fn audit(&self, tenant: Option<&Tenant>, event: &str) -> String {
+        self.at(&format!("audit.{}.{event}", tenant_token(tenant)))
+    }
+    /// Every event of one kind, any tenant the reader can see.
+    pub fn audit_kind(&self, event: &str) -> String {
+        self.at(&format!("audit.*.{event}"))
+    }
+    /// One tenant's events.
+    pub fn audit_of(&self, tenant: Option<&Tenant>) -> String {
+        self.at(&format!("audit.{}.*", tenant_token(tenant)))
     }
     pub fn audit_all(&self) -> String {
         self.at("audit.>")

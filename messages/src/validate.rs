@@ -19,7 +19,7 @@ pub enum ValidationError {
 }
 
 impl ValidationError {
-    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         ValidationError::Invalid {
             field: field.into(),
             reason: reason.into(),
@@ -288,10 +288,10 @@ fn check_size(field: &str, size: usize, limit: usize) -> Result<(), ValidationEr
 /// are clamped to it; zero, negative or non-finite values are refused).
 pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits, ValidationError> {
     if let Some(id) = &req.execution_id {
-        validate_id("execution_id", id)?;
+        crate::tenancy::validate_scoped_id("execution_id", id)?;
     }
     if let Some(id) = &req.session_id {
-        validate_id("session_id", id)?;
+        crate::tenancy::validate_scoped_id("session_id", id)?;
     }
     check_size("code", req.code.len(), c.max_code_bytes)?;
     if req.code.contains('\0') {

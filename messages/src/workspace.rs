@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::ContentEncoding;
+use crate::tenancy::{unscoped, Tenant};
 
 /// The largest content (file or tar) that travels inside one message; anything larger is handed
 /// over through the workspace objects bucket (`object` fields). base64 grows it by 4/3, and the
@@ -253,4 +254,75 @@ pub struct WsCleaned {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Ack {
     pub ok: bool,
+}
+
+/// A workspace request names its session: a tenant's agent names it as it knows it, and the
+/// store scopes it by the caller's tenant (`crate::tenancy`) before looking anything up.
+pub trait NamesSession {
+    /// The session id to scope (`None`: the request names no session).
+    fn session_mut(&mut self) -> Option<&mut String>;
+}
+
+/// A workspace reply that names its session: unscoped for the tenant's agent.
+pub trait ShowsSession: Sized {
+    fn unscoped(self, _tenant: Option<&Tenant>) -> Self {
+        self
+    }
+}
+
+macro_rules! names_session {
+    ($($t:ty),*) => {$(
+        impl NamesSession for $t {
+            fn session_mut(&mut self) -> Option<&mut String> {
+                Some(&mut self.session_id)
+            }
+        }
+    )*};
+}
+names_session!(
+    WsInit,
+    WsWrite,
+    WsRead,
+    WsList,
+    WsPath,
+    WsSnapshot,
+    WsRestore,
+    WsUsageRequest
+);
+
+impl NamesSession for WsCleanup {
+    fn session_mut(&mut self) -> Option<&mut String> {
+        self.session_id.as_mut()
+    }
+}
+
+impl ShowsSession for WsFile {}
+impl ShowsSession for WsEntry {}
+impl ShowsSession for WsListing {}
+impl ShowsSession for WsRestored {}
+impl ShowsSession for Ack {}
+
+impl ShowsSession for WsArchive {
+    fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.session_id = unscoped(tenant, &self.session_id);
+        self
+    }
+}
+
+impl ShowsSession for WsUsage {
+    fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.session_id = unscoped(tenant, &self.session_id);
+        self
+    }
+}
+
+impl ShowsSession for WsCleaned {
+    fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.sessions_removed = self
+            .sessions_removed
+            .iter()
+            .map(|s| unscoped(tenant, s))
+            .collect();
+        self
+    }
 }

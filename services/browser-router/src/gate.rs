@@ -94,6 +94,7 @@ impl Gate {
             });
         }
         let request = ConfirmRequest {
+            tenant: scope.tenant.clone(),
             execution_id: scope.execution_id.clone(),
             session_id: scope.session_id.clone(),
             risk,

@@ -124,7 +124,7 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
     let stats_task = tokio::spawn(refresh_stats(router.clone(), stats));
     let closed_task = tokio::spawn(forward_session_closed(
         runtime.client.clone(),
-        subjects.audit(AuditKind::SessionClosed.as_str()),
+        subjects.audit_kind(AuditKind::SessionClosed.as_str()),
         router.clone(),
     ));
 
@@ -184,7 +184,8 @@ async fn refresh_stats(router: ActorRef<RouterMsg>, into: Arc<std::sync::Mutex<R
     }
 }
 
-/// Every `session_closed` audit event closes that session's browser here.
+/// Every `session_closed` audit event (any tenant's; its session id is the stored, scoped one,
+/// as the router keys sessions) closes that session's browser here.
 async fn forward_session_closed(
     client: async_nats::Client,
     subject: String,

@@ -190,13 +190,16 @@ impl RouterState {
         reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
     ) -> Result<(), ErrorBody> {
         let checked = self.check(&ctx, &req);
-        let action = match checked {
+        let (action, session_id) = match checked {
             Ok(a) => a,
             Err(e) => {
                 let _ = reply.send(Err(e.clone()));
                 return Err(e);
             }
         };
+        // From here on the session is known by its tenant-scoped id: two tenants' `s1` are
+        // two sessions, two browsers.
+        let req = BrowserRequest { session_id, ..req };
         let session = match self.sessions.get(&req.session_id) {
             Some(s) => s.clone(),
             None if action == BrowserAction::Close => {
@@ -234,11 +237,12 @@ impl RouterState {
 
     /// Everything about a request that needs no browser: the action, the session id, the
     /// backend.
+    /// Returns the action and the session's tenant-scoped id.
     fn check(
         &self,
         ctx: &RequestContext,
         req: &BrowserRequest,
-    ) -> Result<BrowserAction, ErrorBody> {
+    ) -> Result<(BrowserAction, String), ErrorBody> {
         let token = ctx.subject.rsplit('.').next().unwrap_or_default();
         let action = BrowserAction::parse(token).ok_or_else(|| {
             let known: Vec<_> = BrowserAction::ALL.iter().map(|a| a.as_str()).collect();
@@ -247,7 +251,9 @@ impl RouterState {
                 known.join(", ")
             ))
         })?;
-        messages::validate::validate_id("session_id", &req.session_id)
+        let session_id = ctx
+            .caller
+            .scope("session_id", &req.session_id)
             .map_err(|e| ErrorBody::bad_request(e.to_string()))?;
         if BrowserBackend::route(req) == BrowserBackend::Aio {
             return Err(ErrorBody::unavailable(
@@ -256,7 +262,7 @@ impl RouterState {
             )
             .with_details(serde_json::json!({"backend": "aio"})));
         }
-        Ok(action)
+        Ok((action, session_id))
     }
 
     async fn spawn_session(

@@ -250,11 +250,12 @@ fn truncate(mut s: String, max: usize) -> (String, bool) {
 impl SessionState {
     fn scope(&self, req: &BrowserRequest, ctx: &RequestContext) -> AuditScope {
         AuditScope {
-            execution_id: None,
             session_id: Some(self.id.clone()),
             trace_id: ctx.trace_id.clone(),
             actor: req.requested_by.clone(),
+            ..Default::default()
         }
+        .by(&ctx.caller)
     }
 
     /// Keeps the current browser while it lives, else takes a new one.

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use kit::config::{ConfigError, ConfigReader, EnvSource};
 use kit::KitConfig;
+
+use crate::audience::OperatorScopes;
 use messages::risk::RiskLevel;
 
 /// What an unanswered request becomes when its time is up.
@@ -64,6 +66,8 @@ const LONGEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub struct ConfirmationConfig {
     pub kit: KitConfig,
     pub policy: PolicyConfig,
+    /// Which tenants each operator may see and decide for (`SANDMESH_OPERATOR_SCOPES`).
+    pub operator_scopes: OperatorScopes,
 }
 
 impl ConfirmationConfig {
@@ -71,7 +75,18 @@ impl ConfirmationConfig {
         let mut r = ConfigReader::new(src);
         let kit = KitConfig::from_reader(&mut r);
         let policy = PolicyConfig::from_reader(&mut r);
-        r.finish().map(|_| Self { kit, policy })
+        let operator_scopes = match r.optional_string("OPERATOR_SCOPES") {
+            None => OperatorScopes::default(),
+            Some(text) => OperatorScopes::parse(&text).unwrap_or_else(|e| {
+                r.error(format!("SANDMESH_OPERATOR_SCOPES: {e}"));
+                OperatorScopes::default()
+            }),
+        };
+        r.finish().map(|_| Self {
+            kit,
+            policy,
+            operator_scopes,
+        })
     }
 
     /// Defaults for tests and `sandmesh up`: this NATS URL, people decide, 60 s, deny.
@@ -79,6 +94,7 @@ impl ConfirmationConfig {
         Self {
             kit: KitConfig::for_url(nats_url),
             policy: PolicyConfig::default(),
+            operator_scopes: OperatorScopes::default(),
         }
     }
 }

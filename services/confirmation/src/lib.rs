@@ -32,6 +32,7 @@
 //!    └── select!: shutdown, or the Root stopped (registry died too often) → run() fails
 //! ```
 
+pub mod audience;
 pub mod config;
 pub mod listing;
 pub mod policy;
@@ -92,6 +93,7 @@ pub async fn run(
         client: runtime.client.clone(),
         subjects: subjects.clone(),
         auditor: runtime.auditor.clone(),
+        scopes: Arc::new(config.operator_scopes.clone()),
     };
     let gauges = Arc::new(Gauges::default());
     let (root, mut root_task) = Actor::spawn(

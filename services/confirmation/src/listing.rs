@@ -8,6 +8,7 @@ use messages::confirm::{ConfirmList, ConfirmListReply, ConfirmState, Confirmatio
 use messages::ErrorBody;
 use tokio::time::Instant;
 
+use crate::audience::Audience;
 use crate::registry::Reply;
 use crate::store::ConfirmationStore;
 
@@ -39,32 +40,36 @@ fn limit(list: &ConfirmList) -> usize {
     list.limit.unwrap_or(DEFAULT_LIMIT) as usize
 }
 
-fn in_session(list: &ConfirmList, c: &Confirmation) -> bool {
-    list.session_id.is_none() || c.session_id == list.session_id
+/// A `list` as one caller asked it: only what its audience may see.
+#[derive(Debug, Clone)]
+pub struct Query {
+    pub list: ConfirmList,
+    pub audience: Audience,
+}
+
+impl Query {
+    fn admits(&self, c: &Confirmation) -> bool {
+        (self.list.session_id.is_none() || c.session_id == self.list.session_id)
+            && self.audience.sees(c)
+    }
 }
 
 /// The pending ones matching `list`, newest first.
-pub fn from_replica(
-    pending: &HashMap<String, Confirmation>,
-    list: &ConfirmList,
-) -> ConfirmListReply {
+pub fn from_replica(pending: &HashMap<String, Confirmation>, query: &Query) -> ConfirmListReply {
     let mut confirmations: Vec<Confirmation> = pending
         .values()
-        .filter(|c| in_session(list, c))
+        .filter(|c| query.admits(c))
         .cloned()
         .collect();
     confirmations.sort_unstable_by(|a, b| b.id.cmp(&a.id));
-    confirmations.truncate(limit(list));
+    confirmations.truncate(limit(&query.list));
     ConfirmListReply { confirmations }
 }
 
 /// Decided ones matching `list`, newest first, read from the bucket.
-pub async fn scan(
-    store: &ConfirmationStore,
-    list: &ConfirmList,
-) -> Result<ConfirmListReply, ErrorBody> {
-    let keep = |c: &Confirmation| Some(c.state) == list.state && in_session(list, c);
-    let confirmations = store.scan(keep, limit(list)).await?;
+pub async fn scan(store: &ConfirmationStore, query: &Query) -> Result<ConfirmListReply, ErrorBody> {
+    let keep = |c: &Confirmation| Some(c.state) == query.list.state && query.admits(c);
+    let confirmations = store.scan(keep, limit(&query.list)).await?;
     Ok(ConfirmListReply { confirmations })
 }
 
@@ -74,16 +79,16 @@ pub async fn scan(
 pub struct ParkedLists(Vec<Parked>);
 
 struct Parked {
-    list: ConfirmList,
+    query: Query,
     revision: u64,
     deadline: Instant,
     port: Reply<ConfirmListReply>,
 }
 
 impl ParkedLists {
-    pub fn park(&mut self, list: ConfirmList, revision: u64, port: Reply<ConfirmListReply>) {
+    pub fn park(&mut self, query: Query, revision: u64, port: Reply<ConfirmListReply>) {
         self.0.push(Parked {
-            list,
+            query,
             revision,
             deadline: Instant::now() + BARRIER,
             port,
@@ -93,7 +98,7 @@ impl ParkedLists {
     /// Answers the lists the replica has caught up with.
     pub fn release_applied(&mut self, applied: u64, pending: &HashMap<String, Confirmation>) {
         for parked in self.take(|p| p.revision <= applied) {
-            let _ = parked.port.send(Ok(from_replica(pending, &parked.list)));
+            let _ = parked.port.send(Ok(from_replica(pending, &parked.query)));
         }
     }
 
@@ -106,7 +111,7 @@ impl ParkedLists {
                 applied,
                 "list answered from a lagging replica"
             );
-            let _ = parked.port.send(Ok(from_replica(pending, &parked.list)));
+            let _ = parked.port.send(Ok(from_replica(pending, &parked.query)));
         }
     }
 

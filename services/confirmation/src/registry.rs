@@ -22,12 +22,14 @@ use messages::confirm::{
     ConfirmDecide, ConfirmGet, ConfirmList, ConfirmListReply, ConfirmRequest, ConfirmScope,
     ConfirmState, Confirmation,
 };
+use messages::tenancy::{Caller, OPERATORS_ACCOUNT};
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
-use crate::listing::{self, ParkedLists};
+use crate::audience::Audience;
+use crate::listing::{self, ParkedLists, Query};
 use crate::watch::Observation;
 use crate::workflow::Workflow;
 
@@ -58,7 +60,7 @@ pub enum RegistryMsg {
     WaiterDeadline(String),
     FailWaiters(String, ErrorBody),
     /// Pending `list`, answered once the replica has applied the given revision.
-    ListPending(ConfirmList, u64, Reply<ConfirmListReply>),
+    ListPending(Query, u64, Reply<ConfirmListReply>),
     ListDeadline,
     /// A session-scoped approval was written: settle the session's covered pending ones.
     SessionGranted(String),
@@ -158,8 +160,8 @@ impl<W: Workflow> Actor for Registry<W> {
             RegistryMsg::Request(ctx, req, port) => state.request(myself, ctx, req, port),
             RegistryMsg::Wait(id, expires_at, port) => state.wait(myself, id, expires_at, port),
             RegistryMsg::Decide(ctx, decide, port) => state.decide(myself, ctx, decide, port),
-            RegistryMsg::Get(_, get, port) => state.get(get, port),
-            RegistryMsg::List(_, list, port) => state.list(myself, list, port),
+            RegistryMsg::Get(ctx, get, port) => state.get(ctx, get, port),
+            RegistryMsg::List(ctx, list, port) => state.list(myself, ctx, list, port),
             RegistryMsg::ListPending(list, revision, port) => {
                 state.list_pending(myself, list, revision, port)
             }
@@ -217,6 +219,14 @@ impl<W: Workflow> RegistryState<W> {
         req: ConfirmRequest,
         port: Reply<Confirmation>,
     ) {
+        if ctx.caller != Caller::Internal {
+            // Services ask on behalf of the work they run; a tenant's own request could name any
+            // tenant or execution.
+            let _ = port.send(Err(ErrorBody::denied(
+                "confirmations are requested by the services that run the work",
+            )));
+            return;
+        }
         let workflow = self.workflow.clone();
         self.tasks.spawn(async move {
             let wait = req.wait;
@@ -262,11 +272,30 @@ impl<W: Workflow> RegistryState<W> {
         &self,
         myself: ActorRef<RegistryMsg>,
         ctx: RequestContext,
-        decide: ConfirmDecide,
+        mut decide: ConfirmDecide,
         port: Reply<Confirmation>,
     ) {
+        match &ctx.caller {
+            Caller::Agent { .. } => {
+                // The server refuses agents this subject; this is the second lock.
+                let _ = port.send(Err(ErrorBody::denied(
+                    "agents cannot decide confirmations; an operator must",
+                )));
+                return;
+            }
+            // The decision is recorded as the authenticated operator, whatever `by` says.
+            Caller::Operator { user } => {
+                decide.by = user.clone();
+                decide.by_account = Some(OPERATORS_ACCOUNT.to_string());
+            }
+            Caller::Internal => decide.by_account = None,
+        }
+        let audience = self.workflow.audience(&ctx.caller);
         let workflow = self.workflow.clone();
         self.tasks.spawn(async move {
+            if let Err(e) = visible(&workflow, &audience, &decide.id).await {
+                return drop(port.send(Err(e)));
+            }
             let outcome = workflow.decide(decide, ctx.trace_id).await;
             if let Ok(record) = &outcome {
                 if record.scope == ConfirmScope::Session && record.state == ConfirmState::Approved {
@@ -280,15 +309,17 @@ impl<W: Workflow> RegistryState<W> {
         });
     }
 
-    fn get(&self, get: ConfirmGet, port: Reply<Confirmation>) {
+    fn get(&self, ctx: RequestContext, get: ConfirmGet, port: Reply<Confirmation>) {
+        let audience = self.workflow.audience(&ctx.caller);
         let workflow = self.workflow.clone();
         self.tasks
-            .spawn(async move { port.send(workflow.get(&get.id).await) });
+            .spawn(async move { port.send(visible(&workflow, &audience, &get.id).await) });
     }
 
     fn list(
         &self,
         myself: ActorRef<RegistryMsg>,
+        ctx: RequestContext,
         list: ConfirmList,
         port: Reply<ConfirmListReply>,
     ) {
@@ -296,15 +327,19 @@ impl<W: Workflow> RegistryState<W> {
             let _ = port.send(Err(e));
             return;
         }
+        let query = Query {
+            list,
+            audience: self.workflow.audience(&ctx.caller),
+        };
         let workflow = self.workflow.clone();
         self.tasks.spawn(async move {
-            if !listing::wants_pending(&list) {
-                return drop(port.send(workflow.scan(&list).await));
+            if !listing::wants_pending(&query.list) {
+                return drop(port.send(workflow.scan(&query).await));
             }
             // Pending ones come from the replica, once it has caught up with the bucket.
             match workflow.last_revision().await {
                 Ok(revision) => {
-                    let _ = myself.cast(RegistryMsg::ListPending(list, revision, port));
+                    let _ = myself.cast(RegistryMsg::ListPending(query, revision, port));
                 }
                 Err(e) => drop(port.send(Err(e))),
             }
@@ -314,15 +349,15 @@ impl<W: Workflow> RegistryState<W> {
     fn list_pending(
         &mut self,
         myself: ActorRef<RegistryMsg>,
-        list: ConfirmList,
+        query: Query,
         revision: u64,
         port: Reply<ConfirmListReply>,
     ) {
         if self.applied >= revision {
-            let _ = port.send(Ok(listing::from_replica(&self.pending, &list)));
+            let _ = port.send(Ok(listing::from_replica(&self.pending, &query)));
             return;
         }
-        self.parked_lists.park(list, revision, port);
+        self.parked_lists.park(query, revision, port);
         myself.send_after(listing::BARRIER, || RegistryMsg::ListDeadline);
     }
 
@@ -444,3 +479,17 @@ impl<W: Workflow> RegistryState<W> {
 
 #[cfg(test)]
 mod tests;
+
+/// The confirmation, if `audience` may see it; else the same 404 as for an unknown id.
+async fn visible<W: Workflow>(
+    workflow: &W,
+    audience: &Audience,
+    id: &str,
+) -> Result<Confirmation, ErrorBody> {
+    let record = workflow.get(id).await?;
+    if audience.sees(&record) {
+        Ok(record)
+    } else {
+        Err(ErrorBody::not_found(format!("no confirmation {id}")))
+    }
+}

@@ -211,6 +211,7 @@ mod tests {
 
         // The new registry decides, and expires on time what its predecessor was timing.
         let decide = ConfirmDecide {
+            by_account: None,
             id: decided_later.id.clone(),
             approve: true,
             by: "alice".into(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kit::{CancellationToken, RequestContext};
 use messages::confirm::{
-    ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmRequest, ConfirmState, Confirmation,
+    ConfirmDecide, ConfirmListReply, ConfirmRequest, ConfirmState, Confirmation,
 };
 use messages::{Encoding, ErrorBody};
 use ractor::ActorRef;
@@ -170,12 +170,16 @@ impl Workflow for Book {
         Ok(None)
     }
 
-    async fn scan(&self, list: &ConfirmList) -> Result<ConfirmListReply, ErrorBody> {
+    fn audience(&self, _caller: &messages::tenancy::Caller) -> crate::audience::Audience {
+        crate::audience::Audience::Everyone
+    }
+
+    async fn scan(&self, query: &crate::listing::Query) -> Result<ConfirmListReply, ErrorBody> {
         let confirmations = self
             .pages()
             .records
             .values()
-            .filter(|c| Some(c.state) == list.state)
+            .filter(|c| Some(c.state) == query.list.state)
             .cloned()
             .collect();
         Ok(ConfirmListReply { confirmations })
@@ -208,6 +212,8 @@ pub fn ctx() -> RequestContext {
         encoding: Encoding::Json,
         headers: None,
         trace_id: None,
+        caller: messages::tenancy::Caller::Internal,
+        reply: None,
     }
 }
 

@@ -21,7 +21,7 @@ fn bad(field: &str, message: String) -> ErrorBody {
 }
 
 pub fn id(field: &str, value: &str) -> Result<(), ErrorBody> {
-    messages::validate::validate_id(field, value).map_err(ErrorBody::from)
+    messages::tenancy::validate_scoped_id(field, value).map_err(ErrorBody::from)
 }
 
 fn text(field: &str, value: &str, max: usize) -> Result<(), ErrorBody> {
@@ -114,6 +114,7 @@ mod tests {
         };
         assert_eq!(request(&mut r).unwrap_err().code, 400);
         let d = ConfirmDecide {
+            by_account: None,
             id: "*".into(),
             approve: true,
             by: "alice".into(),
@@ -126,6 +127,7 @@ mod tests {
     #[test]
     fn names_and_texts_are_bounded() {
         let d = ConfirmDecide {
+            by_account: None,
             id: "01J".into(),
             approve: true,
             by: " ".into(),
@@ -154,6 +156,7 @@ mod tests {
     #[test]
     fn a_session_scoped_denial_is_refused() {
         let d = ConfirmDecide {
+            by_account: None,
             id: "01J".into(),
             approve: false,
             by: "alice".into(),

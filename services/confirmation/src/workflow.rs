@@ -14,13 +14,15 @@ use async_nats::{Client, HeaderMap};
 use kit::{AuditScope, Auditor, CancellationToken};
 use messages::audit::AuditKind;
 use messages::confirm::{
-    ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmRequest, ConfirmScope, ConfirmState,
-    Confirmation,
+    ConfirmDecide, ConfirmListReply, ConfirmRequest, ConfirmScope, ConfirmState, Confirmation,
 };
+use messages::tenancy::Caller;
 use messages::{ErrorBody, Subjects};
 use ractor::ActorRef;
 use serde_json::json;
 
+use crate::audience::{Audience, OperatorScopes};
+use crate::listing::Query;
 use crate::policy::{AutoDecision, Grant, Policy, SessionGrants};
 use crate::registry::RegistryMsg;
 use crate::store::{Cas, ConfirmationStore, Versioned};
@@ -64,11 +66,14 @@ pub trait Workflow: Clone + Send + Sync + 'static {
         id: &str,
     ) -> impl Future<Output = Result<Option<Confirmation>, ErrorBody>> + Send;
 
-    /// Decided confirmations matching `list` (pending ones come from the registry's replica).
+    /// Decided confirmations matching `query` (pending ones come from the registry's replica).
     fn scan(
         &self,
-        list: &ConfirmList,
+        query: &Query,
     ) -> impl Future<Output = Result<ConfirmListReply, ErrorBody>> + Send;
+
+    /// What `caller` may see.
+    fn audience(&self, caller: &Caller) -> Audience;
 
     /// The latest revision: a replica that has applied it has seen every earlier write.
     fn last_revision(&self) -> impl Future<Output = Result<u64, ErrorBody>> + Send;
@@ -86,6 +91,7 @@ pub struct KvWorkflow {
     pub client: Client,
     pub subjects: Subjects,
     pub auditor: Auditor,
+    pub scopes: Arc<OperatorScopes>,
 }
 
 impl Workflow for KvWorkflow {
@@ -117,6 +123,7 @@ impl Workflow for KvWorkflow {
             summary: req.summary,
             code_excerpt: req.code_excerpt,
             requested_by: req.requested_by,
+            tenant: req.tenant,
             created_at: now,
             expires_at: now + timeout.as_millis() as u64,
             ..Default::default()
@@ -147,8 +154,12 @@ impl Workflow for KvWorkflow {
             self.announce_decision(&record, scope.trace_id.clone())
                 .await;
         } else {
-            self.publish(self.subjects.confirm_pending(&record.id), &record)
-                .await;
+            self.publish(
+                self.subjects
+                    .confirm_pending(record.tenant.as_ref(), &record.id),
+                &record,
+            )
+            .await;
         }
         Ok(record)
     }
@@ -187,6 +198,7 @@ impl Workflow for KvWorkflow {
         };
         settle(&mut record, &decision, now);
         record.scope = decide.scope;
+        record.by_account = decide.by_account.clone();
         match self.store.replace(&record, current.revision).await? {
             Cas::Written(_) => {
                 if record.scope == ConfirmScope::Session && decide.approve {
@@ -227,8 +239,12 @@ impl Workflow for KvWorkflow {
         }
     }
 
-    async fn scan(&self, list: &ConfirmList) -> Result<ConfirmListReply, ErrorBody> {
-        listing::scan(&self.store, list).await
+    async fn scan(&self, query: &Query) -> Result<ConfirmListReply, ErrorBody> {
+        listing::scan(&self.store, query).await
+    }
+
+    fn audience(&self, caller: &Caller) -> Audience {
+        Audience::of(caller, &self.scopes)
     }
 
     async fn last_revision(&self) -> Result<u64, ErrorBody> {
@@ -329,8 +345,12 @@ impl KvWorkflow {
                     "waited_ms": record.decided_at.unwrap_or(record.created_at)
                         .saturating_sub(record.created_at) }),
         );
-        self.publish(self.subjects.confirm_decided(&record.id), record)
-            .await;
+        self.publish(
+            self.subjects
+                .confirm_decided(record.tenant.as_ref(), &record.id),
+            record,
+        )
+        .await;
     }
 
     /// Live events are core NATS (a UI that is not listening misses nothing it cannot `list`).
@@ -378,5 +398,9 @@ fn audit_scope(
         session_id: record.session_id.clone(),
         trace_id,
         actor,
+        tenant: record.tenant.clone(),
+        // A person's decision names the operator the server authenticated.
+        account: record.by_account.clone(),
+        user: record.by_account.as_ref().and(record.by.clone()),
     }
 }

@@ -45,7 +45,7 @@ async fn approval_releases_the_waiting_request_and_is_announced() {
     let released = within("waiter released", waiting).await.unwrap().unwrap();
     assert_eq!(released, decided);
     let (subject, event) = next_event(&mut events).await;
-    assert_eq!(subject, subjects().confirm_decided(&pending.id));
+    assert_eq!(subject, subjects().confirm_decided(None, &pending.id));
     assert_eq!(event, decided);
     assert_eq!(get(&c, &pending.id).await.unwrap(), decided);
     instance.stop().await;

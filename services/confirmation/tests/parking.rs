@@ -13,7 +13,7 @@ use test_support::NatsServer;
 async fn decided_event(sub: &mut async_nats::Subscriber, id: &str) -> Confirmation {
     loop {
         let (subject, record) = next_event(sub).await;
-        if subject == subjects().confirm_decided(id) {
+        if subject == subjects().confirm_decided(None, id) {
             return record;
         }
     }

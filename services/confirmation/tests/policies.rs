@@ -26,7 +26,7 @@ async fn a_session_scoped_approval_covers_the_same_rules_for_that_session_only()
         .unwrap();
     let watcher = connect(&nats.url()).await;
     let mut queued_events = watcher
-        .subscribe(subjects().confirm_decided(&queued.id))
+        .subscribe(subjects().confirm_decided(None, &queued.id))
         .await
         .unwrap();
     kit::connect::sync_with_server(&watcher).await.unwrap();

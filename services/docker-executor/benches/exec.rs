@@ -45,7 +45,7 @@ async fn start(image: &str, pool: usize) -> Mesh {
     let config = ExecutorConfig::from_env(&env).unwrap();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(docker_executor::run(config.clone(), shutdown.clone()));
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let caller = Caller::new(client, Duration::from_secs(60));
     let mesh = Mesh {
         _nats: nats,
@@ -78,6 +78,7 @@ impl Mesh {
     async fn run(&self, tier: Tier, session: Option<&str>) -> Duration {
         let id = messages::new_id();
         let run = ExecutorRun {
+            tenant: None,
             execution_id: id.clone(),
             tier,
             request: ExecRequest {

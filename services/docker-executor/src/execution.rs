@@ -216,10 +216,7 @@ impl Runner {
     pub async fn execute(&self, container: &mut ContainerLease, job: &Job) -> (ExecResult, Health) {
         let started = Instant::now();
         let mut streamer = job.run.request.stream_output.then(|| {
-            OutputStreamer::new(
-                self.client.clone(),
-                self.subjects.output(&job.run.execution_id),
-            )
+            OutputStreamer::new(self.client.clone(), job.run.output_subject(&self.subjects))
         });
         let outcome = self
             .prepare_and_exchange(container, job, streamer.as_mut())

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kit::RequestContext;
 use messages::exec::{ExecResult, ExecStatus, Tier};
 use messages::executor::{ExecutorClose, ExecutorDrain, ExecutorRun, RunKind};
-use messages::validate::{validate_exec, validate_id, Ceilings};
+use messages::validate::{validate_exec, Ceilings};
 use messages::workspace::Ack;
 use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -86,7 +86,8 @@ impl ExecutorState {
         if self.draining {
             return Err(ErrorBody::unavailable("this executor is draining"));
         }
-        validate_id("execution_id", &run.execution_id).map_err(ErrorBody::from)?;
+        messages::tenancy::validate_scoped_id("execution_id", &run.execution_id)
+            .map_err(ErrorBody::from)?;
         let mut limits = validate_exec(&run.request, &self.ceilings).map_err(ErrorBody::from)?;
         // The result travels in one NATS message: output beyond what fits is cut (and the
         // status says so) rather than making the reply undeliverable.

@@ -160,6 +160,7 @@ mod tests {
                 request,
                 session_restored: false,
                 kind: Default::default(),
+                tenant: None,
             },
             accepted: Instant::now(),
             retried: false,

@@ -126,7 +126,7 @@ async fn output_streams_in_order_while_the_code_runs() {
     req.request.stream_output = true;
     let mut sub = h
         .client
-        .subscribe(h.subjects.output(&req.execution_id))
+        .subscribe(h.subjects.output_any(&req.execution_id))
         .await
         .unwrap();
     h.client.flush().await.unwrap();
@@ -200,7 +200,7 @@ async fn admission_refuses_bad_requests_and_work_past_capacity() {
     busy.request.stream_output = true;
     let mut sub = h
         .client
-        .subscribe(h.subjects.output(&busy.execution_id))
+        .subscribe(h.subjects.output_any(&busy.execution_id))
         .await
         .unwrap();
     h.client.flush().await.unwrap();

@@ -76,7 +76,7 @@ async fn wait_count(docker: &bollard::Docker, label: &str, n: usize, within: Dur
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_executors_containers_go_when_its_heartbeat_expires() {
     let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let docker = Sandboxes::connect().await.unwrap();
     // The survivor runs first, with the default 30 s sweep: its start-up sweep sees the other
     // node alive, so only the heartbeat's expiry can make it act in time.
@@ -102,7 +102,7 @@ async fn a_crashed_executors_containers_go_when_its_heartbeat_expires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leak_after_crash() {
     let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let docker = Sandboxes::connect().await.unwrap();
     let crashed = unique_node("crash");
     let mut process = Process::spawn(&nats, &crashed, &[("SANDMESH_EXEC_WARM_POOL", "2")]);
@@ -131,7 +131,7 @@ async fn leak_after_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_the_same_node_id_reaps_its_predecessor_at_once() {
     let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let docker = Sandboxes::connect().await.unwrap();
     let node = unique_node("same");
     let mut process = Process::spawn(&nats, &node, &[("SANDMESH_EXEC_WARM_POOL", "1")]);

@@ -159,7 +159,7 @@ async fn drain_finishes_running_work_closes_sessions_and_refuses_new_work() {
     req.request.stream_output = true;
     let mut chunks = h
         .client
-        .subscribe(h.subjects.output(&req.execution_id))
+        .subscribe(h.subjects.output_any(&req.execution_id))
         .await
         .unwrap();
     h.client.flush().await.unwrap();

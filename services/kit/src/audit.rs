@@ -1,8 +1,10 @@
-//! Publishing audit events into the `SANDBOX_AUDIT` stream. Audit must not stall the work it
+//! Publishing audit events into the `SANDBOX_AUDIT` stream, on `audit.<tenant>.<kind>` so each
+//! tenant can follow its own. Audit must not stall the work it
 //! describes: events are published asynchronously and a failure is logged, not returned.
 
 use async_nats::jetstream;
 use messages::audit::{AuditEvent, AuditKind};
+use messages::tenancy::{Caller, Tenant};
 use messages::{Encoding, Subjects};
 
 /// Why an audit event was not stored.
@@ -21,13 +23,29 @@ pub struct Auditor {
     source: String,
 }
 
-/// The ids and actor an event is about.
+/// The ids, tenant and caller an event is about.
 #[derive(Debug, Clone, Default)]
 pub struct AuditScope {
     pub execution_id: Option<String>,
     pub session_id: Option<String>,
     pub trace_id: Option<String>,
     pub actor: Option<String>,
+    pub tenant: Option<Tenant>,
+    /// The authenticated account and user of the request (`None`: internal work).
+    pub account: Option<String>,
+    pub user: Option<String>,
+}
+
+impl AuditScope {
+    /// The tenant, account and user of `caller`.
+    pub fn by(mut self, caller: &Caller) -> Self {
+        if let Some(t) = caller.tenant() {
+            self.tenant = Some(t.clone());
+        }
+        self.account = Some(caller.account().to_string());
+        self.user = caller.user().map(str::to_string);
+        self
+    }
 }
 
 impl Auditor {
@@ -62,13 +80,18 @@ impl Auditor {
                 .clone()
                 .or_else(crate::telemetry::current_trace_id),
             actor: scope.actor.clone(),
+            tenant: scope.tenant.clone(),
+            account: scope.account.clone(),
+            user: scope.user.clone(),
             details,
         }
     }
 
     /// Publishes and waits for the stream's ack (for callers that must know it is stored).
     pub async fn record(&self, event: &AuditEvent) -> Result<(), AuditError> {
-        let subject = self.subjects.audit(event.kind.as_str());
+        let subject = self
+            .subjects
+            .audit(event.tenant.as_ref(), event.kind.as_str());
         let payload = Encoding::Json.encode(event).map_err(AuditError::Encode)?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(messages::codec::CONTENT_TYPE, messages::codec::JSON);

@@ -130,14 +130,3 @@ pub async fn confirmations_kv(
     )
     .await
 }
-
-/// Every shared asset the kit knows (services own their specialised ones, e.g. workspace).
-pub async fn all(js: &jetstream::Context, s: &Subjects) -> Result<(), KitError> {
-    jobs_stream(js, s).await?;
-    results_stream(js, s).await?;
-    audit_stream(js, s).await?;
-    nodes_kv(js, s).await?;
-    sessions_kv(js, s).await?;
-    confirmations_kv(js, s).await?;
-    Ok(())
-}

@@ -11,9 +11,12 @@ use crate::KitError;
 /// How long one NATS request may take before the caller sees a timeout, unless overridden.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub async fn connect(config: &KitConfig, name: &str) -> Result<Client, KitError> {
+/// Connects service `service` (instance `name`). Its inboxes are `_INBOX_<service>.…`, the
+/// only ones its NATS user may read (DESIGN.md §5.4), so no service sees another's replies.
+pub async fn connect(config: &KitConfig, service: &str, name: &str) -> Result<Client, KitError> {
     let mut options = ConnectOptions::new()
         .name(name)
+        .custom_inbox_prefix(inbox_prefix(service))
         .retry_on_initial_connect()
         .request_timeout(Some(DEFAULT_REQUEST_TIMEOUT))
         .event_callback(|event| async move {
@@ -29,17 +32,28 @@ pub async fn connect(config: &KitConfig, name: &str) -> Result<Client, KitError>
                 other => tracing::debug!(event = %other, "nats event"),
             }
         });
-    if let (Some(user), Some(password)) = (&config.nats_user, &config.nats_password) {
-        options = options.user_and_password(user.clone(), password.clone());
+    // Credentials in the URL (`sandmesh creds` prints them so) win over the separate settings.
+    let (url, in_url) = sandmesh_auth::split_url(&config.nats_url);
+    match (in_url, &config.nats_user, &config.nats_password) {
+        (Some(c), _, _) => options = options.user_and_password(c.user, c.password),
+        (None, Some(user), Some(password)) => {
+            options = options.user_and_password(user.clone(), password.clone())
+        }
+        _ => {}
     }
     let client = options
-        .connect(config.nats_url.as_str())
+        .connect(url.as_str())
         .await
         .map_err(|source| KitError::Connect {
-            url: config.nats_url.clone(),
+            url: url.clone(),
             source,
         })?;
     Ok(client)
+}
+
+/// `_INBOX_<service>`: the inbox prefix of a service's connections.
+pub fn inbox_prefix(service: &str) -> String {
+    format!("_INBOX_{service}")
 }
 
 /// Waits until the server has processed everything this client sent before the call, so

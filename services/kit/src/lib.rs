@@ -112,12 +112,19 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Connects, ensures the shared JetStream assets and starts the micro service.
+    /// Connects, ensures the assets every service uses (the heartbeat bucket and the audit
+    /// stream) and starts the micro service. Each service creates its own other assets: its
+    /// NATS user may touch no others (DESIGN.md §5.4).
     pub async fn start(config: KitConfig, info: ServiceInfo) -> Result<Self, KitError> {
-        let client =
-            connect::connect(&config, &format!("{}-{}", info.name, config.instance_id)).await?;
+        let client = connect::connect(
+            &config,
+            &info.name,
+            &format!("{}-{}", info.name, config.instance_id),
+        )
+        .await?;
         let js = jetstream::new(client.clone());
-        bootstrap::all(&js, &config.subjects).await?;
+        bootstrap::nodes_kv(&js, &config.subjects).await?;
+        bootstrap::audit_stream(&js, &config.subjects).await?;
         let host = serve::ServiceHost::start(&client, &info, &config.instance_id).await?;
         let auditor = Auditor::new(
             js.clone(),

@@ -16,6 +16,7 @@ use async_nats::{Client, HeaderMap};
 use bytes::Bytes;
 use futures::StreamExt;
 use messages::codec::{self, Encoding};
+use messages::tenancy::{self, Caller};
 use messages::ErrorBody;
 use ractor::{ActorRef, RpcReplyPort};
 use serde::de::DeserializeOwned;
@@ -36,6 +37,11 @@ pub struct RequestContext {
     pub headers: Option<HeaderMap>,
     /// The W3C trace id of the request's span.
     pub trace_id: Option<String>,
+    /// Who sent it, from the server-stamped `Nats-Request-Info` header only.
+    pub caller: Caller,
+    /// Where replies go. A handler may send status notices there before its reply (the
+    /// endpoint must be exported with `response_type: stream` for tenants to get them).
+    pub reply: Option<String>,
 }
 
 pub type HandlerFuture<Resp> = Pin<Box<dyn Future<Output = Result<Resp, ErrorBody>> + Send>>;
@@ -260,14 +266,18 @@ async fn handle_one<Req, Resp>(
                         options.max_payload
                     )))
                 } else {
-                    match decode_request::<Req>(headers.as_ref(), payload) {
+                    match caller_of(headers.as_ref()).and_then(|caller| {
+                        decode_request::<Req>(headers.as_ref(), payload).map(|r| (caller, r))
+                    }) {
                         Err(e) => Err(e),
-                        Ok(req) => {
+                        Ok((caller, req)) => {
                             let ctx = RequestContext {
                                 subject: request.message.subject.to_string(),
                                 encoding,
                                 headers: headers.clone(),
                                 trace_id: telemetry::current_trace_id(),
+                                caller,
+                                reply: request.message.reply.as_ref().map(|r| r.to_string()),
                             };
                             handler(ctx, req).await
                         }
@@ -283,6 +293,16 @@ async fn handle_one<Req, Resp>(
     }
     .instrument(span)
     .await
+}
+
+/// The caller as the server stamped it. A header the caller wrote itself never gets here:
+/// the server replaces `Nats-Request-Info` on every request through a `share: true` import,
+/// and inside the services' account nobody but a service can publish.
+pub fn caller_of(headers: Option<&HeaderMap>) -> Result<Caller, ErrorBody> {
+    let info = headers
+        .and_then(|h| h.get(tenancy::REQUEST_INFO_HEADER))
+        .map(|v| v.as_str());
+    Caller::from_header(info)
 }
 
 fn decode_request<Req: DeserializeOwned>(

@@ -48,7 +48,7 @@ fn error_of(msg: &async_nats::Message) -> (u16, ErrorBody) {
 async fn json_and_msgpack_clients_get_answers_in_their_encoding() {
     let nats = NatsServer::start();
     let rt = start_echo(&nats.url(), "a", EndpointOptions::default()).await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
 
     let reply = raw(&client, None, br#"{"text":"hi"}"#.to_vec()).await;
     let resp: EchoResp = serde_json::from_slice(&reply.payload).unwrap();
@@ -103,7 +103,7 @@ async fn bad_payloads_get_the_right_codes_in_headers_and_body() {
         max_in_flight: 16,
     };
     let rt = start_echo(&nats.url(), "a", options).await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
 
     let cases: Vec<(Option<&str>, Vec<u8>, u16)> = vec![
         (None, b"{not json".to_vec(), 400),
@@ -166,7 +166,7 @@ async fn discovery_and_queue_groups() {
     let nats = NatsServer::start();
     let a = start_echo(&nats.url(), "a", EndpointOptions::default()).await;
     let b = start_echo(&nats.url(), "b", EndpointOptions::default()).await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
 
     let ping = client.request("$SRV.PING.echo", "".into()).await.unwrap();
     let ping: serde_json::Value = serde_json::from_slice(&ping.payload).unwrap();
@@ -214,7 +214,7 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
         },
     )
     .await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let caller = Caller::new(client, Duration::from_secs(10));
     let slow = EchoReq {
         text: "slow".into(),
@@ -261,7 +261,7 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
 #[tokio::test]
 async fn heartbeat_key_lives_while_the_instance_does() {
     let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let js = async_nats::jetstream::new(client.clone());
     let mut rt = start_echo(&nats.url(), "hb1", EndpointOptions::default()).await;
     rt.start_heartbeat(std::sync::Arc::new(|| kit::heartbeat::Load {
@@ -289,7 +289,7 @@ async fn heartbeat_key_lives_while_the_instance_does() {
 async fn a_crashed_instance_disappears_within_its_ttl() {
     use kit::heartbeat::{HeartbeatActor, HeartbeatArgs, Load};
     let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let js = async_nats::jetstream::new(client.clone());
     let subjects = messages::Subjects::default();
     let kv = kit::bootstrap::nodes_kv(&js, &subjects).await.unwrap();
@@ -337,7 +337,7 @@ async fn a_crashed_instance_disappears_within_its_ttl() {
 async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
     let nats = NatsServer::start();
     let rt = start_echo(&nats.url(), "shut", EndpointOptions::default()).await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let caller = Caller::new(client.clone(), Duration::from_secs(10));
     let mut in_flight = Vec::new();
     for i in 0..5 {
@@ -382,7 +382,7 @@ async fn a_reply_too_large_for_nats_is_an_error_not_a_silent_timeout() {
     // A small max payload, so a modest reply is too large to carry.
     let nats = NatsServer::start_with_config("max_payload: 65536");
     let rt = start_echo(&nats.url(), "big", EndpointOptions::default()).await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let caller = Caller::new(client, Duration::from_secs(20));
     let req = EchoReq {
         text: "x".repeat(20_000),

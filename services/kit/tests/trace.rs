@@ -59,7 +59,7 @@ async fn one_trace_spans_two_services() {
         .await
         .unwrap();
 
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let caller = kit::Caller::new(client, Duration::from_secs(5));
     let root = tracing::info_span!("client");
     let client_trace = async {

@@ -162,7 +162,10 @@ impl SessionAffinity {
             .call::<_, serde::de::IgnoredAny>(self.subjects.workspace(WorkspaceOp::Init), &init)
             .await
             .map_err(|e| dependency_error("workspace-store", e))?;
-        let (record, created) = self.sessions.open(session_id, open).await?;
+        let (record, created) = self
+            .sessions
+            .open(session_id, open, scope.tenant.clone())
+            .await?;
         if created {
             self.auditor.emit(
                 AuditKind::SessionOpened,

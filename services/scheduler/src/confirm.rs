@@ -40,6 +40,7 @@ impl ConfirmClient {
     pub async fn request(&self, exec: &Execution) -> Result<Confirmation, ErrorBody> {
         let req = &exec.request;
         let ask = ConfirmRequest {
+            tenant: exec.tenant.clone(),
             execution_id: Some(exec.id.clone()),
             session_id: req.session_id.clone(),
             risk: exec.risk.clone(),

@@ -51,6 +51,7 @@ impl Dispatcher {
         request.timeout_ms = Some(limits.timeout_ms);
         request.limits = Some(limits.as_limits());
         let mut run = ExecutorRun {
+            tenant: exec.tenant.clone(),
             execution_id: exec.id.clone(),
             tier: exec.tier,
             request,

@@ -9,6 +9,7 @@ use messages::exec::{
     AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, Tier, Timing,
 };
 use messages::risk::RiskAssessment;
+use messages::tenancy::{scoped, Caller, Tenant};
 use messages::validate::EffectiveLimits;
 use messages::ErrorBody;
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,29 @@ pub struct Origin {
     pub received: Instant,
     pub queued_ms: u64,
     pub trace_id: Option<String>,
+    /// Who asked; its request's ids are already scoped by its tenant ([`scope_request`]).
+    pub caller: Caller,
+}
+
+/// The request with the ids its caller named scoped by the caller's tenant (DESIGN.md §5.5),
+/// so nothing it names can reach another tenant's executions or sessions.
+pub fn scope_request(caller: &Caller, mut req: ExecRequest) -> Result<ExecRequest, ErrorBody> {
+    if let Some(id) = &req.execution_id {
+        req.execution_id = Some(caller.scope("execution_id", id)?);
+    }
+    if let Some(id) = &req.session_id {
+        req.session_id = Some(caller.scope("session_id", id)?);
+    }
+    Ok(req)
+}
+
+/// A new execution id for `caller`'s request that named none.
+pub fn mint_id(caller: &Caller) -> String {
+    let id = messages::new_id();
+    match caller.tenant() {
+        Some(t) => scoped(t, &id),
+        None => id,
+    }
 }
 
 /// How an execution attempt ended.
@@ -55,6 +79,14 @@ pub struct Execution {
     pub tier: Tier,
     #[serde(default)]
     pub confirmation: ConfirmationOutcome,
+    /// The tenant it runs for (its ids are scoped by it); `None` for internal callers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
+    /// The authenticated account and user that asked, for the audit trail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 impl Execution {
@@ -73,11 +105,21 @@ impl Execution {
             risk: RiskAssessment::default(),
             tier: Tier::Ephemeral,
             confirmation: ConfirmationOutcome::default(),
+            tenant: origin.caller.tenant().cloned(),
+            account: Some(origin.caller.account().to_string()),
+            user: origin
+                .caller
+                .user()
+                .filter(|u| !u.is_empty())
+                .map(str::to_string),
         }
     }
 
     pub fn scope(&self) -> AuditScope {
         AuditScope {
+            account: self.account.clone(),
+            tenant: self.tenant.clone(),
+            user: self.user.clone(),
             execution_id: Some(self.id.clone()),
             session_id: self.request.session_id.clone(),
             trace_id: self.trace_id.clone(),

@@ -2,7 +2,10 @@
 //! A sync execution holds an admission permit while it runs; one that is parked for a person
 //! gives its permit back and waits for its result on `results.<id>` (stored by whichever
 //! scheduler instance resumes it). A caller that sent the `Sandmesh-Notify` header gets an
-//! `awaiting-confirmation` notice there at once.
+//! `awaiting-confirmation` notice on its reply subject at once, before the result.
+//!
+//! Ids a tenant's agent names are scoped by its tenant on the way in and unscoped on the way
+//! out (`messages::tenancy`), so one tenant's ids never reach another's executions.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,16 +15,15 @@ use futures::StreamExt;
 use kit::RequestContext;
 use messages::codec;
 use messages::exec::{
-    AwaitingConfirmation, ExecRequest, ExecResult, ResultGet, ResultLookup, NOTIFY_HEADER,
-    STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
+    AwaitingConfirmation, ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS,
+    NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
-use messages::validate::validate_id;
 use messages::{Encoding, ErrorBody, Subjects};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::Claims;
-use crate::execution::{Origin, Outcome};
+use crate::execution::{scope_request, Origin, Outcome};
 use crate::parking::ParkedStore;
 use crate::pipeline::Pipeline;
 use crate::results::ResultStore;
@@ -79,6 +81,8 @@ impl Intake {
         req: ExecRequest,
     ) -> Result<ExecResult, ErrorBody> {
         let received = Instant::now();
+        let req = scope_request(&ctx.caller, req)?;
+        let tenant = ctx.caller.tenant();
         let Ok(permit) = self.admission.clone().try_acquire_owned() else {
             return Err(ErrorBody::overloaded(format!(
                 "the scheduler queue is full ({} executions in flight); retry later",
@@ -89,36 +93,35 @@ impl Intake {
             received,
             queued_ms: 0,
             trace_id: ctx.trace_id.clone(),
+            caller: ctx.caller.clone(),
         };
         let outcome = self.pipeline.execute(req, origin).await;
         drop(permit);
         match outcome {
-            Outcome::Done(result) => Ok(result),
+            Outcome::Done(result) => Ok(result.unscoped(tenant)),
             // The caller still gets what ran; a later look-up by id will not find it.
-            Outcome::Unstored(result, _) => Ok(result),
+            Outcome::Unstored(result, _) => Ok(result.unscoped(tenant)),
             Outcome::Invalid(e) | Outcome::Retry(e) => Err(e),
             Outcome::Busy(owner) => Err(ErrorBody::conflict(format!(
                 "this execution id is running now (on scheduler {owner}); read its result \
                  with exec.result when it ends"
             ))),
             Outcome::Parked(notice) => {
-                self.notify(&ctx, &notice).await;
-                self.wait_parked(&notice).await
+                self.notify(&ctx, &notice.clone().unscoped(tenant)).await;
+                let result = self.wait_parked(&notice).await?;
+                Ok(result.unscoped(tenant))
             }
         }
     }
 
-    /// Publishes the awaiting-confirmation notice on the caller's notify subject, if it asked
-    /// for one. Only inbox subjects are accepted, so the scheduler cannot be made to publish
-    /// onto service subjects.
+    /// Sends the awaiting-confirmation notice on the request's reply subject, before the
+    /// result, if the caller asked for notices.
     async fn notify(&self, ctx: &RequestContext, notice: &AwaitingConfirmation) {
-        let Some(subject) = ctx
+        let asked = ctx
             .headers
             .as_ref()
-            .and_then(|h| h.get(NOTIFY_HEADER))
-            .map(|v| v.as_str().to_string())
-            .filter(|s| is_inbox(s))
-        else {
+            .is_some_and(|h| h.get(NOTIFY_HEADER).is_some());
+        let Some(subject) = ctx.reply.clone().filter(|_| asked) else {
             return;
         };
         let mut headers = HeaderMap::new();
@@ -180,70 +183,91 @@ impl Intake {
             let Some(message) = message else {
                 return Err(ErrorBody::unavailable(later()));
             };
-            let content_type = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(codec::CONTENT_TYPE))
-                .map(|v| v.as_str().to_string());
-            let decoded = Encoding::from_content_type(content_type.as_deref())
-                .ok()
-                .and_then(|e| e.decode::<ExecResult>(&message.payload).ok());
-            if let Some(result) = decoded {
+            if let Some(result) = decode_result(&message) {
                 return Ok(result);
             }
         }
     }
 
     /// `exec.result`: the stored result, `pending` while a scheduler runs it or it waits for
-    /// a person, else 404.
+    /// a person, else 404. With `wait_ms`, a result not stored yet is waited for that long.
     pub async fn lookup(
         &self,
-        _ctx: RequestContext,
+        ctx: RequestContext,
         req: ResultGet,
     ) -> Result<ResultLookup, ErrorBody> {
-        validate_id("execution_id", &req.execution_id)?;
-        if let Some(result) = self.results.get(&req.execution_id).await? {
+        let id = ctx.caller.scope("execution_id", &req.execution_id)?;
+        let wait = Duration::from_millis(req.wait_ms.unwrap_or(0).min(MAX_RESULT_WAIT_MS));
+        let lookup = if wait.is_zero() {
+            self.look_up(&id, &req.execution_id).await?
+        } else {
+            self.look_up_waiting(&id, &req.execution_id, wait).await?
+        };
+        Ok(lookup.unscoped(ctx.caller.tenant()))
+    }
+
+    /// Like [`Self::look_up`], holding a pending answer until the result is stored or `wait`
+    /// passes. Subscribed before the look, so a result stored in between is seen.
+    async fn look_up_waiting(
+        &self,
+        id: &str,
+        named: &str,
+        wait: Duration,
+    ) -> Result<ResultLookup, ErrorBody> {
+        let mut stored = self
+            .client
+            .subscribe(self.subjects.result(id))
+            .await
+            .map_err(|e| {
+                ErrorBody::unavailable(format!("waiting for the result of {named}: {e}"))
+            })?;
+        let _ = self.client.flush().await;
+        let first = self.look_up(id, named).await?;
+        if matches!(first, ResultLookup::Done { .. }) {
+            return Ok(first);
+        }
+        tokio::select! {
+            _ = self.stopping.cancelled() => Ok(first),
+            _ = tokio::time::sleep(wait) => Ok(first),
+            m = stored.next() => match m.and_then(|m| decode_result(&m)) {
+                Some(result) => Ok(ResultLookup::Done { result: Box::new(result) }),
+                None => self.look_up(id, named).await,
+            },
+        }
+    }
+
+    async fn look_up(&self, id: &str, named: &str) -> Result<ResultLookup, ErrorBody> {
+        if let Some(result) = self.results.get(id).await? {
             return Ok(ResultLookup::Done {
                 result: Box::new(result),
             });
         }
-        if let Some(parked) = self.parked.get(&req.execution_id).await? {
+        if let Some(parked) = self.parked.get(id).await? {
             return Ok(ResultLookup::Pending {
-                execution_id: req.execution_id,
+                execution_id: id.to_string(),
                 awaiting_confirmation: Some(parked.notice()),
             });
         }
-        if self.claims.holder(&req.execution_id).await?.is_some() {
+        if self.claims.holder(id).await?.is_some() {
             return Ok(ResultLookup::Pending {
-                execution_id: req.execution_id,
+                execution_id: id.to_string(),
                 awaiting_confirmation: None,
             });
         }
         Err(ErrorBody::not_found(format!(
-            "no result for execution {}: it is unknown, or still waiting in the job queue",
-            req.execution_id
+            "no result for execution {named}: it is unknown, or still waiting in the job queue"
         )))
     }
 }
 
-/// A plain inbox subject (`_INBOX.` and tokens without wildcards or spaces).
-fn is_inbox(subject: &str) -> bool {
-    subject.starts_with("_INBOX.")
-        && subject
-            .split('.')
-            .all(|t| !t.is_empty() && !t.contains(['*', '>', ' ', '\t', '\r', '\n']))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notices_go_to_inboxes_only() {
-        assert!(is_inbox("_INBOX.abc.def"));
-        assert!(!is_inbox("sandbox.v1.exec"));
-        assert!(!is_inbox("_INBOX.*"));
-        assert!(!is_inbox("_INBOX.>"));
-        assert!(!is_inbox("_INBOX..x"));
-    }
+/// A result as stored on `results.<id>`, decoded by its content type.
+fn decode_result(message: &async_nats::Message) -> Option<ExecResult> {
+    let content_type = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(codec::CONTENT_TYPE))
+        .map(|v| v.as_str().to_string());
+    Encoding::from_content_type(content_type.as_deref())
+        .ok()
+        .and_then(|e| e.decode::<ExecResult>(&message.payload).ok())
 }

@@ -17,6 +17,7 @@ use async_nats::jetstream::{AckKind, Message};
 use futures::StreamExt;
 use messages::codec;
 use messages::exec::{ExecRequest, ExecStatus};
+use messages::tenancy::{validate_scoped_id, Caller};
 use messages::validate::validate_id;
 use messages::{Encoding, ErrorBody, Subjects};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::execution::{terminal, Origin, Outcome};
+use crate::execution::{mint_id, scope_request, terminal, Origin, Outcome};
 use crate::pipeline::Pipeline;
 use crate::results::ResultStore;
 
@@ -49,6 +50,8 @@ pub struct JobSettings {
 pub struct Jobs {
     pipeline: Pipeline,
     results: ResultStore,
+    /// A job's tenant is in its subject (`jobs.<tenant>.exec`, guaranteed by the server).
+    subjects: Subjects,
     /// Shared with sync intake: a job runs only with a permit.
     admission: Arc<Semaphore>,
     settings: JobSettings,
@@ -66,12 +69,14 @@ impl Jobs {
     pub fn new(
         pipeline: Pipeline,
         results: ResultStore,
+        subjects: Subjects,
         admission: Arc<Semaphore>,
         settings: JobSettings,
     ) -> Self {
         Self {
             pipeline,
             results,
+            subjects,
             admission,
             settings,
         }
@@ -90,7 +95,8 @@ impl Jobs {
                 CONSUMER,
                 pull::Config {
                     durable_name: Some(CONSUMER.into()),
-                    filter_subject: subjects.jobs_exec(),
+                    // Every tenant's `jobs.<tenant>.exec` and the services' own `jobs.exec`.
+                    filter_subject: subjects.jobs_all(),
                     ack_policy: AckPolicy::Explicit,
                     ack_wait: self.settings.ack_wait,
                     max_deliver: -1,
@@ -224,17 +230,32 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
             e.decode::<ExecRequest>(&message.payload)
                 .map_err(ErrorBody::from)
         });
-    let mut req = match decoded {
+    let caller = match jobs.subjects.tenant_of_job(message.subject.as_str()) {
+        Ok(None) => Caller::Internal,
+        Ok(Some(tenant)) => Caller::Agent {
+            tenant,
+            user: String::new(),
+        },
+        Err(e) => {
+            alive.cancel();
+            tracing::warn!(error = %e, "job on an unexpected subject dropped");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    // The id as stored: scoped by the job's tenant.
+    let stored_id = msg_id.and_then(|id| caller.scope("execution_id", &id).ok());
+    let mut req = match decoded.and_then(|r| scope_request(&caller, r)) {
         Ok(req) => req,
         Err(error) => {
             alive.cancel();
-            return refuse(&jobs, &message, msg_id, None, error).await;
+            return refuse(&jobs, &message, stored_id, None, error).await;
         }
     };
     if req.execution_id.is_none() {
-        req.execution_id = msg_id.clone();
+        req.execution_id = stored_id;
     }
-    let id = req.execution_id.clone().unwrap_or_else(messages::new_id);
+    let id = req.execution_id.clone().unwrap_or_else(|| mint_id(&caller));
     req.execution_id = Some(id.clone());
 
     if delivered > settings.max_deliver {
@@ -250,6 +271,7 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
         received,
         queued_ms,
         trace_id: kit::telemetry::current_trace_id(),
+        caller,
     };
     let outcome = jobs.pipeline.execute(req.clone(), origin).await;
     alive.cancel();
@@ -282,7 +304,7 @@ async fn refuse(
     req: Option<&ExecRequest>,
     error: ErrorBody,
 ) {
-    let id = id.filter(|id| validate_id("execution_id", id).is_ok());
+    let id = id.filter(|id| validate_scoped_id("execution_id", id).is_ok());
     match id {
         Some(id) => {
             let blank = ExecRequest::default();

@@ -11,13 +11,16 @@
 //! **Waiting for a person never holds capacity.** An execution that needs approval is parked
 //! in the KV bucket `Subjects::parked_executions_bucket()` (state `awaiting_confirmation`, the
 //! confirmation id and expiry, the request, tier and limits), its admission permit is released,
-//! and it resumes on `confirm.decided.<id>` — on whichever instance claims it first, also after
-//! a restart — or is denied when the confirmation expires. An async job is acked once parked.
-//! A sync caller keeps waiting for the final reply; to be told at once, it sends the request
-//! header `Sandmesh-Notify: <an _INBOX. subject it subscribed to>` and receives there one
-//! message with header `Sandmesh-Status: awaiting-confirmation` and the JSON body
-//! `{execution_id, confirmation_id, expires_at}` (opt-in, because a plain request-reply client
-//! would take a first message on its reply inbox for the reply).
+//! and it resumes on `confirm.decided.<tenant>.<id>` — on whichever instance claims it first,
+//! also after a restart — or is denied when the confirmation expires. An async job is acked
+//! once parked. A sync caller keeps waiting for the final reply; to be told at once, it sends
+//! the request header `Sandmesh-Notify` (any value) and receives on its reply subject, before
+//! the result, one message with header `Sandmesh-Status: awaiting-confirmation` and the JSON
+//! body `{execution_id, confirmation_id, expires_at}` (opt-in, because a plain request-reply
+//! client would take that first message for the reply).
+//!
+//! Tenancy (DESIGN.md §5): the caller is who the server says it is (`Nats-Request-Info`), ids it
+//! names are scoped by its tenant, and a job's tenant is in its subject (`jobs.<tenant>.exec`).
 //!
 //! ```text
 //! run ── Runtime (endpoints: exec, exec.result, sessions.*; heartbeat)
@@ -248,7 +251,13 @@ pub async fn run(
         .start(stopping.clone())
         .await
         .map_err(SchedulerError::Decisions)?;
-    let jobs = Jobs::new(pipeline, results, admission, config.job_settings());
+    let jobs = Jobs::new(
+        pipeline,
+        results,
+        subjects.clone(),
+        admission,
+        config.job_settings(),
+    );
     let consumer = jobs.consumer(&js, &subjects).await?;
     let jobs_stop = CancellationToken::new();
     let jobs_running = TaskTracker::new();

@@ -21,7 +21,7 @@ use crate::claims::{ClaimOutcome, Claims, Hold};
 use crate::confirm::{self, ConfirmClient};
 use crate::dispatch::Dispatcher;
 use crate::error::dependency_error;
-use crate::execution::{ms, Execution, Origin, Outcome};
+use crate::execution::{mint_id, ms, Execution, Origin, Outcome};
 use crate::parking::{Parked, ParkedState, ParkedStore};
 use crate::results::ResultStore;
 use crate::tier::decide_tier;
@@ -94,7 +94,8 @@ impl Pipeline {
     /// can lack one: async jobs carry theirs) is assigned here, and then needs no claim.
     pub async fn execute(&self, mut req: ExecRequest, origin: Origin) -> Outcome {
         let fresh_id = req.execution_id.is_none();
-        req.execution_id.get_or_insert_with(messages::new_id);
+        req.execution_id
+            .get_or_insert_with(|| mint_id(&origin.caller));
         let limits = match validate_exec(&req, &self.policy.ceilings) {
             Ok(limits) => limits,
             Err(e) => {
@@ -104,7 +105,9 @@ impl Pipeline {
                     session_id: req.session_id.clone(),
                     trace_id: origin.trace_id.clone(),
                     actor: req.requested_by.clone(),
-                };
+                    ..Default::default()
+                }
+                .by(&origin.caller);
                 let why = json!({"stage": "validate", "reason": body.message});
                 self.auditor.emit(AuditKind::Rejected, &scope, why);
                 return Outcome::Invalid(body);

@@ -78,7 +78,7 @@ impl Resumer {
     ) -> Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
         let mut decided = self
             .client
-            .subscribe(self.subjects.confirm_decided("*"))
+            .subscribe(self.subjects.confirm_decided_all())
             .await?;
         let _ = self.client.flush().await;
         Ok(tokio::spawn(async move {

@@ -6,7 +6,6 @@ use messages::audit::AuditKind;
 use messages::session::{
     SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
 };
-use messages::validate::validate_id;
 use messages::ErrorBody;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -24,11 +23,12 @@ pub struct SessionApi {
 
 fn scope(ctx: &RequestContext, id: &str, actor: Option<String>) -> AuditScope {
     AuditScope {
-        execution_id: None,
         session_id: Some(id.to_string()),
         trace_id: ctx.trace_id.clone(),
         actor,
+        ..Default::default()
     }
+    .by(&ctx.caller)
 }
 
 impl SessionApi {
@@ -50,42 +50,53 @@ impl SessionApi {
         ctx: RequestContext,
         open: SessionOpen,
     ) -> Result<SessionRecord, ErrorBody> {
-        let id = open.session_id.clone().unwrap_or_else(messages::new_id);
-        validate_id("session_id", &id)?;
+        let named = open.session_id.clone().unwrap_or_else(messages::new_id);
+        let id = ctx.caller.scope("session_id", &named)?;
+        let tenant = ctx.caller.tenant();
         if let Some(existing) = self.table().get(&id).await? {
             if existing.state == SessionState::Closed {
                 return Err(ErrorBody::conflict(format!(
-                    "session {id} was closed; open a session with a new id"
+                    "session {named} was closed; open a session with a new id"
                 )));
             }
-            return Ok(existing);
+            return Ok(existing.unscoped(tenant));
         }
         let scope = scope(&ctx, &id, open.requested_by.clone());
-        self.affinity.open_session(&id, &open, &scope).await
+        let record = self.affinity.open_session(&id, &open, &scope).await?;
+        Ok(record.unscoped(tenant))
     }
 
     pub async fn get(
         &self,
-        _ctx: RequestContext,
+        ctx: RequestContext,
         req: SessionRef,
     ) -> Result<SessionRecord, ErrorBody> {
-        self.record(&req).await
+        let id = ctx.caller.scope("session_id", &req.session_id)?;
+        let record = self.record(&id, &req.session_id).await?;
+        Ok(record.unscoped(ctx.caller.tenant()))
     }
 
-    async fn record(&self, req: &SessionRef) -> Result<SessionRecord, ErrorBody> {
-        validate_id("session_id", &req.session_id)?;
+    /// The session stored under `id` (scoped), or 404 naming it as the caller did.
+    async fn record(&self, id: &str, named: &str) -> Result<SessionRecord, ErrorBody> {
         self.table()
-            .get(&req.session_id)
+            .get(id)
             .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("no session {}", req.session_id)))
+            .ok_or_else(|| ErrorBody::not_found(format!("no session {named}")))
     }
 
     pub async fn list(
         &self,
-        _ctx: RequestContext,
+        ctx: RequestContext,
         req: SessionList,
     ) -> Result<SessionListReply, ErrorBody> {
-        let sessions = self.table().list(req.node.as_deref()).await?;
+        let tenant = ctx.caller.tenant();
+        let sessions = self
+            .table()
+            .list(req.node.as_deref(), tenant)
+            .await?
+            .into_iter()
+            .map(|r| r.unscoped(tenant))
+            .collect();
         Ok(SessionListReply { sessions })
     }
 
@@ -96,18 +107,20 @@ impl SessionApi {
         ctx: RequestContext,
         req: SessionRef,
     ) -> Result<SessionRecord, ErrorBody> {
-        let record = self.record(&req).await?;
+        let tenant = ctx.caller.tenant();
+        let id = ctx.caller.scope("session_id", &req.session_id)?;
+        let record = self.record(&id, &req.session_id).await?;
         if record.state == SessionState::Closed {
-            return Ok(record);
+            return Ok(record.unscoped(tenant));
         }
         if let (SessionState::Active, Some(node)) = (record.state, &record.node) {
-            if let Err(e) = self.executor.close_session(node, &req.session_id).await {
-                tracing::warn!(session_id = %req.session_id, node, error = %e, "executor close failed; closing anyway");
+            if let Err(e) = self.executor.close_session(node, &id).await {
+                tracing::warn!(session_id = %id, node, error = %e, "executor close failed; closing anyway");
             }
         }
         let closed = self
             .table()
-            .update(&req.session_id, |r| {
+            .update(&id, |r| {
                 if r.state == SessionState::Closed {
                     return Change::Keep;
                 }
@@ -119,20 +132,21 @@ impl SessionApi {
             .ok_or_else(|| ErrorBody::not_found(format!("no session {}", req.session_id)))?;
         self.auditor.emit(
             AuditKind::SessionClosed,
-            &scope(&ctx, &req.session_id, None),
+            &scope(&ctx, &id, None),
             json!({"node": record.node, "executions": closed.executions}),
         );
-        Ok(closed)
+        Ok(closed.unscoped(tenant))
     }
 
     /// Marks the sessions of every node whose heartbeat vanished as lost, until `lost` closes.
     pub async fn mark_lost_sessions(self, mut lost: mpsc::UnboundedReceiver<String>) {
         while let Some(node) = lost.recv().await {
             match self.table().mark_node_lost(&node).await {
-                Ok(ids) => {
-                    for id in ids {
+                Ok(records) => {
+                    for record in records {
                         let scope = AuditScope {
-                            session_id: Some(id),
+                            session_id: Some(record.session_id),
+                            tenant: record.tenant,
                             ..Default::default()
                         };
                         self.auditor.emit(

@@ -9,6 +9,7 @@ use async_nats::jetstream::kv;
 use futures::TryStreamExt;
 use messages::exec::Tier;
 use messages::session::{SessionOpen, SessionRecord, SessionState};
+use messages::tenancy::{scoped, Tenant};
 
 use crate::error::StoreError;
 
@@ -54,9 +55,11 @@ impl SessionTable {
         &self,
         id: &str,
         open: &SessionOpen,
+        tenant: Option<Tenant>,
     ) -> Result<(SessionRecord, bool), StoreError> {
         let now = messages::now_ms();
         let record = SessionRecord {
+            tenant,
             session_id: id.to_string(),
             state: SessionState::Open,
             tier: open.tier.unwrap_or(Tier::Session),
@@ -108,7 +111,14 @@ impl SessionTable {
     }
 
     /// Every session (those on `node` only, when given).
-    pub async fn list(&self, node: Option<&str>) -> Result<Vec<SessionRecord>, StoreError> {
+    /// The sessions on `node` (all without), of `tenant` only when given: its ids are scoped
+    /// by it, so its keys are exactly those with its prefix.
+    pub async fn list(
+        &self,
+        node: Option<&str>,
+        tenant: Option<&Tenant>,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let prefix = tenant.map(|t| scoped(t, ""));
         let keys: Vec<String> = match self.kv.keys().await {
             Ok(keys) => keys
                 .try_collect()
@@ -117,7 +127,8 @@ impl SessionTable {
             Err(e) => return Err(StoreError::new("listing sessions", e)),
         };
         let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
+        let mine = |key: &String| prefix.as_ref().is_none_or(|p| key.starts_with(p.as_str()));
+        for key in keys.into_iter().filter(mine) {
             if let Some(record) = self.get(&key).await? {
                 if node.is_none() || record.node.as_deref() == node {
                     out.push(record);
@@ -128,10 +139,10 @@ impl SessionTable {
         Ok(out)
     }
 
-    /// Marks every active session on `node` as lost. Returns the ids it changed.
-    pub async fn mark_node_lost(&self, node: &str) -> Result<Vec<String>, StoreError> {
+    /// Marks every active session on `node` as lost. Returns those it changed.
+    pub async fn mark_node_lost(&self, node: &str) -> Result<Vec<SessionRecord>, StoreError> {
         let mut changed = Vec::new();
-        for record in self.list(Some(node)).await? {
+        for record in self.list(Some(node), None).await? {
             if record.state != SessionState::Active {
                 continue;
             }
@@ -146,7 +157,7 @@ impl SessionTable {
             })
             .await?;
             if did {
-                changed.push(record.session_id);
+                changed.push(record);
             }
         }
         Ok(changed)

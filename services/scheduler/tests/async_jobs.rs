@@ -218,6 +218,7 @@ async fn a_job_waits_for_a_missing_executor_and_gives_up_only_after_max_deliveri
         .call::<_, ResultLookup>(
             Subjects::default().results_get(),
             &ResultGet {
+                wait_ms: None,
                 execution_id: "waits".into(),
             },
         )

@@ -99,7 +99,13 @@ async fn python_javascript_and_shell_run_sync_and_async() {
             let (c, id, subject) = (mesh.client.clone(), id.clone(), s.results_get());
             async move {
                 match c
-                    .call::<_, ResultLookup>(subject, &ResultGet { execution_id: id })
+                    .call::<_, ResultLookup>(
+                        subject,
+                        &ResultGet {
+                            wait_ms: None,
+                            execution_id: id,
+                        },
+                    )
                     .await
                 {
                     Ok(ResultLookup::Done { result }) => Some(*result),
@@ -116,7 +122,12 @@ async fn python_javascript_and_shell_run_sync_and_async() {
 
     // Live output: chunks arrive on output.<id>, in order, ending with eof.
     let id = messages::new_id();
-    let mut sub = mesh.client.client().subscribe(s.output(&id)).await.unwrap();
+    let mut sub = mesh
+        .client
+        .client()
+        .subscribe(s.output_any(&id))
+        .await
+        .unwrap();
     let mut streamed = req(
         Language::Python,
         "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.2)",
@@ -203,6 +214,7 @@ async fn rm_rf_is_rejected_a_deny_policy_denies_and_an_approval_runs() {
         .call(
             s.confirm(ConfirmOp::Decide),
             &ConfirmDecide {
+                by_account: None,
                 id: pending.id,
                 approve: true,
                 by: "tester".into(),

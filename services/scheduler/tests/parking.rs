@@ -50,6 +50,7 @@ async fn submit(mesh: &Mesh, id: &str, code: &str) {
 
 async fn lookup(mesh: &Mesh, id: &str) -> Option<ResultLookup> {
     let get = ResultGet {
+        wait_ms: None,
         execution_id: id.into(),
     };
     mesh.client
@@ -88,6 +89,7 @@ async fn pending(mesh: &Mesh) -> BTreeMap<String, Confirmation> {
 
 async fn decide(mesh: &Mesh, confirmation_id: &str, approve: bool) {
     let decide = ConfirmDecide {
+        by_account: None,
         id: confirmation_id.into(),
         approve,
         by: "tester".into(),

@@ -27,6 +27,7 @@ async fn exec(c: &kit::Caller, r: &ExecRequest) -> Result<ExecResult, kit::CallE
 
 async fn look_up(c: &kit::Caller, id: &str) -> Result<ResultLookup, kit::CallError> {
     let get = ResultGet {
+        wait_ms: None,
         execution_id: id.into(),
     };
     c.call(Subjects::default().results_get(), &get).await

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kit::RequestContext;
+use messages::tenancy::Caller;
 use messages::workspace::{
     Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFile, WsInit, WsList, WsListing, WsPath,
     WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest, WsWrite,
@@ -36,9 +37,15 @@ pub enum StoreMsg {
 
 pub struct StoreActor;
 
-/// Runs one operation in its own task (inside the request's span, so audit events carry
-/// its trace id) and answers `reply` with its outcome.
-fn spawn_op<T, F, Fut>(store: &Arc<Workspaces>, reply: Reply<T>, op: F)
+tokio::task_local! {
+    /// Who asked for the operation running in this task: its audit events name the caller's
+    /// tenant, account and user, as its span gives them the trace id.
+    pub static CALLER: Caller;
+}
+
+/// Runs one operation in its own task (inside the request's span and with its caller, so
+/// audit events carry its trace id and who asked) and answers `reply` with its outcome.
+fn spawn_op<T, F, Fut>(store: &Arc<Workspaces>, caller: Caller, reply: Reply<T>, op: F)
 where
     T: Send + 'static,
     F: FnOnce(Arc<Workspaces>) -> Fut,
@@ -47,7 +54,8 @@ where
     let metrics = store.metrics.clone();
     metrics.in_flight.fetch_add(1, Ordering::Relaxed);
     let work = op(store.clone());
-    tokio::spawn(
+    tokio::spawn(CALLER.scope(
+        caller,
         async move {
             let outcome = work.await.map_err(ErrorBody::from);
             metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -59,7 +67,7 @@ where
             let _ = reply.send(outcome);
         }
         .instrument(tracing::Span::current()),
-    );
+    ));
 }
 
 impl Actor for StoreActor {
@@ -82,36 +90,60 @@ impl Actor for StoreActor {
         store: &mut Arc<Workspaces>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            StoreMsg::Init(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.init(r).await })
+            StoreMsg::Init(ctx, r, reply) => {
+                spawn_op(store, ctx.caller, reply, |s| async move { s.init(r).await })
             }
-            StoreMsg::Write(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.write(r).await })
+            StoreMsg::Write(ctx, r, reply) => {
+                spawn_op(
+                    store,
+                    ctx.caller,
+                    reply,
+                    |s| async move { s.write(r).await },
+                )
             }
-            StoreMsg::Read(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.read(r).await })
+            StoreMsg::Read(ctx, r, reply) => {
+                spawn_op(store, ctx.caller, reply, |s| async move { s.read(r).await })
             }
-            StoreMsg::List(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.list(r).await })
+            StoreMsg::List(ctx, r, reply) => {
+                spawn_op(store, ctx.caller, reply, |s| async move { s.list(r).await })
             }
-            StoreMsg::Stat(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.stat(r).await })
+            StoreMsg::Stat(ctx, r, reply) => {
+                spawn_op(store, ctx.caller, reply, |s| async move { s.stat(r).await })
             }
-            StoreMsg::Delete(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.delete(r).await })
+            StoreMsg::Delete(ctx, r, reply) => {
+                spawn_op(
+                    store,
+                    ctx.caller,
+                    reply,
+                    |s| async move { s.delete(r).await },
+                )
             }
-            StoreMsg::Snapshot(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.snapshot(r).await })
+            StoreMsg::Snapshot(ctx, r, reply) => spawn_op(
+                store,
+                ctx.caller,
+                reply,
+                |s| async move { s.snapshot(r).await },
+            ),
+            StoreMsg::Restore(ctx, r, reply) => spawn_op(
+                store,
+                ctx.caller,
+                reply,
+                |s| async move { s.restore(r).await },
+            ),
+            StoreMsg::Usage(ctx, r, reply) => {
+                spawn_op(
+                    store,
+                    ctx.caller,
+                    reply,
+                    |s| async move { s.usage(r).await },
+                )
             }
-            StoreMsg::Restore(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.restore(r).await })
-            }
-            StoreMsg::Usage(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.usage(r).await })
-            }
-            StoreMsg::Cleanup(_, r, reply) => {
-                spawn_op(store, reply, |s| async move { s.cleanup(r).await })
-            }
+            StoreMsg::Cleanup(ctx, r, reply) => spawn_op(
+                store,
+                ctx.caller,
+                reply,
+                |s| async move { s.cleanup(r).await },
+            ),
         }
         Ok(())
     }

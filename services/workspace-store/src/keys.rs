@@ -13,7 +13,7 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use messages::validate::{validate_id, validate_relative_path, ValidationError};
+use messages::validate::{validate_relative_path, ValidationError};
 
 /// A key token that no session key uses: the sweeper's lock (sessions keys have two tokens+).
 pub const SWEEP_LOCK_KEY: &str = "sweep";
@@ -120,7 +120,7 @@ impl std::fmt::Display for RelPath {
 
 /// Session ids become key tokens: the shared id rule keeps them to `[A-Za-z0-9_-]`.
 pub fn check_session(session: &str) -> Result<(), ValidationError> {
-    validate_id("session_id", session)
+    messages::tenancy::validate_scoped_id("session_id", session)
 }
 
 pub fn meta_key(session: &str) -> String {

@@ -41,8 +41,12 @@ pub mod sweeper;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use kit::{CancellationToken, EndpointOptions, KitError, Runtime, ServiceInfo};
+use kit::{
+    CancellationToken, EndpointOptions, Handler, KitError, RequestContext, Runtime, ServiceInfo,
+};
 use messages::subjects::WorkspaceOp;
+use messages::workspace::{NamesSession, ShowsSession};
+use messages::ErrorBody;
 use ractor::Actor;
 
 pub use config::WorkspaceConfig;
@@ -72,6 +76,35 @@ pub fn service_info() -> ServiceInfo {
         version: env!("CARGO_PKG_VERSION").into(),
         description: "Per-session workspaces: files, quotas, TTL cleanup, tar snapshots".into(),
     }
+}
+
+/// Scopes the session a request names by its caller's tenant before the store sees it, and
+/// unscopes the reply (DESIGN.md §5.5): an agent reaches only its own tenant's workspaces, and
+/// another tenant's session id names a workspace that does not exist for it (404). Sweeping
+/// every idle workspace (`cleanup` without a session) is for the services only.
+fn tenant_scoped<Req, Resp>(inner: Handler<Req, Resp>) -> Handler<Req, Resp>
+where
+    Req: NamesSession + Send + 'static,
+    Resp: ShowsSession + Send + 'static,
+{
+    kit::handler(move |ctx: RequestContext, mut req: Req| {
+        let inner = inner.clone();
+        async move {
+            let tenant = ctx.caller.tenant().cloned();
+            match req.session_mut() {
+                Some(id) => *id = ctx.caller.scope("session_id", id)?,
+                None if tenant.is_some() => {
+                    return Err(ErrorBody::denied(
+                        "name the session whose workspace to clean up",
+                    ))
+                }
+                None => {}
+            }
+            inner(ctx, req)
+                .await
+                .map(|reply| reply.unscoped(tenant.as_ref()))
+        }
+    })
 }
 
 /// Runs one instance until `shutdown` is cancelled (then stops gracefully).
@@ -104,7 +137,7 @@ pub async fn run(
                 .serve_with(
                     subjects.workspace(WorkspaceOp::$op),
                     options,
-                    kit::actor_handler(actor.clone(), StoreMsg::$variant),
+                    tenant_scoped(kit::actor_handler(actor.clone(), StoreMsg::$variant)),
                 )
                 .await?;
         };

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use kit::{AuditScope, Auditor};
 use messages::audit::AuditKind;
+use messages::tenancy::Caller;
 use messages::workspace::WsEntry;
 
 use crate::blobs::Blobs;
@@ -87,11 +88,14 @@ impl Workspaces {
         actor: Option<String>,
         details: serde_json::Value,
     ) {
-        let scope = AuditScope {
+        let mut scope = AuditScope {
             session_id: Some(session.to_string()),
             actor,
             ..Default::default()
         };
+        if let Ok(caller) = crate::actor::CALLER.try_with(Caller::clone) {
+            scope = scope.by(&caller);
+        }
         self.auditor.emit(kind, &scope, details);
     }
 

@@ -33,7 +33,7 @@ async fn audit_event(js: &jetstream::Context, kind: &str, session: &str) -> Opti
     let stream = js.get_stream(s.audit_stream()).await.ok()?;
     let consumer = stream
         .create_consumer(jetstream::consumer::pull::Config {
-            filter_subject: s.audit(kind),
+            filter_subject: s.audit_kind(kind),
             ..Default::default()
         })
         .await

@@ -84,7 +84,7 @@ impl Mesh {
         let image = image();
         let nats = NatsServer::start();
         let fixture = fixture::Fixture::start().await;
-        let connection = async_nats::connect(nats.url()).await.expect("connect");
+        let connection = test_support::connect(&nats.url()).await;
         let router = format!("tb{}", messages::new_id().to_ascii_lowercase());
         let egress = tempfile::tempdir().expect("tempdir");
         let mut mesh = Self {
@@ -275,6 +275,7 @@ impl Mesh {
                             if approve { "approves" } else { "denies" }
                         )),
                         scope: Default::default(),
+                        by_account: None,
                     };
                     confirm.decide(&decide).await.expect("decide");
                     let _ = tx.send(c.id);

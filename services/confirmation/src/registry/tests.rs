@@ -53,6 +53,7 @@ fn ask_waiting(
 
 fn approval(id: &str) -> ConfirmDecide {
     ConfirmDecide {
+        by_account: None,
         id: id.into(),
         approve: true,
         by: "alice".into(),

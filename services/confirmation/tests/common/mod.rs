@@ -35,9 +35,10 @@ where
 }
 
 pub async fn connect(url: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::new()
+    let (options, plain) = test_support::connect_options(url);
+    options
         .retry_on_initial_connect()
-        .connect(url)
+        .connect(plain)
         .await
         .expect("connect to nats")
 }
@@ -142,6 +143,7 @@ pub fn request(session: Option<&str>, rules: &[&str], wait: bool) -> ConfirmRequ
         requested_by: Some("agent-7".into()),
         timeout_ms: Some(60_000),
         wait,
+        tenant: None,
     }
 }
 
@@ -164,6 +166,7 @@ pub fn decision(id: &str, approve: bool, by: &str, scope: ConfirmScope) -> Confi
         by: by.to_string(),
         reason: (!approve).then(|| "not on a Friday".to_string()),
         scope,
+        by_account: None,
     }
 }
 

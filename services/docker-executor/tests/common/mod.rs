@@ -88,7 +88,7 @@ impl Harness {
         let subjects = config.kit.subjects.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(docker_executor::run(config, shutdown.clone()));
-        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let client = test_support::connect(&nats.url()).await;
         let caller = Caller::new(client.clone(), Duration::from_secs(60));
         let docker = Sandboxes::connect().await.expect("docker");
         let h = Self {
@@ -362,6 +362,7 @@ pub async fn containers_with(docker: &bollard::Docker, label: &str) -> Vec<Strin
 pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) -> ExecutorRun {
     let execution_id = messages::new_id();
     ExecutorRun {
+        tenant: None,
         execution_id: execution_id.clone(),
         tier,
         request: ExecRequest {

@@ -40,7 +40,7 @@ pub async fn start(extra_env: &[(&str, &str)]) -> Running {
             .await
             .expect("service runs");
     });
-    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let client = test_support::connect(&nats.url()).await;
     let running = Running {
         nats,
         client,

@@ -21,7 +21,7 @@ use kit::serve::ServiceHost;
 use kit::{CallError, Caller, CancellationToken};
 use messages::confirm::ConfirmRequest;
 use messages::exec::{ExecRequest, ExecResult};
-use messages::{Encoding, Subjects};
+use messages::{Encoding, ServiceName, Subjects};
 use scheduler::SchedulerConfig;
 use test_support::NatsServer;
 
@@ -32,7 +32,7 @@ pub use fakes::{audit_kinds, FakeExecutor, Runs};
 pub const WAIT: Duration = Duration::from_secs(60);
 
 pub async fn connect(url: &str) -> async_nats::Client {
-    async_nats::connect(url).await.expect("connect")
+    test_support::connect(url).await
 }
 
 /// Polls `check` until it returns `Some`, at most [`WAIT`].
@@ -153,8 +153,11 @@ impl MeshBuilder {
         match self.risk {
             Some(Part::Fake) => mesh.serve_risk_standin().await,
             Some(Part::Real) => {
-                let c =
-                    risk_assessor::RiskAssessorConfig::from_env(&env_of(&mesh.url, &[])).unwrap();
+                let c = risk_assessor::RiskAssessorConfig::from_env(&env_of(
+                    &mesh.nats.service_url(ServiceName::RiskAssessor),
+                    &[],
+                ))
+                .unwrap();
                 mesh.add("risk-assessor", |stop| spawn(risk_assessor::run(c, stop)));
                 mesh.wait_for_risk().await;
             }
@@ -176,7 +179,9 @@ impl MeshBuilder {
                 mesh.hosts.insert("workspace", host);
             }
             Some(Part::Real) => {
-                let c = workspace_store::WorkspaceConfig::for_url(&mesh.url);
+                let c = workspace_store::WorkspaceConfig::for_url(
+                    &mesh.nats.service_url(ServiceName::WorkspaceStore),
+                );
                 mesh.add("workspace-store", |stop| {
                     spawn(workspace_store::run(c, stop))
                 });
@@ -222,7 +227,7 @@ impl Mesh {
 
     /// The scheduler settings of these tests: quick heartbeats, short waits.
     pub fn config(&self) -> SchedulerConfig {
-        let mut c = SchedulerConfig::for_url(&self.url);
+        let mut c = SchedulerConfig::for_url(&self.nats.service_url(ServiceName::Scheduler));
         c.kit.heartbeat_interval = Duration::from_millis(300);
         c.confirm_timeout = Duration::from_secs(5);
         c.parked_sweep = Duration::from_millis(500);
@@ -259,7 +264,11 @@ impl Mesh {
 
     /// (Re)starts the real confirmation service with this policy.
     pub fn start_confirmation(&mut self, policy: &[(&str, &str)]) {
-        let c = confirmation::ConfirmationConfig::from_env(&env_of(&self.url, policy)).unwrap();
+        let c = confirmation::ConfirmationConfig::from_env(&env_of(
+            &self.nats.service_url(ServiceName::Confirmation),
+            policy,
+        ))
+        .unwrap();
         self.add("confirmation", |stop| spawn(confirmation::run(c, stop)));
     }
 
@@ -311,7 +320,13 @@ impl Mesh {
     }
 
     pub async fn start_docker_executor(&mut self, tag: &str) -> String {
-        self.docker.start(&self.url, &self.client, tag).await
+        self.docker
+            .start(
+                &self.nats.service_url(ServiceName::DockerExecutor),
+                &self.client,
+                tag,
+            )
+            .await
     }
 
     pub fn docker_nodes(&self) -> Vec<String> {

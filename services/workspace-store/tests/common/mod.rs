@@ -55,9 +55,10 @@ pub async fn wait_ready(client: &WorkspaceClient) {
 }
 
 pub async fn nats(url: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::new()
+    let (options, plain) = test_support::connect_options(url);
+    options
         .retry_on_initial_connect()
-        .connect(url)
+        .connect(plain)
         .await
         .expect("connect to nats")
 }

@@ -1,0 +1,368 @@
+//! Which subjects each role may publish and subscribe to, and what the `SANDBOX` account exports.
+//!
+//! JetStream is reached through `$JS.API.<verb>.<asset>` subjects, so naming the asset in every
+//! verb a role needs confines it to those streams and buckets. Nobody but the admin may delete
+//! a stream (`STREAM.DELETE`): a compromised service can spoil its own data, never another's.
+
+use std::fmt::Write as _;
+
+use messages::tenancy::{Tenant, OPERATORS_ACCOUNT, SANDBOX_ACCOUNT};
+use messages::{ServiceName, Subjects};
+
+use crate::Scope;
+
+/// One user's permissions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    pub publish: Vec<String>,
+    pub deny_publish: Vec<String>,
+    pub subscribe: Vec<String>,
+    /// How many replies the user may send to a request it received (0: none). Replies to
+    /// requests through an import go to `_R_.…` subjects no allow-list could name in advance.
+    pub responses: u32,
+}
+
+impl Permissions {
+    pub fn render(&self) -> String {
+        let list = |v: &[String]| {
+            let quoted: Vec<String> = v.iter().map(|s| format!("{s:?}")).collect();
+            format!("[{}]", quoted.join(", "))
+        };
+        let mut out = format!("{{publish: {{allow: {}", list(&self.publish));
+        if !self.deny_publish.is_empty() {
+            let _ = write!(out, ", deny: {}", list(&self.deny_publish));
+        }
+        let _ = write!(out, "}}, subscribe: {{allow: {}}}", list(&self.subscribe));
+        if self.responses > 0 {
+            let _ = write!(out, ", allow_responses: {{max: {}}}", self.responses);
+        }
+        out.push('}');
+        out
+    }
+
+    fn publish(&mut self, subjects: impl IntoIterator<Item = String>) -> &mut Self {
+        self.publish.extend(subjects);
+        self
+    }
+
+    fn subscribe(&mut self, subjects: impl IntoIterator<Item = String>) -> &mut Self {
+        self.subscribe.extend(subjects);
+        self
+    }
+
+    /// Reads a stream: info, message and direct gets, ephemeral and ordered consumers, acks
+    /// and flow control.
+    fn read_stream(&mut self, stream: &str) -> &mut Self {
+        self.publish([
+            "$JS.API.INFO".to_string(),
+            format!("$JS.API.STREAM.INFO.{stream}"),
+            format!("$JS.API.STREAM.MSG.GET.{stream}"),
+            format!("$JS.API.DIRECT.GET.{stream}"),
+            format!("$JS.API.DIRECT.GET.{stream}.>"),
+            format!("$JS.API.CONSUMER.CREATE.{stream}"),
+            format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+            format!("$JS.API.CONSUMER.INFO.{stream}.>"),
+            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.>"),
+            format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
+            format!("$JS.ACK.{stream}.>"),
+            format!("$JS.FC.{stream}.>"),
+        ])
+    }
+
+    /// Creates and maintains a stream it owns (never deletes it).
+    fn own_stream(&mut self, stream: &str) -> &mut Self {
+        self.read_stream(stream).publish([
+            format!("$JS.API.STREAM.CREATE.{stream}"),
+            format!("$JS.API.STREAM.UPDATE.{stream}"),
+            format!("$JS.API.STREAM.PURGE.{stream}"),
+            format!("$JS.API.STREAM.MSG.DELETE.{stream}"),
+            format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>"),
+        ])
+    }
+
+    fn read_kv(&mut self, bucket: &str) -> &mut Self {
+        self.read_stream(&format!("KV_{bucket}"))
+    }
+
+    fn own_kv(&mut self, bucket: &str) -> &mut Self {
+        self.own_stream(&format!("KV_{bucket}"))
+            .publish([format!("$KV.{bucket}.>")])
+    }
+}
+
+/// The permissions and exports of one deployment (one subject prefix).
+pub(crate) struct Plan<'s> {
+    s: &'s Subjects,
+}
+
+impl<'s> Plan<'s> {
+    pub(crate) fn new(s: &'s Subjects) -> Self {
+        Self { s }
+    }
+
+    /// 1-based position of the tenant token in `<prefix>.v1.<rest…>` when it follows
+    /// `depth` tokens of `rest`.
+    fn tenant_position(&self, depth: usize) -> usize {
+        self.s.prefix().split('.').count() + 1 + depth + 1
+    }
+
+    /// What every service needs: discovery, replies, its own heartbeat key.
+    fn base(&self, service: ServiceName, responses: u32) -> Permissions {
+        let nodes = self.s.nodes_bucket();
+        let mut p = Permissions {
+            responses,
+            ..Default::default()
+        };
+        // Its own inboxes only (`kit::connect` names them so); it publishes there to learn
+        // that the server has processed its subscriptions.
+        let inbox = format!("_INBOX_{}.>", service.as_str());
+        p.subscribe(["$SRV.>".to_string(), inbox.clone()])
+            .read_kv(&nodes)
+            .publish([
+                inbox,
+                format!("$JS.API.STREAM.CREATE.KV_{nodes}"),
+                format!("$KV.{nodes}.{}.>", service.as_str()),
+            ]);
+        p
+    }
+
+    /// Stores audit events (and creates the audit stream if it is missing).
+    fn audits(&self, p: &mut Permissions) {
+        p.own_stream(&self.s.audit_stream())
+            .publish([self.s.audit_all()]);
+    }
+
+    pub(crate) fn service(&self, service: ServiceName) -> Permissions {
+        let s = self.s;
+        match service {
+            ServiceName::RiskAssessor => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.risk_assess()]);
+                self.audits(&mut p);
+                p
+            }
+            ServiceName::Confirmation => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("confirm.*")])
+                    .publish([
+                        s.pattern("confirm.pending.>"),
+                        s.pattern("confirm.decided.>"),
+                    ])
+                    .own_kv(&s.confirmations_bucket());
+                self.audits(&mut p);
+                p
+            }
+            ServiceName::Scheduler => {
+                // A sync caller that opted in gets a notice before its result.
+                let mut p = self.base(service, 2);
+                p.subscribe([
+                    s.exec(),
+                    s.results_get(),
+                    s.pattern("sessions.*"),
+                    s.confirm_decided_all(),
+                ])
+                .publish([
+                    s.executor_all(),
+                    s.risk_assess(),
+                    s.pattern("confirm.*"),
+                    s.pattern("workspace.*"),
+                    s.pattern("aio.*"),
+                    s.pattern("results.>"),
+                    s.pattern("output.>"),
+                ])
+                .own_stream(&s.jobs_stream())
+                .own_stream(&s.results_stream())
+                .own_kv(&s.sessions_bucket())
+                .own_kv(&s.parked_executions_bucket())
+                .own_kv(&s.exec_claims_bucket());
+                self.audits(&mut p);
+                p
+            }
+            ServiceName::DockerExecutor => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("executor.docker.>")])
+                    .publish([s.pattern("output.>"), s.pattern("workspace.*")])
+                    .read_kv(&s.workspace_index_bucket());
+                self.audits(&mut p);
+                p
+            }
+            ServiceName::WorkspaceStore => {
+                let blobs = s.workspace_objects_bucket();
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("workspace.*")])
+                    .own_kv(&s.workspace_index_bucket())
+                    .own_stream(&format!("OBJ_{blobs}"))
+                    .publish([format!("$O.{blobs}.>")]);
+                self.audits(&mut p);
+                p
+            }
+            ServiceName::AioPool => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("aio.*")])
+                    .publish([s.pattern("workspace.*")]);
+                self.audits(&mut p);
+                p
+            }
+            ServiceName::BrowserRouter => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("browser.*")]).publish([
+                    s.risk_assess(),
+                    s.pattern("confirm.*"),
+                    s.pattern("workspace.*"),
+                    s.pattern("aio.*"),
+                ]);
+                self.audits(&mut p);
+                p
+            }
+            ServiceName::Console => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.confirm_events_all(), s.audit_all()])
+                    .publish([s.pattern("confirm.*"), s.results_get()])
+                    .read_stream(&s.results_stream());
+                self.audits(&mut p);
+                p
+            }
+        }
+    }
+
+    /// The client-facing request subjects, as the services' account exports them.
+    fn services(&self) -> Vec<(String, bool)> {
+        let s = self.s;
+        // (subject, may answer with several messages)
+        vec![
+            (s.exec(), true),
+            (s.results_get(), false),
+            (s.pattern("sessions.*"), false),
+            (s.risk_assess(), false),
+            (s.pattern("confirm.*"), false),
+            (s.pattern("workspace.*"), false),
+            (s.pattern("browser.*"), false),
+            (s.pattern("aio.*"), false),
+        ]
+    }
+
+    pub(crate) fn exports<'t>(&self, tenants: impl Iterator<Item = &'t Tenant>) -> Vec<String> {
+        let s = self.s;
+        let mut out: Vec<String> = self
+            .services()
+            .into_iter()
+            .map(|(subject, stream)| {
+                let kind = if stream {
+                    ", response_type: stream"
+                } else {
+                    ""
+                };
+                format!("{{service: {subject:?}{kind}}}")
+            })
+            .collect();
+        // Jobs: the tenant's name is in the subject, checked by the server.
+        out.push(format!(
+            "{{service: {:?}, account_token_position: {}}}",
+            s.pattern("jobs.*.exec"),
+            self.tenant_position(1)
+        ));
+        // Output chunks, to each tenant its own (nobody else reads them).
+        out.push(format!(
+            "{{stream: {:?}, account_token_position: {}}}",
+            s.pattern("output.*.>"),
+            self.tenant_position(1)
+        ));
+        // Audit and confirmation events go to operators too. nats-server picks among
+        // overlapping wildcard exports in no fixed order, so each tenant gets an exact export
+        // of its own subjects (found before any wildcard) naming it as the only importer.
+        for tenant in tenants {
+            for subject in self.tenant_events(tenant).into_iter().skip(1) {
+                out.push(format!(
+                    "{{stream: {subject:?}, accounts: [{:?}]}}",
+                    tenant.as_str()
+                ));
+            }
+        }
+        for subject in [s.audit_all(), s.confirm_events_all()] {
+            out.push(format!(
+                "{{stream: {subject:?}, accounts: [{OPERATORS_ACCOUNT:?}]}}"
+            ));
+        }
+        out
+    }
+
+    pub(crate) fn tenant_imports(&self, tenant: &Tenant) -> Vec<String> {
+        let s = self.s;
+        let mut out: Vec<String> = self
+            .services()
+            .into_iter()
+            .map(|(subject, _)| {
+                format!("{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}, share: true}}")
+            })
+            .collect();
+        out.push(format!(
+            "{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {:?}}}, to: {:?}}}",
+            s.jobs_exec_of(tenant),
+            s.jobs_exec()
+        ));
+        for subject in self.tenant_events(tenant) {
+            out.push(format!(
+                "{{stream: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}}}"
+            ));
+        }
+        out
+    }
+
+    /// The event subjects of one tenant: output chunks first, then audit and confirmations.
+    fn tenant_events(&self, tenant: &Tenant) -> Vec<String> {
+        let s = self.s;
+        vec![
+            s.pattern(&format!("output.{tenant}.>")),
+            s.pattern(&format!("audit.{tenant}.>")),
+            s.pattern(&format!("confirm.*.{tenant}.*")),
+        ]
+    }
+
+    pub(crate) fn agent(&self, tenant: &Tenant) -> Permissions {
+        let s = self.s;
+        let mut p = Permissions::default();
+        p.publish(self.services().into_iter().map(|(subject, _)| subject))
+            .publish([s.jobs_exec()])
+            .subscribe(["_INBOX.>".to_string()])
+            .subscribe(self.tenant_events(tenant));
+        // Imported so agents can follow their own confirmations, but deciding is an operator's:
+        // the server refuses it with a permissions violation.
+        p.deny_publish = vec![s.confirm(messages::subjects::ConfirmOp::Decide)];
+        p
+    }
+
+    pub(crate) fn operator_imports(&self) -> Vec<String> {
+        let s = self.s;
+        let mut out = vec![format!(
+            "{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {:?}}}, share: true}}",
+            s.pattern("confirm.*")
+        )];
+        for subject in [s.audit_all(), s.confirm_events_all()] {
+            out.push(format!(
+                "{{stream: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}}}"
+            ));
+        }
+        out
+    }
+
+    pub(crate) fn operator(&self, scope: &Scope) -> Permissions {
+        let s = self.s;
+        let mut p = Permissions::default();
+        p.publish([s.pattern("confirm.*")])
+            .subscribe(["_INBOX.>".to_string()]);
+        match scope {
+            Scope::All => {
+                p.subscribe([s.audit_all(), s.confirm_events_all()]);
+            }
+            Scope::Tenants(set) => {
+                for t in set {
+                    p.subscribe([
+                        s.pattern(&format!("audit.{t}.>")),
+                        s.pattern(&format!("confirm.*.{t}.*")),
+                    ]);
+                }
+            }
+        }
+        p
+    }
+}

@@ -1,0 +1,119 @@
+//! Who sees which confirmations (DESIGN.md §5.4–5.5). An agent sees its own tenant's; an
+//! operator the tenants in its scope; a service (inside the services' account) every one. A
+//! confirmation outside the caller's audience is answered exactly like one that does not exist
+//! (404), so ids cannot be probed.
+
+use std::collections::BTreeMap;
+
+use messages::confirm::Confirmation;
+use messages::tenancy::{Caller, Tenant};
+use sandmesh_auth::Scope;
+
+/// The operators' scopes (`SANDMESH_OPERATOR_SCOPES`, as `sandmesh up` writes it from its
+/// tenancy file: `alice=*;bob=acme,beta`). Unset: every operator sees every tenant, which is
+/// what a deployment with one kind of operator wants; an operator missing from a set value sees
+/// nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperatorScopes(Option<BTreeMap<String, Scope>>);
+
+impl OperatorScopes {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut scopes = BTreeMap::new();
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (user, tenants) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("{entry:?}: expected user=tenant,tenant or user=*"))?;
+            let scope = if tenants.trim() == "*" {
+                Scope::All
+            } else {
+                let set = tenants
+                    .split(',')
+                    .map(|t| Tenant::new(t.trim()).map_err(|e| e.to_string()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Scope::Tenants(set)
+            };
+            scopes.insert(user.trim().to_string(), scope);
+        }
+        Ok(Self(Some(scopes)))
+    }
+
+    fn of(&self, user: &str) -> Option<&Scope> {
+        match &self.0 {
+            None => Some(&Scope::All),
+            Some(map) => map.get(user),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Audience {
+    Everyone,
+    /// These tenants' confirmations only (one for an agent, the scope for an operator).
+    Tenants(Vec<Tenant>),
+}
+
+impl Audience {
+    pub fn of(caller: &Caller, scopes: &OperatorScopes) -> Self {
+        match caller {
+            Caller::Internal => Audience::Everyone,
+            Caller::Agent { tenant, .. } => Audience::Tenants(vec![tenant.clone()]),
+            Caller::Operator { user } => match scopes.of(user) {
+                Some(Scope::All) => Audience::Everyone,
+                Some(Scope::Tenants(set)) => Audience::Tenants(set.clone()),
+                None => Audience::Tenants(Vec::new()),
+            },
+        }
+    }
+
+    pub fn sees(&self, c: &Confirmation) -> bool {
+        match self {
+            Audience::Everyone => true,
+            Audience::Tenants(set) => c.tenant.as_ref().is_some_and(|t| set.contains(t)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(tenant: Option<&str>) -> Confirmation {
+        Confirmation {
+            tenant: tenant.map(|t| Tenant::new(t).unwrap()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_caller_sees_its_own() {
+        let scopes = OperatorScopes::parse("alice=*; bob=acme").unwrap();
+        let acme = of(Some("acme"));
+        let beta = of(Some("beta"));
+        let internal = of(None);
+        let agent = Caller::Agent {
+            tenant: Tenant::new("acme").unwrap(),
+            user: "a".into(),
+        };
+        let see = |caller: &Caller, c: &Confirmation| Audience::of(caller, &scopes).sees(c);
+        assert!(see(&agent, &acme) && !see(&agent, &beta) && !see(&agent, &internal));
+        let alice = Caller::Operator {
+            user: "alice".into(),
+        };
+        assert!(see(&alice, &acme) && see(&alice, &beta) && see(&alice, &internal));
+        let bob = Caller::Operator { user: "bob".into() };
+        assert!(see(&bob, &acme) && !see(&bob, &beta) && !see(&bob, &internal));
+        let carol = Caller::Operator {
+            user: "carol".into(),
+        };
+        assert!(!see(&carol, &acme));
+        assert!(see(&Caller::Internal, &beta));
+        // Without configured scopes every operator sees everything.
+        assert!(Audience::of(&carol, &OperatorScopes::default()).sees(&beta));
+    }
+
+    #[test]
+    fn bad_scopes_are_refused() {
+        assert!(OperatorScopes::parse("bob").is_err());
+        assert!(OperatorScopes::parse("bob=Acme").is_err());
+    }
+}
