@@ -522,3 +522,63 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
         "shutdown removes the warm pool"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_tenants_with_the_same_session_id_get_two_browsers() {
+    let nats = test_support::NatsServer::start_with_tenants(&["acme", "beta"]);
+    let mesh = Mesh::start_on(nats, &[]).await;
+    let mut agents = Vec::new();
+    for (tenant, who) in [("acme", "alice"), ("beta", "bob")] {
+        let agent = mesh.agent(tenant).await.browser();
+        let act = |action, r: BrowserRequest| {
+            let agent = agent.clone();
+            async move {
+                let r = BrowserRequest {
+                    session_id: "s1".into(),
+                    ..r
+                };
+                agent.act(action, &r).await.expect("an agent's action")
+            }
+        };
+        act(A::Navigate, req(|r| r.url = Some(mesh.fixture.url("/")))).await;
+        act(
+            A::Fill,
+            req(|r| {
+                r.selector = Some("#user".into());
+                r.text = Some(who.into())
+            }),
+        )
+        .await;
+        act(
+            A::Click,
+            req(|r| r.selector = Some("input[type=submit]".into())),
+        )
+        .await;
+        agents.push((agent, who));
+    }
+    for (agent, who) in agents {
+        let me = BrowserRequest {
+            session_id: "s1".into(),
+            url: Some(mesh.fixture.url("/me")),
+            ..Default::default()
+        };
+        agent.act(A::Navigate, &me).await.unwrap();
+        let text = agent
+            .act(
+                A::Content,
+                &BrowserRequest {
+                    session_id: "s1".into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert!(text
+            .content
+            .unwrap()
+            .contains(&format!("logged in as {who}")));
+    }
+    // Two sessions, two browsers (plus the warm one).
+    assert_eq!(mesh.containers().len(), 3);
+    mesh.stop().await;
+}

@@ -77,12 +77,16 @@ pub fn containers_of(router: &str) -> Vec<String> {
 impl Mesh {
     /// Every service, a fixture site, and a router with `extra` `SANDMESH_*` settings.
     pub async fn start(extra: &[(&str, &str)]) -> Self {
+        Self::start_on(NatsServer::start(), extra).await
+    }
+
+    /// On `nats` (e.g. with more tenants).
+    pub async fn start_on(nats: NatsServer, extra: &[(&str, &str)]) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
         let image = image();
-        let nats = NatsServer::start();
         let fixture = fixture::Fixture::start().await;
         let connection = test_support::connect(&nats.url()).await;
         let router = format!("tb{}", messages::new_id().to_ascii_lowercase());
@@ -182,6 +186,12 @@ impl Mesh {
                 .expect("its task")
                 .expect("a service ends cleanly");
         }
+    }
+
+    /// A client connected as `tenant`'s agent (through the server's service imports).
+    pub async fn agent(&self, tenant: &str) -> MeshClient {
+        let connection = test_support::connect(&self.nats.agent_url(tenant)).await;
+        MeshClient::new(connection, Subjects::default()).with_timeout(BOUND)
     }
 
     pub fn containers(&self) -> Vec<String> {
