@@ -9,6 +9,9 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   echo "the Docker daemon does not answer: start it (tests use the real daemon)" >&2
   exit 1
 fi
+# The browser-router's tests run real Chromium in this image (content-addressed: a no-op when
+# nothing changed; the first build installs Debian's chromium, a few minutes).
+deploy/images/build-browser.sh >/dev/null
 export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
 # The package index the egress test downloads a package from (issue 13): its hosts are
 # configuration, never code. A machine whose HTTPS goes through an intercepting gateway also

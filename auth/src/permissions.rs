@@ -205,12 +205,14 @@ impl<'s> Plan<'s> {
             }
             ServiceName::BrowserRouter => {
                 let mut p = self.base(service, 1);
-                p.subscribe([s.pattern("browser.*")]).publish([
-                    s.risk_assess(),
-                    s.pattern("confirm.*"),
-                    s.pattern("workspace.*"),
-                    s.pattern("aio.*"),
-                ]);
+                // session_closed events close a session's browser.
+                p.subscribe([s.pattern("browser.*"), s.audit_kind("session_closed")])
+                    .publish([
+                        s.risk_assess(),
+                        s.pattern("confirm.*"),
+                        s.pattern("workspace.*"),
+                        s.pattern("aio.*"),
+                    ]);
                 self.audits(&mut p);
                 p
             }

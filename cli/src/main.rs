@@ -4,6 +4,7 @@
 //!   `SANDMESH_NATS_URL` is set), optionally with a sample execution;
 //! - `serve`   run one service on its own, for deployment;
 //! - `exec`    run code through the mesh, output live;
+//! - `browse`  one action in a session's browser;
 //! - `confirm` list, approve, deny and watch confirmations;
 //! - `ws`      workspace files;
 //! - `audit`   read or follow the audit trail;
@@ -12,6 +13,7 @@
 //! - `tenant`  add or list tenants.
 
 mod audit;
+mod browse;
 mod confirm;
 mod creds;
 mod demo;
@@ -52,6 +54,8 @@ enum Command {
     },
     /// Run code through the mesh; output is printed live.
     Exec(exec::ExecArgs),
+    /// One action in a session's browser: navigate URL, elements, click N, screenshot, ...
+    Browse(browse::BrowseArgs),
     /// List, approve, deny or watch confirmations.
     Confirm {
         #[command(subcommand)]
@@ -129,6 +133,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Up(args) => up::run(args).await,
         Command::Serve { service } => up::serve_one(&service).await,
         Command::Exec(args) => exec::run(&mesh_client(Acting::Agent).await?, args).await,
+        Command::Browse(args) => browse::run(&mesh_client(Acting::Agent).await?, args).await,
         Command::Confirm { command } => {
             confirm::run(&mesh_client(Acting::Operator).await?, command).await
         }

@@ -70,6 +70,7 @@ pub const SERVICES: &[ServiceName] = &[
     ServiceName::WorkspaceStore,
     ServiceName::DockerExecutor,
     ServiceName::Scheduler,
+    ServiceName::BrowserRouter,
 ];
 
 fn service_list() -> String {
@@ -123,6 +124,9 @@ fn build(
             }),
             ServiceName::Scheduler => scheduler::SchedulerConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(scheduler::run(c, token).await?) }) as ServiceFuture
+            }),
+            ServiceName::BrowserRouter => browser_router::BrowserConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(browser_router::run(c, token).await?) }) as ServiceFuture
             }),
             other => Err(ConfigError(vec![format!(
                 "{other} is not served by this program; one of: {}",
@@ -389,6 +393,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     .await
     .context("building the sandbox image")?;
     env.entry("SANDMESH_EXEC_IMAGE".into()).or_insert(image);
+    eprintln!("sandmesh: preparing the browser image (built from Debian packages when missing)");
+    let browser = with_progress(
+        "building the browser image",
+        browser_router::image::ensure(),
+    )
+    .await
+    .context("building the browser image")?;
+    env.entry("SANDMESH_BROWSER_IMAGE".into())
+        .or_insert(browser);
 
     let shutdown = kit::shutdown::on_signals();
     let services = kit::config::exit_on_error(build(SERVICES, &env, auth.as_ref(), &shutdown));

@@ -24,6 +24,7 @@
 //! [`MeshClient::with_headers`] its trace-context injector to keep one trace across calls.
 
 pub mod audit;
+pub mod browser;
 pub mod confirm;
 pub mod error;
 pub mod exec;
@@ -43,6 +44,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use audit::AuditClient;
+pub use browser::BrowserClient;
 pub use confirm::ConfirmClient;
 pub use error::{ClientError, ErrorKind, Result};
 pub use exec::ExecClient;
@@ -143,6 +145,10 @@ impl MeshClient {
 
     pub fn risk(&self) -> RiskClient {
         RiskClient::new(self.clone())
+    }
+
+    pub fn browser(&self) -> BrowserClient {
+        BrowserClient::new(self.clone())
     }
 
     pub fn audit(&self) -> AuditClient {

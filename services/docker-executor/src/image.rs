@@ -11,7 +11,7 @@ use std::process::Command;
 pub enum ImageError {
     #[error("the supervisor binary was not found ({0}); build it with `cargo build -p sandmesh-supervisor` or set SANDMESH_SUPERVISOR_BIN")]
     NoSupervisor(String),
-    #[error("deploy/images/build.sh was not found at {0} (set SANDMESH_IMAGES_DIR)")]
+    #[error("the image build script was not found at {0} (set SANDMESH_IMAGES_DIR)")]
     NoScript(String),
     #[error("{command} failed: {message}")]
     Failed { command: String, message: String },
@@ -49,15 +49,24 @@ fn run(mut cmd: Command) -> Result<String, ImageError> {
 /// Builds (or finds up to date) the sandbox image with `supervisor` installed; returns the
 /// image reference (`sandmesh/sandbox:<hash>`).
 pub fn build_image(supervisor: &Path) -> Result<String, ImageError> {
-    let script = images_dir().join("build.sh");
-    if !script.is_file() {
-        return Err(ImageError::NoScript(script.display().to_string()));
-    }
     if !supervisor.is_file() {
         return Err(ImageError::NoSupervisor(supervisor.display().to_string()));
     }
+    run_build_script("build.sh", &[("SUPERVISOR_BIN", supervisor.as_os_str())])
+}
+
+/// Runs one of `deploy/images`' idempotent build scripts (`build.sh`, `build-browser.sh`)
+/// with `envs` and returns the image reference it prints last. Blocking.
+pub fn run_build_script(
+    name: &str,
+    envs: &[(&str, &std::ffi::OsStr)],
+) -> Result<String, ImageError> {
+    let script = images_dir().join(name);
+    if !script.is_file() {
+        return Err(ImageError::NoScript(script.display().to_string()));
+    }
     let mut cmd = Command::new(&script);
-    cmd.env("SUPERVISOR_BIN", supervisor);
+    cmd.envs(envs.iter().copied());
     let out = run(cmd)?;
     out.lines()
         .last()

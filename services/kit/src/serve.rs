@@ -31,6 +31,7 @@ use crate::{shutdown, telemetry, KitError};
 /// What a handler knows about the request besides its payload.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
+    /// The subject the request was sent to (for a wildcard endpoint, the concrete one).
     pub subject: String,
     pub encoding: Encoding,
     pub headers: Option<HeaderMap>,
@@ -271,7 +272,7 @@ async fn handle_one<Req, Resp>(
                         Err(e) => Err(e),
                         Ok((caller, req)) => {
                             let ctx = RequestContext {
-                                subject: subject.clone(),
+                                subject: request.message.subject.to_string(),
                                 encoding,
                                 headers: headers.clone(),
                                 trace_id: telemetry::current_trace_id(),

@@ -1,0 +1,29 @@
+//! The browser-router: one browser per session, one action per call.
+
+use std::time::Duration;
+
+use messages::browser::{BrowserAction, BrowserRequest, BrowserResult};
+
+use crate::{MeshClient, Result};
+
+/// An action may wait for a person's decision (a password field, `evaluate`): the router's
+/// default confirmation timeout is 120 s.
+pub const BROWSER_TIMEOUT: Duration = Duration::from_secs(180);
+
+#[derive(Debug, Clone)]
+pub struct BrowserClient {
+    mesh: MeshClient,
+}
+
+impl BrowserClient {
+    pub fn new(mesh: MeshClient) -> Self {
+        Self { mesh }
+    }
+
+    /// Runs `action` in `req.session_id`'s browser (started on the first action).
+    pub async fn act(&self, action: BrowserAction, req: &BrowserRequest) -> Result<BrowserResult> {
+        let subject = self.mesh.subjects().browser(action.as_str());
+        let timeout = self.mesh.timeout().max(BROWSER_TIMEOUT);
+        self.mesh.request_timeout(subject, req, timeout).await
+    }
+}

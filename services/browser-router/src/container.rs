@@ -1,0 +1,393 @@
+//! Browser containers through the Docker API: the one place that decides how a Chromium
+//! container is created, so its hardening cannot drift.
+//!
+//! Differences from the sandbox containers of docker-executor, each on purpose:
+//! - network: the internal bridge [`BrowserConfig::docker_network`] instead of `none`, because
+//!   the router must reach Chromium's DevTools by the container's IP. The bridge is created
+//!   `--internal` (no route out of the host) with inter-container traffic disabled, so a
+//!   browser reaches neither the internet nor another browser; its only way out is the
+//!   egress proxy (below).
+//! - one bind mount: the container's own egress directory (read-only), where the router binds
+//!   the egress proxy's Unix socket when a session takes the browser. Nothing else of the
+//!   host is mounted.
+//! - `nofile` 4096 instead of 256: Chromium's processes and sockets need it.
+//! - `--no-sandbox` inside: Chromium's own sandbox needs user namespaces or a setuid helper,
+//!   neither of which a container with every capability dropped and `no-new-privileges` has;
+//!   the container is the boundary, as for untrusted code.
+//!
+//! Every container carries [`LABEL_BROWSER`] and [`LABEL_ROUTER`] (this instance), so the
+//! sweep at start and stop removes exactly this instance's containers and nobody else's.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, ResourcesUlimits,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use bollard::Docker;
+use tokio_util::task::TaskTracker;
+
+use crate::config::BrowserConfig;
+
+/// Every browser container carries `sandmesh.browser=1`.
+pub const LABEL_BROWSER: &str = "sandmesh.browser";
+/// The router instance that owns the container.
+pub const LABEL_ROUTER: &str = "sandmesh.browser.router";
+/// The browser user of the image (deploy/images/browser/Dockerfile).
+pub const BROWSER_UID: u32 = 10002;
+/// Where the container finds its egress socket (deploy/images/browser/sandmesh-browser).
+const EGRESS_MOUNT: &str = "/run/sandmesh-egress";
+pub const EGRESS_SOCKET: &str = "egress.sock";
+/// The CDP forwarder's port in the container.
+pub const CDP_PORT: u16 = 9222;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("cannot reach the Docker daemon: {0}")]
+    Connect(#[source] bollard::errors::Error),
+    #[error("docker {op} {target}: {source}")]
+    Api {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    #[error(
+        "browser image {image} not found; build it with deploy/images/build-browser.sh: {source}"
+    )]
+    ImageMissing {
+        image: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    #[error("container {0} has no address on the browser network")]
+    NoAddress(String),
+    #[error("preparing the egress directory {}: {source}", path.display())]
+    EgressDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn api(op: &'static str, target: &str) -> impl FnOnce(bollard::errors::Error) -> ContainerError {
+    let target = target.to_string();
+    move |source| ContainerError::Api { op, target, source }
+}
+
+/// This instance's handle on Docker for browser containers. Cheap to clone.
+#[derive(Clone)]
+pub struct Containers {
+    docker: Docker,
+    image: String,
+    network: String,
+    router: String,
+    egress_dir: PathBuf,
+    memory_mb: u64,
+    cpus: f64,
+    pids: u64,
+    /// Removals in flight: shutdown waits for them.
+    pub tasks: TaskTracker,
+}
+
+impl Containers {
+    /// Connects, checks the image and makes sure the internal bridge exists.
+    pub async fn connect(config: &BrowserConfig) -> Result<Self, ContainerError> {
+        let docker = Docker::connect_with_local_defaults().map_err(ContainerError::Connect)?;
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(ContainerError::Connect)?;
+        docker
+            .inspect_image(&config.image)
+            .await
+            .map_err(|source| ContainerError::ImageMissing {
+                image: config.image.clone(),
+                source,
+            })?;
+        let this = Self {
+            docker,
+            image: config.image.clone(),
+            network: config.docker_network.clone(),
+            router: config.kit.instance_id.clone(),
+            egress_dir: config.egress_dir.join(&config.kit.instance_id),
+            memory_mb: config.memory_mb,
+            cpus: config.cpus,
+            pids: config.pids,
+            tasks: TaskTracker::new(),
+        };
+        this.ensure_network().await?;
+        std::fs::create_dir_all(&this.egress_dir).map_err(|source| ContainerError::EgressDir {
+            path: this.egress_dir.clone(),
+            source,
+        })?;
+        Ok(this)
+    }
+
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    pub fn router(&self) -> &str {
+        &self.router
+    }
+
+    /// The bridge: internal (no route out) and no traffic between its containers. Creating
+    /// it races with other routers on the host; a 409 means one of them won.
+    async fn ensure_network(&self) -> Result<(), ContainerError> {
+        if self
+            .docker
+            .inspect_network(&self.network, None)
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        let body = NetworkCreateRequest {
+            name: self.network.clone(),
+            driver: Some("bridge".into()),
+            internal: Some(true),
+            options: Some(HashMap::from([(
+                "com.docker.network.bridge.enable_icc".to_string(),
+                "false".to_string(),
+            )])),
+            labels: Some(HashMap::from([(
+                LABEL_BROWSER.to_string(),
+                "1".to_string(),
+            )])),
+            ..Default::default()
+        };
+        match self.docker.create_network(body).await {
+            Ok(_) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(()),
+            Err(e) => Err(api("create network", &self.network)(e)),
+        }
+    }
+
+    /// Creates and starts a browser container and waits until its DevTools answer. A
+    /// container that fails on the way is removed (the lease is dropped).
+    pub async fn start(&self, ready_within: Duration) -> Result<BrowserContainer, StartError> {
+        let id = messages::new_id().to_ascii_lowercase();
+        let name = format!("sandmesh-browser-{}-{id}", self.router);
+        // Only the id: a Unix socket path has room for 107 bytes.
+        let egress_dir = self.egress_dir.join(&id);
+        let mut lease = BrowserContainer {
+            name: name.clone(),
+            ip: IpAddr::from([0, 0, 0, 0]),
+            egress_dir: egress_dir.clone(),
+            containers: self.clone(),
+        };
+        std::fs::create_dir_all(&egress_dir).map_err(|source| ContainerError::EgressDir {
+            path: egress_dir.clone(),
+            source,
+        })?;
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        self.docker
+            .create_container(Some(options), self.body(&egress_dir))
+            .await
+            .map_err(api("create", &name))?;
+        self.docker
+            .start_container(
+                &name,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
+            .await
+            .map_err(api("start", &name))?;
+        let inspect = self
+            .docker
+            .inspect_container(&name, None)
+            .await
+            .map_err(api("inspect", &name))?;
+        let ip = inspect
+            .network_settings
+            .and_then(|n| n.networks)
+            .and_then(|n| n.get(&self.network).cloned())
+            .and_then(|n| n.ip_address)
+            .and_then(|ip| ip.parse::<IpAddr>().ok())
+            .ok_or_else(|| ContainerError::NoAddress(name.clone()))?;
+        lease.ip = ip;
+        lease.wait_ready(ready_within).await?;
+        Ok(lease)
+    }
+
+    fn body(&self, egress_dir: &std::path::Path) -> ContainerCreateBody {
+        let memory = (self.memory_mb << 20) as i64;
+        let ulimit = |name: &str, v: i64| ResourcesUlimits {
+            name: Some(name.into()),
+            soft: Some(v),
+            hard: Some(v),
+        };
+        let host = HostConfig {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            oom_kill_disable: Some(false),
+            nano_cpus: Some((self.cpus * 1e9) as i64),
+            pids_limit: Some(self.pids as i64),
+            network_mode: Some(self.network.clone()),
+            readonly_rootfs: Some(true),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(Vec::new()),
+            // The default seccomp profile applies because none is named; never "unconfined".
+            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            privileged: Some(false),
+            ipc_mode: Some("private".into()),
+            // The profile, caches and HOME live here and die with the container.
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_string(),
+                format!("rw,nosuid,nodev,size=256m,uid={BROWSER_UID},gid={BROWSER_UID},mode=1777"),
+            )])),
+            binds: Some(vec![format!("{}:{EGRESS_MOUNT}:ro", egress_dir.display())]),
+            ulimits: Some(vec![ulimit("nofile", 4096), ulimit("core", 0)]),
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            init: Some(true),
+            ..Default::default()
+        };
+        ContainerCreateBody {
+            image: Some(self.image.clone()),
+            user: Some(format!("{BROWSER_UID}:{BROWSER_UID}")),
+            env: Some(Vec::new()),
+            labels: Some(HashMap::from([
+                (LABEL_BROWSER.to_string(), "1".to_string()),
+                (LABEL_ROUTER.to_string(), self.router.clone()),
+            ])),
+            host_config: Some(host),
+            ..Default::default()
+        }
+    }
+
+    /// Removes a container (running or not); one already gone is fine.
+    pub async fn remove(&self, name: &str) {
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        match self.docker.remove_container(name, Some(options)).await {
+            Ok(())
+            | Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404 | 409,
+                ..
+            }) => {}
+            Err(e) => tracing::warn!(container = name, error = %e, "could not remove container"),
+        }
+    }
+
+    /// Names of this instance's containers (running or not).
+    pub async fn list(&self) -> Result<Vec<String>, ContainerError> {
+        let label = format!("{LABEL_ROUTER}={}", self.router);
+        let filters = HashMap::from([("label", vec![label.as_str()])]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let found = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(api("list", &label))?;
+        Ok(found
+            .iter()
+            .filter_map(|s| s.names.as_ref()?.first())
+            .map(|n| n.trim_start_matches('/').to_string())
+            .collect())
+    }
+
+    /// Removes every container of this instance (at start: a previous run's; at stop: what a
+    /// race left). Returns how many there were.
+    pub async fn sweep(&self) -> usize {
+        let names = match self.list().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list browser containers");
+                return 0;
+            }
+        };
+        for name in &names {
+            self.remove(name).await;
+        }
+        let _ = std::fs::remove_dir_all(&self.egress_dir);
+        names.len()
+    }
+}
+
+/// Why a browser container could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Container(#[from] ContainerError),
+    #[error("Chromium in {name} did not answer on {addr} within {within:?}: {source}")]
+    NotReady {
+        name: String,
+        addr: String,
+        within: Duration,
+        #[source]
+        source: chromiumoxide::error::CdpError,
+    },
+}
+
+/// One started browser container, from its creation until Docker removed it: dropping it
+/// removes the container (on the instance's task tracker, so shutdown waits) and its egress
+/// directory.
+pub struct BrowserContainer {
+    pub name: String,
+    pub ip: IpAddr,
+    pub egress_dir: PathBuf,
+    containers: Containers,
+}
+
+impl BrowserContainer {
+    /// `http://<ip>:9222`: chromiumoxide reads `/json/version` there and rewrites the
+    /// `127.0.0.1` in `webSocketDebuggerUrl` to this address.
+    pub fn cdp_url(&self) -> String {
+        format!("http://{}:{CDP_PORT}", self.ip)
+    }
+
+    pub fn egress_socket(&self) -> PathBuf {
+        self.egress_dir.join(EGRESS_SOCKET)
+    }
+
+    async fn wait_ready(&self, within: Duration) -> Result<(), StartError> {
+        let deadline = Instant::now() + within;
+        loop {
+            match crate::cdp::probe(&self.cdp_url()).await {
+                Ok(()) => return Ok(()),
+                Err(source) if Instant::now() >= deadline => {
+                    return Err(StartError::NotReady {
+                        name: self.name.clone(),
+                        addr: self.cdp_url(),
+                        within,
+                        source,
+                    })
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
+
+impl Drop for BrowserContainer {
+    fn drop(&mut self) {
+        let containers = self.containers.clone();
+        let name = std::mem::take(&mut self.name);
+        let dir = std::mem::take(&mut self.egress_dir);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let tasks = containers.tasks.clone();
+            tasks.spawn_on(
+                async move {
+                    containers.remove(&name).await;
+                    let _ = std::fs::remove_dir_all(&dir);
+                },
+                &handle,
+            );
+        }
+    }
+}

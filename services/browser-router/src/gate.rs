@@ -1,0 +1,157 @@
+//! Risk and confirmation of one browser action: every action is assessed by the risk-assessor
+//! (`content_type: browser`, the action and its parameters); password, payment and card fields
+//! and `evaluate` wait for a person's decision through the confirmation service, as code does.
+
+use std::time::Duration;
+
+use kit::{AuditScope, Auditor};
+use messages::audit::AuditKind;
+use messages::browser::BrowserAction;
+use messages::confirm::{ConfirmRequest, ConfirmState};
+use messages::risk::{AssessRequest, ContentType, RiskLevel};
+use messages::ErrorBody;
+use sandmesh_client::MeshClient;
+use serde_json::json;
+
+/// What the gate decided, for the reply.
+#[derive(Debug, Clone, Default)]
+pub struct Verdict {
+    pub level: RiskLevel,
+    /// The confirmation's id and final state, when a person was asked.
+    pub confirmation: Option<(String, ConfirmState)>,
+}
+
+#[derive(Clone)]
+pub struct Gate {
+    pub mesh: MeshClient,
+    pub auditor: Auditor,
+    pub confirm_timeout: Duration,
+}
+
+/// Whether a described form field (`describe`'s object) holds a secret or payment data.
+pub fn sensitive_field(field: &serde_json::Value) -> bool {
+    let get = |k: &str| {
+        field
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let kind = get("type");
+    let autocomplete = get("autocomplete");
+    let words = format!(
+        "{} {} {} {}",
+        get("name"),
+        get("id"),
+        get("label"),
+        autocomplete
+    );
+    kind == "password"
+        || autocomplete.starts_with("cc-")
+        || [
+            "password", "passwd", "card", "cvv", "cvc", "iban", "payment",
+        ]
+        .iter()
+        .any(|w| words.contains(w))
+}
+
+impl Gate {
+    /// Assesses the action; when it needs a person (the assessor says so, the field is
+    /// sensitive, or it is `evaluate`), asks and waits. Anything but approval is an error
+    /// (403) that names the decision, and nothing is done.
+    pub async fn pass(
+        &self,
+        action: BrowserAction,
+        params: serde_json::Value,
+        sensitive: bool,
+        summary: String,
+        scope: &AuditScope,
+    ) -> Result<Verdict, ErrorBody> {
+        let assess = AssessRequest {
+            content: action.as_str().to_string(),
+            content_type: ContentType::Browser,
+            params: Some(params.clone()),
+            mode: None,
+        };
+        let risk = self
+            .mesh
+            .risk()
+            .assess(&assess)
+            .await
+            .map_err(|e| ErrorBody::unavailable(format!("risk assessment failed: {e}")))?;
+        let ask = risk.requires_confirmation || sensitive || action == BrowserAction::Evaluate;
+        self.auditor.emit(
+            AuditKind::RiskAssessed,
+            scope,
+            json!({"action": action.as_str(), "params": params, "level": risk.level,
+                   "reason": risk.reason, "confirmation": ask}),
+        );
+        let level = risk.level;
+        if !ask {
+            return Ok(Verdict {
+                level,
+                confirmation: None,
+            });
+        }
+        let request = ConfirmRequest {
+            tenant: scope.tenant.clone(),
+            execution_id: scope.execution_id.clone(),
+            session_id: scope.session_id.clone(),
+            risk,
+            summary,
+            code_excerpt: serde_json::to_string_pretty(&params).unwrap_or_default(),
+            requested_by: scope.actor.clone(),
+            timeout_ms: Some(self.confirm_timeout.as_millis() as u64),
+            wait: true,
+        };
+        let decided = self
+            .mesh
+            .confirm()
+            .request(&request)
+            .await
+            .map_err(|e| ErrorBody::unavailable(format!("confirmation failed: {e}")))?;
+        if decided.state != ConfirmState::Approved {
+            let why = decided.reason.as_deref().unwrap_or("no reason given");
+            return Err(ErrorBody::denied(format!(
+                "{} refused: confirmation {} was {:?} ({why}); nothing was done",
+                action.as_str(),
+                decided.id,
+                decided.state
+            ))
+            .with_details(
+                json!({"confirmation_id": decided.id, "confirmation": decided.state,
+                                 "risk_level": level}),
+            ));
+        }
+        Ok(Verdict {
+            level,
+            confirmation: Some((decided.id, decided.state)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sensitive_field;
+    use serde_json::json;
+
+    #[test]
+    fn secrets_and_payment_fields_are_sensitive() {
+        assert!(sensitive_field(
+            &json!({"tag": "input", "type": "password"})
+        ));
+        assert!(sensitive_field(
+            &json!({"tag": "input", "autocomplete": "cc-number"})
+        ));
+        assert!(sensitive_field(
+            &json!({"tag": "input", "name": "card_number"})
+        ));
+        assert!(sensitive_field(
+            &json!({"tag": "input", "label": "Your Password"})
+        ));
+        assert!(!sensitive_field(
+            &json!({"tag": "input", "type": "text", "name": "user"})
+        ));
+        assert!(!sensitive_field(&json!({"tag": "button"})));
+    }
+}

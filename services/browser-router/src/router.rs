@@ -1,0 +1,293 @@
+//! `Router`: the entry point of `sandbox.v1.browser.<action>`. It owns the session → browser
+//! session map and the warm pool, so "which browser serves this session" is decided in one
+//! place, in order: a session's second request can never start a second browser.
+//!
+//! Sessions are linked children: when one stops (close, idle, session closed, a failure) the
+//! router forgets it, and its browser container goes with it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kit::RequestContext;
+use messages::browser::{BrowserAction, BrowserBackend, BrowserRequest, BrowserResult};
+use messages::ErrorBody;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+
+use crate::session::{open, Act, BrowserSession, SessionArgs, SessionMsg, Shared, Started};
+
+/// One request on its way to a session.
+pub struct Routed {
+    pub ctx: RequestContext,
+    pub req: BrowserRequest,
+    pub reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
+}
+
+pub enum RouterMsg {
+    Act(Box<Routed>),
+    /// The session was closed (its `session_closed` audit event): drop its browser.
+    SessionClosed(String),
+    /// A session takes a warm browser, if there is one.
+    Take(RpcReplyPort<Option<Started>>),
+    /// A warm-pool start finished.
+    Warmed(Result<Box<Started>, ErrorBody>),
+    /// Sessions and warm browsers now (for the heartbeat and tests).
+    Stats(RpcReplyPort<RouterStats>),
+}
+
+impl RouterMsg {
+    /// The request handler's constructor (`kit::actor_handler`).
+    pub fn act(
+        ctx: RequestContext,
+        req: BrowserRequest,
+        reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
+    ) -> Self {
+        RouterMsg::Act(Box::new(Routed { ctx, req, reply }))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouterStats {
+    pub sessions: usize,
+    pub warm: usize,
+}
+
+pub struct RouterState {
+    shared: Arc<Shared>,
+    sessions: HashMap<String, ActorRef<SessionMsg>>,
+    /// Session of each child actor, to forget it when it stops.
+    by_actor: HashMap<ractor::ActorId, String>,
+    /// Started and connected browsers, no session's yet.
+    warm: VecDeque<Started>,
+    warming: usize,
+}
+
+pub struct Router;
+
+impl Actor for Router {
+    type Msg = RouterMsg;
+    type State = RouterState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        shared: Arc<Shared>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut state = RouterState {
+            shared,
+            sessions: HashMap::new(),
+            by_actor: HashMap::new(),
+            warm: VecDeque::new(),
+            warming: 0,
+        };
+        state.replenish(&myself);
+        Ok(state)
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        for (_, session) in state.sessions.drain() {
+            let _ = session
+                .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(30)))
+                .await;
+        }
+        state.warm.clear();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RouterMsg::Act(routed) => {
+                let Routed { ctx, req, reply } = *routed;
+                if let Err(e) = state.route(&myself, ctx, req, reply).await {
+                    tracing::debug!(error = %e, "request not routed");
+                }
+            }
+            RouterMsg::SessionClosed(id) => {
+                if let Some(session) = state.sessions.get(&id) {
+                    tracing::info!(session_id = %id, "session closed; closing its browser");
+                    session.stop(Some("session closed".into()));
+                }
+            }
+            RouterMsg::Take(reply) => {
+                let _ = reply.send(state.warm.pop_front());
+                state.replenish(&myself);
+            }
+            RouterMsg::Warmed(result) => {
+                state.warming -= 1;
+                match result {
+                    Ok(c) => state.warm.push_back(*c),
+                    // Not retried at once: a broken image or daemon would spin. The next
+                    // Take tries again.
+                    Err(e) => tracing::warn!(error = %e, "warm browser failed to start"),
+                }
+            }
+            RouterMsg::Stats(reply) => {
+                let _ = reply.send(RouterStats {
+                    sessions: state.sessions.len(),
+                    warm: state.warm.len(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // A session that stops (or fails) is forgotten; the router itself carries on.
+        let stopped = match &event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => Some(cell.get_id()),
+            SupervisionEvent::ActorFailed(cell, e) => {
+                tracing::warn!(error = %e, "a browser session failed");
+                Some(cell.get_id())
+            }
+            _ => None,
+        };
+        if let Some(id) = stopped.and_then(|a| state.by_actor.remove(&a)) {
+            state.sessions.remove(&id);
+            state.replenish(&myself);
+        }
+        Ok(())
+    }
+}
+
+impl RouterState {
+    /// Starts warm browsers until the pool is full, within the instance's browser limit.
+    fn replenish(&mut self, myself: &ActorRef<RouterMsg>) {
+        let config = &self.shared.config;
+        while self.warm.len() + self.warming < config.warm_pool
+            && self.sessions.len() + self.warm.len() + self.warming < config.max_browsers
+        {
+            self.warming += 1;
+            let containers = self.shared.containers.clone();
+            let me = myself.clone();
+            tokio::spawn(async move {
+                let started = open(&containers).await.map(Box::new);
+                // A router that stopped meanwhile drops the message, and with it the container.
+                let _ = me.cast(RouterMsg::Warmed(started));
+            });
+        }
+    }
+
+    async fn route(
+        &mut self,
+        myself: &ActorRef<RouterMsg>,
+        ctx: RequestContext,
+        req: BrowserRequest,
+        reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
+    ) -> Result<(), ErrorBody> {
+        let checked = self.check(&ctx, &req);
+        let (action, session_id) = match checked {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = reply.send(Err(e.clone()));
+                return Err(e);
+            }
+        };
+        // From here on the session is known by its tenant-scoped id: two tenants' `s1` are
+        // two sessions, two browsers.
+        let req = BrowserRequest { session_id, ..req };
+        let session = match self.sessions.get(&req.session_id) {
+            Some(s) => s.clone(),
+            None if action == BrowserAction::Close => {
+                // Nothing to close: answer without starting a browser.
+                let _ = reply.send(Ok(BrowserResult {
+                    ok: true,
+                    value: Some(serde_json::json!({"closed": false})),
+                    ..Default::default()
+                }));
+                return Ok(());
+            }
+            None => match self.spawn_session(myself, &req.session_id).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = reply.send(Err(e.clone()));
+                    return Err(e);
+                }
+            },
+        };
+        let act = Box::new(Act {
+            action,
+            req,
+            ctx,
+            reply,
+        });
+        if let Err(ractor::MessagingErr::SendErr(SessionMsg::Act(act))) =
+            session.cast(SessionMsg::Act(act))
+        {
+            let e = ErrorBody::unavailable("the session's browser is closing; retry");
+            let _ = act.reply.send(Err(e.clone()));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Everything about a request that needs no browser: the action, the session id, the
+    /// backend.
+    /// Returns the action and the session's tenant-scoped id.
+    fn check(
+        &self,
+        ctx: &RequestContext,
+        req: &BrowserRequest,
+    ) -> Result<(BrowserAction, String), ErrorBody> {
+        let token = ctx.subject.rsplit('.').next().unwrap_or_default();
+        let action = BrowserAction::parse(token).ok_or_else(|| {
+            let known: Vec<_> = BrowserAction::ALL.iter().map(|a| a.as_str()).collect();
+            ErrorBody::not_found(format!(
+                "unknown browser action {token:?}; known: {}",
+                known.join(", ")
+            ))
+        })?;
+        let session_id = ctx
+            .caller
+            .scope("session_id", &req.session_id)
+            .map_err(|e| ErrorBody::bad_request(e.to_string()))?;
+        if BrowserBackend::route(req) == BrowserBackend::Aio {
+            return Err(ErrorBody::unavailable(
+                "the aio browser backend needs aio-pool (issue 14), which this mesh does not run yet; \
+                 send backend \"external\" to use the session's own browser",
+            )
+            .with_details(serde_json::json!({"backend": "aio"})));
+        }
+        Ok((action, session_id))
+    }
+
+    async fn spawn_session(
+        &mut self,
+        myself: &ActorRef<RouterMsg>,
+        session_id: &str,
+    ) -> Result<ActorRef<SessionMsg>, ErrorBody> {
+        let max = self.shared.config.max_browsers;
+        if self.sessions.len() >= max {
+            return Err(ErrorBody::overloaded(format!(
+                "{max} browser sessions are open on this instance; close one or retry later"
+            )));
+        }
+        let args = SessionArgs {
+            session_id: session_id.to_string(),
+            shared: self.shared.clone(),
+            router: myself.clone(),
+        };
+        let (session, _) = Actor::spawn_linked(None, BrowserSession, args, myself.get_cell())
+            .await
+            .map_err(|e| ErrorBody::internal(format!("cannot start the session's actor: {e}")))?;
+        self.by_actor
+            .insert(session.get_id(), session_id.to_string());
+        self.sessions
+            .insert(session_id.to_string(), session.clone());
+        Ok(session)
+    }
+}

@@ -1,0 +1,584 @@
+//! browser-router end to end: real nats-server, real services, real Docker, real Chromium in
+//! the browser image, a fixture site on 127.0.0.2 (see common/mod.rs for why there).
+//! Run with RUST_TEST_THREADS=1.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{req, Mesh, BOUND};
+use messages::browser::{BrowserAction as A, BrowserBackend, BrowserRequest, ContentFormat};
+use messages::confirm::ConfirmState;
+use sandmesh_client::ErrorKind;
+use test_support::eventually_true;
+
+/// Width and height from a PNG's IHDR chunk (after the 8-byte signature and chunk header).
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    assert_eq!(&png[12..16], b"IHDR");
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    (be(&png[16..20]), be(&png[20..24]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn form_by_index_screenshot_back_wait_keys_scroll() {
+    let mesh = Mesh::start(&[]).await;
+    let s = "form-session";
+
+    let page = mesh.navigate(s, "/").await;
+    assert_eq!(page.title.as_deref(), Some("Login"));
+    assert_eq!(page.url.as_deref(), Some(mesh.fixture.url("/").as_str()));
+    assert_eq!(page.backend, BrowserBackend::External);
+    assert!(!page.state_lost);
+
+    // elements → fill by index → click submit by index → the server got it.
+    let listed = mesh.ok(s, A::Elements, BrowserRequest::default()).await;
+    let names: Vec<_> = listed
+        .elements
+        .iter()
+        .map(|e| (e.role.as_str(), e.name.as_str()))
+        .collect();
+    assert!(names.contains(&("textbox", "User name")), "{names:?}");
+    assert!(names.contains(&("button", "Sign in")), "{names:?}");
+    assert!(names.contains(&("link", "Late page")), "{names:?}");
+    let user = mesh.index_of(s, |e| e.name == "User name").await;
+    let submit = mesh.index_of(s, |e| e.name == "Sign in").await;
+    let filled = mesh
+        .ok(
+            s,
+            A::Fill,
+            req(|r| {
+                r.index = Some(user);
+                r.text = Some("alice".into())
+            }),
+        )
+        .await;
+    assert!(
+        filled.confirmation.is_none(),
+        "a plain text field needs no person"
+    );
+    assert!(filled.risk_level.is_some());
+    let clicked = mesh.ok(s, A::Click, req(|r| r.index = Some(submit))).await;
+    assert_eq!(clicked.title.as_deref(), Some("Welcome"));
+    assert!(mesh
+        .text(s)
+        .await
+        .contains("server received user=alice&password="));
+    assert_eq!(
+        mesh.fixture.received.lock().unwrap().as_slice(),
+        ["user=alice&password="]
+    );
+
+    // screenshot: a PNG of the viewport's size under artifacts/, inline only when asked.
+    let shot = mesh.ok(s, A::Screenshot, BrowserRequest::default()).await;
+    let path = shot.screenshot_path.expect("a path");
+    assert!(
+        path.starts_with("artifacts/") && path.ends_with(".png"),
+        "{path}"
+    );
+    assert!(shot.screenshot_base64.is_none());
+    let png = mesh
+        .client
+        .workspace()
+        .read(s, &path)
+        .await
+        .expect("read the screenshot");
+    assert_eq!(png_size(&png), browser_router::cdp::VIEWPORT);
+    let inline = mesh.ok(s, A::Screenshot, req(|r| r.inline = true)).await;
+    assert!(inline.screenshot_base64.is_some_and(|b| !b.is_empty()));
+
+    // back: to the form again.
+    let back = mesh.ok(s, A::Back, BrowserRequest::default()).await;
+    assert_eq!(back.title.as_deref(), Some("Login"));
+
+    // wait_for text that appears 700 ms after load; and one that never does.
+    mesh.navigate(s, "/late").await;
+    mesh.ok(s, A::WaitFor, req(|r| r.text = Some("arrived late".into())))
+        .await;
+    let never = mesh
+        .act(
+            s,
+            A::WaitFor,
+            req(|r| {
+                r.text = Some("never there".into());
+                r.ms = Some(300)
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(never.kind(), ErrorKind::Timeout, "{never}");
+
+    // press_key on the focused field.
+    mesh.navigate(s, "/keys").await;
+    mesh.ok(s, A::Click, req(|r| r.selector = Some("#k".into())))
+        .await;
+    mesh.ok(s, A::PressKey, req(|r| r.key = Some("Enter".into())))
+        .await;
+    assert!(mesh.text(s).await.contains("pressed Enter"));
+
+    // scroll: one screen down by default, then by an amount; a full-page shot is taller.
+    mesh.navigate(s, "/long").await;
+    let down = mesh.ok(s, A::Scroll, BrowserRequest::default()).await;
+    assert_eq!(down.value.unwrap()["y"], 800);
+    let more = mesh.ok(s, A::Scroll, req(|r| r.dy = Some(100))).await;
+    assert_eq!(more.value.unwrap()["y"], 900);
+    let full = mesh.ok(s, A::Screenshot, req(|r| r.full_page = true)).await;
+    let png = mesh
+        .client
+        .workspace()
+        .read(s, &full.screenshot_path.unwrap())
+        .await
+        .unwrap();
+    let (w, h) = png_size(&png);
+    // The layout width: the viewport less the vertical scrollbar of a long page.
+    assert!((1200..=1280).contains(&w), "full page width {w}");
+    assert!(h > 5000, "full page height {h}");
+
+    let html = mesh
+        .ok(s, A::Content, req(|r| r.format = ContentFormat::Html))
+        .await;
+    assert!(html.content.unwrap().contains("linear-gradient"));
+    mesh.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_sessions_do_not_share_cookies_or_pages() {
+    let mesh = Mesh::start(&[]).await;
+    for (s, who) in [("alice-s", "alice"), ("bob-s", "bob")] {
+        mesh.navigate(s, "/").await;
+        mesh.ok(
+            s,
+            A::Fill,
+            req(|r| {
+                r.selector = Some("#user".into());
+                r.text = Some(who.into())
+            }),
+        )
+        .await;
+        mesh.ok(
+            s,
+            A::Click,
+            req(|r| r.selector = Some("input[type=submit]".into())),
+        )
+        .await;
+    }
+    mesh.navigate("alice-s", "/me").await;
+    mesh.navigate("bob-s", "/me").await;
+    assert!(mesh.text("alice-s").await.contains("logged in as alice"));
+    assert!(mesh.text("bob-s").await.contains("logged in as bob"));
+    // A third session starts with no cookies at all, and each keeps its own page.
+    mesh.navigate("carol-s", "/me").await;
+    assert!(mesh.text("carol-s").await.contains("anonymous"));
+    mesh.navigate("alice-s", "/late").await;
+    let bob = mesh
+        .ok("bob-s", A::Content, BrowserRequest::default())
+        .await;
+    assert_eq!(bob.title.as_deref(), Some("Me"));
+    // One container per session (plus the warm one).
+    assert_eq!(mesh.containers().len(), 4, "{:?}", mesh.containers());
+    mesh.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn password_fill_and_evaluate_wait_for_a_person() {
+    let mesh = Mesh::start(&[]).await;
+    let s = "confirm-session";
+    mesh.navigate(s, "/").await;
+    let password = mesh
+        .index_of(s, |e| e.input_type.as_deref() == Some("password"))
+        .await;
+
+    // Denied: refused, nothing typed.
+    let (denier, mut denied) = mesh.decide_all(false).await;
+    let e = mesh
+        .act(
+            s,
+            A::Fill,
+            req(|r| {
+                r.index = Some(password);
+                r.text = Some("hunter2".into())
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Denied, "{e}");
+    assert!(e.to_string().contains("Denied"), "{e}");
+    let id = denied.recv().await.expect("a confirmation was asked");
+    let asked = mesh.client.confirm().get(&id).await.unwrap();
+    assert!(
+        !asked.code_excerpt.contains("hunter2"),
+        "the secret is hidden: {}",
+        asked.code_excerpt
+    );
+    assert!(asked.code_excerpt.contains("7 characters"));
+    let e = mesh
+        .act(
+            s,
+            A::Evaluate,
+            req(|r| r.script = Some("document.title = 'changed'".into())),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Denied, "{e}");
+    denier.abort();
+
+    // Approved: done, and the reply names the decision.
+    let (approver, _) = mesh.decide_all(true).await;
+    let value = mesh
+        .ok(
+            s,
+            A::Evaluate,
+            req(|r| {
+                r.script =
+                    Some("[document.title, document.querySelector('#password').value]".into())
+            }),
+        )
+        .await;
+    assert_eq!(
+        value.value.unwrap(),
+        serde_json::json!(["Login", ""]),
+        "the denied fill typed nothing"
+    );
+    assert_eq!(value.confirmation, Some(ConfirmState::Approved));
+    let filled = mesh
+        .ok(
+            s,
+            A::Fill,
+            req(|r| {
+                r.index = Some(password);
+                r.text = Some("hunter2".into())
+            }),
+        )
+        .await;
+    assert_eq!(filled.confirmation, Some(ConfirmState::Approved));
+    assert!(filled.confirmation_id.is_some());
+    let typed = mesh
+        .ok(
+            s,
+            A::Evaluate,
+            req(|r| r.script = Some("document.querySelector('#password').value".into())),
+        )
+        .await;
+    assert_eq!(typed.value.unwrap(), "hunter2");
+    approver.abort();
+    mesh.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_urls_and_bad_requests_get_clear_errors() {
+    let mesh = Mesh::start(&[]).await;
+    let s = "refusals";
+    let port = mesh.fixture.port;
+    for (url, expect) in [
+        ("file:///etc/passwd".to_string(), "file: URLs are refused"),
+        ("chrome://settings".to_string(), "chrome: URLs are refused"),
+        (
+            "javascript:alert(1)".to_string(),
+            "javascript: URLs are refused",
+        ),
+        (format!("http://localhost:{port}/"), "resolves to 127.0.0.1"),
+        (format!("http://127.0.0.1:{port}/"), "127.0.0.1"),
+        (
+            format!("http://169.254.169.254:{port}/latest/meta-data/"),
+            "169.254.169.254",
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data/".to_string(),
+            "port 80 not allowed",
+        ),
+    ] {
+        let e = mesh
+            .act(s, A::Navigate, req(|r| r.url = Some(url.clone())))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Denied, "{url}: {e}");
+        assert!(e.to_string().contains(expect), "{url}: {e}");
+    }
+    // Nothing was started for refused navigations: only the warm browser exists.
+    assert_eq!(mesh.containers().len(), 1);
+
+    // A redirect from an allowed page to 127.0.0.1: the navigation check passed, the egress
+    // proxy refuses the second hop and the fixture never sees it.
+    let redirected = mesh.navigate(s, "/to-local").await;
+    let text = mesh.text(s).await;
+    assert!(
+        text.contains("resolves to 127.0.0.1"),
+        "{redirected:?}: {text}"
+    );
+    // A download goes nowhere: the page stays where it was.
+    mesh.navigate(s, "/").await;
+    let download = req(|r| {
+        r.url = Some(mesh.fixture.url("/download"));
+        r.timeout_ms = Some(2000);
+    });
+    let e = mesh.act(s, A::Navigate, download).await.unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::Timeout,
+        "a download never loads a page: {e}"
+    );
+    let after = mesh.ok(s, A::Content, BrowserRequest::default()).await;
+    assert_eq!(after.title.as_deref(), Some("Login"));
+
+    // Bad input.
+    let bad = |e: sandmesh_client::ClientError, kind: ErrorKind, text: &str| {
+        assert_eq!(e.kind(), kind, "{e}");
+        assert!(e.to_string().contains(text), "{e}");
+    };
+    let raw = |subject: &str, payload: Vec<u8>| {
+        let nats = mesh.client.nats().clone();
+        let subject = subject.to_string();
+        async move {
+            nats.request(subject, payload.into())
+                .await
+                .expect("a reply")
+        }
+    };
+    let reply = raw(
+        "sandbox.v1.browser.teleport",
+        br#"{"session_id":"x"}"#.to_vec(),
+    )
+    .await;
+    let body = String::from_utf8_lossy(&reply.payload).to_string();
+    assert!(
+        body.contains("unknown browser action \\\"teleport\\\""),
+        "{body}"
+    );
+    let reply = raw("sandbox.v1.browser.navigate", b"{not json".to_vec()).await;
+    assert_eq!(
+        reply
+            .headers
+            .unwrap()
+            .get("Nats-Service-Error-Code")
+            .unwrap()
+            .as_str(),
+        "400"
+    );
+    let reply = raw("sandbox.v1.browser.navigate", vec![b'x'; 300 * 1024]).await;
+    assert_eq!(
+        reply
+            .headers
+            .unwrap()
+            .get("Nats-Service-Error-Code")
+            .unwrap()
+            .as_str(),
+        "413"
+    );
+    bad(
+        mesh.act(s, A::Navigate, BrowserRequest::default())
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "navigate needs url",
+    );
+    bad(
+        mesh.act(s, A::Click, BrowserRequest::default())
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "index (from elements) or selector",
+    );
+    bad(
+        mesh.act("bad id!", A::Content, BrowserRequest::default())
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "session_id",
+    );
+    bad(
+        mesh.act(
+            s,
+            A::Fill,
+            req(|r| {
+                r.selector = Some("#x".into());
+                r.text = Some("y".repeat(65 * 1024))
+            }),
+        )
+        .await
+        .unwrap_err(),
+        ErrorKind::TooLarge,
+        "text is",
+    );
+    bad(
+        mesh.act(s, A::Content, req(|r| r.is_research = true))
+            .await
+            .unwrap_err(),
+        ErrorKind::Unavailable,
+        "aio-pool",
+    );
+    // A selector that matches nothing, on a live page.
+    mesh.navigate(s, "/").await;
+    bad(
+        mesh.act(s, A::Click, req(|r| r.selector = Some("#nope".into())))
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "no element matches #nope",
+    );
+    bad(
+        mesh.act(s, A::Click, req(|r| r.index = Some(999)))
+            .await
+            .unwrap_err(),
+        ErrorKind::BadRequest,
+        "call elements again",
+    );
+    mesh.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_browser_is_replaced_and_closing_removes_it() {
+    let mesh = Mesh::start(&[
+        ("SANDMESH_BROWSER_WARM_POOL", "0"),
+        ("SANDMESH_BROWSER_IDLE_MS", "3000"),
+    ])
+    .await;
+    let s = "crashy";
+    mesh.navigate(s, "/").await;
+    let first = mesh.containers();
+    assert_eq!(first.len(), 1);
+    std::process::Command::new("docker")
+        .args(["kill", &first[0]])
+        .output()
+        .unwrap();
+    let again = mesh.navigate(s, "/me").await;
+    assert!(again.state_lost, "the reply says the page state was lost");
+    assert!(mesh.text(s).await.contains("anonymous"));
+    let next = mesh.navigate(s, "/").await;
+    assert!(!next.state_lost, "said once");
+    eventually_true("the dead container is removed", BOUND, || async {
+        let now = mesh.containers();
+        now.len() == 1 && now[0] != first[0]
+    })
+    .await;
+
+    // close: the container goes.
+    mesh.ok(s, A::Close, BrowserRequest::default()).await;
+    eventually_true("close removes the container", BOUND, || async {
+        mesh.containers().is_empty()
+    })
+    .await;
+
+    // The session closing (scheduler's sessions.close) removes it too.
+    let opened = mesh
+        .client
+        .sessions()
+        .open(&messages::session::SessionOpen::default())
+        .await
+        .unwrap();
+    mesh.navigate(&opened.session_id, "/").await;
+    assert_eq!(mesh.containers().len(), 1);
+    mesh.client
+        .sessions()
+        .close(&opened.session_id)
+        .await
+        .unwrap();
+    eventually_true("session close removes the container", BOUND, || async {
+        mesh.containers().is_empty()
+    })
+    .await;
+
+    // Idle: unused for SANDMESH_BROWSER_IDLE_MS, the browser is closed.
+    mesh.navigate("idler", "/").await;
+    assert_eq!(mesh.containers().len(), 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually_true("an idle browser is closed", BOUND, || async {
+        mesh.containers().is_empty()
+    })
+    .await;
+    mesh.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_actions_across_ten_sessions_leak_nothing() {
+    let mesh = Mesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "2")]).await;
+    let sessions: Vec<String> = (0..10).map(|i| format!("load-{i}")).collect();
+    let runs = sessions.iter().map(|s| {
+        let mesh = &mesh;
+        async move {
+            // 20 actions per session, 200 in all.
+            for round in 0..4 {
+                mesh.navigate(s, if round % 2 == 0 { "/" } else { "/long" })
+                    .await;
+                mesh.ok(s, A::Elements, BrowserRequest::default()).await;
+                mesh.ok(s, A::Scroll, BrowserRequest::default()).await;
+                mesh.ok(s, A::Content, BrowserRequest::default()).await;
+                mesh.ok(s, A::Screenshot, BrowserRequest::default()).await;
+            }
+        }
+    });
+    futures::future::join_all(runs).await;
+    assert_eq!(mesh.containers().len(), 12, "10 sessions + 2 warm");
+    for s in &sessions {
+        mesh.ok(s, A::Close, BrowserRequest::default()).await;
+    }
+    eventually_true("only the warm pool is left", BOUND, || async {
+        mesh.containers().len() == 2
+    })
+    .await;
+    let router = mesh.router.clone();
+    mesh.stop().await;
+    assert!(
+        common::containers_of(&router).is_empty(),
+        "shutdown removes the warm pool"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_tenants_with_the_same_session_id_get_two_browsers() {
+    let nats = test_support::NatsServer::start_with_tenants(&["acme", "beta"]);
+    let mesh = Mesh::start_on(nats, &[]).await;
+    let mut agents = Vec::new();
+    for (tenant, who) in [("acme", "alice"), ("beta", "bob")] {
+        let agent = mesh.agent(tenant).await.browser();
+        let act = |action, r: BrowserRequest| {
+            let agent = agent.clone();
+            async move {
+                let r = BrowserRequest {
+                    session_id: "s1".into(),
+                    ..r
+                };
+                agent.act(action, &r).await.expect("an agent's action")
+            }
+        };
+        act(A::Navigate, req(|r| r.url = Some(mesh.fixture.url("/")))).await;
+        act(
+            A::Fill,
+            req(|r| {
+                r.selector = Some("#user".into());
+                r.text = Some(who.into())
+            }),
+        )
+        .await;
+        act(
+            A::Click,
+            req(|r| r.selector = Some("input[type=submit]".into())),
+        )
+        .await;
+        agents.push((agent, who));
+    }
+    for (agent, who) in agents {
+        let me = BrowserRequest {
+            session_id: "s1".into(),
+            url: Some(mesh.fixture.url("/me")),
+            ..Default::default()
+        };
+        agent.act(A::Navigate, &me).await.unwrap();
+        let text = agent
+            .act(
+                A::Content,
+                &BrowserRequest {
+                    session_id: "s1".into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert!(text
+            .content
+            .unwrap()
+            .contains(&format!("logged in as {who}")));
+    }
+    // Two sessions, two browsers (plus the warm one).
+    assert_eq!(mesh.containers().len(), 3);
+    mesh.stop().await;
+}

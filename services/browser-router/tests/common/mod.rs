@@ -1,0 +1,304 @@
+//! The browser-router over a real nats-server with the real risk-assessor, confirmation,
+//! workspace-store and scheduler in this process, real Docker and real Chromium in the
+//! browser image, and a fixture web site.
+//!
+//! Where the fixture lives: the browser containers have no route out; Chromium's only way
+//! out is the egress proxy, which runs in this process on the host. So the fixture is served
+//! on the host's loopback, on 127.0.0.2 (all of 127/8 is loopback on Linux), and the test
+//! router's policy allows exactly `127.0.0.2/32` on the fixture's port. It also allows the
+//! name `localhost`, so that the refusal tests show the check after resolution: the name
+//! passes, its address 127.0.0.1 does not.
+
+#![allow(dead_code)]
+
+pub mod fixture;
+
+use std::future::Future;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use browser_router::container::LABEL_ROUTER;
+use browser_router::BrowserConfig;
+use kit::config::env_map;
+use kit::CancellationToken;
+use messages::browser::{BrowserAction, BrowserRequest, BrowserResult};
+use messages::Subjects;
+use sandmesh_client::{ClientError, MeshClient};
+use test_support::NatsServer;
+
+pub const BOUND: Duration = Duration::from_secs(60);
+
+/// The browser image (deploy/images/build-browser.sh: a no-op when nothing changed).
+pub fn image() -> &'static str {
+    static IMAGE: OnceLock<String> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        test_support::require_docker();
+        browser_router::image::ensure_image().unwrap_or_else(|e| {
+            panic!("building the browser image (root, debootstrap and a Debian mirror are needed the first time): {e}")
+        })
+    })
+}
+
+pub struct Mesh {
+    pub nats: NatsServer,
+    pub client: MeshClient,
+    pub fixture: fixture::Fixture,
+    /// The router's instance id: its containers carry it in `sandmesh.browser.router`.
+    pub router: String,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), String>>>,
+    _egress: tempfile::TempDir,
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        // A test that failed before `stop` leaves its browsers: remove them (ours only).
+        for name in containers_of(&self.router) {
+            let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+        }
+    }
+}
+
+/// Names of the containers labelled with this router instance (running or not).
+pub fn containers_of(router: &str) -> Vec<String> {
+    let filter = format!("label={LABEL_ROUTER}={router}");
+    let out = Command::new("docker")
+        .args(["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+impl Mesh {
+    /// Every service, a fixture site, and a router with `extra` `SANDMESH_*` settings.
+    pub async fn start(extra: &[(&str, &str)]) -> Self {
+        Self::start_on(NatsServer::start(), extra).await
+    }
+
+    /// On `nats` (e.g. with more tenants).
+    pub async fn start_on(nats: NatsServer, extra: &[(&str, &str)]) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let image = image();
+        let fixture = fixture::Fixture::start().await;
+        let connection = test_support::connect(&nats.url()).await;
+        let router = format!("tb{}", messages::new_id().to_ascii_lowercase());
+        let egress = tempfile::tempdir().expect("tempdir");
+        let mut mesh = Self {
+            client: MeshClient::new(connection, Subjects::default()).with_timeout(BOUND),
+            nats,
+            fixture,
+            router,
+            stop: CancellationToken::new(),
+            tasks: Vec::new(),
+            _egress: egress,
+        };
+        let url = mesh.nats.url();
+        let base = env_map(&[
+            ("SANDMESH_NATS_URL", url.as_str()),
+            ("SANDMESH_HEARTBEAT_MS", "500"),
+        ]);
+        let risk = risk_assessor::RiskAssessorConfig::from_env(&base).unwrap();
+        mesh.spawn(risk_assessor::run(risk, mesh.stop.clone()));
+        let confirm = confirmation::ConfirmationConfig::from_env(&base).unwrap();
+        mesh.spawn(confirmation::run(confirm, mesh.stop.clone()));
+        let ws = workspace_store::WorkspaceConfig::for_url(&url);
+        mesh.spawn(workspace_store::run(ws, mesh.stop.clone()));
+        let scheduler = scheduler::SchedulerConfig::from_env(&base).unwrap();
+        mesh.spawn(scheduler::run(scheduler, mesh.stop.clone()));
+
+        let policy = format!(
+            r#"{{"allow_domains":["localhost"],"allow_cidrs":["127.0.0.2/32"],"ports":[{}]}}"#,
+            mesh.fixture.port
+        );
+        let egress_dir = mesh._egress.path().display().to_string();
+        let mut env = env_map(&[
+            ("SANDMESH_NATS_URL", url.as_str()),
+            ("SANDMESH_HEARTBEAT_MS", "500"),
+            ("SANDMESH_INSTANCE_ID", mesh.router.as_str()),
+            ("SANDMESH_BROWSER_IMAGE", image),
+            ("SANDMESH_BROWSER_NETWORK_POLICY", policy.as_str()),
+            ("SANDMESH_BROWSER_EGRESS_DIR", egress_dir.as_str()),
+            ("SANDMESH_BROWSER_WARM_POOL", "1"),
+            ("SANDMESH_BROWSER_CONFIRM_TIMEOUT_MS", "20000"),
+        ]);
+        for (k, v) in extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        let config = BrowserConfig::from_env(&env).expect("valid router config");
+        mesh.spawn(browser_router::run(config, mesh.stop.clone()));
+        for service in [
+            messages::ServiceName::RiskAssessor,
+            messages::ServiceName::Confirmation,
+            messages::ServiceName::WorkspaceStore,
+            messages::ServiceName::Scheduler,
+            messages::ServiceName::BrowserRouter,
+        ] {
+            mesh.ready(service).await;
+        }
+        mesh
+    }
+
+    fn spawn<E: std::fmt::Display>(
+        &mut self,
+        run: impl Future<Output = Result<(), E>> + Send + 'static,
+    ) {
+        self.tasks.push(tokio::spawn(
+            async move { run.await.map_err(|e| e.to_string()) },
+        ));
+    }
+
+    async fn ready(&mut self, service: messages::ServiceName) {
+        let status = self.client.status();
+        let tasks = &self.tasks;
+        let ended = test_support::eventually(&format!("{service} answers"), BOUND, || {
+            let status = status.clone();
+            let ended = tasks.iter().position(|t| t.is_finished());
+            async move {
+                if ended.is_some() {
+                    return Some(ended);
+                }
+                let found = status.ping(Some(service), Duration::from_millis(200)).await;
+                found.ok().filter(|i| !i.is_empty()).map(|_| None)
+            }
+        })
+        .await;
+        if let Some(task) = ended {
+            let outcome = self.tasks.swap_remove(task).await;
+            panic!("a service ended while {service} was starting: {outcome:?}");
+        }
+    }
+
+    /// Stops every service; each must end cleanly.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        for task in std::mem::take(&mut self.tasks) {
+            let ended = tokio::time::timeout(BOUND, task).await;
+            ended
+                .expect("a service stops in time")
+                .expect("its task")
+                .expect("a service ends cleanly");
+        }
+    }
+
+    /// A client connected as `tenant`'s agent (through the server's service imports).
+    pub async fn agent(&self, tenant: &str) -> MeshClient {
+        let connection = test_support::connect(&self.nats.agent_url(tenant)).await;
+        MeshClient::new(connection, Subjects::default()).with_timeout(BOUND)
+    }
+
+    pub fn containers(&self) -> Vec<String> {
+        containers_of(&self.router)
+    }
+
+    pub async fn act(
+        &self,
+        session: &str,
+        action: BrowserAction,
+        req: BrowserRequest,
+    ) -> Result<BrowserResult, ClientError> {
+        let req = BrowserRequest {
+            session_id: session.to_string(),
+            ..req
+        };
+        self.client.browser().act(action, &req).await
+    }
+
+    /// The action must succeed.
+    pub async fn ok(
+        &self,
+        session: &str,
+        action: BrowserAction,
+        req: BrowserRequest,
+    ) -> BrowserResult {
+        self.act(session, action, req)
+            .await
+            .unwrap_or_else(|e| panic!("{} failed: {e}", action.as_str()))
+    }
+
+    pub async fn navigate(&self, session: &str, path: &str) -> BrowserResult {
+        let url = self.fixture.url(path);
+        self.ok(
+            session,
+            BrowserAction::Navigate,
+            BrowserRequest {
+                url: Some(url),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    pub async fn text(&self, session: &str) -> String {
+        self.ok(session, BrowserAction::Content, BrowserRequest::default())
+            .await
+            .content
+            .unwrap_or_default()
+    }
+
+    /// The index of the first element whose name or input type matches.
+    pub async fn index_of(
+        &self,
+        session: &str,
+        matches: impl Fn(&messages::browser::BrowserElement) -> bool,
+    ) -> u32 {
+        let listed = self
+            .ok(session, BrowserAction::Elements, BrowserRequest::default())
+            .await;
+        listed
+            .elements
+            .iter()
+            .find(|e| matches(e))
+            .unwrap_or_else(|| panic!("no such element in {:?}", listed.elements))
+            .index
+    }
+
+    /// Decides every confirmation asked from now on with `approve`, until the returned task
+    /// is aborted. Returns the decided ids through the task's channel.
+    pub async fn decide_all(
+        &self,
+        approve: bool,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ) {
+        use futures::StreamExt;
+        let confirm = self.client.confirm();
+        let mut events = confirm.watch().await.expect("watch confirmations");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Some(Ok(c)) = events.next().await {
+                if c.state == messages::confirm::ConfirmState::Pending {
+                    let decide = messages::confirm::ConfirmDecide {
+                        id: c.id.clone(),
+                        approve,
+                        by: "test".into(),
+                        reason: Some(format!(
+                            "the test {}",
+                            if approve { "approves" } else { "denies" }
+                        )),
+                        scope: Default::default(),
+                        by_account: None,
+                    };
+                    confirm.decide(&decide).await.expect("decide");
+                    let _ = tx.send(c.id);
+                }
+            }
+        });
+        (task, rx)
+    }
+}
+
+/// `with` filled into a default request.
+pub fn req(f: impl FnOnce(&mut BrowserRequest)) -> BrowserRequest {
+    let mut r = BrowserRequest::default();
+    f(&mut r);
+    r
+}
