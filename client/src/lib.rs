@@ -23,6 +23,7 @@
 //! programs outside this repository use the same code. A service passes
 //! [`MeshClient::with_headers`] its trace-context injector to keep one trace across calls.
 
+pub mod aio;
 pub mod audit;
 pub mod confirm;
 pub mod error;
@@ -42,6 +43,7 @@ use messages::{ErrorBody, Subjects};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use aio::AioClient;
 pub use audit::AuditClient;
 pub use confirm::ConfirmClient;
 pub use error::{ClientError, ErrorKind, Result};
@@ -143,6 +145,10 @@ impl MeshClient {
 
     pub fn risk(&self) -> RiskClient {
         RiskClient::new(self.clone())
+    }
+
+    pub fn aio(&self) -> AioClient {
+        AioClient::new(self.clone())
     }
 
     pub fn audit(&self) -> AuditClient {

@@ -100,6 +100,18 @@ impl KitError {
     }
 }
 
+/// The mesh a service belongs to: the creation time of the shared nodes bucket, the same for
+/// every service on one NATS deployment and different for every other. Container owners
+/// label their containers with it, so a janitor judges only its own mesh's.
+pub async fn mesh_id(nodes_kv: &jetstream::kv::Store) -> Result<String, KitError> {
+    let kv = nodes_kv.clone();
+    let status = kv
+        .status()
+        .await
+        .map_err(|e| KitError::jetstream("nodes bucket status", e))?;
+    Ok(format!("{:x}", status.info.created.unix_timestamp_nanos()))
+}
+
 /// A running service instance: its connection, JetStream context, endpoints and heartbeat.
 pub struct Runtime {
     pub config: KitConfig,
