@@ -26,6 +26,10 @@ use crate::state::{AcquireError, Counts, Effect, InstanceId, PoolState, UseError
 
 type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 
+/// Largest command `aio.exec` forwards (code travels inside it; files belong in the
+/// workspace API).
+pub const MAX_COMMAND_BYTES: usize = 512 * 1024;
+
 pub enum PoolMsg {
     Acquire(RequestContext, AioAcquire, Reply<AioLease>),
     Release(RequestContext, AioRelease, Reply<AioReleased>),
@@ -360,6 +364,14 @@ impl Actor for Pool {
                     reply
                         .send(Err(ErrorBody::bad_request("command is empty")))
                         .ok();
+                    return Ok(());
+                }
+                if req.command.len() > MAX_COMMAND_BYTES {
+                    let e = ErrorBody::too_large(format!(
+                        "command is {} bytes, at most {MAX_COMMAND_BYTES}",
+                        req.command.len()
+                    ));
+                    reply.send(Err(e)).ok();
                     return Ok(());
                 }
                 let timeout = match req.timeout_ms.map(Duration::from_millis) {
