@@ -57,6 +57,8 @@ struct Outcome {
     unparsed: Option<Unparsed>,
     /// Browser findings have no source spans.
     spans: bool,
+    /// The code imports a browser automation library.
+    needs_browser: bool,
 }
 
 pub struct Assessor {
@@ -104,6 +106,7 @@ impl Assessor {
                 hits: browser::hits(content, request.params.as_ref(), &self.policy),
                 unparsed: None,
                 spans: false,
+                needs_browser: false,
             },
         };
         let mut assessment = self.verdict(request.content_type, outcome);
@@ -113,6 +116,7 @@ impl Assessor {
 
     fn code(&self, content: &str, grammar: Grammar, language: Language) -> Outcome {
         let mut hits = Hits::default();
+        let mut needs_browser = false;
         let unparsed = match syntax::parse(grammar, content, self.limits.parse_budget) {
             Ok(tree) => {
                 let facts = match grammar {
@@ -120,6 +124,7 @@ impl Assessor {
                     _ => javascript::facts(&tree, content),
                 };
                 code::apply(&facts, content, &self.policy, language, grammar, &mut hits);
+                needs_browser = code::needs_browser(&facts);
                 None
             }
             Err(unparsed) => {
@@ -131,6 +136,7 @@ impl Assessor {
             hits: hits.into_vec(),
             unparsed,
             spans: true,
+            needs_browser,
         }
     }
 
@@ -141,6 +147,7 @@ impl Assessor {
             hits: hits.into_vec(),
             unparsed,
             spans: true,
+            needs_browser: false,
         }
     }
 
@@ -215,6 +222,9 @@ impl Assessor {
             Tier::Aio
         } else if content_type == ContentType::Shell && level == RiskLevel::Critical {
             Tier::Reject
+        } else if outcome.needs_browser {
+            // Only the AIO tier has a browser to drive.
+            Tier::Aio
         } else if level <= RiskLevel::Low {
             Tier::Ephemeral
         } else {

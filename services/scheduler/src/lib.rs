@@ -33,6 +33,7 @@
 //! the bounded queue.
 
 pub mod affinity;
+pub mod aio;
 pub mod claims;
 pub mod config;
 pub mod confirm;
@@ -69,6 +70,7 @@ pub use error::StoreError;
 pub use execution::{Origin, Outcome};
 
 use crate::affinity::SessionAffinity;
+use crate::aio::AioRunner;
 use crate::claims::Claims;
 use crate::confirm::ConfirmClient;
 use crate::dispatch::Dispatcher;
@@ -193,6 +195,7 @@ pub async fn run(
             placer,
             executor.clone(),
             affinity.clone(),
+            AioRunner::new(caller.clone(), subjects.clone(), config.exec_grace),
             config.exec_grace,
         ),
         auditor.clone(),
