@@ -290,20 +290,31 @@ fn text(bytes: &[u8], max_chars: usize) -> String {
     }
 }
 
-fn invalid_timeout() -> Reply {
-    error(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "timeout must be a positive number of seconds".into(),
-    )
+/// The command's bound and working directory, or why they are refused (a 422).
+fn bounds(
+    agent: &Agent,
+    hard: Option<f64>,
+    soft: Option<f64>,
+    exec_dir: Option<&str>,
+) -> Result<(Duration, std::path::PathBuf), String> {
+    let timeout = timeout_of(agent, hard, soft)
+        .ok_or_else(|| "timeout must be a positive number of seconds".to_string())?;
+    let cwd = agent
+        .workspace
+        .exec_dir(exec_dir)
+        .map_err(|e| error_chain(&e))?;
+    Ok((timeout, cwd))
 }
 
 async fn shell_exec(agent: &Agent, req: api::ShellExecRequest) -> Reply {
-    let Some(timeout) = timeout_of(agent, req.hard_timeout, req.timeout) else {
-        return invalid_timeout();
-    };
-    let cwd = match agent.workspace.exec_dir(req.exec_dir.as_deref()) {
-        Ok(d) => d,
-        Err(e) => return error(StatusCode::UNPROCESSABLE_ENTITY, error_chain(&e)),
+    let (timeout, cwd) = match bounds(
+        agent,
+        req.hard_timeout,
+        req.timeout,
+        req.exec_dir.as_deref(),
+    ) {
+        Ok(b) => b,
+        Err(message) => return error(StatusCode::UNPROCESSABLE_ENTITY, message),
     };
     let cmd = Command {
         script: req.command.clone(),
@@ -343,12 +354,14 @@ async fn shell_exec(agent: &Agent, req: api::ShellExecRequest) -> Reply {
 }
 
 async fn bash_exec(agent: &Agent, req: api::BashExecRequest) -> Reply {
-    let Some(timeout) = timeout_of(agent, req.hard_timeout, req.timeout) else {
-        return invalid_timeout();
-    };
-    let cwd = match agent.workspace.exec_dir(req.exec_dir.as_deref()) {
-        Ok(d) => d,
-        Err(e) => return error(StatusCode::UNPROCESSABLE_ENTITY, error_chain(&e)),
+    let (timeout, cwd) = match bounds(
+        agent,
+        req.hard_timeout,
+        req.timeout,
+        req.exec_dir.as_deref(),
+    ) {
+        Ok(b) => b,
+        Err(message) => return error(StatusCode::UNPROCESSABLE_ENTITY, message),
     };
     let cmd = Command {
         script: req.command.clone(),

@@ -99,12 +99,7 @@ pub async fn run(config: AioPoolConfig, shutdown: CancellationToken) -> Result<(
     };
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
-    let nodes_kv = runtime
-        .js
-        .get_key_value(subjects.nodes_bucket())
-        .await
-        .map_err(|e| KitError::jetstream("nodes bucket", e))?;
-    let mesh = kit::mesh_id(&nodes_kv).await?;
+    let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
     let spec = InstanceSpec::from_config(&config, &mesh);
     ensure_network(&docker, &spec).await?;
 

@@ -531,6 +531,28 @@ mod tests {
         assert_eq!(s.use_instance("b", None, t), Err(UseError::NotBound));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn idle_reclaim_counts_from_the_last_use_on_paused_time() {
+        let now = Instant::now;
+        let mut s = PoolState::new(limits(0, 2));
+        let id = creates(&s.acquire(1, "a", now()))[0];
+        s.created(id, Ok(()), now());
+        tokio::time::advance(Duration::from_secs(299)).await;
+        assert!(s.tick(now()).is_empty());
+        // A use resets the idle clock.
+        s.use_instance("a", None, now()).unwrap();
+        tokio::time::advance(Duration::from_secs(299)).await;
+        assert!(s.tick(now()).is_empty());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(s.tick(now()), vec![Effect::Destroy(id)]);
+        // The third use of a fresh instance (max_use_count 3) retires it at once.
+        let next = creates(&s.acquire(2, "b", now()))[0];
+        s.created(next, Ok(()), now());
+        for expect in [false, false, true] {
+            assert_eq!(s.use_instance("b", None, now()), Ok((next, expect)));
+        }
+    }
+
     #[test]
     fn a_failed_creation_answers_the_oldest_waiter() {
         let t = Instant::now();

@@ -147,12 +147,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     };
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
-    let nodes_kv = runtime
-        .js
-        .get_key_value(subjects.nodes_bucket())
-        .await
-        .map_err(|e| KitError::jetstream("nodes bucket", e))?;
-    let mesh = kit::mesh_id(&nodes_kv).await?;
+    let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
     let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
     let node = Arc::new(NodeState::default());
     let config = Arc::new(config);

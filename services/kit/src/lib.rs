@@ -187,6 +187,17 @@ impl Runtime {
         self.host.serve(subject, options, handler).await
     }
 
+    /// The shared nodes bucket (heartbeats) and the mesh id derived from it (see [`mesh_id`]).
+    pub async fn nodes_and_mesh(&self) -> Result<(jetstream::kv::Store, String), KitError> {
+        let kv = self
+            .js
+            .get_key_value(self.config.subjects.nodes_bucket())
+            .await
+            .map_err(|e| KitError::jetstream("nodes bucket", e))?;
+        let mesh = mesh_id(&kv).await?;
+        Ok((kv, mesh))
+    }
+
     /// A caller for other services with the given default timeout.
     pub fn caller(&self, timeout: Duration) -> Caller {
         Caller::new(self.client.clone(), timeout)
