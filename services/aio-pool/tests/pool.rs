@@ -301,7 +301,7 @@ async fn a_killed_instance_is_noticed_and_replaced() {
     let h_ref = &h;
     let warm = eventually(
         "one warm instance",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async move {
             let s = h_ref.aio.stats().await.ok()?;
             (s.warm == 1).then_some(())?;
@@ -316,7 +316,7 @@ async fn a_killed_instance_is_noticed_and_replaced() {
         )
         .await
         .unwrap();
-    let replacement = eventually("a replacement is warm", Duration::from_secs(20), || {
+    let replacement = eventually("a replacement is warm", Duration::from_secs(60), || {
         let warm = warm.clone();
         async move {
             let s = h_ref.aio.stats().await.ok()?;
@@ -338,7 +338,7 @@ async fn a_killed_instance_is_noticed_and_replaced() {
         .unwrap();
     eventually_true(
         "the dead bound instance is dropped",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async move {
             h_ref
                 .aio
