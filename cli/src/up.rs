@@ -69,6 +69,7 @@ pub const SERVICES: &[ServiceName] = &[
     ServiceName::Confirmation,
     ServiceName::WorkspaceStore,
     ServiceName::DockerExecutor,
+    ServiceName::AioPool,
     ServiceName::Scheduler,
     ServiceName::BrowserRouter,
 ];
@@ -121,6 +122,9 @@ fn build(
             ServiceName::DockerExecutor => ExecutorConfig::from_env(env).map(|c| {
                 executor = Some(c.clone());
                 Box::pin(async move { Ok(docker_executor::run(c, token).await?) }) as ServiceFuture
+            }),
+            ServiceName::AioPool => aio_pool::AioPoolConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(aio_pool::run(c, token).await?) }) as ServiceFuture
             }),
             ServiceName::Scheduler => scheduler::SchedulerConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(scheduler::run(c, token).await?) }) as ServiceFuture
@@ -402,6 +406,18 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     .context("building the browser image")?;
     env.entry("SANDMESH_BROWSER_IMAGE".into())
         .or_insert(browser);
+    if !env.contains_key("SANDMESH_AIO_IMAGE") {
+        eprintln!(
+            "sandmesh: preparing the AIO image (Debian's chromium; the first build takes minutes)"
+        );
+        let aio = with_progress("building the AIO image", containers::image::AIO.ensure())
+            .await
+            .context("building the AIO image")?;
+        env.insert("SANDMESH_AIO_IMAGE".into(), aio);
+    }
+    // No Chromium starts unasked on a laptop: instances are made on first acquire.
+    env.entry("SANDMESH_AIO_MIN_INSTANCES".into())
+        .or_insert_with(|| "0".into());
 
     let shutdown = kit::shutdown::on_signals();
     let services = kit::config::exit_on_error(build(SERVICES, &env, auth.as_ref(), &shutdown));

@@ -23,6 +23,7 @@
 //! programs outside this repository use the same code. A service passes
 //! [`MeshClient::with_headers`] its trace-context injector to keep one trace across calls.
 
+pub mod aio;
 pub mod audit;
 pub mod browser;
 pub mod confirm;
@@ -43,6 +44,7 @@ use messages::{ErrorBody, Subjects};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use aio::AioClient;
 pub use audit::AuditClient;
 pub use browser::BrowserClient;
 pub use confirm::ConfirmClient;
@@ -149,6 +151,10 @@ impl MeshClient {
 
     pub fn browser(&self) -> BrowserClient {
         BrowserClient::new(self.clone())
+    }
+
+    pub fn aio(&self) -> AioClient {
+        AioClient::new(self.clone())
     }
 
     pub fn audit(&self) -> AuditClient {

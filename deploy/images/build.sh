@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the sandmesh sandbox image locally from Debian packages (no container registry needed).
+# Builds a sandmesh image locally from Debian packages (no container registry needed).
 #
-#   IMG=$(deploy/images/build.sh)     # -> sandmesh/sandbox:<12 hex>, also tagged :latest
+#   IMG=$(deploy/images/build.sh)       # -> sandmesh/sandbox:<12 hex>, also tagged :latest
+#   IMG=$(deploy/images/build.sh aio)   # -> sandmesh/aio:<12 hex> (aio-pool instances)
 #
 # Progress goes to stderr; the only stdout line is the image reference (printed last).
 # Idempotent: the tag is a content hash of the Dockerfile(s), the base image id and the
@@ -13,8 +14,10 @@
 #   DEBIAN_MIRROR           debootstrap mirror (default http://deb.debian.org/debian)
 #   DEBIAN_SECURITY_MIRROR  security mirror written into the base image's apt sources
 #                           (default http://deb.debian.org/debian-security)
-#   SUPERVISOR_BIN          path to the sandmesh-supervisor binary; installed as
+#   SUPERVISOR_BIN          (sandbox) path to the sandmesh-supervisor binary; installed as
 #                           /usr/local/bin/sandmesh-supervisor (mode 0755)
+#   AGENT_BIN               (aio) path to the sandmesh-aio-agent binary; installed as
+#                           /usr/local/bin/sandmesh-aio-agent (mode 0755), the command
 #   BUILD_NETWORK           `docker build --network` value (e.g. host) if the default bridge
 #                           cannot reach the mirror
 #   REBUILD=1               rebuild everything (base included, no build cache)
@@ -24,8 +27,23 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 readonly SUITE=bookworm
 readonly BASE_TAG=sandmesh/debian:bookworm
-readonly RUNTIME_REPO=sandmesh/sandbox-runtime
-readonly REPO=sandmesh/sandbox
+# Which image: its directory, repositories, and the one binary of ours it carries (added as a
+# last layer, so changing the binary rebuilds only that layer).
+case "${1:-sandbox}" in
+    sandbox)
+        readonly TARGET=sandbox RUNTIME_REPO=sandmesh/sandbox-runtime REPO=sandmesh/sandbox
+        readonly BIN_NAME=sandmesh-supervisor BIN_LABEL=org.sandmesh.supervisor
+        readonly BIN_DOCKERFILE=Dockerfile.supervisor BIN=${SUPERVISOR_BIN:-} BIN_VAR=SUPERVISOR_BIN
+        readonly BIN_ROLE=supervisor
+        ;;
+    aio)
+        readonly TARGET=aio RUNTIME_REPO=sandmesh/aio-runtime REPO=sandmesh/aio
+        readonly BIN_NAME=sandmesh-aio-agent BIN_LABEL=org.sandmesh.aio-agent
+        readonly BIN_DOCKERFILE=Dockerfile.agent BIN=${AGENT_BIN:-} BIN_VAR=AGENT_BIN
+        readonly BIN_ROLE=agent
+        ;;
+    *) printf 'build.sh: unknown image %s (sandbox | aio)\n' "$1" >&2; exit 64 ;;
+esac
 readonly MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 readonly SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 readonly REBUILD=${REBUILD:-0}
@@ -148,26 +166,26 @@ fi
 base_id=$(image_id "$base_ref")
 [ -n "$base_id" ] || die "base image $base_ref not found"
 
-# --- 2. sandbox image -----------------------------------------------------------------------
-dockerfile=$here/sandbox/Dockerfile
-sup_dockerfile=$here/sandbox/Dockerfile.supervisor
+# --- 2. the image (runtime packages, then our binary) ----------------------------------------
+dockerfile=$here/$TARGET/Dockerfile
+bin_dockerfile=$here/$TARGET/$BIN_DOCKERFILE
 
-rt_hash=$({ printf 'sandmesh-sandbox-runtime\nbase %s\n' "$base_id"; cat "$dockerfile"; } | sha256)
+rt_hash=$({ printf 'sandmesh-%s-runtime\nbase %s\n' "$TARGET" "$base_id"; cat "$dockerfile"; } | sha256)
 rt_ref=$RUNTIME_REPO:${rt_hash:0:12}
 
 ctx=
-if [ -n "${SUPERVISOR_BIN:-}" ]; then
-    [ -f "$SUPERVISOR_BIN" ] || die "SUPERVISOR_BIN=$SUPERVISOR_BIN is not a file"
+if [ -n "$BIN" ]; then
+    [ -f "$BIN" ] || die "$BIN_VAR=$BIN is not a file"
     # Hash the copy that gets built, not a file that may still be changing.
     mktmp context
     ctx=$tmp
-    cp "$sup_dockerfile" "$ctx/Dockerfile"
-    install -m 0755 "$SUPERVISOR_BIN" "$ctx/sandmesh-supervisor"
+    cp "$bin_dockerfile" "$ctx/Dockerfile"
+    install -m 0755 "$BIN" "$ctx/$BIN_NAME"
     # Debug symbols only make the layer big (a debug build is ~13 MB, stripped ~2 MB).
-    if command -v strip >/dev/null; then strip --strip-debug "$ctx/sandmesh-supervisor"; fi
-    sup_sha=$(sha256 <"$ctx/sandmesh-supervisor")
-    final_hash=$({ printf 'sandmesh-sandbox\nruntime %s\nsupervisor %s\n' "$rt_hash" "$sup_sha"
-                   cat "$sup_dockerfile"; } | sha256)
+    if command -v strip >/dev/null; then strip --strip-debug "$ctx/$BIN_NAME"; fi
+    bin_sha=$(sha256 <"$ctx/$BIN_NAME")
+    final_hash=$({ printf 'sandmesh-%s\nruntime %s\n%s %s\n' "$TARGET" "$rt_hash" "$BIN_ROLE" "$bin_sha"
+                   cat "$bin_dockerfile"; } | sha256)
 else
     final_hash=$rt_hash
 fi
@@ -184,10 +202,10 @@ else
         log "built $rt_ref in $((SECONDS - t0))s"
     fi
     if [ -n "$ctx" ]; then
-        log "building $final_ref (supervisor $sup_sha)"
+        log "building $final_ref ($BIN_NAME $bin_sha)"
         docker_build --build-arg "RUNTIME_IMAGE=$rt_ref" \
             --label "org.sandmesh.hash=${final_hash:0:12}" \
-            --label "org.sandmesh.supervisor=${sup_sha:0:12}" -t "$final_ref" "$ctx"
+            --label "$BIN_LABEL=${bin_sha:0:12}" -t "$final_ref" "$ctx"
     else
         docker tag "$rt_ref" "$final_ref"
     fi

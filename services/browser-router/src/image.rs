@@ -1,12 +1,12 @@
 //! The browser image, built on demand by `deploy/images/build-browser.sh` (idempotent and
 //! content-addressed: a no-op when the image for the same inputs exists).
 
-use docker_executor::image::{run_build_script, ImageError};
+use containers::image::{run_script, ImageError};
 
 /// Builds (or finds up to date) the browser image; returns its reference
 /// (`sandmesh/browser:<hash>`). Blocking.
 pub fn ensure_image() -> Result<String, ImageError> {
-    run_build_script("build-browser.sh", &[])
+    run_script("build-browser.sh", &[], &[])
 }
 
 /// [`ensure_image`] for async callers (`sandmesh up`): the value for `SANDMESH_BROWSER_IMAGE`.

@@ -9,13 +9,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bollard::models::{
-    ContainerCreateBody, ContainerUpdateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits,
-};
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-};
+use bollard::models::{ContainerCreateBody, ContainerUpdateBody};
+use bollard::query_parameters::CreateContainerOptionsBuilder;
 use bollard::Docker;
+use containers::{hardened_host_config, tmpfs_options, Hardening};
+pub use containers::{summary_name, DockerError};
 use messages::validate::EffectiveLimits;
 
 use crate::config::ExecutorConfig;
@@ -35,46 +33,6 @@ pub const SUPERVISOR_PATH: &str = "/usr/local/bin/sandmesh-supervisor";
 pub const WORKSPACE_DIR: &str = "/workspace";
 /// The sandbox user of the image (deploy/images/sandbox/Dockerfile).
 pub const SANDBOX_UID: u32 = 10001;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DockerError {
-    #[error("cannot reach the Docker daemon: {0}")]
-    Connect(#[source] bollard::errors::Error),
-    /// The Docker API refused or failed a call.
-    #[error("docker {op} {target}: {source}")]
-    Api {
-        op: &'static str,
-        target: String,
-        #[source]
-        source: bollard::errors::Error,
-    },
-    /// The call went through but did not do its job (a command's exit code, a stream
-    /// that was not attached).
-    #[error("docker {op} {target}: {message}")]
-    Failed {
-        op: &'static str,
-        target: String,
-        message: String,
-    },
-}
-
-impl DockerError {
-    pub fn api(op: &'static str, target: &str, source: bollard::errors::Error) -> Self {
-        DockerError::Api {
-            op,
-            target: target.to_string(),
-            source,
-        }
-    }
-
-    pub fn failed(op: &'static str, target: &str, message: impl Into<String>) -> Self {
-        DockerError::Failed {
-            op,
-            target: target.to_string(),
-            message: message.into(),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerKind {
@@ -152,52 +110,25 @@ impl SandboxSpec {
         limits: ContainerLimits,
         egress_bind: Option<&str>,
     ) -> ContainerCreateBody {
-        let tmpfs = |mb: u64, mode: &str| {
-            // `exec` (tmpfs defaults to noexec), owned by the sandbox user (Docker would make
-            // the working directory root-owned otherwise).
-            format!(
-                "rw,exec,nosuid,nodev,size={mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode={mode}"
-            )
-        };
-        let ulimit = |name: &str, v: u64| ResourcesUlimits {
-            name: Some(name.into()),
-            soft: Some(v as i64),
-            hard: Some(v as i64),
-        };
-        let memory = (limits.memory_mb << 20) as i64;
-        let host = HostConfig {
-            memory: Some(memory),
-            memory_swap: Some(memory),
-            oom_kill_disable: Some(false),
-            nano_cpus: Some((limits.cpus * 1e9) as i64),
-            pids_limit: Some(limits.pids as i64),
-            network_mode: Some("none".into()),
-            readonly_rootfs: Some(true),
-            cap_drop: Some(vec!["ALL".into()]),
-            cap_add: Some(Vec::new()),
-            // The default seccomp profile applies because none is named; never "unconfined".
-            security_opt: Some(vec!["no-new-privileges:true".into()]),
-            privileged: Some(false),
-            ipc_mode: Some("private".into()),
-            tmpfs: Some(HashMap::from([
-                ("/tmp".to_string(), tmpfs(self.tmp_mb, "1777")),
-                (WORKSPACE_DIR.to_string(), tmpfs(self.workspace_mb, "0755")),
-            ])),
-            ulimits: Some(vec![
-                ulimit("nofile", self.nofile),
-                ulimit("fsize", self.fsize_bytes),
-                ulimit("core", 0),
+        let mut host = hardened_host_config(&Hardening {
+            memory_mb: limits.memory_mb,
+            cpus: limits.cpus,
+            pids: limits.pids,
+            nofile: self.nofile,
+            fsize_bytes: self.fsize_bytes,
+            tmpfs: HashMap::from([
+                (
+                    "/tmp".to_string(),
+                    tmpfs_options(self.tmp_mb, SANDBOX_UID, "1777"),
+                ),
+                (
+                    WORKSPACE_DIR.to_string(),
+                    tmpfs_options(self.workspace_mb, SANDBOX_UID, "0755"),
+                ),
             ]),
-            // Output travels through the supervisor; a log driver could only fill the disk.
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("none".into()),
-                config: None,
-            }),
-            init: Some(true),
-            // The network stays `none`: the egress socket directory is the only way out.
-            binds: egress_bind.map(|bind| vec![bind.to_string()]),
-            ..Default::default()
-        };
+        });
+        // The network stays `none`: the egress socket directory is the only way out.
+        host.binds = egress_bind.map(|bind| vec![bind.to_string()]);
         let mut labels = HashMap::from([
             (LABEL_SANDMESH.to_string(), "1".to_string()),
             (LABEL_NODE.to_string(), self.node_id.clone()),
@@ -229,11 +160,7 @@ pub struct Sandboxes {
 
 impl Sandboxes {
     pub async fn connect() -> Result<Docker, DockerError> {
-        let docker = Docker::connect_with_local_defaults().map_err(DockerError::Connect)?;
-        docker
-            .negotiate_version()
-            .await
-            .map_err(DockerError::Connect)
+        containers::connect().await
     }
 
     pub fn new(docker: Docker, spec: SandboxSpec) -> Self {
@@ -316,21 +243,7 @@ impl Sandboxes {
 
     /// Removes a container (running or not); a container already gone is fine.
     pub async fn remove(&self, name: &str) {
-        let options = RemoveContainerOptionsBuilder::new()
-            .force(true)
-            .v(true)
-            .build();
-        match self.docker.remove_container(name, Some(options)).await {
-            Ok(()) => {}
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            }) => {}
-            // "removal already in progress" and similar: the container is on its way out.
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 409, ..
-            }) => {}
-            Err(e) => tracing::warn!(container = name, error = %e, "could not remove container"),
-        }
+        containers::remove(&self.docker, name).await
     }
 
     /// Applies other cgroup limits to a running container.
@@ -358,22 +271,6 @@ impl Sandboxes {
         &self,
         label: &str,
     ) -> Result<Vec<bollard::models::ContainerSummary>, DockerError> {
-        let filters = HashMap::from([("label", vec![label])]);
-        let options = ListContainersOptionsBuilder::new()
-            .all(true)
-            .filters(&filters)
-            .build();
-        self.docker
-            .list_containers(Some(options))
-            .await
-            .map_err(|e| DockerError::api("list", label, e))
+        containers::list(&self.docker, label).await
     }
-}
-
-/// The container's name without Docker's leading `/`.
-pub fn summary_name(s: &bollard::models::ContainerSummary) -> Option<String> {
-    s.names
-        .as_ref()?
-        .first()
-        .map(|n| n.trim_start_matches('/').to_string())
 }

@@ -143,17 +143,6 @@ async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), Execut
     Ok(())
 }
 
-/// The mesh this node belongs to: the creation time of the shared nodes bucket, the same for
-/// every service on one NATS deployment and different for every other.
-async fn mesh_id(kv: &async_nats::jetstream::kv::Store) -> Result<String, ExecutorError> {
-    let kv = kv.clone();
-    let status = kv
-        .status()
-        .await
-        .map_err(|e| KitError::jetstream("nodes bucket status", e))?;
-    Ok(format!("{:x}", status.info.created.unix_timestamp_nanos()))
-}
-
 /// Runs the docker-executor until `shutdown` is cancelled, then removes every container of
 /// this node.
 pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<(), ExecutorError> {
@@ -166,12 +155,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     };
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
-    let nodes_kv = runtime
-        .js
-        .get_key_value(subjects.nodes_bucket())
-        .await
-        .map_err(|e| KitError::jetstream("nodes bucket", e))?;
-    let mesh = mesh_id(&nodes_kv).await?;
+    let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
     let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
     let node = Arc::new(NodeState::default());
     let config = Arc::new(config);

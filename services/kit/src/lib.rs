@@ -104,6 +104,18 @@ impl KitError {
     }
 }
 
+/// The mesh a service belongs to: the creation time of the shared nodes bucket, the same for
+/// every service on one NATS deployment and different for every other. Container owners
+/// label their containers with it, so a janitor judges only its own mesh's.
+pub async fn mesh_id(nodes_kv: &jetstream::kv::Store) -> Result<String, KitError> {
+    let kv = nodes_kv.clone();
+    let status = kv
+        .status()
+        .await
+        .map_err(|e| KitError::jetstream("nodes bucket status", e))?;
+    Ok(format!("{:x}", status.info.created.unix_timestamp_nanos()))
+}
+
 /// A running service instance: its connection, JetStream context, endpoints and heartbeat.
 pub struct Runtime {
     pub config: KitConfig,
@@ -184,6 +196,17 @@ impl Runtime {
         Resp: Serialize + Send + 'static,
     {
         self.host.serve(subject, options, handler).await
+    }
+
+    /// The shared nodes bucket (heartbeats) and the mesh id derived from it (see [`mesh_id`]).
+    pub async fn nodes_and_mesh(&self) -> Result<(jetstream::kv::Store, String), KitError> {
+        let kv = self
+            .js
+            .get_key_value(self.config.subjects.nodes_bucket())
+            .await
+            .map_err(|e| KitError::jetstream("nodes bucket", e))?;
+        let mesh = mesh_id(&kv).await?;
+        Ok((kv, mesh))
     }
 
     /// A caller for other services with the given default timeout.

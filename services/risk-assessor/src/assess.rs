@@ -57,6 +57,8 @@ struct Outcome {
     unparsed: Option<Unparsed>,
     /// Browser findings have no source spans.
     spans: bool,
+    /// The code imports a browser automation library.
+    needs_browser: bool,
 }
 
 pub struct Assessor {
@@ -104,6 +106,7 @@ impl Assessor {
                 hits: browser::hits(content, request.params.as_ref(), &self.policy),
                 unparsed: None,
                 spans: false,
+                needs_browser: false,
             },
         };
         let under_policy = request.under_network_policy();
@@ -114,6 +117,7 @@ impl Assessor {
 
     fn code(&self, content: &str, grammar: Grammar, language: Language) -> Outcome {
         let mut hits = Hits::default();
+        let mut needs_browser = false;
         let unparsed = match syntax::parse(grammar, content, self.limits.parse_budget) {
             Ok(tree) => {
                 let facts = match grammar {
@@ -121,6 +125,7 @@ impl Assessor {
                     _ => javascript::facts(&tree, content),
                 };
                 code::apply(&facts, content, &self.policy, language, grammar, &mut hits);
+                needs_browser = code::needs_browser(&facts);
                 None
             }
             Err(unparsed) => {
@@ -132,6 +137,7 @@ impl Assessor {
             hits: hits.into_vec(),
             unparsed,
             spans: true,
+            needs_browser,
         }
     }
 
@@ -142,6 +148,7 @@ impl Assessor {
             hits: hits.into_vec(),
             unparsed,
             spans: true,
+            needs_browser: false,
         }
     }
 
@@ -229,6 +236,9 @@ impl Assessor {
             Tier::Aio
         } else if content_type == ContentType::Shell && level == RiskLevel::Critical {
             Tier::Reject
+        } else if outcome.needs_browser {
+            // Only the AIO tier has a browser to drive.
+            Tier::Aio
         } else if level <= RiskLevel::Low {
             Tier::Ephemeral
         } else {

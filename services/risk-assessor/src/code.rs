@@ -35,6 +35,40 @@ fn module_matches(pattern: &str, module: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('.'))
 }
 
+/// Libraries that drive a browser (seed 000 `_needs_browser`, by import rather than by any
+/// mention of the word): code loading one is suggested tier `aio`, which has a browser.
+const BROWSER_MODULES: &[&str] = &[
+    // Python
+    "selenium",
+    "playwright",
+    "pyppeteer",
+    "splinter",
+    "undetected_chromedriver",
+    "helium",
+    "DrissionPage",
+    // JavaScript
+    "puppeteer",
+    "puppeteer-core",
+    "playwright-core",
+    "@playwright/test",
+    "selenium-webdriver",
+    "chrome-remote-interface",
+    "webdriverio",
+];
+
+/// Whether the code imports a browser automation library.
+pub fn needs_browser(facts: &Facts) -> bool {
+    facts.imports.iter().any(|(module, _)| {
+        let module = module.strip_prefix("node:").unwrap_or(module);
+        BROWSER_MODULES.iter().any(|p| {
+            module_matches(p, module)
+                || module
+                    .strip_prefix(p)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+    })
+}
+
 fn names_match(globs: &[glob::Glob], names: &[String]) -> bool {
     names.iter().any(|n| glob::any(globs, n))
 }

@@ -407,3 +407,34 @@ fn fetching_under_a_network_policy_is_not_automatically_high() {
         );
     }
 }
+
+#[test]
+fn code_that_drives_a_browser_is_suggested_the_aio_tier() {
+    use ContentType::*;
+    let browser = [
+        (
+            Python,
+            "from selenium import webdriver\nd = webdriver.Chrome()",
+        ),
+        (Python, "from playwright.sync_api import sync_playwright"),
+        (Python, "import pyppeteer\nimport asyncio"),
+        (Javascript, "const puppeteer = require('puppeteer');"),
+        (Javascript, "import { chromium } from 'playwright-core';"),
+        (Javascript, "import { test } from '@playwright/test';"),
+    ];
+    for (content_type, code) in browser {
+        for mode in [SecurityMode::Strict, SecurityMode::Permissive] {
+            let a = run(content_type, code, Some(mode));
+            assert_eq!(a.suggested_tier, Tier::Aio, "{code} ({mode:?}): {a:?}");
+        }
+    }
+    // The word alone is not a browser (seed 000 matched any mention; imports are precise).
+    for code in [
+        "print('open the browser and take a screenshot')",
+        "import seleniumish",
+        "browser = 1",
+    ] {
+        let a = run(Python, code, Some(SecurityMode::Permissive));
+        assert_eq!(a.suggested_tier, Tier::Ephemeral, "{code}: {a:?}");
+    }
+}

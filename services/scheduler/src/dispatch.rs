@@ -11,6 +11,7 @@ use messages::executor::{ExecutorRun, RunKind};
 use messages::ErrorBody;
 
 use crate::affinity::SessionAffinity;
+use crate::aio::AioRunner;
 use crate::execution::Execution;
 use crate::executor_client::{settle, Call, ExecutorClient};
 use crate::placement::Requirements;
@@ -24,6 +25,8 @@ pub struct Dispatcher {
     placer: Placer,
     executor: ExecutorClient,
     affinity: SessionAffinity,
+    /// Tier `aio` runs in the session's AIO instance instead of on an executor.
+    aio: AioRunner,
     /// Added to an execution's own timeout; past it the executor counts as lost.
     exec_grace: Duration,
 }
@@ -33,12 +36,14 @@ impl Dispatcher {
         placer: Placer,
         executor: ExecutorClient,
         affinity: SessionAffinity,
+        aio: AioRunner,
         exec_grace: Duration,
     ) -> Self {
         Self {
             placer,
             executor,
             affinity,
+            aio,
             exec_grace,
         }
     }
@@ -52,6 +57,9 @@ impl Dispatcher {
     /// The place and run stages: a session's node, or the node the strategy picks (the
     /// executor queue group while no node is known). `Err` is a transient failure.
     pub async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
+        if exec.tier == Tier::Aio {
+            return self.aio.run(exec).await;
+        }
         let limits = exec.limits;
         let mut request = exec.request.clone();
         request.timeout_ms = Some(limits.timeout_ms);

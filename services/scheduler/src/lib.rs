@@ -36,6 +36,7 @@
 //! the bounded queue.
 
 pub mod affinity;
+pub mod aio;
 pub mod claims;
 pub mod config;
 pub mod confirm;
@@ -73,6 +74,7 @@ pub use error::StoreError;
 pub use execution::{Origin, Outcome};
 
 use crate::affinity::SessionAffinity;
+use crate::aio::AioRunner;
 use crate::claims::Claims;
 use crate::confirm::ConfirmClient;
 use crate::dispatch::Dispatcher;
@@ -197,6 +199,7 @@ pub async fn run(
             placer,
             executor.clone(),
             affinity.clone(),
+            AioRunner::new(caller.clone(), subjects.clone(), config.exec_grace),
             config.exec_grace,
         ),
         auditor.clone(),

@@ -358,17 +358,6 @@ impl Pipeline {
 
     /// Place, run, store.
     async fn run_and_store(&self, exec: Execution, claim: Hold) -> Outcome {
-        if exec.tier == Tier::Aio {
-            // The aio-pool runs shell commands for browser work; it does not take exec
-            // requests yet, so this tier cannot be served here and saying so beats a fallback
-            // to a weaker tier.
-            let error = ErrorBody::unavailable(
-                "tier aio is required, but executions in AIO sandboxes are not served by this \
-                 scheduler; use the browser API, or permissive mode for a docker tier",
-            );
-            let r = exec.refused(ExecStatus::Internal, exec.tier, error);
-            return self.store(&exec, r, claim).await;
-        }
         match self.dispatcher.dispatch(&exec).await {
             Ok(result) => {
                 let result = exec.finish(result);

@@ -1,0 +1,127 @@
+//! sandmesh-aio-agent: the process inside the sandmesh AIO image (DESIGN.md §3 "AIO").
+//!
+//! It serves the subset of the AIO sandbox HTTP API (`reference/aio-sandbox-openapi.json`)
+//! that aio-pool and its users need, on one port, so the pool drives this image and the
+//! upstream `ghcr.io/agent-infra/sandbox` with the same client:
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /v1/sandbox` | health and info (`SandboxResponse`) |
+//! | `POST /v1/shell/exec`, `POST /v1/bash/exec` | run a command (timeout, cwd, output cap) |
+//! | `POST /v1/file/{read,write,list,upload}`, `GET /v1/file/download` | workspace files |
+//! | `GET /v1/browser/info` | the CDP URL (starts Chromium on first use) |
+//! | `GET /json/version`, `/json/list` | Chromium's discovery, URLs rewritten to this agent |
+//! | `GET /devtools/...` (WebSocket) | relayed to Chromium on 127.0.0.1 |
+//!
+//! Every request needs the instance's API key (`SANDBOX_API_KEY`) as `X-AIO-API-Key`,
+//! `Authorization: Bearer <key>` or `?api_key=` — the three forms upstream accepts. With
+//! `trust_loopback`, requests from 127.0.0.1 need none: inside the container only the
+//! instance's own processes can come from there, and they already share its user (the
+//! image turns it on so code in the instance can use its browser).
+//!
+//! Commands are serialised: one at a time per agent (upstream corrupts a shell session under
+//! concurrent calls; the pool serialises too, this guards direct callers).
+
+pub mod api;
+pub mod browser;
+pub mod exec;
+pub mod files;
+mod routes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+pub use browser::BrowserConfig;
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub api_key: String,
+    pub workspace: PathBuf,
+    /// Where command scripts are written (a private directory).
+    pub script_dir: PathBuf,
+    /// Largest request body; more is answered 413.
+    pub max_body_bytes: usize,
+    /// Bytes of output kept per stream of one command.
+    pub max_output_bytes: usize,
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub trust_loopback: bool,
+    pub browser: BrowserConfig,
+}
+
+/// Shared by all connections.
+pub struct Agent {
+    config: AgentConfig,
+    workspace: files::Workspace,
+    runner: exec::Runner,
+    /// Held for the whole of a command: commands run one at a time.
+    exec_lock: tokio::sync::Mutex<()>,
+    browser: browser::Browser,
+}
+
+impl Agent {
+    pub fn new(config: AgentConfig) -> std::io::Result<Self> {
+        let workspace = files::Workspace::new(&config.workspace, config.max_body_bytes as u64)?;
+        Ok(Self {
+            runner: exec::Runner::new(config.script_dir.clone()),
+            browser: browser::Browser::new(config.browser.clone()),
+            exec_lock: tokio::sync::Mutex::new(()),
+            workspace,
+            config,
+        })
+    }
+
+    /// Stops the browser (before the process exits).
+    pub async fn stop(&self) {
+        self.browser.stop().await;
+    }
+}
+
+/// Serves connections from `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    agent: Arc<Agent>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    eprintln!("sandmesh-aio-agent: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let agent = agent.clone();
+                async move { Ok::<_, std::convert::Infallible>(routes::handle(agent, peer, req).await) }
+            });
+            let conn = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            if let Err(e) = conn.await {
+                if !e.is_incomplete_message() {
+                    eprintln!("sandmesh-aio-agent: connection from {peer}: {e}");
+                }
+            }
+        });
+    }
+    agent.stop().await;
+}
+
+/// Whether `peer` may skip the key.
+fn trusted_peer(config: &AgentConfig, peer: SocketAddr) -> bool {
+    config.trust_loopback && peer.ip().is_loopback()
+}

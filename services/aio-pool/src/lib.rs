@@ -1,0 +1,224 @@
+//! aio-pool: a pool of AIO sandbox containers — warm instances, session binding, idle
+//! reclaim, max use count, health (DESIGN.md §1 and §3 "AIO"; seeds 000 §6, 001 §4.4).
+//!
+//! The pool owns containers, not HTTP clients: every instance is a container of its own,
+//! bound to one session at most once and destroyed on release (never handed to another
+//! session: one sandbox per agent, as AIO's maintainers say). Instances speak the AIO HTTP
+//! API (`reference/aio-sandbox-openapi.json`): the project's `sandmesh/aio` image
+//! (`deploy/images/aio`, agent in `sandbox/aio-agent`) or upstream `ghcr.io/agent-infra/sandbox`
+//! — image, port and key header are configuration.
+//!
+//! Subjects (request → reply): `sandbox.v1.aio.acquire` AioAcquire → AioLease ·
+//! `release` AioRelease → AioReleased · `exec` AioExec → AioExecResult · `stats` → AioStats.
+//!
+//! ```text
+//! run ── Runtime (kit: endpoints, heartbeat with the pool's figures)
+//!     ├─ Pool (owns PoolState: Creating → Warm → Bound(session) → Gone; warmer + reaper tick)
+//!     │   └─ Instance* (one per container; calls serialised; health timer; removes its
+//!     │                 container when it stops — the pool hears it and frees the slot)
+//!     └─ Janitor (start + periodic: unowned containers and bridges of this mesh)
+//! ```
+//! `run` fails when the Pool or the Janitor stops; the Pool replaces dead instances through
+//! the warmer, capacity allowing.
+//!
+//! Network: instances live on the pool's own Docker bridge, created `internal` (no route
+//! out) with `enable_icc=false` (no instance reaches another); the pool reaches them by
+//! container IP. The egress proxy (issue 13) plugs in through `InstanceSpec::extra_env` and
+//! is not wired here: without it, instances have no way out, and this crate adds none.
+
+pub mod aio_client;
+pub mod config;
+pub mod docker;
+pub mod instance;
+pub mod janitor;
+pub mod pool;
+pub mod state;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use containers::DockerError;
+use kit::{actor_handler, CancellationToken, KitError, Runtime, ServiceInfo};
+use ractor::Actor;
+
+pub use config::AioPoolConfig;
+use docker::{ensure_network, remove_network, InstanceSpec, Registry};
+use janitor::{Janitor, JanitorArgs, SERVICE_NAME};
+use pool::{Gauges, Pool, PoolArgs, PoolMsg};
+use state::PoolState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AioPoolError {
+    #[error(transparent)]
+    Docker(#[from] DockerError),
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error("AIO image {image} not found; build it with `deploy/images/build.sh aio` (AGENT_BIN=<sandmesh-aio-agent>) or containers::image::AIO.ensure()")]
+    ImageMissing {
+        image: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    #[error("starting the {0} actor")]
+    Spawn(&'static str, #[source] ractor::SpawnErr),
+    #[error("the {0} actor stopped")]
+    ActorStopped(&'static str),
+}
+
+/// The message with its causes (`a: b: c`), for answers that must explain themselves.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        // thiserror's `{source}` in a message would otherwise repeat the cause.
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cause = c.source();
+    }
+    s
+}
+
+/// Runs the aio-pool until `shutdown` is cancelled, then removes every instance and its
+/// bridge.
+pub async fn run(config: AioPoolConfig, shutdown: CancellationToken) -> Result<(), AioPoolError> {
+    let docker = containers::connect().await?;
+    docker
+        .inspect_image(&config.image)
+        .await
+        .map_err(|source| AioPoolError::ImageMissing {
+            image: config.image.clone(),
+            source,
+        })?;
+    let info = ServiceInfo {
+        name: SERVICE_NAME.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        description: "A pool of AIO sandbox containers bound to sessions".into(),
+    };
+    let mut runtime = Runtime::start(config.kit.clone(), info).await?;
+    let subjects = runtime.subjects().clone();
+    let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
+    let spec = InstanceSpec::from_config(&config, &mesh);
+    ensure_network(&docker, &spec).await?;
+
+    // The heartbeat first: other pools' janitors judge this one's containers by it.
+    let gauges = Arc::new(Gauges::default());
+    let limits = config.limits;
+    let probe = gauges.clone();
+    let labels = std::collections::BTreeMap::from([
+        ("image".to_string(), config.image.clone()),
+        ("mesh".to_string(), mesh.clone()),
+    ]);
+    runtime
+        .start_heartbeat(Arc::new(move || {
+            let s = probe.stats(limits.min_instances, limits.max_instances);
+            kit::heartbeat::Load {
+                capacity: s.max,
+                load: s.bound,
+                metrics: [
+                    ("aio_instances_total", s.total),
+                    ("aio_instances_warm", s.warm),
+                    ("aio_instances_bound", s.bound),
+                    ("aio_instances_creating", s.creating),
+                    ("aio_instances_retiring", s.retiring),
+                    ("aio_acquires_waiting", s.waiting),
+                    ("aio_instances_max", s.max),
+                    ("aio_instances_min", s.min),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), f64::from(v)))
+                .collect(),
+                labels: labels.clone(),
+            }
+        }))
+        .await?;
+
+    let registry = Registry::default();
+    let janitor_args = JanitorArgs {
+        docker: docker.clone(),
+        mesh: mesh.clone(),
+        me: config.kit.instance_id.clone(),
+        registry: registry.clone(),
+        nodes_kv,
+        interval: config.janitor_interval,
+    };
+    let (janitor, mut janitor_task) = Actor::spawn(None, Janitor, janitor_args)
+        .await
+        .map_err(|e| AioPoolError::Spawn("janitor", e))?;
+    let pool_args = PoolArgs {
+        docker: docker.clone(),
+        spec: spec.clone(),
+        registry,
+        state: PoolState::new(config.limits),
+        gauges,
+        health_interval: config.health_interval,
+        default_exec_timeout: config.default_exec_timeout,
+        max_exec_timeout: config.max_exec_timeout,
+        max_output_chars: config.max_output_chars,
+    };
+    let (pool, mut pool_task) = match Actor::spawn(None, Pool, pool_args).await {
+        Ok(p) => p,
+        Err(e) => {
+            janitor.stop(None);
+            return Err(AioPoolError::Spawn("pool", e));
+        }
+    };
+
+    let served = async {
+        runtime
+            .serve(
+                subjects.aio("acquire"),
+                actor_handler(pool.clone(), PoolMsg::Acquire),
+            )
+            .await?;
+        runtime
+            .serve(
+                subjects.aio("release"),
+                actor_handler(pool.clone(), PoolMsg::Release),
+            )
+            .await?;
+        runtime
+            .serve(
+                subjects.aio("exec"),
+                actor_handler(pool.clone(), PoolMsg::Exec),
+            )
+            .await?;
+        runtime
+            .serve(
+                subjects.aio("stats"),
+                actor_handler(pool.clone(), PoolMsg::Stats),
+            )
+            .await
+    };
+    let outcome = match served.await {
+        Err(e) => Err(e.into()),
+        Ok(()) => {
+            tracing::info!(image = %config.image, network = %spec.network, mesh, "aio-pool ready");
+            tokio::select! {
+                _ = shutdown.cancelled() => Ok(()),
+                _ = &mut pool_task => Err(AioPoolError::ActorStopped("pool")),
+                _ = &mut janitor_task => Err(AioPoolError::ActorStopped("janitor")),
+            }
+        }
+    };
+    runtime.shutdown().await;
+    // The pool's post_stop stops every instance; each removes its container.
+    pool.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
+        .await
+        .ok();
+    janitor.stop(None);
+    // Last line of defence: creations still in flight remove their containers when their
+    // answer finds no pool; anything else left with this owner is a leak of a race above.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let owned = format!("{}={}", docker::LABEL_OWNER, spec.owner);
+    for c in containers::list(&docker, &owned).await.unwrap_or_default() {
+        if let Some(name) = containers::summary_name(&c) {
+            tracing::warn!(container = name, "removing a container left at shutdown");
+            containers::remove(&docker, &name).await;
+        }
+    }
+    remove_network(&docker, &spec.network).await;
+    outcome
+}

@@ -1,0 +1,222 @@
+//! `AioRunner`: the run stage of tier `aio` (DESIGN.md §3 "AIO"). The session's AIO instance
+//! comes from the aio-pool (`aio.acquire`, idempotent: the session keeps its bound instance),
+//! and the code runs there through `aio.exec` as one shell command. Affinity lives in the
+//! pool, which owns the binding; when the instance was lost between acquire and exec (idle
+//! reclaim, retired, died), the session acquires a fresh one and the run is tried once more.
+//! An execution without a session gets an instance of its own, released (destroyed) after.
+
+use std::time::Duration;
+
+use kit::Caller;
+use messages::browser::{AioAcquire, AioExec, AioExecResult, AioLease, AioRelease, AioReleased};
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, Timing};
+use messages::{ErrorBody, ErrorKind, Subjects};
+
+use crate::error::dependency_error;
+use crate::execution::Execution;
+
+/// Waiting for an instance (the pool may queue the acquire, then answers 429).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone)]
+pub struct AioRunner {
+    caller: Caller,
+    subjects: Subjects,
+    /// Added to an execution's own timeout for the pool's answer.
+    exec_grace: Duration,
+}
+
+/// The shell command that runs `req` (code and stdin in quoted heredocs with a delimiter the
+/// text does not contain; environment exported first).
+pub fn command_for(req: &ExecRequest, id: &str) -> Result<String, ErrorBody> {
+    if !req.files.is_empty() {
+        return Err(ErrorBody::bad_request(
+            "tier aio takes no request files; write them with the workspace API or the code",
+        ));
+    }
+    let mut delimiter = format!("SANDMESH_{}", id.to_ascii_uppercase());
+    while req.code.contains(&delimiter)
+        || req.stdin.as_deref().is_some_and(|s| s.contains(&delimiter))
+    {
+        delimiter.push('_');
+    }
+    let mut cmd = String::new();
+    for (name, value) in &req.env {
+        let valid = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(ErrorBody::bad_request(format!(
+                "env name {name:?} is not a shell variable name"
+            )));
+        }
+        cmd.push_str(&format!(
+            "export {name}='{}'\n",
+            value.replace('\'', r"'\''")
+        ));
+    }
+    let (ext, program) = match req.language {
+        Language::Python => ("py", "python3"),
+        Language::Javascript => ("js", "node"),
+        Language::Shell => ("sh", "bash"),
+    };
+    let file = format!("/tmp/sandmesh-{id}.{ext}");
+    cmd.push_str(&format!(
+        "cat > {file} <<'{delimiter}'\n{}\n{delimiter}\n",
+        req.code
+    ));
+    match &req.stdin {
+        Some(stdin) => cmd.push_str(&format!(
+            "{program} {file} <<'{delimiter}'\n{stdin}\n{delimiter}\n"
+        )),
+        None => cmd.push_str(&format!("{program} {file} </dev/null\n")),
+    }
+    // The script's exit code is the program's: remove the file without changing it.
+    cmd.push_str(&format!("status=$?; rm -f {file}; exit $status\n"));
+    Ok(cmd)
+}
+
+fn result_of(exec: &Execution, r: AioExecResult) -> ExecResult {
+    let status = match r.status.as_str() {
+        "ok" => ExecStatus::Ok,
+        "timeout" => ExecStatus::Timeout,
+        _ => ExecStatus::Error,
+    };
+    ExecResult {
+        execution_id: exec.id.clone(),
+        session_id: exec.request.session_id.clone(),
+        status,
+        exit_code: r.exit_code.map(i64::from),
+        stdout: r.stdout,
+        stderr: r.stderr,
+        tier: Tier::Aio,
+        node: Some(r.instance_id),
+        timing: Timing {
+            exec_ms: r.exec_ms,
+            ..Timing::default()
+        },
+        ..ExecResult::default()
+    }
+}
+
+impl AioRunner {
+    pub fn new(caller: Caller, subjects: Subjects, exec_grace: Duration) -> Self {
+        Self {
+            caller,
+            subjects,
+            exec_grace,
+        }
+    }
+
+    async fn acquire(&self, session_id: &str) -> Result<AioLease, ErrorBody> {
+        let req = AioAcquire {
+            session_id: session_id.to_string(),
+            browser: false,
+        };
+        self.caller
+            .call_timeout(self.subjects.aio("acquire"), &req, ACQUIRE_TIMEOUT)
+            .await
+            .map_err(|e| dependency_error("aio-pool", e))
+    }
+
+    async fn exec(&self, req: &AioExec) -> Result<AioExecResult, ErrorBody> {
+        let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(0)) + self.exec_grace;
+        self.caller
+            .call_timeout(self.subjects.aio("exec"), req, timeout)
+            .await
+            .map_err(|e| dependency_error("aio-pool", e))
+    }
+
+    /// Runs the execution in its session's AIO instance. `Err` is a failure of the pool
+    /// (unavailable, overloaded), not of the code.
+    pub async fn run(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
+        let command = match command_for(&exec.request, &exec.id) {
+            Ok(c) => c,
+            Err(e) => return Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, e)),
+        };
+        let (session, own) = match &exec.request.session_id {
+            Some(s) => (s.clone(), false),
+            None => (format!("exec-{}", exec.id), true),
+        };
+        let req = AioExec {
+            session_id: session.clone(),
+            command,
+            timeout_ms: Some(exec.limits.timeout_ms),
+            instance_id: None,
+        };
+        let mut result = Err(ErrorBody::internal("not run"));
+        for _ in 0..2 {
+            self.acquire(&session).await?;
+            result = self.exec(&req).await;
+            // The instance went away in between (reclaimed, retired, died): once more.
+            if !matches!(&result, Err(e) if e.kind == ErrorKind::NotFound) {
+                break;
+            }
+        }
+        if own {
+            let release = AioRelease {
+                session_id: session,
+                instance_id: None,
+            };
+            let released: Result<AioReleased, _> = self
+                .caller
+                .call(self.subjects.aio("release"), &release)
+                .await;
+            if let Err(e) = released {
+                tracing::warn!(execution_id = %exec.id, error = %e, "AIO instance not released; idle reclaim will");
+            }
+        }
+        match result {
+            Ok(r) => Ok(result_of(exec, r)),
+            Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
+                Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(language: Language, code: &str) -> ExecRequest {
+        ExecRequest {
+            language,
+            code: code.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn code_goes_into_a_quoted_heredoc() {
+        let cmd = command_for(&request(Language::Python, "print('$HOME')"), "x1").unwrap();
+        assert!(
+            cmd.contains("<<'SANDMESH_X1'\nprint('$HOME')\nSANDMESH_X1\n"),
+            "{cmd}"
+        );
+        assert!(
+            cmd.contains("python3 /tmp/sandmesh-x1.py </dev/null"),
+            "{cmd}"
+        );
+    }
+
+    #[test]
+    fn a_delimiter_in_the_code_is_avoided() {
+        let cmd = command_for(&request(Language::Shell, "echo\nSANDMESH_X1\necho"), "x1").unwrap();
+        assert!(cmd.contains("<<'SANDMESH_X1_'"), "{cmd}");
+    }
+
+    #[test]
+    fn env_is_quoted_and_names_are_checked() {
+        let mut req = request(Language::Javascript, "1");
+        req.env.insert("A".into(), "it's $x".into());
+        let cmd = command_for(&req, "x").unwrap();
+        assert!(cmd.starts_with("export A='it'\\''s $x'\n"), "{cmd}");
+        req.env.insert("B; rm -rf /".into(), "1".into());
+        assert_eq!(
+            command_for(&req, "x").unwrap_err().kind,
+            ErrorKind::BadRequest
+        );
+    }
+}
