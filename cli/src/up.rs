@@ -53,7 +53,8 @@ fn process_env() -> HashMap<String, String> {
     std::env::vars().collect()
 }
 
-/// The services `up` runs, in start order.
+/// The services `up` runs, in start order (plus the bwrap-executor when bubblewrap works
+/// here, see [`up_services`]).
 pub const SERVICES: &[ServiceName] = &[
     ServiceName::RiskAssessor,
     ServiceName::Confirmation,
@@ -62,9 +63,32 @@ pub const SERVICES: &[ServiceName] = &[
     ServiceName::Scheduler,
 ];
 
+/// What `up` runs: [`SERVICES`], and the light backend when `bwrap` starts (it is optional:
+/// without it, ephemeral executions run in Docker as before). Says which.
+fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
+    let mut services = SERVICES.to_vec();
+    let bwrap = env
+        .get("SANDMESH_BWRAP_BIN")
+        .map_or_else(|| PathBuf::from("bwrap"), PathBuf::from);
+    if bwrap_executor::bwrap_available(&bwrap) {
+        eprintln!(
+            "sandmesh: bubblewrap found: SAFE ephemeral executions run in a fresh bubblewrap \
+             sandbox each (bwrap-executor)"
+        );
+        services.insert(services.len() - 1, ServiceName::BwrapExecutor);
+    } else {
+        eprintln!(
+            "sandmesh: bubblewrap not found: every execution runs in Docker (install Debian's \
+             bubblewrap for the light backend)"
+        );
+    }
+    services
+}
+
 fn service_list() -> String {
     SERVICES
         .iter()
+        .chain([&ServiceName::BwrapExecutor])
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(", ")
@@ -108,6 +132,9 @@ fn build(
             ServiceName::DockerExecutor => ExecutorConfig::from_env(env).map(|c| {
                 executor = Some(c.clone());
                 Box::pin(async move { Ok(docker_executor::run(c, token).await?) }) as ServiceFuture
+            }),
+            ServiceName::BwrapExecutor => bwrap_executor::BwrapConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(bwrap_executor::run(c, token).await?) }) as ServiceFuture
             }),
             ServiceName::Scheduler => scheduler::SchedulerConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(scheduler::run(c, token).await?) }) as ServiceFuture
@@ -287,10 +314,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     env.entry("SANDMESH_EXEC_IMAGE".into()).or_insert(image);
 
     let shutdown = kit::shutdown::on_signals();
-    let services = kit::config::exit_on_error(build(SERVICES, &env, &shutdown));
+    let names = up_services(&env);
+    let services = kit::config::exit_on_error(build(&names, &env, &shutdown));
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
     let code = tokio::select! {
-        code = serve_until_stopped(&nats_url, &args, &kit_config, &shutdown) => code,
+        code = serve_until_stopped(&nats_url, &names, &args, &kit_config, &shutdown) => code,
         // A signal (or a failed service) while starting: stop without waiting for readiness.
         _ = shutdown.cancelled() => Ok(0),
     };
@@ -304,12 +332,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
 /// fires (at once after `--demo --once`). Returns the exit code.
 async fn serve_until_stopped(
     nats_url: &str,
+    names: &[ServiceName],
     args: &UpArgs,
     kit_config: &kit::KitConfig,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<i32> {
     let client = async_nats::connect(nats_url).await?;
-    wait_until_ready(&client, Duration::from_secs(120)).await?;
+    wait_until_ready(&client, names, Duration::from_secs(120)).await?;
     eprintln!(
         "sandmesh: mesh is up — NATS {nats_url}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it"
     );
@@ -324,9 +353,13 @@ async fn serve_until_stopped(
 }
 
 /// Bounded poll until every service answers `$SRV.PING.<name>`.
-async fn wait_until_ready(client: &async_nats::Client, limit: Duration) -> anyhow::Result<()> {
+async fn wait_until_ready(
+    client: &async_nats::Client,
+    names: &[ServiceName],
+    limit: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
-    for name in SERVICES {
+    for name in names {
         let answered = async {
             loop {
                 let ping = client.request(name.srv_ping(), "".into());

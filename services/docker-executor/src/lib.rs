@@ -114,7 +114,7 @@ pub enum ExecutorError {
 const BUILD_HINT: &str = "build it with deploy/images/build.sh (SUPERVISOR_BIN=<sandmesh-supervisor>) or docker_executor::image::ensure_image()";
 
 /// Checks that the image exists and carries the supervisor.
-async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), ExecutorError> {
+pub async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), ExecutorError> {
     let inspect =
         docker
             .inspect_image(image)
@@ -137,7 +137,7 @@ async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), Execut
 
 /// The mesh this node belongs to: the creation time of the shared nodes bucket, the same for
 /// every service on one NATS deployment and different for every other.
-async fn mesh_id(kv: &async_nats::jetstream::kv::Store) -> Result<String, ExecutorError> {
+pub async fn mesh_id(kv: &async_nats::jetstream::kv::Store) -> Result<String, ExecutorError> {
     let kv = kv.clone();
     let status = kv
         .status()
@@ -182,6 +182,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
             load: probe_node.running.load(Ordering::Relaxed) as u32,
             metrics: probe_node.metrics(capacity),
             labels: labels.clone(),
+            backends: vec![messages::executor::Backend::Docker],
         }))
         .await?;
 

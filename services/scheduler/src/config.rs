@@ -9,6 +9,7 @@ use messages::risk::SecurityMode;
 use messages::validate::Ceilings;
 
 use crate::placement::Strategy;
+use crate::tier::EphemeralBackend;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -39,6 +40,9 @@ pub struct SchedulerConfig {
     pub job_batch: usize,
     /// Lifetime of an execution claim unless renewed; a crashed scheduler's claims expire.
     pub claim_ttl: Duration,
+    /// `SANDMESH_EPHEMERAL_BACKEND`: auto (default), bwrap or docker — where SAFE ephemeral
+    /// work without a session runs.
+    pub ephemeral_backend: EphemeralBackend,
 }
 
 fn parse_mode(r: &mut ConfigReader<'_>) -> SecurityMode {
@@ -80,6 +84,7 @@ impl SchedulerConfig {
         let kit = KitConfig::from_reader(&mut r);
         let security_mode = parse_mode(&mut r);
         let placement = r.parse("PLACEMENT", Strategy::LeastLoaded);
+        let ephemeral_backend = r.parse("EPHEMERAL_BACKEND", EphemeralBackend::Auto);
         let max_queue = r.parse("SCHED_MAX_QUEUE", 64usize);
         if max_queue == 0 {
             r.error("SANDMESH_SCHED_MAX_QUEUE: must be at least 1");
@@ -122,6 +127,7 @@ impl SchedulerConfig {
             job_ack_wait,
             job_batch,
             claim_ttl,
+            ephemeral_backend,
         };
         r.finish().map(|_| config)
     }
@@ -171,13 +177,14 @@ mod tests {
         let e = SchedulerConfig::from_env(&env(&[
             ("SANDMESH_SECURITY_MODE", "lax"),
             ("SANDMESH_PLACEMENT", "random"),
+            ("SANDMESH_EPHEMERAL_BACKEND", "podman"),
             ("SANDMESH_SCHED_MAX_QUEUE", "0"),
             ("SANDMESH_SCHED_CLAIM_TTL_MS", "10"),
             ("SANDMESH_SCHED_PARKED_SWEEP_MS", "0"),
             ("SANDMESH_HEARTBEAT_MS", "x"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 6, "{e}");
+        assert_eq!(e.0.len(), 7, "{e}");
     }
 
     #[test]

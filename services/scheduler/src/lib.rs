@@ -194,6 +194,7 @@ pub async fn run(
             executor.clone(),
             affinity.clone(),
             config.exec_grace,
+            config.ephemeral_backend,
         ),
         auditor.clone(),
     );
