@@ -129,7 +129,13 @@ async fn export(docker: &Docker, image: &str, id: &str, dir: &Path) -> Result<Ro
     for d in ["workspace", "tmp", "proc", "dev"] {
         std::fs::create_dir_all(tmp.join(d)).map_err(|e| unpack_err(&tmp, e))?;
     }
-    std::fs::rename(&tmp, &path).map_err(|e| unpack_err(&path, e))?;
+    if let Err(e) = std::fs::rename(&tmp, &path) {
+        // Another executor on this host exported the same image meanwhile: use its tree.
+        if !path.is_dir() {
+            return Err(unpack_err(&path, e));
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
     tracing::info!(image, id, path = %path.display(), "exported the sandbox rootfs");
     Ok(Rootfs {
         id: id.to_string(),
