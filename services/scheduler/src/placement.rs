@@ -226,6 +226,29 @@ mod tests {
     };
 
     #[test]
+    fn only_nodes_offering_the_backend_qualify() {
+        let mut light = node("light", 16, 0);
+        light.backends = vec![Backend::Bwrap];
+        let nodes = [node("docker", 8, 7), light];
+        for strategy in [
+            Strategy::RoundRobin,
+            Strategy::LeastLoaded,
+            Strategy::ResourceAware,
+        ] {
+            let mut cursor = 0;
+            let d = choose(strategy, &nodes, &REQ, &mut cursor).unwrap();
+            assert_eq!(d.node, "docker", "{strategy:?}: Docker work never lands on bwrap");
+            let bwrap = Requirements {
+                backend: Backend::Bwrap,
+                ..REQ
+            };
+            let d = choose(strategy, &nodes, &bwrap, &mut cursor).unwrap();
+            assert_eq!(d.node, "light", "{strategy:?}");
+            assert!(choose(strategy, &nodes[..1], &bwrap, &mut cursor).is_none());
+        }
+    }
+
+    #[test]
     fn round_robin_visits_every_open_node_in_turn() {
         let nodes = [node("b", 4, 0), node("a", 4, 0), node("c", 4, 4)];
         let mut cursor = 0;
