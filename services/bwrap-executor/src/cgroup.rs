@@ -130,7 +130,8 @@ impl Cgroups {
     /// Finds the hierarchies below `root` and creates this node's directories.
     pub fn open(root: &Path, mesh: &str, node: &str) -> Result<Self, CgroupError> {
         let layout = if root.join("cgroup.controllers").is_file() {
-            let controllers = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            let controllers =
+                fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
             if !(controllers.contains("memory") && controllers.contains("pids")) {
                 return Err(CgroupError::NoHierarchy(root.to_path_buf()));
             }
@@ -349,8 +350,7 @@ impl SandboxCgroup {
             } => {
                 let mem = memory.join(&self.rel);
                 Counters {
-                    oom_kills: read_keyed(&mem.join("memory.oom_control"), "oom_kill")
-                        .unwrap_or(0),
+                    oom_kills: read_keyed(&mem.join("memory.oom_control"), "oom_kill").unwrap_or(0),
                     pids_max_events: read_keyed(&pids.join(&self.rel).join("pids.events"), "max")
                         .unwrap_or(0),
                     peak_memory_bytes: read_u64(&mem.join("memory.max_usage_in_bytes")),
@@ -400,13 +400,10 @@ impl SandboxCgroup {
             for pid in &pids {
                 let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
             }
-            let gone = self
-                .dirs()
-                .iter()
-                .all(|d| match fs::remove_dir(d) {
-                    Ok(()) => true,
-                    Err(e) => e.kind() == io::ErrorKind::NotFound,
-                });
+            let gone = self.dirs().iter().all(|d| match fs::remove_dir(d) {
+                Ok(()) => true,
+                Err(e) => e.kind() == io::ErrorKind::NotFound,
+            });
             if gone {
                 return true;
             }

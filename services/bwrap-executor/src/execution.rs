@@ -96,10 +96,7 @@ impl Runner {
 
 /// The result of a finished sandbox: the shared classification, corrected by the counters.
 pub fn outcome(job: &Job, finished: Finished) -> ExecResult {
-    let Finished {
-        exchange,
-        counters,
-    } = finished;
+    let Finished { exchange, counters } = finished;
     let mut report = exchange.report.clone();
     if let Some(r) = report.as_mut() {
         r.oom_killed |= counters.oom_kills > 0;
@@ -111,7 +108,10 @@ pub fn outcome(job: &Job, finished: Finished) -> ExecResult {
         result.status = ExecStatus::Oom;
         result.error = Some(ErrorBody::new(
             ErrorKind::TooLarge,
-            format!("the memory limit of {} MiB was exceeded", job.limits.memory_mb),
+            format!(
+                "the memory limit of {} MiB was exceeded",
+                job.limits.memory_mb
+            ),
         ));
     }
     apply_usage(&mut result, counters);

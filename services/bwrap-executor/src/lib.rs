@@ -190,9 +190,8 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
     let me = config.node_id().to_string();
     let filters = seccomp::Filters::write(&config.state_dir.join("seccomp"))?;
     let cgroups = cgroup::Cgroups::open(&config.cgroup_root, &mesh, &me)?;
-    let rootfs = Arc::new(
-        rootfs::RootfsCache::open(docker, &config.exec.image, &config.state_dir).await?,
-    );
+    let rootfs =
+        Arc::new(rootfs::RootfsCache::open(docker, &config.exec.image, &config.state_dir).await?);
     let node = Arc::new(NodeState::default());
     let config = Arc::new(config);
     let launcher = Launcher {
@@ -256,7 +255,11 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
     let served = async {
         let run = actor_handler(executor.clone(), ExecutorMsg::Run);
         runtime
-            .serve_with(subjects.executor_run_on(Backend::Bwrap), options, run.clone())
+            .serve_with(
+                subjects.executor_run_on(Backend::Bwrap),
+                options,
+                run.clone(),
+            )
             .await?;
         runtime
             .serve_with(

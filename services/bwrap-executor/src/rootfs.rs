@@ -96,7 +96,11 @@ async fn export(docker: &Docker, image: &str, id: &str, dir: &Path) -> Result<Ro
         image: image.to_string(),
         source,
     };
-    let name = format!("sandmesh-bwrap-export-{}-{}", &id[..12.min(id.len())], std::process::id());
+    let name = format!(
+        "sandmesh-bwrap-export-{}-{}",
+        &id[..12.min(id.len())],
+        std::process::id()
+    );
     let body = bollard::models::ContainerCreateBody {
         image: Some(image.to_string()),
         labels: Some([(EXPORT_LABEL.to_string(), id.to_string())].into()),
@@ -190,7 +194,10 @@ impl RootfsCache {
             return Ok(false);
         }
         let fresh = Arc::new(export(&self.docker, &self.image, &id, &self.dir).await?);
-        let old = std::mem::replace(&mut *self.current.lock().expect("rootfs lock poisoned"), fresh);
+        let old = std::mem::replace(
+            &mut *self.current.lock().expect("rootfs lock poisoned"),
+            fresh,
+        );
         self.retired.lock().expect("rootfs lock poisoned").push(old);
         self.sweep();
         Ok(true)

@@ -125,7 +125,10 @@ impl Drop for CgroupLease {
         let node = self.node.clone();
         self.node.tasks.spawn_blocking(move || {
             if !cgroup.remove() {
-                tracing::warn!(name, "a sandbox cgroup could not be removed; the janitor retries");
+                tracing::warn!(
+                    name,
+                    "a sandbox cgroup could not be removed; the janitor retries"
+                );
             }
             node.disown(&name);
         });
@@ -223,13 +226,13 @@ impl Launcher {
     ) -> Result<Finished, SandboxError> {
         let lease = CgroupLease::create(&self.cgroups, node, input.name, input.limits)?;
         let rootfs = self.rootfs.current();
-        let mut child =
-            self.command(&rootfs.path, &lease.cgroup)
-                .spawn()
-                .map_err(|source| SandboxError::Spawn {
-                    program: "/bin/sh".into(),
-                    source,
-                })?;
+        let mut child = self
+            .command(&rootfs.path, &lease.cgroup)
+            .spawn()
+            .map_err(|source| SandboxError::Spawn {
+                program: "/bin/sh".into(),
+                source,
+            })?;
         let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {

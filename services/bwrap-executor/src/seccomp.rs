@@ -106,7 +106,8 @@ const NAMESPACE_FLAGS: &[i32] = &[
 const PERSONALITIES: &[u64] = &[0x0, 0x0008, 0x20000, 0x20008, 0xffff_ffff];
 
 fn arch() -> Result<TargetArch, SeccompError> {
-    TargetArch::try_from(std::env::consts::ARCH).map_err(|_| SeccompError::Arch(std::env::consts::ARCH))
+    TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|_| SeccompError::Arch(std::env::consts::ARCH))
 }
 
 /// The EPERM filter: [`DENIED`], `clone` with a namespace flag, odd personalities.
@@ -117,7 +118,12 @@ pub fn deny_filter() -> Result<BpfProgram, SeccompError> {
         .iter()
         .map(|&flag| {
             let flag = flag as u64;
-            let c = SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag)?;
+            let c = SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(flag),
+                flag,
+            )?;
             Ok(SeccompRule::new(vec![c])?)
         })
         .collect::<Result<Vec<_>, SeccompError>>()?;
@@ -206,7 +212,10 @@ mod tests {
         let deny = deny_filter().unwrap();
         let bytes = to_bytes(&deny);
         assert_eq!(bytes.len(), deny.len() * 8);
-        assert!(deny.len() > DENIED.len(), "one check per denied call at least");
+        assert!(
+            deny.len() > DENIED.len(),
+            "one check per denied call at least"
+        );
         assert!(!nosys_filter().unwrap().is_empty());
     }
 }

@@ -16,13 +16,24 @@ use messages::ErrorKind;
 async fn each_language_runs_in_a_fresh_sandbox_as_an_unprivileged_user() {
     let h = Harness::start().await;
     let r = h.exec(Language::Python, "print(1)").await;
-    assert_eq!((r.status, r.stdout.as_str()), (ExecStatus::Ok, "1\n"), "{r:?}");
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "1\n"),
+        "{r:?}"
+    );
     assert_eq!(r.node.as_deref(), Some(h.node.as_str()));
     assert_eq!(r.tier, Tier::Ephemeral);
     let r = h.exec(Language::Javascript, "console.log(2 + 2)").await;
-    assert_eq!((r.status, r.stdout.as_str()), (ExecStatus::Ok, "4\n"), "{r:?}");
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "4\n"),
+        "{r:?}"
+    );
     let r = h
-        .exec(Language::Shell, "id -u; id -g; hostname; pwd; echo err >&2; exit 3")
+        .exec(
+            Language::Shell,
+            "id -u; id -g; hostname; pwd; echo err >&2; exit 3",
+        )
         .await;
     assert_eq!(r.status, ExecStatus::Error, "{r:?}");
     assert_eq!(r.exit_code, Some(3));
@@ -36,7 +47,11 @@ async fn each_language_runs_in_a_fresh_sandbox_as_an_unprivileged_user() {
         encoding: Default::default(),
     }];
     let r = h.exec_with(req).await;
-    assert_eq!((r.status, r.stdout.as_str()), (ExecStatus::Ok, "hello"), "{r:?}");
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "hello"),
+        "{r:?}"
+    );
     assert!(r.files_created.is_empty(), "nothing outlives a sandbox");
     let r = h.exec(Language::Shell, "ls /workspace").await;
     assert_eq!(r.stdout, "", "a new sandbox starts empty: {r:?}");
@@ -110,13 +125,19 @@ async fn it_refuses_what_it_does_not_run_with_clear_errors() {
         .request(h.run_subject(), "{\"execution_id\": 5".into())
         .await
         .unwrap();
-    let code = reply.headers.as_ref().and_then(|hd| hd.get("Nats-Service-Error-Code"));
+    let code = reply
+        .headers
+        .as_ref()
+        .and_then(|hd| hd.get("Nats-Service-Error-Code"));
     assert_eq!(code.map(|c| c.as_str()), Some("400"));
     let huge = vec![b'x'; 2 * 1024 * 1024];
     let reply = h.client.request(h.run_subject(), huge.into()).await;
     assert!(
         reply.is_err()
-            || reply.unwrap().headers.and_then(|hd| hd.get("Nats-Service-Error-Code").cloned())
+            || reply
+                .unwrap()
+                .headers
+                .and_then(|hd| hd.get("Nats-Service-Error-Code").cloned())
                 .is_some(),
         "an oversized payload is refused"
     );
@@ -156,17 +177,29 @@ async fn a_full_node_answers_429_and_a_draining_node_503() {
         !h.cgroups().is_empty()
     })
     .await;
-    match h.call(&run(Language::Shell, "true", &messages::new_id())).await {
+    match h
+        .call(&run(Language::Shell, "true", &messages::new_id()))
+        .await
+    {
         Err(kit::CallError::Service(e)) => assert_eq!(e.kind, ErrorKind::Overloaded),
         other => panic!("expected 429, got {other:?}"),
     }
     // A drain waits for the running one, then refuses new work.
-    let drain = h.subjects.executor_node_on(Backend::Bwrap, &h.node, ExecutorOp::Drain);
+    let drain = h
+        .subjects
+        .executor_node_on(Backend::Bwrap, &h.node, ExecutorOp::Drain);
     let ack: messages::workspace::Ack = h.caller.call(drain, &ExecutorDrain {}).await.unwrap();
     assert!(ack.ok);
     let finished = busy.await.unwrap().unwrap();
-    assert_eq!(finished.status, ExecStatus::Ok, "the running one finished: {finished:?}");
-    match h.call(&run(Language::Shell, "true", &messages::new_id())).await {
+    assert_eq!(
+        finished.status,
+        ExecStatus::Ok,
+        "the running one finished: {finished:?}"
+    );
+    match h
+        .call(&run(Language::Shell, "true", &messages::new_id()))
+        .await
+    {
         Err(kit::CallError::Service(e)) => assert_eq!(e.kind, ErrorKind::Unavailable),
         other => panic!("expected 503, got {other:?}"),
     }

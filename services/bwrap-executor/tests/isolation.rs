@@ -40,7 +40,10 @@ async fn the_root_is_read_only_and_nothing_persists_between_runs() {
             "ls /tmp /workspace /dev/shm; cat /tmp/marker /workspace/marker /dev/shm/marker 2>/dev/null; true",
         )
         .await;
-    assert!(!second.stdout.contains("marker") && !second.stdout.contains("secret"), "{second:?}");
+    assert!(
+        !second.stdout.contains("marker") && !second.stdout.contains("secret"),
+        "{second:?}"
+    );
     h.assert_recovered().await;
     h.stop().await;
 }
@@ -54,7 +57,10 @@ async fn host_secrets_and_paths_are_out_of_reach() {
                   [ -e $p ] && echo FOUND $p; done; exit 0";
     let r = h.exec(Language::Shell, code).await;
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
-    assert!(!r.stdout.contains("SHADOW"), "/etc/shadow unreadable: {r:?}");
+    assert!(
+        !r.stdout.contains("SHADOW"),
+        "/etc/shadow unreadable: {r:?}"
+    );
     assert!(!r.stdout.contains("FOUND"), "no host path visible: {r:?}");
     for leak in ["SANDMESH", "NATS", "SECCOMP", "CARGO", "AWS"] {
         assert!(!r.stdout.contains(leak), "{leak} in the environment: {r:?}");
@@ -75,7 +81,15 @@ async fn proc_shows_only_the_sandbox_and_refuses_tricks() {
     for trick in ["SYSRQ", "KCORE", "SYSCTL", "HOSTROOT"] {
         assert!(!r.stdout.contains(trick), "{trick}: {r:?}");
     }
-    let visible: usize = r.stdout.trim().lines().last().unwrap().trim().parse().unwrap();
+    let visible: usize = r
+        .stdout
+        .trim()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     // bwrap's init, the supervisor, bash, ls: nothing of the host.
     assert!(visible <= 6, "{visible} processes visible: {r:?}");
     h.assert_recovered().await;
@@ -219,12 +233,19 @@ except OSError:
         h.exec(Language::Python, b_code).await
     };
     let (a, b) = tokio::join!(a, b);
-    assert_eq!((a.status, a.stdout.as_str()), (ExecStatus::Ok, "a done False\n"), "{a:?}");
+    assert_eq!(
+        (a.status, a.stdout.as_str()),
+        (ExecStatus::Ok, "a done False\n"),
+        "{a:?}"
+    );
     assert_eq!(b.status, ExecStatus::Ok, "{b:?}");
     let lines: Vec<&str> = b.stdout.lines().collect();
     assert_eq!(lines[0], "no a", "{b:?}");
     let (count, rest) = lines[1].split_once(' ').unwrap();
-    assert!(count.parse::<u32>().unwrap() <= 4, "only its own processes: {b:?}");
+    assert!(
+        count.parse::<u32>().unwrap() <= 4,
+        "only its own processes: {b:?}"
+    );
     assert_eq!(rest, "False False", "no file of A: {b:?}");
     assert_eq!(lines[2], "refused", "no abstract socket of A: {b:?}");
     h.assert_recovered().await;
@@ -262,7 +283,10 @@ async fn an_executor_crash_leaves_nothing_behind() {
         let subject = subject.clone();
         tokio::spawn(async move {
             loop {
-                match caller.call::<_, messages::exec::ExecResult>(subject.clone(), &victim).await {
+                match caller
+                    .call::<_, messages::exec::ExecResult>(subject.clone(), &victim)
+                    .await
+                {
                     Err(kit::CallError::NoResponders(_)) => {
                         tokio::time::sleep(Duration::from_millis(200)).await
                     }
@@ -279,19 +303,25 @@ async fn an_executor_crash_leaves_nothing_behind() {
     process.kill().expect("kill -9 the executor");
     let _ = process.wait();
     // The sandbox dies with its executor (bwrap --die-with-parent, then its pid namespace).
-    eventually_true("the crashed node's sandbox processes to die", Duration::from_secs(10), || async {
-        processes_in(&needle).is_empty()
-    })
+    eventually_true(
+        "the crashed node's sandbox processes to die",
+        Duration::from_secs(10),
+        || async { processes_in(&needle).is_empty() },
+    )
     .await;
     in_flight.abort();
     // Its cgroups are still there until a live node of the mesh sees its heartbeat expire.
     let survivor = Harness::start_on(nats, &[]).await;
     let root = survivor.cgroup_root.clone();
-    eventually_true("the janitor to remove the crashed node's cgroups", Duration::from_secs(30), || {
-        let crashed = crashed.clone();
-        let root = root.clone();
-        async move { !cgroup_dir_exists(&root, &crashed) }
-    })
+    eventually_true(
+        "the janitor to remove the crashed node's cgroups",
+        Duration::from_secs(30),
+        || {
+            let crashed = crashed.clone();
+            let root = root.clone();
+            async move { !cgroup_dir_exists(&root, &crashed) }
+        },
+    )
     .await;
     assert!(processes_in(&needle).is_empty());
     survivor.assert_recovered().await;

@@ -31,17 +31,29 @@ async fn fork_bombs_hit_the_pids_limit_and_another_run_still_forks() {
         pids: Some(32),
         ..Default::default()
     };
-    let shell = h.exec_with(limited(Language::Shell, ":(){ :|:& };:; sleep 5", 1500, pids));
+    let shell = h.exec_with(limited(
+        Language::Shell,
+        ":(){ :|:& };:; sleep 5",
+        1500,
+        pids,
+    ));
     // Same uid, another sandbox, at the same time: its own pids budget (no shared nproc).
     let other = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        h.exec(Language::Shell, "for i in 1 2 3 4 5; do (true); done; echo forked")
-            .await
+        h.exec(
+            Language::Shell,
+            "for i in 1 2 3 4 5; do (true); done; echo forked",
+        )
+        .await
     };
     let (bomb, other) = tokio::join!(shell, other);
     assert!(pids_hit(&bomb), "classified as the pids limit: {bomb:?}");
     assert_ne!(bomb.status, ExecStatus::Ok);
-    assert_eq!((other.status, other.stdout.as_str()), (ExecStatus::Ok, "forked\n"), "{other:?}");
+    assert_eq!(
+        (other.status, other.stdout.as_str()),
+        (ExecStatus::Ok, "forked\n"),
+        "{other:?}"
+    );
     let py = h
         .exec_with(limited(
             Language::Python,
@@ -63,7 +75,12 @@ async fn memory_bombs_are_oom_killed() {
         ..Default::default()
     };
     let r = h
-        .exec_with(limited(Language::Python, "s = 'x' * (512 << 20)\nprint(len(s))", 10_000, mem))
+        .exec_with(limited(
+            Language::Python,
+            "s = 'x' * (512 << 20)\nprint(len(s))",
+            10_000,
+            mem,
+        ))
         .await;
     assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
     assert_eq!(r.exit_code, Some(137));
@@ -81,7 +98,11 @@ async fn memory_bombs_are_oom_killed() {
             mem,
         ))
         .await;
-    assert_ne!(r.stdout.trim_end().lines().last(), Some("survived"), "{r:?}");
+    assert_ne!(
+        r.stdout.trim_end().lines().last(),
+        Some("survived"),
+        "{r:?}"
+    );
     h.assert_recovered().await;
     h.stop().await;
 }
@@ -100,7 +121,12 @@ async fn cpu_burners_and_sleepers_end_at_the_wall_timeout() {
     let cpu_ms = r.usage.map(|u| u.cpu_ms).unwrap_or(0);
     assert!(cpu_ms > 0, "the cgroup counted its CPU: {r:?}");
     let r = h
-        .exec_with(limited(Language::Python, "import time\ntime.sleep(1e6)", 1000, cpu))
+        .exec_with(limited(
+            Language::Python,
+            "import time\ntime.sleep(1e6)",
+            1000,
+            cpu,
+        ))
         .await;
     assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
     h.assert_recovered().await;
@@ -115,7 +141,11 @@ async fn orphans_that_escape_the_process_group_die_with_the_sandbox() {
                 nohup sleep 301 >/dev/null 2>&1 &\n\
                 echo left";
     let r = h.exec(Language::Shell, code).await;
-    assert_eq!((r.status, r.stdout.as_str()), (ExecStatus::Ok, "left\n"), "{r:?}");
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "left\n"),
+        "{r:?}"
+    );
     // Nothing of it outlives the execution: no process and no cgroup of the node remain.
     h.assert_clean().await;
     // And after a timeout too.
@@ -139,7 +169,9 @@ async fn stdout_bombs_are_cut_at_the_cap_and_killed() {
         max_output_bytes: Some(64 * 1024),
         ..Default::default()
     };
-    let r = h.exec_with(limited(Language::Shell, "yes", 10_000, cap)).await;
+    let r = h
+        .exec_with(limited(Language::Shell, "yes", 10_000, cap))
+        .await;
     assert_eq!(r.status, ExecStatus::OutputLimit, "{r:?}");
     assert!(r.stdout_truncated);
     assert!(r.stdout.len() <= 64 * 1024, "{}", r.stdout.len());
@@ -166,7 +198,10 @@ async fn filling_the_workspace_or_tmp_stops_at_their_size() {
     .await;
     // One big file: the fsize rlimit (SIGXFSZ) before the tmpfs is full.
     let r = h
-        .exec(Language::Shell, "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1")
+        .exec(
+            Language::Shell,
+            "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1",
+        )
         .await;
     assert_eq!(r.status, ExecStatus::Error, "{r:?}");
     assert_eq!(r.exit_code, Some(128 + 25), "SIGXFSZ: {r:?}");
@@ -193,8 +228,13 @@ async fn file_descriptors_run_out_at_the_nofile_limit() {
     let (count, err) = r.stdout.trim().split_once(' ').expect("count and errno");
     assert_eq!(err, "EMFILE");
     assert!(count.parse::<u32>().unwrap() < 64, "{r:?}");
-    let r = h.exec(Language::Shell, "ulimit -n; ulimit -Hn; ulimit -c").await;
-    assert_eq!(r.stdout, "64\n64\n0\n", "nofile cannot be raised; no core dumps");
+    let r = h
+        .exec(Language::Shell, "ulimit -n; ulimit -Hn; ulimit -c")
+        .await;
+    assert_eq!(
+        r.stdout, "64\n64\n0\n",
+        "nofile cannot be raised; no core dumps"
+    );
     h.assert_recovered().await;
     h.stop().await;
 }

@@ -356,11 +356,7 @@ pub async fn exchange(
             Ok(Some(Ok(item))) => item,
         };
         match item {
-            LogOutput::StdOut { message } => {
-                if collector.push(&message).await {
-                    break;
-                }
-            }
+            LogOutput::StdOut { message } if collector.push(&message).await => break,
             LogOutput::StdErr { message } => collector.log(&message),
             _ => {}
         }

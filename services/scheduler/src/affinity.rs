@@ -100,8 +100,10 @@ impl SessionAffinity {
                 // Not picked (affinity): count it on its node like a pick would.
                 self.placer.dispatched(&node);
             }
-            let call = self.executor
-                .run(Backend::Docker, Some(&node), run, deadline, scope).await;
+            let call = self
+                .executor
+                .run(Backend::Docker, Some(&node), run, deadline, scope)
+                .await;
             self.placer.release(Some(&node));
             match call {
                 Call::NoResponders => {

@@ -58,7 +58,9 @@ impl ExecutorClient {
         scope: &AuditScope,
     ) -> Call {
         let subject = match node {
-            Some(node) => self.subjects.executor_node_on(backend, node, ExecutorOp::Run),
+            Some(node) => self
+                .subjects
+                .executor_node_on(backend, node, ExecutorOp::Run),
             None => self.subjects.executor_run_on(backend),
         };
         self.auditor.emit(

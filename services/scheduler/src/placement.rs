@@ -237,7 +237,10 @@ mod tests {
         ] {
             let mut cursor = 0;
             let d = choose(strategy, &nodes, &REQ, &mut cursor).unwrap();
-            assert_eq!(d.node, "docker", "{strategy:?}: Docker work never lands on bwrap");
+            assert_eq!(
+                d.node, "docker",
+                "{strategy:?}: Docker work never lands on bwrap"
+            );
             let bwrap = Requirements {
                 backend: Backend::Bwrap,
                 ..REQ

@@ -79,11 +79,25 @@ mod tests {
             light_backend(auto, Tier::Ephemeral, RiskLevel::Safe, false),
             Some(Backend::Bwrap)
         );
-        assert_eq!(light_backend(auto, Tier::Ephemeral, RiskLevel::Low, false), None);
-        assert_eq!(light_backend(auto, Tier::Ephemeral, RiskLevel::Safe, true), None);
-        assert_eq!(light_backend(auto, Tier::Session, RiskLevel::Safe, false), None);
         assert_eq!(
-            light_backend(EphemeralBackend::Docker, Tier::Ephemeral, RiskLevel::Safe, false),
+            light_backend(auto, Tier::Ephemeral, RiskLevel::Low, false),
+            None
+        );
+        assert_eq!(
+            light_backend(auto, Tier::Ephemeral, RiskLevel::Safe, true),
+            None
+        );
+        assert_eq!(
+            light_backend(auto, Tier::Session, RiskLevel::Safe, false),
+            None
+        );
+        assert_eq!(
+            light_backend(
+                EphemeralBackend::Docker,
+                Tier::Ephemeral,
+                RiskLevel::Safe,
+                false
+            ),
             None
         );
         assert_eq!("bwrap".parse(), Ok(EphemeralBackend::Bwrap));

@@ -87,13 +87,28 @@ async fn safe_ephemeral_work_runs_in_bubblewrap_and_the_rest_in_docker() {
     let (bwrap, stop) = start_bwrap(&mesh).await;
     let docker = mesh.docker_nodes()[0].clone();
     let light = exec_on(&mesh, &req("print(1)", TierChoice::Auto), &bwrap).await;
-    assert_eq!((light.status, light.stdout.as_str()), (ExecStatus::Ok, "1\n"), "{light:?}");
-    assert_eq!(light.node.as_deref(), Some(bwrap.as_str()), "SAFE ephemeral → bwrap");
+    assert_eq!(
+        (light.status, light.stdout.as_str()),
+        (ExecStatus::Ok, "1\n"),
+        "{light:?}"
+    );
+    assert_eq!(
+        light.node.as_deref(),
+        Some(bwrap.as_str()),
+        "SAFE ephemeral → bwrap"
+    );
     assert_eq!(light.tier, Tier::Ephemeral);
     // A client asking for more isolation gets a container.
-    let strict = mesh.exec(&req("print(2)", TierChoice::Session)).await.unwrap();
+    let strict = mesh
+        .exec(&req("print(2)", TierChoice::Session))
+        .await
+        .unwrap();
     assert_eq!(strict.status, ExecStatus::Ok, "{strict:?}");
-    assert_eq!(strict.node.as_deref(), Some(docker.as_str()), "tier session → Docker");
+    assert_eq!(
+        strict.node.as_deref(),
+        Some(docker.as_str()),
+        "tier session → Docker"
+    );
     // A bwrap node that goes away: light work falls back to Docker (auto).
     stop.cancel();
     let fallback = common::eventually("light work to fall back to Docker", || async {
@@ -138,7 +153,10 @@ async fn the_ephemeral_backend_setting_decides() {
             assert_eq!(e.kind, ErrorKind::Unavailable, "{e:?}");
             assert!(e.message.contains("bwrap"), "{e:?}");
         }
-        Ok(r) => assert!(r.error.is_some_and(|e| e.message.contains("bwrap")), "unexpected run"),
+        Ok(r) => assert!(
+            r.error.is_some_and(|e| e.message.contains("bwrap")),
+            "unexpected run"
+        ),
         Err(e) => panic!("{e}"),
     }
     mesh.shutdown().await;

@@ -111,16 +111,20 @@ impl Harness {
     async fn wait_ready(&self) {
         let subject = self.run_subject();
         let bad = run(Language::Shell, "true", "");
-        eventually("the bwrap executor to serve", Duration::from_secs(120), || {
-            let subject = subject.clone();
-            let bad = bad.clone();
-            async move {
-                match self.caller.call::<_, ExecResult>(subject, &bad).await {
-                    Err(kit::CallError::Service(_)) => Some(()),
-                    _ => None,
+        eventually(
+            "the bwrap executor to serve",
+            Duration::from_secs(120),
+            || {
+                let subject = subject.clone();
+                let bad = bad.clone();
+                async move {
+                    match self.caller.call::<_, ExecResult>(subject, &bad).await {
+                        Err(kit::CallError::Service(_)) => Some(()),
+                        _ => None,
+                    }
                 }
-            }
-        })
+            },
+        )
         .await;
     }
 
@@ -189,7 +193,11 @@ impl Harness {
     /// The next execution works after whatever happened before.
     pub async fn assert_recovered(&self) {
         let r = self.exec(Language::Python, "print(6 * 7)").await;
-        assert_eq!((r.status, r.stdout.as_str()), (ExecStatus::Ok, "42\n"), "{r:?}");
+        assert_eq!(
+            (r.status, r.stdout.as_str()),
+            (ExecStatus::Ok, "42\n"),
+            "{r:?}"
+        );
         self.assert_clean().await;
     }
 
