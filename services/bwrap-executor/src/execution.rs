@@ -85,11 +85,10 @@ impl Runner {
             deadline,
             streamer,
         };
-        let finished = self
-            .launcher
-            .run(node, input)
-            .await
-            .map_err(|e| ErrorBody::unavailable(format!("no sandbox: {}", error_chain(&e))))?;
+        let finished =
+            self.launcher.run(node, input).await.map_err(|e| {
+                ErrorBody::unavailable(format!("no sandbox: {}", kit::error_chain(&e)))
+            })?;
         Ok(outcome(job, finished))
     }
 }
@@ -129,16 +128,4 @@ fn apply_usage(result: &mut ExecResult, counters: Counters) {
     if let Some(ns) = counters.cpu_ns {
         usage.cpu_ms = usage.cpu_ms.max(ns / 1_000_000);
     }
-}
-
-/// An error with its causes, for a message that travels to the caller.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }

@@ -290,11 +290,7 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
         .await;
     // Sandboxes still running and cgroup removals finish before `run` returns.
-    node.tasks.close();
-    if tokio::time::timeout(Duration::from_secs(60), node.tasks.wait())
-        .await
-        .is_err()
-    {
+    if !node.finish_tasks(Duration::from_secs(60)).await {
         tracing::warn!("sandbox work still running after 60 s; the janitor will clean up");
     }
     // A node that stops owns nothing: anything still there is a leak of a race above.

@@ -15,10 +15,7 @@ async fn main() {
     let shutdown = kit::shutdown::on_signals();
     if let Err(e) = bwrap_executor::run(config, shutdown).await {
         tracing::error!(error = %e, "bwrap-executor failed");
-        eprintln!(
-            "bwrap-executor: {}",
-            bwrap_executor::execution::error_chain(&e)
-        );
+        eprintln!("bwrap-executor: {}", kit::error_chain(&e));
         std::process::exit(1);
     }
 }

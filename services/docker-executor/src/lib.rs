@@ -259,11 +259,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
         .await;
     // Starts and removals still in flight finish before `run` returns.
-    node.tasks.close();
-    if tokio::time::timeout(Duration::from_secs(60), node.tasks.wait())
-        .await
-        .is_err()
-    {
+    if !node.finish_tasks(Duration::from_secs(60)).await {
         tracing::warn!("container work still running after 60 s; the janitor will clean up");
     }
     // Last line of defence: a node that stops owns nothing, so anything still labelled with

@@ -68,6 +68,13 @@ impl NodeState {
         }
     }
 
+    /// At shutdown: takes no more background work and waits (up to `limit`) for what runs.
+    /// Returns whether it all finished.
+    pub async fn finish_tasks(&self, limit: std::time::Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
+    }
+
     /// Gauges for the heartbeat, named after seed 003 §8.
     pub fn metrics(&self, capacity: usize) -> BTreeMap<String, f64> {
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
