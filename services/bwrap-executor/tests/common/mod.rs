@@ -15,7 +15,7 @@ use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
 use messages::executor::{Backend, ExecutorRun};
 use messages::subjects::ExecutorOp;
 use messages::Subjects;
-use test_support::{eventually, eventually_true, NatsServer};
+use test_support::{eventually_true, NatsServer};
 
 /// The sandbox image with this build's supervisor (build.sh is idempotent and locked, so
 /// parallel test binaries share one build).
@@ -93,7 +93,7 @@ impl Harness {
         let task = tokio::spawn(bwrap_executor::run(config, shutdown.clone()));
         let client = async_nats::connect(nats.url()).await.expect("connect");
         let caller = Caller::new(client.clone(), Duration::from_secs(60));
-        let h = Self {
+        let mut h = Self {
             nats,
             client,
             caller,
@@ -107,25 +107,30 @@ impl Harness {
         h
     }
 
-    /// Until the node's own run endpoint answers (a run without an id gets a 400).
-    async fn wait_ready(&self) {
+    /// Until the node's own run endpoint answers (a run without an id gets a 400); an
+    /// executor that fails to start fails the test with its error at once.
+    async fn wait_ready(&mut self) {
         let subject = self.run_subject();
         let bad = run(Language::Shell, "true", "");
-        eventually(
-            "the bwrap executor to serve",
-            Duration::from_secs(120),
-            || {
-                let subject = subject.clone();
-                let bad = bad.clone();
-                async move {
-                    match self.caller.call::<_, ExecResult>(subject, &bad).await {
-                        Err(kit::CallError::Service(_)) => Some(()),
-                        _ => None,
-                    }
-                }
-            },
-        )
-        .await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Err(kit::CallError::Service(_)) = self
+                .caller
+                .call::<_, ExecResult>(subject.clone(), &bad)
+                .await
+            {
+                return;
+            }
+            if self.task.as_ref().is_some_and(|t| t.is_finished()) {
+                let ended = self.task.take().expect("checked").await;
+                panic!("the bwrap executor did not start: {ended:?}");
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the bwrap executor did not serve within 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub fn run_subject(&self) -> String {
