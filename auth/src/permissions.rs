@@ -186,6 +186,13 @@ impl<'s> Plan<'s> {
                 self.audits(&mut p);
                 p
             }
+            ServiceName::BwrapExecutor => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("executor.bwrap.>")])
+                    .publish([s.pattern("output.>")]);
+                self.audits(&mut p);
+                p
+            }
             ServiceName::WorkspaceStore => {
                 let blobs = s.workspace_objects_bucket();
                 let mut p = self.base(service, 1);

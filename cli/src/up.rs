@@ -63,7 +63,8 @@ fn process_env() -> HashMap<String, String> {
     std::env::vars().collect()
 }
 
-/// The services `up` runs, in start order.
+/// The services `up` runs, in start order (plus the bwrap-executor when bubblewrap works
+/// here, see [`up_services`]).
 pub const SERVICES: &[ServiceName] = &[
     ServiceName::RiskAssessor,
     ServiceName::Confirmation,
@@ -74,9 +75,32 @@ pub const SERVICES: &[ServiceName] = &[
     ServiceName::BrowserRouter,
 ];
 
+/// What `up` runs: [`SERVICES`], and the light backend when `bwrap` starts (it is optional:
+/// without it, ephemeral executions run in Docker as before). Says which.
+fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
+    let mut services = SERVICES.to_vec();
+    let bwrap = env
+        .get("SANDMESH_BWRAP_BIN")
+        .map_or_else(|| PathBuf::from("bwrap"), PathBuf::from);
+    if bwrap_executor::bwrap_available(&bwrap) {
+        eprintln!(
+            "sandmesh: bubblewrap found: SAFE ephemeral executions run in a fresh bubblewrap \
+             sandbox each (bwrap-executor)"
+        );
+        services.insert(services.len() - 1, ServiceName::BwrapExecutor);
+    } else {
+        eprintln!(
+            "sandmesh: bubblewrap not found: every execution runs in Docker (install Debian's \
+             bubblewrap for the light backend)"
+        );
+    }
+    services
+}
+
 fn service_list() -> String {
     SERVICES
         .iter()
+        .chain([&ServiceName::BwrapExecutor])
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(", ")
@@ -125,6 +149,9 @@ fn build(
             }),
             ServiceName::AioPool => aio_pool::AioPoolConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(aio_pool::run(c, token).await?) }) as ServiceFuture
+            }),
+            ServiceName::BwrapExecutor => bwrap_executor::BwrapConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(bwrap_executor::run(c, token).await?) }) as ServiceFuture
             }),
             ServiceName::Scheduler => scheduler::SchedulerConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(scheduler::run(c, token).await?) }) as ServiceFuture
@@ -420,7 +447,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
         .or_insert_with(|| "0".into());
 
     let shutdown = kit::shutdown::on_signals();
-    let services = kit::config::exit_on_error(build(SERVICES, &env, auth.as_ref(), &shutdown));
+    let names = up_services(&env);
+    let services = kit::config::exit_on_error(build(&names, &env, auth.as_ref(), &shutdown));
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
     let urls = Urls {
         shown: &nats_url,
@@ -428,7 +456,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
         demo: &demo_url,
     };
     let code = tokio::select! {
-        code = serve_until_stopped(&urls, &args, &kit_config, &shutdown) => code,
+        code = serve_until_stopped(&urls, &names, &args, &kit_config, &shutdown) => code,
         // A signal (or a failed service) while starting: stop without waiting for readiness.
         _ = shutdown.cancelled() => Ok(0),
     };
@@ -458,12 +486,13 @@ async fn connect(url: &str) -> anyhow::Result<async_nats::Client> {
 /// fires (at once after `--demo --once`). Returns the exit code.
 async fn serve_until_stopped(
     urls: &Urls<'_>,
+    names: &[ServiceName],
     args: &UpArgs,
     kit_config: &kit::KitConfig,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<i32> {
     let client = connect(urls.watch).await?;
-    wait_until_ready(&client, Duration::from_secs(120)).await?;
+    wait_until_ready(&client, names, Duration::from_secs(120)).await?;
     eprintln!(
         "sandmesh: mesh is up — NATS {}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it",
         urls.shown
@@ -480,9 +509,13 @@ async fn serve_until_stopped(
 }
 
 /// Bounded poll until every service answers `$SRV.PING.<name>`.
-async fn wait_until_ready(client: &async_nats::Client, limit: Duration) -> anyhow::Result<()> {
+async fn wait_until_ready(
+    client: &async_nats::Client,
+    names: &[ServiceName],
+    limit: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
-    for name in SERVICES {
+    for name in names {
         let answered = async {
             loop {
                 let ping = client.request(name.srv_ping(), "".into());

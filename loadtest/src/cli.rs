@@ -166,6 +166,12 @@ pub enum Scenario {
         #[arg(long, default_value_t = 10 << 20)]
         big_bytes: usize,
     },
+    /// The bubblewrap backend: `print(1)` as a bare Docker exec, a bare `bwrap` loop and
+    /// through the mesh's ephemeral tier, at each concurrency.
+    Light {
+        #[command(flatten)]
+        load: LoadArgs,
+    },
     /// A blend with hostile programs; results by status; leaked containers.
     Mixed {
         #[command(flatten)]

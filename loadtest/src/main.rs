@@ -118,7 +118,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
-    use scenarios::{assess, exec, memory, mixed, workspace, workspace_bulk};
+    use scenarios::{assess, exec, light, memory, mixed, workspace, workspace_bulk};
     match &cli.scenario {
         Scenario::Baseline { load, languages } => {
             let (c, l) = load.resolve(&[1, 4], 200, 30.0);
@@ -148,6 +148,10 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
         Scenario::Mixed { load } => {
             let (_, l) = load.resolve(&[4], 300, 180.0);
             mixed::mixed(ctx, l).await
+        }
+        Scenario::Light { load } => {
+            let (c, l) = load.resolve(&[1, 4], 400, 20.0);
+            light::light(ctx, &cli.image, &c, l).await
         }
         Scenario::Burst(b) => run_burst(ctx, b).await,
         Scenario::IdleRss { services } => memory::idle_rss(ctx, services).await,

@@ -41,6 +41,28 @@ impl ExecutorRun {
     }
 }
 
+/// How an executor node isolates code (advertised in its heartbeat's `backends`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// Hardened Docker containers (every tier the executor runs).
+    #[default]
+    Docker,
+    /// A fresh bubblewrap sandbox per execution: single-use ephemeral runs only.
+    Bwrap,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 2] = [Backend::Docker, Backend::Bwrap];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Backend::Docker => "docker",
+            Backend::Bwrap => "bwrap",
+        }
+    }
+}
+
 /// The container an [`ExecutorRun`] gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -23,6 +23,22 @@ pub struct Heartbeat {
     /// Free-form facts (host name, image, ...).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The isolation backends an executor offers (empty for other services, and for
+    /// executors older than the field: those are Docker executors).
+    #[serde(default)]
+    pub backends: Vec<crate::executor::Backend>,
+}
+
+impl Heartbeat {
+    /// Whether this instance runs executions on `backend`; an executor that names none is a
+    /// Docker executor.
+    pub fn offers(&self, backend: crate::executor::Backend) -> bool {
+        if self.backends.is_empty() {
+            backend == crate::executor::Backend::Docker
+        } else {
+            self.backends.contains(&backend)
+        }
+    }
 }
 
 impl Heartbeat {

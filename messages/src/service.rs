@@ -12,6 +12,7 @@ pub enum ServiceName {
     Confirmation,
     Scheduler,
     DockerExecutor,
+    BwrapExecutor,
     WorkspaceStore,
     AioPool,
     BrowserRouter,
@@ -24,6 +25,7 @@ impl ServiceName {
         ServiceName::Confirmation,
         ServiceName::Scheduler,
         ServiceName::DockerExecutor,
+        ServiceName::BwrapExecutor,
         ServiceName::WorkspaceStore,
         ServiceName::AioPool,
         ServiceName::BrowserRouter,
@@ -36,6 +38,7 @@ impl ServiceName {
             ServiceName::Confirmation => "confirmation",
             ServiceName::Scheduler => "scheduler",
             ServiceName::DockerExecutor => "docker-executor",
+            ServiceName::BwrapExecutor => "bwrap-executor",
             ServiceName::WorkspaceStore => "workspace-store",
             ServiceName::AioPool => "aio-pool",
             ServiceName::BrowserRouter => "browser-router",
@@ -140,7 +143,8 @@ mod tests {
         }
         let e = "docker_executor".parse::<ServiceName>().unwrap_err();
         assert!(
-            e.to_string().contains("docker-executor, workspace-store"),
+            e.to_string()
+                .contains("docker-executor, bwrap-executor, workspace-store"),
             "{e}"
         );
     }

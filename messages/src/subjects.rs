@@ -4,6 +4,8 @@
 use crate::tenancy::{tenant_token, Tenant};
 
 /// The protocol version, carried in every subject.
+use crate::executor::Backend;
+
 pub const VERSION: &str = "v1";
 pub const DEFAULT_PREFIX: &str = "sandbox";
 
@@ -200,11 +202,23 @@ impl Subjects {
     // === internal: executors ===
     /// Queue group subject: any docker executor takes it.
     pub fn executor_run(&self) -> String {
-        self.at("executor.docker.run")
+        self.executor_run_on(Backend::Docker)
     }
     /// One executor node's own subject.
     pub fn executor_node(&self, node_id: &str, op: ExecutorOp) -> String {
-        self.at(&format!("executor.docker.{node_id}.{}", op.as_str()))
+        self.executor_node_on(Backend::Docker, node_id, op)
+    }
+    /// Queue group subject of one backend's executors: `executor.<backend>.run`.
+    pub fn executor_run_on(&self, backend: Backend) -> String {
+        self.at(&format!("executor.{}.run", backend.as_str()))
+    }
+    /// One node of one backend: `executor.<backend>.<node_id>.<op>`.
+    pub fn executor_node_on(&self, backend: Backend, node_id: &str, op: ExecutorOp) -> String {
+        self.at(&format!(
+            "executor.{}.{node_id}.{}",
+            backend.as_str(),
+            op.as_str()
+        ))
     }
     /// The group under which one node serves its own endpoints.
     pub fn executor_node_group(&self, node_id: &str) -> String {
@@ -311,6 +325,10 @@ mod tests {
         assert_eq!(
             s.executor_node("n1", ExecutorOp::Close),
             "sandbox.v1.executor.docker.n1.close"
+        );
+        assert_eq!(
+            s.executor_node_on(Backend::Bwrap, "n1", ExecutorOp::Run),
+            "sandbox.v1.executor.bwrap.n1.run"
         );
         assert_eq!(s.jobs_stream(), "SANDBOX_JOBS");
         assert_eq!(s.nodes_bucket(), "sandbox_nodes");

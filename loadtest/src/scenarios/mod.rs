@@ -3,6 +3,7 @@
 pub mod assess;
 pub mod burst;
 pub mod exec;
+pub mod light;
 pub mod memory;
 pub mod mixed;
 pub mod workspace;

@@ -131,6 +131,7 @@ pub async fn run(config: AioPoolConfig, shutdown: CancellationToken) -> Result<(
                 .map(|(k, v)| (k.to_string(), f64::from(v)))
                 .collect(),
                 labels: labels.clone(),
+                ..Default::default()
             }
         }))
         .await?;

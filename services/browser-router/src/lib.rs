@@ -117,7 +117,7 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
                     ("browser_sessions".to_string(), s.sessions as f64),
                     ("browser_warm".to_string(), s.warm as f64),
                 ]),
-                labels: Default::default(),
+                ..Default::default()
             }
         }))
         .await?;

@@ -147,7 +147,7 @@ pub async fn run(
                         ("confirmation_waiters".to_string(), waiters as f64),
                     ]
                     .into(),
-                    labels: Default::default(),
+                    ..Default::default()
                 }
             }))
             .await?;

@@ -58,24 +58,12 @@ impl From<StoreError> for ErrorBody {
     /// The wire message carries the whole cause chain: callers on the other side of NATS
     /// cannot walk `source()`.
     fn from(e: StoreError) -> Self {
-        let message = messages_of(&e);
+        let message = kit::error_chain(&e);
         match e {
             StoreError::Unavailable { .. } => ErrorBody::unavailable(message),
             StoreError::Corrupt { .. } => ErrorBody::internal(message),
         }
     }
-}
-
-/// `e: cause: its cause…`
-fn messages_of(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 fn unavailable<E>(op: &'static str) -> impl FnOnce(E) -> StoreError

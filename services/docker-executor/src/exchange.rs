@@ -1,7 +1,9 @@
 //! One execution's single `docker exec`: start the supervisor, send it the request and the
 //! workspace archive, read its frames until the report — streaming output chunks as they
 //! come — and give up at an outer deadline. The supervisor is not trusted (it runs next to
-//! the untrusted code), so every size it sends is bounded here as well.
+//! the untrusted code), so every size it sends is bounded here as well. The wire format and
+//! the bounded reading ([`request_wire`], [`FrameCollector`]) are shared with the bubblewrap
+//! executor, which carries the same frames over a sandbox's pipes.
 
 use std::time::Instant;
 
@@ -165,6 +167,135 @@ pub struct ExchangeInput<'a> {
     pub streamer: Option<&'a mut OutputStreamer>,
 }
 
+/// What the executor sends the supervisor on its stdin: the request, the workspace archive,
+/// the request's files and the end marker. The same for every backend. Fails when the request
+/// itself does not fit in one frame.
+pub fn request_wire(spec: &RunSpec, archive: &[u8], files: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut wire = Vec::with_capacity(archive.len() + files.len() + 4096);
+    let request = serde_json::to_vec(spec).expect("RunSpec serialises");
+    protocol::write_frame(&mut wire, FrameKind::Request, &request)?;
+    protocol::write_chunked(&mut wire, FrameKind::Archive, archive).expect("vec write");
+    protocol::write_chunked(&mut wire, FrameKind::Files, files).expect("vec write");
+    protocol::write_frame(&mut wire, FrameKind::End, &[]).expect("vec write");
+    Ok(wire)
+}
+
+/// Reads the supervisor's side of one exchange, whatever carries it (a `docker exec` stream,
+/// a bubblewrap sandbox's pipes): decodes frames, bounds output and changes by the spec's
+/// caps (the supervisor is not trusted), streams output chunks, and keeps the supervisor's
+/// own log for error messages.
+pub struct FrameCollector<'a> {
+    decoder: FrameDecoder,
+    ex: Exchange,
+    max_output: u64,
+    max_changes: u64,
+    streamer: Option<&'a mut OutputStreamer>,
+}
+
+impl<'a> FrameCollector<'a> {
+    pub fn new(spec: &RunSpec, streamer: Option<&'a mut OutputStreamer>) -> Self {
+        Self {
+            decoder: FrameDecoder::default(),
+            ex: Exchange {
+                ending: Ending::Closed,
+                report: None,
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                changes: Vec::new(),
+                supervisor_log: String::new(),
+            },
+            max_output: spec.max_output_bytes,
+            max_changes: spec.max_changes_bytes + CHANGES_OVERHEAD,
+            streamer,
+        }
+    }
+
+    /// Takes bytes of the supervisor's stdout. `true`: the exchange is over (a report, a
+    /// flood or garbage); nothing more is read.
+    pub async fn push(&mut self, bytes: &[u8]) -> bool {
+        self.decoder.push(bytes);
+        loop {
+            let (kind, payload) = match self.decoder.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return false,
+                Err(e) => {
+                    self.ex.ending = Ending::Protocol(e.to_string());
+                    return true;
+                }
+            };
+            let ex = &mut self.ex;
+            match kind {
+                FrameKind::Stdout | FrameKind::Stderr => {
+                    let total = (ex.stdout.len() + ex.stderr.len() + payload.len()) as u64;
+                    if total > self.max_output {
+                        ex.ending = Ending::Flood;
+                        return true;
+                    }
+                    let (buf, stream) = if kind == FrameKind::Stdout {
+                        (&mut ex.stdout, OutputStream::Stdout)
+                    } else {
+                        (&mut ex.stderr, OutputStream::Stderr)
+                    };
+                    buf.extend_from_slice(&payload);
+                    if let Some(s) = self.streamer.as_deref_mut() {
+                        s.chunk(stream, &payload).await;
+                    }
+                }
+                FrameKind::Changes => {
+                    if (ex.changes.len() + payload.len()) as u64 > self.max_changes {
+                        ex.ending = Ending::Flood;
+                        return true;
+                    }
+                    ex.changes.extend_from_slice(&payload);
+                }
+                FrameKind::Report => {
+                    match serde_json::from_slice::<RunReport>(&payload) {
+                        Ok(report) => {
+                            ex.report = Some(report);
+                            ex.ending = Ending::Reported;
+                        }
+                        Err(e) => ex.ending = Ending::Protocol(format!("malformed report: {e}")),
+                    }
+                    return true;
+                }
+                other => {
+                    ex.ending = Ending::Protocol(format!("unexpected {other:?} frame"));
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Keeps (the start of) what the supervisor wrote to its stderr.
+    pub fn log(&mut self, bytes: &[u8]) {
+        let log = &mut self.ex.supervisor_log;
+        let room = MAX_SUPERVISOR_LOG.saturating_sub(log.len());
+        log.push_str(&String::from_utf8_lossy(&bytes[..bytes.len().min(room)]));
+    }
+
+    /// Ends the exchange without a report: `ending` says why.
+    pub fn stop(&mut self, ending: Ending) {
+        self.ex.ending = ending;
+    }
+
+    pub fn ending(&self) -> &Ending {
+        &self.ex.ending
+    }
+
+    /// Appends a note on how the supervisor ended to its log.
+    pub fn note(&mut self, note: &str) {
+        self.ex.supervisor_log.push_str(note);
+    }
+
+    /// Ends the output stream (readers see `eof`) and hands over what was collected.
+    pub async fn finish(mut self) -> Exchange {
+        if let Some(s) = self.streamer.take() {
+            s.finish().await;
+        }
+        self.ex
+    }
+}
+
 /// Runs the supervisor once in `container`.
 pub async fn exchange(
     sandboxes: &Sandboxes,
@@ -199,13 +330,8 @@ pub async fn exchange(
         ));
     };
 
-    let mut wire = Vec::with_capacity(input.archive.len() + input.files.len() + 4096);
-    let request = serde_json::to_vec(input.spec).expect("RunSpec serialises");
-    protocol::write_frame(&mut wire, FrameKind::Request, &request)
+    let wire = request_wire(input.spec, input.archive, input.files)
         .map_err(|e| DockerError::failed("exec", input.container, e.to_string()))?;
-    protocol::write_chunked(&mut wire, FrameKind::Archive, input.archive).expect("vec write");
-    protocol::write_chunked(&mut wire, FrameKind::Files, input.files).expect("vec write");
-    protocol::write_frame(&mut wire, FrameKind::End, &[]).expect("vec write");
     // Written from its own task so a slow reader on the other side never deadlocks us.
     let writer = tokio::spawn(async move {
         let result = stdin.write_all(&wire).await;
@@ -213,108 +339,39 @@ pub async fn exchange(
         result
     });
 
-    let max_output = input.spec.max_output_bytes;
-    let max_changes = input.spec.max_changes_bytes + CHANGES_OVERHEAD;
-    let mut streamer = input.streamer;
-    let mut decoder = FrameDecoder::default();
-    let mut ex = Exchange {
-        ending: Ending::Closed,
-        report: None,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        changes: Vec::new(),
-        supervisor_log: String::new(),
-    };
+    let mut collector = FrameCollector::new(input.spec, input.streamer);
     let deadline = tokio::time::Instant::from_std(input.deadline);
-    'read: loop {
+    loop {
         let item = match tokio::time::timeout_at(deadline, output.next()).await {
             Err(_) => {
-                ex.ending = Ending::Deadline;
+                collector.stop(Ending::Deadline);
                 break;
             }
             Ok(None) => break,
             Ok(Some(Err(e))) => {
                 tracing::warn!(container = input.container, error = %e, "exec stream failed");
-                ex.ending = Ending::StreamFailed(e.to_string());
+                collector.stop(Ending::StreamFailed(e.to_string()));
                 break;
             }
             Ok(Some(Ok(item))) => item,
         };
-        let bytes = match item {
-            LogOutput::StdOut { message } => message,
-            LogOutput::StdErr { message } => {
-                let room = MAX_SUPERVISOR_LOG.saturating_sub(ex.supervisor_log.len());
-                let text = String::from_utf8_lossy(&message[..message.len().min(room)]);
-                ex.supervisor_log.push_str(&text);
-                continue;
-            }
-            _ => continue,
-        };
-        decoder.push(&bytes);
-        loop {
-            let (kind, payload) = match decoder.next_frame() {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(e) => {
-                    ex.ending = Ending::Protocol(e.to_string());
-                    break 'read;
-                }
-            };
-            match kind {
-                FrameKind::Stdout | FrameKind::Stderr => {
-                    let total = (ex.stdout.len() + ex.stderr.len() + payload.len()) as u64;
-                    if total > max_output {
-                        ex.ending = Ending::Flood;
-                        break 'read;
-                    }
-                    let (buf, stream) = if kind == FrameKind::Stdout {
-                        (&mut ex.stdout, OutputStream::Stdout)
-                    } else {
-                        (&mut ex.stderr, OutputStream::Stderr)
-                    };
-                    buf.extend_from_slice(&payload);
-                    if let Some(s) = streamer.as_deref_mut() {
-                        s.chunk(stream, &payload).await;
-                    }
-                }
-                FrameKind::Changes => {
-                    if (ex.changes.len() + payload.len()) as u64 > max_changes {
-                        ex.ending = Ending::Flood;
-                        break 'read;
-                    }
-                    ex.changes.extend_from_slice(&payload);
-                }
-                FrameKind::Report => {
-                    match serde_json::from_slice::<RunReport>(&payload) {
-                        Ok(report) => {
-                            ex.report = Some(report);
-                            ex.ending = Ending::Reported;
-                        }
-                        Err(e) => ex.ending = Ending::Protocol(format!("malformed report: {e}")),
-                    }
-                    break 'read;
-                }
-                other => {
-                    ex.ending = Ending::Protocol(format!("unexpected {other:?} frame"));
-                    break 'read;
-                }
-            }
+        match item {
+            LogOutput::StdOut { message } if collector.push(&message).await => break,
+            LogOutput::StdErr { message } => collector.log(&message),
+            _ => {}
         }
     }
     writer.abort();
-    if ex.ending == Ending::Closed {
+    if *collector.ending() == Ending::Closed {
         // Say how the supervisor ended, so a lost report can be told from a killed process.
         if let Ok(inspect) = docker.inspect_exec(&exec.id).await {
-            ex.supervisor_log.push_str(&format!(
+            collector.note(&format!(
                 " (supervisor exit code {:?}, running {:?})",
                 inspect.exit_code, inspect.running
             ));
         }
     }
-    if let Some(s) = streamer {
-        s.finish().await;
-    }
-    Ok(ex)
+    Ok(collector.finish().await)
 }
 
 #[cfg(test)]

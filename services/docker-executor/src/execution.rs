@@ -108,6 +108,81 @@ fn program(language: Language) -> (Vec<String>, String) {
     (argv, path)
 }
 
+/// The most output a result can carry over `client`: the server's max payload less room for
+/// the rest of the result.
+pub fn output_budget(client: &async_nats::Client) -> u64 {
+    let max_payload = client.server_info().max_payload as u64;
+    max_payload.saturating_sub(64 * 1024).max(64 * 1024)
+}
+
+/// The supervisor's request for `job`, the same for every backend: the program for its
+/// language, a clean environment (the request's variables on top), the node's limits, and
+/// room for changed files only when `keeps_changes` (a workspace takes them).
+pub fn run_spec(job: &Job, config: &ExecutorConfig, keeps_changes: bool) -> RunSpec {
+    let req = &job.run.request;
+    let (argv, code_path) = program(req.language);
+    let mut env: Vec<(String, String)> = [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", WORKSPACE_DIR),
+        ("LANG", "C.UTF-8"),
+        ("TMPDIR", "/tmp"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        // The script lives in /tmp/.sandmesh; modules are imported from the workspace.
+        ("PYTHONPATH", WORKSPACE_DIR),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for (k, v) in &req.env {
+        env.retain(|(name, _)| name != k);
+        env.push((k.clone(), v.clone()));
+    }
+    RunSpec {
+        version: PROTOCOL_VERSION,
+        argv,
+        code_path,
+        code: req.code.clone(),
+        stdin: req.stdin.clone(),
+        env,
+        workspace: WORKSPACE_DIR.into(),
+        timeout_ms: job.limits.timeout_ms,
+        max_output_bytes: job.limits.max_output_bytes,
+        nofile: config.nofile,
+        fsize_bytes: config.fsize_mb << 20,
+        max_changes_bytes: if keeps_changes {
+            config.workspace_mb << 20
+        } else {
+            0
+        },
+        // Set by the backend whose container has an egress socket.
+        egress_socket: None,
+    }
+}
+
+/// The request's files as a tar (paths were validated on admission).
+pub fn request_files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
+    let files = &job.run.request.files;
+    if files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    for f in files {
+        let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, &f.path, bytes.as_slice())
+            .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
+    }
+    b.into_inner()
+        .map_err(|e| ErrorBody::internal(e.to_string()))
+}
+
 impl Runner {
     /// Starts a container of `kind`, with an egress proxy of its own when `network` is set
     /// (never for the warm pool: a warm container has no network).
@@ -126,56 +201,18 @@ impl Runner {
     /// The most output a result can carry: the server's max payload less room for the rest
     /// of the result.
     pub fn output_budget(&self) -> u64 {
-        let max_payload = self.client.server_info().max_payload as u64;
-        max_payload.saturating_sub(64 * 1024).max(64 * 1024)
+        output_budget(&self.client)
     }
 
     fn spec(&self, job: &Job, container: &ContainerLease) -> RunSpec {
-        let req = &job.run.request;
-        let (argv, code_path) = program(req.language);
-        let mut env: Vec<(String, String)> = [
-            (
-                "PATH",
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            ),
-            ("HOME", WORKSPACE_DIR),
-            ("LANG", "C.UTF-8"),
-            ("TMPDIR", "/tmp"),
-            ("PYTHONUNBUFFERED", "1"),
-            ("PYTHONDONTWRITEBYTECODE", "1"),
-            // The script lives in /tmp/.sandmesh; modules are imported from the workspace.
-            ("PYTHONPATH", WORKSPACE_DIR),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        for (k, v) in &req.env {
-            env.retain(|(name, _)| name != k);
-            env.push((k.clone(), v.clone()));
-        }
-        RunSpec {
-            version: PROTOCOL_VERSION,
-            argv,
-            code_path,
-            code: req.code.clone(),
-            stdin: req.stdin.clone(),
-            env,
-            workspace: WORKSPACE_DIR.into(),
-            timeout_ms: job.limits.timeout_ms,
-            max_output_bytes: job.limits.max_output_bytes,
-            nofile: self.config.nofile,
-            fsize_bytes: self.config.fsize_mb << 20,
-            // Changed files travel back only when there is a workspace to put them in.
-            max_changes_bytes: if self.workspace.is_some() && job.workspace_session().is_some() {
-                self.config.workspace_mb << 20
-            } else {
-                0
-            },
-            egress_socket: container
-                .egress
-                .as_ref()
-                .map(|_| ContainerEgress::socket_in_container()),
-        }
+        // Changed files travel back only when there is a workspace to put them in.
+        let keeps_changes = self.workspace.is_some() && job.workspace_session().is_some();
+        let mut spec = run_spec(job, &self.config, keeps_changes);
+        spec.egress_socket = container
+            .egress
+            .as_ref()
+            .map(|_| ContainerEgress::socket_in_container());
+        spec
     }
 
     /// What the container's workspace needs before the run (an archive to unpack, maybe
@@ -214,26 +251,6 @@ impl Runner {
             .map_err(|e| (e, Health::Reusable))?;
         container.synced = Instant::now();
         Ok((snapshot.tar, snapshot.holds))
-    }
-
-    /// The request's files as a tar (paths were validated on admission).
-    fn files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
-        let files = &job.run.request.files;
-        if files.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut b = tar::Builder::new(Vec::new());
-        for f in files {
-            let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
-            let mut h = tar::Header::new_gnu();
-            h.set_size(bytes.len() as u64);
-            h.set_mode(0o644);
-            h.set_entry_type(tar::EntryType::Regular);
-            b.append_data(&mut h, &f.path, bytes.as_slice())
-                .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
-        }
-        b.into_inner()
-            .map_err(|e| ErrorBody::internal(e.to_string()))
     }
 
     /// Runs `job` in `container` and says whether the container is still usable.
@@ -291,7 +308,7 @@ impl Runner {
                 .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
             container.limits = wanted;
         }
-        let files = Self::files(job).map_err(|e| (e, Health::Reusable))?;
+        let files = request_files(job).map_err(|e| (e, Health::Reusable))?;
         let (archive, will_hold) = self.workspace_in(container, job).await?;
         // Until the supervisor says it unpacked, the container holds nothing known.
         if !archive.is_empty() {

@@ -4,7 +4,6 @@
 //! owns the `WarmPool`, the `Janitor` and every session actor as linked children.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -333,17 +332,7 @@ impl Actor for Executor {
                 let grace = state.runner.config.kill_grace
                     + Duration::from_millis(state.ceilings.max_timeout_ms);
                 tokio::spawn(async move {
-                    let until = tokio::time::Instant::now() + grace;
-                    loop {
-                        // Registered before the check, so a run ending in between still wakes.
-                        let idle = node.idle.notified();
-                        if node.running.load(Ordering::Acquire) == 0 {
-                            break;
-                        }
-                        if tokio::time::timeout_at(until, idle).await.is_err() {
-                            break;
-                        }
-                    }
+                    node.wait_idle(tokio::time::Instant::now() + grace).await;
                     let _ = ractor::call!(myself, ExecutorMsg::CloseAll);
                     let _ = reply.send(Ok(Ack { ok: true }));
                 });

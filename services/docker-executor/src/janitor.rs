@@ -65,8 +65,10 @@ pub struct JanitorArgs {
     pub interval: Duration,
 }
 
-async fn node_alive(kv: &kv::Store, node_id: &str) -> bool {
-    let key = messages::heartbeat::heartbeat_key(SERVICE_NAME, node_id);
+/// Whether `service`'s instance `node_id` has a heartbeat key now (shared with the bwrap
+/// executor's janitor).
+pub async fn node_alive(kv: &kv::Store, service: &str, node_id: &str) -> bool {
+    let key = messages::heartbeat::heartbeat_key(service, node_id);
     match kv.get(&key).await {
         Ok(value) => value.is_some(),
         // Unknown is not dead: never remove on a failed look-up.
@@ -95,7 +97,7 @@ async fn reap_node(args: &JanitorArgs, node: &str) -> usize {
             return 0;
         }
     };
-    if names.is_empty() || node_alive(&args.nodes_kv, node).await {
+    if names.is_empty() || node_alive(&args.nodes_kv, SERVICE_NAME, node).await {
         return 0;
     }
     tracing::info!(
@@ -167,7 +169,7 @@ pub async fn sweep(args: &JanitorArgs) -> usize {
                 }
             }
             for (node, names) in by_node {
-                if !node_alive(&args.nodes_kv, &node).await {
+                if !node_alive(&args.nodes_kv, SERVICE_NAME, &node).await {
                     tracing::info!(node, containers = names.len(), "janitor: node is gone");
                     doomed.extend(names);
                 }

@@ -122,7 +122,7 @@ pub enum ExecutorError {
 const BUILD_HINT: &str = "build it with deploy/images/build.sh (SUPERVISOR_BIN=<sandmesh-supervisor>) or docker_executor::image::ensure_image()";
 
 /// Checks that the image exists and carries the supervisor.
-async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), ExecutorError> {
+pub async fn check_image(docker: &bollard::Docker, image: &str) -> Result<(), ExecutorError> {
     let inspect =
         docker
             .inspect_image(image)
@@ -174,6 +174,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
             load: probe_node.running.load(Ordering::Relaxed) as u32,
             metrics: probe_node.metrics(capacity),
             labels: labels.clone(),
+            backends: vec![messages::executor::Backend::Docker],
         }))
         .await?;
 
@@ -251,11 +252,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
         .await;
     // Starts and removals still in flight finish before `run` returns.
-    node.tasks.close();
-    if tokio::time::timeout(Duration::from_secs(60), node.tasks.wait())
-        .await
-        .is_err()
-    {
+    if !node.finish_tasks(Duration::from_secs(60)).await {
         tracing::warn!("container work still running after 60 s; the janitor will clean up");
     }
     // Last line of defence: a node that stops owns nothing, so anything still labelled with

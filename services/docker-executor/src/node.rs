@@ -32,14 +32,14 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    pub(crate) fn own(&self, name: &str) {
+    pub fn own(&self, name: &str) {
         self.owned
             .lock()
             .expect("owned set poisoned")
             .insert(name.to_string());
     }
 
-    pub(crate) fn disown(&self, name: &str) {
+    pub fn disown(&self, name: &str) {
         self.owned.lock().expect("owned set poisoned").remove(name);
     }
 
@@ -52,6 +52,27 @@ impl NodeState {
 
     pub fn owned_count(&self) -> usize {
         self.owned.lock().expect("owned set poisoned").len()
+    }
+
+    /// Waits until no execution runs (a drain), or until `until`. Returns whether it did.
+    pub async fn wait_idle(&self, until: tokio::time::Instant) -> bool {
+        loop {
+            // Registered before the check, so a run ending in between still wakes.
+            let idle = self.idle.notified();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(until, idle).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// At shutdown: takes no more background work and waits (up to `limit`) for what runs.
+    /// Returns whether it all finished.
+    pub async fn finish_tasks(&self, limit: std::time::Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
 
     /// Gauges for the heartbeat, named after seed 003 §8.

@@ -23,6 +23,8 @@ pub struct Load {
     pub load: u32,
     pub metrics: std::collections::BTreeMap<String, f64>,
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The isolation backends an executor offers; empty for other services.
+    pub backends: Vec<messages::executor::Backend>,
 }
 
 pub enum HeartbeatMsg {
@@ -69,6 +71,7 @@ impl HeartbeatState {
             load: load.load,
             metrics: load.metrics,
             labels: load.labels,
+            backends: load.backends,
         };
         let payload = Encoding::Json
             .encode(&hb)

@@ -43,6 +43,19 @@ pub use config::{ConfigError, ConfigReader, KitConfig};
 pub use serve::{actor_handler, handler, EndpointOptions, Handler, RequestContext, ServiceInfo};
 pub use tokio_util::sync::CancellationToken;
 
+/// `e: cause: its cause…` — an error with its whole chain, for a message that leaves the
+/// process (a reply, a log line on stderr).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// A cause from any of the crates the kit drives (async-nats has one error type per call).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -107,7 +107,7 @@ pub async fn run(
                     probe.total.load(Ordering::Relaxed) as f64,
                 )]
                 .into(),
-                labels: Default::default(),
+                ..Default::default()
             }))
             .await?;
         Ok::<(), KitError>(())

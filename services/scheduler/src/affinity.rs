@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use kit::{AuditScope, Auditor, Caller};
 use messages::audit::AuditKind;
 use messages::exec::{ExecResult, ExecStatus};
-use messages::executor::ExecutorRun;
+use messages::executor::{Backend, ExecutorRun};
 use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::subjects::WorkspaceOp;
 use messages::workspace::WsInit;
@@ -102,7 +102,10 @@ impl SessionAffinity {
                 // Not picked (affinity): count it on its node like a pick would.
                 self.placer.dispatched(&node);
             }
-            let call = self.executor.run(Some(&node), run, deadline, scope).await;
+            let call = self
+                .executor
+                .run(Backend::Docker, Some(&node), run, deadline, scope)
+                .await;
             self.placer.release(Some(&node));
             match call {
                 Call::NoResponders => {

@@ -10,6 +10,7 @@ use messages::risk::SecurityMode;
 use messages::validate::Ceilings;
 
 use crate::placement::Strategy;
+use crate::tier::EphemeralBackend;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -44,6 +45,9 @@ pub struct SchedulerConfig {
     /// permits at all; a requested network policy beyond it is refused (403). Default:
     /// nothing, so every policy is refused until an operator allows domains.
     pub network_ceiling: NetworkPolicy,
+    /// `SANDMESH_EPHEMERAL_BACKEND`: auto (default), bwrap or docker — where SAFE ephemeral
+    /// work without a session runs.
+    pub ephemeral_backend: EphemeralBackend,
 }
 
 fn parse_mode(r: &mut ConfigReader<'_>) -> SecurityMode {
@@ -85,6 +89,7 @@ impl SchedulerConfig {
         let kit = KitConfig::from_reader(&mut r);
         let security_mode = parse_mode(&mut r);
         let placement = r.parse("PLACEMENT", Strategy::LeastLoaded);
+        let ephemeral_backend = r.parse("EPHEMERAL_BACKEND", EphemeralBackend::Auto);
         let max_queue = r.parse("SCHED_MAX_QUEUE", 64usize);
         if max_queue == 0 {
             r.error("SANDMESH_SCHED_MAX_QUEUE: must be at least 1");
@@ -138,6 +143,7 @@ impl SchedulerConfig {
             job_batch,
             claim_ttl,
             network_ceiling,
+            ephemeral_backend,
         };
         r.finish().map(|_| config)
     }
@@ -193,6 +199,7 @@ mod tests {
         let e = SchedulerConfig::from_env(&env(&[
             ("SANDMESH_SECURITY_MODE", "lax"),
             ("SANDMESH_PLACEMENT", "random"),
+            ("SANDMESH_EPHEMERAL_BACKEND", "podman"),
             ("SANDMESH_SCHED_MAX_QUEUE", "0"),
             ("SANDMESH_SCHED_CLAIM_TTL_MS", "10"),
             ("SANDMESH_SCHED_PARKED_SWEEP_MS", "0"),

@@ -2,12 +2,14 @@
 //! session goes to the node holding its container ([`SessionAffinity`]); other work to the node
 //! the strategy picks ([`Placer`], waiting for a free slot), or to the `executor.docker.run`
 //! queue group while no node is known. Strict isolation without a session is its own run kind
-//! (`RunKind::Isolated`): a fresh single-use container, no workspace, no fake session.
+//! (`RunKind::Isolated`): a fresh single-use container, no workspace, no fake session. Light
+//! work (tier `ephemeral`, no session, assessed SAFE) goes first to a node offering the
+//! bubblewrap backend ([`light_backend`]), per `SANDMESH_EPHEMERAL_BACKEND`.
 
 use std::time::Duration;
 
 use messages::exec::{ExecResult, Tier};
-use messages::executor::{ExecutorRun, RunKind};
+use messages::executor::{Backend, ExecutorRun, RunKind};
 use messages::ErrorBody;
 
 use crate::affinity::SessionAffinity;
@@ -16,6 +18,7 @@ use crate::execution::Execution;
 use crate::executor_client::{settle, Call, ExecutorClient};
 use crate::placement::Requirements;
 use crate::placer::Placer;
+use crate::tier::{light_backend, EphemeralBackend};
 
 /// Tries per execution when the chosen node turns out to be gone (no responders).
 pub const PLACEMENT_ATTEMPTS: usize = 3;
@@ -29,6 +32,7 @@ pub struct Dispatcher {
     aio: AioRunner,
     /// Added to an execution's own timeout; past it the executor counts as lost.
     exec_grace: Duration,
+    ephemeral_backend: EphemeralBackend,
 }
 
 impl Dispatcher {
@@ -38,6 +42,7 @@ impl Dispatcher {
         affinity: SessionAffinity,
         aio: AioRunner,
         exec_grace: Duration,
+        ephemeral_backend: EphemeralBackend,
     ) -> Self {
         Self {
             placer,
@@ -45,6 +50,7 @@ impl Dispatcher {
             affinity,
             aio,
             exec_grace,
+            ephemeral_backend,
         }
     }
 
@@ -83,6 +89,7 @@ impl Dispatcher {
         let needs = Requirements {
             cpus: limits.cpus,
             memory_mb: limits.memory_mb,
+            backend: Backend::Docker,
         };
         let deadline = Duration::from_millis(limits.timeout_ms) + self.exec_grace;
         let scope = exec.scope();
@@ -92,14 +99,56 @@ impl Dispatcher {
                 .dispatch_session(session_id, &mut run, needs, deadline, &scope)
                 .await;
         }
+        let light = light_backend(
+            self.ephemeral_backend,
+            exec.tier,
+            exec.risk.level,
+            exec.request.session_id.is_some(),
+        );
+        if let Some(backend) = light {
+            let needs = Requirements { backend, ..needs };
+            if let Some(result) = self.place(backend, &run, needs, deadline, &scope).await? {
+                return Ok(result);
+            }
+            if self.ephemeral_backend == EphemeralBackend::Bwrap {
+                return Err(ErrorBody::unavailable(
+                    "SANDMESH_EPHEMERAL_BACKEND=bwrap but no bwrap executor is running",
+                ));
+            }
+        }
+        match self
+            .place(Backend::Docker, &run, needs, deadline, &scope)
+            .await?
+        {
+            Some(result) => Ok(result),
+            None => Err(ErrorBody::unavailable(
+                "no docker executor is running (no responders on the executor subjects)",
+            )),
+        }
+    }
+
+    /// Runs `run` on a node of `backend` the strategy picks, trying another when the chosen
+    /// one is gone. Docker work goes to the queue group while no node is known; `None`: no
+    /// node of `backend` answered (for a light backend: none is known either).
+    async fn place(
+        &self,
+        backend: Backend,
+        run: &ExecutorRun,
+        needs: Requirements,
+        deadline: Duration,
+        scope: &kit::AuditScope,
+    ) -> Result<Option<ExecResult>, ErrorBody> {
         let mut exclude = Vec::new();
         for _ in 0..PLACEMENT_ATTEMPTS {
             let decision = self.placer.pick_waiting(needs, &exclude, deadline).await?;
             let node = decision.as_ref().map(|d| d.node.clone());
-            self.placer.audit_placed(&scope, &run, decision.as_ref());
+            if node.is_none() && backend != Backend::Docker {
+                return Ok(None);
+            }
+            self.placer.audit_placed(scope, run, decision.as_ref());
             let call = self
                 .executor
-                .run(node.as_deref(), &run, deadline, &scope)
+                .run(backend, node.as_deref(), run, deadline, scope)
                 .await;
             // The pick counted this work on the node; it has ended either way.
             self.placer.release(node.as_deref());
@@ -108,11 +157,9 @@ impl Dispatcher {
                     Some(node) => exclude.push(node),
                     None => break,
                 },
-                other => return settle(other, node, &run),
+                other => return settle(other, node, run).map(Some),
             }
         }
-        Err(ErrorBody::unavailable(
-            "no docker executor is running (no responders on the executor subjects)",
-        ))
+        Ok(None)
     }
 }

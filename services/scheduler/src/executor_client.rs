@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use kit::{AuditScope, Auditor, CallError, Caller};
 use messages::audit::AuditKind;
 use messages::exec::{ExecResult, ExecStatus};
-use messages::executor::ExecutorRun;
+use messages::executor::{Backend, ExecutorRun};
 use messages::subjects::ExecutorOp;
 use messages::{ErrorBody, ErrorKind, Subjects};
 use serde_json::json;
@@ -47,22 +47,26 @@ impl ExecutorClient {
         }
     }
 
-    /// Runs `run` on `node` (the queue group when `None`), giving it `deadline`.
+    /// Runs `run` on `node` of `backend` (that backend's queue group when `None`), giving it
+    /// `deadline`.
     pub async fn run(
         &self,
+        backend: Backend,
         node: Option<&str>,
         run: &ExecutorRun,
         deadline: Duration,
         scope: &AuditScope,
     ) -> Call {
         let subject = match node {
-            Some(node) => self.subjects.executor_node(node, ExecutorOp::Run),
-            None => self.subjects.executor_run(),
+            Some(node) => self
+                .subjects
+                .executor_node_on(backend, node, ExecutorOp::Run),
+            None => self.subjects.executor_run_on(backend),
         };
         self.auditor.emit(
             AuditKind::Started,
             scope,
-            json!({"node": node, "tier": run.tier.as_str()}),
+            json!({"node": node, "tier": run.tier.as_str(), "backend": backend.as_str()}),
         );
         let started = Instant::now();
         // Each attempt gets the whole execution budget, since an executor that takes the work

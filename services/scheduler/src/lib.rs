@@ -201,6 +201,7 @@ pub async fn run(
             affinity.clone(),
             AioRunner::new(caller.clone(), subjects.clone(), config.exec_grace),
             config.exec_grace,
+            config.ephemeral_backend,
         ),
         auditor.clone(),
     );

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use messages::executor::Backend;
+
 /// Heartbeat metric names read by resource-aware placement (seed 003 §8 vocabulary).
 pub mod metric {
     pub const CPU_TOTAL: &str = "runtime_cpu_total";
@@ -58,9 +60,15 @@ pub struct NodeView {
     /// Reported load plus work this scheduler sent since the last heartbeat.
     pub load: u32,
     pub metrics: BTreeMap<String, f64>,
+    /// The isolation backends the node offers.
+    pub backends: Vec<Backend>,
 }
 
 impl NodeView {
+    pub fn offers(&self, backend: Backend) -> bool {
+        self.backends.contains(&backend)
+    }
+
     fn is_full(&self) -> bool {
         self.capacity > 0 && self.load >= self.capacity
     }
@@ -83,6 +91,8 @@ impl NodeView {
 pub struct Requirements {
     pub cpus: f64,
     pub memory_mb: u64,
+    /// Only nodes offering this backend qualify.
+    pub backend: Backend,
 }
 
 /// The chosen node, with why (recorded in the `placed` audit event).
@@ -134,7 +144,10 @@ pub fn choose(
     req: &Requirements,
     cursor: &mut usize,
 ) -> Option<Decision> {
-    let mut open: Vec<&NodeView> = nodes.iter().filter(|n| !n.is_full()).collect();
+    let mut open: Vec<&NodeView> = nodes
+        .iter()
+        .filter(|n| !n.is_full() && n.offers(req.backend))
+        .collect();
     // A stable order so round-robin visits each node in turn and ties break the same way.
     open.sort_by(|a, b| a.id.cmp(&b.id));
     if open.is_empty() {
@@ -185,6 +198,7 @@ mod tests {
             capacity,
             load,
             metrics: BTreeMap::new(),
+            backends: vec![Backend::Docker],
         }
     }
 
@@ -208,7 +222,34 @@ mod tests {
     const REQ: Requirements = Requirements {
         cpus: 1.0,
         memory_mb: 256,
+        backend: Backend::Docker,
     };
+
+    #[test]
+    fn only_nodes_offering_the_backend_qualify() {
+        let mut light = node("light", 16, 0);
+        light.backends = vec![Backend::Bwrap];
+        let nodes = [node("docker", 8, 7), light];
+        for strategy in [
+            Strategy::RoundRobin,
+            Strategy::LeastLoaded,
+            Strategy::ResourceAware,
+        ] {
+            let mut cursor = 0;
+            let d = choose(strategy, &nodes, &REQ, &mut cursor).unwrap();
+            assert_eq!(
+                d.node, "docker",
+                "{strategy:?}: Docker work never lands on bwrap"
+            );
+            let bwrap = Requirements {
+                backend: Backend::Bwrap,
+                ..REQ
+            };
+            let d = choose(strategy, &nodes, &bwrap, &mut cursor).unwrap();
+            assert_eq!(d.node, "light", "{strategy:?}");
+            assert!(choose(strategy, &nodes[..1], &bwrap, &mut cursor).is_none());
+        }
+    }
 
     #[test]
     fn round_robin_visits_every_open_node_in_turn() {

@@ -127,7 +127,10 @@ impl Placer {
                 return Ok(Some(decision));
             }
             let known = self.nodes().await?;
-            if known.iter().all(|n| exclude.contains(&n.id)) {
+            if known
+                .iter()
+                .all(|n| exclude.contains(&n.id) || !n.offers(needs.backend))
+            {
                 return Ok(None);
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {

@@ -8,7 +8,7 @@
 //! points at the replacement when it restarts one.
 //!
 //! ```text
-//! watch task (KV sandbox_nodes, docker-executor.>) ──Upsert/Remove──▶ Registry ──lost node id──▶ on_lost
+//! watch task (KV sandbox_nodes, docker-executor.> and bwrap-executor.>) ──Upsert/Remove──▶ Registry ──lost node id──▶ on_lost
 //! Placer ──Pick/IsAlive/Nodes/Dispatched/Finished──▶ Registry ──notify──▶ slots
 //! ```
 
@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use futures::{StreamExt, TryStreamExt};
+use messages::executor::Backend;
 use messages::heartbeat::Heartbeat;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, Notify};
@@ -28,6 +29,20 @@ use crate::placement::{self, Decision, NodeView, Requirements, Strategy};
 
 /// The heartbeat service name of docker executors; their instance id is the node id.
 pub const EXECUTOR_SERVICE: &str = messages::ServiceName::DockerExecutor.as_str();
+
+/// Every executor service whose nodes placement knows (each node says in its heartbeat which
+/// backends it offers).
+pub const EXECUTOR_SERVICES: [&str; 2] = [
+    EXECUTOR_SERVICE,
+    messages::ServiceName::BwrapExecutor.as_str(),
+];
+
+/// The node a heartbeat key of an executor service names.
+fn executor_node(key: &str) -> Option<&str> {
+    EXECUTOR_SERVICES
+        .iter()
+        .find_map(|service| key.strip_prefix(service)?.strip_prefix('.'))
+}
 
 pub enum RegistryMsg {
     /// A heartbeat arrived (from the KV watch).
@@ -103,6 +118,10 @@ impl RegistryState {
                     .saturating_add(e.sent_since_beat)
                     .max(e.running),
                 metrics: e.heartbeat.metrics.clone(),
+                backends: Backend::ALL
+                    .into_iter()
+                    .filter(|b| e.heartbeat.offers(*b))
+                    .collect(),
             })
             .collect()
     }
@@ -242,7 +261,7 @@ pub async fn preload(
         .await
         .map_err(StoreError::during("listing executor heartbeats"))?;
     let mut loaded = 0;
-    for key in keys.iter().filter(|k| k.starts_with(EXECUTOR_SERVICE)) {
+    for key in keys.iter().filter(|k| executor_node(k).is_some()) {
         if let Ok(Some(entry)) = nodes.entry(key.as_str()).await {
             if let Some(msg) = to_msg(&entry.key, &entry.operation, &entry.value) {
                 loaded += 1;
@@ -263,13 +282,13 @@ pub fn spawn_watch(
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let filter = format!("{EXECUTOR_SERVICE}.>");
+        let filters = EXECUTOR_SERVICES.map(|service| format!("{service}.>"));
         let mut reopened = false;
         while !stop.is_cancelled() {
             // Raced with `stop`: with NATS gone, opening a watch waits for a reconnect.
             let opened = tokio::select! {
                 _ = stop.cancelled() => break,
-                w = nodes.watch_with_history(&filter) => w,
+                w = nodes.watch_many_with_history(&filters) => w,
             };
             let mut watch = match opened {
                 Ok(w) => w,
@@ -312,7 +331,7 @@ pub fn spawn_watch(
 }
 
 fn to_msg(key: &str, operation: &kv::Operation, value: &[u8]) -> Option<RegistryMsg> {
-    let node = key.strip_prefix(EXECUTOR_SERVICE)?.strip_prefix('.')?;
+    let node = executor_node(key)?;
     match operation {
         kv::Operation::Put => match serde_json::from_slice::<Heartbeat>(value) {
             Ok(hb) if hb.instance_id == node => Some(RegistryMsg::Upsert(hb)),

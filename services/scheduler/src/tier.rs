@@ -2,7 +2,11 @@
 //! configured `SecurityMode`, raised by a session and by a client asking for stricter isolation,
 //! never lowered.
 
+use std::str::FromStr;
+
 use messages::exec::{Tier, TierChoice};
+use messages::executor::Backend;
+use messages::risk::RiskLevel;
 
 /// The tier the execution gets: the required one, at least `session` when it belongs to a
 /// session (its container holds the session's state), and the client's choice when stricter.
@@ -23,10 +27,82 @@ pub fn decide_tier(required: Tier, choice: TierChoice, has_session: bool) -> Tie
     floor.max(asked)
 }
 
+/// `SANDMESH_EPHEMERAL_BACKEND`: where light work (tier `ephemeral`, no session, assessed
+/// SAFE) runs. Everything else runs in Docker whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EphemeralBackend {
+    /// A bubblewrap node when one offers the backend (heartbeat), Docker otherwise.
+    #[default]
+    Auto,
+    /// Bubblewrap only: light work fails as unavailable while no bwrap node runs.
+    Bwrap,
+    /// Docker only (the light backend is ignored).
+    Docker,
+}
+
+impl FromStr for EphemeralBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "bwrap" => Ok(Self::Bwrap),
+            "docker" => Ok(Self::Docker),
+            other => Err(format!(
+                "unknown ephemeral backend {other:?}; expected auto, bwrap or docker"
+            )),
+        }
+    }
+}
+
+/// The light backend to try first for this work, if any: single-use work without a session
+/// whose code the assessor found SAFE (a sandbox keeps no state, and anything riskier gets a
+/// container).
+pub fn light_backend(
+    choice: EphemeralBackend,
+    tier: Tier,
+    risk: RiskLevel,
+    has_session: bool,
+) -> Option<Backend> {
+    let light = tier == Tier::Ephemeral && risk == RiskLevel::Safe && !has_session;
+    (light && choice != EphemeralBackend::Docker).then_some(Backend::Bwrap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use messages::risk::{RiskAssessment, RiskLevel, SecurityMode};
+    use messages::risk::{RiskAssessment, SecurityMode};
+
+    #[test]
+    fn only_safe_session_less_ephemeral_work_is_light() {
+        let auto = EphemeralBackend::Auto;
+        assert_eq!(
+            light_backend(auto, Tier::Ephemeral, RiskLevel::Safe, false),
+            Some(Backend::Bwrap)
+        );
+        assert_eq!(
+            light_backend(auto, Tier::Ephemeral, RiskLevel::Low, false),
+            None
+        );
+        assert_eq!(
+            light_backend(auto, Tier::Ephemeral, RiskLevel::Safe, true),
+            None
+        );
+        assert_eq!(
+            light_backend(auto, Tier::Session, RiskLevel::Safe, false),
+            None
+        );
+        assert_eq!(
+            light_backend(
+                EphemeralBackend::Docker,
+                Tier::Ephemeral,
+                RiskLevel::Safe,
+                false
+            ),
+            None
+        );
+        assert_eq!("bwrap".parse(), Ok(EphemeralBackend::Bwrap));
+        assert!("podman".parse::<EphemeralBackend>().is_err());
+    }
 
     fn risk(level: RiskLevel, suggested: Tier) -> RiskAssessment {
         RiskAssessment {

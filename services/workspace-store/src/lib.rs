@@ -188,7 +188,7 @@ pub async fn run(
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
-                labels: Default::default(),
+                ..Default::default()
             }
         }))
         .await?;

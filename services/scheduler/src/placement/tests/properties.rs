@@ -49,6 +49,7 @@ fn table() -> impl Gen<Value = (Vec<NodeView>, Vec<bool>)> {
                     capacity,
                     load,
                     metrics,
+                    backends: vec![messages::executor::Backend::Docker],
                 };
                 (n, excluded)
             })
@@ -57,7 +58,11 @@ fn table() -> impl Gen<Value = (Vec<NodeView>, Vec<bool>)> {
 }
 
 fn requirements() -> impl Gen<Value = Requirements> {
-    (0.0..8.0f64, 0u64..16_384).prop_map(|(cpus, memory_mb)| Requirements { cpus, memory_mb })
+    (0.0..8.0f64, 0u64..16_384).prop_map(|(cpus, memory_mb)| Requirements {
+        cpus,
+        memory_mb,
+        ..Default::default()
+    })
 }
 
 proptest! {

@@ -1,0 +1,99 @@
+//! Settings of the bwrap-executor. The limits an execution gets are the Docker executor's
+//! (`SANDMESH_EXEC_*`: image, ceilings, nofile, fsize, tmp and workspace sizes, kill grace,
+//! janitor period), so both backends run a request under the same rules; what only this
+//! backend has is `SANDMESH_BWRAP_*`. Every bad value of both is reported together.
+
+use std::path::PathBuf;
+
+use docker_executor::ExecutorConfig;
+use kit::config::{ConfigError, ConfigReader, EnvSource};
+
+#[derive(Debug, Clone)]
+pub struct BwrapConfig {
+    /// Image, ceilings and per-execution limits, shared with the Docker backend.
+    pub exec: ExecutorConfig,
+    /// Sandboxes running at once; beyond it callers get 429. A sandbox costs no warm
+    /// container, so this is larger than the Docker backend's.
+    pub capacity: usize,
+    /// Where exported rootfs trees and the compiled seccomp filters live.
+    pub state_dir: PathBuf,
+    /// The `bwrap` program.
+    pub bwrap: PathBuf,
+    /// The cgroup file system (v1 controllers below it, or the v2 unified tree).
+    pub cgroup_root: PathBuf,
+    /// The host uid (and gid) sandboxes run as when the executor runs as root; also the uid
+    /// inside the sandbox.
+    pub sandbox_uid: u32,
+}
+
+impl BwrapConfig {
+    pub fn from_env(source: &dyn EnvSource) -> Result<Self, ConfigError> {
+        let exec = ExecutorConfig::from_env(source);
+        let mut r = ConfigReader::new(source);
+        let capacity = r.parse("BWRAP_CAPACITY", 16usize);
+        let state_dir = PathBuf::from(r.string("BWRAP_STATE_DIR", "/var/tmp/sandmesh-bwrap"));
+        let bwrap = PathBuf::from(r.string("BWRAP_BIN", "bwrap"));
+        let cgroup_root = PathBuf::from(r.string("BWRAP_CGROUP_ROOT", "/sys/fs/cgroup"));
+        let sandbox_uid = r.parse("BWRAP_UID", 10001u32);
+        if capacity == 0 {
+            r.error("SANDMESH_BWRAP_CAPACITY: at least 1");
+        }
+        if sandbox_uid == 0 {
+            r.error("SANDMESH_BWRAP_UID: sandboxes never run as root");
+        }
+        let own = r.finish();
+        match (exec, own) {
+            (Ok(exec), Ok(())) => Ok(Self {
+                exec,
+                capacity,
+                state_dir,
+                bwrap,
+                cgroup_root,
+                sandbox_uid,
+            }),
+            (exec, own) => {
+                let mut all = Vec::new();
+                for e in [exec.err(), own.err()].into_iter().flatten() {
+                    all.extend(e.0);
+                }
+                Err(ConfigError(all))
+            }
+        }
+    }
+
+    /// This node's id: the instance id.
+    pub fn node_id(&self) -> &str {
+        self.exec.node_id()
+    }
+
+    /// A config for tests and embedded use: this NATS URL, defaults for the rest.
+    pub fn for_url(nats_url: &str) -> Self {
+        let env = kit::config::env_map(&[("SANDMESH_NATS_URL", nats_url)]);
+        Self::from_env(&env).expect("defaults are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kit::config::env_map;
+
+    #[test]
+    fn defaults_work_on_a_laptop() {
+        let c = BwrapConfig::from_env(&env_map(&[])).unwrap();
+        assert_eq!(c.capacity, 16);
+        assert_eq!(c.sandbox_uid, 10001);
+        assert_eq!(c.exec.image, "sandmesh/sandbox:latest");
+    }
+
+    #[test]
+    fn bad_values_of_both_backends_are_reported_together() {
+        let e = BwrapConfig::from_env(&env_map(&[
+            ("SANDMESH_BWRAP_CAPACITY", "0"),
+            ("SANDMESH_BWRAP_UID", "0"),
+            ("SANDMESH_EXEC_NOFILE", "lots"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.0.len(), 3, "{e}");
+    }
+}

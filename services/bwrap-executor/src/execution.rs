@@ -1,0 +1,128 @@
+//! One execution from an admitted job to its `ExecResult`: the Docker backend's run spec and
+//! request files, one fresh sandbox, and the Docker backend's classification — with what the
+//! host's cgroup counted (OOM kills, pids-limit hits, peak memory, CPU time) taking the place
+//! of what a supervisor in a container would read from its own cgroup. A sandbox has no
+//! `/sys`, and the executor trusts the kernel's counters over anything said from inside.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use docker_executor::exchange::{request_wire, OutputStreamer};
+use docker_executor::execution::{request_files, run_spec, Job};
+use docker_executor::node::NodeState;
+use docker_executor::outcome::{base_result, classify};
+use messages::exec::{ExecResult, ExecStatus, Usage};
+use messages::{ErrorBody, ErrorKind, Subjects};
+
+use crate::cgroup::{Counters, Limits};
+use crate::config::BwrapConfig;
+use crate::sandbox::{Finished, Launcher, SandboxInput};
+
+/// Everything an execution needs from its node. Cheap to clone.
+#[derive(Clone)]
+pub struct Runner {
+    pub launcher: Arc<Launcher>,
+    pub client: async_nats::Client,
+    pub subjects: Subjects,
+    pub config: Arc<BwrapConfig>,
+}
+
+impl Runner {
+    /// Runs `job` in a sandbox of its own; always a result.
+    pub async fn execute(&self, node: &Arc<NodeState>, job: &Job) -> ExecResult {
+        let started = Instant::now();
+        let mut streamer = job.run.request.stream_output.then(|| {
+            OutputStreamer::new(self.client.clone(), job.run.output_subject(&self.subjects))
+        });
+        let mut result = match self.sandboxed(node, job, streamer.as_mut()).await {
+            Ok(result) => result,
+            Err(error) => {
+                // A stream that never started still ends, so its readers do not hang.
+                if let Some(s) = streamer.as_mut() {
+                    s.finish().await;
+                }
+                let mut r = base_result(job);
+                r.status = ExecStatus::Internal;
+                r.error = Some(error);
+                r
+            }
+        };
+        result.node = Some(self.config.node_id().to_string());
+        result.timing.exec_ms = started.elapsed().as_millis() as u64;
+        result.timing.queued_ms = started.duration_since(job.accepted).as_millis() as u64;
+        result
+    }
+
+    async fn sandboxed(
+        &self,
+        node: &Arc<NodeState>,
+        job: &Job,
+        streamer: Option<&mut OutputStreamer>,
+    ) -> Result<ExecResult, ErrorBody> {
+        // No workspace travels: a sandbox is single-use and its files die with it.
+        let spec = run_spec(job, &self.config.exec, false);
+        let files = request_files(job)?;
+        let wire = request_wire(&spec, &[], &files)
+            .map_err(|e| ErrorBody::too_large(format!("the request does not fit: {e}")))?;
+        let limits = Limits {
+            memory_mb: job.limits.memory_mb,
+            pids: job.limits.pids,
+            cpus: job.limits.cpus,
+        };
+        // The supervisor ends the run at its timeout; this backstop covers a supervisor that
+        // was killed, stalled or lied.
+        let deadline = Instant::now()
+            + Duration::from_millis(job.limits.timeout_ms)
+            + self.config.exec.kill_grace;
+        let input = SandboxInput {
+            name: &job.run.execution_id,
+            spec: &spec,
+            wire,
+            limits,
+            deadline,
+            streamer,
+        };
+        let finished =
+            self.launcher.run(node, input).await.map_err(|e| {
+                ErrorBody::unavailable(format!("no sandbox: {}", kit::error_chain(&e)))
+            })?;
+        Ok(outcome(job, finished))
+    }
+}
+
+/// The result of a finished sandbox: the shared classification, corrected by the counters.
+pub fn outcome(job: &Job, finished: Finished) -> ExecResult {
+    let Finished { exchange, counters } = finished;
+    let mut report = exchange.report.clone();
+    if let Some(r) = report.as_mut() {
+        r.oom_killed |= counters.oom_kills > 0;
+        r.pids_limit_hit |= counters.pids_max_events > 0;
+    }
+    let mut result = classify(job, report.as_ref(), &exchange);
+    if report.is_none() && counters.oom_kills > 0 {
+        // The OOM killer took the supervisor itself: still an OOM, not a mystery.
+        result.status = ExecStatus::Oom;
+        result.error = Some(ErrorBody::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the memory limit of {} MiB was exceeded",
+                job.limits.memory_mb
+            ),
+        ));
+    }
+    apply_usage(&mut result, counters);
+    // Nothing the sandbox wrote survives it.
+    result.files_created.clear();
+    result.files_modified.clear();
+    result
+}
+
+fn apply_usage(result: &mut ExecResult, counters: Counters) {
+    let usage = result.usage.get_or_insert(Usage::default());
+    if let Some(peak) = counters.peak_memory_bytes {
+        usage.peak_memory_bytes = usage.peak_memory_bytes.max(peak);
+    }
+    if let Some(ns) = counters.cpu_ns {
+        usage.cpu_ms = usage.cpu_ms.max(ns / 1_000_000);
+    }
+}

@@ -1,0 +1,303 @@
+//! One execution in a fresh bubblewrap sandbox: its cgroup created with its limits, then
+//!
+//! ```text
+//! sh (wrapper: joins the cgroup, rlimits, opens the seccomp filters as fds 3 and 4)
+//!  └─ exec setpriv (only when the executor is root: drops to the sandbox uid, no caps)
+//!      └─ exec bwrap --unshare-all --unshare-user --disable-userns --die-with-parent ...
+//!          └─ sandmesh-supervisor run   (pid 2 of the new pid namespace, uid 10001)
+//! ```
+//!
+//! and the same frame exchange as in a Docker exec over the sandbox's stdin and stdout
+//! ([`FrameCollector`]). The sandbox ends with its supervisor; on the outer deadline, a flood
+//! or garbage the executor kills the bwrap process, and with it the pid namespace (its init
+//! dies, so the kernel kills every process in it, daemonised orphans included). Whatever
+//! happened, the cgroup is then emptied and removed by its [`CgroupLease`].
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use docker_executor::docker::{SUPERVISOR_PATH, WORKSPACE_DIR};
+use docker_executor::exchange::{Ending, Exchange, FrameCollector, OutputStreamer};
+use docker_executor::node::NodeState;
+use sandbox_protocol::RunSpec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::cgroup::{CgroupError, Cgroups, Counters, Limits, SandboxCgroup};
+use crate::rootfs::RootfsCache;
+use crate::seccomp::Filters;
+
+/// Runs as `sh -c WRAPPER sandmesh-bwrap <cgroup.procs files...> -- <command...>`: moves
+/// itself into every hierarchy of the sandbox's cgroup *before* anything of the sandbox
+/// exists (so every fork is counted), sets the rlimits, and execs the command with the
+/// seccomp filters open as fds 3 and 4. Its own variables are not passed on.
+const WRAPPER: &str = r#"d=$SANDMESH_SECCOMP_DENY n=$SANDMESH_SECCOMP_NOSYS f=$SANDMESH_NOFILE
+unset SANDMESH_SECCOMP_DENY SANDMESH_SECCOMP_NOSYS SANDMESH_NOFILE
+for p do shift; [ "$p" = -- ] && break; echo $$ > "$p" || exit 125; done
+ulimit -c 0 && ulimit -n "$f" || exit 125
+exec "$@" 3<"$d" 4<"$n""#;
+
+/// How long to keep reading bwrap's own error output after the sandbox ended without a report.
+const STDERR_GRACE: Duration = Duration::from_millis(200);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("starting {program}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Everything that starts sandboxes on this node. Cheap to share.
+pub struct Launcher {
+    pub bwrap: PathBuf,
+    pub filters: Filters,
+    pub cgroups: Cgroups,
+    pub rootfs: Arc<RootfsCache>,
+    /// Set when the executor runs as root: sandboxes drop to this host uid before bwrap, so
+    /// nothing in them is root on the host, not even through the user namespace's mapping.
+    pub drop_to: Option<u32>,
+    /// The uid (and gid) inside the sandbox.
+    pub uid: u32,
+    pub tmp_mb: u64,
+    pub workspace_mb: u64,
+    pub nofile: u64,
+}
+
+/// One sandbox's input.
+pub struct SandboxInput<'a> {
+    /// Unique on this node: the cgroup's name.
+    pub name: &'a str,
+    pub spec: &'a RunSpec,
+    /// The frames for the supervisor's stdin.
+    pub wire: Vec<u8>,
+    pub limits: Limits,
+    pub deadline: Instant,
+    pub streamer: Option<&'a mut OutputStreamer>,
+}
+
+/// What a sandbox left: the exchange with its supervisor and what its cgroup counted.
+pub struct Finished {
+    pub exchange: Exchange,
+    pub counters: Counters,
+}
+
+/// A sandbox's cgroup while the node holds it: owned by name (the janitor leaves it alone)
+/// from before it exists until it is gone; dropping the lease kills what is left in it and
+/// removes it, on the node's task tracker so shutdown waits for that.
+pub struct CgroupLease {
+    pub cgroup: SandboxCgroup,
+    name: String,
+    node: Arc<NodeState>,
+}
+
+impl CgroupLease {
+    pub fn create(
+        cgroups: &Cgroups,
+        node: &Arc<NodeState>,
+        name: &str,
+        limits: Limits,
+    ) -> Result<Self, CgroupError> {
+        node.own(name);
+        match cgroups.create(name, limits) {
+            Ok(cgroup) => Ok(Self {
+                cgroup,
+                name: name.to_string(),
+                node: node.clone(),
+            }),
+            Err(e) => {
+                node.disown(name);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for CgroupLease {
+    fn drop(&mut self) {
+        let cgroup = self.cgroup.clone();
+        let name = std::mem::take(&mut self.name);
+        let node = self.node.clone();
+        self.node.tasks.spawn_blocking(move || {
+            if !cgroup.remove() {
+                tracing::warn!(
+                    name,
+                    "a sandbox cgroup could not be removed; the janitor retries"
+                );
+            }
+            node.disown(&name);
+        });
+    }
+}
+
+impl Launcher {
+    /// The bwrap arguments of one sandbox (after the program name).
+    pub fn bwrap_args(&self, rootfs: &Path) -> Vec<String> {
+        let uid = self.uid.to_string();
+        let mut args: Vec<String> = [
+            // Every namespace: user, pid, net (loopback only), ipc, uts, mount, cgroup.
+            "--unshare-all",
+            "--unshare-user",
+            // Code inside cannot make user namespaces of its own (nor any other, by seccomp).
+            "--disable-userns",
+            "--die-with-parent",
+            // A new session: no terminal to push input into (TIOCSTI).
+            "--new-session",
+            "--uid",
+            &uid,
+            "--gid",
+            &uid,
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.push(rootfs.display().to_string());
+        args.push("/".into());
+        let tmp = (self.tmp_mb << 20).to_string();
+        let ws = (self.workspace_mb << 20).to_string();
+        for a in [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            &tmp,
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            &ws,
+            "--tmpfs",
+            WORKSPACE_DIR,
+            "--chdir",
+            WORKSPACE_DIR,
+            "--add-seccomp-fd",
+            "3",
+            "--add-seccomp-fd",
+            "4",
+            SUPERVISOR_PATH,
+            "run",
+        ] {
+            args.push(a.to_string());
+        }
+        args
+    }
+
+    fn command(&self, rootfs: &Path, cgroup: &SandboxCgroup) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.arg("-c").arg(WRAPPER).arg("sandmesh-bwrap");
+        cmd.args(cgroup.procs_files());
+        cmd.arg("--");
+        if let Some(uid) = self.drop_to {
+            cmd.args([
+                "setpriv".to_string(),
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".into(),
+                "--inh-caps=-all".into(),
+                "--".into(),
+            ]);
+        }
+        cmd.arg(&self.bwrap).args(self.bwrap_args(rootfs));
+        cmd.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("SANDMESH_SECCOMP_DENY", &self.filters.deny)
+            .env("SANDMESH_SECCOMP_NOSYS", &self.filters.nosys)
+            .env("SANDMESH_NOFILE", self.nofile.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs one sandbox to its end.
+    pub async fn run(
+        &self,
+        node: &Arc<NodeState>,
+        input: SandboxInput<'_>,
+    ) -> Result<Finished, SandboxError> {
+        let lease = CgroupLease::create(&self.cgroups, node, input.name, input.limits)?;
+        let rootfs = self.rootfs.current();
+        let mut child = self
+            .command(&rootfs.path, &lease.cgroup)
+            .spawn()
+            .map_err(|source| SandboxError::Spawn {
+                program: "/bin/sh".into(),
+                source,
+            })?;
+        let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            unreachable!("all three pipes were requested");
+        };
+        let wire = input.wire;
+        // Written from its own task so a supervisor that does not read never blocks us.
+        let writer = tokio::spawn(async move {
+            let _ = stdin.write_all(&wire).await;
+            let _ = stdin.shutdown().await;
+        });
+        let mut collector = FrameCollector::new(input.spec, input.streamer);
+        let deadline = tokio::time::Instant::from_std(input.deadline);
+        let mut out = vec![0u8; 64 * 1024];
+        let mut err = vec![0u8; 16 * 1024];
+        let mut err_open = true;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {
+                    collector.stop(Ending::Deadline);
+                    break;
+                }
+                read = stdout.read(&mut out) => match read {
+                    Ok(0) => break,
+                    Err(e) => {
+                        collector.stop(Ending::StreamFailed(e.to_string()));
+                        break;
+                    }
+                    Ok(n) => {
+                        if collector.push(&out[..n]).await {
+                            break;
+                        }
+                    }
+                },
+                read = stderr.read(&mut err), if err_open => match read {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => collector.log(&err[..n]),
+                },
+            }
+        }
+        writer.abort();
+        // Whatever is still running belongs to this execution: bwrap's death takes the pid
+        // namespace with it.
+        let _ = child.start_kill();
+        if *collector.ending() == Ending::Closed {
+            // bwrap's own complaints (a missing mount point, a refused namespace) say why.
+            let until = tokio::time::Instant::now() + STDERR_GRACE;
+            while err_open {
+                match tokio::time::timeout_at(until, stderr.read(&mut err)).await {
+                    Ok(Ok(n)) if n > 0 => collector.log(&err[..n]),
+                    _ => err_open = false,
+                }
+            }
+            if let Ok(status) = child.wait().await {
+                collector.note(&format!(" (sandbox {status})"));
+            }
+        } else {
+            let _ = child.wait().await;
+        }
+        let counters = lease.cgroup.counters();
+        drop(lease);
+        drop(rootfs);
+        Ok(Finished {
+            exchange: collector.finish().await,
+            counters,
+        })
+    }
+}

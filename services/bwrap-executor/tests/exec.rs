@@ -1,0 +1,210 @@
+//! The Executor protocol on the bwrap backend: results, statuses and streaming as in Docker;
+//! admission (bad input, tiers it does not run, capacity); heartbeat; drain.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{request, run, Harness};
+use futures::StreamExt;
+use messages::exec::{ExecStatus, Language, OutputChunk, Tier};
+use messages::executor::{Backend, ExecutorDrain, ExecutorRun, RunKind};
+use messages::subjects::ExecutorOp;
+use messages::ErrorKind;
+
+#[tokio::test]
+async fn each_language_runs_in_a_fresh_sandbox_as_an_unprivileged_user() {
+    let h = Harness::start().await;
+    let r = h.exec(Language::Python, "print(1)").await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "1\n"),
+        "{r:?}"
+    );
+    assert_eq!(r.node.as_deref(), Some(h.node.as_str()));
+    assert_eq!(r.tier, Tier::Ephemeral);
+    let r = h.exec(Language::Javascript, "console.log(2 + 2)").await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "4\n"),
+        "{r:?}"
+    );
+    let r = h
+        .exec(
+            Language::Shell,
+            "id -u; id -g; hostname; pwd; echo err >&2; exit 3",
+        )
+        .await;
+    assert_eq!(r.status, ExecStatus::Error, "{r:?}");
+    assert_eq!(r.exit_code, Some(3));
+    assert_eq!(r.stdout, "10001\n10001\nsandbox\n/workspace\n");
+    assert_eq!(r.stderr, "err\n");
+    // The request's files are there for the program, and gone with the sandbox.
+    let mut req = request(Language::Shell, "cat data.txt; echo new > out.txt");
+    req.files = vec![messages::exec::FileSpec {
+        path: "data.txt".into(),
+        content: "hello".into(),
+        encoding: Default::default(),
+    }];
+    let r = h.exec_with(req).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "hello"),
+        "{r:?}"
+    );
+    assert!(r.files_created.is_empty(), "nothing outlives a sandbox");
+    let r = h.exec(Language::Shell, "ls /workspace").await;
+    assert_eq!(r.stdout, "", "a new sandbox starts empty: {r:?}");
+    h.assert_clean().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn output_streams_as_chunks_while_it_runs() {
+    let h = Harness::start().await;
+    let mut req = request(
+        Language::Python,
+        "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.05)",
+    );
+    req.stream_output = true;
+    let run = ExecutorRun {
+        network: None,
+        tenant: None,
+        execution_id: messages::new_id(),
+        tier: Tier::Ephemeral,
+        request: req,
+        session_restored: false,
+        kind: RunKind::Pooled,
+    };
+    let mut chunks = h
+        .client
+        .subscribe(h.subjects.output_any(&run.execution_id))
+        .await
+        .unwrap();
+    let r = h.call(&run).await.unwrap();
+    assert_eq!(r.stdout, "0\n1\n2\n");
+    let mut text = String::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), chunks.next())
+            .await
+            .expect("chunks arrive")
+            .unwrap();
+        let c: OutputChunk = serde_json::from_slice(&m.payload).unwrap();
+        if c.eof {
+            break;
+        }
+        text.push_str(&c.data);
+    }
+    assert_eq!(text, "0\n1\n2\n");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn it_refuses_what_it_does_not_run_with_clear_errors() {
+    let h = Harness::start().await;
+    let refused = |r: Result<_, kit::CallError>| match r {
+        Err(kit::CallError::Service(e)) => e,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // Sessions live in Docker containers.
+    let mut session = run(Language::Python, "1", &messages::new_id());
+    session.tier = Tier::Session;
+    session.kind = RunKind::Session;
+    session.request.session_id = Some("s1".into());
+    let e = refused(h.call(&session).await);
+    assert_eq!(e.kind, ErrorKind::BadRequest);
+    assert!(e.message.contains("ephemeral"), "{e:?}");
+    // Bad ids, unknown limits, malformed and oversized payloads.
+    let e = refused(h.call(&run(Language::Python, "1", "../x")).await);
+    assert_eq!(e.kind, ErrorKind::BadRequest);
+    let mut zero = run(Language::Python, "1", &messages::new_id());
+    zero.request.timeout_ms = Some(0);
+    assert_eq!(refused(h.call(&zero).await).kind, ErrorKind::BadRequest);
+    let nul = run(Language::Python, "print(1)\0", &messages::new_id());
+    assert_eq!(refused(h.call(&nul).await).kind, ErrorKind::BadRequest);
+    let reply = h
+        .client
+        .request(h.run_subject(), "{\"execution_id\": 5".into())
+        .await
+        .unwrap();
+    let code = reply
+        .headers
+        .as_ref()
+        .and_then(|hd| hd.get("Nats-Service-Error-Code"));
+    assert_eq!(code.map(|c| c.as_str()), Some("400"));
+    let huge = vec![b'x'; 2 * 1024 * 1024];
+    let reply = h.client.request(h.run_subject(), huge.into()).await;
+    assert!(
+        reply.is_err()
+            || reply
+                .unwrap()
+                .headers
+                .and_then(|hd| hd.get("Nats-Service-Error-Code").cloned())
+                .is_some(),
+        "an oversized payload is refused"
+    );
+    // Still serving.
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_heartbeat_offers_the_bwrap_backend() {
+    let h = Harness::start().await;
+    let hb = test_support::eventually("a heartbeat", Duration::from_secs(10), || async {
+        h.heartbeat().await
+    })
+    .await;
+    assert_eq!(hb.backends, vec![Backend::Bwrap]);
+    assert!(hb.offers(Backend::Bwrap) && !hb.offers(Backend::Docker));
+    assert_eq!(hb.capacity, 16);
+    assert!(hb.labels.get("cgroup").is_some_and(|v| v.starts_with('v')));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_node_answers_429_and_a_draining_node_503() {
+    let h = Harness::start_with(&[("SANDMESH_BWRAP_CAPACITY", "1")]).await;
+    let slow = run(Language::Shell, "sleep 2", &messages::new_id());
+    let busy = {
+        let caller = h.caller.clone();
+        let subject = h.run_subject();
+        tokio::spawn(async move {
+            caller
+                .call::<_, messages::exec::ExecResult>(subject, &slow)
+                .await
+        })
+    };
+    test_support::eventually_true("the slow run to start", Duration::from_secs(10), || async {
+        !h.cgroups().is_empty()
+    })
+    .await;
+    match h
+        .call(&run(Language::Shell, "true", &messages::new_id()))
+        .await
+    {
+        Err(kit::CallError::Service(e)) => assert_eq!(e.kind, ErrorKind::Overloaded),
+        other => panic!("expected 429, got {other:?}"),
+    }
+    // A drain waits for the running one, then refuses new work.
+    let drain = h
+        .subjects
+        .executor_node_on(Backend::Bwrap, &h.node, ExecutorOp::Drain);
+    let ack: messages::workspace::Ack = h.caller.call(drain, &ExecutorDrain {}).await.unwrap();
+    assert!(ack.ok);
+    let finished = busy.await.unwrap().unwrap();
+    assert_eq!(
+        finished.status,
+        ExecStatus::Ok,
+        "the running one finished: {finished:?}"
+    );
+    match h
+        .call(&run(Language::Shell, "true", &messages::new_id()))
+        .await
+    {
+        Err(kit::CallError::Service(e)) => assert_eq!(e.kind, ErrorKind::Unavailable),
+        other => panic!("expected 503, got {other:?}"),
+    }
+    h.assert_clean().await;
+    h.stop().await;
+}

@@ -1,0 +1,348 @@
+//! Security catalogue §6, the isolation rows, against the bwrap backend: file system, secrets,
+//! /proc, network, setuid, syscalls (seccomp), two executions at once, and an executor crash.
+//! Every test checks what the hostile code saw, that the next execution works, and that no
+//! process or cgroup of the node is left.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{processes_in, run, Harness};
+use messages::exec::{ExecStatus, Language};
+use test_support::{eventually_true, NatsServer};
+
+#[tokio::test]
+async fn the_root_is_read_only_and_nothing_persists_between_runs() {
+    let h = Harness::start().await;
+    let r = h
+        .exec(
+            Language::Shell,
+            "touch /usr/bin/x 2>&1; { echo >> /etc/passwd; } 2>&1; mkdir /opt/y 2>&1; exit 0",
+        )
+        .await;
+    // Files the image's root owns are not even the sandbox user's to try (EACCES before EROFS).
+    let refused = r
+        .stdout
+        .lines()
+        .filter(|l| l.contains("Read-only file system") || l.contains("Permission denied"))
+        .count();
+    assert_eq!(refused, 3, "{r:?}");
+    let first = h
+        .exec(
+            Language::Shell,
+            "echo secret > /tmp/marker; echo secret > /workspace/marker; echo secret > /dev/shm/marker; echo done",
+        )
+        .await;
+    assert_eq!(first.stdout, "done\n", "{first:?}");
+    let second = h
+        .exec(
+            Language::Shell,
+            "ls /tmp /workspace /dev/shm; cat /tmp/marker /workspace/marker /dev/shm/marker 2>/dev/null; true",
+        )
+        .await;
+    assert!(
+        !second.stdout.contains("marker") && !second.stdout.contains("secret"),
+        "{second:?}"
+    );
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn host_secrets_and_paths_are_out_of_reach() {
+    let h = Harness::start().await;
+    let code = "cat /etc/shadow >/dev/null 2>&1 && echo SHADOW; \
+                tr '\\0' '\\n' < /proc/self/environ; tr '\\0' '\\n' < /proc/1/environ 2>/dev/null; \
+                for p in /work /root/.cargo /run/secrets /var/run/docker.sock /run/docker.sock /var/tmp/sandmesh-bwrap /sys/fs/cgroup; do \
+                  [ -e $p ] && echo FOUND $p; done; exit 0";
+    let r = h.exec(Language::Shell, code).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert!(
+        !r.stdout.contains("SHADOW"),
+        "/etc/shadow unreadable: {r:?}"
+    );
+    assert!(!r.stdout.contains("FOUND"), "no host path visible: {r:?}");
+    for leak in ["SANDMESH", "NATS", "SECCOMP", "CARGO", "AWS"] {
+        assert!(!r.stdout.contains(leak), "{leak} in the environment: {r:?}");
+    }
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn proc_shows_only_the_sandbox_and_refuses_tricks() {
+    let h = Harness::start().await;
+    let code = "echo b > /proc/sysrq-trigger 2>/dev/null && echo SYSRQ; \
+                head -c1 /proc/kcore >/dev/null 2>&1 && echo KCORE; \
+                echo 1 > /proc/sys/kernel/core_pattern 2>/dev/null && echo SYSCTL; \
+                ls /proc/1/root/ 2>/dev/null | grep -qx work && echo HOSTROOT; \
+                ls -d /proc/[0-9]* | wc -l";
+    let r = h.exec(Language::Shell, code).await;
+    for trick in ["SYSRQ", "KCORE", "SYSCTL", "HOSTROOT"] {
+        assert!(!r.stdout.contains(trick), "{trick}: {r:?}");
+    }
+    let visible: usize = r
+        .stdout
+        .trim()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // bwrap's init, the supervisor, bash, ls: nothing of the host.
+    assert!(visible <= 6, "{visible} processes visible: {r:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn there_is_no_network_no_dns_no_metadata_and_no_docker() {
+    let h = Harness::start().await;
+    let code = r#"
+import socket
+for host, port in [("1.1.1.1", 80), ("169.254.169.254", 80), ("172.17.0.1", 2375),
+                   ("172.17.0.1", 2376), ("fd00:ec2::254", 80), ("8.8.8.8", 53)]:
+    try:
+        socket.create_connection((host, port), timeout=2)
+        print("OPEN", host, port)
+    except OSError:
+        print("blocked", host)
+try:
+    socket.getaddrinfo("secret.attacker.example", 80)
+    print("RESOLVED")
+except OSError:
+    print("dns failed")
+print(sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]))
+"#;
+    let r = h.exec(Language::Python, code).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert!(!r.stdout.contains("OPEN"), "{r:?}");
+    assert!(!r.stdout.contains("RESOLVED"), "{r:?}");
+    assert_eq!(r.stdout.matches("blocked").count(), 6, "{r:?}");
+    assert!(r.stdout.ends_with("['lo']\n"), "loopback only: {r:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn setuid_gives_no_privilege() {
+    let h = Harness::start().await;
+    let code = "grep -E '^(NoNewPrivs|CapEff|CapPrm):' /proc/self/status; \
+                su root -c 'id -u' </dev/null 2>/dev/null; \
+                python3 -c 'import os; os.setuid(0)' 2>/dev/null || echo setuid refused; \
+                id -u";
+    let r = h.exec(Language::Shell, code).await;
+    assert!(r.stdout.contains("NoNewPrivs:\t1"), "{r:?}");
+    assert!(r.stdout.contains("CapEff:\t0000000000000000"), "{r:?}");
+    assert!(r.stdout.contains("CapPrm:\t0000000000000000"), "{r:?}");
+    assert!(r.stdout.contains("setuid refused"), "{r:?}");
+    assert!(!r.stdout.lines().any(|l| l == "0"), "never uid 0: {r:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn dangerous_syscalls_are_refused_by_seccomp() {
+    let h = Harness::start().await;
+    // bubblewrap's try-syscall idea: harmless arguments; a filtered call fails with EPERM
+    // (clone3 with ENOSYS) before the kernel looks at them.
+    let code = r#"
+import ctypes, errno, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"mount": 165, "umount2": 166, "pivot_root": 155, "ptrace": 101, "kexec_load": 246,
+         "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+         "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
+         "unshare": 272, "setns": 308, "userfaultfd": 323, "open_by_handle_at": 304,
+         "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163, "quotactl": 179,
+         "syslog": 103, "chroot": 161, "io_uring_setup": 425, "fsopen": 430}
+for name, nr in calls.items():
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, 0, 0, 0, 0, 0)
+    print(name, errno.errorcode.get(ctypes.get_errno(), "?") if r == -1 else "ALLOWED")
+CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x10000000, 0x40000000, 17
+for name, flags in [("clone_newuser", CLONE_NEWUSER | SIGCHLD), ("clone_newnet", CLONE_NEWNET | SIGCHLD)]:
+    r = libc.syscall(56, flags, 0, 0, 0, 0)
+    print(name, errno.errorcode.get(ctypes.get_errno(), "?") if r == -1 else "ALLOWED")
+r = libc.syscall(435, 0, 0)
+print("clone3", errno.errorcode.get(ctypes.get_errno(), "?") if r == -1 else "ALLOWED")
+print(subprocess.run(["echo", "fork works"], capture_output=True, text=True).stdout.strip())
+"#;
+    let r = h.exec(Language::Python, code).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    for line in r.stdout.lines() {
+        let (name, verdict) = line.rsplit_once(' ').unwrap();
+        match name {
+            "clone3" => assert_eq!(verdict, "ENOSYS", "{line}"),
+            "fork" => assert_eq!(line, "fork works"),
+            _ => assert_eq!(verdict, "EPERM", "{line}"),
+        }
+    }
+    assert_eq!(r.stdout.lines().count(), 31, "{r:?}");
+    let r = h
+        .exec(
+            Language::Shell,
+            "mount -t tmpfs none /tmp 2>&1; unshare -r true 2>&1; unshare -n true 2>&1; exit 0",
+        )
+        .await;
+    let refused = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("mount:") || l.starts_with("unshare:"))
+        .count();
+    assert_eq!(refused, 3, "each refused: {r:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn two_executions_at_once_cannot_see_each_other() {
+    let h = Harness::start().await;
+    let a_code = r#"
+import os, socket, time
+open("/tmp/a-secret", "w").write("a")
+open("/workspace/a-file", "w").write("a")
+s = socket.socket(socket.AF_UNIX)
+s.bind("\0sandmesh-cross")
+s.listen()
+time.sleep(3)
+print("a done", os.path.exists("/tmp/b-secret"))
+"#;
+    let b_code = r#"
+import os, socket
+open("/tmp/b-secret", "w").write("b")
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+cmds = [open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in pids]
+print("a-sleeper" if any("a-secret" in c or "sandmesh-cross" in c for c in cmds) else "no a")
+print(len(pids), os.path.exists("/tmp/a-secret"), os.path.exists("/workspace/a-file"))
+c = socket.socket(socket.AF_UNIX)
+try:
+    c.connect("\0sandmesh-cross")
+    print("CONNECTED")
+except OSError:
+    print("refused")
+"#;
+    let a = h.exec(Language::Python, a_code);
+    let b = async {
+        // B starts while A holds its files, its socket and its processes.
+        eventually_true("A to run", Duration::from_secs(10), || async {
+            !h.cgroups().is_empty()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        h.exec(Language::Python, b_code).await
+    };
+    let (a, b) = tokio::join!(a, b);
+    assert_eq!(
+        (a.status, a.stdout.as_str()),
+        (ExecStatus::Ok, "a done False\n"),
+        "{a:?}"
+    );
+    assert_eq!(b.status, ExecStatus::Ok, "{b:?}");
+    let lines: Vec<&str> = b.stdout.lines().collect();
+    assert_eq!(lines[0], "no a", "{b:?}");
+    let (count, rest) = lines[1].split_once(' ').unwrap();
+    assert!(
+        count.parse::<u32>().unwrap() <= 4,
+        "only its own processes: {b:?}"
+    );
+    assert_eq!(rest, "False False", "no file of A: {b:?}");
+    assert_eq!(lines[2], "refused", "no abstract socket of A: {b:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_executor_crash_leaves_nothing_behind() {
+    let nats = NatsServer::start();
+    let crashed = common::unique_node("crash");
+    let mut env = common::base_env(&nats, &crashed);
+    env.insert("RUST_LOG".into(), "warn".into());
+    let mut process = std::process::Command::new(env!("CARGO_BIN_EXE_sandmesh-bwrap-executor"))
+        .env_clear()
+        .envs(&env)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the executor binary");
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let caller = kit::Caller::new(client.clone(), Duration::from_secs(60));
+    let subject = messages::Subjects::default().executor_node_on(
+        messages::executor::Backend::Bwrap,
+        &crashed,
+        messages::subjects::ExecutorOp::Run,
+    );
+    // Mid-run: a sandbox with a daemonised orphan.
+    let victim = run(
+        Language::Shell,
+        "setsid sleep 300 & sleep 300",
+        &messages::new_id(),
+    );
+    let in_flight = {
+        let caller = caller.clone();
+        let subject = subject.clone();
+        tokio::spawn(async move {
+            loop {
+                match caller
+                    .call::<_, messages::exec::ExecResult>(subject.clone(), &victim)
+                    .await
+                {
+                    Err(kit::CallError::NoResponders(_)) => {
+                        tokio::time::sleep(Duration::from_millis(200)).await
+                    }
+                    other => return other,
+                }
+            }
+        })
+    };
+    let needle = format!("/{crashed}/");
+    eventually_true("the sandbox to run", Duration::from_secs(120), || async {
+        processes_in(&needle).len() >= 2
+    })
+    .await;
+    process.kill().expect("kill -9 the executor");
+    let _ = process.wait();
+    // The sandbox dies with its executor (bwrap --die-with-parent, then its pid namespace).
+    eventually_true(
+        "the crashed node's sandbox processes to die",
+        Duration::from_secs(10),
+        || async { processes_in(&needle).is_empty() },
+    )
+    .await;
+    in_flight.abort();
+    // Its cgroups are still there until a live node of the mesh sees its heartbeat expire.
+    let survivor = Harness::start_on(nats, &[]).await;
+    let root = survivor.cgroup_root.clone();
+    eventually_true(
+        "the janitor to remove the crashed node's cgroups",
+        Duration::from_secs(30),
+        || {
+            let crashed = crashed.clone();
+            let root = root.clone();
+            async move { !cgroup_dir_exists(&root, &crashed) }
+        },
+    )
+    .await;
+    assert!(processes_in(&needle).is_empty());
+    survivor.assert_recovered().await;
+    survivor.stop().await;
+}
+
+/// Whether any hierarchy still has a directory for `node`.
+fn cgroup_dir_exists(root: &std::path::Path, node: &str) -> bool {
+    let bases = if root.join("cgroup.controllers").is_file() {
+        vec![root.join("sandmesh-bwrap")]
+    } else {
+        ["memory", "pids", "cpu", "cpuacct"]
+            .iter()
+            .map(|c| root.join(c).join("sandmesh-bwrap"))
+            .collect()
+    };
+    bases.iter().any(|base| {
+        std::fs::read_dir(base)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|mesh| mesh.path().join(node).exists())
+    })
+}

@@ -1,0 +1,240 @@
+//! Security catalogue §6, the resource rows, against the bwrap backend: each limit pushed until
+//! it trips. Every test checks the classified status, that the next execution works, and that
+//! no process or cgroup of the node is left.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{request, Harness};
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Limits};
+
+fn limited(language: Language, code: &str, timeout_ms: u64, limits: Limits) -> ExecRequest {
+    ExecRequest {
+        timeout_ms: Some(timeout_ms),
+        limits: Some(limits),
+        ..request(language, code)
+    }
+}
+
+fn pids_hit(r: &ExecResult) -> bool {
+    r.error
+        .as_ref()
+        .and_then(|e| e.details.as_ref())
+        .is_some_and(|d| d["pids_limit_hit"] == true)
+}
+
+#[tokio::test]
+async fn fork_bombs_hit_the_pids_limit_and_another_run_still_forks() {
+    let h = Harness::start().await;
+    let pids = Limits {
+        pids: Some(32),
+        ..Default::default()
+    };
+    let shell = h.exec_with(limited(
+        Language::Shell,
+        ":(){ :|:& };:; sleep 5",
+        1500,
+        pids,
+    ));
+    // Same uid, another sandbox, at the same time: its own pids budget (no shared nproc).
+    let other = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        h.exec(
+            Language::Shell,
+            "for i in 1 2 3 4 5; do (true); done; echo forked",
+        )
+        .await
+    };
+    let (bomb, other) = tokio::join!(shell, other);
+    assert!(pids_hit(&bomb), "classified as the pids limit: {bomb:?}");
+    assert_ne!(bomb.status, ExecStatus::Ok);
+    assert_eq!(
+        (other.status, other.stdout.as_str()),
+        (ExecStatus::Ok, "forked\n"),
+        "{other:?}"
+    );
+    let py = h
+        .exec_with(limited(
+            Language::Python,
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            1500,
+            pids,
+        ))
+        .await;
+    assert!(pids_hit(&py), "{py:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn memory_bombs_are_oom_killed() {
+    let h = Harness::start().await;
+    let mem = Limits {
+        memory_mb: Some(64),
+        ..Default::default()
+    };
+    let r = h
+        .exec_with(limited(
+            Language::Python,
+            "s = 'x' * (512 << 20)\nprint(len(s))",
+            10_000,
+            mem,
+        ))
+        .await;
+    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
+    assert_eq!(r.exit_code, Some(137));
+    let node = "const a = []; while (true) a.push(Buffer.alloc(16 << 20, 1));";
+    let r = h
+        .exec_with(limited(Language::Javascript, node, 10_000, mem))
+        .await;
+    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
+    // tmpfs pages count against the same limit: /dev/shm cannot hide memory either.
+    let r = h
+        .exec_with(limited(
+            Language::Shell,
+            "dd if=/dev/zero of=/dev/shm/fill bs=1M count=256 2>&1; echo survived",
+            10_000,
+            mem,
+        ))
+        .await;
+    assert_ne!(
+        r.stdout.trim_end().lines().last(),
+        Some("survived"),
+        "{r:?}"
+    );
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn cpu_burners_and_sleepers_end_at_the_wall_timeout() {
+    let h = Harness::start().await;
+    let cpu = Limits {
+        cpus: Some(0.5),
+        ..Default::default()
+    };
+    let r = h
+        .exec_with(limited(Language::Python, "while True: pass", 1000, cpu))
+        .await;
+    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
+    let cpu_ms = r.usage.map(|u| u.cpu_ms).unwrap_or(0);
+    assert!(cpu_ms > 0, "the cgroup counted its CPU: {r:?}");
+    let r = h
+        .exec_with(limited(
+            Language::Python,
+            "import time\ntime.sleep(1e6)",
+            1000,
+            cpu,
+        ))
+        .await;
+    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn orphans_that_escape_the_process_group_die_with_the_sandbox() {
+    let h = Harness::start().await;
+    // A double fork into a new session that ignores TERM, then the parent exits at once.
+    let code = "setsid sh -c 'trap \"\" TERM HUP; (sleep 300 &) ; sleep 300' >/dev/null 2>&1 < /dev/null &\n\
+                nohup sleep 301 >/dev/null 2>&1 &\n\
+                echo left";
+    let r = h.exec(Language::Shell, code).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "left\n"),
+        "{r:?}"
+    );
+    // Nothing of it outlives the execution: no process and no cgroup of the node remain.
+    h.assert_clean().await;
+    // And after a timeout too.
+    let r = h
+        .exec_with(limited(
+            Language::Shell,
+            "setsid sh -c 'trap \"\" TERM; sleep 300' & sleep 300",
+            800,
+            Limits::default(),
+        ))
+        .await;
+    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn stdout_bombs_are_cut_at_the_cap_and_killed() {
+    let h = Harness::start().await;
+    let cap = Limits {
+        max_output_bytes: Some(64 * 1024),
+        ..Default::default()
+    };
+    let r = h
+        .exec_with(limited(Language::Shell, "yes", 10_000, cap))
+        .await;
+    assert_eq!(r.status, ExecStatus::OutputLimit, "{r:?}");
+    assert!(r.stdout_truncated);
+    assert!(r.stdout.len() <= 64 * 1024, "{}", r.stdout.len());
+    let r = h
+        .exec_with(limited(
+            Language::Python,
+            "import sys\nwhile True: sys.stderr.write('e' * 4096)",
+            10_000,
+            cap,
+        ))
+        .await;
+    assert_eq!(r.status, ExecStatus::OutputLimit, "{r:?}");
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn filling_the_workspace_or_tmp_stops_at_their_size() {
+    let h = Harness::start_with(&[
+        ("SANDMESH_EXEC_WORKSPACE_MB", "16"),
+        ("SANDMESH_EXEC_TMP_MB", "16"),
+        ("SANDMESH_EXEC_FSIZE_MB", "8"),
+    ])
+    .await;
+    // One big file: the fsize rlimit (SIGXFSZ) before the tmpfs is full.
+    let r = h
+        .exec(
+            Language::Shell,
+            "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1",
+        )
+        .await;
+    assert_eq!(r.status, ExecStatus::Error, "{r:?}");
+    assert_eq!(r.exit_code, Some(128 + 25), "SIGXFSZ: {r:?}");
+    // Many small files: ENOSPC at the tmpfs size, in /workspace and in /tmp.
+    for dir in ["/workspace", "/tmp"] {
+        let code = format!(
+            "for i in $(seq 1 40); do dd if=/dev/zero of={dir}/f$i bs=1M count=1 2>/dev/null || {{ echo full at $i; exit 1; }}; done"
+        );
+        let r = h.exec(Language::Shell, &code).await;
+        assert_eq!(r.status, ExecStatus::Error, "{dir}: {r:?}");
+        assert!(r.stdout.starts_with("full at"), "{dir}: {r:?}");
+    }
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn file_descriptors_run_out_at_the_nofile_limit() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_NOFILE", "64")]).await;
+    let code = "import errno\nfs = []\ntry:\n    while True: fs.append(open('/dev/null'))\n\
+                except OSError as e:\n    print(len(fs), errno.errorcode[e.errno])";
+    let r = h.exec(Language::Python, code).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let (count, err) = r.stdout.trim().split_once(' ').expect("count and errno");
+    assert_eq!(err, "EMFILE");
+    assert!(count.parse::<u32>().unwrap() < 64, "{r:?}");
+    let r = h
+        .exec(Language::Shell, "ulimit -n; ulimit -Hn; ulimit -c")
+        .await;
+    assert_eq!(
+        r.stdout, "64\n64\n0\n",
+        "nofile cannot be raised; no core dumps"
+    );
+    h.assert_recovered().await;
+    h.stop().await;
+}
