@@ -58,21 +58,30 @@ async fn fill(js: &jetstream::Context, session: &str, count: usize, dirs: usize)
     }
 }
 
-/// Index entries JetStream delivers to anyone while `f` runs: every message on an inbox whose
-/// reply subject is an ack subject of the index stream (a scan's consumer delivers with one,
-/// whatever its ack policy), seen by a plain subscription next to the store's own.
+/// Index entries JetStream delivers to the store while `f` runs: every message on one of its
+/// inboxes (`_INBOX_workspace-store.…`, its connections' prefix) whose reply subject is an ack
+/// subject of the index stream (a scan's consumer delivers with one, whatever its ack policy),
+/// seen by a plain subscription next to the store's own.
 async fn index_entries_delivered<T>(
     nc: &async_nats::Client,
     f: impl std::future::Future<Output = T>,
 ) -> (T, usize) {
     let bucket = Subjects::default().workspace_index_bucket();
     let acks = format!("$JS.ACK.KV_{bucket}.");
-    let mut sub = nc.subscribe("_INBOX.>").await.unwrap();
+    let store_inboxes = format!(
+        "{}.>",
+        kit::connect::inbox_prefix(workspace_store::SERVICE_NAME)
+    );
+    let mut sub = nc.subscribe(store_inboxes).await.unwrap();
     nc.flush().await.unwrap();
     let out = f.await;
     // Everything delivered before the answer is already in the subscription; a message to a
-    // fresh inbox, sent last, marks the end of it.
-    let marker = nc.new_inbox();
+    // fresh subject under it, sent last, marks the end of it.
+    let marker = format!(
+        "{}.{}",
+        kit::connect::inbox_prefix(workspace_store::SERVICE_NAME),
+        messages::new_id()
+    );
     nc.publish(marker.clone(), "".into()).await.unwrap();
     let mut count = 0;
     while let Some(msg) = sub.next().await {
