@@ -492,7 +492,13 @@ async fn serve_until_stopped(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<i32> {
     let client = connect(urls.watch).await?;
-    wait_until_ready(&client, names, Duration::from_secs(120)).await?;
+    wait_until_ready(
+        &client,
+        names,
+        &kit_config.subjects,
+        Duration::from_secs(120),
+    )
+    .await?;
     eprintln!(
         "sandmesh: mesh is up — NATS {}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it",
         urls.shown
@@ -512,6 +518,7 @@ async fn serve_until_stopped(
 async fn wait_until_ready(
     client: &async_nats::Client,
     names: &[ServiceName],
+    subjects: &Subjects,
     limit: Duration,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
@@ -529,6 +536,34 @@ async fn wait_until_ready(
             }
         };
         with_progress(&format!("waiting for {name} to answer"), answered).await?;
+    }
+    // A service answers `$SRV.PING` as soon as it starts, a moment before its endpoints are
+    // served: the first execution must not race them. The risk assessor and the scheduler
+    // answer a real request (an error reply counts: it proves the endpoint is there).
+    let probes = [
+        (
+            subjects.risk_assess(),
+            serde_json::json!({"content": "print(1)", "content_type": "python"}),
+        ),
+        (
+            subjects.results_get(),
+            serde_json::json!({"execution_id": "readiness-probe"}),
+        ),
+    ];
+    for (subject, body) in probes {
+        let answered = async {
+            loop {
+                let ask = client.request(subject.clone(), body.to_string().into());
+                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), ask).await {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    anyhow::bail!("nothing served {subject} within {limit:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        with_progress(&format!("waiting for {subject} to be served"), answered).await?;
     }
     Ok(())
 }
