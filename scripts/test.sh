@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (a current nats-server into .tools/bin, the
-# sandbox image from Debian packages) and runs every test of the workspace against a real
-# nats-server and the real Docker daemon.
+# The test command: installs what the tests need (a current nats-server into .tools/bin,
+# debootstrap and bubblewrap through apt, the sandbox, browser and AIO images from Debian
+# packages) and runs every test of the workspace against a real nats-server, the real Docker
+# daemon and real Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-tools.sh
