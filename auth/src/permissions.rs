@@ -160,6 +160,8 @@ impl<'s> Plan<'s> {
                     s.results_get(),
                     s.pattern("sessions.*"),
                     s.confirm_decided_all(),
+                    // A result stored by another instance ends a parked caller's wait.
+                    s.results_all(),
                 ])
                 .publish([
                     s.executor_all(),

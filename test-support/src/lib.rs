@@ -71,13 +71,13 @@ pub fn free_port() -> u16 {
 }
 
 /// A real nats-server with JetStream for one test, configured as sandmesh ships it: the
-/// accounts, users and permissions of [`Tenancy`] (tenancy and roles on, DESIGN.md §5), unless
-/// started with [`NatsServer::start_insecure`].
+/// accounts, users and permissions of [`Tenancy`] (tenancy and roles on, DESIGN.md §5); a
+/// server with extra settings keeps them.
 pub struct NatsServer {
     bin: PathBuf,
     port: u16,
     dir: tempfile::TempDir,
-    tenancy: Option<Tenancy>,
+    tenancy: Tenancy,
     config: Option<String>,
     child: Option<Child>,
 }
@@ -99,23 +99,18 @@ impl NatsServer {
 
     /// The shipped configuration for these accounts and users.
     pub fn start_with_tenancy(tenancy: Tenancy) -> Self {
-        Self::start_inner(Some(tenancy), None)
+        Self::start_inner(tenancy, None)
     }
 
     /// The shipped configuration with extra server settings (limits) appended.
     pub fn start_with_config(config: &str) -> Self {
         Self::start_inner(
-            Some(Tenancy::generate(&Subjects::default())),
+            Tenancy::generate(&Subjects::default()),
             Some(config.to_string()),
         )
     }
 
-    /// No accounts and no authentication: what `sandmesh up --insecure` runs.
-    pub fn start_insecure() -> Self {
-        Self::start_inner(None, None)
-    }
-
-    fn start_inner(tenancy: Option<Tenancy>, config: Option<String>) -> Self {
+    fn start_inner(tenancy: Tenancy, config: Option<String>) -> Self {
         let mut server = Self {
             bin: nats_server_binary(),
             port: free_port(),
@@ -156,18 +151,15 @@ impl NatsServer {
     }
 
     fn url_as(&self, role: Role<'_>) -> String {
-        match &self.tenancy {
-            None => self.plain_url(),
-            Some(t) => t
-                .credentials(role)
-                .unwrap_or_else(|| panic!("no credentials for {role:?}"))
-                .url(&self.plain_url()),
-        }
+        self.tenancy
+            .credentials(role)
+            .unwrap_or_else(|| panic!("no credentials for {role:?}"))
+            .url(&self.plain_url())
     }
 
-    /// The generated accounts and credentials (`None` when insecure).
-    pub fn tenancy(&self) -> Option<&Tenancy> {
-        self.tenancy.as_ref()
+    /// The generated accounts and credentials.
+    pub fn tenancy(&self) -> &Tenancy {
+        &self.tenancy
     }
 
     pub fn port(&self) -> u16 {
@@ -193,10 +185,7 @@ impl NatsServer {
             "listen: 127.0.0.1:{}\njetstream {{ store_dir: {:?} }}\n{}\n{}\n",
             self.port,
             self.store_dir(),
-            self.tenancy
-                .as_ref()
-                .map(Tenancy::accounts_config)
-                .unwrap_or_default(),
+            self.tenancy.accounts_config(),
             self.config.as_deref().unwrap_or("")
         );
         std::fs::write(&conf_path, conf).expect("write nats.conf");

@@ -111,7 +111,7 @@ async fn main() {
     let sched = scheduler::SchedulerConfig::from_env(&env(&[])).unwrap();
     tokio::spawn(scheduler::run(sched, stop.clone()));
 
-    let client = async_nats::connect(&url).await.unwrap();
+    let client = test_support::connect(&url).await;
     let mesh = MeshClient::new(client, Subjects::default()).with_timeout(Duration::from_secs(60));
     let aio = mesh.aio();
     wait_warm(&mesh, 2).await;

@@ -265,7 +265,7 @@ async fn an_executor_crash_leaves_nothing_behind() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("start the executor binary");
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = test_support::connect(&nats.url()).await;
     let caller = kit::Caller::new(client.clone(), Duration::from_secs(60));
     let subject = messages::Subjects::default().executor_node_on(
         messages::executor::Backend::Bwrap,

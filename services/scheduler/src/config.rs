@@ -207,7 +207,7 @@ mod tests {
             ("SANDMESH_NETWORK_ALLOW", "a..b"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 7, "{e}");
+        assert_eq!(e.0.len(), 8, "{e}");
     }
 
     #[test]

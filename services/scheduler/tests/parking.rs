@@ -228,22 +228,17 @@ async fn a_sync_caller_is_told_at_once_that_it_waits_for_a_person() {
         .await;
     let nc = mesh.client.client().clone();
 
-    // Opted in: a notice on the caller's own inbox, then the result.
+    // Opted in: on the reply subject, a notice first, then the result.
     let inbox = nc.new_inbox();
-    let mut notices = nc.subscribe(inbox.clone()).await.unwrap();
+    let mut replies = nc.subscribe(inbox.clone()).await.unwrap();
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(NOTIFY_HEADER, inbox.as_str());
+    headers.insert(NOTIFY_HEADER, "1");
     headers.insert("Content-Type", "application/json");
     let payload = serde_json::to_vec(&req("notified", RISKY)).unwrap();
-    let request = async_nats::Request::new()
-        .headers(headers)
-        .payload(payload.into())
-        .timeout(Some(WAIT));
-    let asking = tokio::spawn({
-        let nc = nc.clone();
-        async move { nc.send_request(Subjects::default().exec(), request).await }
-    });
-    let notice = tokio::time::timeout(WAIT, notices.next())
+    nc.publish_with_reply_and_headers(Subjects::default().exec(), inbox, headers, payload.into())
+        .await
+        .unwrap();
+    let notice = tokio::time::timeout(WAIT, replies.next())
         .await
         .expect("a notice in time")
         .unwrap();
@@ -259,7 +254,10 @@ async fn a_sync_caller_is_told_at_once_that_it_waits_for_a_person() {
     let other = mesh.exec(&req("meanwhile", "print(1)")).await.unwrap();
     assert_eq!(other.status, ExecStatus::Ok);
     decide(&mesh, &awaiting.confirmation_id, true).await;
-    let reply = asking.await.unwrap().unwrap();
+    let reply = tokio::time::timeout(WAIT, replies.next())
+        .await
+        .expect("the result in time")
+        .unwrap();
     let r: ExecResult = serde_json::from_slice(&reply.payload).unwrap();
     assert_eq!(
         (r.status, r.confirmation.decision),

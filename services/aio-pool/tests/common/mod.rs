@@ -75,7 +75,7 @@ impl Harness {
         let config = AioPoolConfig::from_env(&env).expect("test config");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(aio_pool::run(config, shutdown.clone()));
-        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let client = test_support::connect(&nats.url()).await;
         let mesh =
             MeshClient::new(client, Subjects::default()).with_timeout(Duration::from_secs(30));
         let aio = mesh.aio();

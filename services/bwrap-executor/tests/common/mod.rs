@@ -91,7 +91,7 @@ impl Harness {
         let cgroup_root = config.cgroup_root.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(bwrap_executor::run(config, shutdown.clone()));
-        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let client = test_support::connect(&nats.url()).await;
         let caller = Caller::new(client.clone(), Duration::from_secs(60));
         let mut h = Self {
             nats,

@@ -285,9 +285,8 @@ impl Mesh {
     /// (Re)starts the real confirmation service with this policy.
     pub fn start_confirmation(&mut self, policy: &[(&str, &str)]) {
         let mut env = env_of(&self.nats.service_url(ServiceName::Confirmation), policy);
-        if let Some(t) = self.nats.tenancy() {
-            env.insert("SANDMESH_OPERATOR_SCOPES".into(), t.operator_scopes());
-        }
+        let scopes = self.nats.tenancy().operator_scopes();
+        env.insert("SANDMESH_OPERATOR_SCOPES".into(), scopes);
         let c = confirmation::ConfirmationConfig::from_env(&env).unwrap();
         self.add("confirmation", |stop| spawn(confirmation::run(c, stop)));
     }
