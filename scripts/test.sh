@@ -20,9 +20,10 @@ export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
 export SANDMESH_TEST_PYPI_HOSTS="${SANDMESH_TEST_PYPI_HOSTS:-pypi.org,files.pythonhosted.org}"
 export SANDMESH_TEST_PYPI_CA_BUNDLE="${SANDMESH_TEST_PYPI_CA_BUNDLE:-${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-}}}"
 # The AIO image (aio-pool's tests; Debian's chromium makes the first build take minutes, and
-# unchanged inputs build nothing). Built here so a missing mirror fails early and clearly.
-cargo build --release -p sandmesh-aio-agent
-AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/sandmesh-aio-agent" deploy/images/build.sh aio >/dev/null
+# unchanged inputs build nothing). Built here so a missing mirror fails early and clearly; the
+# debug agent is the one the tests' image carries, so `cargo test` reuses this build.
+cargo build -p sandmesh-aio-agent
+AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/sandmesh-aio-agent" deploy/images/build.sh aio >/dev/null
 # Many tests start a whole mesh (nats-server, services, warm Docker containers). On a small
 # machine several at once starve each other into timeouts, so each test binary runs its tests
 # one at a time unless told otherwise.

@@ -3,6 +3,7 @@
 # nats-server into .tools/bin, builds sandmesh, builds the sandbox image from Debian packages
 # when missing, starts NATS (data in .sandmesh/) and every service in one process.
 # Extra arguments go to `sandmesh up` (e.g. --once to stop after the sample).
+# SANDMESH_BUILD_PROFILE=dev uses the debug build (CI, right after the tests built it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-tools.sh
@@ -10,5 +11,8 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   echo "the Docker daemon does not answer: start it (sandboxes are Docker containers)" >&2
   exit 1
 fi
-cargo build --release -p sandmesh -p sandmesh-supervisor
-exec target/release/sandmesh up --demo "$@"
+profile=${SANDMESH_BUILD_PROFILE:-release}
+cargo build --profile "$profile" -p sandmesh -p sandmesh-supervisor
+dir=$profile
+[ "$profile" = dev ] && dir=debug
+exec "${CARGO_TARGET_DIR:-target}/$dir/sandmesh" up --demo "$@"
