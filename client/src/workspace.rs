@@ -19,7 +19,8 @@ const TRANSFER_WINDOW: usize = 4;
 use std::time::Duration;
 
 use async_nats::jetstream::object_store::{self, ObjectStore};
-use futures::{StreamExt, TryStreamExt};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{
@@ -108,17 +109,22 @@ impl WorkspaceClient {
         let _: WsUploadAck = self
             .call(WorkspaceOp::Upload, &chunk(0, first), true)
             .await?;
-        futures::stream::iter(parts)
+        // Built before the stream runs (and boxed): a closure or an unboxed future held across
+        // the awaits makes this future not provably `Send` to callers that spawn it.
+        let sends: Vec<BoxFuture<'_, Result<WsUploadAck>>> = parts
             .map(|(seq, part)| {
                 let req = chunk(seq, part);
                 async move {
                     self.call::<_, WsUploadAck>(WorkspaceOp::Upload, &req, true)
                         .await
                 }
+                .boxed()
             })
-            .buffer_unordered(TRANSFER_WINDOW)
-            .try_for_each(|_| async { Ok(()) })
-            .await?;
+            .collect();
+        let mut sent = futures::stream::iter(sends).buffer_unordered(TRANSFER_WINDOW);
+        while let Some(ack) = sent.next().await {
+            ack?;
+        }
         Ok(UploadRef {
             chunks: data
                 .len()
@@ -129,16 +135,19 @@ impl WorkspaceClient {
         })
     }
 
-    /// Reads `size` bytes by ranges of [`READ_RANGE_BYTES`], a few in flight, in order.
-    async fn read_ranges<F, Fut>(&self, size: u64, read: F) -> Result<Vec<u8>>
-    where
-        F: Fn(u64) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<u8>>>,
-    {
+    /// Reads `size` bytes by ranges of [`READ_RANGE_BYTES`] (`read` makes the read of the one
+    /// at an offset), a few in flight, in order.
+    async fn read_ranges<'a>(
+        size: u64,
+        read: impl Fn(u64) -> BoxFuture<'a, Result<Vec<u8>>>,
+    ) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(size as usize);
-        let mut ranges = futures::stream::iter((0..size).step_by(READ_RANGE_BYTES as usize))
+        // Built before the stream runs, see `upload_chunks`.
+        let reads: Vec<_> = (0..size)
+            .step_by(READ_RANGE_BYTES as usize)
             .map(read)
-            .buffered(TRANSFER_WINDOW);
+            .collect();
+        let mut ranges = futures::stream::iter(reads).buffered(TRANSFER_WINDOW);
         while let Some(part) = ranges.next().await {
             out.extend_from_slice(&part?);
         }
@@ -232,20 +241,20 @@ impl WorkspaceClient {
                 if first.len() as u64 == file.size {
                     return Ok(first);
                 }
-                let bytes = self
-                    .read_ranges(file.size, |offset| {
-                        let mut range = req.clone();
-                        range.offset = Some(offset);
-                        let first = &first;
-                        async move {
-                            if offset == 0 {
-                                return Ok(first.clone());
-                            }
-                            let part: WsFile = self.call(WorkspaceOp::Read, &range, true).await?;
-                            decode(&part)
+                let bytes = Self::read_ranges(file.size, |offset| {
+                    let mut range = req.clone();
+                    range.offset = Some(offset);
+                    let first = &first;
+                    async move {
+                        if offset == 0 {
+                            return Ok(first.clone());
                         }
-                    })
-                    .await?;
+                        let part: WsFile = self.call(WorkspaceOp::Read, &range, true).await?;
+                        decode(&part)
+                    }
+                    .boxed()
+                })
+                .await?;
                 let whole = Some(hex::encode(Sha256::digest(&bytes)));
                 match bytes.len() as u64 == file.size && whole == file.sha256 {
                     true => return Ok(bytes),
@@ -348,7 +357,7 @@ impl WorkspaceClient {
             }
             (None, Some(object)) if self.transfer == Transfer::Requests => {
                 let subject = self.mesh.subjects().workspace(WorkspaceOp::Fetch);
-                self.read_ranges(archive.size, |offset| {
+                Self::read_ranges(archive.size, |offset| {
                     let req = WsFetch {
                         session_id: session.into(),
                         object: object.clone(),
@@ -361,6 +370,7 @@ impl WorkspaceClient {
                         messages::decode_base64(&part.content)
                             .map_err(|problem| ClientError::Protocol { subject, problem })
                     }
+                    .boxed()
                 })
                 .await
             }
