@@ -221,8 +221,8 @@ impl WorkspaceClient {
         let req = WsRead {
             session_id: session.into(),
             path: path.into(),
-            // By requests: the first range; a file that fits comes whole.
-            length: (self.transfer == Transfer::Requests).then_some(READ_RANGE_BYTES),
+            // By requests: as much as one message holds, so a file that fits comes whole.
+            length: (self.transfer == Transfer::Requests).then_some(INLINE_MAX_BYTES),
             ..Default::default()
         };
         let decode = |file: &WsFile| {
@@ -246,8 +246,10 @@ impl WorkspaceClient {
                     range.offset = Some(offset);
                     let first = &first;
                     async move {
+                        // The ranges follow the store's chunks; the first is in hand.
                         if offset == 0 {
-                            return Ok(first.clone());
+                            let range = first.get(..READ_RANGE_BYTES as usize).unwrap_or(first);
+                            return Ok(range.to_vec());
                         }
                         let part: WsFile = self.call(WorkspaceOp::Read, &range, true).await?;
                         decode(&part)

@@ -188,6 +188,17 @@ async fn an_agent_may_not_name_an_object() {
     // And the agent has no way around it: the objects bucket is not in its account.
     let direct = acme.clone().transfer(Transfer::ObjectStore);
     assert!(direct.write("s1", "y", &bytes(MB, 1)).await.is_err());
+    // Nor is it answered with an object name to fetch: a large file is read by ranges.
+    acme.write("s1", "big", &bytes(MB, 2)).await.unwrap();
+    let whole = messages::workspace::WsRead {
+        session_id: "s1".into(),
+        path: "big".into(),
+        ..Default::default()
+    };
+    let e = raw::<_, messages::workspace::WsFile>(&nc, subject(WorkspaceOp::Read), &whole)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, 413, "{e:?}");
 }
 
 #[tokio::test]
