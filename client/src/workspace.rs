@@ -244,6 +244,7 @@ impl WorkspaceClient {
                 let bytes = Self::read_ranges(file.size, |offset| {
                     let mut range = req.clone();
                     range.offset = Some(offset);
+                    range.length = Some(READ_RANGE_BYTES);
                     let first = &first;
                     async move {
                         // The ranges follow the store's chunks; the first is in hand.

@@ -127,14 +127,7 @@ pub async fn run(
     let subjects = runtime.subjects().clone();
     let index = Index::open(&runtime.js, &subjects.workspace_index_bucket()).await?;
     let blobs = Blobs::open(&runtime.js, &subjects.workspace_objects_bucket()).await?;
-    // Open uploads may hold a few sessions' worth of quota between them.
-    let uploads = Uploads::open(
-        &runtime.js,
-        &subjects,
-        config.upload_ttl,
-        config.quota_bytes().saturating_mul(4),
-    )
-    .await?;
+    let uploads = Uploads::open(&runtime.js, &subjects, config.upload_ttl).await?;
     let store = Arc::new(Workspaces::new(
         &config,
         index,

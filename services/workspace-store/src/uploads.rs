@@ -35,13 +35,10 @@ pub struct Uploads {
 
 impl Uploads {
     /// Opens (creating if missing) the uploads stream; `ttl` bounds how long an upload that is
-    /// never committed keeps its chunks, `max_bytes` how much all open uploads hold.
-    pub async fn open(
-        js: &jetstream::Context,
-        subjects: &Subjects,
-        ttl: Duration,
-        max_bytes: u64,
-    ) -> Result<Self> {
+    /// never committed keeps its chunks. What open uploads hold is bounded per session
+    /// ([`MAX_UPLOADS_PER_SESSION`], each at most the quota at commit) and by the account's
+    /// JetStream storage; a stream `max_bytes` would reserve that storage up front.
+    pub async fn open(js: &jetstream::Context, subjects: &Subjects, ttl: Duration) -> Result<Self> {
         let stream = js
             .get_or_create_stream(stream::Config {
                 name: subjects.workspace_uploads_stream(),
@@ -51,9 +48,6 @@ impl Uploads {
                 // Chunks are read by direct gets, without consumers.
                 allow_direct: true,
                 max_age: ttl,
-                max_bytes: i64::try_from(max_bytes).unwrap_or(i64::MAX),
-                // A full stream refuses new chunks rather than dropping those of open uploads.
-                discard: stream::DiscardPolicy::New,
                 storage: stream::StorageType::File,
                 ..Default::default()
             })
