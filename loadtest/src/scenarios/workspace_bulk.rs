@@ -56,12 +56,48 @@ pub async fn workspace_bulk(
     let mib = big_bytes as f64 / f64::from(1 << 20);
     let (requests, direct) = (Transfer::Requests, Transfer::ObjectStore);
     let series = [
-        ("write", format!("workspace/write_{mib:.0}MiB/requests"), &bulk, big, requests),
-        ("read", format!("workspace/read_{mib:.0}MiB/requests"), &bulk, big, requests),
-        ("write", format!("workspace/write_{mib:.0}MiB/object-store"), &bulk, big, direct),
-        ("read", format!("workspace/read_{mib:.0}MiB/object-store"), &bulk, big, direct),
-        ("snapshot", "workspace/snapshot".to_string(), &small, pair, requests),
-        ("restore", "workspace/restore".to_string(), &small, pair, requests),
+        (
+            "write",
+            format!("workspace/write_{mib:.0}MiB/requests"),
+            &bulk,
+            big,
+            requests,
+        ),
+        (
+            "read",
+            format!("workspace/read_{mib:.0}MiB/requests"),
+            &bulk,
+            big,
+            requests,
+        ),
+        (
+            "write",
+            format!("workspace/write_{mib:.0}MiB/object-store"),
+            &bulk,
+            big,
+            direct,
+        ),
+        (
+            "read",
+            format!("workspace/read_{mib:.0}MiB/object-store"),
+            &bulk,
+            big,
+            direct,
+        ),
+        (
+            "snapshot",
+            "workspace/snapshot".to_string(),
+            &small,
+            pair,
+            requests,
+        ),
+        (
+            "restore",
+            "workspace/restore".to_string(),
+            &small,
+            pair,
+            requests,
+        ),
     ];
     for (op, name, session, load, transfer) in series {
         let name = format!("{name}/c1");
