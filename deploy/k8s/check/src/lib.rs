@@ -5,7 +5,8 @@
 //! type and refuses any field the type does not have; [`invariants`] checks what issue 17
 //! asks of the deployment (non-root, read-only root, dropped capabilities, limits, probes,
 //! pinned images, NetworkPolicies that let pods reach only NATS, NATS's StatefulSet, storage
-//! and routes). `tests/manifests.rs` runs all of it on the base and the `cluster` overlay.
+//! and routes). `tests/manifests.rs` runs all of it on the base and the `cluster` overlay;
+//! `tests/nats_cluster.rs` runs the overlay's NATS configuration as three containers.
 
 pub mod invariants;
 pub mod objects;
