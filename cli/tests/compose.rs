@@ -2,7 +2,8 @@
 //! own `sandmesh` binary (no release build, no registry), starts NATS with authentication and
 //! every service with two risk-assessors and two docker-executors sharing the host's Docker,
 //! checks that `$SRV.PING` lists each instance, runs executions through it (single-use ones, a
-//! session whose write an operator approves, the CLI's), and tears it down
+//! session whose write an operator approves, the CLI's, one whose network policy lets it reach
+//! NATS's monitoring port through an executor's egress proxy), and tears it down
 //! leaving no container, network, volume or image of the project, and no sandbox container of
 //! its executors. Real Docker, real docker-compose, real nats-server.
 
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmScope, ConfirmState};
 use messages::exec::{ExecRequest, ExecStatus, Language};
+use messages::network::NetworkPolicy;
 use messages::tenancy::Tenant;
 use messages::{ServiceName, Subjects};
 use sandmesh_auth::{Role, Tenancy};
@@ -181,6 +183,12 @@ async fn compose_scales_runs_executions_and_leaves_nothing_behind() {
             ("SANDMESH_MESH_TAG".into(), name.clone()),
             ("SANDMESH_EXEC_IMAGE".into(), sandbox_image),
             ("SANDMESH_NATS_PORT".into(), port.to_string()),
+            // The ceiling for the egress check: names `nats` and Docker's private ranges.
+            (
+                "SANDMESH_NETWORK_ALLOW".into(),
+                "nats,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16".into(),
+            ),
+            ("SANDMESH_NETWORK_PORTS".into(), "8222".into()),
         ],
         name,
         down: false,
@@ -343,6 +351,36 @@ async fn compose_scales_runs_executions_and_leaves_nothing_behind() {
         .env("SANDMESH_NATS_URL", &agent_url);
     let out = run_bounded(cli, Duration::from_secs(60)).await;
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42", "{out:?}");
+    // Egress through an executor's proxy, whose socket directory the host's Docker binds into
+    // the sandbox from the path it has in the executor's container: NATS's monitoring port,
+    // by name, within the ceiling the scheduler was given.
+    let subnet = docker_output(&[
+        "network",
+        "inspect",
+        &format!("{}_default", project.name),
+        "--format",
+        "{{(index .IPAM.Config 0).Subnet}}",
+    ]);
+    let mut fetch = python(
+        "import urllib.request\n\
+         urllib.request.proxy_bypass = lambda host: False\n\
+         print(urllib.request.urlopen('http://nats:8222/healthz', timeout=10).read().decode())",
+        None,
+    );
+    fetch.network = Some(NetworkPolicy {
+        allow_domains: vec!["nats".into()],
+        allow_cidrs: vec![subnet],
+        ports: Some(vec![8222]),
+        ..Default::default()
+    });
+    let fetched = agent.exec().exec(&fetch).await.unwrap();
+    assert_eq!(
+        (fetched.status, fetched.stdout.trim()),
+        (ExecStatus::Ok, r#"{"status":"ok"}"#),
+        "{fetched:?}"
+    );
+    let contacted = fetched.network.as_ref().map(|n| n.contacted.len());
+    assert_eq!(contacted, Some(1), "{:?}", fetched.network);
     drop((agent, operator, admin));
     eprintln!("$SRV.PING: {listed:?}; single-use runs went to {nodes:?}");
 
@@ -381,6 +419,12 @@ async fn compose_scales_runs_executions_and_leaves_nothing_behind() {
             "sandboxes of executor {node} left: {left:?}"
         );
     }
+}
+
+fn docker_output(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().expect("docker");
+    assert!(out.status.success(), "docker {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 fn path(p: &Path) -> String {
