@@ -94,13 +94,15 @@ fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
              bubblewrap for the light backend)"
         );
     }
+    // The operators' web page, last: it only reads what the others publish.
+    services.push(ServiceName::Console);
     services
 }
 
 fn service_list() -> String {
     SERVICES
         .iter()
-        .chain([&ServiceName::BwrapExecutor])
+        .chain([&ServiceName::BwrapExecutor, &ServiceName::Console])
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(", ")
@@ -158,6 +160,9 @@ fn build(
             }),
             ServiceName::BrowserRouter => browser_router::BrowserConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(browser_router::run(c, token).await?) }) as ServiceFuture
+            }),
+            ServiceName::Console => ::console::ConsoleConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(::console::run(c, token).await?) }) as ServiceFuture
             }),
             other => Err(ConfigError(vec![format!(
                 "{other} is not served by this program; one of: {}",
@@ -445,12 +450,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     // No Chromium starts unasked on a laptop: instances are made on first acquire.
     env.entry("SANDMESH_AIO_MIN_INSTANCES".into())
         .or_insert_with(|| "0".into());
+    // The console's logins survive a restart of `up` (passwords sealed with the browser's key).
+    env.entry("SANDMESH_CONSOLE_STATE_DIR".into())
+        .or_insert_with(|| args.data_dir.join("console").display().to_string());
+    let console_url = crate::console::url(&env);
 
     let shutdown = kit::shutdown::on_signals();
     let names = up_services(&env);
     let services = kit::config::exit_on_error(build(&names, &env, auth.as_ref(), &shutdown));
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
     let urls = Urls {
+        console: &console_url,
         shown: &nats_url,
         watch: &watch_url,
         demo: &demo_url,
@@ -468,6 +478,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
 
 /// The URLs `up` uses itself: the one it shows, the admin's (readiness) and the agent's (demo).
 struct Urls<'a> {
+    /// The operators' console.
+    console: &'a str,
     shown: &'a str,
     watch: &'a str,
     demo: &'a str,
@@ -502,6 +514,10 @@ async fn serve_until_stopped(
     eprintln!(
         "sandmesh: mesh is up — NATS {}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it",
         urls.shown
+    );
+    eprintln!(
+        "sandmesh: operators' console at {} — `sandmesh console` says how to log in",
+        urls.console
     );
     if args.demo {
         let agent = connect(urls.demo).await?;
