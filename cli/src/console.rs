@@ -20,6 +20,19 @@ pub fn url(env: &HashMap<String, String>) -> String {
     format!("http://{}/", addr(env))
 }
 
+/// Whether the console's address can be listened on now (`up` runs without the console
+/// otherwise, saying why). A malformed address passes: the console's configuration reports
+/// it with every other bad setting.
+pub fn can_listen(env: &HashMap<String, String>) -> Result<(), String> {
+    let addr = addr(env);
+    let Ok(parsed) = addr.parse::<SocketAddr>() else {
+        return Ok(());
+    };
+    std::net::TcpListener::bind(parsed)
+        .map(drop)
+        .map_err(|e| format!("cannot listen on {addr} ({e}); set SANDMESH_CONSOLE_ADDR"))
+}
+
 pub fn run() -> anyhow::Result<i32> {
     let env: HashMap<String, String> = std::env::vars().collect();
     let url = url(&env);

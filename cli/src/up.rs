@@ -94,8 +94,12 @@ fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
              bubblewrap for the light backend)"
         );
     }
-    // The operators' web page, last: it only reads what the others publish.
-    services.push(ServiceName::Console);
+    // The operators' web page, last: it only reads what the others publish. It is optional:
+    // a taken port (another mesh on this machine) must not keep the mesh from starting.
+    match crate::console::can_listen(env) {
+        Ok(()) => services.push(ServiceName::Console),
+        Err(why) => eprintln!("sandmesh: running without the operators' console: {why}"),
+    }
     services
 }
 
@@ -164,10 +168,6 @@ fn build(
             ServiceName::Console => ::console::ConsoleConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(::console::run(c, token).await?) }) as ServiceFuture
             }),
-            other => Err(ConfigError(vec![format!(
-                "{other} is not served by this program; one of: {}",
-                service_list()
-            )])),
         };
         match built {
             Ok(f) => futures.push((name.to_string(), f)),
@@ -515,10 +515,12 @@ async fn serve_until_stopped(
         "sandmesh: mesh is up — NATS {}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it",
         urls.shown
     );
-    eprintln!(
-        "sandmesh: operators' console at {} — `sandmesh console` says how to log in",
-        urls.console
-    );
+    if names.contains(&ServiceName::Console) {
+        eprintln!(
+            "sandmesh: operators' console at {} — `sandmesh console` says how to log in",
+            urls.console
+        );
+    }
     if args.demo {
         let agent = connect(urls.demo).await?;
         let code = crate::demo::run(&agent, &kit_config.subjects).await?;

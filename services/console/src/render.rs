@@ -155,7 +155,8 @@ pub fn card(c: &Confirmation, csrf: &str) -> String {
         );
     }
     out.push_str("</dl>");
-    if !c.risk.reason.is_empty() {
+    // The scheduler's summary already carries the reason; others may not.
+    if !c.risk.reason.is_empty() && !c.summary.contains(&c.risk.reason) {
         let _ = write!(out, "<p class=\"reason\">{}</p>", esc(&c.risk.reason));
     }
     out.push_str(&subject(c));
@@ -238,22 +239,19 @@ fn subject(c: &Confirmation) -> String {
     )
 }
 
-/// The browser-router asks with the action's parameters as JSON (`url`, `selector`, `index`,
-/// `text`, …) and a summary naming the action; such a request is shown as the action.
+/// The browser-router asks with a summary `browser <action> in session …` and the action's
+/// parameters as JSON (`url`, `selector`, `index`, `text`, `page`, …); such a request is shown
+/// as the action, with its URL and element.
 fn browser_action(c: &Confirmation) -> Option<String> {
-    let rule_is_browser = c
-        .risk
-        .findings
-        .iter()
-        .any(|f| f.rule.starts_with("browser"));
-    let params: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&c.code_excerpt).ok()?;
-    if !rule_is_browser && !c.summary.starts_with("browser") {
+    if !c.summary.starts_with("browser ") {
         return None;
     }
+    let params: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&c.code_excerpt).ok()?;
     let mut out = String::from("<dl class=\"browser\">");
     for (key, value) in &params {
         let shown = match value {
+            serde_json::Value::Null => continue,
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
@@ -507,8 +505,9 @@ mod tests {
     #[test]
     fn browser_actions_show_url_and_element() {
         let c = Confirmation {
-            summary: "browser fill".into(),
-            code_excerpt: r##"{"url": "https://pay.example/<x>", "selector": "#card"}"##.into(),
+            summary: "browser fill in session s1".into(),
+            code_excerpt:
+                r##"{"url": "https://pay.example/<x>", "selector": "#card", "text": null}"##.into(),
             risk: RiskAssessment {
                 level: RiskLevel::High,
                 ..Default::default()
@@ -518,6 +517,7 @@ mod tests {
         let html = card(&c, "t");
         assert!(html.contains("<dd class=\"url\">https://pay.example/&lt;x&gt;</dd>"));
         assert!(html.contains("<dd class=\"element\">#card</dd>"));
+        assert!(!html.contains("null"), "{html}");
     }
 
     #[test]

@@ -210,6 +210,21 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     );
     assert!(js::<bool>(&page, "window.__noReload === true").await);
 
+    // The card's session leads to the session's audit tail: both executions, finished.
+    click(&page, &format!("#decided {card} dl.meta a")).await;
+    eventually_js(
+        &page,
+        "the session's audit tail",
+        "document.querySelectorAll('table.audit tr.kind-finished').length === 2",
+    )
+    .await;
+    let kinds: String = js(
+        &page,
+        "Array.from(document.querySelectorAll('table.audit tr')).map(r => r.className).join(' ')",
+    )
+    .await;
+    assert!(kinds.contains("kind-confirmation_decided"), "{kinds}");
+
     chromium.close().await;
     console.stop().await;
     mesh.shutdown().await;
