@@ -124,11 +124,14 @@ pub enum LoginError {
     },
 }
 
-/// What a page is told as it happens: a confirmation after a change, or an audit event.
+/// What a page is told as it happens: a confirmation after a change, an audit event, or that
+/// events may have been missed (NATS reconnected: core NATS keeps nothing for a subscriber
+/// while it is away), so the page should start over from the pending list.
 #[derive(Debug, Clone)]
 pub enum FeedEvent {
     Confirmation(Box<Confirmation>),
     Audit(Box<AuditEvent>),
+    Resync,
 }
 
 /// One logged-in operator, shared by its browser tabs.
@@ -329,11 +332,22 @@ impl Logins {
         scope: Scope,
         expires_at: u64,
     ) -> Result<Login, LoginError> {
+        let (feed, _) = broadcast::channel(FEED_BACKLOG);
+        let on_event = feed.clone();
         let connect = async_nats::ConnectOptions::with_user_and_password(
             user.to_string(),
             password.to_string(),
         )
         .name(format!("sandmesh-console ({user})"))
+        .event_callback(move |event| {
+            let feed = on_event.clone();
+            async move {
+                if matches!(event, async_nats::Event::Connected) {
+                    // Also on the first connect, when no page listens yet: harmless.
+                    let _ = feed.send(FeedEvent::Resync);
+                }
+            }
+        })
         .connection_timeout(CONNECT_TIMEOUT)
         .connect(self.nats_url.as_str());
         let client = match connect.await {
@@ -348,7 +362,6 @@ impl Logins {
                 })
             }
         };
-        let (feed, _) = broadcast::channel(FEED_BACKLOG);
         let feed_task = self.follow(&client, &scope, feed.clone(), user).await?;
         let mesh = MeshClient::new(client, self.subjects.clone())
             .with_encoding(Encoding::Json)

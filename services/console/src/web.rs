@@ -485,8 +485,9 @@ async fn events(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// The login's events as SSE events. A page that falls behind is sent away to reconnect: its
-/// new stream starts with the whole pending list again.
+/// The login's events as SSE events. A page that falls behind, or whose operator connection
+/// to NATS was re-established, is sent away to reconnect: its new stream starts with the
+/// whole pending list again.
 fn live_events(
     feed: broadcast::Receiver<FeedEvent>,
     csrf: String,
@@ -502,6 +503,7 @@ fn live_events(
                 })
                 .to_string(),
             ),
+            Ok(FeedEvent::Resync) => Event::default().event("resync").data("reconnected"),
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 Event::default().event("resync").data("behind")
             }

@@ -79,6 +79,15 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     let took = seen_at.elapsed();
     assert!(took < Duration::from_secs(1), "the card took {took:?}");
     assert!(js::<bool>(&page, "window.__noReload === true").await);
+    let left: String = js(
+        &page,
+        &format!("document.querySelector('{card} .left').textContent"),
+    )
+    .await;
+    assert!(
+        left.ends_with(" left") && left.contains(':'),
+        "countdown {left:?}"
+    );
     // The risky call is marked in the code, with its rule.
     let marked: String = js(
         &page,

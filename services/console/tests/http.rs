@@ -304,6 +304,42 @@ async fn a_scoped_operator_sees_and_decides_only_its_tenants() {
     assert_eq!(denied.status, 404, "{denied:?}");
     let theirs_now = admin.confirm().get(&beta_id).await.unwrap();
     assert_eq!(theirs_now.state, ConfirmState::Pending);
+    // Her own tenant's she decides, recorded as herself.
+    let approved = http
+        .post(
+            "/decide",
+            Some(&alice),
+            &format!("csrf={}&id={acme_id}&action=approve", alice.csrf),
+        )
+        .await;
+    assert_eq!(approved.status, 303, "{approved:?}");
+    let record = admin.confirm().get(&acme_id).await.unwrap();
+    assert_eq!(record.state, ConfirmState::Approved);
+    assert_eq!(record.by.as_deref(), Some("alice"));
+    assert_eq!(record.by_account.as_deref(), Some("OPERATORS"));
+    console.stop().await;
+    mesh.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_login_ends_at_its_expiry() {
+    let mesh = mesh::Mesh::builder().confirm(&[]).start().await;
+    let nats = &mesh.nats;
+    let state = tempfile::tempdir().unwrap();
+    let console = Console::start_with(nats, state.path(), |c| {
+        c.session_ttl = std::time::Duration::from_secs(2)
+    })
+    .await;
+    let http = console.http();
+    let session = http
+        .login("operator", &password(nats, Role::Operator("operator")))
+        .await;
+    assert_eq!(http.get("/api/whoami", Some(&session)).await.status, 200);
+    test_support::eventually_true("the login to expire", BOUND, || async {
+        http.get("/api/whoami", Some(&session)).await.status == 401
+    })
+    .await;
+    assert_eq!(http.get("/", Some(&session)).await.status, 303);
     console.stop().await;
     mesh.shutdown().await;
 }

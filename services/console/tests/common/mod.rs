@@ -53,6 +53,24 @@ pub struct Console {
 impl Console {
     /// On `addr` (port 0: any), keeping logins in `state_dir`.
     pub async fn start(nats: &NatsServer, addr: SocketAddr, state_dir: &Path) -> Self {
+        Self::start_on(nats, addr, state_dir, |_| {}).await
+    }
+
+    /// On any port, with settings changed by `tune`.
+    pub async fn start_with(
+        nats: &NatsServer,
+        state_dir: &Path,
+        tune: impl FnOnce(&mut ConsoleConfig),
+    ) -> Self {
+        Self::start_on(nats, "127.0.0.1:0".parse().unwrap(), state_dir, tune).await
+    }
+
+    async fn start_on(
+        nats: &NatsServer,
+        addr: SocketAddr,
+        state_dir: &Path,
+        tune: impl FnOnce(&mut ConsoleConfig),
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().unwrap();
         let mut config = ConsoleConfig::for_url(
@@ -61,6 +79,7 @@ impl Console {
         );
         config.addr = addr;
         config.state_dir = Some(state_dir.to_path_buf());
+        tune(&mut config);
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(async move {
