@@ -23,7 +23,9 @@
 //! ```
 
 pub mod config;
+pub mod highlight;
 pub mod history;
+pub mod live;
 pub mod logins;
 pub mod render;
 pub mod web;

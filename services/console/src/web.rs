@@ -16,7 +16,6 @@
 //! and, once logged in, carry the login's CSRF token; nothing changes state on a `GET`. Pages
 //! redirect an unknown visitor to the login, the API and the stream answer 401.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,27 +23,22 @@ use std::time::Duration;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
-use futures::{stream, Stream, StreamExt};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmScope, ConfirmState, Confirmation};
 use serde::Deserialize;
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::history::History;
-use crate::logins::{same_secret, FeedEvent, Login, LoginError, Logins, Token};
+use crate::logins::{same_secret, Login, LoginError, Logins, Token};
 use crate::render;
 
 /// The login cookie.
 pub const COOKIE: &str = "sandmesh_console";
 /// Bodies are small forms; anything larger is refused before it is read.
 const MAX_BODY: usize = 16 * 1024;
-/// How long a page waits before reconnecting its stream.
-const RETRY: Duration = Duration::from_secs(1);
 /// The confirmation service lists at most this many.
 const MAX_LISTED: u32 = 1000;
 
@@ -84,7 +78,7 @@ impl App {
         Some(hosts)
     }
 
-    async fn login_of(&self, headers: &HeaderMap) -> Option<(Token, Arc<Login>)> {
+    pub(crate) async fn login_of(&self, headers: &HeaderMap) -> Option<(Token, Arc<Login>)> {
         let token = cookie_token(headers)?;
         let login = self.logins.find(&token).await?;
         Some((token, login))
@@ -97,7 +91,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/decide", post(decide))
-        .route("/events", get(events))
+        .route("/events", get(crate::live::events))
         .route("/activity", get(activity))
         .route("/api/whoami", get(whoami))
         .route("/static/console.js", get(script))
@@ -165,7 +159,7 @@ async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
     next.run(request).await
 }
 
-fn refuse(status: StatusCode, why: &'static str) -> Response {
+pub(crate) fn refuse(status: StatusCode, why: &'static str) -> Response {
     (status, why).into_response()
 }
 
@@ -301,7 +295,9 @@ async fn index(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 
 /// The pending confirmations this operator may see, oldest first (the page shows the newest
 /// on top, as new ones arrive).
-async fn pending(login: &Login) -> Result<Vec<Confirmation>, sandmesh_client::ClientError> {
+pub(crate) async fn pending(
+    login: &Login,
+) -> Result<Vec<Confirmation>, sandmesh_client::ClientError> {
     let filter = ConfirmList {
         state: Some(ConfirmState::Pending),
         limit: Some(MAX_LISTED),
@@ -446,82 +442,6 @@ async fn decide(
             (status, message).into_response()
         }
     }
-}
-
-// === the live stream ===
-
-async fn events(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let Some((_, login)) = app.login_of(&headers).await else {
-        return refuse(StatusCode::UNAUTHORIZED, "not logged in");
-    };
-    // Subscribed before listing, so nothing decided in between is missed.
-    let feed = login.feed.subscribe();
-    let list = match pending(&login).await {
-        Ok(list) => list,
-        Err(e) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("cannot list confirmations: {e}"),
-            )
-                .into_response()
-        }
-    };
-    let csrf = login.csrf.clone();
-    let ids: Vec<&str> = list.iter().map(|c| c.id.as_str()).collect();
-    let mut first = vec![Event::default().retry(RETRY).comment("live")];
-    first.extend(list.iter().map(|c| card_event(c, &csrf)));
-    first.push(
-        Event::default()
-            .event("sync")
-            .data(serde_json::json!({ "pending": ids }).to_string()),
-    );
-    let live = live_events(feed, csrf);
-    let stream = stream::iter(first)
-        .chain(live)
-        .take_until(app.shutdown.clone().cancelled_owned())
-        .map(Ok::<_, Infallible>);
-    Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
-}
-
-/// The login's events as SSE events. A page that falls behind, or whose operator connection
-/// to NATS was re-established, is sent away to reconnect: its new stream starts with the
-/// whole pending list again.
-fn live_events(
-    feed: broadcast::Receiver<FeedEvent>,
-    csrf: String,
-) -> impl Stream<Item = Event> + Send {
-    stream::unfold((feed, csrf), |(mut feed, csrf)| async move {
-        let event = match feed.recv().await {
-            Ok(FeedEvent::Confirmation(c)) => card_event(&c, &csrf),
-            Ok(FeedEvent::Audit(e)) => Event::default().event("audit").data(
-                serde_json::json!({
-                    "session": e.session_id,
-                    "kind": e.kind.as_str(),
-                    "html": render::audit_row(&e),
-                })
-                .to_string(),
-            ),
-            Ok(FeedEvent::Resync) => Event::default().event("resync").data("reconnected"),
-            Err(broadcast::error::RecvError::Lagged(_)) => {
-                Event::default().event("resync").data("behind")
-            }
-            Err(broadcast::error::RecvError::Closed) => return None,
-        };
-        Some((event, (feed, csrf)))
-    })
-}
-
-fn card_event(c: &Confirmation, csrf: &str) -> Event {
-    let state = match c.state {
-        ConfirmState::Pending => "pending",
-        _ => "decided",
-    };
-    Event::default().event("card").data(
-        serde_json::json!({ "id": c.id, "state": state, "html": render::card(c, csrf) })
-            .to_string(),
-    )
 }
 
 #[cfg(test)]

@@ -225,6 +225,13 @@ async fn only_operators_get_in_and_only_the_page_itself_may_post() {
     let activity = http.get("/activity", Some(&session)).await;
     assert_eq!(activity.status, 200);
     assert!(activity.body.contains(&exec_id), "{}", activity.body);
+    // What ran, and its risk, joined from the execution's earlier events.
+    assert!(activity.body.contains("<td>python ("), "{}", activity.body);
+    assert!(
+        activity.body.contains("<td>critical</td>"),
+        "{}",
+        activity.body
+    );
 
     // Logging out needs the token too, and ends the login.
     assert_eq!(

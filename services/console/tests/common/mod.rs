@@ -254,7 +254,7 @@ impl Http {
         }
     }
 
-    /// Logs in through the form and reads the CSRF token off the page.
+    /// Logs in through the form and reads the CSRF token off the pending page.
     pub async fn login(&self, user: &str, password: &str) -> Session {
         let reply = self
             .post("/login", None, &format!("user={user}&password={password}"))
@@ -270,8 +270,15 @@ impl Http {
             cookie,
             csrf: String::new(),
         };
-        let page = self.get("/", Some(&session)).await;
-        assert_eq!(page.status, 200, "{page:?}");
+        // 503 until the confirmation service answers (a mesh that is still starting).
+        let page = test_support::eventually("the pending page", BOUND, || {
+            let session = session.clone();
+            async move {
+                let page = self.get("/", Some(&session)).await;
+                (page.status == 200).then_some(page)
+            }
+        })
+        .await;
         session.csrf = page
             .body
             .split("name=\"csrf\" value=\"")
