@@ -91,13 +91,18 @@ pub fn login_form(error: Option<&str>) -> String {
     page("Log in", None, None, &body)
 }
 
-/// The pending queue and the recently decided, as first served (the script keeps them live).
-pub fn pending_page(user: &str, csrf: &str, pending: &[Confirmation]) -> String {
+/// The pending queue (newest first) and the last decisions, as first served (the script keeps
+/// them live).
+pub fn pending_page(
+    user: &str,
+    csrf: &str,
+    pending: &[Confirmation],
+    decided: &[Confirmation],
+) -> String {
     let mut body = String::new();
     let _ = write!(
         body,
         "<h1>Waiting for a decision <span id=\"count\" class=\"count\">{}</span></h1>\
-         <p id=\"error\" class=\"error\" role=\"alert\" hidden></p>\
          <div id=\"pending\" class=\"cards\">",
         pending.len()
     );
@@ -106,8 +111,12 @@ pub fn pending_page(user: &str, csrf: &str, pending: &[Confirmation]) -> String 
     }
     body.push_str(
         "</div><p id=\"empty\" class=\"empty\">Nothing waits for a decision.</p>\
-         <h2>Decided here and elsewhere</h2><div id=\"decided\" class=\"cards\"></div>",
+         <h2>Decided here and elsewhere</h2><div id=\"decided\" class=\"cards\">",
     );
+    for c in decided {
+        body.push_str(&card(c, csrf));
+    }
+    body.push_str("</div>");
     page("Pending", Some(user), Some(csrf), &body)
 }
 

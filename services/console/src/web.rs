@@ -1,5 +1,5 @@
-//! The HTTP edge: routes, the login cookie, the checks every request passes, and the
-//! Server-Sent Events stream that keeps each page live.
+//! The HTTP edge: routes, the login cookie, the checks every request passes, and the pages
+//! (the Server-Sent Events stream that keeps them live is [`crate::live`]).
 //!
 //! | route | who | what |
 //! |---|---|---|
@@ -41,6 +41,8 @@ pub const COOKIE: &str = "sandmesh_console";
 const MAX_BODY: usize = 16 * 1024;
 /// The confirmation service lists at most this many.
 const MAX_LISTED: u32 = 1000;
+/// Decided cards a page starts with.
+const RECENTLY_DECIDED: usize = 20;
 
 const SCRIPT: &str = include_str!("../assets/console.js");
 const STYLE: &str = include_str!("../assets/console.css");
@@ -274,10 +276,15 @@ async fn index(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         return to_login();
     };
     match pending(&login).await {
-        Ok(list) => html(
-            StatusCode::OK,
-            render::pending_page(&login.user, &login.csrf, &list),
-        ),
+        Ok(mut list) => {
+            // Newest on top, where the page puts the ones that arrive later.
+            list.reverse();
+            let decided = recently_decided(&login).await;
+            html(
+                StatusCode::OK,
+                render::pending_page(&login.user, &login.csrf, &list, &decided),
+            )
+        }
         Err(e) => html(
             StatusCode::SERVICE_UNAVAILABLE,
             render::page(
@@ -293,8 +300,8 @@ async fn index(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     }
 }
 
-/// The pending confirmations this operator may see, oldest first (the page shows the newest
-/// on top, as new ones arrive).
+/// The pending confirmations this operator may see, oldest first: a stream's first events,
+/// each put on top of the page, leave the newest on top.
 pub(crate) async fn pending(
     login: &Login,
 ) -> Result<Vec<Confirmation>, sandmesh_client::ClientError> {
@@ -306,6 +313,27 @@ pub(crate) async fn pending(
     let mut list = login.mesh.confirm().list(&filter).await?;
     list.sort_by_key(|c| c.created_at);
     Ok(list)
+}
+
+/// The last decisions this operator may see, newest first. Best effort: the page is about
+/// what is pending, so a failed listing shows none.
+async fn recently_decided(login: &Login) -> Vec<Confirmation> {
+    let mut all = Vec::new();
+    for state in [
+        ConfirmState::Approved,
+        ConfirmState::Denied,
+        ConfirmState::Timeout,
+    ] {
+        let filter = ConfirmList {
+            state: Some(state),
+            limit: Some(RECENTLY_DECIDED as u32),
+            ..Default::default()
+        };
+        all.extend(login.mesh.confirm().list(&filter).await.unwrap_or_default());
+    }
+    all.sort_by_key(|c| std::cmp::Reverse(c.decided_at.unwrap_or(c.created_at)));
+    all.truncate(RECENTLY_DECIDED);
+    all
 }
 
 #[derive(Deserialize)]

@@ -218,6 +218,11 @@ async fn only_operators_get_in_and_only_the_page_itself_may_post() {
         Some("operator"),
         "{result:?}"
     );
+    // A page opened afterwards starts with it among the decided, saying who and how.
+    let page = http.get("/", Some(&session)).await;
+    let decided = page.body.split("id=\"decided\"").nth(1).unwrap_or_default();
+    assert!(decided.contains(&pending.id), "{}", page.body);
+    assert!(decided.contains("<b>Approved once</b> by <span class=\"by\">operator</span>"));
     let again = decide(approve(csrf)).await;
     assert_eq!(again.status, 409, "a second decision is refused: {again:?}");
 
