@@ -366,3 +366,55 @@ async fn two_hundred_cards_stay_live_across_a_console_restart() {
     console.stop().await;
     mesh.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_page_stays_live_when_nats_restarts() {
+    let mut mesh = start_mesh().await;
+    let state = tempfile::tempdir().unwrap();
+    let console = Console::start(&mesh.nats, "127.0.0.1:0".parse().unwrap(), state.path()).await;
+    let chromium = Chromium::launch().await;
+    let page = chromium
+        .logged_in(
+            &console,
+            "operator",
+            &password(&mesh.nats, Role::Operator("operator")),
+        )
+        .await;
+    run_js(&page, "window.__noReload = true").await;
+    let before = python(RISKY, None);
+    agent(&mesh.nats)
+        .await
+        .exec()
+        .submit(&before)
+        .await
+        .unwrap();
+    eventually_js(
+        &page,
+        "the first card",
+        "document.querySelectorAll('#pending article.card').length === 1",
+    )
+    .await;
+
+    // Core NATS keeps nothing for a subscriber while the server is away: the console's
+    // operator connection comes back, and the page starts over from the pending list.
+    mesh.nats.restart();
+    let agent = agent(&mesh.nats).await;
+    let after = python(RISKY, None);
+    mesh::eventually("the scheduler to take work again", || {
+        let (agent, after) = (agent.clone(), after.clone());
+        async move { agent.exec().submit(&after).await.ok() }
+    })
+    .await;
+    eventually_js(
+        &page,
+        "both cards, without a reload",
+        "document.querySelectorAll('#pending article.card').length === 2 && \
+         document.getElementById('live').textContent === 'live'",
+    )
+    .await;
+    assert!(js::<bool>(&page, "window.__noReload === true").await);
+
+    chromium.close().await;
+    console.stop().await;
+    mesh.shutdown().await;
+}
