@@ -177,6 +177,23 @@ pub struct Logins {
     ttl: Duration,
 }
 
+/// The logins a previous run saved; none (operators log in again) when the file is missing
+/// or unreadable.
+fn load(file: &PathBuf) -> BTreeMap<String, Stored> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeMap::new(),
+        Err(e) => {
+            tracing::warn!(file = %file.display(), error = %e, "cannot read the saved logins");
+            return BTreeMap::new();
+        }
+    };
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        tracing::warn!(file = %file.display(), error = %e, "the saved logins are unreadable");
+        BTreeMap::new()
+    })
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -192,11 +209,7 @@ impl Logins {
         state_dir: Option<PathBuf>,
     ) -> Self {
         let file = state_dir.map(|d| d.join("console-logins.json"));
-        let stored = file
-            .as_ref()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
+        let stored = file.as_ref().map(load).unwrap_or_default();
         Self {
             live: Mutex::default(),
             stored: Mutex::new(stored),
@@ -460,6 +473,20 @@ mod tests {
         assert_ne!(&sealed[..], &secret[..]);
         assert_eq!(t.seal(&sealed), secret);
         assert_ne!(Token::generate().seal(&sealed), secret);
+    }
+
+    #[test]
+    fn a_damaged_state_file_means_logging_in_again() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("console-logins.json"), "{not json").unwrap();
+        let logins = Logins::new(
+            "nats://127.0.0.1:1",
+            Subjects::default(),
+            Operators::Anyone,
+            Duration::from_secs(60),
+            Some(dir.path().to_path_buf()),
+        );
+        assert!(logins.stored.lock().unwrap().is_empty());
     }
 
     #[test]
