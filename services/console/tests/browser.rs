@@ -77,6 +77,7 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     )
     .await;
     let took = seen_at.elapsed();
+    eprintln!("the card appeared {took:?} after the pending event");
     assert!(took < Duration::from_secs(1), "the card took {took:?}");
     assert!(js::<bool>(&page, "window.__noReload === true").await);
     let left: String = js(
