@@ -27,6 +27,42 @@ pub struct Heartbeat {
     /// executors older than the field: those are Docker executors).
     #[serde(default)]
     pub backends: Vec<crate::executor::Backend>,
+    /// What the executor's host has and uses, for resource-aware placement; absent for other
+    /// services and for executors older than the field (placement then goes by load alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+/// CPU and memory of the host an executor's sandboxes run on, sampled at each heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Resources {
+    /// CPUs the host has.
+    pub cpus: f64,
+    /// How busy those CPUs were since the previous sample, 0–100.
+    pub cpu_usage_percent: f64,
+    pub memory_total_bytes: u64,
+    /// Memory in use: total minus what the kernel reports available (page cache that can be
+    /// dropped counts as free).
+    pub memory_used_bytes: u64,
+}
+
+impl Resources {
+    /// CPUs idle right now (never negative).
+    pub fn cpus_free(&self) -> f64 {
+        (self.cpus * (1.0 - self.cpu_usage_percent.clamp(0.0, 100.0) / 100.0)).max(0.0)
+    }
+
+    pub fn memory_free_bytes(&self) -> u64 {
+        self.memory_total_bytes.saturating_sub(self.memory_used_bytes)
+    }
+
+    /// Whether the figures can be scored: a positive, finite CPU count and some memory.
+    pub fn is_usable(&self) -> bool {
+        self.cpus.is_finite()
+            && self.cpus > 0.0
+            && self.cpu_usage_percent.is_finite()
+            && self.memory_total_bytes > 0
+    }
 }
 
 impl Heartbeat {

@@ -111,9 +111,23 @@ pub async fn run(config: AioPoolConfig, shutdown: CancellationToken) -> Result<(
         ("image".to_string(), config.image.clone()),
         ("mesh".to_string(), mesh.clone()),
     ]);
+    let metrics = runtime.metrics.clone();
+    let at = kit::metrics::NodeLabels {
+        service: SERVICE_NAME,
+        node: config.kit.instance_id.clone(),
+    };
     runtime
         .start_heartbeat(Arc::new(move || {
             let s = probe.stats(limits.min_instances, limits.max_instances);
+            // Refreshed with each beat: the same figures the heartbeat carries.
+            metrics
+                .warm_pool_size
+                .get_or_create(&at)
+                .set(i64::from(s.warm));
+            metrics
+                .sessions_active
+                .get_or_create(&at)
+                .set(i64::from(s.bound));
             kit::heartbeat::Load {
                 capacity: s.max,
                 load: s.bound,

@@ -106,10 +106,23 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
     let max = shared.config.max_browsers as u32;
     let stats = Arc::new(std::sync::Mutex::new(RouterStats::default()));
     let probe_stats = stats.clone();
+    let metrics = runtime.metrics.clone();
+    let at = kit::metrics::NodeLabels {
+        service: ServiceName::BrowserRouter.as_str(),
+        node: runtime.config.instance_id.clone(),
+    };
     runtime
         .start_heartbeat(Arc::new(move || {
             // The probe is synchronous: it reports the figures the stats task last fetched.
             let s = *probe_stats.lock().expect("stats lock");
+            metrics
+                .warm_pool_size
+                .get_or_create(&at)
+                .set(s.warm as i64);
+            metrics
+                .sessions_active
+                .get_or_create(&at)
+                .set(s.sessions as i64);
             kit::heartbeat::Load {
                 capacity: max,
                 load: s.sessions as u32,

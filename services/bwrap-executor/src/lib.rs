@@ -207,13 +207,26 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         ("mesh".to_string(), mesh.clone()),
         ("cgroup".to_string(), format!("v{}", cgroups.version())),
     ]);
+    let host = kit::resources::HostSampler::default();
+    let metrics = runtime.metrics.clone();
+    let at = kit::metrics::NodeLabels {
+        service: SERVICE_NAME,
+        node: me.clone(),
+    };
     runtime
-        .start_heartbeat(Arc::new(move || kit::heartbeat::Load {
-            capacity: capacity as u32,
-            load: probe_node.running.load(Ordering::Relaxed) as u32,
-            metrics: probe_node.metrics(capacity),
-            labels: labels.clone(),
-            backends: vec![Backend::Bwrap],
+        .start_heartbeat(Arc::new(move || {
+            let resources = host.sample();
+            if let Some(r) = &resources {
+                metrics.host_resources(&at, r);
+            }
+            kit::heartbeat::Load {
+                capacity: capacity as u32,
+                load: probe_node.running.load(Ordering::Relaxed) as u32,
+                metrics: probe_node.metrics(capacity),
+                labels: labels.clone(),
+                backends: vec![Backend::Bwrap],
+                resources,
+            }
         }))
         .await?;
 

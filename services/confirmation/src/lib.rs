@@ -94,6 +94,7 @@ pub async fn run(
         subjects: subjects.clone(),
         auditor: runtime.auditor.clone(),
         scopes: Arc::new(config.operator_scopes.clone()),
+        metrics: runtime.metrics.clone(),
     };
     let gauges = Arc::new(Gauges::default());
     let (root, mut root_task) = Actor::spawn(

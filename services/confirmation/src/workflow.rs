@@ -92,6 +92,8 @@ pub struct KvWorkflow {
     pub subjects: Subjects,
     pub auditor: Auditor,
     pub scopes: Arc<OperatorScopes>,
+    /// Counted beside the audit events, so also once per confirmation.
+    pub metrics: Arc<kit::metrics::Metrics>,
 }
 
 impl Workflow for KvWorkflow {
@@ -144,6 +146,7 @@ impl Workflow for KvWorkflow {
         }
         // This service owns the `confirmation_*` audit events (the scheduler emits none).
         let scope = audit_scope(&record, trace_id, record.requested_by.clone());
+        self.metrics.confirmations_requested.inc();
         self.auditor.emit(
             AuditKind::ConfirmationRequested,
             &scope,
@@ -337,6 +340,17 @@ impl KvWorkflow {
 
     async fn announce_decision(&self, record: &Confirmation, trace_id: Option<String>) {
         let scope = audit_scope(record, trace_id, record.by.clone());
+        let decision = match record.state {
+            ConfirmState::Approved => "approved",
+            ConfirmState::Denied => "denied",
+            ConfirmState::Timeout => "expired",
+            ConfirmState::Pending => "pending",
+        };
+        let label = kit::metrics::DecisionLabel { decision };
+        self.metrics
+            .confirmations_decided
+            .get_or_create(&label)
+            .inc();
         self.auditor.emit(
             AuditKind::ConfirmationDecided,
             &scope,

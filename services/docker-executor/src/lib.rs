@@ -157,7 +157,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     let subjects = runtime.subjects().clone();
     let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
     let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
-    let node = Arc::new(NodeState::default());
+    let node = Arc::new(NodeState::new(runtime.metrics.clone()));
     let config = Arc::new(config);
 
     // The heartbeat first: other nodes' janitors judge this node's containers by it.
@@ -168,13 +168,32 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         ("image".to_string(), config.image.clone()),
         ("mesh".to_string(), mesh.clone()),
     ]);
+    let host = kit::resources::HostSampler::default();
+    let at = kit::metrics::NodeLabels {
+        service: SERVICE_NAME,
+        node: config.node_id().to_string(),
+    };
     runtime
-        .start_heartbeat(Arc::new(move || kit::heartbeat::Load {
-            capacity: capacity as u32,
-            load: probe_node.running.load(Ordering::Relaxed) as u32,
-            metrics: probe_node.metrics(capacity),
-            labels: labels.clone(),
-            backends: vec![messages::executor::Backend::Docker],
+        .start_heartbeat(Arc::new(move || {
+            let resources = host.sample();
+            // The gauges are refreshed with each beat: the same figures the scheduler sees.
+            let m = &probe_node.metrics;
+            let gauge = |n: &std::sync::atomic::AtomicUsize| n.load(Ordering::Relaxed) as i64;
+            m.warm_pool_size.get_or_create(&at).set(gauge(&probe_node.warm));
+            m.sessions_active
+                .get_or_create(&at)
+                .set(gauge(&probe_node.sessions));
+            if let Some(r) = &resources {
+                m.host_resources(&at, r);
+            }
+            kit::heartbeat::Load {
+                capacity: capacity as u32,
+                load: probe_node.running.load(Ordering::Relaxed) as u32,
+                metrics: probe_node.metrics(capacity),
+                labels: labels.clone(),
+                backends: vec![messages::executor::Backend::Docker],
+                resources,
+            }
         }))
         .await?;
 

@@ -29,9 +29,18 @@ pub struct NodeState {
     /// Background work on containers (starts, executions, removals): shutdown waits for it,
     /// so a stopped node has really removed everything it started.
     pub tasks: TaskTracker,
+    /// Prometheus metrics (warm pool hits are counted where the pool hands containers out).
+    pub metrics: std::sync::Arc<kit::metrics::Metrics>,
 }
 
 impl NodeState {
+    pub fn new(metrics: std::sync::Arc<kit::metrics::Metrics>) -> Self {
+        Self {
+            metrics,
+            ..Default::default()
+        }
+    }
+
     pub fn own(&self, name: &str) {
         self.owned
             .lock()

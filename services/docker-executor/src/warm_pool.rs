@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kit::metrics::ServiceLabel;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
@@ -119,6 +120,14 @@ impl Actor for WarmPool {
             WarmPoolMsg::Take(reply) => {
                 let container = state.ready.pop_front();
                 state.publish_size();
+                let m = &state.args.node.metrics;
+                let counter = if container.is_some() {
+                    &m.warm_pool_hits
+                } else {
+                    &m.warm_pool_misses
+                };
+                let service = crate::janitor::SERVICE_NAME;
+                counter.get_or_create(&ServiceLabel { service }).inc();
                 let _ = reply.send(container);
                 if state.ready.is_empty() {
                     let _ = myself.cast(WarmPoolMsg::Replenish);

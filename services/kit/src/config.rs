@@ -171,6 +171,9 @@ pub struct KitConfig {
     pub heartbeat_interval: Duration,
     /// Bound on concurrently handled requests per endpoint; beyond it callers get 429.
     pub max_in_flight: usize,
+    /// Where to serve Prometheus `/metrics` (`SANDMESH_METRICS_ADDR`, an `ip:port`); off when
+    /// absent. Services of one process given the same address share one endpoint.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl KitConfig {
@@ -206,6 +209,7 @@ impl KitConfig {
             shutdown_grace: r.millis("SHUTDOWN_GRACE_MS", Duration::from_secs(10)),
             heartbeat_interval,
             max_in_flight,
+            metrics_addr: r.optional("METRICS_ADDR"),
         }
     }
 
@@ -233,6 +237,7 @@ mod tests {
         assert_eq!(c.nats_url, "nats://127.0.0.1:4222");
         assert_eq!(c.subjects.prefix(), "sandbox");
         assert!(c.otlp_endpoint.is_none());
+        assert!(c.metrics_addr.is_none(), "metrics are off by default");
     }
 
     #[test]
@@ -242,9 +247,11 @@ mod tests {
             ("SANDMESH_HEARTBEAT_MS", "soon"),
             ("SANDMESH_LOG_JSON", "maybe"),
             ("SANDMESH_MAX_IN_FLIGHT", "0"),
+            ("SANDMESH_METRICS_ADDR", "localhost"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 4, "{e}");
+        assert_eq!(e.0.len(), 5, "{e}");
+        assert!(e.to_string().contains("SANDMESH_METRICS_ADDR"));
         assert!(e.to_string().contains("SANDMESH_HEARTBEAT_MS"));
     }
 }

@@ -25,6 +25,8 @@ pub struct Load {
     pub labels: std::collections::BTreeMap<String, String>,
     /// The isolation backends an executor offers; empty for other services.
     pub backends: Vec<messages::executor::Backend>,
+    /// The host's CPU and memory (executors only; see [`crate::resources::HostSampler`]).
+    pub resources: Option<messages::heartbeat::Resources>,
 }
 
 pub enum HeartbeatMsg {
@@ -72,6 +74,7 @@ impl HeartbeatState {
             metrics: load.metrics,
             labels: load.labels,
             backends: load.backends,
+            resources: load.resources,
         };
         let payload = Encoding::Json
             .encode(&hb)

@@ -7,6 +7,8 @@
 //!   `Content-Type`, handed to actors, answered in the caller's encoding, bounded admission;
 //! - [`call`]: typed request-reply to other services, error headers checked;
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
+//! - [`metrics`]: Prometheus `/metrics` (seed 003 §8 names), off unless `SANDMESH_METRICS_ADDR`;
+//! - [`resources`]: the host's CPU and memory, which executors report in their heartbeat;
 //! - [`bootstrap`]: idempotent JetStream streams and buckets;
 //! - [`audit`]: audit events into `SANDBOX_AUDIT`;
 //! - [`telemetry`]: tracing, OpenTelemetry export and W3C trace context in NATS headers;
@@ -25,6 +27,8 @@ pub mod call;
 pub mod config;
 pub mod connect;
 pub mod heartbeat;
+pub mod metrics;
+pub mod resources;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
@@ -97,6 +101,8 @@ pub enum KitError {
     Tenancy(#[from] sandmesh_auth::TenancyError),
     #[error("the tenancy file {file} holds no credentials for the service {service:?}")]
     NoCredentials { file: String, service: String },
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
 }
 
 impl KitError {
@@ -136,6 +142,10 @@ pub struct Runtime {
     pub client: Client,
     pub js: jetstream::Context,
     pub auditor: Auditor,
+    /// What this service counts; served on `/metrics` when `SANDMESH_METRICS_ADDR` is set.
+    pub metrics: std::sync::Arc<metrics::Metrics>,
+    /// Keeps the (possibly shared) endpoint serving while this service runs.
+    metrics_endpoint: Option<std::sync::Arc<metrics::MetricsEndpoint>>,
     host: serve::ServiceHost,
     heartbeat: Option<ActorRef<heartbeat::HeartbeatMsg>>,
 }
@@ -145,6 +155,14 @@ impl Runtime {
     /// stream) and starts the micro service. Each service creates its own other assets: its
     /// NATS user may touch no others (DESIGN.md §5.4).
     pub async fn start(config: KitConfig, info: ServiceInfo) -> Result<Self, KitError> {
+        // First, so a taken port fails the start before anything is created.
+        let metrics_endpoint = config
+            .metrics_addr
+            .map(metrics::MetricsEndpoint::shared)
+            .transpose()?;
+        let metrics = metrics_endpoint
+            .as_ref()
+            .map_or_else(Default::default, |e| e.metrics());
         let client = connect::connect(
             &config,
             &info.name,
@@ -167,9 +185,17 @@ impl Runtime {
             client,
             js,
             auditor,
+            metrics,
+            metrics_endpoint,
             host,
             heartbeat: None,
         })
+    }
+
+    /// Where this service's metrics are served, if anywhere (the bound port when the
+    /// configured one was 0).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_endpoint.as_ref().map(|e| e.addr())
     }
 
     pub fn subjects(&self) -> &Subjects {

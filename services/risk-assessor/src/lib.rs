@@ -76,8 +76,8 @@ pub async fn run(
         description: "static, advisory risk assessment of code and browser actions".into(),
     };
     let assessor = Arc::new(Assessor::new(config.policy, config.limits, config.mode));
-    let service = Arc::new(AssessService::new(assessor));
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
+    let service = Arc::new(AssessService::new(assessor, runtime.metrics.clone()));
     let subject = runtime.subjects().risk_assess();
     // JSON may escape each byte of content into six (`\u0000`), so the payload bound is wider
     // than the content ceiling; the handler enforces the ceiling itself (413).

@@ -100,16 +100,19 @@ pub struct AssessService {
     cpu: Semaphore,
     pub in_flight: AtomicU64,
     pub total: AtomicU64,
+    /// `sandbox_risk_assessments_total{level,content_type}`.
+    metrics: Arc<kit::metrics::Metrics>,
 }
 
 impl AssessService {
-    pub fn new(assessor: Arc<Assessor>) -> Self {
+    pub fn new(assessor: Arc<Assessor>, metrics: Arc<kit::metrics::Metrics>) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Self {
             assessor,
             cpu: Semaphore::new(cores),
             in_flight: AtomicU64::new(0),
             total: AtomicU64::new(0),
+            metrics,
         }
     }
 
@@ -128,6 +131,7 @@ impl AssessService {
             .into());
         }
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let content_type = request.content_type.as_str();
         let result = async {
             let _permit = self
                 .cpu
@@ -143,6 +147,13 @@ impl AssessService {
         .await;
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.total.fetch_add(1, Ordering::Relaxed);
+        if let Ok(assessment) = &result {
+            let labels = kit::metrics::RiskLabels {
+                level: assessment.level.as_str(),
+                content_type,
+            };
+            self.metrics.risk_assessments.get_or_create(&labels).inc();
+        }
         result
     }
 }

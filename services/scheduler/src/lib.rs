@@ -146,7 +146,7 @@ pub async fn run(
     let caller = runtime.caller(Duration::from_secs(30));
     let instance = &config.kit.instance_id;
     let owner = format!("{SERVICE_NAME}.{instance}");
-    let results = ResultStore::open(&js, &subjects).await?;
+    let results = ResultStore::open(&js, &subjects, runtime.metrics.clone()).await?;
     let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl).await?;
     let parked = ParkedStore::open(&js, &subjects).await?;
     let sessions = SessionTable::new(kit::bootstrap::sessions_kv(&js, &subjects).await?);
@@ -160,6 +160,7 @@ pub async fn run(
             strategy: config.placement,
             on_lost: lost_tx,
             slots: slots.clone(),
+            metrics: runtime.metrics.clone(),
         },
         registry_name: registry::actor_name(instance),
         nodes: nodes.clone(),

@@ -2,21 +2,10 @@
 //! functions over a snapshot of the node table, so the `Registry` actor stays small and the
 //! choices are testable without NATS.
 
-use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use messages::executor::Backend;
-
-/// Heartbeat metric names read by resource-aware placement (seed 003 §8 vocabulary).
-pub mod metric {
-    pub const CPU_TOTAL: &str = "runtime_cpu_total";
-    pub const CPU_USAGE_PERCENT: &str = "runtime_cpu_usage_percent";
-    pub const MEMORY_TOTAL_BYTES: &str = "runtime_memory_total_bytes";
-    pub const MEMORY_USAGE_BYTES: &str = "runtime_memory_usage_bytes";
-    pub const SESSION_COUNT: &str = "runtime_session_count";
-    /// The docker-executor's name for the same gauge.
-    pub const ACTIVE_SESSIONS: &str = "active_sessions";
-}
+use messages::heartbeat::Resources;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
@@ -59,7 +48,9 @@ pub struct NodeView {
     pub capacity: u32,
     /// Reported load plus work this scheduler sent since the last heartbeat.
     pub load: u32,
-    pub metrics: BTreeMap<String, f64>,
+    /// The host's CPU and memory from the node's heartbeat; `None` from executors that do
+    /// not report them.
+    pub resources: Option<Resources>,
     /// The isolation backends the node offers.
     pub backends: Vec<Backend>,
 }
@@ -81,8 +72,9 @@ impl NodeView {
         }
     }
 
-    fn metric(&self, name: &str) -> Option<f64> {
-        self.metrics.get(name).copied().filter(|v| v.is_finite())
+    /// Resources that can be scored.
+    fn usable_resources(&self) -> Option<Resources> {
+        self.resources.filter(Resources::is_usable)
     }
 }
 
@@ -103,36 +95,39 @@ pub struct Decision {
     pub reason: String,
 }
 
-/// Seed 003's resource score: free CPU 40 %, free memory 40 %, few sessions 20 %; zero when
-/// the request does not fit (too few CPUs in all, or too little free memory). Nodes that report no resources score on load alone.
+/// Seed 003's resource score: free CPU 40 %, free memory 40 %, little work 20 %; zero when
+/// the request does not fit (too few CPUs in all, or too little free memory). A node that
+/// reports no resources scores on load alone (and its decision says so).
 fn resource_score(node: &NodeView, req: &Requirements) -> f64 {
-    let load_score = 1.0
-        / (node
-            .metric(metric::SESSION_COUNT)
-            .unwrap_or(node.load as f64)
-            + 1.0);
-    let cpu = node.metric(metric::CPU_TOTAL).map(|total| {
-        let used = total * node.metric(metric::CPU_USAGE_PERCENT).unwrap_or(0.0) / 100.0;
-        (total, (total - used).max(0.0))
-    });
-    let mem = node.metric(metric::MEMORY_TOTAL_BYTES).map(|total| {
-        let used = node.metric(metric::MEMORY_USAGE_BYTES).unwrap_or(0.0);
-        (total, (total - used).max(0.0))
-    });
-    let needed_mem = req.memory_mb as f64 * 1024.0 * 1024.0;
-    match (cpu, mem) {
-        (Some((cpu_total, cpu_free)), Some((mem_total, mem_free)))
-            if cpu_total > 0.0 && mem_total > 0.0 =>
-        {
-            // CPU is compressible: a node busy right now still fits (its capacity bounds the
-            // concurrency) and only scores lower; without this, a small host under load
-            // refused every new session. Memory is not compressible.
-            if cpu_total < req.cpus || mem_free < needed_mem {
-                return 0.0;
-            }
-            cpu_free / cpu_total * 0.4 + mem_free / mem_total * 0.4 + load_score * 0.2
-        }
-        _ => (1.0 - node.load_ratio()).max(0.0) * 0.8 + load_score * 0.2,
+    let load_score = 1.0 / (f64::from(node.load) + 1.0);
+    let Some(r) = node.usable_resources() else {
+        return (1.0 - node.load_ratio()).max(0.0) * 0.8 + load_score * 0.2;
+    };
+    // CPU is compressible: a node busy right now still fits (its capacity bounds the
+    // concurrency) and only scores lower; without this, a small host under load refused
+    // every new session. Memory is not compressible.
+    let needed_mem = req.memory_mb.saturating_mul(1024 * 1024);
+    if r.cpus < req.cpus || r.memory_free_bytes() < needed_mem {
+        return 0.0;
+    }
+    let mem_free = r.memory_free_bytes() as f64 / r.memory_total_bytes as f64;
+    r.cpus_free() / r.cpus * 0.4 + mem_free * 0.4 + load_score * 0.2
+}
+
+/// Why a resource-aware choice scored as it did, for the `placed` audit event.
+fn resource_reason(node: &NodeView, score: f64) -> String {
+    match node.usable_resources() {
+        Some(r) => format!(
+            "resource_score: {score:.2} ({:.1} of {} CPUs free, {} MiB of {} MiB memory free)",
+            r.cpus_free(),
+            r.cpus,
+            r.memory_free_bytes() >> 20,
+            r.memory_total_bytes >> 20,
+        ),
+        None => format!(
+            "resource_score: {score:.2} by load alone ({}/{}): the node reports no resources",
+            node.load, node.capacity
+        ),
     }
 }
 
@@ -182,7 +177,7 @@ pub fn choose(
             Some(Decision {
                 node: node.id.clone(),
                 score,
-                reason: format!("resource_score: {score:.2}"),
+                reason: resource_reason(node, score),
             })
         }
     }
@@ -197,7 +192,7 @@ mod tests {
             id: id.into(),
             capacity,
             load,
-            metrics: BTreeMap::new(),
+            resources: None,
             backends: vec![Backend::Docker],
         }
     }
@@ -210,12 +205,12 @@ mod tests {
         used_gb: f64,
     ) -> NodeView {
         let gb = 1024.0 * 1024.0 * 1024.0;
-        n.metrics.insert(metric::CPU_TOTAL.into(), cpus);
-        n.metrics.insert(metric::CPU_USAGE_PERCENT.into(), cpu_pct);
-        n.metrics
-            .insert(metric::MEMORY_TOTAL_BYTES.into(), mem_gb * gb);
-        n.metrics
-            .insert(metric::MEMORY_USAGE_BYTES.into(), used_gb * gb);
+        n.resources = Some(Resources {
+            cpus,
+            cpu_usage_percent: cpu_pct,
+            memory_total_bytes: (mem_gb * gb) as u64,
+            memory_used_bytes: (used_gb * gb) as u64,
+        });
         n
     }
 
@@ -291,14 +286,33 @@ mod tests {
         let saturated = with_resources(node("saturated", 8, 2), 2.0, 100.0, 8.0, 1.0);
         let d = choose(Strategy::ResourceAware, &[tiny, saturated], &REQ, &mut 0);
         assert_eq!(d.unwrap().node, "saturated");
-        // Without resource metrics the score falls back to load.
+        // Without resource figures the score falls back to load, and the reason says so.
         let nodes = [node("x", 4, 3), node("y", 4, 1)];
-        assert_eq!(
-            choose(Strategy::ResourceAware, &nodes, &REQ, &mut 0)
-                .unwrap()
-                .node,
-            "y"
-        );
+        let d = choose(Strategy::ResourceAware, &nodes, &REQ, &mut 0).unwrap();
+        assert_eq!(d.node, "y");
+        assert!(d.reason.contains("reports no resources"), "{}", d.reason);
+    }
+
+    #[test]
+    fn a_node_reporting_resources_beats_an_equal_one_that_does_not() {
+        // Both idle; the reporting one has plenty free: its score is not a load-only guess.
+        let reporting = with_resources(node("reporting", 8, 2), 8.0, 10.0, 16.0, 2.0);
+        let d = choose(
+            Strategy::ResourceAware,
+            &[node("silent", 8, 1), reporting],
+            &REQ,
+            &mut 0,
+        )
+        .unwrap();
+        assert_eq!(d.node, "reporting");
+        assert!(d.reason.contains("CPUs free"), "{}", d.reason);
+        // A request bigger than the host's free memory never lands there, however idle.
+        let big = Requirements {
+            memory_mb: 15 * 1024,
+            ..REQ
+        };
+        let tight = with_resources(node("tight", 8, 0), 8.0, 0.0, 16.0, 2.0);
+        assert!(choose(Strategy::ResourceAware, &[tight], &big, &mut 0).is_none());
     }
 
     #[test]

@@ -180,6 +180,7 @@ mod tests {
             strategy: Strategy::LeastLoaded,
             on_lost,
             slots: slots.clone(),
+            metrics: Arc::default(),
         };
         let (registry, _) = Actor::spawn(None, Registry, args).await.unwrap();
         registry

@@ -84,6 +84,8 @@ pub struct RegistryArgs {
     pub on_lost: mpsc::UnboundedSender<String>,
     /// Signalled whenever a slot may have freed up (a heartbeat, a finished run, a node gone).
     pub slots: Arc<Notify>,
+    /// Where `sandbox_runtime_nodes_healthy` is kept: this table is what knows it.
+    pub metrics: Arc<kit::metrics::Metrics>,
 }
 
 struct NodeEntry {
@@ -99,12 +101,31 @@ pub struct RegistryState {
     strategy: Strategy,
     on_lost: mpsc::UnboundedSender<String>,
     slots: Arc<Notify>,
+    metrics: Arc<kit::metrics::Metrics>,
     nodes: BTreeMap<String, NodeEntry>,
     /// Round-robin position.
     cursor: usize,
 }
 
 impl RegistryState {
+    /// Sets `sandbox_runtime_nodes_healthy` from the table, per backend.
+    fn count_nodes(&self) {
+        for backend in Backend::ALL {
+            let healthy = self
+                .nodes
+                .values()
+                .filter(|e| e.heartbeat.offers(backend))
+                .count();
+            let label = kit::metrics::BackendLabel {
+                backend: backend.as_str(),
+            };
+            self.metrics
+                .runtime_nodes_healthy
+                .get_or_create(&label)
+                .set(healthy as i64);
+        }
+    }
+
     fn views(&self, exclude: &BTreeSet<&str>) -> Vec<NodeView> {
         self.nodes
             .iter()
@@ -117,7 +138,7 @@ impl RegistryState {
                     .load
                     .saturating_add(e.sent_since_beat)
                     .max(e.running),
-                metrics: e.heartbeat.metrics.clone(),
+                resources: e.heartbeat.resources,
                 backends: Backend::ALL
                     .into_iter()
                     .filter(|b| e.heartbeat.offers(*b))
@@ -141,6 +162,7 @@ impl Actor for Registry {
             strategy: args.strategy,
             on_lost: args.on_lost,
             slots: args.slots,
+            metrics: args.metrics,
             nodes: BTreeMap::new(),
             cursor: 0,
         })
@@ -162,6 +184,9 @@ impl Actor for Registry {
                     }
                     None => {
                         tracing::info!(node = %id, capacity = hb.capacity, "executor node joined");
+                        if state.strategy == Strategy::ResourceAware && hb.resources.is_none() {
+                            tracing::warn!(node = %id, "executor reports no CPU or memory; resource-aware placement scores it by load alone");
+                        }
                         state.nodes.insert(
                             id,
                             NodeEntry {
@@ -172,17 +197,22 @@ impl Actor for Registry {
                         );
                     }
                 }
+                state.count_nodes();
                 state.slots.notify_waiters();
             }
             RegistryMsg::Remove { node } => {
                 if state.nodes.remove(&node).is_some() {
+                    state.count_nodes();
                     tracing::warn!(node = %node, "executor node gone");
                     let _ = state.on_lost.send(node);
                     // Waiters that only had this node left must stop waiting for it.
                     state.slots.notify_waiters();
                 }
             }
-            RegistryMsg::Reset => state.nodes.clear(),
+            RegistryMsg::Reset => {
+                state.nodes.clear();
+                state.count_nodes();
+            }
             RegistryMsg::Pick {
                 req,
                 exclude,
@@ -385,6 +415,7 @@ mod tests {
                 strategy: Strategy::LeastLoaded,
                 on_lost: tx,
                 slots: Arc::new(Notify::new()),
+                metrics: Arc::default(),
             },
         )
         .await

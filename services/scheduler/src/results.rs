@@ -1,12 +1,16 @@
 //! `ResultStore`: one result per execution id in `SANDBOX_RESULTS` (subject `results.<id>`,
 //! read back by direct get). A result is written once: the execution id is its `Nats-Msg-Id`.
+//! It is also where `sandbox_executions_total` is counted: once per result actually stored, so
+//! a redelivered job's second store (a duplicate) is not counted again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
 use messages::codec;
 use messages::exec::ExecResult;
+use kit::metrics::Metrics;
 use messages::{Encoding, Subjects};
 
 use crate::error::StoreError;
@@ -16,10 +20,15 @@ pub struct ResultStore {
     js: jetstream::Context,
     stream: stream::Stream,
     subjects: Subjects,
+    metrics: Arc<Metrics>,
 }
 
 impl ResultStore {
-    pub async fn open(js: &jetstream::Context, subjects: &Subjects) -> Result<Self, StoreError> {
+    pub async fn open(
+        js: &jetstream::Context,
+        subjects: &Subjects,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StoreError> {
         let stream = kit::bootstrap::results_stream(js, subjects)
             .await
             .map_err(StoreError::during("opening the results stream"))?;
@@ -27,6 +36,7 @@ impl ResultStore {
             js: js.clone(),
             stream,
             subjects: subjects.clone(),
+            metrics,
         })
     }
 
@@ -83,12 +93,28 @@ impl ResultStore {
                 .await;
             match publish {
                 Ok(ack) => match ack.await {
-                    Ok(_) => return Ok(()),
+                    Ok(ack) => {
+                        if !ack.duplicate {
+                            self.count(result);
+                        }
+                        return Ok(());
+                    }
                     Err(e) => last = Some(StoreError::new("storing a result", e)),
                 },
                 Err(e) => last = Some(StoreError::new("storing a result", e)),
             }
         }
         Err(last.unwrap_or_else(|| StoreError::new("storing a result", "no attempt made")))
+    }
+
+    fn count(&self, result: &ExecResult) {
+        let t = &result.timing;
+        // Waiting for a person is not the system's time; it would drown the buckets.
+        let ms = t.total_ms.saturating_sub(t.confirm_ms);
+        self.metrics.execution_finished(
+            result.status.as_str(),
+            result.tier.as_str(),
+            ms as f64 / 1000.0,
+        );
     }
 }

@@ -7,11 +7,11 @@ use proptest::test_runner::Config as ProptestConfig;
 
 use super::*;
 
-/// A metric value as a heartbeat may carry it: plausible, zero, negative or not finite.
+/// A figure as a heartbeat may carry it: plausible, zero, negative or not finite.
 fn value() -> impl Gen<Value = f64> {
     prop_oneof![
         4 => 0.0..64.0f64,
-        4 => 0.0..1.0e10f64,
+        4 => 0.0..100.0f64,
         1 => Just(0.0),
         1 => Just(-1.0),
         1 => Just(f64::NAN),
@@ -19,36 +19,33 @@ fn value() -> impl Gen<Value = f64> {
     ]
 }
 
-fn metrics() -> impl Gen<Value = BTreeMap<String, f64>> {
-    let names = [
-        metric::CPU_TOTAL,
-        metric::CPU_USAGE_PERCENT,
-        metric::MEMORY_TOTAL_BYTES,
-        metric::MEMORY_USAGE_BYTES,
-        metric::SESSION_COUNT,
-    ];
-    proptest::collection::vec(proptest::option::of(value()), names.len()).prop_map(move |values| {
-        let named = names.iter().zip(values);
-        named
-            .filter_map(|(n, v)| Some((n.to_string(), v?)))
-            .collect()
+/// Resources as executors report them, or none (an older executor).
+fn resources() -> impl Gen<Value = Option<Resources>> {
+    let bytes = prop_oneof![Just(0u64), 0u64..(64u64 << 30), Just(u64::MAX)];
+    proptest::option::of((value(), value(), bytes.clone(), bytes)).prop_map(|r| {
+        r.map(|(cpus, cpu_usage_percent, memory_total_bytes, memory_used_bytes)| Resources {
+            cpus,
+            cpu_usage_percent,
+            memory_total_bytes,
+            memory_used_bytes,
+        })
     })
 }
 
-/// Up to 8 nodes with distinct ids, some full, some with resource metrics; and which
+/// Up to 8 nodes with distinct ids, some full, some reporting resources; and which
 /// of them the caller excludes.
 fn table() -> impl Gen<Value = (Vec<NodeView>, Vec<bool>)> {
-    let one = (0u32..8, 0u32..12, metrics());
+    let one = (0u32..8, 0u32..12, resources());
     proptest::collection::vec((one, any::<bool>()), 0..8).prop_map(|rows| {
         rows.into_iter()
             .enumerate()
-            .map(|(i, ((capacity, load, metrics), excluded))| {
+            .map(|(i, ((capacity, load, resources), excluded))| {
                 let id = format!("n{i}");
                 let n = NodeView {
                     id,
                     capacity,
                     load,
-                    metrics,
+                    resources,
                     backends: vec![messages::executor::Backend::Docker],
                 };
                 (n, excluded)
@@ -137,5 +134,53 @@ proptest! {
             prop_assert_eq!(&taken, &vec![rounds; k], "{:?}", s);
             prop_assert!(choose(s, &nodes, &REQ, &mut cursor).is_none());
         }
+    }
+
+    /// Resource-aware placement takes a best-scoring open node: no open, fitting node
+    /// scores higher than the one chosen.
+    #[test]
+    fn resource_aware_picks_a_best_score(
+        (nodes, _) in table(),
+        req in requirements(),
+    ) {
+        let picked = choose(Strategy::ResourceAware, &nodes, &req, &mut 0);
+        let best = nodes
+            .iter()
+            .filter(|n| !n.is_full())
+            .map(|n| resource_score(n, &req))
+            .filter(|s| *s > 0.0)
+            .max_by(f64::total_cmp);
+        prop_assert_eq!(picked.map(|d| d.score), best);
+    }
+
+    /// Freeing memory or CPU on a node never lowers its score, and never makes a request
+    /// that fitted stop fitting.
+    #[test]
+    fn more_free_resources_never_score_lower(
+        cpus in 1.0..64.0f64,
+        busy in 0.0..100.0f64,
+        less_busy in 0.0..100.0f64,
+        total_gb in 1u64..64,
+        used in 0.0..1.0f64,
+        freed in 0.0..1.0f64,
+        load in 0u32..8,
+        req in requirements(),
+    ) {
+        let total = total_gb << 30;
+        let used_bytes = (total as f64 * used) as u64;
+        let before = Resources {
+            cpus,
+            cpu_usage_percent: busy,
+            memory_total_bytes: total,
+            memory_used_bytes: used_bytes,
+        };
+        let after = Resources {
+            cpu_usage_percent: busy * less_busy / 100.0,
+            memory_used_bytes: (used_bytes as f64 * (1.0 - freed)) as u64,
+            ..before
+        };
+        let at = |r| NodeView { resources: Some(r), ..node("n", 8, load) };
+        let (b, a) = (resource_score(&at(before), &req), resource_score(&at(after), &req));
+        prop_assert!(a >= b, "{} < {} for {:?} -> {:?}", a, b, before, after);
     }
 }
