@@ -15,7 +15,8 @@
 //! timeout; [`MeshClient::exec`], [`sessions`](MeshClient::sessions),
 //! [`workspace`](MeshClient::workspace), [`confirm`](MeshClient::confirm),
 //! [`risk`](MeshClient::risk), [`audit`](MeshClient::audit) and
-//! [`status`](MeshClient::status) hand out the typed clients.
+//! [`status`](MeshClient::status) hand out the typed clients; [`metrics`] reads a service's
+//! Prometheus endpoint.
 //! Every call checks the NATS micro error headers (an error reply is a *successful* request)
 //! and fails with one [`ClientError`] whose [`kind`](ClientError::kind) callers branch on.
 //!
@@ -29,6 +30,7 @@ pub mod browser;
 pub mod confirm;
 pub mod error;
 pub mod exec;
+pub mod metrics;
 pub mod objects;
 pub mod risk;
 pub mod sessions;

@@ -40,9 +40,19 @@ pub struct Nodes {
     running: BTreeMap<String, Node>,
     /// Every node ever started, for the container clean-up.
     started: Vec<String>,
+    /// `SANDMESH_METRICS_ADDR` of the nodes.
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl Nodes {
+    pub fn with_metrics(metrics: Option<std::net::SocketAddr>) -> Self {
+        Self {
+            running: BTreeMap::new(),
+            started: Vec::new(),
+            metrics,
+        }
+    }
+
     /// Starts a node `e2e-<tag>-<unique>` and waits until it answers; returns its id.
     pub async fn start(&mut self, url: &str, client: &Caller, tag: &str) -> String {
         let image = image().await;
@@ -58,7 +68,8 @@ impl Nodes {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-        let config = docker_executor::ExecutorConfig::from_env(&env).unwrap();
+        let mut config = docker_executor::ExecutorConfig::from_env(&env).unwrap();
+        config.kit.metrics_addr = self.metrics;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

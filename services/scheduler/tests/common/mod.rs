@@ -89,6 +89,8 @@ pub struct MeshBuilder {
     scheduler: Option<Tune>,
     /// Accounts and users beyond the default ones (tenants, scoped operators).
     tenancy: Option<Tenancy>,
+    /// `SANDMESH_METRICS_ADDR` of every real service.
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl MeshBuilder {
@@ -145,6 +147,11 @@ impl MeshBuilder {
         self.tenancy = Some(t);
         self
     }
+    /// Every real service serves its metrics on `addr` (one shared endpoint: one process).
+    pub fn metrics(mut self, addr: std::net::SocketAddr) -> Self {
+        self.metrics = Some(addr);
+        self
+    }
     /// A scheduler with the test defaults, changed by `tune`.
     pub fn scheduler(mut self, tune: impl FnOnce(&mut SchedulerConfig) + Send + 'static) -> Self {
         self.scheduler = Some(Box::new(tune));
@@ -168,16 +175,18 @@ impl MeshBuilder {
             executors: BTreeMap::new(),
             hosts: BTreeMap::new(),
             services: BTreeMap::new(),
-            docker: docker::Nodes::default(),
+            docker: docker::Nodes::with_metrics(self.metrics),
+            metrics: self.metrics,
         };
         match self.risk {
             Some(Part::Fake) => mesh.serve_risk_standin().await,
             Some(Part::Real) => {
-                let c = risk_assessor::RiskAssessorConfig::from_env(&env_of(
+                let mut c = risk_assessor::RiskAssessorConfig::from_env(&env_of(
                     &mesh.nats.service_url(ServiceName::RiskAssessor),
                     &[],
                 ))
                 .unwrap();
+                c.kit.metrics_addr = mesh.metrics;
                 mesh.add("risk-assessor", |stop| spawn(risk_assessor::run(c, stop)));
                 mesh.wait_for_risk().await;
             }
@@ -238,6 +247,7 @@ pub struct Mesh {
     hosts: BTreeMap<&'static str, ServiceHost>,
     services: BTreeMap<&'static str, Service>,
     docker: docker::Nodes,
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl Mesh {
@@ -249,6 +259,7 @@ impl Mesh {
     pub fn config(&self) -> SchedulerConfig {
         let mut c = SchedulerConfig::for_url(&self.nats.service_url(ServiceName::Scheduler));
         c.kit.heartbeat_interval = Duration::from_millis(300);
+        c.kit.metrics_addr = self.metrics;
         c.confirm_timeout = Duration::from_secs(5);
         c.parked_sweep = Duration::from_millis(500);
         if self.docker.ids().is_empty() {
@@ -287,7 +298,8 @@ impl Mesh {
         let mut env = env_of(&self.nats.service_url(ServiceName::Confirmation), policy);
         let scopes = self.nats.tenancy().operator_scopes();
         env.insert("SANDMESH_OPERATOR_SCOPES".into(), scopes);
-        let c = confirmation::ConfirmationConfig::from_env(&env).unwrap();
+        let mut c = confirmation::ConfirmationConfig::from_env(&env).unwrap();
+        c.kit.metrics_addr = self.metrics;
         self.add("confirmation", |stop| spawn(confirmation::run(c, stop)));
     }
 
