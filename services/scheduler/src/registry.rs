@@ -458,4 +458,36 @@ mod tests {
             Some(RegistryMsg::Remove { .. })
         ));
     }
+
+    #[tokio::test]
+    async fn healthy_nodes_are_counted_per_backend_as_they_come_and_go() {
+        let (tx, _lost) = mpsc::unbounded_channel();
+        let metrics = Arc::new(kit::metrics::Metrics::default());
+        let args = RegistryArgs {
+            strategy: Strategy::ResourceAware,
+            on_lost: tx,
+            slots: Arc::new(Notify::new()),
+            metrics: metrics.clone(),
+        };
+        let (r, _h) = Actor::spawn(None, Registry, args).await.unwrap();
+        let mut light = hb("light", 4, 0);
+        light.backends = vec![Backend::Bwrap];
+        for beat in [hb("a", 4, 0), hb("b", 4, 0), hb("a", 4, 1), light] {
+            r.cast(RegistryMsg::Upsert(beat)).unwrap();
+        }
+        r.cast(RegistryMsg::Remove { node: "b".into() }).unwrap();
+        // A call after the casts: they have all been handled when it returns.
+        ractor::call!(r, RegistryMsg::Nodes).unwrap();
+        let healthy = |backend: Backend| {
+            let label = kit::metrics::BackendLabel {
+                backend: backend.as_str(),
+            };
+            metrics.runtime_nodes_healthy.get_or_create(&label).get()
+        };
+        assert_eq!((healthy(Backend::Docker), healthy(Backend::Bwrap)), (1, 1));
+        r.cast(RegistryMsg::Reset).unwrap();
+        ractor::call!(r, RegistryMsg::Nodes).unwrap();
+        assert_eq!((healthy(Backend::Docker), healthy(Backend::Bwrap)), (0, 0));
+        r.stop(None);
+    }
 }
