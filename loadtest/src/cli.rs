@@ -36,6 +36,11 @@ pub struct Cli {
     /// The sandmesh program (for --spawn-mesh, the second risk-assessor and idle-rss).
     #[arg(long, global = true)]
     pub sandmesh_bin: Option<PathBuf>,
+    /// The mesh's Prometheus endpoint (`SANDMESH_METRICS_ADDR`, also given to a spawned mesh):
+    /// scraped before and after the scenario, its executions counter compared with the
+    /// results stored meanwhile.
+    #[arg(long, env = "SANDMESH_METRICS_ADDR", global = true)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Write the full report here as JSON.
     #[arg(long, global = true)]
     pub json_out: Option<PathBuf>,
@@ -277,8 +282,11 @@ mod tests {
             "--spawn-mesh",
             "--json-out",
             "r.json",
+            "--metrics-addr",
+            "127.0.0.1:9464",
         ]);
         assert!(cli.spawn_mesh);
+        assert_eq!(cli.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(cli.json_out, Some(PathBuf::from("r.json")));
         let Scenario::Burst(b) = cli.scenario else {
             panic!("burst expected")

@@ -4,7 +4,9 @@
 //! Scenarios: `baseline`, `exec`, `assess`, `workspace`, `mixed`, `burst`, `idle-rss`, and
 //! `all` (every one of them, the README's figures). `--spawn-mesh` starts
 //! `target/release/sandmesh up` on a free port first, so one command reproduces everything.
-//! Traffic goes to loopback only; every loop is bounded in count and time.
+//! Traffic goes to loopback only; every loop is bounded in count and time. With
+//! `--metrics-addr` the mesh's `/metrics` is scraped before and after, and the executions
+//! counter checked against the results stored meanwhile.
 
 mod cli;
 mod client;
@@ -12,6 +14,7 @@ mod docker;
 mod driver;
 mod ids;
 mod mesh;
+mod metrics_check;
 mod programs;
 mod report;
 mod rss;
@@ -60,6 +63,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             &sandmesh_bin,
             &work_dir,
             &subjects,
+            cli.metrics_addr,
             Duration::from_secs(600),
         )
         .await?;
@@ -99,7 +103,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ..Default::default()
         },
     };
-    let outcome = run_scenario(&mut ctx, &cli).await;
+    let before = match cli.metrics_addr {
+        Some(addr) => Some(metrics_check::checkpoint(&ctx.mesh, addr).await?),
+        None => None,
+    };
+    let mut outcome = run_scenario(&mut ctx, &cli).await;
+    if let (Some(addr), Some(before)) = (cli.metrics_addr, &before) {
+        let checked = async {
+            let after = metrics_check::checkpoint(&ctx.mesh, addr).await?;
+            metrics_check::compare(&ctx.mesh, addr, before, &after).await
+        }
+        .await;
+        match checked {
+            Ok(check) => {
+                if !check.consistent {
+                    ctx.report
+                        .failures
+                        .push("metrics: counters disagree with the stored results".into());
+                }
+                ctx.report.metrics = Some(check);
+            }
+            Err(e) => {
+                let e = e.context(format!("metrics at {addr}"));
+                ctx.report.failures.push(format!("{e:#}"));
+                outcome = outcome.and(Err(e));
+            }
+        }
+    }
     let mesh_memory = match &spawned {
         Some(p) => rss::read_pid(p.pid()).into_iter().collect(),
         None => rss::mesh_processes(),

@@ -206,6 +206,7 @@ pub async fn spawn_up(
     sandmesh: &Path,
     data_dir: &Path,
     subjects: &Subjects,
+    metrics_addr: Option<std::net::SocketAddr>,
     limit: Duration,
 ) -> anyhow::Result<(MeshProcess, String)> {
     let port = free_port()?;
@@ -222,7 +223,13 @@ pub async fn spawn_up(
             "--nats-port",
             &port.to_string(),
         ],
-        &[("SANDMESH_NATS_URL", String::new())],
+        &[
+            ("SANDMESH_NATS_URL", String::new()),
+            (
+                "SANDMESH_METRICS_ADDR",
+                metrics_addr.map(|a| a.to_string()).unwrap_or_default(),
+            ),
+        ],
         &log,
     )?;
     let deadline = Instant::now() + limit;

@@ -166,6 +166,9 @@ pub struct Report {
     /// Scenarios that could not run to the end, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
+    /// The Prometheus scrape before and after the run (`--metrics-addr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<crate::metrics_check::MetricsCheck>,
 }
 
 impl Report {
