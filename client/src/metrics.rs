@@ -139,7 +139,9 @@ impl Samples {
 
     /// The sum of `name`'s samples whose labels include all of `labels` (0 when none).
     pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.matching(name, labels).map(|s| s.value).sum()
+        // A fold from +0.0: `Sum` of no floats is -0.0, which prints as "-0".
+        self.matching(name, labels)
+            .fold(0.0, |sum, s| sum + s.value)
     }
 
     /// `name`'s samples whose labels include all of `labels`.
@@ -224,10 +226,7 @@ mod tests {
             plain 7\n";
         let s = Samples::parse(text).unwrap();
         assert_eq!(s.sum("sandbox_executions_total", &[]), 4.0);
-        assert_eq!(
-            s.sum("sandbox_executions_total", &[("status", "ok")]),
-            3.0
-        );
+        assert_eq!(s.sum("sandbox_executions_total", &[("status", "ok")]), 3.0);
         assert_eq!(s.sum("sandbox_execution_duration_seconds_count", &[]), 3.0);
         let odd = s.matching("odd", &[]).next().unwrap();
         assert_eq!(odd.labels["v"], "a\"b,c}\\");
@@ -238,16 +237,25 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_the_text_format() {
-        for bad in ["name{a=\"unterminated} 1", "name{a=1} 2", "lonely", "x NaNx"] {
+        for bad in [
+            "name{a=\"unterminated} 1",
+            "name{a=1} 2",
+            "lonely",
+            "x NaNx",
+        ] {
             let e = Samples::parse(bad).unwrap_err();
-            assert!(matches!(e, ScrapeError::Parse { line: 1, .. }), "{bad}: {e}");
+            assert!(
+                matches!(e, ScrapeError::Parse { line: 1, .. }),
+                "{bad}: {e}"
+            );
         }
     }
 
     #[test]
     fn reads_status_headers_and_body() {
-        let r = parse_response(b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\n\r\nuse GET\n")
-            .unwrap();
+        let r =
+            parse_response(b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\n\r\nuse GET\n")
+                .unwrap();
         assert_eq!(r.status, 405);
         assert_eq!(r.headers["allow"], "GET, HEAD");
         assert_eq!(r.body, "use GET\n");

@@ -67,7 +67,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(600),
         )
         .await?;
-        eprintln!("loadtest: mesh is up at {url}");
+        let (shown, _) = sandmesh_auth::split_url(&url);
+        eprintln!("loadtest: mesh is up at {shown}");
         (Some(p), url)
     } else {
         (None, cli.nats_url.clone())
@@ -86,6 +87,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             None => "unreachable".into(),
         },
     };
+    // Without the credentials a spawned mesh's URL carries.
+    let nats_url = mesh.url.clone();
     let mut ctx = Ctx {
         mesh_id: scenarios::mesh_id(&mesh).await,
         mesh,
@@ -98,7 +101,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             started_unix_ms: messages::now_ms(),
             command: std::env::args().collect::<Vec<_>>().join(" "),
             machine,
-            nats_url: url,
+            nats_url,
             spawned_mesh: spawned.is_some(),
             ..Default::default()
         },

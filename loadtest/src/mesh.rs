@@ -233,9 +233,16 @@ pub async fn spawn_up(
         &log,
     )?;
     let deadline = Instant::now() + limit;
+    // `up` runs NATS with authentication: the loadtest connects as the deployment's admin,
+    // with the credentials `up` writes into its data directory.
+    let admin = data.join("creds").join("admin.json");
+    let mut url = url;
     let mesh = loop {
         if let Some(status) = process.exited() {
             bail!("sandmesh up exited ({status}); see {}", log.display());
+        }
+        if let Some(with_creds) = admin_url(&admin, port) {
+            url = with_creds;
         }
         if let Ok(m) = Mesh::connect(&url, subjects.clone(), Duration::from_secs(5)).await {
             break m;
@@ -255,6 +262,18 @@ pub async fn spawn_up(
         }
     }
     Ok((process, url))
+}
+
+/// `nats://admin:<password>@127.0.0.1:<port>` from the admin credentials `up` wrote, once
+/// they are there.
+fn admin_url(creds: &Path, port: u16) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Creds {
+        user: String,
+        password: String,
+    }
+    let c: Creds = serde_json::from_slice(&std::fs::read(creds).ok()?).ok()?;
+    Some(format!("nats://{}:{}@127.0.0.1:{port}", c.user, c.password))
 }
 
 /// `target/release/sandmesh` beside the loadtest binary, else in `./target/release`.

@@ -105,7 +105,11 @@ pub async fn compare(
     }
     let rows: Vec<CounterRow> = rows
         .into_iter()
-        .map(|((status, tier), row)| CounterRow { status, tier, ..row })
+        .map(|((status, tier), row)| CounterRow {
+            status,
+            tier,
+            ..row
+        })
         .collect();
     let durations = |c: &Checkpoint| {
         c.samples

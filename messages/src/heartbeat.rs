@@ -53,7 +53,8 @@ impl Resources {
     }
 
     pub fn memory_free_bytes(&self) -> u64 {
-        self.memory_total_bytes.saturating_sub(self.memory_used_bytes)
+        self.memory_total_bytes
+            .saturating_sub(self.memory_used_bytes)
     }
 
     /// Whether the figures can be scored: a positive, finite CPU count and some memory.

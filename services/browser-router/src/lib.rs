@@ -115,10 +115,7 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
         .start_heartbeat(Arc::new(move || {
             // The probe is synchronous: it reports the figures the stats task last fetched.
             let s = *probe_stats.lock().expect("stats lock");
-            metrics
-                .warm_pool_size
-                .get_or_create(&at)
-                .set(s.warm as i64);
+            metrics.warm_pool_size.get_or_create(&at).set(s.warm as i64);
             metrics
                 .sessions_active
                 .get_or_create(&at)

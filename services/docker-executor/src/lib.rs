@@ -179,7 +179,9 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
             // The gauges are refreshed with each beat: the same figures the scheduler sees.
             let m = &probe_node.metrics;
             let gauge = |n: &std::sync::atomic::AtomicUsize| n.load(Ordering::Relaxed) as i64;
-            m.warm_pool_size.get_or_create(&at).set(gauge(&probe_node.warm));
+            m.warm_pool_size
+                .get_or_create(&at)
+                .set(gauge(&probe_node.warm));
             m.sessions_active
                 .get_or_create(&at)
                 .set(gauge(&probe_node.sessions));

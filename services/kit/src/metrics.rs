@@ -250,8 +250,7 @@ pub struct MetricsError {
 /// The endpoints of this process by address. A socket is a process-wide resource: services
 /// started in one process with the same address must share its listener, not fight over it.
 /// Entries are weak, so an endpoint closes when the last service using it stops.
-static ENDPOINTS: Mutex<BTreeMap<SocketAddr, Weak<MetricsEndpoint>>> =
-    Mutex::new(BTreeMap::new());
+static ENDPOINTS: Mutex<BTreeMap<SocketAddr, Weak<MetricsEndpoint>>> = Mutex::new(BTreeMap::new());
 
 /// A listening `/metrics` endpoint and the metrics it serves; stops serving when dropped.
 #[derive(Debug)]
@@ -351,7 +350,10 @@ async fn serve(listener: TcpListener, registry: Arc<Registry>, stop: Cancellatio
 /// `GET`/`HEAD /metrics` → the metrics; another method → 405; another path → 404.
 fn respond(registry: &Registry, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     if req.uri().path() != PATH {
-        return plain(StatusCode::NOT_FOUND, "not found: metrics are at /metrics\n");
+        return plain(
+            StatusCode::NOT_FOUND,
+            "not found: metrics are at /metrics\n",
+        );
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");

@@ -108,15 +108,27 @@ mod tests {
     fn stat_gives_the_cpu_count_and_busy_ticks() {
         let (cpus, t) = parse_stat(STAT).unwrap();
         assert_eq!(cpus, 2);
-        assert_eq!(t, CpuTimes { busy: 150, total: 1000 });
+        assert_eq!(
+            t,
+            CpuTimes {
+                busy: 150,
+                total: 1000
+            }
+        );
         assert!(parse_stat("intr 1\n").is_none(), "no cpu line");
         assert!(parse_stat("cpu 1 2\n").is_none(), "too few fields");
     }
 
     #[test]
     fn usage_is_the_busy_share_between_samples() {
-        let a = CpuTimes { busy: 150, total: 1000 };
-        let b = CpuTimes { busy: 250, total: 1200 };
+        let a = CpuTimes {
+            busy: 150,
+            total: 1000,
+        };
+        let b = CpuTimes {
+            busy: 250,
+            total: 1200,
+        };
         assert_eq!(usage_percent(a, b), 50.0);
         assert_eq!(usage_percent(b, b), 0.0, "no ticks passed");
         // A counter that went backwards (a restored VM) reads as idle, not as garbage.
@@ -137,6 +149,9 @@ mod tests {
         assert!(r.is_usable(), "{r:?}");
         assert!(r.memory_used_bytes <= r.memory_total_bytes, "{r:?}");
         let again = sampler.sample().unwrap();
-        assert!((0.0..=100.0).contains(&again.cpu_usage_percent), "{again:?}");
+        assert!(
+            (0.0..=100.0).contains(&again.cpu_usage_percent),
+            "{again:?}"
+        );
     }
 }

@@ -36,8 +36,7 @@ async fn serves_the_vocabulary_in_the_prometheus_text_format() {
         "text/plain; version=0.0.4; charset=utf-8"
     );
     assert!(
-        r.body
-            .contains("# TYPE sandbox_executions_total counter\n"),
+        r.body.contains("# TYPE sandbox_executions_total counter\n"),
         "{}",
         r.body
     );
@@ -79,11 +78,15 @@ async fn other_paths_and_methods_and_garbage_are_refused() {
     let head = request(addr, "HEAD", "/metrics", LIMIT).await.unwrap();
     assert_eq!((head.status, head.body.as_str()), (200, ""));
     // A query string does not change the path.
-    let q = request(addr, "GET", "/metrics?name[]=x", LIMIT).await.unwrap();
+    let q = request(addr, "GET", "/metrics?name[]=x", LIMIT)
+        .await
+        .unwrap();
     assert_eq!(q.status, 200);
 
     // Not HTTP at all, and a request head far beyond any sane size: a 4xx, never a hang.
-    let garbage = raw(addr, b"\x00\x01\x02 hello\r\n\r\n", LIMIT).await.unwrap();
+    let garbage = raw(addr, b"\x00\x01\x02 hello\r\n\r\n", LIMIT)
+        .await
+        .unwrap();
     assert_eq!(garbage.status, 400);
     let headers: String = (0..200).map(|i| format!("X-H{i}: {i}\r\n")).collect();
     let crowded = format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{headers}\r\n");

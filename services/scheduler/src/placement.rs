@@ -298,7 +298,8 @@ mod tests {
         let reporting = with_resources(node("reporting", 8, 2), 8.0, 10.0, 16.0, 2.0);
         let d = choose(Strategy::ResourceAware, &[reporting], &REQ, &mut 0).unwrap();
         assert!(
-            d.reason.contains("7.2 of 8 CPUs free, 14336 MiB of 16384 MiB"),
+            d.reason
+                .contains("7.2 of 8 CPUs free, 14336 MiB of 16384 MiB"),
             "{}",
             d.reason
         );

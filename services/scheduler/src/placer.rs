@@ -184,11 +184,11 @@ mod tests {
         };
         let (registry, _) = Actor::spawn(None, Registry, args).await.unwrap();
         registry
-            .cast(RegistryMsg::Upsert(Heartbeat {
+            .cast(RegistryMsg::Upsert(Box::new(Heartbeat {
                 instance_id: "a".into(),
                 capacity: 1,
                 ..Default::default()
-            }))
+            })))
             .unwrap();
         // Nothing is audited here; the client never needs a server.
         let client = async_nats::ConnectOptions::new()

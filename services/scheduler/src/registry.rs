@@ -46,7 +46,9 @@ fn executor_node(key: &str) -> Option<&str> {
 
 pub enum RegistryMsg {
     /// A heartbeat arrived (from the KV watch).
-    Upsert(Heartbeat),
+    /// Boxed: a heartbeat is large, and every message (and every send error carrying one)
+    /// would be as large.
+    Upsert(Box<Heartbeat>),
     /// A node's key was deleted or expired.
     Remove {
         node: String,
@@ -176,6 +178,7 @@ impl Actor for Registry {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             RegistryMsg::Upsert(hb) => {
+                let hb = *hb;
                 let id = hb.instance_id.clone();
                 match state.nodes.get_mut(&id) {
                     Some(e) => {
@@ -364,7 +367,7 @@ fn to_msg(key: &str, operation: &kv::Operation, value: &[u8]) -> Option<Registry
     let node = executor_node(key)?;
     match operation {
         kv::Operation::Put => match serde_json::from_slice::<Heartbeat>(value) {
-            Ok(hb) if hb.instance_id == node => Some(RegistryMsg::Upsert(hb)),
+            Ok(hb) if hb.instance_id == node => Some(RegistryMsg::Upsert(Box::new(hb))),
             Ok(hb) => {
                 tracing::warn!(key, instance = %hb.instance_id, "heartbeat key and instance disagree; ignored");
                 None
@@ -420,8 +423,10 @@ mod tests {
         )
         .await
         .unwrap();
-        r.cast(RegistryMsg::Upsert(hb("a", 4, 0))).unwrap();
-        r.cast(RegistryMsg::Upsert(hb("b", 4, 0))).unwrap();
+        r.cast(RegistryMsg::Upsert(Box::new(hb("a", 4, 0))))
+            .unwrap();
+        r.cast(RegistryMsg::Upsert(Box::new(hb("b", 4, 0))))
+            .unwrap();
         let first = pick(&r, &[]).await.unwrap();
         r.cast(RegistryMsg::Dispatched {
             node: first.clone(),
@@ -473,7 +478,7 @@ mod tests {
         let mut light = hb("light", 4, 0);
         light.backends = vec![Backend::Bwrap];
         for beat in [hb("a", 4, 0), hb("b", 4, 0), hb("a", 4, 1), light] {
-            r.cast(RegistryMsg::Upsert(beat)).unwrap();
+            r.cast(RegistryMsg::Upsert(Box::new(beat))).unwrap();
         }
         r.cast(RegistryMsg::Remove { node: "b".into() }).unwrap();
         // A call after the casts: they have all been handled when it returns.

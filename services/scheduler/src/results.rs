@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
+use kit::metrics::Metrics;
 use messages::codec;
 use messages::exec::ExecResult;
-use kit::metrics::Metrics;
 use messages::{Encoding, Subjects};
 
 use crate::error::StoreError;

@@ -119,7 +119,10 @@ async fn counters_match_the_results_and_executors_report_their_host() {
         .iter()
         .filter(|r| r.confirmation.decision == Decision::Denied)
         .count() as f64;
-    assert_eq!(after.sum("sandbox_confirmations_requested_total", &[]), asked);
+    assert_eq!(
+        after.sum("sandbox_confirmations_requested_total", &[]),
+        asked
+    );
     let denied_label = [("decision", "denied")];
     assert_eq!(
         after.sum("sandbox_confirmations_decided_total", &denied_label),
@@ -135,13 +138,10 @@ async fn counters_match_the_results_and_executors_report_their_host() {
     let takes = after.sum("sandbox_warm_pool_hits_total", &executor)
         + after.sum("sandbox_warm_pool_misses_total", &executor);
     assert!(takes >= 1.0, "pooled runs take from the warm pool");
-    let host = eventually("the executor's host gauges", || {
-        let addr = addr;
-        async move {
-            let s = scrape(addr).await.ok()?;
-            let mem = s.sum("sandbox_runtime_memory_usage_bytes", &executor);
-            (mem > 0.0).then_some(s)
-        }
+    let host = eventually("the executor's host gauges", || async move {
+        let s = scrape(addr).await.ok()?;
+        let mem = s.sum("sandbox_runtime_memory_usage_bytes", &executor);
+        (mem > 0.0).then_some(s)
     })
     .await;
     assert_eq!(
@@ -149,7 +149,10 @@ async fn counters_match_the_results_and_executors_report_their_host() {
             .count(),
         1
     );
-    assert_eq!(host.matching("sandbox_warm_pool_size", &executor).count(), 1);
+    assert_eq!(
+        host.matching("sandbox_warm_pool_size", &executor).count(),
+        1
+    );
     let docker = [("backend", "docker")];
     assert_eq!(host.sum("sandbox_runtime_nodes_healthy", &docker), 1.0);
 

@@ -23,12 +23,14 @@ fn value() -> impl Gen<Value = f64> {
 fn resources() -> impl Gen<Value = Option<Resources>> {
     let bytes = prop_oneof![Just(0u64), 0u64..(64u64 << 30), Just(u64::MAX)];
     proptest::option::of((value(), value(), bytes.clone(), bytes)).prop_map(|r| {
-        r.map(|(cpus, cpu_usage_percent, memory_total_bytes, memory_used_bytes)| Resources {
-            cpus,
-            cpu_usage_percent,
-            memory_total_bytes,
-            memory_used_bytes,
-        })
+        r.map(
+            |(cpus, cpu_usage_percent, memory_total_bytes, memory_used_bytes)| Resources {
+                cpus,
+                cpu_usage_percent,
+                memory_total_bytes,
+                memory_used_bytes,
+            },
+        )
     })
 }
 
