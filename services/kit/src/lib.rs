@@ -18,7 +18,9 @@
 //!
 //! ```text
 //! Runtime ── ServiceHost (one task per endpoint → handler/actor per request)
-//!        └── HeartbeatActor (timer → KV put with TTL; deletes its key on stop)
+//!        ├── HeartbeatActor (timer → KV put with TTL; deletes its key on stop)
+//!        └── MetricsEndpoint, when configured (shared by the process's services on one
+//!            address; an accept task, a task per scrape connection; closes with its last user)
 //! ```
 
 pub mod audit;

@@ -262,7 +262,9 @@ pub struct MetricsEndpoint {
 
 impl MetricsEndpoint {
     /// This process's endpoint on `addr`, bound on first use. An address with port 0 binds a
-    /// fresh port each time; [`MetricsEndpoint::addr`] says which. Needs a Tokio runtime.
+    /// fresh port each time; [`MetricsEndpoint::addr`] says which. Its accept loop runs on the
+    /// Tokio runtime of the first caller, so services sharing an address share a runtime (as
+    /// `sandmesh up`'s do).
     pub fn shared(addr: SocketAddr) -> Result<Arc<Self>, MetricsError> {
         let mut endpoints = ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
         endpoints.retain(|_, e| e.strong_count() > 0);
