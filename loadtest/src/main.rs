@@ -110,11 +110,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(addr) => Some(metrics_check::checkpoint(&ctx.mesh, addr).await?),
         None => None,
     };
+    let (stop_watch, stopped) = tokio::sync::oneshot::channel();
+    let watch = match (cli.metrics_addr, &before) {
+        (Some(addr), Some(b)) => Some(tokio::spawn(metrics_check::watch(
+            ctx.mesh.clone(),
+            addr,
+            b.position(),
+            Duration::from_secs(2),
+            stopped,
+        ))),
+        _ => None,
+    };
     let mut outcome = run_scenario(&mut ctx, &cli).await;
+    let _ = stop_watch.send(());
+    let during = match watch {
+        Some(w) => w.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     if let (Some(addr), Some(before)) = (cli.metrics_addr, &before) {
         let checked = async {
             let after = metrics_check::checkpoint(&ctx.mesh, addr).await?;
-            metrics_check::compare(&ctx.mesh, addr, before, &after).await
+            metrics_check::compare(&ctx.mesh, addr, before, &after, during).await
         }
         .await;
         match checked {

@@ -45,10 +45,22 @@ impl CounterRow {
     }
 }
 
+/// A scrape while the scenario ran: how far the counter and the results stream had moved.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DuringSample {
+    pub elapsed_s: f64,
+    /// `sandbox_executions_total` minus its value before the run.
+    pub counted: f64,
+    /// Results stored since the run began (read just after the scrape, so it may be ahead).
+    pub stored: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MetricsCheck {
     pub addr: String,
     pub rows: Vec<CounterRow>,
+    /// Scrapes taken while the scenario ran.
+    pub during: Vec<DuringSample>,
     /// `sandbox_execution_duration_seconds_count`, before and after.
     pub durations_before: f64,
     pub durations_after: f64,
@@ -78,12 +90,49 @@ async fn stream_last_sequence(mesh: &Mesh) -> anyhow::Result<u64> {
     Ok(stream.info().await?.state.last_sequence)
 }
 
+/// Scrapes every `every` until `stop`, each scrape beside the results stored so far.
+pub async fn watch(
+    mesh: Mesh,
+    addr: SocketAddr,
+    before: (f64, u64),
+    every: Duration,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Vec<DuringSample> {
+    let (counted_before, sequence_before) = before;
+    let started = std::time::Instant::now();
+    let mut samples = Vec::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            _ = &mut stop => return samples,
+        }
+        // A failed scrape mid-run is left out; the final check reports failures.
+        let Ok(s) = scrape(addr).await else { continue };
+        let Ok(sequence) = stream_last_sequence(&mesh).await else {
+            continue;
+        };
+        samples.push(DuringSample {
+            elapsed_s: started.elapsed().as_secs_f64(),
+            counted: s.sum(EXECUTIONS, &[]) - counted_before,
+            stored: sequence.saturating_sub(sequence_before),
+        });
+    }
+}
+
+impl Checkpoint {
+    /// The executions counter and the results stream's last sequence.
+    pub fn position(&self) -> (f64, u64) {
+        (self.samples.sum(EXECUTIONS, &[]), self.last_sequence)
+    }
+}
+
 /// Compares two checkpoints with the results stored between them, and prints the table.
 pub async fn compare(
     mesh: &Mesh,
     addr: SocketAddr,
     before: &Checkpoint,
     after: &Checkpoint,
+    during: Vec<DuringSample>,
 ) -> anyhow::Result<MetricsCheck> {
     let stored = stored_between(mesh, before.last_sequence, after.last_sequence)
         .await
@@ -119,6 +168,7 @@ pub async fn compare(
         addr: addr.to_string(),
         consistent: rows.iter().all(CounterRow::consistent),
         rows,
+        during,
         durations_before: durations(before),
         durations_after: durations(after),
     };
@@ -194,6 +244,13 @@ pub fn human(check: &MetricsCheck) -> String {
             r.stored,
             if r.consistent() { "" } else { "  MISMATCH" }
         ));
+    }
+    if !check.during.is_empty() {
+        out.push_str("  during the run (counted / stored since it began):");
+        for d in &check.during {
+            out.push_str(&format!(" {:.0}s {}/{}", d.elapsed_s, d.counted, d.stored));
+        }
+        out.push('\n');
     }
     out.push_str(&format!(
         "  sandbox_execution_duration_seconds_count: {} -> {}\n  {}",
