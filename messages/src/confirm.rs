@@ -23,6 +23,9 @@ pub struct ConfirmRequest {
     pub summary: String,
     #[serde(default)]
     pub code_excerpt: String,
+    /// What `code_excerpt` holds; set by the service that asks.
+    #[serde(default, skip_serializing_if = "ConfirmKind::is_code")]
+    pub kind: ConfirmKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,6 +36,25 @@ pub struct ConfirmRequest {
     /// it). Only operators whose scope covers it, and that tenant's agents, see the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Tenant>,
+}
+
+/// What a confirmation asks about, so that a person sees it rendered as what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfirmKind {
+    /// Code to run: `code_excerpt` is (an excerpt of) the code.
+    #[default]
+    Code,
+    /// A browser action: `code_excerpt` is the action's parameters as a JSON object.
+    BrowserAction,
+}
+
+impl ConfirmKind {
+    /// Code is the default and is left out on the wire (records from before the field read
+    /// as code).
+    pub fn is_code(&self) -> bool {
+        *self == ConfirmKind::Code
+    }
 }
 
 fn default_true() -> bool {
@@ -80,6 +102,8 @@ pub struct Confirmation {
     pub summary: String,
     #[serde(default)]
     pub code_excerpt: String,
+    #[serde(default, skip_serializing_if = "ConfirmKind::is_code")]
+    pub kind: ConfirmKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
     /// Unix milliseconds.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use messages::confirm::{ConfirmDecide, ConfirmScope, ConfirmState, Confirmation};
+use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
@@ -181,6 +181,7 @@ fn golden_vectors_are_byte_exact() {
             risk: risk(),
             summary: "python: imports subprocess".into(),
             code_excerpt: "import subprocess".into(),
+            kind: ConfirmKind::Code,
             requested_by: Some("agent-7".into()),
             created_at: 1_764_000_000_000,
             expires_at: 1_764_000_060_000,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use kit::{AuditScope, Auditor};
 use messages::audit::AuditKind;
 use messages::browser::BrowserAction;
-use messages::confirm::{ConfirmRequest, ConfirmState};
+use messages::confirm::{ConfirmKind, ConfirmRequest, ConfirmState};
 use messages::risk::{AssessRequest, ContentType, RiskLevel};
 use messages::ErrorBody;
 use sandmesh_client::MeshClient;
@@ -100,6 +100,7 @@ impl Gate {
             risk,
             summary,
             code_excerpt: serde_json::to_string_pretty(&params).unwrap_or_default(),
+            kind: ConfirmKind::BrowserAction,
             requested_by: scope.actor.clone(),
             timeout_ms: Some(self.confirm_timeout.as_millis() as u64),
             wait: true,

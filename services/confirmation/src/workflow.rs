@@ -124,6 +124,7 @@ impl Workflow for KvWorkflow {
             risk: req.risk,
             summary: req.summary,
             code_excerpt: req.code_excerpt,
+            kind: req.kind,
             requested_by: req.requested_by,
             tenant: req.tenant,
             created_at: now,

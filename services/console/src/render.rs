@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use messages::audit::AuditEvent;
-use messages::confirm::{ConfirmScope, ConfirmState, Confirmation};
+use messages::confirm::{ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 
 /// HTML-escapes text for element content and quoted attribute values.
 pub fn esc(text: &str) -> String {
@@ -247,11 +247,10 @@ fn subject(c: &Confirmation) -> String {
     )
 }
 
-/// The browser-router asks with a summary `browser <action> in session …` and the action's
-/// parameters as JSON (`url`, `selector`, `index`, `text`, `page`, …); such a request is shown
-/// as the action, with its URL and element.
+/// A browser action (its parameters as JSON: `url`, `selector`, `index`, `text`, `page`, …)
+/// is shown as the action, with its URL and element.
 fn browser_action(c: &Confirmation) -> Option<String> {
-    if !c.summary.starts_with("browser ") {
+    if c.kind != ConfirmKind::BrowserAction {
         return None;
     }
     let params: serde_json::Map<String, serde_json::Value> =
@@ -407,6 +406,7 @@ mod tests {
     fn browser_actions_show_url_and_element() {
         let c = Confirmation {
             summary: "browser fill in session s1".into(),
+            kind: ConfirmKind::BrowserAction,
             code_excerpt:
                 r##"{"url": "https://pay.example/<x>", "selector": "#card", "text": null}"##.into(),
             risk: RiskAssessment {
@@ -419,6 +419,12 @@ mod tests {
         assert!(html.contains("<dd class=\"url\">https://pay.example/&lt;x&gt;</dd>"));
         assert!(html.contains("<dd class=\"element\">#card</dd>"));
         assert!(!html.contains("null"), "{html}");
+        // Code whose summary reads like a browser action is still shown as code.
+        let code = Confirmation {
+            kind: ConfirmKind::Code,
+            ..c
+        };
+        assert!(card(&code, "t").contains("<pre class=\"code\">"));
     }
 
     #[test]

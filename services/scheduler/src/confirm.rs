@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use kit::{CallError, Caller};
-use messages::confirm::{ConfirmGet, ConfirmRequest, ConfirmState, Confirmation};
+use messages::confirm::{ConfirmGet, ConfirmKind, ConfirmRequest, ConfirmState, Confirmation};
 use messages::exec::{ConfirmationOutcome, Decision};
 use messages::risk::RiskAssessment;
 use messages::subjects::ConfirmOp;
@@ -46,6 +46,7 @@ impl ConfirmClient {
             risk: exec.risk.clone(),
             summary: summary(req.language.as_str(), req.code.len(), &exec.risk),
             code_excerpt: excerpt(&req.code, 2048),
+            kind: ConfirmKind::Code,
             requested_by: req.requested_by.clone(),
             timeout_ms: Some(ms(self.timeout)),
             wait: false,

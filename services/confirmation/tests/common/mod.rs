@@ -140,6 +140,7 @@ pub fn request(session: Option<&str>, rules: &[&str], wait: bool) -> ConfirmRequ
         risk: risk(RiskLevel::High, rules),
         summary: "python code opens a socket".into(),
         code_excerpt: "import socket".into(),
+        kind: Default::default(),
         requested_by: Some("agent-7".into()),
         timeout_ms: Some(60_000),
         wait,
