@@ -7,7 +7,8 @@
 //!   `Content-Type`, handed to actors, answered in the caller's encoding, bounded admission;
 //! - [`call`]: typed request-reply to other services, error headers checked;
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
-//! - [`bootstrap`]: idempotent JetStream streams and buckets;
+//! - [`bootstrap`]: idempotent JetStream streams and buckets, `SANDMESH_JS_REPLICAS` replicas;
+//! - [`retry`]: bounded retries of JetStream calls through a cluster's leader elections;
 //! - [`audit`]: audit events into `SANDBOX_AUDIT`;
 //! - [`telemetry`]: tracing, OpenTelemetry export and W3C trace context in NATS headers;
 //! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token; every NATS step of a stop bounded.
@@ -25,6 +26,7 @@ pub mod call;
 pub mod config;
 pub mod connect;
 pub mod heartbeat;
+pub mod retry;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
@@ -38,6 +40,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use audit::{AuditScope, Auditor};
+pub use retry::{retry, RetryPolicy};
 pub use call::{CallError, Caller};
 pub use config::{ConfigError, ConfigReader, KitConfig};
 pub use serve::{actor_handler, handler, EndpointOptions, Handler, RequestContext, ServiceInfo};
@@ -152,8 +155,8 @@ impl Runtime {
         )
         .await?;
         let js = jetstream::new(client.clone());
-        bootstrap::nodes_kv(&js, &config.subjects).await?;
-        bootstrap::audit_stream(&js, &config.subjects).await?;
+        bootstrap::nodes_kv(&js, &config.subjects, config.js_replicas).await?;
+        bootstrap::audit_stream(&js, &config.subjects, config.js_replicas).await?;
         let host = serve::ServiceHost::start(&client, &info, &config.instance_id).await?;
         let auditor = Auditor::new(
             js.clone(),

@@ -146,11 +146,12 @@ pub async fn run(
     let caller = runtime.caller(Duration::from_secs(30));
     let instance = &config.kit.instance_id;
     let owner = format!("{SERVICE_NAME}.{instance}");
-    let results = ResultStore::open(&js, &subjects).await?;
-    let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl).await?;
-    let parked = ParkedStore::open(&js, &subjects).await?;
-    let sessions = SessionTable::new(kit::bootstrap::sessions_kv(&js, &subjects).await?);
-    let nodes = kit::bootstrap::nodes_kv(&js, &subjects).await?;
+    let replicas = config.kit.js_replicas;
+    let results = ResultStore::open(&js, &subjects, replicas).await?;
+    let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl, replicas).await?;
+    let parked = ParkedStore::open(&js, &subjects, replicas).await?;
+    let sessions = SessionTable::new(kit::bootstrap::sessions_kv(&js, &subjects, replicas).await?);
+    let nodes = kit::bootstrap::nodes_kv(&js, &subjects, replicas).await?;
 
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let slots = Arc::new(Notify::new());
@@ -263,7 +264,7 @@ pub async fn run(
         admission,
         config.job_settings(),
     );
-    let consumer = jobs.consumer(&js, &subjects).await?;
+    let consumer = jobs.consumer(&js, &subjects, replicas).await?;
     let jobs_stop = CancellationToken::new();
     let jobs_running = TaskTracker::new();
     let jobs_loop = tokio::spawn(jobs::run(

@@ -114,7 +114,7 @@ pub enum Cas {
 }
 
 impl Index {
-    pub async fn open(js: &jetstream::Context, bucket: &str) -> Result<Self> {
+    pub async fn open(js: &jetstream::Context, bucket: &str, replicas: usize) -> Result<Self> {
         let kv = match js.get_key_value(bucket).await {
             Ok(kv) => kv,
             Err(_) => match js
@@ -125,6 +125,7 @@ impl Index {
                     storage: stream::StorageType::File,
                     // Enables per-key TTLs (the sweep lock).
                     limit_markers: Some(Duration::from_secs(60)),
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await
