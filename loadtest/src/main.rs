@@ -8,6 +8,7 @@
 
 mod cli;
 mod client;
+mod cluster;
 mod docker;
 mod driver;
 mod ids;
@@ -54,6 +55,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(mesh::default_sandmesh_bin);
     let timeout = Duration::from_secs_f64(cli.timeout_s);
+    // The servers of --spawn-cluster: stopped after the mesh on them.
+    let mut cluster_servers = None;
     let (spawned, url) = if cli.spawn_mesh {
         eprintln!("loadtest: starting {} up", sandmesh_bin.display());
         let (p, url) = mesh::spawn_up(
@@ -65,6 +68,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .await?;
         eprintln!("loadtest: mesh is up at {url}");
         (Some(p), url)
+    } else if cli.spawn_cluster {
+        eprintln!("loadtest: starting three clustered nats-servers and {} up", sandmesh_bin.display());
+        let (c, url) = cluster::spawn_cluster(
+            &sandmesh_bin,
+            &work_dir,
+            &subjects,
+            Duration::from_secs(600),
+        )
+        .await?;
+        eprintln!("loadtest: mesh is up on the cluster (R3) at {url}");
+        cluster_servers = Some(c.servers);
+        (Some(c.up), url)
     } else {
         (None, cli.nats_url.clone())
     };
@@ -106,6 +121,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     ctx.report.memory.splice(0..0, mesh_memory);
     drop(spawned);
+    drop(cluster_servers);
     ctx.report.attach_baselines();
     ctx.report.evaluate_targets();
     println!("{}", ctx.report.human());

@@ -210,6 +210,8 @@ impl NatsCluster {
                     if let Some(mut e) = child.stderr.take() {
                         let _ = e.read_to_string(&mut err);
                     }
+                    // Read again: the reason is the last line written before the exit.
+                    let log = node.log();
                     panic!("nats-server {} exited ({status}) before it was ready:\n{err}\n{log}", node.name);
                 }
             }
