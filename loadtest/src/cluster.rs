@@ -118,15 +118,17 @@ pub async fn spawn_cluster(
     )?;
     let mesh = Mesh::connect(&admin_url, subjects.clone(), Duration::from_secs(5)).await?;
     for &service in SERVICES {
-        if let Some(status) = up.exited() {
-            bail!("sandmesh up exited ({status}); see {}", log.display());
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if !mesh.wait_for(service, 1, left).await {
-            bail!(
-                "{service} did not answer within {limit:?}; see {}",
-                log.display()
-            );
+        // In short waits, so a mesh that failed to start is seen at once.
+        while !mesh.wait_for(service, 1, Duration::from_secs(2)).await {
+            if let Some(status) = up.exited() {
+                bail!("sandmesh up exited ({status}); see {}", log.display());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{service} did not answer within {limit:?}; see {}",
+                    log.display()
+                );
+            }
         }
     }
     let cluster = SpawnedCluster { up, servers };

@@ -66,10 +66,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(600),
         )
         .await?;
-        eprintln!("loadtest: mesh is up at {url}");
+        eprintln!("loadtest: mesh is up at {}", sandmesh_auth::split_url(&url).0);
         (Some(p), url)
     } else if cli.spawn_cluster {
-        eprintln!("loadtest: starting three clustered nats-servers and {} up", sandmesh_bin.display());
+        eprintln!(
+            "loadtest: starting three clustered nats-servers and {} up",
+            sandmesh_bin.display()
+        );
         let (c, url) = cluster::spawn_cluster(
             &sandmesh_bin,
             &work_dir,
@@ -77,7 +80,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(600),
         )
         .await?;
-        eprintln!("loadtest: mesh is up on the cluster (R3) at {url}");
+        eprintln!(
+            "loadtest: mesh is up on the cluster (R3) at {}",
+            sandmesh_auth::split_url(&url).0
+        );
         cluster_servers = Some(c.servers);
         (Some(c.up), url)
     } else {
@@ -109,7 +115,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             started_unix_ms: messages::now_ms(),
             command: std::env::args().collect::<Vec<_>>().join(" "),
             machine,
-            nats_url: url,
+            // Without the admin's password: the report is shared.
+            nats_url: sandmesh_auth::split_url(&url).0,
             spawned_mesh: spawned.is_some(),
             ..Default::default()
         },

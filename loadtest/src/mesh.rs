@@ -236,7 +236,9 @@ pub async fn spawn_up(
         // `up` runs NATS with authentication: the admin's credentials are in the tenancy
         // file it writes before starting the server.
         let tenancy = sandmesh_auth::Tenancy::load(&data.join("tenancy.json")).ok();
-        let admin = tenancy.as_ref().and_then(|t| t.credentials(sandmesh_auth::Role::Admin));
+        let admin = tenancy
+            .as_ref()
+            .and_then(|t| t.credentials(sandmesh_auth::Role::Admin));
         if let Some(admin_url) = admin.map(|c| c.url(&url)) {
             let connected = Mesh::connect(&admin_url, subjects.clone(), Duration::from_secs(5));
             if let Ok(m) = connected.await {

@@ -65,7 +65,10 @@ impl NatsCluster {
 
     /// `size` nodes for these accounts and users; returns once the cluster is healthy.
     pub fn start_with_tenancy(tenancy: Tenancy, size: usize) -> Self {
-        assert!(size >= 2, "a cluster of one is a single server: use NatsServer");
+        assert!(
+            size >= 2,
+            "a cluster of one is a single server: use NatsServer"
+        );
         let nodes = (0..size)
             .map(|i| Node {
                 name: format!("n{}", i + 1),
@@ -212,7 +215,10 @@ impl NatsCluster {
                     }
                     // Read again: the reason is the last line written before the exit.
                     let log = node.log();
-                    panic!("nats-server {} exited ({status}) before it was ready:\n{err}\n{log}", node.name);
+                    panic!(
+                        "nats-server {} exited ({status}) before it was ready:\n{err}\n{log}",
+                        node.name
+                    );
                 }
             }
             assert!(
@@ -313,7 +319,9 @@ impl NatsCluster {
             }
         }
         if leaders.len() != 1 {
-            return Err(format!("the nodes disagree on the meta leader: {leaders:?}"));
+            return Err(format!(
+                "the nodes disagree on the meta leader: {leaders:?}"
+            ));
         }
         // Survivors name a killed leader until they notice it is gone.
         let leader = leaders.pop_first().unwrap_or_default();

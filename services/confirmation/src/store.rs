@@ -7,7 +7,6 @@
 //!   with `create` so two concurrent requests for one execution agree on one id.
 //! - `s.<session_id>` — the session's [`SessionGrants`] (JSON), updated with compare-and-set.
 
-
 use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -189,11 +188,11 @@ impl ConfirmationStore {
                     self.kv.get(&key)
                 })
                 .await
-                    .map_err(unavailable("read the execution index"))?
-                    .ok_or_else(|| StoreError::Corrupt {
-                        key: key.clone(),
-                        source: Corruption::Empty,
-                    })?;
+                .map_err(unavailable("read the execution index"))?
+                .ok_or_else(|| StoreError::Corrupt {
+                    key: key.clone(),
+                    source: Corruption::Empty,
+                })?;
                 String::from_utf8(value.to_vec()).map_err(|e| StoreError::Corrupt {
                     key,
                     source: e.into(),

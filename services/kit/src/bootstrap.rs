@@ -22,16 +22,19 @@ pub async fn jobs_stream(
     s: &Subjects,
     replicas: usize,
 ) -> Result<stream::Stream, KitError> {
-    create_stream(js, stream::Config {
-        num_replicas: replicas,
-        name: s.jobs_stream(),
-        subjects: vec![s.jobs_all()],
-        retention: stream::RetentionPolicy::WorkQueue,
-        duplicate_window: Duration::from_secs(600),
-        max_age: Duration::from_secs(24 * 3600),
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
+    create_stream(
+        js,
+        stream::Config {
+            num_replicas: replicas,
+            name: s.jobs_stream(),
+            subjects: vec![s.jobs_all()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: Duration::from_secs(600),
+            max_age: Duration::from_secs(24 * 3600),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        },
+    )
     .await
     .map_err(|e| js_err("creating the jobs stream", e))
 }
@@ -42,19 +45,22 @@ pub async fn results_stream(
     s: &Subjects,
     replicas: usize,
 ) -> Result<stream::Stream, KitError> {
-    create_stream(js, stream::Config {
-        num_replicas: replicas,
-        name: s.results_stream(),
-        subjects: vec![s.results_all()],
-        retention: stream::RetentionPolicy::Limits,
-        max_messages_per_subject: 1,
-        max_age: Duration::from_secs(7 * 24 * 3600),
-        max_bytes: 1 << 30,
-        allow_direct: true,
-        duplicate_window: Duration::from_secs(600),
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
+    create_stream(
+        js,
+        stream::Config {
+            num_replicas: replicas,
+            name: s.results_stream(),
+            subjects: vec![s.results_all()],
+            retention: stream::RetentionPolicy::Limits,
+            max_messages_per_subject: 1,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: 1 << 30,
+            allow_direct: true,
+            duplicate_window: Duration::from_secs(600),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        },
+    )
     .await
     .map_err(|e| js_err("creating the results stream", e))
 }
@@ -65,16 +71,19 @@ pub async fn audit_stream(
     s: &Subjects,
     replicas: usize,
 ) -> Result<stream::Stream, KitError> {
-    create_stream(js, stream::Config {
-        num_replicas: replicas,
-        name: s.audit_stream(),
-        subjects: vec![s.audit_all()],
-        retention: stream::RetentionPolicy::Limits,
-        max_age: Duration::from_secs(30 * 24 * 3600),
-        max_bytes: 1 << 30,
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
+    create_stream(
+        js,
+        stream::Config {
+            num_replicas: replicas,
+            name: s.audit_stream(),
+            subjects: vec![s.audit_all()],
+            retention: stream::RetentionPolicy::Limits,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            max_bytes: 1 << 30,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        },
+    )
     .await
     .map_err(|e| js_err("creating the audit stream", e))
 }
@@ -110,9 +119,13 @@ pub async fn ensure_bucket(
             },
         }
     };
-    retry(&format!("opening KV bucket {name}"), RetryPolicy::JETSTREAM, open_or_create)
-        .await
-        .map_err(|e| js_err(&format!("creating KV bucket {name}"), e))
+    retry(
+        &format!("opening KV bucket {name}"),
+        RetryPolicy::JETSTREAM,
+        open_or_create,
+    )
+    .await
+    .map_err(|e| js_err(&format!("creating KV bucket {name}"), e))
 }
 
 /// Opens object store `config.bucket`, creating it (with `replicas` copies) when missing.
@@ -133,9 +146,13 @@ pub async fn ensure_object_store(
             },
         }
     };
-    retry(&format!("opening object store {name}"), RetryPolicy::JETSTREAM, open_or_create)
-        .await
-        .map_err(|e| js_err(&format!("creating object store {name}"), e))
+    retry(
+        &format!("opening object store {name}"),
+        RetryPolicy::JETSTREAM,
+        open_or_create,
+    )
+    .await
+    .map_err(|e| js_err(&format!("creating object store {name}"), e))
 }
 
 /// `sandbox_nodes`: heartbeats with a per-key TTL; expired keys leave a purge marker that

@@ -258,7 +258,10 @@ mod tests {
     fn replicas_and_server_lists_are_checked() {
         let c = KitConfig::from_env(&env(&[
             ("SANDMESH_JS_REPLICAS", "3"),
-            ("SANDMESH_NATS_URL", "nats://u:p@a:4222, nats://b:4222,nats://c:4222"),
+            (
+                "SANDMESH_NATS_URL",
+                "nats://u:p@a:4222, nats://b:4222,nats://c:4222",
+            ),
         ]))
         .unwrap();
         assert_eq!(c.js_replicas, 3);

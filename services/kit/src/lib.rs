@@ -40,9 +40,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use audit::{AuditScope, Auditor};
-pub use retry::{retry, RetryPolicy};
 pub use call::{CallError, Caller};
 pub use config::{ConfigError, ConfigReader, KitConfig};
+pub use retry::{retry, RetryPolicy};
 pub use serve::{actor_handler, handler, EndpointOptions, Handler, RequestContext, ServiceInfo};
 pub use tokio_util::sync::CancellationToken;
 

@@ -159,9 +159,7 @@ fn verdict(e: &(dyn Error + 'static)) -> Option<bool> {
     if let Some(e) = e.downcast_ref::<kv::UpdateError>() {
         return match e.kind() {
             kv::UpdateErrorKind::TimedOut => Some(true),
-            kv::UpdateErrorKind::InvalidKey | kv::UpdateErrorKind::WrongLastRevision => {
-                Some(false)
-            }
+            kv::UpdateErrorKind::InvalidKey | kv::UpdateErrorKind::WrongLastRevision => Some(false),
             kv::UpdateErrorKind::Other => None,
         };
     }
@@ -251,9 +249,10 @@ mod tests {
     #[test]
     fn the_first_known_cause_decides() {
         // A KV put that failed because its publish timed out.
-        let put = kv::PutError::with_source(kv::PutErrorKind::Publish, publish_error(
-            context::PublishErrorKind::TimedOut,
-        ));
+        let put = kv::PutError::with_source(
+            kv::PutErrorKind::Publish,
+            publish_error(context::PublishErrorKind::TimedOut),
+        );
         assert!(is_transient(&put));
         let put = kv::PutError::with_source(
             kv::PutErrorKind::Publish,

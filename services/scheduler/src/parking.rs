@@ -74,7 +74,13 @@ impl ParkedStore {
 
     pub async fn get(&self, execution_id: &str) -> Result<Option<Parked>, StoreError> {
         let read = || self.kv.get(execution_id);
-        match kit::retry("reading a parked execution", kit::RetryPolicy::JETSTREAM, read).await {
+        match kit::retry(
+            "reading a parked execution",
+            kit::RetryPolicy::JETSTREAM,
+            read,
+        )
+        .await
+        {
             Ok(Some(value)) => serde_json::from_slice(&value)
                 .map(Some)
                 .map_err(StoreError::during("decoding a parked execution")),
@@ -86,9 +92,13 @@ impl ParkedStore {
     /// Forgets a parked execution whose result is stored.
     pub async fn remove(&self, execution_id: &str) -> Result<(), StoreError> {
         let delete = || self.kv.delete(execution_id);
-        kit::retry("removing a parked execution", kit::RetryPolicy::JETSTREAM, delete)
-            .await
-            .map_err(StoreError::during("removing a parked execution"))
+        kit::retry(
+            "removing a parked execution",
+            kit::RetryPolicy::JETSTREAM,
+            delete,
+        )
+        .await
+        .map_err(StoreError::during("removing a parked execution"))
     }
 
     /// Every execution parked now.

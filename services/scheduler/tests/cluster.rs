@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, message::PublishMessage};
 use common::fakes::{self, FakeExecutor, Runs};
 use futures::StreamExt;
-use kit::{CancellationToken, Caller, RetryPolicy};
+use kit::{Caller, CancellationToken, RetryPolicy};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, TierChoice};
 use messages::heartbeat::Heartbeat;
@@ -61,7 +61,9 @@ async fn submit(js: &jetstream::Context, id: &str, code: &str) -> bool {
     let payload = bytes::Bytes::from(serde_json::to_vec(&job(id, code)).unwrap());
     let subject = Subjects::default().jobs_exec();
     let publish = || async {
-        let message = PublishMessage::build().payload(payload.clone()).message_id(id);
+        let message = PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(id);
         js.send_publish(subject.clone(), message).await?.await
     };
     kit::retry("submitting a job", RetryPolicy::JETSTREAM, publish)
@@ -140,7 +142,10 @@ async fn start_services(cluster: &NatsCluster, runs: &Runs) -> Services {
             cluster.service_url(ServiceName::Confirmation),
         ),
         ("SANDMESH_JS_REPLICAS", replicas.clone()),
-        ("SANDMESH_OPERATOR_SCOPES", cluster.tenancy().operator_scopes()),
+        (
+            "SANDMESH_OPERATOR_SCOPES",
+            cluster.tenancy().operator_scopes(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -265,7 +270,10 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
             tier: Some(Tier::Session),
             ..Default::default()
         };
-        let _: SessionRecord = client.call(s.sessions(SessionOp::Open), &open).await.unwrap();
+        let _: SessionRecord = client
+            .call(s.sessions(SessionOp::Open), &open)
+            .await
+            .unwrap();
         let r = run_in_session(&client, &id, 0).await;
         assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
         homes.insert(id, r.node.expect("a node"));
@@ -451,7 +459,10 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     assert!(twice.is_empty(), "jobs run more than once: {twice:?}");
     // Every job reached an executor (a lost reply included: its run was recorded).
     assert_eq!(
-        accepted.iter().filter(|id| per_job.contains_key(*id)).count(),
+        accepted
+            .iter()
+            .filter(|id| per_job.contains_key(*id))
+            .count(),
         accepted.len()
     );
 
@@ -464,12 +475,19 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
         async move {
             let beats = heartbeats(&js).await;
             let fresh = |key: &str| beats.get(key).is_some_and(|hb| hb.sent_at > now);
-            let all = ["scheduler.sched-1", "docker-executor.exec-a", "docker-executor.exec-b"];
+            let all = [
+                "scheduler.sched-1",
+                "docker-executor.exec-a",
+                "docker-executor.exec-b",
+            ];
             all.iter().all(|k| fresh(k)).then_some(beats)
         }
     })
     .await;
-    assert!(beats.keys().any(|k| k.starts_with("confirmation.")), "{beats:?}");
+    assert!(
+        beats.keys().any(|k| k.starts_with("confirmation.")),
+        "{beats:?}"
+    );
     assert!(scheduler_node(&cluster).is_some_and(|n| n != leader));
     cluster.restart(leader);
     cluster.wait_healthy(HEAL).await;

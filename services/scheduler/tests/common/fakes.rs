@@ -314,12 +314,7 @@ impl FakeExecutor {
 }
 
 /// Beats every 300 ms with a TTL of `ttl` (2 s: like the kit's heartbeat).
-async fn heartbeat(
-    js: async_nats::jetstream::Context,
-    node: String,
-    capacity: u32,
-    ttl: Duration,
-) {
+async fn heartbeat(js: async_nats::jetstream::Context, node: String, capacity: u32, ttl: Duration) {
     let s = Subjects::default();
     let subject = format!("$KV.{}.docker-executor.{node}", s.nodes_bucket());
     loop {
