@@ -66,7 +66,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(600),
         )
         .await?;
-        eprintln!("loadtest: mesh is up at {}", sandmesh_auth::split_url(&url).0);
+        eprintln!(
+            "loadtest: mesh is up at {}",
+            sandmesh_auth::split_url(&url).0
+        );
         (Some(p), url)
     } else if cli.spawn_cluster {
         eprintln!(

@@ -76,12 +76,15 @@ impl HeartbeatState {
             labels: load.labels,
             backends: load.backends,
         };
-        let payload = bytes::Bytes::from(Encoding::Json.encode(&hb).map_err(|source| {
-            KitError::Encode {
-                what: "the heartbeat",
-                source,
-            }
-        })?);
+        let payload =
+            bytes::Bytes::from(
+                Encoding::Json
+                    .encode(&hb)
+                    .map_err(|source| KitError::Encode {
+                        what: "the heartbeat",
+                        source,
+                    })?,
+            );
         let mut headers = HeaderMap::new();
         headers.insert("Nats-TTL", ttl_header(self.ttl).as_str());
         let store = || async {

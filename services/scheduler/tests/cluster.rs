@@ -8,8 +8,7 @@
 //! The real scheduler and confirmation service run in-process; the risk-assessor, workspace
 //! and executors are the harness's stand-ins (the failures under test are NATS's, and 2,000
 //! container runs would measure Docker on this machine instead). The burst is
-//! `SANDMESH_CLUSTER_JOBS` jobs (300 by default, so the suite stays quick; the README reports
-//! a run with 2,000).
+//! `SANDMESH_CLUSTER_JOBS` jobs, 2,000 by default (about 50 s on the 2-core machine).
 
 mod common;
 
@@ -42,7 +41,7 @@ fn burst_size() -> usize {
     std::env::var("SANDMESH_CLUSTER_JOBS")
         .ok()
         .map(|v| v.parse().expect("SANDMESH_CLUSTER_JOBS: a number of jobs"))
-        .unwrap_or(300)
+        .unwrap_or(2000)
 }
 
 fn job(id: &str, code: &str) -> ExecRequest {
@@ -291,26 +290,37 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     })
     .await;
 
-    // The burst, published concurrently while the servers fail.
+    // The burst, published concurrently while the servers fail: its first half at once, its
+    // second half once the first failure is over, so both failures hit jobs in flight however
+    // fast this machine runs them.
     let ids: Vec<String> = (0..jobs).map(|i| format!("burst-{i:05}")).collect();
     let accepted_count = Arc::new(AtomicUsize::new(0));
+    let second_half = Arc::new(tokio::sync::Notify::new());
     let publisher = {
         let (js, ids, count) = (js.clone(), ids.clone(), accepted_count.clone());
+        let second_half = second_half.clone();
         tokio::spawn(async move {
-            futures::stream::iter(ids)
-                .map(|id| {
-                    let (js, count) = (js.clone(), count.clone());
-                    async move {
-                        let ok = submit(&js, &id, &format!("print('{id}')")).await;
-                        if ok {
-                            count.fetch_add(1, Ordering::SeqCst);
+            let publish = |ids: Vec<String>| {
+                let (js, count) = (js.clone(), count.clone());
+                futures::stream::iter(ids)
+                    .map(move |id| {
+                        let (js, count) = (js.clone(), count.clone());
+                        async move {
+                            let ok = submit(&js, &id, &format!("print('{id}')")).await;
+                            if ok {
+                                count.fetch_add(1, Ordering::SeqCst);
+                            }
+                            (id, ok)
                         }
-                        (id, ok)
-                    }
-                })
-                .buffer_unordered(32)
-                .collect::<Vec<_>>()
-                .await
+                    })
+                    .buffer_unordered(32)
+                    .collect::<Vec<_>>()
+            };
+            let (first, second) = ids.split_at(ids.len() / 2);
+            let mut published = publish(first.to_vec()).await;
+            second_half.notified().await;
+            published.extend(publish(second.to_vec()).await);
+            published
         })
     };
     let ran = |runs: &Runs| {
@@ -321,9 +331,9 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
             .count()
     };
     let started = Instant::now();
-    test_support::eventually("a quarter of the burst to run", HEAL, || {
+    test_support::eventually("an eighth of the burst to run", HEAL, || {
         let n = ran(&runs);
-        async move { (n >= jobs / 4).then_some(()) }
+        async move { (n >= jobs / 8).then_some(()) }
     })
     .await;
 
@@ -341,22 +351,23 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     );
 
     // Then the JetStream meta leader dies (and stays down while the burst goes on).
-    let before_leader = ran(&runs);
-    test_support::eventually("more of the burst to run", HEAL, || {
+    let before_second = ran(&runs);
+    second_half.notify_one();
+    test_support::eventually("the second half to start running", HEAL, || {
         let n = ran(&runs);
-        async move { (n >= (before_leader + jobs / 8).min(jobs / 2).max(before_leader)).then_some(()) }
+        async move { (n >= before_second + jobs / 16).then_some(()) }
     })
     .await;
     let leader = cluster.meta_leader().expect("a meta leader");
+    let leader_killed_at = ran(&runs);
     cluster.kill(leader);
     let leader_killed = Instant::now();
     cluster.wait_healthy(HEAL).await;
     let new_leader = cluster.meta_leader().expect("a new meta leader");
     assert_ne!(new_leader, leader);
     eprintln!(
-        "killed meta leader {} at {} runs; {} leads after {:?}",
+        "killed meta leader {} at {leader_killed_at} runs; {} leads after {:?}",
         cluster.name(leader),
-        ran(&runs),
         cluster.name(new_leader),
         leader_killed.elapsed()
     );
@@ -373,8 +384,8 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     assert_eq!(accepted.len(), accepted_count.load(Ordering::SeqCst));
 
     // Every accepted job ends with one stored result: its output, or `executor_lost` when the
-    // executor's reply was in flight through the killed server (core request-reply is
-    // at-most-once, and the scheduler never runs code twice on a guess).
+    // executor's request or reply was in flight through the killed server (core request-reply
+    // is at-most-once, and the scheduler never runs code twice on a guess).
     let mut missing: BTreeSet<String> = accepted.iter().cloned().collect();
     let mut lost_replies = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -457,13 +468,15 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     }
     let twice: Vec<_> = per_job.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "jobs run more than once: {twice:?}");
-    // Every job reached an executor (a lost reply included: its run was recorded).
-    assert_eq!(
-        accepted
-            .iter()
-            .filter(|id| per_job.contains_key(*id))
-            .count(),
-        accepted.len()
+    // A job that never reached an executor (its request was in flight through the killed
+    // server) ended `executor_lost` too; every other one ran.
+    let never_ran: Vec<&String> = accepted
+        .iter()
+        .filter(|id| !per_job.contains_key(*id))
+        .collect();
+    assert!(
+        never_ran.iter().all(|id| lost_replies.contains(*id)),
+        "jobs neither run nor reported lost: {never_ran:?}"
     );
 
     // No service was restarted: all still run, reconnected, and beating again.
@@ -499,10 +512,11 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     assert_eq!(r.status, ExecStatus::Ok);
     eprintln!(
         "cluster failover: {} jobs accepted of {jobs}, all stored once in {burst_took:?} \
-         ({} executor_lost: reply in flight through a killed server); {} results written \
-         for {} stored; no job ran twice",
+         ({} executor_lost: request or reply in flight through a killed server, {} of them \
+         never reached an executor); {} results written for {} stored; no job ran twice",
         accepted.len(),
         lost_replies.len(),
+        never_ran.len(),
         written,
         messages
     );
