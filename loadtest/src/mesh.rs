@@ -296,6 +296,10 @@ mod tests {
         assert!(is_loopback_url("nats://[::1]:4222"));
         assert!(!is_loopback_url("nats://10.0.0.1:4222"));
         assert!(!is_loopback_url("nats://demo.nats.io:4222"));
+        // A cluster's list: every server must be here.
+        assert!(is_loopback_url("nats://u:p@127.0.0.1:1,nats://127.0.0.1:2"));
+        assert!(!is_loopback_url("nats://127.0.0.1:1,nats://10.0.0.1:2"));
+        assert!(!is_loopback_url(" , "));
         assert!(!is_loopback_url("nats://127.0.0.1.evil.example:4222"));
     }
 }
