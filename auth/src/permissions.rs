@@ -201,7 +201,9 @@ impl<'s> Plan<'s> {
                 p.subscribe([s.pattern("workspace.*")])
                     .own_kv(&s.workspace_index_bucket())
                     .own_stream(&format!("OBJ_{blobs}"))
-                    .publish([format!("$O.{blobs}.>")]);
+                    .publish([format!("$O.{blobs}.>")])
+                    .own_stream(&s.workspace_uploads_stream())
+                    .publish([s.workspace_uploads(">")]);
                 self.audits(&mut p);
                 p
             }

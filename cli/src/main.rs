@@ -6,6 +6,7 @@
 //! - `exec`    run code through the mesh, output live;
 //! - `browse`  one action in a session's browser;
 //! - `confirm` list, approve, deny and watch confirmations;
+//! - `console` where the operators' web page is and how to log in;
 //! - `ws`      workspace files;
 //! - `audit`   read or follow the audit trail;
 //! - `status`  live instances from `$SRV.PING` and heartbeats;
@@ -15,6 +16,7 @@
 mod audit;
 mod browse;
 mod confirm;
+mod console;
 mod creds;
 mod demo;
 mod exec;
@@ -61,6 +63,8 @@ enum Command {
         #[command(subcommand)]
         command: confirm::ConfirmCommand,
     },
+    /// Print where the operators' web console is and how to log in (opens nothing).
+    Console,
     /// Workspace files: ls, get, put, rm.
     Ws {
         #[command(subcommand)]
@@ -140,6 +144,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Confirm { command } => {
             confirm::run(&mesh_client(Acting::Operator).await?, command).await
         }
+        Command::Console => console::run(),
         Command::Ws { command } => ws::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Audit(args) => audit::run(&mesh_client(Acting::Admin).await?, args).await,
         Command::Status { json } => status::run(&mesh_client(Acting::Admin).await?, json).await,

@@ -94,13 +94,19 @@ fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
              bubblewrap for the light backend)"
         );
     }
+    // The operators' web page, last: it only reads what the others publish. It is optional:
+    // a taken port (another mesh on this machine) must not keep the mesh from starting.
+    match crate::console::can_listen(env) {
+        Ok(()) => services.push(ServiceName::Console),
+        Err(why) => eprintln!("sandmesh: running without the operators' console: {why}"),
+    }
     services
 }
 
 fn service_list() -> String {
     SERVICES
         .iter()
-        .chain([&ServiceName::BwrapExecutor])
+        .chain([&ServiceName::BwrapExecutor, &ServiceName::Console])
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(", ")
@@ -159,10 +165,9 @@ fn build(
             ServiceName::BrowserRouter => browser_router::BrowserConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(browser_router::run(c, token).await?) }) as ServiceFuture
             }),
-            other => Err(ConfigError(vec![format!(
-                "{other} is not served by this program; one of: {}",
-                service_list()
-            )])),
+            ServiceName::Console => ::console::ConsoleConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(::console::run(c, token).await?) }) as ServiceFuture
+            }),
         };
         match built {
             Ok(f) => futures.push((name.to_string(), f)),
@@ -453,12 +458,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     // No Chromium starts unasked on a laptop: instances are made on first acquire.
     env.entry("SANDMESH_AIO_MIN_INSTANCES".into())
         .or_insert_with(|| "0".into());
+    // The console's logins survive a restart of `up` (passwords sealed with the browser's key).
+    env.entry("SANDMESH_CONSOLE_STATE_DIR".into())
+        .or_insert_with(|| args.data_dir.join("console").display().to_string());
+    let console_url = crate::console::url(&env);
 
     let shutdown = kit::shutdown::on_signals();
     let names = up_services(&env);
     let services = kit::config::exit_on_error(build(&names, &env, auth.as_ref(), &shutdown));
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
     let urls = Urls {
+        console: &console_url,
         shown: &nats_url,
         watch: &watch_url,
         demo: &demo_url,
@@ -476,6 +486,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
 
 /// The URLs `up` uses itself: the one it shows, the admin's (readiness) and the agent's (demo).
 struct Urls<'a> {
+    /// The operators' console.
+    console: &'a str,
     shown: &'a str,
     watch: &'a str,
     demo: &'a str,
@@ -511,6 +523,12 @@ async fn serve_until_stopped(
         "sandmesh: mesh is up — NATS {}; try `sandmesh exec 'print(1)'`; Ctrl-C stops it",
         urls.shown
     );
+    if names.contains(&ServiceName::Console) {
+        eprintln!(
+            "sandmesh: operators' console at {} — `sandmesh console` says how to log in",
+            urls.console
+        );
+    }
     if args.demo {
         let agent = connect(urls.demo).await?;
         let code = crate::demo::run(&agent, &kit_config.subjects).await?;

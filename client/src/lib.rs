@@ -53,7 +53,7 @@ pub use exec::ExecClient;
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
-pub use workspace::WorkspaceClient;
+pub use workspace::{Transfer, WorkspaceClient};
 
 /// Requests that are answered at once (look-ups, decisions, small writes) get this long unless
 /// the caller sets another default.

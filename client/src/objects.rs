@@ -45,6 +45,13 @@ pub enum ObjectsError {
 /// An `AsyncRead` over an object's bytes; a wrong size or digest is an error at its end.
 pub type ObjectReader = StreamReader<BoxStream<'static, io::Result<Bytes>>, Bytes>;
 
+/// Where an object's chunks are: (offset of its first byte, stream sequence) per chunk.
+#[derive(Debug, Clone)]
+pub struct ChunkIndex {
+    starts: Vec<(u64, u64)>,
+    size: u64,
+}
+
 /// The chunks of one object store bucket, readable without consumers.
 #[derive(Clone)]
 pub struct ObjectChunks {
@@ -62,6 +69,99 @@ impl ObjectChunks {
                     source: e.into(),
                 })?;
         Ok(Self { stream })
+    }
+
+    /// Where each chunk of the object starts: built once with a headers-only consumer (the
+    /// server sends each chunk's stream sequence and size, not its bytes), so that a range
+    /// read afterwards direct-gets exactly the chunks it covers instead of streaming the
+    /// object from its start.
+    pub async fn index(&self, info: &ObjectInfo) -> Result<ChunkIndex, ObjectsError> {
+        use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+        use futures::StreamExt;
+        let read_err = |source: io::Error| ObjectsError::Read {
+            name: info.name.clone(),
+            source,
+        };
+        let mut index = ChunkIndex {
+            starts: Vec::with_capacity(info.chunks),
+            size: info.size as u64,
+        };
+        if info.chunks == 0 {
+            return Ok(index);
+        }
+        let consumer = self
+            .stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: format!("$O.{}.C.{}", info.bucket, info.nuid),
+                deliver_policy: DeliverPolicy::All,
+                headers_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| read_err(io::Error::other(e)))?;
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| read_err(io::Error::other(e)))?;
+        let mut offset = 0u64;
+        while index.starts.len() < info.chunks {
+            let message = messages
+                .next()
+                .await
+                .ok_or_else(|| read_err(io::Error::other("the chunk listing ended early")))?
+                .map_err(|e| read_err(io::Error::other(e)))?;
+            let meta = message.info().map_err(|e| read_err(io::Error::other(e)))?;
+            let size: u64 = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Size"))
+                .and_then(|v| v.as_str().parse().ok())
+                .ok_or_else(|| read_err(io::Error::other("a chunk without Nats-Msg-Size")))?;
+            index.starts.push((offset, meta.stream_sequence));
+            offset += size;
+        }
+        if offset != index.size {
+            return Err(read_err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("chunks hold {offset} bytes, the object {}", index.size),
+            )));
+        }
+        Ok(index)
+    }
+
+    /// `length` bytes from `offset` (clamped to the object's end), one direct get per chunk
+    /// the range covers.
+    pub async fn read_range(
+        &self,
+        index: &ChunkIndex,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<Vec<u8>> {
+        let end = offset.saturating_add(length).min(index.size);
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        // The chunk holding `offset`: the last one starting at or before it.
+        let first = index.starts.partition_point(|(start, _)| *start <= offset);
+        for &(start, sequence) in index.starts.iter().skip(first.saturating_sub(1)) {
+            if start >= end {
+                break;
+            }
+            let chunk = self
+                .stream
+                .direct_get(sequence)
+                .await
+                .map_err(io::Error::other)?
+                .payload;
+            let from = offset.saturating_sub(start) as usize;
+            let to = ((end - start) as usize).min(chunk.len());
+            if from > to {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a chunk is shorter than indexed",
+                ));
+            }
+            out.extend_from_slice(&chunk[from..to]);
+        }
+        Ok(out)
     }
 
     /// The object's bytes, in order, checked against its size and SHA-256 digest at the end.

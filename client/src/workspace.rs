@@ -1,19 +1,37 @@
 //! Workspaces: files of any size and whole-workspace tar archives. Content larger than
-//! [`INLINE_MAX_BYTES`] is handed over through the workspace objects bucket for the caller:
-//! put under `upload/<id>` on the way in, fetched from the object a reply names on the way out.
+//! [`INLINE_MAX_BYTES`] moves in one of two ways ([`Transfer`]): by requests only — `upload`
+//! chunks in, ranged `read`s and `fetch`es out — which is all a tenant's agent may do; or,
+//! for services with the workspace objects bucket, through that bucket directly.
+
+/// How content larger than one message moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transfer {
+    /// Chunked requests through the workspace store: works for every caller.
+    #[default]
+    Requests,
+    /// Put and get in the workspace objects bucket (services in the SANDBOX account only).
+    ObjectStore,
+}
+
+/// Chunks (or ranges) of one transfer in flight at once.
+const TRANSFER_WINDOW: usize = 4;
 
 use std::time::Duration;
 
 use async_nats::jetstream::object_store::{self, ObjectStore};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{
-    upload_name, wire_content, Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFile, WsInit,
-    WsList, WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest,
-    WsWrite, INLINE_MAX_BYTES, OBJECT_CHUNK_SIZE,
+    upload_name, wire_content, Ack, UploadRef, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFetch,
+    WsFile, WsInit, WsList, WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot,
+    WsUploadAck, WsUploadChunk, WsUsage, WsUsageRequest, WsWrite, INLINE_MAX_BYTES,
+    OBJECT_CHUNK_SIZE, READ_RANGE_BYTES, TRANSFER_CHUNK_MAX_BYTES,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::{ClientError, ErrorKind, MeshClient, Result};
 
@@ -26,6 +44,7 @@ const READ_ATTEMPTS: usize = 3;
 pub struct WorkspaceClient {
     mesh: MeshClient,
     requested_by: Option<String>,
+    transfer: Transfer,
 }
 
 impl WorkspaceClient {
@@ -33,7 +52,14 @@ impl WorkspaceClient {
         Self {
             mesh,
             requested_by: None,
+            transfer: Transfer::default(),
         }
+    }
+
+    /// How large content moves (default: [`Transfer::Requests`]).
+    pub fn transfer(mut self, transfer: Transfer) -> Self {
+        self.transfer = transfer;
+        self
     }
 
     /// Who changes files, for the store's audit events.
@@ -66,6 +92,66 @@ impl WorkspaceClient {
             .map_err(|e| {
                 ClientError::transport(format!("opening {bucket} (is workspace-store running?)"), e)
             })
+    }
+
+    /// Sends `data` as `upload` chunks (chunk 0 first: it opens the upload) and returns what
+    /// a write or restore names to commit it.
+    async fn upload_chunks(&self, session: &str, data: &[u8]) -> Result<UploadRef> {
+        let upload_id = messages::new_id();
+        let chunk = |seq: usize, part: &[u8]| WsUploadChunk {
+            session_id: session.into(),
+            upload_id: upload_id.clone(),
+            seq: seq as u64,
+            data: part.to_vec(),
+        };
+        let mut parts = data.chunks(TRANSFER_CHUNK_MAX_BYTES as usize).enumerate();
+        let (_, first) = parts.next().unwrap_or((0, &[]));
+        let _: WsUploadAck = self
+            .call(WorkspaceOp::Upload, &chunk(0, first), true)
+            .await?;
+        // Built before the stream runs (and boxed): a closure or an unboxed future held across
+        // the awaits makes this future not provably `Send` to callers that spawn it.
+        let sends: Vec<BoxFuture<'_, Result<WsUploadAck>>> = parts
+            .map(|(seq, part)| {
+                let req = chunk(seq, part);
+                async move {
+                    self.call::<_, WsUploadAck>(WorkspaceOp::Upload, &req, true)
+                        .await
+                }
+                .boxed()
+            })
+            .collect();
+        let mut sent = futures::stream::iter(sends).buffer_unordered(TRANSFER_WINDOW);
+        while let Some(ack) = sent.next().await {
+            ack?;
+        }
+        Ok(UploadRef {
+            chunks: data
+                .len()
+                .div_ceil(TRANSFER_CHUNK_MAX_BYTES as usize)
+                .max(1) as u64,
+            sha256: hex::encode(Sha256::digest(data)),
+            upload_id,
+        })
+    }
+
+    /// Reads `size` bytes by ranges of [`READ_RANGE_BYTES`] (`read` makes the read of the one
+    /// at an offset), a few in flight, in order.
+    async fn read_ranges<'a>(
+        size: u64,
+        read: impl Fn(u64) -> BoxFuture<'a, Result<Vec<u8>>>,
+    ) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(size as usize);
+        // Built before the stream runs, see `upload_chunks`.
+        let reads: Vec<_> = (0..size)
+            .step_by(READ_RANGE_BYTES as usize)
+            .map(read)
+            .collect();
+        let mut ranges = futures::stream::iter(reads).buffered(TRANSFER_WINDOW);
+        while let Some(part) = ranges.next().await {
+            out.extend_from_slice(&part?);
+        }
+        Ok(out)
     }
 
     /// Puts `data` under a fresh `upload/<id>` name and returns the name.
@@ -116,14 +202,17 @@ impl WorkspaceClient {
             append: false,
             requested_by: self.requested_by.clone(),
             object: None,
+            upload: None,
         };
         if data.len() as u64 <= INLINE_MAX_BYTES {
             (req.content, req.encoding) = wire_content(data);
-            self.call(WorkspaceOp::Write, &req, false).await
-        } else {
-            req.object = Some(self.upload(data).await?);
-            self.call(WorkspaceOp::Write, &req, true).await
+            return self.call(WorkspaceOp::Write, &req, false).await;
         }
+        match self.transfer {
+            Transfer::Requests => req.upload = Some(self.upload_chunks(session, data).await?),
+            Transfer::ObjectStore => req.object = Some(self.upload(data).await?),
+        }
+        self.call(WorkspaceOp::Write, &req, true).await
     }
 
     /// Reads a whole file of any size.
@@ -132,11 +221,59 @@ impl WorkspaceClient {
         let req = WsRead {
             session_id: session.into(),
             path: path.into(),
+            // By requests: as much as one message holds, so a file that fits comes whole.
+            length: (self.transfer == Transfer::Requests).then_some(INLINE_MAX_BYTES),
             ..Default::default()
+        };
+        let decode = |file: &WsFile| {
+            messages::decode_content(&file.content, file.encoding).map_err(|problem| {
+                ClientError::Protocol {
+                    subject: subject.clone(),
+                    problem,
+                }
+            })
         };
         let mut attempt = 1;
         loop {
             let file: WsFile = self.call(WorkspaceOp::Read, &req, true).await?;
+            if self.transfer == Transfer::Requests {
+                let first = decode(&file)?;
+                if first.len() as u64 == file.size {
+                    return Ok(first);
+                }
+                let bytes = Self::read_ranges(file.size, |offset| {
+                    let mut range = req.clone();
+                    range.offset = Some(offset);
+                    range.length = Some(READ_RANGE_BYTES);
+                    let first = &first;
+                    async move {
+                        // The ranges follow the store's chunks; the first is in hand.
+                        if offset == 0 {
+                            let range = first.get(..READ_RANGE_BYTES as usize).unwrap_or(first);
+                            return Ok(range.to_vec());
+                        }
+                        let part: WsFile = self.call(WorkspaceOp::Read, &range, true).await?;
+                        decode(&part)
+                    }
+                    .boxed()
+                })
+                .await?;
+                let whole = Some(hex::encode(Sha256::digest(&bytes)));
+                match bytes.len() as u64 == file.size && whole == file.sha256 {
+                    true => return Ok(bytes),
+                    // Overwritten between two ranges: read the new version.
+                    false if attempt < READ_ATTEMPTS => {
+                        attempt += 1;
+                        continue;
+                    }
+                    false => {
+                        return Err(ClientError::Protocol {
+                            subject,
+                            problem: format!("{path} kept changing while it was read"),
+                        })
+                    }
+                }
+            }
             let Some(object) = &file.object else {
                 return messages::decode_content(&file.content, file.encoding).map_err(|problem| {
                     ClientError::Protocol {
@@ -221,6 +358,25 @@ impl WorkspaceClient {
                     problem,
                 })
             }
+            (None, Some(object)) if self.transfer == Transfer::Requests => {
+                let subject = self.mesh.subjects().workspace(WorkspaceOp::Fetch);
+                Self::read_ranges(archive.size, |offset| {
+                    let req = WsFetch {
+                        session_id: session.into(),
+                        object: object.clone(),
+                        offset,
+                        length: READ_RANGE_BYTES,
+                    };
+                    let subject = subject.clone();
+                    async move {
+                        let part: WsFile = self.call(WorkspaceOp::Fetch, &req, true).await?;
+                        messages::decode_base64(&part.content)
+                            .map_err(|problem| ClientError::Protocol { subject, problem })
+                    }
+                    .boxed()
+                })
+                .await
+            }
             (None, Some(object)) => {
                 let tar = self.fetch(object).await?;
                 // Fetched: the staged copy is of no further use (the store's sweep would
@@ -251,6 +407,7 @@ impl WorkspaceClient {
             session_id: session.into(),
             tar_base64: None,
             object: None,
+            upload: None,
             replace,
             delete,
             requested_by: self.requested_by.clone(),
@@ -259,6 +416,8 @@ impl WorkspaceClient {
             // Only deletions: no archive at all.
         } else if tar.len() as u64 <= INLINE_MAX_BYTES {
             req.tar_base64 = Some(messages::encode_base64(tar));
+        } else if self.transfer == Transfer::Requests {
+            req.upload = Some(self.upload_chunks(session, tar).await?);
         } else {
             req.object = Some(self.upload(tar).await?);
         }

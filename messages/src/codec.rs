@@ -133,3 +133,26 @@ mod tests {
         assert_eq!(bytes[0] & 0xf0, 0x80);
     }
 }
+
+/// Bytes as each encoding carries them best: a base64 string in JSON, `bin` in MessagePack
+/// (`#[serde(with = "crate::codec::bytes_b64")]`).
+pub mod bytes_b64 {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&crate::encode_base64(bytes))
+        } else {
+            serde_bytes::serialize(bytes, s)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        if d.is_human_readable() {
+            let text = String::deserialize(d)?;
+            crate::decode_base64(&text).map_err(D::Error::custom)
+        } else {
+            serde_bytes::deserialize(d)
+        }
+    }
+}

@@ -253,6 +253,20 @@ impl Subjects {
     pub fn workspace_objects_bucket(&self) -> String {
         format!("{}_workspace_blobs", self.bucket_stem())
     }
+    /// The stream holding `workspace.upload` chunks until their write or restore.
+    pub fn workspace_uploads_stream(&self) -> String {
+        format!("{}_WORKSPACE_UPLOADS", self.stream_stem())
+    }
+    /// `<prefix>.v1.workspace-uploads.<session>.<upload>.<seq>`: one subject per chunk (the
+    /// stream keeps the last message of each, so a resent chunk replaces itself). Published by
+    /// the store only; not exported to tenants.
+    pub fn workspace_upload_chunk(&self, session: &str, upload: &str, seq: u64) -> String {
+        self.at(&format!("workspace-uploads.{session}.{upload}.{seq}"))
+    }
+    /// Every chunk subject under `rest` (`>` for all, `<session>.<upload>.>` for one upload).
+    pub fn workspace_uploads(&self, rest: &str) -> String {
+        self.at(&format!("workspace-uploads.{rest}"))
+    }
     /// The scheduler's executions parked while they wait for a person (one key per execution).
     pub fn parked_executions_bucket(&self) -> String {
         format!("{}_parked_executions", self.bucket_stem())
@@ -298,6 +312,8 @@ ops!(
         Restore => "restore",
         Usage => "usage",
         Cleanup => "cleanup",
+        Upload => "upload",
+        Fetch => "fetch",
     }
 );
 ops!(

@@ -19,6 +19,17 @@ pub const OBJECT_CHUNK_SIZE: usize = 512 * 1024;
 /// `[A-Za-z0-9_-]`); the store takes it over when the write or restore names it.
 pub const UPLOAD_PREFIX: &str = "upload/";
 
+/// The most bytes one `workspace.upload` chunk or one ranged read carries: like an inline
+/// write, it must fit one message once base64-encoded.
+pub const TRANSFER_CHUNK_MAX_BYTES: u64 = INLINE_MAX_BYTES;
+
+/// The size of the ranges a client reads a large file or snapshot in: one object chunk, so
+/// every range is one direct get in the store.
+pub const READ_RANGE_BYTES: u64 = OBJECT_CHUNK_SIZE as u64;
+
+/// Uploads one session may have open at once (chunks stored, not yet committed).
+pub const MAX_UPLOADS_PER_SESSION: usize = 8;
+
 /// A fresh name to hand content over under.
 pub fn upload_name() -> String {
     format!("{UPLOAD_PREFIX}{}", crate::new_id())
@@ -74,6 +85,47 @@ pub struct WsWrite {
     /// objects bucket; `content` stays empty. The store takes the object over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
+    /// Large writes by request/reply only: the chunks sent with `upload` under this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<UploadRef>,
+}
+
+/// `upload`: one chunk of content on its way into the workspace, stored by the store until a
+/// write or restore names its upload (or the upload expires). Chunks may arrive in any
+/// order after `seq` 0, which opens the upload; sending a chunk again replaces it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WsUploadChunk {
+    pub session_id: String,
+    /// Chosen by the client (1–64 of `[A-Za-z0-9_-]`, e.g. a ULID), unique per session.
+    pub upload_id: String,
+    pub seq: u64,
+    /// At most [`TRANSFER_CHUNK_MAX_BYTES`]; base64 in JSON, bin in msgpack.
+    #[serde(with = "crate::codec::bytes_b64")]
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WsUploadAck {
+    pub upload_id: String,
+    pub seq: u64,
+}
+
+/// Names a finished upload in a write or restore: the content is its chunks `0..chunks` in
+/// order, and must hash to `sha256` (hex).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UploadRef {
+    pub upload_id: String,
+    pub chunks: u64,
+    pub sha256: String,
+}
+
+/// `fetch`: a range of a staged snapshot (`WsArchive::object`) of the caller's session.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WsFetch {
+    pub session_id: String,
+    pub object: String,
+    pub offset: u64,
+    pub length: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -197,6 +249,9 @@ pub struct WsRestore {
     pub tar_base64: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
+    /// The archive sent with `upload` chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<UploadRef>,
     /// Remove files not present in the archive.
     #[serde(default)]
     pub replace: bool,
@@ -261,6 +316,12 @@ pub struct Ack {
 pub trait NamesSession {
     /// The session id to scope (`None`: the request names no session).
     fn session_mut(&mut self) -> Option<&mut String>;
+
+    /// Whether the request names an object of the workspace objects bucket, which only
+    /// services may do: an agent could name another tenant's object.
+    fn names_object(&self) -> bool {
+        false
+    }
 }
 
 /// A workspace reply that names its session: unscoped for the tenant's agent.
@@ -281,14 +342,32 @@ macro_rules! names_session {
 }
 names_session!(
     WsInit,
-    WsWrite,
     WsRead,
     WsList,
     WsPath,
     WsSnapshot,
-    WsRestore,
-    WsUsageRequest
+    WsUsageRequest,
+    WsUploadChunk,
+    WsFetch
 );
+
+impl NamesSession for WsWrite {
+    fn session_mut(&mut self) -> Option<&mut String> {
+        Some(&mut self.session_id)
+    }
+    fn names_object(&self) -> bool {
+        self.object.is_some()
+    }
+}
+
+impl NamesSession for WsRestore {
+    fn session_mut(&mut self) -> Option<&mut String> {
+        Some(&mut self.session_id)
+    }
+    fn names_object(&self) -> bool {
+        self.object.is_some()
+    }
+}
 
 impl NamesSession for WsCleanup {
     fn session_mut(&mut self) -> Option<&mut String> {
@@ -301,6 +380,7 @@ impl ShowsSession for WsEntry {}
 impl ShowsSession for WsListing {}
 impl ShowsSession for WsRestored {}
 impl ShowsSession for Ack {}
+impl ShowsSession for WsUploadAck {}
 
 impl ShowsSession for WsArchive {
     fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {

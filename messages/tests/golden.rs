@@ -211,6 +211,7 @@ fn golden_vectors_are_byte_exact() {
             append: false,
             requested_by: None,
             object: None,
+            upload: None,
         },
     );
 }

@@ -1,13 +1,14 @@
 //! `workspace-bulk`: what the deleted workspace-store bench measured, as loadtest series, one
-//! operation at a time. Large files through the object-store hand-off (the
-//! client uploads anything above one message, the store hands it back the same way), and the
+//! operation at a time. Large files both ways a client can move them, in the same run: by
+//! requests only (`upload` chunks, ranged reads: what a tenant's agent does) and through the
+//! object-store hand-off (services with JetStream access: the baseline), and the
 //! executor's pair per session run on a small workspace: a snapshot before the run, a restore
 //! of what the run changed.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use sandmesh_client::WorkspaceClient;
+use sandmesh_client::{Transfer, WorkspaceClient};
 
 use crate::client::call_failed;
 use crate::driver::{drive, Load, Sample};
@@ -53,15 +54,54 @@ pub async fn workspace_bulk(
     let content: Arc<Vec<u8>> = Arc::new((0..big_bytes).map(|i| (i % 251) as u8).collect());
     let change = Arc::new((output_tar(false)?, output_tar(true)?));
     let mib = big_bytes as f64 / f64::from(1 << 20);
+    let (requests, direct) = (Transfer::Requests, Transfer::ObjectStore);
     let series = [
-        ("write", format!("workspace/write_{mib:.0}MiB"), &bulk, big),
-        ("read", format!("workspace/read_{mib:.0}MiB"), &bulk, big),
-        ("snapshot", "workspace/snapshot".to_string(), &small, pair),
-        ("restore", "workspace/restore".to_string(), &small, pair),
+        (
+            "write",
+            format!("workspace/write_{mib:.0}MiB/requests"),
+            &bulk,
+            big,
+            requests,
+        ),
+        (
+            "read",
+            format!("workspace/read_{mib:.0}MiB/requests"),
+            &bulk,
+            big,
+            requests,
+        ),
+        (
+            "write",
+            format!("workspace/write_{mib:.0}MiB/object-store"),
+            &bulk,
+            big,
+            direct,
+        ),
+        (
+            "read",
+            format!("workspace/read_{mib:.0}MiB/object-store"),
+            &bulk,
+            big,
+            direct,
+        ),
+        (
+            "snapshot",
+            "workspace/snapshot".to_string(),
+            &small,
+            pair,
+            requests,
+        ),
+        (
+            "restore",
+            "workspace/restore".to_string(),
+            &small,
+            pair,
+            requests,
+        ),
     ];
-    for (op, name, session, load) in series {
+    for (op, name, session, load, transfer) in series {
         let name = format!("{name}/c1");
-        let (ws, session) = (ws.clone(), session.clone());
+        let (ws, session) = (ws.clone().transfer(transfer), session.clone());
         let (content, change) = (content.clone(), change.clone());
         let run = drive(&name, load.with_concurrency(1), move |_, seq| {
             let (ws, session) = (ws.clone(), session.clone());

@@ -61,17 +61,24 @@ impl SessionAffinity {
         &self.sessions
     }
 
+    /// Runs `run` on the session's node. `known` is the session's record when the caller has
+    /// just read it (saving a round trip); otherwise it is read here, and opened when missing.
     pub async fn dispatch_session(
         &self,
         session_id: &str,
+        known: Option<SessionRecord>,
         run: &mut ExecutorRun,
         needs: Requirements,
         deadline: Duration,
         scope: &AuditScope,
     ) -> Result<ExecResult, ErrorBody> {
-        let mut record = self
-            .ensure_session(session_id, run.request.requested_by.clone(), scope)
-            .await?;
+        let mut record = match known {
+            Some(record) => record,
+            None => {
+                self.ensure_session(session_id, run.request.requested_by.clone(), scope)
+                    .await?
+            }
+        };
         // The session's container is made with the session's egress socket, if it has one.
         run.network = record.network.clone();
         for _ in 0..PLACEMENT_ATTEMPTS {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use messages::exec::{ExecResult, Tier};
 use messages::executor::{Backend, ExecutorRun, RunKind};
+use messages::session::SessionRecord;
 use messages::ErrorBody;
 
 use crate::affinity::SessionAffinity;
@@ -54,10 +55,9 @@ impl Dispatcher {
         }
     }
 
-    /// Whether the session runs under a network policy (an unknown session has none yet).
-    pub async fn session_has_network(&self, session_id: &str) -> Result<bool, ErrorBody> {
-        let record = self.affinity.sessions().get(session_id).await?;
-        Ok(record.is_some_and(|r| r.network.is_some()))
+    /// The session's record (`None`: not opened yet; its first execution opens it).
+    pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>, ErrorBody> {
+        Ok(self.affinity.sessions().get(session_id).await?)
     }
 
     /// The place and run stages: a session's node, or the node the strategy picks (the
@@ -96,7 +96,14 @@ impl Dispatcher {
         if let Some(session_id) = &exec.request.session_id {
             return self
                 .affinity
-                .dispatch_session(session_id, &mut run, needs, deadline, &scope)
+                .dispatch_session(
+                    session_id,
+                    exec.session.clone(),
+                    &mut run,
+                    needs,
+                    deadline,
+                    &scope,
+                )
                 .await;
         }
         let light = light_backend(

@@ -9,6 +9,7 @@ use messages::exec::{
     AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, Tier, Timing,
 };
 use messages::risk::RiskAssessment;
+use messages::session::SessionRecord;
 use messages::tenancy::{scoped, Caller, Tenant};
 use messages::validate::EffectiveLimits;
 use messages::ErrorBody;
@@ -87,6 +88,10 @@ pub struct Execution {
     pub account: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The session's record as read when the request was assessed, for the dispatch right
+    /// after it; never stored (a parked execution reads the session again when it resumes).
+    #[serde(skip)]
+    pub session: Option<SessionRecord>,
 }
 
 impl Execution {
@@ -112,6 +117,7 @@ impl Execution {
                 .user()
                 .filter(|u| !u.is_empty())
                 .map(str::to_string),
+            session: None,
         }
     }
 

@@ -217,6 +217,16 @@ pub async fn run(
         subjects.clone(),
         stopping.clone(),
     );
+    // The jobs stream exists before anything answers: a client that saw the scheduler answer
+    // may publish a job at once.
+    let jobs = Jobs::new(
+        pipeline.clone(),
+        results,
+        subjects.clone(),
+        admission.clone(),
+        config.job_settings(),
+    );
+    let consumer = jobs.consumer(&js, &subjects, replicas).await?;
     let sessions = SessionApi::new(affinity, executor, auditor, config.network_ceiling.clone());
     let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
 
@@ -257,14 +267,6 @@ pub async fn run(
         .start(stopping.clone())
         .await
         .map_err(SchedulerError::Decisions)?;
-    let jobs = Jobs::new(
-        pipeline,
-        results,
-        subjects.clone(),
-        admission,
-        config.job_settings(),
-    );
-    let consumer = jobs.consumer(&js, &subjects, replicas).await?;
     let jobs_stop = CancellationToken::new();
     let jobs_running = TaskTracker::new();
     let jobs_loop = tokio::spawn(jobs::run(

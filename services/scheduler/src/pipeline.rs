@@ -13,6 +13,7 @@ use kit::{AuditScope, Auditor, Caller};
 use messages::audit::AuditKind;
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier};
 use messages::risk::{AssessRequest, RiskAssessment};
+use messages::session::SessionRecord;
 use messages::validate::{validate_exec, Ceilings};
 use messages::{ErrorBody, ErrorKind, Subjects};
 use serde_json::json;
@@ -126,7 +127,7 @@ impl Pipeline {
         // wasted only when an earlier attempt holds the claim or already has a result.
         let assessing = async {
             let started = Instant::now();
-            (self.assess(&exec.request).await, started.elapsed())
+            (self.read_and_assess(&exec.request).await, started.elapsed())
         };
         let holding = async {
             if fresh_id {
@@ -152,7 +153,10 @@ impl Pipeline {
         );
         exec.timing.assess_ms = ms(assess_took);
         let risk = match risk {
-            Ok(risk) => risk,
+            Ok((session, risk)) => {
+                exec.session = session;
+                risk
+            }
             Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
                 let r = exec.refused(ExecStatus::Rejected, Tier::Reject, e);
                 return self.store(&exec, r, claim).await;
@@ -306,6 +310,8 @@ impl Pipeline {
                 Confirmed::Stop(Box::new(self.denied(exec)))
             });
         }
+        // Whoever resumes it reads the session as it is then.
+        exec.session = None;
         let parked = Parked {
             state: ParkedState::AwaitingConfirmation,
             confirmation_id: confirmation.id,
@@ -403,13 +409,28 @@ impl Pipeline {
         outcome
     }
 
-    /// Assesses the code, telling the assessor whether it runs under a network policy (its
-    /// own, or its session's): then fetching is bounded by the policy, not a risk by itself.
-    async fn assess(&self, req: &ExecRequest) -> Result<RiskAssessment, ErrorBody> {
-        let network = match &req.session_id {
-            Some(id) => self.dispatcher.session_has_network(id).await?,
-            None => req.network.is_some(),
+    /// Reads the session's record (when the request names one) while the code is assessed:
+    /// two round trips at once instead of one after the other. The assessor is told whether
+    /// the code runs under a network policy (its own, or its session's): then fetching is
+    /// bounded by the policy, not a risk by itself. The session's policy is known only once
+    /// its record is read, so code of a session that has one is assessed again with it.
+    async fn read_and_assess(
+        &self,
+        req: &ExecRequest,
+    ) -> Result<(Option<SessionRecord>, RiskAssessment), ErrorBody> {
+        let Some(id) = &req.session_id else {
+            return Ok((None, self.assess(req, req.network.is_some()).await?));
         };
+        let (record, risk) = tokio::join!(self.dispatcher.session(id), self.assess(req, false));
+        let record = record?;
+        let risk = match &record {
+            Some(r) if r.network.is_some() => self.assess(req, true).await?,
+            _ => risk?,
+        };
+        Ok((record, risk))
+    }
+
+    async fn assess(&self, req: &ExecRequest, network: bool) -> Result<RiskAssessment, ErrorBody> {
         let ask = AssessRequest {
             content: req.code.clone(),
             content_type: req.language.into(),

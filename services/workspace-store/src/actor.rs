@@ -10,8 +10,9 @@ use std::sync::Arc;
 use kit::RequestContext;
 use messages::tenancy::Caller;
 use messages::workspace::{
-    Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFile, WsInit, WsList, WsListing, WsPath,
-    WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest, WsWrite,
+    Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFetch, WsFile, WsInit, WsList, WsListing,
+    WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUploadAck, WsUploadChunk, WsUsage,
+    WsUsageRequest, WsWrite,
 };
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -33,6 +34,8 @@ pub enum StoreMsg {
     Restore(RequestContext, WsRestore, Reply<WsRestored>),
     Usage(RequestContext, WsUsageRequest, Reply<WsUsage>),
     Cleanup(RequestContext, WsCleanup, Reply<WsCleaned>),
+    Upload(RequestContext, WsUploadChunk, Reply<WsUploadAck>),
+    Fetch(RequestContext, WsFetch, Reply<WsFile>),
 }
 
 pub struct StoreActor;
@@ -144,6 +147,17 @@ impl Actor for StoreActor {
                 reply,
                 |s| async move { s.cleanup(r).await },
             ),
+            StoreMsg::Upload(ctx, r, reply) => spawn_op(store, ctx.caller, reply, |s| async move {
+                s.uploads.append(r).await
+            }),
+            StoreMsg::Fetch(ctx, r, reply) => {
+                spawn_op(
+                    store,
+                    ctx.caller,
+                    reply,
+                    |s| async move { s.fetch(r).await },
+                )
+            }
         }
         Ok(())
     }

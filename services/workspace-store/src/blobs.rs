@@ -7,6 +7,8 @@
 //! archives. The object store chunks everything, so no message ever exceeds the NATS max
 //! payload.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::object_store::{self, ObjectInfo, ObjectMetadata, ObjectStore};
@@ -17,7 +19,7 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use sandmesh_client::objects::{ObjectChunks, ObjectReader};
+use sandmesh_client::objects::{ChunkIndex, ObjectChunks, ObjectReader};
 
 use crate::error::{Result, StoreError};
 
@@ -26,9 +28,14 @@ pub use messages::workspace::UPLOAD_PREFIX;
 
 pub const SNAPSHOT_PREFIX: &str = "snapshot/";
 pub const CONTENT_PREFIX: &str = "ws/";
+/// Chunk indexes kept for range reads.
+const MAX_CACHED_INDEXES: usize = 256;
 
 #[derive(Clone)]
 pub struct Blobs {
+    /// Chunk indexes of objects read by ranges, by the object's nuid (a new version of an
+    /// object gets a new nuid, so an entry never goes stale).
+    indexes: Arc<Mutex<HashMap<String, Arc<ChunkIndex>>>>,
     store: ObjectStore,
     /// The bucket's stream (`OBJ_<bucket>`): deleting an object leaves a "deleted" meta
     /// message behind; purging its subject keeps the stream from growing with every write.
@@ -41,8 +48,14 @@ pub fn content_name(session: &str) -> String {
     format!("{CONTENT_PREFIX}{session}/{}", messages::new_id())
 }
 
-pub fn snapshot_name() -> String {
-    format!("{SNAPSHOT_PREFIX}{}", messages::new_id())
+/// A staged snapshot of `session`: the session is part of the name so that `fetch` serves it
+/// to that session (and tenant) only.
+pub fn snapshot_name(session: &str) -> String {
+    format!("{}{}", snapshot_prefix(session), messages::new_id())
+}
+
+pub fn snapshot_prefix(session: &str) -> String {
+    format!("{SNAPSHOT_PREFIX}{session}/")
 }
 
 /// A name a client may hand over: `upload/` and 1–64 of `[A-Za-z0-9_-]`.
@@ -83,6 +96,7 @@ impl Blobs {
             .await
             .map_err(|e| StoreError::storage("opening the object store stream", e))?;
         Ok(Self {
+            indexes: Arc::default(),
             store,
             chunks: ObjectChunks::open(js, bucket)
                 .await
@@ -140,18 +154,43 @@ impl Blobs {
         Ok(out)
     }
 
-    /// `length` bytes from `offset`. Objects are read front to back, so the bytes before the
-    /// range are streamed and dropped; ranges serve small reads of large files.
+    /// `length` bytes from `offset`, reading only the chunks the range covers. A client
+    /// reads a large file as consecutive ranges, so the object's chunk index is built once
+    /// (per instance) and kept: reading the whole file by ranges costs one pass, not one
+    /// pass per range.
     pub async fn read_range(&self, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
-        let (_, reader) = self.open_reader(name).await?;
-        let mut reader = reader.take(offset.saturating_add(length));
-        let err = |e| StoreError::storage(&format!("reading {name}"), e);
-        tokio::io::copy(&mut (&mut reader).take(offset), &mut tokio::io::sink())
+        let info = self
+            .info(name)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("object {name} does not exist")))?;
+        let cached = self
+            .indexes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&info.nuid)
+            .cloned();
+        let index = match cached {
+            Some(index) => index,
+            None => {
+                let index = Arc::new(
+                    self.chunks
+                        .index(&info)
+                        .await
+                        .map_err(|e| StoreError::storage(&format!("indexing {name}"), e))?,
+                );
+                let mut indexes = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+                // Bounded: an index is a few bytes per chunk, and a full cache just starts over.
+                if indexes.len() >= MAX_CACHED_INDEXES {
+                    indexes.clear();
+                }
+                indexes.insert(info.nuid.clone(), index.clone());
+                index
+            }
+        };
+        self.chunks
+            .read_range(&index, offset, length)
             .await
-            .map_err(err)?;
-        let mut out = Vec::with_capacity(length.min(1 << 24) as usize);
-        reader.read_to_end(&mut out).await.map_err(err)?;
-        Ok(out)
+            .map_err(|e| StoreError::storage(&format!("reading {name}"), e))
     }
 
     /// Streams an object and returns its true size and SHA-256 (hex): a client's claim in the

@@ -19,6 +19,9 @@ pub struct WorkspaceConfig {
     /// Most content bytes one restore archive may unpack (`SANDMESH_WS_MAX_RESTORE_MB`,
     /// defaults to the quota).
     pub max_restore_bytes: u64,
+    /// Uploads not committed within this long lose their chunks
+    /// (`SANDMESH_WS_UPLOAD_TTL_SECS`).
+    pub upload_ttl: Duration,
 }
 
 impl WorkspaceConfig {
@@ -42,6 +45,10 @@ impl WorkspaceConfig {
             r.error("SANDMESH_WS_MAX_RESTORE_ENTRIES: must be at least 1");
         }
         let max_restore_mb = r.parse("WS_MAX_RESTORE_MB", max_size_mb);
+        let upload_ttl_secs = r.parse("WS_UPLOAD_TTL_SECS", 3600u64);
+        if upload_ttl_secs == 0 {
+            r.error("SANDMESH_WS_UPLOAD_TTL_SECS: must be at least 1");
+        }
         r.finish()?;
         Ok(Self {
             kit,
@@ -50,6 +57,7 @@ impl WorkspaceConfig {
             sweep_interval,
             max_restore_entries,
             max_restore_bytes: max_restore_mb.saturating_mul(1 << 20),
+            upload_ttl: Duration::from_secs(upload_ttl_secs),
         })
     }
 
@@ -63,6 +71,7 @@ impl WorkspaceConfig {
             sweep_interval: Duration::from_secs(600),
             max_restore_entries: 100_000,
             max_restore_bytes: 1024 << 20,
+            upload_ttl: Duration::from_secs(3600),
         }
     }
 

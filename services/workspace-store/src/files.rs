@@ -63,13 +63,38 @@ impl Workspaces {
     }
 
     /// Writes a file or makes a directory, then moves the session's revision on.
-    pub async fn write(&self, req: WsWrite) -> Result<WsEntry> {
-        let entry = self.write_node(&req).await?;
+    pub async fn write(&self, mut req: WsWrite) -> Result<WsEntry> {
+        let mut measured = None;
+        if let Some(upload) = req.upload.take() {
+            if req.object.is_some() || !req.content.is_empty() || req.append {
+                return Err(StoreError::BadRequest(
+                    "a write names an upload or an object or carries content (and only content \
+                     appends)"
+                        .into(),
+                ));
+            }
+            keys::check_session(&req.session_id)?;
+            RelPath::parse("path", &req.path)?;
+            let (name, size, sha) = self
+                .uploads
+                .commit(&self.blobs, &req.session_id, &upload, self.quota_bytes)
+                .await?;
+            req.object = Some(name);
+            measured = Some((size, sha));
+        }
+        let committed = measured.is_some();
+        let outcome = self.write_node(&req, measured).await;
+        // The object made from an upload is ours: one the write did not take over goes.
+        if let (Err(_), true, Some(name)) = (&outcome, committed, &req.object) {
+            self.blobs.remove(name).await?;
+        }
+        let entry = outcome?;
         self.index.bump_revision(&req.session_id).await?;
         Ok(entry)
     }
 
-    async fn write_node(&self, req: &WsWrite) -> Result<WsEntry> {
+    /// `measured`: the size and SHA-256 of `req.object` when the store made it itself.
+    async fn write_node(&self, req: &WsWrite, measured: Option<(u64, String)>) -> Result<WsEntry> {
         let session = &req.session_id;
         keys::check_session(session)?;
         let (path, is_dir) = RelPath::parse("path", &req.path)?;
@@ -137,7 +162,11 @@ impl Workspaces {
                 (None, Some(upload)) => {
                     let object = content_name(session);
                     self.blobs.adopt(upload, &object).await?;
-                    match self.blobs.measure(&object).await {
+                    let measured = match &measured {
+                        Some(known) => Ok(known.clone()),
+                        None => self.blobs.measure(&object).await,
+                    };
+                    match measured {
                         Ok((size, sha)) => file_node(size, sha, object),
                         Err(e) => {
                             self.blobs.remove(&object).await?;
@@ -211,7 +240,17 @@ impl Workspaces {
                      read the whole file to get it through the object store"
                 )));
             }
-            // Too large for one message: the client fetches the object itself.
+            if crate::actor::CALLER
+                .try_with(|c| c.tenant().is_some())
+                .unwrap_or(false)
+            {
+                return Err(StoreError::TooLarge(format!(
+                    "{path} is {} bytes; read it by ranges of at most {INLINE_MAX_BYTES} bytes \
+                     (offset and length)",
+                    node.size
+                )));
+            }
+            // Too large for one message: the (service) client fetches the object itself.
             file.object = Some(node.object);
             return Ok(file);
         }

@@ -11,12 +11,15 @@
 //! `init` WsInit → WsUsage · `write` WsWrite → WsEntry · `read` WsRead → WsFile ·
 //! `list` WsList → WsListing · `stat` WsPath → WsEntry · `delete` WsPath → Ack ·
 //! `snapshot` WsSnapshot → WsArchive · `restore` WsRestore → WsRestored ·
-//! `usage` WsUsageRequest → WsUsage · `cleanup` WsCleanup → WsCleaned.
+//! `usage` WsUsageRequest → WsUsage · `cleanup` WsCleanup → WsCleaned ·
+//! `upload` WsUploadChunk → WsUploadAck · `fetch` WsFetch → WsFile.
 //!
-//! Large content never travels in one message: a write may name an object the client put
-//! under `upload/<token>`, a read of a file over `messages::workspace::INLINE_MAX_BYTES` and a
-//! large snapshot answer with an object name instead of inline bytes (`sandmesh-client`'s
-//! `WorkspaceClient` does both for callers).
+//! Large content never travels in one message. Anyone (a tenant's agent too) sends it in
+//! `upload` chunks and names the upload in the write or restore (`uploads`), reads a large
+//! file by ranges (`read` with offset and length) and a large snapshot's staged object by
+//! ranges (`fetch`). Services may instead hand over an object they put under
+//! `upload/<token>` and fetch the object a whole-file read or a snapshot names.
+//! `sandmesh-client`'s `WorkspaceClient` does all of it for callers.
 //!
 //! ```text
 //! run ── Runtime (kit: endpoints, heartbeat)
@@ -37,6 +40,7 @@ pub mod restore;
 pub mod snapshot;
 pub mod store;
 pub mod sweeper;
+pub mod uploads;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,6 +61,7 @@ use actor::{StoreActor, StoreMsg};
 use blobs::Blobs;
 use index::Index;
 use sweeper::{Sweeper, SweeperArgs};
+use uploads::Uploads;
 
 pub const SERVICE_NAME: &str = messages::ServiceName::WorkspaceStore.as_str();
 
@@ -91,6 +96,12 @@ where
         let inner = inner.clone();
         async move {
             let tenant = ctx.caller.tenant().cloned();
+            if tenant.is_some() && req.names_object() {
+                // Objects are the services' hand-over; an agent could name another tenant's.
+                return Err(ErrorBody::denied(
+                    "agents move large content with workspace.upload, not by object name",
+                ));
+            }
             match req.session_mut() {
                 Some(id) => *id = ctx.caller.scope("session_id", id)?,
                 None if tenant.is_some() => {
@@ -117,10 +128,12 @@ pub async fn run(
     let replicas = runtime.config.js_replicas;
     let index = Index::open(&runtime.js, &subjects.workspace_index_bucket(), replicas).await?;
     let blobs = Blobs::open(&runtime.js, &subjects.workspace_objects_bucket(), replicas).await?;
+    let uploads = Uploads::open(&runtime.js, &subjects, config.upload_ttl, replicas).await?;
     let store = Arc::new(Workspaces::new(
         &config,
         index,
         blobs,
+        uploads,
         runtime.auditor.clone(),
     ));
 
@@ -153,6 +166,8 @@ pub async fn run(
     serve!(Restore, Restore);
     serve!(Usage, Usage);
     serve!(Cleanup, Cleanup);
+    serve!(Upload, Upload);
+    serve!(Fetch, Fetch);
 
     let (sweeper, mut sweeper_task) = Actor::spawn(
         None,

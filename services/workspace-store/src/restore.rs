@@ -132,8 +132,24 @@ pub fn plan(
 }
 
 impl Workspaces {
-    pub async fn restore(&self, req: WsRestore) -> Result<WsRestored> {
+    pub async fn restore(&self, mut req: WsRestore) -> Result<WsRestored> {
         keys::check_session(&req.session_id)?;
+        if let Some(upload) = req.upload.take() {
+            if req.object.is_some() || req.tar_base64.is_some() {
+                return Err(StoreError::BadRequest(
+                    "give the archive inline, as an object or as an upload: one of them".into(),
+                ));
+            }
+            // Content plus a generous kilobyte of headers and padding per entry.
+            let bound = self
+                .max_restore_bytes
+                .saturating_add(self.max_restore_entries.saturating_mul(1024));
+            let (name, _, _) = self
+                .uploads
+                .commit(&self.blobs, &req.session_id, &upload, bound)
+                .await?;
+            req.object = Some(name);
+        }
         if let Some(name) = &req.object {
             if !blobs::is_upload_name(name) {
                 return Err(StoreError::BadRequest(format!(

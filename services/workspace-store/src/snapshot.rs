@@ -4,12 +4,13 @@
 //! object store (`snapshot/<id>`) and the reply names that object.
 
 use futures::{StreamExt, TryStreamExt};
-use messages::workspace::{WsArchive, WsSnapshot};
+use messages::exec::ContentEncoding;
+use messages::workspace::{WsArchive, WsFetch, WsFile, WsSnapshot};
 use tokio::runtime::Handle;
 use tokio_util::io::SyncIoBridge;
 
 use crate::archive;
-use crate::blobs::{snapshot_name, Blobs};
+use crate::blobs::{snapshot_name, snapshot_prefix, Blobs};
 use crate::error::{Result, StoreError};
 use crate::index::Node;
 use crate::keys::{self, RelPath};
@@ -36,6 +37,50 @@ fn tar_size_bound(nodes: &[(RelPath, Node)]) -> u64 {
 }
 
 impl Workspaces {
+    /// A range of a staged snapshot of the session: how a caller without the objects bucket
+    /// (a tenant's agent) downloads a large snapshot. Another session's snapshot is not found.
+    pub async fn fetch(&self, req: WsFetch) -> Result<WsFile> {
+        keys::check_session(&req.session_id)?;
+        let gone = || {
+            StoreError::NotFound(format!(
+                "no snapshot {} of workspace {} (staged snapshots expire)",
+                req.object, req.session_id
+            ))
+        };
+        let own = req
+            .object
+            .strip_prefix(&snapshot_prefix(&req.session_id))
+            .is_some_and(|id| messages::validate::validate_id("object", id).is_ok());
+        if !own {
+            return Err(gone());
+        }
+        if req.length > INLINE_MAX_BYTES {
+            return Err(StoreError::TooLarge(format!(
+                "a fetch returns at most {INLINE_MAX_BYTES} bytes; ask for less"
+            )));
+        }
+        let size = self.blobs.info(&req.object).await?.ok_or_else(gone)?.size as u64;
+        if req.offset > size {
+            return Err(StoreError::BadRequest(format!(
+                "offset {} is past the end of the snapshot ({size} bytes)",
+                req.offset
+            )));
+        }
+        let bytes = self
+            .blobs
+            .read_range(&req.object, req.offset, req.length)
+            .await?;
+        Metrics::add(&self.metrics.bytes_read, bytes.len() as u64);
+        Ok(WsFile {
+            path: req.object,
+            content: messages::encode_base64(&bytes),
+            encoding: ContentEncoding::Base64,
+            size,
+            object: None,
+            sha256: None,
+        })
+    }
+
     pub async fn snapshot(&self, req: WsSnapshot) -> Result<WsArchive> {
         let session = &req.session_id;
         keys::check_session(session)?;
@@ -73,7 +118,7 @@ impl Workspaces {
                 revision,
             });
         }
-        let name = snapshot_name();
+        let name = snapshot_name(session);
         match build_into_object(&self.blobs, &name, nodes).await {
             Ok(size) => Ok(WsArchive {
                 session_id: session.clone(),

@@ -22,6 +22,7 @@ use crate::config::WorkspaceConfig;
 use crate::error::{Result, StoreError};
 use crate::index::{Cas, Index, Node, SessionMeta, Versioned};
 use crate::keys::RelPath;
+use crate::uploads::Uploads;
 
 /// Compare-and-set retries before giving up with 409 (only reached under extreme contention).
 const MAX_CAS_ATTEMPTS: usize = 1000;
@@ -59,6 +60,7 @@ pub enum Accounting {
 pub struct Workspaces {
     pub index: Index,
     pub blobs: Blobs,
+    pub uploads: Uploads,
     pub quota_bytes: u64,
     pub max_restore_entries: u64,
     pub max_restore_bytes: u64,
@@ -68,10 +70,17 @@ pub struct Workspaces {
 }
 
 impl Workspaces {
-    pub fn new(config: &WorkspaceConfig, index: Index, blobs: Blobs, auditor: Auditor) -> Self {
+    pub fn new(
+        config: &WorkspaceConfig,
+        index: Index,
+        blobs: Blobs,
+        uploads: Uploads,
+        auditor: Auditor,
+    ) -> Self {
         Self {
             index,
             blobs,
+            uploads,
             quota_bytes: config.quota_bytes(),
             max_restore_entries: config.max_restore_entries,
             max_restore_bytes: config.max_restore_bytes,

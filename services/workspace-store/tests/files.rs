@@ -145,6 +145,7 @@ async fn files_directories_ranges_and_conflicts() {
         append: true,
         requested_by: Some("alice".into()),
         object: None,
+        upload: None,
     };
     let _: serde_json::Value = raw(
         &nc,

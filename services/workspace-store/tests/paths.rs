@@ -57,6 +57,7 @@ async fn traversal_catalogue_is_refused_and_nothing_is_written() {
             append: false,
             requested_by: None,
             object: None,
+            upload: None,
         };
         let e = raw::<_, WsEntry>(&nc, s.workspace(WorkspaceOp::Write), &write)
             .await
@@ -134,6 +135,7 @@ async fn refused(url: &str, tar: Vec<u8>) -> messages::ErrorBody {
         session_id: SESSION.into(),
         tar_base64,
         object,
+        upload: None,
         replace: false,
         delete: Vec::new(),
         requested_by: None,

@@ -1,0 +1,429 @@
+//! HTML, rendered on the server. Everything shown comes from agents or people — code, reasons,
+//! names, ids — so every value goes through [`esc`] (or [`Html::text`]); markup is only ever
+//! written here, as literals. The page carries no inline script or style: the
+//! Content-Security-Policy allows `'self'` only, a second wall should an escape be missed.
+
+use std::fmt::Write as _;
+
+use messages::audit::AuditEvent;
+use messages::confirm::{ConfirmScope, ConfirmState, Confirmation};
+
+/// HTML-escapes text for element content and quoted attribute values.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `2026-11-26 14:05:39 UTC` for Unix milliseconds.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil-from-days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// The page around `body`: header with who is logged in, navigation, and the script.
+pub fn page(title: &str, user: Option<&str>, csrf: Option<&str>, body: &str) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{} · sandmesh console</title>\
+         <link rel=\"stylesheet\" href=\"/static/console.css\">\
+         <script src=\"/static/console.js\" defer></script></head><body>\
+         <header class=\"top\"><span class=\"brand\">sandmesh console</span>",
+        esc(title)
+    );
+    if let (Some(user), Some(csrf)) = (user, csrf) {
+        let _ = write!(
+            out,
+            "<nav><a href=\"/\">Pending</a> <a href=\"/activity\">Activity</a></nav>\
+             <span id=\"live\" class=\"live\">connecting…</span>\
+             <form method=\"post\" action=\"/logout\" class=\"logout\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <span class=\"who\">{}</span> <button>Log out</button></form>",
+            esc(csrf),
+            esc(user)
+        );
+    }
+    let _ = write!(out, "</header><main>{body}</main></body></html>");
+    out
+}
+
+pub fn login_form(error: Option<&str>) -> String {
+    let mut body = String::from("<section class=\"login\"><h1>Operator login</h1>");
+    if let Some(e) = error {
+        let _ = write!(body, "<p class=\"error\" role=\"alert\">{}</p>", esc(e));
+    }
+    body.push_str(
+        "<form method=\"post\" action=\"/login\">\
+         <label>User <input name=\"user\" autocomplete=\"username\" required maxlength=\"64\"></label>\
+         <label>Password <input name=\"password\" type=\"password\" autocomplete=\"current-password\" \
+         required maxlength=\"256\"></label><button>Log in</button></form>\
+         <p class=\"hint\">Your NATS operator credentials: <code>sandmesh creds --as operator</code>, \
+         or <code>.sandmesh/creds/operator.json</code> of <code>sandmesh up</code>.</p></section>",
+    );
+    page("Log in", None, None, &body)
+}
+
+/// The pending queue (newest first) and the last decisions, as first served (the script keeps
+/// them live).
+pub fn pending_page(
+    user: &str,
+    csrf: &str,
+    pending: &[Confirmation],
+    decided: &[Confirmation],
+) -> String {
+    let mut body = String::new();
+    let _ = write!(
+        body,
+        "<h1>Waiting for a decision <span id=\"count\" class=\"count\">{}</span></h1>\
+         <div id=\"pending\" class=\"cards\">",
+        pending.len()
+    );
+    for c in pending {
+        body.push_str(&card(c, csrf));
+    }
+    body.push_str(
+        "</div><p id=\"empty\" class=\"empty\">Nothing waits for a decision.</p>\
+         <h2>Decided here and elsewhere</h2><div id=\"decided\" class=\"cards\">",
+    );
+    for c in decided {
+        body.push_str(&card(c, csrf));
+    }
+    body.push_str("</div>");
+    page("Pending", Some(user), Some(csrf), &body)
+}
+
+/// One confirmation as a card: pending ones carry the decision forms, decided ones say who,
+/// when and how.
+pub fn card(c: &Confirmation, csrf: &str) -> String {
+    let id = esc(&c.id);
+    let level = c.risk.level.as_str();
+    let state = state_name(c.state);
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<article class=\"card {state} level-{level}\" id=\"c-{id}\" data-id=\"{id}\" \
+         data-state=\"{state}\" data-expires=\"{}\"><header><span class=\"level\">{level}</span>\
+         <h3 class=\"summary\">{}</h3>",
+        c.expires_at,
+        esc(&c.summary)
+    );
+    if c.state == ConfirmState::Pending {
+        out.push_str("<span class=\"left\"></span>");
+    }
+    out.push_str("</header><dl class=\"meta\">");
+    let tenant = c.tenant.as_ref().map(|t| t.as_str().to_string());
+    let session_link = c.session_id.as_ref().map(|s| {
+        format!(
+            "<a href=\"/activity?session={}\">{}</a>",
+            esc(&url_component(s)),
+            esc(s)
+        )
+    });
+    let rows: [(&str, Option<String>); 6] = [
+        ("tenant", tenant.as_deref().map(esc)),
+        ("session", session_link),
+        ("execution", c.execution_id.as_deref().map(esc)),
+        ("requested by", c.requested_by.as_deref().map(esc)),
+        ("asked", Some(esc(&utc(c.created_at)))),
+        ("confirmation", Some(id.clone())),
+    ];
+    for (name, value) in rows {
+        let _ = write!(
+            out,
+            "<dt>{name}</dt><dd>{}</dd>",
+            value.unwrap_or_else(|| "—".into())
+        );
+    }
+    out.push_str("</dl>");
+    // The scheduler's summary already carries the reason; others may not.
+    if !c.risk.reason.is_empty() && !c.summary.contains(&c.risk.reason) {
+        let _ = write!(out, "<p class=\"reason\">{}</p>", esc(&c.risk.reason));
+    }
+    out.push_str(&subject(c));
+    if !c.risk.findings.is_empty() {
+        out.push_str("<ul class=\"findings\">");
+        for f in &c.risk.findings {
+            let line = f.line.map(|l| format!(", line {l}")).unwrap_or_default();
+            let _ = write!(
+                out,
+                "<li><code class=\"rule\">{}</code> <span class=\"sev\">{}{line}</span> {}</li>",
+                esc(&f.rule),
+                f.severity.as_str(),
+                esc(&f.description)
+            );
+        }
+        out.push_str("</ul>");
+    }
+    if c.state == ConfirmState::Pending {
+        let csrf = esc(csrf);
+        let _ = write!(
+            out,
+            "<div class=\"actions\"><form method=\"post\" action=\"/decide\" class=\"approve\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+             <input type=\"hidden\" name=\"id\" value=\"{id}\">\
+             <button name=\"action\" value=\"approve\" class=\"ok\">Approve once</button>\
+             <button name=\"action\" value=\"approve_session\" class=\"ok\">Approve for this session</button>\
+             </form><form method=\"post\" action=\"/decide\" class=\"deny\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+             <input type=\"hidden\" name=\"id\" value=\"{id}\">\
+             <input type=\"hidden\" name=\"action\" value=\"deny\">\
+             <input name=\"reason\" required maxlength=\"{MAX_REASON}\" \
+             placeholder=\"reason (sent back to the agent)\" aria-label=\"reason for denying\">\
+             <button class=\"no\">Deny</button></form>\
+             <p class=\"card-error error\" role=\"alert\" hidden></p></div>"
+        );
+    } else {
+        let how = match (c.state, c.scope) {
+            (ConfirmState::Approved, ConfirmScope::Session) => "Approved for this session",
+            (ConfirmState::Approved, ConfirmScope::Once) => "Approved once",
+            (ConfirmState::Denied, _) => "Denied",
+            (ConfirmState::Timeout, _) => "Timed out",
+            (ConfirmState::Pending, _) => "Pending",
+        };
+        let _ = write!(out, "<p class=\"verdict\"><b>{how}</b>");
+        if let Some(by) = &c.by {
+            let _ = write!(out, " by <span class=\"by\">{}</span>", esc(by));
+        }
+        if let Some(at) = c.decided_at {
+            let _ = write!(out, " at {}", esc(&utc(at)));
+        }
+        if let Some(reason) = &c.reason {
+            let _ = write!(out, ": <q class=\"why\">{}</q>", esc(reason));
+        }
+        out.push_str("</p>");
+    }
+    out.push_str("</article>");
+    out
+}
+
+/// The longest reason a person may give (the agent reads it in its result).
+pub const MAX_REASON: usize = 1000;
+
+fn state_name(state: ConfirmState) -> &'static str {
+    match state {
+        ConfirmState::Pending => "pending",
+        ConfirmState::Approved => "approved",
+        ConfirmState::Denied => "denied",
+        ConfirmState::Timeout => "timeout",
+    }
+}
+
+/// What is asked: a browser action (its URL and element) or code with its risky spans marked.
+fn subject(c: &Confirmation) -> String {
+    if let Some(action) = browser_action(c) {
+        return action;
+    }
+    format!(
+        "<pre class=\"code\"><code>{}</code></pre>",
+        crate::highlight::highlight(&c.code_excerpt, &c.risk.findings)
+    )
+}
+
+/// The browser-router asks with a summary `browser <action> in session …` and the action's
+/// parameters as JSON (`url`, `selector`, `index`, `text`, `page`, …); such a request is shown
+/// as the action, with its URL and element.
+fn browser_action(c: &Confirmation) -> Option<String> {
+    if !c.summary.starts_with("browser ") {
+        return None;
+    }
+    let params: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&c.code_excerpt).ok()?;
+    let mut out = String::from("<dl class=\"browser\">");
+    for (key, value) in &params {
+        let shown = match value {
+            serde_json::Value::Null => continue,
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let class = match key.as_str() {
+            "url" => " class=\"url\"",
+            "selector" | "index" => " class=\"element\"",
+            _ => "",
+        };
+        let _ = write!(out, "<dt>{}</dt><dd{class}>{}</dd>", esc(key), esc(&shown));
+    }
+    out.push_str("</dl>");
+    Some(out)
+}
+
+/// An audit event as a table row.
+pub fn audit_row(e: &AuditEvent) -> String {
+    let d = &e.details;
+    let pick = |key: &str| {
+        d.get(key)
+            .map(|v| match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_default()
+    };
+    let session = e
+        .session_id
+        .as_ref()
+        .map(|s| {
+            format!(
+                "<a href=\"/activity?session={}\">{}</a>",
+                esc(&url_component(s)),
+                esc(s)
+            )
+        })
+        .unwrap_or_default();
+    let what = match (
+        d.get("language").and_then(|v| v.as_str()),
+        d.get("code_bytes"),
+    ) {
+        (Some(lang), Some(bytes)) => format!("{lang} ({bytes} bytes)"),
+        (Some(lang), None) => lang.to_string(),
+        _ => String::new(),
+    };
+    let timing = d
+        .get("timing")
+        .and_then(|t| t.get("total_ms"))
+        .map(|ms| format!("{ms} ms"))
+        .unwrap_or_default();
+    format!(
+        "<tr class=\"kind-{kind}\"><td>{}</td><td>{kind}</td><td>{}</td><td>{session}</td>\
+         <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        esc(&utc(e.time)),
+        esc(e.tenant.as_ref().map_or("", |t| t.as_str())),
+        esc(e.execution_id.as_deref().unwrap_or("")),
+        esc(&what),
+        esc(&pick("status")),
+        esc(&pick("tier")),
+        esc(&pick("level")),
+        esc(&timing),
+        esc(e.user.as_deref().or(e.actor.as_deref()).unwrap_or("")),
+        kind = e.kind.as_str(),
+    )
+}
+
+/// The activity view: recent executions, or one session's audit tail.
+pub fn activity_page(
+    user: &str,
+    csrf: &str,
+    session: Option<&str>,
+    events: &[AuditEvent],
+) -> String {
+    let mut body = String::new();
+    match session {
+        Some(s) => {
+            let _ = write!(
+                body,
+                "<h1>Session <code>{}</code></h1><p><a href=\"/activity\">all recent executions</a></p>",
+                esc(s)
+            );
+        }
+        None => body.push_str("<h1>Recent executions</h1>"),
+    }
+    let _ = write!(
+        body,
+        "<form method=\"get\" action=\"/activity\" class=\"find\"><input name=\"session\" \
+         placeholder=\"session id\" value=\"{}\" aria-label=\"session id\"><button>Show session</button></form>",
+        esc(session.unwrap_or(""))
+    );
+    if events.is_empty() {
+        body.push_str("<p class=\"empty\">No events.</p>");
+    } else {
+        body.push_str(
+            "<table class=\"audit\"><thead><tr><th>time</th><th>event</th><th>tenant</th>\
+             <th>session</th><th>execution</th><th>what</th><th>status</th><th>tier</th><th>risk</th>\
+             <th>took</th><th>who</th></tr></thead><tbody>",
+        );
+        for e in events {
+            body.push_str(&audit_row(e));
+        }
+        body.push_str("</tbody></table>");
+    }
+    page("Activity", Some(user), Some(csrf), &body)
+}
+
+/// Percent-encodes everything but unreserved characters, for a query value.
+pub fn url_component(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use messages::risk::{RiskAssessment, RiskLevel};
+
+    #[test]
+    fn markup_in_values_is_inert() {
+        assert_eq!(
+            esc("<script>alert('x')</script>&\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;"
+        );
+        let c = Confirmation {
+            id: "c1".into(),
+            summary: "<img src=x onerror=alert(1)>".into(),
+            code_excerpt: "</code><script>alert(1)</script>".into(),
+            requested_by: Some("\"><script>".into()),
+            reason: Some("<script>".into()),
+            state: ConfirmState::Denied,
+            ..Default::default()
+        };
+        let html = card(&c, "t\"oken");
+        assert!(!html.contains("<script"), "{html}");
+        assert!(!html.contains("<img"), "{html}");
+    }
+
+    #[test]
+    fn browser_actions_show_url_and_element() {
+        let c = Confirmation {
+            summary: "browser fill in session s1".into(),
+            code_excerpt:
+                r##"{"url": "https://pay.example/<x>", "selector": "#card", "text": null}"##.into(),
+            risk: RiskAssessment {
+                level: RiskLevel::High,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let html = card(&c, "t");
+        assert!(html.contains("<dd class=\"url\">https://pay.example/&lt;x&gt;</dd>"));
+        assert!(html.contains("<dd class=\"element\">#card</dd>"));
+        assert!(!html.contains("null"), "{html}");
+    }
+
+    #[test]
+    fn times_are_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_795_701_939_000), "2026-11-26 14:05:39 UTC");
+    }
+}
