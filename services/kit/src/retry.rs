@@ -135,6 +135,8 @@ fn verdict(e: &(dyn Error + 'static)) -> Option<bool> {
     }
     if let Some(e) = e.downcast_ref::<std::io::Error>() {
         use std::io::ErrorKind::*;
+        // `Other`: async-nats reports a reply subscription dropped by a reconnect that way
+        // (`double_ack`); the budget bounds it should it mean something lasting.
         return Some(matches!(
             e.kind(),
             TimedOut | BrokenPipe | ConnectionReset | ConnectionAborted | NotConnected | Other
