@@ -27,8 +27,10 @@ use messages::tenancy::{Tenant, OPERATORS_ACCOUNT, SANDBOX_ACCOUNT};
 use messages::{ServiceName, Subjects};
 use serde::{Deserialize, Serialize};
 
+mod cluster;
 mod permissions;
 
+pub use cluster::{deployment_nodes, servers, ClusterNode};
 pub use permissions::Permissions;
 
 /// A user and password.

@@ -101,12 +101,15 @@ async fn client_config(acting: Acting) -> anyhow::Result<(KitConfig, async_nats:
         (None, Some(u), Some(p)) => options = options.user_and_password(u.clone(), p.clone()),
         _ => {}
     }
-    let client = options.connect(url.as_str()).await.map_err(|e| {
-        anyhow::anyhow!(
-            "cannot reach NATS at {} ({e}); is the mesh up? `sandmesh up`",
-            config.nats_url
-        )
-    })?;
+    let client = options
+        .connect(sandmesh_auth::servers(&url))
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach NATS at {} ({e}); is the mesh up? `sandmesh up`",
+                config.nats_url
+            )
+        })?;
     Ok((config, client))
 }
 

@@ -366,6 +366,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
         .is_some_and(|v| !v.trim().is_empty());
     let mut auth = None;
     let _nats = if configured {
+        // An external server (or cluster) with a tenancy file: each service connects as
+        // itself, as with the embedded server.
+        if let Some(path) = &kit_config.tenancy_file {
+            auth = Some(ServiceAuth {
+                url: sandmesh_auth::split_url(&kit_config.nats_url).0,
+                tenancy: Tenancy::load(path)?,
+            });
+        }
         None
     } else {
         let tenancy = if args.insecure {
@@ -491,7 +499,7 @@ async fn connect(url: &str) -> anyhow::Result<async_nats::Client> {
     if let Some(c) = credentials {
         options = options.user_and_password(c.user, c.password);
     }
-    Ok(options.connect(plain).await?)
+    Ok(options.connect(sandmesh_auth::servers(&plain)).await?)
 }
 
 /// Waits until the mesh answers, runs the demo when asked, and then serves until the token

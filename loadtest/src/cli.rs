@@ -31,8 +31,12 @@ pub struct Cli {
     )]
     pub prefix: String,
     /// Start `sandmesh up` (own nats-server on a free port) for the run, stop it after.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "spawn_cluster")]
     pub spawn_mesh: bool,
+    /// Like --spawn-mesh, on three clustered nats-servers with every JetStream asset at three
+    /// replicas (`SANDMESH_JS_REPLICAS=3`).
+    #[arg(long, global = true)]
+    pub spawn_cluster: bool,
     /// The sandmesh program (for --spawn-mesh, the second risk-assessor and idle-rss).
     #[arg(long, global = true)]
     pub sandmesh_bin: Option<PathBuf>,

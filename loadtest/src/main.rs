@@ -10,6 +10,7 @@
 
 mod cli;
 mod client;
+mod cluster;
 mod docker;
 mod driver;
 mod ids;
@@ -57,6 +58,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(mesh::default_sandmesh_bin);
     let timeout = Duration::from_secs_f64(cli.timeout_s);
+    // The servers of --spawn-cluster: stopped after the mesh on them.
+    let mut cluster_servers = None;
     let (spawned, url) = if cli.spawn_mesh {
         eprintln!("loadtest: starting {} up", sandmesh_bin.display());
         let (p, url) = mesh::spawn_up(
@@ -67,9 +70,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(600),
         )
         .await?;
-        let (shown, _) = sandmesh_auth::split_url(&url);
-        eprintln!("loadtest: mesh is up at {shown}");
+        eprintln!(
+            "loadtest: mesh is up at {}",
+            sandmesh_auth::split_url(&url).0
+        );
         (Some(p), url)
+    } else if cli.spawn_cluster {
+        eprintln!(
+            "loadtest: starting three clustered nats-servers and {} up",
+            sandmesh_bin.display()
+        );
+        let (c, url) = cluster::spawn_cluster(
+            &sandmesh_bin,
+            &work_dir,
+            &subjects,
+            Duration::from_secs(600),
+        )
+        .await?;
+        eprintln!(
+            "loadtest: mesh is up on the cluster (R3) at {}",
+            sandmesh_auth::split_url(&url).0
+        );
+        cluster_servers = Some(c.servers);
+        (Some(c.up), url)
     } else {
         (None, cli.nats_url.clone())
     };
@@ -87,8 +110,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             None => "unreachable".into(),
         },
     };
-    // Without the credentials a spawned mesh's URL carries.
-    let nats_url = mesh.url.clone();
     let mut ctx = Ctx {
         mesh_id: scenarios::mesh_id(&mesh).await,
         mesh,
@@ -101,7 +122,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             started_unix_ms: messages::now_ms(),
             command: std::env::args().collect::<Vec<_>>().join(" "),
             machine,
-            nats_url,
+            // Without the admin's password: the report is shared.
+            nats_url: sandmesh_auth::split_url(&url).0,
             spawned_mesh: spawned.is_some(),
             ..Default::default()
         },
@@ -155,6 +177,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     ctx.report.memory.splice(0..0, mesh_memory);
     drop(spawned);
+    drop(cluster_servers);
     ctx.report.attach_baselines();
     ctx.report.evaluate_targets();
     println!("{}", ctx.report.human());

@@ -46,11 +46,14 @@ pub fn url_host(url: &str) -> Option<&str> {
 /// The loadtest sends traffic to this machine only: a load generator pointed at a shared
 /// server by mistake would be an attack on it.
 pub fn is_loopback_url(url: &str) -> bool {
-    match url_host(url) {
-        Some("localhost") => true,
-        Some(h) => h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
-        None => false,
-    }
+    // A cluster's URL lists every server: each must be here.
+    let servers = sandmesh_auth::servers(url);
+    !servers.is_empty()
+        && servers.iter().all(|server| match url_host(server) {
+            Some("localhost") => true,
+            Some(h) => h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+            None => false,
+        })
 }
 
 impl Mesh {
@@ -68,7 +71,7 @@ impl Mesh {
             .request_timeout(Some(timeout))
             // Burst and assess keep many thousands of requests in flight.
             .subscription_capacity(1 << 20)
-            .connect(&url)
+            .connect(sandmesh_auth::servers(&url))
             .await
             .with_context(|| format!("cannot reach NATS at {url}; is the mesh up?"))?;
         let js = jetstream::ContextBuilder::new()
@@ -233,19 +236,21 @@ pub async fn spawn_up(
         &log,
     )?;
     let deadline = Instant::now() + limit;
-    // `up` runs NATS with authentication: the loadtest connects as the deployment's admin,
-    // with the credentials `up` writes into its data directory.
-    let admin = data.join("creds").join("admin.json");
-    let mut url = url;
-    let mesh = loop {
+    let (mesh, url) = loop {
         if let Some(status) = process.exited() {
             bail!("sandmesh up exited ({status}); see {}", log.display());
         }
-        if let Some(with_creds) = admin_url(&admin, port) {
-            url = with_creds;
-        }
-        if let Ok(m) = Mesh::connect(&url, subjects.clone(), Duration::from_secs(5)).await {
-            break m;
+        // `up` runs NATS with authentication: the admin's credentials are in the tenancy
+        // file it writes before starting the server.
+        let tenancy = sandmesh_auth::Tenancy::load(&data.join("tenancy.json")).ok();
+        let admin = tenancy
+            .as_ref()
+            .and_then(|t| t.credentials(sandmesh_auth::Role::Admin));
+        if let Some(admin_url) = admin.map(|c| c.url(&url)) {
+            let connected = Mesh::connect(&admin_url, subjects.clone(), Duration::from_secs(5));
+            if let Ok(m) = connected.await {
+                break (m, admin_url);
+            }
         }
         if Instant::now() > deadline {
             bail!("NATS of sandmesh up did not come up; see {}", log.display());
@@ -262,18 +267,6 @@ pub async fn spawn_up(
         }
     }
     Ok((process, url))
-}
-
-/// `nats://admin:<password>@127.0.0.1:<port>` from the admin credentials `up` wrote, once
-/// they are there.
-fn admin_url(creds: &Path, port: u16) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Creds {
-        user: String,
-        password: String,
-    }
-    let c: Creds = serde_json::from_slice(&std::fs::read(creds).ok()?).ok()?;
-    Some(format!("nats://{}:{}@127.0.0.1:{port}", c.user, c.password))
 }
 
 /// `target/release/sandmesh` beside the loadtest binary, else in `./target/release`.
@@ -310,6 +303,10 @@ mod tests {
         assert!(is_loopback_url("nats://[::1]:4222"));
         assert!(!is_loopback_url("nats://10.0.0.1:4222"));
         assert!(!is_loopback_url("nats://demo.nats.io:4222"));
+        // A cluster's list: every server must be here.
+        assert!(is_loopback_url("nats://u:p@127.0.0.1:1,nats://127.0.0.1:2"));
+        assert!(!is_loopback_url("nats://127.0.0.1:1,nats://10.0.0.1:2"));
+        assert!(!is_loopback_url(" , "));
         assert!(!is_loopback_url("nats://127.0.0.1.evil.example:4222"));
     }
 }

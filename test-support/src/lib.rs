@@ -4,7 +4,10 @@
 //! with its own storage directory, can restart it on the same port and storage, and kills it on
 //! drop. When the binary is missing or too old, it fails with a message saying how to get one.
 
+pub mod cluster;
 pub mod upstream;
+
+pub use cluster::NatsCluster;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -265,7 +268,7 @@ impl Drop for NatsServer {
 pub async fn connect(url: &str) -> async_nats::Client {
     let (options, plain) = connect_options(url);
     options
-        .connect(&plain)
+        .connect(sandmesh_auth::servers(&plain))
         .await
         .unwrap_or_else(|e| panic!("connecting to {plain}: {e}"))
 }

@@ -86,7 +86,8 @@ pub async fn run(
     };
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
-    let kv = kit::bootstrap::confirmations_kv(&runtime.js, &subjects).await?;
+    let kv =
+        kit::bootstrap::confirmations_kv(&runtime.js, &subjects, config.kit.js_replicas).await?;
     let workflow = KvWorkflow {
         store: ConfirmationStore::new(kv),
         policy: Arc::new(policy::Policy::new(config.policy.clone())),

@@ -10,6 +10,7 @@
 use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use kit::RetryPolicy;
 use messages::confirm::Confirmation;
 use messages::ErrorBody;
 use serde::de::DeserializeOwned;
@@ -22,6 +23,8 @@ const EXECUTION: &str = "x.";
 const SESSION: &str = "s.";
 /// Concurrent reads while scanning for `list`.
 const SCAN_CONCURRENCY: usize = 32;
+/// Every KV call is retried through a cluster's leader elections (`kit::retry`).
+const JETSTREAM: RetryPolicy = RetryPolicy::JETSTREAM;
 
 /// A bucket operation's error, boxed: each async-nats operation has its own error type.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -130,7 +133,8 @@ impl ConfirmationStore {
         &self,
         key: &str,
     ) -> Result<Option<Versioned<T>>, StoreError> {
-        match self.kv.entry(key).await.map_err(unavailable("read"))? {
+        let read = kit::retry("reading a confirmation", JETSTREAM, || self.kv.entry(key));
+        match read.await.map_err(unavailable("read"))? {
             Some(e) if e.operation == Operation::Put => Ok(Some(Versioned {
                 value: decode(key, &e.value)?,
                 revision: e.revision,
@@ -145,11 +149,11 @@ impl ConfirmationStore {
 
     /// Stores a new confirmation; `None` when one with this id exists already.
     pub async fn create(&self, record: &Confirmation) -> Result<Option<u64>, StoreError> {
-        match self
-            .kv
-            .create(format!("{RECORD}{}", record.id), encode(record))
-            .await
-        {
+        // Repeated after a lost ack, a create finds its own record: `None`, and the caller
+        // reads it back.
+        let (key, value) = (format!("{RECORD}{}", record.id), encode(record));
+        let create = || self.kv.create(&key, value.clone());
+        match kit::retry("creating a confirmation", JETSTREAM, create).await {
             Ok(revision) => Ok(Some(revision)),
             Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
             Err(e) => Err(unavailable("create")(e)),
@@ -159,9 +163,11 @@ impl ConfirmationStore {
     /// Replaces the confirmation if it is still at `revision`.
     pub async fn replace(&self, record: &Confirmation, revision: u64) -> Result<Cas, StoreError> {
         let key = format!("{RECORD}{}", record.id);
+        let value = encode(record);
+        let update = || self.kv.update(&key, value.clone(), revision);
         cas(
             "replace",
-            self.kv.update(key, encode(record), revision).await,
+            kit::retry("replacing a confirmation", JETSTREAM, update).await,
         )
     }
 
@@ -173,22 +179,20 @@ impl ConfirmationStore {
         proposed: &str,
     ) -> Result<String, StoreError> {
         let key = format!("{EXECUTION}{execution_id}");
-        match self
-            .kv
-            .create(&key, Bytes::from(proposed.to_string()))
-            .await
-        {
+        let value = Bytes::from(proposed.to_string());
+        let create = || self.kv.create(&key, value.clone());
+        match kit::retry("claiming an execution", JETSTREAM, create).await {
             Ok(_) => Ok(proposed.to_string()),
             Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
-                let value = self
-                    .kv
-                    .get(&key)
-                    .await
-                    .map_err(unavailable("read the execution index"))?
-                    .ok_or_else(|| StoreError::Corrupt {
-                        key: key.clone(),
-                        source: Corruption::Empty,
-                    })?;
+                let value = kit::retry("reading the execution index", JETSTREAM, || {
+                    self.kv.get(&key)
+                })
+                .await
+                .map_err(unavailable("read the execution index"))?
+                .ok_or_else(|| StoreError::Corrupt {
+                    key: key.clone(),
+                    source: Corruption::Empty,
+                })?;
                 String::from_utf8(value.to_vec()).map_err(|e| StoreError::Corrupt {
                     key,
                     source: e.into(),
@@ -213,8 +217,18 @@ impl ConfirmationStore {
     ) -> Result<Cas, StoreError> {
         let key = format!("{SESSION}{}", grants.session_id);
         match revision {
-            Some(r) => cas("write grants", self.kv.update(key, encode(grants), r).await),
-            None => match self.kv.create(key, encode(grants)).await {
+            Some(r) => {
+                let update = || self.kv.update(&key, encode(grants), r);
+                cas(
+                    "write grants",
+                    kit::retry("writing grants", JETSTREAM, update).await,
+                )
+            }
+            None => match kit::retry("creating grants", JETSTREAM, || {
+                self.kv.create(&key, encode(grants))
+            })
+            .await
+            {
                 Ok(r) => Ok(Cas::Written(r)),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(Cas::Conflict),
                 Err(e) => Err(unavailable("create grants")(e)),

@@ -1,11 +1,14 @@
 //! Idempotent creation of the JetStream assets of DESIGN.md §2. Whoever needs an asset ensures
-//! it at start; creating one that exists is a no-op.
+//! it at start; creating one that exists is a no-op. Every asset gets `replicas` copies
+//! (`SANDMESH_JS_REPLICAS`, [`crate::KitConfig::js_replicas`]): 3 on a three-node cluster, so
+//! losing one server loses nothing. The calls retry through a cluster's leader elections.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, kv, stream};
+use async_nats::jetstream::{self, context, kv, object_store, stream};
 use messages::Subjects;
 
+use crate::retry::{retry, RetryPolicy};
 use crate::KitError;
 
 fn js_err(what: &str, e: impl Into<crate::BoxError>) -> KitError {
@@ -17,16 +20,21 @@ fn js_err(what: &str, e: impl Into<crate::BoxError>) -> KitError {
 pub async fn jobs_stream(
     js: &jetstream::Context,
     s: &Subjects,
+    replicas: usize,
 ) -> Result<stream::Stream, KitError> {
-    js.get_or_create_stream(stream::Config {
-        name: s.jobs_stream(),
-        subjects: vec![s.jobs_all()],
-        retention: stream::RetentionPolicy::WorkQueue,
-        duplicate_window: Duration::from_secs(600),
-        max_age: Duration::from_secs(24 * 3600),
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
+    create_stream(
+        js,
+        stream::Config {
+            num_replicas: replicas,
+            name: s.jobs_stream(),
+            subjects: vec![s.jobs_all()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: Duration::from_secs(600),
+            max_age: Duration::from_secs(24 * 3600),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        },
+    )
     .await
     .map_err(|e| js_err("creating the jobs stream", e))
 }
@@ -35,19 +43,24 @@ pub async fn jobs_stream(
 pub async fn results_stream(
     js: &jetstream::Context,
     s: &Subjects,
+    replicas: usize,
 ) -> Result<stream::Stream, KitError> {
-    js.get_or_create_stream(stream::Config {
-        name: s.results_stream(),
-        subjects: vec![s.results_all()],
-        retention: stream::RetentionPolicy::Limits,
-        max_messages_per_subject: 1,
-        max_age: Duration::from_secs(7 * 24 * 3600),
-        max_bytes: 1 << 30,
-        allow_direct: true,
-        duplicate_window: Duration::from_secs(600),
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
+    create_stream(
+        js,
+        stream::Config {
+            num_replicas: replicas,
+            name: s.results_stream(),
+            subjects: vec![s.results_all()],
+            retention: stream::RetentionPolicy::Limits,
+            max_messages_per_subject: 1,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: 1 << 30,
+            allow_direct: true,
+            duplicate_window: Duration::from_secs(600),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        },
+    )
     .await
     .map_err(|e| js_err("creating the results stream", e))
 }
@@ -56,39 +69,100 @@ pub async fn results_stream(
 pub async fn audit_stream(
     js: &jetstream::Context,
     s: &Subjects,
+    replicas: usize,
 ) -> Result<stream::Stream, KitError> {
-    js.get_or_create_stream(stream::Config {
-        name: s.audit_stream(),
-        subjects: vec![s.audit_all()],
-        retention: stream::RetentionPolicy::Limits,
-        max_age: Duration::from_secs(30 * 24 * 3600),
-        max_bytes: 1 << 30,
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
+    create_stream(
+        js,
+        stream::Config {
+            num_replicas: replicas,
+            name: s.audit_stream(),
+            subjects: vec![s.audit_all()],
+            retention: stream::RetentionPolicy::Limits,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            max_bytes: 1 << 30,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        },
+    )
     .await
     .map_err(|e| js_err("creating the audit stream", e))
 }
 
-async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, KitError> {
+async fn create_stream(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> Result<stream::Stream, context::CreateStreamError> {
+    let what = format!("creating stream {}", config.name);
+    retry(&what, RetryPolicy::JETSTREAM, || {
+        js.get_or_create_stream(config.clone())
+    })
+    .await
+}
+
+/// Opens KV bucket `config.bucket`, creating it (with `replicas` copies) when it does not
+/// exist: for the kit's buckets and every service's own.
+pub async fn ensure_bucket(
+    js: &jetstream::Context,
+    mut config: kv::Config,
+    replicas: usize,
+) -> Result<kv::Store, KitError> {
+    config.num_replicas = replicas;
     let name = config.bucket.clone();
-    match js.get_key_value(&name).await {
-        Ok(store) => Ok(store),
-        Err(_) => match js.create_key_value(config).await {
+    let (config, bucket) = (&config, name.as_str());
+    let open_or_create = move || async move {
+        match js.get_key_value(bucket).await {
             Ok(store) => Ok(store),
-            // Another instance created it between our look-up and create.
-            Err(create_err) => js
-                .get_key_value(&name)
-                .await
-                .map_err(|_| js_err(&format!("creating KV bucket {name}"), create_err)),
-        },
-    }
+            Err(_) => match js.create_key_value(config.clone()).await {
+                Ok(store) => Ok(store),
+                // Another instance created it between our look-up and create.
+                Err(create_err) => js.get_key_value(bucket).await.map_err(|_| create_err),
+            },
+        }
+    };
+    retry(
+        &format!("opening KV bucket {name}"),
+        RetryPolicy::JETSTREAM,
+        open_or_create,
+    )
+    .await
+    .map_err(|e| js_err(&format!("creating KV bucket {name}"), e))
+}
+
+/// Opens object store `config.bucket`, creating it (with `replicas` copies) when missing.
+pub async fn ensure_object_store(
+    js: &jetstream::Context,
+    mut config: object_store::Config,
+    replicas: usize,
+) -> Result<object_store::ObjectStore, KitError> {
+    config.num_replicas = replicas;
+    let name = config.bucket.clone();
+    let (config, bucket) = (&config, name.as_str());
+    let open_or_create = move || async move {
+        match js.get_object_store(bucket).await {
+            Ok(store) => Ok(store),
+            Err(_) => match js.create_object_store(config.clone()).await {
+                Ok(store) => Ok(store),
+                Err(create_err) => js.get_object_store(bucket).await.map_err(|_| create_err),
+            },
+        }
+    };
+    retry(
+        &format!("opening object store {name}"),
+        RetryPolicy::JETSTREAM,
+        open_or_create,
+    )
+    .await
+    .map_err(|e| js_err(&format!("creating object store {name}"), e))
 }
 
 /// `sandbox_nodes`: heartbeats with a per-key TTL; expired keys leave a purge marker that
 /// watchers see (needs nats-server ≥ 2.11).
-pub async fn nodes_kv(js: &jetstream::Context, s: &Subjects) -> Result<kv::Store, KitError> {
-    bucket(
+pub async fn nodes_kv(
+    js: &jetstream::Context,
+    s: &Subjects,
+    replicas: usize,
+) -> Result<kv::Store, KitError> {
+    ensure_bucket(
         js,
         kv::Config {
             bucket: s.nodes_bucket(),
@@ -97,19 +171,25 @@ pub async fn nodes_kv(js: &jetstream::Context, s: &Subjects) -> Result<kv::Store
             storage: stream::StorageType::Memory,
             ..Default::default()
         },
+        replicas,
     )
     .await
 }
 
 /// `sandbox_sessions`: session → node, tier, container, state.
-pub async fn sessions_kv(js: &jetstream::Context, s: &Subjects) -> Result<kv::Store, KitError> {
-    bucket(
+pub async fn sessions_kv(
+    js: &jetstream::Context,
+    s: &Subjects,
+    replicas: usize,
+) -> Result<kv::Store, KitError> {
+    ensure_bucket(
         js,
         kv::Config {
             bucket: s.sessions_bucket(),
             history: 1,
             ..Default::default()
         },
+        replicas,
     )
     .await
 }
@@ -118,8 +198,9 @@ pub async fn sessions_kv(js: &jetstream::Context, s: &Subjects) -> Result<kv::St
 pub async fn confirmations_kv(
     js: &jetstream::Context,
     s: &Subjects,
+    replicas: usize,
 ) -> Result<kv::Store, KitError> {
-    bucket(
+    ensure_bucket(
         js,
         kv::Config {
             bucket: s.confirmations_bucket(),
@@ -127,6 +208,7 @@ pub async fn confirmations_kv(
             max_age: Duration::from_secs(7 * 24 * 3600),
             ..Default::default()
         },
+        replicas,
     )
     .await
 }

@@ -174,7 +174,14 @@ pub struct KitConfig {
     /// Where to serve Prometheus `/metrics` (`SANDMESH_METRICS_ADDR`, an `ip:port`); off when
     /// absent. Services of one process given the same address share one endpoint.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Replicas of every stream, KV bucket and object store this service creates
+    /// (`SANDMESH_JS_REPLICAS`): 1 on one server, 3 on a three-node cluster. An asset that
+    /// exists keeps the replicas it was created with.
+    pub js_replicas: usize,
 }
+
+/// The most replicas JetStream allows for one asset.
+pub const MAX_JS_REPLICAS: usize = 5;
 
 impl KitConfig {
     pub fn from_reader(r: &mut ConfigReader<'_>) -> Self {
@@ -197,8 +204,18 @@ impl KitConfig {
         if max_in_flight == 0 {
             r.error("SANDMESH_MAX_IN_FLIGHT: must be at least 1");
         }
+        let js_replicas = r.parse("JS_REPLICAS", 1usize);
+        if !(1..=MAX_JS_REPLICAS).contains(&js_replicas) {
+            r.error(format!(
+                "SANDMESH_JS_REPLICAS={js_replicas}: use 1 to {MAX_JS_REPLICAS} (and no more than the cluster's servers)"
+            ));
+        }
+        let nats_url = r.string("NATS_URL", "nats://127.0.0.1:4222");
+        if sandmesh_auth::servers(&sandmesh_auth::split_url(&nats_url).0).is_empty() {
+            r.error(format!("SANDMESH_NATS_URL={nats_url:?}: names no server"));
+        }
         Self {
-            nats_url: r.string("NATS_URL", "nats://127.0.0.1:4222"),
+            nats_url,
             nats_user: r.optional_string("NATS_USER"),
             nats_password: r.optional_string("NATS_PASSWORD"),
             tenancy_file: r.optional_string("TENANCY_FILE").map(Into::into),
@@ -210,6 +227,7 @@ impl KitConfig {
             heartbeat_interval,
             max_in_flight,
             metrics_addr: r.optional("METRICS_ADDR"),
+            js_replicas,
         }
     }
 
@@ -238,6 +256,29 @@ mod tests {
         assert_eq!(c.subjects.prefix(), "sandbox");
         assert!(c.otlp_endpoint.is_none());
         assert!(c.metrics_addr.is_none(), "metrics are off by default");
+        assert_eq!(c.js_replicas, 1);
+    }
+
+    #[test]
+    fn replicas_and_server_lists_are_checked() {
+        let c = KitConfig::from_env(&env(&[
+            ("SANDMESH_JS_REPLICAS", "3"),
+            (
+                "SANDMESH_NATS_URL",
+                "nats://u:p@a:4222, nats://b:4222,nats://c:4222",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(c.js_replicas, 3);
+        let e = KitConfig::from_env(&env(&[
+            ("SANDMESH_JS_REPLICAS", "0"),
+            ("SANDMESH_NATS_URL", " , "),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.0.len(), 2, "{e}");
+        assert!(e.to_string().contains("SANDMESH_JS_REPLICAS"), "{e}");
+        assert!(KitConfig::from_env(&env(&[("SANDMESH_JS_REPLICAS", "7")])).is_err());
+        assert!(KitConfig::from_env(&env(&[("SANDMESH_JS_REPLICAS", "three")])).is_err());
     }
 
     #[test]

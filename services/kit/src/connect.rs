@@ -1,4 +1,5 @@
-//! Connecting to NATS: retry while the server is not up yet, and log every connection event
+//! Connecting to NATS (one server, or several comma-separated: a cluster): retry while the
+//! server is not up yet, reconnect to any server of the list, and log every connection event
 //! (a slow-consumer event means a subscriber dropped messages: the read loop is too slow).
 
 use std::time::Duration;
@@ -46,8 +47,10 @@ pub async fn connect(config: &KitConfig, service: &str, name: &str) -> Result<Cl
     if let Some(c) = credentials {
         options = options.user_and_password(c.user, c.password);
     }
+    // Several servers (a cluster): the client picks one and fails over to the others, and to
+    // those the cluster announces.
     let client = options
-        .connect(url.as_str())
+        .connect(sandmesh_auth::servers(&url))
         .await
         .map_err(|source| KitError::Connect {
             url: url.clone(),

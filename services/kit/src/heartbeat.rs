@@ -12,6 +12,7 @@ use messages::heartbeat::Heartbeat;
 use messages::Encoding;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use crate::retry::{retry, RetryPolicy};
 use crate::KitError;
 
 /// Live gauges reported in each beat: `(capacity, load, metrics)`.
@@ -61,7 +62,9 @@ fn ttl_header(ttl: Duration) -> String {
 }
 
 impl HeartbeatState {
-    async fn beat(&self) -> Result<(), KitError> {
+    /// Stores one beat, retried within `policy` (a cluster may be electing the bucket's
+    /// leader, or, just after creating it, not know its subject yet on every server).
+    async fn beat(&self, policy: RetryPolicy) -> Result<(), KitError> {
         let load = (self.args.probe)();
         let hb = Heartbeat {
             service: self.args.service.clone(),
@@ -76,19 +79,26 @@ impl HeartbeatState {
             backends: load.backends,
             resources: load.resources,
         };
-        let payload = Encoding::Json
-            .encode(&hb)
-            .map_err(|source| KitError::Encode {
-                what: "the heartbeat",
-                source,
-            })?;
+        let payload =
+            bytes::Bytes::from(
+                Encoding::Json
+                    .encode(&hb)
+                    .map_err(|source| KitError::Encode {
+                        what: "the heartbeat",
+                        source,
+                    })?,
+            );
         let mut headers = HeaderMap::new();
         headers.insert("Nats-TTL", ttl_header(self.ttl).as_str());
-        self.args
-            .js
-            .publish_with_headers(self.subject.clone(), headers, payload.into())
-            .await
-            .map_err(|e| KitError::jetstream("publishing the heartbeat", e))?
+        let store = || async {
+            let (subject, headers) = (self.subject.clone(), headers.clone());
+            self.args
+                .js
+                .publish_with_headers(subject, headers, payload.clone())
+                .await?
+                .await
+        };
+        retry("storing the heartbeat", policy, store)
             .await
             .map_err(|e| KitError::jetstream("storing the heartbeat", e))?;
         Ok(())
@@ -114,7 +124,7 @@ impl Actor for HeartbeatActor {
             args,
         };
         // The first beat before anything else, so the instance is visible as soon as it runs.
-        state.beat().await?;
+        state.beat(RetryPolicy::JETSTREAM).await?;
         myself.send_interval(state.args.interval, || HeartbeatMsg::Beat);
         Ok(state)
     }
@@ -134,8 +144,13 @@ impl Actor for HeartbeatActor {
                     tracing::debug!("NATS is not connected; heartbeat skipped");
                     return Ok(());
                 }
-                // A missed beat is survivable (the TTL covers three); never crash on it.
-                if let Err(e) = state.beat().await {
+                // A missed beat is survivable (the TTL covers three); never crash on it, and
+                // retry no longer than until the next one is due.
+                let policy = RetryPolicy {
+                    budget: state.args.interval,
+                    ..RetryPolicy::ACK
+                };
+                if let Err(e) = state.beat(policy).await {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
             }

@@ -9,7 +9,8 @@
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
 //! - [`metrics`]: Prometheus `/metrics` (seed 003 §8 names), off unless `SANDMESH_METRICS_ADDR`;
 //! - [`resources`]: the host's CPU and memory, which executors report in their heartbeat;
-//! - [`bootstrap`]: idempotent JetStream streams and buckets;
+//! - [`bootstrap`]: idempotent JetStream streams and buckets, `SANDMESH_JS_REPLICAS` replicas;
+//! - [`retry`]: bounded retries of JetStream calls through a cluster's leader elections;
 //! - [`audit`]: audit events into `SANDBOX_AUDIT`;
 //! - [`telemetry`]: tracing, OpenTelemetry export and W3C trace context in NATS headers;
 //! - [`shutdown`]: SIGINT/SIGTERM → one cancellation token; every NATS step of a stop bounded.
@@ -31,6 +32,7 @@ pub mod connect;
 pub mod heartbeat;
 pub mod metrics;
 pub mod resources;
+pub mod retry;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
@@ -46,6 +48,7 @@ use serde::Serialize;
 pub use audit::{AuditScope, Auditor};
 pub use call::{CallError, Caller};
 pub use config::{ConfigError, ConfigReader, KitConfig};
+pub use retry::{retry, RetryPolicy};
 pub use serve::{actor_handler, handler, EndpointOptions, Handler, RequestContext, ServiceInfo};
 pub use tokio_util::sync::CancellationToken;
 
@@ -172,8 +175,8 @@ impl Runtime {
         )
         .await?;
         let js = jetstream::new(client.clone());
-        bootstrap::nodes_kv(&js, &config.subjects).await?;
-        bootstrap::audit_stream(&js, &config.subjects).await?;
+        bootstrap::nodes_kv(&js, &config.subjects, config.js_replicas).await?;
+        bootstrap::audit_stream(&js, &config.subjects, config.js_replicas).await?;
         let host = serve::ServiceHost::start(&client, &info, &config.instance_id).await?;
         let auditor = Auditor::new(
             js.clone(),

@@ -292,7 +292,7 @@ async fn a_crashed_instance_disappears_within_its_ttl() {
     let client = test_support::connect(&nats.url()).await;
     let js = async_nats::jetstream::new(client.clone());
     let subjects = messages::Subjects::default();
-    let kv = kit::bootstrap::nodes_kv(&js, &subjects).await.unwrap();
+    let kv = kit::bootstrap::nodes_kv(&js, &subjects, 1).await.unwrap();
     let args = HeartbeatArgs {
         js: js.clone(),
         bucket: subjects.nodes_bucket(),

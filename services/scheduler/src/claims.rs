@@ -46,6 +46,7 @@ impl Claims {
         subjects: &Subjects,
         owner: &str,
         ttl: Duration,
+        replicas: usize,
     ) -> Result<Self, StoreError> {
         // Not one of the shared assets: the scheduler ensures it itself.
         let bucket = subjects.exec_claims_bucket();
@@ -58,7 +59,7 @@ impl Claims {
             storage: stream::StorageType::File,
             ..Default::default()
         };
-        let kv = ensure_bucket(js, config).await?;
+        let kv = ensure_bucket(js, config, replicas).await?;
         Ok(Self {
             js: js.clone(),
             kv,
@@ -94,7 +95,7 @@ impl Claims {
         let first = self.write(execution_id, 0, value.clone()).await;
         let revision = match first {
             Ok(revision) => revision,
-            Err(first_err) => match self.kv.entry(execution_id).await {
+            Err(first_err) => match self.read(execution_id).await {
                 Ok(Some(e)) if e.operation == kv::Operation::Put => {
                     let owner = serde_json::from_slice::<ClaimValue>(&e.value)
                         .map(|v| v.owner)
@@ -128,7 +129,7 @@ impl Claims {
 
     /// Who holds `execution_id` now, if anyone.
     pub async fn holder(&self, execution_id: &str) -> Result<Option<String>, StoreError> {
-        match self.kv.entry(execution_id).await {
+        match self.read(execution_id).await {
             Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
                 Ok(serde_json::from_slice::<ClaimValue>(&entry.value)
                     .ok()
@@ -137,6 +138,14 @@ impl Claims {
             Ok(_) => Ok(None),
             Err(e) => Err(StoreError::new("reading a claim", e)),
         }
+    }
+
+    /// The claim key's last entry, read through a cluster's leader elections.
+    async fn read(&self, key: &str) -> Result<Option<kv::Entry>, kv::EntryError> {
+        kit::retry("reading a claim", kit::RetryPolicy::JETSTREAM, || {
+            self.kv.entry(key)
+        })
+        .await
     }
 
     /// Writes the claim with a fresh TTL, only if the key's last revision is `revision` (0: the
@@ -154,11 +163,16 @@ impl Claims {
             revision.to_string().as_str(),
         );
         headers.insert("Nats-TTL", format!("{}s", self.ttl.as_secs()).as_str());
-        let ack = self
-            .js
-            .publish_with_headers(format!("$KV.{}.{key}", self.bucket), headers, value)
-            .await
-            .map_err(StoreError::during("writing a claim"))?
+        // A retry after a lost ack fails on the expected revision (it moved): the claim is
+        // then read back and seen held, and comes free when its TTL ends. Never two holders.
+        let subject = format!("$KV.{}.{key}", self.bucket);
+        let write = || async {
+            self.js
+                .publish_with_headers(subject.clone(), headers.clone(), value.clone())
+                .await?
+                .await
+        };
+        let ack = kit::retry("writing a claim", kit::RetryPolicy::JETSTREAM, write)
             .await
             .map_err(StoreError::during("writing a claim"))?;
         Ok(ack.sequence)

@@ -38,23 +38,16 @@ impl From<StoreError> for ErrorBody {
     }
 }
 
-/// Opens the scheduler's own KV bucket, creating it when it does not exist yet (another
-/// instance may create it in between: then it is opened).
+/// Opens the scheduler's own KV bucket with `replicas` copies, creating it when it does not
+/// exist yet (another instance may create it in between: then it is opened).
 pub async fn ensure_bucket(
     js: &jetstream::Context,
     config: kv::Config,
+    replicas: usize,
 ) -> Result<kv::Store, StoreError> {
-    let bucket = config.bucket.clone();
-    match js.get_key_value(&bucket).await {
-        Ok(kv) => Ok(kv),
-        Err(_) => match js.create_key_value(config).await {
-            Ok(kv) => Ok(kv),
-            Err(e) => js
-                .get_key_value(&bucket)
-                .await
-                .map_err(|_| StoreError::new("creating a KV bucket", e)),
-        },
-    }
+    kit::bootstrap::ensure_bucket(js, config, replicas)
+        .await
+        .map_err(StoreError::during("creating a KV bucket"))
 }
 
 /// A failed call to another service, named so the client knows which part is missing.

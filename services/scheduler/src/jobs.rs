@@ -86,8 +86,9 @@ impl Jobs {
         &self,
         js: &async_nats::jetstream::Context,
         subjects: &Subjects,
+        replicas: usize,
     ) -> Result<Consumer<pull::Config>, JobsError> {
-        let stream = kit::bootstrap::jobs_stream(js, subjects)
+        let stream = kit::bootstrap::jobs_stream(js, subjects, replicas)
             .await
             .map_err(JobsError::Stream)?;
         stream
@@ -330,14 +331,22 @@ async fn store_and_ack(jobs: &Jobs, message: &Message, result: messages::exec::E
 
 async fn ack(message: &Message) {
     // Double ack: the server confirms, so an ack lost on the way cannot cause a redelivery
-    // we did not expect (which would still be harmless: the result is stored).
-    if let Err(e) = message.double_ack().await {
+    // we did not expect (which would still be harmless: the result is stored). Retried
+    // through a reconnect or a consumer leader election, briefly.
+    let acked = kit::retry("acking a job", kit::RetryPolicy::ACK, || async {
+        message.double_ack().await.map_err(kit::retry::Boxed)
+    });
+    if let Err(e) = acked.await {
         tracing::warn!(error = %e, "job ack not confirmed; a redelivery will find the result");
     }
 }
 
 async fn nak(message: &Message, delay: Duration) {
-    if let Err(e) = message.ack_with(AckKind::Nak(Some(delay))).await {
+    let nak = kit::retry("nak'ing a job", kit::RetryPolicy::ACK, || async {
+        let nak = AckKind::Nak(Some(delay));
+        message.ack_with(nak).await.map_err(kit::retry::Boxed)
+    });
+    if let Err(e) = nak.await {
         tracing::warn!(error = %e, "job nak failed; it comes back after ack_wait");
     }
 }

@@ -146,11 +146,12 @@ pub async fn run(
     let caller = runtime.caller(Duration::from_secs(30));
     let instance = &config.kit.instance_id;
     let owner = format!("{SERVICE_NAME}.{instance}");
-    let results = ResultStore::open(&js, &subjects, runtime.metrics.clone()).await?;
-    let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl).await?;
-    let parked = ParkedStore::open(&js, &subjects).await?;
-    let sessions = SessionTable::new(kit::bootstrap::sessions_kv(&js, &subjects).await?);
-    let nodes = kit::bootstrap::nodes_kv(&js, &subjects).await?;
+    let replicas = config.kit.js_replicas;
+    let results = ResultStore::open(&js, &subjects, replicas, runtime.metrics.clone()).await?;
+    let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl, replicas).await?;
+    let parked = ParkedStore::open(&js, &subjects, replicas).await?;
+    let sessions = SessionTable::new(kit::bootstrap::sessions_kv(&js, &subjects, replicas).await?);
+    let nodes = kit::bootstrap::nodes_kv(&js, &subjects, replicas).await?;
 
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let slots = Arc::new(Notify::new());
@@ -226,7 +227,7 @@ pub async fn run(
         admission.clone(),
         config.job_settings(),
     );
-    let consumer = jobs.consumer(&js, &subjects).await?;
+    let consumer = jobs.consumer(&js, &subjects, replicas).await?;
     let sessions = SessionApi::new(affinity, executor, auditor, config.network_ceiling.clone());
     let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
 

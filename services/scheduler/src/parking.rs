@@ -46,29 +46,41 @@ pub struct ParkedStore {
 }
 
 impl ParkedStore {
-    pub async fn open(js: &jetstream::Context, subjects: &Subjects) -> Result<Self, StoreError> {
+    pub async fn open(
+        js: &jetstream::Context,
+        subjects: &Subjects,
+        replicas: usize,
+    ) -> Result<Self, StoreError> {
         let config = kv::Config {
             bucket: subjects.parked_executions_bucket(),
             history: 1,
             storage: stream::StorageType::File,
             ..Default::default()
         };
-        let kv = ensure_bucket(js, config).await?;
+        let kv = ensure_bucket(js, config, replicas).await?;
         Ok(Self { kv })
     }
 
     /// Records `parked` durably (a repeat of the same execution overwrites its own entry).
     pub async fn put(&self, parked: &Parked) -> Result<(), StoreError> {
         let value = serde_json::to_vec(parked).map_err(StoreError::during("encoding"))?;
-        self.kv
-            .put(&parked.execution.id, value.into())
+        let value = bytes::Bytes::from(value);
+        let put = || self.kv.put(&parked.execution.id, value.clone());
+        kit::retry("parking an execution", kit::RetryPolicy::JETSTREAM, put)
             .await
             .map_err(StoreError::during("parking an execution"))?;
         Ok(())
     }
 
     pub async fn get(&self, execution_id: &str) -> Result<Option<Parked>, StoreError> {
-        match self.kv.get(execution_id).await {
+        let read = || self.kv.get(execution_id);
+        match kit::retry(
+            "reading a parked execution",
+            kit::RetryPolicy::JETSTREAM,
+            read,
+        )
+        .await
+        {
             Ok(Some(value)) => serde_json::from_slice(&value)
                 .map(Some)
                 .map_err(StoreError::during("decoding a parked execution")),
@@ -79,10 +91,14 @@ impl ParkedStore {
 
     /// Forgets a parked execution whose result is stored.
     pub async fn remove(&self, execution_id: &str) -> Result<(), StoreError> {
-        self.kv
-            .delete(execution_id)
-            .await
-            .map_err(StoreError::during("removing a parked execution"))
+        let delete = || self.kv.delete(execution_id);
+        kit::retry(
+            "removing a parked execution",
+            kit::RetryPolicy::JETSTREAM,
+            delete,
+        )
+        .await
+        .map_err(StoreError::during("removing a parked execution"))
     }
 
     /// Every execution parked now.

@@ -4,11 +4,11 @@
 //! a redelivered job's second store (a duplicate) is not counted again.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
 use kit::metrics::Metrics;
+use kit::RetryPolicy;
 use messages::codec;
 use messages::exec::ExecResult;
 use messages::{Encoding, Subjects};
@@ -27,9 +27,10 @@ impl ResultStore {
     pub async fn open(
         js: &jetstream::Context,
         subjects: &Subjects,
+        replicas: usize,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StoreError> {
-        let stream = kit::bootstrap::results_stream(js, subjects)
+        let stream = kit::bootstrap::results_stream(js, subjects, replicas)
             .await
             .map_err(StoreError::during("opening the results stream"))?;
         Ok(Self {
@@ -43,11 +44,11 @@ impl ResultStore {
     /// The stored result of `execution_id`, if any.
     pub async fn get(&self, execution_id: &str) -> Result<Option<ExecResult>, StoreError> {
         use jetstream::stream::DirectGetErrorKind;
-        match self
-            .stream
-            .direct_get_last_for_subject(self.subjects.result(execution_id))
-            .await
-        {
+        let subject = self.subjects.result(execution_id);
+        let read = kit::retry("reading a result", RetryPolicy::JETSTREAM, || {
+            self.stream.direct_get_last_for_subject(subject.clone())
+        });
+        match read.await {
             Ok(message) => {
                 let content_type = message
                     .headers
@@ -67,44 +68,34 @@ impl ResultStore {
 
     /// Stores `result` under its execution id. Deduplicated on `Nats-Msg-Id` = execution id,
     /// so a second store of the same id (a redelivered job) leaves the first one in place.
-    /// Retries a few times: a result that was computed should not be lost to a blip.
+    /// Retried through reconnects and leader elections (the id makes a repeat harmless): a
+    /// result that was computed should not be lost to a blip.
     pub async fn put(&self, result: &ExecResult) -> Result<(), StoreError> {
-        let payload = Encoding::Json
-            .encode(result)
-            .map_err(StoreError::during("encoding a result"))?;
-        let mut last = None;
-        for attempt in 0..4u32 {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-            }
+        let payload = bytes::Bytes::from(
+            Encoding::Json
+                .encode(result)
+                .map_err(StoreError::during("encoding a result"))?,
+        );
+        let subject = self.subjects.result(&result.execution_id);
+        let store = || async {
             let mut headers = HeaderMap::new();
             headers.insert(codec::CONTENT_TYPE, codec::JSON);
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
                 result.execution_id.as_str(),
             );
-            let publish = self
-                .js
-                .publish_with_headers(
-                    self.subjects.result(&result.execution_id),
-                    headers,
-                    payload.clone().into(),
-                )
-                .await;
-            match publish {
-                Ok(ack) => match ack.await {
-                    Ok(ack) => {
-                        if !ack.duplicate {
-                            self.count(result);
-                        }
-                        return Ok(());
-                    }
-                    Err(e) => last = Some(StoreError::new("storing a result", e)),
-                },
-                Err(e) => last = Some(StoreError::new("storing a result", e)),
-            }
+            self.js
+                .publish_with_headers(subject.clone(), headers, payload.clone())
+                .await?
+                .await
+        };
+        let ack = kit::retry("storing a result", RetryPolicy::JETSTREAM, store)
+            .await
+            .map_err(StoreError::during("storing a result"))?;
+        if !ack.duplicate {
+            self.count(result);
         }
-        Err(last.unwrap_or_else(|| StoreError::new("storing a result", "no attempt made")))
+        Ok(())
     }
 
     fn count(&self, result: &ExecResult) {

@@ -35,7 +35,8 @@ impl SessionTable {
     }
 
     async fn entry(&self, id: &str) -> Result<Option<(SessionRecord, u64)>, StoreError> {
-        match self.kv.entry(id).await {
+        let read = || self.kv.entry(id);
+        match kit::retry("reading a session", kit::RetryPolicy::JETSTREAM, read).await {
             Ok(Some(e)) if e.operation == kv::Operation::Put => {
                 let record = serde_json::from_slice(&e.value)
                     .map_err(StoreError::during("decoding a session record"))?;
@@ -71,7 +72,10 @@ impl SessionTable {
         };
         let value =
             serde_json::to_vec(&record).map_err(StoreError::during("encoding a session record"))?;
-        match self.kv.create(id, value.into()).await {
+        // A create repeated after a lost ack finds its own record: `AlreadyExists` below.
+        let value = bytes::Bytes::from(value);
+        let create = || self.kv.create(id, value.clone());
+        match kit::retry("opening a session", kit::RetryPolicy::JETSTREAM, create).await {
             Ok(_) => Ok((record, true)),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => match self.get(id).await? {
                 Some(existing) => Ok((existing, false)),
@@ -97,7 +101,9 @@ impl SessionTable {
             }
             let value = serde_json::to_vec(&record)
                 .map_err(StoreError::during("encoding a session record"))?;
-            match self.kv.update(id, value.into(), revision).await {
+            let value = bytes::Bytes::from(value);
+            let write = || self.kv.update(id, value.clone(), revision);
+            match kit::retry("updating a session", kit::RetryPolicy::JETSTREAM, write).await {
                 Ok(_) => return Ok(Some(record)),
                 Err(e) => {
                     tracing::debug!(session_id = id, attempt, error = %e, "session changed meanwhile; retrying");

@@ -70,7 +70,7 @@ pub fn is_staged_name(name: &str) -> bool {
 }
 
 impl Blobs {
-    pub async fn open(js: &jetstream::Context, bucket: &str) -> Result<Self> {
+    pub async fn open(js: &jetstream::Context, bucket: &str, replicas: usize) -> Result<Self> {
         let store = match js.get_object_store(bucket).await {
             Ok(store) => store,
             Err(_) => match js
@@ -78,6 +78,7 @@ impl Blobs {
                     bucket: bucket.to_string(),
                     description: Some("sandmesh workspace file contents".into()),
                     storage: stream::StorageType::File,
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await

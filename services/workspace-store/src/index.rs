@@ -114,7 +114,7 @@ pub enum Cas {
 }
 
 impl Index {
-    pub async fn open(js: &jetstream::Context, bucket: &str) -> Result<Self> {
+    pub async fn open(js: &jetstream::Context, bucket: &str, replicas: usize) -> Result<Self> {
         let kv = match js.get_key_value(bucket).await {
             Ok(kv) => kv,
             Err(_) => match js
@@ -125,6 +125,7 @@ impl Index {
                     storage: stream::StorageType::File,
                     // Enables per-key TTLs (the sweep lock).
                     limit_markers: Some(Duration::from_secs(60)),
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await
@@ -151,9 +152,8 @@ impl Index {
         &self,
         key: &str,
     ) -> Result<Option<Versioned<T>>> {
-        let entry = self
-            .kv
-            .entry(key)
+        let read = || self.kv.entry(key);
+        let entry = kit::retry("reading the index", kit::RetryPolicy::JETSTREAM, read)
             .await
             .map_err(|e| StoreError::storage("reading the index", e))?;
         match entry {
@@ -176,13 +176,24 @@ impl Index {
     /// Writes `value` if the key is still at `expected` (`None`: absent or deleted).
     async fn cas<T: Serialize>(&self, key: &str, value: &T, expected: Option<u64>) -> Result<Cas> {
         let bytes = encode(value);
+        // Through a cluster's elections; a write repeated after a lost ack finds the key moved
+        // (`Stale`), and the caller reads it again, as after any concurrent change.
+        let policy = kit::RetryPolicy::JETSTREAM;
         match expected {
-            None => match self.kv.create(key, bytes).await {
+            None => match kit::retry("writing the index", policy, || {
+                self.kv.create(key, bytes.clone())
+            })
+            .await
+            {
                 Ok(rev) => Ok(Cas::Done(rev)),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(Cas::Stale),
                 Err(e) => Err(StoreError::storage("writing the index", e)),
             },
-            Some(rev) => match self.kv.update(key, bytes, rev).await {
+            Some(rev) => match kit::retry("writing the index", policy, || {
+                self.kv.update(key, bytes.clone(), rev)
+            })
+            .await
+            {
                 Ok(rev) => Ok(Cas::Done(rev)),
                 Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(Cas::Stale),
                 Err(e) => Err(StoreError::storage("writing the index", e)),

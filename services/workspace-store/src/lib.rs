@@ -125,9 +125,10 @@ pub async fn run(
 ) -> Result<(), WorkspaceError> {
     let mut runtime = Runtime::start(config.kit.clone(), service_info()).await?;
     let subjects = runtime.subjects().clone();
-    let index = Index::open(&runtime.js, &subjects.workspace_index_bucket()).await?;
-    let blobs = Blobs::open(&runtime.js, &subjects.workspace_objects_bucket()).await?;
-    let uploads = Uploads::open(&runtime.js, &subjects, config.upload_ttl).await?;
+    let replicas = runtime.config.js_replicas;
+    let index = Index::open(&runtime.js, &subjects.workspace_index_bucket(), replicas).await?;
+    let blobs = Blobs::open(&runtime.js, &subjects.workspace_objects_bucket(), replicas).await?;
+    let uploads = Uploads::open(&runtime.js, &subjects, config.upload_ttl, replicas).await?;
     let store = Arc::new(Workspaces::new(
         &config,
         index,

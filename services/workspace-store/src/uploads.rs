@@ -38,7 +38,12 @@ impl Uploads {
     /// never committed keeps its chunks. What open uploads hold is bounded per session
     /// ([`MAX_UPLOADS_PER_SESSION`], each at most the quota at commit) and by the account's
     /// JetStream storage; a stream `max_bytes` would reserve that storage up front.
-    pub async fn open(js: &jetstream::Context, subjects: &Subjects, ttl: Duration) -> Result<Self> {
+    pub async fn open(
+        js: &jetstream::Context,
+        subjects: &Subjects,
+        ttl: Duration,
+        replicas: usize,
+    ) -> Result<Self> {
         let stream = js
             .get_or_create_stream(stream::Config {
                 name: subjects.workspace_uploads_stream(),
@@ -49,6 +54,7 @@ impl Uploads {
                 allow_direct: true,
                 max_age: ttl,
                 storage: stream::StorageType::File,
+                num_replicas: replicas,
                 ..Default::default()
             })
             .await

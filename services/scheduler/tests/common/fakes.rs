@@ -233,6 +233,18 @@ async fn fake_run(node: String, runs: Runs, run: ExecutorRun) -> Result<ExecResu
 
 impl FakeExecutor {
     pub async fn start(url: &str, node: &str, capacity: u32, runs: Runs) -> Self {
+        Self::start_with(url, node, capacity, runs, Duration::from_secs(2), 1).await
+    }
+
+    /// A stand-in whose heartbeat keys live `ttl`, on a nodes bucket of `replicas` copies.
+    pub async fn start_with(
+        url: &str,
+        node: &str,
+        capacity: u32,
+        runs: Runs,
+        ttl: Duration,
+        replicas: usize,
+    ) -> Self {
         let client = connect(url).await;
         let host = ServiceHost::start(&client, &info("docker-executor"), node)
             .await
@@ -256,8 +268,8 @@ impl FakeExecutor {
         .await
         .unwrap();
         let js = async_nats::jetstream::new(client.clone());
-        kit::bootstrap::nodes_kv(&js, &s).await.unwrap();
-        let beat = tokio::spawn(heartbeat(js, node.to_string(), capacity));
+        kit::bootstrap::nodes_kv(&js, &s, replicas).await.unwrap();
+        let beat = tokio::spawn(heartbeat(js, node.to_string(), capacity, ttl));
         // Visible in KV before anyone places work.
         let kv = async_nats::jetstream::new(client.clone())
             .get_key_value(s.nodes_bucket())
@@ -301,8 +313,8 @@ impl FakeExecutor {
     }
 }
 
-/// Beats every 300 ms with a 2 s TTL, like the kit's heartbeat.
-async fn heartbeat(js: async_nats::jetstream::Context, node: String, capacity: u32) {
+/// Beats every 300 ms with a TTL of `ttl` (2 s: like the kit's heartbeat).
+async fn heartbeat(js: async_nats::jetstream::Context, node: String, capacity: u32, ttl: Duration) {
     let s = Subjects::default();
     let subject = format!("$KV.{}.docker-executor.{node}", s.nodes_bucket());
     loop {
@@ -314,7 +326,7 @@ async fn heartbeat(js: async_nats::jetstream::Context, node: String, capacity: u
             ..Default::default()
         };
         let mut headers = HeaderMap::new();
-        headers.insert("Nats-TTL", "2s");
+        headers.insert("Nats-TTL", format!("{}s", ttl.as_secs().max(1)).as_str());
         if let Ok(ack) = js
             .publish_with_headers(
                 subject.clone(),

@@ -94,7 +94,7 @@ pub async fn store_state(
 ) {
     let js = jetstream::new(nats(url).await);
     let subjects = Subjects::default();
-    let blobs = workspace_store::blobs::Blobs::open(&js, &subjects.workspace_objects_bucket())
+    let blobs = workspace_store::blobs::Blobs::open(&js, &subjects.workspace_objects_bucket(), 1)
         .await
         .unwrap();
     let mut names = blobs.names().await.unwrap();
