@@ -234,6 +234,27 @@ impl Tenancy {
         out.join(";")
     }
 
+    /// Reads what [`Tenancy::operator_scopes`] writes: each operator's scope by user name.
+    pub fn parse_operator_scopes(text: &str) -> Result<BTreeMap<String, Scope>, String> {
+        let mut scopes = BTreeMap::new();
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (user, tenants) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("{entry:?}: expected user=tenant,tenant or user=*"))?;
+            let scope = if tenants.trim() == "*" {
+                Scope::All
+            } else {
+                let set = tenants
+                    .split(',')
+                    .map(|t| Tenant::new(t.trim()).map_err(|e| e.to_string()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Scope::Tenants(set)
+            };
+            scopes.insert(user.trim().to_string(), scope);
+        }
+        Ok(scopes)
+    }
+
     pub fn load(path: &Path) -> Result<Self, TenancyError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| TenancyError::Read {

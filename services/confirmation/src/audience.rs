@@ -18,23 +18,7 @@ pub struct OperatorScopes(Option<BTreeMap<String, Scope>>);
 
 impl OperatorScopes {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let mut scopes = BTreeMap::new();
-        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
-            let (user, tenants) = entry
-                .split_once('=')
-                .ok_or_else(|| format!("{entry:?}: expected user=tenant,tenant or user=*"))?;
-            let scope = if tenants.trim() == "*" {
-                Scope::All
-            } else {
-                let set = tenants
-                    .split(',')
-                    .map(|t| Tenant::new(t.trim()).map_err(|e| e.to_string()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Scope::Tenants(set)
-            };
-            scopes.insert(user.trim().to_string(), scope);
-        }
-        Ok(Self(Some(scopes)))
+        sandmesh_auth::Tenancy::parse_operator_scopes(text).map(|s| Self(Some(s)))
     }
 
     fn of(&self, user: &str) -> Option<&Scope> {

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use kit::config::{ConfigError, ConfigReader, EnvSource};
 use kit::KitConfig;
-use messages::tenancy::Tenant;
 use sandmesh_auth::{Scope, Tenancy};
 
 /// Where the console listens unless told otherwise: loopback only, so nothing outside this
@@ -121,23 +120,7 @@ impl Operators {
     /// The format `sandmesh up` hands every service (`SANDMESH_OPERATOR_SCOPES`):
     /// `alice=*;bob=acme,beta`.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let mut named = BTreeMap::new();
-        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
-            let (user, tenants) = entry
-                .split_once('=')
-                .ok_or_else(|| format!("{entry:?}: expected user=tenant,tenant or user=*"))?;
-            let scope = if tenants.trim() == "*" {
-                Scope::All
-            } else {
-                let set = tenants
-                    .split(',')
-                    .map(|t| Tenant::new(t.trim()).map_err(|e| e.to_string()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Scope::Tenants(set)
-            };
-            named.insert(user.trim().to_string(), scope);
-        }
-        Ok(Self::Named(named))
+        Tenancy::parse_operator_scopes(text).map(Self::Named)
     }
 
     pub fn of_tenancy(tenancy: &Tenancy) -> Self {
@@ -189,7 +172,9 @@ mod tests {
         assert_eq!(ops.scope_of("alice"), Some(Scope::All));
         assert_eq!(
             ops.scope_of("bob"),
-            Some(Scope::Tenants(vec![Tenant::new("acme").unwrap()]))
+            Some(Scope::Tenants(vec![
+                messages::tenancy::Tenant::new("acme").unwrap()
+            ]))
         );
         assert_eq!(ops.scope_of("default-agent"), None);
         assert!(Operators::parse("bob=Acme").is_err());
