@@ -48,15 +48,8 @@ pub const CDP_PORT: u16 = 9222;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContainerError {
-    #[error("cannot reach the Docker daemon: {0}")]
-    Connect(#[source] bollard::errors::Error),
-    #[error("docker {op} {target}: {source}")]
-    Api {
-        op: &'static str,
-        target: String,
-        #[source]
-        source: bollard::errors::Error,
-    },
+    #[error(transparent)]
+    Docker(#[from] containers::DockerError),
     #[error(
         "browser image {image} not found; build it with deploy/images/build-browser.sh: {source}"
     )]
@@ -77,7 +70,7 @@ pub enum ContainerError {
 
 fn api(op: &'static str, target: &str) -> impl FnOnce(bollard::errors::Error) -> ContainerError {
     let target = target.to_string();
-    move |source| ContainerError::Api { op, target, source }
+    move |source| containers::DockerError::Api { op, target, source }.into()
 }
 
 /// This instance's handle on Docker for browser containers. Cheap to clone.
@@ -98,11 +91,7 @@ pub struct Containers {
 impl Containers {
     /// Connects, checks the image and makes sure the internal bridge exists.
     pub async fn connect(config: &BrowserConfig) -> Result<Self, ContainerError> {
-        let docker = Docker::connect_with_local_defaults().map_err(ContainerError::Connect)?;
-        let docker = docker
-            .negotiate_version()
-            .await
-            .map_err(ContainerError::Connect)?;
+        let docker = containers::connect().await?;
         docker
             .inspect_image(&config.image)
             .await
