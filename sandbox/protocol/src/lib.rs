@@ -1,5 +1,5 @@
-//! The framed protocol between the executor and `sandmesh-supervisor`, the small program that
-//! one `docker exec` starts inside the sandbox for each execution (DESIGN.md §3 "Containers").
+//! The framed protocol between the executor and `sandmesh-supervisor`, the small program inside
+//! the sandbox that runs each execution (DESIGN.md §3 "Containers").
 //!
 //! Both sides depend on this crate (the docker-executor library and the `sandmesh-supervisor`
 //! binary), so they can never disagree about the format. It needs only std and serde: the
@@ -11,6 +11,12 @@
 //! executor → supervisor (exec stdin):   Request(json) Archive(tar)* Files(tar)* End
 //! supervisor → executor (exec stdout):  (Stdout | Stderr)*  Changes(tar bytes)*  Report(json)
 //! ```
+//!
+//! A container's resident supervisor (`sandmesh-supervisor serve`, one `docker exec` for the
+//! container's life) carries many runs over one stream: it says `Ready` once, then for each
+//! request `Started`, the run's frames as above, and `Done` (the run process's exit, as text),
+//! so the executor knows where a run ends even when its report never came, and that a stream
+//! which ended before `Started` ended before the run began.
 //!
 //! The supervisor runs as the sandbox user next to the untrusted code, so nothing it says is
 //! trusted by the executor: sizes are bounded here and again by the executor.
@@ -54,8 +60,15 @@ pub enum FrameKind {
     Stderr,
     /// supervisor → executor: a piece of the tar of files created or modified in the workspace.
     Changes,
-    /// supervisor → executor: the [`RunReport`] as JSON; always the last frame.
+    /// supervisor → executor: the [`RunReport`] as JSON; the last frame of a run.
     Report,
+    /// resident supervisor → executor: ready for requests (once, after its start).
+    Ready,
+    /// resident supervisor → executor: a request arrived; its run process starts now.
+    Started,
+    /// resident supervisor → executor: the run process ended (its exit status, as text); the
+    /// last frame of every run it serves, after the report or in place of a lost one.
+    Done,
 }
 
 impl FrameKind {
@@ -69,6 +82,9 @@ impl FrameKind {
             FrameKind::Stderr => b'R',
             FrameKind::Changes => b'C',
             FrameKind::Report => b'Z',
+            FrameKind::Ready => b'Y',
+            FrameKind::Started => b'S',
+            FrameKind::Done => b'D',
         }
     }
 
@@ -82,6 +98,9 @@ impl FrameKind {
             b'R' => FrameKind::Stderr,
             b'C' => FrameKind::Changes,
             b'Z' => FrameKind::Report,
+            b'Y' => FrameKind::Ready,
+            b'S' => FrameKind::Started,
+            b'D' => FrameKind::Done,
             _ => return None,
         })
     }
@@ -272,6 +291,11 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
+    /// No bytes are waiting: the stream is at a frame boundary.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.buf.len()
+    }
+
     pub fn push(&mut self, data: &[u8]) {
         if self.start > 0 && self.start == self.buf.len() {
             self.buf.clear();
@@ -354,7 +378,7 @@ mod tests {
 
         use super::*;
 
-        const KINDS: [FrameKind; 8] = [
+        const KINDS: [FrameKind; 11] = [
             FrameKind::Request,
             FrameKind::Archive,
             FrameKind::Files,
@@ -363,6 +387,9 @@ mod tests {
             FrameKind::Stderr,
             FrameKind::Changes,
             FrameKind::Report,
+            FrameKind::Ready,
+            FrameKind::Started,
+            FrameKind::Done,
         ];
 
         fn frames() -> impl Strategy<Value = Vec<(FrameKind, Vec<u8>)>> {

@@ -3,13 +3,17 @@
 //!
 //! ```text
 //! sandmesh-supervisor keep   the container's command: does nothing, keeps the container up
-//! sandmesh-supervisor warm   starts each interpreter once, so the first execution in a new
-//!                            container does not pay for cold file-system caches
-//! sandmesh-supervisor run    one execution, started by one `docker exec`: reads the request
-//!                            and workspace archive (frames on stdin), unpacks the archive,
-//!                            runs the program, streams its output, kills everything it
-//!                            started, sends the changed files and the report (frames on stdout);
-//!                            with an egress socket, relays 127.0.0.1:3128 to it meanwhile
+//! sandmesh-supervisor run    one execution: reads the request and workspace archive (frames
+//!                            on stdin), unpacks the archive, runs the program, streams its
+//!                            output, kills everything it started, sends the changed files and
+//!                            the report (frames on stdout); with an egress socket, relays
+//!                            127.0.0.1:3128 to it meanwhile
+//! sandmesh-supervisor serve [--warm]
+//!                            the resident supervisor, one `docker exec` for the container's
+//!                            life: a `run` process per request read from stdin, `Done` after
+//!                            each; with --warm it first starts each interpreter once, so the
+//!                            first execution in a new container does not pay for cold
+//!                            file-system caches
 //! ```
 //!
 //! The frame format is the `sandmesh-sandbox-protocol` crate (`sandbox/protocol`), shared with
@@ -19,6 +23,7 @@
 mod files;
 mod process;
 mod relay;
+mod serve;
 
 use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
@@ -249,7 +254,7 @@ fn keep() -> ExitCode {
 /// container out. Each interpreter runs a trivial script the way `run` starts programs (same
 /// code directory, working directory and environment), so the real first run finds it all
 /// cached.
-fn warm() -> ExitCode {
+fn warm() -> bool {
     const DIR: &str = "/tmp/.sandmesh";
     let mut ok = std::fs::create_dir_all(DIR).is_ok();
     for (file, code, argv) in [
@@ -288,20 +293,16 @@ fn warm() -> ExitCode {
         }
     }
     let _ = std::fs::remove_dir_all(DIR);
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    ok
 }
 
 fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         Some("run") => run_once(),
         Some("keep") => keep(),
-        Some("warm") => warm(),
+        Some("serve") => serve::serve(std::env::args().nth(2).as_deref() == Some("--warm")),
         _ => {
-            eprintln!("usage: sandmesh-supervisor run|keep|warm");
+            eprintln!("usage: sandmesh-supervisor run|keep|serve [--warm]");
             ExitCode::from(64)
         }
     }

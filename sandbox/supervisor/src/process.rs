@@ -4,9 +4,10 @@
 //!
 //! "Every process" is found by scanning `/proc`: in the container's PID namespace the only
 //! processes that may survive an execution are PID 1 (`docker-init`), the keeper it started
-//! (the container's command, the lowest other PID, because it was started first) and this
-//! supervisor. So nothing an execution starts outlives it, and the next execution of a
-//! session starts in a quiet container.
+//! (the container's command, the lowest other PID, because it was started first), the
+//! resident supervisor that started this run (its parent, when there is one in the namespace)
+//! and this supervisor. So nothing an execution starts outlives it, and the next execution of
+//! a session starts in a quiet container.
 
 use std::collections::HashSet;
 use std::fs;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::resource::{getrusage, setrlimit, Resource, UsageWho};
 use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::{getpid, Pid};
+use nix::unistd::{getpid, getppid, Pid};
 use sandbox_protocol::{FrameKind, Outcome, RunReport, RunSpec};
 
 use crate::FrameOut;
@@ -103,19 +104,26 @@ fn processes() -> Vec<(i32, i32, char)> {
         .collect()
 }
 
-/// The container's keeper: the first child of PID 1.
-pub fn find_keeper() -> Option<i32> {
+/// The processes a run must leave alive besides PID 1 and itself: the container's keeper (the
+/// first child of PID 1) and the resident supervisor that started this run (the parent; one
+/// started by a `docker exec` has its parent outside the namespace, seen as 0).
+pub fn spared() -> Vec<i32> {
     let me = getpid().as_raw();
-    processes()
+    let keeper = processes()
         .into_iter()
         .filter(|&(pid, ppid, _)| ppid == 1 && pid != me && pid != 1)
         .map(|(pid, _, _)| pid)
-        .min()
+        .min();
+    let parent = getppid().as_raw();
+    keeper
+        .into_iter()
+        .chain((parent > 1).then_some(parent))
+        .collect()
 }
 
-/// SIGKILLs the program's group, then every other process except PID 1, the keeper and this
-/// supervisor, until a scan finds none alive. Returns how many processes the scans killed.
-pub fn kill_all(group: Option<i32>, keeper: Option<i32>) -> u32 {
+/// SIGKILLs the program's group, then every other process except PID 1, the `spared` ones and
+/// this supervisor, until a scan finds none alive. Returns how many processes the scans killed.
+pub fn kill_all(group: Option<i32>, spared: &[i32]) -> u32 {
     if let Some(pgid) = group {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
@@ -126,7 +134,7 @@ pub fn kill_all(group: Option<i32>, keeper: Option<i32>) -> u32 {
     for _ in 0..500 {
         let mut found = false;
         for (pid, _, state) in processes() {
-            if pid == 1 || pid == me || Some(pid) == keeper || state == 'Z' || state == 'X' {
+            if pid == 1 || pid == me || spared.contains(&pid) || state == 'Z' || state == 'X' {
                 continue;
             }
             if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
@@ -142,6 +150,8 @@ pub fn kill_all(group: Option<i32>, keeper: Option<i32>) -> u32 {
     victims.len() as u32
 }
 
+/// The program's rlimits, set on this (single-run) supervisor process so the program inherits
+/// them; a resident supervisor starts a fresh process per run and never carries them.
 fn set_limits(spec: &RunSpec) {
     let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
     let _ = setrlimit(Resource::RLIMIT_NOFILE, spec.nofile, spec.nofile);
@@ -167,7 +177,7 @@ fn reader(stream: Stream, mut pipe: impl Read + Send + 'static, tx: mpsc::Sender
 
 /// Runs the program of `spec` to its end, streaming output frames to `out`.
 pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
-    let keeper = find_keeper();
+    let spared = spared();
     let before = CgroupCounters::read();
     if let Err(e) = write_code(spec) {
         report.outcome = Outcome::Failed {
@@ -266,7 +276,7 @@ pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
             Ok(ev) => ev,
             Err(mpsc::RecvTimeoutError::Timeout) if drain_until.is_none() => {
                 reason = Some(KillReason::Timeout);
-                report.processes_killed += kill_all(Some(group), keeper);
+                report.processes_killed += kill_all(Some(group), &spared);
                 drain_until = Some(Instant::now() + DRAIN_GRACE);
                 continue;
             }
@@ -293,7 +303,7 @@ pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
                         Stream::Stderr => report.stderr_truncated = true,
                     }
                     reason.get_or_insert(KillReason::OutputLimit);
-                    report.processes_killed += kill_all(Some(group), keeper);
+                    report.processes_killed += kill_all(Some(group), &spared);
                     drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
                 }
             }
@@ -303,7 +313,7 @@ pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
                 report.wall_ms = started.elapsed().as_millis() as u64;
                 // The program is done: whatever it left running (background jobs holding the
                 // pipes open, daemons) ends with it.
-                report.processes_killed += kill_all(Some(group), keeper);
+                report.processes_killed += kill_all(Some(group), &spared);
                 drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
             }
         }
@@ -312,7 +322,7 @@ pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
         report.wall_ms = started.elapsed().as_millis() as u64;
     }
     // A last sweep: something may have been forked while the pipes drained.
-    report.processes_killed += kill_all(Some(group), keeper);
+    report.processes_killed += kill_all(Some(group), &spared);
     let _ = fs::remove_dir_all(code_dir(spec));
 
     let after = CgroupCounters::read();

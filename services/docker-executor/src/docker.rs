@@ -212,21 +212,6 @@ impl Sandboxes {
         })
     }
 
-    /// Starts each interpreter once in the container (`sandmesh-supervisor warm`), which also
-    /// proves the container can run an execution.
-    pub async fn warm(&self, name: &str) -> Result<(), DockerError> {
-        let out =
-            crate::probe::exec_capture(&self.docker, name, &[SUPERVISOR_PATH, "warm"]).await?;
-        match out.exit_code {
-            Some(0) => Ok(()),
-            code => Err(DockerError::failed(
-                "warm",
-                name,
-                format!("exit {code:?}: {}", out.stderr.trim()),
-            )),
-        }
-    }
-
     /// Empties the container's workspace (before a newer snapshot is unpacked over it).
     pub async fn clear_workspace(&self, name: &str) -> Result<(), DockerError> {
         let cmd = ["find", WORKSPACE_DIR, "-mindepth", "1", "-delete"];

@@ -1,26 +1,30 @@
-//! One execution's single `docker exec`: start the supervisor, send it the request and the
-//! workspace archive, read its frames until the report — streaming output chunks as they
-//! come — and give up at an outer deadline. The supervisor is not trusted (it runs next to
-//! the untrusted code), so every size it sends is bounded here as well. The wire format and
-//! the bounded reading ([`request_wire`], [`FrameCollector`]) are shared with the bubblewrap
-//! executor, which carries the same frames over a sandbox's pipes.
+//! One execution's exchange with the supervisor: send it the request and the workspace
+//! archive, read its frames until the report — streaming output chunks as they come — and give
+//! up at an outer deadline. In a docker container the supervisor is the container's resident
+//! one ([`Resident`]); the bubblewrap executor carries the same frames over a fresh sandbox's
+//! pipes. The supervisor is not trusted (it runs next to the untrusted code), so every size it
+//! sends is bounded here as well. The wire format and the bounded reading ([`request_wire`],
+//! [`FrameCollector`]) are shared by both.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures::StreamExt;
 use messages::exec::{OutputChunk, OutputStream};
 use messages::Encoding;
 use sandbox_protocol::{self as protocol, FrameDecoder, FrameKind, RunReport, RunSpec};
 use tokio::io::AsyncWriteExt;
 
-use crate::docker::{DockerError, Sandboxes, SUPERVISOR_PATH};
+use crate::docker::{DockerError, Sandboxes};
+use crate::resident::Resident;
 
 /// How much of the supervisor's own stderr is kept for error messages.
 const MAX_SUPERVISOR_LOG: usize = 16 * 1024;
 /// Tar headers and padding on top of the changed files' content.
 const CHANGES_OVERHEAD: u64 = 4 * 1024 * 1024;
+/// A supervisor that reported has read its whole request; past this its stdin writer counts as
+/// stuck (the supervisor answered without reading) and the stream is not reused.
+const WRITER_GRACE: Duration = Duration::from_secs(1);
 
 /// Why the exchange stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,10 +194,25 @@ pub struct FrameCollector<'a> {
     max_output: u64,
     max_changes: u64,
     streamer: Option<&'a mut OutputStreamer>,
+    /// A resident supervisor's run ends with `Done` (after the report, or in place of a lost
+    /// one), not with the report.
+    resident: bool,
+    started: bool,
+    done: bool,
 }
 
 impl<'a> FrameCollector<'a> {
+    /// For a supervisor process that serves this one run.
     pub fn new(spec: &RunSpec, streamer: Option<&'a mut OutputStreamer>) -> Self {
+        Self::with_end(spec, streamer, false)
+    }
+
+    /// For a run of a resident supervisor: read up to its `Done`.
+    fn resident(spec: &RunSpec, streamer: Option<&'a mut OutputStreamer>) -> Self {
+        Self::with_end(spec, streamer, true)
+    }
+
+    fn with_end(spec: &RunSpec, streamer: Option<&'a mut OutputStreamer>, resident: bool) -> Self {
         Self {
             decoder: FrameDecoder::default(),
             ex: Exchange {
@@ -207,11 +226,14 @@ impl<'a> FrameCollector<'a> {
             max_output: spec.max_output_bytes,
             max_changes: spec.max_changes_bytes + CHANGES_OVERHEAD,
             streamer,
+            resident,
+            started: false,
+            done: false,
         }
     }
 
-    /// Takes bytes of the supervisor's stdout. `true`: the exchange is over (a report, a
-    /// flood or garbage); nothing more is read.
+    /// Takes bytes of the supervisor's stdout. `true`: the exchange is over (the report, or a
+    /// resident supervisor's `Done`; a flood or garbage); nothing more is read.
     pub async fn push(&mut self, bytes: &[u8]) -> bool {
         self.decoder.push(bytes);
         loop {
@@ -224,6 +246,10 @@ impl<'a> FrameCollector<'a> {
                 }
             };
             let ex = &mut self.ex;
+            if ex.report.is_some() && kind != FrameKind::Done {
+                ex.ending = Ending::Protocol(format!("{kind:?} frame after the report"));
+                return true;
+            }
             match kind {
                 FrameKind::Stdout | FrameKind::Stderr => {
                     let total = (ex.stdout.len() + ex.stderr.len() + payload.len()) as u64;
@@ -248,13 +274,27 @@ impl<'a> FrameCollector<'a> {
                     }
                     ex.changes.extend_from_slice(&payload);
                 }
-                FrameKind::Report => {
-                    match serde_json::from_slice::<RunReport>(&payload) {
-                        Ok(report) => {
-                            ex.report = Some(report);
-                            ex.ending = Ending::Reported;
+                FrameKind::Report => match serde_json::from_slice::<RunReport>(&payload) {
+                    Ok(report) => {
+                        ex.report = Some(report);
+                        ex.ending = Ending::Reported;
+                        if !self.resident {
+                            return true;
                         }
-                        Err(e) => ex.ending = Ending::Protocol(format!("malformed report: {e}")),
+                    }
+                    Err(e) => {
+                        ex.ending = Ending::Protocol(format!("malformed report: {e}"));
+                        return true;
+                    }
+                },
+                FrameKind::Started if self.resident && !self.started => self.started = true,
+                FrameKind::Done if self.resident => {
+                    // Its run process ended; without a report it died (or was killed) first.
+                    self.done = true;
+                    if ex.report.is_none() {
+                        let status = String::from_utf8_lossy(&payload);
+                        ex.supervisor_log
+                            .push_str(&format!(" (run process: {status})"));
                     }
                     return true;
                 }
@@ -282,6 +322,12 @@ impl<'a> FrameCollector<'a> {
         &self.ex.ending
     }
 
+    /// A resident supervisor's run ended cleanly: reported, `Done`, and nothing left over, so
+    /// its stream is at a run boundary and may carry the next run.
+    fn at_boundary(&self) -> bool {
+        self.done && self.ex.ending == Ending::Reported && self.decoder.is_empty()
+    }
+
     /// Appends a note on how the supervisor ended to its log.
     pub fn note(&mut self, note: &str) {
         self.ex.supervisor_log.push_str(note);
@@ -296,50 +342,36 @@ impl<'a> FrameCollector<'a> {
     }
 }
 
-/// Runs the supervisor once in `container`.
+/// Runs one execution through `container`'s resident supervisor, starting one first when it
+/// has none (`resident` is the container's). The supervisor is kept for the next execution
+/// only when this one ended cleanly; otherwise the container is suspect anyway.
 pub async fn exchange(
     sandboxes: &Sandboxes,
+    resident: &mut Option<Box<Resident>>,
     input: ExchangeInput<'_>,
 ) -> Result<Exchange, DockerError> {
-    let docker = &sandboxes.docker;
-    let options = CreateExecOptions {
-        cmd: Some(vec![SUPERVISOR_PATH, "run"]),
-        attach_stdin: Some(true),
-        attach_stdout: Some(true),
-        attach_stderr: Some(true),
-        tty: Some(false),
-        ..Default::default()
-    };
-    let exec = docker
-        .create_exec(input.container, options)
-        .await
-        .map_err(|e| DockerError::api("exec", input.container, e))?;
-    let started = docker
-        .start_exec(&exec.id, None)
-        .await
-        .map_err(|e| DockerError::api("exec start", input.container, e))?;
-    let StartExecResults::Attached {
-        mut output,
+    let Resident {
+        exec_id,
         input: mut stdin,
-    } = started
-    else {
-        return Err(DockerError::failed(
-            "exec start",
-            input.container,
-            "not attached",
-        ));
+        mut output,
+    } = match resident.take() {
+        Some(r) => *r,
+        None => Resident::start(&sandboxes.docker, input.container, false).await?,
     };
-
     let wire = request_wire(input.spec, input.archive, input.files)
         .map_err(|e| DockerError::failed("exec", input.container, e.to_string()))?;
-    // Written from its own task so a slow reader on the other side never deadlocks us.
+    // Written from its own task so a slow reader on the other side never deadlocks us; the
+    // stdin comes back for the next run.
     let writer = tokio::spawn(async move {
-        let result = stdin.write_all(&wire).await;
-        let _ = stdin.shutdown().await;
-        result
+        let result = async {
+            stdin.write_all(&wire).await?;
+            stdin.flush().await
+        }
+        .await;
+        (stdin, result)
     });
 
-    let mut collector = FrameCollector::new(input.spec, input.streamer);
+    let mut collector = FrameCollector::resident(input.spec, input.streamer);
     let deadline = tokio::time::Instant::from_std(input.deadline);
     loop {
         let item = match tokio::time::timeout_at(deadline, output.next()).await {
@@ -347,7 +379,15 @@ pub async fn exchange(
                 collector.stop(Ending::Deadline);
                 break;
             }
-            Ok(None) => break,
+            Ok(None) => {
+                if *collector.ending() == Ending::Reported {
+                    // A report but no `Done`: the run is told, the stream is not reusable.
+                    collector.note(" (the supervisor stream ended after the report)");
+                } else {
+                    collector.stop(Ending::Closed);
+                }
+                break;
+            }
             Ok(Some(Err(e))) => {
                 tracing::warn!(container = input.container, error = %e, "exec stream failed");
                 collector.stop(Ending::StreamFailed(e.to_string()));
@@ -361,14 +401,37 @@ pub async fn exchange(
             _ => {}
         }
     }
-    writer.abort();
-    if *collector.ending() == Ending::Closed {
-        // Say how the supervisor ended, so a lost report can be told from a killed process.
-        if let Ok(inspect) = docker.inspect_exec(&exec.id).await {
-            collector.note(&format!(
-                " (supervisor exit code {:?}, running {:?})",
-                inspect.exit_code, inspect.running
-            ));
+    if !collector.started && matches!(collector.ending(), Ending::Closed | Ending::StreamFailed(_))
+    {
+        // Gone before it took the request (its container was killed or stopped while idle):
+        // nothing of this run happened, so it may be retried in another container.
+        let log = collector.finish().await.supervisor_log;
+        let why = format!("its resident supervisor is gone: {}", log.trim());
+        return Err(DockerError::failed("exec", input.container, why));
+    }
+    if collector.at_boundary() {
+        match tokio::time::timeout(WRITER_GRACE, writer).await {
+            Ok(Ok((input, Ok(())))) => {
+                *resident = Some(Box::new(Resident {
+                    exec_id,
+                    input,
+                    output,
+                }))
+            }
+            _ => collector.stop(Ending::Protocol(
+                "the supervisor answered before it read its request".into(),
+            )),
+        }
+    } else {
+        writer.abort();
+        if *collector.ending() == Ending::Closed && !collector.done {
+            // Say how the supervisor ended, so a lost report can be told from a killed process.
+            if let Ok(inspect) = sandboxes.docker.inspect_exec(&exec_id).await {
+                collector.note(&format!(
+                    " (supervisor exit code {:?}, running {:?})",
+                    inspect.exit_code, inspect.running
+                ));
+            }
         }
     }
     Ok(collector.finish().await)
@@ -377,6 +440,117 @@ pub async fn exchange(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec() -> RunSpec {
+        RunSpec {
+            version: protocol::PROTOCOL_VERSION,
+            argv: vec!["true".into()],
+            code_path: "/tmp/.sandmesh/main.sh".into(),
+            code: String::new(),
+            stdin: None,
+            env: Vec::new(),
+            workspace: "/workspace".into(),
+            timeout_ms: 1000,
+            max_output_bytes: 1024,
+            nofile: 64,
+            fsize_bytes: 1024,
+            max_changes_bytes: 0,
+            egress_socket: None,
+        }
+    }
+
+    fn wire(frames: &[(FrameKind, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (kind, payload) in frames {
+            out.extend(protocol::encode_frame(*kind, payload));
+        }
+        out
+    }
+
+    fn report() -> Vec<u8> {
+        let mut r = RunReport::failed("unused");
+        r.outcome = protocol::Outcome::Exited { code: 0 };
+        serde_json::to_vec(&r).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_resident_run_ends_at_done_and_a_single_run_at_its_report() {
+        let spec = spec();
+        let mut c = FrameCollector::resident(&spec, None);
+        let run = wire(&[
+            (FrameKind::Started, b""),
+            (FrameKind::Stdout, b"hi"),
+            (FrameKind::Report, &report()),
+        ]);
+        assert!(
+            !c.push(&run).await,
+            "the report is not the end of a resident run"
+        );
+        assert!(c.push(&wire(&[(FrameKind::Done, b"exit status: 0")])).await);
+        assert!(c.at_boundary());
+        let ex = c.finish().await;
+        assert_eq!((ex.ending, ex.stdout), (Ending::Reported, b"hi".to_vec()));
+
+        let mut c = FrameCollector::new(&spec, None);
+        assert!(c.push(&wire(&[(FrameKind::Report, &report())])).await);
+        assert_eq!(*c.ending(), Ending::Reported);
+    }
+
+    #[tokio::test]
+    async fn a_resident_stream_is_reused_only_at_a_clean_boundary() {
+        let spec = spec();
+        // The run process died before reporting: `Done` says how.
+        let mut c = FrameCollector::resident(&spec, None);
+        let died = wire(&[
+            (FrameKind::Started, b""),
+            (FrameKind::Done, b"signal: 9 (SIGKILL)"),
+        ]);
+        assert!(c.push(&died).await);
+        assert!(c.started && !c.at_boundary());
+        let ex = c.finish().await;
+        assert_eq!(ex.ending, Ending::Closed);
+        assert!(ex.supervisor_log.contains("signal: 9"), "{ex:?}");
+
+        // Output after the report is a lie about the run.
+        let mut c = FrameCollector::resident(&spec, None);
+        let after = wire(&[(FrameKind::Report, &report()), (FrameKind::Stdout, b"x")]);
+        assert!(c.push(&after).await);
+        assert!(
+            matches!(c.ending(), Ending::Protocol(_)),
+            "{:?}",
+            c.ending()
+        );
+
+        // Bytes past `Done` would be read as the next run's.
+        let mut c = FrameCollector::resident(&spec, None);
+        let extra = wire(&[(FrameKind::Report, &report()), (FrameKind::Done, b"")]);
+        assert!(c.push(&[extra, vec![b'O']].concat()).await);
+        assert!(!c.at_boundary());
+
+        // `Started` once per run, first.
+        let mut c = FrameCollector::resident(&spec, None);
+        assert!(
+            c.push(&wire(&[
+                (FrameKind::Started, b""),
+                (FrameKind::Started, b"")
+            ]))
+            .await
+        );
+        assert!(
+            matches!(c.ending(), Ending::Protocol(_)),
+            "{:?}",
+            c.ending()
+        );
+
+        // A single-run supervisor never says `Done`.
+        let mut c = FrameCollector::new(&spec, None);
+        assert!(c.push(&wire(&[(FrameKind::Done, b"")])).await);
+        assert!(
+            matches!(c.ending(), Ending::Protocol(_)),
+            "{:?}",
+            c.ending()
+        );
+    }
 
     #[test]
     fn utf8_is_split_only_on_character_boundaries() {

@@ -327,7 +327,7 @@ impl Runner {
             deadline,
             streamer,
         };
-        let ex = exchange::exchange(&self.sandboxes, input)
+        let ex = exchange::exchange(&self.sandboxes, &mut container.resident, input)
             .await
             .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
         let health = if ex.ending.container_suspect() {

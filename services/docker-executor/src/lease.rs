@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
 use crate::egress::ContainerEgress;
 use crate::node::NodeState;
+use crate::resident::Resident;
 
 /// Why a container could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,9 @@ pub struct ContainerLease {
     /// lease (before the container itself is gone, never after). Boxed: leases travel in
     /// actor messages, and most have none.
     pub egress: Option<Box<ContainerEgress>>,
+    /// Its resident supervisor, started with the container (warm pool) or by its first run.
+    /// Boxed like the egress, for the same reason.
+    pub resident: Option<Box<Resident>>,
     sandboxes: Sandboxes,
     node: Arc<NodeState>,
 }
@@ -84,6 +88,7 @@ impl ContainerLease {
             held: Held::Nothing,
             synced: std::time::Instant::now(),
             egress: egress.map(Box::new),
+            resident: None,
             sandboxes: sandboxes.clone(),
             node: node.clone(),
         };

@@ -76,6 +76,7 @@ pub mod lease;
 pub mod node;
 pub mod outcome;
 pub mod probe;
+pub mod resident;
 pub mod session;
 pub mod warm_pool;
 pub mod workspace;

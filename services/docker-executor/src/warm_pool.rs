@@ -1,7 +1,8 @@
 //! `WarmPool`: pre-started hardened containers, each handed out exactly once (for one
 //! ephemeral execution, or as a new session's container) and replenished in the background,
 //! so no execution pays a cold container start while the pool has stock. A container joins
-//! the pool only after a warm-up exec started each interpreter in it once.
+//! the pool only after its resident supervisor started each interpreter in it once and said
+//! it is ready.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -14,6 +15,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
 use crate::lease::ContainerLease;
 use crate::node::NodeState;
+use crate::resident::Resident;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// While the pool still has stock, a refill waits this long (or for the execution that took
@@ -72,7 +74,7 @@ impl WarmPoolState {
             let myself = myself.clone();
             self.args.node.tasks.spawn(async move {
                 let started = async {
-                    let lease = ContainerLease::start(
+                    let mut lease = ContainerLease::start(
                         &sandboxes,
                         &node,
                         ContainerKind::Warm,
@@ -81,7 +83,9 @@ impl WarmPoolState {
                         None,
                     )
                     .await?;
-                    sandboxes.warm(&lease.name).await.map(|()| lease)
+                    let resident = Resident::start(&sandboxes.docker, &lease.name, true).await?;
+                    lease.resident = Some(Box::new(resident));
+                    Ok(lease)
                 }
                 .await;
                 let _ = myself.cast(WarmPoolMsg::Started(started));

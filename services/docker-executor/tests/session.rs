@@ -202,6 +202,55 @@ async fn drain_finishes_running_work_closes_sessions_and_refuses_new_work() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_runs_through_one_resident_supervisor_its_code_cannot_take_down() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "1")]).await;
+    let s = "resident";
+    // The shell's parent is the run's supervisor process; that one's parent is the container's
+    // resident supervisor (`stat` field 4; its comm has no spaces).
+    let resident = "cut -d' ' -f4 /proc/$PPID/stat";
+    let first = h
+        .session(
+            s,
+            Language::Shell,
+            &format!("echo kept > /tmp/mark; {resident}"),
+        )
+        .await;
+    let second = h.session(s, Language::Shell, resident).await;
+    assert_eq!(first.status, ExecStatus::Ok, "{first:?}");
+    assert!(first.stdout.trim().parse::<u32>().is_ok(), "{first:?}");
+    assert_eq!(
+        first.stdout, second.stdout,
+        "one resident supervisor for both runs"
+    );
+    let container = h.session_container(s).await;
+
+    // The code may kill it (same user): its own run still reports, and the next run of the
+    // session starts another in the same container.
+    let r = h
+        .session(
+            s,
+            Language::Shell,
+            &format!("kill -9 $({resident}); echo killed"),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "killed\n"),
+        "{r:?}"
+    );
+    let r = h
+        .session(s, Language::Shell, &format!("cat /tmp/mark; {resident}"))
+        .await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let (mark, pid) = r.stdout.split_once('\n').expect("two lines");
+    assert_eq!(mark, "kept", "the same container: {r:?}");
+    assert_ne!(pid, first.stdout, "a new resident supervisor: {r:?}");
+    assert_eq!(h.session_container(s).await, container);
+    assert!(h.stray_processes(&container).await.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_every_process_loses_the_container_not_the_session() {
     let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
     let s = "kill-all";

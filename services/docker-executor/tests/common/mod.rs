@@ -209,7 +209,8 @@ impl Harness {
     }
 
     /// Processes in a container besides docker-init, the keeper (the first `keep`, started
-    /// with the container: an impostor started later is a stray) and the probe.
+    /// with the container: an impostor started later is a stray), the resident supervisor and
+    /// the probe.
     pub async fn stray_processes(&self, container: &str) -> Vec<(u32, String)> {
         let procs = docker_executor::probe::processes(&self.docker, container)
             .await
@@ -219,9 +220,16 @@ impl Harness {
             .filter(|(pid, cmd)| *pid != 1 && cmd.ends_with("sandmesh-supervisor keep"))
             .map(|(pid, _)| *pid)
             .min();
+        // The container's resident supervisor: one at most, and nothing else by that name.
+        let resident = |cmd: &str| cmd.contains("sandmesh-supervisor serve");
+        let residents = procs.iter().filter(|(_, cmd)| resident(cmd)).count();
+        assert!(
+            residents <= 1,
+            "{residents} resident supervisors: {procs:?}"
+        );
         procs
             .into_iter()
-            .filter(|(pid, _)| *pid != 1 && Some(*pid) != keeper)
+            .filter(|(pid, cmd)| *pid != 1 && Some(*pid) != keeper && !resident(cmd))
             .collect()
     }
 

@@ -1,0 +1,132 @@
+//! `serve`: the container's resident supervisor, started by one `docker exec` for the
+//! container's life instead of one per execution (a `docker exec` costs tens of milliseconds of
+//! dockerd, containerd and runc work; a process start here costs about one).
+//!
+//! Each request read from stdin is handed to a fresh `sandmesh-supervisor run` process — the
+//! same single-run code as ever, so rlimits, resource usage and the final kill sweep stay per
+//! run — whose stdout is this process's stdout: its frames reach the executor directly.
+//! `Started` comes before them (a stream that ends earlier ended before the run began: the
+//! executor may retry elsewhere), and `Done` with the run process's exit status after them, so
+//! the executor knows where the run ended even if its report never came (the program killed
+//! the run process).
+
+use std::io::{self, Read, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+
+use sandbox_protocol::{self as protocol, FrameKind};
+
+/// Serves requests until the executor closes stdin. With `warm_first`, starts each
+/// interpreter once before saying `Ready` (a warm pool container's preparation).
+pub fn serve(warm_first: bool) -> ExitCode {
+    // Not dumpable: code running as the same user cannot ptrace this process, read its memory
+    // or open its stdin and stdout through /proc to speak for it.
+    let _ = nix::sys::prctl::set_dumpable(false);
+    if warm_first && !crate::warm() {
+        return ExitCode::FAILURE;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("sandmesh-supervisor: cannot find its own binary: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if send(FrameKind::Ready, b"").is_err() {
+        return ExitCode::FAILURE;
+    }
+    let mut input = io::stdin().lock();
+    loop {
+        let first = match protocol::read_frame(&mut input) {
+            Ok(Some(frame)) => frame,
+            // The executor closed the stream: the container is going away.
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandmesh-supervisor: reading a request: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        // Before the run process exists, so it cannot write in between.
+        if send(FrameKind::Started, b"").is_err() {
+            return ExitCode::FAILURE;
+        }
+        let run = Command::new(&exe)
+            .arg("run")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let (status, forwarded) = match run {
+            Ok(mut child) => {
+                let forwarded = forward(first, &mut input, &mut child);
+                let status = match child.wait() {
+                    Ok(status) => status.to_string(),
+                    Err(e) => format!("not known: {e}"),
+                };
+                (status, forwarded)
+            }
+            Err(e) => {
+                // Nothing was said for this run yet: its report says why it did not start.
+                let report = protocol::RunReport::failed(format!("cannot start a run: {e}"));
+                let json = serde_json::to_vec(&report).expect("a report serialises");
+                let sent = send(FrameKind::Report, &json);
+                (
+                    format!("not started: {e}"),
+                    drain(first, &mut input).and(sent),
+                )
+            }
+        };
+        if send(FrameKind::Done, status.as_bytes()).is_err() {
+            return ExitCode::FAILURE;
+        }
+        if let Err(e) = forwarded {
+            // The request stream ended or broke mid-request: nothing after it can be trusted.
+            eprintln!("sandmesh-supervisor: reading a request: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+}
+
+/// Copies the request's frames, `first` included, to the run process's stdin up to and
+/// including `End`. A run process that stops reading (it refused the request) leaves the rest
+/// of the request to be read and dropped here, so the next request starts at a frame boundary.
+fn forward(
+    first: (FrameKind, Vec<u8>),
+    input: &mut impl Read,
+    child: &mut Child,
+) -> io::Result<()> {
+    let mut pipe = child.stdin.take();
+    let mut frame = Some(first);
+    loop {
+        let (kind, payload) = match frame.take() {
+            Some(f) => f,
+            None => protocol::read_frame(input)?.ok_or(io::ErrorKind::UnexpectedEof)?,
+        };
+        if let Some(p) = pipe.as_mut() {
+            if protocol::write_frame(p, kind, &payload).is_err() {
+                pipe = None;
+            }
+        }
+        if kind == FrameKind::End {
+            // Dropping the pipe closes the run process's stdin.
+            return Ok(());
+        }
+    }
+}
+
+/// Reads and drops the rest of a request no run process will see.
+fn drain(first: (FrameKind, Vec<u8>), input: &mut impl Read) -> io::Result<()> {
+    let mut kind = first.0;
+    while kind != FrameKind::End {
+        kind = protocol::read_frame(input)?
+            .ok_or(io::ErrorKind::UnexpectedEof)?
+            .0;
+    }
+    Ok(())
+}
+
+/// One frame on stdout, flushed (a run's frames go straight from its process to the same fd).
+fn send(kind: FrameKind, payload: &[u8]) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    protocol::write_frame(&mut out, kind, payload)?;
+    out.flush()
+}
