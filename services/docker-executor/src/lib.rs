@@ -5,11 +5,13 @@
 //! (tier `ephemeral`), containers made for one isolated run (`RunKind::Isolated`: strict mode
 //! without a session) and one container per session (tier `session`). Every container is held
 //! through a [`lease::ContainerLease`], which removes it when dropped, and every accepted run
-//! through a [`lease::RunSlot`], which gives its capacity back. Each execution costs
-//! one `docker exec` of `sandmesh-supervisor` inside the container, which receives the code,
-//! workspace and limits as frames, runs the program in its own process group, streams its
-//! output, kills everything it started at the end or on timeout, and sends back the changed
-//! files and a report (the `sandmesh-sandbox-protocol` crate, `sandbox/protocol`).
+//! through a [`lease::RunSlot`], which gives its capacity back. Each container has one
+//! resident `sandmesh-supervisor serve` ([`resident::Resident`], one `docker exec` for the
+//! container's life, started while the container is warmed), and each execution is a request
+//! to it: a fresh supervisor process receives the code, workspace and limits as frames, runs
+//! the program in its own process group, streams its output, kills everything it started at the
+//! end or on timeout, and sends back the changed files and a report (the
+//! `sandmesh-sandbox-protocol` crate, `sandbox/protocol`). No execution pays a `docker exec`.
 //!
 //! Subjects (internal; only the scheduler may publish there):
 //! - `sandbox.v1.executor.docker.run` — queue group of all executors: ephemeral runs and a
@@ -27,7 +29,7 @@
 //! Behaviour worth knowing:
 //! - Processes never outlive their execution: when the program exits (or times out, or
 //!   passes the output cap) the supervisor kills every process of the container except
-//!   `docker-init` and the keeper, daemonised orphans included. Files persist in a session
+//!   `docker-init`, the keeper and the resident supervisor, daemonised orphans included. Files persist in a session
 //!   (`/workspace`, `/tmp`); with `SANDMESH_EXEC_WORKSPACE=on` the workspace also lives in
 //!   workspace-store, so an ephemeral run of a session sees it and a lost container loses
 //!   nothing.
