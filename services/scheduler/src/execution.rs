@@ -23,6 +23,8 @@ pub struct Origin {
     pub trace_id: Option<String>,
     /// Who asked; its request's ids are already scoped by its tenant ([`scope_request`]).
     pub caller: Caller,
+    /// A sync caller, answered with the result itself ([`Execution::sync_reply`]).
+    pub sync_reply: bool,
 }
 
 /// The request with the ids its caller named scoped by the caller's tenant (DESIGN.md §5.5),
@@ -92,6 +94,11 @@ pub struct Execution {
     /// after it; never stored (a parked execution reads the session again when it resumes).
     #[serde(skip)]
     pub session: Option<SessionRecord>,
+    /// Its caller waits for the result in a sync reply, so the reply need not wait for the
+    /// stored copy's acknowledgement. Never stored: a resumed execution's result reaches a
+    /// waiting sync caller through the stream itself.
+    #[serde(skip)]
+    pub sync_reply: bool,
 }
 
 impl Execution {
@@ -118,6 +125,7 @@ impl Execution {
                 .filter(|u| !u.is_empty())
                 .map(str::to_string),
             session: None,
+            sync_reply: origin.sync_reply,
         }
     }
 

@@ -18,7 +18,7 @@ use messages::exec::{
     AwaitingConfirmation, ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS,
     NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
-use messages::{Encoding, ErrorBody, Subjects};
+use messages::{Encoding, ErrorBody, ErrorKind, Subjects};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +31,10 @@ use crate::results::ResultStore;
 /// Beyond the confirmation's expiry and the run's own budget, how long a parked sync caller
 /// waits for the result before it is told to look it up later.
 const PARKED_WAIT_SLACK: Duration = Duration::from_secs(30);
+/// How long an unknown id is given to appear before `exec.result` answers 404: a sync caller
+/// is answered while its result's store (an fsync on the server) is still finishing, and the
+/// stream can be a few fsyncs behind under load.
+const STORE_GRACE: Duration = Duration::from_millis(500);
 
 #[derive(Clone)]
 pub struct Intake {
@@ -94,6 +98,7 @@ impl Intake {
             queued_ms: 0,
             trace_id: ctx.trace_id.clone(),
             caller: ctx.caller.clone(),
+            sync_reply: true,
         };
         let outcome = self.pipeline.execute(req, origin).await;
         drop(permit);
@@ -191,6 +196,9 @@ impl Intake {
 
     /// `exec.result`: the stored result, `pending` while a scheduler runs it or it waits for
     /// a person, else 404. With `wait_ms`, a result not stored yet is waited for that long.
+    /// A sync caller is answered before its result's store is acknowledged
+    /// ([`crate::pipeline`]), so an id not found at once gets [`STORE_GRACE`] to appear before
+    /// it is called unknown.
     pub async fn lookup(
         &self,
         ctx: RequestContext,
@@ -199,7 +207,12 @@ impl Intake {
         let id = ctx.caller.scope("execution_id", &req.execution_id)?;
         let wait = Duration::from_millis(req.wait_ms.unwrap_or(0).min(MAX_RESULT_WAIT_MS));
         let lookup = if wait.is_zero() {
-            self.look_up(&id, &req.execution_id).await?
+            match self.look_up(&id, &req.execution_id).await {
+                Err(e) if e.kind == ErrorKind::NotFound => {
+                    self.look_up_waiting(&id, &req.execution_id, wait).await?
+                }
+                other => other?,
+            }
         } else {
             self.look_up_waiting(&id, &req.execution_id, wait).await?
         };
@@ -207,7 +220,8 @@ impl Intake {
     }
 
     /// Like [`Self::look_up`], holding a pending answer until the result is stored or `wait`
-    /// passes. Subscribed before the look, so a result stored in between is seen.
+    /// passes, and an unknown id at least [`STORE_GRACE`] (it may be queued, or on its way to
+    /// the store). Subscribed before the look, so a result stored in between is seen.
     async fn look_up_waiting(
         &self,
         id: &str,
@@ -222,13 +236,18 @@ impl Intake {
                 ErrorBody::unavailable(format!("waiting for the result of {named}: {e}"))
             })?;
         let _ = self.client.flush().await;
-        let first = self.look_up(id, named).await?;
-        if matches!(first, ResultLookup::Done { .. }) {
-            return Ok(first);
-        }
+        let first = self.look_up(id, named).await;
+        let wait = match &first {
+            Ok(ResultLookup::Done { .. }) => return first,
+            Ok(_) => wait,
+            Err(e) if e.kind == ErrorKind::NotFound => wait.max(STORE_GRACE),
+            Err(_) => return first,
+        };
         tokio::select! {
-            _ = self.stopping.cancelled() => Ok(first),
-            _ = tokio::time::sleep(wait) => Ok(first),
+            _ = self.stopping.cancelled() => first,
+            // A last look: the stream may have stored it without this subscription seeing it
+            // (published before the subscription was live, stored after the first look).
+            _ = tokio::time::sleep(wait) => self.look_up(id, named).await,
             m = stored.next() => match m.and_then(|m| decode_result(&m)) {
                 Some(result) => Ok(ResultLookup::Done { result: Box::new(result) }),
                 None => self.look_up(id, named).await,

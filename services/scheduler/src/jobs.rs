@@ -273,6 +273,8 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
         queued_ms,
         trace_id: kit::telemetry::current_trace_id(),
         caller,
+        // Acked only once the result is stored (DESIGN.md §3).
+        sync_reply: false,
     };
     let outcome = jobs.pipeline.execute(req.clone(), origin).await;
     alive.cancel();

@@ -206,6 +206,7 @@ pub async fn run(
             config.ephemeral_backend,
         ),
         auditor.clone(),
+        bookkeeping.clone(),
     );
     let stopping = CancellationToken::new();
     let intake = Intake::new(

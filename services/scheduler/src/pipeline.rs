@@ -17,6 +17,7 @@ use messages::session::SessionRecord;
 use messages::validate::{validate_exec, Ceilings};
 use messages::{ErrorBody, ErrorKind, Subjects};
 use serde_json::json;
+use tokio_util::task::TaskTracker;
 
 use crate::claims::{ClaimOutcome, Claims, Hold};
 use crate::confirm::{self, ConfirmClient};
@@ -51,6 +52,8 @@ pub struct Pipeline {
     parked: ParkedStore,
     dispatcher: Dispatcher,
     auditor: Auditor,
+    /// Stores finishing after their sync caller was answered; the scheduler's stop waits.
+    stores: TaskTracker,
 }
 
 /// What the confirm stage decided.
@@ -76,6 +79,7 @@ impl Pipeline {
         parked: ParkedStore,
         dispatcher: Dispatcher,
         auditor: Auditor,
+        stores: TaskTracker,
     ) -> Self {
         Self {
             policy,
@@ -87,6 +91,7 @@ impl Pipeline {
             parked,
             dispatcher,
             auditor,
+            stores,
         }
     }
 
@@ -377,6 +382,12 @@ impl Pipeline {
     }
 
     /// Audits the end, stores the result, forgets a parked entry, releases the claim.
+    ///
+    /// For a sync caller ([`Execution::sync_reply`]) the result is sent to the stream ahead of
+    /// the reply, and the rest happens after it: the caller holds the result, and the fsync
+    /// behind the store's acknowledgement (about a millisecond with `sync_interval: always`) is
+    /// not on its path. The claim is held until the result is stored, so a second attempt of
+    /// the same id still finds it running or stored.
     async fn store(&self, exec: &Execution, result: ExecResult, claim: Hold) -> Outcome {
         self.audit(
             AuditKind::Finished,
@@ -389,24 +400,36 @@ impl Pipeline {
                 "timing": result.timing,
             }),
         );
-        let outcome = match self.results.put(&result).await {
-            Ok(()) => {
-                if exec.risk.requires_confirmation {
-                    if let Err(e) = self.parked.remove(&exec.id).await {
-                        tracing::warn!(execution_id = %exec.id, error = %e, "parked entry kept; a resume will find the result");
+        let sending = self.results.send(&result).await;
+        let parked = exec.risk.requires_confirmation.then(|| self.parked.clone());
+        let id = exec.id.clone();
+        let finish = async move {
+            let stored = match sending {
+                Ok(sending) => sending.stored().await,
+                Err(e) => Err(e),
+            };
+            match (&stored, parked) {
+                (Ok(()), Some(parked)) => {
+                    if let Err(e) = parked.remove(&id).await {
+                        tracing::warn!(execution_id = %id, error = %e, "parked entry kept; a resume will find the result");
                     }
                 }
-                Outcome::Done(result)
+                (Ok(()), None) => {}
+                (Err(e), _) => tracing::error!(execution_id = %id, error = %e, "result not stored"),
             }
-            Err(e) => {
-                tracing::error!(execution_id = %exec.id, error = %e, "result not stored");
-                Outcome::Unstored(result, e.into())
-            }
+            // The caller need not wait for the release; a claim whose release is lost expires
+            // by its TTL.
+            claim.release_later();
+            stored
         };
-        // The result is stored (or the attempt failed): the caller need not wait for the
-        // release, and a claim whose release is lost expires by its TTL.
-        claim.release_later();
-        outcome
+        if exec.sync_reply {
+            self.stores.spawn(finish);
+            return Outcome::Done(result);
+        }
+        match finish.await {
+            Ok(()) => Outcome::Done(result),
+            Err(e) => Outcome::Unstored(result, e.into()),
+        }
     }
 
     /// Reads the session's record (when the request names one) while the code is assessed:

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use async_nats::jetstream::context::{PublishAckFuture, PublishError};
 use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
 use kit::metrics::Metrics;
@@ -66,46 +67,88 @@ impl ResultStore {
         }
     }
 
-    /// Stores `result` under its execution id. Deduplicated on `Nats-Msg-Id` = execution id,
-    /// so a second store of the same id (a redelivered job) leaves the first one in place.
-    /// Retried through reconnects and leader elections (the id makes a repeat harmless): a
-    /// result that was computed should not be lost to a blip.
+    /// Stores `result` under its execution id and waits for the server's acknowledgement.
+    /// Deduplicated on `Nats-Msg-Id` = execution id, so a second store of the same id (a
+    /// redelivered job) leaves the first one in place.
     pub async fn put(&self, result: &ExecResult) -> Result<(), StoreError> {
+        self.send(result).await?.stored().await
+    }
+
+    /// Sends `result` to the stream: when this returns it is on the connection, ahead of
+    /// anything published after it (a sync caller's reply), but not yet acknowledged —
+    /// [`Sending::stored`] waits for that. With `sync_interval: always` the acknowledgement
+    /// waits for an fsync, which a caller that holds the result itself need not wait for.
+    pub async fn send(&self, result: &ExecResult) -> Result<Sending, StoreError> {
         let payload = bytes::Bytes::from(
             Encoding::Json
                 .encode(result)
                 .map_err(StoreError::during("encoding a result"))?,
         );
-        let subject = self.subjects.result(&result.execution_id);
-        let store = || async {
-            let mut headers = HeaderMap::new();
-            headers.insert(codec::CONTENT_TYPE, codec::JSON);
-            headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                result.execution_id.as_str(),
-            );
-            self.js
-                .publish_with_headers(subject.clone(), headers, payload.clone())
-                .await?
-                .await
-        };
-        let ack = kit::retry("storing a result", RetryPolicy::JETSTREAM, store)
-            .await
-            .map_err(StoreError::during("storing a result"))?;
-        if !ack.duplicate {
-            self.count(result);
-        }
-        Ok(())
-    }
-
-    fn count(&self, result: &ExecResult) {
         let t = &result.timing;
         // Waiting for a person is not the system's time; it would drown the buckets.
-        let ms = t.total_ms.saturating_sub(t.confirm_ms);
-        self.metrics.execution_finished(
-            result.status.as_str(),
-            result.tier.as_str(),
-            ms as f64 / 1000.0,
-        );
+        let seconds = t.total_ms.saturating_sub(t.confirm_ms) as f64 / 1000.0;
+        let sending = Sending {
+            store: self.clone(),
+            subject: self.subjects.result(&result.execution_id),
+            id: result.execution_id.clone(),
+            payload,
+            labels: (result.status.as_str(), result.tier.as_str(), seconds),
+            first: None,
+        };
+        let first = sending.publish().await;
+        Ok(Sending {
+            first: Some(first),
+            ..sending
+        })
+    }
+}
+
+/// A result on its way to the stream ([`ResultStore::send`]).
+pub struct Sending {
+    store: ResultStore,
+    subject: String,
+    id: String,
+    payload: bytes::Bytes,
+    /// Status, tier and duration, for `sandbox_executions_total`.
+    labels: (&'static str, &'static str, f64),
+    /// The first attempt's publish.
+    first: Option<Result<PublishAckFuture, PublishError>>,
+}
+
+impl Sending {
+    async fn publish(&self) -> Result<PublishAckFuture, PublishError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(codec::CONTENT_TYPE, codec::JSON);
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, self.id.as_str());
+        self.store
+            .js
+            .publish_with_headers(self.subject.clone(), headers, self.payload.clone())
+            .await
+    }
+
+    /// Waits until the server has stored the result, sending it again through reconnects and
+    /// leader elections when the first attempt was not acknowledged (the id makes a repeat
+    /// harmless): a result that was computed should not be lost to a blip. It is counted in
+    /// `sandbox_executions_total` once, when stored the first time.
+    pub async fn stored(mut self) -> Result<(), StoreError> {
+        let first = match self.first.take() {
+            Some(Ok(ack)) => ack.await.ok(),
+            _ => None,
+        };
+        let ack = match first {
+            Some(ack) => ack,
+            None => kit::retry("storing a result", RetryPolicy::JETSTREAM, || async {
+                self.publish().await?.await
+            })
+            .await
+            .map_err(StoreError::during("storing a result"))?,
+        };
+        if !ack.duplicate {
+            let (status, tier, seconds) = self.labels;
+            self.store
+                .metrics
+                .execution_finished(status, tier, seconds);
+        }
+        Ok(())
     }
 }

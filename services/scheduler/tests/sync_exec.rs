@@ -127,6 +127,39 @@ async fn a_request_without_an_id_runs_unclaimed_and_is_stored() {
     mesh.shutdown().await;
 }
 
+/// A sync caller is answered while its result's store finishes (an fsync on the server): an
+/// id looked up in that moment is waited for, not called unknown.
+#[tokio::test]
+async fn a_result_stored_just_after_its_look_up_began_is_found() {
+    let mesh = Mesh::builder().scheduler(|_| {}).start().await;
+    let c = mesh.client.clone();
+    let lookup = tokio::spawn({
+        let c = c.clone();
+        async move { look_up(&c, "late-1").await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let result = ExecResult {
+        execution_id: "late-1".into(),
+        status: ExecStatus::Ok,
+        stdout: "late\n".into(),
+        ..Default::default()
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(messages::codec::CONTENT_TYPE, messages::codec::JSON);
+    let js = async_nats::jetstream::new(c.client().clone());
+    let payload = serde_json::to_vec(&result).unwrap();
+    js.publish_with_headers(Subjects::default().result("late-1"), headers, payload.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    match lookup.await.unwrap().unwrap() {
+        ResultLookup::Done { result: found } => assert_eq!(*found, result),
+        other => panic!("{other:?}"),
+    }
+    mesh.shutdown().await;
+}
+
 #[tokio::test]
 async fn risk_policy_rejects_and_confirmation_decides() {
     let mut mesh = Mesh::builder()
