@@ -229,6 +229,15 @@ pub struct Timing {
     pub total_ms: u64,
 }
 
+impl Timing {
+    /// `d` in whole milliseconds, rounded to the nearest: truncating would make every phase
+    /// read half a millisecond short on average, and a difference of phases (the mesh's own
+    /// overhead: the total less the executor's time) half a millisecond long.
+    pub fn ms(d: std::time::Duration) -> u64 {
+        ((d.as_micros() + 500) / 1000).min(u128::from(u64::MAX)) as u64
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ExecResult {
     pub execution_id: String,
@@ -373,4 +382,22 @@ pub struct OutputChunk {
     pub data: String,
     #[serde(default)]
     pub eof: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Timing;
+
+    #[test]
+    fn phase_times_round_to_the_nearest_millisecond() {
+        let us = Duration::from_micros;
+        assert_eq!(Timing::ms(us(0)), 0);
+        assert_eq!(Timing::ms(us(499)), 0);
+        assert_eq!(Timing::ms(us(500)), 1);
+        assert_eq!(Timing::ms(us(1_499)), 1);
+        assert_eq!(Timing::ms(Duration::from_secs(2)), 2_000);
+        assert_eq!(Timing::ms(Duration::MAX), u64::MAX);
+    }
 }

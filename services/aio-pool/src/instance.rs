@@ -90,7 +90,7 @@ impl Actor for Instance {
                     .client
                     .bash_exec(&command, timeout, max_output_chars)
                     .await;
-                let exec_ms = started.elapsed().as_millis() as u64;
+                let exec_ms = messages::exec::Timing::ms(started.elapsed());
                 let answer = result
                     .map(|r| {
                         let status = match (r.status.as_str(), r.exit_code) {

@@ -11,7 +11,7 @@ use docker_executor::exchange::{request_wire, OutputStreamer};
 use docker_executor::execution::{request_files, run_spec, Job};
 use docker_executor::node::NodeState;
 use docker_executor::outcome::{base_result, classify};
-use messages::exec::{ExecResult, ExecStatus, Usage};
+use messages::exec::{ExecResult, ExecStatus, Timing, Usage};
 use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::cgroup::{Counters, Limits};
@@ -48,8 +48,8 @@ impl Runner {
             }
         };
         result.node = Some(self.config.node_id().to_string());
-        result.timing.exec_ms = started.elapsed().as_millis() as u64;
-        result.timing.queued_ms = started.duration_since(job.accepted).as_millis() as u64;
+        result.timing.exec_ms = Timing::ms(started.elapsed());
+        result.timing.queued_ms = Timing::ms(started.duration_since(job.accepted));
         result
     }
 

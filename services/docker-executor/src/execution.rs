@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kit::AuditScope;
-use messages::exec::{ExecResult, ExecStatus, Language};
+use messages::exec::{ExecResult, ExecStatus, Language, Timing};
 use messages::executor::{ExecutorRun, RunKind};
 use messages::network::NetworkPolicy;
 use messages::validate::EffectiveLimits;
@@ -288,9 +288,9 @@ impl Runner {
             }
         };
         result.network = container.egress.as_ref().map(|e| e.finish());
-        result.timing.exec_ms = started.elapsed().as_millis() as u64;
+        result.timing.exec_ms = Timing::ms(started.elapsed());
         // Time spent waiting for a container or for the session's earlier runs.
-        result.timing.queued_ms = started.duration_since(job.accepted).as_millis() as u64;
+        result.timing.queued_ms = Timing::ms(started.duration_since(job.accepted));
         (result, health)
     }
 
@@ -391,7 +391,7 @@ impl Runner {
         r.status = status;
         r.error = Some(error);
         r.node = Some(self.sandboxes.spec.node_id.clone());
-        r.timing.exec_ms = started.elapsed().as_millis() as u64;
+        r.timing.exec_ms = Timing::ms(started.elapsed());
         r
     }
 }

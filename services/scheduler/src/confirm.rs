@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use kit::{CallError, Caller};
 use messages::confirm::{ConfirmGet, ConfirmKind, ConfirmRequest, ConfirmState, Confirmation};
-use messages::exec::{ConfirmationOutcome, Decision};
+use messages::exec::{ConfirmationOutcome, Decision, Timing};
 use messages::risk::RiskAssessment;
 use messages::subjects::ConfirmOp;
 use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::error::dependency_error;
-use crate::execution::{ms, Execution};
+use crate::execution::Execution;
 
 /// Pause between attempts to reach a confirmation service that is (re)starting.
 const RETRY: Duration = Duration::from_millis(250);
@@ -48,7 +48,7 @@ impl ConfirmClient {
             code_excerpt: excerpt(&req.code, 2048),
             kind: ConfirmKind::Code,
             requested_by: req.requested_by.clone(),
-            timeout_ms: Some(ms(self.timeout)),
+            timeout_ms: Some(Timing::ms(self.timeout)),
             wait: false,
         };
         let deadline = tokio::time::Instant::now() + self.timeout;

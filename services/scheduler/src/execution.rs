@@ -2,7 +2,7 @@
 //! decided so far (limits, risk, tier, confirmation) and how long each stage took. It is
 //! serializable, because an execution waiting for a person is parked in KV as exactly this.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kit::AuditScope;
 use messages::exec::{
@@ -103,7 +103,7 @@ pub struct Execution {
 
 impl Execution {
     pub fn new(request: ExecRequest, limits: EffectiveLimits, origin: &Origin) -> Self {
-        let waited = ms(origin.received.elapsed());
+        let waited = Timing::ms(origin.received.elapsed());
         Self {
             id: request.execution_id.clone().unwrap_or_default(),
             request,
@@ -172,8 +172,4 @@ pub fn terminal(id: &str, req: &ExecRequest, status: ExecStatus, error: ErrorBod
         error: Some(error),
         ..Default::default()
     }
-}
-
-pub fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u128::from(u64::MAX)) as u64
 }

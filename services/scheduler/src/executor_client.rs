@@ -113,7 +113,7 @@ fn classify(reply: Result<ExecResult, CallError>, started: Instant) -> Call {
     match reply {
         Ok(mut result) => {
             if result.timing.exec_ms == 0 {
-                result.timing.exec_ms = started.elapsed().as_millis() as u64;
+                result.timing.exec_ms = messages::exec::Timing::ms(started.elapsed());
             }
             Call::Done(Box::new(result))
         }

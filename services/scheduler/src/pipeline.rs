@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kit::{AuditScope, Auditor, Caller};
 use messages::audit::AuditKind;
-use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier};
+use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing};
 use messages::risk::{AssessRequest, RiskAssessment};
 use messages::session::SessionRecord;
 use messages::validate::{validate_exec, Ceilings};
@@ -23,7 +23,7 @@ use crate::claims::{ClaimOutcome, Claims, Hold};
 use crate::confirm::{self, ConfirmClient};
 use crate::dispatch::Dispatcher;
 use crate::error::dependency_error;
-use crate::execution::{mint_id, ms, Execution, Origin, Outcome};
+use crate::execution::{mint_id, Execution, Origin, Outcome};
 use crate::parking::{Parked, ParkedState, ParkedStore};
 use crate::results::ResultStore;
 use crate::tier::decide_tier;
@@ -156,7 +156,7 @@ impl Pipeline {
                 "timeout_ms": exec.limits.timeout_ms,
             }),
         );
-        exec.timing.assess_ms = ms(assess_took);
+        exec.timing.assess_ms = Timing::ms(assess_took);
         let risk = match risk {
             Ok((session, risk)) => {
                 exec.session = session;
@@ -306,7 +306,7 @@ impl Pipeline {
         }
         let started = Instant::now();
         let confirmation = self.confirm.request(exec).await?;
-        exec.timing.confirm_ms = ms(started.elapsed());
+        exec.timing.confirm_ms = Timing::ms(started.elapsed());
         if let Some(decision) = confirm::outcome(&confirmation) {
             exec.confirmation = decision;
             return Ok(if exec.confirmation.decision == Decision::Approved {

@@ -145,9 +145,7 @@ impl Sending {
         };
         if !ack.duplicate {
             let (status, tier, seconds) = self.labels;
-            self.store
-                .metrics
-                .execution_finished(status, tier, seconds);
+            self.store.metrics.execution_finished(status, tier, seconds);
         }
         Ok(())
     }

@@ -148,11 +148,15 @@ async fn a_result_stored_just_after_its_look_up_began_is_found() {
     headers.insert(messages::codec::CONTENT_TYPE, messages::codec::JSON);
     let js = async_nats::jetstream::new(c.client().clone());
     let payload = serde_json::to_vec(&result).unwrap();
-    js.publish_with_headers(Subjects::default().result("late-1"), headers, payload.into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    js.publish_with_headers(
+        Subjects::default().result("late-1"),
+        headers,
+        payload.into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
     match lookup.await.unwrap().unwrap() {
         ResultLookup::Done { result: found } => assert_eq!(*found, result),
         other => panic!("{other:?}"),
