@@ -151,14 +151,18 @@ fn read_input(input: &mut impl Read) -> Result<Input, InputError> {
         .ok_or(InputError::NoRequest)
 }
 
-fn run_once() -> ExitCode {
+/// One execution; `keeper` is the container's keeper when the resident supervisor names it
+/// (`run --keeper <pid>`).
+fn run_once(keeper: Option<i32>) -> ExitCode {
     // Not dumpable: code running as the same user cannot ptrace this process or read its
     // memory to forge the report (the executor does not trust the report anyway).
     let _ = nix::sys::prctl::set_dumpable(false);
     let mut out = FrameOut::new();
     let mut report = RunReport::failed("not started");
     match read_input(&mut io::stdin().lock()) {
-        Ok((spec, archive, files)) => execute(&spec, &archive, &files, &mut out, &mut report),
+        Ok((spec, archive, files)) => {
+            execute(&spec, &archive, &files, keeper, &mut out, &mut report)
+        }
         Err(e) => {
             report.outcome = Outcome::Failed {
                 message: e.to_string(),
@@ -177,6 +181,7 @@ fn execute(
     spec: &RunSpec,
     archive: &[u8],
     files: &[u8],
+    keeper: Option<i32>,
     out: &mut FrameOut,
     report: &mut RunReport,
 ) {
@@ -215,7 +220,7 @@ fn execute(
         };
         return;
     }
-    process::run(spec, out, report);
+    process::run(spec, keeper, out, report);
     let after = files::Manifest::scan(root);
     if before.truncated || after.truncated {
         report
@@ -298,11 +303,22 @@ fn warm() -> bool {
 
 fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
-        Some("run") => run_once(),
+        Some("run") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            let keeper = match args.as_slice() {
+                [] => None,
+                [flag, pid] if flag == "--keeper" && pid.parse::<i32>().is_ok() => pid.parse().ok(),
+                _ => {
+                    eprintln!("usage: sandmesh-supervisor run [--keeper <pid>]");
+                    return ExitCode::from(64);
+                }
+            };
+            run_once(keeper)
+        }
         Some("keep") => keep(),
         Some("serve") => serve::serve(std::env::args().nth(2).as_deref() == Some("--warm")),
         _ => {
-            eprintln!("usage: sandmesh-supervisor run|keep|serve [--warm]");
+            eprintln!("usage: sandmesh-supervisor run [--keeper <pid>]|keep|serve [--warm]");
             ExitCode::from(64)
         }
     }

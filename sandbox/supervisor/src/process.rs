@@ -104,16 +104,22 @@ fn processes() -> Vec<(i32, i32, char)> {
         .collect()
 }
 
-/// The processes a run must leave alive besides PID 1 and itself: the container's keeper (the
-/// first child of PID 1) and the resident supervisor that started this run (the parent; one
-/// started by a `docker exec` has its parent outside the namespace, seen as 0).
-pub fn spared() -> Vec<i32> {
+/// The container's keeper: the first child of PID 1 (started first, so the lowest pid).
+pub fn find_keeper() -> Option<i32> {
     let me = getpid().as_raw();
-    let keeper = processes()
+    processes()
         .into_iter()
         .filter(|&(pid, ppid, _)| ppid == 1 && pid != me && pid != 1)
         .map(|(pid, _, _)| pid)
-        .min();
+        .min()
+}
+
+/// The processes a run must leave alive besides PID 1 and itself: the container's keeper
+/// (`keeper` when the resident supervisor names it, else found now) and the resident supervisor
+/// that started this run (the parent; one started by a `docker exec` has its parent outside the
+/// namespace, seen as 0).
+pub fn spared(keeper: Option<i32>) -> Vec<i32> {
+    let keeper = keeper.or_else(find_keeper);
     let parent = getppid().as_raw();
     keeper
         .into_iter()
@@ -175,9 +181,10 @@ fn reader(stream: Stream, mut pipe: impl Read + Send + 'static, tx: mpsc::Sender
     });
 }
 
-/// Runs the program of `spec` to its end, streaming output frames to `out`.
-pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
-    let spared = spared();
+/// Runs the program of `spec` to its end, streaming output frames to `out`; `keeper` is the
+/// container's keeper when the resident supervisor named it.
+pub fn run(spec: &RunSpec, keeper: Option<i32>, out: &mut FrameOut, report: &mut RunReport) {
+    let spared = spared(keeper);
     let before = CgroupCounters::read();
     if let Err(e) = write_code(spec) {
         report.outcome = Outcome::Failed {
