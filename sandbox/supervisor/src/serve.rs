@@ -11,7 +11,7 @@
 //! the run process).
 
 use std::io::{self, Read, Write};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{ChildStdin, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{self as protocol, FrameKind};
@@ -70,7 +70,7 @@ pub fn serve(warm_first: bool) -> ExitCode {
             .spawn();
         let (status, forwarded) = match run {
             Ok(mut child) => {
-                let forwarded = forward(first, &mut input, &mut child);
+                let forwarded = forward(first, &mut input, child.stdin.take());
                 let status = match child.wait() {
                     Ok(status) => status.to_string(),
                     Err(e) => format!("not known: {e}"),
@@ -84,7 +84,7 @@ pub fn serve(warm_first: bool) -> ExitCode {
                 let sent = send(FrameKind::Report, &json);
                 (
                     format!("not started: {e}"),
-                    drain(first, &mut input).and(sent),
+                    forward(first, &mut input, None).and(sent),
                 )
             }
         };
@@ -116,15 +116,15 @@ fn wait_for_keeper() -> Option<i32> {
     }
 }
 
-/// Copies the request's frames, `first` included, to the run process's stdin up to and
-/// including `End`. A run process that stops reading (it refused the request) leaves the rest
-/// of the request to be read and dropped here, so the next request starts at a frame boundary.
+/// Copies the request's frames, `first` included, up to and including `End`, to the run
+/// process's stdin (`None`: no run process will see them). A run process that stops reading
+/// (it refused the request) leaves the rest to be read and dropped here, so the next request
+/// starts at a frame boundary. Dropping the pipe at the end closes the run's stdin.
 fn forward(
     first: (FrameKind, Vec<u8>),
     input: &mut impl Read,
-    child: &mut Child,
+    mut pipe: Option<ChildStdin>,
 ) -> io::Result<()> {
-    let mut pipe = child.stdin.take();
     let mut frame = Some(first);
     loop {
         let (kind, payload) = match frame.take() {
@@ -137,21 +137,9 @@ fn forward(
             }
         }
         if kind == FrameKind::End {
-            // Dropping the pipe closes the run process's stdin.
             return Ok(());
         }
     }
-}
-
-/// Reads and drops the rest of a request no run process will see.
-fn drain(first: (FrameKind, Vec<u8>), input: &mut impl Read) -> io::Result<()> {
-    let mut kind = first.0;
-    while kind != FrameKind::End {
-        kind = protocol::read_frame(input)?
-            .ok_or(io::ErrorKind::UnexpectedEof)?
-            .0;
-    }
-    Ok(())
 }
 
 /// One frame on stdout, flushed (a run's frames go straight from its process to the same fd).
