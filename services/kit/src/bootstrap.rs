@@ -3,6 +3,7 @@
 //! (`SANDMESH_JS_REPLICAS`, [`crate::KitConfig::js_replicas`]): 3 on a three-node cluster, so
 //! losing one server loses nothing. The calls retry through a cluster's leader elections.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context, kv, object_store, stream};
@@ -107,25 +108,13 @@ pub async fn ensure_bucket(
     replicas: usize,
 ) -> Result<kv::Store, KitError> {
     config.num_replicas = replicas;
-    let name = config.bucket.clone();
-    let (config, bucket) = (&config, name.as_str());
-    let open_or_create = move || async move {
-        match js.get_key_value(bucket).await {
-            Ok(store) => Ok(store),
-            Err(_) => match js.create_key_value(config.clone()).await {
-                Ok(store) => Ok(store),
-                // Another instance created it between our look-up and create.
-                Err(create_err) => js.get_key_value(bucket).await.map_err(|_| create_err),
-            },
-        }
-    };
-    retry(
-        &format!("opening KV bucket {name}"),
-        RetryPolicy::JETSTREAM,
-        open_or_create,
+    let bucket = config.bucket.as_str();
+    open_or_create(
+        &format!("KV bucket {bucket}"),
+        || js.get_key_value(bucket),
+        || js.create_key_value(config.clone()),
     )
     .await
-    .map_err(|e| js_err(&format!("creating KV bucket {name}"), e))
 }
 
 /// Opens object store `config.bucket`, creating it (with `replicas` copies) when missing.
@@ -135,24 +124,42 @@ pub async fn ensure_object_store(
     replicas: usize,
 ) -> Result<object_store::ObjectStore, KitError> {
     config.num_replicas = replicas;
-    let name = config.bucket.clone();
-    let (config, bucket) = (&config, name.as_str());
-    let open_or_create = move || async move {
-        match js.get_object_store(bucket).await {
+    let bucket = config.bucket.as_str();
+    open_or_create(
+        &format!("object store {bucket}"),
+        || js.get_object_store(bucket),
+        || js.create_object_store(config.clone()),
+    )
+    .await
+}
+
+/// Opens the store `what` names with `get`, creating it with `create` when the look-up
+/// fails, retried while JetStream is not ready. Another instance may create it between our
+/// look-up and create, so a failed create looks again before it counts.
+async fn open_or_create<T, GetErr, CreateErr, Get, GetFut, Create, CreateFut>(
+    what: &str,
+    get: Get,
+    create: Create,
+) -> Result<T, KitError>
+where
+    Get: Fn() -> GetFut,
+    GetFut: Future<Output = Result<T, GetErr>>,
+    Create: Fn() -> CreateFut,
+    CreateFut: Future<Output = Result<T, CreateErr>>,
+    CreateErr: std::error::Error + Send + Sync + 'static,
+{
+    let attempt = || async {
+        match get().await {
             Ok(store) => Ok(store),
-            Err(_) => match js.create_object_store(config.clone()).await {
+            Err(_) => match create().await {
                 Ok(store) => Ok(store),
-                Err(create_err) => js.get_object_store(bucket).await.map_err(|_| create_err),
+                Err(create_err) => get().await.map_err(|_| create_err),
             },
         }
     };
-    retry(
-        &format!("opening object store {name}"),
-        RetryPolicy::JETSTREAM,
-        open_or_create,
-    )
-    .await
-    .map_err(|e| js_err(&format!("creating object store {name}"), e))
+    retry(&format!("opening {what}"), RetryPolicy::JETSTREAM, attempt)
+        .await
+        .map_err(|e| js_err(&format!("creating {what}"), e))
 }
 
 /// `sandbox_nodes`: heartbeats with a per-key TTL; expired keys leave a purge marker that

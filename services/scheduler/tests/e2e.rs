@@ -348,7 +348,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
 
     // Kill the node holding it: the next execution runs elsewhere, files intact.
     let holder = read.node.clone().unwrap();
-    mesh.crash_docker_executor(&holder);
+    mesh.crash_docker_executor(&holder).await;
     let after = exec(&mesh, &in_session("print(open('data/note.txt').read())")).await;
     assert_eq!(after.status, ExecStatus::Ok, "{after:?}");
     assert_eq!(after.stdout, "persisted\n", "the workspace was restored");

@@ -112,11 +112,16 @@ impl Nodes {
         self.running.keys().cloned().collect()
     }
 
-    /// Kills a node like a crashed process: no clean-up, no goodbye.
-    pub fn crash(&mut self, node: &str) {
+    /// Kills a node like a crashed process: no clean-up, no goodbye. Returns once its runtime
+    /// is torn down: `shutdown_background` alone returns before the workers drop their tasks,
+    /// and a request sent in between reached a connection that was about to vanish — lost,
+    /// where a killed process's would have had no responders.
+    pub async fn crash(&mut self, node: &str) {
         let mut n = self.running.remove(node).expect("running node");
         if let Some(rt) = n.runtime.take() {
-            rt.shutdown_background();
+            tokio::task::spawn_blocking(move || rt.shutdown_timeout(WAIT))
+                .await
+                .expect("the node's runtime shuts down");
         }
     }
 

@@ -364,8 +364,8 @@ impl Mesh {
         self.docker.ids()
     }
 
-    pub fn crash_docker_executor(&mut self, node: &str) {
-        self.docker.crash(node);
+    pub async fn crash_docker_executor(&mut self, node: &str) {
+        self.docker.crash(node).await;
     }
 
     pub async fn exec(&self, r: &ExecRequest) -> Result<ExecResult, CallError> {
