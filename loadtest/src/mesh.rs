@@ -23,6 +23,8 @@ pub const SERVICES: &[ServiceName] = &[
 /// A client's view of the mesh.
 #[derive(Clone)]
 pub struct Mesh {
+    /// As given, credentials included: scenarios open more connections and start services
+    /// with it (without them, a spawned mesh refused every one).
     pub url: String,
     pub subjects: Subjects,
     pub js: jetstream::Context,
@@ -61,6 +63,7 @@ impl Mesh {
         if !is_loopback_url(url) {
             bail!("{url} is not a loopback address; the loadtest only targets this machine");
         }
+        let given = url;
         let (url, credentials) = sandmesh_auth::split_url(url);
         let mut options = async_nats::ConnectOptions::new();
         if let Some(c) = credentials {
@@ -83,7 +86,7 @@ impl Mesh {
             .with_timeout(timeout)
             .with_jetstream(js.clone());
         Ok(Self {
-            url: url.to_string(),
+            url: given.to_string(),
             subjects,
             js,
             api,

@@ -15,6 +15,7 @@
 //! of the store's hand-off: archives above `messages::workspace::INLINE_MAX_BYTES` travel
 //! through the workspace objects bucket, read back with direct gets (no consumer per read).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -47,8 +48,10 @@ pub struct WorkspaceSync {
     ws: WorkspaceClient,
     subjects: Subjects,
     js: jetstream::Context,
-    /// The index bucket, opened on first use (workspace-store creates it).
-    index: tokio::sync::OnceCell<kv::Store>,
+    /// The index bucket, opened on first use (workspace-store creates it). Shared by the
+    /// clones (each run has one): a clone of an unopened cell would open the bucket again on
+    /// every run, a `STREAM.INFO` round trip each.
+    index: Arc<tokio::sync::OnceCell<kv::Store>>,
 }
 
 impl WorkspaceSync {
@@ -62,7 +65,7 @@ impl WorkspaceSync {
             ws,
             js: jetstream::new(client),
             subjects,
-            index: tokio::sync::OnceCell::new(),
+            index: Arc::default(),
         }
     }
 

@@ -8,7 +8,7 @@ mod common;
 
 use common::{run, Harness};
 use docker_executor::docker::LABEL_KIND;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kit::CancellationToken;
 use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language, Tier};
 use messages::executor::RunKind;
@@ -64,6 +64,10 @@ impl WithStore {
 /// sends it: a plain subscription, so nothing can hide a request from it.
 struct WorkspaceTraffic {
     sub: async_nats::Subscriber,
+    /// Openings of the workspace index bucket (a `STREAM.INFO` each), counted in `openings`:
+    /// once per executor, not once per run.
+    index_opened: async_nats::Subscriber,
+    openings: usize,
     client: async_nats::Client,
     marker: String,
 }
@@ -73,15 +77,24 @@ impl WorkspaceTraffic {
         let init = h.subjects.workspace(WorkspaceOp::Init);
         let (group, _) = init.rsplit_once('.').expect("a workspace subject");
         let sub = h.client.subscribe(format!("{group}.>")).await.unwrap();
+        let index = h.subjects.workspace_index_bucket();
+        let index_opened = h
+            .client
+            .subscribe(format!("$JS.API.STREAM.INFO.KV_{index}"))
+            .await
+            .unwrap();
         Self {
             sub,
+            index_opened,
+            openings: 0,
             client: h.client.clone(),
             marker: format!("{group}.test-marker"),
         }
     }
 
     /// The workspace subjects seen since the last call. A marker published last comes back
-    /// after everything sent before it (one server, in order), so nothing is still on its way.
+    /// after everything sent before it (one server, in order), so nothing is still on its way
+    /// — on the other subscription of the same connection either.
     async fn since_last(&mut self) -> Vec<String> {
         self.client
             .publish(self.marker.clone(), "".into())
@@ -94,10 +107,14 @@ impl WorkspaceTraffic {
                 .expect("the marker comes back")
                 .expect("subscription open");
             if msg.subject.as_str() == self.marker {
-                return seen;
+                break;
             }
             seen.push(msg.subject.to_string());
         }
+        while let Some(Some(_)) = self.index_opened.next().now_or_never() {
+            self.openings += 1;
+        }
+        seen
     }
 }
 
@@ -172,6 +189,8 @@ async fn a_sessions_second_execution_makes_no_workspace_request() {
         "hi\n"
     );
     assert_eq!(traffic.since_last().await, Vec::<String>::new());
+    // Every run after a session's first read the workspace's revision from its index.
+    assert_eq!(traffic.openings, 1, "the index bucket is opened once");
     t.stop().await;
 }
 
