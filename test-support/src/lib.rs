@@ -316,6 +316,45 @@ where
     .await
 }
 
+/// Polls `up` until it says yes, at most `limit`, for services running as `tasks` in the
+/// test: one that ends meanwhile fails the test at once with its outcome (not a timeout later).
+pub async fn until_up<T, F, Fut>(
+    what: &str,
+    limit: Duration,
+    tasks: &mut Vec<tokio::task::JoinHandle<T>>,
+    mut up: F,
+) where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let running = &*tasks;
+    let ended = eventually(what, limit, || {
+        let ended = running.iter().position(|t| t.is_finished());
+        let check = up();
+        async move {
+            if ended.is_some() {
+                return Some(ended);
+            }
+            check.await.then_some(None)
+        }
+    })
+    .await;
+    if let Some(task) = ended {
+        let outcome = tasks.swap_remove(task).await;
+        panic!("a service ended while waiting for {what}: {outcome:?}");
+    }
+}
+
+/// Sends the code under test's logs to the test's output, filtered by `RUST_LOG` (e.g.
+/// `RUST_LOG=docker_executor=debug cargo test ...`); shown for a failing test only.
+pub fn trace_to_test_output() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 /// Fails (never skips) when the Docker daemon does not answer.
 pub fn require_docker() {
     let ok = Command::new("docker")

@@ -141,23 +141,15 @@ impl Mesh {
     /// service that ended meanwhile fails the test with its error.
     pub async fn ready(mut self, service: messages::ServiceName) -> Self {
         let status = self.client.status();
-        let tasks = &self.tasks;
-        let ended = test_support::eventually(&format!("{service} answers"), BOUND, || {
+        let what = format!("{service} to answer");
+        test_support::until_up(&what, BOUND, &mut self.tasks, || {
             let status = status.clone();
-            let ended = tasks.iter().position(|t| t.is_finished());
             async move {
-                if ended.is_some() {
-                    return Some(ended);
-                }
                 let found = status.ping(Some(service), Duration::from_millis(200)).await;
-                found.ok().filter(|i| !i.is_empty()).map(|_| None)
+                found.is_ok_and(|i| !i.is_empty())
             }
         })
         .await;
-        if let Some(task) = ended {
-            let outcome = self.tasks.swap_remove(task).await;
-            panic!("a service ended while {service} was starting: {outcome:?}");
-        }
         self
     }
 }

@@ -15,11 +15,7 @@ async fn approval_releases_the_waiting_request_and_is_announced() {
     let instance = Instance::start(&nats.url(), "a").await;
     let client = connect(&nats.url()).await;
     let c = caller(&client);
-    let mut events = client
-        .subscribe(subjects().confirm_events_all())
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
+    let mut events = confirm_events(&client).await;
 
     let req = request(Some("s1"), &["net.socket"], true);
     let waiting = ask_in_background(&c, req.clone());

@@ -19,22 +19,13 @@ async fn decided_event(sub: &mut async_nats::Subscriber, id: &str) -> Confirmati
     }
 }
 
-async fn events(client: &async_nats::Client) -> async_nats::Subscriber {
-    let sub = client
-        .subscribe(subjects().confirm_events_all())
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
-    sub
-}
-
 #[tokio::test]
 async fn without_wait_the_pending_confirmation_comes_at_once_and_decisions_are_announced() {
     let nats = NatsServer::start();
     let instance = Instance::start(&nats.url(), "a").await;
     let client = connect(&nats.url()).await;
     let c = caller(&client);
-    let mut events = events(&client).await;
+    let mut events = confirm_events(&client).await;
 
     let approved = ask(&c, &request(None, &["net.socket"], false))
         .await
@@ -65,7 +56,7 @@ async fn an_expiry_is_announced_though_nobody_waits() {
     let instance = Instance::start(&nats.url(), "a").await;
     let client = connect(&nats.url()).await;
     let c = caller(&client);
-    let mut events = events(&client).await;
+    let mut events = confirm_events(&client).await;
 
     let mut req = request(None, &["net.socket"], false);
     req.timeout_ms = Some(500);
@@ -87,7 +78,7 @@ async fn a_restarted_service_keeps_pending_confirmations_and_expires_them_on_tim
     let first = Instance::start(&nats.url(), "a").await;
     let client = connect(&nats.url()).await;
     let c = caller(&client);
-    let mut events = events(&client).await;
+    let mut events = confirm_events(&client).await;
 
     let mut req = request(None, &["net.socket"], false);
     req.timeout_ms = Some(3_000);

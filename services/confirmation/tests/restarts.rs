@@ -17,11 +17,7 @@ async fn a_service_restart_between_request_and_decision_loses_nothing() {
     let client = connect(&nats.url()).await;
     let js = jetstream::new(client.clone());
     let c = caller(&client);
-    let mut events = client
-        .subscribe(subjects().confirm_events_all())
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
+    let mut events = confirm_events(&client).await;
 
     let req = request(Some("s1"), &["net.socket"], true);
     let execution_id = req.execution_id.clone().unwrap();
@@ -98,11 +94,7 @@ async fn a_decision_taken_while_the_requesters_instance_is_down_is_found_on_aski
     let a = Instance::start(&nats.url(), "a").await;
     let client = connect(&nats.url()).await;
     let c = caller(&client);
-    let mut events = client
-        .subscribe(subjects().confirm_events_all())
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
+    let mut events = confirm_events(&client).await;
 
     let req = request(None, &["net.socket"], true);
     let waiting = ask_in_background(&c, req.clone());
@@ -128,11 +120,7 @@ async fn a_nats_restart_loses_nothing_pending() {
     let client = connect(&nats.url()).await;
     let c = caller(&client);
 
-    let mut events = client
-        .subscribe(subjects().confirm_events_all())
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
+    let mut events = confirm_events(&client).await;
     let kept = ask(&c, &request(Some("s1"), &["net.socket"], false))
         .await
         .unwrap();
@@ -193,11 +181,7 @@ async fn a_decision_through_either_instance_releases_waiters_held_by_the_other()
     let client = connect(&nats.url()).await;
     let js = jetstream::new(client.clone());
     let c = caller(&client);
-    let mut events = client
-        .subscribe(subjects().confirm_events_all())
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
+    let mut events = confirm_events(&client).await;
 
     // Only `a` runs, so `a` holds every waiter.
     let mut waiting = Vec::new();

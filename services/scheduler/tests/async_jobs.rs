@@ -40,21 +40,9 @@ async fn submit_raw(js: &jetstream::Context, id: &str, payload: Vec<u8>) -> bool
     !ack.duplicate
 }
 
-async fn stored(js: &jetstream::Context, id: &str) -> Option<ExecResult> {
-    let stream = js
-        .get_stream(Subjects::default().results_stream())
-        .await
-        .ok()?;
-    let m = stream
-        .direct_get_last_for_subject(Subjects::default().result(id))
-        .await
-        .ok()?;
-    Some(serde_json::from_slice(&m.payload).unwrap())
-}
-
 async fn wait_result(js: &jetstream::Context, id: &str) -> ExecResult {
     eventually(&format!("the result of {id}"), || async move {
-        stored(js, id).await
+        stored_result(js, id).await
     })
     .await
 }
@@ -290,7 +278,7 @@ async fn killing_the_scheduler_mid_flight_loses_and_duplicates_nothing() {
         .collect();
     let mut orphaned = 0;
     for id in &started {
-        if stored(&js, id).await.is_none() {
+        if stored_result(&js, id).await.is_none() {
             orphaned += 1;
         }
     }
@@ -339,7 +327,7 @@ async fn graceful_shutdown_finishes_running_jobs_before_acking() {
     })
     .await;
     mesh.stop_scheduler().await;
-    let r = stored(&js, "slow-at-shutdown")
+    let r = stored_result(&js, "slow-at-shutdown")
         .await
         .expect("stored before run() returned");
     assert_eq!(r.status, ExecStatus::Ok);

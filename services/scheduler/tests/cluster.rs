@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use common::fakes::{self, FakeExecutor, Runs};
+use common::stored_result;
 use futures::StreamExt;
 use kit::{Caller, CancellationToken, RetryPolicy};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
@@ -68,18 +69,6 @@ async fn submit(js: &jetstream::Context, id: &str, code: &str) -> bool {
     kit::retry("submitting a job", RetryPolicy::JETSTREAM, publish)
         .await
         .is_ok()
-}
-
-async fn stored(js: &jetstream::Context, id: &str) -> Option<ExecResult> {
-    let stream = js
-        .get_stream(Subjects::default().results_stream())
-        .await
-        .ok()?;
-    let m = stream
-        .direct_get_last_for_subject(Subjects::default().result(id))
-        .await
-        .ok()?;
-    Some(serde_json::from_slice(&m.payload).unwrap())
 }
 
 /// (results stored, results ever written): equal means no result was written twice.
@@ -392,7 +381,7 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     while !missing.is_empty() {
         let mut found = Vec::new();
         for id in &missing {
-            if let Some(r) = stored(&js, id).await {
+            if let Some(r) = stored_result(&js, id).await {
                 assert_eq!(&r.execution_id, id);
                 match r.status {
                     ExecStatus::Ok => {}
@@ -451,7 +440,7 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     for id in &risky {
         let r = test_support::eventually(&format!("the approved {id}"), HEAL, || {
             let js = js.clone();
-            async move { stored(&js, id).await }
+            async move { stored_result(&js, id).await }
         })
         .await;
         assert_eq!(r.status, ExecStatus::Ok, "{r:?}");

@@ -82,10 +82,7 @@ impl Mesh {
 
     /// On `nats` (e.g. with more tenants).
     pub async fn start_on(nats: NatsServer, extra: &[(&str, &str)]) -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        test_support::trace_to_test_output();
         let image = image();
         let fixture = fixture::Fixture::start().await;
         let connection = test_support::connect(&nats.url()).await;
@@ -157,23 +154,15 @@ impl Mesh {
 
     async fn ready(&mut self, service: messages::ServiceName) {
         let status = self.client.status();
-        let tasks = &self.tasks;
-        let ended = test_support::eventually(&format!("{service} answers"), BOUND, || {
+        let what = format!("{service} to answer");
+        test_support::until_up(&what, BOUND, &mut self.tasks, || {
             let status = status.clone();
-            let ended = tasks.iter().position(|t| t.is_finished());
             async move {
-                if ended.is_some() {
-                    return Some(ended);
-                }
                 let found = status.ping(Some(service), Duration::from_millis(200)).await;
-                found.ok().filter(|i| !i.is_empty()).map(|_| None)
+                found.is_ok_and(|i| !i.is_empty())
             }
         })
         .await;
-        if let Some(task) = ended {
-            let outcome = self.tasks.swap_remove(task).await;
-            panic!("a service ended while {service} was starting: {outcome:?}");
-        }
     }
 
     /// Stops every service; each must end cleanly.

@@ -108,6 +108,16 @@ pub fn caller(client: &async_nats::Client) -> Caller {
     Caller::new(client.clone(), Duration::from_secs(30)).with_encoding(Encoding::Json)
 }
 
+/// A subscription to every confirmation event, in place before the test asks anything.
+pub async fn confirm_events(client: &async_nats::Client) -> async_nats::Subscriber {
+    let sub = client
+        .subscribe(subjects().confirm_events_all())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    sub
+}
+
 pub fn subjects() -> Subjects {
     Subjects::default()
 }

@@ -73,11 +73,7 @@ impl Harness {
     }
 
     pub async fn start_on(nats: NatsServer, extra: &[(&str, &str)]) -> Self {
-        // `RUST_LOG=docker_executor=debug cargo test ...` shows the executor's side.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        test_support::trace_to_test_output();
         let node = unique_node("n");
         let mut env = base_env(&nats, &node);
         for (k, v) in extra {

@@ -433,3 +433,16 @@ impl Drop for Mesh {
         }
     }
 }
+
+/// The result stored for execution `id`, if any yet.
+pub async fn stored_result(js: &jetstream::Context, id: &str) -> Option<ExecResult> {
+    let stream = js
+        .get_stream(Subjects::default().results_stream())
+        .await
+        .ok()?;
+    let m = stream
+        .direct_get_last_for_subject(Subjects::default().result(id))
+        .await
+        .ok()?;
+    Some(serde_json::from_slice(&m.payload).unwrap())
+}
