@@ -109,10 +109,10 @@ impl SessionAffinity {
                 // Not picked (affinity): count it on its node like a pick would.
                 self.placer.dispatched(&node);
             }
-            let call = self
+            let running = self
                 .executor
-                .run(Backend::Docker, Some(&node), run, deadline, scope)
-                .await;
+                .run(Backend::Docker, Some(&node), run, deadline, scope);
+            let call = self.placer.unless_gone(Some(&node), running).await;
             self.placer.release(Some(&node));
             match call {
                 Call::NoResponders => {

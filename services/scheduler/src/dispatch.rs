@@ -153,10 +153,10 @@ impl Dispatcher {
                 return Ok(None);
             }
             self.placer.audit_placed(scope, run, decision.as_ref());
-            let call = self
+            let running = self
                 .executor
-                .run(backend, node.as_deref(), run, deadline, scope)
-                .await;
+                .run(backend, node.as_deref(), run, deadline, scope);
+            let call = self.placer.unless_gone(node.as_deref(), running).await;
             // The pick counted this work on the node; it has ended either way.
             self.placer.release(node.as_deref());
             match call {

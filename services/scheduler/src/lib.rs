@@ -155,12 +155,14 @@ pub async fn run(
 
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let slots = Arc::new(Notify::new());
+    let removed = Arc::new(tokio::sync::watch::Sender::new(0));
     let (handle_tx, handle_rx) = oneshot::channel();
     let root_args = RootArgs {
         registry: RegistryArgs {
             strategy: config.placement,
             on_lost: lost_tx,
             slots: slots.clone(),
+            removed: removed.clone(),
             metrics: runtime.metrics.clone(),
         },
         registry_name: registry::actor_name(instance),
@@ -176,7 +178,12 @@ pub async fn run(
 
     let max_queue = config.max_queue;
     let admission = Arc::new(Semaphore::new(max_queue));
-    let placer = Placer::new(registry.clone(), slots, config.placement, auditor.clone());
+    let placer = Placer::new(
+        registry.clone(),
+        (slots, removed.subscribe()),
+        config.placement,
+        auditor.clone(),
+    );
     let executor = ExecutorClient::new(caller.clone(), subjects.clone(), auditor.clone());
     let bookkeeping = TaskTracker::new();
     let affinity = SessionAffinity::new(

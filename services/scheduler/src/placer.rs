@@ -3,6 +3,7 @@
 //! every known node is full, sleeps on the registry's `slots` [`Notify`] — woken by heartbeats,
 //! finished runs and nodes leaving — instead of polling.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,9 +13,10 @@ use messages::executor::ExecutorRun;
 use messages::ErrorBody;
 use ractor::rpc::CallResult;
 use serde_json::json;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use crate::executor_client::Call;
 use crate::placement::{Decision, NodeView, Requirements, Strategy};
 use crate::registry::{RegistryHandle, RegistryMsg};
 
@@ -42,6 +44,8 @@ impl From<RegistryGone> for ErrorBody {
 pub struct Placer {
     registry: RegistryHandle,
     slots: Arc<Notify>,
+    /// The registry's count of nodes gone (see [`Self::unless_gone`]).
+    removed: watch::Receiver<u64>,
     /// Named in the `placed` audit event.
     strategy: Strategy,
     auditor: Auditor,
@@ -50,16 +54,46 @@ pub struct Placer {
 impl Placer {
     pub fn new(
         registry: RegistryHandle,
-        slots: Arc<Notify>,
+        (slots, removed): (Arc<Notify>, watch::Receiver<u64>),
         strategy: Strategy,
         auditor: Auditor,
     ) -> Self {
         Self {
             registry,
             slots,
+            removed,
             strategy,
             auditor,
         }
+    }
+
+    /// Runs `call` (a run on `node`), ending it as lost as soon as the node's heartbeat is
+    /// gone: a run on a node that died has no answer coming, and without this its caller
+    /// waited for the whole execution deadline. (A node that only lost its connection may
+    /// still finish the run; its answer has nowhere to go then either.)
+    pub async fn unless_gone(&self, node: Option<&str>, call: impl Future<Output = Call>) -> Call {
+        let Some(node) = node else {
+            return call.await;
+        };
+        tokio::select! {
+            call = call => call,
+            () = self.gone(node) => Call::Lost(format!(
+                "executor node {node} stopped sending heartbeats while it ran the execution"
+            )),
+        }
+    }
+
+    /// Resolves once `node` is no longer known (its heartbeat expired or was deleted), looking
+    /// each time a node disappears; never while the registry cannot be asked.
+    async fn gone(&self, node: &str) {
+        let mut removed = self.removed.clone();
+        removed.borrow_and_update();
+        while removed.changed().await.is_ok() {
+            if let Ok(false) = self.is_alive(node).await {
+                return;
+            }
+        }
+        std::future::pending().await
     }
 
     /// Audits where `run` goes and why (`None`: the executor queue group).
@@ -180,6 +214,7 @@ mod tests {
             strategy: Strategy::LeastLoaded,
             on_lost,
             slots: slots.clone(),
+            removed: Arc::default(),
             metrics: Arc::default(),
         };
         let (registry, _) = Actor::spawn(None, Registry, args).await.unwrap();
@@ -199,7 +234,8 @@ mod tests {
         let subjects = messages::Subjects::default();
         let auditor = Auditor::new(async_nats::jetstream::new(client), subjects, "t", "t");
         let handle = RegistryHandle::new(registry.clone());
-        let placer = Placer::new(handle, slots, Strategy::LeastLoaded, auditor);
+        let removed = tokio::sync::watch::channel(0).1;
+        let placer = Placer::new(handle, (slots, removed), Strategy::LeastLoaded, auditor);
         (placer, registry)
     }
 

@@ -21,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use messages::executor::Backend;
 use messages::heartbeat::Heartbeat;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
@@ -86,6 +86,8 @@ pub struct RegistryArgs {
     pub on_lost: mpsc::UnboundedSender<String>,
     /// Signalled whenever a slot may have freed up (a heartbeat, a finished run, a node gone).
     pub slots: Arc<Notify>,
+    /// Counts the nodes that disappeared: runs in flight watch it to learn that theirs did.
+    pub removed: Arc<watch::Sender<u64>>,
     /// Where `sandbox_runtime_nodes_healthy` is kept: this table is what knows it.
     pub metrics: Arc<kit::metrics::Metrics>,
 }
@@ -103,6 +105,7 @@ pub struct RegistryState {
     strategy: Strategy,
     on_lost: mpsc::UnboundedSender<String>,
     slots: Arc<Notify>,
+    removed: Arc<watch::Sender<u64>>,
     metrics: Arc<kit::metrics::Metrics>,
     nodes: BTreeMap<String, NodeEntry>,
     /// Round-robin position.
@@ -164,6 +167,7 @@ impl Actor for Registry {
             strategy: args.strategy,
             on_lost: args.on_lost,
             slots: args.slots,
+            removed: args.removed,
             metrics: args.metrics,
             nodes: BTreeMap::new(),
             cursor: 0,
@@ -210,6 +214,7 @@ impl Actor for Registry {
                     let _ = state.on_lost.send(node);
                     // Waiters that only had this node left must stop waiting for it.
                     state.slots.notify_waiters();
+                    state.removed.send_modify(|n| *n += 1);
                 }
             }
             RegistryMsg::Reset => {
@@ -418,6 +423,7 @@ mod tests {
                 strategy: Strategy::LeastLoaded,
                 on_lost: tx,
                 slots: Arc::new(Notify::new()),
+                removed: Arc::default(),
                 metrics: Arc::default(),
             },
         )
@@ -472,6 +478,7 @@ mod tests {
             strategy: Strategy::ResourceAware,
             on_lost: tx,
             slots: Arc::new(Notify::new()),
+            removed: Arc::default(),
             metrics: metrics.clone(),
         };
         let (r, _h) = Actor::spawn(None, Registry, args).await.unwrap();

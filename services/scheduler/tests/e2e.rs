@@ -375,6 +375,62 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
     mesh.shutdown().await;
 }
 
+/// A node dies while it runs an execution: the execution ends `executor_lost` once the node's
+/// heartbeat expires (half a second's beats here), not when its 60 s deadline runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_on_a_node_that_dies_is_lost_when_its_heartbeat_expires_not_at_its_deadline() {
+    let auto = [("SANDMESH_CONFIRM_AUTO_APPROVE", "true")];
+    let mut mesh = real_mesh(1, &auto, Some(|_| {})).await;
+    let s = Subjects::default();
+    // Its first output line says the program runs in the container.
+    let id = messages::new_id();
+    let mut output = mesh
+        .client
+        .client()
+        .subscribe(s.output_any(&id))
+        .await
+        .unwrap();
+    let long = ExecRequest {
+        execution_id: Some(id),
+        timeout_ms: Some(60_000),
+        stream_output: true,
+        ..req(
+            Language::Python,
+            "import time\nprint('running', flush=True)\ntime.sleep(55)\nprint('survived')",
+        )
+    };
+    let client = mesh.client.clone();
+    let running = tokio::spawn(async move {
+        client
+            .call::<_, ExecResult>(Subjects::default().exec(), &long)
+            .await
+    });
+    let mut running = running;
+    tokio::select! {
+        first = output.next() => assert!(first.is_some(), "output subscription open"),
+        done = &mut running => panic!("the execution ended before it printed: {done:?}"),
+        () = tokio::time::sleep(Duration::from_secs(60)) => panic!("the program did not start"),
+    }
+    let node = mesh.docker_nodes().pop().expect("one node");
+    let crashed = std::time::Instant::now();
+    mesh.crash_docker_executor(&node).await;
+    let r = running.await.unwrap().expect("an answer");
+    let took = crashed.elapsed();
+    assert_eq!(r.status, ExecStatus::ExecutorLost, "{r:?}");
+    assert!(
+        r.error
+            .as_ref()
+            .is_some_and(|e| e.message.contains("heartbeat")),
+        "{r:?}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "lost after {took:?}, not at the heartbeat's expiry"
+    );
+    common::docker::remove_containers(&node);
+    mesh.shutdown().await;
+}
+
 /// The scheduler binary is SIGKILLed with async jobs in flight on the real mesh; a new
 /// scheduler takes over. Every accepted job ends with exactly one result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
