@@ -155,7 +155,8 @@ pub async fn run(
 
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let slots = Arc::new(Notify::new());
-    let removed = Arc::new(tokio::sync::watch::Sender::new(0));
+    // Lagging receivers look the node up instead, so a small buffer is enough.
+    let (removed, _) = tokio::sync::broadcast::channel(64);
     let (handle_tx, handle_rx) = oneshot::channel();
     let root_args = RootArgs {
         registry: RegistryArgs {
@@ -180,7 +181,7 @@ pub async fn run(
     let admission = Arc::new(Semaphore::new(max_queue));
     let placer = Placer::new(
         registry.clone(),
-        (slots, removed.subscribe()),
+        (slots, removed),
         config.placement,
         auditor.clone(),
     );

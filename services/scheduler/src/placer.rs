@@ -13,7 +13,7 @@ use messages::executor::ExecutorRun;
 use messages::ErrorBody;
 use ractor::rpc::CallResult;
 use serde_json::json;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 
 use crate::executor_client::Call;
@@ -44,8 +44,8 @@ impl From<RegistryGone> for ErrorBody {
 pub struct Placer {
     registry: RegistryHandle,
     slots: Arc<Notify>,
-    /// The registry's count of nodes gone (see [`Self::unless_gone`]).
-    removed: watch::Receiver<u64>,
+    /// The registry's announcements of nodes gone (see [`Self::unless_gone`]).
+    removed: broadcast::Sender<String>,
     /// Named in the `placed` audit event.
     strategy: Strategy,
     auditor: Auditor,
@@ -54,7 +54,7 @@ pub struct Placer {
 impl Placer {
     pub fn new(
         registry: RegistryHandle,
-        (slots, removed): (Arc<Notify>, watch::Receiver<u64>),
+        (slots, removed): (Arc<Notify>, broadcast::Sender<String>),
         strategy: Strategy,
         auditor: Auditor,
     ) -> Self {
@@ -83,17 +83,23 @@ impl Placer {
         }
     }
 
-    /// Resolves once `node` is no longer known (its heartbeat expired or was deleted), looking
-    /// each time a node disappears; never while the registry cannot be asked.
+    /// Resolves once the registry announces `node` gone (its heartbeat expired or was
+    /// deleted); never while the registry is not running.
     async fn gone(&self, node: &str) {
-        let mut removed = self.removed.clone();
-        removed.borrow_and_update();
-        while removed.changed().await.is_ok() {
-            if let Ok(false) = self.is_alive(node).await {
-                return;
+        let mut removed = self.removed.subscribe();
+        loop {
+            match removed.recv().await {
+                Ok(gone) if gone == node => return,
+                Ok(_) => {}
+                // Announcements were missed: look the node up instead.
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    if let Ok(false) = self.is_alive(node).await {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
             }
         }
-        std::future::pending().await
     }
 
     /// Audits where `run` goes and why (`None`: the executor queue group).
@@ -210,11 +216,12 @@ mod tests {
     async fn placer_with_one_slot() -> (Placer, ractor::ActorRef<RegistryMsg>) {
         let slots = Arc::new(Notify::new());
         let (on_lost, _) = tokio::sync::mpsc::unbounded_channel();
+        let (removed, _) = broadcast::channel(4);
         let args = RegistryArgs {
             strategy: Strategy::LeastLoaded,
             on_lost,
             slots: slots.clone(),
-            removed: Arc::default(),
+            removed: removed.clone(),
             metrics: Arc::default(),
         };
         let (registry, _) = Actor::spawn(None, Registry, args).await.unwrap();
@@ -234,9 +241,46 @@ mod tests {
         let subjects = messages::Subjects::default();
         let auditor = Auditor::new(async_nats::jetstream::new(client), subjects, "t", "t");
         let handle = RegistryHandle::new(registry.clone());
-        let removed = tokio::sync::watch::channel(0).1;
         let placer = Placer::new(handle, (slots, removed), Strategy::LeastLoaded, auditor);
         (placer, registry)
+    }
+
+    /// A run on `a` ends lost when `a` is removed, and not when another node is. (On a paused
+    /// clock the first wait ends only once everything else is idle: the removal of `b` has
+    /// been handled by then.)
+    #[tokio::test(start_paused = true)]
+    async fn a_run_ends_lost_when_its_node_is_removed_and_not_for_another() {
+        let (placer, registry) = placer_with_one_slot().await;
+        let run = placer.unless_gone(Some("a"), std::future::pending());
+        tokio::pin!(run);
+        assert!(tokio::time::timeout(Duration::from_secs(1), &mut run)
+            .await
+            .is_err());
+        let b = Heartbeat {
+            instance_id: "b".into(),
+            capacity: 1,
+            ..Default::default()
+        };
+        registry.cast(RegistryMsg::Upsert(Box::new(b))).unwrap();
+        registry
+            .cast(RegistryMsg::Remove { node: "b".into() })
+            .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), &mut run)
+                .await
+                .is_err(),
+            "another node's removal does not end the run"
+        );
+        registry
+            .cast(RegistryMsg::Remove { node: "a".into() })
+            .unwrap();
+        let call = tokio::time::timeout(Duration::from_secs(1), run)
+            .await
+            .expect("the run ends when its node is gone");
+        let Call::Lost(why) = call else {
+            panic!("the run did not end lost");
+        };
+        assert!(why.contains("node a stopped"), "{why}");
     }
 
     /// On a paused clock no time passes while the waiter sleeps on the `Notify`: it is woken by

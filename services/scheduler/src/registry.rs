@@ -21,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use messages::executor::Backend;
 use messages::heartbeat::Heartbeat;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{broadcast, mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
@@ -86,8 +86,9 @@ pub struct RegistryArgs {
     pub on_lost: mpsc::UnboundedSender<String>,
     /// Signalled whenever a slot may have freed up (a heartbeat, a finished run, a node gone).
     pub slots: Arc<Notify>,
-    /// Counts the nodes that disappeared: runs in flight watch it to learn that theirs did.
-    pub removed: Arc<watch::Sender<u64>>,
+    /// The id of every node that disappears, for the runs in flight there (a `Reset` sends
+    /// none: a node missing only while the table is rebuilt is not gone).
+    pub removed: broadcast::Sender<String>,
     /// Where `sandbox_runtime_nodes_healthy` is kept: this table is what knows it.
     pub metrics: Arc<kit::metrics::Metrics>,
 }
@@ -105,7 +106,7 @@ pub struct RegistryState {
     strategy: Strategy,
     on_lost: mpsc::UnboundedSender<String>,
     slots: Arc<Notify>,
-    removed: Arc<watch::Sender<u64>>,
+    removed: broadcast::Sender<String>,
     metrics: Arc<kit::metrics::Metrics>,
     nodes: BTreeMap<String, NodeEntry>,
     /// Round-robin position.
@@ -211,10 +212,10 @@ impl Actor for Registry {
                 if state.nodes.remove(&node).is_some() {
                     state.count_nodes();
                     tracing::warn!(node = %node, "executor node gone");
+                    let _ = state.removed.send(node.clone());
                     let _ = state.on_lost.send(node);
                     // Waiters that only had this node left must stop waiting for it.
                     state.slots.notify_waiters();
-                    state.removed.send_modify(|n| *n += 1);
                 }
             }
             RegistryMsg::Reset => {
@@ -423,7 +424,7 @@ mod tests {
                 strategy: Strategy::LeastLoaded,
                 on_lost: tx,
                 slots: Arc::new(Notify::new()),
-                removed: Arc::default(),
+                removed: broadcast::channel(1).0,
                 metrics: Arc::default(),
             },
         )
@@ -478,7 +479,7 @@ mod tests {
             strategy: Strategy::ResourceAware,
             on_lost: tx,
             slots: Arc::new(Notify::new()),
-            removed: Arc::default(),
+            removed: broadcast::channel(1).0,
             metrics: metrics.clone(),
         };
         let (r, _h) = Actor::spawn(None, Registry, args).await.unwrap();
