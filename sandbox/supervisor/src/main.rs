@@ -307,7 +307,13 @@ fn main() -> ExitCode {
             let args: Vec<String> = std::env::args().skip(2).collect();
             let keeper = match args.as_slice() {
                 [] => None,
-                [flag, pid] if flag == "--keeper" && pid.parse::<i32>().is_ok() => pid.parse().ok(),
+                [flag, pid] if flag == "--keeper" => match pid.parse() {
+                    Ok(pid) => Some(pid),
+                    Err(_) => {
+                        eprintln!("sandmesh-supervisor: --keeper wants a pid, not {pid:?}");
+                        return ExitCode::from(64);
+                    }
+                },
                 _ => {
                     eprintln!("usage: sandmesh-supervisor run [--keeper <pid>]");
                     return ExitCode::from(64);

@@ -181,7 +181,8 @@ pub async fn run(
     let admission = Arc::new(Semaphore::new(max_queue));
     let placer = Placer::new(
         registry.clone(),
-        (slots, removed),
+        slots,
+        removed,
         config.placement,
         auditor.clone(),
     );

@@ -54,7 +54,8 @@ pub struct Placer {
 impl Placer {
     pub fn new(
         registry: RegistryHandle,
-        (slots, removed): (Arc<Notify>, broadcast::Sender<String>),
+        slots: Arc<Notify>,
+        removed: broadcast::Sender<String>,
         strategy: Strategy,
         auditor: Auditor,
     ) -> Self {
@@ -241,7 +242,7 @@ mod tests {
         let subjects = messages::Subjects::default();
         let auditor = Auditor::new(async_nats::jetstream::new(client), subjects, "t", "t");
         let handle = RegistryHandle::new(registry.clone());
-        let placer = Placer::new(handle, (slots, removed), Strategy::LeastLoaded, auditor);
+        let placer = Placer::new(handle, slots, removed, Strategy::LeastLoaded, auditor);
         (placer, registry)
     }
 
