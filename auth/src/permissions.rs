@@ -160,6 +160,8 @@ impl<'s> Plan<'s> {
                     s.results_get(),
                     s.pattern("sessions.*"),
                     s.confirm_decided_all(),
+                    // An agent's AIO command is an execution: assessed, confirmed, audited.
+                    s.aio("exec"),
                     // A result stored by another instance ends a parked caller's wait.
                     s.results_all(),
                 ])
@@ -209,8 +211,13 @@ impl<'s> Plan<'s> {
             }
             ServiceName::AioPool => {
                 let mut p = self.base(service, 1);
-                p.subscribe([s.pattern("aio.*")])
-                    .publish([s.pattern("workspace.*")]);
+                p.subscribe([
+                    s.aio("acquire"),
+                    s.aio("release"),
+                    s.aio("stats"),
+                    s.aio_instance_exec(),
+                ])
+                .publish([s.pattern("workspace.*")]);
                 self.audits(&mut p);
                 p
             }
@@ -235,6 +242,14 @@ impl<'s> Plan<'s> {
                 self.audits(&mut p);
                 p
             }
+            // Its own user only answers `$SRV` and reads the heartbeats (`/api/v1/runtimes`);
+            // every call for a tenant goes over that tenant's agent user.
+            // (`Runtime::start` ensures the audit stream, as every service does.)
+            ServiceName::Gateway => {
+                let mut p = self.base(service, 1);
+                self.audits(&mut p);
+                p
+            }
         }
     }
 
@@ -250,7 +265,11 @@ impl<'s> Plan<'s> {
             (s.pattern("confirm.*"), false),
             (s.pattern("workspace.*"), false),
             (s.pattern("browser.*"), false),
-            (s.pattern("aio.*"), false),
+            (s.aio("acquire"), false),
+            (s.aio("release"), false),
+            (s.aio("stats"), false),
+            // Like `exec`: a notice that a person must decide may precede the result.
+            (s.aio("exec"), true),
         ]
     }
 

@@ -108,20 +108,37 @@ pub fn write_config(
 }
 
 /// Has the running server re-read its configuration (new tenants, changed scopes).
+///
+/// Twice: nats-server (2.15) applies a reload that introduces a new account without wiring
+/// that account's service imports to the exporting account — the new tenant connects, and
+/// every request it sends gets "no responders". A second reload, with the account now
+/// known, wires them (measured with a bare server and two accounts: one reload, no
+/// responders; two, answered, every time). The reload is idempotent, so the second costs
+/// nothing when the first was enough.
 pub fn reload(data_dir: &Path) -> anyhow::Result<()> {
     let pid_file = data_dir.join(PID_FILE);
     let pid = std::fs::read_to_string(&pid_file)
         .with_context(|| format!("reading {} (is `sandmesh up` running?)", pid_file.display()))?;
-    let status = Command::new(find_binary()?)
-        .arg("--signal")
-        .arg(format!("reload={}", pid.trim()))
-        .status()
-        .context("signalling nats-server")?;
-    if !status.success() {
-        bail!("nats-server did not take the reload signal ({status})");
+    let bin = find_binary()?;
+    for round in 0..2 {
+        if round > 0 {
+            // The signal only queues the reload; the second must find the first applied.
+            std::thread::sleep(RELOAD_SETTLE);
+        }
+        let status = Command::new(&bin)
+            .arg("--signal")
+            .arg(format!("reload={}", pid.trim()))
+            .status()
+            .context("signalling nats-server")?;
+        if !status.success() {
+            bail!("nats-server did not take the reload signal ({status})");
+        }
     }
     Ok(())
 }
+
+/// How long a configuration reload is given before the next one (it takes a few ms).
+const RELOAD_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Starts nats-server on 127.0.0.1:`port` with JetStream storage in `data_dir`, with the
 /// accounts, users and permissions of `tenancy` (none: no authentication at all).

@@ -114,3 +114,83 @@ async fn a_tenant_added_to_a_running_server_can_connect_at_once() {
         "{listed}"
     );
 }
+
+/// `sandmesh up` with its embedded NATS in `dir`, killed on drop.
+struct Mesh(tokio::process::Child);
+
+impl Mesh {
+    fn start(dir: &std::path::Path, port: u16) -> Self {
+        let log = std::fs::File::create(dir.join("up.log")).unwrap();
+        let child = tokio::process::Command::new(SANDMESH)
+            .args(["up", "--nats-port", &port.to_string()])
+            .arg("--data-dir")
+            .arg(dir)
+            .env_remove("SANDMESH_NATS_URL")
+            .env_remove("SANDMESH_CREDS")
+            .env("SANDMESH_NATS_SERVER", nats_server_binary())
+            .current_dir(test_support::repo_root())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn sandmesh up");
+        Self(child)
+    }
+}
+
+/// `sandmesh <args>` as the agent whose credentials file is `creds`, bounded.
+async fn as_agent(creds: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(SANDMESH);
+    cmd.args(args)
+        .env_remove("SANDMESH_NATS_URL")
+        .env("SANDMESH_CREDS", creds);
+    run_bounded(cmd, Duration::from_secs(120)).await
+}
+
+/// Finding 4 of issue 23: a tenant added to a running mesh connected but every request got "no
+/// responders" until a restart. Its agent must be *served*: an execution, a raw request through
+/// the imports, and its own events.
+#[tokio::test]
+async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
+    test_support::require_docker();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _mesh = Mesh::start(dir.path(), port);
+    let admin = dir.path().join("creds/admin.json");
+    eventually("the mesh's scheduler and executor to be up", Duration::from_secs(300), || async {
+        if !admin.exists() {
+            return None;
+        }
+        let out = as_agent(&admin, &["status"]).await;
+        let listed = String::from_utf8_lossy(&out.stdout);
+        (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
+    })
+    .await;
+    let before = as_agent(&dir.path().join("creds/agent.json"), &["exec", "print(6*7)"]).await;
+    assert!(
+        String::from_utf8_lossy(&before.stdout).contains("42"),
+        "the default tenant is served: {before:?}"
+    );
+
+    tenant(dir.path(), &["tenant", "add", "acme"]).await;
+    let acme = dir.path().join("creds/acme-agent.json");
+    let ran = as_agent(&acme, &["exec", "print(6*7)"]).await;
+    assert!(
+        ran.status.success() && String::from_utf8_lossy(&ran.stdout).contains("42"),
+        "the new tenant's execution: {ran:?}\n{}",
+        std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default()
+    );
+    // A raw request through another import, as a client that skips the CLI would send it.
+    let url = creds_url(dir.path(), &["--tenant", "acme"]).await;
+    let client = test_support::connect(&url).await;
+    let subjects = messages::Subjects::default();
+    let reply = client
+        .request(
+            subjects.sessions(messages::subjects::SessionOp::List),
+            "{}".into(),
+        )
+        .await
+        .expect("sessions.list is answered for the new tenant");
+    let list: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert!(list["sessions"].is_array(), "{list}");
+}

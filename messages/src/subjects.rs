@@ -178,6 +178,8 @@ impl Subjects {
     pub fn browser(&self, action: &str) -> String {
         self.at(&format!("browser.{action}"))
     }
+    /// `aio.{acquire,release,exec,stats}`, what agents call. `aio.exec` is the scheduler's:
+    /// an agent's command passes risk assessment and confirmation like any `exec`.
     pub fn aio(&self, op: &str) -> String {
         self.at(&format!("aio.{op}"))
     }
@@ -223,6 +225,11 @@ impl Subjects {
     /// The group under which one node serves its own endpoints.
     pub fn executor_node_group(&self, node_id: &str) -> String {
         self.at(&format!("executor.docker.{node_id}"))
+    }
+    /// The aio-pool's own exec: a command in an instance, for the scheduler once it has
+    /// assessed (and, when asked, confirmed) it. Tenants have no import of it.
+    pub fn aio_instance_exec(&self) -> String {
+        self.at("executor.aio.exec")
     }
     pub fn executor_all(&self) -> String {
         self.at("executor.>")

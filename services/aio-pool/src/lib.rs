@@ -9,7 +9,15 @@
 //! — image, port and key header are configuration.
 //!
 //! Subjects (request → reply): `sandbox.v1.aio.acquire` AioAcquire → AioLease ·
-//! `release` AioRelease → AioReleased · `exec` AioExec → AioExecResult · `stats` → AioStats.
+//! `release` AioRelease → AioReleased · `stats` → AioStats, and the internal
+//! `sandbox.v1.executor.aio.exec` AioExec → AioExecResult. Agents' `aio.exec` is the
+//! scheduler's (risk assessment and confirmation first, DESIGN.md §3 "Every door checked"),
+//! which calls the internal one; no tenant can reach it.
+//!
+//! Session ids are scoped by the caller's tenant (`messages::tenancy`): tenant `acme`'s `s1`
+//! is `acme-s1` here, so two tenants naming `s1` get two instances, another tenant's id is a
+//! 404 like an unknown one, and the agent's `s1` is the instance the scheduler bound for its
+//! session `s1`. Internal callers (the scheduler) name scoped ids already.
 //!
 //! ```text
 //! run ── Runtime (kit: endpoints, heartbeat with the pool's figures)
@@ -196,7 +204,7 @@ pub async fn run(config: AioPoolConfig, shutdown: CancellationToken) -> Result<(
             .await?;
         runtime
             .serve(
-                subjects.aio("exec"),
+                subjects.aio_instance_exec(),
                 actor_handler(pool.clone(), PoolMsg::Exec),
             )
             .await?;

@@ -133,13 +133,10 @@ fn acquire_error(e: AcquireError) -> ErrorBody {
     }
 }
 
-fn check_session(session_id: &str) -> Result<(), ErrorBody> {
-    if session_id.is_empty() || session_id.len() > 256 {
-        return Err(ErrorBody::bad_request(
-            "session_id must be 1 to 256 characters",
-        ));
-    }
-    Ok(())
+/// The session id as the pool keys it: scoped by the caller's tenant (internal callers name
+/// scoped ids already), validated by the protocol's one rule for ids.
+fn scoped_session(ctx: &RequestContext, session_id: &str) -> Result<String, ErrorBody> {
+    Ok(ctx.caller.scope("session_id", session_id)?)
 }
 
 impl PoolStateHolder {
@@ -299,29 +296,36 @@ impl Actor for Pool {
     ) -> Result<(), ActorProcessingErr> {
         let now = Instant::now();
         match msg {
-            PoolMsg::Acquire(_, req, reply) => {
-                if let Err(e) = check_session(&req.session_id) {
-                    reply.send(Err(e)).ok();
-                    return Ok(());
-                }
+            PoolMsg::Acquire(ctx, req, reply) => {
+                let session = match scoped_session(&ctx, &req.session_id) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        reply.send(Err(e)).ok();
+                        return Ok(());
+                    }
+                };
                 state.next_waiter += 1;
                 let waiter = state.next_waiter;
                 state.waiting.insert(
                     waiter,
                     Waiting {
-                        session: req.session_id.clone(),
+                        // The lease names the session as the caller did.
+                        session: req.session_id,
                         browser: req.browser,
                         reply,
                     },
                 );
-                let fx = state.args.state.acquire(waiter, &req.session_id, now);
+                let fx = state.args.state.acquire(waiter, &session, now);
                 state.apply(&myself, fx);
             }
-            PoolMsg::Release(_, req, reply) => {
-                if let Err(e) = check_session(&req.session_id) {
-                    reply.send(Err(e)).ok();
-                    return Ok(());
-                }
+            PoolMsg::Release(ctx, req, reply) => {
+                let session = match scoped_session(&ctx, &req.session_id) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        reply.send(Err(e)).ok();
+                        return Ok(());
+                    }
+                };
                 let named = match state.instance_named(req.instance_id.as_deref()) {
                     Ok(n) => n,
                     Err(e) => {
@@ -329,7 +333,7 @@ impl Actor for Pool {
                         return Ok(());
                     }
                 };
-                let bound = state.args.state.bound_instance(&req.session_id);
+                let bound = state.args.state.bound_instance(&session);
                 match (bound, named) {
                     (None, _) => {
                         reply.send(Err(state.not_bound(&req.session_id))).ok();
@@ -344,7 +348,7 @@ impl Actor for Pool {
                             .get(&b)
                             .map(|l| l.name.clone())
                             .unwrap_or_default();
-                        let (_, fx) = state.args.state.release(&req.session_id, now);
+                        let (_, fx) = state.args.state.release(&session, now);
                         state.apply(&myself, fx);
                         reply
                             .send(Ok(AioReleased {
@@ -355,8 +359,17 @@ impl Actor for Pool {
                     }
                 }
             }
-            PoolMsg::Exec(_, req, reply) => {
-                if let Err(e) = check_session(&req.session_id) {
+            PoolMsg::Exec(ctx, req, reply) => {
+                // Only the scheduler, after risk assessment and confirmation; the subject is
+                // not exported, so this holds also if a permission were ever widened.
+                if ctx.caller != messages::tenancy::Caller::Internal {
+                    let e = ErrorBody::denied(
+                        "commands run through sandbox.v1.aio.exec, which assesses them first",
+                    );
+                    reply.send(Err(e)).ok();
+                    return Ok(());
+                }
+                if let Err(e) = scoped_session(&ctx, &req.session_id) {
                     reply.send(Err(e)).ok();
                     return Ok(());
                 }

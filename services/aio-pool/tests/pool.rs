@@ -42,7 +42,11 @@ async fn acquire_exec_files_then_release_destroys_the_container() {
     assert!(lease.base_url.starts_with("http://"), "{lease:?}");
     assert_eq!(h.containers().await, vec![lease.instance_id.clone()]);
 
-    let r = h.aio.exec(&exec("s1", &python("print(1)"))).await.unwrap();
+    let r = h
+        .aio
+        .exec_instance(&exec("s1", &python("print(1)")))
+        .await
+        .unwrap();
     assert_eq!(
         (r.status.as_str(), r.exit_code, r.stdout.as_str()),
         ("ok", Some(0), "1\n")
@@ -50,7 +54,7 @@ async fn acquire_exec_files_then_release_destroys_the_container() {
     assert_eq!(r.instance_id, lease.instance_id);
     let r = h
         .aio
-        .exec(&exec(
+        .exec_instance(&exec(
             "s1",
             "mkdir -p out && echo hello > out/a.txt && echo err >&2; exit 3",
         ))
@@ -61,7 +65,11 @@ async fn acquire_exec_files_then_release_destroys_the_container() {
         ("error", Some(3), "err\n")
     );
     // Files persist in the session's workspace between executions.
-    let r = h.aio.exec(&exec("s1", "pwd; cat out/a.txt")).await.unwrap();
+    let r = h
+        .aio
+        .exec_instance(&exec("s1", "pwd; cat out/a.txt"))
+        .await
+        .unwrap();
     assert_eq!(r.stdout, "/home/gem\nhello\n");
 
     // Acquire again: the same instance while bound.
@@ -78,7 +86,7 @@ async fn acquire_exec_files_then_release_destroys_the_container() {
     )
     .await;
     // Exec on a released instance, and a second release: clear 404s.
-    let e = h.aio.exec(&exec("s1", "true")).await.unwrap_err();
+    let e = h.aio.exec_instance(&exec("s1", "true")).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert!(e.to_string().contains("acquire one first"), "{e}");
     assert_eq!(
@@ -90,7 +98,7 @@ async fn acquire_exec_files_then_release_destroys_the_container() {
     assert_ne!(fresh.instance_id, lease.instance_id);
     let r = h
         .aio
-        .exec(&exec("s1", "ls out 2>&1 || true"))
+        .exec_instance(&exec("s1", "ls out 2>&1 || true"))
         .await
         .unwrap();
     assert!(r.stdout.contains("No such file"), "{r:?}");
@@ -118,14 +126,14 @@ async fn two_sessions_never_share_files_processes_browser_or_network() {
     );
 
     h.aio
-        .exec(&exec(
+        .exec_instance(&exec(
             "a",
             "echo secret-a > secret.txt; (exec -a marker-a-proc sleep 300 &) ; sleep 0.2",
         ))
         .await
         .unwrap();
     let look = "ls -a /home/gem /tmp; ps -eo args; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '";
-    let seen = h.aio.exec(&exec("b", look)).await.unwrap();
+    let seen = h.aio.exec_instance(&exec("b", look)).await.unwrap();
     assert!(!seen.stdout.contains("secret"), "{}", seen.stdout);
     assert!(!seen.stdout.contains("marker-a-proc"), "{}", seen.stdout);
     // a's browser profile (its user-data dir, its Chromium) is not in b's instance.
@@ -136,11 +144,11 @@ async fn two_sessions_never_share_files_processes_browser_or_network() {
     let reach = format!(
         "python3 -c 'import socket; socket.create_connection((\"{ip}\", {port}), timeout=2); print(\"REACHED\")' 2>&1 | tail -1"
     );
-    let r = h.aio.exec(&exec("b", &reach)).await.unwrap();
+    let r = h.aio.exec_instance(&exec("b", &reach)).await.unwrap();
     assert!(!r.stdout.contains("REACHED"), "{r:?}");
     // And nothing outside: the bridge is internal.
     let out = "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=2); print(\"REACHED\")' 2>&1 | tail -1";
-    let r = h.aio.exec(&exec("b", out)).await.unwrap();
+    let r = h.aio.exec_instance(&exec("b", out)).await.unwrap();
     assert!(!r.stdout.contains("REACHED"), "{r:?}");
 
     // b may not release (or run in) a's instance by naming it.
@@ -157,10 +165,14 @@ async fn two_sessions_never_share_files_processes_browser_or_network() {
     let mut cross = exec("b", "true");
     cross.instance_id = Some(a.instance_id.clone());
     assert_eq!(
-        h.aio.exec(&cross).await.unwrap_err().kind(),
+        h.aio.exec_instance(&cross).await.unwrap_err().kind(),
         ErrorKind::NotFound
     );
-    let r = h.aio.exec(&exec("a", "cat secret.txt")).await.unwrap();
+    let r = h
+        .aio
+        .exec_instance(&exec("a", "cat secret.txt"))
+        .await
+        .unwrap();
     assert_eq!(r.stdout, "secret-a\n");
     h.stop().await;
 }
@@ -170,7 +182,11 @@ async fn python_in_the_instance_drives_its_browser_over_cdp() {
     let h = Harness::start(&[]).await;
     h.aio.acquire(&acquire("web")).await.unwrap();
     let probe = include_str!("cdp_probe.py");
-    let r = h.aio.exec(&exec("web", &python(probe))).await.unwrap();
+    let r = h
+        .aio
+        .exec_instance(&exec("web", &python(probe)))
+        .await
+        .unwrap();
     assert_eq!(r.status, "ok", "{r:?}");
     let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
     assert_eq!(v["value"], 42);
@@ -211,7 +227,9 @@ async fn twenty_sessions_on_eight_instances_never_exceed_the_cap() {
             if let Ok(lease) = &result {
                 // Hold it briefly, then give it back: later waiters are served from the
                 // capacity this frees.
-                aio.exec(&exec(&session, "sleep 0.5")).await.unwrap();
+                aio.exec_instance(&exec(&session, "sleep 0.5"))
+                    .await
+                    .unwrap();
                 if i % 2 == 0 {
                     aio.release(&release(&session)).await.unwrap();
                 }
@@ -262,8 +280,14 @@ async fn idle_instances_are_reclaimed_and_used_up_ones_retired() {
     ])
     .await;
     let first = h.aio.acquire(&acquire("u")).await.unwrap();
-    assert!(!h.aio.exec(&exec("u", "true")).await.unwrap().retired);
-    let second = h.aio.exec(&exec("u", "true")).await.unwrap();
+    assert!(
+        !h.aio
+            .exec_instance(&exec("u", "true"))
+            .await
+            .unwrap()
+            .retired
+    );
+    let second = h.aio.exec_instance(&exec("u", "true")).await.unwrap();
     assert!(second.retired, "the second use reaches max_use_count 2");
     let (h_ref, gone) = (&h, first.instance_id.clone());
     eventually_true(
@@ -276,7 +300,11 @@ async fn idle_instances_are_reclaimed_and_used_up_ones_retired() {
     )
     .await;
     assert_eq!(
-        h.aio.exec(&exec("u", "true")).await.unwrap_err().kind(),
+        h.aio
+            .exec_instance(&exec("u", "true"))
+            .await
+            .unwrap_err()
+            .kind(),
         ErrorKind::NotFound
     );
     let next = h.aio.acquire(&acquire("u")).await.unwrap();
@@ -289,7 +317,7 @@ async fn idle_instances_are_reclaimed_and_used_up_ones_retired() {
         || async move { h_ref.containers().await.is_empty() },
     )
     .await;
-    let e = h.aio.exec(&exec("u", "true")).await.unwrap_err();
+    let e = h.aio.exec_instance(&exec("u", "true")).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert!(e.to_string().contains("idle_timeout"), "{e}");
     h.stop().await;
@@ -342,7 +370,7 @@ async fn a_killed_instance_is_noticed_and_replaced() {
         || async move {
             h_ref
                 .aio
-                .exec(&exec("k", "true"))
+                .exec_instance(&exec("k", "true"))
                 .await
                 .is_err_and(|e| e.kind() == ErrorKind::NotFound)
         },
@@ -394,7 +422,11 @@ async fn bad_input_gets_clear_errors() {
     let h = Harness::start(&[]).await;
     let e = h.aio.acquire(&acquire("")).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::BadRequest);
-    let e = h.aio.exec(&exec("nobody", "true")).await.unwrap_err();
+    let e = h
+        .aio
+        .exec_instance(&exec("nobody", "true"))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert_eq!(
         h.aio.release(&release("nobody")).await.unwrap_err().kind(),
@@ -409,21 +441,25 @@ async fn bad_input_gets_clear_errors() {
     let mut slow = exec("big", "true");
     slow.timeout_ms = Some(24 * 3600 * 1000);
     assert_eq!(
-        h.aio.exec(&slow).await.unwrap_err().kind(),
+        h.aio.exec_instance(&slow).await.unwrap_err().kind(),
         ErrorKind::BadRequest
     );
     assert_eq!(
-        h.aio.exec(&exec("big", "")).await.unwrap_err().kind(),
+        h.aio
+            .exec_instance(&exec("big", ""))
+            .await
+            .unwrap_err()
+            .kind(),
         ErrorKind::BadRequest
     );
     let huge = exec("big", &"x".repeat(aio_pool::pool::MAX_COMMAND_BYTES + 1));
-    let e = h.aio.exec(&huge).await.unwrap_err();
+    let e = h.aio.exec_instance(&huge).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TooLarge);
     assert!(e.to_string().contains("at most"), "{e}");
     // A command that outlives its timeout is killed and reported as such.
     let mut sleepy = exec("big", "sleep 30");
     sleepy.timeout_ms = Some(500);
-    let r = h.aio.exec(&sleepy).await.unwrap();
+    let r = h.aio.exec_instance(&sleepy).await.unwrap();
     assert_eq!(r.status, "timeout", "{r:?}");
     h.stop().await;
 }

@@ -6,19 +6,28 @@ mod common;
 use std::time::Duration;
 
 use common::Harness;
+use futures::StreamExt;
 use kit::config::env_map;
 use kit::CancellationToken;
-use messages::exec::{ExecRequest, ExecStatus, Language, Tier, TierChoice};
-use test_support::eventually_true;
+use messages::browser::{AioAcquire, AioExec, AioExecResult, AioRelease};
+use messages::confirm::ConfirmDecide;
+use messages::exec::{
+    ExecRequest, ExecStatus, Language, Tier, TierChoice, NOTIFY_HEADER,
+    STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
+};
+use messages::session::SessionOpen;
+use messages::Subjects;
+use sandmesh_client::{ErrorKind, MeshClient};
+use test_support::{eventually_true, NatsServer};
 
-/// The risk-assessor, confirmation (approving everything: the CDP probe opens sockets, which
-/// is high risk) and a scheduler (`mode`) beside the pool `h`.
-async fn front(h: &Harness, mode: &str) -> CancellationToken {
+/// The risk-assessor, the workspace-store, confirmation (approving everything when `auto_approve`: the CDP probe
+/// opens sockets, which is high risk) and a scheduler (`mode`) beside the pool `h`.
+async fn front(h: &Harness, mode: &str, auto_approve: bool) -> CancellationToken {
     let stop = CancellationToken::new();
     let url = h.nats.url();
     let confirm = confirmation::ConfirmationConfig::from_env(&env_map(&[
         ("SANDMESH_NATS_URL", &url),
-        ("SANDMESH_CONFIRM_AUTO_APPROVE", "true"),
+        ("SANDMESH_CONFIRM_AUTO_APPROVE", &auto_approve.to_string()),
     ]))
     .unwrap();
     tokio::spawn(confirmation::run(confirm, stop.clone()));
@@ -26,6 +35,9 @@ async fn front(h: &Harness, mode: &str) -> CancellationToken {
         risk_assessor::RiskAssessorConfig::from_env(&env_map(&[("SANDMESH_NATS_URL", &url)]))
             .unwrap();
     tokio::spawn(risk_assessor::run(risk, stop.clone()));
+    // Sessions (`sessions.open`) have a workspace.
+    let ws = workspace_store::WorkspaceConfig::for_url(&url);
+    tokio::spawn(workspace_store::run(ws, stop.clone()));
     let scheduler = scheduler::SchedulerConfig::from_env(&env_map(&[
         ("SANDMESH_NATS_URL", &url),
         ("SANDMESH_SECURITY_MODE", mode),
@@ -54,7 +66,7 @@ async fn exec(h: &Harness, req: &ExecRequest) -> messages::exec::ExecResult {
     for _ in 0..100 {
         match exec.exec_timeout(req, Duration::from_secs(60)).await {
             Ok(r) => return r,
-            Err(e) if e.kind() == sandmesh_client::ErrorKind::Unavailable => last = Some(e),
+            Err(e) if e.kind() == ErrorKind::Unavailable => last = Some(e),
             Err(e) => panic!("exec: {e}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -65,7 +77,7 @@ async fn exec(h: &Harness, req: &ExecRequest) -> messages::exec::ExecResult {
 #[tokio::test]
 async fn tier_aio_runs_in_the_sessions_bound_instance() {
     let h = Harness::start(&[]).await;
-    let stop = front(&h, "strict").await;
+    let stop = front(&h, "strict", true).await;
 
     let first = exec(
         &h,
@@ -138,7 +150,7 @@ async fn tier_aio_runs_in_the_sessions_bound_instance() {
 #[tokio::test]
 async fn code_that_needs_a_browser_is_routed_to_aio() {
     let h = Harness::start(&[]).await;
-    let stop = front(&h, "permissive").await;
+    let stop = front(&h, "permissive", true).await;
     // The assessor suggests aio for a browser library; Debian's image has no playwright, so
     // the import fails — in the AIO instance, which is the point.
     let r = exec(
@@ -155,4 +167,178 @@ async fn code_that_needs_a_browser_is_routed_to_aio() {
     assert!(r.stderr.contains("playwright"), "{r:?}");
     stop.cancel();
     h.stop().await;
+}
+
+/// An agent of `tenant`, connected with its own credentials.
+async fn agent(h: &Harness, tenant: &str) -> MeshClient {
+    let client = test_support::connect(&h.nats.agent_url(tenant)).await;
+    MeshClient::new(client, Subjects::default()).with_timeout(Duration::from_secs(60))
+}
+
+fn aio_exec(session: &str, command: &str) -> AioExec {
+    AioExec {
+        session_id: session.into(),
+        command: command.into(),
+        timeout_ms: Some(30_000),
+        instance_id: None,
+    }
+}
+
+/// `aio.exec` as `mesh`, retried while the scheduler and assessor beside the pool start.
+async fn aio_exec_when_up(mesh: &MeshClient, req: &AioExec) -> AioExecResult {
+    let mut last = None;
+    for _ in 0..100 {
+        match mesh.aio().exec(req).await {
+            Ok(r) => return r,
+            Err(e) if e.kind() == ErrorKind::Unavailable => last = Some(e),
+            Err(e) => panic!("aio.exec: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the mesh never served aio.exec: {last:?}");
+}
+
+/// Every door checked (issue 23, findings 1–3), as tenants' agents do it with their own
+/// credentials: `aio.*` is scoped by tenant (two tenants' `s1` are two instances, another
+/// tenant's id is a 404), `aio.exec` is an execution like `exec` (a risky command waits for a
+/// person and, denied, never runs), and closing a session releases its instance.
+#[tokio::test]
+async fn aio_is_scoped_by_tenant_and_its_commands_pass_risk_and_approval() {
+    let h = Harness::start_on(
+        NatsServer::start_with_tenants(&["acme"]),
+        &common::unique("pool"),
+        &[],
+    )
+    .await;
+    let stop = front(&h, "strict", false).await;
+    let (acme, other) = (agent(&h, "acme").await, agent(&h, "default").await);
+
+    let acme_lease = acme.aio().acquire(&acquire("s1")).await.unwrap();
+    let other_lease = other.aio().acquire(&acquire("s1")).await.unwrap();
+    assert_eq!(
+        acme_lease.session_id, "s1",
+        "the agent's own name comes back"
+    );
+    assert_ne!(
+        acme_lease.instance_id, other_lease.instance_id,
+        "two tenants naming s1 share nothing"
+    );
+    let ran = aio_exec_when_up(&acme, &aio_exec("s1", "echo hi")).await;
+    assert_eq!((ran.status.as_str(), ran.stdout.as_str()), ("ok", "hi\n"));
+    assert_eq!(
+        ran.instance_id, acme_lease.instance_id,
+        "aio.exec runs in the instance the agent acquired"
+    );
+
+    // The other tenant naming acme's stored id reaches nothing of acme's.
+    let scoped = format!("acme-{}", "s1");
+    let e = other.aio().release(&release(&scoped)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let own = other.aio().acquire(&acquire(&scoped)).await.unwrap();
+    assert_ne!(own.instance_id, acme_lease.instance_id);
+    other.aio().release(&release(&scoped)).await.unwrap();
+
+    // A command the assessor rates high waits for a person, then is denied and never runs.
+    // Raw NATS, as any client sends it: the notice first, then the answer.
+    aio_exec_when_up(&acme, &aio_exec("s1", "mkdir -p ~/x")).await;
+    let client = acme.nats().clone();
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(NOTIFY_HEADER, "1");
+    let body = serde_json::to_vec(&aio_exec("s1", "rm -rf ~/x")).unwrap();
+    client
+        .publish_with_reply_and_headers(
+            Subjects::default().aio("exec"),
+            inbox,
+            headers,
+            body.into(),
+        )
+        .await
+        .unwrap();
+    let notice = next_reply(&mut replies).await;
+    let status = notice.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
+    assert_eq!(
+        status.map(|v| v.as_str()),
+        Some(STATUS_AWAITING_CONFIRMATION),
+        "{notice:?}"
+    );
+    let waiting: serde_json::Value = serde_json::from_slice(&notice.payload).unwrap();
+    let id = waiting["confirmation_id"].as_str().unwrap().to_string();
+    h.mesh
+        .confirm()
+        .decide(&ConfirmDecide {
+            id,
+            approve: false,
+            by: "test".into(),
+            reason: Some("not on my watch".into()),
+            scope: Default::default(),
+            by_account: None,
+        })
+        .await
+        .unwrap();
+    let answer = next_reply(&mut replies).await;
+    let code = answer
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(messages::codec::SERVICE_ERROR_CODE))
+        .map(|v| v.as_str().to_string());
+    assert_eq!(code.as_deref(), Some("403"), "{answer:?}");
+    let still = aio_exec_when_up(&acme, &aio_exec("s1", "ls -d ~/x")).await;
+    assert_eq!(
+        still.status, "ok",
+        "the denied command did not run: {still:?}"
+    );
+
+    // Closing a session releases its AIO instance.
+    acme.sessions()
+        .open(&SessionOpen {
+            session_id: Some("w".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut req = python(Some("w"), TierChoice::Aio, "print(1)");
+    req.timeout_ms = Some(30_000);
+    let r = acme
+        .exec()
+        .exec_timeout(&req, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let instance = r.node.clone().unwrap();
+    acme.sessions().close("w").await.unwrap();
+    let h_ref = &h;
+    eventually_true(
+        "the closed session's AIO instance is removed",
+        Duration::from_secs(30),
+        || {
+            let instance = instance.clone();
+            async move { !h_ref.containers().await.contains(&instance) }
+        },
+    )
+    .await;
+    stop.cancel();
+    h.stop().await;
+}
+
+async fn next_reply(replies: &mut async_nats::Subscriber) -> async_nats::Message {
+    tokio::time::timeout(Duration::from_secs(60), replies.next())
+        .await
+        .expect("an answer within 60 s")
+        .expect("the subscription is open")
+}
+
+fn acquire(session: &str) -> AioAcquire {
+    AioAcquire {
+        session_id: session.into(),
+        browser: false,
+    }
+}
+
+fn release(session: &str) -> AioRelease {
+    AioRelease {
+        session_id: session.into(),
+        instance_id: None,
+    }
 }

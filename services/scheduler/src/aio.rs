@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kit::Caller;
 use messages::browser::{AioAcquire, AioExec, AioExecResult, AioLease, AioRelease, AioReleased};
-use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, Timing};
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, TierChoice, Timing};
 use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::error::dependency_error;
@@ -76,6 +76,53 @@ pub fn command_for(req: &ExecRequest, id: &str) -> Result<String, ErrorBody> {
     Ok(cmd)
 }
 
+/// An agent's `aio.exec` as the execution it is: its command is shell code, run in the
+/// caller's session's instance (the session's own id, so it is the instance the agent
+/// acquired), with the same risk assessment, confirmation, limits and audit as `exec`.
+pub fn request_of(req: AioExec) -> ExecRequest {
+    ExecRequest {
+        session_id: Some(req.session_id),
+        language: Language::Shell,
+        code: req.command,
+        timeout_ms: req.timeout_ms,
+        tier: TierChoice::Aio,
+        ..ExecRequest::default()
+    }
+}
+
+/// The `aio.exec` answer for what the execution ended as: the command's own outcome (`ok`,
+/// `error`, `timeout`), or the error that stopped it — denied by a person or rejected by the
+/// policy is `Denied`, never a result that looks as if the command ran.
+pub fn answer_of(session_id: String, r: ExecResult) -> Result<AioExecResult, ErrorBody> {
+    let status = match r.status {
+        ExecStatus::Ok => "ok",
+        ExecStatus::Error => "error",
+        ExecStatus::Timeout => "timeout",
+        ExecStatus::Denied | ExecStatus::Rejected => {
+            let why = r.error.map(|e| e.message).unwrap_or(r.risk.reason);
+            return Err(ErrorBody::denied(format!(
+                "the command did not run ({}): {why}",
+                r.status.as_str()
+            )));
+        }
+        other => {
+            return Err(r.error.unwrap_or_else(|| {
+                ErrorBody::internal(format!("the command ended {}", other.as_str()))
+            }));
+        }
+    };
+    Ok(AioExecResult {
+        session_id,
+        instance_id: r.node.unwrap_or_default(),
+        status: status.to_string(),
+        exit_code: r.exit_code.and_then(|c| i32::try_from(c).ok()),
+        stdout: r.stdout,
+        stderr: r.stderr,
+        exec_ms: r.timing.exec_ms,
+        retired: false,
+    })
+}
+
 fn result_of(exec: &Execution, r: AioExecResult) -> ExecResult {
     let status = match r.status.as_str() {
         "ok" => ExecStatus::Ok,
@@ -122,9 +169,30 @@ impl AioRunner {
     async fn exec(&self, req: &AioExec) -> Result<AioExecResult, ErrorBody> {
         let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(0)) + self.exec_grace;
         self.caller
-            .call_timeout(self.subjects.aio("exec"), req, timeout)
+            .call_timeout(self.subjects.aio_instance_exec(), req, timeout)
             .await
             .map_err(|e| dependency_error("aio-pool", e))
+    }
+
+    /// Destroys the instance bound to `session` (scoped), if there is one. A failure only
+    /// delays it: the pool reclaims idle instances.
+    pub async fn release(&self, session: &str) {
+        let release = AioRelease {
+            session_id: session.to_string(),
+            instance_id: None,
+        };
+        let released: Result<AioReleased, _> = self
+            .caller
+            .call(self.subjects.aio("release"), &release)
+            .await;
+        match released {
+            Ok(_) => {}
+            // No instance (never acquired, reclaimed) or no aio-pool in this mesh.
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Unavailable) => {}
+            Err(e) => {
+                tracing::warn!(session_id = %session, error = %e, "AIO instance not released; idle reclaim will")
+            }
+        }
     }
 
     /// Runs the execution in its session's AIO instance. `Err` is a failure of the pool
@@ -154,17 +222,7 @@ impl AioRunner {
             }
         }
         if own {
-            let release = AioRelease {
-                session_id: session,
-                instance_id: None,
-            };
-            let released: Result<AioReleased, _> = self
-                .caller
-                .call(self.subjects.aio("release"), &release)
-                .await;
-            if let Err(e) = released {
-                tracing::warn!(execution_id = %exec.id, error = %e, "AIO instance not released; idle reclaim will");
-            }
+            self.release(&session).await;
         }
         match result {
             Ok(r) => Ok(result_of(exec, r)),

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use futures::StreamExt;
 use kit::RequestContext;
+use messages::browser::{AioExec, AioExecResult};
 use messages::codec;
 use messages::exec::{
     AwaitingConfirmation, ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS,
@@ -117,6 +118,19 @@ impl Intake {
                 Ok(result.unscoped(tenant))
             }
         }
+    }
+
+    /// `aio.exec`: an agent's command in its session's AIO instance, through the same gates
+    /// as `exec` (DESIGN.md §3 "Every door checked"): assessed as shell code, held for a person
+    /// when the risk asks (with the same notice), stored and audited as an execution.
+    pub async fn aio_exec(
+        &self,
+        ctx: RequestContext,
+        req: AioExec,
+    ) -> Result<AioExecResult, ErrorBody> {
+        let session = req.session_id.clone();
+        let result = self.exec(ctx, crate::aio::request_of(req)).await?;
+        crate::aio::answer_of(session, result)
     }
 
     /// Sends the awaiting-confirmation notice on the request's reply subject, before the

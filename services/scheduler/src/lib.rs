@@ -23,7 +23,7 @@
 //! names are scoped by its tenant, and a job's tenant is in its subject (`jobs.<tenant>.exec`).
 //!
 //! ```text
-//! run ── Runtime (endpoints: exec, exec.result, sessions.*; heartbeat)
+//! run ── Runtime (endpoints: exec, aio.exec, exec.result, sessions.*; heartbeat)
 //!     ├─ Root actor ──supervises──▶ Registry actor (restarted and re-preloaded; run() fails
 //!     │                              when it keeps dying) ◀── heartbeat watch task (KV)
 //!     │                              └─ lost nodes ──▶ SessionApi::mark_lost_sessions
@@ -198,6 +198,7 @@ pub async fn run(
         bookkeeping.clone(),
     );
     let confirm = ConfirmClient::new(caller.clone(), subjects.clone(), config.confirm_timeout);
+    let aio = AioRunner::new(caller.clone(), subjects.clone(), config.exec_grace);
     let pipeline = Pipeline::new(
         config.policy(),
         caller.clone(),
@@ -210,7 +211,7 @@ pub async fn run(
             placer,
             executor.clone(),
             affinity.clone(),
-            AioRunner::new(caller.clone(), subjects.clone(), config.exec_grace),
+            aio.clone(),
             config.exec_grace,
             config.ephemeral_backend,
         ),
@@ -238,12 +239,19 @@ pub async fn run(
         config.job_settings(),
     );
     let consumer = jobs.consumer(&js, &subjects, replicas).await?;
-    let sessions = SessionApi::new(affinity, executor, auditor, config.network_ceiling.clone());
+    let sessions = SessionApi::new(
+        affinity,
+        executor,
+        aio,
+        auditor,
+        config.network_ceiling.clone(),
+    );
     let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
 
     let s = subjects.clone();
     serve!(runtime,
         s.exec() => intake.exec,
+        s.aio("exec") => intake.aio_exec,
         s.results_get() => intake.lookup,
         s.sessions(SessionOp::Open) => sessions.open,
         s.sessions(SessionOp::Get) => sessions.get,

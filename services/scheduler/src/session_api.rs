@@ -12,6 +12,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::affinity::SessionAffinity;
+use crate::aio::AioRunner;
 use crate::executor_client::ExecutorClient;
 use crate::sessions::{Change, SessionTable};
 
@@ -19,6 +20,8 @@ use crate::sessions::{Change, SessionTable};
 pub struct SessionApi {
     affinity: SessionAffinity,
     executor: ExecutorClient,
+    /// A closed session's AIO instance is released with it.
+    aio: AioRunner,
     auditor: Auditor,
     /// The egress a deployment permits at all (`SANDMESH_NETWORK_ALLOW`).
     network_ceiling: NetworkPolicy,
@@ -38,12 +41,14 @@ impl SessionApi {
     pub fn new(
         affinity: SessionAffinity,
         executor: ExecutorClient,
+        aio: AioRunner,
         auditor: Auditor,
         network_ceiling: NetworkPolicy,
     ) -> Self {
         Self {
             affinity,
             executor,
+            aio,
             auditor,
             network_ceiling,
         }
@@ -130,6 +135,9 @@ impl SessionApi {
                 tracing::warn!(session_id = %id, node, error = %e, "executor close failed; closing anyway");
             }
         }
+        // Its AIO instance, if it has one, goes with it (its browser follows the
+        // session_closed event below, which the browser-router hears).
+        self.aio.release(&id).await;
         let closed = self
             .table()
             .update(&id, |r| {
