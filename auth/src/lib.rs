@@ -58,6 +58,12 @@ impl Credentials {
     }
 }
 
+/// The inbox prefix of `user`'s connections: `_INBOX_<user>`. Operators may subscribe only
+/// below their own (they share one account); sandmesh's clients use it for every user.
+pub fn inbox_prefix(user: &str) -> String {
+    format!("_INBOX_{user}")
+}
+
 /// Splits `nats://user:password@host:port` (the form `sandmesh creds` prints, which the `nats`
 /// CLI and nats-py accept) into the URL without credentials and the credentials, for clients
 /// that take them separately (async-nats ignores credentials in a URL). Several servers may be
@@ -298,8 +304,8 @@ impl Tenancy {
         out.push_str("    ]\n  }\n");
         // The operators' account.
         let _ = writeln!(out, "  {OPERATORS_ACCOUNT} {{\n    users: [");
-        for op in self.operators.values() {
-            let perms = p.operator(&op.scope);
+        for (user, op) in &self.operators {
+            let perms = p.operator(user, &op.scope);
             let _ = writeln!(out, "      {}", user_entry(&op.credentials, Some(&perms)));
         }
         out.push_str("    ]\n    imports: [\n");
@@ -310,8 +316,8 @@ impl Tenancy {
         // One account per tenant.
         for (tenant, agents) in &self.tenants {
             let _ = writeln!(out, "  {tenant} {{\n    users: [");
-            let perms = p.agent();
             for a in agents {
+                let perms = p.agent(&a.user);
                 let _ = writeln!(out, "      {}", user_entry(a, Some(&perms)));
             }
             out.push_str("    ]\n    imports: [\n");

@@ -350,13 +350,17 @@ impl<'s> Plan<'s> {
         ]
     }
 
-    pub(crate) fn agent(&self) -> Permissions {
+    pub(crate) fn agent(&self, user: &str) -> Permissions {
         let s = self.s;
         let mut p = Permissions::default();
         // Its own inboxes: `subscribe_live` publishes there to learn its subscription is live.
+        // `_INBOX.>` for any NATS client as it comes; the tenant's account holds only its
+        // own agents, so nobody else's replies arrive there. Its own prefix too, which
+        // sandmesh's clients use for every user (`crate::inbox_prefix`).
+        let own = format!("{}.>", crate::inbox_prefix(user));
         p.publish(self.services().into_iter().map(|(subject, _)| subject))
-            .publish([s.jobs_exec(), "_INBOX.>".to_string()])
-            .subscribe(["_INBOX.>".to_string()])
+            .publish([s.jobs_exec(), "_INBOX.>".to_string(), own.clone()])
+            .subscribe(["_INBOX.>".to_string(), own])
             // Any event subject of its own account: only its own tenant's events are imported
             // there, so `output.*.<id>` or `audit.>` can never match another tenant's.
             .subscribe([s.output_all(), s.audit_all(), s.confirm_events_all()]);
@@ -380,11 +384,15 @@ impl<'s> Plan<'s> {
         out
     }
 
-    pub(crate) fn operator(&self, scope: &Scope) -> Permissions {
+    /// Operators share one account, so a shared `_INBOX.>` would let one read another's
+    /// replies (another tenant's pending code, in `confirm.list`): each may subscribe only
+    /// below its own inbox prefix, which the server enforces.
+    pub(crate) fn operator(&self, user: &str, scope: &Scope) -> Permissions {
         let s = self.s;
         let mut p = Permissions::default();
-        p.publish([s.pattern("confirm.*"), "_INBOX.>".to_string()])
-            .subscribe(["_INBOX.>".to_string()]);
+        let own = format!("{}.>", crate::inbox_prefix(user));
+        p.publish([s.pattern("confirm.*"), own.clone()])
+            .subscribe([own]);
         match scope {
             Scope::All => {
                 p.subscribe([s.audit_all(), s.confirm_events_all()]);

@@ -277,7 +277,9 @@ pub async fn connect(url: &str) -> async_nats::Client {
 pub fn connect_options(url: &str) -> (async_nats::ConnectOptions, String) {
     let (plain, creds) = sandmesh_auth::split_url(url);
     let options = match creds {
-        Some(c) => async_nats::ConnectOptions::with_user_and_password(c.user, c.password),
+        // Each user's own inbox prefix, the only one an operator may subscribe to.
+        Some(c) => async_nats::ConnectOptions::with_user_and_password(c.user.clone(), c.password)
+            .custom_inbox_prefix(sandmesh_auth::inbox_prefix(&c.user)),
         None => async_nats::ConnectOptions::new(),
     };
     (options, plain)

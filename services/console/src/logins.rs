@@ -352,6 +352,8 @@ impl Logins {
             password.to_string(),
         )
         .name(format!("sandmesh-console ({user})"))
+        // The only inboxes an operator may subscribe to: its own.
+        .custom_inbox_prefix(sandmesh_auth::inbox_prefix(user))
         .event_callback(move |event| {
             let feed = on_event.clone();
             async move {

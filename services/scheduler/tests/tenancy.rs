@@ -457,3 +457,77 @@ async fn service_users_cannot_delete_other_services_assets() {
     assert!(own.delete_stream(s.jobs_stream()).await.is_err());
     mesh.shutdown().await;
 }
+
+/// Issue 23, finding 5: operators share one account, and an operator scoped to `acme` that
+/// subscribed to `_INBOX.>` received the all-tenant operator's `confirm.list` replies (beta's
+/// pending code). As an eavesdropper would, with a raw client and no sandmesh helper: every
+/// inbox but its own is refused by the server, and nothing of the other's replies arrives.
+#[tokio::test]
+async fn an_operator_cannot_read_another_operators_replies() {
+    let mesh = mesh().await;
+    let beta = Client::connect(&mesh.nats.agent_url("beta")).await;
+    let operator = Client::connect(&mesh.nats.operator_url("operator")).await;
+    beta.mesh.exec().submit(&req("b-2", RISKY)).await.unwrap();
+    pending_confirmation(&operator, "beta-b-2").await;
+
+    let (options, plain) = test_support::connect_options(&mesh.nats.operator_url("bob"));
+    let (errors_tx, mut errors) = tokio::sync::mpsc::unbounded_channel();
+    let raw = options
+        // The attacker's own choice of inbox, not the one sandmesh gives bob.
+        .custom_inbox_prefix("_INBOX")
+        .event_callback(move |event| {
+            let errors = errors_tx.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    let _ = errors.send(e.to_string());
+                }
+            }
+        })
+        .connect(plain)
+        .await
+        .unwrap();
+    let mut all = raw.subscribe("_INBOX.>").await.unwrap();
+    let mut others = raw.subscribe("_INBOX_operator.>").await.unwrap();
+    raw.flush().await.unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            seen.push(errors.recv().await.expect("the error channel is open"));
+        }
+        seen
+    })
+    .await
+    .expect("the server refuses both subscriptions");
+    assert!(
+        refused.iter().all(|e| e.contains("Permissions Violation")),
+        "{refused:?}"
+    );
+
+    // The all-tenant operator's listings (beta's pending code among them) reach only it.
+    for _ in 0..3 {
+        let listed = operator
+            .mesh
+            .confirm()
+            .list(&ConfirmList::default())
+            .await
+            .unwrap();
+        assert!(
+            listed
+                .iter()
+                .any(|c| c.execution_id.as_deref() == Some("beta-b-2")),
+            "{listed:?}"
+        );
+    }
+    let overheard = tokio::time::timeout(Duration::from_millis(500), async {
+        tokio::select! {
+            m = all.next() => m,
+            m = others.next() => m,
+        }
+    })
+    .await;
+    assert!(
+        matches!(overheard, Err(_) | Ok(None)),
+        "bob overheard: {overheard:?}"
+    );
+    mesh.shutdown().await;
+}
