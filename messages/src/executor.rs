@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::exec::{ExecRequest, Tier};
 use crate::network::NetworkPolicy;
 use crate::tenancy::{unscoped, Tenant};
+use crate::validate::{validate_id, ValidationError};
 use crate::Subjects;
 
 /// `executor.docker.run` (any node, tier `ephemeral`) or `executor.docker.<node>.run` (the
@@ -34,6 +35,31 @@ pub struct ExecutorRun {
 }
 
 impl ExecutorRun {
+    /// The one check of a run's ids, the same on every backend: the scheduler scoped them by
+    /// the run's tenant (`acme-` + the client's id), so what follows the tenant's prefix must
+    /// be a valid client id — the protocol's 64 characters hold on every path.
+    pub fn validate_ids(&self) -> Result<(), ValidationError> {
+        let tenant = self.tenant.as_ref();
+        let scoped_by_tenant = |field: &str, id: &str| {
+            let own = match tenant {
+                Some(t) => id
+                    .strip_prefix(t.as_str())
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .ok_or_else(|| {
+                        ValidationError::invalid(field, format!("is not scoped by tenant {t}"))
+                    })?,
+                // An internal caller's run: a client id, or one it scoped itself.
+                None => return crate::tenancy::validate_scoped_id(field, id),
+            };
+            validate_id(field, own)
+        };
+        scoped_by_tenant("execution_id", &self.execution_id)?;
+        if let Some(session) = &self.request.session_id {
+            scoped_by_tenant("session_id", session)?;
+        }
+        Ok(())
+    }
+
     /// Where its output chunks go: the tenant's subject, under the id the client knows.
     pub fn output_subject(&self, subjects: &Subjects) -> String {
         let tenant = self.tenant.as_ref();
@@ -42,6 +68,7 @@ impl ExecutorRun {
 }
 
 /// How an executor node isolates code (advertised in its heartbeat's `backends`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
@@ -87,3 +114,39 @@ pub struct ExecutorClose {
 /// `executor.docker.<node>.drain`: stop taking new work, finish what runs, close sessions.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ExecutorDrain {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(tenant: Option<&str>, execution_id: String, session: Option<String>) -> ExecutorRun {
+        ExecutorRun {
+            execution_id,
+            tier: Tier::Ephemeral,
+            request: ExecRequest {
+                session_id: session,
+                ..Default::default()
+            },
+            session_restored: false,
+            kind: RunKind::default(),
+            network: None,
+            tenant: tenant.map(|t| Tenant::new(t).unwrap()),
+        }
+    }
+
+    #[test]
+    fn the_protocols_longest_id_is_valid_after_scoping_by_the_longest_tenant() {
+        let tenant = "a".repeat(crate::tenancy::MAX_TENANT_LEN);
+        let longest = "x".repeat(crate::validate::MAX_ID_LEN);
+        let scoped = format!("{tenant}-{longest}");
+        let ok = run(Some(&tenant), scoped.clone(), Some(scoped.clone()));
+        assert_eq!(ok.validate_ids(), Ok(()));
+        let too_long = run(Some(&tenant), format!("{scoped}x"), None);
+        assert!(too_long.validate_ids().is_err());
+        // An id scoped by another tenant is not this run's.
+        let foreign = run(Some("acme"), format!("beta-{longest}"), None);
+        assert!(foreign.validate_ids().is_err());
+        let internal = run(None, longest, None);
+        assert_eq!(internal.validate_ids(), Ok(()));
+    }
+}

@@ -12,7 +12,7 @@ use docker_executor::node::NodeState;
 use kit::RequestContext;
 use messages::exec::{ExecResult, Tier};
 use messages::executor::{ExecutorDrain, ExecutorRun, RunKind};
-use messages::validate::{validate_exec, validate_id};
+use messages::validate::validate_exec;
 use messages::workspace::Ack;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -53,7 +53,7 @@ impl ExecutorState {
         if self.draining {
             return Err(ErrorBody::unavailable("this executor is draining"));
         }
-        validate_id("execution_id", &run.execution_id).map_err(ErrorBody::from)?;
+        run.validate_ids().map_err(ErrorBody::from)?;
         let config = &self.runner.config;
         let mut limits =
             validate_exec(&run.request, &config.exec.ceilings).map_err(ErrorBody::from)?;

@@ -85,8 +85,7 @@ impl ExecutorState {
         if self.draining {
             return Err(ErrorBody::unavailable("this executor is draining"));
         }
-        messages::tenancy::validate_scoped_id("execution_id", &run.execution_id)
-            .map_err(ErrorBody::from)?;
+        run.validate_ids().map_err(ErrorBody::from)?;
         let mut limits = validate_exec(&run.request, &self.ceilings).map_err(ErrorBody::from)?;
         // The result travels in one NATS message: output beyond what fits is cut (and the
         // status says so) rather than making the reply undeliverable.

@@ -83,6 +83,7 @@ async fn safe_ephemeral_work_runs_in_bubblewrap_and_the_rest_in_docker() {
         .real_risk()
         .confirm(&[])
         .docker_executors(1)
+        .tenants(&["acme"], &[])
         .scheduler(|_| {})
         .start()
         .await;
@@ -100,6 +101,21 @@ async fn safe_ephemeral_work_runs_in_bubblewrap_and_the_rest_in_docker() {
         "SAFE ephemeral → bwrap"
     );
     assert_eq!(light.tier, Tier::Ephemeral);
+    // The protocol's longest id, from a tenant's agent: valid on the bwrap path too (issue 23,
+    // finding 6: scoped by the tenant it was 69 characters, which this backend refused).
+    let acme = sandmesh_client::MeshClient::new(
+        common::connect(&mesh.nats.agent_url("acme")).await,
+        Subjects::default(),
+    );
+    let longest = "x".repeat(messages::validate::MAX_ID_LEN);
+    let mut long = req("print(4)", TierChoice::Auto);
+    long.execution_id = Some(longest.clone());
+    let r = acme.exec().exec(&long).await.unwrap();
+    assert_eq!(
+        (r.status, r.node.as_deref(), r.execution_id.as_str()),
+        (ExecStatus::Ok, Some(bwrap.as_str()), longest.as_str()),
+        "{r:?}"
+    );
     // A client asking for more isolation gets a container.
     let strict = mesh
         .exec(&req("print(2)", TierChoice::Session))
