@@ -34,7 +34,8 @@ use crate::config::AioPoolConfig;
 /// these). The executor's janitor judges only its own `sandmesh.node`/`sandmesh.mesh`
 /// labels, so it never touches AIO instances, and this pool's janitor only its own.
 pub const LABEL_SANDMESH: &str = "sandmesh";
-/// The mesh (NATS deployment) of the pool.
+/// The mesh (NATS deployment) of the pool, as this pool's janitor judges it (instances also
+/// carry the mesh-wide `containers::LABEL_MESH`, for leak accounting).
 pub const LABEL_MESH: &str = "sandmesh.aio.mesh";
 /// The aio-pool process (its instance id) that owns the container or network.
 pub const LABEL_OWNER: &str = "sandmesh.aio.owner";
@@ -97,6 +98,7 @@ impl InstanceSpec {
         HashMap::from([
             (LABEL_SANDMESH.to_string(), "1".to_string()),
             (LABEL_MESH.to_string(), self.mesh.clone()),
+            (containers::LABEL_MESH.to_string(), self.mesh.clone()),
             (LABEL_OWNER.to_string(), self.owner.clone()),
             (LABEL_INSTANCE.to_string(), instance.to_string()),
         ])
@@ -149,6 +151,7 @@ pub async fn ensure_network(docker: &Docker, spec: &InstanceSpec) -> Result<(), 
     let labels = HashMap::from([
         (LABEL_SANDMESH.to_string(), "1".to_string()),
         (LABEL_MESH.to_string(), spec.mesh.clone()),
+        (containers::LABEL_MESH.to_string(), spec.mesh.clone()),
         (LABEL_OWNER.to_string(), spec.owner.clone()),
     ]);
     let request = NetworkCreateRequest {

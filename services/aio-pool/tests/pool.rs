@@ -41,6 +41,14 @@ async fn acquire_exec_files_then_release_destroys_the_container() {
     let lease = h.aio.acquire(&acquire("s1")).await.unwrap();
     assert!(lease.base_url.starts_with("http://"), "{lease:?}");
     assert_eq!(h.containers().await, vec![lease.instance_id.clone()]);
+    // The mesh-wide label, for leak accounting across every kind of container.
+    let inspected = h
+        .docker
+        .inspect_container(&lease.instance_id, None)
+        .await
+        .unwrap();
+    let labels = inspected.config.and_then(|c| c.labels).unwrap_or_default();
+    assert!(labels.contains_key(containers::LABEL_MESH), "{labels:?}");
 
     let r = h
         .aio

@@ -53,7 +53,8 @@ async fn bare(mesh: &Mesh, rounds: usize) -> Vec<Duration> {
         ("SANDMESH_BROWSER_EGRESS_DIR", dir.path().to_str().unwrap()),
     ]);
     let config = BrowserConfig::from_env(&env).unwrap();
-    let containers = Containers::connect(&config).await.unwrap();
+    // The bare floor has no mesh: its containers are labelled as the bench's own.
+    let containers = Containers::connect(&config, "bench").await.unwrap();
     let container = containers.start(Duration::from_secs(30)).await.unwrap();
     let proxy = egress::EgressProxy::builder(config.network.clone())
         .bind(container.egress_socket())
@@ -81,6 +82,7 @@ async fn bare(mesh: &Mesh, rounds: usize) -> Vec<Duration> {
     drop(container);
     containers.tasks.close();
     containers.tasks.wait().await;
+    containers.remove_network().await;
     samples
 }
 

@@ -79,7 +79,11 @@ pub struct Containers {
     docker: Docker,
     image: String,
     network: String,
+    /// Whether this instance created [`Self::network`] (and so removes it at stop).
+    created_network: std::sync::Arc<std::sync::atomic::AtomicBool>,
     router: String,
+    /// The mesh, for [`containers::LABEL_MESH`].
+    mesh: String,
     egress_dir: PathBuf,
     memory_mb: u64,
     cpus: f64,
@@ -90,7 +94,7 @@ pub struct Containers {
 
 impl Containers {
     /// Connects, checks the image and makes sure the internal bridge exists.
-    pub async fn connect(config: &BrowserConfig) -> Result<Self, ContainerError> {
+    pub async fn connect(config: &BrowserConfig, mesh: &str) -> Result<Self, ContainerError> {
         let docker = containers::connect().await?;
         docker
             .inspect_image(&config.image)
@@ -103,7 +107,9 @@ impl Containers {
             docker,
             image: config.image.clone(),
             network: config.docker_network.clone(),
+            created_network: std::sync::Arc::default(),
             router: config.kit.instance_id.clone(),
+            mesh: mesh.to_string(),
             egress_dir: config.egress_dir.join(&config.kit.instance_id),
             memory_mb: config.memory_mb,
             cpus: config.cpus,
@@ -145,14 +151,19 @@ impl Containers {
                 "com.docker.network.bridge.enable_icc".to_string(),
                 "false".to_string(),
             )])),
-            labels: Some(HashMap::from([(
-                LABEL_BROWSER.to_string(),
-                "1".to_string(),
-            )])),
+            labels: Some(HashMap::from([
+                (LABEL_BROWSER.to_string(), "1".to_string()),
+                (LABEL_ROUTER.to_string(), self.router.clone()),
+                (containers::LABEL_MESH.to_string(), self.mesh.clone()),
+            ])),
             ..Default::default()
         };
         match self.docker.create_network(body).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.created_network
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 409, ..
             }) => Ok(()),
@@ -248,6 +259,7 @@ impl Containers {
             labels: Some(HashMap::from([
                 (LABEL_BROWSER.to_string(), "1".to_string()),
                 (LABEL_ROUTER.to_string(), self.router.clone()),
+                (containers::LABEL_MESH.to_string(), self.mesh.clone()),
             ])),
             host_config: Some(host),
             ..Default::default()
@@ -305,6 +317,20 @@ impl Containers {
         }
         let _ = std::fs::remove_dir_all(&self.egress_dir);
         names.len()
+    }
+
+    /// Removes the bridge if this instance created it (its containers are gone by now); one
+    /// named by configuration and shared with others stays.
+    pub async fn remove_network(&self) {
+        if !self
+            .created_network
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        if let Err(e) = self.docker.remove_network(&self.network).await {
+            tracing::warn!(network = %self.network, error = %e, "browser network not removed");
+        }
     }
 }
 

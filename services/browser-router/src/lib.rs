@@ -69,7 +69,21 @@ pub enum RouterError {
 /// Runs the browser-router until `shutdown` is cancelled, then closes every browser of this
 /// instance.
 pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(), RouterError> {
-    let containers = Containers::connect(&config).await?;
+    let info = ServiceInfo {
+        name: ServiceName::BrowserRouter.as_str().into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        description: "One browser per session: navigate, click, fill, screenshot over CDP".into(),
+    };
+    let mut runtime = Runtime::start(config.kit.clone(), info).await?;
+    // Containers and the bridge carry the mesh's label: the runtime knows which mesh it is.
+    let (_, mesh_id) = runtime.nodes_and_mesh().await?;
+    let containers = match Containers::connect(&config, &mesh_id).await {
+        Ok(c) => c,
+        Err(e) => {
+            runtime.shutdown().await;
+            return Err(e.into());
+        }
+    };
     let swept = containers.sweep().await;
     if swept > 0 {
         tracing::warn!(
@@ -77,12 +91,6 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
             "removed browser containers of an earlier run of this instance"
         );
     }
-    let info = ServiceInfo {
-        name: ServiceName::BrowserRouter.as_str().into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        description: "One browser per session: navigate, click, fill, screenshot over CDP".into(),
-    };
-    let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
     let mesh = MeshClient::new(runtime.client.clone(), subjects.clone());
     let rules = EgressRules::new(&config.network).map_err(RouterError::Policy)?;
@@ -178,6 +186,7 @@ pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(
     if left > 0 {
         tracing::warn!(left, "removed browser containers left at shutdown");
     }
+    containers.remove_network().await;
     Ok(())
 }
 

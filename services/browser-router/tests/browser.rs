@@ -508,6 +508,19 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
     });
     futures::future::join_all(runs).await;
     assert_eq!(mesh.containers().len(), 12, "10 sessions + 2 warm");
+    // Every container and the router's bridge carry the mesh's label (leak accounting by
+    // one label finds browsers too).
+    let labelled = |kind: &str| {
+        let out = std::process::Command::new("docker")
+            .args([kind, "ls", "-q", "--filter"])
+            .arg(format!("label=sandmesh.browser.router={}", mesh.router))
+            .args(["--filter", "label=sandmesh.mesh"])
+            .output()
+            .expect("docker ls");
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    assert_eq!(labelled("container"), 12);
+    assert_eq!(labelled("network"), 1, "the router's own bridge");
     for s in &sessions {
         mesh.ok(s, A::Close, BrowserRequest::default()).await;
     }
@@ -520,6 +533,16 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
     assert!(
         common::containers_of(&router).is_empty(),
         "shutdown removes the warm pool"
+    );
+    let networks = std::process::Command::new("docker")
+        .args(["network", "ls", "-q", "--filter"])
+        .arg(format!("label=sandmesh.browser.router={router}"))
+        .output()
+        .expect("docker network ls");
+    assert!(
+        networks.stdout.is_empty(),
+        "shutdown removes the router's bridge: {}",
+        String::from_utf8_lossy(&networks.stdout)
     );
 }
 

@@ -54,6 +54,11 @@ impl DockerError {
 }
 
 /// The local daemon, API version negotiated.
+/// The mesh (NATS deployment) a container or network belongs to: every one the mesh creates
+/// carries it — executors', AIO instances', browsers' — so a leak check finds all of a
+/// mesh's leftovers by one label. Janitors judge only what also carries their own labels.
+pub const LABEL_MESH: &str = "sandmesh.mesh";
+
 pub async fn connect() -> Result<Docker, DockerError> {
     let docker = Docker::connect_with_local_defaults().map_err(DockerError::Connect)?;
     docker

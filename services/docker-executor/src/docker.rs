@@ -26,8 +26,10 @@ pub const LABEL_NODE: &str = "sandmesh.node";
 pub const LABEL_KIND: &str = "sandmesh.kind";
 /// The session a cold-started session container belongs to.
 pub const LABEL_SESSION: &str = "sandmesh.session";
-/// The mesh (NATS deployment) of the node: janitors only judge containers of their own mesh.
-pub const LABEL_MESH: &str = "sandmesh.mesh";
+/// The mesh (NATS deployment) of the node: janitors only judge containers of their own mesh
+/// (and, here, only those with a [`LABEL_NODE`]: AIO and browser containers carry the mesh
+/// label too).
+pub use containers::LABEL_MESH;
 
 pub const SUPERVISOR_PATH: &str = "/usr/local/bin/sandmesh-supervisor";
 pub const WORKSPACE_DIR: &str = "/workspace";
