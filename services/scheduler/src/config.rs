@@ -33,8 +33,10 @@ pub struct SchedulerConfig {
     /// Added to an execution's own timeout for container start and workspace sync; past it the
     /// executor counts as lost.
     pub exec_grace: Duration,
-    /// Deliveries of one async job before a terminal `internal` result is stored.
-    pub job_max_deliver: i64,
+    /// `SANDMESH_SCHED_JOB_QUEUE_TTL_MS`: how long an accepted async job may wait for an
+    /// executor, counted from its publication; it is retried with backoff until then, and
+    /// ends `unavailable` after.
+    pub job_queue_ttl: Duration,
     /// How long a delivered job may go without an ack or progress before redelivery.
     pub job_ack_wait: Duration,
     /// Jobs pulled per fetch (never more than free queue slots).
@@ -95,9 +97,9 @@ impl SchedulerConfig {
             r.error("SANDMESH_SCHED_MAX_QUEUE: must be at least 1");
         }
         let ceilings = ceilings(&mut r);
-        let job_max_deliver = r.parse("SCHED_JOB_MAX_DELIVER", 5i64);
-        if job_max_deliver < 1 {
-            r.error("SANDMESH_SCHED_JOB_MAX_DELIVER: must be at least 1");
+        let job_queue_ttl = r.millis("SCHED_JOB_QUEUE_TTL_MS", Duration::from_secs(600));
+        if job_queue_ttl.is_zero() {
+            r.error("SANDMESH_SCHED_JOB_QUEUE_TTL_MS: must be more than 0");
         }
         let job_batch = r.parse("SCHED_JOB_BATCH", 4usize);
         if job_batch == 0 {
@@ -138,7 +140,7 @@ impl SchedulerConfig {
             confirm_timeout: r.millis("SCHED_CONFIRM_TIMEOUT_MS", Duration::from_secs(300)),
             parked_sweep,
             exec_grace: r.millis("SCHED_EXEC_GRACE_MS", Duration::from_secs(30)),
-            job_max_deliver,
+            job_queue_ttl,
             job_ack_wait,
             job_batch,
             claim_ttl,
@@ -151,7 +153,7 @@ impl SchedulerConfig {
     /// Defaults for tests and embedded use, pointed at one NATS server.
     pub fn job_settings(&self) -> crate::jobs::JobSettings {
         crate::jobs::JobSettings {
-            max_deliver: self.job_max_deliver,
+            queue_ttl: self.job_queue_ttl,
             ack_wait: self.job_ack_wait,
             batch: self.job_batch,
             claim_ttl: self.claim_ttl,

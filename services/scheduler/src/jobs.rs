@@ -2,12 +2,14 @@
 //! queue has room (so they wait in the stream, not in memory), in small batches; a running job
 //! sends `Progress` so it is not redelivered, and is acked only after its result is stored.
 //!
-//! Nothing accepted is lost: a job that cannot run now is nak'ed with a delay and comes back; a
-//! job whose scheduler died comes back after `ack_wait` and finds its stored result (or the
-//! expired claim) instead of running twice; past `job_max_deliver` deliveries it gets a stored
-//! terminal `internal` result. The consumer's own `max_deliver` is unlimited, so the server never
-//! drops a job on its own. A job that waits for a person is acked once it is parked (durably, in
-//! KV): the resumed execution stores its result.
+//! Nothing accepted is lost: a job that cannot run now (no executor can take it, one
+//! restarting) is nak'ed with an exponential backoff and comes back, until its queue deadline
+//! (publication + `SANDMESH_SCHED_JOB_QUEUE_TTL_MS`, minutes by default); a job whose scheduler
+//! died comes back after `ack_wait` and finds its stored result (or the expired claim) instead
+//! of running twice; past its deadline it gets a stored terminal `unavailable` result naming
+//! the last reason. The consumer's own `max_deliver` is unlimited, so the server never drops a
+//! job on its own. A job that waits for a person is acked once it is parked (durably, in KV):
+//! the resumed execution stores its result.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,8 +37,8 @@ pub const CONSUMER: &str = "scheduler";
 /// How jobs are pulled and retried.
 #[derive(Debug, Clone, Copy)]
 pub struct JobSettings {
-    /// Deliveries of one job before a terminal `internal` result is stored.
-    pub max_deliver: i64,
+    /// How long after its publication a job may still be retried.
+    pub queue_ttl: Duration,
     /// How long a delivered job may go without an ack or progress before redelivery.
     pub ack_wait: Duration,
     /// Jobs pulled per fetch (never more than free queue slots).
@@ -215,6 +217,9 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
         }
         Err(_) => (1, 0),
     };
+    let settings = jobs.settings;
+    let queue_ttl_ms = settings.queue_ttl.as_millis() as u64;
+    let left = Duration::from_millis(queue_ttl_ms.saturating_sub(queued_ms));
     let header = |name: &str| {
         message
             .headers
@@ -222,7 +227,6 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
             .and_then(|h| h.get(name))
             .map(|v| v.as_str().to_string())
     };
-    let settings = jobs.settings;
     let alive = keep_alive(&message, settings.ack_wait / 3);
 
     let decoded = Encoding::from_content_type(header(codec::CONTENT_TYPE).as_deref())
@@ -259,13 +263,15 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
     let id = req.execution_id.clone().unwrap_or_else(|| mint_id(&caller));
     req.execution_id = Some(id.clone());
 
-    if delivered > settings.max_deliver {
+    // Past its deadline (also for a job whose schedulers kept dying under it): given up.
+    if left.is_zero() && delivered > 1 {
         alive.cancel();
-        let error = ErrorBody::internal(format!(
-            "gave up after {} deliveries without a result",
+        let error = ErrorBody::unavailable(format!(
+            "no executor ran it within the job's queue time ({} s, {} deliveries)",
+            settings.queue_ttl.as_secs(),
             delivered - 1
         ));
-        let failed = terminal(&id, &req, ExecStatus::Internal, error);
+        let failed = terminal(&id, &req, ExecStatus::Unavailable, error);
         return store_and_ack(&jobs, &message, failed).await;
     }
     let origin = Origin {
@@ -287,15 +293,31 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
             nak(&message, settings.claim_ttl / 3).await;
         }
         Outcome::Retry(error) | Outcome::Unstored(_, error) => {
-            if delivered >= settings.max_deliver {
-                let failed = terminal(&id, &req, ExecStatus::Internal, error);
+            // What is left of the queue time after this try.
+            let left = left.saturating_sub(received.elapsed());
+            if left.is_zero() {
+                let error = ErrorBody::unavailable(format!(
+                    "no executor ran it within the job's queue time ({} s, {delivered} \
+                     deliveries); the last try: {}",
+                    settings.queue_ttl.as_secs(),
+                    error.message
+                ));
+                let failed = terminal(&id, &req, ExecStatus::Unavailable, error);
                 store_and_ack(&jobs, &message, failed).await;
             } else {
-                tracing::info!(execution_id = %id, delivered, error = %error, "job will be retried");
-                nak(&message, Duration::from_secs(delivered.clamp(1, 30) as u64)).await;
+                let delay = backoff(delivered).min(left);
+                tracing::info!(execution_id = %id, delivered, ?delay, error = %error, "job will be retried");
+                nak(&message, delay).await;
             }
         }
     }
+}
+
+/// The wait before a job's next try: 250 ms doubling with each delivery, at most 10 s (an
+/// executor restarting takes tens of seconds; a few tries a minute find it soon after).
+fn backoff(delivered: i64) -> Duration {
+    let exponent = delivered.clamp(1, 7) as u32 - 1;
+    Duration::from_millis(250 * 2u64.pow(exponent)).min(Duration::from_secs(10))
 }
 
 /// A job that can never run: stored as `rejected` when it has a usable id, else terminated
