@@ -268,7 +268,13 @@ async fn tenants_cannot_reach_each_others_results_sessions_or_workspaces() {
     not_found(beta.mesh.exec().result("e1").await);
     not_found(beta.mesh.sessions().get("s1").await);
     not_found(beta.mesh.sessions().close("s1").await);
-    not_found(beta.mesh.workspace().read("s1", "data/secret.txt").await);
+    let read = beta.mesh.workspace().read("s1", "data/secret.txt").await;
+    // The error names the session as beta named it, never the stored (scoped) id.
+    let message = read.as_ref().map_err(|e| e.to_string()).unwrap_err();
+    assert!(!message.contains("beta-s1"), "{message}");
+    not_found(read);
+    // A listing is a 404 like every other call (issue 23, finding 9), not an empty list.
+    not_found(beta.mesh.workspace().list("s1", None, true).await);
     let listed = beta.mesh.sessions().list(None).await.unwrap();
     assert!(listed.is_empty(), "{listed:?}");
     // A write by beta to "s1" lands in beta's own workspace of that name.

@@ -283,6 +283,12 @@ impl Workspaces {
         let session = &req.session_id;
         keys::check_session(session)?;
         let dir = RelPath::parse_prefix("prefix", req.prefix.as_deref())?;
+        // A workspace that was never made is a 404 like every other call on it (an empty list
+        // would tell another tenant's id apart from nothing at all no better, but it would be
+        // the one call that answers differently).
+        if dir.is_root() && self.index.meta(session).await?.is_none() {
+            return Err(StoreError::NotFound(format!("no workspace {session}")));
+        }
         if !dir.is_root() {
             match self.index.node(session, &dir).await? {
                 None => return Err(not_found(session, &dir)),

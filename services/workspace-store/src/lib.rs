@@ -102,8 +102,13 @@ where
                     "agents move large content with workspace.upload, not by object name",
                 ));
             }
+            // (as stored, as the caller named it), to unscope error messages too.
+            let mut names = None;
             match req.session_mut() {
-                Some(id) => *id = ctx.caller.scope("session_id", id)?,
+                Some(id) => {
+                    let scoped = ctx.caller.scope("session_id", id)?;
+                    names = Some((scoped.clone(), std::mem::replace(id, scoped)));
+                }
                 None if tenant.is_some() => {
                     return Err(ErrorBody::denied(
                         "name the session whose workspace to clean up",
@@ -114,6 +119,12 @@ where
             inner(ctx, req)
                 .await
                 .map(|reply| reply.unscoped(tenant.as_ref()))
+                .map_err(|mut e| {
+                    if let (Some((scoped, named)), Some(_)) = (&names, &tenant) {
+                        e.message = e.message.replace(scoped.as_str(), named);
+                    }
+                    e
+                })
         }
     })
 }

@@ -101,7 +101,11 @@ async fn cleanup_on_request_and_audit_of_changes() {
 
     let cleaned = ws.cleanup(Some("s")).await.unwrap();
     assert_eq!(cleaned.sessions_removed, ["s"]);
-    assert!(ws.list("s", None, true).await.unwrap().entries.is_empty());
+    // Gone: a 404 like any workspace that does not exist.
+    assert_eq!(
+        ws.list("s", None, true).await.unwrap_err().kind(),
+        sandmesh_client::ErrorKind::NotFound
+    );
     assert_eq!(ws.usage("s").await.unwrap().bytes, 0);
     assert!(ws
         .cleanup(Some("s"))

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use messages::Subjects;
 use sandmesh_client::WorkspaceClient;
 use test_support::NatsServer;
-use workspace_store::index::{Node, NodeKind};
+use workspace_store::index::{Node, NodeKind, SessionMeta};
 use workspace_store::keys::{self, RelPath};
 
 /// Publishes `count` file nodes for `session` straight into the index bucket, acks awaited
@@ -26,6 +26,17 @@ async fn fill(js: &jetstream::Context, session: &str, count: usize, dirs: usize)
         mode: 0o644,
         modified: 1_700_000_000_000,
     };
+    // The session's totals key: what makes the workspace exist (a listing of one that does
+    // not is a 404).
+    let meta = serde_json::to_vec(&SessionMeta::default()).unwrap();
+    js.publish(
+        format!("$KV.{bucket}.{}", keys::meta_key(session)),
+        meta.into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
     let mut acks = Vec::with_capacity(2000);
     for d in 0..dirs {
         let dir = RelPath::from_parts(vec![format!("dir{d}")]);
