@@ -521,6 +521,19 @@ impl SessionState {
             return Err(e);
         }
         (result.url, result.title) = chromium.location().await;
+        // A redirect can land where the first URL's check never looked (the egress proxy
+        // refused the hop, so the page is only its refusal): the answer says so, not `ok`.
+        if action == BrowserAction::Navigate {
+            if let Some(landed) = result.url.as_deref().filter(|u| Some(*u) != url.as_deref()) {
+                if let Err(e) =
+                    crate::guard::check(&self.shared.rules, &SystemResolver, landed).await
+                {
+                    return Err(ErrorBody::denied(format!(
+                        "navigation was redirected to {landed}, which is refused: {e}"
+                    )));
+                }
+            }
+        }
         if action == BrowserAction::Evaluate {
             let size = result
                 .value

@@ -299,7 +299,20 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
 
     // A redirect from an allowed page to 127.0.0.1: the navigation check passed, the egress
     // proxy refuses the second hop and the fixture never sees it.
-    let redirected = mesh.navigate(s, "/to-local").await;
+    // The answer is a refusal naming where it was redirected, not `ok` with the refused URL.
+    let redirected = mesh
+        .act(
+            s,
+            A::Navigate,
+            req(|r| r.url = Some(mesh.fixture.url("/to-local"))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(redirected.kind(), ErrorKind::Denied, "{redirected}");
+    assert!(
+        redirected.to_string().contains("redirected to"),
+        "{redirected}"
+    );
     let text = mesh.text(s).await;
     assert!(
         text.contains("resolves to 127.0.0.1"),
