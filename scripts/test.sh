@@ -14,10 +14,15 @@ fi
 # nothing changed; the first build installs Debian's chromium, a few minutes).
 deploy/images/build-browser.sh >/dev/null
 export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
-# The package index the egress test downloads a package from (issue 13): its hosts are
-# configuration, never code. A machine whose HTTPS goes through an intercepting gateway also
-# names the trust store its own clients use, so pip in the sandbox trusts the same CA.
-export SANDMESH_TEST_PYPI_HOSTS="${SANDMESH_TEST_PYPI_HOSTS:-pypi.org,files.pythonhosted.org}"
+# The package index the egress test downloads a package from (issue 13): its hosts are the
+# machine's own configuration, never this repository's — pip's configured index-url when there
+# is one, else pip's default index as pip itself names it. A machine whose HTTPS goes through an
+# intercepting gateway also names the trust store its own clients use, so pip in the sandbox
+# trusts the same CA.
+if [ -z "${SANDMESH_TEST_PYPI_HOSTS:-}" ]; then
+  SANDMESH_TEST_PYPI_HOSTS=$(python3 scripts/pip-index-hosts.py)
+fi
+export SANDMESH_TEST_PYPI_HOSTS
 export SANDMESH_TEST_PYPI_CA_BUNDLE="${SANDMESH_TEST_PYPI_CA_BUNDLE:-${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-}}}"
 # The AIO image (aio-pool's tests; Debian's chromium makes the first build take minutes, and
 # unchanged inputs build nothing). Built here so a missing mirror fails early and clearly; the

@@ -48,7 +48,7 @@ pub struct ExecArgs {
 /// becomes the session's policy when this command opens the session.
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct NetworkArgs {
-    /// Let the program reach this host (`pypi.org`, `*.example.org`); repeatable.
+    /// Let the program reach this host (`pkgs.example.org`, `*.example.org`); repeatable.
     #[arg(long = "allow-domain", value_name = "HOST")]
     pub allow_domains: Vec<String>,
     /// Never let it reach this host, even when an allow entry matches; repeatable.

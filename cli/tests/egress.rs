@@ -77,13 +77,13 @@ except urllib.error.HTTPError as e:
     // Beyond the ceiling: refused before anything runs, naming what.
     let out = sandmesh(
         &url,
-        &["exec", "--allow-domain", "pypi.org", "print(1)"],
+        &["exec", "--allow-domain", "pkgs.example.org", "print(1)"],
         limit,
     )
     .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("allow_domains pypi.org"), "{stderr}");
+    assert!(stderr.contains("allow_domains pkgs.example.org"), "{stderr}");
 
     assert!(mesh.stop(Duration::from_secs(90)).await.success());
 }

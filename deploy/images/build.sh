@@ -11,9 +11,9 @@
 # Environment (all optional):
 #   BASE_IMAGE              start from this image (e.g. debian:bookworm-slim) instead of
 #                           debootstrapping sandmesh/debian:bookworm
-#   DEBIAN_MIRROR           debootstrap mirror (default http://deb.debian.org/debian)
+#   DEBIAN_MIRROR           debootstrap mirror (default: the one this machine's apt uses)
 #   DEBIAN_SECURITY_MIRROR  security mirror written into the base image's apt sources
-#                           (default http://deb.debian.org/debian-security)
+#                           (default: this machine's apt's security source)
 #   SUPERVISOR_BIN          (sandbox) path to the sandmesh-supervisor binary; installed as
 #                           /usr/local/bin/sandmesh-supervisor (mode 0755)
 #   AGENT_BIN               (aio) path to the sandmesh-aio-agent binary; installed as
@@ -44,8 +44,35 @@ case "${1:-sandbox}" in
         ;;
     *) printf 'build.sh: unknown image %s (sandbox | aio)\n' "$1" >&2; exit 64 ;;
 esac
-readonly MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-readonly SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
+# The Debian archive this machine's own apt uses (no registry host is written in the
+# repository): the first URI of a `deb` source whose suite is the release (`main`) or its
+# `-security` suite (`security`), from deb822 `.sources` files or one-line `sources.list`.
+apt_uri() {
+    local kind=$1 files=()
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] && files+=("$f")
+    done
+    [ ${#files[@]} -gt 0 ] || return 0
+    awk -v kind="$kind" '
+        function wanted(suite) { return kind == "security" ? suite ~ /-security$/ : suite !~ /-(security|updates|backports)$/ }
+        function stanza() { if (types ~ /(^| )deb( |$)/ && uri != "") { n = split(suites, s, " "); for (i = 1; i <= n; i++) if (wanted(s[i])) { print uri; done = 1; exit } } types = ""; uri = ""; suites = "" }
+        FNR == 1 { if (deb822) stanza(); deb822 = FILENAME ~ /\.sources$/ }
+        deb822 {
+            if ($0 ~ /^[[:space:]]*$/) { stanza(); next }
+            if ($1 == "Types:") { types = $0; sub(/^Types:[[:space:]]*/, "", types) }
+            if ($1 == "URIs:") uri = $2
+            if ($1 == "Suites:") { suites = $0; sub(/^Suites:[[:space:]]*/, "", suites) }
+            next
+        }
+        $1 == "deb" { i = 2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ } if (wanted($(i + 1))) { print $i; exit } }
+        END { if (deb822 && !done) stanza() }
+    ' "${files[@]}"
+}
+MIRROR=${DEBIAN_MIRROR:-$(apt_uri main)}
+SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-$(apt_uri security)}
+[ -n "$MIRROR" ] || { printf 'build.sh: no Debian archive in /etc/apt/sources*: set DEBIAN_MIRROR\n' >&2; exit 64; }
+[ -n "$SECURITY_MIRROR" ] || SECURITY_MIRROR="${MIRROR%/debian}/debian-security"
+readonly MIRROR SECURITY_MIRROR
 readonly REBUILD=${REBUILD:-0}
 # Images carry `org.sandmesh.image=...`, never the bare label key `sandmesh`: containers with
 # that label are treated as leaked sandboxes by the janitor hook.

@@ -126,8 +126,8 @@ fn golden_vectors_are_byte_exact() {
         &ExecRequest {
             session_id: None,
             network: Some(messages::network::NetworkPolicy {
-                allow_domains: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
-                deny_domains: vec!["evil.pythonhosted.org".into()],
+                allow_domains: vec!["pkgs.example.org".into(), "*.files.example.org".into()],
+                deny_domains: vec!["evil.files.example.org".into()],
                 allow_cidrs: vec!["10.1.0.0/16".into()],
                 allow_all: false,
                 ports: Some(vec![443]),
@@ -136,7 +136,7 @@ fn golden_vectors_are_byte_exact() {
         },
     );
     let mut network = messages::network::NetworkReport::default();
-    network.record("pypi.org", 443, true, "allowed by allow_domains pypi.org");
+    network.record("pkgs.example.org", 443, true, "allowed by allow_domains pkgs.example.org");
     network.record("evil.com", 443, false, "evil.com is not in allow_domains");
     check(
         "exec_result_network",
@@ -158,8 +158,8 @@ fn golden_vectors_are_byte_exact() {
     check(
         "network_policy",
         &NetworkPolicy {
-            allow_domains: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
-            deny_domains: vec!["upload.pypi.org".into()],
+            allow_domains: vec!["pkgs.example.org".into(), "*.files.example.org".into()],
+            deny_domains: vec!["upload.pkgs.example.org".into()],
             allow_cidrs: vec!["10.20.0.0/16".into()],
             allow_all: false,
             ports: Some(vec![443]),

@@ -445,8 +445,8 @@ fn pypi_hosts() -> Vec<String> {
     let hosts = std::env::var("SANDMESH_TEST_PYPI_HOSTS").unwrap_or_else(|_| {
         panic!(
             "SANDMESH_TEST_PYPI_HOSTS is not set: name the Python package index hosts this \
-             machine reaches, e.g. SANDMESH_TEST_PYPI_HOSTS=pypi.org,files.pythonhosted.org \
-             (scripts/test.sh sets that default)"
+             machine reaches, comma-separated (scripts/test.sh sets them from this machine's \
+             pip: scripts/pip-index-hosts.py)"
         )
     });
     hosts.split(',').map(|h| h.trim().to_string()).collect()

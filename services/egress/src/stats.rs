@@ -118,20 +118,20 @@ mod tests {
     #[test]
     fn an_event_serializes_to_audit_details() {
         let event = EgressEvent {
-            host: "pypi.org".into(),
+            host: "pkgs.example.org".into(),
             port: 443,
             address: Some("151.101.0.223".parse().unwrap()),
             allowed: true,
-            rule: "allowed by allow_domains pypi.org".into(),
+            rule: "allowed by allow_domains pkgs.example.org".into(),
         };
         assert_eq!(
             serde_json::to_value(&event).unwrap(),
             serde_json::json!({
-                "host": "pypi.org",
+                "host": "pkgs.example.org",
                 "port": 443,
                 "address": "151.101.0.223",
                 "allowed": true,
-                "rule": "allowed by allow_domains pypi.org",
+                "rule": "allowed by allow_domains pkgs.example.org",
             })
         );
     }

@@ -359,7 +359,7 @@ fn fetching_under_a_network_policy_is_not_automatically_high() {
     let fetches = [
         (
             ContentType::Python,
-            "import requests\nrequests.get('https://pypi.org/simple/')",
+            "import requests\nrequests.get('https://pkgs.example.org/simple/')",
         ),
         (
             ContentType::Python,
@@ -371,7 +371,7 @@ fn fetching_under_a_network_policy_is_not_automatically_high() {
         ),
         (
             ContentType::Javascript,
-            "fetch('https://registry.npmjs.org/')",
+            "fetch('https://registry.example.org/')",
         ),
         (
             ContentType::Javascript,

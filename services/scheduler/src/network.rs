@@ -59,9 +59,9 @@ mod tests {
     #[test]
     fn beyond_the_ceiling_is_403_and_malformed_is_400() {
         let none = NetworkPolicy::default();
-        let e = admit(&policy(json!({"allow_domains": ["pypi.org"]})), &none).unwrap_err();
+        let e = admit(&policy(json!({"allow_domains": ["pkgs.example.org"]})), &none).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Denied);
-        assert!(e.message.contains("allow_domains pypi.org"), "{e:?}");
+        assert!(e.message.contains("allow_domains pkgs.example.org"), "{e:?}");
         let e = admit(&policy(json!({"allow_domains": ["a..b"]})), &none).unwrap_err();
         assert_eq!(e.kind, ErrorKind::BadRequest);
         let many = NetworkPolicy {
@@ -78,7 +78,7 @@ mod tests {
         let ceiling = NetworkPolicy::ceiling("*", "").unwrap();
         let mut req = ExecRequest {
             session_id: Some("s1".into()),
-            network: Some(policy(json!({"allow_domains": ["pypi.org"]}))),
+            network: Some(policy(json!({"allow_domains": ["pkgs.example.org"]}))),
             ..Default::default()
         };
         let e = admit_request(&mut req, &ceiling).unwrap_err();

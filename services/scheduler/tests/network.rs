@@ -19,7 +19,7 @@ fn policy(json: serde_json::Value) -> NetworkPolicy {
 fn fetching(network: Option<NetworkPolicy>, session: Option<&str>) -> ExecRequest {
     ExecRequest {
         language: Language::Python,
-        code: "import urllib.request; urllib.request.urlopen('https://pypi.org/')".into(),
+        code: "import urllib.request; urllib.request.urlopen('https://pkgs.example.org/')".into(),
         network,
         session_id: session.map(str::to_string),
         ..Default::default()
@@ -41,11 +41,11 @@ async fn mesh(allow: &'static str) -> Mesh {
 
 #[tokio::test]
 async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_runs() {
-    let mesh = mesh("pypi.org *.pythonhosted.org").await;
+    let mesh = mesh("pkgs.example.org *.files.example.org").await;
     let c = mesh.client.clone();
     let cases = [
         (
-            policy(serde_json::json!({"allow_domains": ["pypi.org", "evil.com"]})),
+            policy(serde_json::json!({"allow_domains": ["pkgs.example.org", "evil.com"]})),
             ErrorKind::Denied,
             "allow_domains evil.com",
         ),
@@ -71,7 +71,7 @@ async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_run
         ),
         (
             NetworkPolicy {
-                allow_domains: (0..65).map(|i| format!("h{i}.pythonhosted.org")).collect(),
+                allow_domains: (0..65).map(|i| format!("h{i}.files.example.org")).collect(),
                 ..Default::default()
             },
             ErrorKind::BadRequest,
@@ -96,7 +96,7 @@ async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_run
         assert_eq!(e.kind(), kind, "sessions.open: {e}");
     }
     let in_session = fetching(
-        Some(policy(serde_json::json!({"allow_domains": ["pypi.org"]}))),
+        Some(policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}))),
         Some("s1"),
     );
     let e = mesh.exec(&in_session).await.unwrap_err();
@@ -111,16 +111,16 @@ async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_run
 #[tokio::test]
 async fn the_default_ceiling_permits_no_network_at_all() {
     let mesh = mesh("").await;
-    let network = policy(serde_json::json!({"allow_domains": ["pypi.org"]}));
+    let network = policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}));
     let e = mesh.exec(&fetching(Some(network), None)).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Denied);
-    assert!(e.to_string().contains("allow_domains pypi.org"), "{e}");
+    assert!(e.to_string().contains("allow_domains pkgs.example.org"), "{e}");
     mesh.shutdown().await;
 }
 
 #[tokio::test]
 async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_approval() {
-    let mesh = mesh("pypi.org,*.pythonhosted.org !evil.pythonhosted.org").await;
+    let mesh = mesh("pkgs.example.org,*.files.example.org !evil.files.example.org").await;
     let c = mesh.client.clone();
     // Without a policy, fetching code waits for a person (denied by the stand-in).
     let r: ExecResult = mesh.exec(&fetching(None, None)).await.unwrap();
@@ -129,13 +129,13 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
         ErrorKind::Denied,
         "confirmation denied"
     );
-    let network = policy(serde_json::json!({"allow_domains": ["pypi.org"]}));
+    let network = policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}));
     let r = mesh.exec(&fetching(Some(network), None)).await.unwrap();
     assert_eq!(r.error, None, "{r:?}");
     let session = SessionOpen {
         session_id: Some("net-1".into()),
         network: Some(policy(
-            serde_json::json!({"allow_domains": ["files.pythonhosted.org"]}),
+            serde_json::json!({"allow_domains": ["dl.files.example.org"]}),
         )),
         ..Default::default()
     };
@@ -144,8 +144,8 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
         .await
         .unwrap();
     let admitted = policy(serde_json::json!({
-        "allow_domains": ["files.pythonhosted.org"],
-        "deny_domains": ["evil.pythonhosted.org"],
+        "allow_domains": ["dl.files.example.org"],
+        "deny_domains": ["evil.files.example.org"],
     }));
     assert_eq!(
         opened.network.as_ref(),
@@ -164,8 +164,8 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
     assert_eq!(
         runs[0].network,
         Some(policy(serde_json::json!({
-            "allow_domains": ["pypi.org"],
-            "deny_domains": ["evil.pythonhosted.org"],
+            "allow_domains": ["pkgs.example.org"],
+            "deny_domains": ["evil.files.example.org"],
         })))
     );
     assert_eq!(runs[1].kind, RunKind::Session);
