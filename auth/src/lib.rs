@@ -28,9 +28,11 @@ use messages::{ServiceName, Subjects};
 use serde::{Deserialize, Serialize};
 
 mod cluster;
+mod operators;
 mod permissions;
 
 pub use cluster::{deployment_nodes, servers, ClusterNode};
+pub use operators::OperatorDirectory;
 pub use permissions::Permissions;
 
 /// A user and password.
@@ -215,6 +217,11 @@ impl Tenancy {
             });
         op.scope = scope;
         op
+    }
+
+    /// Removes an operator; `false` when there was none of that name.
+    pub fn remove_operator(&mut self, user: &str) -> bool {
+        self.operators.remove(user).is_some()
     }
 
     pub fn credentials(&self, role: Role<'_>) -> Option<&Credentials> {

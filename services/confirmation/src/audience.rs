@@ -3,29 +3,36 @@
 //! confirmation outside the caller's audience is answered exactly like one that does not exist
 //! (404), so ids cannot be probed.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use messages::confirm::Confirmation;
 use messages::tenancy::{Caller, Tenant};
-use sandmesh_auth::Scope;
+use sandmesh_auth::{OperatorDirectory, Scope};
 
-/// The operators' scopes (`SANDMESH_OPERATOR_SCOPES`, as `sandmesh up` writes it from its
-/// tenancy file: `alice=*;bob=acme,beta`). Unset: every operator sees every tenant, which is
-/// what a deployment with one kind of operator wants; an operator missing from a set value sees
-/// nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OperatorScopes(Option<BTreeMap<String, Scope>>);
+/// The operators' scopes: `SANDMESH_OPERATOR_SCOPES` (`alice=*;bob=acme,beta`), else the
+/// tenancy file's operators, followed as it changes (an operator added with `sandmesh operator
+/// add` decides at once); with neither, every operator sees every tenant, which is what a
+/// deployment with one kind of operator wants. An operator missing from them sees nothing.
+#[derive(Debug, Clone)]
+pub struct OperatorScopes(Arc<OperatorDirectory>);
+
+impl Default for OperatorScopes {
+    fn default() -> Self {
+        Self(Arc::new(OperatorDirectory::everyone()))
+    }
+}
 
 impl OperatorScopes {
     pub fn parse(text: &str) -> Result<Self, String> {
-        sandmesh_auth::Tenancy::parse_operator_scopes(text).map(|s| Self(Some(s)))
+        OperatorDirectory::fixed(text).map(|d| Self(Arc::new(d)))
     }
 
-    fn of(&self, user: &str) -> Option<&Scope> {
-        match &self.0 {
-            None => Some(&Scope::All),
-            Some(map) => map.get(user),
-        }
+    pub fn of_directory(directory: OperatorDirectory) -> Self {
+        Self(Arc::new(directory))
+    }
+
+    fn of(&self, user: &str) -> Option<Scope> {
+        self.0.scope_of(user)
     }
 }
 
@@ -43,7 +50,7 @@ impl Audience {
             Caller::Agent { tenant, .. } => Audience::Tenants(vec![tenant.clone()]),
             Caller::Operator { user } => match scopes.of(user) {
                 Some(Scope::All) => Audience::Everyone,
-                Some(Scope::Tenants(set)) => Audience::Tenants(set.clone()),
+                Some(Scope::Tenants(set)) => Audience::Tenants(set),
                 None => Audience::Tenants(Vec::new()),
             },
         }

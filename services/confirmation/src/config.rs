@@ -75,12 +75,19 @@ impl ConfirmationConfig {
         let mut r = ConfigReader::new(src);
         let kit = KitConfig::from_reader(&mut r);
         let policy = PolicyConfig::from_reader(&mut r);
-        let operator_scopes = match r.optional_string("OPERATOR_SCOPES") {
-            None => OperatorScopes::default(),
-            Some(text) => OperatorScopes::parse(&text).unwrap_or_else(|e| {
+        let operator_scopes = match (r.optional_string("OPERATOR_SCOPES"), &kit.tenancy_file) {
+            (Some(text), _) => OperatorScopes::parse(&text).unwrap_or_else(|e| {
                 r.error(format!("SANDMESH_OPERATOR_SCOPES: {e}"));
                 OperatorScopes::default()
             }),
+            (None, Some(file)) => match sandmesh_auth::OperatorDirectory::file(file) {
+                Ok(d) => OperatorScopes::of_directory(d),
+                Err(e) => {
+                    r.error(format!("SANDMESH_TENANCY_FILE: {e}"));
+                    OperatorScopes::default()
+                }
+            },
+            (None, None) => OperatorScopes::default(),
         };
         r.finish().map(|_| Self {
             kit,

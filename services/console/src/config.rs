@@ -1,14 +1,14 @@
 //! `SANDMESH_CONSOLE_*` settings, read with the kit's `ConfigReader` so every bad value is
 //! reported at once, and who the operators are.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kit::config::{ConfigError, ConfigReader, EnvSource};
 use kit::KitConfig;
-use sandmesh_auth::{Scope, Tenancy};
+use sandmesh_auth::{OperatorDirectory, Scope};
 
 /// Where the console listens unless told otherwise: loopback only, so nothing outside this
 /// machine reaches the page by default.
@@ -70,16 +70,16 @@ impl ConsoleConfig {
         ) {
             (Some(text), _) => Operators::parse(&text).unwrap_or_else(|e| {
                 r.error(format!("SANDMESH_OPERATOR_SCOPES: {e}"));
-                Operators::Anyone
+                Operators::anyone()
             }),
-            (None, Some(file)) => match Tenancy::load(&file) {
-                Ok(t) => Operators::of_tenancy(&t),
+            (None, Some(file)) => match Operators::of_file(&file) {
+                Ok(o) => o,
                 Err(e) => {
                     r.error(format!("SANDMESH_TENANCY_FILE: {e}"));
-                    Operators::Anyone
+                    Operators::anyone()
                 }
             },
-            (None, None) => Operators::Anyone,
+            (None, None) => Operators::anyone(),
         };
         r.finish().map(|_| Self {
             kit,
@@ -106,39 +106,40 @@ impl ConsoleConfig {
 }
 
 /// Who may log in. NATS checks the password; this says which authenticated users are
-/// operators (a tenant's agent has a valid password too) and what each one sees.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Operators {
-    /// No tenancy configured (a server without accounts, `sandmesh up --insecure`): whoever
-    /// NATS lets in, seeing every tenant.
-    Anyone,
-    /// These users, each with its scope.
-    Named(BTreeMap<String, Scope>),
-}
+/// operators (a tenant's agent has a valid password too) and what each one sees. Following the
+/// tenancy file, an operator added with `sandmesh operator add` may log in at once.
+#[derive(Debug, Clone)]
+pub struct Operators(Arc<OperatorDirectory>);
 
 impl Operators {
+    /// No tenancy configured (a server without accounts, `sandmesh up --insecure`): whoever
+    /// NATS lets in, seeing every tenant.
+    pub fn anyone() -> Self {
+        Self(Arc::new(OperatorDirectory::everyone()))
+    }
+
     /// The format `sandmesh up` hands every service (`SANDMESH_OPERATOR_SCOPES`):
     /// `alice=*;bob=acme,beta`.
     pub fn parse(text: &str) -> Result<Self, String> {
-        Tenancy::parse_operator_scopes(text).map(Self::Named)
+        OperatorDirectory::fixed(text).map(|d| Self(Arc::new(d)))
     }
 
-    pub fn of_tenancy(tenancy: &Tenancy) -> Self {
-        Self::Named(
-            tenancy
-                .operators
-                .iter()
-                .map(|(user, op)| (user.clone(), op.scope.clone()))
-                .collect(),
-        )
+    pub fn of_tenancy(tenancy: &sandmesh_auth::Tenancy) -> Self {
+        Self(Arc::new(OperatorDirectory::of_tenancy(tenancy)))
+    }
+
+    /// The operators of the tenancy file at `path`, as it changes.
+    pub fn of_file(path: &std::path::Path) -> Result<Self, sandmesh_auth::TenancyError> {
+        OperatorDirectory::file(path).map(|d| Self(Arc::new(d)))
+    }
+
+    pub fn is_anyone(&self) -> bool {
+        self.0.is_everyone()
     }
 
     /// The scope of `user`, or `None` when `user` is no operator.
     pub fn scope_of(&self, user: &str) -> Option<Scope> {
-        match self {
-            Operators::Anyone => Some(Scope::All),
-            Operators::Named(named) => named.get(user).cloned(),
-        }
+        self.0.scope_of(user)
     }
 }
 
@@ -163,7 +164,7 @@ mod tests {
     fn defaults_listen_on_loopback() {
         let c = ConsoleConfig::from_env(&env_map(&[])).unwrap();
         assert!(c.addr.ip().is_loopback());
-        assert_eq!(c.operators, Operators::Anyone);
+        assert!(c.operators.is_anyone());
     }
 
     #[test]

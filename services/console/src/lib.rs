@@ -92,7 +92,7 @@ pub async fn serve(
     };
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
-    if config.operators == Operators::Anyone {
+    if config.operators.is_anyone() {
         tracing::warn!(
             "no operators configured (SANDMESH_OPERATOR_SCOPES or SANDMESH_TENANCY_FILE): \
              whoever NATS lets in may use the console"

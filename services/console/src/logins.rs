@@ -484,7 +484,7 @@ mod tests {
         let logins = Logins::new(
             "nats://127.0.0.1:1",
             Subjects::default(),
-            Operators::Anyone,
+            Operators::anyone(),
             Duration::from_secs(60),
             Some(dir.path().to_path_buf()),
         );
