@@ -22,6 +22,9 @@ pub struct SchedulerConfig {
     /// `SANDMESH_SCHED_MAX_QUEUE`: executions in flight at once (sync and async together);
     /// beyond it sync callers get 429 and async jobs stay in the stream.
     pub max_queue: usize,
+    /// `SANDMESH_SCHED_TENANT_MAX`: executions one tenant may have in flight on this instance
+    /// (default three quarters of the queue), so no tenant can take every slot.
+    pub tenant_max: usize,
     pub ceilings: Ceilings,
     /// How long the risk-assessor may take.
     pub assess_timeout: Duration,
@@ -93,6 +96,10 @@ impl SchedulerConfig {
         let placement = r.parse("PLACEMENT", Strategy::LeastLoaded);
         let ephemeral_backend = r.parse("EPHEMERAL_BACKEND", EphemeralBackend::Auto);
         let max_queue = r.parse("SCHED_MAX_QUEUE", 64usize);
+        let tenant_max = r.parse("SCHED_TENANT_MAX", (max_queue * 3 / 4).max(1));
+        if tenant_max == 0 {
+            r.error("SANDMESH_SCHED_TENANT_MAX: must be at least 1");
+        }
         if max_queue == 0 {
             r.error("SANDMESH_SCHED_MAX_QUEUE: must be at least 1");
         }
@@ -135,6 +142,7 @@ impl SchedulerConfig {
             security_mode,
             placement,
             max_queue,
+            tenant_max,
             ceilings,
             assess_timeout: r.millis("SCHED_ASSESS_TIMEOUT_MS", Duration::from_secs(10)),
             confirm_timeout: r.millis("SCHED_CONFIRM_TIMEOUT_MS", Duration::from_secs(300)),

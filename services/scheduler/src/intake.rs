@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::claims::Claims;
 use crate::execution::{scope_request, Origin, Outcome};
+use crate::fairness::TenantSlots;
 use crate::parking::ParkedStore;
 use crate::pipeline::Pipeline;
 use crate::results::ResultStore;
@@ -44,6 +45,8 @@ pub struct Intake {
     admission: Arc<Semaphore>,
     /// Its size, for the 429 message.
     max_queue: usize,
+    /// Each tenant's share of it.
+    tenants: TenantSlots,
     results: ResultStore,
     claims: Claims,
     parked: ParkedStore,
@@ -58,7 +61,7 @@ impl Intake {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         pipeline: Pipeline,
-        (admission, max_queue): (Arc<Semaphore>, usize),
+        (admission, max_queue, tenants): (Arc<Semaphore>, usize, TenantSlots),
         results: ResultStore,
         claims: Claims,
         parked: ParkedStore,
@@ -70,6 +73,7 @@ impl Intake {
             pipeline,
             admission,
             max_queue,
+            tenants,
             results,
             claims,
             parked,
@@ -88,6 +92,7 @@ impl Intake {
         let received = Instant::now();
         let req = scope_request(&ctx.caller, req)?;
         let tenant = ctx.caller.tenant();
+        let tenant_slot = self.tenants.take(tenant)?;
         let Ok(permit) = self.admission.clone().try_acquire_owned() else {
             return Err(ErrorBody::overloaded(format!(
                 "the scheduler queue is full ({} executions in flight); retry later",
@@ -102,7 +107,9 @@ impl Intake {
             sync_reply: true,
         };
         let outcome = self.pipeline.execute(req, origin).await;
+        // A parked execution holds neither: waiting for a person costs no slot.
         drop(permit);
+        drop(tenant_slot);
         match outcome {
             Outcome::Done(result) => Ok(result.unscoped(tenant)),
             // The caller still gets what ran; a later look-up by id will not find it.

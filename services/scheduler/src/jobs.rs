@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::execution::{mint_id, scope_request, terminal, Origin, Outcome};
+use crate::fairness::TenantSlots;
 use crate::pipeline::Pipeline;
 use crate::results::ResultStore;
 
@@ -56,6 +57,8 @@ pub struct Jobs {
     subjects: Subjects,
     /// Shared with sync intake: a job runs only with a permit.
     admission: Arc<Semaphore>,
+    /// Shared with sync intake: a tenant over its share waits, others' jobs go on.
+    tenants: TenantSlots,
     settings: JobSettings,
 }
 
@@ -72,7 +75,7 @@ impl Jobs {
         pipeline: Pipeline,
         results: ResultStore,
         subjects: Subjects,
-        admission: Arc<Semaphore>,
+        (admission, tenants): (Arc<Semaphore>, TenantSlots),
         settings: JobSettings,
     ) -> Self {
         Self {
@@ -80,6 +83,7 @@ impl Jobs {
             results,
             subjects,
             admission,
+            tenants,
             settings,
         }
     }
@@ -245,6 +249,20 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
             alive.cancel();
             tracing::warn!(error = %e, "job on an unexpected subject dropped");
             let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    // A tenant at its share of the queue: back to the stream for a moment, so the jobs of
+    // other tenants behind these are taken meanwhile (its queue time keeps counting).
+    let _tenant_slot = match jobs.tenants.take(caller.tenant()) {
+        Ok(slot) => slot,
+        Err(_) => {
+            alive.cancel();
+            nak(
+                &message,
+                Duration::from_millis(crate::fairness::RETRY_AFTER_MS),
+            )
+            .await;
             return;
         }
     };

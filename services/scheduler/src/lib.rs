@@ -44,6 +44,7 @@ pub mod dispatch;
 pub mod error;
 pub mod execution;
 pub mod executor_client;
+pub mod fairness;
 pub mod intake;
 pub mod jobs;
 pub mod network;
@@ -219,9 +220,10 @@ pub async fn run(
         bookkeeping.clone(),
     );
     let stopping = CancellationToken::new();
+    let tenants = fairness::TenantSlots::new(config.tenant_max);
     let intake = Intake::new(
         pipeline.clone(),
-        (admission.clone(), max_queue),
+        (admission.clone(), max_queue, tenants.clone()),
         results.clone(),
         claims.clone(),
         parked.clone(),
@@ -235,7 +237,7 @@ pub async fn run(
         pipeline.clone(),
         results,
         subjects.clone(),
-        admission.clone(),
+        (admission.clone(), tenants),
         config.job_settings(),
     );
     let consumer = jobs.consumer(&js, &subjects, replicas).await?;

@@ -344,3 +344,74 @@ async fn graceful_shutdown_finishes_running_jobs_before_acking() {
     assert_eq!(r.status, ExecStatus::Ok);
     assert_eq!(jobs_left(&js).await, 0, "acked before run() returned");
 }
+
+/// Issue 23: one tenant flooding the queue cannot starve another. Tenant `acme` publishes 500
+/// async jobs; `beta`'s single sync `exec` is served while acme's backlog is still queued
+/// (before the per-tenant share, acme's jobs held every queue slot and beta got 429).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_flooding_the_queue_does_not_starve_another() {
+    let mesh = Mesh::builder()
+        .risk()
+        .executor("node-a", 8)
+        .tenants(&["acme", "beta"], &[])
+        .scheduler(|c| {
+            c.max_queue = 8;
+            c.tenant_max = 6;
+        })
+        .start()
+        .await;
+    let agent = |tenant: &str| {
+        let url = mesh.nats.agent_url(tenant);
+        async move {
+            sandmesh_client::MeshClient::new(connect(&url).await, Subjects::default())
+                .with_timeout(Duration::from_secs(60))
+        }
+    };
+    let (acme, beta) = (agent("acme").await, agent("beta").await);
+    for i in 0..500 {
+        let flood = ExecRequest {
+            execution_id: Some(format!("flood-{i:03}")),
+            language: Language::Python,
+            code: "sleep:200".into(),
+            ..Default::default()
+        };
+        acme.exec().submit(&flood).await.unwrap();
+    }
+    // acme's jobs are running (at most its share at a time) when beta asks.
+    let runs = mesh.runs.clone();
+    eventually("acme's jobs to run", || async {
+        (runs.lock().unwrap().len() >= 6).then_some(())
+    })
+    .await;
+    let mine = ExecRequest {
+        execution_id: Some("mine".into()),
+        language: Language::Python,
+        code: "print(1)".into(),
+        ..Default::default()
+    };
+    let served = beta
+        .exec()
+        .exec(&mine)
+        .await
+        .expect("beta is served, not refused");
+    assert_eq!(served.status, ExecStatus::Ok, "{served:?}");
+    let log = runs.lock().unwrap();
+    let acme_started = log
+        .iter()
+        .filter(|r| r.execution_id.starts_with("acme-flood-"))
+        .count();
+    assert!(
+        acme_started < 500,
+        "beta finished while acme's backlog was still queued ({acme_started} of 500 started)"
+    );
+    let most = log
+        .iter()
+        .filter(|r| r.execution_id.starts_with("acme-"))
+        .map(|r| r.in_flight)
+        .max()
+        .unwrap_or(0);
+    // acme's share (6) plus beta's one run: acme never held the whole queue (8).
+    assert!(most <= 7, "runs in flight beside acme's: {most}");
+    drop(log);
+    mesh.shutdown().await;
+}
