@@ -34,3 +34,6 @@ AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/sandmesh-aio-agent" deploy/ima
 # one at a time unless told otherwise.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-1}"
 cargo test --workspace --no-fail-fast "$@"
+# The Python SDK against a real mesh started from the binaries just built (a cached venv under
+# .tools/; pip installs its test extra the first time).
+clients/python/run-tests.sh

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The Python SDK's tests (clients/python/tests) against a real mesh: installs the package with
+# its test extra into a cached venv (.tools/python-sdk-venv), makes sure the binaries the mesh
+# needs exist, and runs pytest. The session fixture starts `target/debug/sandmesh up` on free
+# loopback ports in a temporary directory and stops it at the end.
+#
+#   clients/python/run-tests.sh               # everything
+#   clients/python/run-tests.sh -k approval   # extra arguments go to pytest
+#
+# Exits non-zero when a test fails and when no test was collected.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+
+venv="$root/.tools/python-sdk-venv"
+python=${SANDMESH_PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+  echo "run-tests.sh: creating $venv" >&2
+  "$python" -m venv "$venv"
+fi
+# Reinstalled only when the package's sources change.
+stamp=$(cd "$here" && find pyproject.toml README.md src -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64)
+if [ "$(cat "$venv/.sandmesh-installed" 2>/dev/null)" != "$stamp" ]; then
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "$here[test]"
+  echo "$stamp" >"$venv/.sandmesh-installed"
+fi
+
+# The mesh's binaries: the CLI, and the two programs `up` puts into the sandbox and AIO images
+# (found next to it; without them `up` would compile release builds of its own).
+target="${CARGO_TARGET_DIR:-$root/target}/debug"
+missing=()
+for bin in sandmesh sandmesh-supervisor sandmesh-aio-agent; do
+  [ -x "$target/$bin" ] || missing+=("-p" "$bin")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "run-tests.sh: building ${missing[*]}" >&2
+  cargo build "${missing[@]}"
+fi
+export SANDMESH_BIN="${SANDMESH_BIN:-$target/sandmesh}"
+export SANDMESH_NATS_SERVER="${SANDMESH_NATS_SERVER:-$root/.tools/bin/nats-server}"
+
+report="${CARGO_TARGET_DIR:-$root/target}/python-sdk-junit.xml"
+mkdir -p "$(dirname "$report")"
+status=0
+(cd "$here" && "$venv/bin/python" -m pytest -q -rfE --junitxml="$report" "$@") || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "run-tests.sh: no tests were collected: that is a failure" >&2
+  exit 1
+fi
+if [ -f "$report" ]; then
+  "$venv/bin/python" - "$report" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+count = lambda key: sum(int(s.get(key, 0)) for s in suites)
+seconds = sum(float(s.get("time", 0)) for s in suites)
+print(f"python-sdk: {count('tests')} tests, {count('failures')} failures, {count('errors')} errors, "
+      f"{count('skipped')} skipped in {seconds:.1f} s (junit: {sys.argv[1]})")
+PY
+fi
+exit "$status"

@@ -1,0 +1,104 @@
+"""Sessions against the real mesh: runs that share a workspace, files of any size, the browser
+and the AIO sandbox."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import pytest
+
+import sandmesh
+from sandmesh import Sandmesh
+
+from conftest import Mesh
+
+
+def test_a_session_keeps_files_between_runs_and_closes(sm: Sandmesh) -> None:
+    with sm.session("sdk-files") as s:
+        assert s.session_id == "sdk-files" and s.info is not None
+        entry = s.files.write("data/in.txt", "hello from python\n")
+        assert (entry.path, entry.size) == ("data/in.txt", 18)
+        r = s.run("cat data/in.txt; echo made | tee output/out.txt", language="shell")
+        assert r.stdout == "hello from python\nmade\n" and "output/out.txt" in r.files_created, r
+        assert s.files.read("output/out.txt") == b"made\n"
+        second = s.run("print(open('output/out.txt').read().strip())")
+        assert second.stdout == "made\n"
+        # The session's use count is updated just after each reply: a bounded wait for it.
+        deadline = time.monotonic() + 10
+        while s.get().executions < 2:
+            assert time.monotonic() < deadline, f"the session counts {s.get().executions} runs, not 2"
+            time.sleep(0.1)
+
+        binary = bytes(range(256))
+        s.files.write("data/raw.bin", binary)
+        assert s.files.read("data/raw.bin") == binary
+        s.files.write("data/raw.bin", b"tail", append=True)
+        assert s.files.read("data/raw.bin") == binary + b"tail"
+
+        names = {e.path for e in s.files.list("data")}
+        assert {"data/in.txt", "data/raw.bin"} <= names
+        everything = {e.path for e in s.files.list(recursive=True)}
+        assert "output/out.txt" in everything
+        s.files.remove("data/raw.bin")
+        assert not s.files.exists("data/raw.bin")
+        with pytest.raises(sandmesh.NotFound):
+            s.files.read("data/raw.bin")
+    assert s.get().state == "closed"
+
+
+def test_closing_a_session_says_closed(sm: Sandmesh) -> None:
+    s = sm.session()
+    assert s.session_id, "the mesh names a session opened without an id"
+    assert s.session_id in {x.session_id for x in sm.sessions()}
+    assert s.close().state == "closed"
+
+
+def test_a_20_mb_file_round_trips_byte_for_byte(sm: Sandmesh) -> None:
+    data = os.urandom(20 * 1024 * 1024)
+    with sm.session("sdk-big") as s:
+        entry = s.files.write("data/big.bin", data)
+        assert entry.size == len(data)
+        back = s.files.read("data/big.bin")
+        assert len(back) == len(data) and hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+        assert back == data
+        assert s.files.stat("data/big.bin").size == len(data)
+        # The sandbox sees the same bytes.
+        r = s.run("import hashlib; print(hashlib.sha256(open('data/big.bin','rb').read()).hexdigest())")
+        assert r.stdout.strip() == hashlib.sha256(data).hexdigest(), r
+
+
+def test_the_session_browser_navigates_fills_clicks_and_reads(sm: Sandmesh, mesh: Mesh) -> None:
+    with sm.session("sdk-browser") as s:
+        page = s.browser.navigate(mesh.fixture_url)
+        assert page.ok and page.title == "SDK fixture", page
+        elements = s.browser.elements()
+        tags = {(e.tag, e.input_type) for e in elements}
+        assert ("input", "text") in tags and any(e.tag == "button" for e in elements), elements
+        name = next(e for e in elements if e.tag == "input")
+        s.browser.fill(name.index, "alice")
+        button = next(e for e in elements if e.tag == "button")
+        s.browser.click(button.index)
+        assert "clicked alice" in s.browser.content()
+        s.browser.fill("#name", "bob")
+        s.browser.click("#go")
+        assert "clicked bob" in s.browser.content()
+        assert "<h1>Hello from the SDK fixture</h1>" in s.browser.content("html")
+        shot = s.browser.screenshot()
+        assert shot.screenshot is not None and shot.screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+        assert shot.screenshot_path and s.files.exists(shot.screenshot_path)
+        assert s.browser.close().ok
+
+
+def test_the_session_aio_sandbox_runs_commands(sm: Sandmesh) -> None:
+    with sm.session("sdk-aio") as s:
+        lease = s.aio.acquire()
+        assert lease.session_id == "sdk-aio" and lease.instance_id
+        assert s.aio.acquire().instance_id == lease.instance_id, "the session keeps its instance"
+        ran = s.aio.exec("echo aio-$((6*7))", timeout=30)
+        assert (ran.exit_code, ran.stdout.strip(), ran.instance_id) == (0, "aio-42", lease.instance_id), ran
+        stats = s.aio.stats()
+        assert stats.bound >= 1 and stats.max >= stats.total >= 1
+        released = s.aio.release()
+        assert released.instance_id == lease.instance_id

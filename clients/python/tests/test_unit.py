@@ -1,0 +1,194 @@
+"""What needs no mesh: the error mapping from headers and bodies, the golden vectors of the
+``messages`` crate, where connection details come from, ids, and output ordering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import msgpack
+import pytest
+
+import sandmesh
+from sandmesh._exec import _Output, exec_request, refused
+from sandmesh._files import decode_content, wire_content
+from sandmesh._transport import Codec, connect_info, new_id
+from sandmesh.errors import error_from_body, error_from_reply
+
+TESTDATA = Path(__file__).resolve().parents[3] / "messages" / "testdata"
+
+CODES = [
+    (400, "bad_request", sandmesh.BadRequest),
+    (403, "denied", sandmesh.Denied),
+    (404, "not_found", sandmesh.NotFound),
+    (409, "conflict", sandmesh.Conflict),
+    (413, "too_large", sandmesh.TooLarge),
+    (429, "overloaded", sandmesh.Overloaded),
+    (500, "internal", sandmesh.Internal),
+    (503, "unavailable", sandmesh.Unavailable),
+    (504, "timeout", sandmesh.Timeout),
+]
+
+
+@pytest.mark.parametrize("code,kind,cls", CODES)
+def test_every_error_code_has_its_class(code: int, kind: str, cls: type) -> None:
+    headers = {"Nats-Service-Error-Code": str(code), "Nats-Service-Error": "m"}
+    body = {"code": code, "kind": kind, "message": "why", "details": {"field": "x"}}
+    e = error_from_reply(headers, body, subject="sandbox.v1.exec")
+    assert type(e) is cls
+    assert (e.code, e.kind, e.message, e.details, e.subject) == (code, kind, "why", {"field": "x"}, "sandbox.v1.exec")
+    assert isinstance(e, sandmesh.SandmeshError)
+    # A body that did not decode still has the code and the header's text.
+    bare = error_from_reply(headers, None)
+    assert (type(bare), bare.code, bare.message) == (cls, code, "m")
+
+
+def test_a_reply_without_error_headers_is_no_error() -> None:
+    assert error_from_reply({"Content-Type": "application/json"}, {"kind": "denied"}) is None
+    assert error_from_reply(None, None) is None
+
+
+def test_unknown_codes_and_kinds_fall_back() -> None:
+    assert type(error_from_reply({"Nats-Service-Error-Code": "418"}, None)) is sandmesh.Internal
+    assert type(error_from_reply({"Nats-Service-Error-Code": "x"}, None)) is sandmesh.Internal
+    # An unknown kind is decided by the code.
+    e = error_from_body({"code": 404, "kind": "vanished", "message": "gone"})
+    assert type(e) is sandmesh.NotFound
+
+
+def test_overloaded_carries_the_retry_hint_when_there_is_one() -> None:
+    headers = {"Nats-Service-Error-Code": "429"}
+    hinted = error_from_reply(headers, {"kind": "overloaded", "message": "busy", "details": {"retry_after_ms": 1500}})
+    assert hinted.retry_after == 1.5
+    by_header = error_from_reply(dict(headers, **{"Retry-After": "2"}), {"kind": "overloaded", "message": "busy"})
+    assert by_header.retry_after == 2.0
+    unsaid = error_from_reply(headers, {"kind": "overloaded", "message": "busy"})
+    assert unsaid.retry_after is None
+
+
+def test_the_golden_error_vector_maps_to_its_class() -> None:
+    body = json.loads((TESTDATA / "error.json").read_text())
+    packed = msgpack.unpackb((TESTDATA / "error.msgpack").read_bytes(), raw=False)
+    assert body == packed
+    e = error_from_body(body)
+    assert (e.code, e.kind) == (body["code"], body["kind"])
+
+
+def test_the_golden_exec_result_decodes_the_same_from_json_and_msgpack() -> None:
+    as_json = sandmesh.ExecResult.from_wire(json.loads((TESTDATA / "exec_result.json").read_text()))
+    as_msgpack = sandmesh.ExecResult.from_wire(
+        Codec.decode((TESTDATA / "exec_result.msgpack").read_bytes(), {"Content-Type": "application/msgpack"})
+    )
+    assert as_json == as_msgpack
+    assert (as_json.status, as_json.exit_code, as_json.stdout, as_json.tier) == ("ok", 0, "hi\n", "session")
+    assert as_json.risk.findings[0].rule == "py.subprocess"
+    assert as_json.confirmation == sandmesh.ConfirmationOutcome("approved", "alice", None)
+    assert as_json.timing.total_ms == 2063 and as_json.usage.cpu_ms == 12
+    assert as_json.files_created == ["output/result.txt"] and as_json.ok
+
+
+def test_the_golden_risk_assessment_decodes() -> None:
+    risk = sandmesh.RiskAssessment.from_wire(json.loads((TESTDATA / "risk_assessment.json").read_text()))
+    assert risk.level in ("safe", "low", "medium", "high", "critical")
+    assert risk.findings and risk.findings[0].rule
+
+
+def test_a_request_built_here_equals_the_golden_vector() -> None:
+    golden = json.loads((TESTDATA / "exec_request.json").read_text())
+    ours = exec_request(
+        "print('hi')",
+        "python",
+        session_id="s1",
+        template=None,
+        timeout=5.0,
+        env={"GREETING": "hello"},
+        files={"data/in.txt": b"hi"},
+        stdin=None,
+        tier="auto",
+        limits={"memory_mb": 256, "pids": 64},
+        network=None,
+        execution_id="01JD0000000000000000000000",
+        requested_by="agent-7",
+        stream_output=True,
+    )
+    assert ours == golden
+    packed = msgpack.unpackb((TESTDATA / "exec_request.msgpack").read_bytes(), raw=False)
+    assert msgpack.unpackb(Codec("msgpack").encode(ours), raw=False) == packed
+    # Unset fields are left out, as the Rust side's skip_serializing_if does.
+    bare = exec_request("x", "shell", session_id=None, template=None, timeout=None, env=None,
+                        files=None, stdin=None, tier=None, limits=None, network=None,
+                        execution_id=None, requested_by=None, stream_output=False)
+    assert bare == {"language": "shell", "code": "x"}
+
+
+def test_files_travel_as_text_or_base64() -> None:
+    assert wire_content(b"hello\n") == {"content": "hello\n", "encoding": "utf8"}
+    binary = wire_content(bytes(range(256)))
+    assert binary["encoding"] == "base64"
+    assert decode_content(binary) == bytes(range(256))
+    spec = exec_request(
+        "x", "python", session_id=None, template=None, timeout=1.5, env=None,
+        files={"a.txt": "t", "b.bin": b"\x00\x01"}, stdin=None, tier=None, limits=None,
+        network=None, execution_id=None, requested_by=None, stream_output=False,
+    )
+    assert spec["timeout_ms"] == 1500
+    assert spec["files"] == [
+        {"path": "a.txt", "content": "t", "encoding": "utf8"},
+        {"path": "b.bin", "content": "AAE=", "encoding": "base64"},
+    ]
+
+
+def test_an_unknown_template_is_refused_before_anything_is_sent() -> None:
+    with pytest.raises(sandmesh.BadRequest, match="template"):
+        exec_request("x", "python", session_id=None, template="gpu-9000", timeout=None, env=None,
+                     files=None, stdin=None, tier=None, limits=None, network=None,
+                     execution_id=None, requested_by=None, stream_output=False)
+
+
+def test_refused_results_raise_their_kind_and_ran_results_do_not() -> None:
+    denied = sandmesh.ExecResult.from_wire(
+        {"execution_id": "e", "status": "denied", "tier": "session",
+         "error": {"code": 403, "kind": "denied", "message": "no"}}
+    )
+    e = refused(denied)
+    assert type(e) is sandmesh.Denied and e.result is denied
+    lost = refused(sandmesh.ExecResult.from_wire({"execution_id": "e", "status": "executor_lost", "tier": "session"}))
+    assert type(lost) is sandmesh.Unavailable
+    assert refused(sandmesh.ExecResult.from_wire({"execution_id": "e", "status": "error", "exit_code": 3, "tier": "ephemeral"})) is None
+
+
+def test_output_is_delivered_in_seq_order_whatever_the_arrival_order() -> None:
+    seen = []
+
+    async def scenario() -> None:
+        out = _Output(lambda s: seen.append(("out", s)), lambda s: seen.append(("err", s)))
+        for seq, stream, data, eof in [(2, "stdout", "c", False), (0, "stdout", "a", False),
+                                       (1, "stderr", "b", False), (1, "stderr", "b", False),
+                                       (3, "stdout", "", True)]:
+            await out.add(sandmesh.OutputChunk(seq, stream, data, eof))
+        assert out.eof
+
+    asyncio.run(scenario())
+    assert seen == [("out", "a"), ("err", "b"), ("out", "c")]
+
+
+def test_ids_are_ulids() -> None:
+    ids = [new_id() for _ in range(50)]
+    assert all(re.fullmatch(r"[0-9A-HJKMNP-TV-Z]{26}", i) for i in ids)
+    assert len(set(ids)) == 50
+
+
+def test_connection_details_come_from_the_places_the_cli_reads(tmp_path: Path) -> None:
+    creds = tmp_path / "creds" / "agent.json"
+    creds.parent.mkdir()
+    creds.write_text(json.dumps({"url": "nats://127.0.0.1:4999", "user": "default-agent", "password": "pw", "role": "agent"}))
+    by_file = connect_info(creds=str(creds), env={})
+    assert (by_file.servers, by_file.user, by_file.password) == (["nats://127.0.0.1:4999"], "default-agent", "pw")
+    by_url = connect_info(env={"SANDMESH_NATS_URL": "nats://a:b@10.0.0.1:4222", "SANDMESH_PREFIX": "acme"})
+    assert (by_url.servers, by_url.user, by_url.password, by_url.prefix) == (["nats://10.0.0.1:4222"], "a", "b", "acme")
+    by_data_dir = connect_info(env={"SANDMESH_DATA_DIR": str(tmp_path)})
+    assert (by_data_dir.servers, by_data_dir.user) == (["nats://127.0.0.1:4999"], "default-agent")
+    with pytest.raises(sandmesh.BadRequest, match="credentials"):
+        connect_info(creds=str(tmp_path / "nope.json"), env={})
