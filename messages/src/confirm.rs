@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::risk::RiskAssessment;
-use crate::tenancy::Tenant;
+use crate::tenancy::{unscoped, Tenant};
 
 /// `sandbox.v1.confirm.request`. With `wait` (the default) the reply comes when the decision
 /// does (or at the timeout); without it the reply is the pending record at once (id,
@@ -164,4 +164,28 @@ pub struct ConfirmList {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ConfirmListReply {
     pub confirmations: Vec<Confirmation>,
+}
+
+/// A reply an agent reads under the ids it chose: the stored, tenant-scoped ids unscoped.
+pub trait Unscope {
+    fn unscoped(self, tenant: Option<&Tenant>) -> Self;
+}
+
+impl Unscope for Confirmation {
+    fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.execution_id = self.execution_id.map(|id| unscoped(tenant, &id));
+        self.session_id = self.session_id.map(|id| unscoped(tenant, &id));
+        self
+    }
+}
+
+impl Unscope for ConfirmListReply {
+    fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
+        self.confirmations = self
+            .confirmations
+            .into_iter()
+            .map(|c| c.unscoped(tenant))
+            .collect();
+        self
+    }
 }

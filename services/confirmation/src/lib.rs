@@ -111,28 +111,29 @@ pub async fn run(
     .map_err(ConfirmationError::Spawn)?;
 
     let served = async {
+        // (`as_named`: agents read their confirmations under the ids they chose.)
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::Request),
-                actor_handler(root.clone(), RegistryMsg::Request),
+                as_named(actor_handler(root.clone(), RegistryMsg::Request)),
             )
             .await?;
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::Decide),
-                actor_handler(root.clone(), RegistryMsg::Decide),
+                as_named(actor_handler(root.clone(), RegistryMsg::Decide)),
             )
             .await?;
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::Get),
-                actor_handler(root.clone(), RegistryMsg::Get),
+                as_named(actor_handler(root.clone(), RegistryMsg::Get)),
             )
             .await?;
         runtime
             .serve(
                 subjects.confirm(ConfirmOp::List),
-                actor_handler(root.clone(), RegistryMsg::List),
+                as_named(actor_handler(root.clone(), RegistryMsg::List)),
             )
             .await?;
         let capacity = runtime.config.max_in_flight as u32;
@@ -180,4 +181,23 @@ pub async fn run(
         let _ = root_task.await;
     }
     outcome
+}
+
+/// An agent reads its confirmations under the ids it chose: the execution and session ids are
+/// stored scoped by its tenant (`acme-s1`) and unscoped in its replies. Operators and services
+/// see the stored form, beside the confirmation's tenant.
+fn as_named<Req, Resp>(inner: kit::Handler<Req, Resp>) -> kit::Handler<Req, Resp>
+where
+    Req: Send + 'static,
+    Resp: messages::confirm::Unscope + Send + 'static,
+{
+    kit::handler(move |ctx: kit::RequestContext, req: Req| {
+        let inner = inner.clone();
+        async move {
+            let tenant = ctx.caller.tenant().cloned();
+            inner(ctx, req)
+                .await
+                .map(|reply| reply.unscoped(tenant.as_ref()))
+        }
+    })
 }

@@ -226,10 +226,10 @@ async fn an_operator_sees_and_decides_only_the_tenants_in_scope() {
     not_found(bob.mesh.confirm().get(&for_beta).await);
     not_found(bob.mesh.confirm().decide(&decision(&for_beta, true)).await);
     // Agents see their own tenant's confirmation, and 404 for the other's.
-    assert_eq!(
-        acme.mesh.confirm().get(&for_acme).await.unwrap().id,
-        for_acme
-    );
+    let own = acme.mesh.confirm().get(&for_acme).await.unwrap();
+    assert_eq!(own.id, for_acme);
+    // Under the id acme chose, not the stored (tenant-scoped) one.
+    assert_eq!(own.execution_id.as_deref(), Some("a-1"));
     not_found(acme.mesh.confirm().get(&for_beta).await);
     // Bob may decide acme's.
     let decided = bob
