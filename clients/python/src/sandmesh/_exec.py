@@ -129,6 +129,7 @@ def refused(result: ExecResult) -> Optional[SandmeshError]:
             "denied": "denied",
             "rejected": "denied",
             "executor_lost": "unavailable",
+            "unavailable": "unavailable",
         }.get(result.status, "internal")
         body.setdefault("message", f"execution {result.execution_id} ended {result.status}")
     return error_from_body(body, result=result)

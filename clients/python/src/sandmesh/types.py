@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: Statuses of an execution whose program ran (its exit status, output and files are real).
-#: The others (``denied``, ``rejected``, ``executor_lost``, ``internal``) are raised as errors
+#: The others (``denied``, ``rejected``, ``executor_lost``, ``unavailable``, ``internal``) are raised as errors
 #: by ``run`` and ``Job.result`` unless ``check=False``.
 RAN_STATUSES = frozenset({"ok", "error", "timeout", "oom", "output_limit", "killed"})
 
@@ -176,7 +176,8 @@ class ExecResult:
     """The result of one execution (``ExecResult`` on the wire).
 
     ``status`` is one of ``ok`` (exit 0), ``error`` (non-zero exit), ``timeout``, ``oom``,
-    ``output_limit``, ``killed``, ``rejected``, ``denied``, ``executor_lost``, ``internal``.
+    ``output_limit``, ``killed``, ``rejected``, ``denied``, ``executor_lost``, ``unavailable`` (an async job no executor ran within its
+    queue time), ``internal``.
     ``tier`` says where it ran: ``ephemeral``, ``session``, ``aio`` or ``reject``.
     """
 
