@@ -176,8 +176,8 @@ class ExecResult:
     """The result of one execution (``ExecResult`` on the wire).
 
     ``status`` is one of ``ok`` (exit 0), ``error`` (non-zero exit), ``timeout``, ``oom``,
-    ``output_limit``, ``killed``, ``rejected``, ``denied``, ``executor_lost``, ``unavailable`` (an async job no executor ran within its
-    queue time), ``internal``.
+    ``output_limit``, ``killed``, ``rejected``, ``denied``, ``executor_lost``, ``unavailable``
+    (an async job no executor ran within its queue time), ``internal``.
     ``tier`` says where it ran: ``ephemeral``, ``session``, ``aio`` or ``reject``.
     """
 
