@@ -37,3 +37,6 @@ cargo test --workspace --no-fail-fast "$@"
 # The Python SDK against a real mesh started from the binaries just built (a cached venv under
 # .tools/; pip installs its test extra the first time).
 clients/python/run-tests.sh
+# The HTTP gateway's OpenAPI document: validated, and schemathesis against a live gateway (a
+# bounded number of examples per operation; no 5xx, every answer as documented).
+services/gateway/check-openapi.sh

@@ -14,15 +14,21 @@ use crate::{Scope, Tenancy, TenancyError};
 #[derive(Debug)]
 pub struct OperatorDirectory(Source);
 
+/// A file's modification time and length: a change of either means it was rewritten.
+type Stamp = Option<(SystemTime, u64)>;
+
+/// The operators read from the file, and its stamp then.
+type Reading = (Stamp, BTreeMap<String, Scope>);
+
 #[derive(Debug)]
 enum Source {
     /// No tenancy configured (`--insecure`): whoever NATS lets in sees every tenant.
     Everyone,
     Fixed(BTreeMap<String, Scope>),
-    /// The tenancy file, with what was read at its last change (modification time, length).
+    /// The tenancy file, with what was read at its last change.
     File {
         path: PathBuf,
-        seen: Mutex<(Option<(SystemTime, u64)>, BTreeMap<String, Scope>)>,
+        seen: Mutex<Reading>,
     },
 }
 
@@ -77,7 +83,7 @@ impl OperatorDirectory {
     }
 }
 
-fn stamp(path: &std::path::Path) -> Option<(SystemTime, u64)> {
+fn stamp(path: &std::path::Path) -> Stamp {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
 }

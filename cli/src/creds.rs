@@ -112,7 +112,21 @@ pub fn write_all(data_dir: &Path, url: &str, tenancy: &Tenancy) -> anyhow::Resul
             write(&file, url, c, Acting::Agent, Some(tenant.to_string()))?;
         }
     }
+    for (user, op) in tenancy.operators.iter().filter(|(u, _)| *u != "operator") {
+        write(
+            &operator_file(data_dir, user),
+            url,
+            &op.credentials,
+            Acting::Operator,
+            None,
+        )?;
+    }
     Ok(())
+}
+
+/// The credentials file of operator `user` (`operator` itself has `operator.json`).
+pub fn operator_file(data_dir: &Path, user: &str) -> std::path::PathBuf {
+    creds_dir(data_dir).join(format!("{user}-operator.json"))
 }
 
 fn write(

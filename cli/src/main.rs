@@ -7,11 +7,13 @@
 //! - `browse`  one action in a session's browser;
 //! - `confirm` list, approve, deny and watch confirmations;
 //! - `console` where the operators' web page is and how to log in;
+//! - `gateway` where the HTTP API is and how to call it;
 //! - `ws`      workspace files;
 //! - `audit`   read or follow the audit trail;
 //! - `status`  live instances from `$SRV.PING` and heartbeats;
 //! - `creds`   how another program connects;
-//! - `tenant`  add or list tenants.
+//! - `tenant`  add or list tenants;
+//! - `mcp`     the mesh as MCP tools for an agent (stdio, or Streamable HTTP).
 
 mod audit;
 mod browse;
@@ -20,7 +22,11 @@ mod console;
 mod creds;
 mod demo;
 mod exec;
+mod gateway;
+mod keys;
 mod local_nats;
+mod mcp;
+mod operator;
 mod status;
 mod tenant;
 mod up;
@@ -65,6 +71,8 @@ enum Command {
     },
     /// Print where the operators' web console is and how to log in (opens nothing).
     Console,
+    /// Print where the HTTP API is and how to call it.
+    Gateway,
     /// Workspace files: ls, get, put, rm.
     Ws {
         #[command(subcommand)]
@@ -84,6 +92,13 @@ enum Command {
         #[command(subcommand)]
         command: tenant::TenantCommand,
     },
+    /// Add, remove or list the operators who decide confirmations (live, no restart).
+    Operator {
+        #[command(subcommand)]
+        command: operator::OperatorCommand,
+    },
+    /// Serve the mesh as MCP tools to an agent: stdio, or Streamable HTTP with --listen.
+    Mcp(mcp::McpArgs),
 }
 
 /// Connects as a client acting as `acting` with the `SANDMESH_*` settings (exit 64 on bad
@@ -96,9 +111,18 @@ async fn client_config(acting: Acting) -> anyhow::Result<(KitConfig, async_nats:
         .name("sandmesh-cli")
         .request_timeout(Some(Duration::from_secs(600)));
     let (url, in_url) = sandmesh_auth::split_url(&creds::url_for(acting, &config.nats_url)?);
+    // Each user's own inbox prefix: an operator may subscribe nowhere else.
     match (in_url, &config.nats_user, &config.nats_password) {
-        (Some(c), _, _) => options = options.user_and_password(c.user, c.password),
-        (None, Some(u), Some(p)) => options = options.user_and_password(u.clone(), p.clone()),
+        (Some(c), _, _) => {
+            options = options
+                .custom_inbox_prefix(sandmesh_auth::inbox_prefix(&c.user))
+                .user_and_password(c.user, c.password)
+        }
+        (None, Some(u), Some(p)) => {
+            options = options
+                .custom_inbox_prefix(sandmesh_auth::inbox_prefix(u))
+                .user_and_password(u.clone(), p.clone())
+        }
         _ => {}
     }
     let client = options
@@ -145,10 +169,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             confirm::run(&mesh_client(Acting::Operator).await?, command).await
         }
         Command::Console => console::run(),
+        Command::Gateway => gateway::run(),
         Command::Ws { command } => ws::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Audit(args) => audit::run(&mesh_client(Acting::Admin).await?, args).await,
         Command::Status { json } => status::run(&mesh_client(Acting::Admin).await?, json).await,
         Command::Creds(args) => tenant::creds(args),
         Command::Tenant { command } => tenant::run(command),
+        Command::Operator { command } => operator::run(command),
+        Command::Mcp(args) => mcp::run(args).await,
     }
 }

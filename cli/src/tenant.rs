@@ -45,6 +45,11 @@ pub enum TenantCommand {
     Add { name: String },
     /// Lists the tenants.
     List,
+    /// The HTTP gateway's API keys of tenants: create, list, revoke.
+    Key {
+        #[command(subcommand)]
+        command: crate::keys::KeyCommand,
+    },
 }
 
 pub fn creds(args: CredsArgs) -> anyhow::Result<i32> {
@@ -73,7 +78,7 @@ pub fn creds(args: CredsArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn print_creds(c: &CredsFile, path: &std::path::Path) {
+pub fn print_creds(c: &CredsFile, path: &std::path::Path) {
     let url = c.url_with_credentials();
     let who = match &c.tenant {
         Some(t) => format!("{} of tenant `{t}`", c.role),
@@ -91,11 +96,30 @@ fn print_creds(c: &CredsFile, path: &std::path::Path) {
     println!(
         "nats --server '{url}' req sandbox.v1.exec '{{\"language\":\"python\",\"code\":\"print(1)\"}}'"
     );
-    println!("# Python (nats-py; clients/python/sandmesh_client.py takes the same URL)");
-    println!("nc = await nats.connect('{url}')");
+    println!("# Python: the SDK (pip install ./clients/python) takes the same URL");
+    println!("SANDMESH_NATS_URL='{url}' python3 -c 'from sandmesh import Sandmesh; print(Sandmesh.from_env().run(\"print(1)\").stdout)'");
 }
 
-fn load(data_dir: &std::path::Path) -> anyhow::Result<Tenancy> {
+/// Saves `tenancy` and has the running server take it: the accounts file, every role's
+/// credentials file, then a reload. Services that read the tenancy file (operators' scopes)
+/// follow it from the save on.
+pub fn apply(data_dir: &std::path::Path, tenancy: &Tenancy) -> anyhow::Result<()> {
+    tenancy.save(&data_dir.join(up::TENANCY_FILE))?;
+    let nats_dir = data_dir.join("nats");
+    local_nats::write_accounts(&nats_dir, tenancy)?;
+    // The URL the other credentials name is the running server's.
+    let url = CredsFile::load(&creds::creds_dir(data_dir).join("admin.json"))
+        .context("reading the admin credentials `sandmesh up` wrote")?
+        .url;
+    creds::write_all(data_dir, &url, tenancy)?;
+    match local_nats::reload(&nats_dir) {
+        Ok(()) => eprintln!("sandmesh: the running server reloaded its accounts"),
+        Err(e) => eprintln!("sandmesh: saved; the server takes it at its next start ({e:#})"),
+    }
+    Ok(())
+}
+
+pub fn load(data_dir: &std::path::Path) -> anyhow::Result<Tenancy> {
     let path = data_dir.join(up::TENANCY_FILE);
     if !path.exists() {
         anyhow::bail!(
@@ -121,6 +145,7 @@ pub fn run(command: TenantCommand) -> anyhow::Result<i32> {
             );
             Ok(0)
         }
+        TenantCommand::Key { command } => crate::keys::run(command),
         TenantCommand::List => {
             let tenancy = load(&data_dir)?;
             for (tenant, agents) in &tenancy.tenants {
@@ -134,20 +159,7 @@ pub fn run(command: TenantCommand) -> anyhow::Result<i32> {
             let tenant = Tenant::new(name)?;
             let existed = tenancy.tenants.contains_key(&tenant);
             tenancy.add_tenant(&tenant);
-            tenancy.save(&data_dir.join(up::TENANCY_FILE))?;
-            let nats_dir = data_dir.join("nats");
-            local_nats::write_accounts(&nats_dir, &tenancy)?;
-            // The URL the other credentials name is the running server's.
-            let url = CredsFile::load(&creds::creds_dir(&data_dir).join("admin.json"))
-                .context("reading the admin credentials `sandmesh up` wrote")?
-                .url;
-            creds::write_all(&data_dir, &url, &tenancy)?;
-            match local_nats::reload(&nats_dir) {
-                Ok(()) => eprintln!("sandmesh: the running server reloaded its accounts"),
-                Err(e) => {
-                    eprintln!("sandmesh: saved; the server takes it at its next start ({e:#})")
-                }
-            }
+            apply(&data_dir, &tenancy)?;
             if existed {
                 eprintln!("sandmesh: tenant {tenant} already existed; its credentials:");
             }

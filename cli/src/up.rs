@@ -100,13 +100,22 @@ fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
         Ok(()) => services.push(ServiceName::Console),
         Err(why) => eprintln!("sandmesh: running without the operators' console: {why}"),
     }
+    // The HTTP API, optional for the same reason.
+    match crate::gateway::can_listen(env) {
+        Ok(()) => services.push(ServiceName::Gateway),
+        Err(why) => eprintln!("sandmesh: running without the HTTP gateway: {why}"),
+    }
     services
 }
 
 fn service_list() -> String {
     SERVICES
         .iter()
-        .chain([&ServiceName::BwrapExecutor, &ServiceName::Console])
+        .chain([
+            &ServiceName::BwrapExecutor,
+            &ServiceName::Console,
+            &ServiceName::Gateway,
+        ])
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(", ")
@@ -168,6 +177,9 @@ fn build(
             ServiceName::Console => ::console::ConsoleConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(::console::run(c, token).await?) }) as ServiceFuture
             }),
+            ServiceName::Gateway => ::gateway::GatewayConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(::gateway::run(c, token).await?) }) as ServiceFuture
+            }),
         };
         match built {
             Ok(f) => futures.push((name.to_string(), f)),
@@ -200,8 +212,12 @@ fn service_env(
         if let Some(c) = auth.tenancy.credentials(Role::Service(name)) {
             env.insert("SANDMESH_NATS_URL".into(), c.url(&auth.url));
         }
-        env.entry("SANDMESH_OPERATOR_SCOPES".into())
-            .or_insert_with(|| auth.tenancy.operator_scopes());
+        // Services that read the tenancy file follow its operators as they change (`sandmesh
+        // operator add`); without it they get today's scopes.
+        if !env.contains_key("SANDMESH_TENANCY_FILE") {
+            env.entry("SANDMESH_OPERATOR_SCOPES".into())
+                .or_insert_with(|| auth.tenancy.operator_scopes());
+        }
     }
     env
 }
@@ -462,6 +478,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     env.entry("SANDMESH_CONSOLE_STATE_DIR".into())
         .or_insert_with(|| args.data_dir.join("console").display().to_string());
     let console_url = crate::console::url(&env);
+    // The gateway acts as each tenant's agent: it reads their credentials from the tenancy
+    // file and keeps its API keys beside it (`sandmesh tenant key create`).
+    if auth.is_some() && !configured {
+        env.entry("SANDMESH_TENANCY_FILE".into())
+            .or_insert_with(|| args.data_dir.join(TENANCY_FILE).display().to_string());
+    }
+    env.entry("SANDMESH_GATEWAY_KEYS_FILE".into())
+        .or_insert_with(|| {
+            let beside = kit_config.tenancy_file.as_deref().and_then(Path::parent);
+            let dir = beside.unwrap_or(&args.data_dir);
+            dir.join(::gateway::keys::KEYS_FILE).display().to_string()
+        });
+    let gateway_url = crate::gateway::url(&env);
 
     let shutdown = kit::shutdown::on_signals();
     let names = up_services(&env);
@@ -469,6 +498,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
     let urls = Urls {
         console: &console_url,
+        gateway: &gateway_url,
         shown: &nats_url,
         watch: &watch_url,
         demo: &demo_url,
@@ -488,6 +518,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
 struct Urls<'a> {
     /// The operators' console.
     console: &'a str,
+    /// The HTTP API.
+    gateway: &'a str,
     shown: &'a str,
     watch: &'a str,
     demo: &'a str,
@@ -527,6 +559,12 @@ async fn serve_until_stopped(
         eprintln!(
             "sandmesh: operators' console at {} — `sandmesh console` says how to log in",
             urls.console
+        );
+    }
+    if names.contains(&ServiceName::Gateway) {
+        eprintln!(
+            "sandmesh: HTTP API at {} — `sandmesh tenant key create default` makes a key",
+            urls.gateway
         );
     }
     if args.demo {

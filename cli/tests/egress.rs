@@ -83,7 +83,10 @@ except urllib.error.HTTPError as e:
     .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("allow_domains pkgs.example.org"), "{stderr}");
+    assert!(
+        stderr.contains("allow_domains pkgs.example.org"),
+        "{stderr}"
+    );
 
     assert!(mesh.stop(Duration::from_secs(90)).await.success());
 }

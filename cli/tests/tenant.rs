@@ -116,7 +116,9 @@ async fn a_tenant_added_to_a_running_server_can_connect_at_once() {
 }
 
 /// `sandmesh up` with its embedded NATS in `dir`, killed on drop.
-struct Mesh(tokio::process::Child);
+struct Mesh {
+    _up: tokio::process::Child,
+}
 
 impl Mesh {
     fn start(dir: &std::path::Path, port: u16) -> Self {
@@ -134,7 +136,7 @@ impl Mesh {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn sandmesh up");
-        Self(child)
+        Self { _up: child }
     }
 }
 
@@ -157,16 +159,24 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
     let port = free_port();
     let _mesh = Mesh::start(dir.path(), port);
     let admin = dir.path().join("creds/admin.json");
-    eventually("the mesh's scheduler and executor to be up", Duration::from_secs(300), || async {
-        if !admin.exists() {
-            return None;
-        }
-        let out = as_agent(&admin, &["status"]).await;
-        let listed = String::from_utf8_lossy(&out.stdout);
-        (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
-    })
+    eventually(
+        "the mesh's scheduler and executor to be up",
+        Duration::from_secs(300),
+        || async {
+            if !admin.exists() {
+                return None;
+            }
+            let out = as_agent(&admin, &["status"]).await;
+            let listed = String::from_utf8_lossy(&out.stdout);
+            (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
+        },
+    )
     .await;
-    let before = as_agent(&dir.path().join("creds/agent.json"), &["exec", "print(6*7)"]).await;
+    let before = as_agent(
+        &dir.path().join("creds/agent.json"),
+        &["exec", "print(6*7)"],
+    )
+    .await;
     assert!(
         String::from_utf8_lossy(&before.stdout).contains("42"),
         "the default tenant is served: {before:?}"
@@ -193,4 +203,106 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
         .expect("sessions.list is answered for the new tenant");
     let list: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
     assert!(list["sessions"].is_array(), "{list}");
+}
+
+/// The URL with credentials of a credentials file `sandmesh` wrote.
+fn url_of(creds: &std::path::Path) -> String {
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(creds).unwrap()).unwrap();
+    let (user, password) = (
+        file["user"].as_str().unwrap(),
+        file["password"].as_str().unwrap(),
+    );
+    let server = file["url"].as_str().unwrap();
+    server.replacen("nats://", &format!("nats://{user}:{password}@"), 1)
+}
+
+/// Issue 23, finding 5: an operator added to a running mesh decides at once (the confirmation
+/// service follows the tenancy file), sees only its tenants, and a removed one is refused.
+#[tokio::test]
+async fn an_operator_added_to_a_running_mesh_decides_at_once_and_a_removed_one_is_refused() {
+    test_support::require_docker();
+    let dir = tempfile::tempdir().unwrap();
+    let _mesh = Mesh::start(dir.path(), free_port());
+    let admin = dir.path().join("creds/admin.json");
+    eventually(
+        "the mesh's scheduler and executor to be up",
+        Duration::from_secs(300),
+        || async {
+            let out = as_agent(&admin, &["status"]).await;
+            let listed = String::from_utf8_lossy(&out.stdout);
+            (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
+        },
+    )
+    .await;
+    tenant(dir.path(), &["tenant", "add", "acme"]).await;
+    let added = tenant(
+        dir.path(),
+        &["operator", "add", "carol", "--tenants", "acme"],
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&added.stdout).contains("carol-operator.json"),
+        "{added:?}"
+    );
+    let listed = tenant(dir.path(), &["operator", "list"]).await;
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("carol\tacme"),
+        "{listed:?}"
+    );
+
+    // acme's risky job waits for a person.
+    let subjects = messages::Subjects::default();
+    let acme = sandmesh_client::MeshClient::new(
+        test_support::connect(&url_of(&dir.path().join("creds/acme-agent.json"))).await,
+        subjects.clone(),
+    );
+    let risky = messages::exec::ExecRequest {
+        execution_id: Some("risky-1".into()),
+        language: messages::exec::Language::Shell,
+        code: "rm -rf ~/x".into(),
+        ..Default::default()
+    };
+    acme.exec().submit(&risky).await.unwrap();
+    let carol_creds = dir.path().join("creds/carol-operator.json");
+    let carol_url = url_of(&carol_creds);
+    let carol =
+        sandmesh_client::MeshClient::new(test_support::connect(&carol_url).await, subjects.clone());
+    let pending = eventually(
+        "carol to see acme's pending confirmation",
+        LIMIT,
+        || async {
+            let listed = carol.confirm().list(&Default::default()).await.ok()?;
+            listed
+                .into_iter()
+                .find(|c| c.execution_id.as_deref() == Some("acme-risky-1"))
+        },
+    )
+    .await;
+    carol
+        .confirm()
+        .decide(&messages::confirm::ConfirmDecide {
+            id: pending.id,
+            approve: true,
+            by: "carol".into(),
+            reason: None,
+            scope: Default::default(),
+            by_account: None,
+        })
+        .await
+        .expect("a new operator decides without a restart");
+    let result = acme
+        .exec()
+        .wait_result("risky-1", Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(result.status, messages::exec::ExecStatus::Ok, "{result:?}");
+    assert_eq!(result.confirmation.by.as_deref(), Some("carol"));
+
+    tenant(dir.path(), &["operator", "remove", "carol"]).await;
+    assert!(!carol_creds.exists());
+    eventually("carol's credentials to stop working", LIMIT, || async {
+        (!connects(&carol_url).await).then_some(())
+    })
+    .await;
 }

@@ -291,6 +291,34 @@ impl WorkspaceClient {
         }
     }
 
+    /// `length` bytes of a file from `offset` (at most [`READ_RANGE_BYTES`], one reply's worth)
+    /// and the reply describing the whole file (`size`, `sha256`; its `content` emptied): for
+    /// callers that stream a file or serve a byte range without holding all of it.
+    pub async fn read_range(
+        &self,
+        session: &str,
+        path: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<(Vec<u8>, WsFile)> {
+        let req = WsRead {
+            session_id: session.into(),
+            path: path.into(),
+            offset: Some(offset),
+            length: Some(length.min(READ_RANGE_BYTES)),
+            ..Default::default()
+        };
+        let mut file: WsFile = self.call(WorkspaceOp::Read, &req, true).await?;
+        let bytes = messages::decode_content(&file.content, file.encoding).map_err(|problem| {
+            ClientError::Protocol {
+                subject: self.mesh.subjects().workspace(WorkspaceOp::Read),
+                problem,
+            }
+        })?;
+        file.content.clear();
+        Ok((bytes, file))
+    }
+
     /// Lists a directory (or the whole workspace), following every page.
     pub async fn list(
         &self,

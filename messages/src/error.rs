@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// What went wrong, as a stable machine-readable kind. Each kind maps to one status code
 /// (the `Nats-Service-Error-Code` header), so clients can branch on either.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
@@ -70,6 +71,7 @@ impl std::fmt::Display for ErrorKind {
 }
 
 /// `{code, kind, message, details}`: the body of every error reply.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 #[error("{kind} ({code}): {message}")]
 pub struct ErrorBody {

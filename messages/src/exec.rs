@@ -10,6 +10,7 @@ use crate::network::{NetworkPolicy, NetworkReport};
 use crate::risk::RiskAssessment;
 use crate::tenancy::{unscoped, Tenant};
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
@@ -46,6 +47,7 @@ impl std::str::FromStr for Language {
 }
 
 /// Where code runs (DESIGN.md §1 "Tiers").
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
 )]
@@ -74,6 +76,7 @@ impl Tier {
 }
 
 /// The tier a client asks for; `auto` lets the risk policy decide.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TierChoice {
@@ -85,6 +88,7 @@ pub enum TierChoice {
 }
 
 /// Resource limits a request may ask for; each is clamped to (or refused above) the ceilings.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +102,7 @@ pub struct Limits {
 }
 
 /// How a file's `content` is written on the wire.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ContentEncoding {
@@ -107,6 +112,7 @@ pub enum ContentEncoding {
 }
 
 /// A file placed in the workspace before the code runs.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileSpec {
     pub path: String,
@@ -122,6 +128,7 @@ impl FileSpec {
     }
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ExecRequest {
     /// The idempotency key; a ULID is assigned when absent.
@@ -153,6 +160,7 @@ pub struct ExecRequest {
     pub network: Option<NetworkPolicy>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecStatus {
@@ -167,6 +175,9 @@ pub enum ExecStatus {
     Rejected,
     Denied,
     ExecutorLost,
+    /// Accepted, but nothing could run it before its queue deadline (no executor took it):
+    /// the error says why. Never run, so safe to submit again.
+    Unavailable,
     #[default]
     Internal,
 }
@@ -183,11 +194,13 @@ impl ExecStatus {
             ExecStatus::Rejected => "rejected",
             ExecStatus::Denied => "denied",
             ExecStatus::ExecutorLost => "executor_lost",
+            ExecStatus::Unavailable => "unavailable",
             ExecStatus::Internal => "internal",
         }
     }
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
@@ -199,6 +212,7 @@ pub enum Decision {
 }
 
 /// Why the execution was (or was not) allowed to run.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ConfirmationOutcome {
     pub decision: Decision,
@@ -208,6 +222,7 @@ pub struct ConfirmationOutcome {
     pub reason: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Usage {
     pub peak_memory_bytes: u64,
@@ -215,6 +230,7 @@ pub struct Usage {
 }
 
 /// Milliseconds spent in each phase.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Timing {
     #[serde(default)]
@@ -238,6 +254,7 @@ impl Timing {
     }
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ExecResult {
     pub execution_id: String,
@@ -330,6 +347,7 @@ pub struct ResultGet {
 }
 
 /// `sandbox.v1.exec.result` reply: the result once stored, or `pending` while it runs.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ResultLookup {
@@ -358,6 +376,7 @@ pub const STATUS_AWAITING_CONFIRMATION: &str = "awaiting-confirmation";
 
 /// An execution waits for a person: decide it with `confirm.decide` (CLI:
 /// `sandmesh confirm approve <confirmation_id>`) before `expires_at`, or it is denied.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct AwaitingConfirmation {
     pub execution_id: String,
@@ -366,6 +385,7 @@ pub struct AwaitingConfirmation {
     pub expires_at: u64,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputStream {
@@ -375,6 +395,7 @@ pub enum OutputStream {
 
 /// One piece of live output on `sandbox.v1.output.<execution_id>`. `seq` starts at 0 and has no
 /// gaps, so a consumer can detect loss; the chunk with `eof` is the last.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputChunk {
     pub seq: u64,

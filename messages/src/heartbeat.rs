@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub service: String,
@@ -34,6 +35,7 @@ pub struct Heartbeat {
 }
 
 /// CPU and memory of the host an executor's sandboxes run on, sampled at each heartbeat.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Resources {
     /// CPUs the host has.

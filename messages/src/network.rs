@@ -18,6 +18,7 @@ pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 
 /// A sandbox's egress policy as it travels (on `sessions.open`, on one `ExecRequest`, and as
 /// the operator's ceiling). Deny wins over allow; `*.x` matches names strictly below `x`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct NetworkPolicy {
@@ -164,7 +165,7 @@ fn check_len(field: &str, len: usize) -> Result<(), ValidationError> {
 
 impl NetworkPolicy {
     /// The operator's ceiling from its configuration text: `allow` lists entries separated by
-    /// commas or whitespace — a domain pattern (`pypi.org`, `*.example.org`), a CIDR
+    /// commas or whitespace — a domain pattern (`pkgs.example.org`, `*.example.org`), a CIDR
     /// (`10.0.0.0/8`), `!name` for a denied domain, or `*` for every public name; `ports`
     /// lists the destination ports (empty: [`DEFAULT_PORTS`]). Empty `allow` permits nothing.
     pub fn ceiling(allow: &str, ports: &str) -> Result<Self, ValidationError> {
@@ -206,6 +207,7 @@ pub const MAX_REPORTED: usize = 64;
 
 /// What one execution did on the network: the destinations its egress proxy let through and
 /// those it refused, each once.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkReport {
     #[serde(default)]
@@ -221,12 +223,14 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Contact {
     pub host: String,
     pub port: u16,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefusedContact {
     pub host: String,
@@ -273,6 +277,7 @@ impl NetworkReport {
 }
 
 /// One entry of a requested policy that the ceiling does not permit.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {
     pub field: String,
@@ -349,7 +354,7 @@ mod tests {
     fn every_field_defaults_and_both_encodings_round_trip() {
         assert_eq!(policy(serde_json::json!({})), NetworkPolicy::default());
         let p = policy(serde_json::json!({
-            "allow_domains": ["pypi.org", "*.pythonhosted.org"],
+            "allow_domains": ["pkgs.example.org", "*.files.example.org"],
             "allow_cidrs": ["127.0.0.1/32"],
             "ports": [443, 8443],
         }));
@@ -388,12 +393,12 @@ mod tests {
     #[test]
     fn clamping_keeps_what_the_ceiling_permits_and_reports_the_rest() {
         let ceiling = policy(serde_json::json!({
-            "allow_domains": ["*.example.org", "pypi.org"],
+            "allow_domains": ["*.example.org", "pkgs.example.org"],
             "deny_domains": ["secret.example.org"],
             "allow_cidrs": ["10.0.0.0/8"],
         }));
         let wanted = policy(serde_json::json!({
-            "allow_domains": ["api.example.org", "*.a.example.org", "evil.com", "pypi.org"],
+            "allow_domains": ["api.example.org", "*.a.example.org", "evil.com", "pkgs.example.org"],
             "allow_cidrs": ["10.1.0.0/16", "192.168.0.0/16"],
             "allow_all": true,
             "ports": [443, 22],
@@ -402,7 +407,7 @@ mod tests {
         assert_eq!(
             clamped.policy,
             policy(serde_json::json!({
-                "allow_domains": ["api.example.org", "*.a.example.org", "pypi.org"],
+                "allow_domains": ["api.example.org", "*.a.example.org", "pkgs.example.org"],
                 "deny_domains": ["secret.example.org"],
                 "allow_cidrs": ["10.1.0.0/16"],
                 "ports": [443],
@@ -426,28 +431,28 @@ mod tests {
     #[test]
     fn a_policy_within_the_ceiling_is_admitted_unchanged() {
         let ceiling = policy(serde_json::json!({"allow_all": true, "allow_domains": ["*"]}));
-        let wanted = policy(serde_json::json!({"allow_domains": ["pypi.org"]}));
+        let wanted = policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}));
         assert_eq!(wanted.clamp(&ceiling).unwrap().admitted(), Ok(wanted));
         let nothing = NetworkPolicy::default();
-        let refused = policy(serde_json::json!({"allow_domains": ["pypi.org"]}))
+        let refused = policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}))
             .clamp(&nothing)
             .unwrap()
             .refused;
-        assert_eq!(refused, [Refusal::new("allow_domains", "pypi.org")]);
+        assert_eq!(refused, [Refusal::new("allow_domains", "pkgs.example.org")]);
     }
 
     #[test]
     fn a_ceiling_is_read_from_its_configuration_text() {
         let c = NetworkPolicy::ceiling(
-            "pypi.org, *.pythonhosted.org !evil.pythonhosted.org 127.0.0.1/32",
+            "pkgs.example.org, *.files.example.org !evil.files.example.org 127.0.0.1/32",
             "443,8080",
         )
         .unwrap();
         assert_eq!(
             c,
             policy(serde_json::json!({
-                "allow_domains": ["pypi.org", "*.pythonhosted.org"],
-                "deny_domains": ["evil.pythonhosted.org"],
+                "allow_domains": ["pkgs.example.org", "*.files.example.org"],
+                "deny_domains": ["evil.files.example.org"],
                 "allow_cidrs": ["127.0.0.1/32"],
                 "ports": [443, 8080],
             }))
@@ -465,8 +470,18 @@ mod tests {
     #[test]
     fn a_report_lists_each_destination_once_and_counts_past_its_bound() {
         let mut r = NetworkReport::default();
-        r.record("pypi.org", 443, true, "allowed by allow_domains pypi.org");
-        r.record("pypi.org", 443, true, "allowed by allow_domains pypi.org");
+        r.record(
+            "pkgs.example.org",
+            443,
+            true,
+            "allowed by allow_domains pkgs.example.org",
+        );
+        r.record(
+            "pkgs.example.org",
+            443,
+            true,
+            "allowed by allow_domains pkgs.example.org",
+        );
         r.record("evil.com", 443, false, "evil.com is not in allow_domains");
         r.record("evil.com", 443, false, "evil.com is not in allow_domains");
         assert_eq!(r.contacted.len(), 1);
@@ -479,7 +494,7 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(
             json["contacted"][0],
-            serde_json::json!({"host": "pypi.org", "port": 443})
+            serde_json::json!({"host": "pkgs.example.org", "port": 443})
         );
     }
 }

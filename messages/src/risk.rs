@@ -46,6 +46,7 @@ pub enum SecurityMode {
     Permissive,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
 )]
@@ -100,6 +101,7 @@ impl AssessRequest {
 }
 
 /// One rule that matched, with where it matched when the source was parsed.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
     pub rule: String,
@@ -115,6 +117,7 @@ pub struct Finding {
     pub end: Option<u32>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RiskAssessment {
     pub level: RiskLevel,

@@ -17,6 +17,7 @@ pub enum ServiceName {
     AioPool,
     BrowserRouter,
     Console,
+    Gateway,
 }
 
 impl ServiceName {
@@ -30,6 +31,7 @@ impl ServiceName {
         ServiceName::AioPool,
         ServiceName::BrowserRouter,
         ServiceName::Console,
+        ServiceName::Gateway,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -43,6 +45,7 @@ impl ServiceName {
             ServiceName::AioPool => "aio-pool",
             ServiceName::BrowserRouter => "browser-router",
             ServiceName::Console => "console",
+            ServiceName::Gateway => "gateway",
         }
     }
 

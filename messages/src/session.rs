@@ -6,6 +6,7 @@ use crate::exec::{Language, Tier};
 use crate::network::NetworkPolicy;
 use crate::tenancy::{unscoped, Tenant};
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionState {
@@ -20,6 +21,7 @@ pub enum SessionState {
 }
 
 /// The value stored in KV `sandbox_sessions` under the session id.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SessionRecord {
     pub session_id: String,
@@ -60,6 +62,7 @@ impl SessionRecord {
 }
 
 /// `sessions.open`: an id may be supplied (idempotent), otherwise a ULID is assigned.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SessionOpen {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +90,7 @@ pub struct SessionList {
     pub node: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SessionListReply {
     pub sessions: Vec<SessionRecord>,

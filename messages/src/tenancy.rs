@@ -33,6 +33,7 @@ pub const NO_TENANT_TOKEN: &str = "_";
 
 /// A tenant's name, which is also its NATS account name: 1–15 of `[a-z0-9]`. Lower case only,
 /// so it can never be `SANDBOX` or `OPERATORS`; no `-` or `_`, so scoped ids are unambiguous.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Tenant(String);

@@ -172,6 +172,7 @@ pub struct WsList {
     pub limit: Option<u32>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WsEntry {
     pub path: String,
@@ -187,6 +188,7 @@ pub struct WsEntry {
     pub sha256: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WsListing {
     pub entries: Vec<WsEntry>,
@@ -306,6 +308,7 @@ pub struct WsCleaned {
 }
 
 /// A plain acknowledgement for calls that change state and have nothing else to say.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Ack {
     pub ok: bool,

@@ -136,7 +136,12 @@ fn golden_vectors_are_byte_exact() {
         },
     );
     let mut network = messages::network::NetworkReport::default();
-    network.record("pkgs.example.org", 443, true, "allowed by allow_domains pkgs.example.org");
+    network.record(
+        "pkgs.example.org",
+        443,
+        true,
+        "allowed by allow_domains pkgs.example.org",
+    );
     network.record("evil.com", 443, false, "evil.com is not in allow_domains");
     check(
         "exec_result_network",

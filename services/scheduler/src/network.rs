@@ -59,9 +59,16 @@ mod tests {
     #[test]
     fn beyond_the_ceiling_is_403_and_malformed_is_400() {
         let none = NetworkPolicy::default();
-        let e = admit(&policy(json!({"allow_domains": ["pkgs.example.org"]})), &none).unwrap_err();
+        let e = admit(
+            &policy(json!({"allow_domains": ["pkgs.example.org"]})),
+            &none,
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Denied);
-        assert!(e.message.contains("allow_domains pkgs.example.org"), "{e:?}");
+        assert!(
+            e.message.contains("allow_domains pkgs.example.org"),
+            "{e:?}"
+        );
         let e = admit(&policy(json!({"allow_domains": ["a..b"]})), &none).unwrap_err();
         assert_eq!(e.kind, ErrorKind::BadRequest);
         let many = NetworkPolicy {

@@ -96,7 +96,9 @@ async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_run
         assert_eq!(e.kind(), kind, "sessions.open: {e}");
     }
     let in_session = fetching(
-        Some(policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}))),
+        Some(policy(
+            serde_json::json!({"allow_domains": ["pkgs.example.org"]}),
+        )),
         Some("s1"),
     );
     let e = mesh.exec(&in_session).await.unwrap_err();
@@ -114,7 +116,10 @@ async fn the_default_ceiling_permits_no_network_at_all() {
     let network = policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}));
     let e = mesh.exec(&fetching(Some(network), None)).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Denied);
-    assert!(e.to_string().contains("allow_domains pkgs.example.org"), "{e}");
+    assert!(
+        e.to_string().contains("allow_domains pkgs.example.org"),
+        "{e}"
+    );
     mesh.shutdown().await;
 }
 

@@ -1,0 +1,406 @@
+//! The routes (seed 003 §5) and what every one of them shares: the caller's identity
+//! ([`Agent`]: key → rate limit → the tenant's connection) and bodies read under a cap with
+//! errors in the problem shape. Bodies are the NATS messages themselves (`messages` types), so
+//! one schema serves both faces of the mesh.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use messages::exec::{ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS};
+use messages::heartbeat::Heartbeat;
+use messages::session::{SessionListReply, SessionOpen, SessionRecord};
+use sandmesh_client::MeshClient;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Limits;
+use crate::keys::{Caller, KeyStore};
+use crate::openapi::Errors;
+use crate::problem::Problem;
+use crate::rate::RateLimiter;
+use crate::tenants::Tenants;
+use crate::{files, openapi, stream};
+
+/// What every request handler reaches.
+pub struct App {
+    pub keys: KeyStore,
+    pub rate: RateLimiter,
+    pub tenants: Tenants,
+    /// The gateway's own service connection: heartbeats for `/runtimes`, health.
+    pub own: MeshClient,
+    pub limits: Limits,
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/openapi.json", get(openapi::document))
+        .route("/api/v1/runtimes", get(runtimes))
+        .route("/api/v1/execute", post(execute))
+        .route("/api/v1/sessions", post(open_session).get(list_sessions))
+        .route(
+            "/api/v1/sessions/{id}",
+            get(get_session).delete(close_session),
+        )
+        .route("/api/v1/sessions/{id}/execute", post(execute_in_session))
+        .route("/api/v1/executions/{id}", get(execution))
+        .route("/api/v1/sessions/{id}/files", get(files::list))
+        .route(
+            "/api/v1/sessions/{id}/files/{*path}",
+            get(files::download)
+                .put(files::upload)
+                .post(files::upload_by_post)
+                .delete(files::delete),
+        )
+        .fallback(|| async { Problem::not_found("no such route") })
+        // Body caps are the extractors' (per route: files may be larger than JSON), checked
+        // as the body streams in; axum's default cap would cut uploads at 2 MB.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(app)
+}
+
+// === impl Agent ===
+
+/// The caller, authenticated by its key, within its rate, with its tenant's connection.
+pub struct Agent {
+    pub caller: Caller,
+    pub mesh: MeshClient,
+}
+
+impl FromRequestParts<Arc<App>> for Agent {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Problem> {
+        let presented = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                Problem::unauthorized(
+                    "send `Authorization: Bearer <key>` (`sandmesh tenant key create`)",
+                )
+            })?;
+        let caller = app
+            .keys
+            .verify(presented.trim())
+            .ok_or_else(|| Problem::unauthorized("unknown or revoked API key"))?;
+        if let Err(wait) = app.rate.take(&caller.key_id) {
+            return Err(Problem::rate_limited(
+                wait.as_secs_f64().ceil().max(1.0) as u64
+            ));
+        }
+        let mesh = app.tenants.client(&caller.tenant).await.map_err(|e| {
+            tracing::warn!(tenant = %caller.tenant, error = %kit::error_chain(&e), "no connection for a tenant");
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                sandmesh_client::ErrorKind::Unavailable.as_str(),
+                format!("cannot act as tenant {}", caller.tenant),
+            )
+        })?;
+        Ok(Self { caller, mesh })
+    }
+}
+
+// === extractors with problem-shaped rejections ===
+
+/// A JSON body of at most the configured size. No body at all reads as JSON `null`: an
+/// `Option` is `None`, anything else is refused.
+pub struct Body<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<App>> for Body<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, app: &Arc<App>) -> Result<Self, Problem> {
+        let cap = app.limits.json_max_bytes;
+        let bytes = axum::body::to_bytes(req.into_body(), cap)
+            .await
+            .map_err(|_| Problem::too_large(format!("a JSON body may have at most {cap} bytes")))?;
+        let json: &[u8] = match bytes.iter().all(u8::is_ascii_whitespace) {
+            true => b"null",
+            false => &bytes,
+        };
+        serde_json::from_slice(json)
+            .map(Self)
+            .map_err(|e| Problem::bad_request(format!("the body: {e}")))
+    }
+}
+
+/// A path parameter (or several) with a problem-shaped rejection.
+pub struct Params<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(t)| Self(t))
+            .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+/// The query string with a problem-shaped rejection.
+pub struct QueryOf<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for QueryOf<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(t)| Self(t))
+            .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+pub type Reply = Result<Response, Problem>;
+
+// === health and runtimes ===
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok`: the gateway is connected to NATS.
+    pub status: String,
+}
+
+/// No key needed: load balancers and `curl` ask it.
+#[utoipa::path(
+    get,
+    path = "/api/v1/health",
+    security(()),
+    responses((status = 200, description = "connected to NATS", body = Health), Errors)
+)]
+pub async fn health(State(app): State<Arc<App>>) -> Reply {
+    match app.own.nats().connection_state() {
+        async_nats::connection::State::Connected => Ok(Json(Health {
+            status: "ok".into(),
+        })
+        .into_response()),
+        state => Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            sandmesh_client::ErrorKind::Unavailable.as_str(),
+            format!("NATS is {state}"),
+        )),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Runtimes {
+    /// Every live instance's last heartbeat (executors carry their backends and resources).
+    pub nodes: Vec<Heartbeat>,
+}
+
+/// The live instances of the mesh (executor nodes with their backends and resources).
+#[utoipa::path(
+    get,
+    path = "/api/v1/runtimes",
+    responses((status = 200, description = "every live instance", body = Runtimes), Errors)
+)]
+pub async fn runtimes(State(app): State<Arc<App>>, _agent: Agent) -> Reply {
+    let nodes = app.own.status().heartbeats().await?;
+    Ok(Json(Runtimes { nodes }).into_response())
+}
+
+// === sessions ===
+
+/// Opens a session (idempotent when the body names its id).
+#[utoipa::path(
+    post,
+    path = "/api/v1/sessions",
+    request_body = Option<SessionOpen>,
+    responses((status = 201, description = "the session", body = SessionRecord), Errors)
+)]
+pub async fn open_session(agent: Agent, Body(req): Body<Option<SessionOpen>>) -> Reply {
+    let record = agent.mesh.sessions().open(&req.unwrap_or_default()).await?;
+    Ok((StatusCode::CREATED, Json(record)).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions",
+    responses((status = 200, description = "the tenant's sessions", body = SessionListReply), Errors)
+)]
+pub async fn list_sessions(agent: Agent) -> Reply {
+    let sessions = agent.mesh.sessions().list(None).await?;
+    Ok(Json(SessionListReply { sessions }).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions/{id}",
+    params(("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$")),
+    responses((status = 200, description = "the session", body = SessionRecord), Errors)
+)]
+pub async fn get_session(agent: Agent, Params(id): Params<String>) -> Reply {
+    Ok(Json(agent.mesh.sessions().get(&id).await?).into_response())
+}
+
+/// Closes a session: its container goes, its record says `closed`.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/sessions/{id}",
+    params(("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$")),
+    responses((status = 200, description = "the closed session", body = SessionRecord), Errors)
+)]
+pub async fn close_session(agent: Agent, Params(id): Params<String>) -> Reply {
+    Ok(Json(agent.mesh.sessions().close(&id).await?).into_response())
+}
+
+// === executions ===
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ExecQuery {
+    /// Queue it as a job: 202 with the execution id at once.
+    #[serde(default, rename = "async")]
+    pub queue: bool,
+}
+
+/// The answer to an async execute (the client crate's `Submitted`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Accepted {
+    pub execution_id: String,
+    /// The id was submitted before: nothing new runs.
+    pub duplicate: bool,
+}
+
+/// Runs code without a session. `?async=true` queues it (202); `Accept: text/event-stream`
+/// streams `output` events (an `OutputChunk` each, in `seq` order), an
+/// `awaiting_confirmation` event when a person must decide, then `result` (or `error`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/execute",
+    request_body = ExecRequest,
+    params(("async" = Option<bool>, Query, description = "queue it and answer 202 at once")),
+    responses(
+        (status = 200, description = "the result, or the events", content(
+            (ExecResult = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 202, description = "queued", body = Accepted),
+        Errors,
+    )
+)]
+pub async fn execute(
+    State(app): State<Arc<App>>,
+    agent: Agent,
+    headers: HeaderMap,
+    QueryOf(query): QueryOf<ExecQuery>,
+    Body(req): Body<ExecRequest>,
+) -> Reply {
+    run(&app, agent, &headers, query, req).await
+}
+
+/// Runs code in a session (see `/api/v1/execute`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/sessions/{id}/execute",
+    request_body = ExecRequest,
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("async" = Option<bool>, Query, description = "queue it and answer 202 at once"),
+    ),
+    responses(
+        (status = 200, description = "the result, or the events", content(
+            (ExecResult = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 202, description = "queued", body = Accepted),
+        Errors,
+    )
+)]
+pub async fn execute_in_session(
+    State(app): State<Arc<App>>,
+    agent: Agent,
+    headers: HeaderMap,
+    Params(id): Params<String>,
+    QueryOf(query): QueryOf<ExecQuery>,
+    Body(mut req): Body<ExecRequest>,
+) -> Reply {
+    if req.session_id.as_ref().is_some_and(|s| *s != id) {
+        return Err(Problem::bad_request(format!(
+            "the body names session {:?}, the path {id:?}",
+            req.session_id.unwrap_or_default()
+        )));
+    }
+    req.session_id = Some(id);
+    run(&app, agent, &headers, query, req).await
+}
+
+/// Sync (the result), async (202 and the id) or streamed (Server-Sent Events).
+async fn run(
+    app: &App,
+    agent: Agent,
+    headers: &HeaderMap,
+    query: ExecQuery,
+    req: ExecRequest,
+) -> Reply {
+    let exec = agent.mesh.exec();
+    if query.queue {
+        let submitted = exec.submit(&req).await?;
+        let location = format!("/api/v1/executions/{}", submitted.execution_id);
+        let mut response = (
+            StatusCode::ACCEPTED,
+            Json(Accepted {
+                execution_id: submitted.execution_id,
+                duplicate: submitted.duplicate,
+            }),
+        )
+            .into_response();
+        if let Ok(value) = HeaderValue::from_str(&location) {
+            response.headers_mut().insert(header::LOCATION, value);
+        }
+        return Ok(response);
+    }
+    if wants_events(headers) {
+        return stream::execute(agent.mesh, req, app.limits.exec_timeout).await;
+    }
+    let result = exec.exec_timeout(&req, app.limits.exec_timeout).await?;
+    Ok(Json(result).into_response())
+}
+
+fn wants_events(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ResultQuery {
+    /// Hold the answer until the result is stored, at most this long (≤ 30 000).
+    pub wait_ms: Option<u64>,
+}
+
+/// The status (`pending`, with a waiting approval if any) or the result (`done`).
+#[utoipa::path(
+    get,
+    path = "/api/v1/executions/{id}",
+    params(
+        ("id" = String, Path, description = "the execution id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("wait_ms" = Option<u64>, Query, description = "hold the answer until the result is stored, at most this long (≤ 30000)"),
+    ),
+    responses((status = 200, description = "pending or done", body = ResultLookup), Errors)
+)]
+pub async fn execution(
+    agent: Agent,
+    Params(id): Params<String>,
+    QueryOf(query): QueryOf<ResultQuery>,
+) -> Reply {
+    let wait_ms = query.wait_ms.map(|w| w.min(MAX_RESULT_WAIT_MS));
+    let req = ResultGet {
+        execution_id: id,
+        wait_ms,
+    };
+    let timeout = agent.mesh.timeout() + Duration::from_millis(wait_ms.unwrap_or(0));
+    let subject = agent.mesh.subjects().results_get();
+    let lookup: ResultLookup = agent.mesh.request_timeout(subject, &req, timeout).await?;
+    Ok(Json(lookup).into_response())
+}

@@ -1,0 +1,288 @@
+//! A session's workspace files over HTTP: list, upload (the raw body), download (streamed by
+//! ranges, `Range: bytes=…` answered with 206), delete.
+
+use std::sync::Arc;
+
+use axum::body::Body as HttpBody;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream;
+use messages::workspace::READ_RANGE_BYTES;
+use serde::Deserialize;
+
+use crate::api::{Agent, App, Params, QueryOf, Reply};
+use crate::openapi::Errors;
+use crate::problem::Problem;
+use messages::workspace::{Ack, WsEntry, WsListing};
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    /// A directory to list instead of the workspace's top.
+    pub prefix: Option<String>,
+    /// Everything below, not only the directory's own entries.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions/{id}/files",
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("prefix" = Option<String>, Query, description = "a directory to list"),
+        ("recursive" = Option<bool>, Query, description = "everything below it"),
+    ),
+    responses((status = 200, description = "the entries", body = WsListing), Errors)
+)]
+pub async fn list(
+    agent: Agent,
+    Params(session): Params<String>,
+    QueryOf(query): QueryOf<ListQuery>,
+) -> Reply {
+    let listing = agent
+        .mesh
+        .workspace()
+        .list(&session, query.prefix.as_deref(), query.recursive)
+        .await?;
+    Ok(Json(listing).into_response())
+}
+
+/// The raw body becomes the file (replacing it). It is taken in whole up to the upload cap
+/// (the client crate's write takes bytes; it then sends them in chunks of one message each).
+#[utoipa::path(
+    put,
+    path = "/api/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("path" = String, Path, description = "the file's path in the workspace"),
+    ),
+    request_body(content = String, content_type = "application/octet-stream", description = "the file's bytes"),
+    responses((status = 200, description = "the file as stored", body = WsEntry), Errors)
+)]
+pub async fn upload(
+    State(app): State<Arc<App>>,
+    agent: Agent,
+    Params((session, path)): Params<(String, String)>,
+    req: Request,
+) -> Reply {
+    let cap = app.limits.upload_max_bytes;
+    let data = axum::body::to_bytes(req.into_body(), cap)
+        .await
+        .map_err(|_| Problem::too_large(format!("an upload may have at most {cap} bytes")))?;
+    let entry = agent
+        .mesh
+        .workspace()
+        .requested_by(format!("gateway key {}", agent.caller.key_id))
+        .write(&session, &path, &data)
+        .await?;
+    Ok(Json(entry).into_response())
+}
+
+/// `upload` for clients that only POST (seed 003 §5 names POST).
+#[utoipa::path(
+    post,
+    path = "/api/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("path" = String, Path, description = "the file's path in the workspace"),
+    ),
+    request_body(content = String, content_type = "application/octet-stream", description = "the file's bytes"),
+    responses((status = 200, description = "the file as stored", body = WsEntry), Errors)
+)]
+pub async fn upload_by_post(
+    app: State<Arc<App>>,
+    agent: Agent,
+    params: Params<(String, String)>,
+    req: Request,
+) -> Reply {
+    upload(app, agent, params, req).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DeleteQuery {
+    /// A directory with everything in it.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[utoipa::path(
+    delete,
+    path = "/api/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("path" = String, Path, description = "the file's path in the workspace"),
+        ("recursive" = Option<bool>, Query, description = "a directory with everything in it"),
+    ),
+    responses((status = 200, description = "removed", body = Ack), Errors)
+)]
+pub async fn delete(
+    agent: Agent,
+    Params((session, path)): Params<(String, String)>,
+    QueryOf(query): QueryOf<DeleteQuery>,
+) -> Reply {
+    let ack = agent
+        .mesh
+        .workspace()
+        .requested_by(format!("gateway key {}", agent.caller.key_id))
+        .delete(&session, &path, query.recursive)
+        .await?;
+    Ok(Json(ack).into_response())
+}
+
+/// What a `Range` header asks of a file of `size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    Whole,
+    /// Bytes `start..=end`.
+    Range {
+        start: u64,
+        end: u64,
+    },
+    Unsatisfiable,
+}
+
+/// One range of `bytes=a-b`, `bytes=a-` or `bytes=-n`. Anything else (several ranges, other
+/// units, nonsense) is ignored and the whole file sent, as RFC 9110 allows.
+fn wanted(range: Option<&str>, size: u64) -> Wanted {
+    let Some(spec) = range.and_then(|r| r.trim().strip_prefix("bytes=")) else {
+        return Wanted::Whole;
+    };
+    if spec.contains(',') {
+        return Wanted::Whole;
+    }
+    let Some((a, b)) = spec.split_once('-') else {
+        return Wanted::Whole;
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let (start, end) = match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(start), Ok(end)) if start <= end => (start, end.min(size.saturating_sub(1))),
+        (Ok(start), Err(_)) if b.is_empty() => (start, size.saturating_sub(1)),
+        (Err(_), Ok(suffix)) if a.is_empty() => {
+            if suffix == 0 {
+                return Wanted::Unsatisfiable;
+            }
+            (size.saturating_sub(suffix), size.saturating_sub(1))
+        }
+        _ => return Wanted::Whole,
+    };
+    if start >= size {
+        return Wanted::Unsatisfiable;
+    }
+    Wanted::Range { start, end }
+}
+
+/// Streams the file range by range; a file replaced while it streams ends the body early
+/// (its digest changed), so the client sees a short read, never a mix of two versions.
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("path" = String, Path, description = "the file's path in the workspace"),
+        ("Range" = Option<String>, Header, description = "one range: `bytes=a-b`, `bytes=a-`, `bytes=-n`"),
+    ),
+    responses(
+        (status = 200, description = "the whole file", content_type = "application/octet-stream"),
+        (status = 206, description = "the range asked for", content_type = "application/octet-stream"),
+        (status = 416, description = "the range starts past the end", content_type = "application/problem+json", body = Problem),
+        Errors,
+    )
+)]
+pub async fn download(
+    agent: Agent,
+    Params((session, path)): Params<(String, String)>,
+    headers: HeaderMap,
+) -> Reply {
+    let workspace = agent.mesh.workspace();
+    let entry = workspace.stat(&session, &path).await?;
+    if entry.is_dir {
+        return Err(Problem::bad_request(format!(
+            "{path} is a directory: list it with /files?prefix="
+        )));
+    }
+    let size = entry.size;
+    let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+    let (status, start, end) = match wanted(range, size) {
+        Wanted::Whole => (StatusCode::OK, 0, size),
+        Wanted::Range { start, end } => (StatusCode::PARTIAL_CONTENT, start, end + 1),
+        Wanted::Unsatisfiable => {
+            let mut p = Problem::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                sandmesh_client::ErrorKind::BadRequest.as_str(),
+                format!("{path} has {size} bytes"),
+            )
+            .into_response();
+            p.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes */{size}")).expect("ascii"),
+            );
+            return Ok(p);
+        }
+    };
+    let digest = entry.sha256.clone();
+    let ranges = stream::unfold(start, move |offset| {
+        let (workspace, session, path, digest) = (
+            workspace.clone(),
+            session.clone(),
+            path.clone(),
+            digest.clone(),
+        );
+        async move {
+            if offset >= end {
+                return None;
+            }
+            let length = (end - offset).min(READ_RANGE_BYTES);
+            let read = workspace.read_range(&session, &path, offset, length).await;
+            let part = match read {
+                Ok((bytes, file)) if file.sha256 == digest && !bytes.is_empty() => Ok(bytes),
+                Ok(_) => Err(std::io::Error::other(format!(
+                    "{path} changed while it was read"
+                ))),
+                Err(e) => Err(std::io::Error::other(e)),
+            };
+            let next = if part.is_ok() { offset + length } else { end };
+            Some((part, next))
+        }
+    });
+    let mut response = Response::new(HttpBody::from_stream(ranges));
+    *response.status_mut() = status;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if status == StatusCode::PARTIAL_CONTENT {
+        let value = format!("bytes {start}-{}/{size}", end - 1);
+        h.insert(
+            header::CONTENT_RANGE,
+            HeaderValue::from_str(&value).expect("ascii"),
+        );
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_of_a_ten_byte_file() {
+        let w = |r| wanted(Some(r), 10);
+        assert_eq!(w("bytes=2-4"), Wanted::Range { start: 2, end: 4 });
+        assert_eq!(w("bytes=7-"), Wanted::Range { start: 7, end: 9 });
+        assert_eq!(w("bytes=-3"), Wanted::Range { start: 7, end: 9 });
+        assert_eq!(w("bytes=-30"), Wanted::Range { start: 0, end: 9 });
+        assert_eq!(w("bytes=5-100"), Wanted::Range { start: 5, end: 9 });
+        assert_eq!(w("bytes=10-"), Wanted::Unsatisfiable);
+        assert_eq!(w("bytes=-0"), Wanted::Unsatisfiable);
+        for ignored in ["bytes=4-2", "bytes=0-1,3-4", "items=1-2", "bytes=x"] {
+            assert_eq!(w(ignored), Wanted::Whole, "{ignored}");
+        }
+        assert_eq!(wanted(None, 10), Wanted::Whole);
+        assert_eq!(wanted(Some("bytes=0-"), 0), Wanted::Unsatisfiable);
+    }
+}

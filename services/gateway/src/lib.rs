@@ -1,0 +1,128 @@
+//! gateway: the HTTP face of the mesh (seed 003 §5, DESIGN.md §1) for callers that do not speak
+//! NATS — browsers, serverless functions, `curl`. REST paths under `/api/v1`, Server-Sent Events
+//! for live output, an OpenAPI 3.1 document at `/api/v1/openapi.json`, one problem shape for
+//! every error ([`problem`]).
+//!
+//! HTTP on `SANDMESH_GATEWAY_ADDR` (default `127.0.0.1:4281`). No CORS headers: a browser page
+//! of another origin cannot call it unless a proxy in front says so.
+//!
+//! Identity: `Authorization: Bearer <key>`; a key belongs to one tenant ([`keys`], made by
+//! `sandmesh tenant key create`). The gateway acts as that tenant's agent over a NATS connection
+//! of its own per tenant ([`tenants`]), so the NATS server enforces every tenant boundary — the
+//! gateway holds no rule of its own about whose session is whose. Its own service user
+//! (`gateway`) only answers `$SRV`, beats, and reads heartbeats for `/api/v1/runtimes`.
+//!
+//! ```text
+//! run ── kit::Runtime ($SRV, heartbeat: tenants connected)
+//!    ├── axum server ── per request: Agent = KeyStore::verify ─► RateLimiter ─► Tenants::client
+//!    │                  ── handler (api, files) ── the tenant's MeshClient
+//!    │                  execute + Accept: text/event-stream ── stream task (output, result)
+//!    └── select!: shutdown → server drains, runtime stops
+//! ```
+
+pub mod api;
+pub mod config;
+pub mod files;
+pub mod keys;
+pub mod openapi;
+pub mod problem;
+pub mod rate;
+pub mod stream;
+pub mod tenants;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use kit::{CancellationToken, KitError, Runtime, ServiceInfo};
+use sandmesh_client::MeshClient;
+
+pub use config::{GatewayConfig, Limits};
+
+pub const SERVICE_NAME: &str = messages::ServiceName::Gateway.as_str();
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the gateway's HTTP server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+/// The API's base URL for a gateway listening on `addr`.
+pub fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}/api/v1")
+}
+
+/// Listens on the configured address and serves until `shutdown` fires.
+pub async fn run(config: GatewayConfig, shutdown: CancellationToken) -> Result<(), GatewayError> {
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    serve(listener, config, shutdown).await
+}
+
+/// Serves on `listener` (tests bind port 0 and read the address first) until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: GatewayConfig,
+    shutdown: CancellationToken,
+) -> Result<(), GatewayError> {
+    let addr = listener.local_addr().map_err(|source| GatewayError::Bind {
+        addr: config.addr,
+        source,
+    })?;
+    let info = ServiceInfo {
+        name: SERVICE_NAME.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        description: "the HTTP API".into(),
+    };
+    let mut runtime = Runtime::start(config.kit.clone(), info).await?;
+    if config.kit.tenancy_file.is_none() {
+        tracing::warn!(
+            "no SANDMESH_TENANCY_FILE: every API key acts with the gateway's own NATS \
+             credentials, so keys of different tenants are not kept apart (debugging only)"
+        );
+    }
+    let own = MeshClient::new(runtime.client.clone(), runtime.subjects().clone())
+        .with_jetstream(runtime.js.clone())
+        .with_timeout(config.limits.request_timeout);
+    let app = Arc::new(api::App {
+        keys: keys::KeyStore::new(config.keys_file.clone()),
+        rate: rate::RateLimiter::new(config.limits.rate_per_second, config.limits.burst),
+        tenants: tenants::Tenants::new(
+            config.kit.tenancy_file.clone(),
+            &config.kit.nats_url,
+            runtime.subjects().clone(),
+            config.limits.request_timeout,
+        ),
+        own,
+        limits: config.limits,
+    });
+    let probe_app = app.clone();
+    runtime
+        .start_heartbeat(Arc::new(move || kit::heartbeat::Load {
+            metrics: [(
+                "gateway_tenants_connected".to_string(),
+                probe_app.tenants.connected() as f64,
+            )]
+            .into(),
+            ..Default::default()
+        }))
+        .await?;
+    tracing::info!(url = %url(addr), "gateway serving");
+    let served = axum::serve(listener, api::router(app))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(GatewayError::Serve);
+    runtime.shutdown().await;
+    served
+}

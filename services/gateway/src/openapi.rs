@@ -1,0 +1,156 @@
+//! The OpenAPI 3.1 document, generated from the handlers' `#[utoipa::path]` attributes and the
+//! bodies' own types: the `messages` payloads derive their schemas behind that crate's
+//! `openapi` feature (so the protocol and its HTTP description cannot drift apart, and
+//! `messages` keeps no runtime dependency), the gateway's few own bodies derive theirs here.
+
+use std::collections::BTreeMap;
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
+
+use messages::exec::{AwaitingConfirmation, OutputChunk};
+
+use crate::problem::{Problem, PROBLEM_JSON};
+use crate::{api, files};
+
+/// The errors any call may answer with, all in the problem shape.
+pub struct Errors;
+
+impl utoipa::IntoResponses for Errors {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        let problem = |what: &str| {
+            ResponseBuilder::new()
+                .description(what)
+                .content(
+                    PROBLEM_JSON,
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build()
+                .into()
+        };
+        [
+            ("400", "malformed or out of bounds (`bad_request`)"),
+            (
+                "401",
+                "no key, or an unknown or revoked one (`unauthorized`)",
+            ),
+            ("403", "refused by policy (`denied`)"),
+            ("404", "no such id for this key's tenant (`not_found`)"),
+            ("409", "conflicts with the current state (`conflict`)"),
+            ("413", "over a size limit (`too_large`)"),
+            (
+                "429",
+                "over the key's rate (`rate_limited`, `Retry-After`) or shed (`overloaded`)",
+            ),
+            (
+                "502",
+                "an answer the gateway does not understand (`internal`)",
+            ),
+            (
+                "503",
+                "the service is not there (`unavailable`, `transport`)",
+            ),
+            ("504", "no answer in time (`timeout`)"),
+        ]
+        .into_iter()
+        .map(|(code, what)| (code.to_string(), problem(what)))
+        .collect()
+    }
+}
+
+/// `Authorization: Bearer <key>` on every call but health and this document.
+struct BearerKeys;
+
+impl Modify for BearerKeys {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        let mut scheme = Http::new(HttpAuthScheme::Bearer);
+        scheme.description = Some("an API key: `sandmesh tenant key create TENANT`".into());
+        components.add_security_scheme("key", SecurityScheme::Http(scheme));
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sandmesh",
+        description = "Safe code execution for AI agents: the HTTP face of the mesh. Bodies are \
+                       the mesh's NATS messages, as JSON."
+    ),
+    paths(
+        api::health,
+        document,
+        api::runtimes,
+        api::execute,
+        api::open_session,
+        api::list_sessions,
+        api::get_session,
+        api::close_session,
+        api::execute_in_session,
+        api::execution,
+        files::list,
+        files::upload,
+        files::upload_by_post,
+        files::download,
+        files::delete,
+    ),
+    // The event payloads of a streamed execution (not response bodies of their own).
+    components(schemas(Problem, OutputChunk, AwaitingConfirmation)),
+    modifiers(&BearerKeys),
+    security(("key" = []))
+)]
+pub struct ApiDoc;
+
+/// The document itself.
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    security(()),
+    responses((status = 200, description = "this API's OpenAPI 3.1 document", body = Object))
+)]
+pub async fn document() -> Response {
+    Json(ApiDoc::openapi()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_is_described_with_its_bodies() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let paths = doc["paths"].as_object().unwrap();
+        for path in [
+            "/api/v1/execute",
+            "/api/v1/sessions/{id}/execute",
+            "/api/v1/sessions/{id}/files/{path}",
+            "/api/v1/executions/{id}",
+        ] {
+            assert!(paths.contains_key(path), "{path} missing");
+        }
+        // What the mesh accepts, said in the document: ids of 1–64 of `[A-Za-z0-9_-]`, a
+        // session opened without a body, an execution only with one.
+        let id = &doc["paths"]["/api/v1/sessions/{id}"]["get"]["parameters"][0];
+        assert_eq!(id["schema"]["pattern"], "^[A-Za-z0-9_-]{1,64}$", "{id}");
+        let open = &doc["paths"]["/api/v1/sessions"]["post"]["requestBody"];
+        assert_ne!(open["required"], true, "{open}");
+        let exec = &doc["paths"]["/api/v1/execute"]["post"]["requestBody"];
+        assert_eq!(exec["required"], true, "{exec}");
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for schema in [
+            "ExecRequest",
+            "ExecResult",
+            "SessionRecord",
+            "Problem",
+            "OutputChunk",
+        ] {
+            assert!(schemas.contains_key(schema), "{schema} missing");
+        }
+    }
+}

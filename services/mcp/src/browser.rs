@@ -1,0 +1,221 @@
+//! The browser tools: one action of the session's browser each (`browser.<action>`, served
+//! by the browser-router, which starts one browser per session on first use).
+
+use base64::Engine;
+use messages::browser::{BrowserAction, BrowserRequest, BrowserResult, ContentFormat};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock};
+use rmcp::{tool, tool_router, ErrorData};
+
+use crate::params::*;
+use crate::render;
+use crate::tools::{MeshTools, REQUESTED_BY};
+
+impl MeshTools {
+    async fn browse(&self, action: BrowserAction, req: BrowserRequest) -> CallToolResult {
+        let req = BrowserRequest {
+            requested_by: Some(REQUESTED_BY.into()),
+            ..req
+        };
+        match self.mesh.browser().act(action, &req).await {
+            Ok(r) => render::browser(&r),
+            Err(e) => render::client_error(&e),
+        }
+    }
+
+    /// The PNG of a screenshot: inline in the reply when the router sent it, else read from
+    /// the session's files (the router leaves large ones there only).
+    async fn screenshot_png(
+        &self,
+        session: &str,
+        r: &BrowserResult,
+    ) -> Result<String, CallToolResult> {
+        if let Some(b64) = &r.screenshot_base64 {
+            return Ok(b64.clone());
+        }
+        let Some(path) = &r.screenshot_path else {
+            return Err(render::error(
+                "internal",
+                "the browser returned neither a screenshot nor where it saved one",
+            ));
+        };
+        match self.mesh.workspace().read(session, path).await {
+            Ok(png) => Ok(base64::engine::general_purpose::STANDARD.encode(png)),
+            Err(e) => Err(render::client_error(&e)),
+        }
+    }
+}
+
+/// `click` and `fill` name their element one way or the other.
+fn target(
+    index: Option<u32>,
+    selector: Option<String>,
+) -> Result<(Option<u32>, Option<String>), CallToolResult> {
+    match (index, selector) {
+        (None, None) => Err(render::error(
+            "bad_request",
+            "give the element's index (from browser_elements) or a CSS selector",
+        )),
+        (index, selector) => Ok((index, selector)),
+    }
+}
+
+#[tool_router(router = browser_tools, vis = "pub(crate)")]
+impl MeshTools {
+    #[tool(
+        description = "Open a web address in the session's browser (started on first use). \
+        Answers with the page's final URL and title.",
+        annotations(title = "Open a page", open_world_hint = true)
+    )]
+    async fn browser_navigate(
+        &self,
+        Parameters(p): Parameters<BrowserNavigate>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let req = BrowserRequest {
+            session_id: p.session_id,
+            url: Some(p.url),
+            ..Default::default()
+        };
+        Ok(self.browse(BrowserAction::Navigate, req).await)
+    }
+
+    #[tool(
+        description = "List the interactive elements of the current page (links, buttons, \
+        fields) with an index each, for browser_click and browser_fill.",
+        annotations(
+            title = "List page elements",
+            read_only_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn browser_elements(
+        &self,
+        Parameters(p): Parameters<BrowserSession>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let req = BrowserRequest {
+            session_id: p.session_id,
+            ..Default::default()
+        };
+        Ok(self.browse(BrowserAction::Elements, req).await)
+    }
+
+    #[tool(
+        description = "Click an element of the current page, by its index from \
+        browser_elements or by a CSS selector. Answers with the page's URL and title after.",
+        annotations(title = "Click", open_world_hint = true)
+    )]
+    async fn browser_click(
+        &self,
+        Parameters(p): Parameters<BrowserClick>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let (index, selector) = match target(p.index, p.selector) {
+            Ok(t) => t,
+            Err(refused) => return Ok(refused),
+        };
+        let req = BrowserRequest {
+            session_id: p.session_id,
+            index,
+            selector,
+            ..Default::default()
+        };
+        Ok(self.browse(BrowserAction::Click, req).await)
+    }
+
+    #[tool(
+        description = "Type text into a field of the current page, by its index from \
+        browser_elements or by a CSS selector. Password fields wait for a person's approval.",
+        annotations(title = "Fill a field", open_world_hint = true)
+    )]
+    async fn browser_fill(
+        &self,
+        Parameters(p): Parameters<BrowserFill>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let (index, selector) = match target(p.index, p.selector) {
+            Ok(t) => t,
+            Err(refused) => return Ok(refused),
+        };
+        let req = BrowserRequest {
+            session_id: p.session_id,
+            index,
+            selector,
+            text: Some(p.text),
+            ..Default::default()
+        };
+        Ok(self.browse(BrowserAction::Fill, req).await)
+    }
+
+    #[tool(
+        description = "Take a PNG screenshot of the session's current page (the visible part, \
+        or the whole page) and return it as an image.",
+        annotations(title = "Screenshot", read_only_hint = true, open_world_hint = true)
+    )]
+    async fn browser_screenshot(
+        &self,
+        Parameters(p): Parameters<BrowserScreenshot>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let req = BrowserRequest {
+            session_id: p.session_id.clone(),
+            full_page: p.full_page,
+            inline: true,
+            requested_by: Some(REQUESTED_BY.into()),
+            ..Default::default()
+        };
+        let shot = match self
+            .mesh
+            .browser()
+            .act(BrowserAction::Screenshot, &req)
+            .await
+        {
+            Ok(shot) => shot,
+            Err(e) => return Ok(render::client_error(&e)),
+        };
+        let png = match self.screenshot_png(&p.session_id, &shot).await {
+            Ok(png) => png,
+            Err(failed) => return Ok(failed),
+        };
+        let mut result = render::browser(&shot);
+        result.content.push(ContentBlock::image(png, "image/png"));
+        Ok(result)
+    }
+
+    #[tool(
+        description = "The current page's content: its visible text (default) or its HTML.",
+        annotations(title = "Page content", read_only_hint = true, open_world_hint = true)
+    )]
+    async fn browser_content(
+        &self,
+        Parameters(p): Parameters<BrowserContent>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let format = match p.format.as_deref().unwrap_or("text") {
+            "text" => ContentFormat::Text,
+            "html" => ContentFormat::Html,
+            other => {
+                return Ok(render::error(
+                    "bad_request",
+                    &format!("unknown format {other:?}; expected text or html"),
+                ))
+            }
+        };
+        let req = BrowserRequest {
+            session_id: p.session_id,
+            format,
+            ..Default::default()
+        };
+        Ok(self.browse(BrowserAction::Content, req).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_click_needs_an_index_or_a_selector() {
+        assert!(target(None, None).is_err());
+        assert_eq!(target(Some(3), None).unwrap(), (Some(3), None));
+        assert_eq!(
+            target(None, Some("#go".into())).unwrap(),
+            (None, Some("#go".into()))
+        );
+    }
+}

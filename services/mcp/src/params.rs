@@ -1,0 +1,124 @@
+//! The tools' arguments. Their doc comments become the JSON Schema descriptions an LLM reads
+//! to call a tool, so they say what a value does, not how it is implemented.
+//!
+//! Values with a fixed set of choices (`language`, `encoding`, `format`) are strings whose
+//! schema lists the choices: a wrong one then comes back as a tool error the model can read
+//! and correct, not as a JSON-RPC "invalid params" failure most clients hide from it.
+
+use rmcp::schemars::{self, JsonSchema};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunCode {
+    /// The program to run. It sees its session's files in its working directory.
+    pub code: String,
+    /// The program's language: `python` (the default), `javascript` (Node.js) or `shell`
+    /// (bash).
+    #[schemars(extend("enum" = ["python", "javascript", "shell"]))]
+    pub language: Option<String>,
+    /// Run inside this session: its files and its container stay between calls, and
+    /// `read_file`, `write_file` and `list_files` with the same id see the same files. Any
+    /// short name works (`analysis-1`); the session starts on first use. Without it the code
+    /// runs once in a fresh sandbox that keeps nothing.
+    pub session_id: Option<String>,
+    /// A sandbox template (base image and preinstalled packages) to run in. Not available on
+    /// this mesh yet: leave it out.
+    pub template: Option<String>,
+    /// The most milliseconds the program may run before it is stopped (the mesh's default
+    /// when left out).
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct GetResult {
+    /// The `execution_id` an earlier `run_code` answered with.
+    pub execution_id: String,
+    /// How long to wait for the result if it is not ready yet, in milliseconds (default
+    /// 10000, at most 30000). 0 answers at once.
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFile {
+    /// The session whose files to read (as given to `run_code`).
+    pub session_id: String,
+    /// The file's path relative to the session's working directory, e.g. `out/result.csv`.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFile {
+    /// The session whose files to write (as given to `run_code`); it starts on first use.
+    pub session_id: String,
+    /// The file's path relative to the session's working directory; missing directories
+    /// are created. An existing file is replaced.
+    pub path: String,
+    /// The file's content: text, or base64 when `encoding` is `base64`.
+    pub content: String,
+    /// `utf8` (the default) for text, `base64` for binary content.
+    #[schemars(extend("enum" = ["utf8", "base64"]))]
+    pub encoding: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListFiles {
+    /// The session whose files to list (as given to `run_code`).
+    pub session_id: String,
+    /// Only this directory (relative path, e.g. `out`); the whole workspace when left out.
+    pub prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BrowserNavigate {
+    /// The session whose browser to use; each session has its own browser, started on
+    /// first use, with its own cookies and history.
+    pub session_id: String,
+    /// The address to open, e.g. `https://example.org/`.
+    pub url: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BrowserSession {
+    /// The session whose browser to use.
+    pub session_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BrowserClick {
+    /// The session whose browser to use.
+    pub session_id: String,
+    /// The element's index from the latest `browser_elements` answer for this page.
+    pub index: Option<u32>,
+    /// A CSS selector, instead of `index`.
+    pub selector: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BrowserFill {
+    /// The session whose browser to use.
+    pub session_id: String,
+    /// The field's index from the latest `browser_elements` answer for this page.
+    pub index: Option<u32>,
+    /// A CSS selector, instead of `index`.
+    pub selector: Option<String>,
+    /// The text to put in the field (it replaces what the field held).
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BrowserScreenshot {
+    /// The session whose browser to use.
+    pub session_id: String,
+    /// The whole page instead of the visible part.
+    #[serde(default)]
+    pub full_page: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BrowserContent {
+    /// The session whose browser to use.
+    pub session_id: String,
+    /// `text` (the default): the page's visible text; `html`: the page's HTML.
+    #[schemars(extend("enum" = ["text", "html"]))]
+    pub format: Option<String>,
+}
