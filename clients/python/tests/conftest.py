@@ -176,7 +176,10 @@ def mesh() -> Iterator[Mesh]:
         SANDMESH_DATA_DIR=str(data_dir),
         SANDMESH_NATS_SERVER=str(nats_server),
         SANDMESH_CONSOLE_ADDR=f"127.0.0.1:{free_port()}",
+        SANDMESH_GATEWAY_ADDR=f"127.0.0.1:{free_port()}",
         SANDMESH_SCHED_MAX_QUEUE=str(MAX_QUEUE),
+        # One tenant fills the queue in the Overloaded test: its share is the whole queue.
+        SANDMESH_SCHED_TENANT_MAX=str(MAX_QUEUE),
         SANDMESH_BROWSER_NETWORK_POLICY=json.dumps(
             {"allow_cidrs": [f"{FIXTURE_HOST}/32"], "ports": [fixture_port]}
         ),
