@@ -5,24 +5,17 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{run_bounded, Up, SANDMESH};
+use common::Up;
 use test_support::{eventually, free_port, require_docker, NatsServer};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// `sandmesh <args>` on the data directory `dir`; fails the test unless it succeeds.
+/// `sandmesh <args>` on the data directory `dir`: its standard output (the test fails unless
+/// it succeeds).
 async fn sandmesh(dir: &Path, args: &[&str]) -> String {
-    let mut cmd = Command::new(SANDMESH);
-    cmd.args(args).env("SANDMESH_DATA_DIR", dir);
-    let out = run_bounded(cmd, LIMIT).await;
-    assert!(
-        out.status.success(),
-        "sandmesh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = common::sandmesh_in_dir(dir, args).await;
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

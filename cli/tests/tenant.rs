@@ -12,18 +12,7 @@ use test_support::{eventually, free_port, nats_server_binary};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// `sandmesh <args>` with its data directory in `dir`.
-async fn tenant(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
-    let mut cmd = Command::new(SANDMESH);
-    cmd.args(args).env("SANDMESH_DATA_DIR", dir);
-    let out = run_bounded(cmd, LIMIT).await;
-    assert!(
-        out.status.success(),
-        "sandmesh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::sandmesh_in_dir as tenant;
 
 /// The URL with credentials `sandmesh creds` prints for `args`.
 async fn creds_url(dir: &std::path::Path, args: &[&str]) -> String {

@@ -45,6 +45,20 @@ pub async fn sandmesh(url: &str, args: &[&str], limit: Duration) -> Output {
     run_bounded(cmd, limit).await
 }
 
+/// `sandmesh <args>` with its data directory in `dir`, bounded; fails the test unless it
+/// succeeds.
+pub async fn sandmesh_in_dir(dir: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(SANDMESH);
+    cmd.args(args).env("SANDMESH_DATA_DIR", dir);
+    let out = run_bounded(cmd, Duration::from_secs(60)).await;
+    assert!(
+        out.status.success(),
+        "sandmesh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// `sandmesh up` against a given NATS, its stderr in `log`; killed on drop if still running.
 pub struct Up {
     child: tokio::process::Child,
