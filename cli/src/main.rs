@@ -22,6 +22,7 @@ mod console;
 mod creds;
 mod demo;
 mod exec;
+mod face;
 mod gateway;
 mod keys;
 mod local_nats;

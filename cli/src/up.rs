@@ -96,12 +96,12 @@ fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
     }
     // The operators' web page, last: it only reads what the others publish. It is optional:
     // a taken port (another mesh on this machine) must not keep the mesh from starting.
-    match crate::console::can_listen(env) {
+    match crate::console::FACE.can_listen(env) {
         Ok(()) => services.push(ServiceName::Console),
         Err(why) => eprintln!("sandmesh: running without the operators' console: {why}"),
     }
     // The HTTP API, optional for the same reason.
-    match crate::gateway::can_listen(env) {
+    match crate::gateway::FACE.can_listen(env) {
         Ok(()) => services.push(ServiceName::Gateway),
         Err(why) => eprintln!("sandmesh: running without the HTTP gateway: {why}"),
     }

@@ -1,0 +1,42 @@
+//! Where one of the mesh's HTTP faces (the console, the gateway) listens as `up` configures it:
+//! its `SANDMESH_*_ADDR` setting, else its default.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+pub struct HttpFace {
+    /// The setting that moves it, e.g. `SANDMESH_CONSOLE_ADDR`.
+    pub var: &'static str,
+    pub default: &'static str,
+}
+
+impl HttpFace {
+    pub fn addr(&self, env: &HashMap<String, String>) -> String {
+        env.get(self.var)
+            .filter(|a| !a.trim().is_empty())
+            .cloned()
+            .unwrap_or_else(|| self.default.to_string())
+    }
+
+    /// Whether the address can be listened on now (`up` runs without this face otherwise,
+    /// saying why). A malformed address passes: the service's configuration reports it with
+    /// every other bad setting.
+    pub fn can_listen(&self, env: &HashMap<String, String>) -> Result<(), String> {
+        let addr = self.addr(env);
+        let Ok(parsed) = addr.parse::<SocketAddr>() else {
+            return Ok(());
+        };
+        std::net::TcpListener::bind(parsed)
+            .map(drop)
+            .map_err(|e| format!("cannot listen on {addr} ({e}); set {}", self.var))
+    }
+
+    /// Whether something answers there now.
+    pub fn answers(&self, env: &HashMap<String, String>) -> bool {
+        self.addr(env)
+            .parse::<SocketAddr>()
+            .ok()
+            .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok())
+    }
+}
