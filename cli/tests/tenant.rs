@@ -127,6 +127,14 @@ impl Mesh {
             .expect("spawn sandmesh up");
         Self { _up: child }
     }
+
+    /// SIGTERM and its exit (bounded), so `up` removes its containers: a kill on drop (a
+    /// panicking test) cannot.
+    async fn stop(mut self) {
+        let pid = self._up.id().expect("running").to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = tokio::time::timeout(Duration::from_secs(60), self._up.wait()).await;
+    }
 }
 
 /// `sandmesh <args>` as the agent whose credentials file is `creds`, bounded.
@@ -146,7 +154,7 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
     test_support::require_docker();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _mesh = Mesh::start(dir.path(), port);
+    let mesh = Mesh::start(dir.path(), port);
     let admin = dir.path().join("creds/admin.json");
     eventually(
         "the mesh's scheduler and executor to be up",
@@ -192,6 +200,7 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
         .expect("sessions.list is answered for the new tenant");
     let list: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
     assert!(list["sessions"].is_array(), "{list}");
+    mesh.stop().await;
 }
 
 /// The URL with credentials of a credentials file `sandmesh` wrote.
@@ -212,7 +221,7 @@ fn url_of(creds: &std::path::Path) -> String {
 async fn an_operator_added_to_a_running_mesh_decides_at_once_and_a_removed_one_is_refused() {
     test_support::require_docker();
     let dir = tempfile::tempdir().unwrap();
-    let _mesh = Mesh::start(dir.path(), free_port());
+    let mesh = Mesh::start(dir.path(), free_port());
     let admin = dir.path().join("creds/admin.json");
     eventually(
         "the mesh's scheduler and executor to be up",
@@ -294,4 +303,5 @@ async fn an_operator_added_to_a_running_mesh_decides_at_once_and_a_removed_one_i
         (!connects(&carol_url).await).then_some(())
     })
     .await;
+    mesh.stop().await;
 }
