@@ -15,6 +15,7 @@ use anyhow::Context;
 use docker_executor::docker::{SandboxSpec, Sandboxes};
 use docker_executor::ExecutorConfig;
 use kit::config::ConfigError;
+use kit::pending::Pending;
 use kit::CancellationToken;
 use messages::tenancy::Tenant;
 use messages::{ServiceName, Subjects};
@@ -134,6 +135,7 @@ fn build(
     names: &[ServiceName],
     env: &HashMap<String, String>,
     auth: Option<&ServiceAuth>,
+    builds: &ImageBuilds,
     shutdown: &CancellationToken,
 ) -> Result<Services, ConfigError> {
     let mut errors = Vec::new();
@@ -162,7 +164,8 @@ fn build(
                 executor = Some(c.clone());
                 Box::pin(async move { Ok(docker_executor::run(c, token).await?) }) as ServiceFuture
             }),
-            ServiceName::AioPool => aio_pool::AioPoolConfig::from_env(env).map(|c| {
+            ServiceName::AioPool => aio_pool::AioPoolConfig::from_env(env).map(|mut c| {
+                c.image_build = builds.aio.clone();
                 Box::pin(async move { Ok(aio_pool::run(c, token).await?) }) as ServiceFuture
             }),
             ServiceName::BwrapExecutor => bwrap_executor::BwrapConfig::from_env(env).map(|c| {
@@ -171,9 +174,13 @@ fn build(
             ServiceName::Scheduler => scheduler::SchedulerConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(scheduler::run(c, token).await?) }) as ServiceFuture
             }),
-            ServiceName::BrowserRouter => browser_router::BrowserConfig::from_env(env).map(|c| {
-                Box::pin(async move { Ok(browser_router::run(c, token).await?) }) as ServiceFuture
-            }),
+            ServiceName::BrowserRouter => {
+                browser_router::BrowserConfig::from_env(env).map(|mut c| {
+                    c.image_build = builds.browser.clone();
+                    Box::pin(async move { Ok(browser_router::run(c, token).await?) })
+                        as ServiceFuture
+                })
+            }
             ServiceName::Console => ::console::ConsoleConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(::console::run(c, token).await?) }) as ServiceFuture
             }),
@@ -191,6 +198,42 @@ fn build(
     } else {
         Err(ConfigError(errors))
     }
+}
+
+/// Images `up` builds while the mesh serves, for the services that need them.
+#[derive(Default)]
+struct ImageBuilds {
+    browser: Option<Pending>,
+    aio: Option<Pending>,
+}
+
+/// How often a background build says it is still going: rarely, the mesh's own log goes on.
+const BACKGROUND_PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
+/// Starts building `what` on a task of its own: one line when it starts, one every
+/// [`BACKGROUND_PROGRESS_EVERY`], one when it is done (or failed).
+fn build_in_background<F>(what: &'static str, build: F) -> Pending
+where
+    F: Future<Output = Result<String, containers::image::ImageError>> + Send + 'static,
+{
+    eprintln!("sandmesh: building {what} in the background (when missing; Debian's chromium takes minutes the first time)");
+    Pending::spawn(what, async move {
+        let started = Instant::now();
+        let built = with_progress_every(
+            &format!("building {what}"),
+            BACKGROUND_PROGRESS_EVERY,
+            build,
+        )
+        .await;
+        match &built {
+            Ok(image) => eprintln!(
+                "sandmesh: {what} is ready ({image}, {} s)",
+                started.elapsed().as_secs()
+            ),
+            Err(e) => eprintln!("sandmesh: building {what} failed: {}", kit::error_chain(e)),
+        }
+        built.map_err(|e| kit::error_chain(&e))
+    })
 }
 
 /// What the services need to connect as themselves: the server URL and the tenancy.
@@ -330,8 +373,13 @@ async fn remove_containers(config: &ExecutorConfig) -> anyhow::Result<usize> {
 /// Awaits `work`, saying every [`PROGRESS_EVERY`] that it is still `doing` it, so a newcomer
 /// never waits in silence.
 async fn with_progress<F: Future>(doing: &str, work: F) -> F::Output {
+    with_progress_every(doing, PROGRESS_EVERY, work).await
+}
+
+/// [`with_progress`], saying so every `every`.
+async fn with_progress_every<F: Future>(doing: &str, every: Duration, work: F) -> F::Output {
     let started = Instant::now();
-    let mut ticks = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+    let mut ticks = tokio::time::interval_at(started + every, every);
     tokio::pin!(work);
     loop {
         tokio::select! {
@@ -359,7 +407,13 @@ pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
             return Ok(64);
         }
     };
-    let services = kit::config::exit_on_error(build(&[name], &process_env(), None, &shutdown));
+    let services = kit::config::exit_on_error(build(
+        &[name],
+        &process_env(),
+        None,
+        &ImageBuilds::default(),
+        &shutdown,
+    ));
     let running = Running::start(services, shutdown.clone(), config.shutdown_grace);
     shutdown.cancelled().await;
     running.stop().await?;
@@ -453,24 +507,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     .await
     .context("building the sandbox image")?;
     env.entry("SANDMESH_EXEC_IMAGE".into()).or_insert(image);
-    eprintln!("sandmesh: preparing the browser image (built from Debian packages when missing)");
-    let browser = with_progress(
-        "building the browser image",
-        browser_router::image::ensure(),
-    )
-    .await
-    .context("building the browser image")?;
-    env.entry("SANDMESH_BROWSER_IMAGE".into())
-        .or_insert(browser);
-    if !env.contains_key("SANDMESH_AIO_IMAGE") {
-        eprintln!(
-            "sandmesh: preparing the AIO image (Debian's chromium; the first build takes minutes)"
-        );
-        let aio = with_progress("building the AIO image", containers::image::AIO.ensure())
-            .await
-            .context("building the AIO image")?;
-        env.insert("SANDMESH_AIO_IMAGE".into(), aio);
-    }
+    // The browser and AIO images (Debian's chromium: minutes the first time) build while the
+    // mesh already serves `exec`; until each exists its service answers `unavailable`.
+    let builds = ImageBuilds {
+        browser: (!env.contains_key("SANDMESH_BROWSER_IMAGE"))
+            .then(|| build_in_background("the browser image", browser_router::image::ensure())),
+        aio: (!env.contains_key("SANDMESH_AIO_IMAGE"))
+            .then(|| build_in_background("the AIO image", containers::image::AIO.ensure())),
+    };
     // No Chromium starts unasked on a laptop: instances are made on first acquire.
     env.entry("SANDMESH_AIO_MIN_INSTANCES".into())
         .or_insert_with(|| "0".into());
@@ -494,7 +538,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
 
     let shutdown = kit::shutdown::on_signals();
     let names = up_services(&env);
-    let services = kit::config::exit_on_error(build(&names, &env, auth.as_ref(), &shutdown));
+    let services =
+        kit::config::exit_on_error(build(&names, &env, auth.as_ref(), &builds, &shutdown));
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
     let urls = Urls {
         console: &console_url,

@@ -14,6 +14,9 @@ pub struct AioPoolConfig {
     /// The AIO image: the project's `sandmesh/aio` (deploy/images/build.sh aio) or
     /// upstream's `ghcr.io/agent-infra/sandbox`.
     pub image: String,
+    /// Set by `sandmesh up` while it builds the image in the background: the pool answers
+    /// `unavailable` until the build gives it [`Self::image`]. Not a setting.
+    pub image_build: Option<kit::pending::Pending>,
     /// The port the image serves its API on (both use 8080).
     pub port: u16,
     /// How each instance's API key is sent: `X-AIO-API-Key` (a header name) or `bearer`.
@@ -65,6 +68,7 @@ impl AioPoolConfig {
         let c = Self {
             kit,
             image: r.string("AIO_IMAGE", "sandmesh/aio:latest"),
+            image_build: None,
             port: r.parse("AIO_PORT", 8080u16),
             key_header,
             user: r.string("AIO_USER", ""),

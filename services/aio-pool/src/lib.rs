@@ -91,7 +91,27 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Runs the aio-pool until `shutdown` is cancelled, then removes every instance and its
 /// bridge.
-pub async fn run(config: AioPoolConfig, shutdown: CancellationToken) -> Result<(), AioPoolError> {
+pub async fn run(
+    mut config: AioPoolConfig,
+    shutdown: CancellationToken,
+) -> Result<(), AioPoolError> {
+    let info = ServiceInfo {
+        name: SERVICE_NAME.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        description: "A pool of AIO sandbox containers bound to sessions".into(),
+    };
+    if let Some(build) = config.image_build.take() {
+        let s = &config.kit.subjects;
+        let subjects = ["acquire", "release", "stats"]
+            .into_iter()
+            .map(|op| s.aio(op))
+            .chain([s.aio_instance_exec()])
+            .collect();
+        match kit::pending::serve_while(&config.kit, &info, subjects, build, &shutdown).await? {
+            Some(image) => config.image = image,
+            None => return Ok(()),
+        }
+    }
     let docker = containers::connect().await?;
     docker
         .inspect_image(&config.image)
@@ -100,11 +120,6 @@ pub async fn run(config: AioPoolConfig, shutdown: CancellationToken) -> Result<(
             image: config.image.clone(),
             source,
         })?;
-    let info = ServiceInfo {
-        name: SERVICE_NAME.into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        description: "A pool of AIO sandbox containers bound to sessions".into(),
-    };
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
     let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;

@@ -12,6 +12,9 @@ pub struct BrowserConfig {
     pub kit: KitConfig,
     /// The Chromium image (`deploy/images/build-browser.sh`).
     pub image: String,
+    /// Set by `sandmesh up` while it builds the image in the background: the router answers
+    /// `unavailable` until the build gives it [`Self::image`]. Not a setting.
+    pub image_build: Option<kit::pending::Pending>,
     /// Started browser containers kept ready for a session's first action.
     pub warm_pool: usize,
     /// Browsers (sessions) this instance holds at most; beyond it callers get 429.
@@ -66,6 +69,7 @@ impl BrowserConfig {
         };
         let c = Self {
             image: r.string("BROWSER_IMAGE", "sandmesh/browser:latest"),
+            image_build: None,
             warm_pool: r.parse("BROWSER_WARM_POOL", 1usize),
             max_browsers: r.parse("BROWSER_MAX", 16usize),
             idle: r.millis("BROWSER_IDLE_MS", Duration::from_secs(300)),

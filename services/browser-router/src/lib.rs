@@ -68,12 +68,22 @@ pub enum RouterError {
 
 /// Runs the browser-router until `shutdown` is cancelled, then closes every browser of this
 /// instance.
-pub async fn run(config: BrowserConfig, shutdown: CancellationToken) -> Result<(), RouterError> {
+pub async fn run(
+    mut config: BrowserConfig,
+    shutdown: CancellationToken,
+) -> Result<(), RouterError> {
     let info = ServiceInfo {
         name: ServiceName::BrowserRouter.as_str().into(),
         version: env!("CARGO_PKG_VERSION").into(),
         description: "One browser per session: navigate, click, fill, screenshot over CDP".into(),
     };
+    if let Some(build) = config.image_build.take() {
+        let subjects = vec![config.kit.subjects.browser("*")];
+        match kit::pending::serve_while(&config.kit, &info, subjects, build, &shutdown).await? {
+            Some(image) => config.image = image,
+            None => return Ok(()),
+        }
+    }
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     // Containers and the bridge carry the mesh's label: the runtime knows which mesh it is.
     let (_, mesh_id) = runtime.nodes_and_mesh().await?;

@@ -8,6 +8,7 @@
 //! - [`call`]: typed request-reply to other services, error headers checked;
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
 //! - [`metrics`]: Prometheus `/metrics` (seed 003 §8 names), off unless `SANDMESH_METRICS_ADDR`;
+//! - [`pending`]: a service's subjects answer `unavailable` while what it needs is being built;
 //! - [`resources`]: the host's CPU and memory, which executors report in their heartbeat;
 //! - [`bootstrap`]: idempotent JetStream streams and buckets, `SANDMESH_JS_REPLICAS` replicas;
 //! - [`retry`]: bounded retries of JetStream calls through a cluster's leader elections;
@@ -31,6 +32,7 @@ pub mod config;
 pub mod connect;
 pub mod heartbeat;
 pub mod metrics;
+pub mod pending;
 pub mod resources;
 pub mod retry;
 pub mod serve;
