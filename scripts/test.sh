@@ -5,7 +5,7 @@
 # daemon and real Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-tools.sh
+scripts/install-tools.sh --tests
 if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   echo "the Docker daemon does not answer: start it (tests use the real daemon)" >&2
   exit 1
@@ -29,11 +29,16 @@ export SANDMESH_TEST_PYPI_CA_BUNDLE="${SANDMESH_TEST_PYPI_CA_BUNDLE:-${REQUESTS_
 # debug agent is the one the tests' image carries, so `cargo test` reuses this build.
 cargo build -p sandmesh-aio-agent
 AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/sandmesh-aio-agent" deploy/images/build.sh aio >/dev/null
-# Many tests start a whole mesh (nats-server, services, warm Docker containers). On a small
-# machine several at once starve each other into timeouts, so each test binary runs its tests
-# one at a time unless told otherwise.
-export RUST_TEST_THREADS="${RUST_TEST_THREADS:-1}"
-cargo test --workspace --no-fail-fast "$@"
+# Every test in a process of its own, two at a time (most start a whole mesh: more would starve
+# each other on a small machine); tests that look at the whole Docker host run alone, Chromium
+# tests one at a time (.config/nextest.toml). cargo-nextest is installed when missing.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest (runs the tests in parallel)" >&2
+  cargo install --locked cargo-nextest >&2
+fi
+cargo nextest run --workspace --no-fail-fast "$@"
+# nextest runs no doctests: the documentation's examples compile (and run) here.
+cargo test --workspace --doc --no-fail-fast
 # The Python SDK against a real mesh started from the binaries just built (a cached venv under
 # .tools/; pip installs its test extra the first time).
 clients/python/run-tests.sh

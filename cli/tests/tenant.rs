@@ -107,11 +107,13 @@ async fn a_tenant_added_to_a_running_server_can_connect_at_once() {
 /// `sandmesh up` with its embedded NATS in `dir`, killed on drop.
 struct Mesh {
     _up: tokio::process::Child,
+    log: std::path::PathBuf,
 }
 
 impl Mesh {
     fn start(dir: &std::path::Path, port: u16) -> Self {
-        let log = std::fs::File::create(dir.join("up.log")).unwrap();
+        let log_path = dir.join("up.log");
+        let log = std::fs::File::create(&log_path).unwrap();
         let child = tokio::process::Command::new(SANDMESH)
             .args(["up", "--nats-port", &port.to_string()])
             .arg("--data-dir")
@@ -125,7 +127,24 @@ impl Mesh {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn sandmesh up");
-        Self { _up: child }
+        Self {
+            _up: child,
+            log: log_path,
+        }
+    }
+
+    /// Until `up` says the mesh is up: it does once every service answers a real request (a
+    /// service is listed by `status` a moment before its endpoints are served).
+    async fn until_up(&self) {
+        eventually(
+            "`up` to say the mesh is up",
+            Duration::from_secs(300),
+            || async {
+                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                text.contains("sandmesh: mesh is up").then_some(())
+            },
+        )
+        .await;
     }
 
     /// SIGTERM and its exit (bounded), so `up` removes its containers: a kill on drop (a
@@ -155,20 +174,7 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mesh = Mesh::start(dir.path(), port);
-    let admin = dir.path().join("creds/admin.json");
-    eventually(
-        "the mesh's scheduler and executor to be up",
-        Duration::from_secs(300),
-        || async {
-            if !admin.exists() {
-                return None;
-            }
-            let out = as_agent(&admin, &["status"]).await;
-            let listed = String::from_utf8_lossy(&out.stdout);
-            (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
-        },
-    )
-    .await;
+    mesh.until_up().await;
     let before = as_agent(
         &dir.path().join("creds/agent.json"),
         &["exec", "print(6*7)"],
@@ -222,17 +228,7 @@ async fn an_operator_added_to_a_running_mesh_decides_at_once_and_a_removed_one_i
     test_support::require_docker();
     let dir = tempfile::tempdir().unwrap();
     let mesh = Mesh::start(dir.path(), free_port());
-    let admin = dir.path().join("creds/admin.json");
-    eventually(
-        "the mesh's scheduler and executor to be up",
-        Duration::from_secs(300),
-        || async {
-            let out = as_agent(&admin, &["status"]).await;
-            let listed = String::from_utf8_lossy(&out.stdout);
-            (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
-        },
-    )
-    .await;
+    mesh.until_up().await;
     tenant(dir.path(), &["tenant", "add", "acme"]).await;
     let added = tenant(
         dir.path(),

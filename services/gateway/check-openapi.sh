@@ -20,7 +20,7 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   echo "the Docker daemon does not answer: start it (the gateway's mesh runs real sandboxes)" >&2
   exit 1
 fi
-scripts/install-tools.sh >/dev/null
+scripts/install-tools.sh --tests >/dev/null
 export SANDMESH_NATS_SERVER="$root/.tools/bin/nats-server"
 cargo build -p sandmesh
 sandmesh="${CARGO_TARGET_DIR:-$root/target}/debug/sandmesh"

@@ -306,7 +306,7 @@ pub fn chromium() -> PathBuf {
     on_path.unwrap_or_else(|| {
         panic!(
             "no chromium found: these tests drive a real headless Chromium; install Debian's \
-             (`apt-get install chromium`, or `scripts/install-tools.sh`) or point \
+             (`apt-get install chromium`, or `scripts/install-tools.sh --tests`) or point \
              SANDMESH_CHROMIUM at a Chromium binary"
         )
     })
