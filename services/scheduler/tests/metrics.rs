@@ -74,7 +74,13 @@ async fn counters_match_the_results_and_executors_report_their_host() {
         assert!(statuses.contains(&status), "{status:?} among {statuses:?}");
     }
 
-    let s = scrape(addr).await.unwrap();
+    // A result is counted once stored, which is after its caller has it: wait for all.
+    let n = results.len() as f64;
+    let s = eventually("every result to be counted", || async {
+        let s = scrape(addr).await.ok()?;
+        (s.sum("sandbox_executions_total", &[]) >= n).then_some(s)
+    })
+    .await;
     // Per status and tier, exactly what the results say.
     let mut expected: BTreeMap<(&str, &str), f64> = BTreeMap::new();
     for r in &results {
@@ -97,7 +103,6 @@ async fn counters_match_the_results_and_executors_report_their_host() {
         counted.insert((status, tier), sample.value);
     }
     assert_eq!(counted, expected);
-    let n = results.len() as f64;
     assert_eq!(s.sum("sandbox_execution_duration_seconds_count", &[]), n);
     let inf = [("le", "+Inf")];
     assert_eq!(s.sum("sandbox_execution_duration_seconds_bucket", &inf), n);
@@ -107,7 +112,11 @@ async fn counters_match_the_results_and_executors_report_their_host() {
     again.execution_id = Some(messages::new_id());
     mesh.exec(&again).await.unwrap();
     mesh.exec(&again).await.unwrap();
-    let after = scrape(addr).await.unwrap();
+    let after = eventually("the new result to be counted", || async {
+        let s = scrape(addr).await.ok()?;
+        (s.sum("sandbox_executions_total", &[]) > n).then_some(s)
+    })
+    .await;
     assert_eq!(after.sum("sandbox_executions_total", &[]), n + 1.0);
 
     // Confirmations and risk, counted by the services that decide them.
