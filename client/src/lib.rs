@@ -35,6 +35,7 @@ pub mod objects;
 pub mod risk;
 pub mod sessions;
 pub mod status;
+pub mod upload;
 pub mod workspace;
 
 use std::time::Duration;
@@ -55,6 +56,7 @@ pub use exec::ExecClient;
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
+pub use upload::{Staged, StreamError};
 pub use workspace::{Transfer, WorkspaceClient};
 
 /// Requests that are answered at once (look-ups, decisions, small writes) get this long unless

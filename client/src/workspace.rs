@@ -14,25 +14,26 @@ pub enum Transfer {
 }
 
 /// Chunks (or ranges) of one transfer in flight at once.
-const TRANSFER_WINDOW: usize = 4;
+pub(crate) const TRANSFER_WINDOW: usize = 4;
 
 use std::time::Duration;
 
 use async_nats::jetstream::object_store::{self, ObjectStore};
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{
-    upload_name, wire_content, Ack, UploadRef, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFetch,
-    WsFile, WsInit, WsList, WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot,
-    WsUploadAck, WsUploadChunk, WsUsage, WsUsageRequest, WsWrite, INLINE_MAX_BYTES,
-    OBJECT_CHUNK_SIZE, READ_RANGE_BYTES, TRANSFER_CHUNK_MAX_BYTES,
+    upload_name, Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFetch, WsFile, WsInit, WsList,
+    WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest,
+    WsWrite, INLINE_MAX_BYTES, OBJECT_CHUNK_SIZE, READ_RANGE_BYTES,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::upload::StreamError;
 use crate::{ClientError, ErrorKind, MeshClient, Result};
 
 /// Calls that move whole files or archives may take longer than the caller's default.
@@ -43,7 +44,7 @@ const READ_ATTEMPTS: usize = 3;
 #[derive(Debug, Clone)]
 pub struct WorkspaceClient {
     mesh: MeshClient,
-    requested_by: Option<String>,
+    pub(crate) requested_by: Option<String>,
     transfer: Transfer,
 }
 
@@ -68,7 +69,7 @@ impl WorkspaceClient {
         self
     }
 
-    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+    pub(crate) async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         op: WorkspaceOp,
         req: &Req,
@@ -94,47 +95,6 @@ impl WorkspaceClient {
             })
     }
 
-    /// Sends `data` as `upload` chunks (chunk 0 first: it opens the upload) and returns what
-    /// a write or restore names to commit it.
-    async fn upload_chunks(&self, session: &str, data: &[u8]) -> Result<UploadRef> {
-        let upload_id = messages::new_id();
-        let chunk = |seq: usize, part: &[u8]| WsUploadChunk {
-            session_id: session.into(),
-            upload_id: upload_id.clone(),
-            seq: seq as u64,
-            data: part.to_vec(),
-        };
-        let mut parts = data.chunks(TRANSFER_CHUNK_MAX_BYTES as usize).enumerate();
-        let (_, first) = parts.next().unwrap_or((0, &[]));
-        let _: WsUploadAck = self
-            .call(WorkspaceOp::Upload, &chunk(0, first), true)
-            .await?;
-        // Built before the stream runs (and boxed): a closure or an unboxed future held across
-        // the awaits makes this future not provably `Send` to callers that spawn it.
-        let sends: Vec<BoxFuture<'_, Result<WsUploadAck>>> = parts
-            .map(|(seq, part)| {
-                let req = chunk(seq, part);
-                async move {
-                    self.call::<_, WsUploadAck>(WorkspaceOp::Upload, &req, true)
-                        .await
-                }
-                .boxed()
-            })
-            .collect();
-        let mut sent = futures::stream::iter(sends).buffer_unordered(TRANSFER_WINDOW);
-        while let Some(ack) = sent.next().await {
-            ack?;
-        }
-        Ok(UploadRef {
-            chunks: data
-                .len()
-                .div_ceil(TRANSFER_CHUNK_MAX_BYTES as usize)
-                .max(1) as u64,
-            sha256: hex::encode(Sha256::digest(data)),
-            upload_id,
-        })
-    }
-
     /// Reads `size` bytes by ranges of [`READ_RANGE_BYTES`] (`read` makes the read of the one
     /// at an offset), a few in flight, in order.
     async fn read_ranges<'a>(
@@ -142,7 +102,8 @@ impl WorkspaceClient {
         read: impl Fn(u64) -> BoxFuture<'a, Result<Vec<u8>>>,
     ) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(size as usize);
-        // Built before the stream runs, see `upload_chunks`.
+        // Built before the stream runs (and boxed): a closure or an unboxed future held across
+        // the awaits makes this future not provably `Send` to callers that spawn it.
         let reads: Vec<_> = (0..size)
             .step_by(READ_RANGE_BYTES as usize)
             .map(read)
@@ -192,27 +153,27 @@ impl WorkspaceClient {
         self.call(WorkspaceOp::Init, &req, false).await
     }
 
-    /// Writes a file of any size: inline when it fits one message, else via the object store.
+    /// Writes a file of any size: inline when it fits one message, else by upload chunks
+    /// ([`Transfer::Requests`], see [`write_stream`](Self::write_stream)) or via the object
+    /// store.
     pub async fn write(&self, session: &str, path: &str, data: &[u8]) -> Result<WsEntry> {
-        let mut req = WsWrite {
-            session_id: session.into(),
-            path: path.into(),
-            content: String::new(),
-            encoding: ContentEncoding::Utf8,
-            append: false,
-            requested_by: self.requested_by.clone(),
-            object: None,
-            upload: None,
-        };
-        if data.len() as u64 <= INLINE_MAX_BYTES {
-            (req.content, req.encoding) = wire_content(data);
-            return self.call(WorkspaceOp::Write, &req, false).await;
+        if self.transfer == Transfer::ObjectStore && data.len() as u64 > INLINE_MAX_BYTES {
+            let req = WsWrite {
+                session_id: session.into(),
+                path: path.into(),
+                content: String::new(),
+                encoding: ContentEncoding::Utf8,
+                append: false,
+                requested_by: self.requested_by.clone(),
+                object: Some(self.upload(data).await?),
+                upload: None,
+            };
+            return self.call(WorkspaceOp::Write, &req, true).await;
         }
-        match self.transfer {
-            Transfer::Requests => req.upload = Some(self.upload_chunks(session, data).await?),
-            Transfer::ObjectStore => req.object = Some(self.upload(data).await?),
-        }
-        self.call(WorkspaceOp::Write, &req, true).await
+        let whole = futures::stream::iter([Ok(Bytes::copy_from_slice(data))]);
+        self.write_stream(session, path, whole)
+            .await
+            .map_err(StreamError::into_mesh)
     }
 
     /// Reads a whole file of any size.

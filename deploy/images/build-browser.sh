@@ -4,13 +4,13 @@
 #   IMG=$(deploy/images/build-browser.sh)   # -> sandmesh/browser:<12 hex>, also :latest
 #
 # Progress goes to stderr; the only stdout line is the image reference. Idempotent: the tag is
-# a sha256 of the base image id and every file in browser/, and an existing tag is reused
-# ("up to date"). The base image sandmesh/debian:bookworm comes from build.sh (run when it is
-# missing). REBUILD=1 builds without cache; BUILD_NETWORK as in build.sh.
+# a sha256 of the Chromium layer's id and every file in browser/, and an existing tag is reused
+# ("up to date"). The Chromium layer (sandmesh/chromium, shared with the AIO image, on the
+# base sandmesh/debian:bookworm) comes from `build.sh chromium`, a no-op when it is up to
+# date. REBUILD=1 builds without cache; BUILD_NETWORK as in build.sh.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-readonly BASE_TAG=${BASE_IMAGE:-sandmesh/debian:bookworm}
 readonly REPO=sandmesh/browser
 readonly REBUILD=${REBUILD:-0}
 
@@ -19,10 +19,9 @@ die() { log "error: $*"; exit 1; }
 image_id() { docker image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
 
 command -v docker >/dev/null || die "docker not found"
-if [ -z "$(image_id "$BASE_TAG")" ]; then
-    log "no $BASE_TAG yet: running build.sh for it"
-    "$here/build.sh" >/dev/null
-fi
+# Before this script's lock: build.sh takes the same one.
+BASE_TAG=$("$here/build.sh" chromium)
+readonly BASE_TAG
 base_id=$(image_id "$BASE_TAG")
 [ -n "$base_id" ] || die "base image $BASE_TAG not found"
 

@@ -3,6 +3,8 @@
 #
 #   IMG=$(deploy/images/build.sh)       # -> sandmesh/sandbox:<12 hex>, also tagged :latest
 #   IMG=$(deploy/images/build.sh aio)   # -> sandmesh/aio:<12 hex> (aio-pool instances)
+#   IMG=$(deploy/images/build.sh chromium)  # -> sandmesh/chromium:<12 hex>, the Chromium layer
+#                                       #    the AIO and browser images are built FROM
 #
 # Progress goes to stderr; the only stdout line is the image reference (printed last).
 # Idempotent: the tag is a content hash of the Dockerfile(s), the base image id and the
@@ -42,7 +44,11 @@ case "${1:-sandbox}" in
         readonly BIN_DOCKERFILE=Dockerfile.agent BIN=${AGENT_BIN:-} BIN_VAR=AGENT_BIN
         readonly BIN_ROLE=agent
         ;;
-    *) printf 'build.sh: unknown image %s (sandbox | aio)\n' "$1" >&2; exit 64 ;;
+    chromium)
+        readonly TARGET=chromium RUNTIME_REPO=sandmesh/chromium REPO=sandmesh/chromium
+        readonly BIN_NAME= BIN_LABEL= BIN_DOCKERFILE= BIN= BIN_VAR= BIN_ROLE=
+        ;;
+    *) printf 'build.sh: unknown image %s (sandbox | aio | chromium)\n' "$1" >&2; exit 64 ;;
 esac
 # The Debian archive this machine's own apt uses (no registry host is written in the
 # repository): the first URI of a `deb` source whose suite is the release (`main`) or its
@@ -197,7 +203,19 @@ base_id=$(image_id "$base_ref")
 dockerfile=$here/$TARGET/Dockerfile
 bin_dockerfile=$here/$TARGET/$BIN_DOCKERFILE
 
-rt_hash=$({ printf 'sandmesh-%s-runtime\nbase %s\n' "$TARGET" "$base_id"; cat "$dockerfile"; } | sha256)
+# layer_hash NAME FROM: the content hash of the layer NAME/Dockerfile makes on FROM ("base
+# <image id>", or another layer's "<name> <hash>"), so a whole chain is named before any of it
+# is built.
+layer_hash() { { printf 'sandmesh-%s-runtime\n%s\n' "$1" "$2"; cat "$here/$1/Dockerfile"; } | sha256; }
+# The AIO image stands on the Chromium layer it shares with the browser image.
+from_ref=$base_ref
+from_key="base $base_id"
+if [ "$TARGET" = aio ]; then
+    chromium_hash=$(layer_hash chromium "$from_key")
+    from_ref=sandmesh/chromium:${chromium_hash:0:12}
+    from_key="chromium $chromium_hash"
+fi
+rt_hash=$(layer_hash "$TARGET" "$from_key")
 rt_ref=$RUNTIME_REPO:${rt_hash:0:12}
 
 ctx=
@@ -221,10 +239,18 @@ final_ref=$REPO:${final_hash:0:12}
 if [ "$REBUILD" != 1 ] && [ -n "$(image_id "$final_ref")" ]; then
     log "up to date: $final_ref"
 else
-    if [ "$REBUILD" = 1 ] || [ -z "$(image_id "$rt_ref")" ]; then
-        log "building $rt_ref from $base_ref"
+    if [ "$from_ref" != "$base_ref" ] && { [ "$REBUILD" = 1 ] || [ -z "$(image_id "$from_ref")" ]; }; then
+        log "building $from_ref from $base_ref"
         t0=$SECONDS
         docker_build --build-arg "BASE_IMAGE=$base_ref" \
+            --label "org.sandmesh.hash=${chromium_hash:0:12}" -t "$from_ref" - <"$here/chromium/Dockerfile"
+        docker tag "$from_ref" sandmesh/chromium:latest
+        log "built $from_ref in $((SECONDS - t0))s"
+    fi
+    if [ "$REBUILD" = 1 ] || [ -z "$(image_id "$rt_ref")" ]; then
+        log "building $rt_ref from $from_ref"
+        t0=$SECONDS
+        docker_build --build-arg "BASE_IMAGE=$from_ref" \
             --label "org.sandmesh.hash=${rt_hash:0:12}" -t "$rt_ref" - <"$dockerfile"
         log "built $rt_ref in $((SECONDS - t0))s"
     fi

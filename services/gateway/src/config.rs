@@ -33,10 +33,13 @@ pub struct Limits {
     /// The largest JSON body (`SANDMESH_GATEWAY_JSON_MAX_BYTES`, default 8 MiB: an execution
     /// may carry its files inline).
     pub json_max_bytes: usize,
-    /// The largest file upload (`SANDMESH_GATEWAY_UPLOAD_MAX_BYTES`, default 256 MiB). An
-    /// upload is held whole in memory before it goes to the store in chunks, so this bounds
-    /// what one request costs.
-    pub upload_max_bytes: usize,
+    /// The largest file upload (`SANDMESH_GATEWAY_UPLOAD_MAX_BYTES`; default none: the
+    /// workspace quota bounds it). Uploads stream to the store by chunks, so their size does
+    /// not change what one request holds in memory.
+    pub upload_max_bytes: Option<u64>,
+    /// How long a request body may send nothing before the request fails with 408
+    /// (`SANDMESH_GATEWAY_BODY_IDLE_TIMEOUT_MS`, default 30 s), on every route.
+    pub body_idle_timeout: Duration,
     /// Requests per second each key may make on average (`SANDMESH_GATEWAY_RATE`, default 50).
     pub rate_per_second: f64,
     /// How many requests a key may make at once after a quiet spell
@@ -53,7 +56,8 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             json_max_bytes: 8 << 20,
-            upload_max_bytes: 256 << 20,
+            upload_max_bytes: None,
+            body_idle_timeout: Duration::from_secs(30),
             rate_per_second: 50.0,
             burst: 100,
             request_timeout: Duration::from_secs(60),
@@ -91,7 +95,8 @@ impl GatewayConfig {
         let d = Limits::default();
         let limits = Limits {
             json_max_bytes: r.parse("GATEWAY_JSON_MAX_BYTES", d.json_max_bytes),
-            upload_max_bytes: r.parse("GATEWAY_UPLOAD_MAX_BYTES", d.upload_max_bytes),
+            upload_max_bytes: r.optional("GATEWAY_UPLOAD_MAX_BYTES"),
+            body_idle_timeout: r.millis("GATEWAY_BODY_IDLE_TIMEOUT_MS", d.body_idle_timeout),
             rate_per_second: r.parse("GATEWAY_RATE", d.rate_per_second),
             burst: r.parse("GATEWAY_BURST", d.burst),
             request_timeout: r.millis("GATEWAY_TIMEOUT_MS", d.request_timeout),
@@ -99,6 +104,9 @@ impl GatewayConfig {
         };
         if !(limits.rate_per_second.is_finite() && limits.rate_per_second > 0.0) {
             r.error("SANDMESH_GATEWAY_RATE: must be a positive number of requests per second");
+        }
+        if limits.body_idle_timeout.is_zero() {
+            r.error("SANDMESH_GATEWAY_BODY_IDLE_TIMEOUT_MS: must be at least 1");
         }
         if limits.burst == 0 {
             r.error("SANDMESH_GATEWAY_BURST: must be at least 1");
