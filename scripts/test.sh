@@ -14,6 +14,34 @@ fi
 # nothing changed; the first build installs Debian's chromium, a few minutes).
 deploy/images/build-browser.sh >/dev/null
 export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
+# Every container and network the tests' meshes make carries this run's mark
+# (`sandmesh.test-run`: this script's pid and start). What a run that died or a test that
+# panicked left behind is removed: an earlier run's when its script is gone (a concurrent run
+# on the same host keeps its own), this run's at its end. A user's own mesh is never touched.
+export SANDMESH_TEST_RUN="$$-$(date +%s)"
+# run_alive PID-START: that run's script still runs (the pid is there and started no later
+# than the run did, so a reused pid does not count).
+run_alive() {
+  local age
+  age=$(ps -o etimes= -p "${1%%-*}" 2>/dev/null | tr -d ' ') || return 1
+  [ -n "$age" ] && [ $(( $(date +%s) - age )) -le $(( ${1#*-} + 5 )) ]
+}
+sweep_test_runs() { # sweep_test_runs [mine]: removes dead runs' leftovers (and, with mine, ours)
+  local kind id run n=0
+  for kind in container network; do
+    while read -r id run; do
+      [ -n "$id" ] || continue
+      if [ "$run" = "$SANDMESH_TEST_RUN" ] && [ "${1:-}" != mine ]; then continue; fi
+      if [ "$run" != "$SANDMESH_TEST_RUN" ] && run_alive "$run"; then continue; fi
+      if [ "$kind" = container ]; then docker rm -f "$id" >/dev/null 2>&1 && n=$((n + 1)); fi
+      if [ "$kind" = network ]; then docker network rm "$id" >/dev/null 2>&1 && n=$((n + 1)); fi
+    done < <(docker "$kind" ls $([ "$kind" = container ] && echo -a) --filter label=sandmesh.test-run \
+               --format '{{.ID}} {{.Label "sandmesh.test-run"}}')
+  done
+  [ "$n" = 0 ] || echo "removed $n containers and networks test runs left behind" >&2
+}
+sweep_test_runs
+trap 'sweep_test_runs mine' EXIT
 # The package index the egress test downloads a package from (issue 13): its hosts are the
 # machine's own configuration, never this repository's — pip's configured index-url when there
 # is one, else pip's default index as pip itself names it. A machine whose HTTPS goes through an

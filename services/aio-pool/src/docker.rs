@@ -95,13 +95,15 @@ impl InstanceSpec {
     }
 
     pub fn labels(&self, instance: &str) -> HashMap<String, String> {
-        HashMap::from([
+        [
             (LABEL_SANDMESH.to_string(), "1".to_string()),
             (LABEL_MESH.to_string(), self.mesh.clone()),
-            (containers::LABEL_MESH.to_string(), self.mesh.clone()),
             (LABEL_OWNER.to_string(), self.owner.clone()),
             (LABEL_INSTANCE.to_string(), instance.to_string()),
-        ])
+        ]
+        .into_iter()
+        .chain(containers::mesh_labels(&self.mesh))
+        .collect()
     }
 
     pub fn container_body(&self, instance: &str, api_key: &str) -> ContainerCreateBody {
@@ -148,12 +150,14 @@ pub async fn ensure_network(docker: &Docker, spec: &InstanceSpec) -> Result<(), 
     {
         return Ok(());
     }
-    let labels = HashMap::from([
+    let labels = [
         (LABEL_SANDMESH.to_string(), "1".to_string()),
         (LABEL_MESH.to_string(), spec.mesh.clone()),
-        (containers::LABEL_MESH.to_string(), spec.mesh.clone()),
         (LABEL_OWNER.to_string(), spec.owner.clone()),
-    ]);
+    ]
+    .into_iter()
+    .chain(containers::mesh_labels(&spec.mesh))
+    .collect();
     let request = NetworkCreateRequest {
         name: spec.network.clone(),
         driver: Some("bridge".into()),

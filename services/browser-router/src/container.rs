@@ -128,6 +128,17 @@ impl Containers {
         &self.docker
     }
 
+    /// What every container and network of this router carries.
+    fn labels(&self) -> HashMap<String, String> {
+        [
+            (LABEL_BROWSER.to_string(), "1".to_string()),
+            (LABEL_ROUTER.to_string(), self.router.clone()),
+        ]
+        .into_iter()
+        .chain(containers::mesh_labels(&self.mesh))
+        .collect()
+    }
+
     pub fn router(&self) -> &str {
         &self.router
     }
@@ -151,11 +162,7 @@ impl Containers {
                 "com.docker.network.bridge.enable_icc".to_string(),
                 "false".to_string(),
             )])),
-            labels: Some(HashMap::from([
-                (LABEL_BROWSER.to_string(), "1".to_string()),
-                (LABEL_ROUTER.to_string(), self.router.clone()),
-                (containers::LABEL_MESH.to_string(), self.mesh.clone()),
-            ])),
+            labels: Some(self.labels()),
             ..Default::default()
         };
         match self.docker.create_network(body).await {
@@ -256,11 +263,7 @@ impl Containers {
             image: Some(self.image.clone()),
             user: Some(format!("{BROWSER_UID}:{BROWSER_UID}")),
             env: Some(Vec::new()),
-            labels: Some(HashMap::from([
-                (LABEL_BROWSER.to_string(), "1".to_string()),
-                (LABEL_ROUTER.to_string(), self.router.clone()),
-                (containers::LABEL_MESH.to_string(), self.mesh.clone()),
-            ])),
+            labels: Some(self.labels()),
             host_config: Some(host),
             ..Default::default()
         }

@@ -59,6 +59,22 @@ impl DockerError {
 /// mesh's leftovers by one label. Janitors judge only what also carries their own labels.
 pub const LABEL_MESH: &str = "sandmesh.mesh";
 
+/// Set on every container and network the mesh makes while `SANDMESH_TEST_RUN` is in the
+/// process environment: the test command marks each run (`scripts/test.sh`), so what a run
+/// that died or panicked left behind is found and removed by the next one, and a mesh of a
+/// user's own on the same host is never touched.
+pub const LABEL_TEST_RUN: &str = "sandmesh.test-run";
+
+/// The labels that say whose a container or network is: [`LABEL_MESH`], and under a test run
+/// [`LABEL_TEST_RUN`].
+pub fn mesh_labels(mesh: &str) -> impl Iterator<Item = (String, String)> {
+    let run = std::env::var("SANDMESH_TEST_RUN")
+        .ok()
+        .filter(|r| !r.is_empty());
+    std::iter::once((LABEL_MESH.to_string(), mesh.to_string()))
+        .chain(run.map(|r| (LABEL_TEST_RUN.to_string(), r)))
+}
+
 pub async fn connect() -> Result<Docker, DockerError> {
     let docker = Docker::connect_with_local_defaults().map_err(DockerError::Connect)?;
     docker

@@ -131,12 +131,14 @@ impl SandboxSpec {
         });
         // The network stays `none`: the egress socket directory is the only way out.
         host.binds = egress_bind.map(|bind| vec![bind.to_string()]);
-        let mut labels = HashMap::from([
+        let mut labels: HashMap<String, String> = [
             (LABEL_SANDMESH.to_string(), "1".to_string()),
             (LABEL_NODE.to_string(), self.node_id.clone()),
-            (LABEL_MESH.to_string(), self.mesh.clone()),
             (LABEL_KIND.to_string(), kind.as_str().to_string()),
-        ]);
+        ]
+        .into_iter()
+        .chain(containers::mesh_labels(&self.mesh))
+        .collect();
         if let Some(s) = session {
             labels.insert(LABEL_SESSION.to_string(), s.to_string());
         }
