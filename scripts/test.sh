@@ -64,12 +64,20 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "installing cargo-nextest (runs the tests in parallel)" >&2
   cargo install --locked cargo-nextest >&2
 fi
-cargo nextest run --workspace --no-fail-fast "$@"
+# Every suite below runs even when one before it failed (one run shows every failure); the
+# script fails at the end, naming which.
+failed=()
+suite() { local name=$1; shift; "$@" || failed+=("$name"); }
+suite "cargo nextest" cargo nextest run --workspace --no-fail-fast "$@"
 # nextest runs no doctests: the documentation's examples compile (and run) here.
-cargo test --workspace --doc --no-fail-fast
+suite "doctests" cargo test --workspace --doc --no-fail-fast
 # The Python SDK against a real mesh started from the binaries just built (a cached venv under
 # .tools/; pip installs its test extra the first time).
-clients/python/run-tests.sh
+suite "python SDK" clients/python/run-tests.sh
 # The HTTP gateway's OpenAPI document: validated, and schemathesis against a live gateway (a
 # bounded number of examples per operation; no 5xx, every answer as documented).
-services/gateway/check-openapi.sh
+suite "OpenAPI check" services/gateway/check-openapi.sh
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED: ${failed[*]}" >&2
+  exit 1
+fi
