@@ -167,7 +167,8 @@ impl WorkspaceClient {
         S: Stream<Item = std::result::Result<Bytes, E>> + Send,
         E: Send,
     {
-        let mut content = pin!(content);
+        // Fused: the last, short chunk is cut when the end is seen, and the next read asks again.
+        let mut content = pin!(content.fuse());
         let mut carry = Bytes::new();
         let upload_id = messages::new_id();
         let mut digest = Sha256::new();

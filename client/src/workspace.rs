@@ -26,8 +26,8 @@ use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{
     upload_name, Ack, WsArchive, WsCleaned, WsCleanup, WsEntry, WsFetch, WsFile, WsInit, WsList,
-    WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest,
-    WsWrite, INLINE_MAX_BYTES, OBJECT_CHUNK_SIZE, READ_RANGE_BYTES,
+    WsListing, WsPath, WsRead, WsRestore, WsRestored, WsSnapshot, WsUsage, WsUsageRequest, WsWrite,
+    INLINE_MAX_BYTES, OBJECT_CHUNK_SIZE, READ_RANGE_BYTES,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -181,6 +181,19 @@ pub enum Scenario {
         #[command(flatten)]
         load: LoadArgs,
     },
+    /// The HTTP gateway: `print(1)` as a bare Docker exec, through NATS and through
+    /// `POST /api/v1/execute`, at each concurrency; the gateway's p50 and p99 over NATS's.
+    Http {
+        #[command(flatten)]
+        load: LoadArgs,
+        /// The gateway (default: the one `--spawn-mesh` started).
+        #[arg(long, env = "SANDMESH_GATEWAY_ADDR")]
+        gateway: Option<std::net::SocketAddr>,
+        /// An API key of tenant `default` (default: one made with `sandmesh tenant key
+        /// create` in the spawned mesh's data directory).
+        #[arg(long, env = "SANDMESH_GATEWAY_KEY")]
+        key: Option<String>,
+    },
     /// A blend with hostile programs; results by status; leaked containers.
     Mixed {
         #[command(flatten)]

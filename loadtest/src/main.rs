@@ -1,7 +1,7 @@
 //! `loadtest`: measures a running sandmesh against what this machine can do at best (bare
 //! Docker execs in the same run), and writes the figures as JSON and a short summary.
 //!
-//! Scenarios: `baseline`, `exec`, `assess`, `workspace`, `mixed`, `burst`, `idle-rss`, and
+//! Scenarios: `baseline`, `exec`, `http`, `assess`, `workspace`, `mixed`, `burst`, `idle-rss`, and
 //! `all` (every one of them, the README's figures). `--spawn-mesh` starts
 //! `target/release/sandmesh up` on a free port first, so one command reproduces everything.
 //! Traffic goes to loopback only; every loop is bounded in count and time. With
@@ -115,6 +115,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         mesh,
         docker,
         warm_pool: cli.warm_pool,
+        gateway: spawned.as_ref().and_then(|p| p.gateway),
         sandmesh_bin,
         work_dir,
         timeout,
@@ -224,6 +225,21 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
         Scenario::Light { load } => {
             let (c, l) = load.resolve(&[1, 4], 400, 20.0);
             light::light(ctx, &cli.image, &c, l).await
+        }
+        Scenario::Http { load, gateway, key } => {
+            let (c, l) = load.resolve(&[1, 4], 400, 20.0);
+            let gateway = gateway
+                .or(ctx.gateway)
+                .context("no gateway: --gateway ADDR, or --spawn-mesh")?;
+            let key = match key {
+                Some(key) => key.clone(),
+                None if ctx.gateway.is_some() => {
+                    scenarios::http::create_key(&ctx.sandmesh_bin, &ctx.work_dir.join("mesh"))?
+                }
+                None => anyhow::bail!("no API key: --key (SANDMESH_GATEWAY_KEY)"),
+            };
+            scenarios::http::wait_for(gateway).await?;
+            scenarios::http::http(ctx, &cli.image, gateway, &key, &c, l).await
         }
         Scenario::Burst(b) => run_burst(ctx, b).await,
         Scenario::IdleRss { services } => memory::idle_rss(ctx, services).await,

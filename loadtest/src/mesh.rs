@@ -122,6 +122,8 @@ pub fn free_port() -> anyhow::Result<u16> {
 pub struct MeshProcess {
     pub label: String,
     child: Child,
+    /// The HTTP gateway of a `sandmesh up` started by [`spawn_up`].
+    pub gateway: Option<std::net::SocketAddr>,
 }
 
 impl MeshProcess {
@@ -203,6 +205,7 @@ pub fn spawn(
     Ok(MeshProcess {
         label: label.to_string(),
         child,
+        gateway: None,
     })
 }
 
@@ -217,6 +220,7 @@ pub async fn spawn_up(
 ) -> anyhow::Result<(MeshProcess, String)> {
     let port = free_port()?;
     let url = format!("nats://127.0.0.1:{port}");
+    let gateway: std::net::SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let log = data_dir.join("sandmesh-up.log");
     let data = data_dir.join("mesh");
     let mut process = spawn(
@@ -235,9 +239,14 @@ pub async fn spawn_up(
                 "SANDMESH_METRICS_ADDR",
                 metrics_addr.map(|a| a.to_string()).unwrap_or_default(),
             ),
+            ("SANDMESH_GATEWAY_ADDR", gateway.to_string()),
+            // The `http` scenario's one key makes thousands of requests a second.
+            ("SANDMESH_GATEWAY_RATE", "1000000".into()),
+            ("SANDMESH_GATEWAY_BURST", "1000000".into()),
         ],
         &log,
     )?;
+    process.gateway = Some(gateway);
     let deadline = Instant::now() + limit;
     let (mesh, url) = loop {
         if let Some(status) = process.exited() {

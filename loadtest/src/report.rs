@@ -193,7 +193,7 @@ impl Report {
             .iter_mut()
             // A ratio of a series with failures would compare error replies with executions.
             .filter(|s| {
-                matches!(s.scenario.as_str(), "exec" | "ephemeral-ready")
+                matches!(s.scenario.as_str(), "exec" | "ephemeral-ready" | "http")
                     && s.latency.count > 0
                     && s.all_ok()
             })

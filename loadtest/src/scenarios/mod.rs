@@ -3,6 +3,7 @@
 pub mod assess;
 pub mod burst;
 pub mod exec;
+pub mod http;
 pub mod light;
 pub mod memory;
 pub mod mixed;
@@ -29,6 +30,8 @@ pub struct Ctx {
     pub work_dir: PathBuf,
     /// Per-request bound.
     pub timeout: Duration,
+    /// The HTTP gateway of the mesh the loadtest started.
+    pub gateway: Option<std::net::SocketAddr>,
     pub report: Report,
 }
 

@@ -19,13 +19,14 @@ use sandmesh_client::MeshClient;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::body::BodyError;
 use crate::config::Limits;
 use crate::keys::{Caller, KeyStore};
 use crate::openapi::Errors;
 use crate::problem::Problem;
 use crate::rate::RateLimiter;
 use crate::tenants::Tenants;
-use crate::{files, openapi, stream};
+use crate::{body, files, openapi, stream};
 
 /// What every request handler reaches.
 pub struct App {
@@ -50,7 +51,10 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route("/api/v1/sessions/{id}/execute", post(execute_in_session))
         .route("/api/v1/executions/{id}", get(execution))
-        .route("/api/v1/sessions/{id}/files", get(files::list))
+        .route(
+            "/api/v1/sessions/{id}/files",
+            get(files::list).post(files::upload_form),
+        )
         .route(
             "/api/v1/sessions/{id}/files/{*path}",
             get(files::download)
@@ -62,6 +66,10 @@ pub fn router(app: Arc<App>) -> Router {
         // Body caps are the extractors' (per route: files may be larger than JSON), checked
         // as the body streams in; axum's default cap would cut uploads at 2 MB.
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            body::idle_timeout,
+        ))
         .with_state(app)
 }
 
@@ -121,7 +129,13 @@ impl<T: DeserializeOwned> FromRequest<Arc<App>> for Body<T> {
         let cap = app.limits.json_max_bytes;
         let bytes = axum::body::to_bytes(req.into_body(), cap)
             .await
-            .map_err(|_| Problem::too_large(format!("a JSON body may have at most {cap} bytes")))?;
+            .map_err(|e| match BodyError::find(&e) {
+                Some(e) => Problem::from(e),
+                None if is_over_limit(&e) => {
+                    Problem::too_large(format!("a JSON body may have at most {cap} bytes"))
+                }
+                None => Problem::bad_request(kit::error_chain(&e)),
+            })?;
         let json: &[u8] = match bytes.iter().all(u8::is_ascii_whitespace) {
             true => b"null",
             false => &bytes,
@@ -130,6 +144,17 @@ impl<T: DeserializeOwned> FromRequest<Arc<App>> for Body<T> {
             .map(Self)
             .map_err(|e| Problem::bad_request(format!("the body: {e}")))
     }
+}
+
+fn is_over_limit(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// A path parameter (or several) with a problem-shaped rejection.

@@ -1,5 +1,6 @@
-//! A session's workspace files over HTTP: list, upload (the raw body), download (streamed by
-//! ranges, `Range: bytes=…` answered with 206), delete.
+//! A session's workspace files over HTTP: list, upload (the raw body, or the file parts of a
+//! form; either streamed to the store by chunks), download (streamed by ranges,
+//! `Range: bytes=…` answered with 206), delete.
 
 use std::sync::Arc;
 
@@ -8,11 +9,14 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::stream;
-use messages::workspace::READ_RANGE_BYTES;
-use serde::Deserialize;
+use futures::{stream, StreamExt};
+use messages::validate::validate_relative_path;
+use messages::workspace::{INLINE_MAX_BYTES, READ_RANGE_BYTES};
+use sandmesh_client::{Staged, StreamError, WorkspaceClient};
+use serde::{Deserialize, Serialize};
 
 use crate::api::{Agent, App, Params, QueryOf, Reply};
+use crate::body::{self, BodyError};
 use crate::openapi::Errors;
 use crate::problem::Problem;
 use messages::workspace::{Ack, WsEntry, WsListing};
@@ -49,8 +53,9 @@ pub async fn list(
     Ok(Json(listing).into_response())
 }
 
-/// The raw body becomes the file (replacing it). It is taken in whole up to the upload cap
-/// (the client crate's write takes bytes; it then sends them in chunks of one message each).
+/// The raw body becomes the file (replacing it). It streams to the store by chunks as it
+/// arrives (a window of chunks in memory, whatever the size) and becomes visible only once
+/// whole: a body that stalls, breaks off or runs over the cap leaves nothing.
 #[utoipa::path(
     put,
     path = "/api/v1/sessions/{id}/files/{path}",
@@ -67,17 +72,189 @@ pub async fn upload(
     Params((session, path)): Params<(String, String)>,
     req: Request,
 ) -> Reply {
-    let cap = app.limits.upload_max_bytes;
-    let data = axum::body::to_bytes(req.into_body(), cap)
+    validate_relative_path("path", &path).map_err(|e| Problem::bad_request(e.to_string()))?;
+    let length = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let cap = upload_cap(&app, &agent, &session, length).await;
+    if let (Some(cap), Some(length)) = (cap, length) {
+        if length > cap {
+            return Err(Problem::from(&BodyError::TooLarge(cap)));
+        }
+    }
+    let content = body::raw(req.into_body(), cap);
+    let entry = writer(&agent)
+        .write_stream(&session, &path, content)
         .await
-        .map_err(|_| Problem::too_large(format!("an upload may have at most {cap} bytes")))?;
-    let entry = agent
+        .map_err(problem_of)?;
+    Ok(Json(entry).into_response())
+}
+
+/// The most one file may have: the gateway's cap and the workspace quota (which the store
+/// checks again when the file is committed; asked here, for uploads that may be large, so an
+/// oversize one stops as soon as it passes the quota instead of after its last byte).
+async fn upload_cap(app: &App, agent: &Agent, session: &str, length: Option<u64>) -> Option<u64> {
+    let cap = app.limits.upload_max_bytes;
+    if length.is_some_and(|l| l <= INLINE_MAX_BYTES) {
+        return cap;
+    }
+    // No workspace yet, or no answer: the store decides at commit.
+    let quota = agent.mesh.workspace().usage(session).await.ok();
+    match (cap, quota.map(|u| u.quota_bytes)) {
+        (Some(cap), Some(quota)) => Some(cap.min(quota)),
+        (cap, quota) => cap.or(quota),
+    }
+}
+
+fn writer(agent: &Agent) -> WorkspaceClient {
+    agent
         .mesh
         .workspace()
         .requested_by(format!("gateway key {}", agent.caller.key_id))
-        .write(&session, &path, &data)
-        .await?;
-    Ok(Json(entry).into_response())
+}
+
+fn problem_of(e: StreamError<BodyError>) -> Problem {
+    match e {
+        StreamError::Content(e) => Problem::from(&e),
+        StreamError::Mesh(e) => Problem::from(e),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct FormQuery {
+    /// The directory the files go in (default: the workspace's top).
+    pub dir: Option<String>,
+}
+
+/// Parts one form may carry: each small one is held until the form is whole, each large one
+/// is an open upload of the session until then (the store allows 8 at once).
+pub const MAX_FORM_PARTS: usize = 16;
+
+/// The files of a form upload, in the order of their parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FormUpload {
+    pub files: Vec<WsEntry>,
+}
+
+/// A form's file parts (`multipart/form-data`; `curl -F file=@a.csv -F file=@b.png`).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct FormFiles {
+    /// Any number of parts (field names are free), each with a `filename`: the file's path
+    /// under `dir`, checked like every workspace path.
+    #[schema(value_type = Vec<String>, content_media_type = "application/octet-stream")]
+    file: Vec<Vec<u8>>,
+}
+
+/// Uploads the file parts of a form. Each part streams to the store as it arrives, like a raw
+/// upload; the files appear only once the whole form was read, so a form that stalls, breaks
+/// off or carries a bad part leaves none of them.
+#[utoipa::path(
+    post,
+    path = "/api/v1/sessions/{id}/files",
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("dir" = Option<String>, Query, description = "the directory the files go in"),
+    ),
+    request_body(content = FormFiles, content_type = "multipart/form-data", description = "one part per file, each with a filename"),
+    responses((status = 200, description = "the files as stored", body = FormUpload), Errors)
+)]
+pub async fn upload_form(
+    State(app): State<Arc<App>>,
+    agent: Agent,
+    Params(session): Params<String>,
+    QueryOf(query): QueryOf<FormQuery>,
+    req: Request,
+) -> Reply {
+    let dir = match query.dir.as_deref().map(|d| d.trim_end_matches('/')) {
+        None | Some("") => None,
+        Some(dir) => {
+            validate_relative_path("dir", dir).map_err(|e| Problem::bad_request(e.to_string()))?;
+            Some(dir.to_string())
+        }
+    };
+    let boundary = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| Problem::bad_request("send Content-Type: multipart/form-data; boundary=…"))
+        .and_then(|ct| {
+            multer::parse_boundary(ct).map_err(|e| Problem::bad_request(format!("{ct}: {e}")))
+        })?;
+    let cap = upload_cap(&app, &agent, &session, None).await;
+    let form = multer::Multipart::new(
+        body::Paced::new(req.into_body().into_data_stream()),
+        boundary,
+    );
+    let ws = writer(&agent);
+    let mut staged = Vec::new();
+    let read = read_form(form, &ws, &session, dir.as_deref(), cap, &mut staged).await;
+    if let Err(problem) = read {
+        for (_, part) in staged {
+            ws.abandon(&session, part).await;
+        }
+        return Err(problem);
+    }
+    let mut files = Vec::with_capacity(staged.len());
+    let mut parts = staged.into_iter();
+    while let Some((path, part)) = parts.next() {
+        match ws.commit(&session, &path, part).await {
+            Ok(entry) => files.push(entry),
+            Err(e) => {
+                for (_, rest) in parts {
+                    ws.abandon(&session, rest).await;
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(Json(FormUpload { files }).into_response())
+}
+
+/// Stages every file part of `form` into `staged` (path, content), stopping at the first
+/// problem (what was staged stays in `staged` for the caller to drop).
+async fn read_form(
+    mut form: multer::Multipart<'_>,
+    ws: &WorkspaceClient,
+    session: &str,
+    dir: Option<&str>,
+    cap: Option<u64>,
+    staged: &mut Vec<(String, Staged)>,
+) -> Result<(), Problem> {
+    while let Some(field) = form
+        .next_field()
+        .await
+        .map_err(|e| Problem::from(&BodyError::of_form(e)))?
+    {
+        let name = field.name().unwrap_or("").to_string();
+        let Some(file) = field.file_name().map(str::to_string) else {
+            return Err(Problem::bad_request(format!(
+                "part {name:?} has no filename: give each file's path as its filename"
+            )));
+        };
+        let path = match dir {
+            Some(dir) => format!("{dir}/{file}"),
+            None => file,
+        };
+        validate_relative_path("filename", &path)
+            .map_err(|e| Problem::bad_request(format!("part {name:?}: {e}")))?;
+        if staged.len() == MAX_FORM_PARTS {
+            return Err(Problem::too_large(format!(
+                "a form may carry at most {MAX_FORM_PARTS} files"
+            )));
+        }
+        let content = body::capped(field.map(|item| item.map_err(BodyError::of_form)), cap);
+        let part = ws.stage(session, content).await.map_err(problem_of)?;
+        staged.push((path, part));
+    }
+    if staged.is_empty() {
+        return Err(Problem::bad_request(
+            "the form has no file parts (each needs a filename)",
+        ));
+    }
+    Ok(())
 }
 
 /// `upload` for clients that only POST (seed 003 §5 names POST).

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod api;
+pub mod body;
 pub mod config;
 pub mod files;
 pub mod keys;
@@ -119,6 +120,10 @@ pub async fn serve(
         }))
         .await?;
     tracing::info!(url = %url(addr), "gateway serving");
+    // Small answers go out at once, not after the client's delayed ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let served = axum::serve(listener, api::router(app))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

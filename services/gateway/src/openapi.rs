@@ -41,6 +41,10 @@ impl utoipa::IntoResponses for Errors {
             ),
             ("403", "refused by policy (`denied`)"),
             ("404", "no such id for this key's tenant (`not_found`)"),
+            (
+                "408",
+                "the request body sent nothing for too long (`timeout`); nothing was kept",
+            ),
             ("409", "conflicts with the current state (`conflict`)"),
             ("413", "over a size limit (`too_large`)"),
             (
@@ -96,6 +100,7 @@ impl Modify for BearerKeys {
         files::list,
         files::upload,
         files::upload_by_post,
+        files::upload_form,
         files::download,
         files::delete,
     ),

@@ -276,7 +276,7 @@ async fn fifty_megabytes_go_up_and_come_back_by_ranges() {
     assert_eq!((r.body.len(), sha(&r.body)), (data.len(), sha(&data)));
 
     // Over the cap: refused, nothing written.
-    let small = Gateway::start(&mesh, |c| c.limits.upload_max_bytes = 1024).await;
+    let small = Gateway::start(&mesh, |c| c.limits.upload_max_bytes = Some(1024)).await;
     let key = small.key("default");
     let over = format!("/api/v1/sessions/{id}/files/data/over.bin");
     let r = small

@@ -38,6 +38,40 @@ pub async fn start_mesh() -> Mesh {
         .await
 }
 
+/// Tenants and NATS only, and a workspace-store of this quota started here (file tests need
+/// no executor; a small quota makes "over the quota" cheap to reach).
+pub async fn start_store_mesh(quota_mb: u64) -> (Mesh, Store) {
+    let mesh = Mesh::builder().tenants(&["acme"], &[]).start().await;
+    let mut config = workspace_store::WorkspaceConfig::for_url(
+        &mesh.nats.service_url(ServiceName::WorkspaceStore),
+    );
+    config.max_size_mb = quota_mb;
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    let task = tokio::spawn(async move {
+        workspace_store::run(config, token)
+            .await
+            .map_err(|e| kit::error_chain(&e))
+    });
+    (mesh, Store { stop, task })
+}
+
+/// A workspace-store started by [`start_store_mesh`].
+pub struct Store {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl Store {
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let ended = tokio::time::timeout(BOUND, self.task)
+            .await
+            .expect("the store stops in time");
+        ended.expect("task").expect("the store ends cleanly");
+    }
+}
+
 /// A gateway started in-process, with the mesh's tenancy in a file beside its keys.
 pub struct Gateway {
     pub addr: SocketAddr,
@@ -137,6 +171,41 @@ impl Gateway {
             .await
     }
 
+    /// Sends one request whose body is `body`, sent as the server reads it, and reads the
+    /// whole answer.
+    pub async fn send_stream(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: impl futures::Stream<Item = Bytes> + Send + 'static,
+    ) -> Reply {
+        use futures::StreamExt;
+        let frames = body.map(|b| Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b)));
+        let response = self
+            .open_with(
+                method,
+                path,
+                key,
+                headers,
+                http_body_util::StreamBody::new(frames),
+            )
+            .await;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = tokio::time::timeout(BOUND, response.into_body().collect())
+            .await
+            .unwrap_or_else(|_| panic!("{method} {path}: no whole body within {BOUND:?}"))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+            .to_bytes();
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
     /// Sends one request and returns the answer as it starts (its body streams).
     pub async fn open(
         &self,
@@ -146,6 +215,23 @@ impl Gateway {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> hyper::Response<Incoming> {
+        self.open_with(method, path, key, headers, Full::new(body.into()))
+            .await
+    }
+
+    /// `open` with any request body.
+    pub async fn open_with<B>(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: B,
+    ) -> hyper::Response<Incoming>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
         let io = hyper_util::rt::TokioIo::new(stream);
         let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
@@ -160,7 +246,7 @@ impl Gateway {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let request = request.body(Full::new(body.into())).unwrap();
+        let request = request.body(body).unwrap();
         tokio::time::timeout(BOUND, sender.send_request(request))
             .await
             .unwrap_or_else(|_| panic!("{method} {path}: no answer within {BOUND:?}"))
