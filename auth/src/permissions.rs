@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use messages::subjects::TemplateOp;
 use messages::tenancy::{Tenant, OPERATORS_ACCOUNT, SANDBOX_ACCOUNT};
 use messages::{ServiceName, Subjects};
 
@@ -152,6 +153,13 @@ impl<'s> Plan<'s> {
                 self.audits(&mut p);
                 p
             }
+            ServiceName::Templates => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("templates.*")])
+                    .own_kv(&s.templates_bucket());
+                self.audits(&mut p);
+                p
+            }
             ServiceName::Scheduler => {
                 // A sync caller that opted in gets a notice before its result.
                 let mut p = self.base(service, 2);
@@ -171,6 +179,8 @@ impl<'s> Plan<'s> {
                     s.pattern("confirm.*"),
                     s.pattern("workspace.*"),
                     s.pattern("aio.*"),
+                    // Resolves the template an execution or session names.
+                    s.templates(TemplateOp::Get),
                     s.pattern("results.>"),
                     s.pattern("output.>"),
                 ])
@@ -265,6 +275,9 @@ impl<'s> Plan<'s> {
             (s.pattern("confirm.*"), false),
             (s.pattern("workspace.*"), false),
             (s.pattern("browser.*"), false),
+            // Agents read; writing is refused to them twice (`Plan::agent`, and the service
+            // checks the caller).
+            (s.pattern("templates.*"), false),
             (s.aio("acquire"), false),
             (s.aio("release"), false),
             (s.aio("stats"), false),
@@ -367,15 +380,23 @@ impl<'s> Plan<'s> {
         // Imported so agents can follow their own confirmations, but deciding is an operator's:
         // the server refuses it with a permissions violation.
         p.deny_publish = vec![s.confirm(messages::subjects::ConfirmOp::Decide)];
+        // Templates are the operators' to write.
+        p.deny_publish.extend(
+            [TemplateOp::Create, TemplateOp::Update, TemplateOp::Delete].map(|op| s.templates(op)),
+        );
         p
     }
 
     pub(crate) fn operator_imports(&self) -> Vec<String> {
         let s = self.s;
-        let mut out = vec![format!(
-            "{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {:?}}}, share: true}}",
-            s.pattern("confirm.*")
-        )];
+        let mut out: Vec<String> = [s.pattern("confirm.*"), s.pattern("templates.*")]
+            .iter()
+            .map(|subject| {
+                format!(
+                    "{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}, share: true}}"
+                )
+            })
+            .collect();
         for subject in [s.audit_all(), s.confirm_events_all()] {
             out.push(format!(
                 "{{stream: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}}}"
@@ -391,8 +412,12 @@ impl<'s> Plan<'s> {
         let s = self.s;
         let mut p = Permissions::default();
         let own = format!("{}.>", crate::inbox_prefix(user));
-        p.publish([s.pattern("confirm.*"), own.clone()])
-            .subscribe([own]);
+        p.publish([
+            s.pattern("confirm.*"),
+            s.pattern("templates.*"),
+            own.clone(),
+        ])
+        .subscribe([own]);
         match scope {
             Scope::All => {
                 p.subscribe([s.audit_all(), s.confirm_events_all()]);

@@ -68,6 +68,7 @@ fn process_env() -> HashMap<String, String> {
 pub const SERVICES: &[ServiceName] = &[
     ServiceName::RiskAssessor,
     ServiceName::Confirmation,
+    ServiceName::Templates,
     ServiceName::WorkspaceStore,
     ServiceName::DockerExecutor,
     ServiceName::AioPool,
@@ -151,6 +152,9 @@ fn build(
             }
             ServiceName::Confirmation => confirmation::ConfirmationConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(confirmation::run(c, token).await?) }) as ServiceFuture
+            }),
+            ServiceName::Templates => templates::TemplatesConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(templates::run(c, token).await?) }) as ServiceFuture
             }),
             ServiceName::WorkspaceStore => {
                 workspace_store::WorkspaceConfig::from_env(env).map(|c| {

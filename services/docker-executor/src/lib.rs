@@ -80,6 +80,7 @@ pub mod outcome;
 pub mod probe;
 pub mod resident;
 pub mod session;
+pub mod template_images;
 pub mod warm_pool;
 pub mod workspace;
 

@@ -75,6 +75,13 @@ pub struct ServiceLabel {
     pub service: &'static str,
 }
 
+/// A warm pool: the service and the template whose image it keeps warm.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub service: &'static str,
+    pub template: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabel {
     pub backend: &'static str,
@@ -112,10 +119,10 @@ pub struct Metrics {
     pub sessions_active: Family<NodeLabels, Gauge>,
     /// `sandbox_warm_pool_size{service,node}`: ready sandboxes waiting for work.
     pub warm_pool_size: Family<NodeLabels, Gauge>,
-    /// `sandbox_warm_pool_hits_total{service}`: work that found a warm sandbox.
-    pub warm_pool_hits: Family<ServiceLabel, Counter>,
-    /// `sandbox_warm_pool_misses_total{service}`: work that had to start one cold.
-    pub warm_pool_misses: Family<ServiceLabel, Counter>,
+    /// `sandbox_warm_pool_hits_total{service,template}`: work that found a warm sandbox.
+    pub warm_pool_hits: Family<PoolLabels, Counter>,
+    /// `sandbox_warm_pool_misses_total{service,template}`: work that had to start one cold.
+    pub warm_pool_misses: Family<PoolLabels, Counter>,
     /// `sandbox_runtime_nodes_healthy{backend}`: executor nodes with a live heartbeat, as the
     /// scheduler's registry sees them.
     pub runtime_nodes_healthy: Family<BackendLabel, Gauge>,

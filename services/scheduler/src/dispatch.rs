@@ -85,6 +85,7 @@ impl Dispatcher {
                 _ => RunKind::Pooled,
             },
             network: exec.request.network.clone(),
+            template: exec.template.clone(),
         };
         let needs = Requirements {
             cpus: limits.cpus,
@@ -106,12 +107,16 @@ impl Dispatcher {
                 )
                 .await;
         }
+        // A template that adds packages runs in its own image, which only docker executors
+        // build and run.
+        let own_image = exec.template.as_ref().is_some_and(|t| !t.image.is_base());
         let light = light_backend(
             self.ephemeral_backend,
             exec.tier,
             exec.risk.level,
             exec.request.session_id.is_some(),
-        );
+        )
+        .filter(|_| !own_image);
         if let Some(backend) = light {
             let needs = Requirements { backend, ..needs };
             if let Some(result) = self.place(backend, &run, needs, deadline, &scope).await? {

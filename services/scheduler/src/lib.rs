@@ -58,6 +58,7 @@ pub mod resumer;
 pub mod root;
 pub mod session_api;
 pub mod sessions;
+pub mod templates;
 pub mod tier;
 
 use std::sync::Arc;
