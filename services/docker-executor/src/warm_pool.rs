@@ -64,11 +64,25 @@ pub struct WarmPoolState {
 
 impl WarmPoolState {
     fn publish_size(&self) {
-        if self.args.template.is_none() {
-            self.args
+        match &self.args.template {
+            None => self
+                .args
                 .node
                 .warm
-                .store(self.ready.len(), Ordering::Relaxed);
+                .store(self.ready.len(), Ordering::Relaxed),
+            Some(template) => {
+                let labels = PoolLabels {
+                    service: crate::janitor::SERVICE_NAME,
+                    template: template.clone(),
+                };
+                let gauge = self
+                    .args
+                    .node
+                    .metrics
+                    .template_warm_pool_size
+                    .get_or_create(&labels);
+                gauge.set(self.ready.len() as i64);
+            }
         }
     }
 

@@ -119,6 +119,9 @@ pub struct Metrics {
     pub sessions_active: Family<NodeLabels, Gauge>,
     /// `sandbox_warm_pool_size{service,node}`: ready sandboxes waiting for work.
     pub warm_pool_size: Family<NodeLabels, Gauge>,
+    /// `sandbox_template_warm_pool_size{service,template}`: ready sandboxes of a template's
+    /// own image (the node's own image's are `warm_pool_size`).
+    pub template_warm_pool_size: Family<PoolLabels, Gauge>,
     /// `sandbox_warm_pool_hits_total{service,template}`: work that found a warm sandbox.
     pub warm_pool_hits: Family<PoolLabels, Counter>,
     /// `sandbox_warm_pool_misses_total{service,template}`: work that had to start one cold.
@@ -146,6 +149,7 @@ impl Default for Metrics {
             execution_duration: Family::new_with_constructor(duration_histogram),
             sessions_active: Family::default(),
             warm_pool_size: Family::default(),
+            template_warm_pool_size: Family::default(),
             warm_pool_hits: Family::default(),
             warm_pool_misses: Family::default(),
             runtime_nodes_healthy: Family::default(),
@@ -182,6 +186,11 @@ impl Metrics {
             "sandbox_warm_pool_size",
             "Ready sandboxes waiting for work",
             m.warm_pool_size.clone(),
+        );
+        r.register(
+            "sandbox_template_warm_pool_size",
+            "Ready sandboxes of a template's own image",
+            m.template_warm_pool_size.clone(),
         );
         r.register(
             "sandbox_warm_pool_hits",

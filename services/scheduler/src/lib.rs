@@ -215,6 +215,7 @@ pub async fn run(
             affinity.clone(),
             aio.clone(),
             config.exec_grace,
+            config.template_build_grace,
             config.ephemeral_backend,
         ),
         auditor.clone(),

@@ -105,6 +105,15 @@ impl Pipeline {
         let fresh_id = req.execution_id.is_none();
         req.execution_id
             .get_or_insert_with(|| mint_id(&origin.caller));
+        // A session's runs are in its template unless a run names its own. (One more read of
+        // the session's record, for session runs that name none; the image must be known
+        // before the limits are checked.)
+        if let (None, Some(id)) = (&req.template, &req.session_id) {
+            match self.dispatcher.session(id).await {
+                Ok(record) => req.template = record.and_then(|r| r.template),
+                Err(e) => return Outcome::Retry(e),
+            }
+        }
         let template = match crate::templates::resolve(&self.caller, &self.subjects, &mut req).await
         {
             Ok(template) => Ok(template),

@@ -12,8 +12,32 @@ use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::error::dependency_error;
 
+/// The template named `name`. An unknown name is the client's mistake (400), not a missing
+/// resource of the call it made.
+pub async fn lookup(
+    caller: &Caller,
+    subjects: &Subjects,
+    name: &str,
+) -> Result<Template, ErrorBody> {
+    let asked = TemplateRef { name: name.into() };
+    match caller
+        .call::<_, TemplateRecord>(subjects.templates(TemplateOp::Get), &asked)
+        .await
+    {
+        Ok(record) => Ok(record.template),
+        Err(CallError::Service(body)) if body.kind == ErrorKind::NotFound => {
+            Err(ErrorBody::bad_request(format!(
+                "unknown template {name:?}; `sandmesh template list` shows the templates"
+            ))
+            .with_details(serde_json::json!({ "field": "template" })))
+        }
+        Err(CallError::Service(body)) if body.kind == ErrorKind::BadRequest => Err(body),
+        Err(e) => Err(dependency_error("templates", e)),
+    }
+}
+
 /// Reads the template `req` names and applies its defaults to `req`. `Ok(None)`: it names
-/// none. An unknown name is the client's mistake (400), not a missing resource of the call.
+/// none.
 pub async fn resolve(
     caller: &Caller,
     subjects: &Subjects,
@@ -22,28 +46,12 @@ pub async fn resolve(
     let Some(name) = req.template.clone() else {
         return Ok(None);
     };
-    let asked = TemplateRef { name: name.clone() };
-    let record: TemplateRecord = match caller
-        .call(subjects.templates(TemplateOp::Get), &asked)
-        .await
-    {
-        Ok(record) => record,
-        Err(CallError::Service(body)) if body.kind == ErrorKind::NotFound => {
-            return Err(ErrorBody::bad_request(format!(
-                "unknown template {name:?}; `sandmesh template list` shows the templates"
-            ))
-            .with_details(serde_json::json!({ "field": "template" })));
-        }
-        Err(CallError::Service(body)) if body.kind == ErrorKind::BadRequest => {
-            return Err(body);
-        }
-        Err(e) => return Err(dependency_error("templates", e)),
-    };
-    apply(&record.template, req);
+    let template = lookup(caller, subjects, &name).await?;
+    apply(&template, req);
     Ok(Some(RunTemplate {
         name,
-        image: record.template.image_spec(),
-        warm_pool: record.template.warm_pool,
+        image: template.image_spec(),
+        warm_pool: template.warm_pool,
     }))
 }
 

@@ -60,7 +60,11 @@ async fn operators_write_and_every_tenants_agents_read_the_same_templates() {
         .contains(&"python3-pandas".to_string()));
 
     // An operator adds one; both tenants see it.
-    operator.templates().create(&template("tabular")).await.unwrap();
+    operator
+        .templates()
+        .create(&template("tabular"))
+        .await
+        .unwrap();
     let again = operator.templates().create(&template("tabular")).await;
     assert_eq!(again.unwrap_err().kind(), ErrorKind::Conflict);
     assert_eq!(
@@ -71,7 +75,10 @@ async fn operators_write_and_every_tenants_agents_read_the_same_templates() {
     // Agents cannot write: the server refuses the publish, so nothing reaches the service.
     for refused in [
         acme.templates().create(&template("mine")).await.map(drop),
-        acme.templates().update(&template("tabular")).await.map(drop),
+        acme.templates()
+            .update(&template("tabular"))
+            .await
+            .map(drop),
         beta.templates().delete("python-data").await.map(drop),
     ] {
         assert!(refused.is_err(), "an agent's write went through");
