@@ -12,6 +12,11 @@ use messages::{ServiceName, Subjects};
 
 use crate::Scope;
 
+/// How long the scheduler and the docker executors may take to answer a run: a run's first
+/// use of a template waits for its image to be built (minutes; the scheduler allows
+/// `SANDMESH_SCHED_TEMPLATE_BUILD_MS`, 15 min, on top of the run's own time).
+const SLOW_REPLY: &str = "30m";
+
 /// One user's permissions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Permissions {
@@ -21,6 +26,9 @@ pub struct Permissions {
     /// How many replies the user may send to a request it received (0: none). Replies to
     /// requests through an import go to `_R_.…` subjects no allow-list could name in advance.
     pub responses: u32,
+    /// How long after the request those replies may come (nats-server's default: 2 min).
+    /// `None`: the default.
+    pub responses_expire: Option<String>,
 }
 
 impl Permissions {
@@ -35,7 +43,11 @@ impl Permissions {
         }
         let _ = write!(out, "}}, subscribe: {{allow: {}}}", list(&self.subscribe));
         if self.responses > 0 {
-            let _ = write!(out, ", allow_responses: {{max: {}}}", self.responses);
+            let _ = write!(out, ", allow_responses: {{max: {}", self.responses);
+            if let Some(expires) = &self.responses_expire {
+                let _ = write!(out, ", expires: {expires:?}");
+            }
+            out.push('}');
         }
         out.push('}');
         out
@@ -163,6 +175,7 @@ impl<'s> Plan<'s> {
             ServiceName::Scheduler => {
                 // A sync caller that opted in gets a notice before its result.
                 let mut p = self.base(service, 2);
+                p.responses_expire = Some(SLOW_REPLY.into());
                 p.subscribe([
                     s.exec(),
                     s.results_get(),
@@ -194,6 +207,7 @@ impl<'s> Plan<'s> {
             }
             ServiceName::DockerExecutor => {
                 let mut p = self.base(service, 1);
+                p.responses_expire = Some(SLOW_REPLY.into());
                 p.subscribe([s.pattern("executor.docker.>")])
                     .publish([s.pattern("output.>"), s.pattern("workspace.*")])
                     .read_kv(&s.workspace_index_bucket());

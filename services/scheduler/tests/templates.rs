@@ -56,6 +56,7 @@ async fn templates_run_in_their_own_images_without_network_and_warm_from_the_sec
         .metrics(addr)
         .real_risk()
         .confirm(&[])
+        .real_workspace()
         .templates()
         .docker_executors(1)
         .scheduler(|_| {})
