@@ -231,7 +231,12 @@ fn service_env(
 pub fn load_or_create_tenancy(data_dir: &Path, subjects: &Subjects) -> anyhow::Result<Tenancy> {
     let path = data_dir.join(TENANCY_FILE);
     if path.exists() {
-        return Ok(Tenancy::load(&path)?);
+        let mut tenancy = Tenancy::load(&path)?;
+        // A data directory made before a service was added (`templates`) gets its user.
+        if tenancy.add_missing_services() {
+            tenancy.save(&path)?;
+        }
+        return Ok(tenancy);
     }
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
