@@ -31,8 +31,8 @@ pub struct Template {
     pub name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
-    /// The image it builds on; absent: the executor's sandbox image (the only base an
-    /// executor can run, since its supervisor lives there).
+    /// The image it builds on; absent: the executor's sandbox image. Another base must carry
+    /// what the sandbox image does (the supervisor, the `sandbox` user): one built from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
     /// Debian packages (`name` or `name=version`), installed with apt at build time.
