@@ -34,6 +34,10 @@ pub struct ExecArgs {
     /// auto, ephemeral, session or aio (stricter than the risk policy requires only).
     #[arg(long, value_parser = parse_tier)]
     pub tier: Option<TierChoice>,
+    /// Run in this template's image with its defaults (`sandmesh template list`); its first
+    /// use on a node waits for the image to be built.
+    #[arg(long)]
+    pub template: Option<String>,
     /// Time limit for the program.
     #[arg(long)]
     pub timeout_ms: Option<u64>,
@@ -185,6 +189,9 @@ pub fn summary(r: &ExecResult) -> String {
     if let Some(node) = &r.node {
         parts.push(format!("node {node}"));
     }
+    if let Some(t) = &r.template {
+        parts.push(format!("template {} ({})", t.name, t.image));
+    }
     if r.session_restored {
         parts.push("session restored (process state was lost)".into());
     }
@@ -262,6 +269,7 @@ pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
         tier: args.tier.unwrap_or_default(),
         stream_output: !args.json,
         requested_by: std::env::var("USER").ok().map(|u| format!("cli:{u}")),
+        template: args.template.clone(),
         ..Default::default()
     };
     // Subscribed before sending, so the first chunk cannot slip by.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::ErrorBody;
 use crate::network::{NetworkPolicy, NetworkReport};
 use crate::risk::RiskAssessment;
+use crate::template::TemplateRan;
 use crate::tenancy::{unscoped, Tenant};
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -158,6 +159,10 @@ pub struct ExecRequest {
     /// Absent: no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
+    /// The template to run in (`crate::template`): its image, and its defaults for what the
+    /// request leaves out. Absent: the session's template, else the sandbox image as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -294,6 +299,9 @@ pub struct ExecResult {
     /// policy only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkReport>,
+    /// The template and image it ran in (runs that named a template only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateRan>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
 }

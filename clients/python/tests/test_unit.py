@@ -140,11 +140,11 @@ def test_files_travel_as_text_or_base64() -> None:
     ]
 
 
-def test_an_unknown_template_is_refused_before_anything_is_sent() -> None:
-    with pytest.raises(sandmesh.BadRequest, match="template"):
-        exec_request("x", "python", session_id=None, template="gpu-9000", timeout=None, env=None,
-                     files=None, stdin=None, tier=None, limits=None, network=None,
-                     execution_id=None, requested_by=None, stream_output=False)
+def test_a_template_is_passed_through_for_the_mesh_to_resolve() -> None:
+    req = exec_request("x", "python", session_id=None, template="python-data", timeout=None,
+                       env=None, files=None, stdin=None, tier=None, limits=None, network=None,
+                       execution_id=None, requested_by=None, stream_output=False)
+    assert req["template"] == "python-data"
 
 
 def test_refused_results_raise_their_kind_and_ran_results_do_not() -> None:

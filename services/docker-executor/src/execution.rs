@@ -9,6 +9,7 @@ use kit::AuditScope;
 use messages::exec::{ExecResult, ExecStatus, Language, Timing};
 use messages::executor::{ExecutorRun, RunKind};
 use messages::network::NetworkPolicy;
+use messages::template::TemplateRan;
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
 use ractor::RpcReplyPort;
@@ -72,14 +73,24 @@ pub struct Admitted {
     pub job: Job,
     reply: Reply,
     slot: RunSlot,
+    /// The template and image it runs in, once resolved; its result says so.
+    pub ran: Option<TemplateRan>,
 }
 
 impl Admitted {
     pub fn new(job: Job, reply: Reply, slot: RunSlot) -> Self {
-        Self { job, reply, slot }
+        Self {
+            job,
+            reply,
+            slot,
+            ran: None,
+        }
     }
 
-    pub fn answer(self, result: Result<ExecResult, ErrorBody>) {
+    pub fn answer(self, mut result: Result<ExecResult, ErrorBody>) {
+        if let Ok(r) = &mut result {
+            r.template = self.ran;
+        }
         let _ = self.reply.send(result);
         self.slot.finished();
     }
@@ -184,6 +195,14 @@ pub fn request_files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
 }
 
 impl Runner {
+    /// The same runner with its containers made from `image` (a template's).
+    pub fn with_image(&self, image: &str) -> Self {
+        Self {
+            sandboxes: self.sandboxes.with_image(image),
+            ..self.clone()
+        }
+    }
+
     /// Starts a container of `kind`, with an egress proxy of its own when `network` is set
     /// (never for the warm pool: a warm container has no network).
     pub async fn start_container(

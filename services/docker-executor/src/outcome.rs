@@ -162,6 +162,7 @@ mod tests {
                 kind: Default::default(),
                 network: None,
                 tenant: None,
+                template: None,
             },
             accepted: Instant::now(),
             retried: false,

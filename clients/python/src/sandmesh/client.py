@@ -22,7 +22,6 @@ from ._exec import (
     AsyncJob,
     FilesArg,
     TextCallback,
-    check_template,
     exec_request,
     run_exec,
     submit_job,
@@ -142,7 +141,8 @@ class AsyncSandmesh:
             code: the program.
             language: ``python``, ``javascript`` or ``shell``.
             session_id: run in this session (its files and container); see :meth:`session`.
-            template: the sandbox template; only ``python-default`` exists today.
+            template: the sandbox template (``python-data``, ``node-default``, or one an operator
+                added; ``sandmesh template list``); the mesh refuses an unknown one.
             timeout: the program's own time limit in seconds (the mesh's default: 30 s).
             env: environment variables for the program.
             files: files put into the workspace first, ``{path: text or bytes}``.
@@ -280,7 +280,6 @@ class AsyncSandmesh:
         ``s = await sm.session("s1")`` (close it with ``await s.close()``). Opening is
         idempotent by id; without an id the mesh makes one.
         """
-        check_template(template)
         return AsyncSession(
             self,
             session_id,
@@ -291,6 +290,7 @@ class AsyncSandmesh:
                         "language": language,
                         "network": dict(network) if network else None,
                         "requested_by": requested_by,
+                        "template": template,
                     }
                 )
             ),
