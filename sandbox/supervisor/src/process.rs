@@ -51,10 +51,10 @@ enum KillReason {
 /// Counters of the container's cgroup that tell why something died. cgroup v1 (this host)
 /// and v2 paths are both tried.
 #[derive(Debug, Default, Clone, Copy)]
-struct CgroupCounters {
-    oom_kills: u64,
-    pids_max_events: u64,
-    cpu_ns: Option<u64>,
+pub struct CgroupCounters {
+    pub oom_kills: u64,
+    pub pids_max_events: u64,
+    pub cpu_ns: Option<u64>,
 }
 
 fn read_keyed(path: &str, key: &str) -> Option<u64> {
@@ -66,7 +66,7 @@ fn read_keyed(path: &str, key: &str) -> Option<u64> {
 }
 
 impl CgroupCounters {
-    fn read() -> Self {
+    pub fn read() -> Self {
         let oom_kills = read_keyed("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")
             .or_else(|| read_keyed("/sys/fs/cgroup/memory.events", "oom_kill"))
             .unwrap_or(0);

@@ -9,6 +9,10 @@
 //! executor may retry elsewhere), and `Done` with the run process's exit status after them, so
 //! the executor knows where the run ended even if its report never came (the program killed
 //! the run process).
+//!
+//! It also owns the session's kernel ([`Kernel`]): it must outlive the runs, which kill
+//! everything they did not start. A kernel request gets the kernel (started, or restarted
+//! after its death) and its run process inherits the kernel's pipes.
 
 use std::io::{self, Read, Write};
 use std::process::{ChildStdin, Command, ExitCode, Stdio};
@@ -16,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_protocol::{self as protocol, FrameKind};
 
+use crate::kernel::Kernel;
 use crate::process;
 
 /// How long the resident waits for the container's keeper to appear.
@@ -48,6 +53,7 @@ pub fn serve(warm_first: bool) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut input = io::stdin().lock();
+    let mut kernel: Option<Kernel> = None;
     loop {
         let first = match protocol::read_frame(&mut input) {
             Ok(Some(frame)) => frame,
@@ -62,12 +68,21 @@ pub fn serve(warm_first: bool) -> ExitCode {
         if send(FrameKind::Started, b"").is_err() {
             return ExitCode::FAILURE;
         }
-        let run = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(["run", "--keeper", &keeper])
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .spawn();
+            .stderr(Stdio::inherit());
+        let shared = kernel_for(&first, &mut kernel, &exe, &mut command);
+        let run = command.spawn();
+        if let (true, Some(k)) = (shared, &kernel) {
+            if let Err(e) = k.share_pipes(false) {
+                // A later run's program could inherit them: no kernel is better than that.
+                eprintln!("sandmesh-supervisor: hiding the kernel's pipes: {e}");
+                kernel = None;
+            }
+        }
         let (status, forwarded) = match run {
             Ok(mut child) => {
                 let forwarded = forward(first, &mut input, child.stdin.take());
@@ -97,6 +112,40 @@ pub fn serve(warm_first: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+}
+
+/// For a kernel request (`first` is its request frame), gets the kernel ready and names it to
+/// the run `command`, its pipes made inheritable until the spawn (`true`: hide them again
+/// after it). A kernel that cannot start is left out; the run reports why it has none.
+fn kernel_for(
+    first: &(FrameKind, Vec<u8>),
+    kernel: &mut Option<Kernel>,
+    exe: &std::path::Path,
+    command: &mut Command,
+) -> bool {
+    let (FrameKind::Request, payload) = first else {
+        return false;
+    };
+    let spec = match serde_json::from_slice::<protocol::RunSpec>(payload) {
+        Ok(spec) if spec.kernel => spec,
+        _ => return false,
+    };
+    let state = match Kernel::ensure(kernel, exe, &spec) {
+        Ok(state) => state,
+        Err(e) => {
+            eprintln!("sandmesh-supervisor: cannot start the kernel: {e}");
+            return false;
+        }
+    };
+    let Some(k) = kernel.as_ref() else {
+        return false;
+    };
+    if let Err(e) = k.share_pipes(true) {
+        eprintln!("sandmesh-supervisor: sharing the kernel's pipes: {e}");
+        return false;
+    }
+    command.args(["--kernel", &k.handle_arg(state)]);
+    true
 }
 
 /// `docker-init` starts the container's keeper a moment after the container itself, and on a

@@ -160,6 +160,7 @@ pub fn run_spec(job: &Job, config: &ExecutorConfig, keeps_changes: bool) -> RunS
         },
         // Set by the backend whose container has an egress socket.
         egress_socket: None,
+        kernel: req.kernel,
     }
 }
 
