@@ -14,7 +14,7 @@
 #
 # The cell's own fds 0-2 are replaced (stdin /dev/null, stdout and stderr pipes pumped into
 # stream events), so a subprocess's output is captured too and nothing a cell prints can
-# break the framing. The supervisor trusts none of this: it bounds every line and size.
+# break the framing; sys.stdout and sys.stderr send their text as events directly. The supervisor trusts none of this: it bounds every line and size.
 # SIGINT interrupts a running cell (KeyboardInterrupt) and is ignored between cells.
 
 import ast
@@ -44,63 +44,96 @@ for _fd, _name in ((1, "stdout"), (2, "stderr")):
     os.close(_w)
     _pipes[_r] = (_name, codecs.getincrementaldecoder("utf-8")("replace"))
 sys.stdin = open(0, "r", closefd=False)
-sys.stdout = io.TextIOWrapper(
-    io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-    line_buffering=True, write_through=True)
-sys.stderr = io.TextIOWrapper(
-    io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-    line_buffering=True, write_through=True)
 
-_send_lock = threading.Lock()
+# Held while output is read and sent, so events keep the order the output was written in.
+_io_lock = threading.RLock()
+_in_cell = False
+# The main thread is writing an event: an interrupt now would cut a line in half, so it is
+# deferred to the end of the write.
+_sending = False
+_interrupt_pending = False
+_CHUNK = 16384
 
 
 def _send(event):
+    global _sending, _interrupt_pending
     line = (json.dumps(event, ensure_ascii=True) + "\n").encode()
-    with _send_lock:
-        view = memoryview(line)
-        while view:
-            view = view[os.write(_proto_out, view):]
+    main = threading.current_thread() is threading.main_thread()
+    with _io_lock:
+        if main:
+            _sending = True
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(_proto_out, view):]
+        finally:
+            if main:
+                _sending = False
+    if main and _interrupt_pending:
+        _interrupt_pending = False
+        if _in_cell:
+            raise KeyboardInterrupt
 
 
-def _pump_once(timeout):
-    """Forwards what the output pipes hold; False when nothing was readable."""
-    ready, _, _ = select.select(list(_pipes), [], [], timeout)
-    for fd in ready:
-        data = os.read(fd, 65536)
-        name, decoder = _pipes[fd]
-        text = decoder.decode(data)
-        if text:
-            _send({"t": "stream", "name": name, "text": text})
-    return bool(ready)
+def _drain_pipes():
+    """Forwards everything the output pipes hold now (fd-level output: children, C code)."""
+    with _io_lock:
+        while True:
+            ready, _, _ = select.select(list(_pipes), [], [], 0)
+            if not ready:
+                return
+            for fd in ready:
+                name, decoder = _pipes[fd]
+                text = decoder.decode(os.read(fd, 65536))
+                if text:
+                    _send({"t": "stream", "name": name, "text": text})
 
 
-_drain = threading.Event()
-_drained = threading.Event()
+class _Stream(io.TextIOBase):
+    """sys.stdout / sys.stderr: text goes out as events at once, after any fd-level output
+    written before it, so nothing printed is lost if the kernel dies right after."""
+
+    def __init__(self, name, fd):
+        self._name = name
+        self._fd = fd
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def writable(self):
+        return True
+
+    def fileno(self):
+        return self._fd
+
+    def write(self, text):
+        text = str(text)
+        with _io_lock:
+            _drain_pipes()
+            for at in range(0, len(text), _CHUNK):
+                _send({"t": "stream", "name": self._name, "text": text[at:at + _CHUNK]})
+        return len(text)
+
+
+sys.stdout = _Stream("stdout", 1)
+sys.stderr = _Stream("stderr", 2)
 
 
 def _pump():
+    # Output written at the fd level while a cell runs (a child's, a C library's) streams
+    # as it comes.
     while True:
-        _pump_once(0.05)
-        if _drain.is_set():
-            # Everything the cell wrote before asking is in the pipes now: empty them.
-            while _pump_once(0):
-                pass
-            _drain.clear()
-            _drained.set()
+        ready, _, _ = select.select(list(_pipes), [], [], 1.0)
+        if ready:
+            _drain_pipes()
 
 
 threading.Thread(target=_pump, daemon=True).start()
 
 
 def _flush_output():
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    _drained.clear()
-    _drain.set()
-    _drained.wait()
+    _drain_pipes()
 
 
 _MIME = (
@@ -204,16 +237,16 @@ def _capture_figures():
 
 
 _namespace = {"__name__": "__main__", "__builtins__": builtins, "display": display}
-_in_cell = False
 
 
 def _on_sigint(signum, frame):
-    if _in_cell:
-        raise KeyboardInterrupt
-    # Between cells: nothing to interrupt.
-
-
-signal.signal(signal.SIGINT, _on_sigint)
+    global _interrupt_pending
+    if not _in_cell:
+        return  # between cells: nothing to interrupt
+    if _sending:
+        _interrupt_pending = True
+        return
+    raise KeyboardInterrupt
 
 _FLAGS = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 _loop = None
@@ -239,6 +272,8 @@ def _cell_frames(tb):
 
 def _execute(code):
     global _in_cell
+    # Each cell gets the interrupt back, whatever an earlier cell did with SIGINT.
+    signal.signal(signal.SIGINT, _on_sigint)
     _in_cell = True
     try:
         tree = ast.parse(code, "<cell>", "exec")
@@ -286,10 +321,7 @@ def main():
                 sys.stderr.write("".join(error["traceback"]))
             except Exception:
                 pass
-        try:
-            _flush_output()
-        except KeyboardInterrupt:
-            _flush_output()
+        _flush_output()
         if error is not None:
             _send(error)
         _send({"t": "done", "id": cell_id})

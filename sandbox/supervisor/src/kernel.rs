@@ -322,6 +322,7 @@ pub fn run_cell(
             Err(_) => {
                 // The cell ignored the interrupt: the kernel goes, its state with it.
                 let _ = killpg(kernel, Signal::SIGKILL);
+                died = true;
                 break;
             }
         };
@@ -384,6 +385,14 @@ pub fn run_cell(
         }
     }
     report.wall_ms = started.elapsed().as_millis() as u64;
+    if died {
+        // Its pipes close before it is a zombie: the resident must find it dead (and start
+        // a new one) for the next cell, not write that cell to a kernel still exiting.
+        let until = Instant::now() + INTERRUPT_GRACE;
+        while alive(conn.pid) && Instant::now() < until {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
     // What the cell started (background processes, daemons) ends with it; the kernel stays.
     report.processes_killed += process::kill_all(None, &spared);
     let after = CgroupCounters::read();
@@ -394,9 +403,9 @@ pub fn run_cell(
     }
     report.peak_memory_bytes = peak_memory(conn.pid);
     report.outcome = match stop {
-        _ if (died || !alive(conn.pid)) && stop != Some(Stop::Timeout) => Outcome::KernelDied,
         Some(Stop::Timeout) => Outcome::Timeout,
         Some(Stop::OutputLimit) => Outcome::OutputLimit,
+        None if died => Outcome::KernelDied,
         None => Outcome::Exited {
             code: i32::from(report.cell_error.is_some()),
         },
