@@ -283,8 +283,8 @@ pub fn run_cell(
     report: &mut RunReport,
 ) {
     report.state_lost = conn.state == KernelState::Lost;
-    let mut spared = process::spared(keeper);
-    spared.push(conn.pid);
+    // The kernel is among them: it is the resident's child.
+    let spared = process::spared(keeper);
     let kernel = Pid::from_raw(conn.pid);
     let before = CgroupCounters::read();
     let started = Instant::now();

@@ -149,6 +149,22 @@ async fn cells_share_state_and_return_typed_outputs() {
     assert!(e.traceback.iter().any(|l| l.contains("in f")), "{e:?}");
     assert!(r.stderr.contains("ZeroDivisionError"), "{r:?}");
 
+    // What a cell starts dies with it; the kernel stays, also through a plain execution.
+    let r = cell(
+        &h,
+        s,
+        "import subprocess\nsubprocess.Popen(['sleep', '1000'])\n0",
+    )
+    .await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let container = h.session_container(s).await;
+    let strays = h.stray_processes(&container).await;
+    assert!(
+        strays.iter().all(|(_, cmd)| cmd.starts_with("python3 -c")),
+        "only the kernel outlives a cell: {strays:?}"
+    );
+    let r = h.session(s, Language::Shell, "echo plain").await;
+    assert_eq!(r.stdout, "plain\n", "{r:?}");
     let r = cell(&h, s, "print(x)").await;
     assert_eq!((r.stdout.as_str(), r.state_lost), ("41\n", false), "{r:?}");
     h.stop().await;

@@ -97,6 +97,7 @@ def exec_request(
     execution_id: Optional[str],
     requested_by: Optional[str],
     stream_output: bool,
+    kernel: bool = False,
 ) -> Dict[str, Any]:
     """An ``ExecRequest`` (unset fields left out)."""
     check_template(template)
@@ -115,6 +116,7 @@ def exec_request(
             "stream_output": True if stream_output else None,
             "requested_by": requested_by,
             "network": dict(network) if network else None,
+            "kernel": True if kernel else None,
         }
     )
 
