@@ -456,3 +456,97 @@ fn peak_memory(pid: i32) -> u64 {
         })
         .map_or(0, |kb| kb * 1024)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_protocol::OutputKind;
+
+    /// Sends one cell to a driver and collects its events up to `done`.
+    fn cell(child: &mut Child, out: &mut BufReader<ChildStdout>, code: &str) -> Vec<KernelEvent> {
+        let request = serde_json::json!({ "id": "c", "code": code, "workspace": "/tmp" });
+        let stdin = child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{request}").unwrap();
+        let mut events = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the driver ended");
+            let event: KernelEvent = serde_json::from_str(&line).unwrap();
+            if matches!(event, KernelEvent::Done { .. }) {
+                return events;
+            }
+            events.push(event);
+        }
+    }
+
+    fn stdout_of(events: &[KernelEvent]) -> String {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                KernelEvent::Stream { name, text } if name == "stdout" => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_driver_keeps_state_and_types_its_outputs() {
+        let mut child = Command::new("python3")
+            .args(["-c", DRIVER])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        assert!(cell(&mut child, &mut out, "x = 41").is_empty());
+        let events = cell(&mut child, &mut out, "print(x + 1)\n{'x': x}");
+        assert_eq!(stdout_of(&events), "42\n");
+        let outputs: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                KernelEvent::Output(o) => Some((o.kind, o.mime_type.as_str(), o.content.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            outputs,
+            [(OutputKind::Result, "text/plain", Some("{'x': 41}".into()))]
+        );
+        let events = cell(&mut child, &mut out, "def f():\n    1 / 0\nf()");
+        let error = events.iter().find_map(|e| match e {
+            KernelEvent::Error(e) => Some(e),
+            _ => None,
+        });
+        let error = error.expect("an error event");
+        assert_eq!(error.name, "ZeroDivisionError");
+        assert!(
+            error.traceback.iter().all(|l| !l.contains("<string>")),
+            "no driver frames: {error:?}"
+        );
+        let events = cell(&mut child, &mut out, "import os\nos.system('echo child')");
+        assert_eq!(stdout_of(&events), "child\n", "fd-level output is captured");
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success(), "ends when its input does");
+    }
+
+    #[test]
+    fn cell_errors_are_cut_to_a_bounded_size() {
+        let huge = CellError {
+            name: "N".repeat(10_000),
+            value: "v".repeat(100_000),
+            traceback: vec!["t".repeat(20_000); 1000],
+        };
+        let cut = bounded(huge);
+        assert_eq!(cut.name.len(), 256);
+        assert_eq!(cut.value.len(), 16 * 1024);
+        let total: usize = cut.traceback.iter().map(String::len).sum();
+        assert_eq!(total, 48 * 1024);
+    }
+
+    #[test]
+    fn a_malformed_kernel_handle_is_refused() {
+        for bad in ["", "1:2:3", "x:3:4:kept", "1:3:4:maybe"] {
+            assert!(KernelConn::open(bad).is_err(), "{bad:?}");
+        }
+    }
+}
