@@ -288,8 +288,12 @@ pub fn run_cell(
     let kernel = Pid::from_raw(conn.pid);
     let before = CgroupCounters::read();
     let started = Instant::now();
-    // Unique per run, so a `done` the cell forged for another id ends nothing.
-    let id = format!("{}-{}", std::process::id(), started.elapsed().as_nanos());
+    // Unique per run, so a stale `done` (or one written ahead by an earlier cell's thread)
+    // ends nothing.
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let id = format!("{}-{}", std::process::id(), since_epoch.as_nanos());
     let request = serde_json::json!({
         "id": id,
         "code": spec.code,

@@ -141,7 +141,9 @@ fn kernel_for(
         return false;
     };
     if let Err(e) = k.share_pipes(true) {
+        // Perhaps half shared: the kernel goes (with its pipes) rather than leak them.
         eprintln!("sandmesh-supervisor: sharing the kernel's pipes: {e}");
+        *kernel = None;
         return false;
     }
     command.args(["--kernel", &k.handle_arg(state)]);
