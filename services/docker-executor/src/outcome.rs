@@ -42,14 +42,8 @@ fn rich_outputs(outputs: &[sandbox_protocol::RichOutput]) -> Vec<RichOutput> {
         .iter()
         .filter(|o| sandbox_protocol::OUTPUT_MIME_TYPES.contains(&o.mime_type.as_str()))
         .filter_map(|o| {
-            let artifact = |p: &String| {
-                let under = p
-                    .strip_prefix(sandbox_protocol::ARTIFACTS_DIR)
-                    .is_some_and(|rest| rest.starts_with('/'));
-                under && validate_relative_path("path", p).is_ok()
-            };
             let path = match &o.path {
-                Some(p) if !artifact(p) => return None,
+                Some(p) if !is_artifact(p) => return None,
                 path => path.clone(),
             };
             Some(RichOutput {
@@ -68,6 +62,14 @@ fn rich_outputs(outputs: &[sandbox_protocol::RichOutput]) -> Vec<RichOutput> {
             })
         })
         .collect()
+}
+
+/// A plain workspace path under `artifacts/`.
+fn is_artifact(path: &str) -> bool {
+    let under = path
+        .strip_prefix(sandbox_protocol::ARTIFACTS_DIR)
+        .is_some_and(|rest| rest.starts_with('/'));
+    under && validate_relative_path("path", path).is_ok()
 }
 
 /// Turns what the supervisor said (and how the exchange ended) into the result's status.
@@ -305,5 +307,44 @@ mod tests {
         let r = classify(&job(), None, &exchange(Ending::Closed));
         assert_eq!(r.status, ExecStatus::Killed);
         assert!(r.error.unwrap().message.contains("gone"));
+    }
+
+    #[test]
+    fn a_kernel_keeps_only_known_outputs_at_artifact_paths() {
+        let output = |mime: &str, path: Option<&str>| sandbox_protocol::RichOutput {
+            kind: sandbox_protocol::OutputKind::Display,
+            mime_type: mime.into(),
+            content: path.is_none().then(|| "aGk=".into()),
+            base64: true,
+            path: path.map(String::from),
+        };
+        let mut report = RunReport::failed("x");
+        report.outcome = Outcome::KernelDied;
+        report.state_lost = true;
+        report.outputs = vec![
+            output("image/png", None),
+            output("text/html", Some("artifacts/page.html")),
+            output("application/x-evil", None),
+            output("text/html", Some("artifacts/../../etc/passwd")),
+            output("text/html", Some("code/main.py")),
+        ];
+        let r = classify(&job(), Some(&report), &exchange(Ending::Reported));
+        let kept: Vec<_> = r
+            .outputs
+            .iter()
+            .map(|o| (o.mime_type.as_str(), o.encoding, o.path.as_deref()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("image/png", ContentEncoding::Base64, None),
+                (
+                    "text/html",
+                    ContentEncoding::Base64,
+                    Some("artifacts/page.html")
+                ),
+            ]
+        );
+        assert_eq!((r.status, r.state_lost), (ExecStatus::Killed, true));
     }
 }
