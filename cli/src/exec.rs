@@ -41,8 +41,8 @@ pub struct ExecArgs {
     /// Print the whole result as JSON instead of live output and a summary.
     #[arg(long)]
     pub json: bool,
-    /// Run the code as a cell of the session's Python kernel: variables survive between
-    /// cells, and values, `display()` and figures come back as typed outputs.
+    /// Run the code as a cell of the session's kernel (python or javascript): variables
+    /// survive between cells, and values, `display()` and figures come back as typed outputs.
     #[arg(long, requires = "session")]
     pub kernel: bool,
     #[command(flatten)]

@@ -39,13 +39,19 @@ impl ExecClient {
         self.exec_timeout(req, EXEC_TIMEOUT).await
     }
 
-    /// Runs `code` as a cell of session `session_id`'s Python kernel (DESIGN.md §3
-    /// "Kernels"): variables persist between cells, and the result's `outputs` carry the
-    /// cell's typed rich outputs (`state_lost` says when the kernel had to be restarted).
-    pub async fn run_cell(&self, session_id: &str, code: &str) -> Result<ExecResult> {
+    /// Runs `code` as a cell of session `session_id`'s kernel for `language` (python or
+    /// javascript; DESIGN.md §3 "Kernels"): variables persist between cells, and the result's
+    /// `outputs` carry the cell's typed rich outputs (`state_lost` says when the kernel had to
+    /// be restarted).
+    pub async fn run_cell(
+        &self,
+        session_id: &str,
+        language: Language,
+        code: &str,
+    ) -> Result<ExecResult> {
         let req = ExecRequest {
             session_id: Some(session_id.into()),
-            language: Language::Python,
+            language,
             code: code.into(),
             kernel: true,
             ..Default::default()

@@ -158,7 +158,8 @@ pub struct ExecRequest {
     /// Absent: no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
-    /// Run the code as a cell of the session's long-lived interpreter (Python), so variables
+    /// Run the code as a cell of the session's long-lived interpreter (Python or JavaScript,
+    /// as `language` says; not shell), so variables
     /// survive between executions and rich outputs come back typed (DESIGN.md §3 "Kernels").
     /// Needs a session. Absent: a fresh interpreter per execution.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -259,7 +259,8 @@ impl EffectiveLimits {
     }
 }
 
-/// A kernel cell runs in its session's container, in the Python kernel, with no stdin.
+/// A kernel cell runs in its session's container, in a Python or JavaScript kernel, with no
+/// stdin.
 fn validate_kernel(req: &ExecRequest) -> Result<(), ValidationError> {
     if req.session_id.is_none() {
         return Err(ValidationError::invalid(
@@ -267,10 +268,10 @@ fn validate_kernel(req: &ExecRequest) -> Result<(), ValidationError> {
             "a kernel lives in a session: set session_id",
         ));
     }
-    if req.language != crate::exec::Language::Python {
+    if req.language == crate::exec::Language::Shell {
         return Err(ValidationError::invalid(
             "kernel",
-            format!("no {} kernel; kernels run python", req.language.as_str()),
+            "no shell kernel; kernels run python and javascript",
         ));
     }
     if req.tier == crate::exec::TierChoice::Aio {
@@ -430,6 +431,7 @@ mod tests {
             ..req("x = 1")
         };
         assert!(validate_exec(&kernel(Some("s1"), Language::Python, None), &c).is_ok());
+        assert!(validate_exec(&kernel(Some("s1"), Language::Javascript, None), &c).is_ok());
         for bad in [
             kernel(None, Language::Python, None),
             kernel(Some("s1"), Language::Shell, None),

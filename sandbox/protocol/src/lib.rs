@@ -137,11 +137,28 @@ pub struct RunSpec {
     /// points the program's proxy variables there. Absent: no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_socket: Option<String>,
-    /// Run `code` as a cell of the container's Python kernel (started by the resident
-    /// supervisor on first use, kept between runs) instead of as a fresh program; `argv` and
-    /// `stdin` are then unused.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub kernel: bool,
+    /// Run `code` as a cell of the container's kernel for this language (started by the
+    /// resident supervisor on first use, kept between runs) instead of as a fresh program;
+    /// `argv` and `stdin` are then unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelLanguage>,
+}
+
+/// The languages a kernel runs; a container has at most one kernel of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelLanguage {
+    Python,
+    Javascript,
+}
+
+impl KernelLanguage {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KernelLanguage::Python => "python",
+            KernelLanguage::Javascript => "javascript",
+        }
+    }
 }
 
 /// A cell's rich output larger than this (encoded) is written to the workspace's

@@ -1,5 +1,5 @@
-//! The session's Python kernel: a long-lived interpreter (the driver `kernel.py`, embedded
-//! here) whose cells share variables, so `x = 41` in one run and `print(x + 1)` in the next
+//! The session's kernels: long-lived interpreters (the drivers `kernel.py` and `kernel.js`,
+//! embedded here) whose cells share variables, so `x = 41` in one run and `print(x + 1)` in the next
 //! prints 42 (DESIGN.md §3 "Kernels").
 //!
 //! Ownership follows lifetimes. The kernel must outlive a run, and every run process kills
@@ -31,16 +31,18 @@ use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
-    CellError, FrameKind, Outcome, RichOutput, RunReport, RunSpec, INLINE_OUTPUT_MAX,
-    OUTPUT_MIME_TYPES,
+    CellError, FrameKind, KernelLanguage, Outcome, RichOutput, RunReport, RunSpec,
+    INLINE_OUTPUT_MAX, OUTPUT_MIME_TYPES,
 };
 use serde::Deserialize;
 
 use crate::process::{self, CgroupCounters};
 use crate::FrameOut;
 
-/// The driver, run with `python3 -c`: no file a cell could replace between restarts.
-const DRIVER: &str = include_str!("kernel.py");
+/// The drivers, run with `python3 -c` and `node -e`: no file a cell could replace between
+/// restarts.
+const PYTHON_DRIVER: &str = include_str!("kernel.py");
+const JAVASCRIPT_DRIVER: &str = include_str!("kernel.js");
 
 /// How long an interrupted cell may take to stop before its kernel is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(1);
@@ -54,13 +56,45 @@ const MAX_EVENT_LINE: u64 = 1024 * 1024;
 const MAX_OUTPUTS: usize = 64;
 const MAX_INLINE_TOTAL: u64 = 512 * 1024;
 
-/// `sandmesh-supervisor kernel <nofile> <fsize>`: sets the run limits on itself and becomes
-/// the driver (exec, so the kernel's pid is the one the resident started).
-pub fn exec_driver(nofile: u64, fsize: u64) -> io::Error {
+/// `sandmesh-supervisor kernel <language> <nofile> <fsize>`: sets the run limits on itself
+/// and becomes the driver (exec, so the kernel's pid is the one the resident started).
+pub fn exec_driver(language: KernelLanguage, nofile: u64, fsize: u64) -> io::Error {
     let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
     let _ = setrlimit(Resource::RLIMIT_NOFILE, nofile, nofile);
     let _ = setrlimit(Resource::RLIMIT_FSIZE, fsize, fsize);
-    Command::new("python3").args(["-c", DRIVER]).exec()
+    match language {
+        KernelLanguage::Python => Command::new("python3").args(["-c", PYTHON_DRIVER]).exec(),
+        KernelLanguage::Javascript => match node_fds() {
+            Ok(fds) => Command::new("node")
+                .args(["-e", JAVASCRIPT_DRIVER])
+                .env("SANDMESH_KERNEL_FDS", fds)
+                .exec(),
+            Err(e) => e,
+        },
+    }
+}
+
+/// Node cannot re-point its own fds (the Python driver does that itself): the event pipe
+/// moves from fd 1 to a new fd, fds 1 and 2 become pipes whose non-blocking read ends the
+/// driver drains, so a child's output is captured too. Returns `events,stdout,stderr`; the
+/// fds stay open across the exec.
+fn node_fds() -> io::Result<String> {
+    use nix::fcntl::OFlag;
+    use std::os::fd::IntoRawFd;
+    let events = nix::unistd::dup(io::stdout())?;
+    let (out_r, out_w) = nix::unistd::pipe()?;
+    let (err_r, err_w) = nix::unistd::pipe()?;
+    nix::unistd::dup2_stdout(&out_w)?;
+    nix::unistd::dup2_stderr(&err_w)?;
+    for read_end in [&out_r, &err_r] {
+        fcntl(read_end, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    }
+    Ok(format!(
+        "{},{},{}",
+        events.into_raw_fd(),
+        out_r.into_raw_fd(),
+        err_r.into_raw_fd()
+    ))
 }
 
 /// Whether the kernel a cell reaches kept the state of the cells before.
@@ -86,7 +120,7 @@ pub struct Kernel {
 impl Kernel {
     /// Starts the driver in its own process group, with the environment, working directory
     /// and file limits of `spec` (the cell that needs it first).
-    fn start(exe: &Path, spec: &RunSpec) -> io::Result<Self> {
+    fn start(exe: &Path, language: KernelLanguage, spec: &RunSpec) -> io::Result<Self> {
         let mut env = spec.env.clone();
         if spec.egress_socket.is_some() {
             // The relay listens only while a run is in progress; the variables stay.
@@ -95,11 +129,8 @@ impl Kernel {
             env.extend(proxy);
         }
         let mut child = Command::new(exe)
-            .args([
-                "kernel",
-                &spec.nofile.to_string(),
-                &spec.fsize_bytes.to_string(),
-            ])
+            .args(["kernel", language.as_str()])
+            .args([spec.nofile.to_string(), spec.fsize_bytes.to_string()])
             .env_clear()
             .envs(env)
             .current_dir(&spec.workspace)
@@ -123,6 +154,7 @@ impl Kernel {
     pub fn ensure(
         kernel: &mut Option<Kernel>,
         exe: &Path,
+        language: KernelLanguage,
         spec: &RunSpec,
     ) -> io::Result<KernelState> {
         let state = match kernel.as_mut().map(|k| k.child.try_wait()) {
@@ -131,7 +163,7 @@ impl Kernel {
             None => KernelState::Fresh,
         };
         *kernel = None;
-        *kernel = Some(Kernel::start(exe, spec)?);
+        *kernel = Some(Kernel::start(exe, language, spec)?);
         Ok(state)
     }
 
@@ -496,7 +528,7 @@ mod tests {
     #[test]
     fn the_driver_keeps_state_and_types_its_outputs() {
         let mut child = Command::new("python3")
-            .args(["-c", DRIVER])
+            .args(["-c", PYTHON_DRIVER])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -10,8 +10,8 @@
 //!                            127.0.0.1:3128 to it meanwhile
 //! sandmesh-supervisor run --kernel <pid:fd:fd:state> ...
 //!                            one cell of the resident's kernel instead of a program
-//! sandmesh-supervisor kernel <nofile> <fsize>
-//!                            becomes the Python kernel driver (started by `serve`)
+//! sandmesh-supervisor kernel python|javascript <nofile> <fsize>
+//!                            becomes that language's kernel driver (started by `serve`)
 //! sandmesh-supervisor serve [--warm]
 //!                            the resident supervisor, one `docker exec` for the container's
 //!                            life: a `run` process per request read from stdin, `Done` after
@@ -36,7 +36,7 @@ use std::process::ExitCode;
 
 use kernel::KernelConn;
 use sandbox_protocol::{
-    self as protocol, FrameKind, Outcome, RunReport, RunSpec, PROTOCOL_VERSION,
+    self as protocol, FrameKind, KernelLanguage, Outcome, RunReport, RunSpec, PROTOCOL_VERSION,
 };
 
 /// Upper bound on the input (request + archive); the workspace tmpfs is far smaller.
@@ -198,7 +198,7 @@ fn execute(
     out: &mut FrameOut,
     report: &mut RunReport,
 ) {
-    let kernel = match (spec.kernel, kernel) {
+    let kernel = match (spec.kernel.is_some(), kernel) {
         (false, _) => None,
         (true, Some(Ok(conn))) => Some(conn),
         (true, Some(Err(e))) => {
@@ -359,13 +359,18 @@ fn main() -> ExitCode {
             run_once(keeper, kernel)
         }
         Some("kernel") => {
+            let language = match std::env::args().nth(2).as_deref() {
+                Some("python") => Some(KernelLanguage::Python),
+                Some("javascript") => Some(KernelLanguage::Javascript),
+                _ => None,
+            };
             let limit = |i: usize| std::env::args().nth(i).and_then(|v| v.parse::<u64>().ok());
-            let (Some(nofile), Some(fsize)) = (limit(2), limit(3)) else {
-                eprintln!("usage: sandmesh-supervisor kernel <nofile> <fsize>");
+            let (Some(language), Some(nofile), Some(fsize)) = (language, limit(3), limit(4)) else {
+                eprintln!("usage: sandmesh-supervisor kernel python|javascript <nofile> <fsize>");
                 return ExitCode::from(64);
             };
-            let e = kernel::exec_driver(nofile, fsize);
-            eprintln!("sandmesh-supervisor: cannot start python3 for the kernel: {e}");
+            let e = kernel::exec_driver(language, nofile, fsize);
+            eprintln!("sandmesh-supervisor: cannot start the {language:?} kernel: {e}");
             ExitCode::FAILURE
         }
         Some("keep") => keep(),
@@ -373,7 +378,7 @@ fn main() -> ExitCode {
         _ => {
             eprintln!(
                 "usage: sandmesh-supervisor run [--keeper <pid>] [--kernel <handle>]|keep|\
-                 kernel <nofile> <fsize>|serve [--warm]"
+                 kernel python|javascript <nofile> <fsize>|serve [--warm]"
             );
             ExitCode::from(64)
         }

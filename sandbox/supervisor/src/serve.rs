@@ -18,7 +18,7 @@ use std::io::{self, Read, Write};
 use std::process::{ChildStdin, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::{self as protocol, FrameKind};
+use sandbox_protocol::{self as protocol, FrameKind, KernelLanguage};
 
 use crate::kernel::Kernel;
 use crate::process;
@@ -53,7 +53,8 @@ pub fn serve(warm_first: bool) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut input = io::stdin().lock();
-    let mut kernel: Option<Kernel> = None;
+    // One kernel per language, each started by its language's first cell.
+    let mut kernels: [Option<Kernel>; 2] = [None, None];
     loop {
         let first = match protocol::read_frame(&mut input) {
             Ok(Some(frame)) => frame,
@@ -74,13 +75,13 @@ pub fn serve(warm_first: bool) -> ExitCode {
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit());
-        let shared = kernel_for(&first, &mut kernel, &exe, &mut command);
+        let shared = kernel_for(&first, &mut kernels, &exe, &mut command);
         let run = command.spawn();
-        if let (true, Some(k)) = (shared, &kernel) {
-            if let Err(e) = k.share_pipes(false) {
+        if let Some(slot) = shared {
+            if let Some(Err(e)) = kernels[slot].as_ref().map(|k| k.share_pipes(false)) {
                 // A later run's program could inherit them: no kernel is better than that.
                 eprintln!("sandmesh-supervisor: hiding the kernel's pipes: {e}");
-                kernel = None;
+                kernels[slot] = None;
             }
         }
         let (status, forwarded) = match run {
@@ -114,40 +115,42 @@ pub fn serve(warm_first: bool) -> ExitCode {
     }
 }
 
-/// For a kernel request (`first` is its request frame), gets the kernel ready and names it to
-/// the run `command`, its pipes made inheritable until the spawn (`true`: hide them again
-/// after it). A kernel that cannot start is left out; the run reports why it has none.
+/// For a kernel request (`first` is its request frame), gets its language's kernel ready and
+/// names it to the run `command`, its pipes made inheritable until the spawn (`Some(slot)`:
+/// hide that kernel's pipes again after it). A kernel that cannot start is left out; the run
+/// reports why it has none.
 fn kernel_for(
     first: &(FrameKind, Vec<u8>),
-    kernel: &mut Option<Kernel>,
+    kernels: &mut [Option<Kernel>; 2],
     exe: &std::path::Path,
     command: &mut Command,
-) -> bool {
+) -> Option<usize> {
     let (FrameKind::Request, payload) = first else {
-        return false;
+        return None;
     };
-    let spec = match serde_json::from_slice::<protocol::RunSpec>(payload) {
-        Ok(spec) if spec.kernel => spec,
-        _ => return false,
+    let spec = serde_json::from_slice::<protocol::RunSpec>(payload).ok()?;
+    let language = spec.kernel?;
+    let slot = match language {
+        KernelLanguage::Python => 0,
+        KernelLanguage::Javascript => 1,
     };
-    let state = match Kernel::ensure(kernel, exe, &spec) {
+    let kernel = &mut kernels[slot];
+    let state = match Kernel::ensure(kernel, exe, language, &spec) {
         Ok(state) => state,
         Err(e) => {
             eprintln!("sandmesh-supervisor: cannot start the kernel: {e}");
-            return false;
+            return None;
         }
     };
-    let Some(k) = kernel.as_ref() else {
-        return false;
-    };
+    let k = kernel.as_ref()?;
     if let Err(e) = k.share_pipes(true) {
         // Perhaps half shared: the kernel goes (with its pipes) rather than leak them.
         eprintln!("sandmesh-supervisor: sharing the kernel's pipes: {e}");
         *kernel = None;
-        return false;
+        return None;
     }
     command.args(["--kernel", &k.handle_arg(state)]);
-    true
+    Some(slot)
 }
 
 /// `docker-init` starts the container's keeper a moment after the container itself, and on a

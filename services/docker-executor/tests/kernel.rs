@@ -255,6 +255,50 @@ async fn two_sessions_never_share_a_kernel() {
     h.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_cells_share_state_await_and_are_interrupted() {
+    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
+    let s = "kernel-js";
+    let js = |code: &str, timeout_ms: u64| {
+        let mut r = run(Tier::Session, Some(s), Language::Javascript, code);
+        r.request.kernel = true;
+        r.request.timeout_ms = Some(timeout_ms);
+        r
+    };
+    let r = h.call_node(&js("let x = 41", 10_000)).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let code = "console.log(x + 1)\nrequire('child_process').execSync('echo child', {stdio: 'inherit'})\nx";
+    let r = h.call_node(&js(code, 10_000)).await.unwrap();
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "42\nchild\n"),
+        "{r:?}"
+    );
+    assert_eq!(r.outputs[0].content.as_deref(), Some("41"), "{r:?}");
+
+    let code = "const y = await new Promise(done => setTimeout(() => done(x + 1), 10))\nreturn y";
+    let r = h.call_node(&js(code, 10_000)).await.unwrap();
+    assert_eq!(r.outputs[0].content.as_deref(), Some("42"), "{r:?}");
+
+    let r = h.call_node(&js("while (true) {}", 1000)).await.unwrap();
+    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
+    let r = h
+        .call_node(&js("throw new TypeError('bad ' + y)", 10_000))
+        .await
+        .unwrap();
+    assert_eq!(r.status, ExecStatus::Error, "{r:?}");
+    let e = r.cell_error.as_ref().expect("the cell's exception");
+    assert_eq!(
+        (e.name.as_str(), e.value.as_str(), r.state_lost),
+        ("TypeError", "bad 42", false),
+        "the kernel kept its state through the interrupt: {r:?}"
+    );
+    // The Python kernel of the same session is another interpreter.
+    let r = cell(&h, s, "print('x' in globals())").await;
+    assert_eq!(r.stdout, "False\n", "{r:?}");
+    h.stop().await;
+}
+
 /// Needs matplotlib in the image: the `python-data` template (templates issue). Run with
 /// `SANDMESH_EXEC_IMAGE=<that image> cargo test ... -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -154,8 +154,8 @@ class AsyncSandmesh:
                 ceiling).
             execution_id: the idempotency key (a ULID is made when streaming).
             requested_by: an informational label for the audit trail.
-            kernel: run the code as a cell of the session's Python kernel (needs a
-                session): variables survive between cells, and the last expression's value,
+            kernel: run the code as a cell of the session's kernel for ``language``
+                (``python`` or ``javascript``; needs a session): variables survive between cells, and the last expression's value,
                 ``display(...)`` and matplotlib figures come back in ``result.outputs``
                 (:class:`RichOutput`); ``result.cell_error`` holds an exception and
                 ``result.state_lost`` says the kernel had to be restarted.
