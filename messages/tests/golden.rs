@@ -58,6 +58,7 @@ fn exec_request() -> ExecRequest {
         requested_by: Some("agent-7".into()),
         network: None,
         template: None,
+        kernel: false,
     }
 }
 
@@ -95,6 +96,9 @@ fn exec_result() -> ExecResult {
         session_restored: false,
         network: None,
         template: None,
+        outputs: vec![],
+        cell_error: None,
+        state_lost: false,
         error: None,
     }
 }
@@ -209,6 +213,46 @@ fn golden_vectors_are_byte_exact() {
         "template_ref",
         &TemplateRef {
             name: "python-data".into(),
+        },
+    );
+    // Issue 26: a kernel cell and its typed outputs.
+    check(
+        "exec_request_kernel",
+        &ExecRequest {
+            kernel: true,
+            files: vec![],
+            env: BTreeMap::new(),
+            ..exec_request()
+        },
+    );
+    check(
+        "exec_result_kernel",
+        &ExecResult {
+            status: ExecStatus::Error,
+            exit_code: Some(1),
+            outputs: vec![
+                RichOutput {
+                    kind: OutputKind::Display,
+                    mime_type: "image/png".into(),
+                    content: Some("iVBORw0KGgo=".into()),
+                    encoding: ContentEncoding::Base64,
+                    path: None,
+                },
+                RichOutput {
+                    kind: OutputKind::Result,
+                    mime_type: "text/html".into(),
+                    content: None,
+                    encoding: ContentEncoding::Utf8,
+                    path: Some("artifacts/output-1f2e3d4c5b6a.html".into()),
+                },
+            ],
+            cell_error: Some(CellError {
+                name: "ZeroDivisionError".into(),
+                value: "division by zero".into(),
+                traceback: vec!["Traceback (most recent call last):\n".into()],
+            }),
+            state_lost: true,
+            ..exec_result()
         },
     );
     check(

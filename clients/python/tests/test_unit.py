@@ -89,6 +89,26 @@ def test_the_golden_exec_result_decodes_the_same_from_json_and_msgpack() -> None
     assert as_json.files_created == ["output/result.txt"] and as_json.ok
 
 
+def test_the_golden_kernel_vectors_decode_and_encode() -> None:
+    result = sandmesh.ExecResult.from_wire(json.loads((TESTDATA / "exec_result_kernel.json").read_text()))
+    png, html = result.outputs
+    assert (png.kind, png.mime_type, png.encoding) == ("display", "image/png", "base64")
+    assert png.data is not None and png.data.startswith(b"\x89PNG")
+    assert (html.kind, html.path, html.data) == ("result", "artifacts/output-1f2e3d4c5b6a.html", None)
+    assert result.cell_error == sandmesh.CellError(
+        "ZeroDivisionError", "division by zero", ["Traceback (most recent call last):\n"]
+    )
+    assert result.state_lost
+    golden = json.loads((TESTDATA / "exec_request_kernel.json").read_text())
+    ours = exec_request(
+        "print('hi')", "python", session_id="s1", template=None, timeout=5.0, env=None,
+        files=None, stdin=None, tier="auto", limits={"memory_mb": 256, "pids": 64},
+        network=None, execution_id="01JD0000000000000000000000", requested_by="agent-7",
+        stream_output=True, kernel=True,
+    )
+    assert ours == golden
+
+
 def test_the_golden_risk_assessment_decodes() -> None:
     risk = sandmesh.RiskAssessment.from_wire(json.loads((TESTDATA / "risk_assessment.json").read_text()))
     assert risk.level in ("safe", "low", "medium", "high", "critical")

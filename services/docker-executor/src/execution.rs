@@ -13,7 +13,7 @@ use messages::template::TemplateRan;
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
 use ractor::RpcReplyPort;
-use sandbox_protocol::{RunSpec, PROTOCOL_VERSION};
+use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
 
 use crate::config::ExecutorConfig;
 use crate::docker::{ContainerKind, ContainerLimits, Sandboxes, WORKSPACE_DIR};
@@ -171,6 +171,13 @@ pub fn run_spec(job: &Job, config: &ExecutorConfig, keeps_changes: bool) -> RunS
         },
         // Set by the backend whose container has an egress socket.
         egress_socket: None,
+        kernel: match (req.kernel, req.language) {
+            (false, _) => None,
+            (true, Language::Python) => Some(KernelLanguage::Python),
+            (true, Language::Javascript) => Some(KernelLanguage::Javascript),
+            // Refused on admission: a shell has no kernel.
+            (true, Language::Shell) => None,
+        },
     }
 }
 

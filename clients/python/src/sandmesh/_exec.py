@@ -86,6 +86,7 @@ def exec_request(
     execution_id: Optional[str],
     requested_by: Optional[str],
     stream_output: bool,
+    kernel: bool = False,
 ) -> Dict[str, Any]:
     """An ``ExecRequest`` (unset fields left out)."""
     return drop_none(
@@ -104,6 +105,7 @@ def exec_request(
             "requested_by": requested_by,
             "network": dict(network) if network else None,
             "template": template,
+            "kernel": True if kernel else None,
         }
     )
 
