@@ -4,8 +4,11 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{run, Harness};
 use messages::exec::{ContentEncoding, ExecResult, ExecStatus, Language, OutputKind, Tier};
+use messages::subjects::ExecutorOp;
 
 async fn cell(h: &Harness, session: &str, code: &str) -> ExecResult {
     cell_within(h, session, code, 10_000).await
@@ -299,18 +302,37 @@ async fn javascript_cells_share_state_await_and_are_interrupted() {
     h.stop().await;
 }
 
-/// Needs matplotlib in the image: the `python-data` template (templates issue). Run with
-/// `SANDMESH_EXEC_IMAGE=<that image> cargo test ... -- --ignored`.
+/// Matplotlib is in the built-in `python-data` template: the cells run in its image (built by
+/// the executor on first use when missing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs matplotlib: the python-data template's image"]
 async fn matplotlib_figures_come_back_as_png_without_being_saved() {
     let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
-    let r = cell(
-        &h,
-        "kernel-plot",
-        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('cell')",
-    )
-    .await;
+    let data = messages::template::builtins()
+        .into_iter()
+        .find(|t| t.name == "python-data")
+        .expect("the python-data built-in");
+    let plot = |code: &str| {
+        let mut r = run(Tier::Session, Some("kernel-plot"), Language::Python, code);
+        r.request.kernel = true;
+        r.request.timeout_ms = Some(60_000);
+        r.template = Some(messages::template::RunTemplate {
+            name: data.name.clone(),
+            image: data.image_spec(),
+            warm_pool: Some(0),
+        });
+        r
+    };
+    // The first run may build the template's image (minutes): it answers when it has.
+    let subject = h.subjects.executor_node(&h.node, ExecutorOp::Run);
+    let r: ExecResult = h
+        .caller
+        .call_timeout(
+            subject,
+            &plot("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('cell')"),
+            Duration::from_secs(1200),
+        )
+        .await
+        .expect("a cell in python-data");
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
     let png = r
         .outputs
@@ -320,7 +342,10 @@ async fn matplotlib_figures_come_back_as_png_without_being_saved() {
     let bytes = messages::decode_content(png.content.as_deref().expect("inline"), png.encoding)
         .expect("base64");
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-    let r = cell(&h, "kernel-plot", "print(len(plt.get_fignums()))").await;
+    let r = h
+        .call_node(&plot("print(len(plt.get_fignums()))"))
+        .await
+        .expect("a second cell");
     assert_eq!(r.stdout, "0\n", "figures are closed after capture: {r:?}");
     h.stop().await;
 }
