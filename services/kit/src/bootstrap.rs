@@ -201,7 +201,6 @@ pub async fn sessions_kv(
     .await
 }
 
-/// `sandbox_confirmations`: pending and decided confirmations.
 /// `sandbox_templates`: templates by name, kept until deleted.
 pub async fn templates_kv(
     js: &jetstream::Context,
@@ -220,6 +219,7 @@ pub async fn templates_kv(
     .await
 }
 
+/// `sandbox_confirmations`: pending and decided confirmations.
 pub async fn confirmations_kv(
     js: &jetstream::Context,
     s: &Subjects,
