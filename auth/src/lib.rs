@@ -197,6 +197,20 @@ impl Tenancy {
         Subjects::new(self.prefix.clone()).expect("validated when loaded or generated")
     }
 
+    /// Gives credentials to every service that has none: one added to the mesh after this
+    /// tenancy was generated (e.g. `templates`). Returns whether any was added.
+    pub fn add_missing_services(&mut self) -> bool {
+        let mut added = false;
+        for s in ServiceName::ALL {
+            if !self.services.contains_key(s.as_str()) {
+                let c = Credentials::generate(s.as_str());
+                self.services.insert(s.as_str().to_string(), c);
+                added = true;
+            }
+        }
+        added
+    }
+
     /// Adds a tenant with one agent user `<tenant>-agent` (nothing changes if it exists).
     pub fn add_tenant(&mut self, tenant: &Tenant) -> &Credentials {
         let agents = self
@@ -391,6 +405,19 @@ mod tests {
         // No user anywhere may call every JetStream API.
         assert!(!conf.contains("\"$JS.API.>\""), "{conf}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_service_added_later_gets_credentials_once() {
+        let mut t = Tenancy::generate(&Subjects::default());
+        let before = t.clone();
+        assert!(!t.add_missing_services());
+        t.services.remove(ServiceName::Templates.as_str());
+        assert!(t.add_missing_services());
+        assert!(t
+            .credentials(Role::Service(ServiceName::Templates))
+            .is_some());
+        assert_eq!(t.services.len(), before.services.len());
     }
 
     #[test]

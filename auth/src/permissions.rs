@@ -6,10 +6,16 @@
 
 use std::fmt::Write as _;
 
+use messages::subjects::TemplateOp;
 use messages::tenancy::{Tenant, OPERATORS_ACCOUNT, SANDBOX_ACCOUNT};
 use messages::{ServiceName, Subjects};
 
 use crate::Scope;
+
+/// How long the scheduler and the docker executors may take to answer a run: a run's first
+/// use of a template waits for its image to be built (minutes; the scheduler allows
+/// `SANDMESH_SCHED_TEMPLATE_BUILD_MS`, 15 min, on top of the run's own time).
+const SLOW_REPLY: &str = "30m";
 
 /// One user's permissions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,6 +26,9 @@ pub struct Permissions {
     /// How many replies the user may send to a request it received (0: none). Replies to
     /// requests through an import go to `_R_.…` subjects no allow-list could name in advance.
     pub responses: u32,
+    /// How long after the request those replies may come (nats-server's default: 2 min).
+    /// `None`: the default.
+    pub responses_expire: Option<String>,
 }
 
 impl Permissions {
@@ -34,7 +43,11 @@ impl Permissions {
         }
         let _ = write!(out, "}}, subscribe: {{allow: {}}}", list(&self.subscribe));
         if self.responses > 0 {
-            let _ = write!(out, ", allow_responses: {{max: {}}}", self.responses);
+            let _ = write!(out, ", allow_responses: {{max: {}", self.responses);
+            if let Some(expires) = &self.responses_expire {
+                let _ = write!(out, ", expires: {expires:?}");
+            }
+            out.push('}');
         }
         out.push('}');
         out
@@ -152,9 +165,17 @@ impl<'s> Plan<'s> {
                 self.audits(&mut p);
                 p
             }
+            ServiceName::Templates => {
+                let mut p = self.base(service, 1);
+                p.subscribe([s.pattern("templates.*")])
+                    .own_kv(&s.templates_bucket());
+                self.audits(&mut p);
+                p
+            }
             ServiceName::Scheduler => {
                 // A sync caller that opted in gets a notice before its result.
                 let mut p = self.base(service, 2);
+                p.responses_expire = Some(SLOW_REPLY.into());
                 p.subscribe([
                     s.exec(),
                     s.results_get(),
@@ -171,6 +192,8 @@ impl<'s> Plan<'s> {
                     s.pattern("confirm.*"),
                     s.pattern("workspace.*"),
                     s.pattern("aio.*"),
+                    // Resolves the template an execution or session names.
+                    s.templates(TemplateOp::Get),
                     s.pattern("results.>"),
                     s.pattern("output.>"),
                 ])
@@ -184,6 +207,7 @@ impl<'s> Plan<'s> {
             }
             ServiceName::DockerExecutor => {
                 let mut p = self.base(service, 1);
+                p.responses_expire = Some(SLOW_REPLY.into());
                 p.subscribe([s.pattern("executor.docker.>")])
                     .publish([s.pattern("output.>"), s.pattern("workspace.*")])
                     .read_kv(&s.workspace_index_bucket());
@@ -265,6 +289,9 @@ impl<'s> Plan<'s> {
             (s.pattern("confirm.*"), false),
             (s.pattern("workspace.*"), false),
             (s.pattern("browser.*"), false),
+            // Agents read; writing is refused to them twice (`Plan::agent`, and the service
+            // checks the caller).
+            (s.pattern("templates.*"), false),
             (s.aio("acquire"), false),
             (s.aio("release"), false),
             (s.aio("stats"), false),
@@ -367,15 +394,23 @@ impl<'s> Plan<'s> {
         // Imported so agents can follow their own confirmations, but deciding is an operator's:
         // the server refuses it with a permissions violation.
         p.deny_publish = vec![s.confirm(messages::subjects::ConfirmOp::Decide)];
+        // Templates are the operators' to write.
+        p.deny_publish.extend(
+            [TemplateOp::Create, TemplateOp::Update, TemplateOp::Delete].map(|op| s.templates(op)),
+        );
         p
     }
 
     pub(crate) fn operator_imports(&self) -> Vec<String> {
         let s = self.s;
-        let mut out = vec![format!(
-            "{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {:?}}}, share: true}}",
-            s.pattern("confirm.*")
-        )];
+        let mut out: Vec<String> = [s.pattern("confirm.*"), s.pattern("templates.*")]
+            .iter()
+            .map(|subject| {
+                format!(
+                    "{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}, share: true}}"
+                )
+            })
+            .collect();
         for subject in [s.audit_all(), s.confirm_events_all()] {
             out.push(format!(
                 "{{stream: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}}}"
@@ -391,8 +426,12 @@ impl<'s> Plan<'s> {
         let s = self.s;
         let mut p = Permissions::default();
         let own = format!("{}.>", crate::inbox_prefix(user));
-        p.publish([s.pattern("confirm.*"), own.clone()])
-            .subscribe([own]);
+        p.publish([
+            s.pattern("confirm.*"),
+            s.pattern("templates.*"),
+            own.clone(),
+        ])
+        .subscribe([own]);
         match scope {
             Scope::All => {
                 p.subscribe([s.audit_all(), s.confirm_events_all()]);

@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use messages::exec::{
-    AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputStream, TierChoice,
+    AwaitingConfirmation, ExecRequest, ExecResult, ExecStatus, Language, OutputKind, OutputStream,
+    TierChoice,
 };
 use messages::network::NetworkPolicy;
 use messages::session::SessionOpen;
@@ -34,12 +35,20 @@ pub struct ExecArgs {
     /// auto, ephemeral, session or aio (stricter than the risk policy requires only).
     #[arg(long, value_parser = parse_tier)]
     pub tier: Option<TierChoice>,
+    /// Run in this template's image with its defaults (`sandmesh template list`); its first
+    /// use on a node waits for the image to be built.
+    #[arg(long)]
+    pub template: Option<String>,
     /// Time limit for the program.
     #[arg(long)]
     pub timeout_ms: Option<u64>,
     /// Print the whole result as JSON instead of live output and a summary.
     #[arg(long)]
     pub json: bool,
+    /// Run the code as a cell of the session's kernel (python or javascript): variables
+    /// survive between cells, and values, `display()` and figures come back as typed outputs.
+    #[arg(long, requires = "session")]
+    pub kernel: bool,
     #[command(flatten)]
     pub network: NetworkArgs,
 }
@@ -185,8 +194,14 @@ pub fn summary(r: &ExecResult) -> String {
     if let Some(node) = &r.node {
         parts.push(format!("node {node}"));
     }
+    if let Some(t) = &r.template {
+        parts.push(format!("template {} ({})", t.name, t.image));
+    }
     if r.session_restored {
         parts.push("session restored (process state was lost)".into());
+    }
+    if r.state_lost {
+        parts.push("kernel restarted (variables of earlier cells are gone)".into());
     }
     parts.push(format!("id {}", r.execution_id));
     let mut line = parts.join(" · ");
@@ -205,10 +220,32 @@ pub fn summary(r: &ExecResult) -> String {
             line.push_str(&format!("\n  network: refused {host}:{port} — {rule}"));
         }
     }
+    for o in &r.outputs {
+        let kind = format!("{:?}", o.kind).to_lowercase();
+        let at = match (&o.path, &o.content) {
+            (Some(path), _) => format!("in the workspace at {path}"),
+            (None, Some(content)) => format!("inline, {} bytes", content.len()),
+            (None, None) => "empty".into(),
+        };
+        line.push_str(&format!("\n  output ({kind}): {} {at}", o.mime_type));
+    }
     if let Some(e) = &r.error {
         line.push_str(&format!("\n  {}: {}", e.kind, e.message));
     }
     line
+}
+
+/// A kernel cell's text results (the value of its last expression), as a REPL prints them.
+fn print_results(r: &ExecResult) {
+    let mut out = std::io::stdout().lock();
+    for o in &r.outputs {
+        if o.kind == OutputKind::Result && o.mime_type == "text/plain" {
+            if let Some(text) = &o.content {
+                let _ = writeln!(out, "{text}");
+            }
+        }
+    }
+    let _ = out.flush();
 }
 
 /// The exit code for a result: the program's own (128 + N when signal N killed it), else 0 for
@@ -262,6 +299,8 @@ pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
         tier: args.tier.unwrap_or_default(),
         stream_output: !args.json,
         requested_by: std::env::var("USER").ok().map(|u| format!("cli:{u}")),
+        template: args.template.clone(),
+        kernel: args.kernel,
         ..Default::default()
     };
     // Subscribed before sending, so the first chunk cannot slip by.
@@ -318,6 +357,7 @@ pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
         eprint!("{}", result.stderr);
         let _ = std::io::stdout().flush();
     }
+    print_results(&result);
     if result.stdout_truncated || result.stderr_truncated {
         eprintln!("(output truncated at the limit)");
     }

@@ -13,6 +13,7 @@
 //! - `status`  live instances from `$SRV.PING` and heartbeats;
 //! - `creds`   how another program connects;
 //! - `tenant`  add or list tenants;
+//! - `template` list, show, add, remove and build templates;
 //! - `mcp`     the mesh as MCP tools for an agent (stdio, or Streamable HTTP).
 
 mod audit;
@@ -29,6 +30,7 @@ mod local_nats;
 mod mcp;
 mod operator;
 mod status;
+mod template;
 mod tenant;
 mod up;
 mod ws;
@@ -97,6 +99,11 @@ enum Command {
     Operator {
         #[command(subcommand)]
         command: operator::OperatorCommand,
+    },
+    /// Templates: the environments code runs in (operators and the admin write them).
+    Template {
+        #[command(subcommand)]
+        command: template::TemplateCommand,
     },
     /// Serve the mesh as MCP tools to an agent: stdio, or Streamable HTTP with --listen.
     Mcp(mcp::McpArgs),
@@ -177,6 +184,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Creds(args) => tenant::creds(args),
         Command::Tenant { command } => tenant::run(command),
         Command::Operator { command } => operator::run(command),
+        Command::Template { command } => {
+            template::run(&mesh_client(Acting::Admin).await?, command).await
+        }
         Command::Mcp(args) => mcp::run(args).await,
     }
 }

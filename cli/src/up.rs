@@ -69,6 +69,7 @@ fn process_env() -> HashMap<String, String> {
 pub const SERVICES: &[ServiceName] = &[
     ServiceName::RiskAssessor,
     ServiceName::Confirmation,
+    ServiceName::Templates,
     ServiceName::WorkspaceStore,
     ServiceName::DockerExecutor,
     ServiceName::AioPool,
@@ -153,6 +154,9 @@ fn build(
             }
             ServiceName::Confirmation => confirmation::ConfirmationConfig::from_env(env).map(|c| {
                 Box::pin(async move { Ok(confirmation::run(c, token).await?) }) as ServiceFuture
+            }),
+            ServiceName::Templates => templates::TemplatesConfig::from_env(env).map(|c| {
+                Box::pin(async move { Ok(templates::run(c, token).await?) }) as ServiceFuture
             }),
             ServiceName::WorkspaceStore => {
                 workspace_store::WorkspaceConfig::from_env(env).map(|c| {
@@ -270,7 +274,12 @@ fn service_env(
 pub fn load_or_create_tenancy(data_dir: &Path, subjects: &Subjects) -> anyhow::Result<Tenancy> {
     let path = data_dir.join(TENANCY_FILE);
     if path.exists() {
-        return Ok(Tenancy::load(&path)?);
+        let mut tenancy = Tenancy::load(&path)?;
+        // A data directory made before a service was added (`templates`) gets its user.
+        if tenancy.add_missing_services() {
+            tenancy.save(&path)?;
+        }
+        return Ok(tenancy);
     }
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;

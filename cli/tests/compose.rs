@@ -238,6 +238,7 @@ async fn compose_scales_runs_executions_and_leaves_nothing_behind() {
         (ServiceName::DockerExecutor, 2),
         (ServiceName::Scheduler, 1),
         (ServiceName::Confirmation, 1),
+        (ServiceName::Templates, 1),
         (ServiceName::WorkspaceStore, 1),
     ];
     let listed = eventually(

@@ -638,13 +638,14 @@ async fn over_stdio_an_agent_runs_code_moves_files_and_hears_at_once_of_an_appro
         .call("read_file", json!({"session_id": s, "path": "no/such.txt"}))
         .await;
     failed("read_file", &missing, "not_found");
-    let templated = json!({"code": "print(1)", "template": "python-data"});
+    // A template is passed to the mesh, which refuses one it does not know.
+    let templated = json!({"code": "print(1)", "template": "no-such"});
     let shown = failed(
         "run_code",
         &mcp.call("run_code", templated).await,
         "bad_request",
     );
-    assert!(shown.contains("templates are not available"), "{shown}");
+    assert!(shown.contains("unknown template"), "{shown}");
     let cobol = json!({"code": "DISPLAY 1", "language": "cobol"});
     let shown = failed(
         "run_code",

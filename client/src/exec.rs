@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use messages::exec::{
-    AwaitingConfirmation, ExecRequest, ExecResult, OutputChunk, ResultGet, ResultLookup,
+    AwaitingConfirmation, ExecRequest, ExecResult, Language, OutputChunk, ResultGet, ResultLookup,
     NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
 
@@ -37,6 +37,26 @@ impl ExecClient {
     /// Runs `req` and returns its result (waiting at most [`EXEC_TIMEOUT`]).
     pub async fn exec(&self, req: &ExecRequest) -> Result<ExecResult> {
         self.exec_timeout(req, EXEC_TIMEOUT).await
+    }
+
+    /// Runs `code` as a cell of session `session_id`'s kernel for `language` (python or
+    /// javascript; DESIGN.md §3 "Kernels"): variables persist between cells, and the result's
+    /// `outputs` carry the cell's typed rich outputs (`state_lost` says when the kernel had to
+    /// be restarted).
+    pub async fn run_cell(
+        &self,
+        session_id: &str,
+        language: Language,
+        code: &str,
+    ) -> Result<ExecResult> {
+        let req = ExecRequest {
+            session_id: Some(session_id.into()),
+            language,
+            code: code.into(),
+            kernel: true,
+            ..Default::default()
+        };
+        self.exec(&req).await
     }
 
     pub async fn exec_timeout(&self, req: &ExecRequest, timeout: Duration) -> Result<ExecResult> {

@@ -14,7 +14,7 @@
 //! One [`MeshClient`] holds the connection, the mesh's subjects, the encoding and the default
 //! timeout; [`MeshClient::exec`], [`sessions`](MeshClient::sessions),
 //! [`workspace`](MeshClient::workspace), [`confirm`](MeshClient::confirm),
-//! [`risk`](MeshClient::risk), [`audit`](MeshClient::audit) and
+//! [`risk`](MeshClient::risk), [`templates`](MeshClient::templates), [`audit`](MeshClient::audit) and
 //! [`status`](MeshClient::status) hand out the typed clients; [`metrics`] reads a service's
 //! Prometheus endpoint.
 //! Every call checks the NATS micro error headers (an error reply is a *successful* request)
@@ -35,6 +35,7 @@ pub mod objects;
 pub mod risk;
 pub mod sessions;
 pub mod status;
+pub mod templates;
 pub mod upload;
 pub mod workspace;
 
@@ -56,6 +57,7 @@ pub use exec::ExecClient;
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
+pub use templates::TemplateClient;
 pub use upload::{Staged, StreamError};
 pub use workspace::{Transfer, WorkspaceClient};
 
@@ -151,6 +153,10 @@ impl MeshClient {
 
     pub fn risk(&self) -> RiskClient {
         RiskClient::new(self.clone())
+    }
+
+    pub fn templates(&self) -> TemplateClient {
+        TemplateClient::new(self.clone())
     }
 
     pub fn browser(&self) -> BrowserClient {

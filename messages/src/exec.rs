@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::ErrorBody;
 use crate::network::{NetworkPolicy, NetworkReport};
 use crate::risk::RiskAssessment;
+use crate::template::TemplateRan;
 use crate::tenancy::{unscoped, Tenant};
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -158,6 +159,56 @@ pub struct ExecRequest {
     /// Absent: no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
+    /// The template to run in (`crate::template`): its image, and its defaults for what the
+    /// request leaves out. Absent: the session's template, else the sandbox image as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Run the code as a cell of the session's long-lived interpreter (Python or JavaScript,
+    /// as `language` says; not shell), so variables
+    /// survive between executions and rich outputs come back typed (DESIGN.md §3 "Kernels").
+    /// Needs a session. Absent: a fresh interpreter per execution.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kernel: bool,
+}
+
+/// Where a kernel cell's rich output came from.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputKind {
+    /// The value of the cell's last expression.
+    #[default]
+    Result,
+    /// A `display(...)` call or a captured figure.
+    Display,
+}
+
+/// One typed output of a kernel cell (`text/plain`, `text/html`, `image/png`,
+/// `application/json`): inline `content` (base64 for binary types, as `encoding` says), or,
+/// when large, the workspace `path` (under `artifacts/`) of the file holding it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RichOutput {
+    pub kind: OutputKind,
+    pub mime_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub encoding: ContentEncoding,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// The exception a kernel cell raised.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CellError {
+    /// The exception's type, e.g. `ZeroDivisionError`.
+    pub name: String,
+    pub value: String,
+    /// The formatted traceback, one entry per line group (as Jupyter's).
+    #[serde(default)]
+    pub traceback: Vec<String>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -294,6 +345,19 @@ pub struct ExecResult {
     /// policy only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkReport>,
+    /// The template and image it ran in (runs that named a template only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateRan>,
+    /// A kernel cell's typed outputs, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<RichOutput>,
+    /// The exception a kernel cell raised (the status is then `error`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_error: Option<CellError>,
+    /// A kernel cell ran in a kernel started anew (the previous one died: killed, out of
+    /// memory, or its container replaced): the variables of earlier cells are gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub state_lost: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
 }

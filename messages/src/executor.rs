@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecRequest, Tier};
 use crate::network::NetworkPolicy;
+use crate::template::RunTemplate;
 use crate::tenancy::{unscoped, Tenant};
 use crate::validate::{validate_id, ValidationError};
 use crate::Subjects;
@@ -32,6 +33,10 @@ pub struct ExecutorRun {
     /// output chunks go to the tenant's own subject.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Tenant>,
+    /// The template it runs in, resolved by the scheduler; the executor runs it in that
+    /// template's image (built on first use). Absent: the node's own sandbox image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<RunTemplate>,
 }
 
 impl ExecutorRun {
@@ -131,6 +136,7 @@ mod tests {
             kind: RunKind::default(),
             network: None,
             tenant: tenant.map(|t| Tenant::new(t).unwrap()),
+            template: None,
         }
     }
 

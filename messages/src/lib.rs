@@ -15,6 +15,7 @@ pub mod risk;
 pub mod service;
 pub mod session;
 pub mod subjects;
+pub mod template;
 pub mod tenancy;
 pub mod validate;
 pub mod workspace;

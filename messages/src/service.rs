@@ -18,6 +18,7 @@ pub enum ServiceName {
     BrowserRouter,
     Console,
     Gateway,
+    Templates,
 }
 
 impl ServiceName {
@@ -32,6 +33,7 @@ impl ServiceName {
         ServiceName::BrowserRouter,
         ServiceName::Console,
         ServiceName::Gateway,
+        ServiceName::Templates,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -46,6 +48,7 @@ impl ServiceName {
             ServiceName::BrowserRouter => "browser-router",
             ServiceName::Console => "console",
             ServiceName::Gateway => "gateway",
+            ServiceName::Templates => "templates",
         }
     }
 

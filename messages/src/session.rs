@@ -48,6 +48,9 @@ pub struct SessionRecord {
     /// ceiling); every execution of the session runs under it. Absent: no network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
+    /// The template every execution of the session runs in (its container's image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
     /// The tenant that opened it (its id is scoped by it); `None` for internal callers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Tenant>,
@@ -76,6 +79,9 @@ pub struct SessionOpen {
     /// Egress for every execution of the session; absent: no network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
+    /// The template every execution of the session runs in; absent: the sandbox image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// `sessions.get` and `sessions.close`.

@@ -174,6 +174,11 @@ impl Subjects {
         self.at(&format!("workspace.{}", op.as_str()))
     }
 
+    // === templates ===
+    pub fn templates(&self, op: TemplateOp) -> String {
+        self.at(&format!("templates.{}", op.as_str()))
+    }
+
     // === browser-router / aio-pool ===
     pub fn browser(&self, action: &str) -> String {
         self.at(&format!("browser.{action}"))
@@ -251,6 +256,10 @@ impl Subjects {
     pub fn sessions_bucket(&self) -> String {
         format!("{}_sessions", self.bucket_stem())
     }
+    /// Templates by name (the templates service owns it).
+    pub fn templates_bucket(&self) -> String {
+        format!("{}_templates", self.bucket_stem())
+    }
     pub fn confirmations_bucket(&self) -> String {
         format!("{}_confirmations", self.bucket_stem())
     }
@@ -307,6 +316,16 @@ ops!(
     ConfirmOp { Request => "request", Decide => "decide", Get => "get", List => "list" }
 );
 ops!(
+    /// `sandbox.v1.templates.<op>`: agents read (`get`, `list`), operators and admins write.
+    TemplateOp {
+        Create => "create",
+        Get => "get",
+        List => "list",
+        Update => "update",
+        Delete => "delete",
+    }
+);
+ops!(
     /// `sandbox.v1.workspace.<op>`
     WorkspaceOp {
         Init => "init",
@@ -353,6 +372,8 @@ mod tests {
             s.executor_node_on(Backend::Bwrap, "n1", ExecutorOp::Run),
             "sandbox.v1.executor.bwrap.n1.run"
         );
+        assert_eq!(s.templates(TemplateOp::List), "sandbox.v1.templates.list");
+        assert_eq!(s.templates_bucket(), "sandbox_templates");
         assert_eq!(s.jobs_stream(), "SANDBOX_JOBS");
         assert_eq!(s.nodes_bucket(), "sandbox_nodes");
     }

@@ -259,6 +259,36 @@ impl EffectiveLimits {
     }
 }
 
+/// A kernel cell runs in its session's container, in a Python or JavaScript kernel, with no
+/// stdin.
+fn validate_kernel(req: &ExecRequest) -> Result<(), ValidationError> {
+    if req.session_id.is_none() {
+        return Err(ValidationError::invalid(
+            "kernel",
+            "a kernel lives in a session: set session_id",
+        ));
+    }
+    if req.language == crate::exec::Language::Shell {
+        return Err(ValidationError::invalid(
+            "kernel",
+            "no shell kernel; kernels run python and javascript",
+        ));
+    }
+    if req.tier == crate::exec::TierChoice::Aio {
+        return Err(ValidationError::invalid(
+            "kernel",
+            "kernels run in the session's container, not in tier aio",
+        ));
+    }
+    if req.stdin.is_some() {
+        return Err(ValidationError::invalid(
+            "stdin",
+            "a kernel cell has no stdin",
+        ));
+    }
+    Ok(())
+}
+
 fn clamp_u64(
     field: &str,
     asked: Option<u64>,
@@ -292,6 +322,9 @@ pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits,
     }
     if let Some(id) = &req.session_id {
         crate::tenancy::validate_scoped_id("session_id", id)?;
+    }
+    if req.kernel {
+        validate_kernel(req)?;
     }
     check_size("code", req.code.len(), c.max_code_bytes)?;
     if req.code.contains('\0') {
@@ -384,6 +417,28 @@ mod tests {
             language: Language::Python,
             code: code.into(),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn kernel_cells_need_a_python_session_without_stdin() {
+        let c = Ceilings::default();
+        let kernel = |session: Option<&str>, language, stdin: Option<&str>| ExecRequest {
+            session_id: session.map(String::from),
+            language,
+            stdin: stdin.map(String::from),
+            kernel: true,
+            ..req("x = 1")
+        };
+        assert!(validate_exec(&kernel(Some("s1"), Language::Python, None), &c).is_ok());
+        assert!(validate_exec(&kernel(Some("s1"), Language::Javascript, None), &c).is_ok());
+        for bad in [
+            kernel(None, Language::Python, None),
+            kernel(Some("s1"), Language::Shell, None),
+            kernel(Some("s1"), Language::Python, Some("in")),
+        ] {
+            let err = validate_exec(&bad, &c).unwrap_err();
+            assert!(matches!(err, ValidationError::Invalid { .. }), "{err:?}");
         }
     }
 

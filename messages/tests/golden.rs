@@ -9,6 +9,7 @@ use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, 
 use messages::exec::*;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
+use messages::template::{Template, TemplateRan, TemplateRecord, TemplateRef};
 use messages::workspace::WsWrite;
 use messages::{Encoding, ErrorBody};
 use serde::de::DeserializeOwned;
@@ -56,6 +57,8 @@ fn exec_request() -> ExecRequest {
         stream_output: true,
         requested_by: Some("agent-7".into()),
         network: None,
+        template: None,
+        kernel: false,
     }
 }
 
@@ -92,6 +95,10 @@ fn exec_result() -> ExecResult {
         },
         session_restored: false,
         network: None,
+        template: None,
+        outputs: vec![],
+        cell_error: None,
+        state_lost: false,
         error: None,
     }
 }
@@ -147,6 +154,104 @@ fn golden_vectors_are_byte_exact() {
         "exec_result_network",
         &ExecResult {
             network: Some(network),
+            ..exec_result()
+        },
+    );
+    // Issue 25: templates, and a run naming one.
+    check(
+        "exec_request_template",
+        &ExecRequest {
+            template: Some("python-data".into()),
+            ..exec_request()
+        },
+    );
+    check(
+        "exec_result_template",
+        &ExecResult {
+            template: Some(TemplateRan {
+                name: "python-data".into(),
+                image: "sandmesh/template-python-data:0123456789ab".into(),
+            }),
+            ..exec_result()
+        },
+    );
+    check(
+        "template_record",
+        &TemplateRecord {
+            template: Template {
+                name: "python-ml".into(),
+                description: "numpy and a pinned PyPI package".into(),
+                base: None,
+                debian_packages: vec!["python3-numpy".into()],
+                pip_packages: vec!["tabulate==0.9.0".into()],
+                npm_packages: vec!["left-pad@1.3.0".into()],
+                env: BTreeMap::from([("MPLBACKEND".to_string(), "Agg".to_string())]),
+                limits: Some(Limits {
+                    memory_mb: Some(512),
+                    cpus: Some(1.0),
+                    pids: None,
+                    max_output_bytes: None,
+                }),
+                timeout_ms: Some(60_000),
+                network: Some(NetworkPolicy {
+                    allow_domains: vec!["api.example.org".into()],
+                    ..Default::default()
+                }),
+                files: vec![FileSpec {
+                    path: "code/helpers.py".into(),
+                    content: "X = 1\n".into(),
+                    encoding: ContentEncoding::Utf8,
+                }],
+                warm_pool: Some(2),
+            },
+            builtin: false,
+            created_at: 1_764_000_000_000,
+            updated_at: 1_764_000_000_000,
+        },
+    );
+    check(
+        "template_ref",
+        &TemplateRef {
+            name: "python-data".into(),
+        },
+    );
+    // Issue 26: a kernel cell and its typed outputs.
+    check(
+        "exec_request_kernel",
+        &ExecRequest {
+            kernel: true,
+            files: vec![],
+            env: BTreeMap::new(),
+            ..exec_request()
+        },
+    );
+    check(
+        "exec_result_kernel",
+        &ExecResult {
+            status: ExecStatus::Error,
+            exit_code: Some(1),
+            outputs: vec![
+                RichOutput {
+                    kind: OutputKind::Display,
+                    mime_type: "image/png".into(),
+                    content: Some("iVBORw0KGgo=".into()),
+                    encoding: ContentEncoding::Base64,
+                    path: None,
+                },
+                RichOutput {
+                    kind: OutputKind::Result,
+                    mime_type: "text/html".into(),
+                    content: None,
+                    encoding: ContentEncoding::Utf8,
+                    path: Some("artifacts/output-1f2e3d4c5b6a.html".into()),
+                },
+            ],
+            cell_error: Some(CellError {
+                name: "ZeroDivisionError".into(),
+                value: "division by zero".into(),
+                traceback: vec!["Traceback (most recent call last):\n".into()],
+            }),
+            state_lost: true,
             ..exec_result()
         },
     );

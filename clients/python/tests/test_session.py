@@ -48,6 +48,19 @@ def test_a_session_keeps_files_between_runs_and_closes(sm: Sandmesh) -> None:
     assert s.get().state == "closed"
 
 
+def test_kernel_cells_keep_their_variables_and_return_typed_outputs(sm: Sandmesh) -> None:
+    with sm.session("sdk-kernel") as s:
+        assert s.run("x = 41", kernel=True).ok
+        r = s.run("print(x + 1)\n{'a': x}", kernel=True)
+        assert (r.stdout, r.state_lost) == ("42\n", False), r
+        assert [(o.kind, o.mime_type, o.content) for o in r.outputs] == [
+            ("result", "text/plain", "{'a': 41}")
+        ], r
+        failed = s.run("undefined_name", kernel=True)
+        assert failed.status == "error" and failed.cell_error is not None, failed
+        assert failed.cell_error.name == "NameError"
+
+
 def test_closing_a_session_says_closed(sm: Sandmesh) -> None:
     s = sm.session()
     assert s.session_id, "the mesh names a session opened without an id"

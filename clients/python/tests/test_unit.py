@@ -89,6 +89,26 @@ def test_the_golden_exec_result_decodes_the_same_from_json_and_msgpack() -> None
     assert as_json.files_created == ["output/result.txt"] and as_json.ok
 
 
+def test_the_golden_kernel_vectors_decode_and_encode() -> None:
+    result = sandmesh.ExecResult.from_wire(json.loads((TESTDATA / "exec_result_kernel.json").read_text()))
+    png, html = result.outputs
+    assert (png.kind, png.mime_type, png.encoding) == ("display", "image/png", "base64")
+    assert png.data is not None and png.data.startswith(b"\x89PNG")
+    assert (html.kind, html.path, html.data) == ("result", "artifacts/output-1f2e3d4c5b6a.html", None)
+    assert result.cell_error == sandmesh.CellError(
+        "ZeroDivisionError", "division by zero", ["Traceback (most recent call last):\n"]
+    )
+    assert result.state_lost
+    golden = json.loads((TESTDATA / "exec_request_kernel.json").read_text())
+    ours = exec_request(
+        "print('hi')", "python", session_id="s1", template=None, timeout=5.0, env=None,
+        files=None, stdin=None, tier="auto", limits={"memory_mb": 256, "pids": 64},
+        network=None, execution_id="01JD0000000000000000000000", requested_by="agent-7",
+        stream_output=True, kernel=True,
+    )
+    assert ours == golden
+
+
 def test_the_golden_risk_assessment_decodes() -> None:
     risk = sandmesh.RiskAssessment.from_wire(json.loads((TESTDATA / "risk_assessment.json").read_text()))
     assert risk.level in ("safe", "low", "medium", "high", "critical")
@@ -140,11 +160,11 @@ def test_files_travel_as_text_or_base64() -> None:
     ]
 
 
-def test_an_unknown_template_is_refused_before_anything_is_sent() -> None:
-    with pytest.raises(sandmesh.BadRequest, match="template"):
-        exec_request("x", "python", session_id=None, template="gpu-9000", timeout=None, env=None,
-                     files=None, stdin=None, tier=None, limits=None, network=None,
-                     execution_id=None, requested_by=None, stream_output=False)
+def test_a_template_is_passed_through_for_the_mesh_to_resolve() -> None:
+    req = exec_request("x", "python", session_id=None, template="python-data", timeout=None,
+                       env=None, files=None, stdin=None, tier=None, limits=None, network=None,
+                       execution_id=None, requested_by=None, stream_output=False)
+    assert req["template"] == "python-data"
 
 
 def test_refused_results_raise_their_kind_and_ran_results_do_not() -> None:

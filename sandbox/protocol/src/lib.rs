@@ -137,6 +137,73 @@ pub struct RunSpec {
     /// points the program's proxy variables there. Absent: no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_socket: Option<String>,
+    /// Run `code` as a cell of the container's kernel for this language (started by the
+    /// resident supervisor on first use, kept between runs) instead of as a fresh program;
+    /// `argv` and `stdin` are then unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelLanguage>,
+}
+
+/// The languages a kernel runs; a container has at most one kernel of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelLanguage {
+    Python,
+    Javascript,
+}
+
+impl KernelLanguage {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KernelLanguage::Python => "python",
+            KernelLanguage::Javascript => "javascript",
+        }
+    }
+}
+
+/// A cell's rich output larger than this (encoded) is written to the workspace's
+/// [`ARTIFACTS_DIR`] and named by path instead of travelling inline.
+pub const INLINE_OUTPUT_MAX: usize = 128 * 1024;
+
+/// Where a cell's large rich outputs go, relative to the workspace.
+pub const ARTIFACTS_DIR: &str = "artifacts";
+
+/// The MIME types a cell's rich output may carry; anything else the kernel says is dropped.
+pub const OUTPUT_MIME_TYPES: &[&str] =
+    &["text/plain", "text/html", "image/png", "application/json"];
+
+/// Where a rich output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputKind {
+    /// The value of the cell's last expression.
+    Result,
+    /// A `display(...)` call or a captured figure.
+    Display,
+}
+
+/// One typed output of a cell: inline `content` (text, or base64 for binary types), or the
+/// workspace-relative `path` of the artifact it was written to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RichOutput {
+    pub kind: OutputKind,
+    pub mime_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// `content` is base64 (binary types).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base64: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// The exception a cell raised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellError {
+    pub name: String,
+    pub value: String,
+    #[serde(default)]
+    pub traceback: Vec<String>,
 }
 
 /// The in-container TCP port of the egress relay (the conventional HTTP proxy port).
@@ -155,6 +222,9 @@ pub enum Outcome {
     OutputLimit,
     /// The program could not be started (or the request was unusable).
     Failed { message: String },
+    /// The kernel died during the cell (killed, OOM, or it killed itself); it is started
+    /// anew, without its state, for the next cell.
+    KernelDied,
 }
 
 /// How an execution ended, sent as the last frame.
@@ -195,6 +265,16 @@ pub struct RunReport {
     /// Problems that did not stop the run (an unwritable path in the archive, ...).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// A kernel cell's typed outputs, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<RichOutput>,
+    /// The exception a kernel cell raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_error: Option<CellError>,
+    /// The cell ran in a kernel started anew because the previous one had died: the
+    /// variables of earlier cells are gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub state_lost: bool,
 }
 
 impl RunReport {
@@ -216,6 +296,9 @@ impl RunReport {
             files_skipped: Vec::new(),
             processes_killed: 0,
             warnings: Vec::new(),
+            outputs: Vec::new(),
+            cell_error: None,
+            state_lost: false,
         }
     }
 }

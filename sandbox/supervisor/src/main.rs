@@ -8,12 +8,16 @@
 //!                            output, kills everything it started, sends the changed files and
 //!                            the report (frames on stdout); with an egress socket, relays
 //!                            127.0.0.1:3128 to it meanwhile
+//! sandmesh-supervisor run --kernel <pid:fd:fd:state> ...
+//!                            one cell of the resident's kernel instead of a program
+//! sandmesh-supervisor kernel python|javascript <nofile> <fsize>
+//!                            becomes that language's kernel driver (started by `serve`)
 //! sandmesh-supervisor serve [--warm]
 //!                            the resident supervisor, one `docker exec` for the container's
 //!                            life: a `run` process per request read from stdin, `Done` after
 //!                            each; with --warm it first starts each interpreter once, so the
 //!                            first execution in a new container does not pay for cold
-//!                            file-system caches
+//!                            file-system caches; it owns the session's kernel
 //! ```
 //!
 //! The frame format is the `sandmesh-sandbox-protocol` crate (`sandbox/protocol`), shared with
@@ -21,6 +25,7 @@
 //! image's bookworm glibc and start in about a millisecond.
 
 mod files;
+mod kernel;
 mod process;
 mod relay;
 mod serve;
@@ -29,8 +34,9 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
+use kernel::KernelConn;
 use sandbox_protocol::{
-    self as protocol, FrameKind, Outcome, RunReport, RunSpec, PROTOCOL_VERSION,
+    self as protocol, FrameKind, KernelLanguage, Outcome, RunReport, RunSpec, PROTOCOL_VERSION,
 };
 
 /// Upper bound on the input (request + archive); the workspace tmpfs is far smaller.
@@ -152,17 +158,23 @@ fn read_input(input: &mut impl Read) -> Result<Input, InputError> {
 }
 
 /// One execution; `keeper` is the container's keeper when the resident supervisor names it
-/// (`run --keeper <pid>`).
-fn run_once(keeper: Option<i32>) -> ExitCode {
+/// (`run --keeper <pid>`), `kernel` the resident's kernel for a kernel cell.
+fn run_once(keeper: Option<i32>, kernel: Option<Result<KernelConn, String>>) -> ExitCode {
     // Not dumpable: code running as the same user cannot ptrace this process or read its
     // memory to forge the report (the executor does not trust the report anyway).
     let _ = nix::sys::prctl::set_dumpable(false);
     let mut out = FrameOut::new();
     let mut report = RunReport::failed("not started");
     match read_input(&mut io::stdin().lock()) {
-        Ok((spec, archive, files)) => {
-            execute(&spec, &archive, &files, keeper, &mut out, &mut report)
-        }
+        Ok((spec, archive, files)) => execute(
+            &spec,
+            &archive,
+            &files,
+            keeper,
+            kernel,
+            &mut out,
+            &mut report,
+        ),
         Err(e) => {
             report.outcome = Outcome::Failed {
                 message: e.to_string(),
@@ -182,9 +194,24 @@ fn execute(
     archive: &[u8],
     files: &[u8],
     keeper: Option<i32>,
+    kernel: Option<Result<KernelConn, String>>,
     out: &mut FrameOut,
     report: &mut RunReport,
 ) {
+    let kernel = match (spec.kernel.is_some(), kernel) {
+        (false, _) => None,
+        (true, Some(Ok(conn))) => Some(conn),
+        (true, Some(Err(e))) => {
+            report.outcome = Outcome::Failed { message: e };
+            return;
+        }
+        (true, None) => {
+            report.outcome = Outcome::Failed {
+                message: "no kernel: kernel cells run under a resident supervisor".into(),
+            };
+            return;
+        }
+    };
     // Egress first: a run whose network cannot be set up does not run at all (its program
     // would find no proxy and fail in a more confusing way).
     let mut spec = spec.clone();
@@ -220,7 +247,10 @@ fn execute(
         };
         return;
     }
-    process::run(spec, keeper, out, report);
+    match kernel {
+        Some(conn) => kernel::run_cell(spec, conn, keeper, out, report),
+        None => process::run(spec, keeper, out, report),
+    }
     let after = files::Manifest::scan(root);
     if before.truncated || after.truncated {
         report
@@ -305,26 +335,51 @@ fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         Some("run") => {
             let args: Vec<String> = std::env::args().skip(2).collect();
-            let keeper = match args.as_slice() {
-                [] => None,
-                [flag, pid] if flag == "--keeper" => match pid.parse() {
-                    Ok(pid) => Some(pid),
-                    Err(_) => {
-                        eprintln!("sandmesh-supervisor: --keeper wants a pid, not {pid:?}");
+            let mut keeper = None;
+            let mut kernel = None;
+            for pair in args.chunks(2) {
+                match pair {
+                    [flag, pid] if flag == "--keeper" => match pid.parse() {
+                        Ok(pid) => keeper = Some(pid),
+                        Err(_) => {
+                            eprintln!("sandmesh-supervisor: --keeper wants a pid, not {pid:?}");
+                            return ExitCode::from(64);
+                        }
+                    },
+                    // Opened before anything else: the inherited pipes are this run's alone.
+                    [flag, handle] if flag == "--kernel" => kernel = Some(KernelConn::open(handle)),
+                    _ => {
+                        eprintln!(
+                            "usage: sandmesh-supervisor run [--keeper <pid>] [--kernel <handle>]"
+                        );
                         return ExitCode::from(64);
                     }
-                },
-                _ => {
-                    eprintln!("usage: sandmesh-supervisor run [--keeper <pid>]");
-                    return ExitCode::from(64);
                 }
+            }
+            run_once(keeper, kernel)
+        }
+        Some("kernel") => {
+            let language = match std::env::args().nth(2).as_deref() {
+                Some("python") => Some(KernelLanguage::Python),
+                Some("javascript") => Some(KernelLanguage::Javascript),
+                _ => None,
             };
-            run_once(keeper)
+            let limit = |i: usize| std::env::args().nth(i).and_then(|v| v.parse::<u64>().ok());
+            let (Some(language), Some(nofile), Some(fsize)) = (language, limit(3), limit(4)) else {
+                eprintln!("usage: sandmesh-supervisor kernel python|javascript <nofile> <fsize>");
+                return ExitCode::from(64);
+            };
+            let e = kernel::exec_driver(language, nofile, fsize);
+            eprintln!("sandmesh-supervisor: cannot start the {language:?} kernel: {e}");
+            ExitCode::FAILURE
         }
         Some("keep") => keep(),
         Some("serve") => serve::serve(std::env::args().nth(2).as_deref() == Some("--warm")),
         _ => {
-            eprintln!("usage: sandmesh-supervisor run [--keeper <pid>]|keep|serve [--warm]");
+            eprintln!(
+                "usage: sandmesh-supervisor run [--keeper <pid>] [--kernel <handle>]|keep|\
+                 kernel python|javascript <nofile> <fsize>|serve [--warm]"
+            );
             ExitCode::from(64)
         }
     }

@@ -5,8 +5,8 @@
 //! "Every process" is found by scanning `/proc`: in the container's PID namespace the only
 //! processes that may survive an execution are PID 1 (`docker-init`), the keeper it started
 //! (the container's command, the lowest other PID, because it was started first), the
-//! resident supervisor that started this run (its parent, when there is one in the namespace)
-//! and this supervisor. So nothing an execution starts outlives it, and the next execution of
+//! resident supervisor that started this run (its parent, when there is one in the namespace),
+//! the resident's kernel (its child, `kernel.rs`) and this supervisor. So nothing an execution starts outlives it, and the next execution of
 //! a session starts in a quiet container.
 
 use std::collections::HashSet;
@@ -51,10 +51,10 @@ enum KillReason {
 /// Counters of the container's cgroup that tell why something died. cgroup v1 (this host)
 /// and v2 paths are both tried.
 #[derive(Debug, Default, Clone, Copy)]
-struct CgroupCounters {
-    oom_kills: u64,
-    pids_max_events: u64,
-    cpu_ns: Option<u64>,
+pub struct CgroupCounters {
+    pub oom_kills: u64,
+    pub pids_max_events: u64,
+    pub cpu_ns: Option<u64>,
 }
 
 fn read_keyed(path: &str, key: &str) -> Option<u64> {
@@ -66,7 +66,7 @@ fn read_keyed(path: &str, key: &str) -> Option<u64> {
 }
 
 impl CgroupCounters {
-    fn read() -> Self {
+    pub fn read() -> Self {
         let oom_kills = read_keyed("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")
             .or_else(|| read_keyed("/sys/fs/cgroup/memory.events", "oom_kill"))
             .unwrap_or(0);
@@ -115,15 +115,22 @@ pub fn find_keeper() -> Option<i32> {
 }
 
 /// The processes a run must leave alive besides PID 1 and itself: the container's keeper
-/// (`keeper` when the resident supervisor names it, else found now) and the resident supervisor
+/// (`keeper` when the resident supervisor names it, else found now), the resident supervisor
 /// that started this run (the parent; one started by a `docker exec` has its parent outside the
-/// namespace, seen as 0).
+/// namespace, seen as 0) and the resident's other children: its kernel, which outlives runs
+/// (a run's own processes can never become the resident's children).
 pub fn spared(keeper: Option<i32>) -> Vec<i32> {
     let keeper = keeper.or_else(find_keeper);
     let parent = getppid().as_raw();
+    let me = getpid().as_raw();
+    let resident_children = processes()
+        .into_iter()
+        .filter(|&(pid, ppid, _)| parent > 1 && ppid == parent && pid != me)
+        .map(|(pid, _, _)| pid);
     keeper
         .into_iter()
         .chain((parent > 1).then_some(parent))
+        .chain(resident_children)
         .collect()
 }
 

@@ -9,13 +9,18 @@
 //! executor may retry elsewhere), and `Done` with the run process's exit status after them, so
 //! the executor knows where the run ended even if its report never came (the program killed
 //! the run process).
+//!
+//! It also owns the session's kernel ([`Kernel`]): it must outlive the runs, which kill
+//! everything they did not start. A kernel request gets the kernel (started, or restarted
+//! after its death) and its run process inherits the kernel's pipes.
 
 use std::io::{self, Read, Write};
 use std::process::{ChildStdin, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::{self as protocol, FrameKind};
+use sandbox_protocol::{self as protocol, FrameKind, KernelLanguage};
 
+use crate::kernel::Kernel;
 use crate::process;
 
 /// How long the resident waits for the container's keeper to appear.
@@ -48,6 +53,8 @@ pub fn serve(warm_first: bool) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut input = io::stdin().lock();
+    // One kernel per language, each started by its language's first cell.
+    let mut kernels: [Option<Kernel>; 2] = [None, None];
     loop {
         let first = match protocol::read_frame(&mut input) {
             Ok(Some(frame)) => frame,
@@ -62,12 +69,21 @@ pub fn serve(warm_first: bool) -> ExitCode {
         if send(FrameKind::Started, b"").is_err() {
             return ExitCode::FAILURE;
         }
-        let run = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(["run", "--keeper", &keeper])
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .spawn();
+            .stderr(Stdio::inherit());
+        let shared = kernel_for(&first, &mut kernels, &exe, &mut command);
+        let run = command.spawn();
+        if let Some(slot) = shared {
+            if let Some(Err(e)) = kernels[slot].as_ref().map(|k| k.share_pipes(false)) {
+                // A later run's program could inherit them: no kernel is better than that.
+                eprintln!("sandmesh-supervisor: hiding the kernel's pipes: {e}");
+                kernels[slot] = None;
+            }
+        }
         let (status, forwarded) = match run {
             Ok(mut child) => {
                 let forwarded = forward(first, &mut input, child.stdin.take());
@@ -97,6 +113,44 @@ pub fn serve(warm_first: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+}
+
+/// For a kernel request (`first` is its request frame), gets its language's kernel ready and
+/// names it to the run `command`, its pipes made inheritable until the spawn (`Some(slot)`:
+/// hide that kernel's pipes again after it). A kernel that cannot start is left out; the run
+/// reports why it has none.
+fn kernel_for(
+    first: &(FrameKind, Vec<u8>),
+    kernels: &mut [Option<Kernel>; 2],
+    exe: &std::path::Path,
+    command: &mut Command,
+) -> Option<usize> {
+    let (FrameKind::Request, payload) = first else {
+        return None;
+    };
+    let spec = serde_json::from_slice::<protocol::RunSpec>(payload).ok()?;
+    let language = spec.kernel?;
+    let slot = match language {
+        KernelLanguage::Python => 0,
+        KernelLanguage::Javascript => 1,
+    };
+    let kernel = &mut kernels[slot];
+    let state = match Kernel::ensure(kernel, exe, language, &spec) {
+        Ok(state) => state,
+        Err(e) => {
+            eprintln!("sandmesh-supervisor: cannot start the kernel: {e}");
+            return None;
+        }
+    };
+    let k = kernel.as_ref()?;
+    if let Err(e) = k.share_pipes(true) {
+        // Perhaps half shared: the kernel goes (with its pipes) rather than leak them.
+        eprintln!("sandmesh-supervisor: sharing the kernel's pipes: {e}");
+        *kernel = None;
+        return None;
+    }
+    command.args(["--kernel", &k.handle_arg(state)]);
+    Some(slot)
 }
 
 /// `docker-init` starts the container's keeper a moment after the container itself, and on a

@@ -70,6 +70,7 @@ async fn output_streams_as_chunks_while_it_runs() {
     let run = ExecutorRun {
         network: None,
         tenant: None,
+        template: None,
         execution_id: messages::new_id(),
         tier: Tier::Ephemeral,
         request: req,

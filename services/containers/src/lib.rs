@@ -6,6 +6,7 @@
 //! and says why where it does (aio-pool: a network, and a bigger `/tmp` for Chromium).
 
 pub mod image;
+pub mod template;
 
 use std::collections::HashMap;
 

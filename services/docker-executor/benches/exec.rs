@@ -79,6 +79,7 @@ impl Mesh {
         let id = messages::new_id();
         let run = ExecutorRun {
             tenant: None,
+            template: None,
             execution_id: id.clone(),
             tier,
             request: ExecRequest {

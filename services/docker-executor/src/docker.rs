@@ -174,6 +174,17 @@ impl Sandboxes {
         }
     }
 
+    /// The same node's sandboxes, running `image` (a template's) instead of its own.
+    pub fn with_image(&self, image: &str) -> Self {
+        Self {
+            docker: self.docker.clone(),
+            spec: Arc::new(SandboxSpec {
+                image: image.to_string(),
+                ..(*self.spec).clone()
+            }),
+        }
+    }
+
     /// A fresh, unique container name on this node.
     pub fn new_name(&self) -> String {
         format!(

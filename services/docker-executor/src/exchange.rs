@@ -456,6 +456,7 @@ mod tests {
             fsize_bytes: 1024,
             max_changes_bytes: 0,
             egress_socket: None,
+            kernel: None,
         }
     }
 

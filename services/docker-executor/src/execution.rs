@@ -9,10 +9,11 @@ use kit::AuditScope;
 use messages::exec::{ExecResult, ExecStatus, Language, Timing};
 use messages::executor::{ExecutorRun, RunKind};
 use messages::network::NetworkPolicy;
+use messages::template::TemplateRan;
 use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
 use ractor::RpcReplyPort;
-use sandbox_protocol::{RunSpec, PROTOCOL_VERSION};
+use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
 
 use crate::config::ExecutorConfig;
 use crate::docker::{ContainerKind, ContainerLimits, Sandboxes, WORKSPACE_DIR};
@@ -72,14 +73,24 @@ pub struct Admitted {
     pub job: Job,
     reply: Reply,
     slot: RunSlot,
+    /// The template and image it runs in, once resolved; its result says so.
+    pub ran: Option<TemplateRan>,
 }
 
 impl Admitted {
     pub fn new(job: Job, reply: Reply, slot: RunSlot) -> Self {
-        Self { job, reply, slot }
+        Self {
+            job,
+            reply,
+            slot,
+            ran: None,
+        }
     }
 
-    pub fn answer(self, result: Result<ExecResult, ErrorBody>) {
+    pub fn answer(self, mut result: Result<ExecResult, ErrorBody>) {
+        if let Ok(r) = &mut result {
+            r.template = self.ran;
+        }
         let _ = self.reply.send(result);
         self.slot.finished();
     }
@@ -160,6 +171,13 @@ pub fn run_spec(job: &Job, config: &ExecutorConfig, keeps_changes: bool) -> RunS
         },
         // Set by the backend whose container has an egress socket.
         egress_socket: None,
+        kernel: match (req.kernel, req.language) {
+            (false, _) => None,
+            (true, Language::Python) => Some(KernelLanguage::Python),
+            (true, Language::Javascript) => Some(KernelLanguage::Javascript),
+            // Refused on admission: a shell has no kernel.
+            (true, Language::Shell) => None,
+        },
     }
 }
 
@@ -184,6 +202,14 @@ pub fn request_files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
 }
 
 impl Runner {
+    /// The same runner with its containers made from `image` (a template's).
+    pub fn with_image(&self, image: &str) -> Self {
+        Self {
+            sandboxes: self.sandboxes.with_image(image),
+            ..self.clone()
+        }
+    }
+
     /// Starts a container of `kind`, with an egress proxy of its own when `network` is set
     /// (never for the warm pool: a warm container has no network).
     pub async fn start_container(

@@ -2,6 +2,11 @@
 //! capacity → 429, draining → 503), sends pooled runs to a warm container, isolated runs to a
 //! container made for them alone and session runs to the session's `SessionContainer`, and
 //! owns the `WarmPool`, the `Janitor` and every session actor as linked children.
+//!
+//! A run in a template (`ExecutorRun::template`) first gets its image ([`TemplateImages`],
+//! built on first use, off this actor) and then runs like any other, in containers of that
+//! image: a template in use gets a warm pool of its own (its `warm_pool` size), started on
+//! its first run, so an unused template costs nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +15,7 @@ use std::time::{Duration, Instant};
 use kit::RequestContext;
 use messages::exec::{ExecResult, ExecStatus, Tier};
 use messages::executor::{ExecutorClose, ExecutorDrain, ExecutorRun, RunKind};
+use messages::template::{RunTemplate, TemplateRan};
 use messages::validate::{validate_exec, Ceilings};
 use messages::workspace::Ack;
 use messages::ErrorBody;
@@ -21,6 +27,7 @@ use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
 use crate::lease::RunSlot;
 use crate::node::NodeState;
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
+use crate::template_images::TemplateImages;
 use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
 
 type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
@@ -30,6 +37,8 @@ type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 #[allow(clippy::large_enum_variant)]
 pub enum ExecutorMsg {
     Run(RequestContext, ExecutorRun, Reply<ExecResult>),
+    /// A template run's image is known (or could not be had): it runs now.
+    Resolved(Box<Admitted>, Result<String, ErrorBody>),
     Close(RequestContext, ExecutorClose, Reply<Ack>),
     Drain(RequestContext, ExecutorDrain, Reply<Ack>),
     /// Part of a drain: close every session once nothing runs.
@@ -49,6 +58,9 @@ pub struct ExecutorState {
     node: Arc<NodeState>,
     ceilings: Ceilings,
     pool: ActorRef<WarmPoolMsg>,
+    /// The warm pools of the template images in use here, by image.
+    template_pools: HashMap<String, ActorRef<WarmPoolMsg>>,
+    images: TemplateImages,
     janitor: ActorRef<JanitorMsg>,
     janitor_args: JanitorArgs,
     sessions: HashMap<String, ActorRef<SessionMsg>>,
@@ -64,15 +76,21 @@ fn default_limits(c: &Ceilings) -> ContainerLimits {
     }
 }
 
+/// A warm pool of `runner`'s image: the node's own (`template` `None`), or a template's.
 async fn spawn_pool(
     myself: &ActorRef<ExecutorMsg>,
     runner: &Runner,
     node: &Arc<NodeState>,
+    template: Option<&RunTemplate>,
 ) -> Result<ActorRef<WarmPoolMsg>, ActorProcessingErr> {
+    let size = template
+        .and_then(|t| t.warm_pool)
+        .map_or(runner.config.warm_pool, |n| n as usize);
     let args = WarmPoolArgs {
         sandboxes: runner.sandboxes.clone(),
+        template: template.map(|t| t.name.clone()),
         node: node.clone(),
-        size: runner.config.warm_pool,
+        size,
         limits: default_limits(&runner.config.ceilings),
     };
     let (pool, _) = Actor::spawn_linked(None, WarmPool, args, myself.get_cell()).await?;
@@ -136,12 +154,54 @@ impl ExecutorState {
         Ok((job, slot))
     }
 
+    /// The runner and warm pool for containers of `image` (`None`: the node's own), the
+    /// template's pool started on its first run here.
+    async fn for_image(
+        &mut self,
+        myself: &ActorRef<ExecutorMsg>,
+        image: Option<&str>,
+        template: Option<&RunTemplate>,
+    ) -> Result<(Runner, ActorRef<WarmPoolMsg>), ActorProcessingErr> {
+        let image = match image {
+            Some(image) if image != self.runner.sandboxes.spec.image => image,
+            _ => return Ok((self.runner.clone(), self.pool.clone())),
+        };
+        let runner = self.runner.with_image(image);
+        if let Some(pool) = self.template_pools.get(image) {
+            return Ok((runner, pool.clone()));
+        }
+        let pool = spawn_pool(myself, &runner, &self.node, template).await?;
+        self.template_pools.insert(image.to_string(), pool.clone());
+        Ok((runner, pool))
+    }
+
+    /// Runs an admitted run in containers of `image` (`None`: the node's own).
+    async fn dispatch(
+        &mut self,
+        myself: &ActorRef<ExecutorMsg>,
+        run: Admitted,
+        image: Option<&str>,
+    ) -> Result<(), ActorProcessingErr> {
+        let template = run.job.run.template.clone();
+        let (runner, pool) = self.for_image(myself, image, template.as_ref()).await?;
+        match run.job.run.kind {
+            RunKind::Session => self.run_session(myself, run, runner, pool).await,
+            // A pooled run of a session (tier `session`, sent before run kinds existed) goes
+            // to the session's container too.
+            RunKind::Pooled if run.job.run.tier == Tier::Session => {
+                self.run_session(myself, run, runner, pool).await
+            }
+            RunKind::Pooled | RunKind::Isolated => {
+                self.run_single_use(run, runner, pool);
+                Ok(())
+            }
+        }
+    }
+
     /// A run in a single-use container: a warm one from the pool (pooled), or one made for
     /// this run alone (isolated; also a pooled run's fallback when the pool is empty). The
     /// container goes, with its lease, right after the answer.
-    fn run_single_use(&self, run: Admitted) {
-        let runner = self.runner.clone();
-        let pool = self.pool.clone();
+    fn run_single_use(&self, run: Admitted, runner: Runner, pool: ActorRef<WarmPoolMsg>) {
         let node = self.node.clone();
         self.node.tasks.spawn(async move {
             let pooled = run.job.run.kind == RunKind::Pooled;
@@ -201,10 +261,14 @@ impl ExecutorState {
         });
     }
 
+    /// A session run goes to the session's container; a new session's container is made
+    /// from `runner`'s image (a session keeps the image it started with).
     async fn run_session(
         &mut self,
         myself: &ActorRef<ExecutorMsg>,
         run: Admitted,
+        runner: Runner,
+        pool: ActorRef<WarmPoolMsg>,
     ) -> Result<(), ActorProcessingErr> {
         let Some(session_id) = run.job.run.request.session_id.clone() else {
             run.answer(Err(ErrorBody::bad_request(
@@ -227,8 +291,8 @@ impl ExecutorState {
                     }
                     let args = SessionArgs {
                         session_id: session_id.clone(),
-                        runner: self.runner.clone(),
-                        pool: self.pool.clone(),
+                        runner: runner.clone(),
+                        pool: pool.clone(),
                         node: self.node.clone(),
                         idle: self.runner.config.session_idle,
                         limits: default_limits(&self.ceilings),
@@ -271,10 +335,12 @@ impl Actor for Executor {
         myself: ActorRef<Self::Msg>,
         args: ExecutorArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let pool = spawn_pool(&myself, &args.runner, &args.node).await?;
+        let pool = spawn_pool(&myself, &args.runner, &args.node, None).await?;
         let (janitor, _) =
             Actor::spawn_linked(None, Janitor, args.janitor.clone(), myself.get_cell()).await?;
         Ok(ExecutorState {
+            images: TemplateImages::new(&args.runner.sandboxes.spec.image),
+            template_pools: HashMap::new(),
             ceilings: args.runner.config.ceilings.clone(),
             runner: args.runner,
             node: args.node,
@@ -302,14 +368,29 @@ impl Actor for Executor {
                     }
                 };
                 let run = Admitted::new(job, reply, slot);
-                match run.job.run.kind {
-                    RunKind::Session => state.run_session(&myself, run).await?,
-                    // A pooled run of a session (tier `session`, sent before run kinds
-                    // existed) goes to the session's container too.
-                    RunKind::Pooled if run.job.run.tier == Tier::Session => {
-                        state.run_session(&myself, run).await?
+                match run.job.run.template.clone() {
+                    None => state.dispatch(&myself, run, None).await?,
+                    // Possibly a build of minutes: never in this actor's handler.
+                    Some(template) => {
+                        let images = state.images.clone();
+                        state.node.tasks.spawn(async move {
+                            let image = images.image(&template).await;
+                            let _ = myself.cast(ExecutorMsg::Resolved(Box::new(run), image));
+                        });
                     }
-                    RunKind::Pooled | RunKind::Isolated => state.run_single_use(run),
+                }
+            }
+            ExecutorMsg::Resolved(run, image) => {
+                let mut run = *run;
+                match image {
+                    Ok(image) => {
+                        run.ran = run.job.run.template.as_ref().map(|t| TemplateRan {
+                            name: t.name.clone(),
+                            image: image.clone(),
+                        });
+                        state.dispatch(&myself, run, Some(&image)).await?
+                    }
+                    Err(e) => run.answer(Err(e)),
                 }
             }
             ExecutorMsg::Close(_ctx, close, reply) => {
@@ -362,7 +443,16 @@ impl Actor for Executor {
             SupervisionEvent::ActorFailed(cell, e) => {
                 if cell.get_id() == state.pool.get_id() {
                     tracing::error!(error = %e, "warm pool failed; restarting it");
-                    state.pool = spawn_pool(&myself, &state.runner, &state.node).await?;
+                    state.pool = spawn_pool(&myself, &state.runner, &state.node, None).await?;
+                } else if let Some(image) = state
+                    .template_pools
+                    .iter()
+                    .find(|(_, p)| p.get_id() == cell.get_id())
+                    .map(|(image, _)| image.clone())
+                {
+                    // Started again by the template's next run.
+                    tracing::error!(error = %e, %image, "a template's warm pool failed");
+                    state.template_pools.remove(&image);
                 } else if cell.get_id() == state.janitor.get_id() {
                     tracing::error!(error = %e, "janitor failed; restarting it");
                     let (janitor, _) = Actor::spawn_linked(
@@ -395,6 +485,10 @@ impl Actor for Executor {
         });
         futures::future::join_all(sessions).await;
         let _ = state.pool.stop_and_wait(None, wait).await;
+        let pools = state.template_pools.drain().map(|(_, p)| async move {
+            let _ = p.stop_and_wait(None, wait).await;
+        });
+        futures::future::join_all(pools).await;
         let _ = state.janitor.stop_and_wait(None, wait).await;
         Ok(())
     }

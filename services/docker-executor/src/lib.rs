@@ -21,6 +21,7 @@
 //! ```text
 //! Executor (admission, routing; restarts failed children)
 //! ├── WarmPool            ready single-use containers, replenished in the background
+//! ├── WarmPool*           one per template image in use here, started by its first run
 //! ├── Janitor             removes containers no live owner holds (this node, dead nodes)
 //! └── SessionContainer*   one per session: its container, runs one at a time, idle close
 //! (+ the kit's Heartbeat: capacity, running, warm pool size, sessions)
@@ -49,6 +50,9 @@
 //!   `SANDMESH_EXEC_KILL_GRACE_MS`) removes the container.
 //! - Output is capped at what one NATS message can carry (max payload − 64 KiB).
 //! - A container found dead before a run began is replaced and the run retried once.
+//! - Templates (issue 25): a run naming one runs in that template's image
+//!   ([`template_images`], built on first use, content-addressed), from that image's own warm
+//!   pool; the result names the template and image.
 //! - Network egress (issue 13): a run or session with a network policy gets a container of its
 //!   own with an egress proxy ([`egress`]) on a socket bind-mounted into it alone; the
 //!   supervisor relays `127.0.0.1:3128` to it during the run, every decision is audited
@@ -80,6 +84,7 @@ pub mod outcome;
 pub mod probe;
 pub mod resident;
 pub mod session;
+pub mod template_images;
 pub mod warm_pool;
 pub mod workspace;
 

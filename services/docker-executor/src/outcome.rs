@@ -2,7 +2,9 @@
 //! signal, timeout, output cap, OOM, pids limit) and how the exchange ended (no report,
 //! backstop deadline, flood), classified into `ExecResult`.
 
-use messages::exec::{ExecResult, ExecStatus, Tier, Usage};
+use messages::exec::{
+    CellError, ContentEncoding, ExecResult, ExecStatus, OutputKind, RichOutput, Tier, Usage,
+};
 use messages::validate::validate_relative_path;
 use messages::{ErrorBody, ErrorKind};
 use sandbox_protocol::{Outcome, RunReport};
@@ -30,6 +32,44 @@ pub fn safe_paths(paths: &[String]) -> Vec<String> {
         .filter(|p| validate_relative_path("path", p).is_ok())
         .cloned()
         .collect()
+}
+
+/// A kernel cell's outputs as the result carries them: only the known MIME types, and an
+/// artifact only at a plain path under the workspace's `artifacts/` (the kernel is not
+/// trusted; the supervisor bounded the sizes).
+fn rich_outputs(outputs: &[sandbox_protocol::RichOutput]) -> Vec<RichOutput> {
+    outputs
+        .iter()
+        .filter(|o| sandbox_protocol::OUTPUT_MIME_TYPES.contains(&o.mime_type.as_str()))
+        .filter_map(|o| {
+            let path = match &o.path {
+                Some(p) if !is_artifact(p) => return None,
+                path => path.clone(),
+            };
+            Some(RichOutput {
+                kind: match o.kind {
+                    sandbox_protocol::OutputKind::Result => OutputKind::Result,
+                    sandbox_protocol::OutputKind::Display => OutputKind::Display,
+                },
+                mime_type: o.mime_type.clone(),
+                content: o.content.clone(),
+                encoding: if o.base64 {
+                    ContentEncoding::Base64
+                } else {
+                    ContentEncoding::Utf8
+                },
+                path,
+            })
+        })
+        .collect()
+}
+
+/// A plain workspace path under `artifacts/`.
+fn is_artifact(path: &str) -> bool {
+    let under = path
+        .strip_prefix(sandbox_protocol::ARTIFACTS_DIR)
+        .is_some_and(|rest| rest.starts_with('/'));
+    under && validate_relative_path("path", path).is_ok()
 }
 
 /// Turns what the supervisor said (and how the exchange ended) into the result's status.
@@ -74,6 +114,14 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
     r.stderr_truncated = report.stderr_truncated;
     r.files_created = safe_paths(&report.files_created);
     r.files_modified = safe_paths(&report.files_modified);
+    r.outputs = rich_outputs(&report.outputs);
+    r.cell_error = report.cell_error.as_ref().map(|e| CellError {
+        name: e.name.clone(),
+        value: e.value.clone(),
+        traceback: e.traceback.clone(),
+    });
+    // A session re-placed on another node lost its kernel with its old container.
+    r.state_lost = report.state_lost || (job.run.request.kernel && job.run.session_restored);
     r.usage = Some(Usage {
         peak_memory_bytes: report.peak_memory_bytes,
         cpu_ms: report.cpu_ms,
@@ -121,6 +169,15 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
             None,
             Some(ErrorBody::internal(message.clone())),
         ),
+        Outcome::KernelDied if report.oom_killed => (ExecStatus::Oom, None, Some(oom())),
+        Outcome::KernelDied => (
+            ExecStatus::Killed,
+            None,
+            Some(ErrorBody::internal(
+                "the kernel died during the cell; the next cell starts a new one, without \
+                 the variables of earlier cells",
+            )),
+        ),
     };
     r.status = status;
     r.exit_code = exit_code;
@@ -162,6 +219,7 @@ mod tests {
                 kind: Default::default(),
                 network: None,
                 tenant: None,
+                template: None,
             },
             accepted: Instant::now(),
             retried: false,
@@ -250,5 +308,44 @@ mod tests {
         let r = classify(&job(), None, &exchange(Ending::Closed));
         assert_eq!(r.status, ExecStatus::Killed);
         assert!(r.error.unwrap().message.contains("gone"));
+    }
+
+    #[test]
+    fn a_kernel_keeps_only_known_outputs_at_artifact_paths() {
+        let output = |mime: &str, path: Option<&str>| sandbox_protocol::RichOutput {
+            kind: sandbox_protocol::OutputKind::Display,
+            mime_type: mime.into(),
+            content: path.is_none().then(|| "aGk=".into()),
+            base64: true,
+            path: path.map(String::from),
+        };
+        let mut report = RunReport::failed("x");
+        report.outcome = Outcome::KernelDied;
+        report.state_lost = true;
+        report.outputs = vec![
+            output("image/png", None),
+            output("text/html", Some("artifacts/page.html")),
+            output("application/x-evil", None),
+            output("text/html", Some("artifacts/../../etc/passwd")),
+            output("text/html", Some("code/main.py")),
+        ];
+        let r = classify(&job(), Some(&report), &exchange(Ending::Reported));
+        let kept: Vec<_> = r
+            .outputs
+            .iter()
+            .map(|o| (o.mime_type.as_str(), o.encoding, o.path.as_deref()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("image/png", ContentEncoding::Base64, None),
+                (
+                    "text/html",
+                    ContentEncoding::Base64,
+                    Some("artifacts/page.html")
+                ),
+            ]
+        );
+        assert_eq!((r.status, r.state_lost), (ExecStatus::Killed, true));
     }
 }

@@ -6,6 +6,10 @@
 //! A new session takes a warm container from the pool when one is ready, so its first run
 //! pays no cold start. The container remembers the workspace revision it holds
 //! (`lease::Held`), so a run after one that changed nothing makes no workspace request.
+//!
+//! Kernel cells run in the container's kernel, which its resident supervisor keeps between
+//! runs and restarts (saying so) when it died. A kernel that goes with a replaced container
+//! is noticed here: the session's next cell says `state_lost`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -64,6 +68,10 @@ pub struct SessionState {
     running_in: Option<String>,
     queue: VecDeque<Box<Admitted>>,
     last_used: Instant,
+    /// The current container has run a kernel cell (so its kernel holds state).
+    kernel_started: bool,
+    /// A container with a kernel was replaced: the next kernel cell's state is lost.
+    kernel_lost: bool,
 }
 
 impl SessionState {
@@ -114,10 +122,14 @@ impl SessionState {
         };
         self.phase = Phase::Busy;
         self.running_in = Some(container.name.clone());
+        let kernel = run.job.run.request.kernel;
+        self.kernel_started |= kernel;
+        let kernel_lost = kernel && std::mem::take(&mut self.kernel_lost);
         let runner = self.args.runner.clone();
         let myself = myself.clone();
         self.args.node.tasks.spawn(async move {
-            let (result, health) = runner.execute(&mut container, &run.job).await;
+            let (mut result, health) = runner.execute(&mut container, &run.job).await;
+            result.state_lost |= kernel_lost;
             // The container was dead before the run began (killed from outside): the run
             // goes back to the head of the queue, once, for the next container.
             let retry = if health == Health::Unusable && !run.job.retried {
@@ -163,6 +175,8 @@ impl Actor for SessionContainer {
             running_in: None,
             queue: VecDeque::new(),
             last_used: Instant::now(),
+            kernel_started: false,
+            kernel_lost: false,
         };
         state.acquire(&myself, true);
         Ok(state)
@@ -203,8 +217,9 @@ impl Actor for SessionContainer {
                     state.phase = Phase::Idle;
                 } else {
                     // Killed (backstop) or dead: the session continues in a fresh container
-                    // (the old one goes with its lease).
+                    // (the old one goes with its lease, and its kernel with it).
                     drop(container);
+                    state.kernel_lost |= std::mem::take(&mut state.kernel_started);
                     state.acquire(&myself, health != Health::Unusable);
                 }
                 state.pump(&myself);

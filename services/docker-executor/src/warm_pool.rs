@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kit::metrics::ServiceLabel;
+use kit::metrics::PoolLabels;
+use messages::template::DEFAULT_TEMPLATE;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
@@ -40,7 +41,11 @@ pub enum WarmPoolMsg {
 pub struct WarmPool;
 
 pub struct WarmPoolArgs {
+    /// Its containers run this image (`sandboxes.spec.image`).
     pub sandboxes: Sandboxes,
+    /// The template it keeps warm (the metrics' label); `None`: the node's own image, whose
+    /// stock is what the heartbeat reports.
+    pub template: Option<String>,
     pub node: Arc<NodeState>,
     pub size: usize,
     /// What the pool's containers start with: the ceilings' defaults.
@@ -59,10 +64,26 @@ pub struct WarmPoolState {
 
 impl WarmPoolState {
     fn publish_size(&self) {
-        self.args
-            .node
-            .warm
-            .store(self.ready.len(), Ordering::Relaxed);
+        match &self.args.template {
+            None => self
+                .args
+                .node
+                .warm
+                .store(self.ready.len(), Ordering::Relaxed),
+            Some(template) => {
+                let labels = PoolLabels {
+                    service: crate::janitor::SERVICE_NAME,
+                    template: template.clone(),
+                };
+                let gauge = self
+                    .args
+                    .node
+                    .metrics
+                    .template_warm_pool_size
+                    .get_or_create(&labels);
+                gauge.set(self.ready.len() as i64);
+            }
+        }
     }
 
     fn replenish(&mut self, myself: &ActorRef<WarmPoolMsg>) {
@@ -130,8 +151,15 @@ impl Actor for WarmPool {
                 } else {
                     &m.warm_pool_misses
                 };
-                let service = crate::janitor::SERVICE_NAME;
-                counter.get_or_create(&ServiceLabel { service }).inc();
+                let labels = PoolLabels {
+                    service: crate::janitor::SERVICE_NAME,
+                    template: state
+                        .args
+                        .template
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_TEMPLATE.into()),
+                };
+                counter.get_or_create(&labels).inc();
                 let _ = reply.send(container);
                 if state.ready.is_empty() {
                     let _ = myself.cast(WarmPoolMsg::Replenish);

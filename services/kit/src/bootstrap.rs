@@ -201,6 +201,24 @@ pub async fn sessions_kv(
     .await
 }
 
+/// `sandbox_templates`: templates by name, kept until deleted.
+pub async fn templates_kv(
+    js: &jetstream::Context,
+    s: &Subjects,
+    replicas: usize,
+) -> Result<kv::Store, KitError> {
+    ensure_bucket(
+        js,
+        kv::Config {
+            bucket: s.templates_bucket(),
+            history: 1,
+            ..Default::default()
+        },
+        replicas,
+    )
+    .await
+}
+
 /// `sandbox_confirmations`: pending and decided confirmations.
 pub async fn confirmations_kv(
     js: &jetstream::Context,

@@ -75,6 +75,13 @@ pub struct ServiceLabel {
     pub service: &'static str,
 }
 
+/// A warm pool: the service and the template whose image it keeps warm.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub service: &'static str,
+    pub template: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabel {
     pub backend: &'static str,
@@ -112,10 +119,13 @@ pub struct Metrics {
     pub sessions_active: Family<NodeLabels, Gauge>,
     /// `sandbox_warm_pool_size{service,node}`: ready sandboxes waiting for work.
     pub warm_pool_size: Family<NodeLabels, Gauge>,
-    /// `sandbox_warm_pool_hits_total{service}`: work that found a warm sandbox.
-    pub warm_pool_hits: Family<ServiceLabel, Counter>,
-    /// `sandbox_warm_pool_misses_total{service}`: work that had to start one cold.
-    pub warm_pool_misses: Family<ServiceLabel, Counter>,
+    /// `sandbox_template_warm_pool_size{service,template}`: ready sandboxes of a template's
+    /// own image (the node's own image's are `warm_pool_size`).
+    pub template_warm_pool_size: Family<PoolLabels, Gauge>,
+    /// `sandbox_warm_pool_hits_total{service,template}`: work that found a warm sandbox.
+    pub warm_pool_hits: Family<PoolLabels, Counter>,
+    /// `sandbox_warm_pool_misses_total{service,template}`: work that had to start one cold.
+    pub warm_pool_misses: Family<PoolLabels, Counter>,
     /// `sandbox_runtime_nodes_healthy{backend}`: executor nodes with a live heartbeat, as the
     /// scheduler's registry sees them.
     pub runtime_nodes_healthy: Family<BackendLabel, Gauge>,
@@ -139,6 +149,7 @@ impl Default for Metrics {
             execution_duration: Family::new_with_constructor(duration_histogram),
             sessions_active: Family::default(),
             warm_pool_size: Family::default(),
+            template_warm_pool_size: Family::default(),
             warm_pool_hits: Family::default(),
             warm_pool_misses: Family::default(),
             runtime_nodes_healthy: Family::default(),
@@ -175,6 +186,11 @@ impl Metrics {
             "sandbox_warm_pool_size",
             "Ready sandboxes waiting for work",
             m.warm_pool_size.clone(),
+        );
+        r.register(
+            "sandbox_template_warm_pool_size",
+            "Ready sandboxes of a template's own image",
+            m.template_warm_pool_size.clone(),
         );
         r.register(
             "sandbox_warm_pool_hits",

@@ -21,8 +21,9 @@ pub struct RunCode {
     /// short name works (`analysis-1`); the session starts on first use. Without it the code
     /// runs once in a fresh sandbox that keeps nothing.
     pub session_id: Option<String>,
-    /// A sandbox template (base image and preinstalled packages) to run in. Not available on
-    /// this mesh yet: leave it out.
+    /// A sandbox template to run in: its image's preinstalled packages (`python-data`:
+    /// numpy, pandas, matplotlib, scipy, pytest; `node-default`), its environment and
+    /// defaults. Left out: the default sandbox (Python and Node.js standard libraries).
     pub template: Option<String>,
     /// The most milliseconds the program may run before it is stopped (the mesh's default
     /// when left out).

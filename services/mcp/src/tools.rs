@@ -91,15 +91,6 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<RunCode>,
     ) -> Result<CallToolResult, ErrorData> {
-        if let Some(template) = p.template {
-            return Ok(render::error(
-                "bad_request",
-                &format!(
-                    "templates are not available on this mesh yet (asked for {template:?}); \
-                     call run_code again without `template` to use the default sandbox"
-                ),
-            ));
-        }
         let language = match p.language.as_deref().map(str::parse::<Language>) {
             None => Language::default(),
             Some(Ok(language)) => language,
@@ -113,6 +104,7 @@ impl MeshTools {
             code: p.code,
             timeout_ms: p.timeout_ms,
             requested_by: Some(REQUESTED_BY.into()),
+            template: p.template,
             ..Default::default()
         };
         let wait = Duration::from_millis(p.timeout_ms.unwrap_or(DEFAULT_RUN_MS)) + EXEC_MARGIN;

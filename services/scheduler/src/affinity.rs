@@ -167,6 +167,9 @@ impl SessionAffinity {
         open: &SessionOpen,
         scope: &AuditScope,
     ) -> Result<SessionRecord, ErrorBody> {
+        if let Some(name) = &open.template {
+            crate::templates::lookup(&self.caller, &self.subjects, name).await?;
+        }
         let init = WsInit {
             session_id: session_id.to_string(),
         };

@@ -34,6 +34,14 @@ pub fn command_for(req: &ExecRequest, id: &str) -> Result<String, ErrorBody> {
             "tier aio takes no request files; write them with the workspace API or the code",
         ));
     }
+    if req.kernel {
+        // The risk policy sent the cell to an AIO sandbox, which has no kernel of the
+        // session's: running it as a fresh program would silently lose the cell's state.
+        return Err(ErrorBody::bad_request(
+            "this cell needs tier aio (the risk policy), where the session's kernel is not; \
+             run it without kernel",
+        ));
+    }
     let mut delimiter = format!("SANDMESH_{}", id.to_ascii_uppercase());
     while req.code.contains(&delimiter)
         || req.stdin.as_deref().is_some_and(|s| s.contains(&delimiter))

@@ -36,6 +36,9 @@ pub struct SchedulerConfig {
     /// Added to an execution's own timeout for container start and workspace sync; past it the
     /// executor counts as lost.
     pub exec_grace: Duration,
+    /// `SANDMESH_SCHED_TEMPLATE_BUILD_MS` (default 15 min): added to `exec_grace` for a run in a
+    /// template that adds packages, whose image the executor builds on first use.
+    pub template_build_grace: Duration,
     /// `SANDMESH_SCHED_JOB_QUEUE_TTL_MS`: how long an accepted async job may wait for an
     /// executor, counted from its publication; it is retried with backoff until then, and
     /// ends `unavailable` after.
@@ -148,6 +151,7 @@ impl SchedulerConfig {
             confirm_timeout: r.millis("SCHED_CONFIRM_TIMEOUT_MS", Duration::from_secs(300)),
             parked_sweep,
             exec_grace: r.millis("SCHED_EXEC_GRACE_MS", Duration::from_secs(30)),
+            template_build_grace: r.millis("SCHED_TEMPLATE_BUILD_MS", Duration::from_secs(900)),
             job_queue_ttl,
             job_ack_wait,
             job_batch,

@@ -33,6 +33,8 @@ pub struct Dispatcher {
     aio: AioRunner,
     /// Added to an execution's own timeout; past it the executor counts as lost.
     exec_grace: Duration,
+    /// Added besides for a run whose template image may be built first.
+    template_build_grace: Duration,
     ephemeral_backend: EphemeralBackend,
 }
 
@@ -43,6 +45,7 @@ impl Dispatcher {
         affinity: SessionAffinity,
         aio: AioRunner,
         exec_grace: Duration,
+        template_build_grace: Duration,
         ephemeral_backend: EphemeralBackend,
     ) -> Self {
         Self {
@@ -51,6 +54,7 @@ impl Dispatcher {
             affinity,
             aio,
             exec_grace,
+            template_build_grace,
             ephemeral_backend,
         }
     }
@@ -85,13 +89,20 @@ impl Dispatcher {
                 _ => RunKind::Pooled,
             },
             network: exec.request.network.clone(),
+            template: exec.template.clone(),
         };
         let needs = Requirements {
             cpus: limits.cpus,
             memory_mb: limits.memory_mb,
             backend: Backend::Docker,
         };
-        let deadline = Duration::from_millis(limits.timeout_ms) + self.exec_grace;
+        let mut deadline = Duration::from_millis(limits.timeout_ms) + self.exec_grace;
+        // A template that adds packages runs in its own image, which only docker executors
+        // build and run; its first run on a node waits for the build.
+        let own_image = exec.template.as_ref().is_some_and(|t| !t.image.is_base());
+        if own_image {
+            deadline += self.template_build_grace;
+        }
         let scope = exec.scope();
         if let Some(session_id) = &exec.request.session_id {
             return self
@@ -111,7 +122,8 @@ impl Dispatcher {
             exec.tier,
             exec.risk.level,
             exec.request.session_id.is_some(),
-        );
+        )
+        .filter(|_| !own_image);
         if let Some(backend) = light {
             let needs = Requirements { backend, ..needs };
             if let Some(result) = self.place(backend, &run, needs, deadline, &scope).await? {

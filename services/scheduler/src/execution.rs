@@ -10,6 +10,7 @@ use messages::exec::{
 };
 use messages::risk::RiskAssessment;
 use messages::session::SessionRecord;
+use messages::template::RunTemplate;
 use messages::tenancy::{scoped, Caller, Tenant};
 use messages::validate::EffectiveLimits;
 use messages::ErrorBody;
@@ -90,6 +91,10 @@ pub struct Execution {
     pub account: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The template it runs in, as read when it was admitted (a parked execution runs in
+    /// the template it was approved with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<RunTemplate>,
     /// The session's record as read when the request was assessed, for the dispatch right
     /// after it; never stored (a parked execution reads the session again when it resumes).
     #[serde(skip)]
@@ -124,6 +129,7 @@ impl Execution {
                 .user()
                 .filter(|u| !u.is_empty())
                 .map(str::to_string),
+            template: None,
             session: None,
             sync_reply: origin.sync_reply,
         }

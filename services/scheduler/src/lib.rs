@@ -58,6 +58,7 @@ pub mod resumer;
 pub mod root;
 pub mod session_api;
 pub mod sessions;
+pub mod templates;
 pub mod tier;
 
 use std::sync::Arc;
@@ -214,6 +215,7 @@ pub async fn run(
             affinity.clone(),
             aio.clone(),
             config.exec_grace,
+            config.template_build_grace,
             config.ephemeral_backend,
         ),
         auditor.clone(),

@@ -105,14 +105,28 @@ impl Pipeline {
         let fresh_id = req.execution_id.is_none();
         req.execution_id
             .get_or_insert_with(|| mint_id(&origin.caller));
-        let admitted = validate_exec(&req, &self.policy.ceilings)
-            .map_err(ErrorBody::from)
-            .and_then(|limits| {
-                crate::network::admit_request(&mut req, &self.policy.network_ceiling)?;
-                Ok(limits)
-            });
-        let limits = match admitted {
-            Ok(limits) => limits,
+        // A session's runs are in its template unless a run names its own. (One more read of
+        // the session's record, for session runs that name none; the image must be known
+        // before the limits are checked.)
+        if let (None, Some(id)) = (&req.template, &req.session_id) {
+            match self.dispatcher.session(id).await {
+                Ok(record) => req.template = record.and_then(|r| r.template),
+                Err(e) => return Outcome::Retry(e),
+            }
+        }
+        let template = match crate::templates::resolve(&self.caller, &self.subjects, &mut req).await
+        {
+            Ok(template) => Ok(template),
+            Err(e) if e.kind == ErrorKind::BadRequest => Err(e),
+            Err(e) => return Outcome::Retry(e),
+        };
+        let admitted = template.and_then(|template| {
+            let limits = validate_exec(&req, &self.policy.ceilings)?;
+            crate::network::admit_request(&mut req, &self.policy.network_ceiling)?;
+            Ok((limits, template))
+        });
+        let (limits, template) = match admitted {
+            Ok(admitted) => admitted,
             Err(body) => {
                 let scope = AuditScope {
                     execution_id: req.execution_id.clone(),
@@ -128,6 +142,7 @@ impl Pipeline {
             }
         };
         let mut exec = Execution::new(req, limits, &origin);
+        exec.template = template;
         // The assessment has no side effects, so it runs while the claim is taken; it is
         // wasted only when an earlier attempt holds the claim or already has a result.
         let assessing = async {

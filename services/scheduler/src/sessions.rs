@@ -68,6 +68,7 @@ impl SessionTable {
             last_used_at: now,
             requested_by: open.requested_by.clone(),
             network: open.network.clone(),
+            template: open.template.clone(),
             ..Default::default()
         };
         let value =

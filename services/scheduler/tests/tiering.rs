@@ -40,6 +40,7 @@ async fn start_bwrap(mesh: &Mesh) -> (String, kit::CancellationToken) {
         kind: Default::default(),
         network: None,
         tenant: None,
+        template: None,
     };
     common::eventually("the bwrap executor to serve", || {
         let subject = subject.clone();

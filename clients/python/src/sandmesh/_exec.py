@@ -31,7 +31,7 @@ from ._transport import (
     new_id,
     translate,
 )
-from .errors import BadRequest, Internal, NotFound, SandmeshError, Timeout, Unavailable, error_from_body
+from .errors import Internal, NotFound, SandmeshError, Timeout, Unavailable, error_from_body
 from .types import RAN_STATUSES, Confirmation, ExecResult, OutputChunk
 
 #: How long a sync execution may take by default: a container, a person's approval and the run.
@@ -40,9 +40,6 @@ EXEC_TIMEOUT = 600.0
 MAX_RESULT_WAIT = 30.0
 #: After the result, how long the last output chunks (sent before it, on another path) may lag.
 OUTPUT_GRACE = 2.0
-#: The templates this mesh knows. Templates (DESIGN.md "Templates") are not served yet; until
-#: they are, naming another is refused here rather than silently ignored by the mesh.
-KNOWN_TEMPLATES = ("python-default",)
 
 TextCallback = Callable[[str], Union[None, Awaitable[None]]]
 ApprovalCallback = Callable[[Confirmation], Union[None, Awaitable[None]]]
@@ -56,14 +53,6 @@ async def call_back(callback: Optional[Callable[[Any], Any]], value: Any) -> Non
     outcome = callback(value)
     if inspect.isawaitable(outcome):
         await outcome
-
-
-def check_template(template: Optional[str]) -> None:
-    if template is not None and template not in KNOWN_TEMPLATES:
-        raise BadRequest(
-            f"template {template!r}: this mesh serves only {', '.join(KNOWN_TEMPLATES)} "
-            "(templates are not served yet; omit template= to use the default image)"
-        )
 
 
 def wire_files(files: FilesArg) -> Optional[List[Dict[str, Any]]]:
@@ -97,9 +86,9 @@ def exec_request(
     execution_id: Optional[str],
     requested_by: Optional[str],
     stream_output: bool,
+    kernel: bool = False,
 ) -> Dict[str, Any]:
     """An ``ExecRequest`` (unset fields left out)."""
-    check_template(template)
     return drop_none(
         {
             "execution_id": execution_id,
@@ -115,6 +104,8 @@ def exec_request(
             "stream_output": True if stream_output else None,
             "requested_by": requested_by,
             "network": dict(network) if network else None,
+            "template": template,
+            "kernel": True if kernel else None,
         }
     )
 

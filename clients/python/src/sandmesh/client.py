@@ -22,7 +22,6 @@ from ._exec import (
     AsyncJob,
     FilesArg,
     TextCallback,
-    check_template,
     exec_request,
     run_exec,
     submit_job,
@@ -130,6 +129,7 @@ class AsyncSandmesh:
         network: Optional[Mapping[str, Any]] = None,
         execution_id: Optional[str] = None,
         requested_by: Optional[str] = None,
+        kernel: bool = False,
         on_stdout: Optional[TextCallback] = None,
         on_stderr: Optional[TextCallback] = None,
         on_awaiting_approval: Optional[ApprovalCallback] = None,
@@ -142,7 +142,8 @@ class AsyncSandmesh:
             code: the program.
             language: ``python``, ``javascript`` or ``shell``.
             session_id: run in this session (its files and container); see :meth:`session`.
-            template: the sandbox template; only ``python-default`` exists today.
+            template: the sandbox template (``python-data``, ``node-default``, or one an operator
+                added; ``sandmesh template list``); the mesh refuses an unknown one.
             timeout: the program's own time limit in seconds (the mesh's default: 30 s).
             env: environment variables for the program.
             files: files put into the workspace first, ``{path: text or bytes}``.
@@ -153,6 +154,11 @@ class AsyncSandmesh:
                 ceiling).
             execution_id: the idempotency key (a ULID is made when streaming).
             requested_by: an informational label for the audit trail.
+            kernel: run the code as a cell of the session's kernel for ``language``
+                (``python`` or ``javascript``; needs a session): variables survive between cells, and the last expression's value,
+                ``display(...)`` and matplotlib figures come back in ``result.outputs``
+                (:class:`RichOutput`); ``result.cell_error`` holds an exception and
+                ``result.state_lost`` says the kernel had to be restarted.
             on_stdout, on_stderr: called with each piece of output as it is produced, in
                 order, all before this returns (plain functions or coroutine functions).
             on_awaiting_approval: called with a :class:`Confirmation` at once when the
@@ -187,6 +193,7 @@ class AsyncSandmesh:
             execution_id=execution_id,
             requested_by=requested_by,
             stream_output=False,
+            kernel=kernel,
         )
         return await run_exec(
             transport,
@@ -280,7 +287,6 @@ class AsyncSandmesh:
         ``s = await sm.session("s1")`` (close it with ``await s.close()``). Opening is
         idempotent by id; without an id the mesh makes one.
         """
-        check_template(template)
         return AsyncSession(
             self,
             session_id,
@@ -291,6 +297,7 @@ class AsyncSandmesh:
                         "language": language,
                         "network": dict(network) if network else None,
                         "requested_by": requested_by,
+                        "template": template,
                     }
                 )
             ),

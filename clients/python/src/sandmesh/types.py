@@ -18,6 +18,8 @@ __all__ = [
     "Timing",
     "Usage",
     "ExecResult",
+    "RichOutput",
+    "CellError",
     "Confirmation",
     "OutputChunk",
     "FileEntry",
@@ -172,6 +174,54 @@ class Usage:
 
 
 @dataclass
+class RichOutput:
+    """A kernel cell's typed output: ``mime_type`` is ``text/plain``, ``text/html``,
+    ``image/png`` or ``application/json``; ``kind`` is ``result`` (the last expression's
+    value) or ``display`` (``display(...)``, a matplotlib figure). Small outputs are inline in
+    ``content`` (base64 when ``encoding`` says so); large ones are workspace files at ``path``
+    (under ``artifacts/``, read them with ``session.files``).
+    """
+
+    kind: str
+    mime_type: str
+    content: Optional[str] = None
+    encoding: str = "utf8"
+    path: Optional[str] = None
+
+    @property
+    def data(self) -> Optional[bytes]:
+        """The inline content as bytes (decoded from base64 for binary types)."""
+        if self.content is None:
+            return None
+        if self.encoding == "base64":
+            return base64.b64decode(self.content)
+        return self.content.encode()
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "RichOutput":
+        return cls(
+            kind=_str(d, "kind", "result"),
+            mime_type=_str(d, "mime_type"),
+            content=_opt_str(d, "content"),
+            encoding=_str(d, "encoding", "utf8"),
+            path=_opt_str(d, "path"),
+        )
+
+
+@dataclass
+class CellError:
+    """The exception a kernel cell raised."""
+
+    name: str
+    value: str
+    traceback: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "CellError":
+        return cls(name=_str(d, "name"), value=_str(d, "value"), traceback=_strs(d, "traceback"))
+
+
+@dataclass
 class ExecResult:
     """The result of one execution (``ExecResult`` on the wire).
 
@@ -199,6 +249,9 @@ class ExecResult:
     timing: Timing = field(default_factory=Timing)
     session_restored: bool = False
     network: Optional[Dict[str, Any]] = None
+    outputs: List[RichOutput] = field(default_factory=list)
+    cell_error: Optional[CellError] = None
+    state_lost: bool = False
     error: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -217,6 +270,8 @@ class ExecResult:
         usage = d.get("usage")
         network = d.get("network")
         error = d.get("error")
+        outputs = d.get("outputs")
+        cell_error = d.get("cell_error")
         return cls(
             execution_id=_str(d, "execution_id"),
             status=_str(d, "status", "internal"),
@@ -236,6 +291,11 @@ class ExecResult:
             timing=Timing.from_wire(_map(d, "timing")),
             session_restored=_bool(d, "session_restored"),
             network=dict(network) if isinstance(network, Mapping) else None,
+            outputs=[RichOutput.from_wire(o) for o in outputs if isinstance(o, Mapping)]
+            if isinstance(outputs, list)
+            else [],
+            cell_error=CellError.from_wire(cell_error) if isinstance(cell_error, Mapping) else None,
+            state_lost=_bool(d, "state_lost"),
             error=dict(error) if isinstance(error, Mapping) else None,
             raw=dict(d),
         )

@@ -64,6 +64,7 @@ fn the_base_holds_every_invariant() {
         "Service/nats-headless",
         "Deployment/risk-assessor",
         "Deployment/confirmation",
+        "Deployment/templates",
         "Deployment/workspace-store",
         "Deployment/scheduler",
         "DaemonSet/docker-executor",

@@ -150,6 +150,7 @@ impl Harness {
         let run = ExecutorRun {
             network: None,
             tenant: None,
+            template: None,
             execution_id: messages::new_id(),
             tier: Tier::Ephemeral,
             request,
@@ -263,6 +264,7 @@ pub fn run(language: Language, code: &str, id: &str) -> ExecutorRun {
     ExecutorRun {
         network: None,
         tenant: None,
+        template: None,
         execution_id: id.to_string(),
         tier: Tier::Ephemeral,
         request: ExecRequest {

@@ -367,6 +367,7 @@ pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) ->
     let execution_id = messages::new_id();
     ExecutorRun {
         tenant: None,
+        template: None,
         execution_id: execution_id.clone(),
         tier,
         request: ExecRequest {

@@ -80,6 +80,8 @@ enum Part {
 pub struct MeshBuilder {
     risk: Option<Part>,
     workspace: Option<Part>,
+    /// The real templates service.
+    templates: bool,
     /// The real confirmation service with these `SANDMESH_CONFIRM_*` settings.
     confirm: Option<Vec<(String, String)>>,
     /// A stand-in that decides at once: approve or deny.
@@ -113,6 +115,11 @@ impl MeshBuilder {
     /// A confirmation stand-in that approves (or denies) every request at once.
     pub fn confirm_standin(mut self, approve: bool) -> Self {
         self.confirm_standin = Some(approve);
+        self
+    }
+    /// The real templates service (with its built-ins).
+    pub fn templates(mut self) -> Self {
+        self.templates = true;
         self
     }
     /// The workspace-store stand-in (`workspace.init` only).
@@ -201,6 +208,12 @@ impl MeshBuilder {
         }
         if let Some(approve) = self.confirm_standin {
             mesh.serve_confirm_standin(approve).await;
+        }
+        if self.templates {
+            let mut c =
+                templates::TemplatesConfig::for_url(&mesh.nats.service_url(ServiceName::Templates));
+            c.kit.metrics_addr = mesh.metrics;
+            mesh.add("templates", |stop| spawn(templates::run(c, stop)));
         }
         match self.workspace {
             Some(Part::Fake) => {
