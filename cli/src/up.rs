@@ -211,6 +211,36 @@ struct ImageBuilds {
     aio: Option<Pending>,
 }
 
+/// How long `up` waits for the background builds before it starts the services: an image
+/// that is up to date is found within it, and its service then starts as it always did (no
+/// moment of "still building" after a plain restart).
+const UP_TO_DATE_WITHIN: Duration = Duration::from_secs(5);
+
+impl ImageBuilds {
+    /// The builds that are done within [`UP_TO_DATE_WITHIN`] go into `env`, as if configured.
+    async fn settle(&mut self, env: &mut HashMap<String, String>) {
+        let quick = |build: &Option<Pending>| {
+            let build = build.clone();
+            async move {
+                match build {
+                    Some(b) => b.made_within(UP_TO_DATE_WITHIN).await,
+                    None => None,
+                }
+            }
+        };
+        let (browser, aio) = tokio::join!(quick(&self.browser), quick(&self.aio));
+        for (made, build, var) in [
+            (browser, &mut self.browser, "SANDMESH_BROWSER_IMAGE"),
+            (aio, &mut self.aio, "SANDMESH_AIO_IMAGE"),
+        ] {
+            if let Some(image) = made {
+                env.insert(var.into(), image);
+                *build = None;
+            }
+        }
+    }
+}
+
 /// How often a background build says it is still going: rarely, the mesh's own log goes on.
 const BACKGROUND_PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
@@ -518,12 +548,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     env.entry("SANDMESH_EXEC_IMAGE".into()).or_insert(image);
     // The browser and AIO images (Debian's chromium: minutes the first time) build while the
     // mesh already serves `exec`; until each exists its service answers `unavailable`.
-    let builds = ImageBuilds {
+    let mut builds = ImageBuilds {
         browser: (!env.contains_key("SANDMESH_BROWSER_IMAGE"))
             .then(|| build_in_background("the browser image", browser_router::image::ensure())),
         aio: (!env.contains_key("SANDMESH_AIO_IMAGE"))
             .then(|| build_in_background("the AIO image", containers::image::AIO.ensure())),
     };
+    builds.settle(&mut env).await;
     // No Chromium starts unasked on a laptop: instances are made on first acquire.
     env.entry("SANDMESH_AIO_MIN_INSTANCES".into())
         .or_insert_with(|| "0".into());

@@ -111,6 +111,9 @@ impl Mesh {
         mesh.spawn(confirmation::run(confirm, mesh.stop.clone()));
         let ws = workspace_store::WorkspaceConfig::for_url(&url);
         mesh.spawn(workspace_store::run(ws, mesh.stop.clone()));
+        // The scheduler asks it about a run's template (an unknown one is refused).
+        let catalog = templates::TemplatesConfig::from_env(&base).unwrap();
+        mesh.spawn(templates::run(catalog, mesh.stop.clone()));
         let scheduler = scheduler::SchedulerConfig::from_env(&base).unwrap();
         mesh.spawn(scheduler::run(scheduler, mesh.stop.clone()));
         let node = format!("mcp-{}", messages::new_id().to_ascii_lowercase());
@@ -130,6 +133,7 @@ impl Mesh {
             ServiceName::RiskAssessor,
             ServiceName::Confirmation,
             ServiceName::WorkspaceStore,
+            ServiceName::Templates,
             ServiceName::Scheduler,
             ServiceName::DockerExecutor,
         ];

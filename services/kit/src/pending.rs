@@ -56,6 +56,15 @@ impl Pending {
         }
     }
 
+    /// What it made, if it is done within `limit` (an image that is up to date is found in
+    /// about a second: a service that would wait for it then starts as usual).
+    pub async fn made_within(&self, limit: Duration) -> Option<String> {
+        match tokio::time::timeout(limit, self.outcome.clone()).await {
+            Ok(Ok(made)) => Some(made),
+            _ => None,
+        }
+    }
+
     /// The answer to a request while it is not done (or after it failed).
     fn unavailable(&self) -> ErrorBody {
         match self.outcome.peek() {
