@@ -53,6 +53,14 @@ pub async fn start_store_mesh(quota_mb: u64) -> (Mesh, Store) {
             .await
             .map_err(|e| kit::error_chain(&e))
     });
+    // Serving, not only started: a test's first request must not find "no responders".
+    let client = test_support::connect(&mesh.nats.url()).await;
+    let stat = messages::Subjects::default().workspace(messages::subjects::WorkspaceOp::Stat);
+    test_support::eventually("the workspace-store to serve", BOUND, || {
+        let (client, stat) = (client.clone(), stat.clone());
+        async move { client.request(stat, "{}".into()).await.ok().map(|_| ()) }
+    })
+    .await;
     (mesh, Store { stop, task })
 }
 
