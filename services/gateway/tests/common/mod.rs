@@ -152,18 +152,7 @@ impl Gateway {
         body: impl Into<Bytes>,
     ) -> Reply {
         let response = self.open(method, path, key, headers, body).await;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = tokio::time::timeout(BOUND, response.into_body().collect())
-            .await
-            .unwrap_or_else(|_| panic!("{method} {path}: no whole body within {BOUND:?}"))
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-            .to_bytes();
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        read_reply(method, path, response).await
     }
 
     /// `send` with a JSON body.
@@ -200,18 +189,7 @@ impl Gateway {
                 http_body_util::StreamBody::new(frames),
             )
             .await;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = tokio::time::timeout(BOUND, response.into_body().collect())
-            .await
-            .unwrap_or_else(|_| panic!("{method} {path}: no whole body within {BOUND:?}"))
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-            .to_bytes();
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        read_reply(method, path, response).await
     }
 
     /// Sends one request and returns the answer as it starts (its body streams).
@@ -322,4 +300,20 @@ pub fn parse_events(body: &str) -> Vec<SseEvent> {
             })
         })
         .collect()
+}
+
+/// The whole answer to `method path`, read within [`BOUND`].
+async fn read_reply(method: &str, path: &str, response: hyper::Response<Incoming>) -> Reply {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = tokio::time::timeout(BOUND, response.into_body().collect())
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no whole body within {BOUND:?}"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+        .to_bytes();
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
