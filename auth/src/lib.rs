@@ -23,17 +23,22 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use messages::quota::Quotas;
 use messages::tenancy::{Tenant, OPERATORS_ACCOUNT, SANDBOX_ACCOUNT};
 use messages::{ServiceName, Subjects};
 use serde::{Deserialize, Serialize};
 
 mod cluster;
+mod follow;
 mod operators;
 mod permissions;
+mod quotas;
 
 pub use cluster::{deployment_nodes, servers, ClusterNode};
+pub use follow::FollowedTenancy;
 pub use operators::OperatorDirectory;
 pub use permissions::Permissions;
+pub use quotas::QuotaBook;
 
 /// A user and password.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,6 +177,9 @@ pub struct Tenancy {
     pub tenants: BTreeMap<Tenant, Vec<Credentials>>,
     /// Keyed by user name.
     pub operators: BTreeMap<String, Operator>,
+    /// Each tenant's limits (`sandmesh tenant add NAME --max-…`); a tenant not named has none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub quotas: BTreeMap<Tenant, Quotas>,
 }
 
 impl Tenancy {
@@ -187,6 +195,7 @@ impl Tenancy {
                 .collect(),
             tenants: BTreeMap::new(),
             operators: BTreeMap::new(),
+            quotas: BTreeMap::new(),
         };
         t.add_tenant(&Tenant::default_tenant());
         t.add_operator("operator", Scope::All);
@@ -236,6 +245,15 @@ impl Tenancy {
     /// Removes an operator; `false` when there was none of that name.
     pub fn remove_operator(&mut self, user: &str) -> bool {
         self.operators.remove(user).is_some()
+    }
+
+    /// Sets `tenant`'s quotas (none set removes its entry).
+    pub fn set_quotas(&mut self, tenant: &Tenant, quotas: Quotas) {
+        if quotas.is_empty() {
+            self.quotas.remove(tenant);
+        } else {
+            self.quotas.insert(tenant.clone(), quotas);
+        }
     }
 
     pub fn credentials(&self, role: Role<'_>) -> Option<&Credentials> {

@@ -5,31 +5,19 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::SystemTime;
 
-use crate::{Scope, Tenancy, TenancyError};
+use crate::{FollowedTenancy, Scope, Tenancy, TenancyError};
 
 /// Who is an operator, and with which scope.
 #[derive(Debug)]
 pub struct OperatorDirectory(Source);
-
-/// A file's modification time and length: a change of either means it was rewritten.
-type Stamp = Option<(SystemTime, u64)>;
-
-/// The operators read from the file, and its stamp then.
-type Reading = (Stamp, BTreeMap<String, Scope>);
 
 #[derive(Debug)]
 enum Source {
     /// No tenancy configured (`--insecure`): whoever NATS lets in sees every tenant.
     Everyone,
     Fixed(BTreeMap<String, Scope>),
-    /// The tenancy file, with what was read at its last change.
-    File {
-        path: PathBuf,
-        seen: Mutex<Reading>,
-    },
+    File(FollowedTenancy),
 }
 
 impl OperatorDirectory {
@@ -44,18 +32,17 @@ impl OperatorDirectory {
 
     /// The operators of `tenancy` as they are now.
     pub fn of_tenancy(tenancy: &Tenancy) -> Self {
-        Self(Source::Fixed(scopes_of(tenancy)))
+        let scopes = tenancy
+            .operators
+            .iter()
+            .map(|(user, op)| (user.clone(), op.scope.clone()))
+            .collect();
+        Self(Source::Fixed(scopes))
     }
 
     /// Following `path` (read now, so a broken file is reported at start).
     pub fn file(path: impl Into<PathBuf>) -> Result<Self, TenancyError> {
-        let path = path.into();
-        let stamp = stamp(&path);
-        let scopes = scopes_of(&Tenancy::load(&path)?);
-        Ok(Self(Source::File {
-            path,
-            seen: Mutex::new((stamp, scopes)),
-        }))
+        FollowedTenancy::open(path).map(|f| Self(Source::File(f)))
     }
 
     pub fn is_everyone(&self) -> bool {
@@ -67,32 +54,13 @@ impl OperatorDirectory {
         match &self.0 {
             Source::Everyone => Some(Scope::All),
             Source::Fixed(map) => map.get(user).cloned(),
-            Source::File { path, seen } => {
-                let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-                let now = stamp(path);
-                if now != seen.0 {
-                    // A file being rewritten may not parse for a moment: the last good
-                    // reading stands, and the next look tries again.
-                    if let Ok(t) = Tenancy::load(path) {
-                        *seen = (now, scopes_of(&t));
-                    }
-                }
-                seen.1.get(user).cloned()
-            }
+            Source::File(file) => file
+                .current()
+                .operators
+                .get(user)
+                .map(|op| op.scope.clone()),
         }
     }
-}
-
-fn stamp(path: &std::path::Path) -> Stamp {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
-}
-
-fn scopes_of(t: &Tenancy) -> BTreeMap<String, Scope> {
-    t.operators
-        .iter()
-        .map(|(user, op)| (user.clone(), op.scope.clone()))
-        .collect()
 }
 
 #[cfg(test)]

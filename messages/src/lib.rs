@@ -11,6 +11,7 @@ pub mod exec;
 pub mod executor;
 pub mod heartbeat;
 pub mod network;
+pub mod quota;
 pub mod risk;
 pub mod service;
 pub mod session;

@@ -185,6 +185,14 @@ pub fn scoped(tenant: &Tenant, id: &str) -> String {
     format!("{tenant}-{id}")
 }
 
+/// The tenant a stored id is scoped by (`acme-s1` → `acme`), for a service that an internal
+/// caller hands a scoped id (the scheduler binding a session's AIO instance). `None` for an id
+/// with no tenant-shaped prefix; a prefix that only looks like a tenant names one without
+/// quotas, so nothing is limited by mistake.
+pub fn tenant_of_scoped(id: &str) -> Option<Tenant> {
+    id.split_once('-').and_then(|(t, _)| Tenant::new(t).ok())
+}
+
 /// The id without `tenant`'s prefix (unchanged without a tenant or a matching prefix).
 pub fn unscoped(tenant: Option<&Tenant>, id: &str) -> String {
     match tenant {

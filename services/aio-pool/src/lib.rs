@@ -195,6 +195,7 @@ pub async fn run(
         default_exec_timeout: config.default_exec_timeout,
         max_exec_timeout: config.max_exec_timeout,
         max_output_chars: config.max_output_chars,
+        quotas: runtime.quotas.clone(),
     };
     let (pool, mut pool_task) = match Actor::spawn(None, Pool, pool_args).await {
         Ok(p) => p,

@@ -16,6 +16,8 @@ use kit::RequestContext;
 use messages::browser::{
     AioAcquire, AioExec, AioExecResult, AioLease, AioRelease, AioReleased, AioStats,
 };
+use messages::quota::Quota;
+use messages::tenancy::{scoped, tenant_of_scoped};
 use messages::ErrorBody;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::time::Instant;
@@ -96,6 +98,8 @@ pub struct PoolArgs {
     pub default_exec_timeout: Duration,
     pub max_exec_timeout: Duration,
     pub max_output_chars: usize,
+    /// Each tenant's `aio_instances` quota.
+    pub quotas: Arc<kit::QuotaBook>,
 }
 
 /// A live instance.
@@ -140,6 +144,25 @@ fn scoped_session(ctx: &RequestContext, session_id: &str) -> Result<String, Erro
 }
 
 impl PoolStateHolder {
+    /// Whether the tenant of `session` may hold one more instance (a session that has its
+    /// instance already just gets it again). The tenant is the caller's, or — for the
+    /// scheduler binding a session's instance — the one the scoped id names.
+    fn admit(&self, ctx: &RequestContext, session: &str) -> Result<(), ErrorBody> {
+        let tenant = match ctx.caller.tenant() {
+            Some(t) => t.clone(),
+            None => match tenant_of_scoped(session) {
+                Some(t) => t,
+                None => return Ok(()),
+            },
+        };
+        if self.args.state.bound_instance(session).is_some() {
+            return Ok(());
+        }
+        let held = self.args.state.held_by(&scoped(&tenant, ""));
+        let quotas = self.args.quotas.of(&tenant);
+        quotas.admit(&tenant, Quota::AioInstances, held as u64, 1)
+    }
+
     /// Carries out the state machine's effects.
     fn apply(&mut self, myself: &ActorRef<PoolMsg>, effects: Vec<Effect>) {
         for effect in effects {
@@ -304,6 +327,10 @@ impl Actor for Pool {
                         return Ok(());
                     }
                 };
+                if let Err(e) = state.admit(&ctx, &session) {
+                    reply.send(Err(e)).ok();
+                    return Ok(());
+                }
                 state.next_waiter += 1;
                 let waiter = state.next_waiter;
                 state.waiting.insert(

@@ -157,6 +157,17 @@ impl PoolState {
         self.by_session.get(session).copied()
     }
 
+    /// Instances bound to, or awaited by, sessions whose ids start with `prefix` (one
+    /// tenant's, ids being scoped by it): what a tenant's `aio_instances` quota counts.
+    pub fn held_by(&self, prefix: &str) -> usize {
+        let bound = self.by_session.keys().filter(|s| s.starts_with(prefix));
+        let awaited = self
+            .waiters
+            .iter()
+            .filter(|w| w.session.starts_with(prefix));
+        bound.count() + awaited.count()
+    }
+
     fn new_instance(&mut self, fx: &mut Vec<Effect>) {
         let id = self.next_id;
         self.next_id += 1;

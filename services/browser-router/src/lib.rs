@@ -114,6 +114,7 @@ pub async fn run(
         auditor: runtime.auditor.clone(),
         rules,
         policy: config.network.clone(),
+        quotas: runtime.quotas.clone(),
         containers: containers.clone(),
         config,
     });

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use kit::RequestContext;
 use messages::browser::{BrowserAction, BrowserBackend, BrowserRequest, BrowserResult};
+use messages::quota::Quota;
+use messages::tenancy::{scoped, Tenant};
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
@@ -211,7 +213,10 @@ impl RouterState {
                 }));
                 return Ok(());
             }
-            None => match self.spawn_session(myself, &req.session_id).await {
+            None => match self
+                .spawn_session(myself, ctx.caller.tenant(), &req.session_id)
+                .await
+            {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = reply.send(Err(e.clone()));
@@ -268,6 +273,7 @@ impl RouterState {
     async fn spawn_session(
         &mut self,
         myself: &ActorRef<RouterMsg>,
+        tenant: Option<&Tenant>,
         session_id: &str,
     ) -> Result<ActorRef<SessionMsg>, ErrorBody> {
         let max = self.shared.config.max_browsers;
@@ -275,6 +281,14 @@ impl RouterState {
             return Err(ErrorBody::overloaded(format!(
                 "{max} browser sessions are open on this instance; close one or retry later"
             )));
+        }
+        if let Some(tenant) = tenant {
+            // Its sessions are the keys with its prefix (ids are scoped by it). Counted on this
+            // instance: N routers let a tenant hold up to N times its quota.
+            let prefix = scoped(tenant, "");
+            let held = self.sessions.keys().filter(|k| k.starts_with(&prefix));
+            let quotas = self.shared.quotas.of(tenant);
+            quotas.admit(tenant, Quota::Browsers, held.count() as u64, 1)?;
         }
         let args = SessionArgs {
             session_id: session_id.to_string(),

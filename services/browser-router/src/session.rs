@@ -43,6 +43,8 @@ pub struct Shared {
     pub auditor: Auditor,
     pub rules: EgressRules,
     pub policy: NetworkPolicy,
+    /// Each tenant's `browsers` quota.
+    pub quotas: Arc<kit::QuotaBook>,
 }
 
 pub struct Act {

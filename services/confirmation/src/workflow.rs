@@ -15,6 +15,7 @@ use kit::{AuditScope, Auditor, CancellationToken};
 use messages::audit::AuditKind;
 use messages::confirm::{
     ConfirmDecide, ConfirmListReply, ConfirmRequest, ConfirmScope, ConfirmState, Confirmation,
+    Unscope,
 };
 use messages::tenancy::Caller;
 use messages::{ErrorBody, Subjects};
@@ -369,9 +370,12 @@ impl KvWorkflow {
     }
 
     /// Live events are core NATS (a UI that is not listening misses nothing it cannot `list`).
-    /// Awaited in order, so a UI never sees `decided` before `pending` for one id.
+    /// Awaited in order, so a UI never sees `decided` before `pending` for one id. A tenant's
+    /// agents import its events, so they name the execution and session as its agent did
+    /// (`tenant` says whose); a service that needs the stored form scopes them again.
     async fn publish(&self, subject: String, record: &Confirmation) {
-        let Ok(payload) = serde_json::to_vec(record) else {
+        let named = record.clone().unscoped(record.tenant.as_ref());
+        let Ok(payload) = serde_json::to_vec(&named) else {
             return;
         };
         let mut headers = HeaderMap::new();

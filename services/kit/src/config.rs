@@ -237,6 +237,15 @@ impl KitConfig {
         r.finish().map(|_| c)
     }
 
+    /// The tenants' quotas: following the tenancy file when there is one (so a quota set on a
+    /// running mesh applies at once), none without.
+    pub fn quota_book(&self) -> Result<sandmesh_auth::QuotaBook, sandmesh_auth::TenancyError> {
+        match &self.tenancy_file {
+            Some(path) => sandmesh_auth::QuotaBook::file(path),
+            None => Ok(sandmesh_auth::QuotaBook::none()),
+        }
+    }
+
     /// A config for tests and embedded use: this NATS URL, defaults for the rest.
     pub fn for_url(nats_url: &str) -> Self {
         Self::from_env(&env_map(&[("SANDMESH_NATS_URL", nats_url)])).expect("defaults are valid")

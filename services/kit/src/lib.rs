@@ -51,6 +51,7 @@ pub use audit::{AuditScope, Auditor};
 pub use call::{CallError, Caller};
 pub use config::{ConfigError, ConfigReader, KitConfig};
 pub use retry::{retry, RetryPolicy};
+pub use sandmesh_auth::QuotaBook;
 pub use serve::{actor_handler, handler, EndpointOptions, Handler, RequestContext, ServiceInfo};
 pub use tokio_util::sync::CancellationToken;
 
@@ -149,6 +150,9 @@ pub struct Runtime {
     pub client: Client,
     pub js: jetstream::Context,
     pub auditor: Auditor,
+    /// The tenants' quotas (followed from the tenancy file), for the services that own a
+    /// resource a tenant holds.
+    pub quotas: std::sync::Arc<QuotaBook>,
     /// What this service counts; served on `/metrics` when `SANDMESH_METRICS_ADDR` is set.
     pub metrics: std::sync::Arc<metrics::Metrics>,
     /// Keeps the (possibly shared) endpoint serving while this service runs.
@@ -179,6 +183,7 @@ impl Runtime {
         let js = jetstream::new(client.clone());
         bootstrap::nodes_kv(&js, &config.subjects, config.js_replicas).await?;
         bootstrap::audit_stream(&js, &config.subjects, config.js_replicas).await?;
+        let quotas = std::sync::Arc::new(config.quota_book()?);
         let host = serve::ServiceHost::start(&client, &info, &config.instance_id).await?;
         let auditor = Auditor::new(
             js.clone(),
@@ -192,6 +197,7 @@ impl Runtime {
             client,
             js,
             auditor,
+            quotas,
             metrics,
             metrics_endpoint,
             host,

@@ -167,6 +167,9 @@ impl SessionAffinity {
         open: &SessionOpen,
         scope: &AuditScope,
     ) -> Result<SessionRecord, ErrorBody> {
+        if let Some(tenant) = &scope.tenant {
+            self.sessions.admit_new(tenant).await?;
+        }
         if let Some(name) = &open.template {
             crate::templates::lookup(&self.caller, &self.subjects, name).await?;
         }

@@ -4,20 +4,23 @@
 //! and starve another: the rest of the queue stays free for the others. A sync call over the cap
 //! gets 429 with a `retry_after_ms` hint and the quota's name; a job over it goes back to the
 //! stream for a moment while other tenants' jobs behind it are taken. Internal callers are not
-//! counted. The count is this instance's: N scheduler instances admit up to N times the cap.
+//! counted. A tenant's own `concurrent_executions` quota (the tenancy file, `sandmesh tenant add
+//! NAME --max-executions N`) replaces the share for that tenant. The count is this instance's:
+//! N scheduler instances admit up to N times the cap.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use kit::QuotaBook;
+use messages::quota::{over_quota, Quota};
 use messages::tenancy::Tenant;
 use messages::ErrorBody;
 
-/// How long a caller over its quota is told to wait before it tries again.
-pub const RETRY_AFTER_MS: u64 = 500;
-
 #[derive(Debug, Clone)]
 pub struct TenantSlots {
-    max: usize,
+    /// The share of a tenant without a quota of its own.
+    share: usize,
+    quotas: Arc<QuotaBook>,
     in_flight: Arc<Mutex<HashMap<Tenant, usize>>>,
 }
 
@@ -29,9 +32,10 @@ pub struct TenantSlot {
 }
 
 impl TenantSlots {
-    pub fn new(max: usize) -> Self {
+    pub fn new(share: usize, quotas: Arc<QuotaBook>) -> Self {
         Self {
-            max: max.max(1),
+            share: share.max(1),
+            quotas,
             in_flight: Arc::default(),
         }
     }
@@ -41,18 +45,20 @@ impl TenantSlots {
         let Some(tenant) = tenant else {
             return Ok(None);
         };
+        let limit = self
+            .quotas
+            .of(tenant)
+            .limit(Quota::ConcurrentExecutions)
+            .unwrap_or(self.share as u64);
         let mut counts = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let n = counts.entry(tenant.clone()).or_default();
-        if *n >= self.max {
-            return Err(ErrorBody::overloaded(format!(
-                "tenant {tenant} has {n} executions in flight, its quota \
-                 (concurrent_executions); retry later"
-            ))
-            .with_details(serde_json::json!({
-                "quota": "concurrent_executions",
-                "limit": self.max,
-                "retry_after_ms": RETRY_AFTER_MS,
-            })));
+        if *n as u64 >= limit {
+            return Err(over_quota(
+                tenant,
+                Quota::ConcurrentExecutions,
+                limit,
+                *n as u64,
+            ));
         }
         *n += 1;
         Ok(Some(TenantSlot {
@@ -85,7 +91,7 @@ mod tests {
 
     #[test]
     fn a_tenant_at_its_cap_is_refused_others_are_not_and_a_dropped_slot_comes_back() {
-        let slots = TenantSlots::new(2);
+        let slots = TenantSlots::new(2, Arc::new(QuotaBook::none()));
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
         let first = slots.take(Some(&a)).unwrap();
         let _second = slots.take(Some(&a)).unwrap();
@@ -102,5 +108,21 @@ mod tests {
         );
         drop(first);
         assert!(slots.take(Some(&a)).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_tenants_own_quota_replaces_the_share_for_it_alone() {
+        let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
+        let quotas = messages::quota::Quotas {
+            concurrent_executions: Some(1),
+            ..Default::default()
+        };
+        let book = QuotaBook::fixed([(a.clone(), quotas)].into());
+        let slots = TenantSlots::new(3, Arc::new(book));
+        let _one = slots.take(Some(&a)).unwrap();
+        let e = slots.take(Some(&a)).unwrap_err();
+        assert_eq!(e.details.as_ref().unwrap()["limit"], 1);
+        let _b: Vec<_> = (0..3).map(|_| slots.take(Some(&b)).unwrap()).collect();
+        assert!(slots.take(Some(&b)).is_err(), "b has the share of 3");
     }
 }

@@ -260,7 +260,7 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
             alive.cancel();
             nak(
                 &message,
-                Duration::from_millis(crate::fairness::RETRY_AFTER_MS),
+                Duration::from_millis(messages::quota::RETRY_AFTER_MS),
             )
             .await;
             return;

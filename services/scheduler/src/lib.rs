@@ -152,7 +152,10 @@ pub async fn run(
     let results = ResultStore::open(&js, &subjects, replicas, runtime.metrics.clone()).await?;
     let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl, replicas).await?;
     let parked = ParkedStore::open(&js, &subjects, replicas).await?;
-    let sessions = SessionTable::new(kit::bootstrap::sessions_kv(&js, &subjects, replicas).await?);
+    let sessions = SessionTable::new(
+        kit::bootstrap::sessions_kv(&js, &subjects, replicas).await?,
+        runtime.quotas.clone(),
+    );
     let nodes = kit::bootstrap::nodes_kv(&js, &subjects, replicas).await?;
 
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
@@ -222,7 +225,7 @@ pub async fn run(
         bookkeeping.clone(),
     );
     let stopping = CancellationToken::new();
-    let tenants = fairness::TenantSlots::new(config.tenant_max);
+    let tenants = fairness::TenantSlots::new(config.tenant_max, runtime.quotas.clone());
     let intake = Intake::new(
         pipeline.clone(),
         (admission.clone(), max_queue, tenants.clone()),

@@ -14,6 +14,7 @@ use futures::StreamExt;
 use kit::CallError;
 use messages::confirm::Confirmation;
 use messages::exec::ConfirmationOutcome;
+use messages::tenancy::scoped;
 use messages::{ErrorBody, ErrorKind, Subjects};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -116,8 +117,13 @@ impl Resumer {
         let Ok(c) = serde_json::from_slice::<Confirmation>(payload) else {
             return;
         };
-        let (Some(execution_id), Some(decision)) = (&c.execution_id, confirm::outcome(&c)) else {
+        let (Some(named), Some(decision)) = (&c.execution_id, confirm::outcome(&c)) else {
             return;
+        };
+        // Events name the execution as its agent did; parked executions are stored scoped.
+        let execution_id = &match &c.tenant {
+            Some(tenant) => scoped(tenant, named),
+            None => named.clone(),
         };
         match self.parked.get(execution_id).await {
             Ok(Some(parked)) if parked.confirmation_id == c.id => {

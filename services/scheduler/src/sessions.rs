@@ -3,13 +3,17 @@
 //! compare-and-set on the key's revision, retried on conflict. No in-process actor holds
 //! session state: a second copy would only go stale against the other instances.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use futures::TryStreamExt;
+use kit::QuotaBook;
 use messages::exec::Tier;
+use messages::quota::Quota;
 use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::tenancy::{scoped, Tenant};
+use messages::ErrorBody;
 
 use crate::error::StoreError;
 
@@ -19,6 +23,7 @@ const CAS_ATTEMPTS: usize = 16;
 #[derive(Clone)]
 pub struct SessionTable {
     kv: kv::Store,
+    quotas: Arc<QuotaBook>,
 }
 
 /// What an update closure decides.
@@ -30,8 +35,26 @@ pub enum Change {
 }
 
 impl SessionTable {
-    pub fn new(kv: kv::Store) -> Self {
-        Self { kv }
+    pub fn new(kv: kv::Store, quotas: Arc<QuotaBook>) -> Self {
+        Self { kv, quotas }
+    }
+
+    /// Whether `tenant` may open one more session: 429 naming the `sessions` quota when its
+    /// open sessions (not closed; a lost one may still be resumed) are at the limit. Counted
+    /// from the table itself, so every scheduler instance sees the same number; two opens at
+    /// the same instant may both pass — the quota bounds a tenant, it is not a lock.
+    pub async fn admit_new(&self, tenant: &Tenant) -> Result<(), ErrorBody> {
+        let quotas = self.quotas.of(tenant);
+        if quotas.limit(Quota::Sessions).is_none() {
+            return Ok(());
+        }
+        let open = self
+            .list(None, Some(tenant))
+            .await?
+            .iter()
+            .filter(|r| r.state != SessionState::Closed)
+            .count();
+        quotas.admit(tenant, Quota::Sessions, open as u64, 1)
     }
 
     async fn entry(&self, id: &str) -> Result<Option<(SessionRecord, u64)>, StoreError> {

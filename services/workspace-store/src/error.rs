@@ -1,5 +1,7 @@
 //! Errors of the workspace store and how each maps onto the wire (`ErrorBody`).
 
+use messages::quota::{over_quota, Quota};
+use messages::tenancy::Tenant;
 use messages::validate::ValidationError;
 use messages::ErrorBody;
 
@@ -17,6 +19,15 @@ pub enum StoreError {
     Conflict(String),
     #[error("quota exceeded: the workspace uses {used} bytes, this change needs {needed} more, the quota is {quota}")]
     Quota { used: u64, needed: u64, quota: u64 },
+    /// The change would take the session's tenant over its `workspace_bytes` quota (all its
+    /// workspaces together).
+    #[error("tenant {tenant} is at its workspace quota: {used} bytes in use, this change needs {needed} more, the quota is {quota}")]
+    TenantQuota {
+        tenant: Tenant,
+        used: u64,
+        needed: u64,
+        quota: u64,
+    },
     #[error("{0}")]
     TooLarge(String),
     /// Another writer changed the same node first (retried internally where safe).
@@ -50,6 +61,12 @@ impl From<StoreError> for ErrorBody {
             } => ErrorBody::too_large(message).with_details(serde_json::json!({
                 "reason": "quota", "used_bytes": used, "needed_bytes": needed, "quota_bytes": quota
             })),
+            StoreError::TenantQuota {
+                tenant,
+                used,
+                quota,
+                ..
+            } => over_quota(&tenant, Quota::WorkspaceBytes, quota, used),
             StoreError::TooLarge(_) => ErrorBody::too_large(message),
             StoreError::Storage(_) => ErrorBody::unavailable(message),
             StoreError::Internal(_) => ErrorBody::internal(message),

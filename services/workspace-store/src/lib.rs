@@ -146,6 +146,7 @@ pub async fn run(
         blobs,
         uploads,
         runtime.auditor.clone(),
+        runtime.quotas.clone(),
     ));
 
     let actor_err = |e: ractor::SpawnErr| WorkspaceError::Actor(e.to_string());

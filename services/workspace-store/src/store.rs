@@ -9,12 +9,15 @@
 //! shrinkage is released after, so a crash between steps over-counts and never lets a
 //! session exceed its quota.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use kit::{AuditScope, Auditor};
+use kit::{AuditScope, Auditor, QuotaBook};
 use messages::audit::AuditKind;
-use messages::tenancy::Caller;
+use messages::quota::Quota;
+use messages::tenancy::{scoped, tenant_of_scoped, Caller, Tenant};
 use messages::workspace::WsEntry;
 
 use crate::blobs::Blobs;
@@ -67,6 +70,81 @@ pub struct Workspaces {
     pub cleanup_after: std::time::Duration,
     pub auditor: Auditor,
     pub metrics: Arc<Metrics>,
+    pub tenants: TenantBytes,
+}
+
+/// Each tenant's bytes over all its workspaces, for its `workspace_bytes` quota: summed from
+/// the sessions' totals (the authoritative counts) at most every [`TENANT_SUM_MAX_AGE`], with
+/// what this instance reserved or released since added in. Nothing is summed for a tenant
+/// without that quota, so the quota costs nothing where it is not set; with several store
+/// instances a tenant may overshoot by what the others wrote within that window.
+pub struct TenantBytes {
+    quotas: Arc<QuotaBook>,
+    sums: Mutex<HashMap<Tenant, (Instant, u64)>>,
+}
+
+/// How old a tenant's sum may be before it is taken again.
+const TENANT_SUM_MAX_AGE: Duration = Duration::from_secs(2);
+
+impl TenantBytes {
+    pub fn new(quotas: Arc<QuotaBook>) -> Self {
+        Self {
+            quotas,
+            sums: Mutex::default(),
+        }
+    }
+
+    fn sums(&self) -> std::sync::MutexGuard<'_, HashMap<Tenant, (Instant, u64)>> {
+        self.sums.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses `bytes` of growth in `session` when its tenant would go over its quota.
+    async fn reserve(&self, index: &Index, session: &str, bytes: u64) -> Result<()> {
+        let Some(tenant) = tenant_of_scoped(session) else {
+            return Ok(());
+        };
+        let Some(quota) = self.quotas.of(&tenant).limit(Quota::WorkspaceBytes) else {
+            return Ok(());
+        };
+        let fresh = self
+            .sums()
+            .get(&tenant)
+            .filter(|(at, _)| at.elapsed() < TENANT_SUM_MAX_AGE)
+            .map(|(_, used)| *used);
+        let used = match fresh {
+            Some(used) => used,
+            None => {
+                let prefix = scoped(&tenant, "");
+                let used = index
+                    .sessions()
+                    .await?
+                    .into_iter()
+                    .filter(|(s, _)| s.starts_with(&prefix))
+                    .map(|(_, m)| m.value.bytes)
+                    .sum();
+                self.sums().insert(tenant.clone(), (Instant::now(), used));
+                used
+            }
+        };
+        if used.saturating_add(bytes) > quota {
+            return Err(StoreError::TenantQuota {
+                tenant,
+                used,
+                needed: bytes,
+                quota,
+            });
+        }
+        Ok(())
+    }
+
+    /// A change of `bytes` landed in `session`'s totals: the tenant's sum follows it.
+    fn landed(&self, session: &str, bytes: i64) {
+        if let Some(tenant) = tenant_of_scoped(session) {
+            if let Some((_, used)) = self.sums().get_mut(&tenant) {
+                *used = used.saturating_add_signed(bytes);
+            }
+        }
+    }
 }
 
 impl Workspaces {
@@ -76,6 +154,7 @@ impl Workspaces {
         blobs: Blobs,
         uploads: Uploads,
         auditor: Auditor,
+        quotas: Arc<QuotaBook>,
     ) -> Self {
         Self {
             index,
@@ -87,6 +166,7 @@ impl Workspaces {
             cleanup_after: config.cleanup_after(),
             auditor,
             metrics: Arc::new(Metrics::default()),
+            tenants: TenantBytes::new(quotas),
         }
     }
 
@@ -141,11 +221,17 @@ impl Workspaces {
                         quota: self.quota_bytes,
                     });
                 }
+                if bytes > 0 {
+                    self.tenants
+                        .reserve(&self.index, session, bytes as u64)
+                        .await?;
+                }
             }
             meta.bytes = meta.bytes.saturating_add_signed(bytes);
             meta.files = meta.files.saturating_add_signed(files);
             meta.last_modified = now;
             if let Cas::Done(_) = self.index.put_meta(session, &meta, revision).await? {
+                self.tenants.landed(session, bytes);
                 return Ok(meta);
             }
         }
