@@ -185,7 +185,11 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
         "the default tenant is served: {before:?}"
     );
 
-    tenant(dir.path(), &["tenant", "add", "acme"]).await;
+    tenant(
+        dir.path(),
+        &["tenant", "add", "acme", "--max-sessions", "1"],
+    )
+    .await;
     let acme = dir.path().join("creds/acme-agent.json");
     let ran = as_agent(&acme, &["exec", "print(6*7)"]).await;
     assert!(
@@ -206,6 +210,31 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
         .expect("sessions.list is answered for the new tenant");
     let list: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
     assert!(list["sessions"].is_array(), "{list}");
+
+    // Its quota, given with `tenant add`, holds in the running services; one raised with
+    // `tenant quota` applies at once.
+    let sessions = sandmesh_client::MeshClient::new(client, subjects).sessions();
+    let open = |id: &str| messages::session::SessionOpen {
+        session_id: Some(id.into()),
+        ..Default::default()
+    };
+    sessions.open(&open("q1")).await.expect("the first session");
+    let e = sessions.open(&open("q2")).await.unwrap_err();
+    let body = e.service_error().expect("refused by the mesh");
+    assert_eq!(body.kind, messages::ErrorKind::Overloaded, "{body:?}");
+    assert_eq!(
+        body.details.as_ref().unwrap()["quota"],
+        "sessions",
+        "{body:?}"
+    );
+    let set = tenant(
+        dir.path(),
+        &["tenant", "quota", "acme", "--max-sessions", "2"],
+    )
+    .await;
+    let said = String::from_utf8_lossy(&set.stdout);
+    assert!(said.contains("sessions=2"), "{set:?}");
+    sessions.open(&open("q2")).await.expect("the raised quota");
     mesh.stop().await;
 }
 

@@ -342,3 +342,59 @@ fn release(session: &str) -> AioRelease {
         instance_id: None,
     }
 }
+
+/// Issue 23: a tenant's `aio_instances` quota, from the tenancy file the pool follows: its
+/// agent's second instance is a 429 naming the quota (its first again is not), the scheduler
+/// binding a session of that tenant (an internal caller naming the scoped id) counts against
+/// it too, another tenant is not counted, and a released instance frees its place.
+#[tokio::test]
+async fn a_tenant_over_its_aio_instances_quota_gets_429() {
+    let nats = NatsServer::start_with_tenants(&["acme"]);
+    let mut tenancy = nats.tenancy().clone();
+    let quota = messages::quota::Quotas {
+        aio_instances: Some(1),
+        ..Default::default()
+    };
+    tenancy.set_quotas(&messages::tenancy::Tenant::new("acme").unwrap(), quota);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenancy.json");
+    tenancy.save(&file).unwrap();
+    let file = file.display().to_string();
+    let h = Harness::start_on(
+        nats,
+        &common::unique("pool"),
+        &[("SANDMESH_TENANCY_FILE", &file)],
+    )
+    .await;
+    let (acme, other) = (agent(&h, "acme").await, agent(&h, "default").await);
+    let over = |outcome: Result<_, sandmesh_client::ClientError>| {
+        let e = outcome.expect_err("over the quota");
+        let body = e.service_error().expect("the pool refused").clone();
+        assert_eq!(body.kind, messages::ErrorKind::Overloaded, "{body:?}");
+        let d = body.details.unwrap();
+        assert_eq!(
+            (d["quota"].as_str(), d["limit"].as_u64()),
+            (Some("aio_instances"), Some(1))
+        );
+    };
+    let first = acme.aio().acquire(&acquire("s1")).await.unwrap();
+    over(acme.aio().acquire(&acquire("s2")).await);
+    let again = acme.aio().acquire(&acquire("s1")).await.unwrap();
+    assert_eq!(
+        again.instance_id, first.instance_id,
+        "its own instance again"
+    );
+    over(h.aio.acquire(&acquire("acme-s3")).await);
+    other
+        .aio()
+        .acquire(&acquire("s2"))
+        .await
+        .expect("default is not acme");
+
+    acme.aio().release(&release("s1")).await.unwrap();
+    acme.aio()
+        .acquire(&acquire("s2"))
+        .await
+        .expect("released: room again");
+    h.stop().await;
+}

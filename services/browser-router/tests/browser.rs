@@ -618,3 +618,51 @@ async fn two_tenants_with_the_same_session_id_get_two_browsers() {
     assert_eq!(mesh.containers().len(), 3);
     mesh.stop().await;
 }
+
+/// Issue 23: a tenant's `browsers` quota, from the tenancy file the router follows: its
+/// agent's second browser session is a 429 naming the quota (its first keeps working), another
+/// tenant is not counted, and a closed browser frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_over_its_browsers_quota_gets_429() {
+    let nats = test_support::NatsServer::start_with_tenants(&["acme"]);
+    let mut tenancy = nats.tenancy().clone();
+    let quota = messages::quota::Quotas {
+        browsers: Some(1),
+        ..Default::default()
+    };
+    tenancy.set_quotas(&messages::tenancy::Tenant::new("acme").unwrap(), quota);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenancy.json");
+    tenancy.save(&file).unwrap();
+    let file = file.display().to_string();
+    let mesh = Mesh::start_on(nats, &[("SANDMESH_TENANCY_FILE", &file)]).await;
+    let (acme, other) = (
+        mesh.agent("acme").await.browser(),
+        mesh.agent("default").await.browser(),
+    );
+    let open = |session: &str| BrowserRequest {
+        session_id: session.into(),
+        url: Some(mesh.fixture.url("/")),
+        ..Default::default()
+    };
+    acme.act(A::Navigate, &open("s1")).await.unwrap();
+    let e = acme.act(A::Navigate, &open("s2")).await.unwrap_err();
+    let body = e.service_error().expect("the router refused");
+    assert_eq!(e.kind(), ErrorKind::Overloaded, "{body:?}");
+    let d = body.details.as_ref().unwrap();
+    assert_eq!(d["quota"], "browsers", "{body:?}");
+    assert_eq!(d["limit"], 1, "{body:?}");
+    acme.act(A::Navigate, &open("s1"))
+        .await
+        .expect("its own browser still serves");
+    other
+        .act(A::Navigate, &open("s2"))
+        .await
+        .expect("default is not acme");
+
+    acme.act(A::Close, &open("s1")).await.unwrap();
+    acme.act(A::Navigate, &open("s2"))
+        .await
+        .expect("closed: room again");
+    mesh.stop().await;
+}

@@ -334,3 +334,58 @@ async fn an_abandoned_upload_expires() {
     })
     .await;
 }
+
+/// Issue 23: a tenant's `workspace_bytes` quota counts all its workspaces together (each
+/// session alone is under it), is answered with 429 naming the quota, frees up when files go,
+/// and another tenant is not counted with it. The store follows the tenancy file it was
+/// started with.
+#[tokio::test]
+async fn a_tenant_over_its_workspace_bytes_quota_gets_429_across_its_sessions() {
+    let mut tenancy = sandmesh_auth::Tenancy::generate(&Subjects::default());
+    for t in ["acme", "beta"] {
+        tenancy.add_tenant(&messages::tenancy::Tenant::new(t).unwrap());
+    }
+    let quota = messages::quota::Quotas {
+        workspace_bytes: Some(MB as u64),
+        ..Default::default()
+    };
+    tenancy.set_quotas(&messages::tenancy::Tenant::new("acme").unwrap(), quota);
+    let server = NatsServer::start_with_tenancy(tenancy.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenancy.json");
+    tenancy.save(&file).unwrap();
+    let url = server.service_url(ServiceName::WorkspaceStore);
+    let mut c = config(&url, "ws-quota");
+    c.kit.tenancy_file = Some(file);
+    let _store = store_with(&server, c).await;
+    let (_, acme) = agent(&server, "acme").await;
+    let (_, beta) = agent(&server, "beta").await;
+
+    let part = bytes(600 * 1024, 3);
+    for s in ["s1", "s2"] {
+        acme.init(s).await.unwrap();
+    }
+    acme.write("s1", "a.bin", &part).await.unwrap();
+    let e = acme.write("s2", "b.bin", &part).await.unwrap_err();
+    let body = e.service_error().expect("the store refused");
+    assert_eq!(body.kind, messages::ErrorKind::Overloaded, "{body:?}");
+    let d = body.details.as_ref().unwrap();
+    assert_eq!(d["quota"], "workspace_bytes", "{body:?}");
+    assert_eq!(d["limit"], MB as u64);
+    let used = d["used"].as_u64().unwrap();
+    assert!(
+        (part.len() as u64..MB as u64).contains(&used),
+        "s1's file counted: {used}"
+    );
+    assert!(
+        acme.read("s2", "b.bin").await.is_err(),
+        "nothing of it landed"
+    );
+
+    beta.init("s1").await.unwrap();
+    beta.write("s1", "a.bin", &part).await.unwrap();
+    beta.write("s1", "b.bin", &part).await.unwrap();
+
+    acme.delete("s1", "a.bin", false).await.unwrap();
+    acme.write("s2", "b.bin", &part).await.unwrap();
+}
