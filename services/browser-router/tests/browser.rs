@@ -1,15 +1,13 @@
 //! browser-router end to end: real nats-server, real services, real Docker, real Chromium in
-//! the browser image, a fixture site on 127.0.0.2 (see common/mod.rs for why there).
+//! the browser image, a fixture site on 127.0.0.2 (see test_support::browser for why there).
 //! Run with RUST_TEST_THREADS=1.
-
-mod common;
 
 use std::time::Duration;
 
-use common::{req, Mesh, BOUND};
 use messages::browser::{BrowserAction as A, BrowserBackend, BrowserRequest, ContentFormat};
 use messages::confirm::ConfirmState;
 use sandmesh_client::ErrorKind;
+use test_support::browser::{req, BrowserMesh, BOUND};
 use test_support::eventually_true;
 
 /// Width and height from a PNG's IHDR chunk (after the 8-byte signature and chunk header).
@@ -22,7 +20,7 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn form_by_index_screenshot_back_wait_keys_scroll() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     let s = "form-session";
 
     let page = mesh.navigate(s, "/").await;
@@ -143,7 +141,7 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_sessions_do_not_share_cookies_or_pages() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     for (s, who) in [("alice-s", "alice"), ("bob-s", "bob")] {
         mesh.navigate(s, "/").await;
         mesh.ok(
@@ -181,7 +179,7 @@ async fn two_sessions_do_not_share_cookies_or_pages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn password_fill_and_evaluate_wait_for_a_person() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     let s = "confirm-session";
     mesh.navigate(s, "/").await;
     let password = mesh
@@ -266,7 +264,7 @@ async fn password_fill_and_evaluate_wait_for_a_person() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_urls_and_bad_requests_get_clear_errors() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     let s = "refusals";
     let port = mesh.fixture.port;
     for (url, expect) in [
@@ -440,7 +438,7 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_browser_is_replaced_and_closing_removes_it() {
-    let mesh = Mesh::start(&[
+    let mesh = BrowserMesh::start(&[
         ("SANDMESH_BROWSER_WARM_POOL", "0"),
         ("SANDMESH_BROWSER_IDLE_MS", "3000"),
     ])
@@ -503,7 +501,7 @@ async fn a_killed_browser_is_replaced_and_closing_removes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_actions_across_ten_sessions_leak_nothing() {
-    let mesh = Mesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "2")]).await;
+    let mesh = BrowserMesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "2")]).await;
     let sessions: Vec<String> = (0..10).map(|i| format!("load-{i}")).collect();
     let runs = sessions.iter().map(|s| {
         let mesh = &mesh;
@@ -544,7 +542,7 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
     let router = mesh.router.clone();
     mesh.stop().await;
     assert!(
-        common::containers_of(&router).is_empty(),
+        test_support::browser::containers_of(&router).is_empty(),
         "shutdown removes the warm pool"
     );
     let networks = std::process::Command::new("docker")
@@ -561,8 +559,7 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_tenants_with_the_same_session_id_get_two_browsers() {
-    let nats = test_support::NatsServer::start_with_tenants(&["acme", "beta"]);
-    let mesh = Mesh::start_on(nats, &[]).await;
+    let mesh = BrowserMesh::start_with_tenants(&["acme", "beta"], &[]).await;
     let mut agents = Vec::new();
     for (tenant, who) in [("acme", "alice"), ("beta", "bob")] {
         let agent = mesh.agent(tenant).await.browser();
