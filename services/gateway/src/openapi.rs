@@ -14,7 +14,7 @@ use utoipa::{Modify, OpenApi};
 use messages::exec::{AwaitingConfirmation, OutputChunk};
 
 use crate::problem::{Problem, PROBLEM_JSON};
-use crate::{api, files};
+use crate::{api, files, templates};
 
 /// The errors any call may answer with, all in the problem shape.
 pub struct Errors;
@@ -101,8 +101,14 @@ impl Modify for BearerKeys {
         files::upload,
         files::upload_by_post,
         files::upload_form,
+        files::upload_seed_form,
         files::download,
         files::delete,
+        templates::list,
+        templates::get,
+        templates::create,
+        templates::update,
+        templates::delete,
     ),
     // The event payloads of a streamed execution (not response bodies of their own).
     components(schemas(Problem, OutputChunk, AwaitingConfirmation)),
@@ -136,6 +142,9 @@ mod tests {
             "/api/v1/sessions/{id}/execute",
             "/api/v1/sessions/{id}/files/{path}",
             "/api/v1/executions/{id}",
+            "/api/v1/sessions/{id}/files/upload",
+            "/api/v1/templates",
+            "/api/v1/templates/{name}",
         ] {
             assert!(paths.contains_key(path), "{path} missing");
         }
@@ -152,6 +161,7 @@ mod tests {
             "ExecRequest",
             "ExecResult",
             "SessionRecord",
+            "TemplateRecord",
             "Problem",
             "OutputChunk",
         ] {
