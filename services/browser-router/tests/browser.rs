@@ -262,6 +262,113 @@ async fn password_fill_and_evaluate_wait_for_a_person() {
     mesh.stop().await;
 }
 
+/// A tenant's agent that asks for notices (through the account's stream export of
+/// `browser.*`) hears at once that its password fill waits for a person, with the
+/// confirmation to approve; once an operator approves, the same call gets the done action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_action_tells_its_caller_at_once() {
+    let mesh = BrowserMesh::start(&[]).await;
+    let agent = mesh.agent("default").await.browser();
+    let s = "notice-session";
+    let url = mesh.fixture.url("/");
+    let opened = agent
+        .act(
+            A::Navigate,
+            &req(|r| {
+                r.session_id = s.into();
+                r.url = Some(url);
+            }),
+        )
+        .await
+        .expect("navigate");
+    assert!(opened.ok, "{opened:?}");
+    // The agent's session (its id is scoped by its tenant): its elements, through the agent.
+    let listed = agent
+        .act(A::Elements, &req(|r| r.session_id = s.into()))
+        .await
+        .expect("elements");
+    let password = listed
+        .elements
+        .iter()
+        .find(|e| e.input_type.as_deref() == Some("password"))
+        .unwrap_or_else(|| panic!("no password field in {:?}", listed.elements))
+        .index;
+
+    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let fill = req(|r| {
+        r.session_id = s.into();
+        r.index = Some(password);
+        r.text = Some("hunter2".into());
+    });
+    let filler = agent.clone();
+    let acting = tokio::spawn(async move {
+        filler
+            .act_notified(A::Fill, &fill, move |notice| {
+                let _ = tx.send(notice);
+            })
+            .await
+    });
+    let notice = tokio::time::timeout(BOUND, notices.recv())
+        .await
+        .expect("a notice before any decision")
+        .expect("the notice");
+    assert!(!acting.is_finished(), "the action waits for the decision");
+    let pending = mesh
+        .client
+        .confirm()
+        .get(&notice.confirmation_id)
+        .await
+        .unwrap();
+    assert_eq!(pending.state, ConfirmState::Pending, "{pending:?}");
+    assert_eq!(pending.expires_at, notice.expires_at);
+    assert_eq!(
+        pending.execution_id.as_deref(),
+        Some(notice.execution_id.as_str())
+    );
+    assert!(
+        !pending.code_excerpt.contains("hunter2"),
+        "{}",
+        pending.code_excerpt
+    );
+
+    let decide = messages::confirm::ConfirmDecide {
+        id: notice.confirmation_id.clone(),
+        approve: true,
+        by: "operator".into(),
+        reason: Some("the test approves".into()),
+        scope: Default::default(),
+        by_account: None,
+    };
+    mesh.client
+        .confirm()
+        .decide(&decide)
+        .await
+        .expect("approve");
+    let filled = tokio::time::timeout(BOUND, acting)
+        .await
+        .expect("the action ends after the approval")
+        .expect("task")
+        .expect("the approved fill is done");
+    assert_eq!(
+        (filled.confirmation, filled.confirmation_id.as_deref()),
+        (
+            Some(ConfirmState::Approved),
+            Some(notice.confirmation_id.as_str())
+        )
+    );
+    assert!(notices.try_recv().is_err(), "one notice only");
+    // Reading the field back is an `evaluate`: a person approves that too.
+    let (approver, _) = mesh.decide_all(true).await;
+    let read = req(|r| {
+        r.session_id = s.into();
+        r.script = Some("document.querySelector('#password').value".into());
+    });
+    let typed = agent.act(A::Evaluate, &read).await.expect("evaluate");
+    assert_eq!(typed.value.unwrap(), "hunter2");
+    approver.abort();
+    mesh.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_urls_and_bad_requests_get_clear_errors() {
     let mesh = BrowserMesh::start(&[]).await;
