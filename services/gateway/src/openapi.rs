@@ -156,6 +156,19 @@ mod tests {
         assert_ne!(open["required"], true, "{open}");
         let exec = &doc["paths"]["/api/v1/execute"]["post"]["requestBody"];
         assert_eq!(exec["required"], true, "{exec}");
+        // Every operation has an id of its own (validators refuse a document without).
+        let mut ids = std::collections::BTreeSet::new();
+        for (path, item) in paths {
+            let methods = ["get", "put", "post", "delete", "patch", "head", "options"];
+            let item = item.as_object().unwrap();
+            for (method, op) in item.iter().filter(|(m, _)| methods.contains(&m.as_str())) {
+                let id = op["operationId"].as_str().unwrap_or_default();
+                assert!(
+                    ids.insert(id.to_string()),
+                    "{method} {path}: operationId {id:?} twice"
+                );
+            }
+        }
         let schemas = doc["components"]["schemas"].as_object().unwrap();
         for schema in [
             "ExecRequest",

@@ -17,6 +17,7 @@ use crate::problem::Problem;
 #[utoipa::path(
     get,
     path = "/api/v1/templates",
+    operation_id = "list_templates",
     responses((status = 200, description = "every template", body = TemplateListReply), Errors)
 )]
 pub async fn list(agent: Agent) -> Reply {
@@ -27,6 +28,7 @@ pub async fn list(agent: Agent) -> Reply {
 #[utoipa::path(
     get,
     path = "/api/v1/templates/{name}",
+    operation_id = "get_template",
     params(("name" = String, Path, description = "the template's name", pattern = r"^[a-z][a-z0-9-]{0,62}$")),
     responses((status = 200, description = "the template", body = TemplateRecord), Errors)
 )]
@@ -38,6 +40,7 @@ pub async fn get(agent: Agent, Params(name): Params<String>) -> Reply {
 #[utoipa::path(
     post,
     path = "/api/v1/templates",
+    operation_id = "create_template",
     request_body = Template,
     responses(Errors)
 )]
@@ -49,6 +52,7 @@ pub async fn create(_agent: Agent) -> Reply {
 #[utoipa::path(
     put,
     path = "/api/v1/templates/{name}",
+    operation_id = "update_template",
     params(("name" = String, Path, description = "the template's name", pattern = r"^[a-z][a-z0-9-]{0,62}$")),
     request_body = Template,
     responses(Errors)
@@ -61,6 +65,7 @@ pub async fn update(_agent: Agent) -> Reply {
 #[utoipa::path(
     delete,
     path = "/api/v1/templates/{name}",
+    operation_id = "delete_template",
     params(("name" = String, Path, description = "the template's name", pattern = r"^[a-z][a-z0-9-]{0,62}$")),
     responses(Errors)
 )]
