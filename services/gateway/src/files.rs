@@ -176,18 +176,10 @@ pub const SEED_UPLOAD: &str = "upload";
 
 /// Seed 003 §5's upload path: the form upload of `POST /api/v1/sessions/{id}/files` under the
 /// seed's name. A POST there is always a form; a file named `upload` at the workspace's top is
-/// written with `PUT`.
-#[utoipa::path(
-    post,
-    path = "/api/v1/sessions/{id}/files/upload",
-    params(
-        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
-        ("dir" = Option<String>, Query, description = "the directory the files go in"),
-    ),
-    request_body(content = FormFiles, content_type = "multipart/form-data", description = "one part per file, each with a filename"),
-    responses((status = 200, description = "the files as stored", body = FormUpload), Errors)
-)]
-pub async fn upload_seed_form(app: &App, agent: &Agent, session: &str, req: Request) -> Reply {
+/// written with `PUT`. Described in the document as a case of `POST …/files/{path}`, not as a
+/// path of its own: the path serves GET, PUT and DELETE of that file too, and a path whose
+/// `Allow` differs from its documented methods would be wrong.
+async fn upload_seed_form(app: &App, agent: &Agent, session: &str, req: Request) -> Reply {
     let Query(query) = Query::<FormQuery>::try_from_uri(req.uri())
         .map_err(|e| Problem::bad_request(e.body_text()))?;
     form_upload(app, agent, session, query, req).await
@@ -289,16 +281,34 @@ async fn read_form(
     Ok(())
 }
 
-/// `upload` for clients that only POST (but `…/files/upload` is seed 003 §5's form upload).
+/// What `POST …/files/{path}` answers: the file, or for seed 003 §5's `…/files/upload` the
+/// form's files (a type of the document only).
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum Posted {
+    File(WsEntry),
+    Form(FormUpload),
+}
+
+/// `upload` for clients that only POST; `POST …/files/upload` is seed 003 §5's form upload
+/// (`multipart/form-data`, `?dir=`, answered with the form's files).
 #[utoipa::path(
     post,
     path = "/api/v1/sessions/{id}/files/{path}",
     params(
         ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
-        ("path" = String, Path, description = "the file's path in the workspace"),
+        ("path" = String, Path, description = "the file's path in the workspace; `upload`: a form upload (seed 003 §5)"),
+        ("dir" = Option<String>, Query, description = "`…/files/upload` only: the directory the files go in"),
     ),
-    request_body(content = String, content_type = "application/octet-stream", description = "the file's bytes"),
-    responses((status = 200, description = "the file as stored", body = WsEntry), Errors)
+    request_body(
+        description = "the file's bytes; for `…/files/upload`, one form part per file",
+        content(
+            (String = "application/octet-stream"),
+            (FormFiles = "multipart/form-data"),
+        ),
+    ),
+    responses((status = 200, description = "the file as stored (for `…/files/upload`: the form's files)", body = Posted), Errors)
 )]
 pub async fn upload_by_post(
     app: State<Arc<App>>,

@@ -101,7 +101,6 @@ impl Modify for BearerKeys {
         files::upload,
         files::upload_by_post,
         files::upload_form,
-        files::upload_seed_form,
         files::download,
         files::delete,
         templates::list,
@@ -142,7 +141,6 @@ mod tests {
             "/api/v1/sessions/{id}/execute",
             "/api/v1/sessions/{id}/files/{path}",
             "/api/v1/executions/{id}",
-            "/api/v1/sessions/{id}/files/upload",
             "/api/v1/templates",
             "/api/v1/templates/{name}",
         ] {
