@@ -246,7 +246,8 @@ impl<'s> Plan<'s> {
                 p
             }
             ServiceName::BrowserRouter => {
-                let mut p = self.base(service, 1);
+                // Two replies: an action waiting for a person tells its caller first.
+                let mut p = self.base(service, 2);
                 // session_closed events close a session's browser.
                 p.subscribe([s.pattern("browser.*"), s.audit_kind("session_closed")])
                     .publish([
@@ -288,7 +289,8 @@ impl<'s> Plan<'s> {
             (s.risk_assess(), false),
             (s.pattern("confirm.*"), false),
             (s.pattern("workspace.*"), false),
-            (s.pattern("browser.*"), false),
+            // Like `exec`: an action that waits for a person says so before its reply.
+            (s.pattern("browser.*"), true),
             // Agents read; writing is refused to them twice (`Plan::agent`, and the service
             // checks the caller).
             (s.pattern("templates.*"), false),

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use messages::browser::{BrowserAction, BrowserRequest, BrowserResult};
+use messages::exec::AwaitingConfirmation;
 
 use crate::{MeshClient, Result};
 
@@ -25,5 +26,21 @@ impl BrowserClient {
         let subject = self.mesh.subjects().browser(action.as_str());
         let timeout = self.mesh.timeout().max(BROWSER_TIMEOUT);
         self.mesh.request_timeout(subject, req, timeout).await
+    }
+
+    /// [`Self::act`], and when the action waits for a person's approval, `on_wait` hears of
+    /// it at once (the router's notice: confirmation id, expiry, the action's id) while the
+    /// call goes on waiting ([`MeshClient::request_notified`]).
+    pub async fn act_notified(
+        &self,
+        action: BrowserAction,
+        req: &BrowserRequest,
+        on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
+    ) -> Result<BrowserResult> {
+        let subject = self.mesh.subjects().browser(action.as_str());
+        let timeout = self.mesh.timeout().max(BROWSER_TIMEOUT);
+        self.mesh
+            .request_notified(subject, req, timeout, on_wait)
+            .await
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use messages::exec::{
     AwaitingConfirmation, ExecRequest, ExecResult, Language, OutputChunk, ResultGet, ResultLookup,
-    NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
 
 use crate::{decode_reply, ClientError, ErrorKind, MeshClient, Result};
@@ -66,52 +65,17 @@ impl ExecClient {
 
     /// Like [`Self::exec_timeout`], and when the execution is parked for a person's approval,
     /// `on_wait` hears of it at once (confirmation id and expiry) while the call goes on
-    /// waiting for the result. The scheduler sends that notice only to callers that name an
-    /// inbox in the `Sandmesh-Notify` header, so plain request-reply clients see one reply.
+    /// waiting for the result ([`MeshClient::request_notified`]).
     pub async fn exec_notified(
         &self,
         req: &ExecRequest,
         timeout: Duration,
-        mut on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
+        on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
     ) -> Result<ExecResult> {
         let subject = self.mesh.subjects().exec();
-        let nats = self.mesh.nats();
-        // Notices and the reply arrive on one inbox: notices carry a status header.
-        let inbox = nats.new_inbox();
-        let mut replies = nats
-            .subscribe(inbox.clone())
+        self.mesh
+            .request_notified(subject, req, timeout, on_wait)
             .await
-            .map_err(|e| ClientError::transport(format!("subscribing to {inbox}"), e))?;
-        let mut headers = self.mesh.headers();
-        headers.insert(NOTIFY_HEADER, "1");
-        let payload = self.mesh.encode(&subject, req)?;
-        nats.publish_with_reply_and_headers(subject.clone(), inbox, headers, payload.into())
-            .await
-            .map_err(|e| ClientError::transport(format!("request to {subject}"), e))?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let message = match tokio::time::timeout_at(deadline, replies.next()).await {
-                Ok(Some(message)) => message,
-                Ok(None) => {
-                    return Err(ClientError::transport(
-                        format!("request to {subject}"),
-                        std::io::Error::other("the connection closed"),
-                    ))
-                }
-                Err(_) => return Err(ClientError::TimedOut { subject, timeout }),
-            };
-            let status = message.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
-            if status.map(|v| v.as_str()) == Some(STATUS_AWAITING_CONFIRMATION) {
-                if let Ok(notice) = serde_json::from_slice(&message.payload) {
-                    on_wait(notice);
-                }
-                continue;
-            }
-            if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
-                return Err(ClientError::NoResponders { subject });
-            }
-            return decode_reply(&subject, message.headers.as_ref(), &message.payload);
-        }
     }
 
     /// Queues `req` as a job; JetStream's ack means it is accepted and will reach a result.

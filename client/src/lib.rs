@@ -44,6 +44,9 @@ use std::time::Duration;
 use async_nats::{jetstream, HeaderMap};
 use futures::StreamExt;
 use messages::codec::{self, Encoding};
+use messages::exec::{
+    AwaitingConfirmation, NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
+};
 use messages::{ErrorBody, Subjects};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -237,6 +240,62 @@ impl MeshClient {
     {
         self.request_with_headers(subject, request, self.headers(), timeout)
             .await
+    }
+
+    /// A typed request whose reply may be preceded by awaiting-confirmation notices (`exec`,
+    /// `aio.exec`, `browser.<action>`): `on_wait` hears of a person's pending decision at once
+    /// (confirmation id and expiry) while the call goes on waiting for the reply. The services
+    /// send notices only to callers that ask in the `Sandmesh-Notify` header, so plain
+    /// request-reply clients see one reply.
+    pub async fn request_notified<Req, Resp>(
+        &self,
+        subject: String,
+        request: &Req,
+        timeout: Duration,
+        mut on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
+    ) -> Result<Resp>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
+        // Notices and the reply arrive on one inbox: notices carry a status header.
+        let inbox = self.nats.new_inbox();
+        let mut replies = self
+            .nats
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| ClientError::transport(format!("subscribing to {inbox}"), e))?;
+        let mut headers = self.headers();
+        headers.insert(NOTIFY_HEADER, "1");
+        let payload = self.encode(&subject, request)?;
+        self.nats
+            .publish_with_reply_and_headers(subject.clone(), inbox, headers, payload.into())
+            .await
+            .map_err(|e| ClientError::transport(format!("request to {subject}"), e))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let message = match tokio::time::timeout_at(deadline, replies.next()).await {
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    return Err(ClientError::transport(
+                        format!("request to {subject}"),
+                        std::io::Error::other("the connection closed"),
+                    ))
+                }
+                Err(_) => return Err(ClientError::TimedOut { subject, timeout }),
+            };
+            let status = message.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
+            if status.map(|v| v.as_str()) == Some(STATUS_AWAITING_CONFIRMATION) {
+                if let Ok(notice) = serde_json::from_slice(&message.payload) {
+                    on_wait(notice);
+                }
+                continue;
+            }
+            if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                return Err(ClientError::NoResponders { subject });
+            }
+            return decode_reply(&subject, message.headers.as_ref(), &message.payload);
+        }
     }
 
     /// [`Self::request_timeout`] with headers of the caller's (built from [`Self::headers`]).

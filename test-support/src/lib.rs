@@ -3,8 +3,15 @@
 //! [`NatsServer`] starts a real `nats-server` (≥ 2.11, JetStream on) on a random loopback port
 //! with its own storage directory, can restart it on the same port and storage, and kills it on
 //! drop. When the binary is missing or too old, it fails with a message saying how to get one.
+//! With the feature `mesh`, [`mesh::MeshBuilder`] starts the services around it (real ones
+//! through their libraries, or small stand-ins); with `browser`, [`browser::BrowserMesh`] adds
+//! the browser-router, real Chromium and a fixture site.
 
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod cluster;
+#[cfg(feature = "mesh")]
+pub mod mesh;
 pub mod upstream;
 
 pub use cluster::NatsCluster;

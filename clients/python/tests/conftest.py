@@ -47,6 +47,7 @@ FIXTURE_PAGE = b"""<!doctype html>
 <label for="name">Name</label><input id="name" name="name" type="text">
 <button id="go" onclick="document.getElementById('out').textContent = 'clicked ' + document.getElementById('name').value">Go</button>
 <p id="out">not clicked</p>
+<label for="pw">Password</label><input id="pw" name="pw" type="password">
 </body></html>
 """
 

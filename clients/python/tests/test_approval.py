@@ -1,10 +1,11 @@
-"""Executions waiting for a person: the notice reaches the callback at once, an operator decides
-with the real CLI (`sandmesh confirm approve|deny`), and a caller whose time runs out is told
-which confirmation it waits for."""
+"""Executions and browser actions waiting for a person: the notice reaches the callback at once,
+an operator decides with the real CLI (`sandmesh confirm approve|deny`), and a caller whose time
+runs out is told which confirmation it waits for."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -117,3 +118,49 @@ def test_an_async_job_waiting_for_a_person_times_out_naming_it(sm: Sandmesh, mes
     assert e.confirmation_id in str(e)
     decide(mesh, "approve", e.confirmation_id)
     assert job.result(timeout=BOUND).stdout == "approved-run\n"
+
+
+def test_a_password_fill_tells_the_callback_and_is_done_once_approved(sm: Sandmesh, mesh: Mesh) -> None:
+    with sm.session(f"sdk-fill-approval-{int(time.time() * 1000)}") as s:
+        assert s.browser.navigate(mesh.fixture_url).ok
+        notices: List[Confirmation] = []
+        noticed = threading.Event()
+        outcome: Dict[str, Any] = {}
+
+        def notice(c: Confirmation) -> None:
+            notices.append(c)
+            noticed.set()
+
+        def work() -> None:
+            try:
+                outcome["result"] = s.browser.fill("#pw", "hunter2", on_awaiting_approval=notice)
+            except sandmesh.SandmeshError as e:
+                outcome["error"] = e
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        assert noticed.wait(BOUND), f"no approval notice within {BOUND} s: {outcome}"
+        c = notices[0]
+        assert c.confirmation_id and c.execution_id and c.expires_at > time.time() * 1000, c
+        assert not outcome, "the fill waits for the decision"
+        listed = mesh.cli("confirm", "list")
+        assert c.confirmation_id in listed.stdout, listed.stdout + listed.stderr
+        decide(mesh, "approve", c.confirmation_id)
+        thread.join(BOUND)
+        assert not thread.is_alive(), "the fill did not finish after the approval"
+        r = outcome.get("result")
+        assert r is not None and r.ok, outcome
+        assert (r.confirmation, r.confirmation_id) == ("approved", c.confirmation_id), r
+        assert len(notices) == 1
+
+
+def test_a_fill_out_of_time_is_told_the_confirmation_id(sm: Sandmesh, mesh: Mesh) -> None:
+    with sm.session(f"sdk-fill-late-{int(time.time() * 1000)}") as s:
+        assert s.browser.navigate(mesh.fixture_url).ok
+        seen: List[Confirmation] = []
+        with pytest.raises(sandmesh.Timeout) as caught:
+            s.browser.fill("#pw", "x", on_awaiting_approval=seen.append, request_timeout=3)
+        e = caught.value
+        assert seen and e.confirmation_id == seen[0].confirmation_id, (seen, e)
+        assert e.confirmation_id in str(e) and "approve" in str(e) and "browser action" in str(e), str(e)
+        decide(mesh, "deny", e.confirmation_id, "--reason", "too late")

@@ -297,6 +297,43 @@ def test_a_browser_screenshot_comes_back_as_a_png_image(mesh: Mesh, sm: Sandmesh
         close_session(sm, session_id)
 
 
+def test_a_password_fill_reports_the_pending_approval_at_once(mesh: Mesh, sm: Sandmesh, tmp_path: Path) -> None:
+    session_id = f"mcp-py-fill-{new_id().lower()}"
+
+    async def scenario(session: ClientSession, init: types.InitializeResult) -> None:
+        s = {"session_id": session_id}
+        ok("browser_navigate", await session.call_tool("browser_navigate", {**s, "url": mesh.fixture_url}))
+        # Bounded well below the router's wait for a person (120 s): a tool that waited for
+        # the decision instead of answering at once fails here.
+        started = time.monotonic()
+        parked = await session.call_tool(
+            "browser_fill", {**s, "selector": "#pw", "text": "hunter2"}, read_timeout_seconds=60
+        )
+        state = ok("browser_fill", parked)
+        assert state.get("state") == "awaiting_confirmation", f"{state}\n{text_of(parked)}"
+        confirmation: Optional[str] = state.get("confirmation_id")
+        assert confirmation and state.get("action") == "fill", state
+        assert state.get("expires_at", 0) > time.time() * 1000, state
+        assert time.monotonic() - started < 60
+        shown = text_of(parked)
+        assert "awaiting approval" in shown and f"sandmesh confirm approve {confirmation}" in shown, shown
+        assert "hunter2" not in shown, shown
+
+        listed = await asyncio.to_thread(mesh.cli, "confirm", "list")
+        assert confirmation in listed.stdout, listed.stdout + listed.stderr
+        approved = await asyncio.to_thread(mesh.cli, "confirm", "approve", confirmation)
+        assert approved.returncode == 0, approved.stdout + approved.stderr
+        # The router did the approved fill; the session's browser answers the next action.
+        page = await session.call_tool("browser_content", s, read_timeout_seconds=RUN_TIMEOUT)
+        ok("browser_content", page)
+        assert "Hello from the SDK fixture" in text_of(page), text_of(page)
+
+    try:
+        converse(mesh, tmp_path, scenario)
+    finally:
+        close_session(sm, session_id)
+
+
 def test_risky_run_code_reports_the_pending_approval_at_once(mesh: Mesh, tmp_path: Path) -> None:
     async def scenario(session: ClientSession, init: types.InitializeResult) -> None:
         # Bounded well below the run's own wait (the program's limit plus two minutes): a

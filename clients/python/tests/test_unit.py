@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 import sandmesh
-from sandmesh._exec import _Output, exec_request, refused
+from sandmesh._exec import _Mailbox, _Output, exec_request, refused
 from sandmesh._files import decode_content, wire_content
 from sandmesh._transport import Codec, connect_info, new_id
 from sandmesh.errors import error_from_body, error_from_reply
@@ -212,3 +212,22 @@ def test_connection_details_come_from_the_places_the_cli_reads(tmp_path: Path) -
     assert (by_data_dir.servers, by_data_dir.user) == (["nats://127.0.0.1:4999"], "default-agent")
     with pytest.raises(sandmesh.BadRequest, match="credentials"):
         connect_info(creds=str(tmp_path / "nope.json"), env={})
+
+
+def test_a_mailbox_hands_messages_over_in_order_and_times_out() -> None:
+    async def scenario() -> None:
+        box = _Mailbox()
+        box.put("held")  # before anyone waits
+        assert await box.get(1.0) == "held"
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, box.put, "first")
+        loop.call_later(0.01, box.put, "second")
+        assert [await box.get(5.0), await box.get(5.0)] == ["first", "second"]
+        with pytest.raises(asyncio.TimeoutError):
+            await box.get(0.05)
+        with pytest.raises(asyncio.TimeoutError):
+            await box.get(0)
+        box.put("after a timeout")  # a late message still arrives for the next get
+        assert await box.get(1.0) == "after a timeout"
+
+    asyncio.run(scenario())

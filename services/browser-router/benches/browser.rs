@@ -8,17 +8,14 @@
 //! cargo bench -p sandmesh-browser-router --bench browser      # ROUNDS=20 by default
 //! ```
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
 use browser_router::cdp::Chromium;
 use browser_router::container::Containers;
 use browser_router::BrowserConfig;
-use common::{req, Mesh};
 use docker_executor::probe::percentile;
 use messages::browser::{BrowserAction as A, BrowserRequest};
+use test_support::browser::{req, BrowserMesh};
 
 fn p50(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -30,17 +27,19 @@ fn ms(d: Duration) -> String {
 }
 
 /// Until the router's warm pool holds `n` started browsers again.
-async fn warm_pool_refilled(mesh: &Mesh, sessions: usize, n: usize) {
-    test_support::eventually_true("the warm pool refills", common::BOUND, || async {
-        mesh.containers().len() == sessions + n
-    })
+async fn warm_pool_refilled(mesh: &BrowserMesh, sessions: usize, n: usize) {
+    test_support::eventually_true(
+        "the warm pool refills",
+        test_support::browser::BOUND,
+        || async { mesh.containers().len() == sessions + n },
+    )
     .await;
     // Started is not yet answering: give the new browser its start.
     tokio::time::sleep(Duration::from_secs(2)).await;
 }
 
 /// Navigate + screenshot straight over CDP, `rounds` times.
-async fn bare(mesh: &Mesh, rounds: usize) -> Vec<Duration> {
+async fn bare(mesh: &BrowserMesh, rounds: usize) -> Vec<Duration> {
     let policy = format!(
         r#"{{"allow_cidrs":["127.0.0.2/32"],"ports":[{}]}}"#,
         mesh.fixture.port
@@ -48,7 +47,7 @@ async fn bare(mesh: &Mesh, rounds: usize) -> Vec<Duration> {
     let dir = tempfile::tempdir().unwrap();
     let env = kit::config::env_map(&[
         ("SANDMESH_INSTANCE_ID", "benchbare"),
-        ("SANDMESH_BROWSER_IMAGE", common::image()),
+        ("SANDMESH_BROWSER_IMAGE", test_support::browser::image()),
         ("SANDMESH_BROWSER_NETWORK_POLICY", policy.as_str()),
         ("SANDMESH_BROWSER_EGRESS_DIR", dir.path().to_str().unwrap()),
     ]);
@@ -88,7 +87,7 @@ async fn bare(mesh: &Mesh, rounds: usize) -> Vec<Duration> {
 
 /// The resident memory of each of this router's containers, in MiB, from `docker stats`.
 fn rss_mib(router: &str) -> Vec<f64> {
-    let names = common::containers_of(router);
+    let names = test_support::browser::containers_of(router);
     let out = std::process::Command::new("docker")
         .args(["stats", "--no-stream", "--format", "{{.MemUsage}}"])
         .args(&names)
@@ -109,7 +108,7 @@ fn rss_mib(router: &str) -> Vec<f64> {
         .collect()
 }
 
-async fn actions_per_second(mesh: &Mesh, sessions: &[String], per_session: usize) -> f64 {
+async fn actions_per_second(mesh: &BrowserMesh, sessions: &[String], per_session: usize) -> f64 {
     let t = Instant::now();
     let runs = sessions.iter().map(|s| async move {
         for i in 0..per_session {
@@ -127,7 +126,7 @@ async fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(20);
-    let mesh = Mesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "1")]).await;
+    let mesh = BrowserMesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "1")]).await;
 
     // First action of a new session, a warm browser ready each time.
     let mut first = Vec::new();

@@ -1,15 +1,24 @@
 //! Risk and confirmation of one browser action: every action is assessed by the risk-assessor
 //! (`content_type: browser`, the action and its parameters); password, payment and card fields
 //! and `evaluate` wait for a person's decision through the confirmation service, as code does.
+//!
+//! A caller that sent `Sandmesh-Notify` hears at once that its action waits, as an `exec`
+//! caller does: an awaiting-confirmation notice on its reply subject (the export of
+//! `browser.*` is a stream for that), naming the confirmation, before the action's reply.
 
 use std::time::Duration;
 
-use kit::{AuditScope, Auditor};
+use async_nats::HeaderMap;
+use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
 use messages::browser::BrowserAction;
+use messages::codec;
 use messages::confirm::{ConfirmKind, ConfirmRequest, ConfirmState};
+use messages::exec::{
+    AwaitingConfirmation, NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
+};
 use messages::risk::{AssessRequest, ContentType, RiskLevel};
-use messages::ErrorBody;
+use messages::{Encoding, ErrorBody};
 use sandmesh_client::MeshClient;
 use serde_json::json;
 
@@ -57,8 +66,9 @@ pub fn sensitive_field(field: &serde_json::Value) -> bool {
 
 impl Gate {
     /// Assesses the action; when it needs a person (the assessor says so, the field is
-    /// sensitive, or it is `evaluate`), asks and waits. Anything but approval is an error
-    /// (403) that names the decision, and nothing is done.
+    /// sensitive, or it is `evaluate`), asks and waits — telling a caller that asked for
+    /// notices at once. Anything but approval is an error (403) that names the decision, and
+    /// nothing is done.
     pub async fn pass(
         &self,
         action: BrowserAction,
@@ -66,6 +76,7 @@ impl Gate {
         sensitive: bool,
         summary: String,
         scope: &AuditScope,
+        ctx: &RequestContext,
     ) -> Result<Verdict, ErrorBody> {
         let assess = AssessRequest {
             content: action.as_str().to_string(),
@@ -93,9 +104,12 @@ impl Gate {
                 confirmation: None,
             });
         }
-        let request = ConfirmRequest {
+        // The action's own id: the confirmation is idempotent by it, so asking again (to wait,
+        // after the notice) finds the same one.
+        let action_id = scope.execution_id.clone().unwrap_or_else(messages::new_id);
+        let mut request = ConfirmRequest {
             tenant: scope.tenant.clone(),
-            execution_id: scope.execution_id.clone(),
+            execution_id: Some(action_id.clone()),
             session_id: scope.session_id.clone(),
             risk,
             summary,
@@ -105,12 +119,24 @@ impl Gate {
             timeout_ms: Some(self.confirm_timeout.as_millis() as u64),
             wait: true,
         };
-        let decided = self
-            .mesh
-            .confirm()
-            .request(&request)
-            .await
-            .map_err(|e| ErrorBody::unavailable(format!("confirmation failed: {e}")))?;
+        let confirm = self.mesh.confirm();
+        let failed = |e: sandmesh_client::ClientError| {
+            ErrorBody::unavailable(format!("confirmation failed: {e}"))
+        };
+        if let Some(reply) = notice_subject(ctx) {
+            request.wait = false;
+            let opened = confirm.request(&request).await.map_err(failed)?;
+            if !opened.state.is_final() {
+                let notice = AwaitingConfirmation {
+                    execution_id: action_id,
+                    confirmation_id: opened.id,
+                    expires_at: opened.expires_at,
+                };
+                self.notify(reply, &notice).await;
+            }
+            request.wait = true;
+        }
+        let decided = confirm.request(&request).await.map_err(failed)?;
         if decided.state != ConfirmState::Approved {
             let why = decided.reason.as_deref().unwrap_or("no reason given");
             return Err(ErrorBody::denied(format!(
@@ -129,6 +155,34 @@ impl Gate {
             confirmation: Some((decided.id, decided.state)),
         })
     }
+
+    /// Sends the awaiting-confirmation notice to `reply`, before the action's reply.
+    async fn notify(&self, reply: String, notice: &AwaitingConfirmation) {
+        let mut headers = HeaderMap::new();
+        headers.insert(STATUS_HEADER, STATUS_AWAITING_CONFIRMATION);
+        headers.insert(codec::CONTENT_TYPE, codec::JSON);
+        let Ok(body) = Encoding::Json.encode(notice) else {
+            return;
+        };
+        let sent = self
+            .mesh
+            .nats()
+            .publish_with_headers(reply, headers, body.into())
+            .await;
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "awaiting-confirmation notice not sent");
+        }
+    }
+}
+
+/// Where notices go: the request's reply subject, if the caller asked for notices
+/// (`Sandmesh-Notify`; plain request-reply callers would take a notice for the reply).
+fn notice_subject(ctx: &RequestContext) -> Option<String> {
+    let asked = ctx
+        .headers
+        .as_ref()
+        .is_some_and(|h| h.get(NOTIFY_HEADER).is_some());
+    ctx.reply.clone().filter(|_| asked)
 }
 
 #[cfg(test)]

@@ -414,7 +414,7 @@ impl SessionState {
         );
         let verdict = shared
             .gate
-            .pass(action, params, sensitive, summary, &scope)
+            .pass(action, params, sensitive, summary, &scope, ctx)
             .await?;
 
         let mut result = BrowserResult {

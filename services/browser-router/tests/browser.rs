@@ -1,15 +1,13 @@
 //! browser-router end to end: real nats-server, real services, real Docker, real Chromium in
-//! the browser image, a fixture site on 127.0.0.2 (see common/mod.rs for why there).
+//! the browser image, a fixture site on 127.0.0.2 (see test_support::browser for why there).
 //! Run with RUST_TEST_THREADS=1.
-
-mod common;
 
 use std::time::Duration;
 
-use common::{req, Mesh, BOUND};
 use messages::browser::{BrowserAction as A, BrowserBackend, BrowserRequest, ContentFormat};
 use messages::confirm::ConfirmState;
 use sandmesh_client::ErrorKind;
+use test_support::browser::{req, BrowserMesh, BOUND};
 use test_support::eventually_true;
 
 /// Width and height from a PNG's IHDR chunk (after the 8-byte signature and chunk header).
@@ -22,7 +20,7 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn form_by_index_screenshot_back_wait_keys_scroll() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     let s = "form-session";
 
     let page = mesh.navigate(s, "/").await;
@@ -143,7 +141,7 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_sessions_do_not_share_cookies_or_pages() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     for (s, who) in [("alice-s", "alice"), ("bob-s", "bob")] {
         mesh.navigate(s, "/").await;
         mesh.ok(
@@ -181,7 +179,7 @@ async fn two_sessions_do_not_share_cookies_or_pages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn password_fill_and_evaluate_wait_for_a_person() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     let s = "confirm-session";
     mesh.navigate(s, "/").await;
     let password = mesh
@@ -264,9 +262,116 @@ async fn password_fill_and_evaluate_wait_for_a_person() {
     mesh.stop().await;
 }
 
+/// A tenant's agent that asks for notices (through the account's stream export of
+/// `browser.*`) hears at once that its password fill waits for a person, with the
+/// confirmation to approve; once an operator approves, the same call gets the done action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_action_tells_its_caller_at_once() {
+    let mesh = BrowserMesh::start(&[]).await;
+    let agent = mesh.agent("default").await.browser();
+    let s = "notice-session";
+    let url = mesh.fixture.url("/");
+    let opened = agent
+        .act(
+            A::Navigate,
+            &req(|r| {
+                r.session_id = s.into();
+                r.url = Some(url);
+            }),
+        )
+        .await
+        .expect("navigate");
+    assert!(opened.ok, "{opened:?}");
+    // The agent's session (its id is scoped by its tenant): its elements, through the agent.
+    let listed = agent
+        .act(A::Elements, &req(|r| r.session_id = s.into()))
+        .await
+        .expect("elements");
+    let password = listed
+        .elements
+        .iter()
+        .find(|e| e.input_type.as_deref() == Some("password"))
+        .unwrap_or_else(|| panic!("no password field in {:?}", listed.elements))
+        .index;
+
+    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let fill = req(|r| {
+        r.session_id = s.into();
+        r.index = Some(password);
+        r.text = Some("hunter2".into());
+    });
+    let filler = agent.clone();
+    let acting = tokio::spawn(async move {
+        filler
+            .act_notified(A::Fill, &fill, move |notice| {
+                let _ = tx.send(notice);
+            })
+            .await
+    });
+    let notice = tokio::time::timeout(BOUND, notices.recv())
+        .await
+        .expect("a notice before any decision")
+        .expect("the notice");
+    assert!(!acting.is_finished(), "the action waits for the decision");
+    let pending = mesh
+        .client
+        .confirm()
+        .get(&notice.confirmation_id)
+        .await
+        .unwrap();
+    assert_eq!(pending.state, ConfirmState::Pending, "{pending:?}");
+    assert_eq!(pending.expires_at, notice.expires_at);
+    assert_eq!(
+        pending.execution_id.as_deref(),
+        Some(notice.execution_id.as_str())
+    );
+    assert!(
+        !pending.code_excerpt.contains("hunter2"),
+        "{}",
+        pending.code_excerpt
+    );
+
+    let decide = messages::confirm::ConfirmDecide {
+        id: notice.confirmation_id.clone(),
+        approve: true,
+        by: "operator".into(),
+        reason: Some("the test approves".into()),
+        scope: Default::default(),
+        by_account: None,
+    };
+    mesh.client
+        .confirm()
+        .decide(&decide)
+        .await
+        .expect("approve");
+    let filled = tokio::time::timeout(BOUND, acting)
+        .await
+        .expect("the action ends after the approval")
+        .expect("task")
+        .expect("the approved fill is done");
+    assert_eq!(
+        (filled.confirmation, filled.confirmation_id.as_deref()),
+        (
+            Some(ConfirmState::Approved),
+            Some(notice.confirmation_id.as_str())
+        )
+    );
+    assert!(notices.try_recv().is_err(), "one notice only");
+    // Reading the field back is an `evaluate`: a person approves that too.
+    let (approver, _) = mesh.decide_all(true).await;
+    let read = req(|r| {
+        r.session_id = s.into();
+        r.script = Some("document.querySelector('#password').value".into());
+    });
+    let typed = agent.act(A::Evaluate, &read).await.expect("evaluate");
+    assert_eq!(typed.value.unwrap(), "hunter2");
+    approver.abort();
+    mesh.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_urls_and_bad_requests_get_clear_errors() {
-    let mesh = Mesh::start(&[]).await;
+    let mesh = BrowserMesh::start(&[]).await;
     let s = "refusals";
     let port = mesh.fixture.port;
     for (url, expect) in [
@@ -440,7 +545,7 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_browser_is_replaced_and_closing_removes_it() {
-    let mesh = Mesh::start(&[
+    let mesh = BrowserMesh::start(&[
         ("SANDMESH_BROWSER_WARM_POOL", "0"),
         ("SANDMESH_BROWSER_IDLE_MS", "3000"),
     ])
@@ -503,7 +608,7 @@ async fn a_killed_browser_is_replaced_and_closing_removes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_actions_across_ten_sessions_leak_nothing() {
-    let mesh = Mesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "2")]).await;
+    let mesh = BrowserMesh::start(&[("SANDMESH_BROWSER_WARM_POOL", "2")]).await;
     let sessions: Vec<String> = (0..10).map(|i| format!("load-{i}")).collect();
     let runs = sessions.iter().map(|s| {
         let mesh = &mesh;
@@ -544,7 +649,7 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
     let router = mesh.router.clone();
     mesh.stop().await;
     assert!(
-        common::containers_of(&router).is_empty(),
+        test_support::browser::containers_of(&router).is_empty(),
         "shutdown removes the warm pool"
     );
     let networks = std::process::Command::new("docker")
@@ -561,8 +666,7 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_tenants_with_the_same_session_id_get_two_browsers() {
-    let nats = test_support::NatsServer::start_with_tenants(&["acme", "beta"]);
-    let mesh = Mesh::start_on(nats, &[]).await;
+    let mesh = BrowserMesh::start_with_tenants(&["acme", "beta"], &[]).await;
     let mut agents = Vec::new();
     for (tenant, who) in [("acme", "alice"), ("beta", "bob")] {
         let agent = mesh.agent(tenant).await.browser();

@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use messages::exec::{ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS};
 use messages::heartbeat::Heartbeat;
-use messages::session::{SessionListReply, SessionOpen, SessionRecord};
+use messages::session::{SessionListReply, SessionOpen, SessionRecord, SessionState};
 use sandmesh_client::MeshClient;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -26,7 +26,7 @@ use crate::openapi::Errors;
 use crate::problem::Problem;
 use crate::rate::RateLimiter;
 use crate::tenants::Tenants;
-use crate::{body, files, openapi, stream};
+use crate::{body, files, openapi, stream, templates};
 
 /// What every request handler reaches.
 pub struct App {
@@ -51,6 +51,16 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route("/api/v1/sessions/{id}/execute", post(execute_in_session))
         .route("/api/v1/executions/{id}", get(execution))
+        .route(
+            "/api/v1/templates",
+            get(templates::list).post(templates::create),
+        )
+        .route(
+            "/api/v1/templates/{name}",
+            get(templates::get)
+                .put(templates::update)
+                .delete(templates::delete),
+        )
         .route(
             "/api/v1/sessions/{id}/files",
             get(files::list).post(files::upload_form),
@@ -247,16 +257,19 @@ pub async fn open_session(agent: Agent, Body(req): Body<Option<SessionOpen>>) ->
     Ok((StatusCode::CREATED, Json(record)).into_response())
 }
 
+/// The tenant's sessions that are not deleted.
 #[utoipa::path(
     get,
     path = "/api/v1/sessions",
-    responses((status = 200, description = "the tenant's sessions", body = SessionListReply), Errors)
+    responses((status = 200, description = "the tenant's live sessions", body = SessionListReply), Errors)
 )]
 pub async fn list_sessions(agent: Agent) -> Reply {
-    let sessions = agent.mesh.sessions().list(None).await?;
+    let mut sessions = agent.mesh.sessions().list(None).await?;
+    sessions.retain(|s| s.state != SessionState::Closed);
     Ok(Json(SessionListReply { sessions }).into_response())
 }
 
+/// A session; a deleted one is not found.
 #[utoipa::path(
     get,
     path = "/api/v1/sessions/{id}",
@@ -264,18 +277,32 @@ pub async fn list_sessions(agent: Agent) -> Reply {
     responses((status = 200, description = "the session", body = SessionRecord), Errors)
 )]
 pub async fn get_session(agent: Agent, Params(id): Params<String>) -> Reply {
-    Ok(Json(agent.mesh.sessions().get(&id).await?).into_response())
+    let record = agent.mesh.sessions().get(&id).await?;
+    if record.state == SessionState::Closed {
+        return Err(Problem::not_found(format!(
+            "session {id} was deleted; open a session with a new id"
+        )));
+    }
+    Ok(Json(record).into_response())
 }
 
-/// Closes a session: its container goes, its record says `closed`.
+/// Deletes a session (seed 003 §5 "terminate"): its container and its workspace files go;
+/// afterwards the session and its files are not found (404), and its id is not reused (a new
+/// session of the same id is a 409). Deleting a deleted session deletes nothing more (204).
+///
+/// On NATS, `sessions.close` keeps a `closed` record and leaves the files to the workspace's
+/// TTL; over HTTP a DELETE means the resource is gone, so the gateway also removes the
+/// workspace, as the tenant's agent (`workspace.cleanup` of that one session).
 #[utoipa::path(
     delete,
     path = "/api/v1/sessions/{id}",
     params(("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$")),
-    responses((status = 200, description = "the closed session", body = SessionRecord), Errors)
+    responses((status = 204, description = "deleted"), Errors)
 )]
 pub async fn close_session(agent: Agent, Params(id): Params<String>) -> Reply {
-    Ok(Json(agent.mesh.sessions().close(&id).await?).into_response())
+    agent.mesh.sessions().close(&id).await?;
+    agent.mesh.workspace().cleanup(Some(id.as_str())).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 // === executions ===

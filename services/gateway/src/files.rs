@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::body::Body as HttpBody;
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -168,6 +168,30 @@ pub async fn upload_form(
     QueryOf(query): QueryOf<FormQuery>,
     req: Request,
 ) -> Reply {
+    form_upload(&app, &agent, &session, query, req).await
+}
+
+/// The last segment of seed 003 §5's upload path, `POST /api/v1/sessions/{id}/files/upload`.
+pub const SEED_UPLOAD: &str = "upload";
+
+/// Seed 003 §5's upload path: the form upload of `POST /api/v1/sessions/{id}/files` under the
+/// seed's name. A POST there is always a form; a file named `upload` at the workspace's top is
+/// written with `PUT`. Described in the document as a case of `POST …/files/{path}`, not as a
+/// path of its own: the path serves GET, PUT and DELETE of that file too, and a path whose
+/// `Allow` differs from its documented methods would be wrong.
+async fn upload_seed_form(app: &App, agent: &Agent, session: &str, req: Request) -> Reply {
+    let Query(query) = Query::<FormQuery>::try_from_uri(req.uri())
+        .map_err(|e| Problem::bad_request(e.body_text()))?;
+    form_upload(app, agent, session, query, req).await
+}
+
+async fn form_upload(
+    app: &App,
+    agent: &Agent,
+    session: &str,
+    query: FormQuery,
+    req: Request,
+) -> Reply {
     let dir = match query.dir.as_deref().map(|d| d.trim_end_matches('/')) {
         None | Some("") => None,
         Some(dir) => {
@@ -183,28 +207,28 @@ pub async fn upload_form(
         .and_then(|ct| {
             multer::parse_boundary(ct).map_err(|e| Problem::bad_request(format!("{ct}: {e}")))
         })?;
-    let cap = upload_cap(&app, &agent, &session, None).await;
+    let cap = upload_cap(app, agent, session, None).await;
     let form = multer::Multipart::new(
         body::Paced::new(req.into_body().into_data_stream()),
         boundary,
     );
-    let ws = writer(&agent);
+    let ws = writer(agent);
     let mut staged = Vec::new();
-    let read = read_form(form, &ws, &session, dir.as_deref(), cap, &mut staged).await;
+    let read = read_form(form, &ws, session, dir.as_deref(), cap, &mut staged).await;
     if let Err(problem) = read {
         for (_, part) in staged {
-            ws.abandon(&session, part).await;
+            ws.abandon(session, part).await;
         }
         return Err(problem);
     }
     let mut files = Vec::with_capacity(staged.len());
     let mut parts = staged.into_iter();
     while let Some((path, part)) = parts.next() {
-        match ws.commit(&session, &path, part).await {
+        match ws.commit(session, &path, part).await {
             Ok(entry) => files.push(entry),
             Err(e) => {
                 for (_, rest) in parts {
-                    ws.abandon(&session, rest).await;
+                    ws.abandon(session, rest).await;
                 }
                 return Err(e.into());
             }
@@ -257,24 +281,45 @@ async fn read_form(
     Ok(())
 }
 
-/// `upload` for clients that only POST (seed 003 §5 names POST).
+/// What `POST …/files/{path}` answers: the file, or for seed 003 §5's `…/files/upload` the
+/// form's files (a type of the document only).
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum Posted {
+    File(WsEntry),
+    Form(FormUpload),
+}
+
+/// `upload` for clients that only POST; `POST …/files/upload` is seed 003 §5's form upload
+/// (`multipart/form-data`, `?dir=`, answered with the form's files).
 #[utoipa::path(
     post,
     path = "/api/v1/sessions/{id}/files/{path}",
     params(
         ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
-        ("path" = String, Path, description = "the file's path in the workspace"),
+        ("path" = String, Path, description = "the file's path in the workspace; `upload`: a form upload (seed 003 §5)"),
+        ("dir" = Option<String>, Query, description = "`…/files/upload` only: the directory the files go in"),
     ),
-    request_body(content = String, content_type = "application/octet-stream", description = "the file's bytes"),
-    responses((status = 200, description = "the file as stored", body = WsEntry), Errors)
+    request_body(
+        description = "the file's bytes; for `…/files/upload`, one form part per file",
+        content(
+            (String = "application/octet-stream"),
+            (FormFiles = "multipart/form-data"),
+        ),
+    ),
+    responses((status = 200, description = "the file as stored (for `…/files/upload`: the form's files)", body = Posted), Errors)
 )]
 pub async fn upload_by_post(
     app: State<Arc<App>>,
     agent: Agent,
-    params: Params<(String, String)>,
+    Params((session, path)): Params<(String, String)>,
     req: Request,
 ) -> Reply {
-    upload(app, agent, params, req).await
+    if path == SEED_UPLOAD {
+        return upload_seed_form(&app, &agent, &session, req).await;
+    }
+    upload(app, agent, Params((session, path)), req).await
 }
 
 #[derive(Debug, Default, Deserialize)]

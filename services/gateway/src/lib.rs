@@ -15,7 +15,7 @@
 //! ```text
 //! run ── kit::Runtime ($SRV, heartbeat: tenants connected)
 //!    ├── axum server ── per request: Agent = KeyStore::verify ─► RateLimiter ─► Tenants::client
-//!    │                  ── handler (api, files) ── the tenant's MeshClient
+//!    │                  ── handler (api, files, templates) ── the tenant's MeshClient
 //!    │                  execute + Accept: text/event-stream ── stream task (output, result)
 //!    └── select!: shutdown → server drains, runtime stops
 //! ```
@@ -29,6 +29,7 @@ pub mod openapi;
 pub mod problem;
 pub mod rate;
 pub mod stream;
+pub mod templates;
 pub mod tenants;
 
 use std::net::SocketAddr;

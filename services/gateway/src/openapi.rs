@@ -14,7 +14,7 @@ use utoipa::{Modify, OpenApi};
 use messages::exec::{AwaitingConfirmation, OutputChunk};
 
 use crate::problem::{Problem, PROBLEM_JSON};
-use crate::{api, files};
+use crate::{api, files, templates};
 
 /// The errors any call may answer with, all in the problem shape.
 pub struct Errors;
@@ -103,6 +103,11 @@ impl Modify for BearerKeys {
         files::upload_form,
         files::download,
         files::delete,
+        templates::list,
+        templates::get,
+        templates::create,
+        templates::update,
+        templates::delete,
     ),
     // The event payloads of a streamed execution (not response bodies of their own).
     components(schemas(Problem, OutputChunk, AwaitingConfirmation)),
@@ -136,6 +141,8 @@ mod tests {
             "/api/v1/sessions/{id}/execute",
             "/api/v1/sessions/{id}/files/{path}",
             "/api/v1/executions/{id}",
+            "/api/v1/templates",
+            "/api/v1/templates/{name}",
         ] {
             assert!(paths.contains_key(path), "{path} missing");
         }
@@ -147,11 +154,25 @@ mod tests {
         assert_ne!(open["required"], true, "{open}");
         let exec = &doc["paths"]["/api/v1/execute"]["post"]["requestBody"];
         assert_eq!(exec["required"], true, "{exec}");
+        // Every operation has an id of its own (validators refuse a document without).
+        let mut ids = std::collections::BTreeSet::new();
+        for (path, item) in paths {
+            let methods = ["get", "put", "post", "delete", "patch", "head", "options"];
+            let item = item.as_object().unwrap();
+            for (method, op) in item.iter().filter(|(m, _)| methods.contains(&m.as_str())) {
+                let id = op["operationId"].as_str().unwrap_or_default();
+                assert!(
+                    ids.insert(id.to_string()),
+                    "{method} {path}: operationId {id:?} twice"
+                );
+            }
+        }
         let schemas = doc["components"]["schemas"].as_object().unwrap();
         for schema in [
             "ExecRequest",
             "ExecResult",
             "SessionRecord",
+            "TemplateRecord",
             "Problem",
             "OutputChunk",
         ] {

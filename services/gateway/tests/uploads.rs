@@ -280,3 +280,75 @@ async fn hostile_forms_are_refused_and_leave_nothing() {
     store.stop().await;
     mesh.shutdown().await;
 }
+
+/// Seed 003 §5's `POST …/files/upload` is the form upload under the seed's name; a file named
+/// `upload` is still reachable with PUT and GET; bad input on the seed path is refused like on
+/// the form path and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_seed_upload_path_is_the_form_upload() {
+    let (mesh, store) = start_store_mesh(16).await;
+    let gw = Gateway::start(&mesh, |_| {}).await;
+    let key = gw.key("default");
+    let k = Some(key.as_str());
+    let seed = "/api/v1/sessions/seed1/files/upload";
+    let form_ct = form_type();
+    let ct = [("content-type", form_ct.as_str())];
+
+    let body = form(&[
+        ("file", Some("a.txt"), b"first"),
+        ("file", Some("b.csv"), b"x,y\n1,2\n"),
+    ]);
+    let r = gw
+        .send("POST", &format!("{seed}?dir=data"), k, &ct, body)
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let up: FormUpload = r.json();
+    let paths: Vec<&str> = up.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["data/a.txt", "data/b.csv"]);
+    let r = gw
+        .send("GET", "/api/v1/sessions/seed1/files/data/b.csv", k, &[], "")
+        .await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"x,y\n1,2\n"[..]));
+
+    // A file called `upload`: written with PUT, read back with GET.
+    let r = gw.send("PUT", seed, k, &[], "a file named upload").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = gw.send("GET", seed, k, &[], "").await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"a file named upload"[..]));
+
+    // Not a form, no boundary, a climbing filename or dir, no key: refused, nothing kept.
+    let r = gw.send("POST", seed, k, &[], "raw bytes, not a form").await;
+    assert_eq!(r.problem().kind, "bad_request", "{r:?}");
+    let no_boundary = [("content-type", "multipart/form-data")];
+    let good = form(&[("file", Some("kept.txt"), b"no")]);
+    let r = gw.send("POST", seed, k, &no_boundary, good.clone()).await;
+    assert_eq!(r.problem().kind, "bad_request", "{r:?}");
+    let climbing = form(&[
+        ("file", Some("kept.txt"), b"no"),
+        ("file", Some("../out.txt"), b"no"),
+    ]);
+    let r = gw.send("POST", seed, k, &ct, climbing).await;
+    assert_eq!(r.problem().kind, "bad_request", "{r:?}");
+    let r = gw
+        .send("POST", &format!("{seed}?dir=../up"), k, &ct, good.clone())
+        .await;
+    assert_eq!(r.problem().kind, "bad_request", "{r:?}");
+    let r = gw.send("POST", seed, None, &ct, good.clone()).await;
+    assert_eq!(r.problem().kind, "unauthorized", "{r:?}");
+    absent(&gw, &key, "seed1", "kept.txt").await;
+    absent(&gw, &key, "seed1", "out.txt").await;
+
+    // Over the quota on the seed path: 413, nothing kept.
+    let over = noise(17 * 1024 * 1024, 5);
+    let body = form(&[
+        ("file", Some("small.txt"), b"s"),
+        ("file", Some("over.bin"), &over),
+    ]);
+    let r = gw.send("POST", seed, k, &ct, body).await;
+    assert_eq!(r.problem().kind, "too_large", "{r:?}");
+    absent(&gw, &key, "seed1", "small.txt").await;
+
+    gw.stop().await;
+    store.stop().await;
+    mesh.shutdown().await;
+}

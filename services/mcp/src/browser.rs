@@ -1,11 +1,14 @@
 //! The browser tools: one action of the session's browser each (`browser.<action>`, served
-//! by the browser-router, which starts one browser per session on first use).
+//! by the browser-router, which starts one browser per session on first use). An action that
+//! waits for a person (a password field) answers at once with the confirmation id and how to
+//! approve, as `run_code` does, instead of holding the model for the router's timeout.
 
 use base64::Engine;
 use messages::browser::{BrowserAction, BrowserRequest, BrowserResult, ContentFormat};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::{tool, tool_router, ErrorData};
+use tokio::sync::oneshot;
 
 use crate::params::*;
 use crate::render;
@@ -13,13 +16,36 @@ use crate::tools::{MeshTools, REQUESTED_BY};
 
 impl MeshTools {
     async fn browse(&self, action: BrowserAction, req: BrowserRequest) -> CallToolResult {
+        match self.act(action, req).await {
+            Ok(r) => render::browser(&r),
+            Err(answered) => answered,
+        }
+    }
+
+    /// One action, or the tool's answer instead of its result: the router's notice that a
+    /// person must decide ends the call at once (the action goes on waiting in the router and
+    /// runs if approved; its own answer then goes nowhere), or the action failed.
+    async fn act(
+        &self,
+        action: BrowserAction,
+        req: BrowserRequest,
+    ) -> Result<BrowserResult, CallToolResult> {
         let req = BrowserRequest {
             requested_by: Some(REQUESTED_BY.into()),
             ..req
         };
-        match self.mesh.browser().act(action, &req).await {
-            Ok(r) => render::browser(&r),
-            Err(e) => render::client_error(&e),
+        let (noticed, notice) = oneshot::channel();
+        let mut noticed = Some(noticed);
+        let browser = self.mesh.browser();
+        let acted = browser.act_notified(action, &req, move |awaiting| {
+            if let Some(tx) = noticed.take() {
+                let _ = tx.send(awaiting);
+            }
+        });
+        tokio::select! {
+            biased;
+            acted = acted => acted.map_err(|e| render::client_error(&e)),
+            Ok(awaiting) = notice => Err(render::awaiting_action(action, &awaiting, messages::now_ms())),
         }
     }
 
@@ -123,7 +149,9 @@ impl MeshTools {
 
     #[tool(
         description = "Type text into a field of the current page, by its index from \
-        browser_elements or by a CSS selector. Password fields wait for a person's approval.",
+        browser_elements or by a CSS selector. Password and payment fields need a person's \
+        approval: the answer then says 'awaiting approval' with a confirmation_id at once; the \
+        field is filled once an operator approves (check with browser_content).",
         annotations(title = "Fill a field", open_world_hint = true)
     )]
     async fn browser_fill(
@@ -157,17 +185,11 @@ impl MeshTools {
             session_id: p.session_id.clone(),
             full_page: p.full_page,
             inline: true,
-            requested_by: Some(REQUESTED_BY.into()),
             ..Default::default()
         };
-        let shot = match self
-            .mesh
-            .browser()
-            .act(BrowserAction::Screenshot, &req)
-            .await
-        {
+        let shot = match self.act(BrowserAction::Screenshot, req).await {
             Ok(shot) => shot,
-            Err(e) => return Ok(render::client_error(&e)),
+            Err(answered) => return Ok(answered),
         };
         let png = match self.screenshot_png(&p.session_id, &shot).await {
             Ok(png) => png,

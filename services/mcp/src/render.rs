@@ -4,7 +4,7 @@
 //! clients show a tool error's text to the model (which can then correct itself) but hide
 //! protocol errors behind a generic message.
 
-use messages::browser::BrowserResult;
+use messages::browser::{BrowserAction, BrowserResult};
 use messages::exec::{AwaitingConfirmation, Decision, ExecResult, ExecStatus};
 use messages::workspace::WsEntry;
 use rmcp::model::{CallToolResult, ContentBlock};
@@ -50,6 +50,41 @@ pub fn awaiting(a: &AwaitingConfirmation, now_ms: u64) -> CallToolResult {
     result.structured_content = Some(json!({
         "state": "awaiting_confirmation",
         "execution_id": a.execution_id,
+        "confirmation_id": a.confirmation_id,
+        "expires_at": a.expires_at,
+    }));
+    result
+}
+
+/// A browser action waits for a person: say so, with what the operator and the model each do
+/// next. Not an error, as for [`awaiting`] code.
+pub fn awaiting_action(
+    action: BrowserAction,
+    a: &AwaitingConfirmation,
+    now_ms: u64,
+) -> CallToolResult {
+    let left = a.expires_at.saturating_sub(now_ms) / 1000;
+    let text = format!(
+        "awaiting approval: this browser {action} needs a person's approval, so it has not \
+         been done yet.\n\
+         confirmation_id: {confirmation}\n\
+         expires in {minutes}m {seconds}s (unix ms {expires}); unapproved by then, it is denied \
+         and nothing is done.\n\
+         An operator approves it with `sandmesh confirm approve {confirmation}` or in the \
+         operators' console (you cannot approve it yourself). Tell the user; once approved, the \
+         action is done in the session's browser (look with browser_content or \
+         browser_screenshot).",
+        action = action.as_str(),
+        confirmation = a.confirmation_id,
+        minutes = left / 60,
+        seconds = left % 60,
+        expires = a.expires_at,
+    );
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(json!({
+        "state": "awaiting_confirmation",
+        "action": action.as_str(),
+        "action_id": a.execution_id,
         "confirmation_id": a.confirmation_id,
         "expires_at": a.expires_at,
     }));
@@ -269,6 +304,35 @@ mod tests {
         let s = shown.structured_content.unwrap();
         assert_eq!(s["state"], "awaiting_confirmation");
         assert_eq!(s["confirmation_id"], "c1");
+    }
+
+    #[test]
+    fn a_browser_action_awaiting_approval_names_the_confirmation_and_how_to_approve() {
+        let a = AwaitingConfirmation {
+            execution_id: "01A".into(),
+            confirmation_id: "01C".into(),
+            expires_at: 121_000,
+        };
+        let shown = awaiting_action(BrowserAction::Fill, &a, 1_000);
+        assert_eq!(shown.is_error, Some(false));
+        let t = text(&shown);
+        for part in [
+            "browser fill needs a person's approval",
+            "confirmation_id: 01C",
+            "sandmesh confirm approve 01C",
+            "expires in 2m 0s",
+        ] {
+            assert!(t.contains(part), "{part:?} in {t}");
+        }
+        let s = shown.structured_content.unwrap();
+        assert_eq!(
+            (&s["state"], &s["action"], &s["confirmation_id"]),
+            (
+                &json!("awaiting_confirmation"),
+                &json!("fill"),
+                &json!("01C")
+            )
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 """A session's browser (browser-router): one headless Chromium per session, one action a call.
 
 Every action is risk assessed; fills of password or payment fields and ``evaluate`` wait for a
-person, so an action may take as long as that decision (the router's default is 120 s).
+person, so an action may take as long as that decision (the router's default is 120 s). The
+router says so at once, as the scheduler does for code: ``on_awaiting_approval`` is called with
+the :class:`Confirmation` to approve while the call goes on waiting.
 """
 
 from __future__ import annotations
@@ -34,28 +36,55 @@ class AsyncBrowser:
         self._t = transport
         self.session_id = session_id
 
-    async def act(self, action: str, **params: Any) -> BrowserResult:
+    async def act(
+        self,
+        action: str,
+        *,
+        on_awaiting_approval: Optional[ApprovalCallback] = None,
+        request_timeout: Optional[float] = None,
+        **params: Any,
+    ) -> BrowserResult:
         """Any action of ``sandbox.v1.browser.<action>`` (``back``, ``type``, ``press_key``,
-        ``scroll``, ``wait_for``, ``evaluate``, ``close``, ...) with its request fields."""
+        ``scroll``, ``wait_for``, ``evaluate``, ``close``, ...) with its request fields. When a
+        person must approve it, ``on_awaiting_approval`` hears of it at once; a denial raises
+        :class:`Denied`, no answer within ``request_timeout`` (default 180 s) :class:`Timeout`
+        naming the confirmation it waits for."""
         body = dict(params, session_id=self.session_id)
-        timeout = max(self._t.timeout, BROWSER_TIMEOUT)
-        return BrowserResult.from_wire(await self._t.request(f"browser.{action}", body, timeout=timeout))
+        timeout = request_timeout or max(self._t.timeout, BROWSER_TIMEOUT)
+        reply = await notified_request(
+            self._t, f"browser.{action}", body, timeout, on_awaiting_approval, resumable=False
+        )
+        return BrowserResult.from_wire(reply)
 
-    async def navigate(self, url: str) -> BrowserResult:
+    async def navigate(self, url: str, *, on_awaiting_approval: Optional[ApprovalCallback] = None) -> BrowserResult:
         """Opens ``url`` (http/https only; the network policy applies)."""
-        return await self.act("navigate", url=url)
+        return await self.act("navigate", url=url, on_awaiting_approval=on_awaiting_approval)
 
     async def elements(self) -> List[BrowserElement]:
         """The page's interactive elements, each with the index ``click``/``fill`` take."""
         return (await self.act("elements")).elements
 
-    async def click(self, target: Target) -> BrowserResult:
+    async def click(self, target: Target, *, on_awaiting_approval: Optional[ApprovalCallback] = None) -> BrowserResult:
         """Clicks an element: its index from :meth:`elements` or a CSS selector."""
-        return await self.act("click", **_target(target))
+        return await self.act("click", on_awaiting_approval=on_awaiting_approval, **_target(target))
 
-    async def fill(self, target: Target, text: str) -> BrowserResult:
-        """Fills an input (index or selector) with ``text``."""
-        return await self.act("fill", text=text, **_target(target))
+    async def fill(
+        self,
+        target: Target,
+        text: str,
+        *,
+        on_awaiting_approval: Optional[ApprovalCallback] = None,
+        request_timeout: Optional[float] = None,
+    ) -> BrowserResult:
+        """Fills an input (index or selector) with ``text``; a password or payment field waits
+        for a person (``on_awaiting_approval`` hears of it at once)."""
+        return await self.act(
+            "fill",
+            text=text,
+            on_awaiting_approval=on_awaiting_approval,
+            request_timeout=request_timeout,
+            **_target(target),
+        )
 
     async def screenshot(self, *, full_page: bool = False) -> BrowserResult:
         """A PNG of the page: ``.screenshot`` holds its bytes, ``.screenshot_path`` the copy

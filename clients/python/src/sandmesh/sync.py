@@ -322,25 +322,48 @@ class Browser:
         self._sm = sm
         self.inner = inner
 
-    def act(self, action: str, **params: Any) -> BrowserResult:
-        """Any browser action with its request fields."""
-        return self._sm._call(self.inner.act(action, **params))
+    def act(
+        self,
+        action: str,
+        *,
+        on_awaiting_approval: Optional[ApprovalCallback] = None,
+        request_timeout: Optional[float] = None,
+        **params: Any,
+    ) -> BrowserResult:
+        """Any browser action with its request fields (a person's approval is told to
+        ``on_awaiting_approval`` at once)."""
+        return self._sm._call(
+            self.inner.act(
+                action, on_awaiting_approval=on_awaiting_approval, request_timeout=request_timeout, **params
+            )
+        )
 
-    def navigate(self, url: str) -> BrowserResult:
+    def navigate(self, url: str, *, on_awaiting_approval: Optional[ApprovalCallback] = None) -> BrowserResult:
         """Opens ``url``."""
-        return self._sm._call(self.inner.navigate(url))
+        return self._sm._call(self.inner.navigate(url, on_awaiting_approval=on_awaiting_approval))
 
     def elements(self) -> List[BrowserElement]:
         """The page's interactive elements, indexed."""
         return self._sm._call(self.inner.elements())
 
-    def click(self, target: Target) -> BrowserResult:
+    def click(self, target: Target, *, on_awaiting_approval: Optional[ApprovalCallback] = None) -> BrowserResult:
         """Clicks an element (index or CSS selector)."""
-        return self._sm._call(self.inner.click(target))
+        return self._sm._call(self.inner.click(target, on_awaiting_approval=on_awaiting_approval))
 
-    def fill(self, target: Target, text: str) -> BrowserResult:
-        """Fills an input (index or CSS selector)."""
-        return self._sm._call(self.inner.fill(target, text))
+    def fill(
+        self,
+        target: Target,
+        text: str,
+        *,
+        on_awaiting_approval: Optional[ApprovalCallback] = None,
+        request_timeout: Optional[float] = None,
+    ) -> BrowserResult:
+        """Fills an input (index or CSS selector); a password field waits for a person."""
+        return self._sm._call(
+            self.inner.fill(
+                target, text, on_awaiting_approval=on_awaiting_approval, request_timeout=request_timeout
+            )
+        )
 
     def screenshot(self, *, full_page: bool = False) -> BrowserResult:
         """A PNG of the page (``.screenshot`` bytes, ``.screenshot_path`` in the workspace)."""

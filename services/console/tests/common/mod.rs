@@ -1,12 +1,11 @@
-//! The console's tests run on the scheduler's mesh harness ([`mesh`]: a real nats-server with
+//! The console's tests run on the shared mesh harness (`test_support::mesh`: a real nats-server with
 //! the shipped accounts, the real risk-assessor and confirmation services, the scheduler and
 //! an executor stand-in) plus what only the console needs: the console itself, a few raw HTTP
 //! requests, and a real headless Chromium.
 
 #![allow(dead_code)]
 
-#[path = "../../../scheduler/tests/common/mod.rs"]
-pub mod mesh;
+pub use test_support::mesh;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,12 +1,11 @@
-//! The gateway's tests run on the scheduler's mesh harness ([`mesh`]: a real nats-server with
+//! The gateway's tests run on the shared mesh harness (`test_support::mesh`: a real nats-server with
 //! the shipped accounts and tenant `acme` besides `default`, the real risk-assessor,
 //! confirmation, workspace-store and scheduler, a real docker-executor node) plus the gateway
 //! itself, started in-process through its library, and a small HTTP/1.1 client.
 
 #![allow(dead_code)]
 
-#[path = "../../../scheduler/tests/common/mod.rs"]
-pub mod mesh;
+pub use test_support::mesh;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

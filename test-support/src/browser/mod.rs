@@ -1,6 +1,7 @@
-//! The browser-router over a real nats-server with the real risk-assessor, confirmation,
-//! workspace-store and scheduler in this process, real Docker and real Chromium in the
-//! browser image, and a fixture web site.
+//! The browser-router's mesh (feature `browser`): the shared [`crate::mesh`] harness with the
+//! real risk-assessor, confirmation, workspace-store and scheduler, plus a browser-router in
+//! this process on real Docker with real Chromium in the browser image, and a fixture web site.
+//! Its tests and its bench (`benches/browser.rs`) start it the same way.
 //!
 //! Where the fixture lives: the browser containers have no route out; Chromium's only way
 //! out is the egress proxy, which runs in this process on the host. So the fixture is served
@@ -9,11 +10,8 @@
 //! name `localhost`, so that the refusal tests show the check after resolution: the name
 //! passes, its address 127.0.0.1 does not.
 
-#![allow(dead_code)]
-
 pub mod fixture;
 
-use std::future::Future;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -25,7 +23,8 @@ use kit::CancellationToken;
 use messages::browser::{BrowserAction, BrowserRequest, BrowserResult};
 use messages::Subjects;
 use sandmesh_client::{ClientError, MeshClient};
-use test_support::NatsServer;
+
+use crate::mesh::Mesh;
 
 pub const BOUND: Duration = Duration::from_secs(60);
 
@@ -33,28 +32,37 @@ pub const BOUND: Duration = Duration::from_secs(60);
 pub fn image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        test_support::require_docker();
+        crate::require_docker();
         browser_router::image::ensure_image().unwrap_or_else(|e| {
             panic!("building the browser image (root, debootstrap and a Debian mirror are needed the first time): {e}")
         })
     })
 }
 
-pub struct Mesh {
-    pub nats: NatsServer,
+pub struct BrowserMesh {
+    /// NATS and the services around the router.
+    pub mesh: Mesh,
+    /// A client of the services' account (it may decide confirmations).
     pub client: MeshClient,
     pub fixture: fixture::Fixture,
     /// The router's instance id: its containers carry it in `sandmesh.browser.router`.
     pub router: String,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<Result<(), String>>>,
+    _browsers: Browsers,
     _egress: tempfile::TempDir,
 }
 
-impl Drop for Mesh {
+/// A test that failed before `stop` leaves its router running and its browsers: stops the
+/// router and removes them (this router's only).
+struct Browsers {
+    router: String,
+    stop: CancellationToken,
+}
+
+impl Drop for Browsers {
     fn drop(&mut self) {
         self.stop.cancel();
-        // A test that failed before `stop` leaves its browsers: remove them (ours only).
         for name in containers_of(&self.router) {
             let _ = Command::new("docker").args(["rm", "-f", &name]).output();
         }
@@ -74,52 +82,38 @@ pub fn containers_of(router: &str) -> Vec<String> {
         .collect()
 }
 
-impl Mesh {
+impl BrowserMesh {
     /// Every service, a fixture site, and a router with `extra` `SANDMESH_*` settings.
     pub async fn start(extra: &[(&str, &str)]) -> Self {
-        Self::start_on(NatsServer::start(), extra).await
+        Self::start_with_tenants(&[], extra).await
     }
 
-    /// On `nats` (e.g. with more tenants).
-    pub async fn start_on(nats: NatsServer, extra: &[(&str, &str)]) -> Self {
-        test_support::trace_to_test_output();
+    /// The same with these tenants besides `default`.
+    pub async fn start_with_tenants(tenants: &[&str], extra: &[(&str, &str)]) -> Self {
+        crate::trace_to_test_output();
         let image = image();
         let fixture = fixture::Fixture::start().await;
-        let connection = test_support::connect(&nats.url()).await;
+        let mesh = Mesh::builder()
+            .tenants(tenants, &[])
+            .real_risk()
+            .confirm(&[])
+            .real_workspace()
+            .scheduler(|_| {})
+            .start()
+            .await;
+        let url = mesh.nats.service_url(messages::ServiceName::BrowserRouter);
+        let connection = crate::connect(&mesh.nats.url()).await;
         let router = format!("tb{}", messages::new_id().to_ascii_lowercase());
         let egress = tempfile::tempdir().expect("tempdir");
-        let mut mesh = Self {
-            client: MeshClient::new(connection, Subjects::default()).with_timeout(BOUND),
-            nats,
-            fixture,
-            router,
-            stop: CancellationToken::new(),
-            tasks: Vec::new(),
-            _egress: egress,
-        };
-        let url = mesh.nats.url();
-        let base = env_map(&[
-            ("SANDMESH_NATS_URL", url.as_str()),
-            ("SANDMESH_HEARTBEAT_MS", "500"),
-        ]);
-        let risk = risk_assessor::RiskAssessorConfig::from_env(&base).unwrap();
-        mesh.spawn(risk_assessor::run(risk, mesh.stop.clone()));
-        let confirm = confirmation::ConfirmationConfig::from_env(&base).unwrap();
-        mesh.spawn(confirmation::run(confirm, mesh.stop.clone()));
-        let ws = workspace_store::WorkspaceConfig::for_url(&url);
-        mesh.spawn(workspace_store::run(ws, mesh.stop.clone()));
-        let scheduler = scheduler::SchedulerConfig::from_env(&base).unwrap();
-        mesh.spawn(scheduler::run(scheduler, mesh.stop.clone()));
-
         let policy = format!(
             r#"{{"allow_domains":["localhost"],"allow_cidrs":["127.0.0.2/32"],"ports":[{}]}}"#,
-            mesh.fixture.port
+            fixture.port
         );
-        let egress_dir = mesh._egress.path().display().to_string();
+        let egress_dir = egress.path().display().to_string();
         let mut env = env_map(&[
             ("SANDMESH_NATS_URL", url.as_str()),
             ("SANDMESH_HEARTBEAT_MS", "500"),
-            ("SANDMESH_INSTANCE_ID", mesh.router.as_str()),
+            ("SANDMESH_INSTANCE_ID", router.as_str()),
             ("SANDMESH_BROWSER_IMAGE", image),
             ("SANDMESH_BROWSER_NETWORK_POLICY", policy.as_str()),
             ("SANDMESH_BROWSER_EGRESS_DIR", egress_dir.as_str()),
@@ -130,32 +124,39 @@ impl Mesh {
             env.insert(k.to_string(), v.to_string());
         }
         let config = BrowserConfig::from_env(&env).expect("valid router config");
-        mesh.spawn(browser_router::run(config, mesh.stop.clone()));
-        for service in [
-            messages::ServiceName::RiskAssessor,
-            messages::ServiceName::Confirmation,
-            messages::ServiceName::WorkspaceStore,
-            messages::ServiceName::Scheduler,
-            messages::ServiceName::BrowserRouter,
-        ] {
-            mesh.ready(service).await;
-        }
-        mesh
-    }
-
-    fn spawn<E: std::fmt::Display>(
-        &mut self,
-        run: impl Future<Output = Result<(), E>> + Send + 'static,
-    ) {
-        self.tasks.push(tokio::spawn(
+        let stop = CancellationToken::new();
+        let mut browser = Self {
+            mesh,
+            client: MeshClient::new(connection, Subjects::default()).with_timeout(BOUND),
+            fixture,
+            _browsers: Browsers {
+                router: router.clone(),
+                stop: stop.clone(),
+            },
+            router,
+            stop,
+            tasks: Vec::new(),
+            _egress: egress,
+        };
+        let run = browser_router::run(config, browser.stop.clone());
+        browser.tasks.push(tokio::spawn(
             async move { run.await.map_err(|e| e.to_string()) },
         ));
+        // The harness waits for the risk-assessor and the scheduler; these answer too.
+        for service in [
+            messages::ServiceName::Confirmation,
+            messages::ServiceName::WorkspaceStore,
+            messages::ServiceName::BrowserRouter,
+        ] {
+            browser.ready(service).await;
+        }
+        browser
     }
 
     async fn ready(&mut self, service: messages::ServiceName) {
         let status = self.client.status();
         let what = format!("{service} to answer");
-        test_support::until_up(&what, BOUND, &mut self.tasks, || {
+        crate::until_up(&what, BOUND, &mut self.tasks, || {
             let status = status.clone();
             async move {
                 let found = status.ping(Some(service), Duration::from_millis(200)).await;
@@ -165,21 +166,22 @@ impl Mesh {
         .await;
     }
 
-    /// Stops every service; each must end cleanly.
-    pub async fn stop(mut self) {
+    /// Stops the router, then every other service; each must end cleanly.
+    pub async fn stop(self) {
         self.stop.cancel();
-        for task in std::mem::take(&mut self.tasks) {
+        for task in self.tasks {
             let ended = tokio::time::timeout(BOUND, task).await;
             ended
-                .expect("a service stops in time")
+                .expect("the router stops in time")
                 .expect("its task")
-                .expect("a service ends cleanly");
+                .expect("the router ends cleanly");
         }
+        self.mesh.shutdown().await;
     }
 
     /// A client connected as `tenant`'s agent (through the server's service imports).
     pub async fn agent(&self, tenant: &str) -> MeshClient {
-        let connection = test_support::connect(&self.nats.agent_url(tenant)).await;
+        let connection = crate::connect(&self.mesh.nats.agent_url(tenant)).await;
         MeshClient::new(connection, Subjects::default()).with_timeout(BOUND)
     }
 

@@ -18,7 +18,7 @@ pub async fn image() -> String {
     static IMAGE: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
     IMAGE
         .get_or_init(|| async {
-            test_support::require_docker();
+            crate::require_docker();
             docker_executor::image::ensure()
                 .await
                 .unwrap_or_else(|e| panic!("building the sandbox image: {e}"))
@@ -92,7 +92,7 @@ impl Nodes {
             },
         );
         let subject = Subjects::default().executor_node(&node, ExecutorOp::Close);
-        test_support::eventually(&format!("executor {node}"), WAIT, || {
+        crate::eventually(&format!("executor {node}"), WAIT, || {
             let (client, subject) = (client.clone(), subject.clone());
             async move {
                 let probe = ExecutorClose {

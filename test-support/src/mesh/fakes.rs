@@ -276,7 +276,7 @@ impl FakeExecutor {
             .await
             .unwrap();
         let key = format!("docker-executor.{node}");
-        test_support::eventually("the first heartbeat", WAIT, || {
+        crate::eventually("the first heartbeat", WAIT, || {
             let (kv, key) = (kv.clone(), key.clone());
             async move { kv.get(key).await.ok().flatten() }
         })
