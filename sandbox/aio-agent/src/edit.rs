@@ -115,6 +115,8 @@ pub struct StrReplaceEditorRequest {
     pub replace_mode: Option<String>,
 }
 
+/// On failure too (`error` set, `success: false`): the SDK reads this route's `data` as this
+/// type only, never as `FileOperationError`, whose `error_type` is added beside it.
 #[derive(Debug, Serialize)]
 pub struct StrReplaceEditorResult {
     pub output: String,
@@ -123,6 +125,8 @@ pub struct StrReplaceEditorResult {
     pub prev_exist: bool,
     pub old_content: Option<String>,
     pub new_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<&'static str>,
 }
 
 /// The tools, and the undo history `str_replace_editor` keeps (in memory: an agent's edits
@@ -242,6 +246,7 @@ impl Editor {
                 prev_exist,
                 old_content: old,
                 new_content: new,
+                error_type: None,
             };
         match req.command {
             EditorCommand::View => {
@@ -402,6 +407,7 @@ impl Editor {
             prev_exist: true,
             old_content: None,
             new_content: None,
+            error_type: None,
         }
     }
 }

@@ -93,11 +93,7 @@ pub async fn handle(agent: Arc<Agent>, peer: SocketAddr, req: Request<Incoming>)
         }
         (Method::POST, "/v1/file/str_replace_editor") => {
             match body_json::<edit::StrReplaceEditorRequest>(&agent, req).await {
-                Ok(r) => file_reply(
-                    &r.path,
-                    "str_replace_editor",
-                    agent.editor.str_replace_editor(&r),
-                ),
+                Ok(r) => editor_reply(&agent, &r),
                 Err(reply) => reply,
             }
         }
@@ -337,6 +333,39 @@ fn file_reply<T: Serialize>(path: &str, op: &'static str, result: Result<T, File
                 &Envelope {
                     success: false,
                     message: data.message.clone(),
+                    data: Some(data),
+                    hint: None,
+                },
+            )
+        }
+    }
+}
+
+/// `/v1/file/str_replace_editor`'s answer: a failure is a `StrReplaceEditorResult` with
+/// `error` set (the SDK parses no other type here).
+fn editor_reply(agent: &Agent, req: &edit::StrReplaceEditorRequest) -> Reply {
+    match agent.editor.str_replace_editor(req) {
+        Ok(v) => json(StatusCode::OK, &Envelope::ok(v)),
+        Err(e) => {
+            let failure = e.to_operation_error(&req.path, "str_replace_editor");
+            let prev_exist = agent
+                .workspace
+                .resolve(&req.path)
+                .is_ok_and(|p| p.symlink_metadata().is_ok());
+            let data = edit::StrReplaceEditorResult {
+                output: failure.message.clone(),
+                error: Some(failure.message.clone()),
+                path: req.path.clone(),
+                prev_exist,
+                old_content: None,
+                new_content: None,
+                error_type: Some(failure.error_type),
+            };
+            json(
+                StatusCode::OK,
+                &Envelope {
+                    success: false,
+                    message: failure.message,
                     data: Some(data),
                     hint: None,
                 },
