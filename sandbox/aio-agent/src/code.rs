@@ -59,8 +59,9 @@ pub struct JupyterOutput {
     pub traceback: Option<Vec<String>>,
 }
 
-/// `JupyterExecuteResponse`; `state_lost` is sandmesh's: the session's kernel had died, so
-/// this cell ran in a new one without the earlier state.
+/// `JupyterExecuteResponse`; `state_lost` and `truncated` are sandmesh's: the session's
+/// kernel had died, so this cell ran in a new one without the earlier state; output past the
+/// cap (`AIO_MAX_OUTPUT_BYTES`) was dropped.
 #[derive(Debug, Serialize)]
 pub struct JupyterExecuteResponse {
     pub kernel_name: &'static str,
@@ -71,6 +72,7 @@ pub struct JupyterExecuteResponse {
     pub code: String,
     pub msg_id: Option<String>,
     pub state_lost: bool,
+    pub truncated: bool,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -144,31 +146,29 @@ fn invalid(message: String) -> Reply {
     error(StatusCode::UNPROCESSABLE_ENTITY, message)
 }
 
-fn timeout(agent: &Agent, seconds: Option<f64>) -> Result<Duration, Reply> {
+// The checks below say why they refuse; the handlers answer that with `invalid`.
+
+fn timeout(agent: &Agent, seconds: Option<f64>) -> Result<Duration, String> {
     let s = seconds.unwrap_or(DEFAULT_TIMEOUT_S);
     if !(s.is_finite() && s > 0.0) {
-        return Err(invalid(
-            "timeout must be a positive number of seconds".into(),
-        ));
+        return Err("timeout must be a positive number of seconds".into());
     }
     Ok(Duration::from_secs_f64(s).min(agent.config.max_timeout))
 }
 
-fn cwd(agent: &Agent, requested: Option<&str>) -> Result<PathBuf, Reply> {
+fn cwd(agent: &Agent, requested: Option<&str>) -> Result<PathBuf, String> {
     agent
         .workspace
         .exec_dir(requested)
-        .map_err(|e| invalid(error_chain(&e)))
+        .map_err(|e| error_chain(&e))
 }
 
 /// Only Python kernels here: `python3` or a versioned name (the image has one Python).
-fn python_kernel(name: Option<&str>) -> Result<(), Reply> {
+fn python_kernel(name: Option<&str>) -> Result<(), String> {
     match name {
         None | Some("") => Ok(()),
         Some(n) if n == "python" || n.starts_with("python3") => Ok(()),
-        Some(n) => Err(invalid(format!(
-            "unknown kernel {n:?}: this image has python3"
-        ))),
+        Some(n) => Err(format!("unknown kernel {n:?}: this image has python3")),
     }
 }
 
@@ -265,7 +265,7 @@ pub async fn jupyter_execute(agent: &Agent, req: JupyterExecuteRequest) -> Reply
     });
     let (timeout, cwd) = match prepared {
         Ok(p) => p,
-        Err(reply) => return reply,
+        Err(message) => return invalid(message),
     };
     let cell = match run_cell(
         agent,
@@ -287,6 +287,7 @@ pub async fn jupyter_execute(agent: &Agent, req: JupyterExecuteRequest) -> Reply
         outputs: jupyter_outputs(&cell),
         msg_id: Some(crate::routes::next_id("msg")),
         state_lost: cell.state_lost,
+        truncated: cell.truncated,
         session_id: cell.session_id,
         code: req.code,
     };
@@ -298,7 +299,7 @@ pub async fn jupyter_create(agent: &Agent, req: JupyterCreateSessionRequest) -> 
         .and_then(|()| cwd(agent, req.cwd.as_deref()))
     {
         Ok(c) => c,
-        Err(reply) => return reply,
+        Err(message) => return invalid(message),
     };
     let opened = agent
         .kernels
@@ -381,7 +382,7 @@ pub async fn code_execute(agent: &Agent, req: CodeExecuteRequest) -> Reply {
         timeout(agent, req.timeout).and_then(|t| Ok((t, cwd(agent, req.cwd.as_deref())?)));
     let (timeout, cwd) = match prepared {
         Ok(p) => p,
-        Err(reply) => return reply,
+        Err(message) => return invalid(message),
     };
     let (language, name) = match req.language {
         CodeLanguage::Python => (Language::Python, "python"),
@@ -464,7 +465,7 @@ pub async fn nodejs_execute(agent: &Agent, req: NodeJsExecuteRequest) -> Reply {
         timeout(agent, req.timeout).and_then(|t| Ok((t, cwd(agent, req.cwd.as_deref())?)));
     let (timeout, cwd) = match prepared {
         Ok(p) => p,
-        Err(reply) => return reply,
+        Err(message) => return invalid(message),
     };
     if let Some(files) = &req.files {
         if let Err(message) = write_files(&cwd, files, agent.config.max_body_bytes) {

@@ -624,13 +624,12 @@ impl Kernels {
         let mut list: Vec<_> = self
             .table()
             .iter()
-            .filter_map(|(id, e)| {
-                (e.language == language).then(|| SessionSummary {
-                    id: id.clone(),
-                    language,
-                    last_used: e.last_used_wall,
-                    idle: now.duration_since(e.last_used),
-                })
+            .filter(|(_, e)| e.language == language)
+            .map(|(id, e)| SessionSummary {
+                id: id.clone(),
+                language,
+                last_used: e.last_used_wall,
+                idle: now.duration_since(e.last_used),
             })
             .collect();
         list.sort_by(|a, b| a.id.cmp(&b.id));

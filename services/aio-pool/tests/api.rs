@@ -160,6 +160,7 @@ async fn jupyter_sessions_keep_state_isolate_and_survive_interrupts_and_kills() 
         "{}",
         printed.len()
     );
+    assert_eq!(v["data"]["truncated"], true);
     aio.stop().await;
 }
 
