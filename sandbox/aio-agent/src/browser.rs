@@ -174,7 +174,7 @@ impl Browser {
     }
 
     async fn fetch_version(&self) -> Result<serde_json::Value, BrowserError> {
-        let body = get_local(self.config.port, "/json/version").await?;
+        let body = local_request(self.config.port, "GET", "/json/version").await?;
         serde_json::from_slice(&body).map_err(BrowserError::Json)
     }
 
@@ -184,8 +184,9 @@ impl Browser {
     }
 }
 
-/// A GET to Chromium's debugging port (`Host: 127.0.0.1`, which its Host check accepts).
-pub async fn get_local(port: u16, path: &str) -> Result<Bytes, BrowserError> {
+/// A request to Chromium's debugging port (`Host: 127.0.0.1`, which its Host check
+/// accepts); `PUT` for `/json/new`, which Chromium refuses over `GET`.
+pub async fn local_request(port: u16, method: &str, path: &str) -> Result<Bytes, BrowserError> {
     let stream = TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(http_err)?;
@@ -193,7 +194,9 @@ pub async fn get_local(port: u16, path: &str) -> Result<Bytes, BrowserError> {
         .await
         .map_err(http_err)?;
     tokio::spawn(conn);
-    let req = Request::get(path)
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
         .header(hyper::header::HOST, format!("127.0.0.1:{port}"))
         .body(Empty::<Bytes>::new())
         .map_err(http_err)?;

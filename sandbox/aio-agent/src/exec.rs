@@ -1,7 +1,8 @@
-//! Running one command for `/v1/shell/exec` and `/v1/bash/exec`.
+//! Running one command for `/v1/shell/exec` and `/v1/bash/exec`, and one program for
+//! stateless `/v1/code/execute` and `/v1/nodejs/execute`.
 //!
-//! The command text is written to a script file and run as `bash <file>`, so its length is
-//! not bounded by the kernel's 128 KiB limit on one argument. It runs in its own process
+//! The command text is written to a script file and run as `bash <file>` (or `python3`,
+//! `node`), so its length is not bounded by the kernel's 128 KiB limit on one argument. It runs in its own process
 //! group; when it exits, times out, or the request is dropped, the whole group is killed
 //! (children it left running included). Output past the cap is counted, not kept.
 
@@ -19,17 +20,46 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 /// The API key never reaches the commands' environment.
 pub const API_KEY_VAR: &str = "SANDBOX_API_KEY";
 
+/// Which program runs the script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interpreter {
+    Bash,
+    Python,
+    Node,
+}
+
+impl Interpreter {
+    fn program(self) -> &'static str {
+        match self {
+            Interpreter::Bash => "bash",
+            Interpreter::Python => "python3",
+            Interpreter::Node => "node",
+        }
+    }
+
+    fn extension(self) -> &'static str {
+        match self {
+            Interpreter::Bash => "sh",
+            Interpreter::Python => "py",
+            Interpreter::Node => "js",
+        }
+    }
+}
+
 /// What to run.
 #[derive(Debug)]
 pub struct Command {
+    pub interpreter: Interpreter,
     pub script: String,
     pub cwd: PathBuf,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,
     /// Bytes kept per stream.
     pub cap: usize,
-    /// One stream, as a terminal shows it (`/v1/shell/exec`).
+    /// One stream, as a terminal shows it (`/v1/shell/exec`; bash only).
     pub merge_stderr: bool,
+    /// Given on standard input (else it is empty).
+    pub stdin: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -73,10 +103,12 @@ impl Runner {
 
     pub async fn run(&self, cmd: Command) -> Result<Outcome, ExecError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let path = self
-            .script_dir
-            .join(format!("cmd-{}-{n}.sh", std::process::id()));
-        let script = if cmd.merge_stderr {
+        let path = self.script_dir.join(format!(
+            "cmd-{}-{n}.{}",
+            std::process::id(),
+            cmd.interpreter.extension()
+        ));
+        let script = if cmd.merge_stderr && cmd.interpreter == Interpreter::Bash {
             format!("exec 2>&1\n{}\n", cmd.script)
         } else {
             format!("{}\n", cmd.script)
@@ -107,12 +139,16 @@ impl Drop for GroupGuard {
 }
 
 async fn run_script(path: &Path, cmd: &Command) -> Result<Outcome, ExecError> {
-    let mut child = tokio::process::Command::new("bash")
+    let mut child = tokio::process::Command::new(cmd.interpreter.program())
         .arg(path)
         .current_dir(&cmd.cwd)
         .env_remove(API_KEY_VAR)
         .envs(&cmd.env)
-        .stdin(Stdio::null())
+        .stdin(if cmd.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -120,6 +156,14 @@ async fn run_script(path: &Path, cmd: &Command) -> Result<Outcome, ExecError> {
         .spawn()
         .map_err(ExecError::Spawn)?;
     let guard = GroupGuard(child.id().map(|id| Pid::from_raw(id as i32)));
+    if let (Some(mut pipe), Some(input)) = (child.stdin.take(), cmd.stdin.clone()) {
+        // A program that does not read its input must not block the answer.
+        tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut pipe, &input)
+                .await
+                .ok();
+        });
+    }
     let stdout = Capped::new(cmd.cap);
     let stderr = Capped::new(cmd.cap);
     let readers = [
@@ -195,12 +239,14 @@ mod tests {
 
     fn command(script: &str) -> Command {
         Command {
+            interpreter: Interpreter::Bash,
             script: script.into(),
             cwd: std::env::temp_dir(),
             env: BTreeMap::new(),
             timeout: Duration::from_secs(10),
             cap: 1024,
             merge_stderr: false,
+            stdin: None,
         }
     }
 
@@ -229,6 +275,24 @@ mod tests {
         let out = runner.run(cmd).await.unwrap();
         assert_eq!(out.stdout, b"a\nb\n");
         assert!(out.stderr.is_empty());
+    }
+
+    #[tokio::test]
+    async fn runs_python_and_node_programs_with_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = Runner::new(dir.path().into());
+        let mut cmd = command("import sys; print(sys.stdin.read().upper())");
+        cmd.interpreter = Interpreter::Python;
+        cmd.stdin = Some(b"abc".to_vec());
+        let out = runner.run(cmd).await.unwrap();
+        assert_eq!(out.stdout, b"ABC\n");
+        let mut cmd = command("console.log(6 * 7); process.exit(2)");
+        cmd.interpreter = Interpreter::Node;
+        let out = runner.run(cmd).await.unwrap();
+        assert_eq!(
+            (out.stdout.as_slice(), out.exit_code),
+            (&b"42\n"[..], Some(2))
+        );
     }
 
     #[tokio::test]

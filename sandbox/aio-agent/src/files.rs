@@ -40,6 +40,10 @@ pub enum FileError {
     Base64(#[source] base64::DecodeError),
     #[error("{path} is {size} bytes, more than {limit} can be read in one answer")]
     TooLarge { path: String, size: u64, limit: u64 },
+    #[error(transparent)]
+    Edit(#[from] crate::edit::EditError),
+    #[error("{path} is not a directory")]
+    NotDirectory { path: String },
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -66,9 +70,15 @@ pub struct FileOperationError {
 impl FileError {
     pub fn to_operation_error(&self, path: &str, operation: &'static str) -> FileOperationError {
         let (error_type, errno) = match self {
-            FileError::Nul | FileError::TooLong | FileError::Parent(_) | FileError::Base64(_) => {
-                ("invalid_argument", None)
-            }
+            FileError::Nul
+            | FileError::TooLong
+            | FileError::Parent(_)
+            | FileError::Base64(_)
+            | FileError::NotDirectory { .. } => ("invalid_argument", None),
+            FileError::Edit(crate::edit::EditError::NotText(_)) => ("not_text", None),
+            FileError::Edit(crate::edit::EditError::Exists(_)) => ("already_exists", None),
+            FileError::Edit(crate::edit::EditError::Directory(_)) => ("is_directory", None),
+            FileError::Edit(_) => ("invalid_argument", None),
             FileError::Outside { .. } | FileError::Symlink(_) => ("permission_denied", None),
             FileError::TooLarge { .. } => ("too_large", None),
             FileError::Io { source, .. } => (
@@ -181,12 +191,28 @@ impl Workspace {
         Ok(path)
     }
 
-    /// The working directory for a command: the workspace unless the request names another
-    /// directory inside it.
+    /// The working directory for a command or kernel: the workspace, a directory relative to
+    /// it (checked like a file path), or any existing absolute directory, as upstream
+    /// allows. The file calls' confinement is API hygiene; a command's working directory
+    /// grants nothing its own `cd` could not.
     pub fn exec_dir(&self, requested: Option<&str>) -> Result<PathBuf, FileError> {
-        match requested {
-            None => Ok(self.root.clone()),
-            Some(dir) => self.resolve(dir),
+        let dir = match requested {
+            None | Some("") => return Ok(self.root.clone()),
+            Some(dir) if dir.contains('\0') => return Err(FileError::Nul),
+            Some(dir) if dir.len() > MAX_PATH => return Err(FileError::TooLong),
+            Some(dir) if Path::new(dir).is_absolute() => PathBuf::from(dir),
+            Some(dir) => self.resolve(dir)?,
+        };
+        match std::fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => Ok(dir),
+            Ok(_) => Err(FileError::NotDirectory {
+                path: dir.display().to_string(),
+            }),
+            Err(source) => Err(FileError::Io {
+                op: "open directory",
+                path: dir.display().to_string(),
+                source,
+            }),
         }
     }
 
@@ -503,6 +529,28 @@ mod tests {
             ws.resolve(&sibling),
             Err(FileError::Outside { .. })
         ));
+    }
+
+    #[test]
+    fn commands_may_run_in_any_existing_absolute_directory() {
+        let (_d, ws) = workspace();
+        std::fs::create_dir(ws.root().join("sub")).unwrap();
+        assert_eq!(ws.exec_dir(None).unwrap(), ws.root());
+        assert_eq!(ws.exec_dir(Some("sub")).unwrap(), ws.root().join("sub"));
+        assert_eq!(ws.exec_dir(Some("/etc")).unwrap(), Path::new("/etc"));
+        assert!(matches!(
+            ws.exec_dir(Some("../x")),
+            Err(FileError::Parent(_))
+        ));
+        assert!(matches!(
+            ws.exec_dir(Some("/etc/passwd")),
+            Err(FileError::NotDirectory { .. })
+        ));
+        assert!(matches!(
+            ws.exec_dir(Some("/nonexistent")),
+            Err(FileError::Io { .. })
+        ));
+        assert!(matches!(ws.exec_dir(Some("/tmp\0x")), Err(FileError::Nul)));
     }
 
     #[test]

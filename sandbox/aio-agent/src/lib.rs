@@ -9,8 +9,11 @@
 //! | `GET /v1/sandbox` | health and info (`SandboxResponse`) |
 //! | `POST /v1/shell/exec`, `POST /v1/bash/exec` | run a command (timeout, cwd, output cap) |
 //! | `POST /v1/file/{read,write,list,upload}`, `GET /v1/file/download` | workspace files |
+//! | `POST /v1/file/{replace,search,find,str_replace_editor}` | text tools ([`edit`]) |
+//! | `/v1/jupyter/*`, `/v1/code/*`, `POST /v1/nodejs/execute` | code; stateful sessions keep a kernel ([`kernel`], [`code`]) |
 //! | `GET /v1/browser/info` | the CDP URL (starts Chromium on first use) |
-//! | `GET /json/version`, `/json/list` | Chromium's discovery, URLs rewritten to this agent |
+//! | `GET /v1/browser/screenshot`, `/v1/browser/page/*` | the current page over CDP ([`page`]) |
+//! | `GET /json/version` (and `/json/version/`), `/json/list` | Chromium's discovery, URLs rewritten to this agent |
 //! | `GET /devtools/...` (WebSocket) | relayed to Chromium on 127.0.0.1 |
 //!
 //! Every request needs the instance's API key (`SANDBOX_API_KEY`) as `X-AIO-API-Key`,
@@ -19,13 +22,19 @@
 //! instance's own processes can come from there, and they already share its user (the
 //! image turns it on so code in the instance can use its browser).
 //!
-//! Commands are serialised: one at a time per agent (upstream corrupts a shell session under
-//! concurrent calls; the pool serialises too, this guards direct callers).
+//! Commands and kernel cells are serialised: one at a time per agent (upstream corrupts a
+//! shell session under concurrent calls; the pool serialises too, this guards direct
+//! callers). Page actions are serialised among themselves.
 
 pub mod api;
 pub mod browser;
+pub mod cdp;
+pub mod code;
+pub mod edit;
 pub mod exec;
 pub mod files;
+pub mod kernel;
+pub mod page;
 mod routes;
 
 use std::net::SocketAddr;
@@ -53,25 +62,42 @@ pub struct AgentConfig {
     pub max_timeout: Duration,
     pub trust_loopback: bool,
     pub browser: BrowserConfig,
+    /// Most kernel sessions at once (the least recently used idle one makes room).
+    pub max_sessions: usize,
+    /// A session unused this long is closed.
+    pub session_idle: Duration,
 }
 
 /// Shared by all connections.
 pub struct Agent {
     config: AgentConfig,
     workspace: files::Workspace,
+    editor: edit::Editor,
     runner: exec::Runner,
-    /// Held for the whole of a command: commands run one at a time.
+    kernels: kernel::Kernels,
+    /// Held for the whole of a command or cell: they run one at a time.
     exec_lock: tokio::sync::Mutex<()>,
     browser: browser::Browser,
+    /// Held for the whole of a page action, so two never interleave on one page.
+    page_lock: tokio::sync::Mutex<()>,
 }
 
 impl Agent {
     pub fn new(config: AgentConfig) -> std::io::Result<Self> {
         let workspace = files::Workspace::new(&config.workspace, config.max_body_bytes as u64)?;
+        let kernels = kernel::Kernels::new(kernel::KernelConfig {
+            workspace: workspace.root().to_path_buf(),
+            max_output_bytes: config.max_output_bytes,
+            max_sessions: config.max_sessions,
+            idle_timeout: config.session_idle,
+        });
         Ok(Self {
             runner: exec::Runner::new(config.script_dir.clone()),
             browser: browser::Browser::new(config.browser.clone()),
             exec_lock: tokio::sync::Mutex::new(()),
+            page_lock: tokio::sync::Mutex::new(()),
+            editor: edit::Editor::new(workspace.clone()),
+            kernels,
             workspace,
             config,
         })

@@ -4,7 +4,8 @@
 //! `SANDBOX_API_KEY` (required), `SANDBOX_SRV_PORT` (8080; 0 picks a free port),
 //! `AIO_BIND_ADDR` (0.0.0.0), `WORKSPACE` (else `HOME`), `AIO_MAX_BODY_BYTES` (16 MiB),
 //! `AIO_MAX_OUTPUT_BYTES` (1 MiB per stream), `AIO_DEFAULT_TIMEOUT_S` (60),
-//! `AIO_MAX_TIMEOUT_S` (600), `AIO_TRUST_LOOPBACK` (0), `CHROMIUM_BIN` (chromium),
+//! `AIO_MAX_TIMEOUT_S` (600), `AIO_TRUST_LOOPBACK` (0), `AIO_MAX_SESSIONS` (16 kernel
+//! sessions), `AIO_SESSION_IDLE_S` (1800, upstream's), `CHROMIUM_BIN` (chromium),
 //! `CHROMIUM_PORT` (9222), `BROWSER_EXTRA_ARGS` (space separated).
 //!
 //! Prints `listening on <addr>` on stdout once it accepts connections. Exit code 64 on bad
@@ -34,6 +35,11 @@ fn config() -> Result<(AgentConfig, SocketAddr), Vec<String>> {
     let default_timeout = number(&mut problems, "AIO_DEFAULT_TIMEOUT_S", 60);
     let max_timeout = number(&mut problems, "AIO_MAX_TIMEOUT_S", 600);
     let chromium_port = number(&mut problems, "CHROMIUM_PORT", 9222);
+    let max_sessions = number(&mut problems, "AIO_MAX_SESSIONS", 16);
+    let session_idle = number(&mut problems, "AIO_SESSION_IDLE_S", 1800);
+    if max_sessions == 0 {
+        problems.push("AIO_MAX_SESSIONS must be at least 1".into());
+    }
     let api_key = var("SANDBOX_API_KEY").unwrap_or_else(|| {
         problems.push("SANDBOX_API_KEY is required (every request must carry it)".into());
         String::new()
@@ -77,6 +83,8 @@ fn config() -> Result<(AgentConfig, SocketAddr), Vec<String>> {
         default_timeout: Duration::from_secs(default_timeout),
         max_timeout: Duration::from_secs(max_timeout),
         trust_loopback,
+        max_sessions: max_sessions as usize,
+        session_idle: Duration::from_secs(session_idle),
         browser: BrowserConfig {
             bin: var("CHROMIUM_BIN")
                 .unwrap_or_else(|| "chromium".into())

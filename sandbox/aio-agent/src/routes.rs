@@ -16,11 +16,13 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 
 use crate::api::{self, Envelope};
-use crate::exec::{Command, Outcome};
+use crate::exec::{Command, Interpreter, Outcome};
 use crate::files::{error_chain, FileError};
+use crate::kernel::Language;
+use crate::{code, edit, page};
 use crate::{trusted_peer, Agent};
 
-type Reply = Response<Full<Bytes>>;
+pub(crate) type Reply = Response<Full<Bytes>>;
 
 /// Upstream's header for the key.
 pub const API_KEY_HEADER: &str = "x-aio-api-key";
@@ -30,7 +32,7 @@ const SHELL_TRUNCATE_CHARS: usize = 30_000;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-fn next_id(prefix: &str) -> String {
+pub(crate) fn next_id(prefix: &str) -> String {
     format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed))
 }
 
@@ -39,6 +41,10 @@ pub async fn handle(agent: Arc<Agent>, peer: SocketAddr, req: Request<Incoming>)
         return error(StatusCode::UNAUTHORIZED, "missing or wrong API key".into());
     }
     let path = req.uri().path().to_string();
+    if let Some(action) = path.strip_prefix("/v1/browser/page/") {
+        let action = action.to_string();
+        return page_route(&agent, &action, req).await;
+    }
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/v1/sandbox") => json(StatusCode::OK, &sandbox_info(&agent)),
         (Method::POST, "/v1/shell/exec") => match body_json(&agent, req).await {
@@ -67,17 +73,140 @@ pub async fn handle(agent: Arc<Agent>, peer: SocketAddr, req: Request<Incoming>)
                 Err(reply) => reply,
             }
         }
+        (Method::POST, "/v1/file/replace") => {
+            match body_json::<edit::FileReplaceRequest>(&agent, req).await {
+                Ok(r) => file_reply(&r.file, "replace", agent.editor.replace(&r)),
+                Err(reply) => reply,
+            }
+        }
+        (Method::POST, "/v1/file/search") => {
+            match body_json::<edit::FileSearchRequest>(&agent, req).await {
+                Ok(r) => file_reply(&r.file, "search", agent.editor.search(&r)),
+                Err(reply) => reply,
+            }
+        }
+        (Method::POST, "/v1/file/find") => {
+            match body_json::<edit::FileFindRequest>(&agent, req).await {
+                Ok(r) => file_reply(&r.path, "find", agent.editor.find(&r)),
+                Err(reply) => reply,
+            }
+        }
+        (Method::POST, "/v1/file/str_replace_editor") => {
+            match body_json::<edit::StrReplaceEditorRequest>(&agent, req).await {
+                Ok(r) => editor_reply(&agent, &r),
+                Err(reply) => reply,
+            }
+        }
         (Method::POST, "/v1/file/upload") => upload(&agent, req).await,
         (Method::GET, "/v1/file/download") => download(&agent, &req),
-        (Method::GET, "/v1/browser/info") => browser_info(&agent, &req).await,
-        (Method::GET, "/json/version" | "/json/list" | "/json" | "/cdp/json/version") => {
-            devtools_json(&agent, &req).await
+        (Method::POST, "/v1/jupyter/execute") => match body_json(&agent, req).await {
+            Ok(r) => code::jupyter_execute(&agent, r).await,
+            Err(reply) => reply,
+        },
+        (Method::POST, "/v1/jupyter/sessions/create") => match body_json(&agent, req).await {
+            Ok(r) => code::jupyter_create(&agent, r).await,
+            Err(reply) => reply,
+        },
+        (Method::GET, "/v1/jupyter/info") => code::jupyter_info(&agent),
+        (Method::GET, "/v1/jupyter/sessions") => code::sessions(&agent, Language::Python),
+        (Method::DELETE, "/v1/jupyter/sessions") => code::close_sessions(&agent, Language::Python),
+        (Method::DELETE, p) if p.starts_with("/v1/jupyter/sessions/") => {
+            let id = percent_decode(&p["/v1/jupyter/sessions/".len()..]);
+            code::close_session(&agent, Language::Python, &id)
         }
+        (Method::POST, "/v1/code/execute") => match body_json(&agent, req).await {
+            Ok(r) => code::code_execute(&agent, r).await,
+            Err(reply) => reply,
+        },
+        (Method::GET, "/v1/code/info") => code::code_info(&agent),
+        (Method::POST, "/v1/nodejs/execute") => match body_json(&agent, req).await {
+            Ok(r) => code::nodejs_execute(&agent, r).await,
+            Err(reply) => reply,
+        },
+        (Method::GET, "/v1/browser/info") => browser_info(&agent, &req).await,
+        (Method::GET, "/v1/browser/screenshot") => screenshot(&agent, &req, false).await,
+        // `/json/version/`: Playwright's `connect_over_cdp(http_url)` asks with the slash.
+        (
+            Method::GET,
+            "/json/version" | "/json/version/" | "/json/list" | "/json" | "/cdp/json/version",
+        ) => devtools_json(&agent, &req).await,
         (Method::GET, p) if p.starts_with("/devtools/") => relay(&agent, req).await,
         _ => error(
             StatusCode::NOT_FOUND,
             format!("no route {} {path}", req.method()),
         ),
+    }
+}
+
+/// `?format=png|jpg|jpeg&quality=0..100` (and `full_page=true` where the page route
+/// takes it).
+async fn screenshot(agent: &Agent, req: &Request<Incoming>, page_route: bool) -> Reply {
+    let format = query_param(req, "format").unwrap_or_else(|| "png".into());
+    let full_page = page_route && query_param(req, "full_page").is_some_and(|v| v == "true");
+    let quality = match query_param(req, "quality").map(|q| q.parse::<u8>()) {
+        None => None,
+        Some(Ok(q)) if q <= 100 => Some(q),
+        Some(_) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "quality must be 0 to 100".into(),
+            )
+        }
+    };
+    page::screenshot(agent, &format, quality, full_page).await
+}
+
+/// `/v1/browser/page/<action>`.
+async fn page_route(agent: &Agent, action: &str, req: Request<Incoming>) -> Reply {
+    use page::Action;
+    async fn body<T: DeserializeOwned>(
+        agent: &Agent,
+        req: Request<Incoming>,
+        wrap: impl FnOnce(T) -> Action,
+    ) -> Result<Action, Reply> {
+        body_json(agent, req).await.map(wrap)
+    }
+    let method = req.method().clone();
+    let action = match (method, action) {
+        (Method::GET, "screenshot") => return screenshot(agent, &req, true).await,
+        (Method::GET, "html") => Ok(Action::Html),
+        (Method::GET, "text") => Ok(Action::Text),
+        (Method::GET, "elements") => Ok(Action::Elements),
+        (Method::POST, "back") => Ok(Action::Back),
+        (Method::POST, "forward") => Ok(Action::Forward),
+        (Method::POST, "reload") => Ok(Action::Reload),
+        (Method::POST, "navigate") => body(agent, req, Action::Navigate).await,
+        (Method::POST, "click") => body(agent, req, Action::Click).await,
+        (Method::POST, "fill") => body(agent, req, Action::Fill).await,
+        (Method::POST, "type") => body(agent, req, Action::Type).await,
+        (Method::POST, "press_key") => body(agent, req, Action::PressKey).await,
+        (Method::POST, "hot_key") => body(agent, req, Action::HotKey).await,
+        (Method::POST, "hover") => body(agent, req, Action::Hover).await,
+        (Method::POST, "select_option") => body(agent, req, Action::SelectOption).await,
+        (Method::POST, "check") => body(agent, req, |r| Action::Check(r, true)).await,
+        (Method::POST, "uncheck") => body(agent, req, |r| Action::Check(r, false)).await,
+        (Method::POST, "scroll") => body(agent, req, Action::Scroll).await,
+        (Method::POST, "scroll_to") => body(agent, req, Action::ScrollTo).await,
+        (Method::POST, "scroll_to_element") => body(agent, req, Action::ScrollToElement).await,
+        (Method::POST, "evaluate") => body(agent, req, Action::Evaluate).await,
+        (Method::POST, "find_text") => body(agent, req, Action::FindText).await,
+        (Method::POST, "wait") => body(agent, req, Action::Wait).await,
+        (_, "record" | "markdown" | "console" | "console/export" | "upload_file" | "fill_form") => {
+            return error(
+                StatusCode::NOT_IMPLEMENTED,
+                format!("/v1/browser/page/{action} is not served by the sandmesh AIO image"),
+            )
+        }
+        (m, _) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("no route {m} /v1/browser/page/{action}"),
+            )
+        }
+    };
+    match action {
+        Ok(action) => page::act(agent, action).await,
+        Err(reply) => reply,
     }
 }
 
@@ -138,7 +267,7 @@ fn percent_decode(s: &str) -> String {
 
 // === bodies and answers ===
 
-fn json<T: Serialize>(status: StatusCode, value: &T) -> Reply {
+pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Reply {
     let body = serde_json::to_vec(value).unwrap_or_else(|e| {
         format!(r#"{{"success":false,"message":"encoding the answer: {e}"}}"#).into_bytes()
     });
@@ -149,7 +278,7 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Reply {
     res
 }
 
-fn error(status: StatusCode, message: String) -> Reply {
+pub(crate) fn error(status: StatusCode, message: String) -> Reply {
     json(status, &Envelope::error(message))
 }
 
@@ -204,6 +333,39 @@ fn file_reply<T: Serialize>(path: &str, op: &'static str, result: Result<T, File
                 &Envelope {
                     success: false,
                     message: data.message.clone(),
+                    data: Some(data),
+                    hint: None,
+                },
+            )
+        }
+    }
+}
+
+/// `/v1/file/str_replace_editor`'s answer: a failure is a `StrReplaceEditorResult` with
+/// `error` set (the SDK parses no other type here).
+fn editor_reply(agent: &Agent, req: &edit::StrReplaceEditorRequest) -> Reply {
+    match agent.editor.str_replace_editor(req) {
+        Ok(v) => json(StatusCode::OK, &Envelope::ok(v)),
+        Err(e) => {
+            let failure = e.to_operation_error(&req.path, "str_replace_editor");
+            let prev_exist = agent
+                .workspace
+                .resolve(&req.path)
+                .is_ok_and(|p| p.symlink_metadata().is_ok());
+            let data = edit::StrReplaceEditorResult {
+                output: failure.message.clone(),
+                error: Some(failure.message.clone()),
+                path: req.path.clone(),
+                prev_exist,
+                old_content: None,
+                new_content: None,
+                error_type: Some(failure.error_type),
+            };
+            json(
+                StatusCode::OK,
+                &Envelope {
+                    success: false,
+                    message: failure.message,
                     data: Some(data),
                     hint: None,
                 },
@@ -272,7 +434,7 @@ fn timeout_of(agent: &Agent, hard: Option<f64>, soft: Option<f64>) -> Option<Dur
     }
 }
 
-async fn run(agent: &Agent, cmd: Command) -> Result<Outcome, Reply> {
+pub(crate) async fn run(agent: &Agent, cmd: Command) -> Result<Outcome, Reply> {
     let _one_at_a_time = agent.exec_lock.lock().await;
     agent.runner.run(cmd).await.map_err(|e| {
         error(
@@ -317,12 +479,14 @@ async fn shell_exec(agent: &Agent, req: api::ShellExecRequest) -> Reply {
         Err(message) => return error(StatusCode::UNPROCESSABLE_ENTITY, message),
     };
     let cmd = Command {
+        interpreter: Interpreter::Bash,
         script: req.command.clone(),
         cwd: cwd.clone(),
         env: Default::default(),
         timeout,
         cap: agent.config.max_output_bytes,
         merge_stderr: true,
+        stdin: None,
     };
     let out = match run(agent, cmd).await {
         Ok(o) => o,
@@ -364,12 +528,14 @@ async fn bash_exec(agent: &Agent, req: api::BashExecRequest) -> Reply {
         Err(message) => return error(StatusCode::UNPROCESSABLE_ENTITY, message),
     };
     let cmd = Command {
+        interpreter: Interpreter::Bash,
         script: req.command.clone(),
         cwd,
         env: req.env.unwrap_or_default(),
         timeout,
         cap: agent.config.max_output_bytes,
         merge_stderr: false,
+        stdin: None,
     };
     let out = match run(agent, cmd).await {
         Ok(o) => o,
@@ -511,10 +677,10 @@ async fn devtools_json(agent: &Agent, req: &Request<Incoming>) -> Reply {
         return browser_error(e);
     }
     let path = match req.uri().path() {
-        "/cdp/json/version" => "/json/version",
+        "/cdp/json/version" | "/json/version/" => "/json/version",
         p => p,
     };
-    match crate::browser::get_local(agent.browser.port(), path).await {
+    match crate::browser::local_request(agent.browser.port(), "GET", path).await {
         Ok(body) => {
             let text = String::from_utf8_lossy(&body);
             let rewritten = rewrite_ws_urls(&text, agent.browser.port(), &public_host(req));

@@ -318,13 +318,27 @@ async fn paths_outside_the_workspace_are_refused() {
     )
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    let (status, _) = call(
+    // A command's working directory may be any existing absolute directory (as upstream);
+    // a relative one still may not climb out.
+    let (status, v) = call(
         a,
         "/v1/bash/exec",
-        json!({"command": "true", "exec_dir": "/etc"}),
+        json!({"command": "pwd", "exec_dir": "/etc"}),
     )
     .await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        (status, &v["data"]["stdout"]),
+        (StatusCode::OK, &json!("/etc\n"))
+    );
+    for dir in ["../..", "/nonexistent"] {
+        let (status, _) = call(
+            a,
+            "/v1/bash/exec",
+            json!({"command": "true", "exec_dir": dir}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{dir}");
+    }
 }
 
 #[tokio::test]
@@ -363,6 +377,14 @@ async fn oversized_and_malformed_bodies_get_clear_errors() {
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(String::from_utf8_lossy(&bytes).contains("browser unavailable"));
+    for (method, path) in [
+        ("GET", "/v1/browser/screenshot"),
+        ("GET", "/json/version/"),
+        ("GET", "/v1/browser/page/text"),
+    ] {
+        let (status, _) = send(a, method, path, &[("x-aio-api-key", KEY)], vec![]).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+    }
 }
 
 #[test]

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod instance;
+
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;

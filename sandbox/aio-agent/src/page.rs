@@ -1,0 +1,702 @@
+//! `/v1/browser/page/*` and `/v1/browser/screenshot`: actions on the instance's current page
+//! over CDP ([`crate::cdp`]), one at a time. Elements are found by CSS selector or by the
+//! index `/v1/browser/page/elements` lists (visible interactive elements, in document
+//! order); values reach the page as JSON literals, never spliced into script text.
+//!
+//! Not served (501, said so): `record`, `console`, `console/export`, `markdown`,
+//! `upload_file` and `fill_form` — they need a recorder, a console listener kept between
+//! calls, a converter or the file chooser, none of which this image has yet.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::Envelope;
+use crate::cdp::{CdpError, Page};
+use crate::files::error_chain;
+use crate::routes::{error, json, Reply};
+use crate::Agent;
+
+/// Bound of one CDP command (a navigation's wait has its own, from the request).
+const COMMAND_LIMIT: Duration = Duration::from_secs(30);
+/// How often waits look again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// The visible interactive elements, the same list for `elements` and for `index`.
+const ELEMENTS_JS: &str = r#"(() => [...document.querySelectorAll(
+  "a[href],button,input,select,textarea,summary,[role=button],[role=link],[role=checkbox],[onclick],[contenteditable=''],[contenteditable=true]"
+)].filter((e) => { const r = e.getBoundingClientRect(); const s = getComputedStyle(e);
+  return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; }))()"#;
+
+#[derive(Debug, Deserialize)]
+pub struct NavigateRequest {
+    pub url: String,
+    #[serde(default)]
+    pub wait_until: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<f64>,
+}
+
+/// Any request naming an element: by `selector` or by `index`, or a point.
+#[derive(Debug, Deserialize, Default)]
+pub struct Target {
+    #[serde(default)]
+    pub selector: Option<String>,
+    #[serde(default)]
+    pub index: Option<u32>,
+    #[serde(default)]
+    pub x: Option<f64>,
+    #[serde(default)]
+    pub y: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ClickRequest {
+    #[serde(flatten)]
+    pub target: Target,
+    #[serde(default)]
+    pub button: Option<String>,
+    #[serde(default)]
+    pub click_count: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FillRequest {
+    #[serde(flatten)]
+    pub target: Target,
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TextRequest {
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct KeyRequest {
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HotKeyRequest {
+    pub keys: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SelectOptionRequest {
+    pub selector: String,
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default)]
+    pub index: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SelectorRequest {
+    pub selector: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ScrollRequest {
+    #[serde(default)]
+    pub direction: Option<String>,
+    #[serde(default)]
+    pub amount: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ScrollToRequest {
+    #[serde(default)]
+    pub x: i64,
+    #[serde(default)]
+    pub y: i64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EvaluateRequest {
+    pub expression: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FindTextRequest {
+    pub keyword: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WaitRequest {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub selector: Option<String>,
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub url_pattern: Option<String>,
+    #[serde(default)]
+    pub expression: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<f64>,
+}
+
+/// Why an action failed, and the status it is answered with.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    #[error(transparent)]
+    Cdp(#[from] CdpError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no element matches {0}")]
+    NoElement(String),
+    #[error("navigation failed: {0}")]
+    Navigation(String),
+    #[error("waited {0:?} in vain")]
+    WaitTimeout(Duration),
+}
+
+impl PageError {
+    fn status(&self) -> StatusCode {
+        match self {
+            PageError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            PageError::NoElement(_) => StatusCode::NOT_FOUND,
+            PageError::Navigation(_) => StatusCode::BAD_GATEWAY,
+            PageError::WaitTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            PageError::Cdp(CdpError::Script(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+            PageError::Cdp(CdpError::Browser(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            PageError::Cdp(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+fn js(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("a string encodes")
+}
+
+/// The page, after making sure Chromium runs; calls hold the agent's page lock.
+async fn page(agent: &Agent) -> Result<Page, PageError> {
+    agent.browser.version().await.map_err(CdpError::from)?;
+    Ok(Page::connect(agent.browser.port(), COMMAND_LIMIT).await?)
+}
+
+fn seconds(value: Option<f64>, default: f64, max: Duration) -> Result<Duration, PageError> {
+    let s = value.unwrap_or(default);
+    if !(s.is_finite() && s >= 0.0) {
+        return Err(PageError::Invalid(
+            "timeout must be a non-negative number of seconds".into(),
+        ));
+    }
+    Ok(Duration::from_secs_f64(s).min(max))
+}
+
+/// Polls `expression` until it is truthy or `limit` passes.
+async fn wait_for(page: &mut Page, expression: &str, limit: Duration) -> Result<Value, PageError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        // A navigation in progress destroys the context: that is "not yet", not a failure.
+        match page.evaluate(expression).await {
+            Ok(v) if !v.is_null() && v != false && v != 0 && v != "" => return Ok(v),
+            Ok(_) | Err(CdpError::Script(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PageError::WaitTimeout(limit));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn wait_loaded(page: &mut Page, wait_until: &str, limit: Duration) -> Result<(), PageError> {
+    let expression = match wait_until {
+        "commit" => return Ok(()),
+        "domcontentloaded" => "document.readyState !== 'loading'",
+        _ => "document.readyState === 'complete'",
+    };
+    wait_for(page, expression, limit).await.map(|_| ())
+}
+
+async fn location(page: &mut Page) -> Result<Value, PageError> {
+    Ok(page
+        .evaluate("({url: location.href, title: document.title})")
+        .await?)
+}
+
+/// Finds the element (scrolled into view) and returns the centre of its box.
+async fn element_point(page: &mut Page, target: &Target) -> Result<(f64, f64), PageError> {
+    if let (Some(x), Some(y)) = (target.x, target.y) {
+        return Ok((x, y));
+    }
+    let point = page
+        .evaluate(&format!(
+            "(() => {{ const el = {}; if (!el) return null; el.scrollIntoView({{block: 'center'}}); \
+             const r = el.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()",
+            element_js(target)?
+        ))
+        .await?;
+    match (point[0].as_f64(), point[1].as_f64()) {
+        (Some(x), Some(y)) => Ok((x, y)),
+        _ => Err(PageError::NoElement(describe(target))),
+    }
+}
+
+/// A JS expression for the element `target` names (or `null`).
+fn element_js(target: &Target) -> Result<String, PageError> {
+    match (&target.selector, target.index) {
+        (Some(selector), _) => Ok(format!("document.querySelector({})", js(selector))),
+        (None, Some(index)) => Ok(format!("(({ELEMENTS_JS})[{index}] || null)")),
+        (None, None) => Err(PageError::Invalid(
+            "name the element by selector or index (or give x and y)".into(),
+        )),
+    }
+}
+
+fn describe(target: &Target) -> String {
+    match (&target.selector, target.index) {
+        (Some(s), _) => format!("selector {s:?}"),
+        (None, Some(i)) => format!("index {i}"),
+        (None, None) => "no element".into(),
+    }
+}
+
+async fn mouse(
+    page: &mut Page,
+    kind: &str,
+    (x, y): (f64, f64),
+    button: &str,
+    count: u32,
+) -> Result<(), PageError> {
+    page.call(
+        "Input.dispatchMouseEvent",
+        json!({"type": kind, "x": x, "y": y, "button": button, "clickCount": count}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// CDP's key fields for a key name (`Enter`, `a`, `ArrowDown`, ...).
+fn key_event(key: &str) -> Result<Value, PageError> {
+    let named = [
+        ("Enter", 13, "\r"),
+        ("Tab", 9, ""),
+        ("Backspace", 8, ""),
+        ("Escape", 27, ""),
+        ("Delete", 46, ""),
+        ("ArrowLeft", 37, ""),
+        ("ArrowUp", 38, ""),
+        ("ArrowRight", 39, ""),
+        ("ArrowDown", 40, ""),
+        ("Home", 36, ""),
+        ("End", 35, ""),
+        ("PageUp", 33, ""),
+        ("PageDown", 34, ""),
+        ("Space", 32, " "),
+        ("Control", 17, ""),
+        ("Shift", 16, ""),
+        ("Alt", 18, ""),
+        ("Meta", 91, ""),
+    ];
+    if let Some((name, code, text)) = named.iter().find(|(n, _, _)| n.eq_ignore_ascii_case(key)) {
+        let key = if *name == "Space" { " " } else { name };
+        return Ok(json!({"key": key, "code": name, "windowsVirtualKeyCode": code, "text": text}));
+    }
+    let mut chars = key.chars();
+    match (chars.next(), chars.next()) {
+        (Some(c), None) => {
+            let upper = c.to_ascii_uppercase();
+            let code = if upper.is_ascii_alphanumeric() {
+                upper as u32
+            } else {
+                0
+            };
+            Ok(json!({"key": c.to_string(), "windowsVirtualKeyCode": code, "text": c.to_string()}))
+        }
+        _ => Err(PageError::Invalid(format!("unknown key {key:?}"))),
+    }
+}
+
+fn modifier_bit(key: &str) -> Option<u32> {
+    match key.to_ascii_lowercase().as_str() {
+        "alt" => Some(1),
+        "control" | "ctrl" => Some(2),
+        "meta" | "command" | "cmd" => Some(4),
+        "shift" => Some(8),
+        _ => None,
+    }
+}
+
+async fn press(page: &mut Page, key: &str, modifiers: u32) -> Result<(), PageError> {
+    let mut event = key_event(key)?;
+    event["modifiers"] = json!(modifiers);
+    let text = event["text"].as_str().unwrap_or("").to_string();
+    // With a modifier held, a key types nothing (Ctrl+A selects, it does not type "a").
+    event["type"] = json!(if text.is_empty() || modifiers & !8 != 0 {
+        "rawKeyDown"
+    } else {
+        "keyDown"
+    });
+    if modifiers & !8 != 0 {
+        event["text"] = json!("");
+    }
+    page.call("Input.dispatchKeyEvent", event.clone()).await?;
+    event["type"] = json!("keyUp");
+    event["text"] = json!("");
+    page.call("Input.dispatchKeyEvent", event).await?;
+    Ok(())
+}
+
+/// The action behind one route (`name` is the part after `/v1/browser/page/`).
+pub enum Action {
+    Navigate(NavigateRequest),
+    Back,
+    Forward,
+    Reload,
+    Click(ClickRequest),
+    Fill(FillRequest),
+    Type(TextRequest),
+    PressKey(KeyRequest),
+    HotKey(HotKeyRequest),
+    Hover(Target),
+    SelectOption(SelectOptionRequest),
+    Check(SelectorRequest, bool),
+    Scroll(ScrollRequest),
+    ScrollTo(ScrollToRequest),
+    ScrollToElement(SelectorRequest),
+    Html,
+    Text,
+    Elements,
+    Evaluate(EvaluateRequest),
+    FindText(FindTextRequest),
+    Wait(WaitRequest),
+}
+
+/// Runs an action and answers `Response` with its data.
+pub async fn act(agent: &Agent, action: Action) -> Reply {
+    let _one_at_a_time = agent.page_lock.lock().await;
+    match run(agent, action).await {
+        Ok(data) => json(StatusCode::OK, &Envelope::ok(data)),
+        Err(e) => error(e.status(), error_chain(&e)),
+    }
+}
+
+async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
+    let max = agent.config.max_timeout;
+    let mut page = page(agent).await?;
+    let page = &mut page;
+    match action {
+        Action::Navigate(req) => {
+            let allowed = ["http://", "https://", "about:", "data:", "file://"];
+            if !allowed.iter().any(|p| req.url.starts_with(p)) {
+                return Err(PageError::Invalid(format!(
+                    "url must start with one of {allowed:?}"
+                )));
+            }
+            let limit = seconds(req.timeout, 30.0, max)?;
+            let result = page.call("Page.navigate", json!({"url": req.url})).await?;
+            if let Some(text) = result["errorText"].as_str().filter(|t| !t.is_empty()) {
+                return Err(PageError::Navigation(text.to_string()));
+            }
+            let wait_until = req.wait_until.as_deref().unwrap_or("load");
+            wait_loaded(page, wait_until, limit).await?;
+            location(page).await
+        }
+        Action::Back | Action::Forward => {
+            let step: i64 = if matches!(action, Action::Back) { -1 } else { 1 };
+            let history = page.call("Page.getNavigationHistory", json!({})).await?;
+            let at = history["currentIndex"].as_i64().unwrap_or(0) + step;
+            let entry = history["entries"]
+                .as_array()
+                .and_then(|e| usize::try_from(at).ok().and_then(|i| e.get(i)))
+                .ok_or_else(|| PageError::Invalid("no page in that direction".into()))?;
+            page.call(
+                "Page.navigateToHistoryEntry",
+                json!({"entryId": entry["id"]}),
+            )
+            .await?;
+            wait_loaded(page, "load", COMMAND_LIMIT).await?;
+            location(page).await
+        }
+        Action::Reload => {
+            page.call("Page.reload", json!({})).await?;
+            wait_loaded(page, "load", COMMAND_LIMIT).await?;
+            location(page).await
+        }
+        Action::Click(req) => {
+            let button = req.button.as_deref().unwrap_or("left");
+            if !["left", "right", "middle"].contains(&button) {
+                return Err(PageError::Invalid(format!("unknown button {button:?}")));
+            }
+            let count = req.click_count.unwrap_or(1).clamp(1, 3);
+            let point = element_point(page, &req.target).await?;
+            mouse(page, "mouseMoved", point, "none", 0).await?;
+            mouse(page, "mousePressed", point, button, count).await?;
+            mouse(page, "mouseReleased", point, button, count).await?;
+            Ok(json!({"x": point.0, "y": point.1}))
+        }
+        Action::Fill(req) => {
+            let filled = page
+                .evaluate(&format!(
+                    "(() => {{ const el = {}; if (!el) return false; el.focus(); \
+                     if (el.isContentEditable) {{ el.textContent = {text}; }} else {{ \
+                     const proto = Object.getPrototypeOf(el); \
+                     const set = Object.getOwnPropertyDescriptor(proto, 'value'); \
+                     if (set && set.set) set.set.call(el, {text}); else el.value = {text}; }} \
+                     el.dispatchEvent(new Event('input', {{bubbles: true}})); \
+                     el.dispatchEvent(new Event('change', {{bubbles: true}})); return true; }})()",
+                    element_js(&req.target)?,
+                    text = js(&req.text)
+                ))
+                .await?;
+            if filled != true {
+                return Err(PageError::NoElement(describe(&req.target)));
+            }
+            Ok(Value::Null)
+        }
+        Action::Type(req) => {
+            page.call("Input.insertText", json!({"text": req.text}))
+                .await?;
+            Ok(Value::Null)
+        }
+        Action::PressKey(req) => {
+            press(page, &req.key, 0).await?;
+            Ok(Value::Null)
+        }
+        Action::HotKey(req) => {
+            let (modifiers, keys): (Vec<&String>, Vec<&String>) =
+                req.keys.iter().partition(|k| modifier_bit(k).is_some());
+            let bits = modifiers.iter().filter_map(|k| modifier_bit(k)).sum();
+            let [key] = keys[..] else {
+                return Err(PageError::Invalid(
+                    "keys must be modifiers and exactly one other key".into(),
+                ));
+            };
+            press(page, key, bits).await?;
+            Ok(Value::Null)
+        }
+        Action::Hover(target) => {
+            let point = element_point(page, &target).await?;
+            mouse(page, "mouseMoved", point, "none", 0).await?;
+            Ok(json!({"x": point.0, "y": point.1}))
+        }
+        Action::SelectOption(req) => {
+            let chosen = page
+                .evaluate(&format!(
+                    "(() => {{ const el = document.querySelector({}); if (!el || !el.options) return null; \
+                     const v = {}, l = {}, i = {}; const o = [...el.options].findIndex((o, n) => \
+                     (v !== null && o.value === v) || (l !== null && o.label === l) || n === i); \
+                     if (o < 0) return null; el.selectedIndex = o; \
+                     el.dispatchEvent(new Event('input', {{bubbles: true}})); \
+                     el.dispatchEvent(new Event('change', {{bubbles: true}})); return el.value; }})()",
+                    js(&req.selector),
+                    js(&req.value),
+                    js(&req.label),
+                    js(&req.index)
+                ))
+                .await?;
+            if chosen.is_null() {
+                return Err(PageError::NoElement(format!(
+                    "selector {:?} with that option",
+                    req.selector
+                )));
+            }
+            Ok(json!({"value": chosen}))
+        }
+        Action::Check(req, checked) => {
+            let done = page
+                .evaluate(&format!(
+                    "(() => {{ const el = document.querySelector({}); if (!el) return false; \
+                     if (el.checked !== {checked}) el.click(); return true; }})()",
+                    js(&req.selector)
+                ))
+                .await?;
+            if done != true {
+                return Err(PageError::NoElement(format!("selector {:?}", req.selector)));
+            }
+            Ok(Value::Null)
+        }
+        Action::Scroll(req) => {
+            let amount = req.amount.unwrap_or(300);
+            let (dx, dy) = match req.direction.as_deref().unwrap_or("down") {
+                "down" => (0, amount),
+                "up" => (0, -amount),
+                "right" => (amount, 0),
+                "left" => (-amount, 0),
+                d => return Err(PageError::Invalid(format!("unknown direction {d:?}"))),
+            };
+            page.evaluate(&format!("window.scrollBy({dx}, {dy})")).await?;
+            Ok(page.evaluate("({x: scrollX, y: scrollY})").await?)
+        }
+        Action::ScrollTo(req) => {
+            page.evaluate(&format!("window.scrollTo({}, {})", req.x, req.y))
+                .await?;
+            Ok(page.evaluate("({x: scrollX, y: scrollY})").await?)
+        }
+        Action::ScrollToElement(req) => {
+            let target = Target {
+                selector: Some(req.selector),
+                ..Default::default()
+            };
+            element_point(page, &target).await?;
+            Ok(Value::Null)
+        }
+        Action::Html => Ok(page.evaluate("document.documentElement.outerHTML").await?),
+        Action::Text => Ok(page
+            .evaluate("document.body ? document.body.innerText : ''")
+            .await?),
+        Action::Elements => Ok(page
+            .evaluate(&format!(
+                "({ELEMENTS_JS}).map((e, index) => ({{index, tag: e.tagName.toLowerCase(), \
+                 type: e.type || null, text: (e.innerText || e.value || e.placeholder || '').slice(0, 200), \
+                 href: e.href || null, id: e.id || null, name: e.name || null}}))"
+            ))
+            .await?),
+        Action::Evaluate(req) => Ok(page.evaluate(&req.expression).await?),
+        Action::FindText(req) => {
+            if req.keyword.is_empty() {
+                return Err(PageError::Invalid("keyword must not be empty".into()));
+            }
+            Ok(page
+                .evaluate(&format!(
+                    "(() => {{ const k = {}; const out = []; const w = document.createTreeWalker(\
+                     document.body || document.documentElement, NodeFilter.SHOW_TEXT); \
+                     while (w.nextNode() && out.length < 100) {{ const t = w.currentNode.textContent; \
+                     const at = t.indexOf(k); if (at >= 0) out.push({{text: t.trim().slice(0, 200), \
+                     tag: w.currentNode.parentElement ? w.currentNode.parentElement.tagName.toLowerCase() : null}}); }} \
+                     return out; }})()",
+                    js(&req.keyword)
+                ))
+                .await?)
+        }
+        Action::Wait(req) => {
+            let limit = seconds(req.timeout, 30.0, max)?;
+            let expression = match req.kind.as_str() {
+                "timeout" => {
+                    tokio::time::sleep(limit).await;
+                    return Ok(Value::Null);
+                }
+                "load" | "network_idle" => "document.readyState === 'complete'".to_string(),
+                "selector" => {
+                    let selector = req.selector.as_ref().ok_or_else(|| {
+                        PageError::Invalid("`selector` is required for type selector".into())
+                    })?;
+                    let el = format!("document.querySelector({})", js(selector));
+                    match req.state.as_deref().unwrap_or("visible") {
+                        "attached" => format!("!!{el}"),
+                        "detached" => format!("!{el}"),
+                        "hidden" => format!(
+                            "(() => {{ const e = {el}; return !e || !(e.getClientRects().length); }})()"
+                        ),
+                        "visible" => format!(
+                            "(() => {{ const e = {el}; return !!e && e.getClientRects().length > 0; }})()"
+                        ),
+                        s => return Err(PageError::Invalid(format!("unknown state {s:?}"))),
+                    }
+                }
+                "url" => match (&req.url, &req.url_pattern) {
+                    (Some(url), _) => format!("location.href === {}", js(url)),
+                    (None, Some(part)) => format!("location.href.includes({})", js(part)),
+                    (None, None) => {
+                        return Err(PageError::Invalid(
+                            "`url` or `url_pattern` is required for type url".into(),
+                        ))
+                    }
+                },
+                "function" => req.expression.clone().ok_or_else(|| {
+                    PageError::Invalid("`expression` is required for type function".into())
+                })?,
+                other => {
+                    return Err(PageError::Invalid(format!(
+                        "wait type {other:?} is not served by this image"
+                    )))
+                }
+            };
+            wait_for(page, &expression, limit).await?;
+            Ok(Value::Null)
+        }
+    }
+}
+
+/// `GET /v1/browser/screenshot` and `/v1/browser/page/screenshot`: the page as PNG or JPEG
+/// (`full_page`: the whole document, not only the viewport).
+pub async fn screenshot(
+    agent: &Agent,
+    format: &str,
+    quality: Option<u8>,
+    full_page: bool,
+) -> Reply {
+    let (format, mime) = match format {
+        "png" => ("png", "image/png"),
+        "jpg" | "jpeg" => ("jpeg", "image/jpeg"),
+        f => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("format {f:?} is not png, jpg or jpeg"),
+            )
+        }
+    };
+    let _one_at_a_time = agent.page_lock.lock().await;
+    let shot = async {
+        let mut page = page(agent).await?;
+        let mut params = json!({"format": format, "captureBeyondViewport": full_page});
+        if let Some(q) = quality.filter(|_| format == "jpeg") {
+            params["quality"] = json!(q);
+        }
+        if full_page {
+            let metrics = page.call("Page.getLayoutMetrics", json!({})).await?;
+            let size = &metrics["cssContentSize"];
+            params["clip"] = json!({"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1});
+        }
+        let result = page.call("Page.captureScreenshot", params).await?;
+        let data = result["data"].as_str().unwrap_or_default();
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data).map_err(|e| {
+            PageError::Cdp(CdpError::Protocol {
+                method: "Page.captureScreenshot".into(),
+                message: format!("data is not base64: {e}"),
+            })
+        })
+    };
+    match shot.await {
+        Ok(bytes) => {
+            let mut res = Response::new(Full::new(Bytes::from(bytes)));
+            res.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(mime));
+            res
+        }
+        Err(e) => error(e.status(), error_chain(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_map_to_cdp_fields() {
+        assert_eq!(key_event("enter").unwrap()["windowsVirtualKeyCode"], 13);
+        assert_eq!(key_event("a").unwrap()["text"], "a");
+        assert!(key_event("NotAKey").is_err());
+        assert_eq!(modifier_bit("Ctrl"), Some(2));
+    }
+
+    #[test]
+    fn selectors_reach_the_page_as_string_literals() {
+        let target = Target {
+            selector: Some("a'); alert(1); ('".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            element_js(&target).unwrap(),
+            r#"document.querySelector("a'); alert(1); ('")"#
+        );
+        assert!(matches!(
+            element_js(&Target::default()),
+            Err(PageError::Invalid(_))
+        ));
+    }
+}
