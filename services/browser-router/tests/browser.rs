@@ -728,18 +728,11 @@ async fn two_tenants_with_the_same_session_id_get_two_browsers() {
 /// tenant is not counted, and a closed browser frees its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_over_its_browsers_quota_gets_429() {
-    let nats = test_support::NatsServer::start_with_tenants(&["acme"]);
-    let mut tenancy = nats.tenancy().clone();
     let quota = messages::quota::Quotas {
         browsers: Some(1),
         ..Default::default()
     };
-    tenancy.set_quotas(&messages::tenancy::Tenant::new("acme").unwrap(), quota);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenancy.json");
-    tenancy.save(&file).unwrap();
-    let file = file.display().to_string();
-    let mesh = Mesh::start_on(nats, &[("SANDMESH_TENANCY_FILE", &file)]).await;
+    let mesh = BrowserMesh::start_with_quotas(&["acme"], &[("acme", quota)], &[]).await;
     let (acme, other) = (
         mesh.agent("acme").await.browser(),
         mesh.agent("default").await.browser(),

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, message::PublishMessage};
+use common::docker::containers_of;
 use common::{eventually, Mesh};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language};
 use messages::Subjects;
@@ -35,19 +36,6 @@ fn scheduler_process(url: &str, instance: &str) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("the sandmesh-scheduler binary starts")
-}
-
-/// Containers (any state) of the docker-executor node `node`.
-fn containers_of(node: &str) -> Vec<String> {
-    let filter = format!("label={}={node}", docker_executor::docker::LABEL_NODE);
-    let out = Command::new("docker")
-        .args(["ps", "-aq", "--filter", &filter])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -151,7 +139,10 @@ async fn accepted_jobs_outlive_a_killed_scheduler_a_30_s_executor_gap_and_a_nats
 
     // The dead node's containers were reaped by the live one.
     eventually(&format!("{first_node}'s containers reaped"), || async {
-        containers_of(&first_node).is_empty().then_some(())
+        containers_of(&first_node)
+            .expect("docker ps")
+            .is_empty()
+            .then_some(())
     })
     .await;
 
@@ -162,6 +153,12 @@ async fn accepted_jobs_outlive_a_killed_scheduler_a_30_s_executor_gap_and_a_nats
         .unwrap();
     scheduler.wait().unwrap();
     mesh.shutdown().await;
-    assert_eq!(containers_of(&second_node), Vec::<String>::new());
-    assert_eq!(containers_of(&first_node), Vec::<String>::new());
+    assert_eq!(
+        containers_of(&second_node).expect("docker ps"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        containers_of(&first_node).expect("docker ps"),
+        Vec::<String>::new()
+    );
 }

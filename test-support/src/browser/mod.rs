@@ -51,6 +51,7 @@ pub struct BrowserMesh {
     tasks: Vec<tokio::task::JoinHandle<Result<(), String>>>,
     _browsers: Browsers,
     _egress: tempfile::TempDir,
+    _tenancy: tempfile::TempDir,
 }
 
 /// A test that failed before `stop` leaves its router running and its browsers: stops the
@@ -90,6 +91,15 @@ impl BrowserMesh {
 
     /// The same with these tenants besides `default`.
     pub async fn start_with_tenants(tenants: &[&str], extra: &[(&str, &str)]) -> Self {
+        Self::start_with_quotas(tenants, &[], extra).await
+    }
+
+    /// The same, the router following a tenancy file that gives these tenants these quotas.
+    pub async fn start_with_quotas(
+        tenants: &[&str],
+        quotas: &[(&str, messages::quota::Quotas)],
+        extra: &[(&str, &str)],
+    ) -> Self {
         crate::trace_to_test_output();
         let image = image();
         let fixture = fixture::Fixture::start().await;
@@ -110,6 +120,18 @@ impl BrowserMesh {
             fixture.port
         );
         let egress_dir = egress.path().display().to_string();
+        let tenancy_dir = tempfile::tempdir().expect("tempdir");
+        let tenancy_file = tenancy_dir.path().join("tenancy.json");
+        if !quotas.is_empty() {
+            let mut tenancy = mesh.nats.tenancy().clone();
+            for (tenant, q) in quotas {
+                let tenant = messages::tenancy::Tenant::new(*tenant).expect("a tenant name");
+                tenancy.set_quotas(&tenant, *q);
+            }
+            tenancy
+                .save(&tenancy_file)
+                .expect("the tenancy file is written");
+        }
         let mut env = env_map(&[
             ("SANDMESH_NATS_URL", url.as_str()),
             ("SANDMESH_HEARTBEAT_MS", "500"),
@@ -120,6 +142,10 @@ impl BrowserMesh {
             ("SANDMESH_BROWSER_WARM_POOL", "1"),
             ("SANDMESH_BROWSER_CONFIRM_TIMEOUT_MS", "20000"),
         ]);
+        if !quotas.is_empty() {
+            let file = tenancy_file.display().to_string();
+            env.insert("SANDMESH_TENANCY_FILE".into(), file);
+        }
         for (k, v) in extra {
             env.insert(k.to_string(), v.to_string());
         }
@@ -137,6 +163,7 @@ impl BrowserMesh {
             stop,
             tasks: Vec::new(),
             _egress: egress,
+            _tenancy: tenancy_dir,
         };
         let run = browser_router::run(config, browser.stop.clone());
         browser.tasks.push(tokio::spawn(

@@ -156,19 +156,25 @@ impl Drop for Nodes {
     }
 }
 
-/// `docker rm -f` of every container labelled with this node.
-pub fn remove_containers(node: &str) {
+/// Every container (any state) labelled with this node.
+pub fn containers_of(node: &str) -> std::io::Result<Vec<String>> {
     let filter = format!("label={}={node}", docker_executor::docker::LABEL_NODE);
-    let Ok(out) = Command::new("docker")
+    let out = Command::new("docker")
         .args(["ps", "-aq", "--filter", &filter])
-        .output()
-    else {
-        return;
-    };
-    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .output()?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr).into_owned();
+        return Err(std::io::Error::other(why));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(str::to_string)
-        .collect();
+        .collect())
+}
+
+/// `docker rm -f` of every container labelled with this node (best effort: it cleans up).
+pub fn remove_containers(node: &str) {
+    let ids = containers_of(node).unwrap_or_default();
     if !ids.is_empty() {
         let _ = Command::new("docker")
             .arg("rm")
