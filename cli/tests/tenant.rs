@@ -296,9 +296,11 @@ async fn an_operator_added_to_a_running_mesh_decides_at_once_and_a_removed_one_i
         LIMIT,
         || async {
             let listed = carol.confirm().list(&Default::default()).await.ok()?;
-            listed
-                .into_iter()
-                .find(|c| c.execution_id.as_deref() == Some("acme-risky-1"))
+            listed.into_iter().find(|c| {
+                // The agent's own id, beside its tenant.
+                c.execution_id.as_deref() == Some("risky-1")
+                    && c.tenant.as_ref().is_some_and(|t| t.as_str() == "acme")
+            })
         },
     )
     .await;

@@ -166,26 +166,25 @@ pub struct ConfirmListReply {
     pub confirmations: Vec<Confirmation>,
 }
 
-/// A reply an agent reads under the ids it chose: the stored, tenant-scoped ids unscoped.
+/// Confirmations as people and agents read them: the execution and session ids each record's
+/// agent chose (stored scoped by its tenant, `acme-s1`), beside `tenant`. Only services read the
+/// stored form.
 pub trait Unscope {
-    fn unscoped(self, tenant: Option<&Tenant>) -> Self;
+    fn named(self) -> Self;
 }
 
 impl Unscope for Confirmation {
-    fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
-        self.execution_id = self.execution_id.map(|id| unscoped(tenant, &id));
-        self.session_id = self.session_id.map(|id| unscoped(tenant, &id));
+    fn named(mut self) -> Self {
+        let tenant = self.tenant.clone();
+        self.execution_id = self.execution_id.map(|id| unscoped(tenant.as_ref(), &id));
+        self.session_id = self.session_id.map(|id| unscoped(tenant.as_ref(), &id));
         self
     }
 }
 
 impl Unscope for ConfirmListReply {
-    fn unscoped(mut self, tenant: Option<&Tenant>) -> Self {
-        self.confirmations = self
-            .confirmations
-            .into_iter()
-            .map(|c| c.unscoped(tenant))
-            .collect();
+    fn named(mut self) -> Self {
+        self.confirmations = self.confirmations.into_iter().map(Unscope::named).collect();
         self
     }
 }

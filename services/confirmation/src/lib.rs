@@ -183,9 +183,8 @@ pub async fn run(
     outcome
 }
 
-/// An agent reads its confirmations under the ids it chose: the execution and session ids are
-/// stored scoped by its tenant (`acme-s1`) and unscoped in its replies. Operators and services
-/// see the stored form, beside the confirmation's tenant.
+/// Agents and operators read confirmations under the ids the agent chose (each record's ids
+/// unscoped by its own tenant, which the record names); services get the stored form.
 fn as_named<Req, Resp>(inner: kit::Handler<Req, Resp>) -> kit::Handler<Req, Resp>
 where
     Req: Send + 'static,
@@ -194,10 +193,9 @@ where
     kit::handler(move |ctx: kit::RequestContext, req: Req| {
         let inner = inner.clone();
         async move {
-            let tenant = ctx.caller.tenant().cloned();
-            inner(ctx, req)
-                .await
-                .map(|reply| reply.unscoped(tenant.as_ref()))
+            let internal = ctx.caller == messages::tenancy::Caller::Internal;
+            let reply = inner(ctx, req).await?;
+            Ok(if internal { reply } else { reply.named() })
         }
     })
 }

@@ -374,7 +374,7 @@ impl KvWorkflow {
     /// agents import its events, so they name the execution and session as its agent did
     /// (`tenant` says whose); a service that needs the stored form scopes them again.
     async fn publish(&self, subject: String, record: &Confirmation) {
-        let named = record.clone().unscoped(record.tenant.as_ref());
+        let named = record.clone().named();
         let Ok(payload) = serde_json::to_vec(&named) else {
             return;
         };

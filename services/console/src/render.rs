@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use messages::audit::AuditEvent;
 use messages::confirm::{ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
+use messages::tenancy::scoped;
 
 /// HTML-escapes text for element content and quoted attribute values.
 pub fn esc(text: &str) -> String {
@@ -140,10 +141,16 @@ pub fn card(c: &Confirmation, csrf: &str) -> String {
     }
     out.push_str("</header><dl class=\"meta\">");
     let tenant = c.tenant.as_ref().map(|t| t.as_str().to_string());
+    // Confirmations name the session as the agent did; its audit tail is kept under the
+    // stored, tenant-scoped id.
     let session_link = c.session_id.as_ref().map(|s| {
+        let stored = match &c.tenant {
+            Some(t) => scoped(t, s),
+            None => s.clone(),
+        };
         format!(
             "<a href=\"/activity?session={}\">{}</a>",
-            esc(&url_component(s)),
+            esc(&url_component(&stored)),
             esc(s)
         )
     });

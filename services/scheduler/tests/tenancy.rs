@@ -111,8 +111,9 @@ fn not_found<T: std::fmt::Debug>(outcome: Result<T, ClientError>) {
     }
 }
 
-/// The pending confirmation of `execution_id` as `who` sees it.
-async fn pending_confirmation(who: &Client, execution_id: &str) -> String {
+/// The pending confirmation of `tenant`'s `execution_id` as `who` sees it: operators, like
+/// agents, read the id the agent chose, beside the tenant.
+async fn pending_confirmation(who: &Client, tenant: &str, execution_id: &str) -> String {
     eventually(
         &format!("a pending confirmation for {execution_id}"),
         || async {
@@ -125,9 +126,8 @@ async fn pending_confirmation(who: &Client, execution_id: &str) -> String {
                 .into_iter()
                 .find(|c| {
                     c.state == ConfirmState::Pending
-                        && c.execution_id
-                            .as_deref()
-                            .is_some_and(|e| e.ends_with(execution_id))
+                        && c.execution_id.as_deref() == Some(execution_id)
+                        && c.tenant.as_ref().is_some_and(|t| t.as_str() == tenant)
                 })
                 .map(|c| c.id)
         },
@@ -148,7 +148,7 @@ async fn an_agent_cannot_decide_and_the_execution_waits_for_an_operator() {
         .submit(&req("risky-1", RISKY))
         .await
         .unwrap();
-    let id = pending_confirmation(&operator, &submitted.execution_id).await;
+    let id = pending_confirmation(&operator, "acme", &submitted.execution_id).await;
 
     // The agent itself, and another tenant's agent: the server refuses the publish.
     let decide = ConfirmDecide {
@@ -210,8 +210,8 @@ async fn an_operator_sees_and_decides_only_the_tenants_in_scope() {
 
     acme.mesh.exec().submit(&req("a-1", RISKY)).await.unwrap();
     beta.mesh.exec().submit(&req("b-1", RISKY)).await.unwrap();
-    let for_acme = pending_confirmation(&operator, "acme-a-1").await;
-    let for_beta = pending_confirmation(&operator, "beta-b-1").await;
+    let for_acme = pending_confirmation(&operator, "acme", "a-1").await;
+    let for_beta = pending_confirmation(&operator, "beta", "b-1").await;
 
     // Bob lists acme's, never beta's; beta's id is unknown to him.
     let listed = bob
@@ -474,7 +474,7 @@ async fn an_operator_cannot_read_another_operators_replies() {
     let beta = Client::connect(&mesh.nats.agent_url("beta")).await;
     let operator = Client::connect(&mesh.nats.operator_url("operator")).await;
     beta.mesh.exec().submit(&req("b-2", RISKY)).await.unwrap();
-    pending_confirmation(&operator, "beta-b-2").await;
+    pending_confirmation(&operator, "beta", "b-2").await;
 
     let (options, plain) = test_support::connect_options(&mesh.nats.operator_url("bob"));
     let (errors_tx, mut errors) = tokio::sync::mpsc::unbounded_channel();
@@ -520,7 +520,8 @@ async fn an_operator_cannot_read_another_operators_replies() {
         assert!(
             listed
                 .iter()
-                .any(|c| c.execution_id.as_deref() == Some("beta-b-2")),
+                .any(|c| c.execution_id.as_deref() == Some("b-2")
+                    && c.tenant.as_ref().is_some_and(|t| t.as_str() == "beta")),
             "{listed:?}"
         );
     }
