@@ -12,10 +12,10 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, message::PublishMessage};
+use async_nats::jetstream;
 use common::docker::containers_of;
-use common::{eventually, Mesh};
-use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language};
+use common::{eventually, publish_job, stored_result, Mesh};
+use messages::exec::{ExecRequest, ExecStatus, Language};
 use messages::Subjects;
 
 const SESSIONS: usize = 8;
@@ -64,31 +64,13 @@ async fn accepted_jobs_outlive_a_killed_scheduler_a_30_s_executor_gap_and_a_nats
                 code: format!("import time\ntime.sleep(0.2)\nprint({id:?})"),
                 ..Default::default()
             };
-            let ack = js
-                .send_publish(
-                    s.jobs_exec(),
-                    PublishMessage::build()
-                        .payload(serde_json::to_vec(&r).unwrap().into())
-                        .message_id(&id),
-                )
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            assert!(!ack.duplicate);
+            publish_job(&js, &r).await;
             accepted.insert(id);
         }
     }
-    let results = js.get_stream(s.results_stream()).await.unwrap();
     let stored = |id: String| {
-        let results = results.clone();
-        async move {
-            let m = results
-                .direct_get_last_for_subject(Subjects::default().result(&id))
-                .await
-                .ok()?;
-            serde_json::from_slice::<ExecResult>(&m.payload).ok()
-        }
+        let js = js.clone();
+        async move { stored_result(&js, &id).await }
     };
     let count_stored = || async {
         let mut n = 0;

@@ -462,18 +462,7 @@ async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() 
             &format!("import time\ntime.sleep(0.5)\nprint({i})"),
         );
         r.execution_id = Some(id.clone());
-        let ack = js
-            .send_publish(
-                s.jobs_exec(),
-                PublishMessage::build()
-                    .payload(serde_json::to_vec(&r).unwrap().into())
-                    .message_id(&id),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert!(!ack.duplicate);
+        common::publish_job(&js, &r).await;
         accepted.insert(id);
     }
     let results = js.get_stream(s.results_stream()).await.unwrap();

@@ -447,6 +447,25 @@ impl Drop for Mesh {
 }
 
 /// The result stored for execution `id`, if any yet.
+/// Publishes `req` on `jobs.exec` as a client does — its execution id as the message id, so a
+/// repeat is deduplicated — and waits for JetStream's ack; panics unless it is a new job.
+pub async fn publish_job(js: &jetstream::Context, req: &ExecRequest) {
+    let id = req
+        .execution_id
+        .clone()
+        .expect("a job names its execution id");
+    let message = jetstream::message::PublishMessage::build()
+        .payload(serde_json::to_vec(req).unwrap().into())
+        .message_id(&id);
+    let ack = js
+        .send_publish(Subjects::default().jobs_exec(), message)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(!ack.duplicate, "{id} was published before");
+}
+
 pub async fn stored_result(js: &jetstream::Context, id: &str) -> Option<ExecResult> {
     let stream = js
         .get_stream(Subjects::default().results_stream())
