@@ -10,9 +10,6 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   echo "the Docker daemon does not answer: start it (tests use the real daemon)" >&2
   exit 1
 fi
-# The browser-router's tests run real Chromium in this image (content-addressed: a no-op when
-# nothing changed; the first build installs Debian's chromium, a few minutes).
-deploy/images/build-browser.sh >/dev/null
 export SANDMESH_NATS_SERVER="$PWD/.tools/bin/nats-server"
 # Every container and network the tests' meshes make carries this run's mark
 # (`sandmesh.test-run`: this script's pid and start). What a run that died or a test that
@@ -41,7 +38,8 @@ sweep_test_runs() { # sweep_test_runs [mine]: removes dead runs' leftovers (and,
   [ "$n" = 0 ] || echo "removed $n containers and networks test runs left behind" >&2
 }
 sweep_test_runs
-trap 'sweep_test_runs mine' EXIT
+# A failing step leaves no image build running behind it.
+trap 'kill $(jobs -p) 2>/dev/null; sweep_test_runs mine' EXIT
 # The package index the egress test downloads a package from (issue 13): its hosts are the
 # machine's own configuration, never this repository's — pip's configured index-url when there
 # is one, else pip's default index as pip itself names it. A machine whose HTTPS goes through an
@@ -52,18 +50,58 @@ if [ -z "${SANDMESH_TEST_PYPI_HOSTS:-}" ]; then
 fi
 export SANDMESH_TEST_PYPI_HOSTS
 export SANDMESH_TEST_PYPI_CA_BUNDLE="${SANDMESH_TEST_PYPI_CA_BUNDLE:-${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-}}}"
-# The AIO image (aio-pool's tests; Debian's chromium makes the first build take minutes, and
-# unchanged inputs build nothing). Built here so a missing mirror fails early and clearly; the
-# debug agent is the one the tests' image carries, so `cargo test` reuses this build.
-cargo build -p sandmesh-aio-agent
-AGENT_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/sandmesh-aio-agent" deploy/images/build.sh aio >/dev/null
-# Every test in a process of its own, two at a time (most start a whole mesh: more would starve
-# each other on a small machine); tests that look at the whole Docker host run alone, Chromium
-# tests one at a time (.config/nextest.toml). cargo-nextest is installed when missing.
+# The images the tests run build in the background while the tests compile (image builds
+# wait on downloads and disk, compiling on the CPU; content-addressed, so unchanged inputs
+# build nothing and a warm machine spends seconds here). Built before any test runs so a
+# missing mirror fails early and clearly, and no test spends its time budget on a build.
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+images_log="$target/test-images.log"
+mkdir -p "$target"
+: >"$images_log"
+echo "building the images in the background (log: $images_log)" >&2
+# First the browser-router's image (base, the shared Chromium layer, the browser; Debian's
+# chromium makes the first build take minutes). It needs no binary of ours.
+deploy/images/build-browser.sh >>"$images_log" 2>&1 &
+browser_images=$!
+# The three programs the images and `sandmesh up` carry (debug, as the tests' meshes use).
+cargo build -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
+# Then the AIO image (the debug agent, as aio-pool's tests use) and the sandbox image with the
+# `python-data` template on it, which the template and kernel tests run (its packages layer
+# stands on the sandbox's runtime layer, so a changed supervisor rebuilds seconds, not minutes).
+(
+  while kill -0 "$browser_images" 2>/dev/null; do sleep 1; done
+  AGENT_BIN="$target/debug/sandmesh-aio-agent" deploy/images/build.sh aio
+  "$target/debug/sandmesh" template build python-data --builtin
+) >>"$images_log" 2>&1 &
+other_images=$!
+# The tests compile meanwhile (nextest builds every test binary, runs none).
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "installing cargo-nextest (runs the tests in parallel)" >&2
   cargo install --locked cargo-nextest >&2
 fi
+cargo nextest run --workspace --no-run
+wait_images() { # wait_images PID WHAT
+  if ! wait "$1"; then
+    echo "building $2 failed; its log ($images_log) ends:" >&2
+    tail -n 30 "$images_log" >&2
+    exit 1
+  fi
+}
+# Never a silent wait: the build's latest line every 20 s.
+waited=0
+while kill -0 "$browser_images" 2>/dev/null || kill -0 "$other_images" 2>/dev/null; do
+  if [ $((waited % 20)) = 0 ]; then
+    echo "waiting for the image builds (${waited} s): $(tail -n 1 "$images_log" | cut -c1-120)" >&2
+  fi
+  sleep 1
+  waited=$((waited + 1))
+done
+wait_images "$browser_images" "the browser image"
+wait_images "$other_images" "the AIO image or the python-data template"
+echo "images ready: $(grep -cE 'up to date|built ' "$images_log") steps (see $images_log)" >&2
+# Every test in a process of its own, two at a time (most start a whole mesh: more would starve
+# each other on a small machine); tests that look at the whole Docker host run alone, Chromium
+# tests one at a time (.config/nextest.toml).
 # Every suite below runs even when one before it failed (one run shows every failure); the
 # script fails at the end, naming which.
 failed=()
@@ -71,12 +109,33 @@ suite() { local name=$1; shift; "$@" || failed+=("$name"); }
 suite "cargo nextest" cargo nextest run --workspace --no-fail-fast "$@"
 # nextest runs no doctests: the documentation's examples compile (and run) here.
 suite "doctests" cargo test --workspace --doc --no-fail-fast
-# The Python SDK against a real mesh started from the binaries just built (a cached venv under
-# .tools/; pip installs its test extra the first time).
-suite "python SDK" clients/python/run-tests.sh
-# The HTTP gateway's OpenAPI document: validated, and schemathesis against a live gateway (a
-# bounded number of examples per operation; no 5xx, every answer as documented).
-suite "OpenAPI check" services/gateway/check-openapi.sh
+# Two suites with a mesh of their own each (free ports, own data directories), run side by
+# side: the Python SDK against a real mesh started from the binaries just built (a cached venv
+# under .tools/; pip installs its test extra the first time), and the HTTP gateway's OpenAPI
+# document — validated, then schemathesis against a live gateway (a bounded number of examples
+# per operation; no 5xx, every answer as documented). Each one's output is shown when it ends.
+side_by_side() { # side_by_side NAME CMD NAME CMD
+  local logs pids names i waited=0
+  logs=("$(mktemp)" "$(mktemp)")
+  names=("$1" "$3")
+  "$2" >"${logs[0]}" 2>&1 & pids=($!)
+  "$4" >"${logs[1]}" 2>&1 & pids+=($!)
+  echo "running the ${names[0]} and the ${names[1]} side by side" >&2
+  for i in 0 1; do
+    while kill -0 "${pids[$i]}" 2>/dev/null; do
+      if [ $((waited % 30)) = 0 ] && [ "$waited" -gt 0 ]; then
+        echo "the ${names[$i]} still runs (${waited} s): $(tail -n 1 "${logs[$i]}" | cut -c1-120)" >&2
+      fi
+      sleep 1
+      waited=$((waited + 1))
+    done
+    wait "${pids[$i]}" || failed+=("${names[$i]}")
+    echo "== ${names[$i]}"
+    cat "${logs[$i]}"
+    rm -f "${logs[$i]}"
+  done
+}
+side_by_side "python SDK" clients/python/run-tests.sh "OpenAPI check" services/gateway/check-openapi.sh
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

@@ -184,6 +184,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Creds(args) => tenant::creds(args),
         Command::Tenant { command } => tenant::run(command),
         Command::Operator { command } => operator::run(command),
+        // A built-in template's image builds from its definition here, with no mesh.
+        Command::Template {
+            command:
+                template::TemplateCommand::Build {
+                    name,
+                    image,
+                    builtin: true,
+                },
+        } => template::build_builtin(&name, image).await,
         Command::Template { command } => {
             template::run(&mesh_client(Acting::Admin).await?, command).await
         }

@@ -33,6 +33,11 @@ pub enum TemplateCommand {
         /// The sandbox image to build on (default: the one `up` uses, built when missing).
         #[arg(long, env = "SANDMESH_EXEC_IMAGE")]
         image: Option<String>,
+        /// Build a built-in template from its definition in this program, with no mesh
+        /// running (ahead of a first `up`, in an image pipeline or CI); a mesh's copy of a
+        /// built-in may have been changed, and without this flag the mesh's copy is built.
+        #[arg(long)]
+        builtin: bool,
     },
 }
 
@@ -79,26 +84,52 @@ pub async fn run(mesh: &MeshClient, cmd: TemplateCommand) -> anyhow::Result<i32>
             Ok(r) => writeln!(out, "deleted {}", r.template.name)?,
             Err(e) => return refused(e),
         },
-        TemplateCommand::Build { name, image } => {
+        TemplateCommand::Build { name, image, .. } => {
             let record = match templates.get(&name).await {
                 Ok(r) => r,
                 Err(e) => return refused(e),
             };
-            let base = match image {
-                Some(image) => image,
-                None => docker_executor::image::ensure()
-                    .await
-                    .context("building the sandbox image")?,
-            };
-            let spec = record.template.image_spec();
-            let built = tokio::task::spawn_blocking(move || {
-                containers::template::ensure(&name, &spec, &base)
-            })
-            .await??;
-            writeln!(out, "{built}")?;
+            writeln!(out, "{}", build(record.template, image).await?)?;
         }
     }
     Ok(0)
+}
+
+/// `sandmesh template build NAME --builtin`: the built-in template's image, no mesh needed.
+pub async fn build_builtin(name: &str, image: Option<String>) -> anyhow::Result<i32> {
+    let Some(template) = messages::template::builtins()
+        .into_iter()
+        .find(|t| t.name == name)
+    else {
+        let names: Vec<String> = messages::template::builtins()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        eprintln!(
+            "sandmesh template: {name} is not a built-in template (built-in: {})",
+            names.join(", ")
+        );
+        return Ok(1);
+    };
+    println!("{}", build(template, image).await?);
+    Ok(0)
+}
+
+/// Builds `template`'s image on `image` (default: the sandbox image `up` uses, built when
+/// missing); returns its reference.
+async fn build(template: Template, image: Option<String>) -> anyhow::Result<String> {
+    let base = match image {
+        Some(image) => image,
+        None => docker_executor::image::ensure()
+            .await
+            .context("building the sandbox image")?,
+    };
+    let spec = template.image_spec();
+    let name = template.name;
+    Ok(
+        tokio::task::spawn_blocking(move || containers::template::ensure(&name, &spec, &base))
+            .await??,
+    )
 }
 
 /// `name  description  [+ N debian, N pip, N npm]`.

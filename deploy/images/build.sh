@@ -229,7 +229,9 @@ if [ -n "$BIN" ]; then
     # Debug symbols only make the layer big (a debug build is ~13 MB, stripped ~2 MB).
     if command -v strip >/dev/null; then strip --strip-debug "$ctx/$BIN_NAME"; fi
     bin_sha=$(sha256 <"$ctx/$BIN_NAME")
-    final_hash=$({ printf 'sandmesh-%s\nruntime %s\n%s %s\n' "$TARGET" "$rt_hash" "$BIN_ROLE" "$bin_sha"
+    # "labels runtime": the image names its runtime layer (org.sandmesh.runtime), which
+    # template images stand on so that a new binary does not rebuild their packages.
+    final_hash=$({ printf 'sandmesh-%s\nruntime %s\n%s %s\nlabels runtime\n' "$TARGET" "$rt_hash" "$BIN_ROLE" "$bin_sha"
                    cat "$bin_dockerfile"; } | sha256)
 else
     final_hash=$rt_hash
@@ -257,7 +259,7 @@ else
     if [ -n "$ctx" ]; then
         log "building $final_ref ($BIN_NAME $bin_sha)"
         docker_build --build-arg "RUNTIME_IMAGE=$rt_ref" \
-            --label "org.sandmesh.hash=${final_hash:0:12}" \
+            --label "org.sandmesh.hash=${final_hash:0:12}" --label "org.sandmesh.runtime=$rt_ref" \
             --label "$BIN_LABEL=${bin_sha:0:12}" -t "$final_ref" "$ctx"
     else
         docker tag "$rt_ref" "$final_ref"

@@ -104,13 +104,79 @@ fn quoted(words: &[String]) -> String {
     words.iter().map(quote).collect::<Vec<_>>().join(" ")
 }
 
+/// What a template image is built on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildBase {
+    /// An image the packages go on as it is (a base of the template's own choosing).
+    Image(String),
+    /// A sandbox image made by `build.sh`, which names its runtime layer
+    /// (`org.sandmesh.runtime`): the packages go on that layer and the supervisor is copied
+    /// from `image` last, so a new supervisor rebuilds one small layer while Docker's build
+    /// cache keeps the packages (minutes of downloads and installs).
+    Runtime {
+        runtime: String,
+        image: String,
+        /// The image's `org.sandmesh.supervisor` label (the executors check it).
+        supervisor: String,
+    },
+}
+
+/// The label `build.sh` puts on an image with a binary: its runtime layer's reference.
+const RUNTIME_LABEL: &str = "org.sandmesh.runtime";
+/// The label naming the supervisor an image carries (`build.sh`'s `BIN_LABEL`).
+const SUPERVISOR_LABEL: &str = "org.sandmesh.supervisor";
+/// Where the sandbox image has the supervisor.
+const SUPERVISOR_PATH: &str = "/usr/local/bin/sandmesh-supervisor";
+
+impl BuildBase {
+    /// How to build on `base`: on its runtime layer when it names one that is on this Docker
+    /// host, else on `base` itself.
+    pub fn of(base: &str) -> Result<BuildBase, ImageError> {
+        let out = Command::new("docker")
+            .args([
+                "image",
+                "inspect",
+                "--format",
+                "{{json .Config.Labels}}",
+                base,
+            ])
+            .output()
+            .map_err(|e| failed("docker image inspect", e))?;
+        let labels: std::collections::BTreeMap<String, String> = if out.status.success() {
+            serde_json::from_slice(&out.stdout).unwrap_or_default()
+        } else {
+            Default::default()
+        };
+        Ok(
+            match (labels.get(RUNTIME_LABEL), labels.get(SUPERVISOR_LABEL)) {
+                (Some(runtime), Some(supervisor)) if image_id(runtime)?.is_some() => {
+                    BuildBase::Runtime {
+                        runtime: runtime.clone(),
+                        image: base.to_string(),
+                        supervisor: supervisor.clone(),
+                    }
+                }
+                _ => BuildBase::Image(base.to_string()),
+            },
+        )
+    }
+
+    fn from(&self) -> &str {
+        match self {
+            BuildBase::Image(image) => image,
+            BuildBase::Runtime { runtime, .. } => runtime,
+        }
+    }
+}
+
 /// The Dockerfile of a template image on `base`.
-pub fn dockerfile(name: &str, spec: &ImageSpec, base: &str, hash: &str) -> String {
+pub fn dockerfile(name: &str, spec: &ImageSpec, base: &BuildBase, hash: &str) -> String {
     let mut f = format!(
-        "FROM {base}\n\
+        "FROM {}\n\
          USER 0:0\n\
          ARG DEBIAN_FRONTEND=noninteractive\n\
-         COPY ca.crt /tmp/sandmesh-build/ca.crt\n"
+         COPY ca.crt /tmp/sandmesh-build/ca.crt\n",
+        base.from()
     );
     let mut debs = spec.debian_packages.clone();
     if !spec.npm_packages.is_empty() {
@@ -142,10 +208,19 @@ pub fn dockerfile(name: &str, spec: &ImageSpec, base: &str, hash: &str) -> Strin
         );
     }
     // As the sandbox image: no setuid or setgid file survives.
+    f += "RUN rm -rf /tmp/sandmesh-build /root/.npm /root/.cache; \
+          find / -xdev -perm /6000 -exec chmod a-s {} +\n";
+    if let BuildBase::Runtime {
+        image, supervisor, ..
+    } = base
+    {
+        f += &format!(
+            "COPY --from={image} {SUPERVISOR_PATH} {SUPERVISOR_PATH}\n\
+             LABEL {SUPERVISOR_LABEL}={supervisor}\n"
+        );
+    }
     f += &format!(
-        "RUN rm -rf /tmp/sandmesh-build /root/.npm /root/.cache; \
-         find / -xdev -perm /6000 -exec chmod a-s {{}} +\n\
-         LABEL org.sandmesh.image=template org.sandmesh.template={name} org.sandmesh.hash={hash}\n\
+        "LABEL org.sandmesh.image=template org.sandmesh.template={name} org.sandmesh.hash={hash}\n\
          USER 10001:10001\n"
     );
     f
@@ -168,7 +243,7 @@ pub fn build(name: &str, spec: &ImageSpec, base: &str, tag: &str) -> Result<(), 
     let result = (|| {
         std::fs::write(
             context.0.join("Dockerfile"),
-            dockerfile(name, spec, base, hash),
+            dockerfile(name, spec, &BuildBase::of(base)?, hash),
         )
         .map_err(|e| failed("writing the Dockerfile", e))?;
         // An empty bundle when there is none: the build still works against registries the
@@ -299,11 +374,37 @@ mod tests {
             npm_packages: vec!["left-pad".into()],
             base: None,
         };
-        let f = dockerfile("x", &spec, "sandmesh/sandbox:abc", "0123");
+        let base = BuildBase::Image("sandmesh/sandbox:abc".into());
+        let f = dockerfile("x", &spec, &base, "0123");
         assert!(f.starts_with("FROM sandmesh/sandbox:abc\n"));
         assert!(f.contains("apt-get install -y --no-install-recommends 'python3-numpy' 'npm'"));
         assert!(f.contains("--break-system-packages --disable-pip-version-check 'tabulate==0.9.0'"));
         assert!(f.contains("npm install -g --no-fund --no-audit 'left-pad'"));
+        assert!(!f.contains("COPY --from"));
+        assert!(f.trim_end().ends_with("USER 10001:10001"));
+    }
+
+    #[test]
+    fn on_a_runtime_layer_the_packages_come_first_and_the_supervisor_last() {
+        let spec = ImageSpec {
+            debian_packages: vec!["python3-numpy".into()],
+            ..Default::default()
+        };
+        let base = BuildBase::Runtime {
+            runtime: "sandmesh/sandbox-runtime:r1".into(),
+            image: "sandmesh/sandbox:s1".into(),
+            supervisor: "5up".into(),
+        };
+        let f = dockerfile("x", &spec, &base, "0123");
+        assert!(f.starts_with("FROM sandmesh/sandbox-runtime:r1\n"));
+        let packages = f.find("apt-get install").unwrap();
+        let copy = f
+            .find("COPY --from=sandmesh/sandbox:s1 /usr/local/bin/sandmesh-supervisor /usr/local/bin/sandmesh-supervisor\n")
+            .unwrap();
+        assert!(packages < copy, "{f}");
+        assert!(f.contains("LABEL org.sandmesh.supervisor=5up\n"));
+        // The one layer that changes with the supervisor comes after every install.
+        assert!(f[copy..].find("RUN").is_none(), "{f}");
         assert!(f.trim_end().ends_with("USER 10001:10001"));
     }
 
