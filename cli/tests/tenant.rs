@@ -136,15 +136,22 @@ impl Mesh {
     /// Until `up` says the mesh is up: it does once every service answers a real request (a
     /// service is listed by `status` a moment before its endpoints are served).
     async fn until_up(&self) {
-        eventually(
-            "`up` to say the mesh is up",
-            Duration::from_secs(300),
-            || async {
-                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-                text.contains("sandmesh: mesh is up").then_some(())
-            },
-        )
+        let read = || std::fs::read_to_string(&self.log).unwrap_or_default();
+        let up = tokio::time::timeout(Duration::from_secs(300), async {
+            while !read().contains("sandmesh: mesh is up") {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
         .await;
+        if up.is_err() {
+            let text = read();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "`up` did not say the mesh is up in 300 s; its log ends:\n{}",
+                tail.join("\n")
+            );
+        }
     }
 
     /// SIGTERM and its exit (bounded), so `up` removes its containers: a kill on drop (a

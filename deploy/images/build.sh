@@ -23,6 +23,9 @@
 #   BUILD_NETWORK           `docker build --network` value (e.g. host) if the default bridge
 #                           cannot reach the mirror
 #   REBUILD=1               rebuild everything (base included, no build cache)
+#   RUNTIME_ONLY=1          build the layers below our binary only (base, runtime) and print
+#                           the runtime's reference: `scripts/up.sh` does this while the
+#                           binary compiles, and the image then takes seconds
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -79,7 +82,7 @@ SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-$(apt_uri security)}
 [ -n "$MIRROR" ] || { printf 'build.sh: no Debian archive in /etc/apt/sources*: set DEBIAN_MIRROR\n' >&2; exit 64; }
 [ -n "$SECURITY_MIRROR" ] || SECURITY_MIRROR="${MIRROR%/debian}/debian-security"
 readonly MIRROR SECURITY_MIRROR
-readonly REBUILD=${REBUILD:-0}
+readonly REBUILD=${REBUILD:-0} RUNTIME_ONLY=${RUNTIME_ONLY:-0}
 # Images carry `org.sandmesh.image=...`, never the bare label key `sandmesh`: containers with
 # that label are treated as leaked sandboxes by the janitor hook.
 readonly LABEL_KEY=org.sandmesh.image
@@ -238,6 +241,11 @@ else
 fi
 final_ref=$REPO:${final_hash:0:12}
 
+if [ "$RUNTIME_ONLY" = 1 ] && [ "$REBUILD" != 1 ] && [ -n "$(image_id "$rt_ref")" ]; then
+    log "up to date: $rt_ref"
+    printf '%s\n' "$rt_ref"
+    exit 0
+fi
 if [ "$REBUILD" != 1 ] && [ -n "$(image_id "$final_ref")" ]; then
     log "up to date: $final_ref"
 else
@@ -255,6 +263,10 @@ else
         docker_build --build-arg "BASE_IMAGE=$from_ref" \
             --label "org.sandmesh.hash=${rt_hash:0:12}" -t "$rt_ref" - <"$dockerfile"
         log "built $rt_ref in $((SECONDS - t0))s"
+    fi
+    if [ "$RUNTIME_ONLY" = 1 ]; then
+        printf '%s\n' "$rt_ref"
+        exit 0
     fi
     if [ -n "$ctx" ]; then
         log "building $final_ref ($BIN_NAME $bin_sha)"

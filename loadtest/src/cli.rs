@@ -194,6 +194,12 @@ pub enum Scenario {
         #[arg(long, env = "SANDMESH_GATEWAY_KEY")]
         key: Option<String>,
     },
+    /// Stateful interpreters: `print(1)` / `console.log(1)` as a kernel cell, as a plain
+    /// session execution and as a bare Docker exec, at each concurrency.
+    Kernel {
+        #[command(flatten)]
+        load: LoadArgs,
+    },
     /// A blend with hostile programs; results by status; leaked containers.
     Mixed {
         #[command(flatten)]

@@ -34,7 +34,7 @@ use messages::Subjects;
 use crate::cli::{BurstArgs, Cli, ExecArgs, LoadArgs, Scenario};
 use crate::mesh::Mesh;
 use crate::report::{Machine, Report};
-use crate::scenarios::exec::ExecTier;
+use crate::scenarios::exec::{ExecTier, Mode};
 use crate::scenarios::Ctx;
 
 #[tokio::main]
@@ -225,6 +225,13 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
         Scenario::Light { load } => {
             let (c, l) = load.resolve(&[1, 4], 400, 20.0);
             light::light(ctx, &cli.image, &c, l).await
+        }
+        Scenario::Kernel { load } => {
+            let (c, l) = load.resolve(&[1, 4], 400, 20.0);
+            let languages = [Language::Python, Language::Javascript];
+            exec::baseline(ctx, &cli.image, &languages, &c, l).await?;
+            let tiers = [ExecTier::Session, ExecTier::Kernel];
+            exec::exec(ctx, &languages, &tiers, &[Mode::Sync], &c, l).await
         }
         Scenario::Http { load, gateway, key } => {
             let (c, l) = load.resolve(&[1, 4], 400, 20.0);

@@ -8,16 +8,16 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use futures::{stream, StreamExt};
-use messages::exec::{Language, TierChoice};
+use messages::exec::Language;
 
 use messages::exec::ExecResult;
 use sandmesh_client::decode_reply;
 
 use crate::client::{close_session, error_status, exec_sync, open_session};
 use crate::ids::IdCheck;
-use crate::programs::{request, tiny};
+use crate::programs::tiny;
 use crate::report::BurstReport;
-use crate::scenarios::exec::ExecTier;
+use crate::scenarios::exec::{tier_request, ExecTier};
 use crate::scenarios::Ctx;
 use crate::stats::Counts;
 
@@ -46,15 +46,10 @@ pub async fn burst(
     let language = Language::Python;
     let (code, _, _) = tiny(language);
     let mut session_ids = Vec::new();
-    if tier == ExecTier::Session {
+    if tier != ExecTier::Ephemeral {
         for _ in 0..sessions.max(1) {
             let id = open_session(&mesh, language).await?;
-            exec_sync(
-                &mesh,
-                &request(language, code, TierChoice::Session, Some(&id)),
-                None,
-            )
-            .await;
+            exec_sync(&mesh, &tier_request(language, code, tier, Some(&id)), None).await;
             session_ids.push(id);
         }
     }
@@ -105,11 +100,7 @@ pub async fn burst(
     let requests: Vec<_> = (0..jobs)
         .map(|i| {
             let session = session_ids.get(i as usize % session_ids.len().max(1));
-            let choice = match tier {
-                ExecTier::Ephemeral => TierChoice::Ephemeral,
-                ExecTier::Session => TierChoice::Session,
-            };
-            request(language, code, choice, session.map(String::as_str))
+            tier_request(language, code, tier, session.map(String::as_str))
         })
         .collect();
     let exec = mesh.api.exec();
@@ -208,7 +199,7 @@ pub async fn burst(
         jobs,
         tier: match tier {
             ExecTier::Ephemeral => "ephemeral".into(),
-            ExecTier::Session => format!("session ({} sessions)", session_ids.len()),
+            tier => format!("{} ({} sessions)", tier.as_str(), session_ids.len()),
         },
         publish_s: (publish_s * 1000.0).round() / 1000.0,
         all_stored_s: (all_stored_s * 1000.0).round() / 1000.0,

@@ -17,14 +17,35 @@ use crate::scenarios::Ctx;
 pub enum ExecTier {
     Ephemeral,
     Session,
+    /// Session executions as cells of the session's long-lived interpreter (`kernel: true`;
+    /// Python and JavaScript).
+    Kernel,
 }
 
 impl ExecTier {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             ExecTier::Ephemeral => "ephemeral",
             ExecTier::Session => "session",
+            ExecTier::Kernel => "kernel",
         }
+    }
+}
+
+/// A request of `tier` (kernel cells are session executions with `kernel: true`).
+pub fn tier_request(
+    language: Language,
+    code: &str,
+    tier: ExecTier,
+    session: Option<&str>,
+) -> messages::exec::ExecRequest {
+    let choice = match tier {
+        ExecTier::Ephemeral => TierChoice::Ephemeral,
+        ExecTier::Session | ExecTier::Kernel => TierChoice::Session,
+    };
+    messages::exec::ExecRequest {
+        kernel: tier == ExecTier::Kernel,
+        ..request(language, code, choice, session)
     }
 }
 
@@ -127,15 +148,16 @@ async fn series(
         mode.as_str()
     );
     let (code, expect, _) = tiny(language);
-    // Session tier: one session per worker (a session runs one execution at a time), each
-    // warmed by one unmeasured execution so the series measures the steady state.
+    // Session and kernel tiers: one session per worker (a session runs one execution at a
+    // time), each warmed by one unmeasured execution so the series measures the steady state
+    // (for a kernel: its interpreter started).
     let mut sessions = Vec::new();
-    if tier == ExecTier::Session {
+    if tier != ExecTier::Ephemeral {
         for _ in 0..c {
             let id = open_session(&ctx.mesh, language).await?;
             exec_sync(
                 &ctx.mesh,
-                &request(language, code, TierChoice::Session, Some(&id)),
+                &tier_request(language, code, tier, Some(&id)),
                 None,
             )
             .await;
@@ -158,11 +180,7 @@ async fn series(
         let mesh = mesh.clone();
         let session = worker_sessions.get(worker).cloned();
         async move {
-            let choice = match tier {
-                ExecTier::Ephemeral => TierChoice::Ephemeral,
-                ExecTier::Session => TierChoice::Session,
-            };
-            let req = request(language, code, choice, session.as_deref());
+            let req = tier_request(language, code, tier, session.as_deref());
             match mode {
                 Mode::Sync => exec_sync(&mesh, &req, Some(expect)).await,
                 Mode::Async => exec_async(&mesh, &req, Some(expect), limit).await,
