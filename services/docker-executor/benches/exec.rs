@@ -60,6 +60,7 @@ async fn start(image: &str, pool: usize) -> Mesh {
     };
     let subject = mesh
         .config
+        .node
         .kit
         .subjects
         .executor_node(mesh.config.node_id(), ExecutorOp::Close);
