@@ -74,8 +74,13 @@ impl Runner {
         let deadline = Instant::now()
             + Duration::from_millis(job.limits.timeout_ms)
             + self.config.node.kill_grace;
+        // Named afresh for each sandbox, never after the execution id: the same id may run
+        // twice on a node (a retry, a redelivered job), and the first sandbox's cgroup removal
+        // would then kill the second sandbox in the cgroup of the same name.
+        let name = messages::new_id();
+        tracing::debug!(execution_id = %job.run.execution_id, sandbox = %name, "starting a sandbox");
         let input = SandboxInput {
-            name: &job.run.execution_id,
+            name: &name,
             spec: &spec,
             wire,
             limits,

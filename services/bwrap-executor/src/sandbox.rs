@@ -70,7 +70,7 @@ pub struct Launcher {
 
 /// One sandbox's input.
 pub struct SandboxInput<'a> {
-    /// Unique on this node: the cgroup's name.
+    /// The cgroup's name: unique among this node's sandboxes, past and present.
     pub name: &'a str,
     pub spec: &'a RunSpec,
     /// The frames for the supervisor's stdin.
