@@ -10,6 +10,7 @@
 #[cfg(feature = "browser")]
 pub mod browser;
 pub mod cluster;
+pub mod executor_conformance;
 #[cfg(feature = "mesh")]
 pub mod mesh;
 pub mod upstream;

@@ -1,17 +1,18 @@
-//! Settings of the bwrap-executor. The limits an execution gets are the Docker executor's
-//! (`SANDMESH_EXEC_*`: image, ceilings, nofile, fsize, tmp and workspace sizes, kill grace,
-//! janitor period), so both backends run a request under the same rules; what only this
-//! backend has is `SANDMESH_BWRAP_*`. Every bad value of both is reported together.
+//! Settings of the bwrap-executor. The limits an execution gets are every backend's
+//! (`executor_node::NodeConfig`, `SANDMESH_EXEC_*`: image, ceilings, nofile, fsize, tmp and
+//! workspace sizes, kill grace, janitor period), so all backends run a request under the same
+//! rules; what only this backend has is `SANDMESH_BWRAP_*`. Every bad value of both is
+//! reported together.
 
 use std::path::PathBuf;
 
-use docker_executor::ExecutorConfig;
+use executor_node::NodeConfig;
 use kit::config::{ConfigError, ConfigReader, EnvSource};
 
 #[derive(Debug, Clone)]
 pub struct BwrapConfig {
-    /// Image, ceilings and per-execution limits, shared with the Docker backend.
-    pub exec: ExecutorConfig,
+    /// Image, ceilings and per-execution limits, shared with every backend.
+    pub node: NodeConfig,
     /// Sandboxes running at once; beyond it callers get 429. A sandbox costs no warm
     /// container, so this is larger than the Docker backend's.
     pub capacity: usize,
@@ -28,8 +29,8 @@ pub struct BwrapConfig {
 
 impl BwrapConfig {
     pub fn from_env(source: &dyn EnvSource) -> Result<Self, ConfigError> {
-        let exec = ExecutorConfig::from_env(source);
         let mut r = ConfigReader::new(source);
+        let node = NodeConfig::from_reader(&mut r);
         let capacity = r.parse("BWRAP_CAPACITY", 16usize);
         let state_dir = PathBuf::from(r.string("BWRAP_STATE_DIR", "/var/tmp/sandmesh-bwrap"));
         let bwrap = PathBuf::from(r.string("BWRAP_BIN", "bwrap"));
@@ -41,29 +42,19 @@ impl BwrapConfig {
         if sandbox_uid == 0 {
             r.error("SANDMESH_BWRAP_UID: sandboxes never run as root");
         }
-        let own = r.finish();
-        match (exec, own) {
-            (Ok(exec), Ok(())) => Ok(Self {
-                exec,
-                capacity,
-                state_dir,
-                bwrap,
-                cgroup_root,
-                sandbox_uid,
-            }),
-            (exec, own) => {
-                let mut all = Vec::new();
-                for e in [exec.err(), own.err()].into_iter().flatten() {
-                    all.extend(e.0);
-                }
-                Err(ConfigError(all))
-            }
-        }
+        r.finish().map(|_| Self {
+            node,
+            capacity,
+            state_dir,
+            bwrap,
+            cgroup_root,
+            sandbox_uid,
+        })
     }
 
     /// This node's id: the instance id.
     pub fn node_id(&self) -> &str {
-        self.exec.node_id()
+        self.node.node_id()
     }
 
     /// A config for tests and embedded use: this NATS URL, defaults for the rest.
@@ -83,7 +74,7 @@ mod tests {
         let c = BwrapConfig::from_env(&env_map(&[])).unwrap();
         assert_eq!(c.capacity, 16);
         assert_eq!(c.sandbox_uid, 10001);
-        assert_eq!(c.exec.image, "sandmesh/sandbox:latest");
+        assert_eq!(c.node.image, "sandmesh/sandbox:latest");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! One execution from an admitted job to its `ExecResult`: the Docker backend's run spec and
-//! request files, one fresh sandbox, and the Docker backend's classification — with what the
+//! One execution from an admitted job to its `ExecResult`: the node's run spec and request
+//! files, one fresh sandbox, and the node's classification — with what the
 //! host's cgroup counted (OOM kills, pids-limit hits, peak memory, CPU time) taking the place
 //! of what a supervisor in a container would read from its own cgroup. A sandbox has no
 //! `/sys`, and the executor trusts the kernel's counters over anything said from inside.
@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use docker_executor::exchange::{request_wire, OutputStreamer};
-use docker_executor::execution::{request_files, run_spec, Job};
-use docker_executor::node::NodeState;
-use docker_executor::outcome::{base_result, classify};
+use executor_node::exchange::{request_wire, OutputStreamer};
+use executor_node::job::{request_files, run_spec};
+use executor_node::outcome::{base_result, classify};
+use executor_node::{Job, NodeState};
 use messages::exec::{ExecResult, ExecStatus, Timing, Usage};
 use messages::{ErrorBody, ErrorKind, Subjects};
 
@@ -60,7 +60,7 @@ impl Runner {
         streamer: Option<&mut OutputStreamer>,
     ) -> Result<ExecResult, ErrorBody> {
         // No workspace travels: a sandbox is single-use and its files die with it.
-        let spec = run_spec(job, &self.config.exec, false);
+        let spec = run_spec(job, &self.config.node, false);
         let files = request_files(job)?;
         let wire = request_wire(&spec, &[], &files)
             .map_err(|e| ErrorBody::too_large(format!("the request does not fit: {e}")))?;
@@ -73,9 +73,14 @@ impl Runner {
         // was killed, stalled or lied.
         let deadline = Instant::now()
             + Duration::from_millis(job.limits.timeout_ms)
-            + self.config.exec.kill_grace;
+            + self.config.node.kill_grace;
+        // Named afresh for each sandbox, never after the execution id: the same id may run
+        // twice on a node (a retry, a redelivered job), and the first sandbox's cgroup removal
+        // would then kill the second sandbox in the cgroup of the same name.
+        let name = messages::new_id();
+        tracing::debug!(execution_id = %job.run.execution_id, sandbox = %name, "starting a sandbox");
         let input = SandboxInput {
-            name: &job.run.execution_id,
+            name: &name,
             spec: &spec,
             wire,
             limits,
@@ -111,9 +116,6 @@ pub fn outcome(job: &Job, finished: Finished) -> ExecResult {
         ));
     }
     apply_usage(&mut result, counters);
-    // Nothing the sandbox wrote survives it.
-    result.files_created.clear();
-    result.files_modified.clear();
     result
 }
 

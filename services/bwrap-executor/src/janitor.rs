@@ -1,122 +1,117 @@
-//! `Janitor`: on start and then periodically
+//! [`BwrapSweeper`]: what the node's janitor removes on a bwrap host, on start, periodically
+//! and at once when another node's heartbeat key goes:
 //!
-//! - empties and removes sandbox cgroups of this node that no running execution holds (left
-//!   by a cgroup that could not be removed at once, or by a crash of an earlier process);
-//! - empties and removes the cgroups of other nodes of the same mesh whose heartbeat key is
-//!   gone from `sandbox_nodes`: their executor died. Its sandboxes died with it
-//!   (`--die-with-parent`), but a process that escaped that — it cannot leave its cgroup —
-//!   is killed here, and the directories go;
-//! - checks whether the image tag now names a new image, exports it and switches new
-//!   sandboxes to it, and removes rootfs trees no sandbox runs on any more.
+//! - sandbox cgroups of this node that no running execution holds (left by a cgroup that
+//!   could not be removed at once, or by a crash of an earlier process): emptied and removed;
+//! - the cgroups of other nodes of the same mesh whose heartbeat key is gone from
+//!   `sandbox_nodes`: their executor died. Its sandboxes died with it (`--die-with-parent`),
+//!   but a process that escaped that — it cannot leave its cgroup — is killed here, and the
+//!   directories go;
+//! - in each periodic sweep, it also checks whether the image tag now names a new image,
+//!   exports it and switches new sandboxes to it, and removes rootfs trees no sandbox runs on
+//!   any more.
 //!
 //! Nodes of other meshes (another NATS deployment on this host, e.g. parallel test runs) are
 //! never judged: their cgroups live below another mesh directory.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use docker_executor::janitor::node_alive;
-use docker_executor::node::NodeState;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use executor_node::janitor::node_alive;
+use executor_node::{Backend, NodeState, Sweep};
 
+use crate::backend::BwrapBackend;
 use crate::cgroup::Cgroups;
 use crate::rootfs::RootfsCache;
 
-/// The service name under which bwrap executors beat (`bwrap-executor.<node_id>`).
-pub const SERVICE_NAME: &str = messages::ServiceName::BwrapExecutor.as_str();
-
-pub enum JanitorMsg {
-    Sweep,
-    /// Sweeps now and answers with the number of cgroups removed.
-    SweepNow(RpcReplyPort<usize>),
-}
-
-pub struct Janitor;
-
 #[derive(Clone)]
-pub struct JanitorArgs {
+pub struct BwrapSweeper {
     pub cgroups: Cgroups,
     pub rootfs: Arc<RootfsCache>,
     pub node: Arc<NodeState>,
     pub node_id: String,
     pub nodes_kv: kv::Store,
-    pub interval: Duration,
 }
 
-/// One sweep; returns how many cgroups were removed.
-async fn sweep(args: &JanitorArgs) -> usize {
-    let mut doomed = Vec::new();
-    for name in args.cgroups.list(&args.node_id) {
-        if !args.node.owns(&name) {
-            doomed.push((args.node_id.clone(), name));
-        }
-    }
-    let mut gone_nodes = Vec::new();
-    for node in args.cgroups.nodes() {
-        if node != args.node_id && !node_alive(&args.nodes_kv, SERVICE_NAME, &node).await {
-            for name in args.cgroups.list(&node) {
-                doomed.push((node.clone(), name));
+impl BwrapSweeper {
+    /// Empties and removes the cgroups `doomed` (by node and name), and the directories of
+    /// the `gone_nodes`, off the runtime (cgroup files are plain blocking I/O).
+    async fn remove(&self, doomed: Vec<(String, String)>, gone_nodes: Vec<String>) -> usize {
+        let cgroups = self.cgroups.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut removed = 0;
+            for (node, name) in &doomed {
+                if cgroups.existing(node, name).remove() {
+                    removed += 1;
+                }
             }
-            gone_nodes.push(node);
-        }
+            for node in &gone_nodes {
+                cgroups.remove_node(node);
+            }
+            removed
+        })
+        .await
+        .unwrap_or(0)
     }
-    let cgroups = args.cgroups.clone();
-    let removed = tokio::task::spawn_blocking(move || {
-        let mut removed = 0;
-        for (node, name) in &doomed {
-            if cgroups.existing(node, name).remove() {
-                removed += 1;
+
+    async fn gone(&self, node: &str) -> bool {
+        !node_alive(&self.nodes_kv, BwrapBackend::SERVICE, node).await
+    }
+}
+
+impl Sweep for BwrapSweeper {
+    async fn sweep(&self) -> usize {
+        let me = &self.node_id;
+        let mut doomed = Vec::new();
+        for name in self.cgroups.list(me) {
+            if !self.node.owns(&name) {
+                doomed.push((me.clone(), name));
             }
         }
-        for node in &gone_nodes {
-            cgroups.remove_node(node);
+        let mut gone_nodes = Vec::new();
+        for node in self.cgroups.nodes() {
+            if node != *me && self.gone(&node).await {
+                for name in self.cgroups.list(&node) {
+                    doomed.push((node.clone(), name));
+                }
+                gone_nodes.push(node);
+            }
         }
+        let removed = self.remove(doomed, gone_nodes).await;
+        if removed > 0 {
+            tracing::info!(removed, "janitor: removed stray sandbox cgroups");
+        }
+        match self.rootfs.refresh().await {
+            Ok(true) => tracing::info!("janitor: the sandbox image changed; new sandboxes use it"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "janitor: cannot check the sandbox image"),
+        }
+        self.rootfs.sweep();
         removed
-    })
-    .await
-    .unwrap_or(0);
-    if removed > 0 {
-        tracing::info!(removed, "janitor: removed stray sandbox cgroups");
-    }
-    match args.rootfs.refresh().await {
-        Ok(true) => tracing::info!("janitor: the sandbox image changed; new sandboxes use it"),
-        Ok(false) => {}
-        Err(e) => tracing::warn!(error = %e, "janitor: cannot check the sandbox image"),
-    }
-    args.rootfs.sweep();
-    removed
-}
-
-impl Actor for Janitor {
-    type Msg = JanitorMsg;
-    type State = JanitorArgs;
-    type Arguments = JanitorArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        args: JanitorArgs,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        myself.send_interval(args.interval, || JanitorMsg::Sweep);
-        let _ = myself.cast(JanitorMsg::Sweep);
-        Ok(args)
     }
 
-    async fn handle(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            JanitorMsg::Sweep => {
-                sweep(state).await;
-            }
-            JanitorMsg::SweepNow(reply) => {
-                let _ = reply.send(sweep(state).await);
-            }
+    async fn reap_node(&self, node: &str) -> usize {
+        let names = self.cgroups.list(node);
+        if node == self.node_id || !self.gone(node).await {
+            return 0;
         }
-        Ok(())
+        tracing::info!(
+            node,
+            cgroups = names.len(),
+            "janitor: node's heartbeat expired"
+        );
+        let doomed = names.into_iter().map(|n| (node.to_string(), n)).collect();
+        self.remove(doomed, vec![node.to_string()]).await
+    }
+
+    async fn remove_all(&self) -> usize {
+        let me = &self.node_id;
+        let doomed = self
+            .cgroups
+            .list(me)
+            .into_iter()
+            .map(|n| (me.clone(), n))
+            .collect();
+        self.remove(doomed, vec![me.clone()]).await
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! Inside runs the same `sandmesh-supervisor` as in a container, speaking the same frames on
 //! stdin and stdout, so results, statuses, output caps and streaming are the Docker backend's
-//! (the exchange, run spec and classification are shared from `docker_executor`). A sandbox
+//! (the exchange, run spec and classification are the node's, `executor_node`). A sandbox
 //! costs no container: it starts in milliseconds and leaves nothing behind, so this backend
 //! takes ephemeral executions only — code the assessor found SAFE, without a session. Sessions
 //! and stricter isolation stay in Docker.
@@ -18,10 +18,15 @@
 //! - `sandbox.v1.executor.bwrap.run` — queue group of all bwrap executors;
 //! - `sandbox.v1.executor.bwrap.<node_id>.{run,drain}` — this node only.
 //!
+//! It is a backend of `executor_node` ([`backend::BwrapBackend`]): admission, drain, the
+//! heartbeat, the janitor and the subjects are the node's.
+//!
 //! ```text
-//! Executor (admission: tier ephemeral without a session, capacity → 429, draining → 503;
-//! │         one task per execution, each in its own sandbox; restarts the janitor)
-//! └── Janitor   stray cgroups (this node, dead nodes of the mesh), image refresh, old rootfs
+//! ExecutorNode<BwrapBackend> (admission: tier ephemeral without a session or network,
+//! │         capacity → 429, draining → 503; one task per execution, each in its own sandbox;
+//! │         restarts the janitor)
+//! └── Janitor<BwrapSweeper>   stray cgroups (this node, dead nodes of the mesh), image
+//!                             refresh, old rootfs
 //! (+ the kit's Heartbeat: capacity, running, backends = [bwrap])
 //! ```
 //!
@@ -29,14 +34,14 @@
 //! namespaces (naming the sysctl to change), when no cgroup can be made, or when the image
 //! has no supervisor.
 //!
-//! Configuration: the Docker executor's `SANDMESH_EXEC_*` limits and ceilings (one set of rules
-//! for both backends) and `SANDMESH_BWRAP_{CAPACITY,STATE_DIR,BIN,CGROUP_ROOT,UID}`
+//! Configuration: the node's `SANDMESH_EXEC_*` limits and ceilings (one set of rules for every
+//! backend) and `SANDMESH_BWRAP_{CAPACITY,STATE_DIR,BIN,CGROUP_ROOT,UID}`
 //! ([`BwrapConfig`]).
 
+pub mod backend;
 pub mod cgroup;
 pub mod config;
 pub mod execution;
-pub mod executor;
 pub mod janitor;
 pub mod rootfs;
 pub mod sandbox;
@@ -44,23 +49,20 @@ pub mod seccomp;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-use docker_executor::docker::{DockerError, Sandboxes};
-use docker_executor::node::NodeState;
-use docker_executor::ExecutorError;
-use kit::{actor_handler, CancellationToken, EndpointOptions, KitError, Runtime, ServiceInfo};
-use messages::executor::Backend;
-use messages::subjects::ExecutorOp;
-use ractor::Actor;
+use containers::DockerError;
+use executor_node::{Backend, ImageCheckError, NodeError, NodeParts, NodeState};
+use kit::{CancellationToken, KitError, Runtime, ServiceInfo};
 
+use backend::BwrapBackend;
 pub use config::BwrapConfig;
 use execution::Runner;
-use executor::{Executor, ExecutorArgs, ExecutorMsg};
-use janitor::{JanitorArgs, SERVICE_NAME};
+use janitor::BwrapSweeper;
 use sandbox::Launcher;
+
+/// The service name under which bwrap executors beat (`bwrap-executor.<node_id>`).
+pub const SERVICE_NAME: &str = BwrapBackend::SERVICE.as_str();
 
 #[derive(Debug, thiserror::Error)]
 pub enum BwrapError {
@@ -69,7 +71,7 @@ pub enum BwrapError {
     #[error(transparent)]
     Kit(#[from] KitError),
     #[error("checking the sandbox image")]
-    Image(#[source] ExecutorError),
+    Image(#[source] ImageCheckError),
     #[error(
         "bubblewrap ({program}) cannot be started: install Debian's `bubblewrap` package \
          (scripts/install-tools.sh does) or set SANDMESH_BWRAP_BIN"
@@ -92,10 +94,8 @@ pub enum BwrapError {
     Rootfs(#[from] rootfs::RootfsError),
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
-    #[error("starting the executor actor")]
-    Spawn(#[source] ractor::SpawnErr),
-    #[error("stopping the executor actor")]
-    Stop(#[source] ractor::RactorErr<ractor::actor::messages::StopMessage>),
+    #[error(transparent)]
+    Node(#[from] NodeError),
 }
 
 /// Whether bubblewrap can be started here at all (for `sandmesh up`, which runs this backend
@@ -168,8 +168,8 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         });
     }
     probe_user_namespaces(&config).await?;
-    let docker = Sandboxes::connect().await?;
-    docker_executor::check_image(&docker, &config.exec.image)
+    let docker = containers::connect().await?;
+    executor_node::check_image(&docker, &config.node.image)
         .await
         .map_err(BwrapError::Image)?;
     let info = ServiceInfo {
@@ -177,15 +177,15 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         version: env!("CARGO_PKG_VERSION").into(),
         description: "Runs ephemeral code in a fresh bubblewrap sandbox per execution".into(),
     };
-    let mut runtime = Runtime::start(config.exec.kit.clone(), info).await?;
+    let runtime = Runtime::start(config.node.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
     let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
     let me = config.node_id().to_string();
     let filters = seccomp::Filters::write(&config.state_dir.join("seccomp"))?;
     let cgroups = cgroup::Cgroups::open(&config.cgroup_root, &mesh, &me)?;
     let rootfs =
-        Arc::new(rootfs::RootfsCache::open(docker, &config.exec.image, &config.state_dir).await?);
-    let node = Arc::new(NodeState::default());
+        Arc::new(rootfs::RootfsCache::open(docker, &config.node.image, &config.state_dir).await?);
+    let node = Arc::new(NodeState::new(runtime.metrics.clone()));
     let config = Arc::new(config);
     let launcher = Launcher {
         bwrap: config.bwrap.clone(),
@@ -194,124 +194,37 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         rootfs: rootfs.clone(),
         drop_to: drop_to(&config),
         uid: config.sandbox_uid,
-        tmp_mb: config.exec.tmp_mb,
-        workspace_mb: config.exec.workspace_mb,
-        nofile: config.exec.nofile,
+        tmp_mb: config.node.tmp_mb,
+        workspace_mb: config.node.workspace_mb,
+        nofile: config.node.nofile,
     };
-
-    let probe_node = node.clone();
-    let capacity = config.capacity;
-    let labels = std::collections::BTreeMap::from([
-        ("node".to_string(), me.clone()),
-        ("image".to_string(), config.exec.image.clone()),
-        ("mesh".to_string(), mesh.clone()),
-        ("cgroup".to_string(), format!("v{}", cgroups.version())),
-    ]);
-    let host = kit::resources::HostSampler::default();
-    let metrics = runtime.metrics.clone();
-    let at = kit::metrics::NodeLabels {
-        service: SERVICE_NAME,
-        node: me.clone(),
-    };
-    runtime
-        .start_heartbeat(Arc::new(move || {
-            let resources = host.sample();
-            if let Some(r) = &resources {
-                metrics.host_resources(&at, r);
-            }
-            kit::heartbeat::Load {
-                capacity: capacity as u32,
-                load: probe_node.running.load(Ordering::Relaxed) as u32,
-                metrics: probe_node.metrics(capacity),
-                labels: labels.clone(),
-                backends: vec![Backend::Bwrap],
-                resources,
-            }
-        }))
-        .await?;
-
     let runner = Runner {
         launcher: Arc::new(launcher),
         client: runtime.client.clone(),
-        subjects: subjects.clone(),
+        subjects,
         config: config.clone(),
     };
-    let janitor = JanitorArgs {
+    let sweeper = BwrapSweeper {
         cgroups: cgroups.clone(),
         rootfs,
         node: node.clone(),
         node_id: me.clone(),
-        nodes_kv,
-        interval: config.exec.janitor_interval,
+        nodes_kv: nodes_kv.clone(),
     };
-    let args = ExecutorArgs {
-        runner,
+    let labels = std::collections::BTreeMap::from([
+        ("image".to_string(), config.node.image.clone()),
+        ("mesh".to_string(), mesh.clone()),
+        ("cgroup".to_string(), format!("v{}", cgroups.version())),
+    ]);
+    tracing::info!(node = me, mesh, image = %config.node.image, cgroup = cgroups.version(), "bwrap-executor starting");
+    let parts = NodeParts {
+        runtime,
+        config: Arc::new(config.node.clone()),
         node: node.clone(),
-        janitor,
+        capacity: config.capacity,
+        nodes_kv,
+        labels,
     };
-    let (executor, _) = Actor::spawn(None, Executor, args)
-        .await
-        .map_err(BwrapError::Spawn)?;
-
-    let options = EndpointOptions {
-        // Admission (429 past capacity) is the executor's own; the kit only bounds memory.
-        max_in_flight: config.exec.kit.max_in_flight.max(config.capacity * 4),
-        ..runtime.endpoint_options()
-    };
-    let served = async {
-        let run = actor_handler(executor.clone(), ExecutorMsg::Run);
-        runtime
-            .serve_with(
-                subjects.executor_run_on(Backend::Bwrap),
-                options,
-                run.clone(),
-            )
-            .await?;
-        runtime
-            .serve_with(
-                subjects.executor_node_on(Backend::Bwrap, &me, ExecutorOp::Run),
-                options,
-                run,
-            )
-            .await?;
-        runtime
-            .serve_with(
-                subjects.executor_node_on(Backend::Bwrap, &me, ExecutorOp::Drain),
-                options,
-                actor_handler(executor.clone(), ExecutorMsg::Drain),
-            )
-            .await
-    };
-    if let Err(e) = served.await {
-        executor.stop_and_wait(None, None).await.ok();
-        runtime.shutdown().await;
-        return Err(e.into());
-    }
-    tracing::info!(node = me, mesh, image = %config.exec.image, cgroup = cgroups.version(), "bwrap-executor ready");
-
-    shutdown.cancelled().await;
-    // Requests in flight finish first (bounded by the grace period).
-    runtime.shutdown().await;
-    let stopped = executor
-        .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
-        .await;
-    // Sandboxes still running and cgroup removals finish before `run` returns.
-    if !node.finish_tasks(Duration::from_secs(60)).await {
-        tracing::warn!("sandbox work still running after 60 s; the janitor will clean up");
-    }
-    // A node that stops owns nothing: anything still there is a leak of a race above.
-    let left = tokio::task::spawn_blocking(move || {
-        let names = cgroups.list(&me);
-        for name in &names {
-            cgroups.existing(&me, name).remove();
-        }
-        cgroups.remove_node(&me);
-        names.len()
-    })
-    .await
-    .unwrap_or(0);
-    if left > 0 {
-        tracing::warn!(left, "removed sandbox cgroups left at shutdown");
-    }
-    stopped.map_err(BwrapError::Stop)
+    let backend = BwrapBackend { runner, node };
+    Ok(executor_node::serve(parts, backend, sweeper, shutdown).await?)
 }

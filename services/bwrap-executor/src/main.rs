@@ -1,7 +1,6 @@
 //! `sandmesh-bwrap-executor`: the bwrap-executor as its own process.
 
-use bwrap_executor::janitor::SERVICE_NAME;
-use bwrap_executor::BwrapConfig;
+use bwrap_executor::{BwrapConfig, SERVICE_NAME};
 use kit::config::{exit_on_error, ProcessEnv};
 
 #[tokio::main]
@@ -9,8 +8,8 @@ async fn main() {
     let config = exit_on_error(BwrapConfig::from_env(&ProcessEnv));
     let _telemetry = kit::telemetry::init(
         SERVICE_NAME,
-        config.exec.kit.otlp_endpoint.as_deref(),
-        config.exec.kit.log_json,
+        config.node.kit.otlp_endpoint.as_deref(),
+        config.node.kit.log_json,
     );
     let shutdown = kit::shutdown::on_signals();
     if let Err(e) = bwrap_executor::run(config, shutdown).await {

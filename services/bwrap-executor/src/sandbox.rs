@@ -18,9 +18,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use docker_executor::docker::{SUPERVISOR_PATH, WORKSPACE_DIR};
-use docker_executor::exchange::{Ending, Exchange, FrameCollector, OutputStreamer};
-use docker_executor::node::NodeState;
+use executor_node::exchange::{Ending, Exchange, FrameCollector, OutputStreamer};
+use executor_node::{NodeState, SUPERVISOR_PATH, WORKSPACE_DIR};
 use sandbox_protocol::RunSpec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -71,7 +70,7 @@ pub struct Launcher {
 
 /// One sandbox's input.
 pub struct SandboxInput<'a> {
-    /// Unique on this node: the cgroup's name.
+    /// The cgroup's name: unique among this node's sandboxes, past and present.
     pub name: &'a str,
     pub spec: &'a RunSpec,
     /// The frames for the supervisor's stdin.

@@ -1,5 +1,6 @@
 //! Security catalogue §6, the isolation rows, against the bwrap backend: file system, secrets,
-//! /proc, network, setuid, syscalls (seccomp), two executions at once, and an executor crash.
+//! /proc, network, setuid, syscalls (seccomp), and an executor crash (two executions at once
+//! are the conformance suite's).
 //! Every test checks what the hostile code saw, that the next execution works, and that no
 //! process or cgroup of the node is left.
 
@@ -191,63 +192,6 @@ print(subprocess.run(["echo", "fork works"], capture_output=True, text=True).std
         .filter(|l| l.starts_with("mount:") || l.starts_with("unshare:"))
         .count();
     assert_eq!(refused, 3, "each refused: {r:?}");
-    h.assert_recovered().await;
-    h.stop().await;
-}
-
-#[tokio::test]
-async fn two_executions_at_once_cannot_see_each_other() {
-    let h = Harness::start().await;
-    let a_code = r#"
-import os, socket, time
-open("/tmp/a-secret", "w").write("a")
-open("/workspace/a-file", "w").write("a")
-s = socket.socket(socket.AF_UNIX)
-s.bind("\0sandmesh-cross")
-s.listen()
-time.sleep(3)
-print("a done", os.path.exists("/tmp/b-secret"))
-"#;
-    let b_code = r#"
-import os, socket
-open("/tmp/b-secret", "w").write("b")
-pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-cmds = [open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in pids]
-print("a-sleeper" if any("a-secret" in c or "sandmesh-cross" in c for c in cmds) else "no a")
-print(len(pids), os.path.exists("/tmp/a-secret"), os.path.exists("/workspace/a-file"))
-c = socket.socket(socket.AF_UNIX)
-try:
-    c.connect("\0sandmesh-cross")
-    print("CONNECTED")
-except OSError:
-    print("refused")
-"#;
-    let a = h.exec(Language::Python, a_code);
-    let b = async {
-        // B starts while A holds its files, its socket and its processes.
-        eventually_true("A to run", Duration::from_secs(10), || async {
-            !h.cgroups().is_empty()
-        })
-        .await;
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        h.exec(Language::Python, b_code).await
-    };
-    let (a, b) = tokio::join!(a, b);
-    assert_eq!(
-        (a.status, a.stdout.as_str()),
-        (ExecStatus::Ok, "a done False\n"),
-        "{a:?}"
-    );
-    assert_eq!(b.status, ExecStatus::Ok, "{b:?}");
-    let lines: Vec<&str> = b.stdout.lines().collect();
-    assert_eq!(lines[0], "no a", "{b:?}");
-    let (count, rest) = lines[1].split_once(' ').unwrap();
-    assert!(
-        count.parse::<u32>().unwrap() <= 4,
-        "only its own processes: {b:?}"
-    );
-    assert_eq!(rest, "False False", "no file of A: {b:?}");
-    assert_eq!(lines[2], "refused", "no abstract socket of A: {b:?}");
     h.assert_recovered().await;
     h.stop().await;
 }

@@ -1,6 +1,8 @@
-//! Security catalogue §6, the resource rows, against the bwrap backend: each limit pushed until
-//! it trips. Every test checks the classified status, that the next execution works, and that
-//! no process or cgroup of the node is left.
+//! Security catalogue §6, the resource rows only this backend enforces its own way (pids,
+//! tmpfs sizes, nofile, /dev/shm), against the bwrap backend: each limit pushed until it trips
+//! (timeouts, output caps, memory bombs and orphans are the conformance suite's). Every
+//! test checks the classified status, that the next execution works, and that no process or
+//! cgroup of the node is left.
 
 mod common;
 
@@ -68,28 +70,14 @@ async fn fork_bombs_hit_the_pids_limit_and_another_run_still_forks() {
 }
 
 #[tokio::test]
-async fn memory_bombs_are_oom_killed() {
+async fn tmpfs_pages_count_against_the_memory_limit() {
+    // Memory bombs in the program are the conformance suite's; /dev/shm cannot hide memory
+    // from the sandbox's cgroup either.
     let h = Harness::start().await;
     let mem = Limits {
         memory_mb: Some(64),
         ..Default::default()
     };
-    let r = h
-        .exec_with(limited(
-            Language::Python,
-            "s = 'x' * (512 << 20)\nprint(len(s))",
-            10_000,
-            mem,
-        ))
-        .await;
-    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
-    assert_eq!(r.exit_code, Some(137));
-    let node = "const a = []; while (true) a.push(Buffer.alloc(16 << 20, 1));";
-    let r = h
-        .exec_with(limited(Language::Javascript, node, 10_000, mem))
-        .await;
-    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
-    // tmpfs pages count against the same limit: /dev/shm cannot hide memory either.
     let r = h
         .exec_with(limited(
             Language::Shell,
@@ -103,87 +91,6 @@ async fn memory_bombs_are_oom_killed() {
         Some("survived"),
         "{r:?}"
     );
-    h.assert_recovered().await;
-    h.stop().await;
-}
-
-#[tokio::test]
-async fn cpu_burners_and_sleepers_end_at_the_wall_timeout() {
-    let h = Harness::start().await;
-    let cpu = Limits {
-        cpus: Some(0.5),
-        ..Default::default()
-    };
-    let r = h
-        .exec_with(limited(Language::Python, "while True: pass", 1000, cpu))
-        .await;
-    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
-    let cpu_ms = r.usage.map(|u| u.cpu_ms).unwrap_or(0);
-    assert!(cpu_ms > 0, "the cgroup counted its CPU: {r:?}");
-    let r = h
-        .exec_with(limited(
-            Language::Python,
-            "import time\ntime.sleep(1e6)",
-            1000,
-            cpu,
-        ))
-        .await;
-    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
-    h.assert_recovered().await;
-    h.stop().await;
-}
-
-#[tokio::test]
-async fn orphans_that_escape_the_process_group_die_with_the_sandbox() {
-    let h = Harness::start().await;
-    // A double fork into a new session that ignores TERM, then the parent exits at once.
-    let code = "setsid sh -c 'trap \"\" TERM HUP; (sleep 300 &) ; sleep 300' >/dev/null 2>&1 < /dev/null &\n\
-                nohup sleep 301 >/dev/null 2>&1 &\n\
-                echo left";
-    let r = h.exec(Language::Shell, code).await;
-    assert_eq!(
-        (r.status, r.stdout.as_str()),
-        (ExecStatus::Ok, "left\n"),
-        "{r:?}"
-    );
-    // Nothing of it outlives the execution: no process and no cgroup of the node remain.
-    h.assert_clean().await;
-    // And after a timeout too.
-    let r = h
-        .exec_with(limited(
-            Language::Shell,
-            "setsid sh -c 'trap \"\" TERM; sleep 300' & sleep 300",
-            800,
-            Limits::default(),
-        ))
-        .await;
-    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
-    h.assert_recovered().await;
-    h.stop().await;
-}
-
-#[tokio::test]
-async fn stdout_bombs_are_cut_at_the_cap_and_killed() {
-    let h = Harness::start().await;
-    let cap = Limits {
-        max_output_bytes: Some(64 * 1024),
-        ..Default::default()
-    };
-    let r = h
-        .exec_with(limited(Language::Shell, "yes", 10_000, cap))
-        .await;
-    assert_eq!(r.status, ExecStatus::OutputLimit, "{r:?}");
-    assert!(r.stdout_truncated);
-    assert!(r.stdout.len() <= 64 * 1024, "{}", r.stdout.len());
-    let r = h
-        .exec_with(limited(
-            Language::Python,
-            "import sys\nwhile True: sys.stderr.write('e' * 4096)",
-            10_000,
-            cap,
-        ))
-        .await;
-    assert_eq!(r.status, ExecStatus::OutputLimit, "{r:?}");
     h.assert_recovered().await;
     h.stop().await;
 }

@@ -60,6 +60,7 @@ async fn start(image: &str, pool: usize) -> Mesh {
     };
     let subject = mesh
         .config
+        .node
         .kit
         .subjects
         .executor_node(mesh.config.node_id(), ExecutorOp::Close);
@@ -93,7 +94,7 @@ impl Mesh {
             kind: Default::default(),
             network: None,
         };
-        let subjects = &self.config.kit.subjects;
+        let subjects = &self.config.node.kit.subjects;
         let subject = match tier {
             Tier::Session => subjects.executor_node(self.config.node_id(), ExecutorOp::Run),
             _ => subjects.executor_run(),
@@ -115,11 +116,11 @@ impl Mesh {
     async fn settle(&self, warm: f64, containers: f64) {
         let js = async_nats::jetstream::new(self.caller.client().clone());
         let kv = js
-            .get_key_value(self.config.kit.subjects.nodes_bucket())
+            .get_key_value(self.config.node.kit.subjects.nodes_bucket())
             .await
             .unwrap();
         let key = messages::heartbeat::heartbeat_key(
-            docker_executor::janitor::SERVICE_NAME,
+            docker_executor::SERVICE_NAME,
             self.config.node_id(),
         );
         loop {
@@ -174,7 +175,7 @@ async fn main() {
     // The baseline: a running container of the same image and hardening.
     let docker = Sandboxes::connect().await.unwrap();
     // Its own node id: the executor's janitor removes unowned containers of its node.
-    let mut spec = SandboxSpec::from_config(&mesh.config, "bench-baseline");
+    let mut spec = SandboxSpec::from_config(&mesh.config.node, "bench-baseline");
     spec.node_id = format!("bench-baseline-{}", messages::new_id().to_ascii_lowercase());
     let baseline = Sandboxes::new(docker.clone(), spec);
     let name = baseline.new_name();

@@ -16,7 +16,7 @@ use containers::{hardened_host_config, tmpfs_options, Hardening};
 pub use containers::{summary_name, DockerError};
 use messages::validate::EffectiveLimits;
 
-use crate::config::ExecutorConfig;
+use executor_node::NodeConfig;
 
 /// Every sandbox container carries `sandmesh=1` (the janitor hook counts these).
 pub const LABEL_SANDMESH: &str = "sandmesh";
@@ -31,8 +31,7 @@ pub const LABEL_SESSION: &str = "sandmesh.session";
 /// label too).
 pub use containers::LABEL_MESH;
 
-pub const SUPERVISOR_PATH: &str = "/usr/local/bin/sandmesh-supervisor";
-pub const WORKSPACE_DIR: &str = "/workspace";
+pub use executor_node::{SUPERVISOR_PATH, WORKSPACE_DIR};
 /// The sandbox user of the image (deploy/images/sandbox/Dockerfile).
 pub const SANDBOX_UID: u32 = 10001;
 
@@ -92,7 +91,7 @@ pub struct SandboxSpec {
 }
 
 impl SandboxSpec {
-    pub fn from_config(c: &ExecutorConfig, mesh: &str) -> Self {
+    pub fn from_config(c: &NodeConfig, mesh: &str) -> Self {
         Self {
             image: c.image.clone(),
             node_id: c.node_id().to_string(),

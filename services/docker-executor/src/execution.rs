@@ -1,31 +1,27 @@
 //! One execution in a given container, from request to `ExecResult`: limits applied, the
 //! workspace brought up to date and the request files sent along, the one supervised exec,
-//! changes pushed back, and the outcome classified. Shared by every kind of run.
+//! changes pushed back, and the outcome classified (the run spec, the frames and the
+//! classification are the node's, `executor_node`). Shared by every kind of run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use executor_node::exchange::OutputStreamer;
+use executor_node::job::{request_files, run_spec};
+use executor_node::outcome::{base_result, classify, safe_paths};
+use executor_node::workspace::{Held, WorkspaceSync};
+use executor_node::{Job, NodeState};
 use kit::AuditScope;
-use messages::exec::{ExecResult, ExecStatus, Language, Timing};
-use messages::executor::{ExecutorRun, RunKind};
+use messages::exec::{ExecResult, ExecStatus, Timing};
 use messages::network::NetworkPolicy;
-use messages::template::TemplateRan;
-use messages::validate::EffectiveLimits;
 use messages::{ErrorBody, Subjects};
-use ractor::RpcReplyPort;
-use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
+use sandbox_protocol::RunSpec;
 
 use crate::config::ExecutorConfig;
-use crate::docker::{ContainerKind, ContainerLimits, Sandboxes, WORKSPACE_DIR};
+use crate::docker::{ContainerKind, ContainerLimits, Sandboxes};
 use crate::egress::{ContainerEgress, EgressHost};
-use crate::exchange::{self, ExchangeInput, OutputStreamer};
-use crate::lease::{ContainerLease, Held, RunSlot, StartError};
-use crate::node::NodeState;
-use crate::outcome::{base_result, classify, safe_paths};
-use crate::workspace::WorkspaceSync;
-
-/// Where the code file goes: outside the workspace, so it is never a "changed file".
-const CODE_DIR: &str = "/tmp/.sandmesh";
+use crate::exchange::{self, ExchangeInput};
+use crate::lease::{ContainerLease, StartError};
 
 /// workspace-store removes workspaces unused past its TTL (hours), counting snapshots and
 /// changes as use. A session that runs for hours without changing a file makes neither, so its
@@ -44,58 +40,6 @@ pub struct Runner {
     pub egress: EgressHost,
 }
 
-/// An accepted run with its limits decided.
-#[derive(Debug)]
-pub struct Job {
-    pub run: ExecutorRun,
-    pub limits: EffectiveLimits,
-    pub accepted: Instant,
-    /// Already retried once after an unusable container.
-    pub retried: bool,
-}
-
-impl Job {
-    /// The session whose workspace travels with this run: none for an isolated run, which
-    /// makes no workspace round trip at all.
-    pub fn workspace_session(&self) -> Option<&str> {
-        match self.run.kind {
-            RunKind::Isolated => None,
-            RunKind::Pooled | RunKind::Session => self.run.request.session_id.as_deref(),
-        }
-    }
-}
-
-pub type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
-
-/// A job with the caller waiting for it and its run slot: answering consumes it (and gives
-/// the slot back); dropping it unanswered does too, and the caller learns the actor is gone.
-pub struct Admitted {
-    pub job: Job,
-    reply: Reply,
-    slot: RunSlot,
-    /// The template and image it runs in, once resolved; its result says so.
-    pub ran: Option<TemplateRan>,
-}
-
-impl Admitted {
-    pub fn new(job: Job, reply: Reply, slot: RunSlot) -> Self {
-        Self {
-            job,
-            reply,
-            slot,
-            ran: None,
-        }
-    }
-
-    pub fn answer(self, mut result: Result<ExecResult, ErrorBody>) {
-        if let Ok(r) = &mut result {
-            r.template = self.ran;
-        }
-        let _ = self.reply.send(result);
-        self.slot.finished();
-    }
-}
-
 /// Whether the container can take another execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Health {
@@ -105,100 +49,6 @@ pub enum Health {
     /// It could not start anything (stopped or gone, e.g. killed from outside while warm):
     /// the run never began, so it may be retried once in another container.
     Unusable,
-}
-
-fn program(language: Language) -> (Vec<String>, String) {
-    let (file, argv): (&str, &[&str]) = match language {
-        Language::Python => ("main.py", &["python3", "-u"]),
-        Language::Javascript => ("main.js", &["node"]),
-        Language::Shell => ("main.sh", &["bash"]),
-    };
-    let path = format!("{CODE_DIR}/{file}");
-    let mut argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-    argv.push(path.clone());
-    (argv, path)
-}
-
-/// The most output a result can carry over `client`: the server's max payload less room for
-/// the rest of the result.
-pub fn output_budget(client: &async_nats::Client) -> u64 {
-    let max_payload = client.server_info().max_payload as u64;
-    max_payload.saturating_sub(64 * 1024).max(64 * 1024)
-}
-
-/// The supervisor's request for `job`, the same for every backend: the program for its
-/// language, a clean environment (the request's variables on top), the node's limits, and
-/// room for changed files only when `keeps_changes` (a workspace takes them).
-pub fn run_spec(job: &Job, config: &ExecutorConfig, keeps_changes: bool) -> RunSpec {
-    let req = &job.run.request;
-    let (argv, code_path) = program(req.language);
-    let mut env: Vec<(String, String)> = [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
-        ("HOME", WORKSPACE_DIR),
-        ("LANG", "C.UTF-8"),
-        ("TMPDIR", "/tmp"),
-        ("PYTHONUNBUFFERED", "1"),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-        // The script lives in /tmp/.sandmesh; modules are imported from the workspace.
-        ("PYTHONPATH", WORKSPACE_DIR),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    for (k, v) in &req.env {
-        env.retain(|(name, _)| name != k);
-        env.push((k.clone(), v.clone()));
-    }
-    RunSpec {
-        version: PROTOCOL_VERSION,
-        argv,
-        code_path,
-        code: req.code.clone(),
-        stdin: req.stdin.clone(),
-        env,
-        workspace: WORKSPACE_DIR.into(),
-        timeout_ms: job.limits.timeout_ms,
-        max_output_bytes: job.limits.max_output_bytes,
-        nofile: config.nofile,
-        fsize_bytes: config.fsize_mb << 20,
-        max_changes_bytes: if keeps_changes {
-            config.workspace_mb << 20
-        } else {
-            0
-        },
-        // Set by the backend whose container has an egress socket.
-        egress_socket: None,
-        kernel: match (req.kernel, req.language) {
-            (false, _) => None,
-            (true, Language::Python) => Some(KernelLanguage::Python),
-            (true, Language::Javascript) => Some(KernelLanguage::Javascript),
-            // Refused on admission: a shell has no kernel.
-            (true, Language::Shell) => None,
-        },
-    }
-}
-
-/// The request's files as a tar (paths were validated on admission).
-pub fn request_files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
-    let files = &job.run.request.files;
-    if files.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut b = tar::Builder::new(Vec::new());
-    for f in files {
-        let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
-        let mut h = tar::Header::new_gnu();
-        h.set_size(bytes.len() as u64);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, &f.path, bytes.as_slice())
-            .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
-    }
-    b.into_inner()
-        .map_err(|e| ErrorBody::internal(e.to_string()))
 }
 
 impl Runner {
@@ -224,16 +74,10 @@ impl Runner {
         Ok(ContainerLease::start(&self.sandboxes, node, kind, session, limits, egress).await?)
     }
 
-    /// The most output a result can carry: the server's max payload less room for the rest
-    /// of the result.
-    pub fn output_budget(&self) -> u64 {
-        output_budget(&self.client)
-    }
-
     fn spec(&self, job: &Job, container: &ContainerLease) -> RunSpec {
         // Changed files travel back only when there is a workspace to put them in.
         let keeps_changes = self.workspace.is_some() && job.workspace_session().is_some();
-        let mut spec = run_spec(job, &self.config, keeps_changes);
+        let mut spec = run_spec(job, &self.config.node, keeps_changes);
         spec.egress_socket = container
             .egress
             .as_ref()
@@ -343,8 +187,9 @@ impl Runner {
         let spec = self.spec(job, container);
         // The supervisor ends the run at its timeout; this backstop covers a supervisor that
         // was killed, stalled or lied.
-        let deadline =
-            Instant::now() + Duration::from_millis(job.limits.timeout_ms) + self.config.kill_grace;
+        let deadline = Instant::now()
+            + Duration::from_millis(job.limits.timeout_ms)
+            + self.config.node.kill_grace;
         let input = ExchangeInput {
             container: &container.name,
             spec: &spec,
@@ -365,11 +210,6 @@ impl Runner {
         result.node = Some(self.sandboxes.spec.node_id.clone());
         if ex.report.is_some() {
             container.held = will_hold;
-        }
-        if job.run.kind == RunKind::Isolated {
-            // Its files die with its container: none was created anywhere that lasts.
-            result.files_created.clear();
-            result.files_modified.clear();
         }
         if let (Some(ws), Some(session), Some(report)) =
             (&self.workspace, job.workspace_session(), &ex.report)

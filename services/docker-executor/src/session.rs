@@ -20,10 +20,12 @@ use messages::network::NetworkPolicy;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use executor_node::{Admitted, NodeState};
+
+use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
-use crate::execution::{Admitted, Health, Runner};
+use crate::execution::{Health, Runner};
 use crate::lease::{ContainerLease, StartError};
-use crate::node::NodeState;
 use crate::warm_pool::WarmPoolMsg;
 
 /// Containers travel in messages as leases: one the stopped actor never reads is dropped with
@@ -45,6 +47,8 @@ pub struct SessionArgs {
     pub runner: Runner,
     pub pool: ActorRef<WarmPoolMsg>,
     pub node: Arc<NodeState>,
+    /// Where the session counts itself for the heartbeat.
+    pub gauges: Arc<ContainerGauges>,
     pub idle: Duration,
     pub limits: ContainerLimits,
     /// The session's egress policy: its container gets a proxy of its own (and is never a
@@ -165,7 +169,7 @@ impl Actor for SessionContainer {
         myself: ActorRef<Self::Msg>,
         args: SessionArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        args.node.sessions.fetch_add(1, Ordering::Relaxed);
+        args.gauges.sessions.fetch_add(1, Ordering::Relaxed);
         let check = (args.idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
         myself.send_interval(check, || SessionMsg::IdleCheck);
         let mut state = SessionState {
@@ -251,7 +255,7 @@ impl Actor for SessionContainer {
         if let Some(container) = state.container.take() {
             container.remove().await;
         }
-        state.args.node.sessions.fetch_sub(1, Ordering::Relaxed);
+        state.args.gauges.sessions.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 }

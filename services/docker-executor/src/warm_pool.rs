@@ -13,9 +13,11 @@ use kit::metrics::PoolLabels;
 use messages::template::DEFAULT_TEMPLATE;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use executor_node::NodeState;
+
+use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
 use crate::lease::ContainerLease;
-use crate::node::NodeState;
 use crate::resident::Resident;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -47,6 +49,8 @@ pub struct WarmPoolArgs {
     /// stock is what the heartbeat reports.
     pub template: Option<String>,
     pub node: Arc<NodeState>,
+    /// Where the node's own pool reports its stock for the heartbeat.
+    pub gauges: Arc<ContainerGauges>,
     pub size: usize,
     /// What the pool's containers start with: the ceilings' defaults.
     pub limits: ContainerLimits,
@@ -67,12 +71,12 @@ impl WarmPoolState {
         match &self.args.template {
             None => self
                 .args
-                .node
+                .gauges
                 .warm
                 .store(self.ready.len(), Ordering::Relaxed),
             Some(template) => {
                 let labels = PoolLabels {
-                    service: crate::janitor::SERVICE_NAME,
+                    service: crate::SERVICE_NAME,
                     template: template.clone(),
                 };
                 let gauge = self
@@ -152,7 +156,7 @@ impl Actor for WarmPool {
                     &m.warm_pool_misses
                 };
                 let labels = PoolLabels {
-                    service: crate::janitor::SERVICE_NAME,
+                    service: crate::SERVICE_NAME,
                     template: state
                         .args
                         .template

@@ -1,5 +1,6 @@
-//! Executions over real NATS in real containers: the ephemeral tier, every language, stdin,
-//! env, request files, streaming, admission.
+//! Executions over real NATS in real containers: the ephemeral tier's containers, streaming,
+//! admission. (What every backend must do alike — languages, stdin, env, files, exit codes,
+//! limits — is the conformance suite, `tests/conformance.rs`.)
 
 mod common;
 
@@ -7,9 +8,7 @@ use std::time::Duration;
 
 use common::{run, Harness};
 use futures::StreamExt;
-use messages::exec::{
-    ContentEncoding, ExecStatus, FileSpec, Language, Limits, OutputChunk, OutputStream, Tier,
-};
+use messages::exec::{ExecStatus, Language, Limits, OutputChunk, OutputStream, Tier};
 use messages::ErrorKind;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,88 +24,6 @@ async fn ephemeral_python_runs_once_and_its_container_is_gone() {
     assert!(usage.peak_memory_bytes > 1 << 20, "{usage:?}");
     // The used container is removed and the pool (size 1) refilled.
     h.wait_containers(1).await;
-    h.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_language_stdin_env_files_and_exit_codes() {
-    let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "2")]).await;
-
-    let r = h
-        .ephemeral(
-            Language::Javascript,
-            "console.log([1,2,3].map(x => x * 2).join(','))",
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.stdout.as_str()),
-        (ExecStatus::Ok, "2,4,6\n"),
-        "{r:?}"
-    );
-
-    let r = h
-        .ephemeral(Language::Shell, "echo out; echo err >&2; exit 3")
-        .await;
-    assert_eq!(r.status, ExecStatus::Error, "{r:?}");
-    assert_eq!(r.exit_code, Some(3));
-    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
-
-    let r = h
-        .ephemeral(Language::Python, "raise SystemExit('bye')")
-        .await;
-    assert_eq!(
-        (r.status, r.exit_code),
-        (ExecStatus::Error, Some(1)),
-        "{r:?}"
-    );
-    assert!(r.stderr.contains("bye"));
-
-    let mut req = run(
-        Tier::Ephemeral,
-        None,
-        Language::Python,
-        "import os, sys\n\
-         print(sys.stdin.read().upper(), end='')\n\
-         print(os.environ['GREETING'], os.getcwd())\n\
-         print(open('data/in.txt').read(), open('bin.dat','rb').read())\n\
-         import helper; print(helper.VALUE)\n\
-         print(sorted(k for k in os.environ if k.startswith(('SANDMESH', 'NATS'))))",
-    );
-    req.request.stdin = Some("shout\n".into());
-    req.request.env.insert("GREETING".into(), "hi".into());
-    req.request.files = vec![
-        FileSpec {
-            path: "data/in.txt".into(),
-            content: "from a file".into(),
-            encoding: ContentEncoding::Utf8,
-        },
-        FileSpec {
-            path: "bin.dat".into(),
-            content: messages::encode_base64(&[0, 1, 2]),
-            encoding: ContentEncoding::Base64,
-        },
-        FileSpec {
-            path: "helper.py".into(),
-            content: "VALUE = 42\n".into(),
-            encoding: ContentEncoding::Utf8,
-        },
-    ];
-    let r = h.call(&req).await.unwrap();
-    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
-    assert_eq!(
-        r.stdout,
-        "SHOUT\nhi /workspace\nfrom a file b'\\x00\\x01\\x02'\n42\n[]\n"
-    );
-
-    // Files the code creates are reported (they only persist with a workspace).
-    let r = h
-        .ephemeral(
-            Language::Shell,
-            "mkdir -p out && echo x > out/a.txt && echo y > b.txt",
-        )
-        .await;
-    assert_eq!(r.files_created, vec!["b.txt", "out/a.txt"], "{r:?}");
-    h.wait_containers(2).await;
     h.stop().await;
 }
 

@@ -21,7 +21,10 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     ]);
     let config = ExecutorConfig::from_env(&env).unwrap();
     let docker = Sandboxes::connect().await.unwrap();
-    let sandboxes = Sandboxes::new(docker.clone(), SandboxSpec::from_config(&config, "mesh-t"));
+    let sandboxes = Sandboxes::new(
+        docker.clone(),
+        SandboxSpec::from_config(&config.node, "mesh-t"),
+    );
     let limits = ContainerLimits {
         memory_mb: 192,
         cpus: 0.5,
@@ -59,7 +62,10 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     );
     assert_eq!(host.readonly_rootfs, Some(true));
     let tmpfs = host.tmpfs.expect("tmpfs");
-    for (path, size) in [("/tmp", config.tmp_mb), ("/workspace", config.workspace_mb)] {
+    for (path, size) in [
+        ("/tmp", config.node.tmp_mb),
+        ("/workspace", config.node.workspace_mb),
+    ] {
         let opts = tmpfs
             .get(path)
             .unwrap_or_else(|| panic!("no tmpfs at {path}"));
@@ -89,9 +95,9 @@ async fn a_sandbox_container_carries_every_hardening_field() {
         .into_iter()
         .map(|u| (u.name.unwrap(), (u.soft.unwrap(), u.hard.unwrap())))
         .collect();
-    let nofile = config.nofile as i64;
+    let nofile = config.node.nofile as i64;
     assert_eq!(ulimits.get("nofile"), Some(&(nofile, nofile)));
-    let fsize = (config.fsize_mb << 20) as i64;
+    let fsize = (config.node.fsize_mb << 20) as i64;
     assert_eq!(ulimits.get("fsize"), Some(&(fsize, fsize)));
     assert_eq!(ulimits.get("core"), Some(&(0, 0)));
     assert_eq!(host.network_mode.as_deref(), Some("none"));

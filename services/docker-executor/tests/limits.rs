@@ -1,6 +1,8 @@
-//! Security-catalogue §6, the rows about limits: each pushes one limit until it trips and
-//! checks the classified status, that nothing of the run is left, and that the next
-//! execution works. Timeouts are 2 s so the suite stays fast.
+//! Security-catalogue §6, the rows about limits, in session containers (which outlive their
+//! runs): each pushes one limit until it trips and checks the classified status, that nothing
+//! of the run is left, and that the next execution works. Timeouts are 2 s so the suite stays
+//! fast. The same limits in single-use sandboxes are the conformance suite's
+//! (`tests/conformance.rs`), run against every backend.
 
 mod common;
 
@@ -93,17 +95,6 @@ async fn memory_bomb() {
     assert_eq!(r.error.as_ref().map(|e| e.kind), Some(ErrorKind::TooLarge));
     h.assert_recovered(Some(s), 0).await;
     assert!(h.close(s).await);
-
-    let r = h
-        .hostile(
-            None,
-            Language::Javascript,
-            "const a = []; while (true) a.push(Buffer.alloc(16 << 20, 1));",
-            small,
-        )
-        .await;
-    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
-    h.assert_recovered(None, 0).await;
     h.stop().await;
 }
 
@@ -126,11 +117,6 @@ async fn cpu_burn_and_sleeper() {
         h.assert_recovered(Some(s), 0).await;
         assert!(h.close(s).await);
     }
-    let r = h
-        .hostile_until_timeout(None, Language::Shell, "sleep 1000", None)
-        .await;
-    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
-    h.assert_recovered(None, 0).await;
     h.stop().await;
 }
 
@@ -166,9 +152,6 @@ async fn orphan_escape() {
     assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
     h.assert_recovered(Some(s), 0).await;
     assert!(h.close(s).await);
-    let r = h.hostile(None, Language::Shell, escape, None).await;
-    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
-    h.assert_recovered(None, 0).await;
     h.stop().await;
 }
 
@@ -188,29 +171,6 @@ async fn stdout_bomb() {
     assert!(r.stdout.starts_with("y\ny\n"));
     h.assert_recovered(Some(s), 0).await;
     assert!(h.close(s).await);
-
-    let r = h
-        .hostile(
-            None,
-            Language::Python,
-            "import sys\nwhile True: sys.stderr.write('e' * 4096)",
-            limits,
-        )
-        .await;
-    assert_eq!(r.status, ExecStatus::OutputLimit, "{r:?}");
-    assert!(r.stderr_truncated && r.stderr.len() as u64 <= cap);
-    h.assert_recovered(None, 0).await;
-
-    // Asking for more than one NATS message can carry still gets a deliverable result: the
-    // output is cut at what fits (the server's 1 MiB max payload less 64 KiB).
-    let huge = Some(Limits {
-        max_output_bytes: Some(u64::MAX),
-        ..Default::default()
-    });
-    let r = h.hostile(None, Language::Shell, "yes", huge).await;
-    assert_eq!(r.status, ExecStatus::OutputLimit, "{}", r.stderr);
-    assert_eq!(r.stdout.len(), (1 << 20) - (64 << 10));
-    h.assert_recovered(None, 0).await;
     h.stop().await;
 }
 

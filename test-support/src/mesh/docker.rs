@@ -69,7 +69,7 @@ impl Nodes {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         let mut config = docker_executor::ExecutorConfig::from_env(&env).unwrap();
-        config.kit.metrics_addr = self.metrics;
+        config.node.kit.metrics_addr = self.metrics;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

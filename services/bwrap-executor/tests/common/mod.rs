@@ -27,9 +27,9 @@ pub fn image() -> &'static str {
             bwrap_executor::bwrap_available(std::path::Path::new("bwrap")),
             "bubblewrap is missing: run scripts/install-tools.sh (apt-get install bubblewrap)"
         );
-        let supervisor = docker_executor::image::build_supervisor()
+        let supervisor = executor_node::image::build_supervisor()
             .unwrap_or_else(|e| panic!("building the supervisor: {e}"));
-        docker_executor::image::build_image(&supervisor)
+        executor_node::image::build_image(&supervisor)
             .unwrap_or_else(|e| panic!("building the sandbox image: {e}"))
     })
 }
@@ -83,7 +83,7 @@ impl Harness {
         }
         let node = env["SANDMESH_INSTANCE_ID"].clone();
         let config = BwrapConfig::from_env(&env).expect("valid test config");
-        let subjects = config.exec.kit.subjects.clone();
+        let subjects = config.node.kit.subjects.clone();
         let cgroup_root = config.cgroup_root.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(bwrap_executor::run(config, shutdown.clone()));
@@ -282,5 +282,46 @@ pub fn request(language: Language, code: &str) -> ExecRequest {
         language,
         code: code.to_string(),
         ..Default::default()
+    }
+}
+
+/// The conformance suite's view of a bwrap node: clean means no sandbox cgroup and no
+/// process of the node is left.
+impl test_support::executor_conformance::ExecutorHarness for Harness {
+    async fn start() -> Self {
+        Harness::start().await
+    }
+
+    async fn run(&self, run: &ExecutorRun) -> Result<ExecResult, messages::ErrorBody> {
+        match self.call(run).await {
+            Ok(result) => Ok(result),
+            Err(kit::CallError::Service(e)) => Err(e),
+            Err(e) => panic!("the run was not answered: {e}"),
+        }
+    }
+
+    async fn assert_clean(&self) {
+        Harness::assert_clean(self).await;
+    }
+
+    async fn stop(self) {
+        Harness::stop(self).await;
+    }
+
+    fn root_actor_name(&self) -> String {
+        executor_node::root_actor_name(messages::ServiceName::BwrapExecutor, &self.node)
+    }
+
+    async fn beating(&self) -> bool {
+        self.heartbeat().await.is_some()
+    }
+
+    async fn ended(&mut self) -> Result<(), String> {
+        let task = self.task.take().expect("running");
+        tokio::time::timeout(Duration::from_secs(90), task)
+            .await
+            .expect("run() returns in time")
+            .expect("no panic")
+            .map_err(|e| kit::error_chain(&e))
     }
 }

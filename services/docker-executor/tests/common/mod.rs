@@ -81,7 +81,7 @@ impl Harness {
         }
         let node = env["SANDMESH_INSTANCE_ID"].clone();
         let config = ExecutorConfig::from_env(&env).expect("valid test config");
-        let subjects = config.kit.subjects.clone();
+        let subjects = config.node.kit.subjects.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(docker_executor::run(config, shutdown.clone()));
         let client = test_support::connect(&nats.url()).await;
@@ -380,5 +380,46 @@ pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) ->
         session_restored: false,
         kind: Default::default(),
         network: None,
+    }
+}
+
+/// The conformance suite's view of a Docker node: runs on the node's own subject; clean means
+/// only the warm pool's one ready container is left (every run's container is gone).
+impl test_support::executor_conformance::ExecutorHarness for Harness {
+    async fn start() -> Self {
+        Harness::start().await
+    }
+
+    async fn run(&self, run: &ExecutorRun) -> Result<ExecResult, messages::ErrorBody> {
+        match self.call_node(run).await {
+            Ok(result) => Ok(result),
+            Err(kit::CallError::Service(e)) => Err(e),
+            Err(e) => panic!("the run was not answered: {e}"),
+        }
+    }
+
+    async fn assert_clean(&self) {
+        self.wait_containers(1).await;
+    }
+
+    async fn stop(self) {
+        Harness::stop(self).await;
+    }
+
+    fn root_actor_name(&self) -> String {
+        executor_node::root_actor_name(messages::ServiceName::DockerExecutor, &self.node)
+    }
+
+    async fn beating(&self) -> bool {
+        self.heartbeat().await.is_some()
+    }
+
+    async fn ended(&mut self) -> Result<(), String> {
+        let task = self.task.take().expect("running");
+        tokio::time::timeout(Duration::from_secs(90), task)
+            .await
+            .expect("run() returns in time")
+            .expect("no panic")
+            .map_err(|e| kit::error_chain(&e))
     }
 }

@@ -1,7 +1,8 @@
-//! What the actors of one node share without messages: the names of the containers the node
-//! owns (the janitor removes every other container labelled with this node) and the gauges
-//! the heartbeat reports. Ownership and the running count change only through the guards in
-//! `lease`.
+//! What the actors of one node share without messages: the names of the sandboxes the node
+//! owns (containers, cgroups: the janitor removes every other one labelled with this node),
+//! the running count and the gauges the heartbeat reports. The running count changes only
+//! through [`crate::RunSlot`]; ownership only through the backend's own guards (the Docker
+//! backend's `ContainerLease`, the bwrap backend's sandbox cgroup).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,21 +13,17 @@ use tokio_util::task::TaskTracker;
 
 #[derive(Debug, Default)]
 pub struct NodeState {
-    /// Changed only by `lease::ContainerLease`. Names are added *before* a container is created and dropped only after it is removed,
-    /// so the janitor can never take a container that is being born for a leak.
+    /// Names are added *before* a sandbox is created and dropped only after it is removed, so
+    /// the janitor can never take a sandbox that is being born for a leak.
     owned: Mutex<HashSet<String>>,
     /// Executions accepted and not yet answered (running or queued in a session).
-    /// Changed only by `lease::RunSlot`.
+    /// Changed only by [`crate::RunSlot`].
     pub running: AtomicUsize,
     /// Notified when `running` drops to zero (a drain waits for it).
     pub idle: Notify,
-    /// Ready containers in the warm pool.
-    pub warm: AtomicUsize,
-    /// Live session containers.
-    pub sessions: AtomicUsize,
     /// Executions answered since start.
     pub finished: AtomicUsize,
-    /// Background work on containers (starts, executions, removals): shutdown waits for it,
+    /// Background work on sandboxes (starts, executions, removals): shutdown waits for it,
     /// so a stopped node has really removed everything it started.
     pub tasks: TaskTracker,
     /// Prometheus metrics (warm pool hits are counted where the pool hands containers out).
@@ -84,14 +81,13 @@ impl NodeState {
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
 
-    /// Gauges for the heartbeat, named after seed 003 §8.
+    /// Gauges for the heartbeat, named after seed 003 §8 (`containers` counts whatever
+    /// sandboxes the backend owns, under the name the scheduler and dashboards know).
     pub fn metrics(&self, capacity: usize) -> BTreeMap<String, f64> {
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
         BTreeMap::from([
             ("capacity".to_string(), capacity as f64),
             ("running_executions".to_string(), g(&self.running)),
-            ("warm_pool_size".to_string(), g(&self.warm)),
-            ("active_sessions".to_string(), g(&self.sessions)),
             ("executions_total".to_string(), g(&self.finished)),
             ("containers".to_string(), self.owned_count() as f64),
         ])

@@ -10,7 +10,7 @@ use messages::{ErrorBody, ErrorKind};
 use sandbox_protocol::{Outcome, RunReport};
 
 use crate::exchange::{Ending, Exchange};
-use crate::execution::Job;
+use crate::job::Job;
 
 pub fn base_result(job: &Job) -> ExecResult {
     ExecResult {
@@ -112,8 +112,12 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
     };
     r.stdout_truncated = report.stdout_truncated;
     r.stderr_truncated = report.stderr_truncated;
-    r.files_created = safe_paths(&report.files_created);
-    r.files_modified = safe_paths(&report.files_modified);
+    // Files are reported where they last: in a session's workspace. What a sessionless
+    // single-use sandbox wrote dies with it, whatever the backend.
+    if job.workspace_session().is_some() {
+        r.files_created = safe_paths(&report.files_created);
+        r.files_modified = safe_paths(&report.files_modified);
+    }
     r.outputs = rich_outputs(&report.outputs);
     r.cell_error = report.cell_error.as_ref().map(|e| CellError {
         name: e.name.clone(),
@@ -203,10 +207,16 @@ mod tests {
 
     use super::*;
 
+    /// A run of session `s1`, whose files last in its workspace.
     fn job() -> Job {
+        job_of(Some("s1"))
+    }
+
+    fn job_of(session: Option<&str>) -> Job {
         let request = ExecRequest {
             language: Language::Python,
             code: "x".into(),
+            session_id: session.map(Into::into),
             ..Default::default()
         };
         Job {
@@ -244,6 +254,28 @@ mod tests {
         report.pids_limit_hit = pids;
         report.files_created = vec!["ok.txt".into(), "../escape".into(), "/abs".into()];
         classify(&job(), Some(&report), &exchange(Ending::Reported))
+    }
+
+    #[test]
+    fn files_are_reported_only_where_they_last() {
+        let mut report = RunReport::failed("");
+        report.outcome = Outcome::Exited { code: 0 };
+        report.files_created = vec!["made.txt".into()];
+        report.files_modified = vec!["changed.txt".into()];
+        let ended = exchange(Ending::Reported);
+        let r = classify(&job_of(None), Some(&report), &ended);
+        assert!(
+            r.files_created.is_empty() && r.files_modified.is_empty(),
+            "{r:?}"
+        );
+        let r = classify(&job(), Some(&report), &ended);
+        assert_eq!(
+            (r.files_created, r.files_modified),
+            (
+                vec!["made.txt".to_string()],
+                vec!["changed.txt".to_string()]
+            )
+        );
     }
 
     #[test]

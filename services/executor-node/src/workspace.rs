@@ -24,9 +24,30 @@ use messages::workspace::WsRestored;
 use messages::{ErrorBody, Subjects};
 use sandmesh_client::{ErrorKind, MeshClient, WorkspaceClient};
 
-use crate::lease::Held;
+/// What a container's `/workspace` holds, compared with the session's workspace in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// A new container: an empty workspace.
+    Nothing,
+    /// Something that matches no known revision (a failed or raced push): cleared before use.
+    Unknown,
+    /// The workspace of a session without a revision: unknown to the store, or not changed
+    /// since revisions exist (its first change makes one).
+    Absent,
+    /// The store's workspace as of this revision (`messages::workspace::revision_key`).
+    At(u64),
+}
 
-const REQUESTED_BY: &str = crate::janitor::SERVICE_NAME;
+impl Held {
+    /// Whether this is the store's workspace at `revision` (`None`: the session has none).
+    pub fn matches(self, revision: Option<u64>) -> bool {
+        match (self, revision) {
+            (Held::At(held), Some(current)) => held == current,
+            (Held::Absent, None) => true,
+            _ => false,
+        }
+    }
+}
 
 /// Why the session's revision could not be read (the caller then fetches, which is safe).
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +76,18 @@ pub struct WorkspaceSync {
 }
 
 impl WorkspaceSync {
-    pub fn new(client: async_nats::Client, subjects: Subjects, timeout: Duration) -> Self {
+    /// A sync whose store requests name `service` (the backend's) as their requester.
+    pub fn new(
+        client: async_nats::Client,
+        subjects: Subjects,
+        timeout: Duration,
+        service: messages::ServiceName,
+    ) -> Self {
         let ws = MeshClient::new(client.clone(), subjects.clone())
             .with_timeout(timeout)
             .with_headers(kit::telemetry::inject_current)
             .workspace()
-            .requested_by(REQUESTED_BY);
+            .requested_by(service.as_str());
         Self {
             ws,
             js: jetstream::new(client),
@@ -132,5 +159,23 @@ impl WorkspaceSync {
             }
             Err(e) => Err(e.into_body()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_known_revision_matches() {
+        assert!(Held::At(7).matches(Some(7)));
+        assert!(!Held::At(7).matches(Some(8)));
+        assert!(!Held::At(7).matches(None), "a removed workspace");
+        assert!(Held::Absent.matches(None));
+        assert!(
+            !Held::Absent.matches(Some(1)),
+            "the first change of a session"
+        );
+        assert!(!Held::Nothing.matches(None) && !Held::Unknown.matches(None));
     }
 }

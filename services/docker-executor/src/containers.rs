@@ -1,7 +1,8 @@
-//! `Executor`: the node's supervisor actor. It admits runs (validation, the node's ceilings,
-//! capacity → 429, draining → 503), sends pooled runs to a warm container, isolated runs to a
-//! container made for them alone and session runs to the session's `SessionContainer`, and
-//! owns the `WarmPool`, the `Janitor` and every session actor as linked children.
+//! `Containers`: the Docker backend's actor under the node's `ExecutorNode`. It sends pooled
+//! runs to a warm container, isolated runs to a container made for them alone and session
+//! runs to the session's `SessionContainer`, and owns the `WarmPool`s and every session actor
+//! as linked children (a failed pool is restarted; a failed session is forgotten). Admission,
+//! drain and the janitor are the node's (`executor_node`).
 //!
 //! A run in a template (`ExecutorRun::template`) first gets its image ([`TemplateImages`],
 //! built on first use, off this actor) and then runs like any other, in containers of that
@@ -10,62 +11,52 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kit::RequestContext;
-use messages::exec::{ExecResult, ExecStatus, Tier};
-use messages::executor::{ExecutorClose, ExecutorDrain, ExecutorRun, RunKind};
+use executor_node::{Admitted, NodeState};
+use messages::exec::{ExecStatus, Tier};
+use messages::executor::RunKind;
 use messages::template::{RunTemplate, TemplateRan};
-use messages::validate::{validate_exec, Ceilings};
-use messages::workspace::Ack;
+use messages::validate::Ceilings;
 use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
-use crate::execution::{Admitted, Health, Job, Runner};
-use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
-use crate::lease::RunSlot;
-use crate::node::NodeState;
+use crate::execution::{Health, Runner};
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
 use crate::template_images::TemplateImages;
 use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
 
-type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
-
-// `Run` is large, but it is the message this actor exists for and the kit's `actor_handler`
-// builds it by value; boxing would only add an allocation per request.
-#[allow(clippy::large_enum_variant)]
-pub enum ExecutorMsg {
-    Run(RequestContext, ExecutorRun, Reply<ExecResult>),
+pub enum ContainersMsg {
+    /// An admitted run (boxed: it travels through this mailbox by value).
+    Run(Box<Admitted>),
     /// A template run's image is known (or could not be had): it runs now.
     Resolved(Box<Admitted>, Result<String, ErrorBody>),
-    Close(RequestContext, ExecutorClose, Reply<Ack>),
-    Drain(RequestContext, ExecutorDrain, Reply<Ack>),
-    /// Part of a drain: close every session once nothing runs.
+    /// Closes a session's container; answers whether there was one.
+    Close(String, RpcReplyPort<bool>),
+    /// The end of a drain: close every session.
     CloseAll(RpcReplyPort<()>),
 }
 
-pub struct Executor;
+pub struct Containers;
 
-pub struct ExecutorArgs {
+pub struct ContainersArgs {
     pub runner: Runner,
     pub node: Arc<NodeState>,
-    pub janitor: JanitorArgs,
+    pub gauges: Arc<ContainerGauges>,
 }
 
-pub struct ExecutorState {
+pub struct ContainersState {
     runner: Runner,
     node: Arc<NodeState>,
+    gauges: Arc<ContainerGauges>,
     ceilings: Ceilings,
     pool: ActorRef<WarmPoolMsg>,
     /// The warm pools of the template images in use here, by image.
     template_pools: HashMap<String, ActorRef<WarmPoolMsg>>,
     images: TemplateImages,
-    janitor: ActorRef<JanitorMsg>,
-    janitor_args: JanitorArgs,
     sessions: HashMap<String, ActorRef<SessionMsg>>,
-    /// Set by a drain: no new work is taken.
-    draining: bool,
 }
 
 fn default_limits(c: &Ceilings) -> ContainerLimits {
@@ -78,9 +69,10 @@ fn default_limits(c: &Ceilings) -> ContainerLimits {
 
 /// A warm pool of `runner`'s image: the node's own (`template` `None`), or a template's.
 async fn spawn_pool(
-    myself: &ActorRef<ExecutorMsg>,
+    myself: &ActorRef<ContainersMsg>,
     runner: &Runner,
     node: &Arc<NodeState>,
+    gauges: &Arc<ContainerGauges>,
     template: Option<&RunTemplate>,
 ) -> Result<ActorRef<WarmPoolMsg>, ActorProcessingErr> {
     let size = template
@@ -90,75 +82,20 @@ async fn spawn_pool(
         sandboxes: runner.sandboxes.clone(),
         template: template.map(|t| t.name.clone()),
         node: node.clone(),
+        gauges: gauges.clone(),
         size,
-        limits: default_limits(&runner.config.ceilings),
+        limits: default_limits(&runner.config.node.ceilings),
     };
     let (pool, _) = Actor::spawn_linked(None, WarmPool, args, myself.get_cell()).await?;
     Ok(pool)
 }
 
-impl ExecutorState {
-    /// Checks a run against this node's rules, decides its limits and takes its run slot.
-    fn admit(&self, run: &ExecutorRun) -> Result<(Job, RunSlot), ErrorBody> {
-        if self.draining {
-            return Err(ErrorBody::unavailable("this executor is draining"));
-        }
-        run.validate_ids().map_err(ErrorBody::from)?;
-        let mut limits = validate_exec(&run.request, &self.ceilings).map_err(ErrorBody::from)?;
-        // The result travels in one NATS message: output beyond what fits is cut (and the
-        // status says so) rather than making the reply undeliverable.
-        limits.max_output_bytes = limits.max_output_bytes.min(self.runner.output_budget());
-        match (run.tier, run.kind) {
-            // Tier `session` with an isolated run is strict mode's answer to non-SAFE code that
-            // has no session: session-grade isolation in a container of its own.
-            (Tier::Ephemeral | Tier::Session, RunKind::Isolated) => {}
-            (Tier::Ephemeral, RunKind::Pooled) => {}
-            (Tier::Session, RunKind::Pooled | RunKind::Session)
-                if run.request.session_id.is_some() => {}
-            (Tier::Session, _) => {
-                return Err(ErrorBody::bad_request("tier session needs a session_id"));
-            }
-            (Tier::Ephemeral, RunKind::Session) => {
-                return Err(ErrorBody::bad_request(
-                    "run kind session needs tier session",
-                ));
-            }
-            (other, _) => {
-                return Err(ErrorBody::bad_request(format!(
-                    "the docker executor runs tiers ephemeral and session, not {}",
-                    other.as_str()
-                )));
-            }
-        }
-        if let Some(policy) = &run.network {
-            policy.validate().map_err(ErrorBody::from)?;
-            if run.kind == RunKind::Pooled {
-                // A warm container is made before anyone asked: it has no egress socket.
-                return Err(ErrorBody::bad_request(
-                    "a run with a network policy needs run kind isolated or session",
-                ));
-            }
-        }
-        let capacity = self.runner.config.capacity;
-        let slot = RunSlot::acquire(&self.node, capacity).ok_or_else(|| {
-            ErrorBody::overloaded(format!(
-                "this executor runs {capacity} executions at once; retry later"
-            ))
-        })?;
-        let job = Job {
-            run: run.clone(),
-            limits,
-            accepted: Instant::now(),
-            retried: false,
-        };
-        Ok((job, slot))
-    }
-
+impl ContainersState {
     /// The runner and warm pool for containers of `image` (`None`: the node's own), the
     /// template's pool started on its first run here.
     async fn for_image(
         &mut self,
-        myself: &ActorRef<ExecutorMsg>,
+        myself: &ActorRef<ContainersMsg>,
         image: Option<&str>,
         template: Option<&RunTemplate>,
     ) -> Result<(Runner, ActorRef<WarmPoolMsg>), ActorProcessingErr> {
@@ -170,7 +107,7 @@ impl ExecutorState {
         if let Some(pool) = self.template_pools.get(image) {
             return Ok((runner, pool.clone()));
         }
-        let pool = spawn_pool(myself, &runner, &self.node, template).await?;
+        let pool = spawn_pool(myself, &runner, &self.node, &self.gauges, template).await?;
         self.template_pools.insert(image.to_string(), pool.clone());
         Ok((runner, pool))
     }
@@ -178,7 +115,7 @@ impl ExecutorState {
     /// Runs an admitted run in containers of `image` (`None`: the node's own).
     async fn dispatch(
         &mut self,
-        myself: &ActorRef<ExecutorMsg>,
+        myself: &ActorRef<ContainersMsg>,
         run: Admitted,
         image: Option<&str>,
     ) -> Result<(), ActorProcessingErr> {
@@ -265,7 +202,7 @@ impl ExecutorState {
     /// from `runner`'s image (a session keeps the image it started with).
     async fn run_session(
         &mut self,
-        myself: &ActorRef<ExecutorMsg>,
+        myself: &ActorRef<ContainersMsg>,
         run: Admitted,
         runner: Runner,
         pool: ActorRef<WarmPoolMsg>,
@@ -294,6 +231,7 @@ impl ExecutorState {
                         runner: runner.clone(),
                         pool: pool.clone(),
                         node: self.node.clone(),
+                        gauges: self.gauges.clone(),
                         idle: self.runner.config.session_idle,
                         limits: default_limits(&self.ceilings),
                         network: run.job.run.network.clone(),
@@ -325,30 +263,26 @@ impl ExecutorState {
     }
 }
 
-impl Actor for Executor {
-    type Msg = ExecutorMsg;
-    type State = ExecutorState;
-    type Arguments = ExecutorArgs;
+impl Actor for Containers {
+    type Msg = ContainersMsg;
+    type State = ContainersState;
+    type Arguments = ContainersArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        args: ExecutorArgs,
+        args: ContainersArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let pool = spawn_pool(&myself, &args.runner, &args.node, None).await?;
-        let (janitor, _) =
-            Actor::spawn_linked(None, Janitor, args.janitor.clone(), myself.get_cell()).await?;
-        Ok(ExecutorState {
+        let pool = spawn_pool(&myself, &args.runner, &args.node, &args.gauges, None).await?;
+        Ok(ContainersState {
             images: TemplateImages::new(&args.runner.sandboxes.spec.image),
             template_pools: HashMap::new(),
-            ceilings: args.runner.config.ceilings.clone(),
+            ceilings: args.runner.config.node.ceilings.clone(),
             runner: args.runner,
             node: args.node,
+            gauges: args.gauges,
             pool,
-            janitor,
-            janitor_args: args.janitor,
             sessions: HashMap::new(),
-            draining: false,
         })
     }
 
@@ -359,28 +293,18 @@ impl Actor for Executor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ExecutorMsg::Run(_ctx, run, reply) => {
-                let (job, slot) = match state.admit(&run) {
-                    Ok(admitted) => admitted,
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        return Ok(());
-                    }
-                };
-                let run = Admitted::new(job, reply, slot);
-                match run.job.run.template.clone() {
-                    None => state.dispatch(&myself, run, None).await?,
-                    // Possibly a build of minutes: never in this actor's handler.
-                    Some(template) => {
-                        let images = state.images.clone();
-                        state.node.tasks.spawn(async move {
-                            let image = images.image(&template).await;
-                            let _ = myself.cast(ExecutorMsg::Resolved(Box::new(run), image));
-                        });
-                    }
+            ContainersMsg::Run(run) => match run.job.run.template.clone() {
+                None => state.dispatch(&myself, *run, None).await?,
+                // Possibly a build of minutes: never in this actor's handler.
+                Some(template) => {
+                    let images = state.images.clone();
+                    state.node.tasks.spawn(async move {
+                        let image = images.image(&template).await;
+                        let _ = myself.cast(ContainersMsg::Resolved(run, image));
+                    });
                 }
-            }
-            ExecutorMsg::Resolved(run, image) => {
+            },
+            ContainersMsg::Resolved(run, image) => {
                 let mut run = *run;
                 match image {
                     Ok(image) => {
@@ -393,31 +317,18 @@ impl Actor for Executor {
                     Err(e) => run.answer(Err(e)),
                 }
             }
-            ExecutorMsg::Close(_ctx, close, reply) => {
-                match state.sessions.remove(&close.session_id) {
-                    Some(actor) => {
-                        tokio::spawn(async move {
-                            let _ = actor.stop_and_wait(Some("closed".into()), None).await;
-                            let _ = reply.send(Ok(Ack { ok: true }));
-                        });
-                    }
-                    None => {
-                        let _ = reply.send(Ok(Ack { ok: false }));
-                    }
+            ContainersMsg::Close(session_id, reply) => match state.sessions.remove(&session_id) {
+                Some(actor) => {
+                    tokio::spawn(async move {
+                        let _ = actor.stop_and_wait(Some("closed".into()), None).await;
+                        let _ = reply.send(true);
+                    });
                 }
-            }
-            ExecutorMsg::Drain(_ctx, _drain, reply) => {
-                state.draining = true;
-                let node = state.node.clone();
-                let grace = state.runner.config.kill_grace
-                    + Duration::from_millis(state.ceilings.max_timeout_ms);
-                tokio::spawn(async move {
-                    node.wait_idle(tokio::time::Instant::now() + grace).await;
-                    let _ = ractor::call!(myself, ExecutorMsg::CloseAll);
-                    let _ = reply.send(Ok(Ack { ok: true }));
-                });
-            }
-            ExecutorMsg::CloseAll(reply) => {
+                None => {
+                    let _ = reply.send(false);
+                }
+            },
+            ContainersMsg::CloseAll(reply) => {
                 let sessions: Vec<_> = state.sessions.drain().map(|(_, a)| a).collect();
                 tokio::spawn(async move {
                     for actor in sessions {
@@ -437,13 +348,15 @@ impl Actor for Executor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         // Never the default (which stops the parent): a session ending is routine, and a
-        // failed pool or janitor is replaced.
+        // failed pool is replaced.
         match event {
             SupervisionEvent::ActorTerminated(cell, _, _) => state.forget(&cell),
             SupervisionEvent::ActorFailed(cell, e) => {
                 if cell.get_id() == state.pool.get_id() {
                     tracing::error!(error = %e, "warm pool failed; restarting it");
-                    state.pool = spawn_pool(&myself, &state.runner, &state.node, None).await?;
+                    state.pool =
+                        spawn_pool(&myself, &state.runner, &state.node, &state.gauges, None)
+                            .await?;
                 } else if let Some(image) = state
                     .template_pools
                     .iter()
@@ -453,16 +366,6 @@ impl Actor for Executor {
                     // Started again by the template's next run.
                     tracing::error!(error = %e, %image, "a template's warm pool failed");
                     state.template_pools.remove(&image);
-                } else if cell.get_id() == state.janitor.get_id() {
-                    tracing::error!(error = %e, "janitor failed; restarting it");
-                    let (janitor, _) = Actor::spawn_linked(
-                        None,
-                        Janitor,
-                        state.janitor_args.clone(),
-                        myself.get_cell(),
-                    )
-                    .await?;
-                    state.janitor = janitor;
                 } else {
                     tracing::warn!(error = %e, "a session actor failed");
                     state.forget(&cell);
@@ -478,7 +381,7 @@ impl Actor for Executor {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Every container of this node goes: sessions, then the pool; the janitor last.
+        // Every container of this node goes: sessions, then the pools.
         let wait = Some(Duration::from_secs(30));
         let sessions = state.sessions.drain().map(|(_, a)| async move {
             let _ = a.stop_and_wait(Some("shutdown".into()), wait).await;
@@ -489,7 +392,6 @@ impl Actor for Executor {
             let _ = p.stop_and_wait(None, wait).await;
         });
         futures::future::join_all(pools).await;
-        let _ = state.janitor.stop_and_wait(None, wait).await;
         Ok(())
     }
 }

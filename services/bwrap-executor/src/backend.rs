@@ -1,0 +1,115 @@
+//! [`BwrapBackend`]: the bwrap backend of `executor_node`. It takes tier `ephemeral` without
+//! a session and without a network policy only (a sandbox is single-use, keeps no workspace
+//! and has no network), and runs each admitted run on the node's task tracker in a sandbox
+//! of its own. It has no actors of its own and no sessions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use executor_node::{Admitted, Backend, Gauges, NodeState};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use messages::exec::Tier;
+use messages::executor::{ExecutorRun, RunKind};
+use messages::{ErrorBody, ServiceName};
+use ractor::{ActorCell, ActorProcessingErr};
+
+use crate::execution::Runner;
+use crate::janitor::BwrapSweeper;
+
+pub struct BwrapBackend {
+    pub runner: Runner,
+    pub node: Arc<NodeState>,
+}
+
+/// What a sandbox can run: sessions live in Docker containers, and so do runs with egress.
+fn check_kind(run: &ExecutorRun) -> Result<(), ErrorBody> {
+    if run.tier != Tier::Ephemeral
+        || run.kind == RunKind::Session
+        || run.request.session_id.is_some()
+    {
+        return Err(ErrorBody::bad_request(format!(
+            "the bwrap executor runs tier ephemeral without a session, not tier {} ({:?})",
+            run.tier.as_str(),
+            run.kind
+        )));
+    }
+    if run.network.is_some() {
+        return Err(ErrorBody::bad_request(
+            "the bwrap executor has no network: a run with a network policy needs the docker executor",
+        ));
+    }
+    Ok(())
+}
+
+impl Backend for BwrapBackend {
+    type Sweeper = BwrapSweeper;
+    const KIND: messages::executor::Backend = messages::executor::Backend::Bwrap;
+    const SERVICE: ServiceName = ServiceName::BwrapExecutor;
+    const SESSIONS: bool = false;
+
+    fn accepts(&self, run: &ExecutorRun) -> Result<(), ErrorBody> {
+        check_kind(run)
+    }
+
+    async fn start(&mut self, _node: ActorCell) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    fn execute(&mut self, run: Admitted) -> Result<(), ActorProcessingErr> {
+        let runner = self.runner.clone();
+        let node = self.node.clone();
+        self.node.tasks.spawn(async move {
+            let result = runner.execute(&node, &run.job).await;
+            run.answer(Ok(result));
+        });
+        Ok(())
+    }
+
+    fn close(&self, _session_id: String) -> BoxFuture<'static, bool> {
+        futures::future::ready(false).boxed()
+    }
+
+    fn close_all(&self) -> BoxFuture<'static, ()> {
+        futures::future::ready(()).boxed()
+    }
+
+    async fn stop(&mut self) {}
+
+    fn gauges(&self) -> Gauges {
+        Arc::new(|_: &mut BTreeMap<String, f64>| {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use messages::exec::Language;
+    use messages::network::NetworkPolicy;
+
+    use super::*;
+
+    fn run(tier: Tier, kind: RunKind, session: Option<&str>) -> ExecutorRun {
+        let mut run = test_support::executor_conformance::ephemeral(Language::Python, "");
+        (run.tier, run.kind) = (tier, kind);
+        run.request.session_id = session.map(Into::into);
+        run
+    }
+
+    #[test]
+    fn only_sessionless_ephemeral_runs_without_network_are_taken() {
+        assert!(check_kind(&run(Tier::Ephemeral, RunKind::Pooled, None)).is_ok());
+        assert!(check_kind(&run(Tier::Ephemeral, RunKind::Isolated, None)).is_ok());
+        let mut with_network = run(Tier::Ephemeral, RunKind::Isolated, None);
+        with_network.network = Some(NetworkPolicy::default());
+        for r in [
+            run(Tier::Session, RunKind::Session, Some("s1")),
+            run(Tier::Session, RunKind::Isolated, None),
+            run(Tier::Ephemeral, RunKind::Pooled, Some("s1")),
+            run(Tier::Ephemeral, RunKind::Session, None),
+            with_network,
+        ] {
+            let e = check_kind(&r).unwrap_err();
+            assert_eq!(e.code, 400, "{:?} {:?}: {e:?}", r.tier, r.kind);
+        }
+    }
+}

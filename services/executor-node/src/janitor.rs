@@ -1,0 +1,176 @@
+//! `Janitor`: on start and then periodically, the backend's [`Sweep`] removes sandboxes
+//! (containers, cgroups) nobody owns:
+//!
+//! - sandboxes of this node that no running execution, pool or session holds (left by a crash
+//!   of an earlier process with the same node id, or by a bug);
+//! - sandboxes of other nodes of the same mesh whose heartbeat key is gone from
+//!   `sandbox_nodes` (their executor crashed: its sandboxes would otherwise live forever).
+//!
+//! Sandboxes of other meshes (another NATS deployment on the same host, e.g. parallel test
+//! runs) are never judged: their heartbeats are not in this mesh's bucket.
+//!
+//! A crashed node is not left for the next periodic sweep: the janitor watches the keys of
+//! its backend's executors in `sandbox_nodes`, and the purge marker the server writes when a
+//! heartbeat's TTL expires (or the delete of a clean stop) makes it reap that node's
+//! sandboxes at once. The watch is the janitor's own: when it ends, the janitor fails and the
+//! node restarts it.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use futures::StreamExt;
+use messages::ServiceName;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::task::JoinHandle;
+
+/// How long after another node's heartbeat key vanished the janitor looks again before it
+/// removes that node's sandboxes. A live node whose beat came late (a starved machine) puts
+/// its key back within this time, and its running executions must not be killed for that.
+const GONE_GRACE: Duration = Duration::from_millis(1500);
+
+/// What a backend removes. Each method judges liveness itself, with [`node_alive`], at the
+/// moment it removes: a node restarted under the same id beats again at once.
+pub trait Sweep: Clone + Send + Sync + 'static {
+    /// Removes this node's unowned sandboxes and those of gone nodes of the mesh; returns how
+    /// many it removed.
+    fn sweep(&self) -> impl Future<Output = usize> + Send;
+    /// Removes the sandboxes of `node` if its heartbeat is still gone; returns how many.
+    fn reap_node(&self, node: &str) -> impl Future<Output = usize> + Send;
+    /// At shutdown, when this node owns nothing any more: removes every sandbox still
+    /// labelled with it (a leak of a race); returns how many.
+    fn remove_all(&self) -> impl Future<Output = usize> + Send;
+}
+
+/// Whether `service`'s instance `node_id` has a heartbeat key now.
+pub async fn node_alive(kv: &kv::Store, service: ServiceName, node_id: &str) -> bool {
+    let key = service.heartbeat_key(node_id);
+    match kv.get(&key).await {
+        Ok(value) => value.is_some(),
+        // Unknown is not dead: never remove on a failed look-up.
+        Err(e) => {
+            tracing::debug!(node = node_id, error = %e, "heartbeat look-up failed");
+            true
+        }
+    }
+}
+
+pub enum JanitorMsg {
+    Sweep,
+    /// Sweeps now and answers with the number of sandboxes removed.
+    SweepNow(RpcReplyPort<usize>),
+    /// Another node's heartbeat key was deleted or expired.
+    NodeGone(String),
+    /// [`GONE_GRACE`] after `NodeGone`: reap the node's sandboxes if its key is still gone.
+    ReapIfStillGone(String),
+    /// The watch on the nodes bucket ended (with its error, if any).
+    WatchEnded(ActorProcessingErr),
+}
+
+pub struct Janitor<S>(PhantomData<fn() -> S>);
+
+impl<S> Default for Janitor<S> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+#[derive(Clone)]
+pub struct JanitorArgs<S> {
+    pub sweeper: S,
+    /// The backend's service: whose heartbeat keys are watched.
+    pub service: ServiceName,
+    /// This node (its own key is never a gone node).
+    pub node_id: String,
+    pub nodes_kv: kv::Store,
+    pub interval: Duration,
+}
+
+pub struct JanitorState<S> {
+    args: JanitorArgs<S>,
+    watch: JoinHandle<()>,
+}
+
+/// Forwards the deletions and expiries of other executors' heartbeat keys to the janitor.
+async fn watch_nodes<S>(args: JanitorArgs<S>, janitor: ActorRef<JanitorMsg>) {
+    let prefix = args.service.heartbeat_key("");
+    let mut entries = match args.nodes_kv.watch(format!("{prefix}>")).await {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = janitor.cast(JanitorMsg::WatchEnded(e.into()));
+            return;
+        }
+    };
+    let ended = loop {
+        match entries.next().await {
+            Some(Ok(entry)) => {
+                let gone = matches!(
+                    entry.operation,
+                    kv::Operation::Delete | kv::Operation::Purge
+                );
+                let node = entry.key.strip_prefix(&prefix).unwrap_or_default();
+                if gone && !node.is_empty() && node != args.node_id {
+                    let _ = janitor.cast(JanitorMsg::NodeGone(node.to_string()));
+                }
+            }
+            Some(Err(e)) => break e.into(),
+            None => break "the watch on the nodes bucket ended".into(),
+        }
+    };
+    let _ = janitor.cast(JanitorMsg::WatchEnded(ended));
+}
+
+impl<S: Sweep> Actor for Janitor<S> {
+    type Msg = JanitorMsg;
+    type State = JanitorState<S>;
+    type Arguments = JanitorArgs<S>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: JanitorArgs<S>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        myself.cast(JanitorMsg::Sweep)?;
+        myself.send_interval(args.interval, || JanitorMsg::Sweep);
+        let watch = tokio::spawn(watch_nodes(args.clone(), myself.clone()));
+        Ok(JanitorState { args, watch })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // The sweep awaits its backend inside the handler on purpose: the janitor has nothing
+        // else to do, and overlapping sweeps would only race each other.
+        let sweeper = &state.args.sweeper;
+        match msg {
+            JanitorMsg::Sweep => {
+                sweeper.sweep().await;
+            }
+            JanitorMsg::SweepNow(reply) => {
+                let _ = reply.send(sweeper.sweep().await);
+            }
+            JanitorMsg::NodeGone(node) => {
+                myself.send_after(GONE_GRACE, move || JanitorMsg::ReapIfStillGone(node));
+            }
+            JanitorMsg::ReapIfStillGone(node) => {
+                sweeper.reap_node(&node).await;
+            }
+            // Failing makes the node restart the janitor, and with it the watch.
+            JanitorMsg::WatchEnded(why) => return Err(why),
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.watch.abort();
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! An accepted execution as every backend sees it: the [`Job`] (the run and its decided
+//! limits), the [`Admitted`] job that answers its caller exactly once and gives its run slot
+//! back, and the supervisor's request for it ([`run_spec`], [`request_files`]): the same
+//! program, environment and limits whichever sandbox runs it.
+
+use std::time::Instant;
+
+use messages::exec::{ExecResult, Language};
+use messages::executor::{ExecutorRun, RunKind};
+use messages::template::TemplateRan;
+use messages::validate::EffectiveLimits;
+use messages::ErrorBody;
+use ractor::RpcReplyPort;
+use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
+
+use crate::config::NodeConfig;
+use crate::slot::RunSlot;
+
+/// Where the sandbox image installs the supervisor.
+pub const SUPERVISOR_PATH: &str = "/usr/local/bin/sandmesh-supervisor";
+/// The workspace inside every sandbox (also `HOME`).
+pub const WORKSPACE_DIR: &str = "/workspace";
+
+/// Where the code file goes: outside the workspace, so it is never a "changed file".
+const CODE_DIR: &str = "/tmp/.sandmesh";
+
+/// An accepted run with its limits decided.
+#[derive(Debug)]
+pub struct Job {
+    pub run: ExecutorRun,
+    pub limits: EffectiveLimits,
+    pub accepted: Instant,
+    /// Already retried once after an unusable container.
+    pub retried: bool,
+}
+
+impl Job {
+    /// The session whose workspace travels with this run: none for an isolated run, which
+    /// makes no workspace round trip at all.
+    pub fn workspace_session(&self) -> Option<&str> {
+        match self.run.kind {
+            RunKind::Isolated => None,
+            RunKind::Pooled | RunKind::Session => self.run.request.session_id.as_deref(),
+        }
+    }
+}
+
+pub type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
+
+/// A job with the caller waiting for it and its run slot: answering consumes it (and gives
+/// the slot back); dropping it unanswered does too, and the caller learns the actor is gone.
+pub struct Admitted {
+    pub job: Job,
+    reply: Reply,
+    slot: RunSlot,
+    /// The template and image it runs in, once resolved; its result says so.
+    pub ran: Option<TemplateRan>,
+}
+
+impl Admitted {
+    pub fn new(job: Job, reply: Reply, slot: RunSlot) -> Self {
+        Self {
+            job,
+            reply,
+            slot,
+            ran: None,
+        }
+    }
+
+    pub fn answer(self, mut result: Result<ExecResult, ErrorBody>) {
+        if let Ok(r) = &mut result {
+            r.template = self.ran;
+        }
+        let _ = self.reply.send(result);
+        self.slot.finished();
+    }
+}
+
+fn program(language: Language) -> (Vec<String>, String) {
+    let (file, argv): (&str, &[&str]) = match language {
+        Language::Python => ("main.py", &["python3", "-u"]),
+        Language::Javascript => ("main.js", &["node"]),
+        Language::Shell => ("main.sh", &["bash"]),
+    };
+    let path = format!("{CODE_DIR}/{file}");
+    let mut argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    argv.push(path.clone());
+    (argv, path)
+}
+
+/// The most output a result can carry over `client`: the server's max payload less room for
+/// the rest of the result.
+pub fn output_budget(client: &async_nats::Client) -> u64 {
+    let max_payload = client.server_info().max_payload as u64;
+    max_payload.saturating_sub(64 * 1024).max(64 * 1024)
+}
+
+/// The supervisor's request for `job`, the same for every backend: the program for its
+/// language, a clean environment (the request's variables on top), the node's limits, and
+/// room for changed files only when `keeps_changes` (a workspace takes them).
+pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec {
+    let req = &job.run.request;
+    let (argv, code_path) = program(req.language);
+    let mut env: Vec<(String, String)> = [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", WORKSPACE_DIR),
+        ("LANG", "C.UTF-8"),
+        ("TMPDIR", "/tmp"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        // The script lives in /tmp/.sandmesh; modules are imported from the workspace.
+        ("PYTHONPATH", WORKSPACE_DIR),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for (k, v) in &req.env {
+        env.retain(|(name, _)| name != k);
+        env.push((k.clone(), v.clone()));
+    }
+    RunSpec {
+        version: PROTOCOL_VERSION,
+        argv,
+        code_path,
+        code: req.code.clone(),
+        stdin: req.stdin.clone(),
+        env,
+        workspace: WORKSPACE_DIR.into(),
+        timeout_ms: job.limits.timeout_ms,
+        max_output_bytes: job.limits.max_output_bytes,
+        nofile: config.nofile,
+        fsize_bytes: config.fsize_mb << 20,
+        max_changes_bytes: if keeps_changes {
+            config.workspace_mb << 20
+        } else {
+            0
+        },
+        // Set by the backend whose container has an egress socket.
+        egress_socket: None,
+        kernel: match (req.kernel, req.language) {
+            (false, _) => None,
+            (true, Language::Python) => Some(KernelLanguage::Python),
+            (true, Language::Javascript) => Some(KernelLanguage::Javascript),
+            // Refused on admission: a shell has no kernel.
+            (true, Language::Shell) => None,
+        },
+    }
+}
+
+/// The request's files as a tar (paths were validated on admission).
+pub fn request_files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
+    let files = &job.run.request.files;
+    if files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    for f in files {
+        let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, &f.path, bytes.as_slice())
+            .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
+    }
+    b.into_inner()
+        .map_err(|e| ErrorBody::internal(e.to_string()))
+}

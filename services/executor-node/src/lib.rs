@@ -1,0 +1,285 @@
+//! executor-node: what every executor backend shares (DESIGN.md §1; seed 004 §4, pluggable
+//! backends). A backend says how to make, run and remove a sandbox — a Docker container
+//! (`docker-executor`), a bubblewrap sandbox (`bwrap-executor`) — by implementing
+//! [`Backend`]; this crate is the rest of the node:
+//!
+//! - admission: ids, the request's limits against the node's ceilings ([`NodeConfig`]), the
+//!   backend's run kinds, capacity through RAII [`RunSlot`]s (429), draining (503);
+//! - the executor subjects, served for the backend's kind:
+//!   `sandbox.v1.executor.<backend>.run` (queue group of all nodes of the backend) and
+//!   `sandbox.v1.executor.<backend>.<node_id>.{run,drain}` (and `close` for a backend with
+//!   sessions);
+//! - the heartbeat (capacity, running, the backend's own gauges), the janitor with its
+//!   watch on other nodes' heartbeat keys, and its restart;
+//! - the supervisor protocol's executor half ([`exchange`]), the run spec ([`job`]) and the
+//!   classification of its report ([`outcome`]), so every backend answers alike;
+//! - workspace sync with workspace-store ([`workspace`]) for backends that keep sessions;
+//! - the sandbox image and its check ([`image`]).
+//!
+//! ```text
+//! ExecutorNode<B> (admission, drain, close; restarts the janitor, fails with the backend)
+//! ├── Janitor<B::Sweeper>   removes sandboxes no live owner holds (this node, dead nodes)
+//! └── (the backend's own actors, linked by `Backend::start`: pools, sessions)
+//! (+ the kit's Heartbeat)
+//! ```
+//!
+//! [`serve`] runs a node until shutdown *or until its root actor dies*: a node whose actor is
+//! gone stops beating and `serve` fails, so the scheduler never sees a healthy node that
+//! cannot run anything.
+
+pub mod config;
+pub mod exchange;
+pub mod executor;
+pub mod image;
+pub mod janitor;
+pub mod job;
+pub mod node;
+pub mod outcome;
+pub mod slot;
+pub mod workspace;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kit::{actor_handler, CancellationToken, EndpointOptions, KitError, Runtime};
+use messages::executor::ExecutorRun;
+use messages::subjects::ExecutorOp;
+use messages::{ErrorBody, ServiceName};
+use ractor::{Actor, ActorCell, ActorProcessingErr};
+
+pub use config::NodeConfig;
+pub use executor::{ExecutorNode, NodeMsg};
+pub use image::{check_image, ImageCheckError};
+pub use janitor::Sweep;
+pub use job::{Admitted, Job, SUPERVISOR_PATH, WORKSPACE_DIR};
+pub use node::NodeState;
+pub use slot::RunSlot;
+
+use executor::NodeArgs;
+use janitor::JanitorArgs;
+
+/// Gauges a backend adds to the node's heartbeat metrics (warm pool size, sessions), read at
+/// each beat.
+pub type Gauges = Arc<dyn Fn(&mut BTreeMap<String, f64>) + Send + Sync>;
+
+/// One kind of sandbox. The node admits a run, then hands it to [`Backend::execute`], which
+/// answers it (from a task or an actor of its own, never by waiting in the node's handler).
+pub trait Backend: Send + 'static {
+    /// Removes the backend's sandboxes that nobody owns (the janitor's work).
+    type Sweeper: Sweep;
+    /// Which backend: its executor subjects and the heartbeat's `backends`.
+    const KIND: messages::executor::Backend;
+    /// Its service name: heartbeat keys, metrics labels, workspace requests.
+    const SERVICE: ServiceName;
+    /// Whether it keeps sessions (and so serves `close`).
+    const SESSIONS: bool;
+
+    /// The run kinds and options it takes (tier, kind, session, network); the rest of
+    /// admission is the node's.
+    fn accepts(&self, run: &ExecutorRun) -> Result<(), ErrorBody>;
+
+    /// Starts the backend's own actors, linked to the node's root actor `node` (a failed one
+    /// fails the node).
+    fn start(
+        &mut self,
+        node: ActorCell,
+    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send;
+
+    /// Runs an admitted execution. Must not wait for it: the run answers when it ends.
+    fn execute(&mut self, run: Admitted) -> Result<(), ActorProcessingErr>;
+
+    /// Closes a session; resolves to whether there was one.
+    fn close(&self, session_id: String) -> BoxFuture<'static, bool>;
+
+    /// The end of a drain, once nothing runs: closes every session.
+    fn close_all(&self) -> BoxFuture<'static, ()>;
+
+    /// At stop: removes every sandbox the backend's actors hold.
+    fn stop(&mut self) -> impl std::future::Future<Output = ()> + Send;
+
+    /// The backend's own heartbeat gauges.
+    fn gauges(&self) -> Gauges;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error("starting the executor node's actor")]
+    Spawn(#[source] ractor::SpawnErr),
+    #[error("stopping the executor node's actor")]
+    Stop(#[source] ractor::RactorErr<ractor::actor::messages::StopMessage>),
+    #[error("the executor node's actor stopped: no executions can run here")]
+    Died,
+}
+
+/// What [`serve`] needs besides the backend: the kit's runtime (started by the backend's
+/// `run`, which needed its connection to build the backend), and the node's shared parts.
+pub struct NodeParts {
+    pub runtime: Runtime,
+    pub config: Arc<NodeConfig>,
+    pub node: Arc<NodeState>,
+    /// Executions running at once; beyond it callers get 429.
+    pub capacity: usize,
+    /// `sandbox_nodes`, where the janitor judges other nodes.
+    pub nodes_kv: async_nats::jetstream::kv::Store,
+    /// Heartbeat labels besides `node`: the backend's image, mesh, ...
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The name the node's root actor is registered under in this process (ractor's registry):
+/// one per service and node id, so operators and tests can find it.
+pub fn root_actor_name(service: ServiceName, node_id: &str) -> String {
+    format!("{}.{node_id}", service.as_str())
+}
+
+/// Runs a node of `backend` until `shutdown` is cancelled (or its root actor dies), then
+/// stops it and removes every sandbox of the node.
+pub async fn serve<B: Backend>(
+    parts: NodeParts,
+    backend: B,
+    sweeper: B::Sweeper,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    let NodeParts {
+        mut runtime,
+        config,
+        node,
+        capacity,
+        nodes_kv,
+        mut labels,
+    } = parts;
+    let me = config.node_id().to_string();
+    labels.insert("node".into(), me.clone());
+
+    // The heartbeat first: other nodes' janitors judge this node's sandboxes by it.
+    let probe_node = node.clone();
+    let gauges = backend.gauges();
+    let host = kit::resources::HostSampler::default();
+    let metrics = runtime.metrics.clone();
+    let at = kit::metrics::NodeLabels {
+        service: B::SERVICE.as_str(),
+        node: me.clone(),
+    };
+    runtime
+        .start_heartbeat(Arc::new(move || {
+            let resources = host.sample();
+            if let Some(r) = &resources {
+                metrics.host_resources(&at, r);
+            }
+            let mut m = probe_node.metrics(capacity);
+            gauges(&mut m);
+            kit::heartbeat::Load {
+                capacity: capacity as u32,
+                load: probe_node.running.load(Ordering::Relaxed) as u32,
+                metrics: m,
+                labels: labels.clone(),
+                backends: vec![B::KIND],
+                resources,
+            }
+        }))
+        .await?;
+
+    let janitor = JanitorArgs {
+        sweeper: sweeper.clone(),
+        service: B::SERVICE,
+        node_id: me.clone(),
+        nodes_kv,
+        interval: config.janitor_interval,
+    };
+    let args = NodeArgs {
+        backend,
+        config: config.clone(),
+        node: node.clone(),
+        capacity,
+        client: runtime.client.clone(),
+        janitor,
+    };
+    let name = root_actor_name(B::SERVICE, &me);
+    let (actor, mut actor_task) =
+        match Actor::spawn(Some(name), ExecutorNode::<B>::default(), args).await {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                runtime.shutdown().await;
+                return Err(NodeError::Spawn(e));
+            }
+        };
+
+    let options = EndpointOptions {
+        // Admission (429 past capacity) is the node's own; the kit only bounds memory.
+        max_in_flight: config.kit.max_in_flight.max(capacity * 4),
+        ..runtime.endpoint_options()
+    };
+    let subjects = runtime.subjects().clone();
+    let kind = B::KIND;
+    let served = async {
+        let run = actor_handler(actor.clone(), NodeMsg::Run);
+        runtime
+            .serve_with(subjects.executor_run_on(kind), options, run.clone())
+            .await?;
+        runtime
+            .serve_with(
+                subjects.executor_node_on(kind, &me, ExecutorOp::Run),
+                options,
+                run,
+            )
+            .await?;
+        if B::SESSIONS {
+            runtime
+                .serve_with(
+                    subjects.executor_node_on(kind, &me, ExecutorOp::Close),
+                    options,
+                    actor_handler(actor.clone(), NodeMsg::Close),
+                )
+                .await?;
+        }
+        runtime
+            .serve_with(
+                subjects.executor_node_on(kind, &me, ExecutorOp::Drain),
+                options,
+                actor_handler(actor.clone(), NodeMsg::Drain),
+            )
+            .await
+    };
+    if let Err(e) = served.await {
+        actor.stop_and_wait(None, None).await.ok();
+        runtime.shutdown().await;
+        return Err(e.into());
+    }
+    tracing::info!(
+        node = me,
+        service = B::SERVICE.as_str(),
+        "executor node ready"
+    );
+
+    let died = tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = &mut actor_task => true,
+    };
+    if died {
+        tracing::error!("the executor node's actor stopped; the node stops beating");
+    }
+    // Requests in flight finish first (bounded by the grace period), then every sandbox of
+    // this node is removed by the actors' post_stop.
+    runtime.shutdown().await;
+    let stopped = actor
+        .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
+        .await;
+    // Starts, runs and removals still in flight finish before `serve` returns.
+    if !node.finish_tasks(Duration::from_secs(60)).await {
+        tracing::warn!("sandbox work still running after 60 s; the janitor will clean up");
+    }
+    // Last line of defence: a node that stops owns nothing, so anything still labelled with
+    // it is a leak of a race above.
+    let left = sweeper.remove_all().await;
+    if left > 0 {
+        tracing::warn!(left, "removed sandboxes left at shutdown");
+    }
+    if died {
+        return Err(NodeError::Died);
+    }
+    stopped.map_err(NodeError::Stop)
+}
