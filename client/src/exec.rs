@@ -1,5 +1,6 @@
 //! Executions: sync (`exec`, one request, the result as reply), async (`submit` a JetStream
-//! job with `Nats-Msg-Id` = execution id, then `result` / `wait_result`), and the live output.
+//! job with `Nats-Msg-Id` = execution id, then `result` / `wait_result`), the live output, and
+//! test runs (`run_tests`: code and tests in, per-test results out).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,6 +10,8 @@ use futures::{Stream, StreamExt};
 use messages::exec::{
     AwaitingConfirmation, ExecRequest, ExecResult, Language, OutputChunk, ResultGet, ResultLookup,
 };
+
+use messages::testrun::{TestReport, TestRequest};
 
 use crate::{decode_reply, ClientError, ErrorKind, MeshClient, Result};
 
@@ -73,6 +76,28 @@ impl ExecClient {
         on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
     ) -> Result<ExecResult> {
         let subject = self.mesh.subjects().exec();
+        self.mesh
+            .request_notified(subject, req, timeout, on_wait)
+            .await
+    }
+
+    /// Runs the tests of `req` against its code (`sandbox.v1.test`: pytest for Python,
+    /// `node --test` for JavaScript) and returns the per-test report. A test run is an
+    /// execution: it may wait for a person's approval like any other (see
+    /// [`Self::run_tests_notified`]).
+    pub async fn run_tests(&self, req: &TestRequest) -> Result<TestReport> {
+        let subject = self.mesh.subjects().test();
+        self.mesh.request_timeout(subject, req, EXEC_TIMEOUT).await
+    }
+
+    /// Like [`Self::run_tests`], and `on_wait` hears at once of a pending approval.
+    pub async fn run_tests_notified(
+        &self,
+        req: &TestRequest,
+        timeout: Duration,
+        on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
+    ) -> Result<TestReport> {
+        let subject = self.mesh.subjects().test();
         self.mesh
             .request_notified(subject, req, timeout, on_wait)
             .await

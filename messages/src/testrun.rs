@@ -23,8 +23,11 @@ pub const DEFAULT_PYTHON_TEMPLATE: &str = "python-data";
 /// The template a JavaScript test run uses when it names none (`node --test` is built in).
 pub const DEFAULT_JAVASCRIPT_TEMPLATE: &str = "node-default";
 
-/// Where the code and tests are written in the workspace, unless the request names files.
+/// Where the code and tests are written in the workspace.
 pub const TEST_DIR: &str = "code";
+/// Where the runner's own files go (hidden, so they are not mistaken for the caller's); a
+/// request's files may not go there.
+pub const RUNNER_DIR: &str = ".sandmesh-test";
 
 /// The largest JUnit report read back; a larger one is an `error` report, not a truncated one.
 pub const MAX_REPORT_BYTES: u64 = 512 * 1024;
@@ -142,10 +145,15 @@ impl TestRequest {
             ));
         }
         let taken = [self.code_file(), self.tests_file()].map(|n| format!("{TEST_DIR}/{n}"));
-        if let Some(i) = self.files.iter().position(|f| taken.contains(&f.path)) {
+        let runner = format!("{RUNNER_DIR}/");
+        if let Some(i) = self
+            .files
+            .iter()
+            .position(|f| taken.contains(&f.path) || f.path.starts_with(&runner))
+        {
             return Err(ValidationError::invalid(
                 format!("files[{i}].path"),
-                "names the code or the tests file",
+                format!("names the code, the tests or the runner's files (under {RUNNER_DIR}/)"),
             ));
         }
         Ok(())
@@ -404,6 +412,17 @@ mod tests {
                 TestRequest {
                     files: vec![FileSpec {
                         path: "code/test_solution.py".into(),
+                        content: "x".into(),
+                        encoding: Default::default(),
+                    }],
+                    ..request()
+                },
+                "files[0].path",
+            ),
+            (
+                TestRequest {
+                    files: vec![FileSpec {
+                        path: ".sandmesh-test/junit-reporter.mjs".into(),
                         content: "x".into(),
                         encoding: Default::default(),
                     }],
