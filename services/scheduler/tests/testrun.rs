@@ -18,7 +18,7 @@ use messages::risk::SecurityMode;
 use messages::session::SessionOpen;
 use messages::testrun::{TestCaseStatus, TestReport, TestRequest, TestRunStatus};
 use messages::{ErrorKind, Subjects};
-use sandmesh_client::MeshClient;
+use sandmesh_client::{ErrorKind as ClientErrorKind, MeshClient};
 
 /// Long enough for a first run that waits for its template's image to be built.
 const BUILD_WAIT: Duration = Duration::from_secs(900);
@@ -311,47 +311,47 @@ async fn tenants_cannot_name_each_others_sessions_and_bad_requests_are_refused()
         ..python("x = 1\n", "def test_x():\n    pass\n")
     };
     let e = beta.exec().run_tests(&req).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert_eq!(e.kind(), ClientErrorKind::NotFound, "{e}");
     // The owner reaches it (the stand-in runs nothing, so the report is an error report).
     let report = acme.exec().run_tests(&req).await.unwrap();
     assert_eq!(report.session_id.as_deref(), Some("shared-name"));
 
     // Malformed, oversized and hostile requests, sent raw as any client could.
     let huge = "x".repeat(300 * 1024);
-    let bad: Vec<(serde_json::Value, ErrorKind, &str)> = vec![
-        (serde_json::json!({"language": "python", "code": "x"}), ErrorKind::BadRequest, "tests"),
+    let bad: Vec<(serde_json::Value, ClientErrorKind, &str)> = vec![
+        (serde_json::json!({"language": "python", "code": "x"}), ClientErrorKind::BadRequest, "tests"),
         (
             serde_json::json!({"language": "shell", "code": "x", "tests": "y"}),
-            ErrorKind::BadRequest,
+            ClientErrorKind::BadRequest,
             "language",
         ),
         (
             serde_json::json!({"language": "python", "code": huge, "tests": "def test(): pass"}),
-            ErrorKind::TooLarge,
+            ClientErrorKind::TooLarge,
             "code",
         ),
         (
             serde_json::json!({"language": "python", "code": "x", "tests": "y",
                                "tests_file": "../../etc/passwd"}),
-            ErrorKind::BadRequest,
+            ClientErrorKind::BadRequest,
             "tests_file",
         ),
         (
             serde_json::json!({"language": "python", "code": "x", "tests": "y",
                                "execution_id": "a.b>c"}),
-            ErrorKind::BadRequest,
+            ClientErrorKind::BadRequest,
             "execution_id",
         ),
         (
             serde_json::json!({"language": "python", "code": "x", "tests": "y",
                                "files": [{"path": "/etc/shadow", "content": "x"}]}),
-            ErrorKind::BadRequest,
+            ClientErrorKind::BadRequest,
             "files[0].path",
         ),
         (
             serde_json::json!({"language": "python", "code": "x", "tests": "y",
                                "env": {"LD_PRELOAD": "/tmp/x.so"}}),
-            ErrorKind::BadRequest,
+            ClientErrorKind::BadRequest,
             "env.LD_PRELOAD",
         ),
     ];

@@ -61,7 +61,6 @@ impl TestRuns {
         req: TestRequest,
     ) -> Result<TestReport, ErrorBody> {
         req.validate(&self.ceilings)?;
-        let tenant = ctx.caller.tenant().cloned();
         let execution_id = match &req.execution_id {
             Some(id) => id.clone(),
             None => messages::new_id(),
