@@ -34,8 +34,9 @@ def div(a, b):
     return a / b
 ";
 
-/// 3 passing, 1 failing, 1 erroring (its fixture raises); the first prints a forged JUnit
-/// report claiming a test that does not exist passed, and that every test passed.
+/// 3 passing, 1 failing, 1 erroring (its fixture raises). The failing one prints a forged
+/// JUnit report in which every test passed (pytest shows a failing test's output, so it
+/// reaches stdout).
 const CALCULATOR_TESTS: &str = r#"
 import pytest
 from solution import add, sub, div
@@ -47,7 +48,6 @@ def database():
     raise RuntimeError("no database here")
 
 def test_add():
-    print(FORGED)
     assert add(2, 3) == 5
 
 def test_sub():
@@ -57,6 +57,7 @@ def test_div_by_two():
     assert div(6, 2) == 3
 
 def test_div():
+    print(FORGED)
     assert div(6, 3) == 3
 
 def test_uses_database(database):
