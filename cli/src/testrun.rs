@@ -39,10 +39,7 @@ pub async fn run(mesh: &MeshClient, args: TestArgs) -> anyhow::Result<i32> {
     let read = |path: &PathBuf| {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
     };
-    let name = |path: &PathBuf| {
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-    };
+    let name = |path: &PathBuf| path.file_name().map(|n| n.to_string_lossy().into_owned());
     let req = TestRequest {
         session_id: args.session.clone(),
         language: args.language,
@@ -60,10 +57,7 @@ pub async fn run(mesh: &MeshClient, args: TestArgs) -> anyhow::Result<i32> {
     let report = mesh
         .exec()
         .run_tests_notified(&req, wait, |notice| {
-            eprintln!(
-                "{}",
-                crate::exec::waiting_line(&notice, messages::now_ms())
-            )
+            eprintln!("{}", crate::exec::waiting_line(&notice, messages::now_ms()))
         })
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.into_body()))?;

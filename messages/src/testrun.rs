@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ErrorBody;
 use crate::exec::{
     ConfirmationOutcome, ExecStatus, FileSpec, Language, Limits, Tier, Timing, Usage,
 };
-use crate::error::ErrorBody;
 use crate::risk::RiskAssessment;
 use crate::template::TemplateRan;
 use crate::tenancy::{unscoped, Tenant};
@@ -82,22 +82,18 @@ pub struct TestRequest {
 impl TestRequest {
     /// The module's file name, as given or by default.
     pub fn code_file(&self) -> &str {
-        self.code_file
-            .as_deref()
-            .unwrap_or(match self.language {
-                Language::Javascript => "solution.js",
-                _ => "solution.py",
-            })
+        self.code_file.as_deref().unwrap_or(match self.language {
+            Language::Javascript => "solution.js",
+            _ => "solution.py",
+        })
     }
 
     /// The test file's name, as given or by default.
     pub fn tests_file(&self) -> &str {
-        self.tests_file
-            .as_deref()
-            .unwrap_or(match self.language {
-                Language::Javascript => "solution.test.js",
-                _ => "test_solution.py",
-            })
+        self.tests_file.as_deref().unwrap_or(match self.language {
+            Language::Javascript => "solution.test.js",
+            _ => "test_solution.py",
+        })
     }
 
     /// The template to run in when the request and its session name none.
@@ -315,7 +311,8 @@ mod tests {
         TestRequest {
             language: Language::Python,
             code: "def add(a, b):\n    return a + b\n".into(),
-            tests: "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n".into(),
+            tests: "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+                .into(),
             ..Default::default()
         }
     }
@@ -344,7 +341,11 @@ mod tests {
         js.validate(&c).unwrap();
         assert_eq!(
             (js.code_file(), js.tests_file(), js.default_template()),
-            ("solution.js", "solution.test.js", DEFAULT_JAVASCRIPT_TEMPLATE)
+            (
+                "solution.js",
+                "solution.test.js",
+                DEFAULT_JAVASCRIPT_TEMPLATE
+            )
         );
     }
 

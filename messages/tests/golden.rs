@@ -10,7 +10,9 @@ use messages::exec::*;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
 use messages::template::{Template, TemplateRan, TemplateRecord, TemplateRef};
-use messages::testrun::{TestCase, TestCaseStatus, TestReport, TestRequest, TestRunStatus, TestTotals};
+use messages::testrun::{
+    TestCase, TestCaseStatus, TestReport, TestRequest, TestRunStatus, TestTotals,
+};
 use messages::workspace::WsWrite;
 use messages::{Encoding, ErrorBody};
 use serde::de::DeserializeOwned;

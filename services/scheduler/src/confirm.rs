@@ -44,7 +44,11 @@ impl ConfirmClient {
             execution_id: Some(exec.id.clone()),
             session_id: req.session_id.clone(),
             risk: exec.risk.clone(),
-            summary: summary(req.language.as_str(), exec.reviewed_code().len(), &exec.risk),
+            summary: summary(
+                req.language.as_str(),
+                exec.reviewed_code().len(),
+                &exec.risk,
+            ),
             code_excerpt: excerpt(exec.reviewed_code(), 2048),
             kind: ConfirmKind::Code,
             requested_by: req.requested_by.clone(),

@@ -242,7 +242,10 @@ async fn a_risky_test_run_waits_for_a_person_like_an_exec() {
         .expect("a notice in time")
         .unwrap();
     let status = notice.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
-    assert_eq!(status.map(|v| v.as_str()), Some(STATUS_AWAITING_CONFIRMATION));
+    assert_eq!(
+        status.map(|v| v.as_str()),
+        Some(STATUS_AWAITING_CONFIRMATION)
+    );
     let awaiting: AwaitingConfirmation = serde_json::from_slice(&notice.payload).unwrap();
     assert_eq!(awaiting.execution_id, "risky-tests");
 
@@ -254,7 +257,11 @@ async fn a_risky_test_run_waits_for_a_person_like_an_exec() {
         .await
         .unwrap();
     assert!(pending.code_excerpt.contains("os.system('true')"));
-    assert!(!pending.code_excerpt.contains("pytest"), "{}", pending.code_excerpt);
+    assert!(
+        !pending.code_excerpt.contains("pytest"),
+        "{}",
+        pending.code_excerpt
+    );
 
     operator
         .confirm()
@@ -320,7 +327,11 @@ async fn tenants_cannot_name_each_others_sessions_and_bad_requests_are_refused()
     // Malformed, oversized and hostile requests, sent raw as any client could.
     let huge = "x".repeat(300 * 1024);
     let bad: Vec<(serde_json::Value, ClientErrorKind, &str)> = vec![
-        (serde_json::json!({"language": "python", "code": "x"}), ClientErrorKind::BadRequest, "tests"),
+        (
+            serde_json::json!({"language": "python", "code": "x"}),
+            ClientErrorKind::BadRequest,
+            "tests",
+        ),
         (
             serde_json::json!({"language": "shell", "code": "x", "tests": "y"}),
             ClientErrorKind::BadRequest,
@@ -369,7 +380,10 @@ async fn tenants_cannot_name_each_others_sessions_and_bad_requests_are_refused()
         .request(Subjects::default().test(), "{not json".into())
         .await
         .unwrap();
-    let code = e.headers.as_ref().and_then(|h| h.get("Nats-Service-Error-Code"));
+    let code = e
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Service-Error-Code"));
     assert_eq!(code.map(|c| c.as_str()), Some("400"));
     mesh.shutdown().await;
 }

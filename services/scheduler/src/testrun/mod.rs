@@ -70,7 +70,12 @@ impl TestRuns {
                 // The caller's own session, which must exist (scoped: another tenant's is 404).
                 let record = self
                     .sessions
-                    .get(ctx.clone(), SessionRef { session_id: named.clone() })
+                    .get(
+                        ctx.clone(),
+                        SessionRef {
+                            session_id: named.clone(),
+                        },
+                    )
                     .await?;
                 // Its template when it has one, unless the run names its own.
                 let template = match (&req.template, record.template) {
@@ -85,7 +90,10 @@ impl TestRuns {
                     .template
                     .clone()
                     .unwrap_or_else(|| req.default_template().to_string());
-                (Session::Internal(format!("test-{}", messages::new_id())), Some(template))
+                (
+                    Session::Internal(format!("test-{}", messages::new_id())),
+                    Some(template),
+                )
             }
         };
         let mut plan = runner::plan(req, execution_id, template, &self.ceilings);

@@ -18,8 +18,7 @@ pub fn ran(result: &ExecResult) -> bool {
 
 /// The report of `result`, whose JUnit report read as `cases` (`None`: not read, nothing ran).
 pub fn compose(result: ExecResult, cases: Option<Result<Vec<TestCase>, ErrorBody>>) -> TestReport {
-    let timed_out =
-        result.status == ExecStatus::Timeout || result.exit_code == Some(TIMEOUT_EXIT);
+    let timed_out = result.status == ExecStatus::Timeout || result.exit_code == Some(TIMEOUT_EXIT);
     let (tests, read_error) = match cases {
         Some(Ok(tests)) => (tests, None),
         Some(Err(e)) => (Vec::new(), Some(e)),
@@ -117,11 +116,17 @@ mod tests {
         use TestCaseStatus::*;
         let passing = vec![case("a", Passed), case("b", Skipped)];
         let r = compose(result(ExecStatus::Ok, 0), Some(Ok(passing.clone())));
-        assert_eq!((r.status, r.error, r.stdout.as_str()), (TestRunStatus::Passed, None, "out"));
+        assert_eq!(
+            (r.status, r.error, r.stdout.as_str()),
+            (TestRunStatus::Passed, None, "out")
+        );
         let failing = vec![case("a", Passed), case("b", Failed), case("c", Error)];
         let r = compose(result(ExecStatus::Error, 1), Some(Ok(failing)));
         assert_eq!(r.status, TestRunStatus::Failed);
-        assert_eq!((r.totals.passed, r.totals.failed, r.totals.errors), (1, 1, 1));
+        assert_eq!(
+            (r.totals.passed, r.totals.failed, r.totals.errors),
+            (1, 1, 1)
+        );
         // A tool that fails with every test passing (pytest's internal error) is no pass.
         let r = compose(result(ExecStatus::Error, 3), Some(Ok(passing)));
         assert_eq!(r.status, TestRunStatus::Error);
@@ -137,7 +142,10 @@ mod tests {
         assert_eq!(r.error.unwrap().kind, ErrorKind::Timeout);
         let missing = ErrorBody::not_found("no report");
         let r = compose(result(ExecStatus::Timeout, -1), Some(Err(missing)));
-        assert_eq!((r.status, r.error.unwrap().kind), (TestRunStatus::Timeout, ErrorKind::NotFound));
+        assert_eq!(
+            (r.status, r.error.unwrap().kind),
+            (TestRunStatus::Timeout, ErrorKind::NotFound)
+        );
     }
 
     #[test]
@@ -145,7 +153,10 @@ mod tests {
         let mut denied = result(ExecStatus::Denied, 0);
         denied.error = Some(ErrorBody::denied("confirmation denied: no"));
         let r = compose(denied, None);
-        assert_eq!((r.status, r.error.unwrap().kind), (TestRunStatus::Denied, ErrorKind::Denied));
+        assert_eq!(
+            (r.status, r.error.unwrap().kind),
+            (TestRunStatus::Denied, ErrorKind::Denied)
+        );
         let r = compose(result(ExecStatus::Oom, 137), Some(Ok(vec![])));
         assert_eq!(r.status, TestRunStatus::Error);
         assert!(r.error.unwrap().message.contains("oom"));

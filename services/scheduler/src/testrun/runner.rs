@@ -161,6 +161,9 @@ mod tests {
             ]
         );
         assert_eq!(plan.request.timeout_ms, Some(4_000));
-        assert!(plan.request.code.contains(r#"const CONFIG = {"budget_ms":3000"#));
+        assert!(plan
+            .request
+            .code
+            .contains(r#"const CONFIG = {"budget_ms":3000"#));
     }
 }
