@@ -9,11 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use futures::StreamExt;
-use messages::exec::{
-    AwaitingConfirmation, Decision, ExecStatus, Language, NOTIFY_HEADER,
-    STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
-};
+use messages::exec::{Decision, ExecStatus, Language};
 use messages::risk::SecurityMode;
 use messages::session::SessionOpen;
 use messages::testrun::{TestCaseStatus, TestReport, TestRequest, TestRunStatus};
@@ -212,41 +208,44 @@ test('later', { skip: 'not yet' }, () => {});
 /// Code the risk stand-in rates high: a person must approve it.
 const RISKY_TESTS: &str = "import os\n\ndef test_shell():\n    os.system('true')\n";
 
-#[tokio::test]
-async fn a_risky_test_run_waits_for_a_person_like_an_exec() {
-    let mesh = Mesh::builder()
+/// The services around the scheduler, with the executor stand-in: these tests need no container.
+fn without_containers() -> MeshBuilder {
+    Mesh::builder()
         .risk()
         .confirm(&[])
         .real_workspace()
         .templates()
         .executor("node-a", 4)
+}
+
+#[tokio::test]
+async fn a_risky_test_run_waits_for_a_person_like_an_exec() {
+    let mesh = without_containers()
         .scheduler(|c| c.security_mode = SecurityMode::Strict)
         .start()
         .await;
-    let nc = mesh.client.client().clone();
-    let inbox = nc.new_inbox();
-    let mut replies = nc.subscribe(inbox.clone()).await.unwrap();
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(NOTIFY_HEADER, "1");
-    headers.insert("Content-Type", "application/json");
+    let agent = MeshClient::new(test_support::connect(&mesh.url).await, Subjects::default());
     let req = TestRequest {
         execution_id: Some("risky-tests".into()),
         ..python("def f():\n    return 1\n", RISKY_TESTS)
     };
-    let payload = serde_json::to_vec(&req).unwrap();
-    nc.publish_with_reply_and_headers(Subjects::default().test(), inbox, headers, payload.into())
-        .await
-        .unwrap();
-    let notice = tokio::time::timeout(WAIT, replies.next())
+    // Told at once that a person must decide, while the call goes on waiting for the report.
+    let (noticed, notice) = tokio::sync::oneshot::channel();
+    let mut noticed = Some(noticed);
+    let running = tokio::spawn(async move {
+        agent
+            .exec()
+            .run_tests_notified(&req, WAIT, move |awaiting| {
+                if let Some(tx) = noticed.take() {
+                    let _ = tx.send(awaiting);
+                }
+            })
+            .await
+    });
+    let awaiting = tokio::time::timeout(WAIT, notice)
         .await
         .expect("a notice in time")
         .unwrap();
-    let status = notice.headers.as_ref().and_then(|h| h.get(STATUS_HEADER));
-    assert_eq!(
-        status.map(|v| v.as_str()),
-        Some(STATUS_AWAITING_CONFIRMATION)
-    );
-    let awaiting: AwaitingConfirmation = serde_json::from_slice(&notice.payload).unwrap();
     assert_eq!(awaiting.execution_id, "risky-tests");
 
     // The person sees the code and the tests, not the runner that drives them.
@@ -275,11 +274,7 @@ async fn a_risky_test_run_waits_for_a_person_like_an_exec() {
         })
         .await
         .unwrap();
-    let reply = tokio::time::timeout(WAIT, replies.next())
-        .await
-        .expect("the report in time")
-        .unwrap();
-    let report: TestReport = serde_json::from_slice(&reply.payload).unwrap();
+    let report = running.await.unwrap().expect("the report");
     assert_eq!(report.confirmation.decision, Decision::Approved);
     // The stand-in executor runs nothing and leaves no report: a terminal error that says so.
     assert_eq!(report.status, TestRunStatus::Error, "{report:#?}");
@@ -289,12 +284,7 @@ async fn a_risky_test_run_waits_for_a_person_like_an_exec() {
 
 #[tokio::test]
 async fn tenants_cannot_name_each_others_sessions_and_bad_requests_are_refused() {
-    let mesh = Mesh::builder()
-        .risk()
-        .confirm(&[])
-        .real_workspace()
-        .templates()
-        .executor("node-a", 4)
+    let mesh = without_containers()
         .tenants(&["acme", "beta"], &[])
         .scheduler(|_| {})
         .start()
