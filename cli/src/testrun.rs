@@ -64,49 +64,9 @@ pub async fn run(mesh: &MeshClient, args: TestArgs) -> anyhow::Result<i32> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", table(&report));
+        print!("{}", sandmesh_client::exec::report_table(&report));
     }
     Ok(exit_code(&report))
-}
-
-/// One line per test (status, name, time, the first line of its message), then the totals and
-/// the run's status.
-fn table(report: &TestReport) -> String {
-    let width = report
-        .tests
-        .iter()
-        .map(|t| t.name.chars().count())
-        .max()
-        .unwrap_or(0);
-    let mut out = String::new();
-    for t in &report.tests {
-        let why = t
-            .message
-            .as_deref()
-            .and_then(|m| m.lines().find(|l| !l.trim().is_empty()))
-            .map(|m| format!("  {}", m.trim()))
-            .unwrap_or_default();
-        out += &format!(
-            "{:<7} {:<width$} {:>6} ms{why}\n",
-            t.status.as_str().to_uppercase(),
-            t.name,
-            t.duration_ms,
-        );
-    }
-    let n = report.totals;
-    out += &format!(
-        "{}: {} passed, {} failed, {} errors, {} skipped ({} ms)\n",
-        report.status.as_str(),
-        n.passed,
-        n.failed,
-        n.errors,
-        n.skipped,
-        report.timing.total_ms
-    );
-    if let Some(e) = &report.error {
-        out += &format!("{}\n", e.message);
-    }
-    out
 }
 
 fn exit_code(report: &TestReport) -> i32 {
@@ -119,49 +79,17 @@ fn exit_code(report: &TestReport) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use messages::testrun::{TestCase, TestCaseStatus, TestTotals};
-
     use super::*;
 
     #[test]
-    fn the_table_lists_each_test_and_the_totals() {
-        let tests = vec![
-            TestCase {
-                name: "test_add".into(),
-                status: TestCaseStatus::Passed,
-                duration_ms: 1,
-                ..Default::default()
-            },
-            TestCase {
-                name: "test_div".into(),
-                status: TestCaseStatus::Failed,
-                duration_ms: 3,
-                message: Some("\nassert 2.0 == 3\n+ where".into()),
-                ..Default::default()
-            },
-        ];
-        let report = TestReport {
-            status: TestRunStatus::Failed,
-            totals: TestTotals::of(&tests),
-            tests,
+    fn the_exit_code_says_passed_failed_or_no_report() {
+        let report = |status| TestReport {
+            status,
             ..Default::default()
         };
-        assert_eq!(
-            table(&report),
-            "PASSED  test_add      1 ms\n\
-             FAILED  test_div      3 ms  assert 2.0 == 3\n\
-             failed: 1 passed, 1 failed, 0 errors, 0 skipped (0 ms)\n"
-        );
-        assert_eq!(exit_code(&report), 1);
-        let passed = TestReport {
-            status: TestRunStatus::Passed,
-            ..report
-        };
-        assert_eq!(exit_code(&passed), 0);
-        let timeout = TestReport {
-            status: TestRunStatus::Timeout,
-            ..passed
-        };
-        assert_eq!(exit_code(&timeout), 2);
+        assert_eq!(exit_code(&report(TestRunStatus::Passed)), 0);
+        assert_eq!(exit_code(&report(TestRunStatus::Failed)), 1);
+        assert_eq!(exit_code(&report(TestRunStatus::Timeout)), 2);
+        assert_eq!(exit_code(&report(TestRunStatus::Denied)), 2);
     }
 }

@@ -99,7 +99,11 @@ async fn tests_run_in_the_sandbox_and_report_per_test() {
     use TestCaseStatus::*;
 
     // 3 passing, 1 failing, 1 erroring, in pytest (the python-data template has it).
-    let report = run(&client, &python(CALCULATOR, CALCULATOR_TESTS)).await;
+    let calculator = TestRequest {
+        execution_id: Some("calc-1".into()),
+        ..python(CALCULATOR, CALCULATOR_TESTS)
+    };
+    let report = run(&client, &calculator).await;
     assert_eq!(report.status, TestRunStatus::Failed, "{report:#?}");
     assert_eq!(
         statuses(&report),
@@ -128,6 +132,14 @@ async fn tests_run_in_the_sandbox_and_report_per_test() {
     assert_eq!(report.exec_status, ExecStatus::Error);
     // The internal session is not the caller's, and is closed.
     assert!(report.session_id.is_none());
+    eprintln!(
+        "measured: first test run (pytest, python-data) {:?}",
+        report.timing
+    );
+    // A replay of the id answers the stored result and the same report; nothing runs again.
+    let replay = run(&client, &calculator).await;
+    assert_eq!(statuses(&replay), statuses(&report));
+    assert_eq!(replay.timing, report.timing);
 
     // A test that never ends: the tests that finished are reported, the run is a timeout.
     let looping = "\

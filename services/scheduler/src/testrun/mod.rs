@@ -6,7 +6,8 @@
 //! The run writes its JUnit report into a workspace, and the report is read back through the
 //! workspace service — never parsed from stdout, where the tests' own prints could forge it.
 //! So a run needs a session: the caller's (which must exist; another tenant's is 404), or an
-//! internal one opened for the run and closed after it.
+//! internal one opened for the run and closed after it. A replay of an execution id answers
+//! the stored result and reads the same report again.
 
 pub mod junit;
 pub mod report;
@@ -91,7 +92,7 @@ impl TestRuns {
                     .clone()
                     .unwrap_or_else(|| req.default_template().to_string());
                 (
-                    Session::Internal(format!("test-{}", messages::new_id())),
+                    Session::Internal(internal_session(&execution_id)),
                     Some(template),
                 )
             }
@@ -169,6 +170,18 @@ impl TestRuns {
     }
 }
 
+/// The internal session of a run, named after its execution id: a replay of the id (answered
+/// with the stored result, nothing runs again) reads the same report, which the closed
+/// session's workspace keeps until its cleanup. An id too long to prefix gets a fresh session.
+fn internal_session(execution_id: &str) -> String {
+    let id = format!("test-{execution_id}");
+    if id.len() <= messages::validate::MAX_ID_LEN {
+        id
+    } else {
+        format!("test-{}", messages::new_id())
+    }
+}
+
 /// Where a test run runs.
 enum Session {
     /// The caller's session (as it named it).
@@ -191,5 +204,18 @@ impl From<junit::JunitError> for ErrorBody {
             junit::JunitError::TooLarge { .. } => ErrorBody::too_large(e.to_string()),
             other => ErrorBody::bad_request(other.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_internal_session_follows_its_id_when_it_fits() {
+        assert_eq!(internal_session("01J"), "test-01J");
+        let long = "x".repeat(messages::validate::MAX_ID_LEN);
+        let fresh = internal_session(&long);
+        assert!(fresh.starts_with("test-") && fresh.len() <= messages::validate::MAX_ID_LEN);
     }
 }
