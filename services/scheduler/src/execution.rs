@@ -108,8 +108,10 @@ pub struct Execution {
     #[serde(skip)]
     pub sync_reply: bool,
     /// What the risk-assessor and a person review when it is not the request's code: a test
-    /// run's code and tests, not the runner that drives them (`crate::testrun`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// run's code and tests, not the runner that drives them (`crate::testrun`). Never stored:
+    /// both happen before an execution is parked, and the request already holds the files
+    /// (a second copy could push a parked entry past the server's payload limit).
+    #[serde(skip)]
     pub reviewed: Option<String>,
 }
 
