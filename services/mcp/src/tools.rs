@@ -63,6 +63,16 @@ impl MeshTools {
     }
 }
 
+/// The language a tool call names (Python when it names none), or the tool error saying which
+/// it may name.
+fn language(named: Option<&str>) -> Result<Language, CallToolResult> {
+    match named.map(str::parse::<Language>) {
+        None => Ok(Language::default()),
+        Some(Ok(language)) => Ok(language),
+        Some(Err(why)) => Err(render::error("bad_request", &why)),
+    }
+}
+
 /// What a call that may wait for a person answered first.
 enum Answer<T> {
     Done(T),
@@ -126,10 +136,9 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<RunCode>,
     ) -> Result<CallToolResult, ErrorData> {
-        let language = match p.language.as_deref().map(str::parse::<Language>) {
-            None => Language::default(),
-            Some(Ok(language)) => language,
-            Some(Err(why)) => return Ok(render::error("bad_request", &why)),
+        let language = match language(p.language.as_deref()) {
+            Ok(language) => language,
+            Err(refused) => return Ok(refused),
         };
         let execution_id = messages::new_id();
         let req = ExecRequest {
@@ -172,10 +181,9 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<RunTests>,
     ) -> Result<CallToolResult, ErrorData> {
-        let language = match p.language.as_deref().map(str::parse::<Language>) {
-            None => Language::default(),
-            Some(Ok(language)) => language,
-            Some(Err(why)) => return Ok(render::error("bad_request", &why)),
+        let language = match language(p.language.as_deref()) {
+            Ok(language) => language,
+            Err(refused) => return Ok(refused),
         };
         let execution_id = p.execution_id.unwrap_or_else(messages::new_id);
         let req = TestRequest {
