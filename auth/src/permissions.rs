@@ -178,6 +178,8 @@ impl<'s> Plan<'s> {
                 p.responses_expire = Some(SLOW_REPLY.into());
                 p.subscribe([
                     s.exec(),
+                    // A test run is an execution (and waits for a person the same way).
+                    s.test(),
                     s.results_get(),
                     s.pattern("sessions.*"),
                     s.confirm_decided_all(),
@@ -284,6 +286,8 @@ impl<'s> Plan<'s> {
         // (subject, may answer with several messages)
         vec![
             (s.exec(), true),
+            // Like `exec`: a notice that a person must decide may precede the report.
+            (s.test(), true),
             (s.results_get(), false),
             (s.pattern("sessions.*"), false),
             (s.risk_assess(), false),

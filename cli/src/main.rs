@@ -32,6 +32,7 @@ mod operator;
 mod status;
 mod template;
 mod tenant;
+mod testrun;
 mod up;
 mod ws;
 
@@ -65,6 +66,8 @@ enum Command {
     },
     /// Run code through the mesh; output is printed live.
     Exec(exec::ExecArgs),
+    /// Run a test file against a code file (pytest or node --test); one line per test.
+    Test(testrun::TestArgs),
     /// One action in a session's browser: navigate URL, elements, click N, screenshot, ...
     Browse(browse::BrowseArgs),
     /// List, approve, deny or watch confirmations.
@@ -172,6 +175,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Up(args) => up::run(args).await,
         Command::Serve { service } => up::serve_one(&service).await,
         Command::Exec(args) => exec::run(&mesh_client(Acting::Agent).await?, args).await,
+        Command::Test(args) => testrun::run(&mesh_client(Acting::Agent).await?, args).await,
         Command::Browse(args) => browse::run(&mesh_client(Acting::Agent).await?, args).await,
         Command::Confirm { command } => {
             confirm::run(&mesh_client(Acting::Operator).await?, command).await

@@ -36,6 +36,7 @@ const BOUND: Duration = Duration::from_secs(120);
 /// Every tool the server must list.
 const TOOLS: &[&str] = &[
     "run_code",
+    "run_tests",
     "get_result",
     "read_file",
     "write_file",
@@ -596,6 +597,22 @@ async fn over_stdio_an_agent_runs_code_moves_files_and_hears_at_once_of_an_appro
     let js = json!({"code": "console.log(6*7)", "language": "javascript"});
     let ran = ok("run_code", mcp.call("run_code", js).await);
     assert_eq!(ran["structuredContent"]["stdout"], "42\n", "{ran}");
+    // Tests against code: each test's status and the totals.
+    let tests = json!({
+        "language": "javascript",
+        "code": "exports.twice = (x) => 2 * x;",
+        "tests": "const test = require('node:test');\nconst assert = require('node:assert');\n\
+                  const { twice } = require('./solution.js');\n\
+                  test('doubles', () => assert.strictEqual(twice(21), 42));\n\
+                  test('triples', () => assert.strictEqual(twice(2), 6));\n",
+    });
+    let tested = ok("run_tests", mcp.call("run_tests", tests).await);
+    assert_eq!(tested["structuredContent"]["status"], "failed", "{tested}");
+    assert_eq!(
+        tested["structuredContent"]["totals"]["passed"], 1,
+        "{tested}"
+    );
+    assert!(text(&tested).contains("FAILED  triples"), "{tested}");
 
     // Files: written, seen by code in the session, read back, listed; an image as an image.
     let s = "mcp-files";

@@ -1,5 +1,6 @@
 //! Executions: sync (`exec`, one request, the result as reply), async (`submit` a JetStream
-//! job with `Nats-Msg-Id` = execution id, then `result` / `wait_result`), and the live output.
+//! job with `Nats-Msg-Id` = execution id, then `result` / `wait_result`), the live output, and
+//! test runs (`run_tests`: code and tests in, per-test results out).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,6 +10,8 @@ use futures::{Stream, StreamExt};
 use messages::exec::{
     AwaitingConfirmation, ExecRequest, ExecResult, Language, OutputChunk, ResultGet, ResultLookup,
 };
+
+use messages::testrun::{TestReport, TestRequest};
 
 use crate::{decode_reply, ClientError, ErrorKind, MeshClient, Result};
 
@@ -73,6 +76,28 @@ impl ExecClient {
         on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
     ) -> Result<ExecResult> {
         let subject = self.mesh.subjects().exec();
+        self.mesh
+            .request_notified(subject, req, timeout, on_wait)
+            .await
+    }
+
+    /// Runs the tests of `req` against its code (`sandbox.v1.test`: pytest for Python,
+    /// `node --test` for JavaScript) and returns the per-test report. A test run is an
+    /// execution: it may wait for a person's approval like any other (see
+    /// [`Self::run_tests_notified`]).
+    pub async fn run_tests(&self, req: &TestRequest) -> Result<TestReport> {
+        let subject = self.mesh.subjects().test();
+        self.mesh.request_timeout(subject, req, EXEC_TIMEOUT).await
+    }
+
+    /// Like [`Self::run_tests`], and `on_wait` hears at once of a pending approval.
+    pub async fn run_tests_notified(
+        &self,
+        req: &TestRequest,
+        timeout: Duration,
+        on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
+    ) -> Result<TestReport> {
+        let subject = self.mesh.subjects().test();
         self.mesh
             .request_notified(subject, req, timeout, on_wait)
             .await
@@ -193,5 +218,83 @@ impl Stream for OutputChunks {
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// One line per test (status, name, time, the first line of its message), then the totals and
+/// the run's status.
+pub fn report_table(report: &TestReport) -> String {
+    let width = report
+        .tests
+        .iter()
+        .map(|t| t.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for t in &report.tests {
+        let why = t
+            .message
+            .as_deref()
+            .and_then(|m| m.lines().find(|l| !l.trim().is_empty()))
+            .map(|m| format!("  {}", m.trim()))
+            .unwrap_or_default();
+        out += &format!(
+            "{:<7} {:<width$} {:>6} ms{why}\n",
+            t.status.as_str().to_uppercase(),
+            t.name,
+            t.duration_ms,
+        );
+    }
+    let n = report.totals;
+    out += &format!(
+        "{}: {} passed, {} failed, {} errors, {} skipped ({} ms)\n",
+        report.status.as_str(),
+        n.passed,
+        n.failed,
+        n.errors,
+        n.skipped,
+        report.timing.total_ms
+    );
+    if let Some(e) = &report.error {
+        out += &format!("{}\n", e.message);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use messages::testrun::{TestCase, TestCaseStatus, TestRunStatus, TestTotals};
+
+    use super::*;
+
+    #[test]
+    fn the_report_table_lists_each_test_and_the_totals() {
+        let tests = vec![
+            TestCase {
+                name: "test_add".into(),
+                status: TestCaseStatus::Passed,
+                duration_ms: 1,
+                ..Default::default()
+            },
+            TestCase {
+                name: "test_div".into(),
+                status: TestCaseStatus::Failed,
+                duration_ms: 3,
+                message: Some("\nassert 2.0 == 3\n+ where".into()),
+                ..Default::default()
+            },
+        ];
+        let report = TestReport {
+            status: TestRunStatus::Failed,
+            totals: TestTotals::of(&tests),
+            tests,
+            ..Default::default()
+        };
+        assert_eq!(
+            report_table(&report),
+            "PASSED  test_add      1 ms\n\
+             FAILED  test_div      3 ms  assert 2.0 == 3\n\
+             failed: 1 passed, 1 failed, 0 errors, 0 skipped (0 ms)\n"
+        );
     }
 }

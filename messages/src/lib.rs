@@ -18,6 +18,7 @@ pub mod session;
 pub mod subjects;
 pub mod template;
 pub mod tenancy;
+pub mod testrun;
 pub mod validate;
 pub mod workspace;
 

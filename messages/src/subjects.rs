@@ -78,6 +78,10 @@ impl Subjects {
     pub fn exec(&self) -> String {
         self.at("exec")
     }
+    /// Test-driven execution: code and tests in, per-test results out (`crate::testrun`).
+    pub fn test(&self) -> String {
+        self.at("test")
+    }
     pub fn jobs_exec(&self) -> String {
         self.at("jobs.exec")
     }
@@ -355,6 +359,7 @@ mod tests {
     fn default_subjects_match_the_design() {
         let s = Subjects::default();
         assert_eq!(s.exec(), "sandbox.v1.exec");
+        assert_eq!(s.test(), "sandbox.v1.test");
         assert_eq!(s.jobs_exec(), "sandbox.v1.jobs.exec");
         assert_eq!(s.result("01J"), "sandbox.v1.results.01J");
         assert_eq!(s.risk_assess(), "sandbox.v1.risk.assess");

@@ -302,7 +302,8 @@ fn clamp_u64(
     }
 }
 
-fn check_size(field: &str, size: usize, limit: usize) -> Result<(), ValidationError> {
+/// `TooLarge` when `size` exceeds `limit`.
+pub fn check_size(field: &str, size: usize, limit: usize) -> Result<(), ValidationError> {
     if size > limit {
         Err(ValidationError::TooLarge {
             field: field.into(),

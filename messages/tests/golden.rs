@@ -10,6 +10,9 @@ use messages::exec::*;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
 use messages::template::{Template, TemplateRan, TemplateRecord, TemplateRef};
+use messages::testrun::{
+    TestCase, TestCaseStatus, TestReport, TestRequest, TestRunStatus, TestTotals,
+};
 use messages::workspace::WsWrite;
 use messages::{Encoding, ErrorBody};
 use serde::de::DeserializeOwned;
@@ -253,6 +256,72 @@ fn golden_vectors_are_byte_exact() {
             }),
             state_lost: true,
             ..exec_result()
+        },
+    );
+    // Issue 25: a test-driven run (seed 002 §4) and its per-test report.
+    check(
+        "test_request",
+        &TestRequest {
+            execution_id: Some("01JD0000000000000000000002".into()),
+            session_id: None,
+            language: Language::Python,
+            code: "def add(a, b):\n    return a + b\n".into(),
+            tests: "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+                .into(),
+            code_file: None,
+            tests_file: None,
+            files: vec![FileSpec {
+                path: "data/urls.txt".into(),
+                content: "https://example.org/\n".into(),
+                encoding: ContentEncoding::Utf8,
+            }],
+            template: Some("python-data".into()),
+            timeout_ms: Some(30_000),
+            limits: None,
+            env: BTreeMap::new(),
+            requested_by: Some("agent-7".into()),
+        },
+    );
+    let tests = vec![
+        TestCase {
+            name: "test_add".into(),
+            classname: Some("test_solution".into()),
+            status: TestCaseStatus::Passed,
+            duration_ms: 1,
+            message: None,
+        },
+        TestCase {
+            name: "test_sub".into(),
+            classname: Some("test_solution".into()),
+            status: TestCaseStatus::Failed,
+            duration_ms: 2,
+            message: Some("assert -1 == 1".into()),
+        },
+    ];
+    check(
+        "test_report",
+        &TestReport {
+            execution_id: "01JD0000000000000000000002".into(),
+            session_id: None,
+            status: TestRunStatus::Failed,
+            totals: TestTotals::of(&tests),
+            tests,
+            error: None,
+            exec_status: ExecStatus::Error,
+            exit_code: Some(1),
+            stdout: ".F\n1 failed, 1 passed in 0.02s\n".into(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            tier: Tier::Session,
+            risk: RiskAssessment::default(),
+            confirmation: ConfirmationOutcome::default(),
+            template: Some(TemplateRan {
+                name: "python-data".into(),
+                image: "sandmesh/template-python-data:0123456789ab".into(),
+            }),
+            usage: None,
+            timing: Timing::default(),
         },
     );
     check(

@@ -7,6 +7,8 @@ import asyncio
 import threading
 from typing import List, Tuple
 
+import pytest
+
 import sandmesh
 from sandmesh import AsyncSandmesh, Sandmesh
 
@@ -127,3 +129,26 @@ def test_the_asyncio_api_has_the_same_shape(mesh: Mesh) -> None:
                 raise AssertionError("an unknown language must be refused")
 
     asyncio.run(scenario())
+
+
+def test_tests_run_against_code_and_report_each_test(sm: Sandmesh) -> None:
+    code = "def add(a, b):\n    return a + b\n"
+    tests = (
+        "import pytest\nfrom solution import add\n\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError('no fixture')\n\n"
+        "def test_one():\n    assert add(1, 1) == 2\n\n"
+        "def test_two():\n    assert add(1, 1) == 3\n\n"
+        "def test_three(broken):\n    pass\n"
+    )
+    report = sm.run_tests(code, tests, timeout=60, request_timeout=RUN_TIMEOUT)
+    assert report.status == "failed", report
+    assert [(t.name, t.status) for t in report.tests] == [
+        ("test_one", "passed"),
+        ("test_two", "failed"),
+        ("test_three", "error"),
+    ], report
+    assert "assert 2 == 3" in (report.tests[1].message or ""), report
+    assert report.totals == {"passed": 1, "failed": 1, "errors": 1, "skipped": 0}
+    with pytest.raises(sandmesh.BadRequest):
+        sm.run_tests(code, tests, "shell")
+

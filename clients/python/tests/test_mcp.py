@@ -35,6 +35,7 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 #: Every tool the server must list (the same set cli/tests/mcp.rs asserts).
 TOOLS = {
     "run_code",
+    "run_tests",
     "get_result",
     "read_file",
     "write_file",

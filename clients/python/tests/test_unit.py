@@ -89,6 +89,18 @@ def test_the_golden_exec_result_decodes_the_same_from_json_and_msgpack() -> None
     assert as_json.files_created == ["output/result.txt"] and as_json.ok
 
 
+def test_the_golden_test_report_decodes_the_same_from_json_and_msgpack() -> None:
+    as_json = sandmesh.TestReport.from_wire(json.loads((TESTDATA / "test_report.json").read_text()))
+    as_msgpack = sandmesh.TestReport.from_wire(
+        Codec.decode((TESTDATA / "test_report.msgpack").read_bytes(), {"Content-Type": "application/msgpack"})
+    )
+    assert as_json == as_msgpack
+    assert (as_json.status, as_json.exec_status, as_json.passed) == ("failed", "error", False)
+    assert [(t.name, t.status) for t in as_json.tests] == [("test_add", "passed"), ("test_sub", "failed")]
+    assert as_json.tests[1].message == "assert -1 == 1"
+    assert as_json.totals == {"passed": 1, "failed": 1, "errors": 0, "skipped": 0}
+
+
 def test_the_golden_kernel_vectors_decode_and_encode() -> None:
     result = sandmesh.ExecResult.from_wire(json.loads((TESTDATA / "exec_result_kernel.json").read_text()))
     png, html = result.outputs

@@ -15,6 +15,7 @@ use axum::{Json, Router};
 use messages::exec::{ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS};
 use messages::heartbeat::Heartbeat;
 use messages::session::{SessionListReply, SessionOpen, SessionRecord, SessionState};
+use messages::testrun::{TestReport, TestRequest};
 use sandmesh_client::MeshClient;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/v1/openapi.json", get(openapi::document))
         .route("/api/v1/runtimes", get(runtimes))
         .route("/api/v1/execute", post(execute))
+        .route("/api/v1/test", post(run_tests))
         .route("/api/v1/sessions", post(open_session).get(list_sessions))
         .route(
             "/api/v1/sessions/{id}",
@@ -415,6 +417,28 @@ async fn run(
     }
     let result = exec.exec_timeout(&req, app.limits.exec_timeout).await?;
     Ok(Json(result).into_response())
+}
+
+/// Runs tests against code in the sandbox (pytest for Python, `node --test` for JavaScript) and
+/// answers each test's status with the totals. A test run is an execution: risky code or tests
+/// wait for a person's approval before the answer comes.
+#[utoipa::path(
+    post,
+    path = "/api/v1/test",
+    request_body = TestRequest,
+    responses((status = 200, description = "the per-test report", body = TestReport), Errors)
+)]
+pub async fn run_tests(
+    State(app): State<Arc<App>>,
+    agent: Agent,
+    Body(req): Body<TestRequest>,
+) -> Reply {
+    let report = agent
+        .mesh
+        .exec()
+        .run_tests_notified(&req, app.limits.exec_timeout, |_| {})
+        .await?;
+    Ok(Json(report).into_response())
 }
 
 fn wants_events(headers: &HeaderMap) -> bool {

@@ -91,6 +91,7 @@ impl Modify for BearerKeys {
         document,
         api::runtimes,
         api::execute,
+        api::run_tests,
         api::open_session,
         api::list_sessions,
         api::get_session,
@@ -138,6 +139,7 @@ mod tests {
         let paths = doc["paths"].as_object().unwrap();
         for path in [
             "/api/v1/execute",
+            "/api/v1/test",
             "/api/v1/sessions/{id}/execute",
             "/api/v1/sessions/{id}/files/{path}",
             "/api/v1/executions/{id}",

@@ -48,6 +48,23 @@ async fn every_endpoint_answers_as_the_key_s_tenant() {
         (ExecStatus::Ok, "42\n")
     );
 
+    // Tests against code: each test's status.
+    let body = serde_json::json!({
+        "language": "javascript",
+        "code": "exports.twice = (x) => 2 * x;",
+        "tests": "const test = require('node:test');\nconst assert = require('node:assert');\n\
+                  const { twice } = require('./solution.js');\n\
+                  test('doubles', () => assert.strictEqual(twice(21), 42));\n",
+    });
+    let r = gw.json("POST", "/api/v1/test", k, &body).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let report: serde_json::Value = r.json();
+    assert_eq!(report["status"], "passed", "{report}");
+    assert_eq!(report["tests"][0]["name"], "doubles", "{report}");
+    let bad = serde_json::json!({"language": "shell", "code": "x", "tests": "y"});
+    let r = gw.json("POST", "/api/v1/test", k, &bad).await;
+    assert_eq!(r.status, 400, "{r:?}");
+
     // Sessions: create, get, list.
     let r = gw
         .json("POST", "/api/v1/sessions", k, &serde_json::json!({}))

@@ -31,6 +31,29 @@ pub struct RunCode {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunTests {
+    /// The code under test. Tests import it as the module `solution` (Python:
+    /// `from solution import f`; JavaScript: `require('./solution.js')`).
+    pub code: String,
+    /// The test file: pytest tests (`def test_…():` with `assert`) for Python, `node:test`
+    /// tests for JavaScript.
+    pub tests: String,
+    /// `python` (pytest; the default) or `javascript` (node --test).
+    #[schemars(extend("enum" = ["python", "javascript"]))]
+    pub language: Option<String>,
+    /// Run inside this (open) session: the files and the report stay in its files.
+    pub session_id: Option<String>,
+    /// A sandbox template (default: `python-data`, which has pytest, or `node-default`).
+    pub template: Option<String>,
+    /// The most milliseconds all the tests together may run; tests still running then are
+    /// stopped and the finished ones reported.
+    pub timeout_ms: Option<u64>,
+    /// Ask again for the report of an earlier run_tests (after its approval) with the
+    /// `execution_id` it answered; nothing runs twice.
+    pub execution_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct GetResult {
     /// The `execution_id` an earlier `run_code` answered with.
     pub execution_id: String,

@@ -6,6 +6,7 @@
 
 use messages::browser::{BrowserAction, BrowserResult};
 use messages::exec::{AwaitingConfirmation, Decision, ExecResult, ExecStatus};
+use messages::testrun::{TestReport, TestRunStatus};
 use messages::workspace::WsEntry;
 use rmcp::model::{CallToolResult, ContentBlock};
 use sandmesh_client::ClientError;
@@ -30,6 +31,15 @@ pub fn error(kind: &str, message: &str) -> CallToolResult {
 /// The execution is parked until a person decides: say so, with what the operator and the
 /// model each do next. Not an error: nothing failed, and the model should tell its user.
 pub fn awaiting(a: &AwaitingConfirmation, now_ms: u64) -> CallToolResult {
+    let next = format!(
+        "call get_result with execution_id {} to fetch its output",
+        a.execution_id
+    );
+    awaiting_then(a, now_ms, &next)
+}
+
+/// Like [`awaiting`], for a run whose answer comes by calling `next`.
+pub fn awaiting_then(a: &AwaitingConfirmation, now_ms: u64, next: &str) -> CallToolResult {
     let left = a.expires_at.saturating_sub(now_ms) / 1000;
     let text = format!(
         "awaiting approval: this code needs a person's approval before it runs, so it has \
@@ -38,8 +48,7 @@ pub fn awaiting(a: &AwaitingConfirmation, now_ms: u64) -> CallToolResult {
          confirmation_id: {confirmation}\n\
          expires in {minutes}m {seconds}s (unix ms {expires}); unapproved by then, it is denied.\n\
          An operator approves it with `sandmesh confirm approve {confirmation}` or in the \
-         operators' console (you cannot approve it yourself). Tell the user, then call \
-         get_result with execution_id {execution} to fetch its output.",
+         operators' console (you cannot approve it yourself). Tell the user, then {next}.",
         execution = a.execution_id,
         confirmation = a.confirmation_id,
         minutes = left / 60,
@@ -242,6 +251,40 @@ pub fn browser(r: &BrowserResult) -> CallToolResult {
     result
 }
 
+/// A test run's report: one line per test and the totals (as `sandmesh test` prints them),
+/// and the output when there is no usable report; the report itself as structured content.
+pub fn test_report(r: &TestReport) -> CallToolResult {
+    let mut text = sandmesh_client::exec::report_table(r);
+    if matches!(r.status, TestRunStatus::Error | TestRunStatus::Timeout) {
+        for (name, stream) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+            if !stream.is_empty() {
+                text.push_str(&format!("{name}:\n{}\n", tail(stream, OUTPUT_TAIL_BYTES)));
+            }
+        }
+    }
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(json!({
+        "execution_id": r.execution_id,
+        "status": r.status,
+        "tests": r.tests,
+        "totals": r.totals,
+        "error": r.error,
+    }));
+    result
+}
+
+/// How much of a failed run's output the model is shown (the end says most).
+const OUTPUT_TAIL_BYTES: usize = 4096;
+
+/// The last `max` bytes of `text`, from a character boundary.
+fn tail(text: &str, max: usize) -> &str {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +347,28 @@ mod tests {
         let s = shown.structured_content.unwrap();
         assert_eq!(s["state"], "awaiting_confirmation");
         assert_eq!(s["confirmation_id"], "c1");
+    }
+
+    #[test]
+    fn a_test_report_shows_each_test_and_the_output_only_without_a_report() {
+        let failed = TestReport {
+            execution_id: "e2".into(),
+            status: TestRunStatus::Failed,
+            stdout: "pytest said much".into(),
+            ..Default::default()
+        };
+        let t = text(&test_report(&failed)).to_string();
+        assert!(t.starts_with("failed: 0 passed"), "{t}");
+        assert!(!t.contains("pytest said much"), "{t}");
+        let broken = TestReport {
+            status: TestRunStatus::Error,
+            stderr: format!("{}É the end", "x".repeat(OUTPUT_TAIL_BYTES)),
+            ..failed
+        };
+        let shown = test_report(&broken);
+        let t = text(&shown);
+        assert!(t.contains("stderr:\n") && t.ends_with("É the end\n"), "{t}");
+        assert_eq!(shown.structured_content.unwrap()["status"], "error");
     }
 
     #[test]

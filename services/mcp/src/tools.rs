@@ -7,7 +7,10 @@
 use std::time::Duration;
 
 use base64::Engine;
-use messages::exec::{ExecRequest, Language, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS};
+use messages::exec::{
+    AwaitingConfirmation, ExecRequest, Language, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS,
+};
+use messages::testrun::TestRequest;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
@@ -35,7 +38,8 @@ pub(crate) const REQUESTED_BY: &str = "mcp";
 const INSTRUCTIONS: &str = "sandmesh runs code in isolated sandboxes and gives each session \
 files and a web browser. run_code runs Python, JavaScript or shell and returns stdout, stderr, \
 the exit status and the files it created; pass a session_id to keep files and state between \
-calls, and use read_file / write_file / list_files with the same session_id. browser_* tools \
+calls, and use read_file / write_file / list_files with the same session_id. run_tests runs \
+tests against code (pytest or node --test) and returns each test's status. browser_* tools \
 drive the session's own browser: browser_elements lists what can be clicked or filled, by \
 index. Code that looks risky waits for a person's approval: run_code then answers at once \
 with a confirmation id instead of output; tell the user, and fetch the output later with \
@@ -56,6 +60,47 @@ impl MeshTools {
             mesh,
             tool_router: Self::code_and_file_tools() + Self::browser_tools(),
         }
+    }
+}
+
+/// The language a tool call names (Python when it names none), or the tool error saying which
+/// it may name.
+fn language(named: Option<&str>) -> Result<Language, CallToolResult> {
+    match named.map(str::parse::<Language>) {
+        None => Ok(Language::default()),
+        Some(Ok(language)) => Ok(language),
+        Some(Err(why)) => Err(render::error("bad_request", &why)),
+    }
+}
+
+/// What a call that may wait for a person answered first.
+enum Answer<T> {
+    Done(T),
+    /// A person must decide: the call ends at once, and the parked execution goes on without
+    /// this caller (its result is stored).
+    Awaiting(AwaitingConfirmation),
+}
+
+/// A hook the typed client calls when the execution is parked for a person.
+type NoticeHook = Box<dyn FnMut(AwaitingConfirmation) + Send>;
+
+/// Runs `call` with a notice hook and answers whichever comes first: its result, or the notice
+/// that a person must decide.
+async fn until_notice<T, Fut>(call: impl FnOnce(NoticeHook) -> Fut) -> Answer<T>
+where
+    Fut: std::future::Future<Output = T>,
+{
+    let (noticed, notice) = oneshot::channel();
+    let mut noticed = Some(noticed);
+    let run = call(Box::new(move |awaiting| {
+        if let Some(tx) = noticed.take() {
+            let _ = tx.send(awaiting);
+        }
+    }));
+    tokio::select! {
+        biased;
+        result = run => Answer::Done(result),
+        Ok(awaiting) = notice => Answer::Awaiting(awaiting),
     }
 }
 
@@ -91,10 +136,9 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<RunCode>,
     ) -> Result<CallToolResult, ErrorData> {
-        let language = match p.language.as_deref().map(str::parse::<Language>) {
-            None => Language::default(),
-            Some(Ok(language)) => language,
-            Some(Err(why)) => return Ok(render::error("bad_request", &why)),
+        let language = match language(p.language.as_deref()) {
+            Ok(language) => language,
+            Err(refused) => return Ok(refused),
         };
         let execution_id = messages::new_id();
         let req = ExecRequest {
@@ -108,30 +152,67 @@ impl MeshTools {
             ..Default::default()
         };
         let wait = Duration::from_millis(p.timeout_ms.unwrap_or(DEFAULT_RUN_MS)) + EXEC_MARGIN;
-        // The notice that a person must decide ends the call at once; the parked execution
-        // goes on without this caller, and its result is stored for `get_result`.
-        let (noticed, notice) = oneshot::channel();
-        let mut noticed = Some(noticed);
         let exec = self.mesh.exec();
-        let run = exec.exec_notified(&req, wait, move |awaiting| {
-            if let Some(tx) = noticed.take() {
-                let _ = tx.send(awaiting);
-            }
-        });
-        Ok(tokio::select! {
-            biased;
-            result = run => match result {
-                Ok(result) => render::exec_result(&result),
-                Err(e) => {
+        Ok(
+            match until_notice(|hook| exec.exec_notified(&req, wait, hook)).await {
+                Answer::Done(Ok(result)) => render::exec_result(&result),
+                Answer::Done(Err(e)) => {
                     let mut shown = render::client_error(&e);
                     shown.content.push(ContentBlock::text(format!(
                         "execution_id: {execution_id} (get_result may still find its result)"
                     )));
                     shown
                 }
+                Answer::Awaiting(awaiting) => render::awaiting(&awaiting, messages::now_ms()),
             },
-            Ok(awaiting) = notice => render::awaiting(&awaiting, messages::now_ms()),
-        })
+        )
+    }
+
+    #[tool(
+        description = "Run tests against code in an isolated sandbox: pytest for Python, \
+        node --test for JavaScript. The tests import the code as the module `solution`. \
+        Returns each test's status (passed, failed, error, skipped) with its failure message, \
+        and the totals. Risky code or tests wait for a person's approval: the answer then says \
+        'awaiting approval' with an execution_id; once approved, call run_tests again with the \
+        same arguments and that execution_id to get the report.",
+        annotations(title = "Run tests", open_world_hint = false)
+    )]
+    async fn run_tests(
+        &self,
+        Parameters(p): Parameters<RunTests>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let language = match language(p.language.as_deref()) {
+            Ok(language) => language,
+            Err(refused) => return Ok(refused),
+        };
+        let execution_id = p.execution_id.unwrap_or_else(messages::new_id);
+        let req = TestRequest {
+            execution_id: Some(execution_id.clone()),
+            session_id: p.session_id,
+            language,
+            code: p.code,
+            tests: p.tests,
+            template: p.template,
+            timeout_ms: p.timeout_ms,
+            requested_by: Some(REQUESTED_BY.into()),
+            ..Default::default()
+        };
+        let wait = Duration::from_millis(p.timeout_ms.unwrap_or(DEFAULT_RUN_MS)) + EXEC_MARGIN;
+        let exec = self.mesh.exec();
+        Ok(
+            match until_notice(|hook| exec.run_tests_notified(&req, wait, hook)).await {
+                Answer::Done(Ok(report)) => render::test_report(&report),
+                Answer::Done(Err(e)) => render::client_error(&e),
+                Answer::Awaiting(awaiting) => {
+                    let next = format!(
+                        "call run_tests again with the same arguments and execution_id {} to \
+                         get the report",
+                        awaiting.execution_id
+                    );
+                    render::awaiting_then(&awaiting, messages::now_ms(), &next)
+                }
+            },
+        )
     }
 
     #[tool(

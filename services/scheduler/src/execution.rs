@@ -26,6 +26,9 @@ pub struct Origin {
     pub caller: Caller,
     /// A sync caller, answered with the result itself ([`Execution::sync_reply`]).
     pub sync_reply: bool,
+    /// What the risk-assessor and a person review instead of the request's code
+    /// ([`Execution::reviewed`]).
+    pub reviewed: Option<String>,
 }
 
 /// The request with the ids its caller named scoped by the caller's tenant (DESIGN.md §5.5),
@@ -104,6 +107,12 @@ pub struct Execution {
     /// waiting sync caller through the stream itself.
     #[serde(skip)]
     pub sync_reply: bool,
+    /// What the risk-assessor and a person review when it is not the request's code: a test
+    /// run's code and tests, not the runner that drives them (`crate::testrun`). Never stored:
+    /// both happen before an execution is parked, and the request already holds the files
+    /// (a second copy could push a parked entry past the server's payload limit).
+    #[serde(skip)]
+    pub reviewed: Option<String>,
 }
 
 impl Execution {
@@ -132,7 +141,13 @@ impl Execution {
             template: None,
             session: None,
             sync_reply: origin.sync_reply,
+            reviewed: origin.reviewed.clone(),
         }
+    }
+
+    /// The code that is assessed and shown to a person for approval.
+    pub fn reviewed_code(&self) -> &str {
+        self.reviewed.as_deref().unwrap_or(&self.request.code)
     }
 
     pub fn scope(&self) -> AuditScope {

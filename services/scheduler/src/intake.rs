@@ -89,6 +89,17 @@ impl Intake {
         ctx: RequestContext,
         req: ExecRequest,
     ) -> Result<ExecResult, ErrorBody> {
+        self.run(ctx, req, None).await
+    }
+
+    /// Runs the request now, the risk-assessor and a person reviewing `reviewed` instead of
+    /// its code when given (a test run: the code and tests, not their runner).
+    pub async fn run(
+        &self,
+        ctx: RequestContext,
+        req: ExecRequest,
+        reviewed: Option<String>,
+    ) -> Result<ExecResult, ErrorBody> {
         let received = Instant::now();
         let req = scope_request(&ctx.caller, req)?;
         let tenant = ctx.caller.tenant();
@@ -105,6 +116,7 @@ impl Intake {
             trace_id: ctx.trace_id.clone(),
             caller: ctx.caller.clone(),
             sync_reply: true,
+            reviewed,
         };
         let outcome = self.pipeline.execute(req, origin).await;
         // A parked execution holds neither: waiting for a person costs no slot.

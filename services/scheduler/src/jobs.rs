@@ -299,6 +299,7 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
         caller,
         // Acked only once the result is stored (DESIGN.md §3).
         sync_reply: false,
+        reviewed: None,
     };
     let outcome = jobs.pipeline.execute(req.clone(), origin).await;
     alive.cancel();

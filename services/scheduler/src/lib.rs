@@ -3,9 +3,10 @@
 //! a node, dispatches to a docker executor, stores the result and audits every step. It keeps
 //! the runtime registry (executor heartbeats) and the sessions (affinity and failover).
 //!
-//! Subjects: `exec` (sync), `jobs.exec` (async, stream `SANDBOX_JOBS`), `results.<id>` (stream
-//! `SANDBOX_RESULTS`), `exec.result`, `sessions.{open,get,list,close}`. It calls `risk.assess`,
-//! `confirm.request` / `confirm.get`, `workspace.init`, `executor.docker.run` and
+//! Subjects: `exec` (sync), `test` (a test-driven execution, [`testrun`]), `jobs.exec` (async,
+//! stream `SANDBOX_JOBS`), `results.<id>` (stream `SANDBOX_RESULTS`), `exec.result`,
+//! `sessions.{open,get,list,close}`. It calls `risk.assess`, `confirm.request` /
+//! `confirm.get`, `workspace.init`, `workspace.read` (test reports), `executor.docker.run` and
 //! `executor.docker.<node>.*`, and listens to `confirm.decided.*`.
 //!
 //! **Waiting for a person never holds capacity.** An execution that needs approval is parked
@@ -27,6 +28,7 @@
 //!     ├─ Root actor ──supervises──▶ Registry actor (restarted and re-preloaded; run() fails
 //!     │                              when it keeps dying) ◀── heartbeat watch task (KV)
 //!     │                              └─ lost nodes ──▶ SessionApi::mark_lost_sessions
+//!     ├─ TestRuns ──▶ Intake (a test run is an execution; its report read from the workspace)
 //!     ├─ Intake (sync) ─┐
 //!     ├─ Jobs (async) ──┼──▶ Pipeline ── Placer (registry + slots Notify), SessionAffinity,
 //!     └─ Resumer ───────┘    ExecutorClient (Dispatcher), ConfirmClient, ResultStore, Claims,
@@ -59,6 +61,7 @@ pub mod root;
 pub mod session_api;
 pub mod sessions;
 pub mod templates;
+pub mod testrun;
 pub mod tier;
 
 use std::sync::Arc;
@@ -92,6 +95,7 @@ use crate::resumer::Resumer;
 use crate::root::{Root, RootArgs};
 use crate::session_api::SessionApi;
 use crate::sessions::SessionTable;
+use crate::testrun::TestRuns;
 
 pub const SERVICE_NAME: &str = messages::ServiceName::Scheduler.as_str();
 
@@ -254,10 +258,18 @@ pub async fn run(
         config.network_ceiling.clone(),
     );
     let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
+    let tests = TestRuns::new(
+        intake.clone(),
+        sessions.clone(),
+        caller.clone(),
+        subjects.clone(),
+        config.policy().ceilings,
+    );
 
     let s = subjects.clone();
     serve!(runtime,
         s.exec() => intake.exec,
+        s.test() => tests.test,
         s.aio("exec") => intake.aio_exec,
         s.results_get() => intake.lookup,
         s.sessions(SessionOp::Open) => sessions.open,

@@ -147,7 +147,7 @@ impl Pipeline {
         // wasted only when an earlier attempt holds the claim or already has a result.
         let assessing = async {
             let started = Instant::now();
-            (self.read_and_assess(&exec.request).await, started.elapsed())
+            (self.read_and_assess(&exec).await, started.elapsed())
         };
         let holding = async {
             if fresh_id {
@@ -454,24 +454,25 @@ impl Pipeline {
     /// its record is read, so code of a session that has one is assessed again with it.
     async fn read_and_assess(
         &self,
-        req: &ExecRequest,
+        exec: &Execution,
     ) -> Result<(Option<SessionRecord>, RiskAssessment), ErrorBody> {
+        let req = &exec.request;
         let Some(id) = &req.session_id else {
-            return Ok((None, self.assess(req, req.network.is_some()).await?));
+            return Ok((None, self.assess(exec, req.network.is_some()).await?));
         };
-        let (record, risk) = tokio::join!(self.dispatcher.session(id), self.assess(req, false));
+        let (record, risk) = tokio::join!(self.dispatcher.session(id), self.assess(exec, false));
         let record = record?;
         let risk = match &record {
-            Some(r) if r.network.is_some() => self.assess(req, true).await?,
+            Some(r) if r.network.is_some() => self.assess(exec, true).await?,
             _ => risk?,
         };
         Ok((record, risk))
     }
 
-    async fn assess(&self, req: &ExecRequest, network: bool) -> Result<RiskAssessment, ErrorBody> {
+    async fn assess(&self, exec: &Execution, network: bool) -> Result<RiskAssessment, ErrorBody> {
         let ask = AssessRequest {
-            content: req.code.clone(),
-            content_type: req.language.into(),
+            content: exec.reviewed_code().to_string(),
+            content_type: exec.request.language.into(),
             params: network.then(|| json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: Some(self.policy.security_mode),
         };

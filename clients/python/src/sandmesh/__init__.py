@@ -51,6 +51,8 @@ from .types import (
     RichOutput,
     RiskAssessment,
     SessionInfo,
+    TestCase,
+    TestReport,
     Timing,
     Usage,
 )
@@ -85,6 +87,8 @@ __all__ = [
     "Timeout",
     "Internal",
     "ExecResult",
+    "TestReport",
+    "TestCase",
     "RichOutput",
     "CellError",
     "RiskAssessment",

@@ -23,12 +23,15 @@ from ._exec import (
     FilesArg,
     TextCallback,
     exec_request,
+    notified_request,
+    refused,
     run_exec,
     submit_job,
+    wire_files,
 )
 from ._files import AsyncFiles
 from ._transport import DEFAULT_TIMEOUT, Codec, ConnectInfo, Transport, connect, connect_info, drop_none
-from .types import ExecResult, RiskAssessment, SessionInfo
+from .types import ExecResult, RiskAssessment, SessionInfo, TestReport
 
 __all__ = ["AsyncSandmesh", "AsyncSession"]
 
@@ -205,6 +208,67 @@ class AsyncSandmesh:
             check=check,
         )
 
+    async def run_tests(
+        self,
+        code: str,
+        tests: str,
+        language: str = "python",
+        *,
+        session_id: Optional[str] = None,
+        template: Optional[str] = None,
+        timeout: Optional[float] = None,
+        code_file: Optional[str] = None,
+        tests_file: Optional[str] = None,
+        files: FilesArg = None,
+        env: Optional[Mapping[str, str]] = None,
+        limits: Optional[Mapping[str, Any]] = None,
+        execution_id: Optional[str] = None,
+        requested_by: Optional[str] = None,
+        on_awaiting_approval: Optional[ApprovalCallback] = None,
+        request_timeout: Optional[float] = None,
+        check: bool = True,
+    ) -> TestReport:
+        """Runs ``tests`` against ``code`` in a sandbox (``sandbox.v1.test``: pytest for
+        ``python``, ``node --test`` for ``javascript``) and returns the :class:`TestReport`.
+
+        The tests import the code as ``solution`` (``from solution import f``;
+        ``require('./solution.js')``) unless ``code_file`` names it otherwise. A test run is an
+        execution: risky code or tests wait for a person like :meth:`run` (then call again with
+        the same ``execution_id`` for the report; nothing runs twice). ``template`` defaults to
+        ``python-data`` (which has pytest) or ``node-default``; ``timeout`` (seconds) is the
+        whole run's: tests still running then are stopped and those that finished reported.
+
+        Raises:
+            BadRequest, TooLarge: the request is malformed or over the mesh's ceilings.
+            NotFound: ``session_id`` names no open session of this tenant.
+            Denied: with ``check``, the run was rejected or denied (``.result`` holds the report).
+        """
+        transport = await self._conn()
+        body = {
+            "execution_id": execution_id,
+            "session_id": session_id,
+            "language": language,
+            "code": code,
+            "tests": tests,
+            "code_file": code_file,
+            "tests_file": tests_file,
+            "files": wire_files(files),
+            "template": template,
+            "timeout_ms": None if timeout is None else int(timeout * 1000),
+            "limits": dict(limits) if limits else None,
+            "env": dict(env) if env else None,
+            "requested_by": requested_by,
+        }
+        wait = transport.run_timeout if request_timeout is None else request_timeout
+        reply = await notified_request(transport, "test", body, wait, on_awaiting_approval)
+        report = TestReport.from_wire(reply)
+        if check and report.status in ("rejected", "denied"):
+            error = refused(ExecResult.from_wire(dict(reply, status=report.exec_status)))
+            if error is not None:
+                error.result = report
+                raise error
+        return report
+
     async def submit(
         self,
         code: str,
@@ -366,6 +430,10 @@ class AsyncSession:
     async def run(self, code: str, language: str = "python", **kwargs: Any) -> ExecResult:
         """:meth:`AsyncSandmesh.run` in this session (same arguments)."""
         return await self._sm.run(code, language, session_id=self.session_id, **kwargs)
+
+    async def run_tests(self, code: str, tests: str, language: str = "python", **kwargs: Any) -> TestReport:
+        """:meth:`AsyncSandmesh.run_tests` in this session (same arguments)."""
+        return await self._sm.run_tests(code, tests, language, session_id=self.session_id, **kwargs)
 
     async def submit(self, code: str, language: str = "python", **kwargs: Any) -> AsyncJob:
         """:meth:`AsyncSandmesh.submit` in this session (same arguments)."""

@@ -34,6 +34,7 @@ from .types import (
     FileEntry,
     RiskAssessment,
     SessionInfo,
+    TestReport,
 )
 
 __all__ = ["Sandmesh", "Session", "Files", "Browser", "Aio", "Audit", "AuditFollow", "Job"]
@@ -175,6 +176,11 @@ class Sandmesh:
                 check=check,
             )
         )
+
+    def run_tests(self, code: str, tests: str, language: str = "python", **kwargs: Any) -> TestReport:
+        """Runs tests against code and returns the per-test report; see
+        :meth:`AsyncSandmesh.run_tests` (same arguments)."""
+        return self._call(self.async_client.run_tests(code, tests, language, **kwargs))
 
     def submit(
         self,
@@ -447,6 +453,10 @@ class Session:
     def run(self, code: str, language: str = "python", **kwargs: Any) -> ExecResult:
         """:meth:`Sandmesh.run` in this session (same arguments)."""
         return self._sm.run(code, language, session_id=self.session_id, **kwargs)
+
+    def run_tests(self, code: str, tests: str, language: str = "python", **kwargs: Any) -> TestReport:
+        """:meth:`Sandmesh.run_tests` in this session (same arguments)."""
+        return self._sm.run_tests(code, tests, language, session_id=self.session_id, **kwargs)
 
     def submit(self, code: str, language: str = "python", **kwargs: Any) -> Job:
         """:meth:`Sandmesh.submit` in this session (same arguments)."""

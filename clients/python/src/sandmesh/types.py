@@ -18,6 +18,8 @@ __all__ = [
     "Timing",
     "Usage",
     "ExecResult",
+    "TestCase",
+    "TestReport",
     "RichOutput",
     "CellError",
     "Confirmation",
@@ -297,6 +299,90 @@ class ExecResult:
             cell_error=CellError.from_wire(cell_error) if isinstance(cell_error, Mapping) else None,
             state_lost=_bool(d, "state_lost"),
             error=dict(error) if isinstance(error, Mapping) else None,
+            raw=dict(d),
+        )
+
+
+@dataclass
+class TestCase:
+    """One test's outcome in a :class:`TestReport`: ``status`` is ``passed``, ``failed`` (an
+    assertion in the test), ``error`` (something around it broke: a fixture, a hook) or
+    ``skipped``."""
+
+    name: str
+    status: str
+    classname: Optional[str] = None
+    duration_ms: int = 0
+    message: Optional[str] = None
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "TestCase":
+        return cls(
+            name=_str(d, "name"),
+            status=_str(d, "status", "error"),
+            classname=_opt_str(d, "classname"),
+            duration_ms=_int(d, "duration_ms"),
+            message=_opt_str(d, "message"),
+        )
+
+
+@dataclass
+class TestReport:
+    """What a test run answered (``TestReport`` on the wire): per-test results read from the
+    JUnit report the run left in its workspace (never from its stdout).
+
+    ``status`` is ``passed`` (every test passed), ``failed`` (one failed or errored), ``error``
+    (no usable report: ``error`` says why), ``timeout`` (``tests`` holds those that finished),
+    ``rejected`` or ``denied``. ``totals`` counts ``passed``, ``failed``, ``errors`` and
+    ``skipped``; ``exec_status``, ``stdout`` and ``stderr`` are the underlying execution's.
+    """
+
+    __test__ = False  # not a pytest class, whatever its name
+
+    execution_id: str
+    status: str
+    tests: List[TestCase] = field(default_factory=list)
+    totals: Dict[str, int] = field(default_factory=dict)
+    error: Optional[Dict[str, Any]] = None
+    exec_status: str = "internal"
+    exit_code: Optional[int] = None
+    stdout: str = ""
+    stderr: str = ""
+    session_id: Optional[str] = None
+    template: Optional[Dict[str, Any]] = None
+    risk: RiskAssessment = field(default_factory=RiskAssessment)
+    confirmation: ConfirmationOutcome = field(default_factory=ConfirmationOutcome)
+    timing: Timing = field(default_factory=Timing)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        """Every test passed."""
+        return self.status == "passed"
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "TestReport":
+        tests = d.get("tests")
+        error = d.get("error")
+        template = d.get("template")
+        totals = _map(d, "totals")
+        return cls(
+            execution_id=_str(d, "execution_id"),
+            status=_str(d, "status", "error"),
+            tests=[TestCase.from_wire(t) for t in tests if isinstance(t, Mapping)]
+            if isinstance(tests, list)
+            else [],
+            totals={k: _int(totals, k) for k in ("passed", "failed", "errors", "skipped")},
+            error=dict(error) if isinstance(error, Mapping) else None,
+            exec_status=_str(d, "exec_status", "internal"),
+            exit_code=_opt_int(d, "exit_code"),
+            stdout=_str(d, "stdout"),
+            stderr=_str(d, "stderr"),
+            session_id=_opt_str(d, "session_id"),
+            template=dict(template) if isinstance(template, Mapping) else None,
+            risk=RiskAssessment.from_wire(_map(d, "risk")),
+            confirmation=ConfirmationOutcome.from_wire(_map(d, "confirmation")),
+            timing=Timing.from_wire(_map(d, "timing")),
             raw=dict(d),
         )
 

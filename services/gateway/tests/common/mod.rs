@@ -31,6 +31,8 @@ pub async fn start_mesh() -> Mesh {
         .real_risk()
         .confirm(&[])
         .real_workspace()
+        // Test runs name a template.
+        .templates()
         .docker_executors(1)
         .scheduler(|_| {})
         .start()

@@ -1,0 +1,221 @@
+//! `TestRuns`: the `test` endpoint — test-driven execution (seed 002 §4). A test run *is* an
+//! execution: it goes through [`Intake::run`] like `exec`, so risk assessment (of the code and
+//! the tests, not the runner), confirmation (with the same awaiting-confirmation notice), tenancy,
+//! quotas, limits and audit apply unchanged, and hostile tests get the same limits as any code.
+//!
+//! The run writes its JUnit report into a workspace, and the report is read back through the
+//! workspace service — never parsed from stdout, where the tests' own prints could forge it.
+//! So a run needs a session: the caller's (which must exist; another tenant's is 404), or an
+//! internal one opened for the run and closed after it. A replay of an execution id answers
+//! the stored result and reads the same report again.
+
+pub mod junit;
+pub mod report;
+pub mod runner;
+
+use kit::{Caller, RequestContext};
+use messages::exec::ExecResult;
+use messages::session::SessionRef;
+use messages::subjects::WorkspaceOp;
+use messages::testrun::{TestCase, TestReport, TestRequest, MAX_REPORT_BYTES};
+use messages::validate::Ceilings;
+use messages::workspace::{WsFile, WsRead};
+use messages::{ErrorBody, ErrorKind, Subjects};
+
+use crate::error::dependency_error;
+use crate::intake::Intake;
+use crate::session_api::SessionApi;
+
+#[derive(Clone)]
+pub struct TestRuns {
+    intake: Intake,
+    sessions: SessionApi,
+    /// For `workspace.read` of the report.
+    caller: Caller,
+    subjects: Subjects,
+    /// For the test-particular checks and the run's timeout; the execution is checked again
+    /// as any is.
+    ceilings: Ceilings,
+}
+
+impl TestRuns {
+    pub fn new(
+        intake: Intake,
+        sessions: SessionApi,
+        caller: Caller,
+        subjects: Subjects,
+        ceilings: Ceilings,
+    ) -> Self {
+        Self {
+            intake,
+            sessions,
+            caller,
+            subjects,
+            ceilings,
+        }
+    }
+
+    /// `test`: runs the tests against the code and answers per-test results.
+    pub async fn test(
+        &self,
+        ctx: RequestContext,
+        req: TestRequest,
+    ) -> Result<TestReport, ErrorBody> {
+        req.validate(&self.ceilings)?;
+        let execution_id = match &req.execution_id {
+            Some(id) => id.clone(),
+            None => messages::new_id(),
+        };
+        let (session, template) = match &req.session_id {
+            Some(named) => {
+                // The caller's own session, which must exist (scoped: another tenant's is 404).
+                let record = self
+                    .sessions
+                    .get(
+                        ctx.clone(),
+                        SessionRef {
+                            session_id: named.clone(),
+                        },
+                    )
+                    .await?;
+                // Its template when it has one, unless the run names its own.
+                let template = match (&req.template, record.template) {
+                    (Some(t), _) => Some(t.clone()),
+                    (None, Some(_)) => None,
+                    (None, None) => Some(req.default_template().to_string()),
+                };
+                (Session::Callers(named.clone()), template)
+            }
+            None => {
+                let template = req
+                    .template
+                    .clone()
+                    .unwrap_or_else(|| req.default_template().to_string());
+                (
+                    Session::Internal(internal_session(&execution_id)),
+                    Some(template),
+                )
+            }
+        };
+        let mut plan = runner::plan(req, execution_id, template, &self.ceilings);
+        plan.request.session_id = Some(session.id().to_string());
+        let ran = self
+            .intake
+            .run(ctx.clone(), plan.request, Some(plan.reviewed))
+            .await;
+        let read = match &ran {
+            Ok(result) if report::ran(result) => {
+                Some(self.read_report(&ctx, session.id(), &plan.report).await)
+            }
+            _ => None,
+        };
+        if let Session::Internal(id) = &session {
+            self.close_internal(&ctx, id).await;
+        }
+        let mut result: ExecResult = ran?;
+        if matches!(session, Session::Internal(_)) {
+            result.session_id = None;
+        }
+        Ok(report::compose(result, read))
+    }
+
+    /// The test cases of the JUnit report at `path` in the session's workspace.
+    async fn read_report(
+        &self,
+        ctx: &RequestContext,
+        session: &str,
+        path: &str,
+    ) -> Result<Vec<TestCase>, ErrorBody> {
+        let read = WsRead {
+            session_id: ctx.caller.scope("session_id", session)?,
+            path: path.to_string(),
+            offset: None,
+            length: Some(MAX_REPORT_BYTES),
+            encoding: None,
+        };
+        let file: WsFile = match self
+            .caller
+            .call(self.subjects.workspace(WorkspaceOp::Read), &read)
+            .await
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(ErrorBody::not_found(
+                    "the tests left no report: the test tool did not start or was killed \
+                     before writing it (see stdout and stderr)",
+                ))
+            }
+            Err(e) => return Err(dependency_error("workspace-store", e)),
+        };
+        if file.size > MAX_REPORT_BYTES || file.object.is_some() {
+            return Err(junit::JunitError::TooLarge { size: file.size }.into());
+        }
+        let bytes = messages::decode_content(&file.content, file.encoding)
+            .map_err(|e| ErrorBody::internal(format!("the report's content: {e}")))?;
+        Ok(junit::parse(&bytes)?)
+    }
+
+    /// Closes the internal session (its container and AIO instance go with it); a failure is
+    /// only logged: the session's idle and TTL cleanup reclaim it.
+    async fn close_internal(&self, ctx: &RequestContext, id: &str) {
+        let close = SessionRef {
+            session_id: id.to_string(),
+        };
+        match self.sessions.close(ctx.clone(), close).await {
+            Ok(_) => {}
+            // Never opened: the run stopped before it (refused, or rejected).
+            Err(e) if e.kind == ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(session_id = id, error = %e, "test session not closed"),
+        }
+    }
+}
+
+/// The internal session of a run, named after its execution id: a replay of the id (answered
+/// with the stored result, nothing runs again) reads the same report, which the closed
+/// session's workspace keeps until its cleanup. An id too long to prefix gets a fresh session.
+fn internal_session(execution_id: &str) -> String {
+    let id = format!("test-{execution_id}");
+    if id.len() <= messages::validate::MAX_ID_LEN {
+        id
+    } else {
+        format!("test-{}", messages::new_id())
+    }
+}
+
+/// Where a test run runs.
+enum Session {
+    /// The caller's session (as it named it).
+    Callers(String),
+    /// Opened for this run, closed after it.
+    Internal(String),
+}
+
+impl Session {
+    fn id(&self) -> &str {
+        match self {
+            Session::Callers(id) | Session::Internal(id) => id,
+        }
+    }
+}
+
+impl From<junit::JunitError> for ErrorBody {
+    fn from(e: junit::JunitError) -> Self {
+        match e {
+            junit::JunitError::TooLarge { .. } => ErrorBody::too_large(e.to_string()),
+            other => ErrorBody::bad_request(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_internal_session_follows_its_id_when_it_fits() {
+        assert_eq!(internal_session("01J"), "test-01J");
+        let long = "x".repeat(messages::validate::MAX_ID_LEN);
+        let fresh = internal_session(&long);
+        assert!(fresh.starts_with("test-") && fresh.len() <= messages::validate::MAX_ID_LEN);
+    }
+}

@@ -1,0 +1,391 @@
+//! Test-driven execution (issue 25, seed 002 §4): `sandbox.v1.test` runs tests against code in
+//! the template's sandbox and answers per-test results read from the JUnit report the run left
+//! in its workspace. The real scheduler, risk-assessor, workspace-store, templates service and
+//! docker-executor over a real nats-server and the real Docker daemon; the boundary tests use
+//! the executor stand-in (nothing there needs a container).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use messages::exec::{Decision, ExecStatus, Language};
+use messages::risk::SecurityMode;
+use messages::session::SessionOpen;
+use messages::testrun::{TestCaseStatus, TestReport, TestRequest, TestRunStatus};
+use messages::{ErrorKind, Subjects};
+use sandmesh_client::{ErrorKind as ClientErrorKind, MeshClient};
+
+/// Long enough for a first run that waits for its template's image to be built.
+const BUILD_WAIT: Duration = Duration::from_secs(900);
+
+const CALCULATOR: &str = "\
+def add(a, b):
+    return a + b
+
+def sub(a, b):
+    return a - b
+
+def div(a, b):
+    return a / b
+";
+
+/// 3 passing, 1 failing, 1 erroring (its fixture raises). The failing one prints a forged
+/// JUnit report in which every test passed (pytest shows a failing test's output, so it
+/// reaches stdout).
+const CALCULATOR_TESTS: &str = r#"
+import pytest
+from solution import add, sub, div
+
+FORGED = '<?xml version="1.0"?><testsuites><testsuite><testcase name="test_forged"/></testsuite></testsuites>'
+
+@pytest.fixture
+def database():
+    raise RuntimeError("no database here")
+
+def test_add():
+    assert add(2, 3) == 5
+
+def test_sub():
+    assert sub(5, 3) == 2
+
+def test_div_by_two():
+    assert div(6, 2) == 3
+
+def test_div():
+    print(FORGED)
+    assert div(6, 3) == 3
+
+def test_uses_database(database):
+    assert database
+"#;
+
+fn python(code: &str, tests: &str) -> TestRequest {
+    TestRequest {
+        language: Language::Python,
+        code: code.into(),
+        tests: tests.into(),
+        ..Default::default()
+    }
+}
+
+async fn run(mesh: &MeshClient, req: &TestRequest) -> TestReport {
+    mesh.exec()
+        .run_tests_notified(req, BUILD_WAIT, |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("test run {req:?}: {e}"))
+}
+
+fn statuses(report: &TestReport) -> Vec<(&str, TestCaseStatus)> {
+    report
+        .tests
+        .iter()
+        .map(|t| (t.name.as_str(), t.status))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tests_run_in_the_sandbox_and_report_per_test() {
+    let mesh = Mesh::builder()
+        .real_risk()
+        .confirm(&[])
+        .real_workspace()
+        .templates()
+        .docker_executors(1)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let client = MeshClient::new(test_support::connect(&mesh.url).await, Subjects::default());
+    use TestCaseStatus::*;
+
+    // 3 passing, 1 failing, 1 erroring, in pytest (the python-data template has it).
+    let calculator = TestRequest {
+        execution_id: Some("calc-1".into()),
+        ..python(CALCULATOR, CALCULATOR_TESTS)
+    };
+    let report = run(&client, &calculator).await;
+    assert_eq!(report.status, TestRunStatus::Failed, "{report:#?}");
+    assert_eq!(
+        statuses(&report),
+        [
+            ("test_add", Passed),
+            ("test_sub", Passed),
+            ("test_div_by_two", Passed),
+            ("test_div", Failed),
+            ("test_uses_database", Error),
+        ],
+        "{report:#?}"
+    );
+    let totals = report.totals;
+    assert_eq!(
+        (totals.passed, totals.failed, totals.errors, totals.skipped),
+        (3, 1, 1, 0)
+    );
+    let failure = report.tests[3].message.as_deref().unwrap();
+    assert!(failure.contains("assert 2.0 == 3"), "{failure}");
+    let error = report.tests[4].message.as_deref().unwrap();
+    assert!(error.contains("no database here"), "{error}");
+    assert_eq!(report.tests[0].classname.as_deref(), Some("test_solution"));
+    // The forged report reached stdout and changed nothing above.
+    assert!(report.stdout.contains("test_forged"), "{}", report.stdout);
+    assert_eq!(report.template.as_ref().unwrap().name, "python-data");
+    assert_eq!(report.exec_status, ExecStatus::Error);
+    // The internal session is not the caller's, and is closed.
+    assert!(report.session_id.is_none());
+    eprintln!(
+        "measured: first test run (pytest, python-data) {:?}",
+        report.timing
+    );
+    // A replay of the id answers the stored result and the same report; nothing runs again.
+    let replay = run(&client, &calculator).await;
+    assert_eq!(statuses(&replay), statuses(&report));
+    assert_eq!(replay.timing, report.timing);
+
+    // A test that never ends: the tests that finished are reported, the run is a timeout.
+    let looping = "\
+from solution import add
+
+def test_first():
+    assert add(1, 1) == 2
+
+def test_forever():
+    while True:
+        pass
+";
+    let report = run(
+        &client,
+        &TestRequest {
+            timeout_ms: Some(8_000),
+            ..python(CALCULATOR, looping)
+        },
+    )
+    .await;
+    assert_eq!(report.status, TestRunStatus::Timeout, "{report:#?}");
+    assert_eq!(statuses(&report)[0], ("test_first", Passed), "{report:#?}");
+    assert_eq!(report.error.unwrap().kind, ErrorKind::Timeout);
+
+    // In the caller's session: the files and the report stay in its workspace.
+    let open = SessionOpen {
+        session_id: Some("tdd".into()),
+        ..Default::default()
+    };
+    client.sessions().open(&open).await.unwrap();
+    let passing = "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n";
+    let report = run(
+        &client,
+        &TestRequest {
+            session_id: Some("tdd".into()),
+            execution_id: Some("tdd-1".into()),
+            ..python(CALCULATOR, passing)
+        },
+    )
+    .await;
+    assert_eq!(report.status, TestRunStatus::Passed, "{report:#?}");
+    assert_eq!(report.session_id.as_deref(), Some("tdd"));
+    let kept = client
+        .workspace()
+        .read("tdd", "output/test-reports/tdd-1.xml")
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&kept).contains("test_add"));
+
+    // JavaScript with node --test.
+    let js = TestRequest {
+        language: Language::Javascript,
+        code: "exports.add = (a, b) => a + b;\n".into(),
+        tests: "\
+const test = require('node:test');
+const assert = require('node:assert');
+const { add } = require('./solution.js');
+
+test('adds', () => { assert.strictEqual(add(1, 2), 3); });
+test('adds wrong', () => { assert.strictEqual(add(1, 2), 4); });
+test('later', { skip: 'not yet' }, () => {});
+"
+        .into(),
+        ..Default::default()
+    };
+    let report = run(&client, &js).await;
+    assert_eq!(report.status, TestRunStatus::Failed, "{report:#?}");
+    assert_eq!(
+        statuses(&report),
+        [("adds", Passed), ("adds wrong", Failed), ("later", Skipped)],
+        "{report:#?}"
+    );
+    assert!(report.tests[1].message.as_deref().unwrap().contains('4'));
+    assert_eq!(report.template.as_ref().unwrap().name, "node-default");
+    mesh.shutdown().await;
+}
+
+/// Code the risk stand-in rates high: a person must approve it.
+const RISKY_TESTS: &str = "import os\n\ndef test_shell():\n    os.system('true')\n";
+
+/// The services around the scheduler, with the executor stand-in: these tests need no container.
+fn without_containers() -> MeshBuilder {
+    Mesh::builder()
+        .risk()
+        .confirm(&[])
+        .real_workspace()
+        .templates()
+        .executor("node-a", 4)
+}
+
+#[tokio::test]
+async fn a_risky_test_run_waits_for_a_person_like_an_exec() {
+    let mesh = without_containers()
+        .scheduler(|c| c.security_mode = SecurityMode::Strict)
+        .start()
+        .await;
+    let agent = MeshClient::new(test_support::connect(&mesh.url).await, Subjects::default());
+    let req = TestRequest {
+        execution_id: Some("risky-tests".into()),
+        ..python("def f():\n    return 1\n", RISKY_TESTS)
+    };
+    // Told at once that a person must decide, while the call goes on waiting for the report.
+    let (noticed, notice) = tokio::sync::oneshot::channel();
+    let mut noticed = Some(noticed);
+    let running = tokio::spawn(async move {
+        agent
+            .exec()
+            .run_tests_notified(&req, WAIT, move |awaiting| {
+                if let Some(tx) = noticed.take() {
+                    let _ = tx.send(awaiting);
+                }
+            })
+            .await
+    });
+    let awaiting = tokio::time::timeout(WAIT, notice)
+        .await
+        .expect("a notice in time")
+        .unwrap();
+    assert_eq!(awaiting.execution_id, "risky-tests");
+
+    // The person sees the code and the tests, not the runner that drives them.
+    let operator = MeshClient::new(test_support::connect(&mesh.url).await, Subjects::default());
+    let pending = operator
+        .confirm()
+        .get(&awaiting.confirmation_id)
+        .await
+        .unwrap();
+    assert!(pending.code_excerpt.contains("os.system('true')"));
+    assert!(
+        !pending.code_excerpt.contains("pytest"),
+        "{}",
+        pending.code_excerpt
+    );
+
+    operator
+        .confirm()
+        .decide(&messages::confirm::ConfirmDecide {
+            id: awaiting.confirmation_id.clone(),
+            approve: true,
+            by: "tester".into(),
+            reason: None,
+            scope: Default::default(),
+            by_account: None,
+        })
+        .await
+        .unwrap();
+    let report = running.await.unwrap().expect("the report");
+    assert_eq!(report.confirmation.decision, Decision::Approved);
+    // The stand-in executor runs nothing and leaves no report: a terminal error that says so.
+    assert_eq!(report.status, TestRunStatus::Error, "{report:#?}");
+    assert_eq!(report.error.unwrap().kind, ErrorKind::NotFound);
+    mesh.shutdown().await;
+}
+
+#[tokio::test]
+async fn tenants_cannot_name_each_others_sessions_and_bad_requests_are_refused() {
+    let mesh = without_containers()
+        .tenants(&["acme", "beta"], &[])
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let agent = |tenant: &str| {
+        let url = mesh.nats.agent_url(tenant);
+        async move {
+            let (options, plain) = test_support::connect_options(&url);
+            let nats = options.connect(plain).await.expect("connect");
+            MeshClient::new(nats, Subjects::default()).with_timeout(Duration::from_secs(20))
+        }
+    };
+    let acme = agent("acme").await;
+    let beta = agent("beta").await;
+    let open = SessionOpen {
+        session_id: Some("shared-name".into()),
+        ..Default::default()
+    };
+    acme.sessions().open(&open).await.unwrap();
+    let req = TestRequest {
+        session_id: Some("shared-name".into()),
+        ..python("x = 1\n", "def test_x():\n    pass\n")
+    };
+    let e = beta.exec().run_tests(&req).await.unwrap_err();
+    assert_eq!(e.kind(), ClientErrorKind::NotFound, "{e}");
+    // The owner reaches it (the stand-in runs nothing, so the report is an error report).
+    let report = acme.exec().run_tests(&req).await.unwrap();
+    assert_eq!(report.session_id.as_deref(), Some("shared-name"));
+
+    // Malformed, oversized and hostile requests, sent raw as any client could.
+    let huge = "x".repeat(300 * 1024);
+    let bad: Vec<(serde_json::Value, ClientErrorKind, &str)> = vec![
+        (
+            serde_json::json!({"language": "python", "code": "x"}),
+            ClientErrorKind::BadRequest,
+            "tests",
+        ),
+        (
+            serde_json::json!({"language": "shell", "code": "x", "tests": "y"}),
+            ClientErrorKind::BadRequest,
+            "language",
+        ),
+        (
+            serde_json::json!({"language": "python", "code": huge, "tests": "def test(): pass"}),
+            ClientErrorKind::TooLarge,
+            "code",
+        ),
+        (
+            serde_json::json!({"language": "python", "code": "x", "tests": "y",
+                               "tests_file": "../../etc/passwd"}),
+            ClientErrorKind::BadRequest,
+            "tests_file",
+        ),
+        (
+            serde_json::json!({"language": "python", "code": "x", "tests": "y",
+                               "execution_id": "a.b>c"}),
+            ClientErrorKind::BadRequest,
+            "execution_id",
+        ),
+        (
+            serde_json::json!({"language": "python", "code": "x", "tests": "y",
+                               "files": [{"path": "/etc/shadow", "content": "x"}]}),
+            ClientErrorKind::BadRequest,
+            "files[0].path",
+        ),
+        (
+            serde_json::json!({"language": "python", "code": "x", "tests": "y",
+                               "env": {"LD_PRELOAD": "/tmp/x.so"}}),
+            ClientErrorKind::BadRequest,
+            "env.LD_PRELOAD",
+        ),
+    ];
+    for (body, kind, field) in bad {
+        let e = beta
+            .request::<_, TestReport>(Subjects::default().test(), &body)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), kind, "{field}: {e}");
+        assert!(e.to_string().contains(field), "{field}: {e}");
+    }
+    let e = beta
+        .nats()
+        .request(Subjects::default().test(), "{not json".into())
+        .await
+        .unwrap();
+    let code = e
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Service-Error-Code"));
+    assert_eq!(code.map(|c| c.as_str()), Some("400"));
+    mesh.shutdown().await;
+}
