@@ -75,7 +75,9 @@ cargo build -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
   while kill -0 "$browser_images" 2>/dev/null; do sleep 1; done
   AGENT_BIN="$target/debug/sandmesh-aio-agent" deploy/images/build.sh aio
   "$target/debug/sandmesh" template build python-data --builtin
-  cargo build --release -p sandmesh-aio-agent -p sandmesh-supervisor
+  # One package per build, as the tests' own builds ask (the same features: nothing rebuilt).
+  cargo build --release -p sandmesh-aio-agent
+  cargo build --release -p sandmesh-supervisor
   AGENT_BIN="$target/release/sandmesh-aio-agent" deploy/images/build.sh aio
   sandbox=$(SUPERVISOR_BIN="$target/release/sandmesh-supervisor" deploy/images/build.sh sandbox)
   "$target/debug/sandmesh" template build python-data --builtin --image "$sandbox"
