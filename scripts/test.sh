@@ -63,24 +63,19 @@ echo "building the images in the background (log: $images_log)" >&2
 # chromium makes the first build take minutes). It needs no binary of ours.
 deploy/images/build-browser.sh >>"$images_log" 2>&1 &
 browser_images=$!
-# The three programs the images and `sandmesh up` carry (debug, as the tests' meshes use).
+# The three programs the images and `sandmesh up` carry (debug, as the tests' meshes use). The
+# tests that build an image themselves (the executors', aio-pool's) take these too, by name,
+# instead of compiling release builds of their own.
 cargo build -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
+export SANDMESH_SUPERVISOR_BIN="$target/debug/sandmesh-supervisor"
+export SANDMESH_AIO_AGENT_BIN="$target/debug/sandmesh-aio-agent"
 # Then the AIO image and the sandbox image with the `python-data` template on it (the template
 # and kernel tests run it; its packages layer stands on the sandbox's runtime layer, so another
-# supervisor adds seconds, not minutes) — twice: with the debug programs, which `sandmesh up`
-# and the meshes of the tests put in them, and with release builds, which the executors' and
-# aio-pool's own tests build (a release build cannot wait on the debug build lock a running
-# `cargo test` holds) and would otherwise compile while the tests wait.
+# supervisor adds seconds, not minutes).
 (
   while kill -0 "$browser_images" 2>/dev/null; do sleep 1; done
-  AGENT_BIN="$target/debug/sandmesh-aio-agent" deploy/images/build.sh aio
+  AGENT_BIN="$SANDMESH_AIO_AGENT_BIN" deploy/images/build.sh aio
   "$target/debug/sandmesh" template build python-data --builtin
-  # One package per build, as the tests' own builds ask (the same features: nothing rebuilt).
-  cargo build --release -p sandmesh-aio-agent
-  cargo build --release -p sandmesh-supervisor
-  AGENT_BIN="$target/release/sandmesh-aio-agent" deploy/images/build.sh aio
-  sandbox=$(SUPERVISOR_BIN="$target/release/sandmesh-supervisor" deploy/images/build.sh sandbox)
-  "$target/debug/sandmesh" template build python-data --builtin --image "$sandbox"
 ) >>"$images_log" 2>&1 &
 other_images=$!
 # The tests compile meanwhile (nextest builds every test binary, runs none).

@@ -7,7 +7,6 @@
 //! leaving no container, network, volume or image of the project, and no sandbox container of
 //! its executors. Real Docker, real docker-compose, real nats-server.
 
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,7 +22,7 @@ use sandmesh_auth::{Role, Tenancy};
 use sandmesh_client::MeshClient;
 use test_support::{eventually, free_port, nats_server_binary, repo_root, require_docker};
 
-use common::{containers, run_bounded, SANDMESH};
+use crate::common::{containers, run_bounded, SANDMESH};
 
 /// How the machine runs compose: the v1 program or the v2 plugin.
 fn compose_program() -> Vec<String> {

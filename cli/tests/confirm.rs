@@ -1,7 +1,6 @@
 //! `sandmesh confirm` as a person runs it: the real binary against a confirmation service
 //! running in this process over a real nats-server.
 
-mod common;
 
 use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -16,7 +15,7 @@ use sandmesh_client::{ConfirmClient, MeshClient};
 use test_support::{eventually, NatsServer};
 use tokio::io::AsyncBufReadExt;
 
-use common::SANDMESH;
+use crate::common::SANDMESH;
 const BOUND: Duration = Duration::from_secs(30);
 
 struct Service {
@@ -74,7 +73,7 @@ fn pending(rule: &str) -> ConfirmRequest {
 
 /// Runs `sandmesh <args>` to completion against the mesh at `url`.
 async fn sandmesh(url: &str, args: &[&str]) -> Output {
-    common::sandmesh(url, args, BOUND).await
+    crate::common::sandmesh(url, args, BOUND).await
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -3,7 +3,6 @@
 //! (nats-py, JSON), the `exec` and `status` commands, then stopping cleanly on SIGTERM.
 //! Real nats-server, real Docker, the real binary.
 
-mod common;
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -13,7 +12,7 @@ use test_support::{
     free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
 };
 
-use common::{containers, run_bounded, wait_ready, Up, SANDMESH};
+use crate::common::{containers, run_bounded, wait_ready, Up, SANDMESH};
 
 /// The tests run one at a time: each counts the sandbox containers before and after its mesh,
 /// and another test's mesh would show up in that count.

@@ -5,11 +5,10 @@
 //! docker-executor's tests.) The upstream is a server
 //! this test runs on 127.0.0.1, reachable only through the policy's explicit `127.0.0.1/32`.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{sandmesh, wait_ready, Up};
+use crate::common::{sandmesh, wait_ready, Up};
 use test_support::{require_docker, upstream, NatsServer};
 
 #[tokio::test(flavor = "multi_thread")]

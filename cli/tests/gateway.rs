@@ -1,13 +1,12 @@
 //! `sandmesh up` starts the HTTP gateway, and `sandmesh tenant key create|list|revoke` decide
 //! who may call it: the real binary, a real nats-server with the shipped accounts, real Docker.
 
-mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::Up;
+use crate::common::Up;
 use test_support::{eventually, free_port, require_docker, NatsServer};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -15,7 +14,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// `sandmesh <args>` on the data directory `dir`: its standard output (the test fails unless
 /// it succeeds).
 async fn sandmesh(dir: &Path, args: &[&str]) -> String {
-    let out = common::sandmesh_in_dir(dir, args).await;
+    let out = crate::common::sandmesh_in_dir(dir, args).await;
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

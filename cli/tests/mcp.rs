@@ -6,7 +6,6 @@
 //! browser tools, the browser-router with real Chromium. An operator approves through the
 //! real `sandmesh confirm approve`.
 
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -27,7 +26,7 @@ use test_support::{eventually, free_port, NatsServer};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use common::SANDMESH;
+use crate::common::SANDMESH;
 
 /// Every wait on the mesh or the server is bounded by this (a session's first run starts its
 /// container; a browser's first action starts Chromium).
@@ -71,7 +70,7 @@ impl Drop for Mesh {
     fn drop(&mut self) {
         self.stop.cancel();
         for label in &self.labels {
-            for id in common::containers(std::slice::from_ref(label)) {
+            for id in crate::common::containers(std::slice::from_ref(label)) {
                 let _ = Command::new("docker").args(["rm", "-f", &id]).output();
             }
         }
@@ -707,7 +706,7 @@ async fn over_stdio_an_agent_runs_code_moves_files_and_hears_at_once_of_an_appro
     );
 
     let approve = ["confirm", "approve", confirmation, "--by", "test-operator"];
-    let approved = common::sandmesh(&mesh.nats.operator_url("operator"), &approve, BOUND).await;
+    let approved = crate::common::sandmesh(&mesh.nats.operator_url("operator"), &approve, BOUND).await;
     assert!(
         approved.status.success(),
         "{}",

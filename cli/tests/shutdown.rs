@@ -2,7 +2,6 @@
 //! container of its mesh behind. Real nats-server (owned by the test, so it can kill it), real
 //! Docker, the real binary.
 
-mod common;
 
 use std::process::Command;
 use std::time::Duration;
@@ -12,7 +11,7 @@ use futures::TryStreamExt;
 use messages::heartbeat::Heartbeat;
 use test_support::{eventually, require_docker, NatsServer};
 
-use common::{containers, Up};
+use crate::common::{containers, Up};
 
 /// Short, so the bound below is tight: `up` must not wait for anything longer.
 const GRACE_MS: u64 = 2000;

@@ -2,17 +2,16 @@
 //! tenant add` gives a running server a new tenant without a restart (the accounts file is
 //! rewritten and the server reloads it). Real nats-server, the real `sandmesh` binary.
 
-mod common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{run_bounded, SANDMESH};
+use crate::common::{run_bounded, SANDMESH};
 use test_support::{eventually, free_port, nats_server_binary};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-use common::sandmesh_in_dir as tenant;
+use crate::common::sandmesh_in_dir as tenant;
 
 /// The URL with credentials `sandmesh creds` prints for `args`.
 async fn creds_url(dir: &std::path::Path, args: &[&str]) -> String {

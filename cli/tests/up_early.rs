@@ -7,14 +7,13 @@
 //! `build.sh` builds the sandbox image with the real script, and the AIO image never while `up`
 //! runs; its `build-browser.sh` fails like an apt error would.
 
-mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{run_bounded, SANDMESH};
+use crate::common::{run_bounded, SANDMESH};
 use test_support::{eventually, free_port, nats_server_binary, repo_root, require_docker};
 
 fn script(path: &Path, body: &str) {

@@ -1,7 +1,6 @@
 //! `sandmesh ws` as a person runs it: the real binary against a workspace-store running in
 //! this process over a real nats-server; files of any size, refusals as exit code 1.
 
-mod common;
 
 use std::process::Output;
 use std::time::Duration;
@@ -33,7 +32,7 @@ async fn start_store(url: &str) -> (CancellationToken, WorkspaceClient) {
 /// `sandmesh ws <args>`.
 async fn sandmesh(url: &str, args: &[&str]) -> Output {
     let args: Vec<&str> = ["ws"].iter().chain(args).copied().collect();
-    common::sandmesh(url, &args, BOUND).await
+    crate::common::sandmesh(url, &args, BOUND).await
 }
 
 #[tokio::test]

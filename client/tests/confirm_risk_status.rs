@@ -1,11 +1,10 @@
 //! `ConfirmClient`, `RiskClient`, `AuditClient` and `StatusClient` against the real confirmation service and
 //! risk-assessor: round trips, the watch, error kinds, discovery.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{Mesh, BOUND};
+use crate::common::{Mesh, BOUND};
 use futures::StreamExt;
 use messages::audit::AuditKind;
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmRequest, ConfirmScope, ConfirmState};

@@ -2,11 +2,10 @@
 //! confirmation, workspace-store and one docker-executor over a real nats-server and the real
 //! Docker daemon.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{Mesh, BOUND};
+use crate::common::{Mesh, BOUND};
 use futures::StreamExt;
 use messages::exec::{ExecRequest, ExecStatus, Language, OutputStream, TierChoice};
 use messages::session::{SessionOpen, SessionState};

@@ -1,9 +1,8 @@
 //! `WorkspaceClient` against the real workspace-store: round trips, error kinds, and content
 //! larger than one NATS message through the object-store hand-off, both ways.
 
-mod common;
 
-use common::Mesh;
+use crate::common::Mesh;
 use messages::workspace::{INLINE_MAX_BYTES, MEMORY_FILES};
 use messages::ServiceName;
 use sandmesh_client::ErrorKind;

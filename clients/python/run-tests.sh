@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python SDK's tests (clients/python/tests) against a real mesh: installs the package with
-# its test extra into a cached venv (.tools/python-sdk-venv), makes sure the binaries the mesh
-# needs exist, and runs pytest. The session fixture starts `target/debug/sandmesh up` on free
-# loopback ports in a temporary directory and stops it at the end.
+# its test extra into a cached venv (tmp/python-sdk-venv in the build directory, kept with the
+# build), makes sure the binaries the mesh needs exist, and runs pytest. The session fixture
+# starts `target/debug/sandmesh up` on free loopback ports in a temporary directory and stops it
+# at the end.
 #
 #   clients/python/run-tests.sh               # everything
 #   clients/python/run-tests.sh -k approval   # extra arguments go to pytest
@@ -13,7 +14,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 
-venv="$root/.tools/python-sdk-venv"
+venv="${CARGO_TARGET_DIR:-$root/target}/tmp/python-sdk-venv"
 python=${SANDMESH_PYTHON:-python3}
 if [ ! -x "$venv/bin/python" ]; then
   echo "run-tests.sh: creating $venv" >&2

@@ -5,13 +5,14 @@
 #
 # The live gateway is a whole mesh started here with `sandmesh up` (real NATS, real Docker) on
 # free loopback ports and a data directory of its own, stopped at the end. Both Python tools
-# come from the package index into a virtualenv under .tools/ (pip, the ordinary client).
+# come from the package index into a virtualenv under the build directory's tmp/ (pip, the
+# ordinary client; kept with the build, as the tests' own venvs are).
 # SANDMESH_OPENAPI_EXAMPLES sets the examples per operation (default 10).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
-venv=.tools/openapi-venv
+venv=$(realpath -m "${CARGO_TARGET_DIR:-$root/target}/tmp/openapi-venv")
 if [ ! -x "$venv/bin/st" ] || [ ! -x "$venv/bin/openapi-spec-validator" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet 'openapi-spec-validator==0.9.*' 'schemathesis==4.*'
@@ -70,7 +71,7 @@ curl -fsS "http://$gateway/api/v1/openapi.json" -o "$doc"
 "$venv/bin/openapi-spec-validator" "$doc"
 # From the scratch directory: schemathesis keeps its example database in the working one.
 cd "$work"
-"$root/$venv/bin/st" run "$doc" \
+"$venv/bin/st" run "$doc" \
   --url "http://$gateway" \
   --header "Authorization: Bearer $key" \
   --max-examples "${SANDMESH_OPENAPI_EXAMPLES:-10}" \

@@ -379,31 +379,40 @@ pub fn require_docker() {
 }
 
 /// A Python interpreter with the example client's requirements (`clients/python/
-/// requirements.txt`: PyPI `nats-py`, `msgpack`) installed — a venv under the target dir,
-/// created on first use and rebuilt when the requirements change. `SANDMESH_PYTHON` picks
-/// another base interpreter than `python3`.
+/// requirements.txt`: PyPI `nats-py`, `msgpack`) installed ([`python_venv`]).
 pub fn python_client() -> PathBuf {
+    python_venv(
+        "python-client-venv",
+        &repo_root().join("clients/python/requirements.txt"),
+    )
+}
+
+/// The python of a venv named `name` under the target dir with `requirements` installed:
+/// created on first use, reinstalled when the requirements file changes, one installer at a
+/// time (test processes of several crates may ask at once). Kept with the build, so a build
+/// cache that outlives the checkout (CI's) keeps the venv too. `SANDMESH_PYTHON` picks another
+/// base interpreter than `python3`; when pip cannot install, the panic says what is needed.
+pub fn python_venv(name: &str, requirements: &Path) -> PathBuf {
     fn run(cmd: &mut Command) {
         let out = cmd
             .output()
             .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
         assert!(
             out.status.success(),
-            "{cmd:?} failed (python3 with venv and pip, and PyPI, are needed): {}\n{}",
+            "{cmd:?} failed (python3 with venv and pip, and the package index, are needed): {}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let requirements = repo_root().join("clients/python/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).expect("clients/python/requirements.txt");
+    let wanted = std::fs::read_to_string(requirements)
+        .unwrap_or_else(|e| panic!("{}: {e}", requirements.display()));
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));
-    let venv = target.join("tmp/python-client-venv");
+    let venv = target.join("tmp").join(name);
     let python = venv.join("bin/python");
     let marker = venv.join("requirements.installed");
-    // One installer at a time: test binaries of several crates may ask at once.
-    let lock = target.join("tmp/python-client-venv.lock");
+    let lock = target.join("tmp").join(format!("{name}.lock"));
     std::fs::create_dir_all(target.join("tmp")).expect("target/tmp");
     let deadline = Instant::now() + Duration::from_secs(300);
     while std::fs::create_dir(&lock).is_err() {
@@ -422,7 +431,7 @@ pub fn python_client() -> PathBuf {
             }
             run(Command::new(venv.join("bin/pip"))
                 .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
-                .arg(&requirements));
+                .arg(requirements));
             std::fs::write(&marker, &wanted).expect("write marker");
         }
     });

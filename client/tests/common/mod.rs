@@ -1,6 +1,5 @@
 //! The real services, run in this process over a real nats-server, and a client of them.
 
-#![allow(dead_code)]
 
 use std::future::Future;
 use std::process::Command;

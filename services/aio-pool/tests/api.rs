@@ -3,9 +3,8 @@
 //! and Node.js execution, the file text tools, shell `exec_dir`, the browser's page actions
 //! and screenshots; each with malformed, oversized and hostile input.
 
-mod common;
 
-use common::instance::Instance;
+use crate::common::instance::Instance;
 use hyper::StatusCode;
 use serde_json::{json, Value};
 

@@ -1,13 +1,12 @@
 //! aio-pool over real NATS and real Docker with the `sandmesh/aio` image.
 
-mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{owned_containers, python, unique, Harness};
+use crate::common::{owned_containers, python, unique, Harness};
 use messages::browser::{AioAcquire, AioExec, AioRelease};
 use sandmesh_client::ErrorKind;
 use test_support::{eventually, eventually_true};
@@ -394,7 +393,7 @@ async fn the_janitor_removes_what_a_killed_pool_left() {
     let nats = test_support::NatsServer::start();
     let dead_owner = unique("dead");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandmesh-aio-pool"))
-        .envs(common::base_env(&nats, &dead_owner))
+        .envs(crate::common::base_env(&nats, &dead_owner))
         .env("SANDMESH_AIO_MIN_INSTANCES", "2")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -418,7 +417,7 @@ async fn the_janitor_removes_what_a_killed_pool_left() {
         Duration::from_secs(30),
         || async move {
             owned_containers(d, o).await.is_empty()
-                && !common::network_exists(d, &aio_pool::docker::network_name(o)).await
+                && !crate::common::network_exists(d, &aio_pool::docker::network_name(o)).await
         },
     )
     .await;

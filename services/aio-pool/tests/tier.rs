@@ -1,11 +1,10 @@
 //! Tier `aio` end to end: the scheduler (with the real risk-assessor) runs executions in the
 //! session's AIO instance through the aio-pool.
 
-mod common;
 
 use std::time::Duration;
 
-use common::Harness;
+use crate::common::Harness;
 use futures::StreamExt;
 use kit::config::env_map;
 use kit::CancellationToken;
@@ -206,7 +205,7 @@ async fn aio_exec_when_up(mesh: &MeshClient, req: &AioExec) -> AioExecResult {
 async fn aio_is_scoped_by_tenant_and_its_commands_pass_risk_and_approval() {
     let h = Harness::start_on(
         NatsServer::start_with_tenants(&["acme"]),
-        &common::unique("pool"),
+        &crate::common::unique("pool"),
         &[],
     )
     .await;
@@ -362,7 +361,7 @@ async fn a_tenant_over_its_aio_instances_quota_gets_429() {
     let file = file.display().to_string();
     let h = Harness::start_on(
         nats,
-        &common::unique("pool"),
+        &crate::common::unique("pool"),
         &[("SANDMESH_TENANCY_FILE", &file)],
     )
     .await;

@@ -1,11 +1,10 @@
 //! The Executor protocol on the bwrap backend: results, statuses and streaming as in Docker;
 //! admission (bad input, tiers it does not run, capacity); heartbeat; drain.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{request, run, Harness};
+use crate::common::{request, run, Harness};
 use futures::StreamExt;
 use messages::exec::{ExecStatus, Language, OutputChunk, Tier};
 use messages::executor::{Backend, ExecutorDrain, ExecutorRun, RunKind};

@@ -4,11 +4,10 @@
 //! Every test checks what the hostile code saw, that the next execution works, and that no
 //! process or cgroup of the node is left.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{processes_in, run, Harness};
+use crate::common::{processes_in, run, Harness};
 use messages::exec::{ExecStatus, Language};
 use test_support::{eventually_true, NatsServer};
 
@@ -199,8 +198,8 @@ print(subprocess.run(["echo", "fork works"], capture_output=True, text=True).std
 #[tokio::test]
 async fn an_executor_crash_leaves_nothing_behind() {
     let nats = NatsServer::start();
-    let crashed = common::unique_node("crash");
-    let mut env = common::base_env(&nats, &crashed);
+    let crashed = crate::common::unique_node("crash");
+    let mut env = crate::common::base_env(&nats, &crashed);
     env.insert("RUST_LOG".into(), "warn".into());
     let mut process = std::process::Command::new(env!("CARGO_BIN_EXE_sandmesh-bwrap-executor"))
         .env_clear()

@@ -4,11 +4,10 @@
 //! test checks the classified status, that the next execution works, and that no process or
 //! cgroup of the node is left.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{request, Harness};
+use crate::common::{request, Harness};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Limits};
 
 fn limited(language: Language, code: &str, timeout_ms: u64, limits: Limits) -> ExecRequest {

@@ -1,9 +1,8 @@
 //! Decisions by people over a real nats-server: approve, deny, timeout, conflicts, bad input,
 //! listing and idempotency.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use messages::confirm::{ConfirmList, ConfirmListReply, ConfirmScope, ConfirmState};
 use messages::subjects::ConfirmOp;
 use messages::ErrorKind;

@@ -3,9 +3,8 @@
 //! final state — approval, denial and expiry — also when nobody waits and across a restart of
 //! this service.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use messages::confirm::{ConfirmScope, ConfirmState, Confirmation};
 use test_support::NatsServer;
 

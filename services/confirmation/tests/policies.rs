@@ -1,11 +1,10 @@
 //! Decisions without a person: configured policies, session-scoped approvals, timeouts that
 //! approve (when so configured).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use confirmation::{PolicyConfig, TimeoutAction};
 use messages::confirm::{ConfirmScope, ConfirmState};
 use messages::risk::RiskLevel;

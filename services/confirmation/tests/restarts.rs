@@ -1,9 +1,8 @@
 //! Nothing is lost: restarts of the service and of NATS, and two instances sharing the work.
 
-mod common;
 
 use async_nats::jetstream;
-use common::*;
+use crate::common::*;
 use messages::audit::AuditKind;
 use messages::confirm::{ConfirmScope, ConfirmState};
 use messages::subjects::ConfirmOp;

@@ -4,11 +4,10 @@
 //! Also: markup in code and reasons stays text, 200 pending cards stay live, and the page
 //! reconnects by itself after the console restarts.
 
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use messages::confirm::{ConfirmDecide, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::{Decision, ExecResult, ExecStatus};

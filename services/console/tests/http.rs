@@ -1,9 +1,8 @@
 //! The console's HTTP edge, request by request: who gets in, what a cross-site or malformed
 //! request gets, and that decisions are recorded as the operator who made them.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use messages::confirm::ConfirmState;
 use messages::tenancy::Tenant;
 use sandmesh_auth::Role;

@@ -148,10 +148,19 @@ impl LocalImage {
         candidates.into_iter().find(|p| p.is_file())
     }
 
-    /// Builds the binary of this source checkout (`cargo build --release -p <package>`, a
-    /// no-op when it is up to date) and returns its path. The release profile also keeps it
-    /// clear of the debug build lock a running `cargo test` holds. Blocking.
+    /// The binary of this source checkout, up to date: the one the `env` variable names when
+    /// it is set (`scripts/test.sh` builds the debug programs first and names them, so the
+    /// tests' images carry the same binary as the meshes' and nothing compiles twice), else a
+    /// `cargo build --release -p <package>` (a no-op when it is up to date; the release profile
+    /// keeps it clear of the debug build lock a running `cargo test` holds). Blocking.
     pub fn build_binary(&self) -> Result<PathBuf, ImageError> {
+        if let Some(named) = std::env::var_os(self.env) {
+            let named = PathBuf::from(named);
+            if !named.is_file() {
+                return Err(self.no_binary(named.display().to_string()));
+            }
+            return Ok(named);
+        }
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.args([

@@ -1,6 +1,5 @@
 //! The backend-conformance suite (`test_support::executor_conformance`) against the docker
 //! backend: the same cases, with the same expectations, as every other backend.
 
-mod common;
 
-test_support::executor_conformance!(common::Harness);
+test_support::executor_conformance!(crate::common::Harness);

@@ -3,11 +3,10 @@
 //! the sandbox only through the container's egress socket (the policy's explicit
 //! `127.0.0.1/32` CIDR is the exception that lets it through at all).
 
-mod common;
 
 use std::time::Duration;
 
-use common::{run, Harness};
+use crate::common::{run, Harness};
 use futures::StreamExt;
 use messages::audit::AuditEvent;
 use messages::exec::{ExecResult, ExecStatus, Language, Tier};

@@ -2,11 +2,10 @@
 //! admission. (What every backend must do alike — languages, stdin, env, files, exit codes,
 //! limits — is the conformance suite, `tests/conformance.rs`.)
 
-mod common;
 
 use std::time::Duration;
 
-use common::{run, Harness};
+use crate::common::{run, Harness};
 use futures::StreamExt;
 use messages::exec::{ExecStatus, Language, Limits, OutputChunk, OutputStream, Tier};
 use messages::ErrorKind;

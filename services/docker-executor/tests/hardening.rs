@@ -2,7 +2,6 @@
 //! the executor's only creation path and assert every hardening field Docker reports back,
 //! then look at the same controls from inside.
 
-mod common;
 
 use std::collections::HashMap;
 
@@ -13,8 +12,8 @@ use docker_executor::probe::exec_capture;
 
 #[tokio::test]
 async fn a_sandbox_container_carries_every_hardening_field() {
-    let image = common::image();
-    let node = common::unique_node("hard");
+    let image = crate::common::image();
+    let node = crate::common::unique_node("hard");
     let env = HashMap::from([
         ("SANDMESH_INSTANCE_ID".to_string(), node.clone()),
         ("SANDMESH_EXEC_IMAGE".to_string(), image.to_string()),

@@ -2,12 +2,11 @@
 //! soon as the crashed node's heartbeat expires, or by its successor with the same node id at
 //! once), unowned containers of this node go, and containers of other meshes are left alone.
 
-mod common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{base_env, containers_with, run, unique_node, Harness};
+use crate::common::{base_env, containers_with, run, unique_node, Harness};
 use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
 use kit::Caller;
 use messages::exec::{ExecResult, ExecStatus, Language, Tier};
@@ -44,7 +43,7 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        common::remove_node_containers(&self.1);
+        crate::common::remove_node_containers(&self.1);
     }
 }
 
@@ -189,7 +188,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
     let mesh = hb.labels.get("mesh").expect("mesh label").clone();
     let docker = h.docker.clone();
     let spec = |node: &str, mesh: &str| SandboxSpec {
-        image: common::image().to_string(),
+        image: crate::common::image().to_string(),
         node_id: node.to_string(),
         mesh: mesh.to_string(),
         workspace_mb: 8,

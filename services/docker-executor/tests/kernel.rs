@@ -2,11 +2,10 @@
 //! returns typed rich outputs, survives a timeout (interrupted, not killed), restarts after
 //! its death with `state_lost`, and is never shared between sessions.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{run, Harness};
+use crate::common::{run, Harness};
 use messages::exec::{ContentEncoding, ExecResult, ExecStatus, Language, OutputKind, Tier};
 use messages::subjects::ExecutorOp;
 

@@ -4,9 +4,8 @@
 //! fast. The same limits in single-use sandboxes are the conformance suite's
 //! (`tests/conformance.rs`), run against every backend.
 
-mod common;
 
-use common::{run, Harness};
+use crate::common::{run, Harness};
 use messages::exec::{ExecStatus, Language, Limits, Tier};
 use messages::ErrorKind;
 

@@ -2,11 +2,10 @@
 //! processes never do), never shared between sessions, closed on request or when idle, and
 //! started from the warm pool so the first run pays no cold start.
 
-mod common;
 
 use std::time::Duration;
 
-use common::{containers_with, run, Harness};
+use crate::common::{containers_with, run, Harness};
 use messages::exec::{ExecStatus, Language, Limits, Tier};
 use test_support::eventually_true;
 

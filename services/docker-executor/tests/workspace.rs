@@ -4,9 +4,8 @@
 //! session's container keeps the revision it holds, so a run after one that changed nothing
 //! asks the store nothing; an isolated run never talks to it.
 
-mod common;
 
-use common::{run, Harness};
+use crate::common::{run, Harness};
 use docker_executor::docker::LABEL_KIND;
 use futures::{FutureExt, StreamExt};
 use kit::CancellationToken;
@@ -228,7 +227,7 @@ async fn an_isolated_run_leaves_nothing_and_never_touches_the_workspace() {
             let label = &label;
             let node = &h.node;
             async move {
-                common::containers_with(docker, label)
+                crate::common::containers_with(docker, label)
                     .await
                     .iter()
                     .all(|name| !name.contains(node.as_str()))

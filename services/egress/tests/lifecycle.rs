@@ -1,11 +1,10 @@
 //! The egress proxy as a per-container resource over real sockets: bounded reads of bad
 //! requests, one socket per container, and what dropping or closing a proxy leaves behind.
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use egress::EgressStats;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,11 +1,10 @@
 //! The egress proxy over real sockets: a Unix socket per "container", upstreams on 127.0.0.1
 //! (reachable only because each policy allows 127.0.0.1/32 explicitly), a stub resolver.
 
-mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::*;
+use crate::common::*;
 use egress::EgressStats;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -20,7 +20,8 @@ pub fn find_supervisor() -> Option<PathBuf> {
     SANDBOX.find_binary()
 }
 
-/// Builds the supervisor of this source checkout and returns its path. Blocking.
+/// The supervisor of this source checkout, up to date
+/// ([`containers::image::LocalImage::build_binary`]). Blocking.
 pub fn build_supervisor() -> Result<PathBuf, ImageError> {
     SANDBOX.build_binary()
 }

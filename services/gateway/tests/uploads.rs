@@ -2,12 +2,11 @@
 //! stall, and hostile input (broken boundaries, paths that climb out, parts over the quota).
 //! None of them may leave a file behind.
 
-mod common;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{start_store_mesh, Gateway};
+use crate::common::{start_store_mesh, Gateway};
 use futures::StreamExt;
 use gateway::files::FormUpload;
 use sha2::{Digest, Sha256};

@@ -1,6 +1,5 @@
 //! A demo service for the kit's tests: an `Echo` actor behind one endpoint.
 
-#![allow(dead_code)]
 
 use std::time::Duration;
 

@@ -1,12 +1,11 @@
 //! The kit's edge over a real nats-server: encodings, error replies, discovery, queue groups,
 //! admission, heartbeats and graceful shutdown.
 
-mod common;
 
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use common::*;
+use crate::common::*;
 use kit::{CallError, Caller, EndpointOptions, KitConfig};
 use messages::codec::{CONTENT_TYPE, MSGPACK, SERVICE_ERROR, SERVICE_ERROR_CODE};
 use messages::{Encoding, ErrorBody, ErrorKind};

@@ -4,7 +4,6 @@
 //!
 //! Requirements are installed on first use, idempotently, by `test_support::python_client`.
 
-mod common;
 
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ async fn the_python_client_assesses_in_json_and_msgpack() {
     let python = tokio::task::spawn_blocking(test_support::python_client)
         .await
         .unwrap();
-    let mut svc = common::start(&[]).await;
+    let mut svc = crate::common::start(&[]).await;
     let script = test_support::repo_root().join("clients/python/assess.py");
     let out = tokio::time::timeout(
         Duration::from_secs(120),

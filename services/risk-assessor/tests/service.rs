@@ -1,7 +1,6 @@
 //! The service over a real nats-server: JSON and MessagePack, bad input answered with clear
 //! 400/413 errors, hostile nesting that finishes, and the instance heartbeat.
 
-mod common;
 
 use kit::call::{decode_reply, CallError};
 use messages::codec::{self, Encoding};
@@ -28,7 +27,7 @@ fn decode(subject: &str, reply: &async_nats::Message) -> Result<RiskAssessment, 
 
 #[tokio::test]
 async fn answers_in_the_callers_encoding() {
-    let mut svc = common::start(&[]).await;
+    let mut svc = crate::common::start(&[]).await;
     for encoding in [Encoding::Json, Encoding::MsgPack] {
         let body = encoding
             .encode(&request("rm -rf /", ContentType::Shell))
@@ -49,7 +48,7 @@ async fn answers_in_the_callers_encoding() {
 #[tokio::test]
 async fn bad_input_gets_a_clear_error() {
     // The default ceiling (256 KiB), so the 413 below is what a caller of a stock service sees.
-    let mut svc = common::start(&[]).await;
+    let mut svc = crate::common::start(&[]).await;
     // Invalid UTF-8 inside a MessagePack string, and as raw JSON bytes.
     let mut msgpack =
         rmp_serde::to_vec_named(&request("PLACEHOLDER", ContentType::Python)).unwrap();
@@ -105,7 +104,7 @@ async fn bad_input_gets_a_clear_error() {
 
 #[tokio::test]
 async fn deeply_nested_input_finishes_and_the_service_stays_up() {
-    let mut svc = common::start(&[]).await;
+    let mut svc = crate::common::start(&[]).await;
     let cases = [
         (
             ContentType::Python,
@@ -144,7 +143,7 @@ async fn deeply_nested_input_finishes_and_the_service_stays_up() {
 
 #[tokio::test]
 async fn the_instance_beats_into_the_nodes_bucket() {
-    let mut svc = common::start(&[]).await;
+    let mut svc = crate::common::start(&[]).await;
     let js = async_nats::jetstream::new(svc.client.clone());
     let kv = js
         .get_key_value(messages::Subjects::default().nodes_bucket())
@@ -161,7 +160,7 @@ async fn the_instance_beats_into_the_nodes_bucket() {
 
 #[tokio::test]
 async fn the_content_ceiling_is_configurable() {
-    let mut svc = common::start(&[("SANDMESH_RISK_MAX_CONTENT_BYTES", "1024")]).await;
+    let mut svc = crate::common::start(&[("SANDMESH_RISK_MAX_CONTENT_BYTES", "1024")]).await;
     for (size, code) in [(1024, None), (1025, Some(413))] {
         let body = Encoding::Json
             .encode(&request(&"#".repeat(size), ContentType::Python))

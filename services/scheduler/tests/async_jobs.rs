@@ -2,14 +2,13 @@
 //! exactly one stored result — across duplicates, missing services, poison jobs, and a
 //! scheduler killed mid-flight.
 
-mod common;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
-use common::*;
+use crate::common::*;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup};
 use messages::{ErrorKind, Subjects};
 

@@ -10,7 +10,6 @@
 //! container runs would measure Docker on this machine instead). The burst is
 //! `SANDMESH_CLUSTER_JOBS` jobs, 2,000 by default (about 50 s on the 2-core machine).
 
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, message::PublishMessage};
-use common::fakes::{self, FakeExecutor, Runs};
-use common::stored_result;
+use crate::common::fakes::{self, FakeExecutor, Runs};
+use crate::common::stored_result;
 use futures::StreamExt;
 use kit::{Caller, CancellationToken, RetryPolicy};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};

@@ -1,13 +1,12 @@
 //! End to end: the real risk-assessor, confirmation, workspace-store, docker-executor and
 //! scheduler over a real nats-server and the real Docker daemon.
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
-use common::{eventually, Mesh};
+use crate::common::{eventually, Mesh};
 use futures::StreamExt;
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{
@@ -371,7 +370,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
         .await
         .unwrap();
     assert_eq!(closed.state, SessionState::Closed);
-    common::docker::remove_containers(&holder);
+    crate::common::docker::remove_containers(&holder);
     mesh.shutdown().await;
 }
 
@@ -427,7 +426,7 @@ async fn a_run_on_a_node_that_dies_is_lost_when_its_heartbeat_expires_not_at_its
         took < Duration::from_secs(30),
         "lost after {took:?}, not at the heartbeat's expiry"
     );
-    common::docker::remove_containers(&node);
+    crate::common::docker::remove_containers(&node);
     mesh.shutdown().await;
 }
 
@@ -462,7 +461,7 @@ async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() 
             &format!("import time\ntime.sleep(0.5)\nprint({i})"),
         );
         r.execution_id = Some(id.clone());
-        common::publish_job(&js, &r).await;
+        crate::common::publish_job(&js, &r).await;
         accepted.insert(id);
     }
     let results = js.get_stream(s.results_stream()).await.unwrap();

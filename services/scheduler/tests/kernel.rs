@@ -3,9 +3,8 @@
 //! session's kernel, with its variables, once approved. The real risk-assessor, confirmation,
 //! workspace-store, docker-executor and scheduler over a real nats-server and real Docker.
 
-mod common;
 
-use common::{eventually, Mesh};
+use crate::common::{eventually, Mesh};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Language, OutputKind, Tier};
 use messages::risk::{RiskLevel, SecurityMode};

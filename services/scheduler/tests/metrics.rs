@@ -3,13 +3,12 @@
 //! serving one `/metrics` endpoint (as `sandmesh up` does). The counters must say what the
 //! results say.
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{eventually, Mesh};
+use crate::common::{eventually, Mesh};
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Language};
 use messages::heartbeat::Heartbeat;
 use messages::Subjects;

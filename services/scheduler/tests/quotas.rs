@@ -3,12 +3,11 @@
 //! over raw NATS credentials, with another tenant beside it unaffected. And the confirmation
 //! events a tenant imports name its executions as it did.
 
-mod common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use messages::confirm::Confirmation;
 use messages::exec::{ExecRequest, Language};

@@ -1,11 +1,10 @@
 //! Sessions and placement over a real nats-server with executor stand-ins: affinity, load
 //! sharing, failover when the node holding a session dies, close.
 
-mod common;
 
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
 use messages::session::{
     SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,

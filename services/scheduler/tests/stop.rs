@@ -1,12 +1,11 @@
 //! The scheduler stops when NATS is gone: every NATS call on its stop path is bounded, so a
 //! cancelled `run` returns within its grace period plus a few bounded steps.
 
-mod common;
 
 use std::time::{Duration, Instant};
 
 use async_nats::connection::State;
-use common::*;
+use crate::common::*;
 
 /// The grace the scheduler is given in this test.
 const GRACE: Duration = Duration::from_secs(2);

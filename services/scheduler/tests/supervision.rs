@@ -1,9 +1,8 @@
 //! The scheduler's supervision is real: the registry actor it draws is restarted when it dies,
 //! and `run()` fails when it cannot be kept running.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use messages::exec::{ExecRequest, ExecStatus, Language};
 
 fn req(code: &str) -> ExecRequest {

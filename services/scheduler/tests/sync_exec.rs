@@ -1,12 +1,11 @@
 //! Sync exec over a real nats-server, with small real stand-ins for the other services.
 
-mod common;
 
 use std::time::Duration;
 
 use futures::StreamExt;
 
-use common::*;
+use crate::common::*;
 use messages::exec::{
     Decision, ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup, Tier,
 };

@@ -3,12 +3,11 @@
 //! built on its first use (content-addressed: a later run, or another test binary, finds it),
 //! its packages installed at build time, so code imports them in a sandbox without network.
 
-mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{eventually, Mesh};
+use crate::common::{eventually, Mesh};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, TierChoice};
 use messages::session::{SessionOpen, SessionRecord};
 use messages::subjects::SessionOp;

@@ -2,13 +2,12 @@
 //! permissions in a real nats-server: tenants `acme` and `beta`, the operator `operator` (every
 //! tenant) and `bob` (acme only). Each test tries to cross a boundary and shows it holds.
 
-mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use messages::audit::AuditEvent;
 use messages::confirm::{ConfirmDecide, ConfirmGet, ConfirmList, ConfirmScope, ConfirmState};

@@ -4,11 +4,10 @@
 //! docker-executor over a real nats-server and the real Docker daemon; the boundary tests use
 //! the executor stand-in (nothing there needs a container).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use messages::exec::{Decision, ExecStatus, Language};
 use messages::risk::SecurityMode;
 use messages::session::SessionOpen;

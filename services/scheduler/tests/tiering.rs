@@ -3,12 +3,11 @@
 //! a session goes to the bwrap node; everything else runs in Docker as before; and
 //! `SANDMESH_EPHEMERAL_BACKEND` decides.
 
-mod common;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::Mesh;
+use crate::common::Mesh;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, TierChoice};
 use messages::executor::Backend;
 use messages::subjects::ExecutorOp;
@@ -17,7 +16,7 @@ use scheduler::tier::EphemeralBackend;
 
 /// A bwrap-executor node on the mesh; returns its id once it serves.
 async fn start_bwrap(mesh: &Mesh) -> (String, kit::CancellationToken) {
-    let image = common::docker::image().await;
+    let image = crate::common::docker::image().await;
     let node = format!("tier-bwrap-{}", messages::new_id().to_ascii_lowercase());
     let env: HashMap<String, String> = [
         ("SANDMESH_NATS_URL", mesh.url.clone()),
@@ -42,7 +41,7 @@ async fn start_bwrap(mesh: &Mesh) -> (String, kit::CancellationToken) {
         tenant: None,
         template: None,
     };
-    common::eventually("the bwrap executor to serve", || {
+    crate::common::eventually("the bwrap executor to serve", || {
         let subject = subject.clone();
         let probe = probe.clone();
         async move {
@@ -105,7 +104,7 @@ async fn safe_ephemeral_work_runs_in_bubblewrap_and_the_rest_in_docker() {
     // The protocol's longest id, from a tenant's agent: valid on the bwrap path too (issue 23,
     // finding 6: scoped by the tenant it was 69 characters, which this backend refused).
     let acme = sandmesh_client::MeshClient::new(
-        common::connect(&mesh.nats.agent_url("acme")).await,
+        crate::common::connect(&mesh.nats.agent_url("acme")).await,
         Subjects::default(),
     );
     let longest = "x".repeat(messages::validate::MAX_ID_LEN);
@@ -130,7 +129,7 @@ async fn safe_ephemeral_work_runs_in_bubblewrap_and_the_rest_in_docker() {
     );
     // A bwrap node that goes away: light work falls back to Docker (auto).
     stop.cancel();
-    let fallback = common::eventually("light work to fall back to Docker", || async {
+    let fallback = crate::common::eventually("light work to fall back to Docker", || async {
         let r = mesh.exec(&req("print(3)", TierChoice::Auto)).await.ok()?;
         (r.node.as_deref() == Some(docker.as_str())).then_some(r)
     })

@@ -1,11 +1,10 @@
 //! TTL sweep, explicit cleanup, and the audit trail of workspace changes.
 
-mod common;
 
 use std::time::Duration;
 
 use async_nats::jetstream;
-use common::*;
+use crate::common::*;
 use messages::audit::AuditEvent;
 use messages::Subjects;
 use sandmesh_client::ErrorKind;
@@ -58,7 +57,7 @@ async fn idle_workspaces_are_swept_and_active_ones_kept() {
     cfg.sweep_interval = Duration::from_millis(200);
     let _svc = start(cfg).await;
     let ws = client(&url).await;
-    let js = jetstream::new(common::nats(&url).await);
+    let js = jetstream::new(crate::common::nats(&url).await);
     for s in ["idle", "busy"] {
         ws.init(s).await.unwrap();
         ws.write(s, "data/x.bin", &bytes(5000, 1)).await.unwrap();
@@ -92,7 +91,7 @@ async fn cleanup_on_request_and_audit_of_changes() {
     let url = nats.url();
     let _svc = start(config(&url, "clean")).await;
     let ws = client(&url).await;
-    let js = jetstream::new(common::nats(&url).await);
+    let js = jetstream::new(crate::common::nats(&url).await);
     ws.init("s").await.unwrap();
     ws.write("s", "code/a.py", b"a").await.unwrap();
     ws.delete("s", "code/a.py", false).await.unwrap();

@@ -2,12 +2,11 @@
 //! consistent workspace and hold the quota; killing the service (SIGKILL, a real process) and
 //! restarting the NATS server lose no acknowledged write.
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 
-use common::*;
+use crate::common::*;
 use sandmesh_client::ErrorKind;
 use test_support::NatsServer;
 

@@ -1,9 +1,8 @@
 //! File operations over real NATS: layout, write/read/list/stat/delete, ranges, append,
 //! conflicts, quota, large files, snapshot and restore.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{WsFile, WsList, WsListing, WsRead, WsWrite, LAYOUT_DIRS, MEMORY_FILES};
@@ -47,7 +46,7 @@ async fn init_creates_the_seed_layout_and_is_idempotent() {
     assert_eq!(usage.quota_bytes, 1024 << 20);
 
     // The instance announces itself in the nodes bucket, with its counters.
-    let js = async_nats::jetstream::new(common::nats(&nats.url()).await);
+    let js = async_nats::jetstream::new(crate::common::nats(&nats.url()).await);
     let nodes = js
         .get_key_value(Subjects::default().nodes_bucket())
         .await
@@ -87,7 +86,7 @@ async fn files_directories_ranges_and_conflicts() {
         ClientKind::NotFound
     );
     // Paging: `next` names where the following page starts.
-    let nc = common::nats(&nats.url()).await;
+    let nc = crate::common::nats(&nats.url()).await;
     let list = Subjects::default().workspace(WorkspaceOp::List);
     let mut page = WsList {
         session_id: "s".into(),
@@ -252,7 +251,7 @@ async fn a_50_mb_file_round_trips_byte_exact() {
     assert_eq!(ws.usage("big").await.unwrap().bytes, 50 << 20);
 
     // A range deep inside, inline.
-    let nc = common::nats(&nats.url()).await;
+    let nc = crate::common::nats(&nats.url()).await;
     let req = WsRead {
         session_id: "big".into(),
         path: "data/model.bin".into(),

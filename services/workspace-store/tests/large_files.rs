@@ -1,9 +1,8 @@
 //! Large files for tenants (issue 12): chunked `upload`, ranged `read` and `fetch`, under the
 //! shipped permissions — a tenant's agent has no JetStream API in the services' account.
 
-mod common;
 
-use common::{bytes, config, raw, Instance, TIMEOUT};
+use crate::common::{bytes, config, raw, Instance, TIMEOUT};
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{UploadRef, WsFetch, WsSnapshot, WsUploadAck, WsUploadChunk, WsWrite};
 use messages::{ServiceName, Subjects};
@@ -14,7 +13,7 @@ use test_support::NatsServer;
 const MB: usize = 1 << 20;
 
 async fn agent(server: &NatsServer, tenant: &str) -> (async_nats::Client, WorkspaceClient) {
-    let nc = common::nats(&server.agent_url(tenant)).await;
+    let nc = crate::common::nats(&server.agent_url(tenant)).await;
     let ws = MeshClient::new(nc.clone(), Subjects::default())
         .with_timeout(TIMEOUT)
         .workspace();
@@ -26,7 +25,7 @@ async fn agent(server: &NatsServer, tenant: &str) -> (async_nats::Client, Worksp
 async fn store_with(server: &NatsServer, config: workspace_store::WorkspaceConfig) -> Instance {
     let token = kit::CancellationToken::new();
     let task = tokio::spawn(workspace_store::run(config, token.clone()));
-    common::wait_ready(&common::client(&server.url()).await).await;
+    crate::common::wait_ready(&crate::common::client(&server.url()).await).await;
     assert!(!task.is_finished(), "the store stopped: {:?}", task.await);
     Instance { token, task }
 }

@@ -2,9 +2,8 @@
 //! hostile path or archive is refused with a clear 4xx, nothing is written (no index entry,
 //! no object), and the service keeps answering.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{
     WsEntry, WsFile, WsListing, WsPath, WsRead, WsRestore, WsRestored, WsWrite,
@@ -45,7 +44,7 @@ async fn traversal_catalogue_is_refused_and_nothing_is_written() {
     ws.init(SESSION).await.unwrap();
     let before = store_state(&nats.url(), &[SESSION]).await;
     let usage_before = ws.usage(SESSION).await.unwrap();
-    let nc = common::nats(&nats.url()).await;
+    let nc = crate::common::nats(&nats.url()).await;
     let s = Subjects::default();
 
     for (row, path) in hostile_paths() {
@@ -140,7 +139,7 @@ async fn refused(url: &str, tar: Vec<u8>) -> messages::ErrorBody {
         delete: Vec::new(),
         requested_by: None,
     };
-    let nc = common::nats(url).await;
+    let nc = crate::common::nats(url).await;
     let e = raw::<_, WsRestored>(
         &nc,
         Subjects::default().workspace(WorkspaceOp::Restore),

@@ -2,10 +2,9 @@
 //! the change landed; reads never do; snapshot and restore report it. Executors rely on it to
 //! skip fetching a workspace their container already holds.
 
-mod common;
 
 use async_nats::jetstream::{self, kv};
-use common::*;
+use crate::common::*;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{revision_key, WsArchive, WsSnapshot};
 use messages::Subjects;
@@ -33,7 +32,7 @@ async fn every_change_moves_the_revision_and_reads_do_not() {
     let nats = NatsServer::start();
     let _store = start(config(&nats.url(), "rev")).await;
     let ws = client(&nats.url()).await;
-    let nc = common::nats(&nats.url()).await;
+    let nc = crate::common::nats(&nats.url()).await;
     let subjects = Subjects::default();
     let kv = jetstream::new(nc.clone())
         .get_key_value(subjects.workspace_index_bucket())

@@ -3,10 +3,9 @@
 //! the store for it are counted. The index is filled with direct KV publishes (what the store
 //! would write, without the contents) to keep the test fast.
 
-mod common;
 
 use async_nats::jetstream;
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use messages::Subjects;
 use sandmesh_client::WorkspaceClient;
@@ -122,7 +121,7 @@ async fn listing_costs(nc: &async_nats::Client, ws: &WorkspaceClient) -> [usize;
 async fn listing_a_session_costs_its_own_keys_only() {
     let nats = NatsServer::start();
     let _svc = start(config(&nats.url(), "scale")).await;
-    let nc = common::nats(&nats.url()).await;
+    let nc = crate::common::nats(&nats.url()).await;
     let js = jetstream::new(nc.clone());
     let ws = client(&nats.url()).await;
     ws.init("small").await.unwrap();
@@ -180,7 +179,7 @@ async fn many_reads_leave_no_consumers_behind() {
             assert_eq!(got, b"print(1)\n");
         }
     }
-    let js = jetstream::new(common::nats(&nats.url()).await);
+    let js = jetstream::new(crate::common::nats(&nats.url()).await);
     let bucket = Subjects::default().workspace_objects_bucket();
     let mut stream = js.get_stream(format!("OBJ_{bucket}")).await.unwrap();
     let consumers = stream.info().await.unwrap().state.consumer_count;

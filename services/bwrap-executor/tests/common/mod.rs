@@ -2,7 +2,6 @@
 //! running in-process on the sandbox image built from this checkout's supervisor (its rootfs
 //! exported through the real Docker daemon).
 
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,7 +1,6 @@
 //! Test harness: confirmation instances running `run` in-process against a real nats-server,
 //! a JSON caller, and bounded waits for events and readiness.
 
-#![allow(dead_code)]
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,6 +1,5 @@
 //! A real nats-server and the risk-assessor running in-process against it.
 
-#![allow(dead_code)] // each test binary uses a different part
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -1,7 +1,6 @@
 //! Shared helpers: a real nats-server, workspace-store instances (in-process or as a child
 //! process), clients, raw calls, tar builders for hostile archives.
 
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,0 +1,15 @@
+//! One integration-test binary for the crate (`autotests = false`), each file of `tests/` a
+//! module: a binary per file compiled and linked the dependency graph once per file.
+//! `test-support/tests/layout.rs` fails when a file here is left out.
+
+mod common;
+mod conformance;
+mod egress;
+mod exec;
+mod hardening;
+mod isolation;
+mod janitor;
+mod kernel;
+mod limits;
+mod session;
+mod workspace;

@@ -1,0 +1,22 @@
+//! One integration-test binary for the crate (`autotests = false`), each file of `tests/` a
+//! module: a binary per file compiled and linked the dependency graph once per file.
+//! `test-support/tests/layout.rs` fails when a file here is left out.
+
+mod common;
+mod async_jobs;
+mod chaos;
+mod cluster;
+mod e2e;
+mod kernel;
+mod metrics;
+mod network;
+mod parking;
+mod quotas;
+mod sessions;
+mod stop;
+mod supervision;
+mod sync_exec;
+mod templates;
+mod tenancy;
+mod testrun;
+mod tiering;
