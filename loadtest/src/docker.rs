@@ -7,27 +7,19 @@ use std::collections::HashMap;
 use anyhow::Context;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
-use bollard::models::{
-    ContainerCreateBody, ContainerSummary, HostConfig, HostConfigLogConfig, ResourcesUlimits,
-};
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    StartContainerOptions,
-};
+use bollard::models::{ContainerCreateBody, ContainerSummary};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, StartContainerOptions};
 use bollard::Docker;
+use containers::{
+    hardened_host_config, tmpfs_options, Hardening, LABEL_KIND, LABEL_MESH, LABEL_SANDMESH,
+    SANDBOX_UID,
+};
 use futures::StreamExt;
 
 use crate::report::ContainerCount;
 
-/// The labels the executor puts on its containers (services/docker-executor/src/docker.rs).
-pub const LABEL_SANDMESH: &str = "sandmesh";
-pub const LABEL_KIND: &str = "sandmesh.kind";
-/// The mesh (NATS deployment) a container belongs to: other meshes on this Docker host (tests
-/// running in parallel) are not this run's business.
-pub const LABEL_MESH: &str = "sandmesh.mesh";
 /// The baseline container's kind: never counted as a leak of the mesh, always removed.
 pub const KIND_BASELINE: &str = "loadtest-baseline";
-const SANDBOX_UID: u32 = 10001;
 
 pub async fn connect() -> anyhow::Result<Docker> {
     let docker = Docker::connect_with_local_defaults().context("cannot reach the Docker daemon")?;
@@ -53,42 +45,17 @@ pub async fn version(docker: &Docker) -> String {
 /// privileges, default seccomp, read-only root, tmpfs /tmp and /workspace, pids / memory /
 /// CPU limits, ulimits, no network, non-root, no logs), with `sleep` as its main process.
 pub fn baseline_body(image: &str) -> ContainerCreateBody {
-    let tmpfs = |mb: u64, mode: &str| {
-        format!("rw,exec,nosuid,nodev,size={mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode={mode}")
-    };
-    let ulimit = |name: &str, v: i64| ResourcesUlimits {
-        name: Some(name.into()),
-        soft: Some(v),
-        hard: Some(v),
-    };
-    let memory: i64 = 256 << 20;
-    let host = HostConfig {
-        memory: Some(memory),
-        memory_swap: Some(memory),
-        nano_cpus: Some(1_000_000_000),
-        pids_limit: Some(128),
-        network_mode: Some("none".into()),
-        readonly_rootfs: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges:true".into()]),
-        privileged: Some(false),
-        ipc_mode: Some("private".into()),
-        tmpfs: Some(HashMap::from([
-            ("/tmp".to_string(), tmpfs(64, "1777")),
-            ("/workspace".to_string(), tmpfs(64, "0755")),
-        ])),
-        ulimits: Some(vec![
-            ulimit("nofile", 256),
-            ulimit("fsize", 64 << 20),
-            ulimit("core", 0),
+    let host = hardened_host_config(&Hardening {
+        memory_mb: 256,
+        cpus: 1.0,
+        pids: 128,
+        nofile: 256,
+        fsize_bytes: 64 << 20,
+        tmpfs: HashMap::from([
+            ("/tmp".to_string(), tmpfs_options(64, SANDBOX_UID, "1777")),
+            ("/workspace".to_string(), tmpfs_options(64, SANDBOX_UID, "0755")),
         ]),
-        log_config: Some(HostConfigLogConfig {
-            typ: Some("none".into()),
-            config: None,
-        }),
-        init: Some(true),
-        ..Default::default()
-    };
+    });
     ContainerCreateBody {
         image: Some(image.to_string()),
         cmd: Some(vec!["sleep".into(), "infinity".into()]),
@@ -165,17 +132,7 @@ impl BaselineContainer {
     }
 
     pub async fn remove(&self) {
-        let options = RemoveContainerOptionsBuilder::new()
-            .force(true)
-            .v(true)
-            .build();
-        if let Err(e) = self
-            .docker
-            .remove_container(&self.name, Some(options))
-            .await
-        {
-            eprintln!("loadtest: could not remove {}: {e}", self.name);
-        }
+        containers::remove(&self.docker, &self.name).await;
     }
 }
 
@@ -189,12 +146,7 @@ pub async fn sandbox_containers(
         Some(id) => format!("{LABEL_MESH}={id}"),
         None => LABEL_SANDMESH.to_string(),
     };
-    let filters = HashMap::from([("label", vec![label.as_str()])]);
-    let options = ListContainersOptionsBuilder::new()
-        .all(true)
-        .filters(&filters)
-        .build();
-    Ok(docker.list_containers(Some(options)).await?)
+    Ok(containers::list(docker, &label).await?)
 }
 
 /// Counts containers by kind. Leaked: every session or other container (the run closes its

@@ -33,7 +33,7 @@ use crate::config::AioPoolConfig;
 /// Every container and network carries `sandmesh=1`, like the executor's (leak checks count
 /// these). The executor's janitor judges only its own `sandmesh.node`/`sandmesh.mesh`
 /// labels, so it never touches AIO instances, and this pool's janitor only its own.
-pub const LABEL_SANDMESH: &str = "sandmesh";
+pub use containers::LABEL_SANDMESH;
 /// The mesh (NATS deployment) of the pool, as this pool's janitor judges it (instances also
 /// carry the mesh-wide `containers::LABEL_MESH`, for leak accounting).
 pub const LABEL_MESH: &str = "sandmesh.aio.mesh";

@@ -10,7 +10,8 @@
 //! - one bind mount: the container's own egress directory (read-only), where the router binds
 //!   the egress proxy's Unix socket when a session takes the browser. Nothing else of the
 //!   host is mounted.
-//! - `nofile` 4096 instead of 256: Chromium's processes and sockets need it.
+//! - `nofile` 4096 instead of 256: Chromium's processes and sockets need it; `/tmp` without
+//!   `exec` (Chromium runs nothing from it).
 //! - `--no-sandbox` inside: Chromium's own sandbox needs user namespaces or a setuid helper,
 //!   neither of which a container with every capability dropped and `no-new-privileges` has;
 //!   the container is the boundary, as for untrusted code.
@@ -23,14 +24,12 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, ResourcesUlimits,
-};
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-};
+use bollard::models::{ContainerCreateBody, NetworkCreateRequest};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, ListContainersOptionsBuilder};
 use bollard::Docker;
 use tokio_util::task::TaskTracker;
+
+use containers::{hardened_host_config, Hardening};
 
 use crate::config::BrowserConfig;
 
@@ -42,6 +41,8 @@ pub const LABEL_ROUTER: &str = "sandmesh.browser.router";
 pub const BROWSER_UID: u32 = 10002;
 /// Where the container finds its egress socket (deploy/images/browser/sandmesh-browser).
 const EGRESS_MOUNT: &str = "/run/sandmesh-egress";
+/// The size of the container's `/tmp`, its one writable place.
+const TMP_MB: u64 = 256;
 pub const EGRESS_SOCKET: &str = "egress.sock";
 /// The CDP forwarder's port in the container.
 pub const CDP_PORT: u16 = 9222;
@@ -225,40 +226,22 @@ impl Containers {
     }
 
     fn body(&self, egress_dir: &std::path::Path) -> ContainerCreateBody {
-        let memory = (self.memory_mb << 20) as i64;
-        let ulimit = |name: &str, v: i64| ResourcesUlimits {
-            name: Some(name.into()),
-            soft: Some(v),
-            hard: Some(v),
-        };
-        let host = HostConfig {
-            memory: Some(memory),
-            memory_swap: Some(memory),
-            oom_kill_disable: Some(false),
-            nano_cpus: Some((self.cpus * 1e9) as i64),
-            pids_limit: Some(self.pids as i64),
-            network_mode: Some(self.network.clone()),
-            readonly_rootfs: Some(true),
-            cap_drop: Some(vec!["ALL".into()]),
-            cap_add: Some(Vec::new()),
-            // The default seccomp profile applies because none is named; never "unconfined".
-            security_opt: Some(vec!["no-new-privileges:true".into()]),
-            privileged: Some(false),
-            ipc_mode: Some("private".into()),
+        // The sandboxes' hardening, with the differences the module doc gives.
+        let mut host = hardened_host_config(&Hardening {
+            memory_mb: self.memory_mb,
+            cpus: self.cpus,
+            pids: self.pids,
+            nofile: 4096,
+            // What the one writable place holds.
+            fsize_bytes: TMP_MB << 20,
             // The profile, caches and HOME live here and die with the container.
-            tmpfs: Some(HashMap::from([(
+            tmpfs: HashMap::from([(
                 "/tmp".to_string(),
-                format!("rw,nosuid,nodev,size=256m,uid={BROWSER_UID},gid={BROWSER_UID},mode=1777"),
-            )])),
-            binds: Some(vec![format!("{}:{EGRESS_MOUNT}:ro", egress_dir.display())]),
-            ulimits: Some(vec![ulimit("nofile", 4096), ulimit("core", 0)]),
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("none".into()),
-                config: None,
-            }),
-            init: Some(true),
-            ..Default::default()
-        };
+                format!("rw,nosuid,nodev,size={TMP_MB}m,uid={BROWSER_UID},gid={BROWSER_UID},mode=1777"),
+            )]),
+        });
+        host.network_mode = Some(self.network.clone());
+        host.binds = Some(vec![format!("{}:{EGRESS_MOUNT}:ro", egress_dir.display())]);
         ContainerCreateBody {
             image: Some(self.image.clone()),
             user: Some(format!("{BROWSER_UID}:{BROWSER_UID}")),
@@ -271,18 +254,7 @@ impl Containers {
 
     /// Removes a container (running or not); one already gone is fine.
     pub async fn remove(&self, name: &str) {
-        let options = RemoveContainerOptionsBuilder::new()
-            .force(true)
-            .v(true)
-            .build();
-        match self.docker.remove_container(name, Some(options)).await {
-            Ok(())
-            | Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404 | 409,
-                ..
-            }) => {}
-            Err(e) => tracing::warn!(container = name, error = %e, "could not remove container"),
-        }
+        containers::remove(&self.docker, name).await;
     }
 
     /// Names of this instance's containers (running or not).

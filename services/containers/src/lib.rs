@@ -60,6 +60,16 @@ impl DockerError {
 /// mesh's leftovers by one label. Janitors judge only what also carries their own labels.
 pub const LABEL_MESH: &str = "sandmesh.mesh";
 
+/// Every container and network the mesh makes for running code carries `sandmesh=1` (sandbox
+/// containers, AIO instances; leak checks count these).
+pub const LABEL_SANDMESH: &str = "sandmesh";
+/// What a sandbox container is for: `warm` (pool, single use), `isolated` (made for one run),
+/// `session`, or a tool's own (the loadtest's baseline).
+pub const LABEL_KIND: &str = "sandmesh.kind";
+/// The sandbox image's user (deploy/images/sandbox/Dockerfile); its tmpfs mounts are owned by
+/// it.
+pub const SANDBOX_UID: u32 = 10001;
+
 /// Set on every container and network the mesh makes while `SANDMESH_TEST_RUN` is in the
 /// process environment: the test command marks each run (`scripts/test.sh`), so what a run
 /// that died or panicked left behind is found and removed by the next one, and a mesh of a

@@ -18,12 +18,11 @@ use messages::validate::EffectiveLimits;
 
 use executor_node::NodeConfig;
 
-/// Every sandbox container carries `sandmesh=1` (the janitor hook counts these).
-pub const LABEL_SANDMESH: &str = "sandmesh";
+/// Every sandbox container carries `sandmesh=1` (the janitor hook counts these) and its
+/// [`LABEL_KIND`]: `warm` (pool, single use), `isolated` (made for one run) or `session`.
+pub use containers::{LABEL_KIND, LABEL_SANDMESH, SANDBOX_UID};
 /// The executor node that owns the container.
 pub const LABEL_NODE: &str = "sandmesh.node";
-/// `warm` (pool, single use), `isolated` (made for one run) or `session`.
-pub const LABEL_KIND: &str = "sandmesh.kind";
 /// The session a cold-started session container belongs to.
 pub const LABEL_SESSION: &str = "sandmesh.session";
 /// The mesh (NATS deployment) of the node: janitors only judge containers of their own mesh
@@ -32,8 +31,6 @@ pub const LABEL_SESSION: &str = "sandmesh.session";
 pub use containers::LABEL_MESH;
 
 pub use executor_node::{SUPERVISOR_PATH, WORKSPACE_DIR};
-/// The sandbox user of the image (deploy/images/sandbox/Dockerfile).
-pub const SANDBOX_UID: u32 = 10001;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerKind {
