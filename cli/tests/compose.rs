@@ -7,7 +7,6 @@
 //! leaving no container, network, volume or image of the project, and no sandbox container of
 //! its executors. Real Docker, real docker-compose, real nats-server.
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;

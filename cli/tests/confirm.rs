@@ -1,7 +1,6 @@
 //! `sandmesh confirm` as a person runs it: the real binary against a confirmation service
 //! running in this process over a real nats-server.
 
-
 use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -3,7 +3,6 @@
 //! (nats-py, JSON), the `exec` and `status` commands, then stopping cleanly on SIGTERM.
 //! Real nats-server, real Docker, the real binary.
 
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;

@@ -5,7 +5,6 @@
 //! docker-executor's tests.) The upstream is a server
 //! this test runs on 127.0.0.1, reachable only through the policy's explicit `127.0.0.1/32`.
 
-
 use std::time::Duration;
 
 use crate::common::{sandmesh, wait_ready, Up};

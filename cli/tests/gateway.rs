@@ -1,7 +1,6 @@
 //! `sandmesh up` starts the HTTP gateway, and `sandmesh tenant key create|list|revoke` decide
 //! who may call it: the real binary, a real nats-server with the shipped accounts, real Docker.
 
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;

@@ -6,7 +6,6 @@
 //! browser tools, the browser-router with real Chromium. An operator approves through the
 //! real `sandmesh confirm approve`.
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -706,7 +705,8 @@ async fn over_stdio_an_agent_runs_code_moves_files_and_hears_at_once_of_an_appro
     );
 
     let approve = ["confirm", "approve", confirmation, "--by", "test-operator"];
-    let approved = crate::common::sandmesh(&mesh.nats.operator_url("operator"), &approve, BOUND).await;
+    let approved =
+        crate::common::sandmesh(&mesh.nats.operator_url("operator"), &approve, BOUND).await;
     assert!(
         approved.status.success(),
         "{}",

@@ -2,7 +2,6 @@
 //! container of its mesh behind. Real nats-server (owned by the test, so it can kill it), real
 //! Docker, the real binary.
 
-
 use std::process::Command;
 use std::time::Duration;
 

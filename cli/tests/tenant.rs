@@ -2,7 +2,6 @@
 //! tenant add` gives a running server a new tenant without a restart (the accounts file is
 //! rewritten and the server reloads it). Real nats-server, the real `sandmesh` binary.
 
-
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 

@@ -7,7 +7,6 @@
 //! `build.sh` builds the sandbox image with the real script, and the AIO image never while `up`
 //! runs; its `build-browser.sh` fails like an apt error would.
 
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -1,7 +1,6 @@
 //! `sandmesh ws` as a person runs it: the real binary against a workspace-store running in
 //! this process over a real nats-server; files of any size, refusals as exit code 1.
 
-
 use std::process::Output;
 use std::time::Duration;
 

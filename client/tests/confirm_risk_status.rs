@@ -1,7 +1,6 @@
 //! `ConfirmClient`, `RiskClient`, `AuditClient` and `StatusClient` against the real confirmation service and
 //! risk-assessor: round trips, the watch, error kinds, discovery.
 
-
 use std::time::Duration;
 
 use crate::common::{Mesh, BOUND};

@@ -2,7 +2,6 @@
 //! confirmation, workspace-store and one docker-executor over a real nats-server and the real
 //! Docker daemon.
 
-
 use std::time::Duration;
 
 use crate::common::{Mesh, BOUND};

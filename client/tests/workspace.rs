@@ -1,7 +1,6 @@
 //! `WorkspaceClient` against the real workspace-store: round trips, error kinds, and content
 //! larger than one NATS message through the object-store hand-off, both ways.
 
-
 use crate::common::Mesh;
 use messages::workspace::{INLINE_MAX_BYTES, MEMORY_FILES};
 use messages::ServiceName;

@@ -53,7 +53,10 @@ pub fn baseline_body(image: &str) -> ContainerCreateBody {
         fsize_bytes: 64 << 20,
         tmpfs: HashMap::from([
             ("/tmp".to_string(), tmpfs_options(64, SANDBOX_UID, "1777")),
-            ("/workspace".to_string(), tmpfs_options(64, SANDBOX_UID, "0755")),
+            (
+                "/workspace".to_string(),
+                tmpfs_options(64, SANDBOX_UID, "0755"),
+            ),
         ]),
     });
     ContainerCreateBody {

@@ -65,8 +65,12 @@ fn every_test_file_is_a_module_of_its_crates_test_binary() {
     let mut left_out = Vec::new();
     for dir in &crates {
         let tests = dir.join("tests");
-        let main_rs = std::fs::read_to_string(tests.join("main.rs"))
-            .unwrap_or_else(|e| panic!("{}: autotests = false but no tests/main.rs: {e}", dir.display()));
+        let main_rs = std::fs::read_to_string(tests.join("main.rs")).unwrap_or_else(|e| {
+            panic!(
+                "{}: autotests = false but no tests/main.rs: {e}",
+                dir.display()
+            )
+        });
         let declared = declared_modules(&main_rs);
         for file in test_files(&tests).difference(&declared) {
             left_out.push(format!("{}/tests/{file}", dir.display()));
@@ -87,6 +91,9 @@ fn a_file_left_out_of_main_is_found() {
     std::fs::create_dir(dir.path().join("common")).unwrap();
     std::fs::write(dir.path().join("common/mod.rs"), "").unwrap();
     let declared = declared_modules("mod a;\n");
-    let missing: Vec<_> = test_files(dir.path()).difference(&declared).cloned().collect();
+    let missing: Vec<_> = test_files(dir.path())
+        .difference(&declared)
+        .cloned()
+        .collect();
     assert_eq!(missing, ["b", "common"]);
 }

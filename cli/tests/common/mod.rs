@@ -1,7 +1,6 @@
 //! What the CLI's end-to-end tests share: the real `sandmesh` binary run as a user runs it,
 //! bounded waits for it, and the sandbox containers Docker holds.
 
-
 use std::path::Path;
 use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::Duration;

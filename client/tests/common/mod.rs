@@ -1,6 +1,5 @@
 //! The real services, run in this process over a real nats-server, and a client of them.
 
-
 use std::future::Future;
 use std::process::Command;
 use std::time::Duration;

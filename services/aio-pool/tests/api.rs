@@ -3,7 +3,6 @@
 //! and Node.js execution, the file text tools, shell `exec_dir`, the browser's page actions
 //! and screenshots; each with malformed, oversized and hostile input.
 
-
 use crate::common::instance::Instance;
 use hyper::StatusCode;
 use serde_json::{json, Value};

@@ -1,6 +1,5 @@
 //! aio-pool over real NATS and real Docker with the `sandmesh/aio` image.
 
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

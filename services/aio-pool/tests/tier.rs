@@ -1,7 +1,6 @@
 //! Tier `aio` end to end: the scheduler (with the real risk-assessor) runs executions in the
 //! session's AIO instance through the aio-pool.
 
-
 use std::time::Duration;
 
 use crate::common::Harness;

@@ -237,7 +237,9 @@ impl Containers {
             // The profile, caches and HOME live here and die with the container.
             tmpfs: HashMap::from([(
                 "/tmp".to_string(),
-                format!("rw,nosuid,nodev,size={TMP_MB}m,uid={BROWSER_UID},gid={BROWSER_UID},mode=1777"),
+                format!(
+                    "rw,nosuid,nodev,size={TMP_MB}m,uid={BROWSER_UID},gid={BROWSER_UID},mode=1777"
+                ),
             )]),
         });
         host.network_mode = Some(self.network.clone());

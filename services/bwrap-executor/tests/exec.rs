@@ -1,7 +1,6 @@
 //! The Executor protocol on the bwrap backend: results, statuses and streaming as in Docker;
 //! admission (bad input, tiers it does not run, capacity); heartbeat; drain.
 
-
 use std::time::Duration;
 
 use crate::common::{request, run, Harness};

@@ -4,7 +4,6 @@
 //! Every test checks what the hostile code saw, that the next execution works, and that no
 //! process or cgroup of the node is left.
 
-
 use std::time::Duration;
 
 use crate::common::{processes_in, run, Harness};

@@ -4,7 +4,6 @@
 //! test checks the classified status, that the next execution works, and that no process or
 //! cgroup of the node is left.
 
-
 use std::time::Duration;
 
 use crate::common::{request, Harness};

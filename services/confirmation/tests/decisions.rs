@@ -1,7 +1,6 @@
 //! Decisions by people over a real nats-server: approve, deny, timeout, conflicts, bad input,
 //! listing and idempotency.
 
-
 use crate::common::*;
 use messages::confirm::{ConfirmList, ConfirmListReply, ConfirmScope, ConfirmState};
 use messages::subjects::ConfirmOp;

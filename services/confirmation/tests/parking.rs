@@ -3,7 +3,6 @@
 //! final state — approval, denial and expiry — also when nobody waits and across a restart of
 //! this service.
 
-
 use crate::common::*;
 use messages::confirm::{ConfirmScope, ConfirmState, Confirmation};
 use test_support::NatsServer;

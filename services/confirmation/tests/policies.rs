@@ -1,7 +1,6 @@
 //! Decisions without a person: configured policies, session-scoped approvals, timeouts that
 //! approve (when so configured).
 
-
 use std::time::Duration;
 
 use crate::common::*;

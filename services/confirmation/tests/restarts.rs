@@ -1,8 +1,7 @@
 //! Nothing is lost: restarts of the service and of NATS, and two instances sharing the work.
 
-
-use async_nats::jetstream;
 use crate::common::*;
+use async_nats::jetstream;
 use messages::audit::AuditKind;
 use messages::confirm::{ConfirmScope, ConfirmState};
 use messages::subjects::ConfirmOp;

@@ -2,9 +2,8 @@
 //! from the bucket, and a registry that keeps dying ends `run()` with an error (and the
 //! heartbeat with it), never a zombie instance that answers 503 while it beats.
 
-
-use async_nats::jetstream;
 use crate::common::*;
+use async_nats::jetstream;
 use confirmation::root::{registry_name_prefix, MAX_RESTARTS};
 use confirmation::ConfirmationError;
 use messages::confirm::{ConfirmList, ConfirmListReply, ConfirmScope, ConfirmState};

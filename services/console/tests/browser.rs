@@ -4,7 +4,6 @@
 //! Also: markup in code and reasons stays text, 200 pending cards stay live, and the page
 //! reconnects by itself after the console restarts.
 
-
 use std::time::{Duration, Instant};
 
 use crate::common::*;

@@ -1,7 +1,6 @@
 //! The console's HTTP edge, request by request: who gets in, what a cross-site or malformed
 //! request gets, and that decisions are recorded as the operator who made them.
 
-
 use crate::common::*;
 use messages::confirm::ConfirmState;
 use messages::tenancy::Tenant;

@@ -2,6 +2,6 @@
 //! module: a binary per file compiled and linked the dependency graph once per file.
 //! `test-support/tests/layout.rs` fails when a file here is left out.
 
-mod common;
 mod browser;
+mod common;
 mod http;

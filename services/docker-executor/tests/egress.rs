@@ -3,7 +3,6 @@
 //! the sandbox only through the container's egress socket (the policy's explicit
 //! `127.0.0.1/32` CIDR is the exception that lets it through at all).
 
-
 use std::time::Duration;
 
 use crate::common::{run, Harness};

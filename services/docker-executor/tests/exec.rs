@@ -2,7 +2,6 @@
 //! admission. (What every backend must do alike — languages, stdin, env, files, exit codes,
 //! limits — is the conformance suite, `tests/conformance.rs`.)
 
-
 use std::time::Duration;
 
 use crate::common::{run, Harness};

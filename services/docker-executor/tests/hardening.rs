@@ -2,7 +2,6 @@
 //! the executor's only creation path and assert every hardening field Docker reports back,
 //! then look at the same controls from inside.
 
-
 use std::collections::HashMap;
 
 use bollard::query_parameters::InspectContainerOptions;

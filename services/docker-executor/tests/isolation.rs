@@ -2,7 +2,6 @@
 //! sandbox (nothing of the host, the network, other sessions or earlier executions). Each
 //! checks the outcome, that nothing is left running, and that the next execution works.
 
-
 use crate::common::Harness;
 use messages::exec::{ExecStatus, Language};
 

@@ -2,7 +2,6 @@
 //! soon as the crashed node's heartbeat expires, or by its successor with the same node id at
 //! once), unowned containers of this node go, and containers of other meshes are left alone.
 
-
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 

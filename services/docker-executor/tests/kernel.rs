@@ -2,7 +2,6 @@
 //! returns typed rich outputs, survives a timeout (interrupted, not killed), restarts after
 //! its death with `state_lost`, and is never shared between sessions.
 
-
 use std::time::Duration;
 
 use crate::common::{run, Harness};

@@ -4,7 +4,6 @@
 //! fast. The same limits in single-use sandboxes are the conformance suite's
 //! (`tests/conformance.rs`), run against every backend.
 
-
 use crate::common::{run, Harness};
 use messages::exec::{ExecStatus, Language, Limits, Tier};
 use messages::ErrorKind;

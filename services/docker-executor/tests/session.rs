@@ -2,7 +2,6 @@
 //! processes never do), never shared between sessions, closed on request or when idle, and
 //! started from the warm pool so the first run pays no cold start.
 
-
 use std::time::Duration;
 
 use crate::common::{containers_with, run, Harness};

@@ -4,7 +4,6 @@
 //! session's container keeps the revision it holds, so a run after one that changed nothing
 //! asks the store nothing; an isolated run never talks to it.
 
-
 use crate::common::{run, Harness};
 use docker_executor::docker::LABEL_KIND;
 use futures::{FutureExt, StreamExt};

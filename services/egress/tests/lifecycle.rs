@@ -1,7 +1,6 @@
 //! The egress proxy as a per-container resource over real sockets: bounded reads of bad
 //! requests, one socket per container, and what dropping or closing a proxy leaves behind.
 
-
 use std::time::Duration;
 
 use crate::common::*;

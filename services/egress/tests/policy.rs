@@ -1,7 +1,6 @@
 //! The egress proxy over real sockets: a Unix socket per "container", upstreams on 127.0.0.1
 //! (reachable only because each policy allows 127.0.0.1/32 explicitly), a stub resolver.
 
-
 use std::sync::atomic::Ordering;
 
 use crate::common::*;

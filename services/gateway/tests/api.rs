@@ -1,9 +1,8 @@
 //! The HTTP API end to end: real HTTP against the gateway, over a real nats-server with the
 //! shipped accounts, the real services and a real Docker node.
 
-
-use bytes::Bytes;
 use crate::common::{parse_events, start_mesh, Gateway, Mesh, BOUND};
+use bytes::Bytes;
 use messages::exec::{ExecResult, ExecStatus, ResultLookup};
 use messages::session::{SessionListReply, SessionRecord};
 use messages::template::{TemplateListReply, TemplateRecord};

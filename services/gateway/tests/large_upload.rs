@@ -2,13 +2,12 @@
 //! process (gateway, store and this client, all in it) grows by a bounded amount, far below
 //! the file's size. Alone in its test binary, so nothing else moves the resident size.
 
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use crate::common::{start_store_mesh, Gateway, BOUND};
+use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use messages::workspace::WsEntry;

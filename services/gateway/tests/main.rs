@@ -2,7 +2,7 @@
 //! module: a binary per file compiled and linked the dependency graph once per file.
 //! `test-support/tests/layout.rs` fails when a file here is left out.
 
-mod common;
 mod api;
+mod common;
 mod large_upload;
 mod uploads;

@@ -2,11 +2,10 @@
 //! stall, and hostile input (broken boundaries, paths that climb out, parts over the quota).
 //! None of them may leave a file behind.
 
-
 use std::time::Duration;
 
-use bytes::Bytes;
 use crate::common::{start_store_mesh, Gateway};
+use bytes::Bytes;
 use futures::StreamExt;
 use gateway::files::FormUpload;
 use sha2::{Digest, Sha256};

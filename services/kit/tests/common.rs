@@ -1,6 +1,5 @@
 //! A demo service for the kit's tests: an `Echo` actor behind one endpoint.
 
-
 use std::time::Duration;
 
 use kit::{KitConfig, RequestContext, Runtime, ServiceInfo};
@@ -91,14 +90,6 @@ pub const ECHO_SUBJECT: &str = "sandbox.v1.echo";
 
 pub async fn start_echo(url: &str, instance: &str, options: kit::EndpointOptions) -> Runtime {
     start_echo_on(KitConfig::for_url(url), instance, options, ECHO_SUBJECT).await
-}
-
-/// The echo actor on `subject`, connected as a NATS user (for permission tests).
-pub async fn start_echo_as(url: &str, user: &str, password: &str, subject: &str) -> Runtime {
-    let mut config = KitConfig::for_url(url);
-    config.nats_user = Some(user.into());
-    config.nats_password = Some(password.into());
-    start_echo_on(config, user, kit::EndpointOptions::default(), subject).await
 }
 
 pub async fn start_echo_on(

@@ -1,11 +1,10 @@
 //! The kit's edge over a real nats-server: encodings, error replies, discovery, queue groups,
 //! admission, heartbeats and graceful shutdown.
 
-
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use crate::common::*;
+use async_nats::HeaderMap;
 use kit::{CallError, Caller, EndpointOptions, KitConfig};
 use messages::codec::{CONTENT_TYPE, MSGPACK, SERVICE_ERROR, SERVICE_ERROR_CODE};
 use messages::{Encoding, ErrorBody, ErrorKind};

@@ -1,7 +1,6 @@
 //! A service's graceful stop ends even when its NATS server is gone: every NATS step of it
 //! (unsubscribe, flush, heartbeat key delete, drain) is skipped or bounded.
 
-
 use crate::common::*;
 use kit::shutdown::NATS_STEP_LIMIT;
 use kit::EndpointOptions;

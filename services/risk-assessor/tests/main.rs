@@ -2,8 +2,8 @@
 //! module: a binary per file compiled and linked the dependency graph once per file.
 //! `test-support/tests/layout.rs` fails when a file here is left out.
 
-mod common;
 mod bypass;
+mod common;
 mod hostile;
 mod python_client;
 mod rules;

@@ -4,7 +4,6 @@
 //!
 //! Requirements are installed on first use, idempotently, by `test_support::python_client`.
 
-
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

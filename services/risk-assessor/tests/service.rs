@@ -1,7 +1,6 @@
 //! The service over a real nats-server: JSON and MessagePack, bad input answered with clear
 //! 400/413 errors, hostile nesting that finishes, and the instance heartbeat.
 
-
 use kit::call::{decode_reply, CallError};
 use messages::codec::{self, Encoding};
 use messages::risk::{AssessRequest, ContentType, RiskAssessment, RiskLevel};

@@ -2,13 +2,12 @@
 //! exactly one stored result — across duplicates, missing services, poison jobs, and a
 //! scheduler killed mid-flight.
 
-
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, message::PublishMessage};
 use crate::common::*;
+use async_nats::jetstream::{self, message::PublishMessage};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, ResultGet, ResultLookup};
 use messages::{ErrorKind, Subjects};
 

@@ -6,14 +6,13 @@
 //! of the run remains after the stop. Real services, real Docker, a real (SIGKILLed) scheduler
 //! binary.
 
-
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
 use crate::common::docker::containers_of;
 use crate::common::{eventually, publish_job, stored_result, Mesh};
+use async_nats::jetstream;
 use messages::exec::{ExecRequest, ExecStatus, Language};
 use messages::Subjects;
 

@@ -10,15 +10,14 @@
 //! container runs would measure Docker on this machine instead). The burst is
 //! `SANDMESH_CLUSTER_JOBS` jobs, 2,000 by default (about 50 s on the 2-core machine).
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, message::PublishMessage};
 use crate::common::fakes::{self, FakeExecutor, Runs};
 use crate::common::stored_result;
+use async_nats::jetstream::{self, message::PublishMessage};
 use futures::StreamExt;
 use kit::{Caller, CancellationToken, RetryPolicy};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};

@@ -1,12 +1,11 @@
 //! End to end: the real risk-assessor, confirmation, workspace-store, docker-executor and
 //! scheduler over a real nats-server and the real Docker daemon.
 
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, message::PublishMessage};
 use crate::common::{eventually, Mesh};
+use async_nats::jetstream::{self, message::PublishMessage};
 use futures::StreamExt;
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{

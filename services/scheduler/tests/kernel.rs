@@ -3,7 +3,6 @@
 //! session's kernel, with its variables, once approved. The real risk-assessor, confirmation,
 //! workspace-store, docker-executor and scheduler over a real nats-server and real Docker.
 
-
 use crate::common::{eventually, Mesh};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Language, OutputKind, Tier};

@@ -2,10 +2,10 @@
 //! module: a binary per file compiled and linked the dependency graph once per file.
 //! `test-support/tests/layout.rs` fails when a file here is left out.
 
-mod common;
 mod async_jobs;
 mod chaos;
 mod cluster;
+mod common;
 mod e2e;
 mod kernel;
 mod metrics;

@@ -3,7 +3,6 @@
 //! serving one `/metrics` endpoint (as `sandmesh up` does). The counters must say what the
 //! results say.
 
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,7 +2,6 @@
 //! `SANDMESH_NETWORK_ALLOW` on `exec` and `sessions.open`, carried to the executor in the run,
 //! and a fetching program under a policy not held for confirmation.
 
-
 use crate::common::*;
 use messages::exec::{ExecRequest, ExecResult, Language};
 use messages::executor::RunKind;

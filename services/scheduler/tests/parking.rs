@@ -3,12 +3,11 @@
 //! scheduler instance too — or are denied when the confirmation expires. The real confirmation
 //! service decides; the other peers are stand-ins over a real nats-server.
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use async_nats::jetstream::message::PublishMessage;
 use crate::common::*;
+use async_nats::jetstream::message::PublishMessage;
 use futures::StreamExt;
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{

@@ -3,7 +3,6 @@
 //! over raw NATS credentials, with another tenant beside it unaffected. And the confirmation
 //! events a tenant imports name its executions as it did.
 
-
 use std::path::Path;
 use std::time::Duration;
 

@@ -1,7 +1,6 @@
 //! Sessions and placement over a real nats-server with executor stand-ins: affinity, load
 //! sharing, failover when the node holding a session dies, close.
 
-
 use std::collections::BTreeMap;
 
 use crate::common::*;

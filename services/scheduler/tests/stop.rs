@@ -1,11 +1,10 @@
 //! The scheduler stops when NATS is gone: every NATS call on its stop path is bounded, so a
 //! cancelled `run` returns within its grace period plus a few bounded steps.
 
-
 use std::time::{Duration, Instant};
 
-use async_nats::connection::State;
 use crate::common::*;
+use async_nats::connection::State;
 
 /// The grace the scheduler is given in this test.
 const GRACE: Duration = Duration::from_secs(2);

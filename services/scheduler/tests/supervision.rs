@@ -1,7 +1,6 @@
 //! The scheduler's supervision is real: the registry actor it draws is restarted when it dies,
 //! and `run()` fails when it cannot be kept running.
 
-
 use crate::common::*;
 use messages::exec::{ExecRequest, ExecStatus, Language};
 

@@ -1,6 +1,5 @@
 //! Sync exec over a real nats-server, with small real stand-ins for the other services.
 
-
 use std::time::Duration;
 
 use futures::StreamExt;

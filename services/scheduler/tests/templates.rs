@@ -3,7 +3,6 @@
 //! built on its first use (content-addressed: a later run, or another test binary, finds it),
 //! its packages installed at build time, so code imports them in a sandbox without network.
 
-
 use std::net::SocketAddr;
 use std::time::Duration;
 

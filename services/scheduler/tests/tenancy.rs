@@ -2,12 +2,11 @@
 //! permissions in a real nats-server: tenants `acme` and `beta`, the operator `operator` (every
 //! tenant) and `bob` (acme only). Each test tries to cross a boundary and shows it holds.
 
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream;
 use crate::common::*;
+use async_nats::jetstream;
 use futures::StreamExt;
 use messages::audit::AuditEvent;
 use messages::confirm::{ConfirmDecide, ConfirmGet, ConfirmList, ConfirmScope, ConfirmState};

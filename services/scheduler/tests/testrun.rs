@@ -4,7 +4,6 @@
 //! docker-executor over a real nats-server and the real Docker daemon; the boundary tests use
 //! the executor stand-in (nothing there needs a container).
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -3,7 +3,6 @@
 //! a session goes to the bwrap node; everything else runs in Docker as before; and
 //! `SANDMESH_EPHEMERAL_BACKEND` decides.
 
-
 use std::collections::HashMap;
 use std::time::Duration;
 

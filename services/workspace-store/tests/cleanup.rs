@@ -1,10 +1,9 @@
 //! TTL sweep, explicit cleanup, and the audit trail of workspace changes.
 
-
 use std::time::Duration;
 
-use async_nats::jetstream;
 use crate::common::*;
+use async_nats::jetstream;
 use messages::audit::AuditEvent;
 use messages::Subjects;
 use sandmesh_client::ErrorKind;

@@ -2,7 +2,6 @@
 //! consistent workspace and hold the quota; killing the service (SIGKILL, a real process) and
 //! restarting the NATS server lose no acknowledged write.
 
-
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 

@@ -1,7 +1,6 @@
 //! File operations over real NATS: layout, write/read/list/stat/delete, ranges, append,
 //! conflicts, quota, large files, snapshot and restore.
 
-
 use crate::common::*;
 use messages::exec::ContentEncoding;
 use messages::subjects::WorkspaceOp;

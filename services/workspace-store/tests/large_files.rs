@@ -1,7 +1,6 @@
 //! Large files for tenants (issue 12): chunked `upload`, ranged `read` and `fetch`, under the
 //! shipped permissions — a tenant's agent has no JetStream API in the services' account.
 
-
 use crate::common::{bytes, config, raw, Instance, TIMEOUT};
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{UploadRef, WsFetch, WsSnapshot, WsUploadAck, WsUploadChunk, WsWrite};
@@ -27,7 +26,7 @@ async fn store_with(server: &NatsServer, config: workspace_store::WorkspaceConfi
     let task = tokio::spawn(workspace_store::run(config, token.clone()));
     crate::common::wait_ready(&crate::common::client(&server.url()).await).await;
     assert!(!task.is_finished(), "the store stopped: {:?}", task.await);
-    Instance { token, task }
+    Instance { token }
 }
 
 async fn store(server: &NatsServer) -> Instance {

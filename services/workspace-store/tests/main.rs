@@ -2,8 +2,8 @@
 //! module: a binary per file compiled and linked the dependency graph once per file.
 //! `test-support/tests/layout.rs` fails when a file here is left out.
 
-mod common;
 mod cleanup;
+mod common;
 mod durability;
 mod files;
 mod large_files;

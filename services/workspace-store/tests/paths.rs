@@ -2,7 +2,6 @@
 //! hostile path or archive is refused with a clear 4xx, nothing is written (no index entry,
 //! no object), and the service keeps answering.
 
-
 use crate::common::*;
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{

@@ -2,9 +2,8 @@
 //! the change landed; reads never do; snapshot and restore report it. Executors rely on it to
 //! skip fetching a workspace their container already holds.
 
-
-use async_nats::jetstream::{self, kv};
 use crate::common::*;
+use async_nats::jetstream::{self, kv};
 use messages::subjects::WorkspaceOp;
 use messages::workspace::{revision_key, WsArchive, WsSnapshot};
 use messages::Subjects;

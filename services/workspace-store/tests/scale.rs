@@ -3,9 +3,8 @@
 //! the store for it are counted. The index is filled with direct KV publishes (what the store
 //! would write, without the contents) to keep the test fast.
 
-
-use async_nats::jetstream;
 use crate::common::*;
+use async_nats::jetstream;
 use futures::StreamExt;
 use messages::Subjects;
 use sandmesh_client::WorkspaceClient;

@@ -1,7 +1,6 @@
 //! The test harness: a real nats-server, the real Docker daemon, the `sandmesh/aio` image
 //! built from this checkout's agent, and the aio-pool running in-process.
 
-
 pub mod instance;
 
 use std::collections::HashMap;

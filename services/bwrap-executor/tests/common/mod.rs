@@ -2,7 +2,6 @@
 //! running in-process on the sandbox image built from this checkout's supervisor (its rootfs
 //! exported through the real Docker daemon).
 
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -54,7 +53,8 @@ pub fn base_env(nats: &NatsServer, node: &str) -> HashMap<String, String> {
 }
 
 pub struct Harness {
-    pub nats: NatsServer,
+    /// Up for as long as the harness is.
+    _nats: NatsServer,
     pub client: async_nats::Client,
     pub caller: Caller,
     pub subjects: Subjects,
@@ -89,7 +89,7 @@ impl Harness {
         let client = test_support::connect(&nats.url()).await;
         let caller = Caller::new(client.clone(), Duration::from_secs(60));
         let mut h = Self {
-            nats,
+            _nats: nats,
             client,
             caller,
             subjects,
@@ -222,14 +222,6 @@ impl Harness {
             .expect("no panic");
         ended.expect("a clean stop");
         assert!(self.cgroups().is_empty(), "no cgroup left after stop");
-    }
-
-    /// Kills the executor's task without its shutdown, like a crash would (its sandboxes die
-    /// with the bwrap processes: the task's child handles are dropped).
-    pub fn crash(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
     }
 }
 

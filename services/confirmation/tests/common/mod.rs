@@ -1,7 +1,6 @@
 //! Test harness: confirmation instances running `run` in-process against a real nats-server,
 //! a JSON caller, and bounded waits for events and readiness.
 
-
 use std::future::Future;
 use std::time::Duration;
 
@@ -44,7 +43,6 @@ pub async fn connect(url: &str) -> async_nats::Client {
 
 /// One confirmation service instance running in this process.
 pub struct Instance {
-    pub id: String,
     token: CancellationToken,
     handle: JoinHandle<Result<(), ConfirmationError>>,
 }
@@ -81,11 +79,7 @@ impl Instance {
             }
         })
         .await;
-        Self {
-            id: instance_id.to_string(),
-            token,
-            handle,
-        }
+        Self { token, handle }
     }
 
     /// Waits for `run` to end by itself (without a stop signal) and returns its outcome.

@@ -3,7 +3,6 @@
 //! an executor stand-in) plus what only the console needs: the console itself, a few raw HTTP
 //! requests, and a real headless Chromium.
 
-
 pub use test_support::mesh;
 
 use std::net::SocketAddr;

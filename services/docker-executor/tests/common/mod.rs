@@ -1,7 +1,6 @@
 //! The test harness: a real nats-server, the real Docker daemon, and the docker-executor
 //! running in-process with the sandbox image built from this crate's supervisor.
 
-
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -2,7 +2,6 @@
 //! socket (raw, so malformed requests can be sent), and a proxy whose decisions land in a
 //! channel. Each test binary uses part of it.
 
-
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,7 +3,6 @@
 //! confirmation, workspace-store and scheduler, a real docker-executor node) plus the gateway
 //! itself, started in-process through its library, and a small HTTP/1.1 client.
 
-
 pub use test_support::mesh;
 
 use std::net::SocketAddr;

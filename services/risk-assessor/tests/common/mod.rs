@@ -1,6 +1,5 @@
 //! A real nats-server and the risk-assessor running in-process against it.
 
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

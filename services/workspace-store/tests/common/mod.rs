@@ -1,7 +1,6 @@
 //! Shared helpers: a real nats-server, workspace-store instances (in-process or as a child
 //! process), clients, raw calls, tar builders for hostile archives.
 
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -19,7 +18,6 @@ pub const TIMEOUT: Duration = Duration::from_secs(30);
 /// One in-process instance; cancelled (gracefully stopped) on drop.
 pub struct Instance {
     pub token: CancellationToken,
-    pub task: tokio::task::JoinHandle<Result<(), workspace_store::WorkspaceError>>,
 }
 
 impl Drop for Instance {
@@ -39,10 +37,10 @@ pub fn config(url: &str, instance: &str) -> WorkspaceConfig {
 pub async fn start(config: WorkspaceConfig) -> Instance {
     let url = config.kit.nats_url.clone();
     let token = CancellationToken::new();
-    let task = tokio::spawn(workspace_store::run(config, token.clone()));
+    tokio::spawn(workspace_store::run(config, token.clone()));
     let client = client(&url).await;
     wait_ready(&client).await;
-    Instance { token, task }
+    Instance { token }
 }
 
 /// Polls until a workspace call is answered (bounded).
@@ -222,9 +220,5 @@ impl RawTar {
 
     pub fn finish(self) -> Vec<u8> {
         self.builder.into_inner().unwrap()
-    }
-
-    pub fn raw_bytes(&mut self) -> &mut Vec<u8> {
-        self.builder.get_mut()
     }
 }
