@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use messages::audit::AuditKind;
+use messages::tenancy::Caller;
 use messages::workspace::{WsCleaned, WsCleanup};
 
 use crate::error::{Result, StoreError};
@@ -19,13 +20,13 @@ use crate::store::{Metrics, Workspaces};
 pub const STAGED_TTL: Duration = Duration::from_secs(3600);
 
 impl Workspaces {
-    pub async fn cleanup(&self, req: WsCleanup) -> Result<WsCleaned> {
+    pub async fn cleanup(&self, by: &Caller, req: WsCleanup) -> Result<WsCleaned> {
         let sessions_removed = match req.session_id {
             Some(session) => {
                 keys::check_session(&session)?;
                 match self.mark_removing(&session, None).await? {
                     true => {
-                        self.remove_marked(&session, "request").await?;
+                        self.remove_marked(&session, "request", Some(by)).await?;
                         vec![session]
                     }
                     false => Vec::new(),
@@ -54,7 +55,7 @@ impl Workspaces {
             if !self.mark_removing(&session, Some(meta)).await? {
                 continue; // touched since we looked
             }
-            match self.remove_marked(&session, "ttl").await {
+            match self.remove_marked(&session, "ttl", None).await {
                 Ok(()) => removed.push(session),
                 Err(e) => tracing::warn!(%session, error = %e, "workspace not removed"),
             }
@@ -100,7 +101,7 @@ impl Workspaces {
         }
     }
 
-    async fn remove_marked(&self, session: &str, reason: &str) -> Result<()> {
+    async fn remove_marked(&self, session: &str, reason: &str, by: Option<&Caller>) -> Result<()> {
         let nodes = self.index.list(session, &RelPath::root(), true).await?;
         let objects: Vec<String> = nodes
             .iter()
@@ -122,6 +123,7 @@ impl Workspaces {
         self.audit(
             AuditKind::WorkspaceCleaned,
             session,
+            by,
             None,
             serde_json::json!({ "reason": reason, "files": files, "bytes": bytes }),
         );

@@ -44,6 +44,11 @@ impl StoreError {
     pub fn storage(what: &str, e: impl std::fmt::Display) -> Self {
         StoreError::Storage(format!("{what}: {e}"))
     }
+
+    /// The store failed (JetStream, a bug), not the request: worth a line in the log.
+    pub fn is_the_stores(&self) -> bool {
+        matches!(self, StoreError::Storage(_) | StoreError::Internal(_))
+    }
 }
 
 impl From<StoreError> for ErrorBody {

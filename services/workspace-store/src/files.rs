@@ -2,6 +2,7 @@
 
 use messages::audit::AuditKind;
 use messages::exec::ContentEncoding;
+use messages::tenancy::Caller;
 use messages::workspace::{
     WsEntry, WsFile, WsInit, WsList, WsListing, WsPath, WsRead, WsUsage, WsUsageRequest, WsWrite,
     LAYOUT_DIRS, MEMORY_FILES,
@@ -63,7 +64,7 @@ impl Workspaces {
     }
 
     /// Writes a file or makes a directory, then moves the session's revision on.
-    pub async fn write(&self, mut req: WsWrite) -> Result<WsEntry> {
+    pub async fn write(&self, by: &Caller, mut req: WsWrite) -> Result<WsEntry> {
         let mut measured = None;
         if let Some(upload) = req.upload.take() {
             if req.object.is_some() || !req.content.is_empty() || req.append {
@@ -83,7 +84,7 @@ impl Workspaces {
             measured = Some((size, sha));
         }
         let committed = measured.is_some();
-        let outcome = self.write_node(&req, measured).await;
+        let outcome = self.write_node(by, &req, measured).await;
         // The object made from an upload is ours: one the write did not take over goes.
         if let (Err(_), true, Some(name)) = (&outcome, committed, &req.object) {
             self.blobs.remove(name).await?;
@@ -94,7 +95,12 @@ impl Workspaces {
     }
 
     /// `measured`: the size and SHA-256 of `req.object` when the store made it itself.
-    async fn write_node(&self, req: &WsWrite, measured: Option<(u64, String)>) -> Result<WsEntry> {
+    async fn write_node(
+        &self,
+        by: &Caller,
+        req: &WsWrite,
+        measured: Option<(u64, String)>,
+    ) -> Result<WsEntry> {
         let session = &req.session_id;
         keys::check_session(session)?;
         let (path, is_dir) = RelPath::parse("path", &req.path)?;
@@ -189,6 +195,7 @@ impl Workspaces {
                     self.audit(
                         AuditKind::FileWritten,
                         session,
+                        Some(by),
                         req.requested_by.clone(),
                         serde_json::json!({
                             "path": path.to_string(), "size": node.size,
@@ -209,7 +216,9 @@ impl Workspaces {
         Err(StoreError::Raced(path.to_string()))
     }
 
-    pub async fn read(&self, req: WsRead) -> Result<WsFile> {
+    /// A file, or a range of it. A whole file too large for one message goes to a service as
+    /// the object to fetch; an agent (`by` a tenant) is told to read it by ranges instead.
+    pub async fn read(&self, by: &Caller, req: WsRead) -> Result<WsFile> {
         keys::check_session(&req.session_id)?;
         let (path, _) = RelPath::parse("path", &req.path)?;
         let node = self.file(&req.session_id, &path).await?;
@@ -240,10 +249,7 @@ impl Workspaces {
                      read the whole file to get it through the object store"
                 )));
             }
-            if crate::actor::CALLER
-                .try_with(|c| c.tenant().is_some())
-                .unwrap_or(false)
-            {
+            if by.tenant().is_some() {
                 return Err(StoreError::TooLarge(format!(
                     "{path} is {} bytes; read it by ranges of at most {INLINE_MAX_BYTES} bytes \
                      (offset and length)",
@@ -328,13 +334,13 @@ impl Workspaces {
     }
 
     /// Deletes a path, then moves the session's revision on.
-    pub async fn delete(&self, req: WsPath) -> Result<messages::workspace::Ack> {
-        let ack = self.delete_node(&req).await?;
+    pub async fn delete(&self, by: &Caller, req: WsPath) -> Result<messages::workspace::Ack> {
+        let ack = self.delete_node(by, &req).await?;
         self.index.bump_revision(&req.session_id).await?;
         Ok(ack)
     }
 
-    async fn delete_node(&self, req: &WsPath) -> Result<messages::workspace::Ack> {
+    async fn delete_node(&self, by: &Caller, req: &WsPath) -> Result<messages::workspace::Ack> {
         let session = &req.session_id;
         keys::check_session(session)?;
         let (path, _) = RelPath::parse("path", &req.path)?;
@@ -383,6 +389,7 @@ impl Workspaces {
         self.audit(
             AuditKind::FileDeleted,
             session,
+            Some(by),
             req.requested_by.clone(),
             serde_json::json!({ "path": path.to_string(), "files": files, "bytes": bytes }),
         );

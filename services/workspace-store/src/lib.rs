@@ -22,12 +22,14 @@
 //! `sandmesh-client`'s `WorkspaceClient` does all of it for callers.
 //!
 //! ```text
-//! run ── Runtime (kit: endpoints, heartbeat)
-//!     ├─ StoreActor ── one task per request ── Workspaces (Index + Blobs)
+//! run ── Runtime (kit: endpoints, each request its own tracked task, heartbeat)
+//!     │     └─ Workspaces (Index + Blobs), called with the request's caller as a value
 //!     └─ Sweeper (interval → TTL sweep under a KV lock)
 //! ```
+//!
+//! All state is in JetStream, so operations on different sessions — and on one session,
+//! thanks to compare-and-set — run side by side: no actor orders them.
 
-pub mod actor;
 pub mod archive;
 pub mod blobs;
 pub mod cleanup;
@@ -42,6 +44,7 @@ pub mod store;
 pub mod sweeper;
 pub mod uploads;
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -49,6 +52,7 @@ use kit::{
     CancellationToken, EndpointOptions, Handler, KitError, RequestContext, Runtime, ServiceInfo,
 };
 use messages::subjects::WorkspaceOp;
+use messages::tenancy::Caller;
 use messages::workspace::{NamesSession, ShowsSession};
 use messages::ErrorBody;
 use ractor::Actor;
@@ -57,7 +61,6 @@ pub use config::WorkspaceConfig;
 pub use error::StoreError;
 pub use store::Workspaces;
 
-use actor::{StoreActor, StoreMsg};
 use blobs::Blobs;
 use index::Index;
 use sweeper::{Sweeper, SweeperArgs};
@@ -129,6 +132,35 @@ where
     })
 }
 
+/// An endpoint's handler: the store's operation `op`, called in the request's own task (kit
+/// tracks it and shutdown waits for it) with the caller as a value, counted in the in-flight
+/// load the heartbeat reports; a failure of the store itself is logged.
+fn operation<Req, Resp, F, Fut>(store: &Arc<Workspaces>, op: F) -> Handler<Req, Resp>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+    F: Fn(Arc<Workspaces>, Caller, Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, StoreError>> + Send + 'static,
+{
+    let store = store.clone();
+    let op = Arc::new(op);
+    kit::handler(move |ctx: RequestContext, req: Req| {
+        let (store, op) = (store.clone(), op.clone());
+        async move {
+            let metrics = store.metrics.clone();
+            metrics.in_flight.fetch_add(1, Ordering::Relaxed);
+            let outcome = op(store, ctx.caller, req).await;
+            metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+            outcome.map_err(|e| {
+                if e.is_the_stores() {
+                    tracing::warn!(error = %e, "workspace operation failed");
+                }
+                ErrorBody::from(e)
+            })
+        }
+    })
+}
+
 /// Runs one instance until `shutdown` is cancelled (then stops gracefully).
 pub async fn run(
     config: WorkspaceConfig,
@@ -149,38 +181,35 @@ pub async fn run(
         runtime.quotas.clone(),
     ));
 
-    let actor_err = |e: ractor::SpawnErr| WorkspaceError::Actor(e.to_string());
-    let (actor, mut actor_task) = Actor::spawn(None, StoreActor, store.clone())
-        .await
-        .map_err(actor_err)?;
     let options = EndpointOptions {
         max_payload: runtime.client.server_info().max_payload,
         max_in_flight: config.kit.max_in_flight,
     };
     macro_rules! serve {
-        ($op:ident, $variant:ident) => {
+        ($op:ident, |$s:ident, $by:pat, $r:ident| $call:expr) => {
             runtime
                 .serve_with(
                     subjects.workspace(WorkspaceOp::$op),
                     options,
-                    tenant_scoped(kit::actor_handler(actor.clone(), StoreMsg::$variant)),
+                    tenant_scoped(operation(&store, |$s, $by, $r| async move { $call.await })),
                 )
                 .await?;
         };
     }
-    serve!(Init, Init);
-    serve!(Write, Write);
-    serve!(Read, Read);
-    serve!(List, List);
-    serve!(Stat, Stat);
-    serve!(Delete, Delete);
-    serve!(Snapshot, Snapshot);
-    serve!(Restore, Restore);
-    serve!(Usage, Usage);
-    serve!(Cleanup, Cleanup);
-    serve!(Upload, Upload);
-    serve!(Fetch, Fetch);
+    serve!(Init, |s, _, r| s.init(r));
+    serve!(Write, |s, by, r| s.write(&by, r));
+    serve!(Read, |s, by, r| s.read(&by, r));
+    serve!(List, |s, _, r| s.list(r));
+    serve!(Stat, |s, _, r| s.stat(r));
+    serve!(Delete, |s, by, r| s.delete(&by, r));
+    serve!(Snapshot, |s, _, r| s.snapshot(r));
+    serve!(Restore, |s, by, r| s.restore(&by, r));
+    serve!(Usage, |s, _, r| s.usage(r));
+    serve!(Cleanup, |s, by, r| s.cleanup(&by, r));
+    serve!(Upload, |s, _, r| s.uploads.append(r));
+    serve!(Fetch, |s, _, r| s.fetch(r));
 
+    let actor_err = |e: ractor::SpawnErr| WorkspaceError::Actor(e.to_string());
     let (sweeper, mut sweeper_task) = Actor::spawn(
         None,
         Sweeper,
@@ -224,11 +253,9 @@ pub async fn run(
 
     let outcome = tokio::select! {
         _ = shutdown.cancelled() => Ok(()),
-        _ = &mut actor_task => Err(WorkspaceError::Actor("the store actor stopped".into())),
         _ = &mut sweeper_task => Err(WorkspaceError::Actor("the sweeper stopped".into())),
     };
     runtime.shutdown().await;
-    actor.stop(None);
     sweeper.stop(None);
     outcome
 }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, TryStreamExt};
 use messages::audit::AuditKind;
+use messages::tenancy::Caller;
 use messages::workspace::{WsRestore, WsRestored};
 use tokio::runtime::Handle;
 use tokio_util::io::SyncIoBridge;
@@ -132,7 +133,7 @@ pub fn plan(
 }
 
 impl Workspaces {
-    pub async fn restore(&self, mut req: WsRestore) -> Result<WsRestored> {
+    pub async fn restore(&self, by: &Caller, mut req: WsRestore) -> Result<WsRestored> {
         keys::check_session(&req.session_id)?;
         if let Some(upload) = req.upload.take() {
             if req.object.is_some() || req.tar_base64.is_some() {
@@ -171,6 +172,7 @@ impl Workspaces {
         self.audit(
             AuditKind::WorkspaceRestored,
             &req.session_id,
+            Some(by),
             req.requested_by.clone(),
             serde_json::json!({
                 "created": result.files_created.len(),

@@ -170,10 +170,12 @@ impl Workspaces {
         }
     }
 
+    /// An audit event of `session`, naming who asked (`by`; none for the store's own sweeps).
     pub fn audit(
         &self,
         kind: AuditKind,
         session: &str,
+        by: Option<&Caller>,
         actor: Option<String>,
         details: serde_json::Value,
     ) {
@@ -182,8 +184,8 @@ impl Workspaces {
             actor,
             ..Default::default()
         };
-        if let Ok(caller) = crate::actor::CALLER.try_with(Caller::clone) {
-            scope = scope.by(&caller);
+        if let Some(caller) = by {
+            scope = scope.by(caller);
         }
         self.auditor.emit(kind, &scope, details);
     }
