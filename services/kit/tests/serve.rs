@@ -301,6 +301,7 @@ async fn a_crashed_instance_disappears_within_its_ttl() {
         version: "1.0.0".into(),
         interval: Duration::from_millis(300),
         probe: std::sync::Arc::new(Load::default),
+        tenants: None,
     };
     let mut watch = kv.watch("echo.crash").await.unwrap();
     let (actor, handle) = ractor::Actor::spawn(None, HeartbeatActor, args)

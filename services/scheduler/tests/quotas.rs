@@ -12,10 +12,11 @@ use common::*;
 use futures::StreamExt;
 use messages::confirm::Confirmation;
 use messages::exec::{ExecRequest, Language};
+use messages::heartbeat::Heartbeat;
 use messages::quota::Quotas;
 use messages::session::SessionOpen;
 use messages::tenancy::Tenant;
-use messages::Subjects;
+use messages::{ServiceName, Subjects};
 use sandmesh_auth::Tenancy;
 use sandmesh_client::{ClientError, ErrorKind, MeshClient};
 
@@ -215,5 +216,117 @@ async fn confirmation_events_name_the_execution_as_the_agent_did_and_it_resumes(
     assert_eq!(decided.execution_id.as_deref(), Some("mine-1"));
     let result = run.await.unwrap().expect("resumed after the approval");
     assert_eq!(result.execution_id, "mine-1");
+    mesh.shutdown().await;
+}
+
+/// Issue 23: `concurrent_executions` is the tenant's over the whole mesh. Two schedulers share
+/// one nats-server (requests spread over both by the queue group); with two slow executions in
+/// flight, wherever they landed, every further one is refused, whichever scheduler takes it;
+/// once they end, the next one runs.
+#[tokio::test]
+async fn the_executions_quota_counts_the_executions_on_every_scheduler() {
+    let mut mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 8)
+        .tenants(&["acme"], &[])
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenancy.json");
+    let quotas = Quotas {
+        concurrent_executions: Some(2),
+        ..Default::default()
+    };
+    set_quotas(&file, &mesh.nats.tenancy().clone(), "acme", quotas);
+    let mut config = mesh.config();
+    config.kit.tenancy_file = Some(file.clone());
+    mesh.stop_scheduler().await;
+    mesh.start_scheduler(config.clone()).await;
+    let mut second = config;
+    second.kit.instance_id = "scheduler-two".into();
+    second.kit.metrics_addr = None;
+    let stop_second = kit::CancellationToken::new();
+    let second = tokio::spawn(scheduler::run(second, stop_second.clone()));
+    let nodes =
+        async_nats::jetstream::new(connect(&mesh.nats.service_url(ServiceName::Scheduler)).await)
+            .get_key_value(Subjects::default().nodes_bucket())
+            .await
+            .unwrap();
+    eventually("both schedulers beat", || async {
+        let keys: Vec<String> = nodes
+            .keys()
+            .await
+            .ok()?
+            .filter_map(|k| async { k.ok() })
+            .collect()
+            .await;
+        let prefix = ServiceName::Scheduler.heartbeat_key("");
+        (keys.iter().filter(|k| k.starts_with(&prefix)).count() == 2).then_some(())
+    })
+    .await;
+
+    let acme = agent(&mesh, "acme").await;
+    let slow = ExecRequest {
+        language: Language::Python,
+        code: "sleep:8000".into(),
+        ..Default::default()
+    };
+    let running: Vec<_> = (0..2)
+        .map(|_| {
+            let (acme, slow) = (acme.clone(), slow.clone());
+            tokio::spawn(async move { acme.exec().exec(&slow).await })
+        })
+        .collect();
+    // Both schedulers hear each other's counts through the heartbeats: once these report
+    // both executions, every scheduler has had them (bounded staleness: one interval).
+    eventually("the heartbeats report acme's two executions", || async {
+        let prefix = ServiceName::Scheduler.heartbeat_key("");
+        let keys: Vec<String> = nodes
+            .keys()
+            .await
+            .ok()?
+            .filter_map(|k| async { k.ok() })
+            .collect()
+            .await;
+        let mut reported = 0;
+        for key in keys.iter().filter(|k| k.starts_with(&prefix)) {
+            let beat = nodes.get(key).await.ok()??;
+            let beat: Heartbeat = serde_json::from_slice(&beat).ok()?;
+            reported += beat.tenants.get("acme").copied().unwrap_or(0);
+        }
+        (reported == 2).then_some(())
+    })
+    .await;
+    let quick = ExecRequest {
+        language: Language::Python,
+        code: "print(1)".into(),
+        ..Default::default()
+    };
+    let refused = eventually("acme's third execution refused", || async {
+        match acme.exec().exec(&quick).await {
+            Err(e) if e.kind() == ErrorKind::Overloaded => Some(e),
+            _ => None,
+        }
+    })
+    .await;
+    over_quota::<()>(Err(refused), "concurrent_executions", 2);
+    // Counted per scheduler, about half of these would land where fewer than two run.
+    for _ in 0..12 {
+        over_quota(acme.exec().exec(&quick).await, "concurrent_executions", 2);
+    }
+    for run in running {
+        run.await.unwrap().expect("the slow ones ran");
+    }
+    eventually("acme runs again once its executions ended", || async {
+        acme.exec().exec(&quick).await.ok()
+    })
+    .await;
+    stop_second.cancel();
+    second
+        .await
+        .unwrap()
+        .expect("the second scheduler stopped cleanly");
     mesh.shutdown().await;
 }
