@@ -398,3 +398,94 @@ async fn a_tenant_over_its_aio_instances_quota_gets_429() {
         .expect("released: room again");
     h.stop().await;
 }
+
+/// Issue 23: `aio_instances` is the tenant's over the whole mesh. Two pools serve one
+/// nats-server (acquires spread over both by the queue group); with acme's one instance bound
+/// on either, every further acquire is refused, whichever pool takes it.
+#[tokio::test]
+async fn the_aio_instances_quota_counts_the_instances_of_every_pool() {
+    let nats = NatsServer::start_with_tenants(&["acme"]);
+    let mut tenancy = nats.tenancy().clone();
+    let quota = messages::quota::Quotas {
+        aio_instances: Some(1),
+        ..Default::default()
+    };
+    tenancy.set_quotas(&messages::tenancy::Tenant::new("acme").unwrap(), quota);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenancy.json");
+    tenancy.save(&file).unwrap();
+    let file = file.display().to_string();
+    let h = Harness::start_on(
+        nats,
+        &common::unique("pool"),
+        &[("SANDMESH_TENANCY_FILE", &file)],
+    )
+    .await;
+    let mut env = common::base_env(&h.nats, &common::unique("pool"));
+    env.insert("SANDMESH_TENANCY_FILE".into(), file.clone());
+    let stop_second = CancellationToken::new();
+    let second = tokio::spawn(aio_pool::run(
+        aio_pool::AioPoolConfig::from_env(&env).unwrap(),
+        stop_second.clone(),
+    ));
+    let nodes = async_nats::jetstream::new(test_support::connect(&h.nats.url()).await)
+        .get_key_value(Subjects::default().nodes_bucket())
+        .await
+        .unwrap();
+    // The pools' heartbeats: both beating, and (later) what they report acme holds.
+    let acme_held = || async {
+        let prefix = messages::ServiceName::AioPool.heartbeat_key("");
+        let keys: Vec<String> = nodes
+            .keys()
+            .await
+            .ok()?
+            .filter_map(|k| async { k.ok() })
+            .collect()
+            .await;
+        let mut pools = 0;
+        let mut held = 0;
+        for key in keys.iter().filter(|k| k.starts_with(&prefix)) {
+            let beat = nodes.get(key).await.ok()??;
+            let beat: messages::heartbeat::Heartbeat = serde_json::from_slice(&beat).ok()?;
+            pools += 1;
+            held += beat.tenants.get("acme").copied().unwrap_or(0);
+        }
+        Some((pools, held))
+    };
+    test_support::eventually("both pools beat", Duration::from_secs(30), || async {
+        (acme_held().await?.0 == 2).then_some(())
+    })
+    .await;
+
+    let acme = agent(&h, "acme").await;
+    acme.aio().acquire(&acquire("s1")).await.unwrap();
+    test_support::eventually(
+        "the heartbeats report acme's instance",
+        Duration::from_secs(10),
+        || async { (acme_held().await?.1 == 1).then_some(()) },
+    )
+    .await;
+    // Counted per pool, about half of these would land on the pool without acme's instance.
+    for n in 2..12 {
+        let e = acme
+            .aio()
+            .acquire(&acquire(&format!("s{n}")))
+            .await
+            .expect_err("over the quota, whichever pool answers");
+        let body = e.service_error().expect("a pool refused").clone();
+        assert_eq!(body.kind, messages::ErrorKind::Overloaded, "{body:?}");
+        let d = body.details.unwrap();
+        assert_eq!(
+            (d["quota"].as_str(), d["limit"].as_u64(), d["used"].as_u64()),
+            (Some("aio_instances"), Some(1), Some(1)),
+            "{d}"
+        );
+        assert!(d["retry_after_ms"].as_u64().is_some(), "{d}");
+    }
+    stop_second.cancel();
+    second
+        .await
+        .unwrap()
+        .expect("the second pool stopped cleanly");
+    h.stop().await;
+}
