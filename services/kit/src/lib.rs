@@ -7,6 +7,8 @@
 //!   `Content-Type`, handed to actors, answered in the caller's encoding, bounded admission;
 //! - [`call`]: typed request-reply to other services, error headers checked;
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
+//! - [`peer_counts`]: what the other instances of a service hold per tenant (their heartbeats'
+//!   reports), so a tenant's quota counts the mesh;
 //! - [`metrics`]: Prometheus `/metrics` (seed 003 §8 names), off unless `SANDMESH_METRICS_ADDR`;
 //! - [`pending`]: a service's subjects answer `unavailable` while what it needs is being built;
 //! - [`resources`]: the host's CPU and memory, which executors report in their heartbeat;
