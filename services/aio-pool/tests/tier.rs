@@ -424,6 +424,8 @@ async fn the_aio_instances_quota_counts_the_instances_of_every_pool() {
     let mut env = common::base_env(&h.nats, &common::unique("pool"));
     env.insert("SANDMESH_TENANCY_FILE".into(), file.clone());
     let stop_second = CancellationToken::new();
+    // As the harness does for the first: a failing test still tells the pool to stop.
+    let _stop_on_panic = stop_second.clone().drop_guard();
     let second = tokio::spawn(aio_pool::run(
         aio_pool::AioPoolConfig::from_env(&env).unwrap(),
         stop_second.clone(),
