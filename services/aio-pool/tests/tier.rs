@@ -343,12 +343,9 @@ fn release(session: &str) -> AioRelease {
     }
 }
 
-/// Issue 23: a tenant's `aio_instances` quota, from the tenancy file the pool follows: its
-/// agent's second instance is a 429 naming the quota (its first again is not), the scheduler
-/// binding a session of that tenant (an internal caller naming the scoped id) counts against
-/// it too, another tenant is not counted, and a released instance frees its place.
-#[tokio::test]
-async fn a_tenant_over_its_aio_instances_quota_gets_429() {
+/// A pool following a tenancy file (in the returned directory, at the returned path) that
+/// gives acme one AIO instance.
+async fn pool_with_one_aio_instance_for_acme() -> (Harness, tempfile::TempDir, String) {
     let nats = NatsServer::start_with_tenants(&["acme"]);
     let mut tenancy = nats.tenancy().clone();
     let quota = messages::quota::Quotas {
@@ -366,6 +363,16 @@ async fn a_tenant_over_its_aio_instances_quota_gets_429() {
         &[("SANDMESH_TENANCY_FILE", &file)],
     )
     .await;
+    (h, dir, file)
+}
+
+/// Issue 23: a tenant's `aio_instances` quota, from the tenancy file the pool follows: its
+/// agent's second instance is a 429 naming the quota (its first again is not), the scheduler
+/// binding a session of that tenant (an internal caller naming the scoped id) counts against
+/// it too, another tenant is not counted, and a released instance frees its place.
+#[tokio::test]
+async fn a_tenant_over_its_aio_instances_quota_gets_429() {
+    let (h, _dir, _) = pool_with_one_aio_instance_for_acme().await;
     let (acme, other) = (agent(&h, "acme").await, agent(&h, "default").await);
     let over = |outcome: Result<_, sandmesh_client::ClientError>| {
         let e = outcome.expect_err("over the quota");
@@ -404,24 +411,9 @@ async fn a_tenant_over_its_aio_instances_quota_gets_429() {
 /// on either, every further acquire is refused, whichever pool takes it.
 #[tokio::test]
 async fn the_aio_instances_quota_counts_the_instances_of_every_pool() {
-    let nats = NatsServer::start_with_tenants(&["acme"]);
-    let mut tenancy = nats.tenancy().clone();
-    let quota = messages::quota::Quotas {
-        aio_instances: Some(1),
-        ..Default::default()
-    };
-    tenancy.set_quotas(&messages::tenancy::Tenant::new("acme").unwrap(), quota);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenancy.json");
-    tenancy.save(&file).unwrap();
-    let file = file.display().to_string();
-    let h = Harness::start_on(
-        nats,
-        &common::unique("pool"),
-        &[("SANDMESH_TENANCY_FILE", &file)],
-    )
-    .await;
-    let mut env = common::base_env(&h.nats, &common::unique("pool"));
+    let (h, _dir, file) = pool_with_one_aio_instance_for_acme().await;
+    let second_owner = common::unique("pool");
+    let mut env = common::base_env(&h.nats, &second_owner);
     env.insert("SANDMESH_TENANCY_FILE".into(), file.clone());
     let stop_second = CancellationToken::new();
     // As the harness does for the first: a failing test still tells the pool to stop.
@@ -430,32 +422,12 @@ async fn the_aio_instances_quota_counts_the_instances_of_every_pool() {
         aio_pool::AioPoolConfig::from_env(&env).unwrap(),
         stop_second.clone(),
     ));
-    let nodes = async_nats::jetstream::new(test_support::connect(&h.nats.url()).await)
-        .get_key_value(Subjects::default().nodes_bucket())
-        .await
-        .unwrap();
-    // The pools' heartbeats: both beating, and (later) what they report acme holds.
-    let acme_held = || async {
-        let prefix = messages::ServiceName::AioPool.heartbeat_key("");
-        let keys: Vec<String> = nodes
-            .keys()
-            .await
-            .ok()?
-            .filter_map(|k| async { k.ok() })
-            .collect()
-            .await;
-        let mut pools = 0;
-        let mut held = 0;
-        for key in keys.iter().filter(|k| k.starts_with(&prefix)) {
-            let beat = nodes.get(key).await.ok()??;
-            let beat: messages::heartbeat::Heartbeat = serde_json::from_slice(&beat).ok()?;
-            pools += 1;
-            held += beat.tenants.get("acme").copied().unwrap_or(0);
-        }
-        Some((pools, held))
-    };
+    let url = h.nats.url();
+    let pools = [h.owner.as_str(), second_owner.as_str()];
+    let acme_held =
+        || test_support::reported_holdings(&url, messages::ServiceName::AioPool, &pools, "acme");
     test_support::eventually("both pools beat", Duration::from_secs(30), || async {
-        (acme_held().await?.0 == 2).then_some(())
+        acme_held().await
     })
     .await;
 
@@ -464,7 +436,7 @@ async fn the_aio_instances_quota_counts_the_instances_of_every_pool() {
     test_support::eventually(
         "the heartbeats report acme's instance",
         Duration::from_secs(10),
-        || async { (acme_held().await?.1 == 1).then_some(()) },
+        || async { (acme_held().await? == 1).then_some(()) },
     )
     .await;
     // Counted per pool, about half of these would land on the pool without acme's instance.

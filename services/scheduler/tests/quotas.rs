@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
 use messages::confirm::Confirmation;
 use messages::exec::{ExecRequest, Language};
-use messages::heartbeat::Heartbeat;
 use messages::quota::Quotas;
 use messages::session::SessionOpen;
 use messages::tenancy::Tenant;
@@ -51,6 +50,30 @@ fn set_quotas(file: &Path, tenancy: &Tenancy, tenant: &str, quotas: Quotas) {
     t.save(file).unwrap();
 }
 
+/// A mesh whose scheduler follows a tenancy file (in the returned directory, at the returned
+/// path) giving acme `quotas`; the scheduler's config, for another one like it.
+async fn mesh_with_acme_quotas(
+    tenants: &[&str],
+    quotas: Quotas,
+) -> (Mesh, tempfile::TempDir, PathBuf, scheduler::SchedulerConfig) {
+    let mut mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 8)
+        .tenants(tenants, &[])
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenancy.json");
+    set_quotas(&file, &mesh.nats.tenancy().clone(), "acme", quotas);
+    let mut config = mesh.config();
+    config.kit.tenancy_file = Some(file.clone());
+    mesh.stop_scheduler().await;
+    mesh.start_scheduler(config.clone()).await;
+    (mesh, dir, file, config)
+}
+
 /// The 429 of quota `name`, with its limit.
 fn over_quota<T: std::fmt::Debug>(outcome: Result<T, ClientError>, name: &str, limit: u64) {
     let e = match outcome {
@@ -67,32 +90,13 @@ fn over_quota<T: std::fmt::Debug>(outcome: Result<T, ClientError>, name: &str, l
 #[tokio::test]
 async fn a_tenant_over_its_session_and_execution_quotas_gets_429_and_a_raised_quota_applies_at_once(
 ) {
-    let mut mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 8)
-        .tenants(&["acme", "beta"], &[])
-        .scheduler(|_| {})
-        .start()
-        .await;
-    // The scheduler again, now following a tenancy file that gives acme quotas.
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenancy.json");
+    let quotas = Quotas {
+        sessions: Some(1),
+        concurrent_executions: Some(1),
+        ..Default::default()
+    };
+    let (mesh, _dir, file, _) = mesh_with_acme_quotas(&["acme", "beta"], quotas).await;
     let tenancy = mesh.nats.tenancy().clone();
-    set_quotas(
-        &file,
-        &tenancy,
-        "acme",
-        Quotas {
-            sessions: Some(1),
-            concurrent_executions: Some(1),
-            ..Default::default()
-        },
-    );
-    let mut config = mesh.config();
-    config.kit.tenancy_file = Some(file.clone());
-    mesh.stop_scheduler().await;
-    mesh.start_scheduler(config).await;
     let (acme, beta) = (agent(&mesh, "acme").await, agent(&mesh, "beta").await);
 
     // Sessions: the second open one is refused, another tenant's are not counted, a closed
@@ -225,47 +229,22 @@ async fn confirmation_events_name_the_execution_as_the_agent_did_and_it_resumes(
 /// once they end, the next one runs.
 #[tokio::test]
 async fn the_executions_quota_counts_the_executions_on_every_scheduler() {
-    let mut mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 8)
-        .tenants(&["acme"], &[])
-        .scheduler(|_| {})
-        .start()
-        .await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenancy.json");
     let quotas = Quotas {
         concurrent_executions: Some(2),
         ..Default::default()
     };
-    set_quotas(&file, &mesh.nats.tenancy().clone(), "acme", quotas);
-    let mut config = mesh.config();
-    config.kit.tenancy_file = Some(file.clone());
-    mesh.stop_scheduler().await;
-    mesh.start_scheduler(config.clone()).await;
+    let (mesh, _dir, _, config) = mesh_with_acme_quotas(&["acme"], quotas).await;
+    let first = config.kit.instance_id.clone();
     let mut second = config;
     second.kit.instance_id = "scheduler-two".into();
     second.kit.metrics_addr = None;
     let stop_second = kit::CancellationToken::new();
     let second = tokio::spawn(scheduler::run(second, stop_second.clone()));
-    let nodes =
-        async_nats::jetstream::new(connect(&mesh.nats.service_url(ServiceName::Scheduler)).await)
-            .get_key_value(Subjects::default().nodes_bucket())
-            .await
-            .unwrap();
-    eventually("both schedulers beat", || async {
-        let keys: Vec<String> = nodes
-            .keys()
-            .await
-            .ok()?
-            .filter_map(|k| async { k.ok() })
-            .collect()
-            .await;
-        let prefix = ServiceName::Scheduler.heartbeat_key("");
-        (keys.iter().filter(|k| k.starts_with(&prefix)).count() == 2).then_some(())
-    })
-    .await;
+    let url = mesh.nats.service_url(ServiceName::Scheduler);
+    let schedulers = [first.as_str(), "scheduler-two"];
+    let acme_held =
+        || test_support::reported_holdings(&url, ServiceName::Scheduler, &schedulers, "acme");
+    eventually("both schedulers beat", || async { acme_held().await }).await;
 
     let acme = agent(&mesh, "acme").await;
     let slow = ExecRequest {
@@ -282,21 +261,7 @@ async fn the_executions_quota_counts_the_executions_on_every_scheduler() {
     // Both schedulers hear each other's counts through the heartbeats: once these report
     // both executions, every scheduler has had them (bounded staleness: one interval).
     eventually("the heartbeats report acme's two executions", || async {
-        let prefix = ServiceName::Scheduler.heartbeat_key("");
-        let keys: Vec<String> = nodes
-            .keys()
-            .await
-            .ok()?
-            .filter_map(|k| async { k.ok() })
-            .collect()
-            .await;
-        let mut reported = 0;
-        for key in keys.iter().filter(|k| k.starts_with(&prefix)) {
-            let beat = nodes.get(key).await.ok()??;
-            let beat: Heartbeat = serde_json::from_slice(&beat).ok()?;
-            reported += beat.tenants.get("acme").copied().unwrap_or(0);
-        }
-        (reported == 2).then_some(())
+        (acme_held().await? == 2).then_some(())
     })
     .await;
     let quick = ExecRequest {
