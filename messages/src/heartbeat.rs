@@ -32,6 +32,11 @@ pub struct Heartbeat {
     /// services and for executors older than the field (placement then goes by load alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// What this instance holds per tenant of the resource a tenant quota counts (executions
+    /// in flight, browsers, AIO instances): its peers add it to their own live count, so the
+    /// quota holds mesh-wide. Empty for services without one, and for older instances.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, u32>,
 }
 
 /// CPU and memory of the host an executor's sandboxes run on, sampled at each heartbeat.

@@ -326,6 +326,28 @@ where
     .await
 }
 
+/// What the heartbeats of `service`'s `instances` (in the nodes bucket at `url`) report
+/// `tenant` holds, summed — the figures a per-tenant quota adds up over the mesh; `None` while
+/// any of them has no heartbeat.
+pub async fn reported_holdings(
+    url: &str,
+    service: messages::ServiceName,
+    instances: &[&str],
+    tenant: &str,
+) -> Option<u32> {
+    let nodes = async_nats::jetstream::new(connect(url).await)
+        .get_key_value(messages::Subjects::default().nodes_bucket())
+        .await
+        .ok()?;
+    let mut held = 0;
+    for instance in instances {
+        let beat = nodes.get(service.heartbeat_key(instance)).await.ok()??;
+        let beat: messages::heartbeat::Heartbeat = serde_json::from_slice(&beat).ok()?;
+        held += beat.tenants.get(tenant).copied().unwrap_or(0);
+    }
+    Some(held)
+}
+
 /// Polls `up` until it says yes, at most `limit`, for services running as `tasks` in the
 /// test: one that ends meanwhile fails the test at once with its outcome (not a timeout later).
 pub async fn until_up<T, F, Fut>(

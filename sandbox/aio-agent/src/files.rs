@@ -116,7 +116,10 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> FileError + 'a {
+pub(crate) fn io<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> FileError + 'a {
     move |source| FileError::Io {
         op,
         path: path.display().to_string(),

@@ -12,7 +12,7 @@
 //! | `POST /v1/file/{replace,search,find,str_replace_editor}` | text tools ([`edit`]) |
 //! | `/v1/jupyter/*`, `/v1/code/*`, `POST /v1/nodejs/execute` | code; stateful sessions keep a kernel ([`kernel`], [`code`]) |
 //! | `GET /v1/browser/info` | the CDP URL (starts Chromium on first use) |
-//! | `GET /v1/browser/screenshot`, `/v1/browser/page/*` | the current page over CDP ([`page`]) |
+//! | `GET /v1/browser/screenshot`, `/v1/browser/page/*` | the current page over CDP ([`page`]); its console ([`console`]) and recording ([`record`]) |
 //! | `GET /json/version` (and `/json/version/`), `/json/list` | Chromium's discovery, URLs rewritten to this agent |
 //! | `GET /devtools/...` (WebSocket) | relayed to Chromium on 127.0.0.1 |
 //!
@@ -27,14 +27,17 @@
 //! callers). Page actions are serialised among themselves.
 
 pub mod api;
+pub mod avi;
 pub mod browser;
 pub mod cdp;
 pub mod code;
+pub mod console;
 pub mod edit;
 pub mod exec;
 pub mod files;
 pub mod kernel;
 pub mod page;
+pub mod record;
 mod routes;
 
 use std::net::SocketAddr;
@@ -80,6 +83,10 @@ pub struct Agent {
     browser: browser::Browser,
     /// Held for the whole of a page action, so two never interleave on one page.
     page_lock: tokio::sync::Mutex<()>,
+    /// The page's console, kept between calls by a listener of its own.
+    console: Arc<console::Console>,
+    /// The page's screen recording (one at a time).
+    recorder: record::Recorder,
 }
 
 impl Agent {
@@ -96,6 +103,8 @@ impl Agent {
             browser: browser::Browser::new(config.browser.clone()),
             exec_lock: tokio::sync::Mutex::new(()),
             page_lock: tokio::sync::Mutex::new(()),
+            console: console::Console::new(),
+            recorder: record::Recorder::default(),
             editor: edit::Editor::new(workspace.clone()),
             kernels,
             workspace,

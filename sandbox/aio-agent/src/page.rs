@@ -3,9 +3,13 @@
 //! index `/v1/browser/page/elements` lists (visible interactive elements, in document
 //! order); values reach the page as JSON literals, never spliced into script text.
 //!
-//! Not served (501, said so): `record`, `console`, `console/export`, `markdown`,
-//! `upload_file` and `fill_form` — they need a recorder, a console listener kept between
-//! calls, a converter or the file chooser, none of which this image has yet.
+//! Besides the single-element actions: `fill_form` fills several fields in one call (every
+//! element is found before any is touched), `upload_file` sets a file input's files from the
+//! workspace (`DOM.setFileInputFiles`; paths checked like the file API), and `markdown`
+//! converts the rendered page in the page itself (`markdown.js`: the whole body, hidden
+//! elements skipped; upstream picks the main content with Readability first). `console` and
+//! `console/export` read the listener [`crate::console`] keeps; `record` is
+//! [`crate::record`].
 
 use std::time::Duration;
 
@@ -18,14 +22,52 @@ use serde_json::{json, Value};
 
 use crate::api::Envelope;
 use crate::cdp::{CdpError, Page};
-use crate::files::error_chain;
-use crate::routes::{error, json, Reply};
+use crate::files::{error_chain, io, FileError};
+use crate::routes::{error, file_status, json, Reply};
 use crate::Agent;
 
 /// Bound of one CDP command (a navigation's wait has its own, from the request).
 const COMMAND_LIMIT: Duration = Duration::from_secs(30);
 /// How often waits look again.
 const POLL: Duration = Duration::from_millis(100);
+/// Most fields one `fill_form` fills and files one `upload_file` sets.
+const MAX_FORM_ITEMS: usize = 100;
+const MAX_UPLOAD_FILES: usize = 100;
+
+/// Sets one element to a value, as a person would: a checkbox or radio is clicked to the
+/// wanted state (`true`/`false`, or its own value), a select picks the options whose value or
+/// label matches (an array for `multiple`), anything else gets the text through the value
+/// setter the page's framework watches, then `input` and `change`. Returns what it set;
+/// throws for a file input (that is `upload_file`) or a missing option.
+const FILL_JS: &str = r#"((el, v) => {
+  if (el.tagName === 'INPUT' && el.type === 'file') throw new Error('a file input takes files: use upload_file');
+  if (el.focus) el.focus();
+  const fire = () => { el.dispatchEvent(new Event('input', {bubbles: true}));
+    el.dispatchEvent(new Event('change', {bubbles: true})); };
+  if (el.type === 'checkbox' || el.type === 'radio') {
+    const on = typeof v === 'boolean' ? v : ['true', 'on', 'yes', el.value].includes(String(v));
+    if (el.checked !== on) el.click();
+    return el.checked;
+  }
+  if (el.tagName === 'SELECT') {
+    const wanted = (Array.isArray(v) ? v : [v]).map(String);
+    let hits = 0;
+    for (const o of el.options) { const hit = wanted.includes(o.value) || wanted.includes(o.label);
+      if (hit || el.multiple) o.selected = hit; if (hit) hits++; }
+    if (!hits) throw new Error('no option matches ' + JSON.stringify(v));
+    fire();
+    return el.multiple ? [...el.selectedOptions].map((o) => o.value) : el.value;
+  }
+  const text = v === null || v === undefined ? '' : typeof v === 'string' ? v : JSON.stringify(v);
+  if (el.isContentEditable) { el.textContent = text; } else {
+    const d = Object.getOwnPropertyDescriptor(Object.getPrototypeOf(el), 'value');
+    if (d && d.set) d.set.call(el, text); else el.value = text; }
+  fire();
+  return el.isContentEditable ? el.textContent : el.value;
+})"#;
+
+/// `(root, limit) => {markdown, truncated}`: the rendered DOM under `root` as Markdown.
+const MARKDOWN_JS: &str = include_str!("markdown.js");
 
 /// The visible interactive elements, the same list for `elements` and for `index`.
 const ELEMENTS_JS: &str = r#"(() => [...document.querySelectorAll(
@@ -70,6 +112,28 @@ pub struct FillRequest {
     #[serde(flatten)]
     pub target: Target,
     pub text: String,
+}
+
+/// `FormFillRequest`: upstream leaves the items' keys open; each here names its element like
+/// the other actions (`selector` or `index`) and gives `value` (or `text`, as `fill` calls it).
+#[derive(Debug, Deserialize)]
+pub struct FormFillRequest {
+    pub items: Vec<FormItem>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FormItem {
+    #[serde(flatten)]
+    pub target: Target,
+    #[serde(alias = "text")]
+    pub value: Value,
+}
+
+/// `UploadFileRequest`: workspace paths for the file input `selector`.
+#[derive(Debug, Deserialize)]
+pub struct UploadFileRequest {
+    pub selector: String,
+    pub files: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,15 +224,18 @@ pub enum PageError {
     Navigation(String),
     #[error("waited {0:?} in vain")]
     WaitTimeout(Duration),
+    #[error(transparent)]
+    File(#[from] FileError),
 }
 
 impl PageError {
-    fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             PageError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             PageError::NoElement(_) => StatusCode::NOT_FOUND,
             PageError::Navigation(_) => StatusCode::BAD_GATEWAY,
             PageError::WaitTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            PageError::File(e) => file_status(e),
             PageError::Cdp(CdpError::Script(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             PageError::Cdp(CdpError::Browser(_)) => StatusCode::SERVICE_UNAVAILABLE,
             PageError::Cdp(_) => StatusCode::BAD_GATEWAY,
@@ -180,10 +247,13 @@ fn js(value: &impl serde::Serialize) -> String {
     serde_json::to_string(value).expect("a string encodes")
 }
 
-/// The page, after making sure Chromium runs; calls hold the agent's page lock.
-async fn page(agent: &Agent) -> Result<Page, PageError> {
+/// The page, after making sure Chromium runs; the console listener follows it. Actions hold
+/// the agent's page lock.
+pub(crate) async fn page(agent: &Agent) -> Result<Page, PageError> {
     agent.browser.version().await.map_err(CdpError::from)?;
-    Ok(Page::connect(agent.browser.port(), COMMAND_LIMIT).await?)
+    let page = Page::connect(agent.browser.port(), COMMAND_LIMIT).await?;
+    agent.console.follow(agent.browser.port(), page.target());
+    Ok(page)
 }
 
 fn seconds(value: Option<f64>, default: f64, max: Duration) -> Result<Duration, PageError> {
@@ -359,6 +429,8 @@ pub enum Action {
     Reload,
     Click(ClickRequest),
     Fill(FillRequest),
+    FillForm(FormFillRequest),
+    UploadFile(UploadFileRequest),
     Type(TextRequest),
     PressKey(KeyRequest),
     HotKey(HotKeyRequest),
@@ -370,6 +442,7 @@ pub enum Action {
     ScrollToElement(SelectorRequest),
     Html,
     Text,
+    Markdown,
     Elements,
     Evaluate(EvaluateRequest),
     FindText(FindTextRequest),
@@ -442,15 +515,9 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
         Action::Fill(req) => {
             let filled = page
                 .evaluate(&format!(
-                    "(() => {{ const el = {}; if (!el) return false; el.focus(); \
-                     if (el.isContentEditable) {{ el.textContent = {text}; }} else {{ \
-                     const proto = Object.getPrototypeOf(el); \
-                     const set = Object.getOwnPropertyDescriptor(proto, 'value'); \
-                     if (set && set.set) set.set.call(el, {text}); else el.value = {text}; }} \
-                     el.dispatchEvent(new Event('input', {{bubbles: true}})); \
-                     el.dispatchEvent(new Event('change', {{bubbles: true}})); return true; }})()",
+                    "(() => {{ const el = {}; if (!el) return false; ({FILL_JS})(el, {}); return true; }})()",
                     element_js(&req.target)?,
-                    text = js(&req.text)
+                    js(&req.text)
                 ))
                 .await?;
             if filled != true {
@@ -458,6 +525,8 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
             }
             Ok(Value::Null)
         }
+        Action::FillForm(req) => fill_form(page, &req).await,
+        Action::UploadFile(req) => upload_file(agent, page, &req).await,
         Action::Type(req) => {
             page.call("Input.insertText", json!({"text": req.text}))
                 .await?;
@@ -549,6 +618,18 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
         Action::Text => Ok(page
             .evaluate("document.body ? document.body.innerText : ''")
             .await?),
+        Action::Markdown => {
+            let converted = page
+                .evaluate(&format!(
+                    "({MARKDOWN_JS})(document.body || document.documentElement, {})",
+                    agent.config.max_output_bytes
+                ))
+                .await?;
+            let mut data = location(page).await?;
+            data["markdown"] = converted["markdown"].clone();
+            data["truncated"] = converted["truncated"].clone();
+            Ok(data)
+        }
         Action::Elements => Ok(page
             .evaluate(&format!(
                 "({ELEMENTS_JS}).map((e, index) => ({{index, tag: e.tagName.toLowerCase(), \
@@ -620,6 +701,97 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
             Ok(Value::Null)
         }
     }
+}
+
+/// Fills every item, after finding all their elements (a missing one fills nothing).
+async fn fill_form(page: &mut Page, req: &FormFillRequest) -> Result<Value, PageError> {
+    if req.items.is_empty() || req.items.len() > MAX_FORM_ITEMS {
+        return Err(PageError::Invalid(format!(
+            "items must hold 1 to {MAX_FORM_ITEMS} fields"
+        )));
+    }
+    let elements = req
+        .items
+        .iter()
+        .map(|item| element_js(&item.target))
+        .collect::<Result<Vec<_>, _>>()?
+        .join(", ");
+    let values: Vec<&Value> = req.items.iter().map(|item| &item.value).collect();
+    let result = page
+        .evaluate(&format!(
+            "(() => {{ const els = [{elements}]; const values = {}; \
+             const missing = els.findIndex((e) => !e); if (missing >= 0) return {{missing}}; \
+             return {{values: els.map((el, i) => ({FILL_JS})(el, values[i]))}}; }})()",
+            js(&values)
+        ))
+        .await?;
+    if let Some(missing) = result["missing"].as_u64() {
+        let item = &req.items[missing as usize];
+        return Err(PageError::NoElement(format!(
+            "{} (item {missing})",
+            describe(&item.target)
+        )));
+    }
+    Ok(json!({"filled": req.items.len(), "values": result["values"]}))
+}
+
+/// Sets the files of the file input `selector` to workspace files (each a regular file
+/// inside the workspace; Chromium reads them itself, as the same user).
+async fn upload_file(
+    agent: &Agent,
+    page: &mut Page,
+    req: &UploadFileRequest,
+) -> Result<Value, PageError> {
+    if req.files.is_empty() || req.files.len() > MAX_UPLOAD_FILES {
+        return Err(PageError::Invalid(format!(
+            "files must name 1 to {MAX_UPLOAD_FILES} files"
+        )));
+    }
+    let mut paths = Vec::with_capacity(req.files.len());
+    for file in &req.files {
+        let path = agent.workspace.resolve(file)?;
+        let meta = std::fs::symlink_metadata(&path).map_err(io("stat", &path))?;
+        if !meta.is_file() {
+            return Err(PageError::Invalid(format!("{file} is not a regular file")));
+        }
+        paths.push(path.display().to_string());
+    }
+    let element = format!("document.querySelector({})", js(&req.selector));
+    let kind = page
+        .evaluate(&format!(
+            "(() => {{ const el = {element}; if (!el) return null; \
+             return el.tagName === 'INPUT' && el.type === 'file' ? (el.multiple ? 'many' : 'one') : 'other'; }})()"
+        ))
+        .await?;
+    match kind.as_str() {
+        None => return Err(PageError::NoElement(format!("selector {:?}", req.selector))),
+        Some("other") => {
+            return Err(PageError::Invalid(format!(
+                "selector {:?} is not a file input",
+                req.selector
+            )))
+        }
+        Some("one") if paths.len() > 1 => {
+            return Err(PageError::Invalid(format!(
+                "the file input {:?} takes one file (no `multiple`)",
+                req.selector
+            )))
+        }
+        Some(_) => {}
+    }
+    let handle = page
+        .call("Runtime.evaluate", json!({"expression": element}))
+        .await?;
+    let object = handle["result"]["objectId"].clone();
+    page.call(
+        "DOM.setFileInputFiles",
+        json!({"files": paths, "objectId": object}),
+    )
+    .await?;
+    let names = page
+        .evaluate(&format!("[...{element}.files].map((f) => f.name)"))
+        .await?;
+    Ok(json!({"files": names}))
 }
 
 /// `GET /v1/browser/screenshot` and `/v1/browser/page/screenshot`: the page as PNG or JPEG

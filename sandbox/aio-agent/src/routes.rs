@@ -19,7 +19,7 @@ use crate::api::{self, Envelope};
 use crate::exec::{Command, Interpreter, Outcome};
 use crate::files::{error_chain, FileError};
 use crate::kernel::Language;
-use crate::{code, edit, page};
+use crate::{code, console, edit, page};
 use crate::{trusted_peer, Agent};
 
 pub(crate) type Reply = Response<Full<Bytes>>;
@@ -191,11 +191,30 @@ async fn page_route(agent: &Agent, action: &str, req: Request<Incoming>) -> Repl
         (Method::POST, "evaluate") => body(agent, req, Action::Evaluate).await,
         (Method::POST, "find_text") => body(agent, req, Action::FindText).await,
         (Method::POST, "wait") => body(agent, req, Action::Wait).await,
-        (_, "record" | "markdown" | "console" | "console/export" | "upload_file" | "fill_form") => {
-            return error(
-                StatusCode::NOT_IMPLEMENTED,
-                format!("/v1/browser/page/{action} is not served by the sandmesh AIO image"),
-            )
+        (Method::GET, "markdown") => Ok(Action::Markdown),
+        (Method::POST, "fill_form") => body(agent, req, Action::FillForm).await,
+        (Method::POST, "upload_file") => body(agent, req, Action::UploadFile).await,
+        (Method::POST, "record") => {
+            return match body_json(agent, req).await {
+                Ok(r) => crate::record::handle(agent, r).await,
+                Err(reply) => reply,
+            }
+        }
+        (Method::GET, "console") => {
+            return match query_param(&req, "clear").as_deref() {
+                None | Some("false") | Some("0") => console::get(agent, false).await,
+                Some("true") | Some("1") => console::get(agent, true).await,
+                Some(v) => error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("clear must be true or false, not {v:?}"),
+                ),
+            }
+        }
+        (Method::POST, "console/export") => {
+            return match body_json(agent, req).await {
+                Ok(r) => console::export(agent, r).await,
+                Err(reply) => reply,
+            }
         }
         (m, _) => {
             return error(
@@ -603,18 +622,23 @@ fn download(agent: &Agent, req: &Request<Incoming>) -> Reply {
             );
             res
         }
-        Err(e) => {
-            let status = match &e {
-                FileError::Outside { .. } | FileError::Symlink(_) => StatusCode::FORBIDDEN,
-                FileError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                FileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                    StatusCode::NOT_FOUND
-                }
-                FileError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-                _ => StatusCode::UNPROCESSABLE_ENTITY,
-            };
-            error(status, error_chain(&e))
+        Err(e) => error(file_status(&e), error_chain(&e)),
+    }
+}
+
+/// The status of a failed file operation outside the file API's own calls (which answer
+/// upstream's 200 with `success: false`): a path out of the workspace is forbidden.
+pub(crate) fn file_status(e: &FileError) -> StatusCode {
+    match e {
+        FileError::Outside { .. } | FileError::Symlink(_) | FileError::Parent(_) => {
+            StatusCode::FORBIDDEN
         }
+        FileError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        FileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            StatusCode::NOT_FOUND
+        }
+        FileError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }
 

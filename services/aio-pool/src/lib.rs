@@ -139,38 +139,47 @@ pub async fn run(
         service: SERVICE_NAME,
         node: config.kit.instance_id.clone(),
     };
+    let held = gauges.clone();
     runtime
-        .start_heartbeat(Arc::new(move || {
-            let s = probe.stats(limits.min_instances, limits.max_instances);
-            // Refreshed with each beat: the same figures the heartbeat carries.
-            metrics
-                .warm_pool_size
-                .get_or_create(&at)
-                .set(i64::from(s.warm));
-            metrics
-                .sessions_active
-                .get_or_create(&at)
-                .set(i64::from(s.bound));
-            kit::heartbeat::Load {
-                capacity: s.max,
-                load: s.bound,
-                metrics: [
-                    ("aio_instances_total", s.total),
-                    ("aio_instances_warm", s.warm),
-                    ("aio_instances_bound", s.bound),
-                    ("aio_instances_creating", s.creating),
-                    ("aio_instances_retiring", s.retiring),
-                    ("aio_acquires_waiting", s.waiting),
-                    ("aio_instances_max", s.max),
-                    ("aio_instances_min", s.min),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), f64::from(v)))
-                .collect(),
-                labels: labels.clone(),
-                ..Default::default()
-            }
-        }))
+        .start_heartbeat_reporting(
+            Arc::new(move || {
+                let s = probe.stats(limits.min_instances, limits.max_instances);
+                // Refreshed with each beat: the same figures the heartbeat carries.
+                metrics
+                    .warm_pool_size
+                    .get_or_create(&at)
+                    .set(i64::from(s.warm));
+                metrics
+                    .sessions_active
+                    .get_or_create(&at)
+                    .set(i64::from(s.bound));
+                kit::heartbeat::Load {
+                    capacity: s.max,
+                    load: s.bound,
+                    metrics: [
+                        ("aio_instances_total", s.total),
+                        ("aio_instances_warm", s.warm),
+                        ("aio_instances_bound", s.bound),
+                        ("aio_instances_creating", s.creating),
+                        ("aio_instances_retiring", s.retiring),
+                        ("aio_acquires_waiting", s.waiting),
+                        ("aio_instances_max", s.max),
+                        ("aio_instances_min", s.min),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), f64::from(v)))
+                    .collect(),
+                    labels: labels.clone(),
+                    ..Default::default()
+                }
+            }),
+            Some(Arc::new(move || {
+                held.tenants
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+            })),
+        )
         .await?;
 
     let registry = Registry::default();
@@ -196,6 +205,7 @@ pub async fn run(
         max_exec_timeout: config.max_exec_timeout,
         max_output_chars: config.max_output_chars,
         quotas: runtime.quotas.clone(),
+        peers: Arc::new(runtime.peer_counts().await?),
     };
     let (pool, mut pool_task) = match Actor::spawn(None, Pool, pool_args).await {
         Ok(p) => p,

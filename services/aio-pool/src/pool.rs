@@ -6,9 +6,9 @@
 //! Instances are linked children: when one stops (destroyed, used up, unhealthy), the pool
 //! hears it in `handle_supervisor_evt` and frees its capacity.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::Docker;
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::docker::{start_instance, InstanceSpec, OwnedContainer, Registry, Started};
 use crate::instance::{Instance, InstanceArgs, InstanceMsg};
-use crate::state::{AcquireError, Counts, Effect, InstanceId, PoolState, UseError, WaiterId};
+use crate::state::{AcquireError, Effect, InstanceId, PoolState, UseError, WaiterId};
 
 type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 
@@ -57,10 +57,14 @@ pub struct Gauges {
     pub bound: AtomicU32,
     pub retiring: AtomicU32,
     pub waiting: AtomicU32,
+    /// What each tenant holds here (its quota's count), for the heartbeat.
+    pub tenants: Mutex<BTreeMap<String, u32>>,
 }
 
 impl Gauges {
-    fn set(&self, c: &Counts) {
+    fn set(&self, state: &PoolState) {
+        let c = state.counts();
+        *self.tenants.lock().unwrap_or_else(|p| p.into_inner()) = state.held_per_tenant();
         self.creating.store(c.creating as u32, Ordering::Relaxed);
         self.warm.store(c.warm as u32, Ordering::Relaxed);
         self.bound.store(c.bound as u32, Ordering::Relaxed);
@@ -100,6 +104,8 @@ pub struct PoolArgs {
     pub max_output_chars: usize,
     /// Each tenant's `aio_instances` quota.
     pub quotas: Arc<kit::QuotaBook>,
+    /// What the other pools hold per tenant: the quota counts the mesh.
+    pub peers: Arc<kit::PeerCounts>,
 }
 
 /// A live instance.
@@ -158,9 +164,10 @@ impl PoolStateHolder {
         if self.args.state.bound_instance(session).is_some() {
             return Ok(());
         }
-        let held = self.args.state.held_by(&scoped(&tenant, ""));
+        let here = self.args.state.held_by(&scoped(&tenant, "")) as u64;
+        let held = here + self.args.peers.held(&tenant);
         let quotas = self.args.quotas.of(&tenant);
-        quotas.admit(&tenant, Quota::AioInstances, held as u64, 1)
+        quotas.admit(&tenant, Quota::AioInstances, held, 1)
     }
 
     /// Carries out the state machine's effects.
@@ -176,7 +183,7 @@ impl PoolStateHolder {
                 Effect::Answer(w, result) => self.answer(w, result),
             }
         }
-        self.args.gauges.set(&self.args.state.counts());
+        self.args.gauges.set(&self.args.state);
     }
 
     fn create(&mut self, myself: &ActorRef<PoolMsg>, id: InstanceId) {
@@ -462,7 +469,7 @@ impl Actor for Pool {
                         }
                     },
                 }
-                state.args.gauges.set(&state.args.state.counts());
+                state.args.gauges.set(&state.args.state);
             }
             PoolMsg::Stats(_, _, reply) => {
                 let limits = state.args.state.limits();

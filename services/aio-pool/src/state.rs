@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
+use messages::tenancy::tenant_of_scoped;
 use tokio::time::Instant;
 
 pub type InstanceId = u64;
@@ -166,6 +167,18 @@ impl PoolState {
             .iter()
             .filter(|w| w.session.starts_with(prefix));
         bound.count() + awaited.count()
+    }
+
+    /// [`PoolState::held_by`] for every tenant at once (by the scoped ids' prefix), for the
+    /// heartbeat: the other pools add it to their own count.
+    pub fn held_per_tenant(&self) -> BTreeMap<String, u32> {
+        let sessions = self.by_session.keys();
+        let awaited = self.waiters.iter().map(|w| &w.session);
+        let mut held = BTreeMap::new();
+        for tenant in sessions.chain(awaited).filter_map(|s| tenant_of_scoped(s)) {
+            *held.entry(tenant.as_str().to_string()).or_default() += 1;
+        }
+        held
     }
 
     fn new_instance(&mut self, fx: &mut Vec<Effect>) {

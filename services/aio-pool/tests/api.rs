@@ -1,7 +1,8 @@
 //! The AIO HTTP API an agent's SDK calls, against a real instance of the `sandmesh/aio`
 //! image in Docker (hardened and networked as the pool starts one): jupyter sessions, code
 //! and Node.js execution, the file text tools, shell `exec_dir`, the browser's page actions
-//! and screenshots; each with malformed, oversized and hostile input.
+//! (console, markdown, forms, file inputs and recording too) and screenshots; each with
+//! malformed, oversized and hostile input.
 
 use crate::common::instance::Instance;
 use hyper::StatusCode;
@@ -590,11 +591,6 @@ async fn browser_page_actions_screenshots_and_cdp_discovery() {
             json!({"type": "selector", "selector": "#never", "timeout": 0.5}),
             StatusCode::GATEWAY_TIMEOUT,
         ),
-        (
-            "/v1/browser/page/record",
-            json!({}),
-            StatusCode::NOT_IMPLEMENTED,
-        ),
     ] {
         let (status, v) = aio.call(path, body.clone()).await;
         assert_eq!(status, expect, "{path} {body}: {v}");
@@ -620,4 +616,365 @@ async fn browser_page_actions_screenshots_and_cdp_discovery() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     aio.stop().await;
+}
+
+/// A page with something for each of the later actions: console messages at load, content
+/// for Markdown (and a hidden part that must not show), a form, two file inputs and an
+/// animation (so a recording gets frames). No `#` or `%`: it is a data URL.
+const APP_PAGE: &str = "data:text/html,<title>App</title>\
+<style>@keyframes spin{from{transform:rotate(0deg)}to{transform:rotate(360deg)}} \
+.spin{width:80px;height:80px;background:red;animation:spin 1s linear infinite}</style>\
+<h1>Sign up</h1><p>Fill <b>every</b> field, see <a href='https://example.org/terms'>the terms</a>.</p>\
+<ul><li>one</li><li>two</li></ul><table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>\
+<div style='display:none'>secret-hidden</div>\
+<form><input id=name><input id=agree type=checkbox>\
+<select id=color><option value=r>Red</option><option value=b>Blue</option></select>\
+<input type=radio name=size id=small value=s><input type=radio name=size id=large value=l>\
+<textarea id=notes></textarea><input id=one type=file><input id=many type=file multiple></form>\
+<div class=spin></div>\
+<script>console.log('loaded', 42); console.warn('careful')</script>";
+
+/// The texts of the page's own `console.<kind>` entries.
+fn console_texts(entries: &Value, kind: &str) -> Vec<String> {
+    entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == kind && e["source"] == "console")
+        .map(|e| e["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn browser_page_console_markdown_forms_uploads_and_recording() {
+    let aio = Instance::start("page2").await;
+    for (file, content) in [("up/a.txt", "alpha"), ("up/b.txt", "beta")] {
+        let (_, v) = aio
+            .call("/v1/file/write", json!({"file": file, "content": content}))
+            .await;
+        assert_eq!(v["success"], true, "{v}");
+    }
+    let (_, v) = aio
+        .call(
+            "/v1/shell/exec",
+            json!({"command": "ln -s /etc/passwd up/link && mkdir -p logs"}),
+        )
+        .await;
+    assert_eq!(v["data"]["exit_code"], 0, "{v}");
+    let (status, v) = aio
+        .call("/v1/browser/page/navigate", json!({"url": APP_PAGE}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    // Console: what the page logged at load is there on the first read.
+    let (status, v) = aio
+        .call_raw("GET", "/v1/browser/page/console", vec![])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(console_texts(&v["data"], "log"), ["loaded 42"], "{v}");
+    assert_eq!(console_texts(&v["data"], "warning"), ["careful"], "{v}");
+    aio.call(
+        "/v1/browser/page/evaluate",
+        json!({"expression": "console.error('boom', 7, true); 0"}),
+    )
+    .await;
+    let (_, v) = aio
+        .call_raw("GET", "/v1/browser/page/console?clear=true", vec![])
+        .await;
+    assert_eq!(console_texts(&v["data"], "error"), ["boom 7 true"], "{v}");
+    let (_, v) = aio
+        .call_raw("GET", "/v1/browser/page/console", vec![])
+        .await;
+    assert_eq!(v["data"], json!([]), "cleared: {v}");
+    aio.call(
+        "/v1/browser/page/evaluate",
+        json!({"expression": "console.info('to the file'); 0"}),
+    )
+    .await;
+    let (status, v) = aio
+        .call(
+            "/v1/browser/page/console/export",
+            json!({"save_path": "logs/console.json", "clear": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"]["count"], 1, "{v}");
+    let (_, v) = aio
+        .call("/v1/file/read", json!({"file": "logs/console.json"}))
+        .await;
+    let exported: Value = serde_json::from_str(v["data"]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        console_texts(&exported, "info"),
+        ["to the file"],
+        "{exported}"
+    );
+
+    // Markdown of the rendered page: structure kept, hidden parts and scripts left out.
+    let (status, v) = aio
+        .call_raw("GET", "/v1/browser/page/markdown", vec![])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"]["title"], "App");
+    assert_eq!(v["data"]["truncated"], false);
+    let markdown = v["data"]["markdown"].as_str().unwrap();
+    for part in [
+        "# Sign up",
+        "Fill **every** field, see [the terms](https://example.org/terms).",
+        "- one\n- two",
+        "| a | b |\n| --- | --- |\n| 1 | 2 |",
+    ] {
+        assert!(markdown.contains(part), "{part:?} in {markdown}");
+    }
+    assert!(!markdown.contains("secret-hidden"), "{markdown}");
+    assert!(!markdown.contains("console.log"), "{markdown}");
+
+    // fill_form: every kind of field in one call; the value reaches the page as data.
+    let hostile = "'); document.title = 'pwned'; ('";
+    let (status, v) = aio
+        .call(
+            "/v1/browser/page/fill_form",
+            json!({"items": [
+                {"selector": "#name", "value": hostile},
+                {"selector": "#agree", "value": true},
+                {"selector": "#color", "value": "Blue"},
+                {"selector": "#large", "value": true},
+                {"selector": "#notes", "text": "two\nlines"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"]["filled"], 5, "{v}");
+    let state = "[document.title, ...['name', 'agree', 'color', 'large', 'notes'].map((id) => \
+                 { const el = document.getElementById(id); return el.type === 'checkbox' || el.type === 'radio' ? el.checked : el.value; })]";
+    let (_, v) = aio
+        .call("/v1/browser/page/evaluate", json!({"expression": state}))
+        .await;
+    assert_eq!(
+        v["data"],
+        json!(["App", hostile, true, "b", true, "two\nlines"]),
+        "{v}"
+    );
+    // One missing element: nothing is filled.
+    let (status, v) = aio
+        .call(
+            "/v1/browser/page/fill_form",
+            json!({"items": [{"selector": "#name", "value": "changed"}, {"selector": "#absent", "value": 1}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("item 1"), "{v}");
+    let (_, v) = aio
+        .call(
+            "/v1/browser/page/evaluate",
+            json!({"expression": "document.getElementById('name').value"}),
+        )
+        .await;
+    assert_eq!(v["data"], hostile, "untouched: {v}");
+    let many: Vec<Value> = (0..101)
+        .map(|_| json!({"selector": "#name", "value": "x"}))
+        .collect();
+    for (body, expect) in [
+        (json!({"items": []}), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({"items": many}), StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            json!({"items": [{"selector": "#name"}]}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"items": [{"value": "x"}]}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"items": [{"selector": "[[[", "value": "x"}]}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"items": [{"selector": "#color", "value": "Green"}]}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"items": [{"selector": "#one", "value": "/etc/passwd"}]}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (json!({"items": "name"}), StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let (status, v) = aio.call("/v1/browser/page/fill_form", body.clone()).await;
+        assert_eq!(status, expect, "{body}: {v}");
+        assert_eq!(v["success"], false);
+    }
+
+    // upload_file: workspace files only, into a file input.
+    let (status, v) = aio
+        .call(
+            "/v1/browser/page/upload_file",
+            json!({"selector": "#many", "files": ["up/a.txt", "/home/gem/up/b.txt"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"]["files"], json!(["a.txt", "b.txt"]), "{v}");
+    let (_, v) = aio
+        .call(
+            "/v1/browser/page/evaluate",
+            json!({"expression": "Promise.all([...document.getElementById('many').files].map((f) => f.text()))"}),
+        )
+        .await;
+    assert_eq!(
+        v["data"],
+        json!(["alpha", "beta"]),
+        "the page reads them: {v}"
+    );
+    for (selector, file, expect) in [
+        ("#one", "../../etc/passwd", StatusCode::FORBIDDEN),
+        ("#one", "/etc/passwd", StatusCode::FORBIDDEN),
+        ("#one", "up/link", StatusCode::FORBIDDEN),
+        ("#one", "up/missing.txt", StatusCode::NOT_FOUND),
+        ("#one", "up", StatusCode::UNPROCESSABLE_ENTITY),
+        ("#name", "up/a.txt", StatusCode::UNPROCESSABLE_ENTITY),
+        ("#absent", "up/a.txt", StatusCode::NOT_FOUND),
+        ("[[[", "up/a.txt", StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let body = json!({"selector": selector, "files": [file]});
+        let (status, v) = aio.call("/v1/browser/page/upload_file", body.clone()).await;
+        assert_eq!(status, expect, "{body}: {v}");
+    }
+    for body in [
+        json!({"selector": "#one", "files": ["up/a.txt", "up/b.txt"]}),
+        json!({"selector": "#one", "files": []}),
+        json!({"selector": "#one"}),
+    ] {
+        let (status, v) = aio.call("/v1/browser/page/upload_file", body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {v}");
+    }
+    let (_, v) = aio
+        .call(
+            "/v1/browser/page/evaluate",
+            json!({"expression": "document.getElementById('one').files.length"}),
+        )
+        .await;
+    assert_eq!(v["data"], 0, "no refused file reached the input: {v}");
+
+    // Console export: the same path rules.
+    for (path, expect) in [
+        ("../../tmp/x.json", StatusCode::FORBIDDEN),
+        ("/etc/cron.d/x", StatusCode::FORBIDDEN),
+        ("up/link", StatusCode::FORBIDDEN),
+    ] {
+        let (status, v) = aio
+            .call(
+                "/v1/browser/page/console/export",
+                json!({"save_path": path}),
+            )
+            .await;
+        assert_eq!(status, expect, "{path}: {v}");
+    }
+    let (status, _) = aio.call("/v1/browser/page/console/export", json!({})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _) = aio
+        .call_raw("GET", "/v1/browser/page/console?clear=maybe", vec![])
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Recording: start, frames arrive while the page animates, pause, resume, stop.
+    let record = |body: Value| aio.call("/v1/browser/page/record", body);
+    let (_, v) = record(json!({"action": "status"})).await;
+    assert_eq!(v["data"]["status"], "idle", "{v}");
+    let (status, v) =
+        record(json!({"action": "start", "save_path": "rec/a.avi", "fps": 5, "duration": 60}))
+            .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"]["status"], "recording", "{v}");
+    let (status, _) = record(json!({"action": "start"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "one recording at a time");
+    test_support::eventually(
+        "the screencast sends frames of the animation",
+        std::time::Duration::from_secs(20),
+        || async {
+            let (_, v) = aio
+                .call("/v1/browser/page/record", json!({"action": "status"}))
+                .await;
+            (v["data"]["frames"].as_u64()? >= 3).then_some(())
+        },
+    )
+    .await;
+    let (_, v) = record(json!({"action": "pause"})).await;
+    assert_eq!(v["data"]["status"], "paused", "{v}");
+    let (_, v) = record(json!({"action": "resume"})).await;
+    assert_eq!(v["data"]["status"], "recording", "{v}");
+    let (status, v) = record(json!({"action": "stop"})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"]["status"], "stopped", "{v}");
+    assert_eq!(v["data"]["save_path"], "/home/gem/rec/a.avi", "{v}");
+    let size = v["data"]["file_size_bytes"].as_u64().unwrap();
+    let (status, avi) = aio
+        .send("GET", "/v1/file/download?path=rec/a.avi", vec![])
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(avi.len() as u64, size);
+    assert_valid_mjpeg_avi(&avi);
+
+    let (status, v) =
+        record(json!({"action": "once", "duration": 1, "fps": 4, "save_path": "rec/once.avi"}))
+            .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"]["status"], "stopped", "{v}");
+    let (_, avi) = aio
+        .send("GET", "/v1/file/download?path=rec/once.avi", vec![])
+        .await;
+    assert_valid_mjpeg_avi(&avi);
+    let (status, _) = record(json!({"action": "pause"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "nothing to pause");
+    for body in [
+        json!({"action": "once", "save_path": "../../tmp/x.avi"}),
+        json!({"action": "start", "save_path": "/tmp/x.avi"}),
+        json!({"action": "start", "save_path": "up/link"}),
+    ] {
+        let (status, v) = record(body.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}: {v}");
+    }
+    for body in [
+        json!({"action": "start", "fps": 0}),
+        json!({"action": "start", "fps": 1000}),
+        json!({"action": "start", "duration": -1}),
+        json!({"action": "start", "duration": 1e9}),
+        json!({"action": "start", "quality": 101}),
+        json!({"action": "explode"}),
+        json!({"action": "start", "fps": "fast"}),
+    ] {
+        let (status, v) = record(body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {v}");
+    }
+    let (_, v) = record(json!({"action": "status"})).await;
+    assert_eq!(
+        v["data"]["status"], "stopped",
+        "nothing refused started: {v}"
+    );
+
+    for path in [
+        "/v1/browser/page/fill_form",
+        "/v1/browser/page/upload_file",
+        "/v1/browser/page/record",
+        "/v1/browser/page/console/export",
+    ] {
+        let status = aio.send_oversized(path, 17 << 20).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+        let (status, _) = aio.call_raw("POST", path, b"{\"items\": [".to_vec()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path}");
+    }
+    aio.stop().await;
+}
+
+/// RIFF AVI with an MJPEG stream whose first frame is a JPEG.
+fn assert_valid_mjpeg_avi(avi: &[u8]) {
+    assert_eq!(&avi[..4], b"RIFF");
+    assert_eq!(&avi[8..12], b"AVI ");
+    let le = |at: usize| u32::from_le_bytes(avi[at..at + 4].try_into().unwrap()) as usize;
+    assert_eq!(le(4), avi.len() - 8, "RIFF size");
+    let find = |tag: &[u8]| avi.windows(4).position(|w| w == tag);
+    assert!(find(b"MJPG").is_some(), "an MJPEG stream");
+    let avih = find(b"avih").expect("avih") + 8;
+    assert!(le(avih + 16) >= 1, "frames in the header");
+    let movi = find(b"movi").expect("movi");
+    assert_eq!(&avi[movi + 4..movi + 8], b"00dc");
+    assert_eq!(&avi[movi + 12..movi + 15], b"\xff\xd8\xff", "a JPEG frame");
+    assert!(find(b"idx1").is_some(), "an index");
 }

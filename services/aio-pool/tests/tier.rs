@@ -341,12 +341,9 @@ fn release(session: &str) -> AioRelease {
     }
 }
 
-/// Issue 23: a tenant's `aio_instances` quota, from the tenancy file the pool follows: its
-/// agent's second instance is a 429 naming the quota (its first again is not), the scheduler
-/// binding a session of that tenant (an internal caller naming the scoped id) counts against
-/// it too, another tenant is not counted, and a released instance frees its place.
-#[tokio::test]
-async fn a_tenant_over_its_aio_instances_quota_gets_429() {
+/// A pool following a tenancy file (in the returned directory, at the returned path) that
+/// gives acme one AIO instance.
+async fn pool_with_one_aio_instance_for_acme() -> (Harness, tempfile::TempDir, String) {
     let nats = NatsServer::start_with_tenants(&["acme"]);
     let mut tenancy = nats.tenancy().clone();
     let quota = messages::quota::Quotas {
@@ -364,6 +361,16 @@ async fn a_tenant_over_its_aio_instances_quota_gets_429() {
         &[("SANDMESH_TENANCY_FILE", &file)],
     )
     .await;
+    (h, dir, file)
+}
+
+/// Issue 23: a tenant's `aio_instances` quota, from the tenancy file the pool follows: its
+/// agent's second instance is a 429 naming the quota (its first again is not), the scheduler
+/// binding a session of that tenant (an internal caller naming the scoped id) counts against
+/// it too, another tenant is not counted, and a released instance frees its place.
+#[tokio::test]
+async fn a_tenant_over_its_aio_instances_quota_gets_429() {
+    let (h, _dir, _) = pool_with_one_aio_instance_for_acme().await;
     let (acme, other) = (agent(&h, "acme").await, agent(&h, "default").await);
     let over = |outcome: Result<_, sandmesh_client::ClientError>| {
         let e = outcome.expect_err("over the quota");
@@ -394,5 +401,63 @@ async fn a_tenant_over_its_aio_instances_quota_gets_429() {
         .acquire(&acquire("s2"))
         .await
         .expect("released: room again");
+    h.stop().await;
+}
+
+/// Issue 23: `aio_instances` is the tenant's over the whole mesh. Two pools serve one
+/// nats-server (acquires spread over both by the queue group); with acme's one instance bound
+/// on either, every further acquire is refused, whichever pool takes it.
+#[tokio::test]
+async fn the_aio_instances_quota_counts_the_instances_of_every_pool() {
+    let (h, _dir, file) = pool_with_one_aio_instance_for_acme().await;
+    let second_owner = crate::common::unique("pool");
+    let mut env = crate::common::base_env(&h.nats, &second_owner);
+    env.insert("SANDMESH_TENANCY_FILE".into(), file.clone());
+    let stop_second = CancellationToken::new();
+    // As the harness does for the first: a failing test still tells the pool to stop.
+    let _stop_on_panic = stop_second.clone().drop_guard();
+    let second = tokio::spawn(aio_pool::run(
+        aio_pool::AioPoolConfig::from_env(&env).unwrap(),
+        stop_second.clone(),
+    ));
+    let url = h.nats.url();
+    let pools = [h.owner.as_str(), second_owner.as_str()];
+    let acme_held =
+        || test_support::reported_holdings(&url, messages::ServiceName::AioPool, &pools, "acme");
+    test_support::eventually("both pools beat", Duration::from_secs(30), || async {
+        acme_held().await
+    })
+    .await;
+
+    let acme = agent(&h, "acme").await;
+    acme.aio().acquire(&acquire("s1")).await.unwrap();
+    test_support::eventually(
+        "the heartbeats report acme's instance",
+        Duration::from_secs(10),
+        || async { (acme_held().await? == 1).then_some(()) },
+    )
+    .await;
+    // Counted per pool, about half of these would land on the pool without acme's instance.
+    for n in 2..12 {
+        let e = acme
+            .aio()
+            .acquire(&acquire(&format!("s{n}")))
+            .await
+            .expect_err("over the quota, whichever pool answers");
+        let body = e.service_error().expect("a pool refused").clone();
+        assert_eq!(body.kind, messages::ErrorKind::Overloaded, "{body:?}");
+        let d = body.details.unwrap();
+        assert_eq!(
+            (d["quota"].as_str(), d["limit"].as_u64(), d["used"].as_u64()),
+            (Some("aio_instances"), Some(1), Some(1)),
+            "{d}"
+        );
+        assert!(d["retry_after_ms"].as_u64().is_some(), "{d}");
+    }
+    stop_second.cancel();
+    second
+        .await
+        .unwrap()
+        .expect("the second pool stopped cleanly");
     h.stop().await;
 }

@@ -284,7 +284,9 @@ impl RouterState {
         }
         if let Some(tenant) = tenant {
             // Its sessions are the keys with its prefix (ids are scoped by it). Counted on this
-            // instance: N routers let a tenant hold up to N times its quota.
+            // instance, which is the mesh's: one router per mesh until sessions are routed to
+            // the router holding their browser (lib.rs); then peers' counts are added as the
+            // pools do (`kit::PeerCounts`).
             let prefix = scoped(tenant, "");
             let held = self.sessions.keys().filter(|k| k.starts_with(&prefix));
             let quotas = self.shared.quotas.of(tenant);

@@ -30,6 +30,9 @@ pub struct Load {
     pub resources: Option<messages::heartbeat::Resources>,
 }
 
+/// What this instance holds per tenant, reported in each beat (see [`crate::peer_counts`]).
+pub type TenantProbe = Arc<dyn Fn() -> std::collections::BTreeMap<String, u32> + Send + Sync>;
+
 pub enum HeartbeatMsg {
     Beat,
 }
@@ -44,6 +47,8 @@ pub struct HeartbeatArgs {
     pub version: String,
     pub interval: Duration,
     pub probe: LoadProbe,
+    /// Services whose tenants have a quota on what they hold report it here.
+    pub tenants: Option<TenantProbe>,
 }
 
 pub struct HeartbeatState {
@@ -78,6 +83,7 @@ impl HeartbeatState {
             labels: load.labels,
             backends: load.backends,
             resources: load.resources,
+            tenants: self.args.tenants.as_ref().map(|t| t()).unwrap_or_default(),
         };
         let payload =
             bytes::Bytes::from(

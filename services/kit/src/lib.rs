@@ -7,6 +7,8 @@
 //!   `Content-Type`, handed to actors, answered in the caller's encoding, bounded admission;
 //! - [`call`]: typed request-reply to other services, error headers checked;
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
+//! - [`peer_counts`]: what the other instances of a service hold per tenant (their heartbeats'
+//!   reports), so a tenant's quota counts the mesh;
 //! - [`metrics`]: Prometheus `/metrics` (seed 003 §8 names), off unless `SANDMESH_METRICS_ADDR`;
 //! - [`pending`]: a service's subjects answer `unavailable` while what it needs is being built;
 //! - [`resources`]: the host's CPU and memory, which executors report in their heartbeat;
@@ -32,6 +34,7 @@ pub mod config;
 pub mod connect;
 pub mod heartbeat;
 pub mod metrics;
+pub mod peer_counts;
 pub mod pending;
 pub mod resources;
 pub mod retry;
@@ -50,6 +53,7 @@ use serde::Serialize;
 pub use audit::{AuditScope, Auditor};
 pub use call::{CallError, Caller};
 pub use config::{ConfigError, ConfigReader, KitConfig};
+pub use peer_counts::PeerCounts;
 pub use retry::{retry, RetryPolicy};
 pub use sandmesh_auth::QuotaBook;
 pub use serve::{actor_handler, handler, EndpointOptions, Handler, RequestContext, ServiceInfo};
@@ -261,6 +265,17 @@ impl Runtime {
         Ok((kv, mesh))
     }
 
+    /// What the other instances of this service hold per tenant (their heartbeats'
+    /// reports), for a quota counted mesh-wide.
+    pub async fn peer_counts(&self) -> Result<peer_counts::PeerCounts, KitError> {
+        let (nodes, _) = self.nodes_and_mesh().await?;
+        Ok(peer_counts::PeerCounts::watch(
+            nodes,
+            &self.info.name,
+            &self.config.instance_id,
+        ))
+    }
+
     /// A caller for other services with the given default timeout.
     pub fn caller(&self, timeout: Duration) -> Caller {
         Caller::new(self.client.clone(), timeout)
@@ -268,6 +283,16 @@ impl Runtime {
 
     /// Starts beating `<service>.<instance_id>` into `sandbox_nodes`.
     pub async fn start_heartbeat(&mut self, probe: heartbeat::LoadProbe) -> Result<(), KitError> {
+        self.start_heartbeat_reporting(probe, None).await
+    }
+
+    /// [`Runtime::start_heartbeat`], each beat also reporting what this instance holds per
+    /// tenant, which its peers' [`PeerCounts`] read.
+    pub async fn start_heartbeat_reporting(
+        &mut self,
+        probe: heartbeat::LoadProbe,
+        tenants: Option<heartbeat::TenantProbe>,
+    ) -> Result<(), KitError> {
         let args = heartbeat::HeartbeatArgs {
             js: self.js.clone(),
             bucket: self.config.subjects.nodes_bucket(),
@@ -276,6 +301,7 @@ impl Runtime {
             version: self.info.version.clone(),
             interval: self.config.heartbeat_interval,
             probe,
+            tenants,
         };
         let (actor, _) = Actor::spawn(None, heartbeat::HeartbeatActor, args)
             .await

@@ -299,6 +299,7 @@ async fn a_crashed_instance_disappears_within_its_ttl() {
         version: "1.0.0".into(),
         interval: Duration::from_millis(300),
         probe: std::sync::Arc::new(Load::default),
+        tenants: None,
     };
     let mut watch = kv.watch("echo.crash").await.unwrap();
     let (actor, handle) = ractor::Actor::spawn(None, HeartbeatActor, args)
@@ -329,6 +330,71 @@ async fn a_crashed_instance_disappears_within_its_ttl() {
     .unwrap_or(false);
     assert!(gone, "watchers see the key expire");
     assert!(kv.get("echo.crash").await.unwrap().is_none());
+}
+
+/// `PeerCounts`: another instance's per-tenant report arrives with its beats and follows
+/// them, the instance's own is never counted, and a crashed peer's report goes with its key.
+#[tokio::test]
+async fn peer_counts_follow_the_peers_beats_and_forget_a_crashed_peer() {
+    use kit::heartbeat::{HeartbeatActor, HeartbeatArgs, Load};
+    use kit::PeerCounts;
+    use messages::tenancy::Tenant;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let nats = NatsServer::start();
+    let client = test_support::connect(&nats.url()).await;
+    let js = async_nats::jetstream::new(client.clone());
+    let subjects = messages::Subjects::default();
+    let kv = kit::bootstrap::nodes_kv(&js, &subjects, 1).await.unwrap();
+    let held = Arc::new(AtomicU32::new(2));
+    let report = held.clone();
+    let beat = |instance: &str| HeartbeatArgs {
+        js: js.clone(),
+        bucket: subjects.nodes_bucket(),
+        service: "echo".into(),
+        instance_id: instance.into(),
+        version: "1.0.0".into(),
+        interval: Duration::from_millis(300),
+        probe: Arc::new(Load::default),
+        tenants: Some(Arc::new({
+            let report = report.clone();
+            move || [("acme".to_string(), report.load(Ordering::Relaxed))].into()
+        })),
+    };
+    let (peer, peer_task) = ractor::Actor::spawn(None, HeartbeatActor, beat("a"))
+        .await
+        .unwrap();
+    let (acme, beta) = (Tenant::new("acme").unwrap(), Tenant::new("beta").unwrap());
+    let seen_by_b = PeerCounts::watch(kv.clone(), "echo", "b");
+    let seen_by_a = PeerCounts::watch(kv.clone(), "echo", "a");
+    let other_service = PeerCounts::watch(kv.clone(), "echo2", "b");
+    eventually_true("b hears a's report", Duration::from_secs(10), || async {
+        seen_by_b.held(&acme) == 2
+    })
+    .await;
+    assert_eq!(seen_by_b.held(&beta), 0, "only what was reported");
+    held.store(1, Ordering::Relaxed);
+    eventually_true(
+        "b follows a's next beat",
+        Duration::from_secs(10),
+        || async { seen_by_b.held(&acme) == 1 },
+    )
+    .await;
+    assert_eq!(seen_by_a.held(&acme), 0, "an instance is not its own peer");
+    assert_eq!(
+        other_service.held(&acme),
+        0,
+        "another service's beats are not peers"
+    );
+    // Killed, like a crash: nothing deletes the key, its TTL does, and the report goes.
+    peer.kill();
+    peer_task.await.unwrap();
+    eventually_true(
+        "a crashed peer's report goes with its key",
+        Duration::from_secs(10),
+        || async { seen_by_b.held(&acme) == 0 },
+    )
+    .await;
 }
 
 #[tokio::test]

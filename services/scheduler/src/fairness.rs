@@ -1,17 +1,22 @@
-//! `TenantSlots`: how many executions each tenant has in flight on this scheduler, capped at
-//! `SANDMESH_SCHED_TENANT_MAX` (by default three quarters of the queue), so one tenant flooding
+//! `TenantSlots`: how many executions each tenant has in flight, capped so one tenant flooding
 //! the mesh — hundreds of async jobs, or a burst of sync calls — cannot take every queue slot
-//! and starve another: the rest of the queue stays free for the others. A sync call over the cap
-//! gets 429 with a `retry_after_ms` hint and the quota's name; a job over it goes back to the
-//! stream for a moment while other tenants' jobs behind it are taken. Internal callers are not
-//! counted. A tenant's own `concurrent_executions` quota (the tenancy file, `sandmesh tenant add
-//! NAME --max-executions N`) replaces the share for that tenant. The count is this instance's:
-//! N scheduler instances admit up to N times the cap.
+//! and starve another. A sync call over the cap gets 429 with a `retry_after_ms` hint and the
+//! quota's name; a job over it goes back to the stream for a moment while other tenants' jobs
+//! behind it are taken. Internal callers are not counted.
+//!
+//! Two caps, counted differently:
+//! - a tenant's own `concurrent_executions` quota (the tenancy file, `sandmesh tenant add NAME
+//!   --max-executions N`) is a promise about the mesh: this instance's live count plus what
+//!   the other schedulers reported in their last heartbeats ([`PeerCounts`]: at most one
+//!   heartbeat interval old, see there for what that allows);
+//! - a tenant without one gets `SANDMESH_SCHED_TENANT_MAX` (by default three quarters of the
+//!   queue) of this instance's queue: that share protects this queue's slots, so it counts
+//!   this instance alone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use kit::QuotaBook;
+use kit::{PeerCounts, QuotaBook};
 use messages::quota::{over_quota, Quota};
 use messages::tenancy::Tenant;
 use messages::ErrorBody;
@@ -21,6 +26,8 @@ pub struct TenantSlots {
     /// The share of a tenant without a quota of its own.
     share: usize,
     quotas: Arc<QuotaBook>,
+    /// The other schedulers' in-flight counts, for the quotas.
+    peers: Arc<PeerCounts>,
     in_flight: Arc<Mutex<HashMap<Tenant, usize>>>,
 }
 
@@ -32,12 +39,22 @@ pub struct TenantSlot {
 }
 
 impl TenantSlots {
-    pub fn new(share: usize, quotas: Arc<QuotaBook>) -> Self {
+    pub fn new(share: usize, quotas: Arc<QuotaBook>, peers: Arc<PeerCounts>) -> Self {
         Self {
             share: share.max(1),
             quotas,
+            peers,
             in_flight: Arc::default(),
         }
+    }
+
+    /// This instance's in-flight count per tenant, for its heartbeat.
+    pub fn held(&self) -> BTreeMap<String, u32> {
+        let counts = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        counts
+            .iter()
+            .map(|(tenant, &n)| (tenant.as_str().to_string(), n as u32))
+            .collect()
     }
 
     /// A slot for `tenant` (none needed without a tenant), or the 429 that says which quota.
@@ -45,20 +62,17 @@ impl TenantSlots {
         let Some(tenant) = tenant else {
             return Ok(None);
         };
-        let limit = self
-            .quotas
-            .of(tenant)
-            .limit(Quota::ConcurrentExecutions)
-            .unwrap_or(self.share as u64);
+        let quota = self.quotas.of(tenant).limit(Quota::ConcurrentExecutions);
+        let elsewhere = match quota {
+            Some(_) => self.peers.held(tenant),
+            None => 0,
+        };
+        let limit = quota.unwrap_or(self.share as u64);
         let mut counts = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let n = counts.entry(tenant.clone()).or_default();
-        if *n as u64 >= limit {
-            return Err(over_quota(
-                tenant,
-                Quota::ConcurrentExecutions,
-                limit,
-                *n as u64,
-            ));
+        let used = *n as u64 + elsewhere;
+        if used >= limit {
+            return Err(over_quota(tenant, Quota::ConcurrentExecutions, limit, used));
         }
         *n += 1;
         Ok(Some(TenantSlot {
@@ -91,7 +105,7 @@ mod tests {
 
     #[test]
     fn a_tenant_at_its_cap_is_refused_others_are_not_and_a_dropped_slot_comes_back() {
-        let slots = TenantSlots::new(2, Arc::new(QuotaBook::none()));
+        let slots = TenantSlots::new(2, Arc::new(QuotaBook::none()), Arc::new(PeerCounts::none()));
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
         let first = slots.take(Some(&a)).unwrap();
         let _second = slots.take(Some(&a)).unwrap();
@@ -118,7 +132,7 @@ mod tests {
             ..Default::default()
         };
         let book = QuotaBook::fixed([(a.clone(), quotas)].into());
-        let slots = TenantSlots::new(3, Arc::new(book));
+        let slots = TenantSlots::new(3, Arc::new(book), Arc::new(PeerCounts::none()));
         let _one = slots.take(Some(&a)).unwrap();
         let e = slots.take(Some(&a)).unwrap_err();
         assert_eq!(e.details.as_ref().unwrap()["limit"], 1);

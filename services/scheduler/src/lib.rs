@@ -229,7 +229,11 @@ pub async fn run(
         bookkeeping.clone(),
     );
     let stopping = CancellationToken::new();
-    let tenants = fairness::TenantSlots::new(config.tenant_max, runtime.quotas.clone());
+    let tenants = fairness::TenantSlots::new(
+        config.tenant_max,
+        runtime.quotas.clone(),
+        Arc::new(runtime.peer_counts().await?),
+    );
     let intake = Intake::new(
         pipeline.clone(),
         (admission.clone(), max_queue, tenants.clone()),
@@ -246,7 +250,7 @@ pub async fn run(
         pipeline.clone(),
         results,
         subjects.clone(),
-        (admission.clone(), tenants),
+        (admission.clone(), tenants.clone()),
         config.job_settings(),
     );
     let consumer = jobs.consumer(&js, &subjects, replicas).await?;
@@ -278,16 +282,20 @@ pub async fn run(
         s.sessions(SessionOp::Close) => sessions.close,
     );
     let probe = admission.clone();
+    let held = tenants.clone();
     runtime
-        .start_heartbeat(Arc::new(move || {
-            let in_flight = max_queue - probe.available_permits();
-            kit::heartbeat::Load {
-                capacity: max_queue as u32,
-                load: in_flight as u32,
-                metrics: [("executions_in_flight".to_string(), in_flight as f64)].into(),
-                ..Default::default()
-            }
-        }))
+        .start_heartbeat_reporting(
+            Arc::new(move || {
+                let in_flight = max_queue - probe.available_permits();
+                kit::heartbeat::Load {
+                    capacity: max_queue as u32,
+                    load: in_flight as u32,
+                    metrics: [("executions_in_flight".to_string(), in_flight as f64)].into(),
+                    ..Default::default()
+                }
+            }),
+            Some(Arc::new(move || held.held())),
+        )
         .await?;
 
     let resuming = TaskTracker::new();

@@ -3,7 +3,7 @@
 //! over raw NATS credentials, with another tenant beside it unaffected. And the confirmation
 //! events a tenant imports name its executions as it did.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::*;
@@ -13,7 +13,7 @@ use messages::exec::{ExecRequest, Language};
 use messages::quota::Quotas;
 use messages::session::SessionOpen;
 use messages::tenancy::Tenant;
-use messages::Subjects;
+use messages::{ServiceName, Subjects};
 use sandmesh_auth::Tenancy;
 use sandmesh_client::{ClientError, ErrorKind, MeshClient};
 
@@ -48,6 +48,30 @@ fn set_quotas(file: &Path, tenancy: &Tenancy, tenant: &str, quotas: Quotas) {
     t.save(file).unwrap();
 }
 
+/// A mesh whose scheduler follows a tenancy file (in the returned directory, at the returned
+/// path) giving acme `quotas`; the scheduler's config, for another one like it.
+async fn mesh_with_acme_quotas(
+    tenants: &[&str],
+    quotas: Quotas,
+) -> (Mesh, tempfile::TempDir, PathBuf, scheduler::SchedulerConfig) {
+    let mut mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 8)
+        .tenants(tenants, &[])
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenancy.json");
+    set_quotas(&file, &mesh.nats.tenancy().clone(), "acme", quotas);
+    let mut config = mesh.config();
+    config.kit.tenancy_file = Some(file.clone());
+    mesh.stop_scheduler().await;
+    mesh.start_scheduler(config.clone()).await;
+    (mesh, dir, file, config)
+}
+
 /// The 429 of quota `name`, with its limit.
 fn over_quota<T: std::fmt::Debug>(outcome: Result<T, ClientError>, name: &str, limit: u64) {
     let e = match outcome {
@@ -64,32 +88,13 @@ fn over_quota<T: std::fmt::Debug>(outcome: Result<T, ClientError>, name: &str, l
 #[tokio::test]
 async fn a_tenant_over_its_session_and_execution_quotas_gets_429_and_a_raised_quota_applies_at_once(
 ) {
-    let mut mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 8)
-        .tenants(&["acme", "beta"], &[])
-        .scheduler(|_| {})
-        .start()
-        .await;
-    // The scheduler again, now following a tenancy file that gives acme quotas.
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenancy.json");
+    let quotas = Quotas {
+        sessions: Some(1),
+        concurrent_executions: Some(1),
+        ..Default::default()
+    };
+    let (mesh, _dir, file, _) = mesh_with_acme_quotas(&["acme", "beta"], quotas).await;
     let tenancy = mesh.nats.tenancy().clone();
-    set_quotas(
-        &file,
-        &tenancy,
-        "acme",
-        Quotas {
-            sessions: Some(1),
-            concurrent_executions: Some(1),
-            ..Default::default()
-        },
-    );
-    let mut config = mesh.config();
-    config.kit.tenancy_file = Some(file.clone());
-    mesh.stop_scheduler().await;
-    mesh.start_scheduler(config).await;
     let (acme, beta) = (agent(&mesh, "acme").await, agent(&mesh, "beta").await);
 
     // Sessions: the second open one is refused, another tenant's are not counted, a closed
@@ -213,5 +218,78 @@ async fn confirmation_events_name_the_execution_as_the_agent_did_and_it_resumes(
     assert_eq!(decided.execution_id.as_deref(), Some("mine-1"));
     let result = run.await.unwrap().expect("resumed after the approval");
     assert_eq!(result.execution_id, "mine-1");
+    mesh.shutdown().await;
+}
+
+/// Issue 23: `concurrent_executions` is the tenant's over the whole mesh. Two schedulers share
+/// one nats-server (requests spread over both by the queue group); with two slow executions in
+/// flight, wherever they landed, every further one is refused, whichever scheduler takes it;
+/// once they end, the next one runs.
+#[tokio::test]
+async fn the_executions_quota_counts_the_executions_on_every_scheduler() {
+    let quotas = Quotas {
+        concurrent_executions: Some(2),
+        ..Default::default()
+    };
+    let (mesh, _dir, _, config) = mesh_with_acme_quotas(&["acme"], quotas).await;
+    let first = config.kit.instance_id.clone();
+    let mut second = config;
+    second.kit.instance_id = "scheduler-two".into();
+    second.kit.metrics_addr = None;
+    let stop_second = kit::CancellationToken::new();
+    let second = tokio::spawn(scheduler::run(second, stop_second.clone()));
+    let url = mesh.nats.service_url(ServiceName::Scheduler);
+    let schedulers = [first.as_str(), "scheduler-two"];
+    let acme_held =
+        || test_support::reported_holdings(&url, ServiceName::Scheduler, &schedulers, "acme");
+    eventually("both schedulers beat", || async { acme_held().await }).await;
+
+    let acme = agent(&mesh, "acme").await;
+    let slow = ExecRequest {
+        language: Language::Python,
+        code: "sleep:8000".into(),
+        ..Default::default()
+    };
+    let running: Vec<_> = (0..2)
+        .map(|_| {
+            let (acme, slow) = (acme.clone(), slow.clone());
+            tokio::spawn(async move { acme.exec().exec(&slow).await })
+        })
+        .collect();
+    // Both schedulers hear each other's counts through the heartbeats: once these report
+    // both executions, every scheduler has had them (bounded staleness: one interval).
+    eventually("the heartbeats report acme's two executions", || async {
+        (acme_held().await? == 2).then_some(())
+    })
+    .await;
+    let quick = ExecRequest {
+        language: Language::Python,
+        code: "print(1)".into(),
+        ..Default::default()
+    };
+    let refused = eventually("acme's third execution refused", || async {
+        match acme.exec().exec(&quick).await {
+            Err(e) if e.kind() == ErrorKind::Overloaded => Some(e),
+            _ => None,
+        }
+    })
+    .await;
+    over_quota::<()>(Err(refused), "concurrent_executions", 2);
+    // Counted per scheduler, about half of these would land where fewer than two run.
+    for _ in 0..12 {
+        over_quota(acme.exec().exec(&quick).await, "concurrent_executions", 2);
+    }
+    for run in running {
+        run.await.unwrap().expect("the slow ones ran");
+    }
+    eventually("acme runs again once its executions ended", || async {
+        acme.exec().exec(&quick).await.ok()
+    })
+    .await;
+    stop_second.cancel();
+    second
+        .await
+        .unwrap()
+        .expect("the second scheduler stopped cleanly");
     mesh.shutdown().await;
 }
