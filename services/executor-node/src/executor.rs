@@ -161,7 +161,7 @@ impl<B: Backend> Actor for ExecutorNode<B> {
                 let reply = match state.results.seen(&run, reply) {
                     Ok(Seen::Attached) => return Ok(()),
                     Ok(Seen::Answered(reply, answer)) => {
-                        let _ = reply.send(answer);
+                        let _ = reply.send(*answer);
                         return Ok(());
                     }
                     Err(reply) => reply,

@@ -101,8 +101,9 @@ struct Inner {
 pub enum Seen {
     /// The request was attached to the run going now.
     Attached,
-    /// The run had ended: this is its answer again.
-    Answered(Reply, Answer),
+    /// The run had ended: this is its answer again (boxed: a result is large, and this is the
+    /// rare path).
+    Answered(Reply, Box<Answer>),
 }
 
 #[derive(Default)]
@@ -139,8 +140,10 @@ impl ResultStore {
             Some(Kept {
                 answer: Some(answer),
                 ..
-            }) => Ok(Seen::Answered(reply, answer.clone())),
-            Some(Kept { answer: None, .. }) => Ok(Seen::Answered(reply, Err(forgotten(&key)))),
+            }) => Ok(Seen::Answered(reply, Box::new(answer.clone()))),
+            Some(Kept { answer: None, .. }) => {
+                Ok(Seen::Answered(reply, Box::new(Err(forgotten(&key)))))
+            }
         }
     }
 
@@ -365,10 +368,10 @@ mod tests {
         assert_eq!(status.result.unwrap().stdout, "hi\n");
         tokio::time::advance(Duration::from_secs(59)).await;
         let (third, _rx) = port();
-        let Ok(Seen::Answered(_, Ok(again))) = store.seen(&r, third) else {
+        let Ok(Seen::Answered(_, again)) = store.seen(&r, third) else {
             panic!("a finished run is answered from the store");
         };
-        assert_eq!(again.stdout, "hi\n");
+        assert_eq!(again.expect("the kept result").stdout, "hi\n");
         // Another tenant's execution of the same client id is not this one.
         let other = run(Some("beta"), "acme-x1");
         assert_eq!(state(&store, &other), RunState::Unknown);
@@ -412,10 +415,10 @@ mod tests {
         assert_eq!(state(&store, &runs[0]), RunState::Forgotten);
         assert_eq!(state(&store, &runs[1]), RunState::Finished);
         let (reply, _rx) = port();
-        let Ok(Seen::Answered(_, Err(e))) = store.seen(&runs[0], reply) else {
+        let Ok(Seen::Answered(_, answer)) = store.seen(&runs[0], reply) else {
             panic!("a forgotten run is not run again");
         };
-        assert_eq!(e.kind, ErrorKind::Conflict);
+        assert_eq!(answer.map(|_| ()).unwrap_err().kind, ErrorKind::Conflict);
         let (records, bytes) = store.usage();
         assert_eq!(records, 3);
         assert!(bytes <= 3 * 1024, "{bytes}");

@@ -1,0 +1,152 @@
+//! Exactly once when a run's reply does not come (issue 23): the scheduler asks the node what
+//! happened (`executor.<backend>.<node>.status`) before it calls the run `executor_lost`, and
+//! sends it again only to attach to it or to run what never arrived. The executor is the real
+//! executor node over a backend that starts no sandbox ([`NodeStandin`]), so what is tested
+//! is the product's node: one run per execution id, kept answers, `status`.
+//!
+//! A node that is really gone still ends its run `executor_lost` at once (`e2e.rs`, real
+//! Docker), and a node that never says what happened within the run's budget too
+//! (`sync_exec.rs`, `executor_errors_become_terminal_statuses`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Mesh, NodeStandin};
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language};
+use messages::subjects::ExecutorOp;
+use messages::{ServiceName, Subjects};
+
+const NODE: &str = "node-a";
+
+/// The risk stand-in, then a real node, then the scheduler (which finds the node in the
+/// heartbeats it preloads, so work goes to the node, not the queue group), with a grace of
+/// half a second past an execution's timeout.
+async fn mesh_with_node(tenants: &[&str]) -> (Mesh, NodeStandin) {
+    test_support::trace_to_test_output();
+    let mut builder = Mesh::builder().risk();
+    if !tenants.is_empty() {
+        builder = builder.tenants(tenants, &[]);
+    }
+    let mut mesh = builder.start().await;
+    let probe = common::connect(&mesh.url).await;
+    let node = NodeStandin::start(
+        &mesh.nats.service_url(ServiceName::DockerExecutor),
+        &probe,
+        NODE,
+        4,
+        mesh.runs.clone(),
+        1,
+    )
+    .await;
+    let mut config = mesh.config();
+    config.exec_grace = Duration::from_millis(500);
+    mesh.start_scheduler(config).await;
+    (mesh, node)
+}
+
+fn request(id: &str, code: &str, timeout_ms: u64) -> ExecRequest {
+    ExecRequest {
+        execution_id: Some(id.into()),
+        language: Language::Python,
+        code: code.into(),
+        timeout_ms: Some(timeout_ms),
+        ..Default::default()
+    }
+}
+
+/// How many runs the node took of client id `id` (scoped by its tenant inside the mesh).
+fn runs_of(mesh: &Mesh, id: &str) -> usize {
+    let suffix = format!("-{id}");
+    mesh.runs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.execution_id == id || r.execution_id.ends_with(&suffix))
+        .count()
+}
+
+/// The scheduler's wait for the reply (200 ms timeout + 500 ms grace) runs out while the node
+/// still runs it (1.5 s): asked, the node says `running`, and the run sent again attaches to
+/// it — the caller gets its output, and it ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reply_not_come_in_time_is_asked_for_and_the_run_attached_to_not_run_twice() {
+    let (mesh, _node) = mesh_with_node(&[]).await;
+    let r = mesh
+        .exec(&request("slow-1", "sleep:1500", 200))
+        .await
+        .unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert_eq!(r.stdout, format!("ran on {NODE}\n"));
+    assert_eq!(runs_of(&mesh, "slow-1"), 1, "one run");
+    // A repeat of the id is the stored result, not a run.
+    let again = mesh
+        .exec(&request("slow-1", "sleep:1500", 200))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.status, runs_of(&mesh, "slow-1")),
+        (ExecStatus::Ok, 1)
+    );
+}
+
+/// The node's heartbeat key vanishes while it runs (as when its beats were lost in a NATS
+/// failover): the heartbeat watchdog ends the wait, but the node answers `running` when asked,
+/// so the scheduler attaches to the run instead of calling it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_alive_after_its_heartbeat_lapsed_keeps_its_run() {
+    let (mesh, _node) = mesh_with_node(&[]).await;
+    let client = mesh.client.clone();
+    let running = tokio::spawn(async move {
+        client
+            .call::<_, ExecResult>(
+                Subjects::default().exec(),
+                &request("beat-1", "sleep:3000", 10_000),
+            )
+            .await
+    });
+    common::eventually("the run to start", || {
+        let n = runs_of(&mesh, "beat-1");
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+    let kv = mesh
+        .js
+        .get_key_value(Subjects::default().nodes_bucket())
+        .await
+        .unwrap();
+    kv.delete(ServiceName::DockerExecutor.heartbeat_key(NODE))
+        .await
+        .unwrap();
+    let r = running.await.unwrap().expect("an answer");
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert_eq!(runs_of(&mesh, "beat-1"), 1, "one run");
+}
+
+/// "What happened to X?" is the mesh's internal question: a tenant's agent asking the node
+/// directly — even about its own execution — gets no answer (its account has no such
+/// subject), while the node answers the mesh's own clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_cannot_ask_a_node_what_happened() {
+    let (mesh, _node) = mesh_with_node(&["acme"]).await;
+    let acme = common::connect(&mesh.nats.agent_url("acme")).await;
+    let agent = kit::Caller::new(acme.clone(), Duration::from_secs(60))
+        .with_encoding(messages::Encoding::Json);
+    let r: ExecResult = agent
+        .call(
+            Subjects::default().exec(),
+            &request("asked-1", "print('x')", 5_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let subject = Subjects::default().executor_node(NODE, ExecutorOp::Status);
+    let query = serde_json::json!({"execution_id": "acme-asked-1", "tenant": "acme"});
+    let payload: bytes::Bytes = serde_json::to_vec(&query).unwrap().into();
+    let asked = acme.request(subject.clone(), payload.clone()).await;
+    assert!(asked.is_err(), "a tenant got an answer: {asked:?}");
+    let inside = common::connect(&mesh.url).await;
+    let answer = inside.request(subject, payload).await.expect("an answer");
+    let status: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
+    assert_eq!(status["state"], "finished", "{status}");
+}
