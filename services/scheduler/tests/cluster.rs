@@ -42,6 +42,12 @@ const SESSIONS: usize = 4;
 const CONFIRMATIONS: usize = 3;
 /// The bound of the waits that span a failover.
 const HEAL: Duration = Duration::from_secs(90);
+/// How long a burst job "runs" on a node: long enough that a failure finds runs in flight
+/// (their requests and replies crossing the killed server), short enough for the burst.
+const BURST_RUN_MS: u64 = 250;
+/// Every job's timeout: the scheduler's wait for a reply is this plus its 5 s grace, after
+/// which a run whose reply was lost is asked for.
+const JOB_TIMEOUT_MS: u64 = 5_000;
 
 fn burst_size() -> usize {
     std::env::var("SANDMESH_CLUSTER_JOBS")
@@ -55,6 +61,7 @@ fn job(id: &str, code: &str) -> ExecRequest {
         execution_id: Some(id.into()),
         language: Language::Python,
         code: code.into(),
+        timeout_ms: Some(JOB_TIMEOUT_MS),
         ..Default::default()
     }
 }
@@ -211,6 +218,9 @@ async fn heartbeats(js: &jetstream::Context) -> BTreeMap<String, Heartbeat> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_loss() {
+    // `RUST_LOG=scheduler::executor_client=info` shows each run the scheduler asked a node
+    // about ("asked the node what happened").
+    test_support::trace_to_test_output();
     let jobs = burst_size();
     let mut cluster = NatsCluster::start();
     let runs = Runs::default();
@@ -300,7 +310,8 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
                     .map(move |id| {
                         let (js, count) = (js.clone(), count.clone());
                         async move {
-                            let ok = submit(&js, &id, &format!("print('{id}')")).await;
+                            let code = format!("print('{id}')  # sleep:{BURST_RUN_MS}");
+                            let ok = submit(&js, &id, &code).await;
                             if ok {
                                 count.fetch_add(1, Ordering::SeqCst);
                             }
