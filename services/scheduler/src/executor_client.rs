@@ -79,9 +79,12 @@ impl ExecutorClient {
     }
 
     /// Runs `run` on `node` of `backend` (that backend's queue group when `None`), giving it
-    /// `deadline`.
-    async fn run(
+    /// `deadline`; ended as lost when `node`'s heartbeat goes ([`Placer::unless_gone`]). A run
+    /// that ends lost on a known node is recovered (the module's comment) before it is called
+    /// lost; one on the queue group (no node was known) cannot be asked after.
+    pub async fn run_watched(
         &self,
+        placer: &Placer,
         backend: Backend,
         node: Option<&str>,
         run: &ExecutorRun,
@@ -93,105 +96,21 @@ impl ExecutorClient {
             scope,
             json!({"node": node, "tier": run.tier.as_str(), "backend": backend.as_str()}),
         );
-        self.send(backend, node, run, deadline).await
-    }
-
-    /// [`Self::run`], ended as lost when `node`'s heartbeat goes ([`Placer::unless_gone`]);
-    /// a run that ends lost on a known node is recovered (the module's comment) before it is
-    /// called lost. A run on the queue group (no node known) cannot be asked after: lost.
-    pub async fn run_watched(
-        &self,
-        placer: &Placer,
-        backend: Backend,
-        node: Option<&str>,
-        run: &ExecutorRun,
-        deadline: Duration,
-        scope: &AuditScope,
-    ) -> Call {
-        let running = self.run(backend, node, run, deadline, scope);
+        let running = self.send(backend, node, run, deadline);
         let call = placer.unless_gone(node, running).await;
         match (node, call) {
             (Some(node), Call::Lost(why)) => {
-                self.recover(placer, backend, node, run, deadline, why)
-                    .await
+                let lost = LostRun {
+                    client: self,
+                    placer,
+                    backend,
+                    node,
+                    run,
+                    deadline,
+                };
+                lost.recover(why).await
             }
             (_, call) => call,
-        }
-    }
-
-    async fn recover(
-        &self,
-        placer: &Placer,
-        backend: Backend,
-        node: &str,
-        run: &ExecutorRun,
-        deadline: Duration,
-        mut why: String,
-    ) -> Call {
-        for _ in 0..RECOVERY_ROUNDS {
-            let status = match self.status(placer, backend, node, run, deadline).await {
-                Ok(status) => status,
-                Err(not_asked) => {
-                    return Call::Lost(format!("{why}; {}", kit::error_chain(&not_asked)))
-                }
-            };
-            tracing::info!(
-                execution_id = %run.execution_id, node, state = ?status.state, lost = %why,
-                "asked the node what happened to a run whose reply did not come"
-            );
-            if let Some(call) = settled_by(status, node, &why) {
-                return call;
-            }
-            let again = self.send(backend, Some(node), run, deadline);
-            match placer.unless_gone(Some(node), again).await {
-                Call::Lost(w) => why = w,
-                Call::NoResponders => why = format!("nothing answers on node {node}"),
-                call => return call,
-            }
-        }
-        Call::Lost(why)
-    }
-
-    /// What `node` says happened to `run`, asked until it answers. `Err` (why not) once
-    /// nothing answers for the node and its heartbeat is gone, or `deadline` ran out.
-    async fn status(
-        &self,
-        placer: &Placer,
-        backend: Backend,
-        node: &str,
-        run: &ExecutorRun,
-        deadline: Duration,
-    ) -> Result<ExecutorRunStatus, Unanswered> {
-        let subject = self
-            .subjects
-            .executor_node_on(backend, node, ExecutorOp::Status);
-        let query = ExecutorStatusQuery::of(run);
-        let give_up = Instant::now() + deadline;
-        let mut backoff = STATUS_BACKOFF;
-        loop {
-            let asked = self
-                .caller
-                .call_timeout::<_, ExecutorRunStatus>(subject.clone(), &query, STATUS_TIMEOUT)
-                .await;
-            let e = match asked {
-                Ok(status) => return Ok(status),
-                Err(e) => e,
-            };
-            // A node the registry still knows may be reconnecting: ask again. (A failed
-            // look-up is no proof of death either.)
-            if matches!(e, CallError::NoResponders(_))
-                && matches!(placer.is_alive(node).await, Ok(false))
-            {
-                return Err(Unanswered::Gone(node.to_string()));
-            }
-            if Instant::now() + backoff >= give_up {
-                return Err(Unanswered::Silent {
-                    node: node.to_string(),
-                    last: e,
-                });
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(STATUS_MAX_BACKOFF);
         }
     }
 
@@ -246,6 +165,85 @@ impl ExecutorClient {
         {
             Ok(_) | Err(CallError::NoResponders(_)) => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// A run on a known node whose reply did not come, being recovered.
+struct LostRun<'a> {
+    client: &'a ExecutorClient,
+    placer: &'a Placer,
+    backend: Backend,
+    node: &'a str,
+    run: &'a ExecutorRun,
+    deadline: Duration,
+}
+
+impl LostRun<'_> {
+    async fn recover(&self, mut why: String) -> Call {
+        let (node, run) = (self.node, self.run);
+        for _ in 0..RECOVERY_ROUNDS {
+            let status = match self.status().await {
+                Ok(status) => status,
+                Err(not_asked) => {
+                    return Call::Lost(format!("{why}; {}", kit::error_chain(&not_asked)))
+                }
+            };
+            tracing::info!(
+                execution_id = %run.execution_id, node, state = ?status.state, lost = %why,
+                "asked the node what happened to a run whose reply did not come"
+            );
+            if let Some(call) = settled_by(status, node, &why) {
+                return call;
+            }
+            let again = self
+                .client
+                .send(self.backend, Some(node), run, self.deadline);
+            match self.placer.unless_gone(Some(node), again).await {
+                Call::Lost(w) => why = w,
+                Call::NoResponders => why = format!("nothing answers on node {node}"),
+                call => return call,
+            }
+        }
+        Call::Lost(why)
+    }
+
+    /// What the node says happened to the run, asked until it answers. `Err` (why not) once
+    /// nothing answers for the node and its heartbeat is gone, or the run's budget ran out.
+    async fn status(&self) -> Result<ExecutorRunStatus, Unanswered> {
+        let node = self.node;
+        let subject = self
+            .client
+            .subjects
+            .executor_node_on(self.backend, node, ExecutorOp::Status);
+        let query = ExecutorStatusQuery::of(self.run);
+        let give_up = Instant::now() + self.deadline;
+        let mut backoff = STATUS_BACKOFF;
+        loop {
+            let asked = self
+                .client
+                .caller
+                .call_timeout::<_, ExecutorRunStatus>(subject.clone(), &query, STATUS_TIMEOUT)
+                .await;
+            let e = match asked {
+                Ok(status) => return Ok(status),
+                Err(e) => e,
+            };
+            // A node the registry still knows may be reconnecting: ask again. (A failed
+            // look-up is no proof of death either.)
+            if matches!(e, CallError::NoResponders(_))
+                && matches!(self.placer.is_alive(node).await, Ok(false))
+            {
+                return Err(Unanswered::Gone(node.to_string()));
+            }
+            if Instant::now() + backoff >= give_up {
+                return Err(Unanswered::Silent {
+                    node: node.to_string(),
+                    last: e,
+                });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(STATUS_MAX_BACKOFF);
         }
     }
 }
