@@ -114,6 +114,23 @@ impl ExecutorClient {
         }
     }
 
+    /// Whether `node` of `backend` answers at all (its status subject, for an id nobody
+    /// uses): a node whose heartbeat lapsed in a NATS failover is alive if it does.
+    pub async fn answers(&self, backend: Backend, node: &str) -> bool {
+        let subject = self
+            .subjects
+            .executor_node_on(backend, node, ExecutorOp::Status);
+        let probe = ExecutorStatusQuery {
+            execution_id: "liveness-probe".into(),
+            tenant: None,
+        };
+        let asked = self
+            .caller
+            .call_timeout::<_, ExecutorRunStatus>(subject, &probe, STATUS_TIMEOUT)
+            .await;
+        matches!(asked, Ok(_) | Err(CallError::Service(_)))
+    }
+
     /// One call of `run` (retried while the node is full), classified.
     async fn send(
         &self,

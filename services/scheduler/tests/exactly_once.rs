@@ -13,8 +13,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Mesh, NodeStandin};
-use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language};
-use messages::subjects::ExecutorOp;
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, TierChoice};
+use messages::session::{SessionOpen, SessionRecord, SessionState};
+use messages::subjects::{ExecutorOp, SessionOp};
 use messages::{ServiceName, Subjects};
 
 const NODE: &str = "node-a";
@@ -24,7 +25,7 @@ const NODE: &str = "node-a";
 /// half a second past an execution's timeout.
 async fn mesh_with_node(tenants: &[&str]) -> (Mesh, NodeStandin) {
     test_support::trace_to_test_output();
-    let mut builder = Mesh::builder().risk();
+    let mut builder = Mesh::builder().risk().workspace();
     if !tenants.is_empty() {
         builder = builder.tenants(tenants, &[]);
     }
@@ -121,6 +122,54 @@ async fn a_node_alive_after_its_heartbeat_lapsed_keeps_its_run() {
     let r = running.await.unwrap().expect("an answer");
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
     assert_eq!(runs_of(&mesh, "beat-1"), 1, "one run");
+}
+
+/// A node whose heartbeat lapsed but that still answers keeps its sessions: its beats were
+/// lost, not its containers. (With one node, a session marked lost would have nowhere to go.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_answers_after_its_heartbeat_lapsed_keeps_its_sessions() {
+    let (mesh, _node) = mesh_with_node(&[]).await;
+    let s = Subjects::default();
+    let open = SessionOpen {
+        session_id: Some("kept".into()),
+        tier: Some(Tier::Session),
+        ..Default::default()
+    };
+    let _: SessionRecord = mesh
+        .client
+        .call(s.sessions(SessionOp::Open), &open)
+        .await
+        .unwrap();
+    let in_session = |n: usize| ExecRequest {
+        session_id: Some("kept".into()),
+        tier: TierChoice::Session,
+        ..request(&format!("kept-{n}"), "print('in session')", 5_000)
+    };
+    let first = mesh.exec(&in_session(0)).await.unwrap();
+    assert_eq!(first.node.as_deref(), Some(NODE), "{first:?}");
+
+    let kv = mesh.js.get_key_value(s.nodes_bucket()).await.unwrap();
+    let key = ServiceName::DockerExecutor.heartbeat_key(NODE);
+    kv.delete(&key).await.unwrap();
+    common::eventually("the node's next heartbeat", || {
+        let (kv, key) = (kv.clone(), key.clone());
+        async move { kv.get(key).await.ok().flatten() }
+    })
+    .await;
+    let get = serde_json::json!({"session_id": "kept"});
+    let record: SessionRecord = mesh
+        .client
+        .call(s.sessions(SessionOp::Get), &get)
+        .await
+        .unwrap();
+    assert_eq!(record.state, SessionState::Active, "{record:?}");
+    let next = mesh.exec(&in_session(1)).await.unwrap();
+    assert_eq!(next.status, ExecStatus::Ok, "{next:?}");
+    assert_eq!(next.node.as_deref(), Some(NODE));
+    assert!(
+        !next.session_restored,
+        "the session was re-placed: {next:?}"
+    );
 }
 
 /// "What happened to X?" is the mesh's internal question: a tenant's agent asking the node
