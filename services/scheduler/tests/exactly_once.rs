@@ -199,3 +199,60 @@ async fn a_tenant_cannot_ask_a_node_what_happened() {
     let status: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
     assert_eq!(status["state"], "finished", "{status}");
 }
+
+/// The node's status subject refuses what it cannot read: not JSON, wrong types, a missing
+/// id (400), ids no run can have — too long, subject wildcards, path tricks, another tenant's
+/// prefix (400) — and a payload past the server's limit never reaches it. None of it touches
+/// the node's runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn malformed_oversized_and_hostile_status_queries_are_refused() {
+    let (mesh, node) = mesh_with_node(&[]).await;
+    let inside = common::connect(&mesh.url).await;
+    let subject = Subjects::default().executor_node(NODE, ExecutorOp::Status);
+    let too_long = "x".repeat(messages::validate::MAX_ID_LEN + 1);
+    let hostile = [
+        "{not json".to_string(),
+        r#"{"execution_id": 7}"#.to_string(),
+        r#"{"tenant": "acme"}"#.to_string(),
+        format!(r#"{{"execution_id": "{too_long}"}}"#),
+        r#"{"execution_id": "a.>"}"#.to_string(),
+        r#"{"execution_id": "../x"}"#.to_string(),
+        r#"{"execution_id": "beta-x1", "tenant": "acme"}"#.to_string(),
+        r#"{"execution_id": "acme-x1", "tenant": "ACME"}"#.to_string(),
+    ];
+    let code_of = |reply: async_nats::Message| {
+        reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(messages::codec::SERVICE_ERROR_CODE))
+            .map(|v| v.as_str().to_string())
+    };
+    for payload in &hostile {
+        let reply = inside
+            .request(subject.clone(), payload.clone().into_bytes().into())
+            .await
+            .unwrap();
+        assert_eq!(code_of(reply).as_deref(), Some("400"), "{payload}");
+    }
+    // The largest payload the server takes reaches the node and is refused for its id; one
+    // byte more never leaves the client (the shipped `max_payload`, which the node's own
+    // 1 MiB bound equals).
+    let max = inside.server_info().max_payload;
+    let sized = |n: usize| {
+        let id = "x".repeat(n - r#"{"execution_id":""}"#.len());
+        format!(r#"{{"execution_id":"{id}"}}"#).into_bytes()
+    };
+    let largest = inside
+        .request(subject.clone(), sized(max).into())
+        .await
+        .unwrap();
+    assert_eq!(code_of(largest).as_deref(), Some("400"));
+    let oversized = inside.request(subject, sized(max + 1).into()).await;
+    assert!(oversized.is_err(), "{oversized:?}");
+    assert!(node.is_running(), "the node still serves");
+    let r = mesh
+        .exec(&request("after-1", "print('x')", 5_000))
+        .await
+        .unwrap();
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+}
