@@ -2,12 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{ExecRequest, Tier};
+use crate::exec::{ExecRequest, ExecResult, Tier};
 use crate::network::NetworkPolicy;
 use crate::template::RunTemplate;
 use crate::tenancy::{unscoped, Tenant};
 use crate::validate::{validate_id, ValidationError};
-use crate::Subjects;
+use crate::{ErrorBody, Subjects};
 
 /// `executor.docker.run` (any node, tier `ephemeral`) or `executor.docker.<node>.run` (the
 /// node holding the session's container). Limits and timeout in `request` are already
@@ -45,22 +45,9 @@ impl ExecutorRun {
     /// be a valid client id — the protocol's 64 characters hold on every path.
     pub fn validate_ids(&self) -> Result<(), ValidationError> {
         let tenant = self.tenant.as_ref();
-        let scoped_by_tenant = |field: &str, id: &str| {
-            let own = match tenant {
-                Some(t) => id
-                    .strip_prefix(t.as_str())
-                    .and_then(|rest| rest.strip_prefix('-'))
-                    .ok_or_else(|| {
-                        ValidationError::invalid(field, format!("is not scoped by tenant {t}"))
-                    })?,
-                // An internal caller's run: a client id, or one it scoped itself.
-                None => return crate::tenancy::validate_scoped_id(field, id),
-            };
-            validate_id(field, own)
-        };
-        scoped_by_tenant("execution_id", &self.execution_id)?;
+        validate_run_id(tenant, "execution_id", &self.execution_id)?;
         if let Some(session) = &self.request.session_id {
-            scoped_by_tenant("session_id", session)?;
+            validate_run_id(tenant, "session_id", session)?;
         }
         Ok(())
     }
@@ -70,6 +57,74 @@ impl ExecutorRun {
         let tenant = self.tenant.as_ref();
         subjects.output(tenant, &unscoped(tenant, &self.execution_id))
     }
+}
+
+/// An id of a run for `tenant`: scoped by it (what follows `<tenant>-` a valid client id), or
+/// for an internal caller's run (no tenant) a client id or one it scoped itself.
+fn validate_run_id(tenant: Option<&Tenant>, field: &str, id: &str) -> Result<(), ValidationError> {
+    let Some(t) = tenant else {
+        return crate::tenancy::validate_scoped_id(field, id);
+    };
+    let own = id
+        .strip_prefix(t.as_str())
+        .and_then(|rest| rest.strip_prefix('-'))
+        .ok_or_else(|| ValidationError::invalid(field, format!("is not scoped by tenant {t}")))?;
+    validate_id(field, own)
+}
+
+/// `executor.<backend>.<node>.status`: "what happened to this execution?" — asked by the
+/// scheduler when a run's reply did not come (lost in a NATS failover, or the node's heartbeat
+/// lapsed while it ran), before it calls the run lost. The id and tenant are the run's, so a
+/// run of another tenant with the same client id is a different execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutorStatusQuery {
+    pub execution_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Tenant>,
+}
+
+impl ExecutorStatusQuery {
+    /// The query for `run`.
+    pub fn of(run: &ExecutorRun) -> Self {
+        Self {
+            execution_id: run.execution_id.clone(),
+            tenant: run.tenant.clone(),
+        }
+    }
+
+    /// The same id rule as the run's.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate_run_id(self.tenant.as_ref(), "execution_id", &self.execution_id)
+    }
+}
+
+/// Where an execution stands on the node that was asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// The node has no record of it: it never reached the node (or ended longer ago than the
+    /// node keeps results, `SANDMESH_EXEC_RESULT_KEEP_MS`). Nothing of it runs there.
+    Unknown,
+    /// It runs now; a run request with the same id attaches to it instead of running it again.
+    Running,
+    /// It ended; the answer it gave is in `result` or `error`.
+    Finished,
+    /// It ended, but its answer was dropped to stay within the node's memory bound. It must
+    /// not run again, and its output is gone.
+    Forgotten,
+}
+
+/// The reply to an [`ExecutorStatusQuery`]. `state` has no default: a reply that does not say
+/// where the run stands must not read as `unknown` (which makes the scheduler run it again).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorRunStatus {
+    pub state: RunState,
+    /// `Finished` with a result: the one the run answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Box<ExecResult>>,
+    /// `Finished` with an error: the error the run answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
 }
 
 /// How an executor node isolates code (advertised in its heartbeat's `backends`).
@@ -154,5 +209,24 @@ mod tests {
         assert!(foreign.validate_ids().is_err());
         let internal = run(None, longest, None);
         assert_eq!(internal.validate_ids(), Ok(()));
+    }
+
+    #[test]
+    fn a_status_query_takes_the_runs_id_rule_and_old_payloads_decode() {
+        let mut q = ExecutorStatusQuery::of(&run(Some("acme"), "acme-x1".into(), None));
+        assert_eq!(q.validate(), Ok(()));
+        q.execution_id = "beta-x1".into();
+        assert!(q.validate().is_err(), "another tenant's id");
+        q.execution_id = "acme-a b".into();
+        assert!(q.validate().is_err());
+        // A query without a tenant, and a reply with only a state, as an older peer sends.
+        let q: ExecutorStatusQuery = serde_json::from_str(r#"{"execution_id":"x1"}"#).unwrap();
+        assert_eq!((q.validate(), q.tenant), (Ok(()), None));
+        let s: ExecutorRunStatus = serde_json::from_str(r#"{"state":"running"}"#).unwrap();
+        assert_eq!(
+            (s.state, s.result, s.error),
+            (RunState::Running, None, None)
+        );
+        assert!(serde_json::from_str::<ExecutorRunStatus>("{}").is_err());
     }
 }

@@ -347,8 +347,9 @@ ops!(
     }
 );
 ops!(
-    /// `sandbox.v1.executor.docker.<node_id>.<op>`
-    ExecutorOp { Run => "run", Close => "close", Drain => "drain" }
+    /// `sandbox.v1.executor.<backend>.<node_id>.<op>`; `status` answers what happened to an
+    /// execution the node was sent ([`crate::executor::ExecutorStatusQuery`]).
+    ExecutorOp { Run => "run", Close => "close", Drain => "drain", Status => "status" }
 );
 
 #[cfg(test)]
@@ -376,6 +377,10 @@ mod tests {
         assert_eq!(
             s.executor_node_on(Backend::Bwrap, "n1", ExecutorOp::Run),
             "sandbox.v1.executor.bwrap.n1.run"
+        );
+        assert_eq!(
+            s.executor_node_on(Backend::Bwrap, "n1", ExecutorOp::Status),
+            "sandbox.v1.executor.bwrap.n1.status"
         );
         assert_eq!(s.templates(TemplateOp::List), "sandbox.v1.templates.list");
         assert_eq!(s.templates_bucket(), "sandbox_templates");

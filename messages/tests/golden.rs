@@ -7,9 +7,11 @@ use std::path::PathBuf;
 
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
+use messages::executor::{ExecutorRunStatus, ExecutorStatusQuery, RunState};
 use messages::network::NetworkPolicy;
 use messages::risk::*;
 use messages::template::{Template, TemplateRan, TemplateRecord, TemplateRef};
+use messages::tenancy::Tenant;
 use messages::testrun::{
     TestCase, TestCaseStatus, TestReport, TestRequest, TestRunStatus, TestTotals,
 };
@@ -342,6 +344,30 @@ fn golden_vectors_are_byte_exact() {
             allow_cidrs: vec!["10.20.0.0/16".into()],
             allow_all: false,
             ports: Some(vec![443]),
+        },
+    );
+    // Issue 23: "what happened to X?", asked of an executor node, and its answer.
+    check(
+        "executor_status_query",
+        &ExecutorStatusQuery {
+            execution_id: "acme-01JD0000000000000000000000".into(),
+            tenant: Some(Tenant::new("acme").unwrap()),
+        },
+    );
+    check(
+        "executor_run_status",
+        &ExecutorRunStatus {
+            state: RunState::Finished,
+            result: Some(Box::new(exec_result())),
+            error: None,
+        },
+    );
+    check(
+        "executor_run_status_running",
+        &ExecutorRunStatus {
+            state: RunState::Running,
+            result: None,
+            error: None,
         },
     );
     check(

@@ -18,7 +18,8 @@ use std::time::Duration;
 use messages::exec::{
     ContentEncoding, ExecRequest, ExecResult, ExecStatus, Language, Limits, Tier,
 };
-use messages::executor::ExecutorRun;
+use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
+use messages::tenancy::Tenant;
 use messages::{ErrorBody, ErrorKind};
 
 /// One node of a backend under test.
@@ -28,6 +29,12 @@ pub trait ExecutorHarness: Sized {
     /// One run on the node's own run subject; a refusal is the `Err`. A transport failure
     /// panics.
     fn run(&self, run: &ExecutorRun) -> impl Future<Output = Result<ExecResult, ErrorBody>>;
+    /// "What happened to this execution?" on the node's own status subject; a refusal is the
+    /// `Err`. A transport failure panics.
+    fn status(
+        &self,
+        query: &ExecutorStatusQuery,
+    ) -> impl Future<Output = Result<ExecutorRunStatus, ErrorBody>>;
     /// Bounded poll: no process and no sandbox of this node's runs is left (a backend's warm
     /// pool, ready and unused, may remain).
     fn assert_clean(&self) -> impl Future<Output = ()>;
@@ -389,39 +396,84 @@ pub async fn long_ids<H: ExecutorHarness>() {
     h.stop().await;
 }
 
-/// An execution id that comes again (a retry, a redelivered job) runs again, also while its
-/// first run still goes and right after it ended: nothing a backend names after the id (a
-/// sandbox, a cgroup) may be shared by two runs, or the end of one kills the other.
+/// An execution id runs once per node, however often its request comes (a scheduler whose
+/// reply was lost in a NATS failover sends it again): a repeat while it runs attaches to the
+/// run, a repeat after it ended gets the kept answer — the same random output each time — and
+/// `status` says `unknown`, `running`, `finished` along the way. Ids are scoped by tenant:
+/// another tenant's execution of the same client id is unknown, and naming this tenant's id as
+/// another tenant is refused.
 pub async fn repeated_id<H: ExecutorHarness>() {
     let h = H::start().await;
-    let slow = limited(
+    let own = messages::new_id();
+    let acme = Tenant::new("acme").expect("a valid tenant");
+    let mut slow = limited(
         Language::Shell,
-        "sleep 1; echo slow",
-        10_000,
+        "sleep 2; echo $RANDOM$RANDOM$RANDOM",
+        20_000,
         Limits::default(),
     );
-    let mut quick = ephemeral(Language::Shell, "echo quick");
-    quick.execution_id = slow.execution_id.clone();
-    quick.request.execution_id = slow.request.execution_id.clone();
-    let (a, b) = tokio::join!(answered(&h, &slow), answered(&h, &quick));
+    slow.execution_id = format!("acme-{own}");
+    slow.request.execution_id = Some(own.clone());
+    slow.tenant = Some(acme.clone());
+    let query = ExecutorStatusQuery::of(&slow);
+    let state = |q: ExecutorStatusQuery| {
+        let h = &h;
+        async move {
+            h.status(&q)
+                .await
+                .unwrap_or_else(|e| panic!("status of {q:?} refused: {e:?}"))
+                .state
+        }
+    };
+    assert_eq!(state(query.clone()).await, RunState::Unknown);
+
+    let first = answered(&h, &slow);
+    let repeats = async {
+        crate::eventually(
+            "the first run to be running",
+            Duration::from_secs(60),
+            || {
+                let q = query.clone();
+                let state = &state;
+                async move { (state(q).await == RunState::Running).then_some(()) }
+            },
+        )
+        .await;
+        // Different code under the same id: still the one run's answer, not a second run.
+        let mut other = slow.clone();
+        other.request.code = "echo second run".into();
+        tokio::join!(answered(&h, &slow), answered(&h, &other))
+    };
+    let (a, (b, c)) = tokio::join!(first, repeats);
+    assert_eq!(a.status, ExecStatus::Ok, "{a:?}");
+    assert!(a.stdout.trim().parse::<u64>().is_ok(), "{a:?}");
     assert_eq!(
-        (a.status, a.stdout.as_str()),
-        (ExecStatus::Ok, "slow\n"),
-        "{a:?}"
+        (&b.stdout, &c.stdout),
+        (&a.stdout, &a.stdout),
+        "{b:?} {c:?}"
     );
-    assert_eq!(
-        (b.status, b.stdout.as_str()),
-        (ExecStatus::Ok, "quick\n"),
-        "{b:?}"
-    );
-    for _ in 0..2 {
-        let r = answered(&h, &quick).await;
-        assert_eq!(
-            (r.status, r.stdout.as_str()),
-            (ExecStatus::Ok, "quick\n"),
-            "{r:?}"
-        );
-    }
+
+    let done = h.status(&query).await.expect("status");
+    assert_eq!(done.state, RunState::Finished, "{done:?}");
+    assert_eq!(done.result.map(|r| r.stdout), Some(a.stdout.clone()));
+    let again = answered(&h, &slow).await;
+    assert_eq!(again.stdout, a.stdout, "the kept answer, not a second run");
+
+    let beta = Tenant::new("beta").expect("a valid tenant");
+    let same_client_id = ExecutorStatusQuery {
+        execution_id: format!("beta-{own}"),
+        tenant: Some(beta.clone()),
+    };
+    assert_eq!(state(same_client_id).await, RunState::Unknown);
+    let foreign = ExecutorStatusQuery {
+        execution_id: slow.execution_id.clone(),
+        tenant: Some(beta),
+    };
+    let refused = h
+        .status(&foreign)
+        .await
+        .expect_err("acme's id asked as beta");
+    assert_eq!(refused.code, 400, "{refused:?}");
     assert_recovered(&h).await;
     h.stop().await;
 }

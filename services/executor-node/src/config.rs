@@ -10,6 +10,8 @@ use kit::config::ConfigReader;
 use kit::KitConfig;
 use messages::validate::Ceilings;
 
+use crate::results::KeepLimits;
+
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
     pub kit: KitConfig,
@@ -27,6 +29,9 @@ pub struct NodeConfig {
     pub janitor_interval: Duration,
     /// Per-request limits: defaults and the most a request may ask for.
     pub ceilings: Ceilings,
+    /// How long and how much of the runs' answers the node keeps for callers whose reply was
+    /// lost (`crate::results`).
+    pub results: KeepLimits,
 }
 
 impl NodeConfig {
@@ -48,6 +53,14 @@ impl NodeConfig {
             ..d
         };
         let workspace_mb = r.parse("EXEC_WORKSPACE_MB", 64u64);
+        let k = KeepLimits::default();
+        let results = KeepLimits {
+            keep: r.millis("EXEC_RESULT_KEEP_MS", k.keep),
+            max_entries: r.parse("EXEC_RESULT_KEEP_MAX", k.max_entries),
+            max_bytes: r
+                .parse("EXEC_RESULT_KEEP_MB", k.max_bytes >> 20)
+                .saturating_mul(1 << 20),
+        };
         let c = Self {
             image: r.string("EXEC_IMAGE", "sandmesh/sandbox:latest"),
             workspace_mb,
@@ -57,6 +70,7 @@ impl NodeConfig {
             kill_grace: r.millis("EXEC_KILL_GRACE_MS", Duration::from_secs(5)),
             janitor_interval: r.millis("EXEC_JANITOR_MS", Duration::from_secs(30)),
             ceilings,
+            results,
             kit,
         };
         c.check(r);
@@ -105,6 +119,21 @@ impl NodeConfig {
                 r.error(format!("{name}: must be greater than 0"));
             }
         }
+        // A reply lost at a run's end is looked for once the scheduler's wait ran out: the
+        // answer must still be there then.
+        let longest_run = Duration::from_millis(c.max_timeout_ms) + self.kill_grace;
+        if self.results.keep < longest_run {
+            r.error(format!(
+                "SANDMESH_EXEC_RESULT_KEEP_MS: at least the longest run ({} ms: \
+                 SANDMESH_EXEC_MAX_TIMEOUT_MS plus SANDMESH_EXEC_KILL_GRACE_MS)",
+                longest_run.as_millis()
+            ));
+        }
+        if self.results.max_entries == 0 || self.results.max_bytes == 0 {
+            r.error(
+                "SANDMESH_EXEC_RESULT_KEEP_MAX and SANDMESH_EXEC_RESULT_KEEP_MB: greater than 0",
+            );
+        }
         if self.janitor_interval < Duration::from_millis(100) {
             r.error("SANDMESH_EXEC_JANITOR_MS: at least 100");
         }
@@ -149,9 +178,14 @@ mod tests {
             ("SANDMESH_EXEC_NOFILE", "0"),
             ("SANDMESH_EXEC_JANITOR_MS", "5"),
             ("SANDMESH_HEARTBEAT_MS", "soon"),
+            ("SANDMESH_EXEC_RESULT_KEEP_MS", "1000"),
         ])
         .unwrap_err();
-        assert_eq!(e.0.len(), 4, "{e}");
+        assert_eq!(e.0.len(), 5, "{e}");
+        assert!(
+            e.to_string().contains("SANDMESH_EXEC_RESULT_KEEP_MS"),
+            "{e}"
+        );
         assert!(e.to_string().contains("SANDMESH_EXEC_DEFAULT_PIDS"));
     }
 }

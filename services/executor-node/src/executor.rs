@@ -1,9 +1,10 @@
 //! `ExecutorNode<B>`: the node's root actor, the same for every backend. It admits runs
 //! (validation, the node's ceilings, the backend's run kinds, capacity → 429, draining → 503),
-//! hands each admitted run to the backend, drains, closes sessions, and supervises its
-//! children: the `Janitor` is restarted when it fails; any other child is the backend's, and
-//! its failure fails the node (so `run()` ends instead of a heartbeat for a node that cannot
-//! run anything).
+//! hands each admitted run to the backend — once per execution id: a repeated request attaches
+//! to the run or gets its kept answer ([`ResultStore`]), and `status` says which — drains,
+//! closes sessions, and supervises its children: the `Janitor` is restarted when it fails; any
+//! other child is the backend's, and its failure fails the node (so `run()` ends instead of a
+//! heartbeat for a node that cannot run anything).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -11,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use kit::RequestContext;
 use messages::exec::ExecResult;
-use messages::executor::{ExecutorClose, ExecutorDrain, ExecutorRun};
+use messages::executor::{
+    ExecutorClose, ExecutorDrain, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery,
+};
 use messages::validate::validate_exec;
 use messages::workspace::Ack;
 use messages::ErrorBody;
@@ -21,6 +24,7 @@ use crate::config::NodeConfig;
 use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
 use crate::job::{output_budget, Admitted, Job};
 use crate::node::NodeState;
+use crate::results::{ResultStore, Seen};
 use crate::slot::RunSlot;
 use crate::Backend;
 
@@ -33,6 +37,11 @@ pub enum NodeMsg {
     Run(RequestContext, ExecutorRun, Reply<ExecResult>),
     Close(RequestContext, ExecutorClose, Reply<Ack>),
     Drain(RequestContext, ExecutorDrain, Reply<Ack>),
+    Status(
+        RequestContext,
+        ExecutorStatusQuery,
+        Reply<ExecutorRunStatus>,
+    ),
 }
 
 pub struct ExecutorNode<B>(PhantomData<fn() -> B>);
@@ -52,6 +61,8 @@ pub struct NodeArgs<B: Backend> {
     /// The most output a result can carry over the node's NATS connection.
     pub client: async_nats::Client,
     pub janitor: JanitorArgs<B::Sweeper>,
+    /// The runs' answers, kept for callers whose reply was lost.
+    pub results: Arc<ResultStore>,
 }
 
 pub struct NodeActorState<B: Backend> {
@@ -65,6 +76,7 @@ pub struct NodeActorState<B: Backend> {
     janitor_args: JanitorArgs<B::Sweeper>,
     /// Set by a drain: no new work is taken.
     draining: bool,
+    results: Arc<ResultStore>,
 }
 
 impl<B: Backend> NodeActorState<B> {
@@ -113,6 +125,7 @@ impl<B: Backend> Actor for ExecutorNode<B> {
             capacity,
             client,
             janitor: janitor_args,
+            results,
         } = args;
         backend.start(myself.get_cell()).await?;
         let (janitor, _) = Actor::spawn_linked(
@@ -131,6 +144,7 @@ impl<B: Backend> Actor for ExecutorNode<B> {
             janitor,
             janitor_args,
             draining: false,
+            results,
         })
     }
 
@@ -141,12 +155,35 @@ impl<B: Backend> Actor for ExecutorNode<B> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            NodeMsg::Run(_ctx, run, reply) => match state.admit(&run) {
-                Ok((job, slot)) => state.backend.execute(Admitted::new(job, reply, slot))?,
-                Err(e) => {
-                    let _ = reply.send(Err(e));
+            NodeMsg::Run(_ctx, run, reply) => {
+                // Handled one at a time here, so a run is recorded before the next request
+                // for it is looked up: never two runs of one id.
+                let reply = match state.results.seen(&run, reply) {
+                    Ok(Seen::Attached) => return Ok(()),
+                    Ok(Seen::Answered(reply, answer)) => {
+                        let _ = reply.send(*answer);
+                        return Ok(());
+                    }
+                    Err(reply) => reply,
+                };
+                match state.admit(&run) {
+                    Ok((job, slot)) => {
+                        state.results.started(&run);
+                        let admitted = Admitted::new(job, reply, slot, state.results.clone());
+                        state.backend.execute(admitted)?
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
                 }
-            },
+            }
+            NodeMsg::Status(_ctx, query, reply) => {
+                let status = query
+                    .validate()
+                    .map(|()| state.results.status(&query))
+                    .map_err(ErrorBody::from);
+                let _ = reply.send(status);
+            }
             NodeMsg::Close(_ctx, close, reply) => {
                 let closed = state.backend.close(close.session_id);
                 tokio::spawn(async move {

@@ -3,6 +3,7 @@
 //! back, and the supervisor's request for it ([`run_spec`], [`request_files`]): the same
 //! program, environment and limits whichever sandbox runs it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use messages::exec::{ExecResult, Language};
@@ -14,6 +15,7 @@ use ractor::RpcReplyPort;
 use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
 
 use crate::config::NodeConfig;
+use crate::results::{Answer, ResultStore};
 use crate::slot::RunSlot;
 
 /// Where the sandbox image installs the supervisor.
@@ -48,31 +50,58 @@ impl Job {
 pub type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
 
 /// A job with the caller waiting for it and its run slot: answering consumes it (and gives
-/// the slot back); dropping it unanswered does too, and the caller learns the actor is gone.
+/// the slot back), and answers alike every caller that attached to the run meanwhile (the
+/// node's [`ResultStore`] keeps the answer for callers whose reply was lost). Dropping it
+/// unanswered answers them all `unavailable`: nothing is kept, so a retry runs it.
 pub struct Admitted {
     pub job: Job,
-    reply: Reply,
-    slot: RunSlot,
+    reply: Option<Reply>,
+    slot: Option<RunSlot>,
+    results: Arc<ResultStore>,
     /// The template and image it runs in, once resolved; its result says so.
     pub ran: Option<TemplateRan>,
 }
 
 impl Admitted {
-    pub fn new(job: Job, reply: Reply, slot: RunSlot) -> Self {
+    /// `results` has been told the run [`ResultStore::started`].
+    pub fn new(job: Job, reply: Reply, slot: RunSlot, results: Arc<ResultStore>) -> Self {
         Self {
             job,
-            reply,
-            slot,
+            reply: Some(reply),
+            slot: Some(slot),
+            results,
             ran: None,
         }
     }
 
-    pub fn answer(self, mut result: Result<ExecResult, ErrorBody>) {
+    pub fn answer(mut self, mut result: Answer) {
         if let Ok(r) = &mut result {
-            r.template = self.ran;
+            r.template = self.ran.take();
         }
-        let _ = self.reply.send(result);
-        self.slot.finished();
+        self.settle(result);
+    }
+
+    fn settle(&mut self, result: Answer) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        for attached in self.results.finished(&self.job.run, &result) {
+            let _ = attached.send(result.clone());
+        }
+        let _ = reply.send(result);
+        if let Some(slot) = self.slot.take() {
+            slot.finished();
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        // Unanswered (a task that panicked, an actor that stopped): what the kit answers for
+        // a dropped reply, to every caller, and not kept.
+        self.settle(Err(ErrorBody::unavailable(
+            "the execution ended without an answer",
+        )));
     }
 }
 

@@ -7,8 +7,10 @@
 //!   backend's run kinds, capacity through RAII [`RunSlot`]s (429), draining (503);
 //! - the executor subjects, served for the backend's kind:
 //!   `sandbox.v1.executor.<backend>.run` (queue group of all nodes of the backend) and
-//!   `sandbox.v1.executor.<backend>.<node_id>.{run,drain}` (and `close` for a backend with
-//!   sessions);
+//!   `sandbox.v1.executor.<backend>.<node_id>.{run,drain,status}` (and `close` for a backend
+//!   with sessions);
+//! - one run per execution id, its answer kept a while for a caller whose reply was lost, and
+//!   `status` ("what happened to X?") from that record ([`results`]);
 //! - the heartbeat (capacity, running, the backend's own gauges), the janitor with its
 //!   watch on other nodes' heartbeat keys, and its restart;
 //! - the supervisor protocol's executor half ([`exchange`]), the run spec ([`job`]) and the
@@ -35,6 +37,7 @@ pub mod janitor;
 pub mod job;
 pub mod node;
 pub mod outcome;
+pub mod results;
 pub mod slot;
 pub mod workspace;
 
@@ -56,6 +59,7 @@ pub use image::{check_image, ImageCheckError};
 pub use janitor::Sweep;
 pub use job::{Admitted, Job, SUPERVISOR_PATH, WORKSPACE_DIR};
 pub use node::NodeState;
+pub use results::{KeepLimits, ResultStore};
 pub use slot::RunSlot;
 
 use executor::NodeArgs;
@@ -155,8 +159,10 @@ pub async fn serve<B: Backend>(
     let me = config.node_id().to_string();
     labels.insert("node".into(), me.clone());
 
+    let results = Arc::new(ResultStore::new(config.results));
     // The heartbeat first: other nodes' janitors judge this node's sandboxes by it.
     let probe_node = node.clone();
+    let probe_results = results.clone();
     let gauges = backend.gauges();
     let host = kit::resources::HostSampler::default();
     let metrics = runtime.metrics.clone();
@@ -171,6 +177,9 @@ pub async fn serve<B: Backend>(
                 metrics.host_resources(&at, r);
             }
             let mut m = probe_node.metrics(capacity);
+            let (kept, kept_bytes) = probe_results.usage();
+            m.insert("kept_results".into(), kept as f64);
+            m.insert("kept_result_bytes".into(), kept_bytes as f64);
             gauges(&mut m);
             kit::heartbeat::Load {
                 capacity: capacity as u32,
@@ -197,6 +206,7 @@ pub async fn serve<B: Backend>(
         capacity,
         client: runtime.client.clone(),
         janitor,
+        results,
     };
     let name = root_actor_name(B::SERVICE, &me);
     let (actor, mut actor_task) =
@@ -225,6 +235,13 @@ pub async fn serve<B: Backend>(
                 subjects.executor_node_on(kind, &me, ExecutorOp::Run),
                 options,
                 run,
+            )
+            .await?;
+        runtime
+            .serve_with(
+                subjects.executor_node_on(kind, &me, ExecutorOp::Status),
+                options,
+                actor_handler(actor.clone(), NodeMsg::Status),
             )
             .await?;
         if B::SESSIONS {

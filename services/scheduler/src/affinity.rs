@@ -109,10 +109,17 @@ impl SessionAffinity {
                 // Not picked (affinity): count it on its node like a pick would.
                 self.placer.dispatched(&node);
             }
-            let running = self
+            let call = self
                 .executor
-                .run(Backend::Docker, Some(&node), run, deadline, scope);
-            let call = self.placer.unless_gone(Some(&node), running).await;
+                .run_watched(
+                    &self.placer,
+                    Backend::Docker,
+                    Some(&node),
+                    run,
+                    deadline,
+                    scope,
+                )
+                .await;
             self.placer.release(Some(&node));
             match call {
                 Call::NoResponders => {

@@ -165,10 +165,10 @@ impl Dispatcher {
                 return Ok(None);
             }
             self.placer.audit_placed(scope, run, decision.as_ref());
-            let running = self
+            let call = self
                 .executor
-                .run(backend, node.as_deref(), run, deadline, scope);
-            let call = self.placer.unless_gone(node.as_deref(), running).await;
+                .run_watched(&self.placer, backend, node.as_deref(), run, deadline, scope)
+                .await;
             // The pick counted this work on the node; it has ended either way.
             self.placer.release(node.as_deref());
             match call {

@@ -71,7 +71,7 @@ impl Placer {
     /// Runs `call` (a run on `node`), ending it as lost as soon as the node's heartbeat is
     /// gone: a run on a node that died has no answer coming, and without this its caller
     /// waited for the whole execution deadline. (A node that only lost its connection may
-    /// still finish the run; its answer has nowhere to go then either.)
+    /// still finish the run: `ExecutorClient::run_watched` asks it before the run is lost.)
     pub async fn unless_gone(&self, node: Option<&str>, call: impl Future<Output = Call>) -> Call {
         let Some(node) = node else {
             return call.await;

@@ -3,6 +3,7 @@
 
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
+use messages::executor::Backend;
 use messages::network::NetworkPolicy;
 use messages::session::{
     SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
@@ -159,8 +160,17 @@ impl SessionApi {
     }
 
     /// Marks the sessions of every node whose heartbeat vanished as lost, until `lost` closes.
+    /// A node that still answers keeps them: its beats were lost (a NATS failover longer than
+    /// the heartbeat's TTL), not its sandboxes, and it beats again once JetStream is back.
     pub async fn mark_lost_sessions(self, mut lost: mpsc::UnboundedReceiver<String>) {
         while let Some(node) = lost.recv().await {
+            if self.executor.answers(Backend::Docker, &node).await {
+                tracing::warn!(
+                    node,
+                    "heartbeat gone but the node answers: its sessions kept"
+                );
+                continue;
+            }
             match self.table().mark_node_lost(&node).await {
                 Ok(records) => {
                     for record in records {

@@ -7,6 +7,7 @@ mod chaos;
 mod cluster;
 mod common;
 mod e2e;
+mod exactly_once;
 mod kernel;
 mod metrics;
 mod network;

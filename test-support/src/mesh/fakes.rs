@@ -178,7 +178,13 @@ fn parse_after(code: &str, tag: &str) -> Option<u64> {
         .ok()
 }
 
-async fn fake_run(node: String, runs: Runs, run: ExecutorRun) -> Result<ExecResult, ErrorBody> {
+/// One run as the stand-ins "run" it (the code conventions of [`FakeExecutor`]), logged in
+/// `runs`.
+pub(crate) async fn fake_run(
+    node: String,
+    runs: Runs,
+    run: ExecutorRun,
+) -> Result<ExecResult, ErrorBody> {
     let index = {
         let mut log = runs.lock().unwrap();
         let in_flight = log.iter().filter(|r| !r.finished).count() + 1;

@@ -10,6 +10,7 @@
 
 pub mod docker;
 pub mod fakes;
+pub mod node_standin;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,7 @@ use scheduler::SchedulerConfig;
 
 #[allow(unused_imports)]
 pub use fakes::{audit_kinds, FakeExecutor, Runs};
+pub use node_standin::NodeStandin;
 
 /// The bound of every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(60);

@@ -276,6 +276,15 @@ pub fn request(language: Language, code: &str) -> ExecRequest {
     }
 }
 
+/// A service's refusal as the `Err`; a call that was not answered at all fails the test.
+fn refusal<T>(answer: Result<T, kit::CallError>) -> Result<T, messages::ErrorBody> {
+    match answer {
+        Ok(answer) => Ok(answer),
+        Err(kit::CallError::Service(e)) => Err(e),
+        Err(e) => panic!("the request was not answered: {e}"),
+    }
+}
+
 /// The conformance suite's view of a bwrap node: clean means no sandbox cgroup and no
 /// process of the node is left.
 impl test_support::executor_conformance::ExecutorHarness for Harness {
@@ -284,11 +293,19 @@ impl test_support::executor_conformance::ExecutorHarness for Harness {
     }
 
     async fn run(&self, run: &ExecutorRun) -> Result<ExecResult, messages::ErrorBody> {
-        match self.call(run).await {
-            Ok(result) => Ok(result),
-            Err(kit::CallError::Service(e)) => Err(e),
-            Err(e) => panic!("the run was not answered: {e}"),
-        }
+        refusal(self.call(run).await)
+    }
+
+    async fn status(
+        &self,
+        query: &messages::executor::ExecutorStatusQuery,
+    ) -> Result<messages::executor::ExecutorRunStatus, messages::ErrorBody> {
+        let subject = self.subjects.executor_node_on(
+            messages::executor::Backend::Bwrap,
+            &self.node,
+            ExecutorOp::Status,
+        );
+        refusal(self.caller.call(subject, query).await)
     }
 
     async fn assert_clean(&self) {

@@ -381,6 +381,15 @@ pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) ->
     }
 }
 
+/// A service's refusal as the `Err`; a call that was not answered at all fails the test.
+fn refusal<T>(answer: Result<T, kit::CallError>) -> Result<T, messages::ErrorBody> {
+    match answer {
+        Ok(answer) => Ok(answer),
+        Err(kit::CallError::Service(e)) => Err(e),
+        Err(e) => panic!("the request was not answered: {e}"),
+    }
+}
+
 /// The conformance suite's view of a Docker node: runs on the node's own subject; clean means
 /// only the warm pool's one ready container is left (every run's container is gone).
 impl test_support::executor_conformance::ExecutorHarness for Harness {
@@ -389,11 +398,19 @@ impl test_support::executor_conformance::ExecutorHarness for Harness {
     }
 
     async fn run(&self, run: &ExecutorRun) -> Result<ExecResult, messages::ErrorBody> {
-        match self.call_node(run).await {
-            Ok(result) => Ok(result),
-            Err(kit::CallError::Service(e)) => Err(e),
-            Err(e) => panic!("the run was not answered: {e}"),
-        }
+        refusal(self.call_node(run).await)
+    }
+
+    async fn status(
+        &self,
+        query: &messages::executor::ExecutorStatusQuery,
+    ) -> Result<messages::executor::ExecutorRunStatus, messages::ErrorBody> {
+        let subject = self.subjects.executor_node_on(
+            messages::executor::Backend::Docker,
+            &self.node,
+            ExecutorOp::Status,
+        );
+        refusal(self.caller.call(subject, query).await)
     }
 
     async fn assert_clean(&self) {
