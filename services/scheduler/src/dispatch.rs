@@ -90,6 +90,7 @@ impl Dispatcher {
             },
             network: exec.request.network.clone(),
             template: exec.template.clone(),
+            filesystem: None,
         };
         let needs = Requirements {
             cpus: limits.cpus,

@@ -41,6 +41,7 @@ async fn start_bwrap(mesh: &Mesh) -> (String, kit::CancellationToken) {
         network: None,
         tenant: None,
         template: None,
+        filesystem: None,
     };
     common::eventually("the bwrap executor to serve", || {
         let subject = subject.clone();
