@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
+use messages::filesystem::FilesystemPolicy;
 use messages::session::{SessionOpen, SessionRecord};
 use sandmesh_client::{ClientError, MeshClient};
 
@@ -13,7 +14,7 @@ use crate::exec::NetworkArgs;
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum SessionsCommand {
     /// Open a session (idempotent: an open session of that id is shown as it is).
-    Open(OpenArgs),
+    Open(Box<OpenArgs>),
     /// One session, as JSON.
     Get { session_id: String },
     /// Every session of yours.
@@ -46,11 +47,32 @@ pub struct OpenArgs {
     /// Close the session when unused this long (default: the mesh's, one hour).
     #[arg(long, value_parser = parse_duration)]
     pub idle: Option<Duration>,
+    /// Hide this directory from the code (an empty read-only one in its place); repeatable.
+    #[arg(long = "deny-read", value_name = "DIR")]
+    pub deny_read: Vec<String>,
+    /// Let the code write this directory (empty at start) besides /tmp and the workspace;
+    /// repeatable.
+    #[arg(long = "allow-write", value_name = "DIR")]
+    pub allow_write: Vec<String>,
+    /// Keep this directory inside /tmp or an --allow-write one read-only (and empty);
+    /// repeatable.
+    #[arg(long = "deny-write", value_name = "DIR")]
+    pub deny_write: Vec<String>,
     #[command(flatten)]
     pub network: NetworkArgs,
 }
 
 impl OpenArgs {
+    /// The filesystem policy the flags describe, or `None` when no flag was given.
+    fn filesystem(&self) -> Option<FilesystemPolicy> {
+        let policy = FilesystemPolicy {
+            deny_read: self.deny_read.clone(),
+            allow_write: self.allow_write.clone(),
+            deny_write: self.deny_write.clone(),
+        };
+        (!policy.is_empty()).then_some(policy)
+    }
+
     fn request(&self) -> SessionOpen {
         let ms = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
         SessionOpen {
@@ -61,6 +83,7 @@ impl OpenArgs {
             ttl_ms: self.ttl.map(ms),
             idle_ms: self.idle.map(ms),
             network: self.network.policy(),
+            filesystem: self.filesystem(),
             requested_by: std::env::var("USER").ok().map(|u| format!("cli:{u}")),
             ..Default::default()
         }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecRequest, Language, Tier};
+use crate::filesystem::FilesystemPolicy;
 use crate::network::NetworkPolicy;
 use crate::tenancy::{unscoped, Tenant};
 use crate::validate::{clamp_timeout, validate_env, Ceilings, ValidationError};
@@ -95,6 +96,10 @@ pub struct SessionRecord {
     /// (`SANDMESH_SESSION_IDLE_MS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_ms: Option<u64>,
+    /// Directories hidden, writable or read-only in its container (`crate::filesystem`),
+    /// added to its template's; enforced by mounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemPolicy>,
     /// Unix milliseconds when it closed; the record is removed a retention time later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed_at: Option<u64>,
@@ -193,6 +198,10 @@ pub struct SessionOpen {
     /// absent: the scheduler's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_ms: Option<u64>,
+    /// Directories hidden, writable or read-only in the session's container, added to its
+    /// template's (`crate::filesystem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemPolicy>,
 }
 
 /// How long sessions may live: the bound of `ttl_ms` and `idle_ms` (an operator's setting).
@@ -212,6 +221,9 @@ impl SessionOpen {
         lifetime: SessionLifetime,
     ) -> Result<(), ValidationError> {
         validate_env(&self.env, c)?;
+        if let Some(filesystem) = &self.filesystem {
+            filesystem.validate()?;
+        }
         if let Some(asked) = self.timeout_ms {
             self.timeout_ms = Some(clamp_timeout(Some(asked), asked, c)?);
         }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
+use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
 use messages::session::{CloseReason, SessionOpen, SessionRecord, SessionState};
@@ -207,6 +208,7 @@ fn golden_vectors_are_byte_exact() {
                     encoding: ContentEncoding::Utf8,
                 }],
                 warm_pool: Some(2),
+                filesystem: None,
             },
             builtin: false,
             created_at: 1_764_000_000_000,
@@ -271,6 +273,11 @@ fn golden_vectors_are_byte_exact() {
             timeout_ms: Some(10_000),
             ttl_ms: Some(3_600_000),
             idle_ms: Some(600_000),
+            filesystem: Some(FilesystemPolicy {
+                deny_read: vec!["/etc/ssl/private".into()],
+                allow_write: vec!["/opt/cache".into()],
+                deny_write: vec!["/opt/cache/pinned".into()],
+            }),
             ..Default::default()
         },
     );

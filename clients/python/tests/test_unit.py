@@ -255,6 +255,11 @@ def test_a_session_opened_here_sends_the_golden_vector_and_reads_its_record() ->
         timeout_ms=10_000,
         ttl_ms=3_600_000,
         idle_ms=600_000,
+        filesystem={
+            "deny_read": ["/etc/ssl/private"],
+            "allow_write": ["/opt/cache"],
+            "deny_write": ["/opt/cache/pinned"],
+        },
     )
     body = dict(session._open_fields, session_id="s1")
     assert body == json.loads((TESTDATA / "session_open.json").read_text())

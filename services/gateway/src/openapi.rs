@@ -189,6 +189,7 @@ mod tests {
             "idle_ms",
             "template",
             "network",
+            "filesystem",
         ] {
             assert!(
                 open.get(field).is_some(),

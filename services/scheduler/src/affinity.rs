@@ -105,8 +105,13 @@ impl SessionAffinity {
                     .await?
             }
         };
-        // The session's container is made with the session's egress socket, if it has one.
+        // The session's container is made with the session's egress socket, if it has one,
+        // and the mounts of its filesystem policy added to its template's.
         run.network = record.network.clone();
+        run.filesystem = match (run.filesystem.take(), &record.filesystem) {
+            (Some(template), Some(session)) => Some(template.union(session)),
+            (template, session) => template.or_else(|| session.clone()),
+        };
         let template = run.template.as_ref().map(|t| t.name.clone());
         for _ in 0..PLACEMENT_ATTEMPTS {
             if let Some(error) = ended(&record) {

@@ -80,17 +80,20 @@ impl Dispatcher {
             tier: exec.tier,
             request,
             session_restored: false,
-            // A warm pooled container has no egress socket: a run with a network policy gets
-            // a container of its own (a session's runs get the session's policy on the way).
+            // A warm pooled container has no egress socket and no filesystem policy's mounts:
+            // a run with either gets a container of its own (a session's runs get the
+            // session's policies on the way).
             kind: match (exec.tier, exec.request.session_id.is_some()) {
                 (_, true) => RunKind::Session,
                 (Tier::Session, false) => RunKind::Isolated,
-                _ if exec.request.network.is_some() => RunKind::Isolated,
+                _ if exec.request.network.is_some() || exec.filesystem.is_some() => {
+                    RunKind::Isolated
+                }
                 _ => RunKind::Pooled,
             },
             network: exec.request.network.clone(),
             template: exec.template.clone(),
-            filesystem: None,
+            filesystem: exec.filesystem.clone(),
         };
         let needs = Requirements {
             cpus: limits.cpus,

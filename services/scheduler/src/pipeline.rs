@@ -150,7 +150,10 @@ impl Pipeline {
             }
         };
         let mut exec = Execution::new(req, limits, &origin);
-        exec.template = template;
+        if let Some(template) = template {
+            exec.template = Some(template.run);
+            exec.filesystem = template.filesystem;
+        }
         exec.session = session;
         // The assessment has no side effects, so it runs while the claim is taken; it is
         // wasted only when an earlier attempt holds the claim or already has a result.

@@ -100,6 +100,7 @@ impl SessionTable {
             timeout_ms: open.timeout_ms,
             expires_at: open.ttl_ms.map(|ttl| now.saturating_add(ttl)),
             idle_ms: open.idle_ms,
+            filesystem: open.filesystem.clone(),
             ..Default::default()
         };
         let value =

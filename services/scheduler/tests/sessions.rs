@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use common::docker::session_containers;
 use common::*;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
+use messages::filesystem::FilesystemPolicy;
 use messages::session::{
     SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
 };
@@ -468,6 +469,7 @@ async fn hostile_session_settings_are_refused_clearly() {
         .map(|i| (format!("V{i}"), serde_json::json!("x")))
         .collect();
     let week_and_a_ms = 7 * 24 * 3600 * 1000 + 1u64;
+    let too_many_dirs: Vec<String> = (0..17).map(|i| format!("/d{i}")).collect();
     let cases: Vec<(serde_json::Value, ErrorKind, &str)> = vec![
         (
             serde_json::json!({"env": {"LD_PRELOAD": "/tmp/x.so"}}),
@@ -539,6 +541,36 @@ async fn hostile_session_settings_are_refused_clearly() {
             ErrorKind::BadRequest,
             "idle_ms",
         ),
+        (
+            serde_json::json!({"filesystem": {"deny_read": ["/workspace/secrets"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.deny_read",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_read": ["/etc/../root"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.deny_read",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_write": ["*.pem"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.deny_write",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_write": ["/etc"]}}),
+            ErrorKind::BadRequest,
+            "read-only already",
+        ),
+        (
+            serde_json::json!({"filesystem": {"allow_write": ["/proc/sys"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.allow_write",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_read": too_many_dirs}}),
+            ErrorKind::BadRequest,
+            "at most 16",
+        ),
     ];
     for (i, (body, kind, names)) in cases.into_iter().enumerate() {
         let mut body = body;
@@ -572,5 +604,113 @@ async fn hostile_session_settings_are_refused_clearly() {
     .unwrap();
     let ceiling = messages::validate::Ceilings::default().max_timeout_ms;
     assert_eq!(clamped.timeout_ms, Some(ceiling));
+    mesh.shutdown().await;
+}
+
+/// The filesystem policies of a template and of a session opened in it, over the real
+/// docker-executor: both are mounted in the session's container and crossed from inside (a
+/// hidden directory shows nothing, an allowed one takes writes, a read-only one in it
+/// refuses them); a run of the template without a session gets the template's in a container
+/// of its own; a run without either sees the directory. A bad policy in a template is refused
+/// when it is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn template_and_session_filesystem_policies_are_mounted_and_hold_from_inside() {
+    let mesh = Mesh::builder()
+        .risk()
+        .real_workspace()
+        .templates()
+        .docker_executors(1)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let c = mesh.client.clone();
+    let admin = sandmesh_client::MeshClient::new(
+        test_support::connect(&mesh.url).await,
+        Subjects::default(),
+    );
+    let hidden = messages::template::Template {
+        name: "no-apt".into(),
+        filesystem: Some(FilesystemPolicy {
+            deny_read: vec!["/etc/apt".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    eventually("the templates service", || {
+        let (admin, hidden) = (admin.clone(), hidden.clone());
+        async move { admin.templates().create(&hidden).await.ok() }
+    })
+    .await;
+    let bad = messages::template::Template {
+        name: "bad-fs".into(),
+        filesystem: Some(FilesystemPolicy {
+            allow_write: vec!["/workspace".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let refused_template = admin.templates().create(&bad).await.unwrap_err();
+    assert_eq!(
+        refused_template.kind(),
+        sandmesh_client::ErrorKind::BadRequest,
+        "{refused_template}"
+    );
+
+    let probe = "\
+echo \"listed: $(ls -A /etc/apt | wc -l)\"
+for f in /var/tmp/f /var/tmp/locked/f /workspace/f; do
+  if (echo x > $f) 2>/dev/null; then echo \"$f: written\"; else echo \"$f: refused\"; fi
+done";
+    open(
+        &c,
+        &SessionOpen {
+            session_id: Some("fs".into()),
+            template: Some("no-apt".into()),
+            filesystem: Some(FilesystemPolicy {
+                allow_write: vec!["/var/tmp".into()],
+                deny_write: vec!["/var/tmp/locked".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let r = exec(&c, &shell("fs", probe)).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (
+            ExecStatus::Ok,
+            "listed: 0\n/var/tmp/f: written\n/var/tmp/locked/f: refused\n/workspace/f: written\n"
+        ),
+        "{r:?}"
+    );
+    // The session's container keeps them for its next run.
+    let again = exec(&c, &shell("fs", "cat /var/tmp/f; ls -A /etc/apt | wc -l")).await;
+    assert_eq!(again.stdout, "x\n0\n", "{again:?}");
+
+    let count = "ls -A /etc/apt | wc -l";
+    let in_template = ExecRequest {
+        language: Language::Shell,
+        code: count.into(),
+        template: Some("no-apt".into()),
+        ..Default::default()
+    };
+    let r = exec(&c, &in_template).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "0\n"),
+        "{r:?}"
+    );
+    let plain = ExecRequest {
+        template: None,
+        ..in_template
+    };
+    let r = exec(&c, &plain).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert_ne!(
+        r.stdout, "0\n",
+        "without a policy the directory has files: {r:?}"
+    );
     mesh.shutdown().await;
 }

@@ -348,6 +348,7 @@ class AsyncSandmesh:
         timeout_ms: Optional[int] = None,
         ttl_ms: Optional[int] = None,
         idle_ms: Optional[int] = None,
+        filesystem: Optional[Mapping[str, Any]] = None,
     ) -> "AsyncSession":
         """A session: a workspace and, in tier ``session``, a container kept between runs.
 
@@ -357,7 +358,9 @@ class AsyncSandmesh:
 
         Every run in it gets ``env`` (a run's own variables win), ``timeout_ms`` when it sets
         none, and runs in ``template``. The session closes itself ``ttl_ms`` after it opens,
-        or when unused for ``idle_ms`` (default: the mesh's).
+        or when unused for ``idle_ms`` (default: the mesh's). ``filesystem``
+        (``{"deny_read": [...], "allow_write": [...], "deny_write": [...]}``, directories) is
+        mounted into its container, added to its template's.
         """
         return AsyncSession(
             self,
@@ -374,6 +377,7 @@ class AsyncSandmesh:
                         "timeout_ms": timeout_ms,
                         "ttl_ms": ttl_ms,
                         "idle_ms": idle_ms,
+                        "filesystem": dict(filesystem) if filesystem else None,
                     }
                 )
             ),

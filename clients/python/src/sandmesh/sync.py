@@ -247,6 +247,7 @@ class Sandmesh:
         timeout_ms: Optional[int] = None,
         ttl_ms: Optional[int] = None,
         idle_ms: Optional[int] = None,
+        filesystem: Optional[Mapping[str, Any]] = None,
     ) -> "Session":
         """Opens a session (idempotent by id); ``with sm.session("s1") as s:`` closes it at the
         end. See :meth:`AsyncSandmesh.session`."""
@@ -261,6 +262,7 @@ class Sandmesh:
             timeout_ms=timeout_ms,
             ttl_ms=ttl_ms,
             idle_ms=idle_ms,
+            filesystem=filesystem,
         )
         self._call(inner.open())
         return Session(self, inner)
