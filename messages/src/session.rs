@@ -63,6 +63,11 @@ pub struct SessionRecord {
     pub last_used_at: u64,
     #[serde(default)]
     pub executions: u64,
+    /// Unix milliseconds until which an execution started in it may still run (its start
+    /// plus its deadline): the idle clock does not run before, so a run longer than the
+    /// session's idle time is not closed under it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_until: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
     /// The node the session was last lost from (while `Lost`), so re-placement avoids it.
@@ -124,7 +129,8 @@ impl SessionRecord {
             return Some(CloseReason::Ttl);
         }
         let idle = self.idle_ms.unwrap_or(default_idle_ms);
-        (self.last_used_at.saturating_add(idle) <= now).then_some(CloseReason::Idle)
+        let used = self.last_used_at.max(self.busy_until.unwrap_or(0));
+        (used.saturating_add(idle) <= now).then_some(CloseReason::Idle)
     }
 
     /// What an execution of the session leaves out, the session fills in: its env (the
@@ -348,6 +354,16 @@ mod tests {
             None,
             "its own idle time wins"
         );
+        let running = SessionRecord {
+            busy_until: Some(4_000),
+            ..r.clone()
+        };
+        assert_eq!(
+            running.lapsed(4_999, 1_000),
+            None,
+            "not idle while a run may go on"
+        );
+        assert_eq!(running.lapsed(5_000, 1_000), Some(CloseReason::Ttl));
         let closed = SessionRecord {
             state: SessionState::Closed,
             ..r

@@ -32,6 +32,15 @@ struct Placed {
     record: SessionRecord,
 }
 
+/// A use of a session, for its idle clock.
+#[derive(Clone, Copy)]
+enum Use {
+    /// A run started; it may go on until `deadline` from now.
+    Running { deadline: Duration },
+    /// A run ended (counted).
+    Finished,
+}
+
 /// Why no execution may start in the session any more: closed, or its TTL ran out (the
 /// expiry sweep closes it soon; until then it must not take work).
 fn ended(record: &SessionRecord) -> Option<ErrorBody> {
@@ -144,10 +153,12 @@ impl SessionAffinity {
                 ));
             }
             run.session_restored = restored;
-            // In use from now: an idle close must not take the session from under this run.
+            // In use until this run's deadline: an idle close must not take the session from
+            // under it.
             let (me, id, at) = (self.clone(), session_id.to_string(), node.clone());
+            let busy = Use::Running { deadline };
             self.background
-                .spawn(async move { me.touch_session(&id, &at, false).await });
+                .spawn(async move { me.touch_session(&id, &at, busy).await });
             self.placer.audit_placed(
                 scope,
                 run,
@@ -182,8 +193,9 @@ impl SessionAffinity {
                         // Bookkeeping (use count, last use) off the reply's path: two KV
                         // round trips the caller need not wait for.
                         let (me, id) = (self.clone(), session_id.to_string());
-                        self.background
-                            .spawn(async move { me.touch_session(&id, &node, true).await });
+                        self.background.spawn(async move {
+                            me.touch_session(&id, &node, Use::Finished).await
+                        });
                     }
                     return Ok(result);
                 }
@@ -377,17 +389,22 @@ impl SessionAffinity {
         Ok(record)
     }
 
-    /// Records a use of the session on `node`: when a run starts (so the idle clock restarts
-    /// while it runs) and when it `finished` (counted).
-    async fn touch_session(&self, session_id: &str, node: &str, finished: bool) {
+    /// Records a use of the session on `node`.
+    async fn touch_session(&self, session_id: &str, node: &str, used: Use) {
         let now = messages::now_ms();
         let updated = self
             .sessions
             .update(session_id, |r| {
-                if r.node.as_deref() != Some(node) {
+                if r.node.as_deref() != Some(node) || r.state == SessionState::Closed {
                     return Change::Keep;
                 }
-                r.executions += u64::from(finished);
+                match used {
+                    Use::Running { deadline } => {
+                        let until = now.saturating_add(deadline.as_millis() as u64);
+                        r.busy_until = Some(r.busy_until.unwrap_or(0).max(until));
+                    }
+                    Use::Finished => r.executions += 1,
+                }
                 r.last_used_at = now;
                 Change::Write
             })

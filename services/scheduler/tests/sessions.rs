@@ -10,7 +10,8 @@ use common::*;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
 use messages::filesystem::FilesystemPolicy;
 use messages::session::{
-    SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
+    CloseReason, SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef,
+    SessionState,
 };
 use messages::subjects::SessionOp;
 use messages::{ErrorKind, Subjects};
@@ -711,6 +712,47 @@ done";
     assert_ne!(
         r.stdout, "0\n",
         "without a policy the directory has files: {r:?}"
+    );
+    mesh.shutdown().await;
+}
+
+/// Sessions close by themselves when unused for their idle time (the reason recorded), but
+/// never under a running execution: a run longer than the idle time keeps its session open.
+#[tokio::test]
+async fn an_idle_session_closes_but_not_under_a_running_execution() {
+    let mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 2)
+        .scheduler(|c| c.sessions.sweep = std::time::Duration::from_millis(100))
+        .start()
+        .await;
+    let c = mesh.client.clone();
+    let idle = |id: &str, ms| SessionOpen {
+        session_id: Some(id.into()),
+        idle_ms: Some(ms),
+        ..Default::default()
+    };
+    open(&c, &idle("unused", 500)).await.unwrap();
+    let closed = eventually("the unused session to close", || {
+        let c = c.clone();
+        async move {
+            let r = get(&c, "unused").await;
+            (r.state == SessionState::Closed).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(closed.close_reason, Some(CloseReason::Idle), "{closed:?}");
+    assert!(closed.closed_at.is_some(), "{closed:?}");
+
+    open(&c, &idle("busy", 1_000)).await.unwrap();
+    let r = exec(&c, &in_session("busy", "sleep:2500")).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let after = get(&c, "busy").await;
+    assert_eq!(
+        after.state,
+        SessionState::Active,
+        "closed under its run: {after:?}"
     );
     mesh.shutdown().await;
 }
