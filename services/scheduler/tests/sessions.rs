@@ -605,6 +605,29 @@ async fn hostile_session_settings_are_refused_clearly() {
     .unwrap();
     let ceiling = messages::validate::Ceilings::default().max_timeout_ms;
     assert_eq!(clamped.timeout_ms, Some(ceiling));
+    // An AIO instance cannot mount a session's filesystem policy: tier aio is refused there.
+    let policy = FilesystemPolicy {
+        deny_read: vec!["/etc/apt".into()],
+        ..Default::default()
+    };
+    open(
+        &c,
+        &SessionOpen {
+            session_id: Some("fs-aio".into()),
+            filesystem: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let in_aio = ExecRequest {
+        tier: messages::exec::TierChoice::Aio,
+        ..in_session("fs-aio", "print(1)")
+    };
+    let r = exec(&c, &in_aio).await;
+    assert_eq!(r.status, ExecStatus::Rejected, "{r:?}");
+    let e = r.error.expect("the refusal says why");
+    assert!(e.message.contains("filesystem policy"), "{e:?}");
     mesh.shutdown().await;
 }
 
