@@ -8,6 +8,7 @@
 //! - `confirm` list, approve, deny and watch confirmations;
 //! - `console` where the operators' web page is and how to log in;
 //! - `gateway` where the HTTP API is and how to call it;
+//! - `sessions` open (with env, default timeout, TTL, template), show, list, close sessions;
 //! - `ws`      workspace files;
 //! - `audit`   read or follow the audit trail;
 //! - `status`  live instances from `$SRV.PING` and heartbeats;
@@ -29,6 +30,7 @@ mod keys;
 mod local_nats;
 mod mcp;
 mod operator;
+mod sessions;
 mod status;
 mod template;
 mod tenant;
@@ -79,6 +81,11 @@ enum Command {
     Console,
     /// Print where the HTTP API is and how to call it.
     Gateway,
+    /// Sessions: open (with env, default timeout, TTL, template, network), get, list, close.
+    Sessions {
+        #[command(subcommand)]
+        command: sessions::SessionsCommand,
+    },
     /// Workspace files: ls, get, put, rm.
     Ws {
         #[command(subcommand)]
@@ -182,6 +189,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Console => console::run(),
         Command::Gateway => gateway::run(),
+        Command::Sessions { command } => {
+            sessions::run(&mesh_client(Acting::Agent).await?, command).await
+        }
         Command::Ws { command } => ws::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Audit(args) => audit::run(&mesh_client(Acting::Admin).await?, args).await,
         Command::Status { json } => status::run(&mesh_client(Acting::Admin).await?, json).await,

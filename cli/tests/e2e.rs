@@ -11,7 +11,7 @@ use test_support::{
     free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
 };
 
-use crate::common::{containers, run_bounded, wait_ready, Up, SANDMESH};
+use crate::common::{containers, run_bounded, sandmesh, wait_ready, Up, SANDMESH};
 
 /// The tests run one at a time: each counts the sandbox containers before and after its mesh,
 /// and another test's mesh would show up in that count.
@@ -123,6 +123,49 @@ async fn a_python_client_and_the_cli_use_a_running_mesh() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "from-cli\n");
+
+    // A session opened by the CLI gives its executions its env and its default timeout.
+    let limit = Duration::from_secs(120);
+    let open = [
+        "sessions",
+        "open",
+        "cli-s",
+        "--env",
+        "GREETING=hi",
+        "--timeout-ms",
+        "1500",
+        "--ttl",
+        "1h",
+    ];
+    let out = sandmesh(&nats.url(), &open, limit).await;
+    assert!(out.status.success(), "{out:?}");
+    let record: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the record");
+    assert_eq!(record["env"]["GREETING"], "hi", "{record}");
+    assert!(record["expires_at"].as_u64().is_some(), "{record}");
+    let run = [
+        "exec",
+        "--session",
+        "cli-s",
+        "--lang",
+        "shell",
+        "echo $GREETING; sleep 30",
+    ];
+    let out = sandmesh(&nats.url(), &run, limit).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n", "{out:?}");
+    assert_ne!(out.status.code(), Some(0), "timed out: {out:?}");
+    let hostile = [
+        "sessions",
+        "open",
+        "cli-bad",
+        "--env",
+        "LD_PRELOAD=/tmp/x.so",
+    ];
+    let out = sandmesh(&nats.url(), &hostile, limit).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("env.LD_PRELOAD"),
+        "{out:?}"
+    );
 
     let status = mesh.stop(Duration::from_secs(60)).await;
     assert!(

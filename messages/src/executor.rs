@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecRequest, ExecResult, Tier};
+use crate::filesystem::FilesystemPolicy;
 use crate::network::NetworkPolicy;
 use crate::template::RunTemplate;
 use crate::tenancy::{unscoped, Tenant};
@@ -37,6 +38,11 @@ pub struct ExecutorRun {
     /// template's image (built on first use). Absent: the node's own sandbox image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<RunTemplate>,
+    /// The filesystem policy of its template and session (validated by the scheduler),
+    /// enforced by the sandbox's mounts. A run with one never takes a warm container (made
+    /// without it). Absent: the sandbox's usual layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemPolicy>,
 }
 
 impl ExecutorRun {
@@ -192,6 +198,7 @@ mod tests {
             network: None,
             tenant: tenant.map(|t| Tenant::new(t).unwrap()),
             template: None,
+            filesystem: None,
         }
     }
 

@@ -9,6 +9,7 @@ pub mod confirm;
 pub mod error;
 pub mod exec;
 pub mod executor;
+pub mod filesystem;
 pub mod heartbeat;
 pub mod network;
 pub mod quota;

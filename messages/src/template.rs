@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{FileSpec, Limits};
+use crate::filesystem::FilesystemPolicy;
 use crate::network::NetworkPolicy;
 use crate::validate::{validate_env_name, validate_relative_path, ValidationError};
 
@@ -63,6 +64,10 @@ pub struct Template {
     /// node's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<u32>,
+    /// Directories hidden, writable or read-only in its sandboxes (`crate::filesystem`),
+    /// enforced by mounts; a session's policy adds to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemPolicy>,
 }
 
 /// What a template's image is made of: the inputs of its content hash. Nothing else about a
@@ -151,6 +156,9 @@ impl Template {
         }
         if let Some(network) = &self.network {
             network.validate()?;
+        }
+        if let Some(filesystem) = &self.filesystem {
+            filesystem.validate()?;
         }
         if self.files.len() > MAX_FILES {
             return Err(ValidationError::invalid(

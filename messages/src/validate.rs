@@ -1,6 +1,8 @@
 //! Request validation shared by every service that accepts the same fields: ids, paths, env
 //! names, sizes and limit ceilings. Each check returns a typed error that maps to 400 or 413.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorBody;
@@ -315,6 +317,37 @@ pub fn check_size(field: &str, size: usize, limit: usize) -> Result<(), Validati
     }
 }
 
+/// Env variables as a request or a session sets them: at most `max_env` of them, each name
+/// allowed ([`validate_env_name`]), each value within `max_env_value_bytes` and without NUL.
+pub fn validate_env(env: &BTreeMap<String, String>, c: &Ceilings) -> Result<(), ValidationError> {
+    if env.len() > c.max_env {
+        return Err(ValidationError::invalid(
+            "env",
+            format!("at most {} variables", c.max_env),
+        ));
+    }
+    for (name, value) in env {
+        validate_env_name(name)?;
+        check_size(&format!("env.{name}"), value.len(), c.max_env_value_bytes)?;
+        if value.contains('\0') {
+            return Err(ValidationError::invalid(
+                format!("env.{name}"),
+                "NUL bytes are not allowed",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A timeout as asked (absent: `default`), clamped by the ceiling; zero is refused.
+pub fn clamp_timeout(
+    asked: Option<u64>,
+    default: u64,
+    c: &Ceilings,
+) -> Result<u64, ValidationError> {
+    clamp_u64("timeout_ms", asked, default, c.max_timeout_ms)
+}
+
 /// Checks an exec request against the ceilings and decides its limits (values above a ceiling
 /// are clamped to it; zero, negative or non-finite values are refused).
 pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits, ValidationError> {
@@ -337,22 +370,7 @@ pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits,
     if let Some(stdin) = &req.stdin {
         check_size("stdin", stdin.len(), c.max_stdin_bytes)?;
     }
-    if req.env.len() > c.max_env {
-        return Err(ValidationError::invalid(
-            "env",
-            format!("at most {} variables", c.max_env),
-        ));
-    }
-    for (name, value) in &req.env {
-        validate_env_name(name)?;
-        check_size(&format!("env.{name}"), value.len(), c.max_env_value_bytes)?;
-        if value.contains('\0') {
-            return Err(ValidationError::invalid(
-                format!("env.{name}"),
-                "NUL bytes are not allowed",
-            ));
-        }
-    }
+    validate_env(&req.env, c)?;
     if req.files.len() > c.max_files {
         return Err(ValidationError::invalid(
             "files",
@@ -381,12 +399,7 @@ pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits,
         }
     };
     Ok(EffectiveLimits {
-        timeout_ms: clamp_u64(
-            "timeout_ms",
-            req.timeout_ms,
-            c.default_timeout_ms,
-            c.max_timeout_ms,
-        )?,
+        timeout_ms: clamp_timeout(req.timeout_ms, c.default_timeout_ms, c)?,
         memory_mb: clamp_u64(
             "limits.memory_mb",
             limits.memory_mb,

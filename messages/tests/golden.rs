@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
 use messages::executor::{ExecutorRunStatus, ExecutorStatusQuery, RunState};
+use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
+use messages::session::{CloseReason, SessionOpen, SessionRecord, SessionState};
 use messages::template::{Template, TemplateRan, TemplateRecord, TemplateRef};
 use messages::tenancy::Tenant;
 use messages::testrun::{
@@ -208,6 +210,7 @@ fn golden_vectors_are_byte_exact() {
                     encoding: ContentEncoding::Utf8,
                 }],
                 warm_pool: Some(2),
+                filesystem: None,
             },
             builtin: false,
             created_at: 1_764_000_000_000,
@@ -258,6 +261,46 @@ fn golden_vectors_are_byte_exact() {
             }),
             state_lost: true,
             ..exec_result()
+        },
+    );
+    // Issue 25: a session opened with env, a default timeout and a lifetime, and its record
+    // once closed by its TTL.
+    check(
+        "session_open",
+        &SessionOpen {
+            session_id: Some("s1".into()),
+            tier: Some(Tier::Session),
+            template: Some("python-data".into()),
+            env: BTreeMap::from([("MODE".to_string(), "fast".to_string())]),
+            timeout_ms: Some(10_000),
+            ttl_ms: Some(3_600_000),
+            idle_ms: Some(600_000),
+            filesystem: Some(FilesystemPolicy {
+                deny_read: vec!["/etc/ssl/private".into()],
+                allow_write: vec!["/opt/cache".into()],
+                deny_write: vec!["/opt/cache/pinned".into()],
+            }),
+            ..Default::default()
+        },
+    );
+    check(
+        "session_record",
+        &SessionRecord {
+            session_id: "s1".into(),
+            state: SessionState::Closed,
+            tier: Tier::Session,
+            node: Some("n1".into()),
+            created_at: 1_764_000_000_000,
+            last_used_at: 1_764_000_100_000,
+            executions: 3,
+            template: Some("python-data".into()),
+            env: BTreeMap::from([("MODE".to_string(), "fast".to_string())]),
+            timeout_ms: Some(10_000),
+            expires_at: Some(1_764_003_600_000),
+            idle_ms: Some(600_000),
+            closed_at: Some(1_764_003_600_500),
+            close_reason: Some(CloseReason::Ttl),
+            ..Default::default()
         },
     );
     // Issue 25: a test-driven run (seed 002 §4) and its per-test report.

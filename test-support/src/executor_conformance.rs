@@ -56,6 +56,7 @@ pub fn ephemeral(language: Language, code: &str) -> ExecutorRun {
         network: None,
         tenant: None,
         template: None,
+        filesystem: None,
         execution_id: execution_id.clone(),
         tier: Tier::Ephemeral,
         request: ExecRequest {
@@ -529,6 +530,50 @@ except OSError:
     h.stop().await;
 }
 
+/// A filesystem policy is enforced by the sandbox's mounts, tried from inside: a hidden
+/// directory shows nothing and takes nothing, an allowed one takes writes, a read-only one
+/// inside it refuses them, and the workspace stays writable. The same probe without the
+/// policy shows the directory's files and refuses the writes (so each check can fail).
+pub async fn filesystem_policy<H: ExecutorHarness>() {
+    let h = H::start().await;
+    let probe = "\
+echo \"listed: $(ls -A /etc/apt | wc -l)\"
+for f in /etc/apt/f /var/tmp/f /var/tmp/locked/f /workspace/f; do
+  if (echo x > $f) 2>/dev/null; then echo \"$f: written\"; else echo \"$f: refused\"; fi
+done";
+    let plain = answered(&h, &ephemeral(Language::Shell, probe)).await;
+    assert_eq!(plain.status, ExecStatus::Ok, "{plain:?}");
+    let listed = plain.stdout.lines().next().unwrap_or_default();
+    assert_ne!(listed, "listed: 0", "the image has files there: {plain:?}");
+    assert!(
+        plain
+            .stdout
+            .contains("/etc/apt/f: refused\n/var/tmp/f: refused\n"),
+        "the root is read-only without a policy: {plain:?}"
+    );
+
+    let mut run = ephemeral(Language::Shell, probe);
+    // As the scheduler sends it: a container of its own, not a warm one.
+    run.kind = messages::executor::RunKind::Isolated;
+    run.filesystem = Some(messages::filesystem::FilesystemPolicy {
+        deny_read: vec!["/etc/apt".into()],
+        allow_write: vec!["/var/tmp".into()],
+        deny_write: vec!["/var/tmp/locked".into()],
+    });
+    let r = answered(&h, &run).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (
+            ExecStatus::Ok,
+            "listed: 0\n/etc/apt/f: refused\n/var/tmp/f: written\n\
+             /var/tmp/locked/f: refused\n/workspace/f: written\n"
+        ),
+        "{r:?}"
+    );
+    assert_recovered(&h).await;
+    h.stop().await;
+}
+
 /// A node whose root actor dies stops: its `run()` fails and its heartbeat goes, so the
 /// scheduler never places work on a node that cannot run it.
 pub async fn dead_root_stops_the_node<H: ExecutorHarness>() {
@@ -553,7 +598,8 @@ macro_rules! executor_conformance {
     ($harness:ty) => {
         $crate::executor_conformance!(@cases $harness;
             print, exit_code, timeout, output_cap, memory_limit, orphan_kill, files_created,
-            long_ids, repeated_id, concurrent_isolation, dead_root_stops_the_node);
+            long_ids, repeated_id, concurrent_isolation, filesystem_policy,
+            dead_root_stops_the_node);
     };
     (@cases $harness:ty; $($case:ident),+) => {
         mod conformance {

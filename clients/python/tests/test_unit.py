@@ -243,3 +243,31 @@ def test_a_mailbox_hands_messages_over_in_order_and_times_out() -> None:
         assert await box.get(1.0) == "after a timeout"
 
     asyncio.run(scenario())
+
+
+def test_a_session_opened_here_sends_the_golden_vector_and_reads_its_record() -> None:
+    sm = sandmesh.AsyncSandmesh("nats://127.0.0.1:4222")
+    session = sm.session(
+        "s1",
+        tier="session",
+        template="python-data",
+        env={"MODE": "fast"},
+        timeout_ms=10_000,
+        ttl_ms=3_600_000,
+        idle_ms=600_000,
+        filesystem={
+            "deny_read": ["/etc/ssl/private"],
+            "allow_write": ["/opt/cache"],
+            "deny_write": ["/opt/cache/pinned"],
+        },
+    )
+    body = dict(session._open_fields, session_id="s1")
+    assert body == json.loads((TESTDATA / "session_open.json").read_text())
+    for raw in (
+        json.loads((TESTDATA / "session_record.json").read_text()),
+        Codec.decode((TESTDATA / "session_record.msgpack").read_bytes(), {"Content-Type": "application/msgpack"}),
+    ):
+        record = sandmesh.SessionInfo.from_wire(raw)
+        assert (record.state, record.close_reason, record.template) == ("closed", "ttl", "python-data")
+        assert record.env == {"MODE": "fast"} and record.timeout_ms == 10_000
+        assert record.expires_at == 1_764_003_600_000 and record.closed_at == 1_764_003_600_500

@@ -86,6 +86,7 @@ impl Runner {
             limits,
             deadline,
             streamer,
+            filesystem: job.run.filesystem.as_ref(),
         };
         let finished =
             self.launcher.run(node, input).await.map_err(|e| {

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use executor_node::exchange::{Ending, Exchange, FrameCollector, OutputStreamer};
 use executor_node::{NodeState, SUPERVISOR_PATH, WORKSPACE_DIR};
+use messages::filesystem::{FilesystemPolicy, Mount};
 use sandbox_protocol::RunSpec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -78,6 +79,8 @@ pub struct SandboxInput<'a> {
     pub limits: Limits,
     pub deadline: Instant,
     pub streamer: Option<&'a mut OutputStreamer>,
+    /// The run's filesystem policy, mounted over the usual layout.
+    pub filesystem: Option<&'a FilesystemPolicy>,
 }
 
 /// What a sandbox left: the exchange with its supervisor and what its cgroup counted.
@@ -136,7 +139,7 @@ impl Drop for CgroupLease {
 
 impl Launcher {
     /// The bwrap arguments of one sandbox (after the program name).
-    pub fn bwrap_args(&self, rootfs: &Path) -> Vec<String> {
+    pub fn bwrap_args(&self, rootfs: &Path, filesystem: Option<&FilesystemPolicy>) -> Vec<String> {
         let uid = self.uid.to_string();
         let mut args: Vec<String> = [
             // Every namespace: user, pid, net (loopback only), ipc, uts, mount, cgroup.
@@ -175,6 +178,21 @@ impl Launcher {
             &ws,
             "--tmpfs",
             WORKSPACE_DIR,
+        ] {
+            args.push(a.to_string());
+        }
+        // In order, parents first: a read-only directory inside a writable one goes on top.
+        for (path, mount) in filesystem.map(FilesystemPolicy::mounts).unwrap_or_default() {
+            let size = match mount {
+                Mount::Writable => tmp.clone(),
+                Mount::EmptyReadOnly => "4096".to_string(),
+            };
+            args.extend(["--size".into(), size, "--tmpfs".into(), path.clone()]);
+            if mount == Mount::EmptyReadOnly {
+                args.extend(["--remount-ro".into(), path]);
+            }
+        }
+        for a in [
             "--chdir",
             WORKSPACE_DIR,
             "--add-seccomp-fd",
@@ -189,7 +207,12 @@ impl Launcher {
         args
     }
 
-    fn command(&self, rootfs: &Path, cgroup: &SandboxCgroup) -> tokio::process::Command {
+    fn command(
+        &self,
+        rootfs: &Path,
+        cgroup: &SandboxCgroup,
+        filesystem: Option<&FilesystemPolicy>,
+    ) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new("/bin/sh");
         cmd.arg("-c").arg(WRAPPER).arg("sandmesh-bwrap");
         cmd.args(cgroup.procs_files());
@@ -204,7 +227,8 @@ impl Launcher {
                 "--".into(),
             ]);
         }
-        cmd.arg(&self.bwrap).args(self.bwrap_args(rootfs));
+        cmd.arg(&self.bwrap)
+            .args(self.bwrap_args(rootfs, filesystem));
         cmd.env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("SANDMESH_SECCOMP_DENY", &self.filters.deny)
@@ -226,7 +250,7 @@ impl Launcher {
         let lease = CgroupLease::create(&self.cgroups, node, input.name, input.limits)?;
         let rootfs = self.rootfs.current();
         let mut child = self
-            .command(&rootfs.path, &lease.cgroup)
+            .command(&rootfs.path, &lease.cgroup, input.filesystem)
             .spawn()
             .map_err(|source| SandboxError::Spawn {
                 program: "/bin/sh".into(),

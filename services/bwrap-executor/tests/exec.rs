@@ -38,6 +38,7 @@ async fn output_streams_as_chunks_while_it_runs() {
         network: None,
         tenant: None,
         template: None,
+        filesystem: None,
         execution_id: messages::new_id(),
         tier: Tier::Ephemeral,
         request: req,

@@ -81,6 +81,7 @@ impl Mesh {
         let run = ExecutorRun {
             tenant: None,
             template: None,
+            filesystem: None,
             execution_id: id.clone(),
             tier,
             request: ExecRequest {
@@ -185,7 +186,7 @@ async fn main() {
         pids: 128,
     };
     baseline
-        .start(&name, ContainerKind::Warm, None, limits, None)
+        .start(&name, ContainerKind::Warm, None, limits, None, None)
         .await
         .unwrap();
     let bare = || async {

@@ -141,7 +141,8 @@ impl ContainersState {
     fn run_single_use(&self, run: Admitted, runner: Runner, pool: ActorRef<WarmPoolMsg>) {
         let node = self.node.clone();
         self.node.tasks.spawn(async move {
-            let pooled = run.job.run.kind == RunKind::Pooled;
+            // A warm container is made without any filesystem policy's mounts.
+            let pooled = run.job.run.kind == RunKind::Pooled && run.job.run.filesystem.is_none();
             let mut container = if pooled {
                 pool.call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
                     .await
@@ -164,8 +165,9 @@ impl ContainersState {
                         };
                         let limits = ContainerLimits::from(&run.job.limits);
                         let network = run.job.run.network.as_ref();
+                        let filesystem = run.job.run.filesystem.as_ref();
                         match runner
-                            .start_container(&node, kind, None, limits, network)
+                            .start_container(&node, kind, None, limits, network, filesystem)
                             .await
                         {
                             Ok(c) => c,
@@ -235,6 +237,7 @@ impl ContainersState {
                         idle: self.runner.config.session_idle,
                         limits: default_limits(&self.ceilings),
                         network: run.job.run.network.clone(),
+                        filesystem: run.job.run.filesystem.clone(),
                     };
                     let (actor, _) =
                         Actor::spawn_linked(None, SessionContainer, args, myself.get_cell())

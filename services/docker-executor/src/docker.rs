@@ -14,6 +14,7 @@ use bollard::query_parameters::CreateContainerOptionsBuilder;
 use bollard::Docker;
 use containers::{hardened_host_config, tmpfs_options, Hardening};
 pub use containers::{summary_name, DockerError};
+use messages::filesystem::{FilesystemPolicy, Mount, TMP_DIR};
 use messages::validate::EffectiveLimits;
 
 use executor_node::NodeConfig;
@@ -31,6 +32,8 @@ pub const LABEL_SESSION: &str = "sandmesh.session";
 pub use containers::LABEL_MESH;
 
 pub use executor_node::{SUPERVISOR_PATH, WORKSPACE_DIR};
+/// A directory a filesystem policy hides or keeps read-only: an empty tmpfs mounted `ro`.
+const EMPTY_READ_ONLY: &str = "ro,nosuid,nodev,noexec,size=4k,mode=0555";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerKind {
@@ -100,30 +103,41 @@ impl SandboxSpec {
         }
     }
 
-    /// The create body of a hardened sandbox container.
+    /// The create body of a hardened sandbox container, with the mounts of its filesystem
+    /// policy when it has one.
     pub fn container_body(
         &self,
         kind: ContainerKind,
         session: Option<&str>,
         limits: ContainerLimits,
         egress_bind: Option<&str>,
+        filesystem: Option<&FilesystemPolicy>,
     ) -> ContainerCreateBody {
+        let mut tmpfs = HashMap::from([
+            (
+                TMP_DIR.to_string(),
+                tmpfs_options(self.tmp_mb, SANDBOX_UID, "1777"),
+            ),
+            (
+                WORKSPACE_DIR.to_string(),
+                tmpfs_options(self.workspace_mb, SANDBOX_UID, "0755"),
+            ),
+        ]);
+        // Docker mounts parents before what they hold, whatever the map's order.
+        for (path, mount) in filesystem.map(FilesystemPolicy::mounts).unwrap_or_default() {
+            let options = match mount {
+                Mount::Writable => tmpfs_options(self.tmp_mb, SANDBOX_UID, "0755"),
+                Mount::EmptyReadOnly => EMPTY_READ_ONLY.to_string(),
+            };
+            tmpfs.insert(path, options);
+        }
         let mut host = hardened_host_config(&Hardening {
             memory_mb: limits.memory_mb,
             cpus: limits.cpus,
             pids: limits.pids,
             nofile: self.nofile,
             fsize_bytes: self.fsize_bytes,
-            tmpfs: HashMap::from([
-                (
-                    "/tmp".to_string(),
-                    tmpfs_options(self.tmp_mb, SANDBOX_UID, "1777"),
-                ),
-                (
-                    WORKSPACE_DIR.to_string(),
-                    tmpfs_options(self.workspace_mb, SANDBOX_UID, "0755"),
-                ),
-            ]),
+            tmpfs,
         });
         // The network stays `none`: the egress socket directory is the only way out.
         host.binds = egress_bind.map(|bind| vec![bind.to_string()]);
@@ -191,7 +205,8 @@ impl Sandboxes {
     }
 
     /// Creates and starts a container under `name` (with its egress socket directory bound
-    /// when given); a container that fails to start is removed again.
+    /// and its filesystem policy mounted when given); a container that fails to start is
+    /// removed again.
     pub async fn start(
         &self,
         name: &str,
@@ -199,8 +214,11 @@ impl Sandboxes {
         session: Option<&str>,
         limits: ContainerLimits,
         egress_bind: Option<&str>,
+        filesystem: Option<&FilesystemPolicy>,
     ) -> Result<Container, DockerError> {
-        let body = self.spec.container_body(kind, session, limits, egress_bind);
+        let body = self
+            .spec
+            .container_body(kind, session, limits, egress_bind, filesystem);
         let options = CreateContainerOptionsBuilder::new().name(name).build();
         self.docker
             .create_container(Some(options), body)

@@ -13,6 +13,7 @@ use executor_node::workspace::{Held, WorkspaceSync};
 use executor_node::{Job, NodeState};
 use kit::AuditScope;
 use messages::exec::{ExecResult, ExecStatus, Timing};
+use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::{ErrorBody, Subjects};
 use sandbox_protocol::RunSpec;
@@ -69,9 +70,13 @@ impl Runner {
         session: Option<&str>,
         limits: ContainerLimits,
         network: Option<&NetworkPolicy>,
+        filesystem: Option<&FilesystemPolicy>,
     ) -> Result<ContainerLease, StartError> {
         let egress = network.map(|p| self.egress.bind(p)).transpose()?;
-        Ok(ContainerLease::start(&self.sandboxes, node, kind, session, limits, egress).await?)
+        let sandboxes = &self.sandboxes;
+        let lease =
+            ContainerLease::start(sandboxes, node, kind, session, limits, egress, filesystem);
+        Ok(lease.await?)
     }
 
     fn spec(&self, job: &Job, container: &ContainerLease) -> RunSpec {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use executor_node::workspace::Held;
 use executor_node::NodeState;
+use messages::filesystem::FilesystemPolicy;
 
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
 use crate::egress::ContainerEgress;
@@ -53,6 +54,7 @@ impl ContainerLease {
         session: Option<&str>,
         limits: ContainerLimits,
         egress: Option<ContainerEgress>,
+        filesystem: Option<&FilesystemPolicy>,
     ) -> Result<Self, DockerError> {
         let name = sandboxes.new_name();
         node.own(&name);
@@ -68,7 +70,14 @@ impl ContainerLease {
             node: node.clone(),
         };
         sandboxes
-            .start(&lease.name, kind, session, limits, mount.as_deref())
+            .start(
+                &lease.name,
+                kind,
+                session,
+                limits,
+                mount.as_deref(),
+                filesystem,
+            )
             .await
             .map(|_| lease)
     }

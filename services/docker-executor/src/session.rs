@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -54,6 +55,9 @@ pub struct SessionArgs {
     /// The session's egress policy: its container gets a proxy of its own (and is never a
     /// warm one, which has none).
     pub network: Option<NetworkPolicy>,
+    /// The session's filesystem policy: its container is made with its mounts (and is never a
+    /// warm one, made without).
+    pub filesystem: Option<FilesystemPolicy>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +93,10 @@ impl SessionState {
         let session = self.args.session_id.clone();
         let limits = self.args.limits;
         let network = self.args.network.clone();
+        let filesystem = self.args.filesystem.clone();
         let myself = myself.clone();
         self.args.node.tasks.spawn(async move {
-            let warm = if use_pool && network.is_none() {
+            let warm = if use_pool && network.is_none() && filesystem.is_none() {
                 pool.call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
                     .await
                     .ok()
@@ -104,8 +109,9 @@ impl SessionState {
                 Some(c) => Ok(c),
                 None => {
                     let kind = ContainerKind::Session;
+                    let (network, filesystem) = (network.as_ref(), filesystem.as_ref());
                     runner
-                        .start_container(&node, kind, Some(&session), limits, network.as_ref())
+                        .start_container(&node, kind, Some(&session), limits, network, filesystem)
                         .await
                 }
             };

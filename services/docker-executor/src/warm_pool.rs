@@ -106,6 +106,7 @@ impl WarmPoolState {
                         None,
                         limits,
                         None,
+                        None,
                     )
                     .await?;
                     let resident = Resident::start(&sandboxes.docker, &lease.name, true).await?;

@@ -30,7 +30,14 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     };
     let name = sandboxes.new_name();
     sandboxes
-        .start(&name, ContainerKind::Session, Some("s-hard"), limits, None)
+        .start(
+            &name,
+            ContainerKind::Session,
+            Some("s-hard"),
+            limits,
+            None,
+            None,
+        )
         .await
         .unwrap();
     let inspect = docker

@@ -209,7 +209,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
         let s = Sandboxes::new(docker.clone(), spec(&node, &mesh));
         let name = s.new_name();
         match s
-            .start(&name, ContainerKind::Warm, None, limits, None)
+            .start(&name, ContainerKind::Warm, None, limits, None, None)
             .await
         {
             Ok(_) => {}

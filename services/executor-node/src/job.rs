@@ -18,10 +18,9 @@ use crate::config::NodeConfig;
 use crate::results::{Answer, ResultStore};
 use crate::slot::RunSlot;
 
-/// Where the sandbox image installs the supervisor.
-pub const SUPERVISOR_PATH: &str = "/usr/local/bin/sandmesh-supervisor";
-/// The workspace inside every sandbox (also `HOME`).
-pub const WORKSPACE_DIR: &str = "/workspace";
+/// Where the sandbox image installs the supervisor, and the workspace inside every sandbox
+/// (also `HOME`): part of the protocol, since filesystem policies are checked against them.
+pub use messages::filesystem::{SUPERVISOR_PATH, WORKSPACE_DIR};
 
 /// Where the code file goes: outside the workspace, so it is never a "changed file".
 const CODE_DIR: &str = "/tmp/.sandmesh";

@@ -230,6 +230,7 @@ mod tests {
                 network: None,
                 tenant: None,
                 template: None,
+                filesystem: None,
             },
             accepted: Instant::now(),
             retried: false,

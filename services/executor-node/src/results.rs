@@ -319,6 +319,7 @@ mod tests {
             network: None,
             tenant: tenant.map(|t| Tenant::new(t).unwrap()),
             template: None,
+            filesystem: None,
         }
     }
 

@@ -180,5 +180,31 @@ mod tests {
         ] {
             assert!(schemas.contains_key(schema), "{schema} missing");
         }
+        // A session opens with what every execution in it gets and how long it lives.
+        let open = &schemas["SessionOpen"]["properties"];
+        for field in [
+            "env",
+            "timeout_ms",
+            "ttl_ms",
+            "idle_ms",
+            "template",
+            "network",
+            "filesystem",
+        ] {
+            assert!(
+                open.get(field).is_some(),
+                "SessionOpen.{field} missing: {open}"
+            );
+        }
+        let record = &schemas["SessionRecord"]["properties"];
+        for field in [
+            "env",
+            "timeout_ms",
+            "expires_at",
+            "closed_at",
+            "close_reason",
+        ] {
+            assert!(record.get(field).is_some(), "SessionRecord.{field} missing");
+        }
     }
 }

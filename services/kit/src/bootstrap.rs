@@ -183,7 +183,9 @@ pub async fn nodes_kv(
     .await
 }
 
-/// `sandbox_sessions`: session → node, tier, container, state.
+/// `sandbox_sessions`: session → node, tier, container, state. Closed sessions' records are
+/// purged after a retention time with a per-message TTL on the purge marker, so nothing stays
+/// forever (needs nats-server ≥ 2.11).
 pub async fn sessions_kv(
     js: &jetstream::Context,
     s: &Subjects,
@@ -194,6 +196,7 @@ pub async fn sessions_kv(
         kv::Config {
             bucket: s.sessions_bucket(),
             history: 1,
+            limit_markers: Some(Duration::from_secs(60)),
             ..Default::default()
         },
         replicas,

@@ -23,6 +23,41 @@ use crate::placement::{Decision, Requirements};
 use crate::placer::Placer;
 use crate::sessions::{mark_lost, Change, SessionTable};
 
+/// Where a session's execution runs: its node, whether its process state was lost on the
+/// way, the placement decision when a new node was chosen, and the record as placed.
+struct Placed {
+    node: String,
+    restored: bool,
+    decision: Option<Decision>,
+    record: SessionRecord,
+}
+
+/// A use of a session, for its idle clock.
+#[derive(Clone, Copy)]
+enum Use {
+    /// A run started; it may go on until `deadline` from now.
+    Running { deadline: Duration },
+    /// A run ended (counted).
+    Finished,
+}
+
+/// Why no execution may start in the session any more: closed, or its TTL ran out (the
+/// expiry sweep closes it soon; until then it must not take work).
+fn ended(record: &SessionRecord) -> Option<ErrorBody> {
+    let id = &record.session_id;
+    if record.state == SessionState::Closed {
+        return Some(ErrorBody::conflict(format!(
+            "session {id} is closed; open a new session"
+        )));
+    }
+    let expired = record.expires_at.is_some_and(|at| at <= messages::now_ms());
+    expired.then(|| {
+        ErrorBody::conflict(format!(
+            "session {id} expired (its ttl_ms ran out); open a new session"
+        ))
+    })
+}
+
 #[derive(Clone)]
 pub struct SessionAffinity {
     sessions: SessionTable,
@@ -79,13 +114,16 @@ impl SessionAffinity {
                     .await?
             }
         };
-        // The session's container is made with the session's egress socket, if it has one.
+        // The session's container is made with the session's egress socket, if it has one,
+        // and the mounts of its filesystem policy added to its template's.
         run.network = record.network.clone();
+        run.filesystem = match (run.filesystem.take(), &record.filesystem) {
+            (Some(template), Some(session)) => Some(template.union(session)),
+            (template, session) => template.or_else(|| session.clone()),
+        };
+        let template = run.template.as_ref().map(|t| t.name.clone());
         for _ in 0..PLACEMENT_ATTEMPTS {
-            if record.state == SessionState::Closed {
-                let error = ErrorBody::conflict(format!(
-                    "session {session_id} is closed; open a new session"
-                ));
+            if let Some(error) = ended(&record) {
                 return Ok(terminal(
                     &run.execution_id,
                     &run.request,
@@ -93,9 +131,34 @@ impl SessionAffinity {
                     error,
                 ));
             }
-            let (node, restored, decision) =
-                self.place_session(&record, needs, deadline, scope).await?;
+            let Placed {
+                node,
+                restored,
+                decision,
+                record: placed,
+            } = self
+                .place_session(&record, template.as_deref(), needs, deadline, scope)
+                .await?;
+            // Checked again as placed: the session may have taken another run's template
+            // since it was read (two first runs at once), or was opened by this run.
+            if let Err(error) = placed.admits_template(template.as_deref()) {
+                if decision.is_some() {
+                    self.placer.release(Some(&node));
+                }
+                return Ok(terminal(
+                    &run.execution_id,
+                    &run.request,
+                    ExecStatus::Rejected,
+                    error,
+                ));
+            }
             run.session_restored = restored;
+            // In use until this run's deadline: an idle close must not take the session from
+            // under it.
+            let (me, id, at) = (self.clone(), session_id.to_string(), node.clone());
+            let busy = Use::Running { deadline };
+            self.background
+                .spawn(async move { me.touch_session(&id, &at, busy).await });
             self.placer.audit_placed(
                 scope,
                 run,
@@ -137,8 +200,9 @@ impl SessionAffinity {
                         // Bookkeeping (use count, last use) off the reply's path: two KV
                         // round trips the caller need not wait for.
                         let (me, id) = (self.clone(), session_id.to_string());
-                        self.background
-                            .spawn(async move { me.touch_session(&id, &node).await });
+                        self.background.spawn(async move {
+                            me.touch_session(&id, &node, Use::Finished).await
+                        });
                     }
                     return Ok(result);
                 }
@@ -201,27 +265,34 @@ impl SessionAffinity {
         Ok(record)
     }
 
-    /// Where the session's next execution runs, whether its process state was lost on the
-    /// way, and the placement decision when a new node was chosen.
+    /// Where the session's next execution runs. A session placed for the first time takes
+    /// `template` (the run's) when it was opened without one.
     async fn place_session(
         &self,
         record: &SessionRecord,
+        template: Option<&str>,
         needs: Requirements,
         wait: Duration,
         scope: &AuditScope,
-    ) -> Result<(String, bool, Option<Decision>), ErrorBody> {
+    ) -> Result<Placed, ErrorBody> {
         let id = &record.session_id;
         let mut record = record.clone();
+        let follow = |record: SessionRecord| Placed {
+            node: record.node.clone().unwrap_or_default(),
+            restored: false,
+            decision: None,
+            record,
+        };
         if record.state == SessionState::Active {
             let node = record.node.clone().unwrap_or_default();
             if self.placer.is_alive(&node).await? {
-                return Ok((node, false, None));
+                return Ok(follow(record));
             }
             // Its heartbeat is gone, but the registry's watch may not have marked it yet.
             record = self.session_lost(id, &node, scope).await?;
             if record.state == SessionState::Active {
                 // Another scheduler re-placed it meanwhile: follow.
-                return Ok((record.node.unwrap_or_default(), false, None));
+                return Ok(follow(record));
             }
         }
         let exclude: Vec<String> = record.lost_from.clone().into_iter().collect();
@@ -250,6 +321,9 @@ impl SessionAffinity {
                     let lost = r.state == SessionState::Lost;
                     if lost {
                         r.restores += 1;
+                    } else if r.template.is_none() {
+                        // Its first container is made now, in the image its first run names.
+                        r.template = template.map(String::from);
                     }
                     r.state = SessionState::Active;
                     r.node = Some(chosen.clone());
@@ -274,12 +348,17 @@ impl SessionAffinity {
                 return Err(e.into());
             }
         };
-        match (stored.state, stored.node, restored) {
-            (SessionState::Active, Some(node), Some(lost)) => Ok((node, lost, Some(decision))),
+        match (stored.state, stored.node.clone(), restored) {
+            (SessionState::Active, Some(node), Some(lost)) => Ok(Placed {
+                node,
+                restored: lost,
+                decision: Some(decision),
+                record: stored,
+            }),
             // Another scheduler placed it meanwhile: follow it there.
-            (SessionState::Active, Some(node), None) => {
+            (SessionState::Active, Some(_), None) => {
                 self.placer.release(Some(&chosen));
-                Ok((node, false, None))
+                Ok(follow(stored))
             }
             (state, _, _) => {
                 self.placer.release(Some(&chosen));
@@ -317,15 +396,22 @@ impl SessionAffinity {
         Ok(record)
     }
 
-    async fn touch_session(&self, session_id: &str, node: &str) {
+    /// Records a use of the session on `node`.
+    async fn touch_session(&self, session_id: &str, node: &str, used: Use) {
         let now = messages::now_ms();
         let updated = self
             .sessions
             .update(session_id, |r| {
-                if r.node.as_deref() != Some(node) {
+                if r.node.as_deref() != Some(node) || r.state == SessionState::Closed {
                     return Change::Keep;
                 }
-                r.executions += 1;
+                match used {
+                    Use::Running { deadline } => {
+                        let until = now.saturating_add(deadline.as_millis() as u64);
+                        r.busy_until = Some(r.busy_until.unwrap_or(0).max(until));
+                    }
+                    Use::Finished => r.executions += 1,
+                }
                 r.last_used_at = now;
                 Change::Write
             })

@@ -56,6 +56,48 @@ pub struct SchedulerConfig {
     /// `SANDMESH_EPHEMERAL_BACKEND`: auto (default), bwrap or docker — where SAFE ephemeral
     /// work without a session runs.
     pub ephemeral_backend: EphemeralBackend,
+    pub sessions: SessionSettings,
+}
+
+/// How sessions end by themselves ([`crate::session_reaper`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionSettings {
+    /// `SANDMESH_SESSION_IDLE_MS` (default 1 h): a session unused this long closes, unless it
+    /// asked for another idle time when it opened.
+    pub idle: Duration,
+    /// `SANDMESH_SESSION_MAX_TTL_MS` (default 7 days): the longest `ttl_ms` or `idle_ms` a
+    /// session may ask for.
+    pub max_lifetime: Duration,
+    /// `SANDMESH_SESSION_RETENTION_MS` (default 24 h): how long a closed session's record is
+    /// kept (`sessions.get` answers it closed, its id cannot be opened again) before it is
+    /// removed.
+    pub retention: Duration,
+    /// `SANDMESH_SESSION_SWEEP_MS` (default 10 s): how often sessions are looked at.
+    pub sweep: Duration,
+}
+
+impl SessionSettings {
+    fn read(r: &mut ConfigReader<'_>) -> Self {
+        let settings = Self {
+            idle: r.millis("SESSION_IDLE_MS", Duration::from_secs(3600)),
+            max_lifetime: r.millis("SESSION_MAX_TTL_MS", Duration::from_secs(7 * 24 * 3600)),
+            retention: r.millis("SESSION_RETENTION_MS", Duration::from_secs(24 * 3600)),
+            sweep: r.millis("SESSION_SWEEP_MS", Duration::from_secs(10)),
+        };
+        if settings.idle.is_zero() || settings.idle > settings.max_lifetime {
+            r.error("SANDMESH_SESSION_IDLE_MS: must be between 1 and SANDMESH_SESSION_MAX_TTL_MS");
+        }
+        if settings.sweep < Duration::from_millis(100) {
+            r.error("SANDMESH_SESSION_SWEEP_MS: must be at least 100");
+        }
+        settings
+    }
+
+    pub fn lifetime(&self) -> messages::session::SessionLifetime {
+        messages::session::SessionLifetime {
+            max_ms: self.max_lifetime.as_millis() as u64,
+        }
+    }
 }
 
 fn parse_mode(r: &mut ConfigReader<'_>) -> SecurityMode {
@@ -140,8 +182,10 @@ impl SchedulerConfig {
         if parked_sweep < Duration::from_millis(100) {
             r.error("SANDMESH_SCHED_PARKED_SWEEP_MS: must be at least 100");
         }
+        let sessions = SessionSettings::read(&mut r);
         let config = Self {
             kit,
+            sessions,
             security_mode,
             placement,
             max_queue,
@@ -179,6 +223,7 @@ impl SchedulerConfig {
             assess_timeout: self.assess_timeout,
             exec_grace: self.exec_grace,
             network_ceiling: self.network_ceiling.clone(),
+            session_lifetime: self.sessions.lifetime(),
         }
     }
 
@@ -219,9 +264,11 @@ mod tests {
             ("SANDMESH_SCHED_PARKED_SWEEP_MS", "0"),
             ("SANDMESH_HEARTBEAT_MS", "x"),
             ("SANDMESH_NETWORK_ALLOW", "a..b"),
+            ("SANDMESH_SESSION_IDLE_MS", "0"),
+            ("SANDMESH_SESSION_SWEEP_MS", "5"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 8, "{e}");
+        assert_eq!(e.0.len(), 10, "{e}");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use messages::exec::{ExecResult, Tier};
+use messages::exec::{ExecResult, ExecStatus, Tier};
 use messages::executor::{Backend, ExecutorRun, RunKind};
 use messages::session::SessionRecord;
 use messages::ErrorBody;
@@ -64,10 +64,36 @@ impl Dispatcher {
         Ok(self.affinity.sessions().get(session_id).await?)
     }
 
+    /// Whether `exec` runs under a filesystem policy: its template's, or its session's (read
+    /// again when the execution was parked and so holds no record).
+    async fn under_filesystem_policy(&self, exec: &Execution) -> Result<bool, ErrorBody> {
+        if exec.filesystem.is_some() {
+            return Ok(true);
+        }
+        let Some(id) = &exec.request.session_id else {
+            return Ok(false);
+        };
+        let record = match &exec.session {
+            Some(record) => Some(record.clone()),
+            None => self.session(id).await?,
+        };
+        Ok(record.is_some_and(|r| r.filesystem.is_some()))
+    }
+
     /// The place and run stages: a session's node, or the node the strategy picks (the
     /// executor queue group while no node is known). `Err` is a transient failure.
     pub async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
         if exec.tier == Tier::Aio {
+            // An AIO instance is the aio-pool's container, not an executor's: no filesystem
+            // policy is mounted there, so work under one is refused rather than run without it.
+            if self.under_filesystem_policy(exec).await? {
+                let error = ErrorBody::bad_request(
+                    "tier aio cannot enforce a filesystem policy (its template's or session's): \
+                     run it in tier session",
+                )
+                .with_details(serde_json::json!({ "field": "tier" }));
+                return Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, error));
+            }
             return self.aio.run(exec).await;
         }
         let limits = exec.limits;
@@ -80,16 +106,20 @@ impl Dispatcher {
             tier: exec.tier,
             request,
             session_restored: false,
-            // A warm pooled container has no egress socket: a run with a network policy gets
-            // a container of its own (a session's runs get the session's policy on the way).
+            // A warm pooled container has no egress socket and no filesystem policy's mounts:
+            // a run with either gets a container of its own (a session's runs get the
+            // session's policies on the way).
             kind: match (exec.tier, exec.request.session_id.is_some()) {
                 (_, true) => RunKind::Session,
                 (Tier::Session, false) => RunKind::Isolated,
-                _ if exec.request.network.is_some() => RunKind::Isolated,
+                _ if exec.request.network.is_some() || exec.filesystem.is_some() => {
+                    RunKind::Isolated
+                }
                 _ => RunKind::Pooled,
             },
             network: exec.request.network.clone(),
             template: exec.template.clone(),
+            filesystem: exec.filesystem.clone(),
         };
         let needs = Requirements {
             cpus: limits.cpus,

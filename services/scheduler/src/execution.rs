@@ -8,6 +8,7 @@ use kit::AuditScope;
 use messages::exec::{
     AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, Tier, Timing,
 };
+use messages::filesystem::FilesystemPolicy;
 use messages::risk::RiskAssessment;
 use messages::session::SessionRecord;
 use messages::template::RunTemplate;
@@ -98,6 +99,10 @@ pub struct Execution {
     /// the template it was approved with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<RunTemplate>,
+    /// Its template's filesystem policy, as read when it was admitted (its session's is
+    /// added at dispatch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemPolicy>,
     /// The session's record as read when the request was assessed, for the dispatch right
     /// after it; never stored (a parked execution reads the session again when it resumes).
     #[serde(skip)]
@@ -139,6 +144,7 @@ impl Execution {
                 .filter(|u| !u.is_empty())
                 .map(str::to_string),
             template: None,
+            filesystem: None,
             session: None,
             sync_reply: origin.sync_reply,
             reviewed: origin.reviewed.clone(),

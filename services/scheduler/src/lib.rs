@@ -28,6 +28,7 @@
 //!     ├─ Root actor ──supervises──▶ Registry actor (restarted and re-preloaded; run() fails
 //!     │                              when it keeps dying) ◀── heartbeat watch task (KV)
 //!     │                              └─ lost nodes ──▶ SessionApi::mark_lost_sessions
+//!     ├─ SessionReaper (closes sessions past their TTL or idle time, removes old records)
 //!     ├─ TestRuns ──▶ Intake (a test run is an execution; its report read from the workspace)
 //!     ├─ Intake (sync) ─┐
 //!     ├─ Jobs (async) ──┼──▶ Pipeline ── Placer (registry + slots Notify), SessionAffinity,
@@ -59,6 +60,7 @@ pub mod results;
 pub mod resumer;
 pub mod root;
 pub mod session_api;
+pub mod session_reaper;
 pub mod sessions;
 pub mod templates;
 pub mod testrun;
@@ -94,6 +96,7 @@ use crate::results::ResultStore;
 use crate::resumer::Resumer;
 use crate::root::{Root, RootArgs};
 use crate::session_api::SessionApi;
+use crate::session_reaper::SessionReaper;
 use crate::sessions::SessionTable;
 use crate::testrun::TestRuns;
 
@@ -254,14 +257,10 @@ pub async fn run(
         config.job_settings(),
     );
     let consumer = jobs.consumer(&js, &subjects, replicas).await?;
-    let sessions = SessionApi::new(
-        affinity,
-        executor,
-        aio,
-        auditor,
-        config.network_ceiling.clone(),
-    );
+    let sessions = SessionApi::new(affinity, executor, aio, auditor, config.policy());
     let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
+    let reaper = SessionReaper::new(sessions.clone(), config.sessions);
+    let reaping = tokio::spawn(reaper.run(stopping.clone()));
     let tests = TestRuns::new(
         intake.clone(),
         sessions.clone(),
@@ -334,6 +333,7 @@ pub async fn run(
     jobs_stop.cancel();
     join_bounded("jobs", jobs_loop).await;
     join_bounded("resumer", resumer).await;
+    join_bounded("session reaper", reaping).await;
     let grace = config.kit.shutdown_grace;
     let started = tokio::time::Instant::now();
     let running = async {

@@ -13,7 +13,6 @@ use kit::{AuditScope, Auditor, Caller};
 use messages::audit::AuditKind;
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing};
 use messages::risk::{AssessRequest, RiskAssessment};
-use messages::session::SessionRecord;
 use messages::validate::{validate_exec, Ceilings};
 use messages::{ErrorBody, ErrorKind, Subjects};
 use serde_json::json;
@@ -38,6 +37,8 @@ pub struct Policy {
     pub exec_grace: Duration,
     /// The egress a deployment permits at all (`SANDMESH_NETWORK_ALLOW`).
     pub network_ceiling: messages::network::NetworkPolicy,
+    /// The longest a session may ask to live (`SANDMESH_SESSION_MAX_TTL_MS`).
+    pub session_lifetime: messages::session::SessionLifetime,
 }
 
 #[derive(Clone)]
@@ -105,20 +106,27 @@ impl Pipeline {
         let fresh_id = req.execution_id.is_none();
         req.execution_id
             .get_or_insert_with(|| mint_id(&origin.caller));
-        // A session's runs are in its template unless a run names its own. (One more read of
-        // the session's record, for session runs that name none; the image must be known
-        // before the limits are checked.)
-        if let (None, Some(id)) = (&req.template, &req.session_id) {
-            match self.dispatcher.session(id).await {
-                Ok(record) => req.template = record.and_then(|r| r.template),
+        // A session's executions get what it opened with (env, timeout, template) where they
+        // leave it out, before anything is checked; a run naming another template than the
+        // session's is refused here. The record is read once, for the dispatch too.
+        let session = match &req.session_id {
+            Some(id) => match self.dispatcher.session(id).await {
+                Ok(record) => record,
                 Err(e) => return Outcome::Retry(e),
-            }
-        }
-        let template = match crate::templates::resolve(&self.caller, &self.subjects, &mut req).await
-        {
-            Ok(template) => Ok(template),
-            Err(e) if e.kind == ErrorKind::BadRequest => Err(e),
-            Err(e) => return Outcome::Retry(e),
+            },
+            None => None,
+        };
+        let refused = session.as_ref().and_then(|record| {
+            record.apply_defaults(&mut req);
+            record.admits_template(req.template.as_deref()).err()
+        });
+        let template = match refused {
+            Some(conflict) => Err(conflict),
+            None => match crate::templates::resolve(&self.caller, &self.subjects, &mut req).await {
+                Ok(template) => Ok(template),
+                Err(e) if e.kind == ErrorKind::BadRequest => Err(e),
+                Err(e) => return Outcome::Retry(e),
+            },
         };
         let admitted = template.and_then(|template| {
             let limits = validate_exec(&req, &self.policy.ceilings)?;
@@ -142,12 +150,16 @@ impl Pipeline {
             }
         };
         let mut exec = Execution::new(req, limits, &origin);
-        exec.template = template;
+        if let Some(template) = template {
+            exec.template = Some(template.run);
+            exec.filesystem = template.filesystem;
+        }
+        exec.session = session;
         // The assessment has no side effects, so it runs while the claim is taken; it is
         // wasted only when an earlier attempt holds the claim or already has a result.
         let assessing = async {
             let started = Instant::now();
-            (self.read_and_assess(&exec).await, started.elapsed())
+            (self.assess(&exec).await, started.elapsed())
         };
         let holding = async {
             if fresh_id {
@@ -173,10 +185,7 @@ impl Pipeline {
         );
         exec.timing.assess_ms = Timing::ms(assess_took);
         let risk = match risk {
-            Ok((session, risk)) => {
-                exec.session = session;
-                risk
-            }
+            Ok(risk) => risk,
             Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
                 let r = exec.refused(ExecStatus::Rejected, Tier::Reject, e);
                 return self.store(&exec, r, claim).await;
@@ -447,29 +456,11 @@ impl Pipeline {
         }
     }
 
-    /// Reads the session's record (when the request names one) while the code is assessed:
-    /// two round trips at once instead of one after the other. The assessor is told whether
-    /// the code runs under a network policy (its own, or its session's): then fetching is
-    /// bounded by the policy, not a risk by itself. The session's policy is known only once
-    /// its record is read, so code of a session that has one is assessed again with it.
-    async fn read_and_assess(
-        &self,
-        exec: &Execution,
-    ) -> Result<(Option<SessionRecord>, RiskAssessment), ErrorBody> {
-        let req = &exec.request;
-        let Some(id) = &req.session_id else {
-            return Ok((None, self.assess(exec, req.network.is_some()).await?));
-        };
-        let (record, risk) = tokio::join!(self.dispatcher.session(id), self.assess(exec, false));
-        let record = record?;
-        let risk = match &record {
-            Some(r) if r.network.is_some() => self.assess(exec, true).await?,
-            _ => risk?,
-        };
-        Ok((record, risk))
-    }
-
-    async fn assess(&self, exec: &Execution, network: bool) -> Result<RiskAssessment, ErrorBody> {
+    /// The assessor is told whether the code runs under a network policy (its own, or its
+    /// session's): then fetching is bounded by the policy, not a risk by itself.
+    async fn assess(&self, exec: &Execution) -> Result<RiskAssessment, ErrorBody> {
+        let session_network = exec.session.as_ref().is_some_and(|s| s.network.is_some());
+        let network = exec.request.network.is_some() || session_network;
         let ask = AssessRequest {
             content: exec.reviewed_code().to_string(),
             content_type: exec.request.language.into(),

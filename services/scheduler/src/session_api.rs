@@ -4,9 +4,9 @@
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
 use messages::executor::Backend;
-use messages::network::NetworkPolicy;
 use messages::session::{
-    SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
+    CloseReason, SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef,
+    SessionState,
 };
 use messages::ErrorBody;
 use serde_json::json;
@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::affinity::SessionAffinity;
 use crate::aio::AioRunner;
 use crate::executor_client::ExecutorClient;
+use crate::pipeline::Policy;
 use crate::sessions::{Change, SessionTable};
 
 #[derive(Clone)]
@@ -24,8 +25,9 @@ pub struct SessionApi {
     /// A closed session's AIO instance is released with it.
     aio: AioRunner,
     auditor: Auditor,
-    /// The egress a deployment permits at all (`SANDMESH_NETWORK_ALLOW`).
-    network_ceiling: NetworkPolicy,
+    /// What a session may ask for: env and timeout within the ceilings, egress within the
+    /// deployment's (`SANDMESH_NETWORK_ALLOW`), a lifetime within `SANDMESH_SESSION_MAX_TTL_MS`.
+    policy: Policy,
 }
 
 fn scope(ctx: &RequestContext, id: &str, actor: Option<String>) -> AuditScope {
@@ -44,22 +46,23 @@ impl SessionApi {
         executor: ExecutorClient,
         aio: AioRunner,
         auditor: Auditor,
-        network_ceiling: NetworkPolicy,
+        policy: Policy,
     ) -> Self {
         Self {
             affinity,
             executor,
             aio,
             auditor,
-            network_ceiling,
+            policy,
         }
     }
 
-    fn table(&self) -> &SessionTable {
+    pub(crate) fn table(&self) -> &SessionTable {
         self.affinity.sessions()
     }
 
-    /// `sessions.open`: creates the session and its workspace (idempotent by id).
+    /// `sessions.open`: creates the session and its workspace (idempotent by id: an open
+    /// session of that id is answered as it is).
     pub async fn open(
         &self,
         ctx: RequestContext,
@@ -68,8 +71,9 @@ impl SessionApi {
         let named = open.session_id.clone().unwrap_or_else(messages::new_id);
         let id = ctx.caller.scope("session_id", &named)?;
         let tenant = ctx.caller.tenant();
+        open.admit(&self.policy.ceilings, self.policy.session_lifetime)?;
         if let Some(wanted) = &open.network {
-            open.network = Some(crate::network::admit(wanted, &self.network_ceiling)?);
+            open.network = Some(crate::network::admit(wanted, &self.policy.network_ceiling)?);
         }
         if let Some(existing) = self.table().get(&id).await? {
             if existing.state == SessionState::Closed {
@@ -118,8 +122,7 @@ impl SessionApi {
         Ok(SessionListReply { sessions })
     }
 
-    /// `sessions.close`: closes the container on its node (when it still runs), then marks
-    /// the session closed. Closing a closed session answers the record again.
+    /// `sessions.close`. Closing a closed session answers the record again.
     pub async fn close(
         &self,
         ctx: RequestContext,
@@ -127,36 +130,58 @@ impl SessionApi {
     ) -> Result<SessionRecord, ErrorBody> {
         let tenant = ctx.caller.tenant();
         let id = ctx.caller.scope("session_id", &req.session_id)?;
-        let record = self.record(&id, &req.session_id).await?;
-        if record.state == SessionState::Closed {
-            return Ok(record.unscoped(tenant));
-        }
-        if let (SessionState::Active, Some(node)) = (record.state, &record.node) {
-            if let Err(e) = self.executor.close_session(node, &id).await {
-                tracing::warn!(session_id = %id, node, error = %e, "executor close failed; closing anyway");
-            }
-        }
-        // Its AIO instance, if it has one, goes with it (its browser follows the
-        // session_closed event below, which the browser-router hears).
-        self.aio.release(&id).await;
+        self.record(&id, &req.session_id).await?;
+        let scope = scope(&ctx, &id, None);
         let closed = self
-            .table()
-            .update(&id, |r| {
-                if r.state == SessionState::Closed {
-                    return Change::Keep;
-                }
-                r.state = SessionState::Closed;
-                r.container = None;
-                Change::Write
-            })
+            .close_stored(&id, CloseReason::Requested, &scope)
             .await?
             .ok_or_else(|| ErrorBody::not_found(format!("no session {}", req.session_id)))?;
+        Ok(closed.unscoped(tenant))
+    }
+
+    /// Closes the session stored under `id` for `reason`: marks it closed first (so no new
+    /// execution is placed in it; once, however many schedulers close it at the same time),
+    /// then removes its container on its node and its AIO instance. Its browser follows the
+    /// `session_closed` event, which the browser-router hears. Returns the record as stored
+    /// (`None`: no such session).
+    pub async fn close_stored(
+        &self,
+        id: &str,
+        reason: CloseReason,
+        scope: &AuditScope,
+    ) -> Result<Option<SessionRecord>, ErrorBody> {
+        let now = messages::now_ms();
+        let mut was = None;
+        let closed = self
+            .table()
+            .update(id, |r| {
+                if r.state == SessionState::Closed {
+                    was = None;
+                    return Change::Keep;
+                }
+                was = Some((r.state, r.node.clone()));
+                r.state = SessionState::Closed;
+                r.container = None;
+                r.closed_at = Some(now);
+                r.close_reason = Some(reason);
+                Change::Write
+            })
+            .await?;
+        let (Some(closed), Some((state, node))) = (closed.clone(), was) else {
+            return Ok(closed);
+        };
+        if let (SessionState::Active, Some(node)) = (state, &node) {
+            if let Err(e) = self.executor.close_session(node, id).await {
+                tracing::warn!(session_id = %id, node, error = %e, "executor close failed; its idle close removes the container");
+            }
+        }
+        self.aio.release(id).await;
         self.auditor.emit(
             AuditKind::SessionClosed,
-            &scope(&ctx, &id, None),
-            json!({"node": record.node, "executions": closed.executions}),
+            scope,
+            json!({"node": node, "executions": closed.executions, "reason": reason.as_str()}),
         );
-        Ok(closed.unscoped(tenant))
+        Ok(Some(closed))
     }
 
     /// Marks the sessions of every node whose heartbeat vanished as lost, until `lost` closes.

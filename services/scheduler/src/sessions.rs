@@ -20,6 +20,10 @@ use crate::error::StoreError;
 /// How often a compare-and-set is retried before giving up (each retry re-reads the record).
 const CAS_ATTEMPTS: usize = 16;
 
+/// How long the marker a removed session leaves in the bucket lives (the bucket's
+/// `limit_markers` lets it expire).
+pub const MARKER_TTL: Duration = Duration::from_secs(60);
+
 #[derive(Clone)]
 pub struct SessionTable {
     kv: kv::Store,
@@ -92,6 +96,11 @@ impl SessionTable {
             requested_by: open.requested_by.clone(),
             network: open.network.clone(),
             template: open.template.clone(),
+            env: open.env.clone(),
+            timeout_ms: open.timeout_ms,
+            expires_at: open.ttl_ms.map(|ttl| now.saturating_add(ttl)),
+            idle_ms: open.idle_ms,
+            filesystem: open.filesystem.clone(),
             ..Default::default()
         };
         let value =
@@ -170,6 +179,27 @@ impl SessionTable {
         Ok(out)
     }
 
+    /// Removes the record of a session closed at least `retention` ago, so closed sessions do
+    /// not stay in the bucket forever (its id may then be opened again). The removal leaves a
+    /// marker that itself expires ([`MARKER_TTL`]). Returns whether it removed the record.
+    pub async fn forget_closed(&self, id: &str, retention: Duration) -> Result<bool, StoreError> {
+        let Some((record, revision)) = self.entry(id).await? else {
+            return Ok(false);
+        };
+        if !retained_long_enough(&record, retention, messages::now_ms()) {
+            return Ok(false);
+        }
+        // Only the revision read: a record changed meanwhile is looked at next time.
+        match self
+            .kv
+            .purge_expect_revision_with_ttl(id, revision, MARKER_TTL)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) => Err(StoreError::new("removing a closed session", e)),
+        }
+    }
+
     /// Marks every active session on `node` as lost. Returns those it changed.
     pub async fn mark_node_lost(&self, node: &str) -> Result<Vec<SessionRecord>, StoreError> {
         let mut changed = Vec::new();
@@ -193,6 +223,13 @@ impl SessionTable {
         }
         Ok(changed)
     }
+}
+
+/// Whether `r` is closed and has been for `retention` at `now` (a record closed before it
+/// kept the time counts from its last use).
+pub fn retained_long_enough(r: &SessionRecord, retention: Duration, now: u64) -> bool {
+    let closed_at = r.closed_at.unwrap_or(r.last_used_at);
+    r.state == SessionState::Closed && closed_at.saturating_add(retention.as_millis() as u64) <= now
 }
 
 /// Marks `r` lost if it is still active on `node` (another scheduler may have moved it).

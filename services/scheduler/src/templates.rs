@@ -2,10 +2,11 @@
 //! service and folded into the request *before* validation, so its defaults pass the same
 //! ceilings as anything a client asks for (its network policy included: clamped by the
 //! operator's ceiling). The executor gets only what it needs to pick the image
-//! ([`RunTemplate`]).
+//! ([`RunTemplate`]) and the template's filesystem policy ([`Resolved`]).
 
 use kit::{CallError, Caller};
 use messages::exec::{ExecRequest, Limits};
+use messages::filesystem::FilesystemPolicy;
 use messages::subjects::TemplateOp;
 use messages::template::{RunTemplate, Template, TemplateRecord, TemplateRef};
 use messages::{ErrorBody, ErrorKind, Subjects};
@@ -36,22 +37,33 @@ pub async fn lookup(
     }
 }
 
+/// A template as a run needs it: what the executor picks the image by, and the template's
+/// filesystem policy (a session's is added to it at dispatch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub run: RunTemplate,
+    pub filesystem: Option<FilesystemPolicy>,
+}
+
 /// Reads the template `req` names and applies its defaults to `req`. `Ok(None)`: it names
 /// none.
 pub async fn resolve(
     caller: &Caller,
     subjects: &Subjects,
     req: &mut ExecRequest,
-) -> Result<Option<RunTemplate>, ErrorBody> {
+) -> Result<Option<Resolved>, ErrorBody> {
     let Some(name) = req.template.clone() else {
         return Ok(None);
     };
     let template = lookup(caller, subjects, &name).await?;
     apply(&template, req);
-    Ok(Some(RunTemplate {
-        name,
-        image: template.image_spec(),
-        warm_pool: template.warm_pool,
+    Ok(Some(Resolved {
+        run: RunTemplate {
+            name,
+            image: template.image_spec(),
+            warm_pool: template.warm_pool,
+        },
+        filesystem: template.filesystem,
     }))
 }
 

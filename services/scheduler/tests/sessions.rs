@@ -3,10 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use crate::common::docker::session_containers;
 use crate::common::*;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
+use messages::filesystem::FilesystemPolicy;
 use messages::session::{
-    SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionState,
+    CloseReason, SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef,
+    SessionState,
 };
 use messages::subjects::SessionOp;
 use messages::{ErrorKind, Subjects};
@@ -268,5 +271,509 @@ async fn new_sessions_wait_for_a_free_slot() {
         assert_eq!(result.status, ExecStatus::Ok, "{:?}", result.error);
         assert_eq!(result.node.as_deref(), Some("node-a"));
     }
+    mesh.shutdown().await;
+}
+
+fn shell(session: &str, code: &str) -> ExecRequest {
+    ExecRequest {
+        session_id: Some(session.into()),
+        language: Language::Shell,
+        code: code.into(),
+        ..Default::default()
+    }
+}
+
+async fn open(c: &kit::Caller, open: &SessionOpen) -> Result<SessionRecord, kit::CallError> {
+    c.call(Subjects::default().sessions(SessionOp::Open), open)
+        .await
+}
+
+fn refused(e: kit::CallError) -> messages::ErrorBody {
+    match e {
+        kit::CallError::Service(body) => body,
+        other => panic!("expected a service error, got {other}"),
+    }
+}
+
+/// A session's configuration over the real docker-executor: its env reaches the code (the
+/// request's own wins), its timeout applies to runs that set none, its template is fixed
+/// (another one is refused: its container runs one image), and its TTL closes it — container
+/// removed, `session_closed` audited with the reason — and its record is removed after the
+/// retention time, so the id is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sessions_configuration_reaches_its_runs_until_its_ttl_closes_it() {
+    let mesh = Mesh::builder()
+        .risk()
+        .real_workspace()
+        .templates()
+        .docker_executors(1)
+        .scheduler(|c| {
+            c.sessions.sweep = std::time::Duration::from_millis(200);
+            c.sessions.retention = std::time::Duration::from_secs(1);
+        })
+        .start()
+        .await;
+    let c = mesh.client.clone();
+
+    let configured = SessionOpen {
+        session_id: Some("cfg".into()),
+        env: BTreeMap::from([
+            ("MODE".to_string(), "session".to_string()),
+            ("WHO".to_string(), "session".to_string()),
+        ]),
+        timeout_ms: Some(1_500),
+        ..Default::default()
+    };
+    let record = open(&c, &configured).await.unwrap();
+    assert_eq!(record.env, configured.env);
+    assert_eq!(record.timeout_ms, Some(1_500));
+    let mut own_env = shell("cfg", "echo \"$MODE $WHO\"");
+    own_env.env = BTreeMap::from([("WHO".to_string(), "request".to_string())]);
+    let r = exec(&c, &own_env).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "session request\n"),
+        "{r:?}"
+    );
+    // The session's timeout for a run that sets none; a run's own wins.
+    let r = exec(&c, &shell("cfg", "sleep 20; echo late")).await;
+    assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
+    let r = exec(
+        &c,
+        &ExecRequest {
+            timeout_ms: Some(30_000),
+            ..shell("cfg", "sleep 2; echo in time")
+        },
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "in time\n"),
+        "{r:?}"
+    );
+
+    // Placed without a template, the session's container runs the sandbox image: a run
+    // naming a template would not get its image, so it is refused.
+    let other = ExecRequest {
+        template: Some("python-default".into()),
+        ..shell("cfg", "echo never")
+    };
+    let e = refused(mesh.exec(&other).await.unwrap_err());
+    assert_eq!(e.kind, ErrorKind::Conflict, "{e:?}");
+    assert!(e.message.contains("no template"), "{e:?}");
+
+    // Opened without a template, a session takes its first run's; then it is fixed.
+    open(
+        &c,
+        &SessionOpen {
+            session_id: Some("adopt".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let first = ExecRequest {
+        template: Some("python-default".into()),
+        ..shell("adopt", "echo first")
+    };
+    assert_eq!(exec(&c, &first).await.status, ExecStatus::Ok);
+    assert_eq!(
+        get(&c, "adopt").await.template.as_deref(),
+        Some("python-default")
+    );
+    let data = ExecRequest {
+        template: Some("python-data".into()),
+        ..shell("adopt", "echo never")
+    };
+    let e = refused(mesh.exec(&data).await.unwrap_err());
+    assert_eq!(e.kind, ErrorKind::Conflict, "{e:?}");
+    assert!(e.message.contains("template python-default"), "{e:?}");
+    let r = exec(&c, &shell("adopt", "echo again")).await;
+    assert_eq!(
+        r.template.map(|t| t.name).as_deref(),
+        Some("python-default")
+    );
+
+    // The TTL closes the session by itself: its container goes, the close is audited with
+    // its reason, and its record is removed after the retention time.
+    let short = SessionOpen {
+        session_id: Some("short".into()),
+        ttl_ms: Some(3_000),
+        ..Default::default()
+    };
+    let record = open(&c, &short).await.unwrap();
+    assert_eq!(
+        record.expires_at,
+        Some(record.created_at + 3_000),
+        "{record:?}"
+    );
+    assert_eq!(
+        exec(&c, &shell("short", "echo hi")).await.status,
+        ExecStatus::Ok
+    );
+    assert!(!session_containers("short").unwrap().is_empty());
+    let url = mesh.url.clone();
+    let closed = eventually("the TTL to close the session", || {
+        let url = url.clone();
+        async move {
+            audit_events(&url).await.into_iter().find(|e| {
+                e.kind == messages::audit::AuditKind::SessionClosed
+                    && e.session_id.as_deref() == Some("short")
+            })
+        }
+    })
+    .await;
+    assert_eq!(closed.details["reason"], "ttl", "{closed:?}");
+    eventually("the session's container to go", || async {
+        session_containers("short")
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let gone = eventually("the closed session's record to be removed", || {
+        let c = c.clone();
+        async move {
+            c.call::<_, SessionRecord>(
+                Subjects::default().sessions(SessionOp::Get),
+                &SessionRef {
+                    session_id: "short".into(),
+                },
+            )
+            .await
+            .err()
+        }
+    })
+    .await;
+    assert_eq!(refused(gone).kind, ErrorKind::NotFound);
+    let again = open(&c, &short).await.unwrap();
+    assert_eq!(again.state, SessionState::Open, "the id is free again");
+    mesh.shutdown().await;
+}
+
+/// Hostile session settings, sent raw as any client could: each refused with an error naming
+/// what is wrong, and nothing opened.
+#[tokio::test]
+async fn hostile_session_settings_are_refused_clearly() {
+    let mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 2)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let c = mesh.client.clone();
+    let subject = Subjects::default().sessions(SessionOp::Open);
+    let many: serde_json::Map<String, serde_json::Value> = (0..65)
+        .map(|i| (format!("V{i}"), serde_json::json!("x")))
+        .collect();
+    let week_and_a_ms = 7 * 24 * 3600 * 1000 + 1u64;
+    let too_many_dirs: Vec<String> = (0..17).map(|i| format!("/d{i}")).collect();
+    let cases: Vec<(serde_json::Value, ErrorKind, &str)> = vec![
+        (
+            serde_json::json!({"env": {"LD_PRELOAD": "/tmp/x.so"}}),
+            ErrorKind::BadRequest,
+            "env.LD_PRELOAD",
+        ),
+        (
+            serde_json::json!({"env": {"1BAD": "x"}}),
+            ErrorKind::BadRequest,
+            "env.1BAD",
+        ),
+        (
+            serde_json::json!({"env": {"A=B": "x"}}),
+            ErrorKind::BadRequest,
+            "env.A=B",
+        ),
+        (
+            serde_json::json!({"env": {"BIG": "x".repeat(5000)}}),
+            ErrorKind::TooLarge,
+            "env.BIG",
+        ),
+        (
+            serde_json::json!({"env": {"NUL": "a\u{0}b"}}),
+            ErrorKind::BadRequest,
+            "env.NUL",
+        ),
+        (
+            serde_json::json!({"env": many}),
+            ErrorKind::BadRequest,
+            "at most 64",
+        ),
+        (
+            serde_json::json!({"env": ["A=B"]}),
+            ErrorKind::BadRequest,
+            "malformed",
+        ),
+        (
+            serde_json::json!({"timeout_ms": 0}),
+            ErrorKind::BadRequest,
+            "timeout_ms",
+        ),
+        (
+            serde_json::json!({"timeout_ms": -5}),
+            ErrorKind::BadRequest,
+            "malformed",
+        ),
+        (
+            serde_json::json!({"ttl_ms": 0}),
+            ErrorKind::BadRequest,
+            "ttl_ms",
+        ),
+        (
+            serde_json::json!({"ttl_ms": week_and_a_ms}),
+            ErrorKind::BadRequest,
+            "ttl_ms",
+        ),
+        (
+            serde_json::json!({"ttl_ms": u64::MAX}),
+            ErrorKind::BadRequest,
+            "ttl_ms",
+        ),
+        (
+            serde_json::json!({"ttl_ms": "soon"}),
+            ErrorKind::BadRequest,
+            "malformed",
+        ),
+        (
+            serde_json::json!({"idle_ms": 0}),
+            ErrorKind::BadRequest,
+            "idle_ms",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_read": ["/workspace/secrets"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.deny_read",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_read": ["/etc/../root"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.deny_read",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_write": ["*.pem"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.deny_write",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_write": ["/etc"]}}),
+            ErrorKind::BadRequest,
+            "read-only already",
+        ),
+        (
+            serde_json::json!({"filesystem": {"allow_write": ["/proc/sys"]}}),
+            ErrorKind::BadRequest,
+            "filesystem.allow_write",
+        ),
+        (
+            serde_json::json!({"filesystem": {"deny_read": too_many_dirs}}),
+            ErrorKind::BadRequest,
+            "at most 16",
+        ),
+    ];
+    for (i, (body, kind, names)) in cases.into_iter().enumerate() {
+        let mut body = body;
+        body["session_id"] = serde_json::json!(format!("hostile-{i}"));
+        let e = c
+            .call::<_, SessionRecord>(subject.clone(), &body)
+            .await
+            .map(|r| panic!("{body} opened {r:?}"))
+            .unwrap_err();
+        let e = refused(e);
+        assert_eq!(e.kind, kind, "{body}: {e:?}");
+        assert!(e.message.contains(names), "{body}: {e:?}");
+    }
+    let list: SessionListReply = c
+        .call(
+            Subjects::default().sessions(SessionOp::List),
+            &SessionList::default(),
+        )
+        .await
+        .unwrap();
+    assert!(list.sessions.is_empty(), "{:?}", list.sessions);
+    // A huge timeout is not an error: it is clamped by the ceiling.
+    let clamped = open(
+        &c,
+        &SessionOpen {
+            timeout_ms: Some(u64::MAX),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let ceiling = messages::validate::Ceilings::default().max_timeout_ms;
+    assert_eq!(clamped.timeout_ms, Some(ceiling));
+    // An AIO instance cannot mount a session's filesystem policy: tier aio is refused there.
+    let policy = FilesystemPolicy {
+        deny_read: vec!["/etc/apt".into()],
+        ..Default::default()
+    };
+    open(
+        &c,
+        &SessionOpen {
+            session_id: Some("fs-aio".into()),
+            filesystem: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let in_aio = ExecRequest {
+        tier: messages::exec::TierChoice::Aio,
+        ..in_session("fs-aio", "print(1)")
+    };
+    let r = exec(&c, &in_aio).await;
+    assert_eq!(r.status, ExecStatus::Rejected, "{r:?}");
+    let e = r.error.expect("the refusal says why");
+    assert!(e.message.contains("filesystem policy"), "{e:?}");
+    mesh.shutdown().await;
+}
+
+/// The filesystem policies of a template and of a session opened in it, over the real
+/// docker-executor: both are mounted in the session's container and crossed from inside (a
+/// hidden directory shows nothing, an allowed one takes writes, a read-only one in it
+/// refuses them); a run of the template without a session gets the template's in a container
+/// of its own; a run without either sees the directory. A bad policy in a template is refused
+/// when it is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn template_and_session_filesystem_policies_are_mounted_and_hold_from_inside() {
+    let mesh = Mesh::builder()
+        .risk()
+        .real_workspace()
+        .templates()
+        .docker_executors(1)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let c = mesh.client.clone();
+    let admin = sandmesh_client::MeshClient::new(
+        test_support::connect(&mesh.url).await,
+        Subjects::default(),
+    );
+    let hidden = messages::template::Template {
+        name: "no-apt".into(),
+        filesystem: Some(FilesystemPolicy {
+            deny_read: vec!["/etc/apt".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    eventually("the templates service", || {
+        let (admin, hidden) = (admin.clone(), hidden.clone());
+        async move { admin.templates().create(&hidden).await.ok() }
+    })
+    .await;
+    let bad = messages::template::Template {
+        name: "bad-fs".into(),
+        filesystem: Some(FilesystemPolicy {
+            allow_write: vec!["/workspace".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let refused_template = admin.templates().create(&bad).await.unwrap_err();
+    assert_eq!(
+        refused_template.kind(),
+        sandmesh_client::ErrorKind::BadRequest,
+        "{refused_template}"
+    );
+
+    let probe = "\
+echo \"listed: $(ls -A /etc/apt | wc -l)\"
+for f in /var/tmp/f /var/tmp/locked/f /workspace/f; do
+  if (echo x > $f) 2>/dev/null; then echo \"$f: written\"; else echo \"$f: refused\"; fi
+done";
+    open(
+        &c,
+        &SessionOpen {
+            session_id: Some("fs".into()),
+            template: Some("no-apt".into()),
+            filesystem: Some(FilesystemPolicy {
+                allow_write: vec!["/var/tmp".into()],
+                deny_write: vec!["/var/tmp/locked".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let r = exec(&c, &shell("fs", probe)).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (
+            ExecStatus::Ok,
+            "listed: 0\n/var/tmp/f: written\n/var/tmp/locked/f: refused\n/workspace/f: written\n"
+        ),
+        "{r:?}"
+    );
+    // The session's container keeps them for its next run.
+    let again = exec(&c, &shell("fs", "cat /var/tmp/f; ls -A /etc/apt | wc -l")).await;
+    assert_eq!(again.stdout, "x\n0\n", "{again:?}");
+
+    let count = "ls -A /etc/apt | wc -l";
+    let in_template = ExecRequest {
+        language: Language::Shell,
+        code: count.into(),
+        template: Some("no-apt".into()),
+        ..Default::default()
+    };
+    let r = exec(&c, &in_template).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "0\n"),
+        "{r:?}"
+    );
+    let plain = ExecRequest {
+        template: None,
+        ..in_template
+    };
+    let r = exec(&c, &plain).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert_ne!(
+        r.stdout, "0\n",
+        "without a policy the directory has files: {r:?}"
+    );
+    mesh.shutdown().await;
+}
+
+/// Sessions close by themselves when unused for their idle time (the reason recorded), but
+/// never under a running execution: a run longer than the idle time keeps its session open.
+#[tokio::test]
+async fn an_idle_session_closes_but_not_under_a_running_execution() {
+    let mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 2)
+        .scheduler(|c| c.sessions.sweep = std::time::Duration::from_millis(100))
+        .start()
+        .await;
+    let c = mesh.client.clone();
+    let idle = |id: &str, ms| SessionOpen {
+        session_id: Some(id.into()),
+        idle_ms: Some(ms),
+        ..Default::default()
+    };
+    open(&c, &idle("unused", 500)).await.unwrap();
+    let closed = eventually("the unused session to close", || {
+        let c = c.clone();
+        async move {
+            let r = get(&c, "unused").await;
+            (r.state == SessionState::Closed).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(closed.close_reason, Some(CloseReason::Idle), "{closed:?}");
+    assert!(closed.closed_at.is_some(), "{closed:?}");
+
+    open(&c, &idle("busy", 1_000)).await.unwrap();
+    let r = exec(&c, &in_session("busy", "sleep:2500")).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let after = get(&c, "busy").await;
+    assert_eq!(
+        after.state,
+        SessionState::Active,
+        "closed under its run: {after:?}"
+    );
     mesh.shutdown().await;
 }

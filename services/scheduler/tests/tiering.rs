@@ -39,6 +39,7 @@ async fn start_bwrap(mesh: &Mesh) -> (String, kit::CancellationToken) {
         network: None,
         tenant: None,
         template: None,
+        filesystem: None,
     };
     crate::common::eventually("the bwrap executor to serve", || {
         let subject = subject.clone();

@@ -158,7 +158,17 @@ impl Drop for Nodes {
 
 /// Every container (any state) labelled with this node.
 pub fn containers_of(node: &str) -> std::io::Result<Vec<String>> {
-    let filter = format!("label={}={node}", docker_executor::docker::LABEL_NODE);
+    labelled(docker_executor::docker::LABEL_NODE, node)
+}
+
+/// Every container (any state) of this session (its id as the executor knows it: scoped by
+/// its tenant).
+pub fn session_containers(session_id: &str) -> std::io::Result<Vec<String>> {
+    labelled(docker_executor::docker::LABEL_SESSION, session_id)
+}
+
+fn labelled(label: &str, value: &str) -> std::io::Result<Vec<String>> {
+    let filter = format!("label={label}={value}");
     let out = Command::new("docker")
         .args(["ps", "-aq", "--filter", &filter])
         .output()?;

@@ -349,6 +349,16 @@ async fn heartbeat(js: async_nats::jetstream::Context, node: String, capacity: u
 
 /// Every audit event stored so far for `execution_id`, oldest first.
 pub async fn audit_kinds(url: &str, execution_id: &str) -> Vec<String> {
+    audit_events(url)
+        .await
+        .into_iter()
+        .filter(|e| e.execution_id.as_deref() == Some(execution_id))
+        .map(|e| e.kind.as_str().to_string())
+        .collect()
+}
+
+/// Every audit event stored so far, oldest first.
+pub async fn audit_events(url: &str) -> Vec<messages::audit::AuditEvent> {
     use async_nats::jetstream::consumer::{pull, DeliverPolicy};
     use futures::StreamExt;
     let js = async_nats::jetstream::new(connect(url).await);
@@ -376,10 +386,7 @@ pub async fn audit_kinds(url: &str, execution_id: &str) -> Vec<String> {
         .await
         .unwrap();
     while let Some(Ok(m)) = batch.next().await {
-        let e: messages::audit::AuditEvent = serde_json::from_slice(&m.payload).unwrap();
-        if e.execution_id.as_deref() == Some(execution_id) {
-            out.push(e.kind.as_str().to_string());
-        }
+        out.push(serde_json::from_slice(&m.payload).unwrap());
     }
     out
 }

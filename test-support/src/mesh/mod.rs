@@ -28,7 +28,7 @@ use sandmesh_auth::{Scope, Tenancy};
 use scheduler::SchedulerConfig;
 
 #[allow(unused_imports)]
-pub use fakes::{audit_kinds, FakeExecutor, Runs};
+pub use fakes::{audit_events, audit_kinds, FakeExecutor, Runs};
 pub use node_standin::NodeStandin;
 
 /// The bound of every wait in these tests.

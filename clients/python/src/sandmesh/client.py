@@ -344,12 +344,23 @@ class AsyncSandmesh:
         language: Optional[str] = None,
         network: Optional[Mapping[str, Any]] = None,
         requested_by: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout_ms: Optional[int] = None,
+        ttl_ms: Optional[int] = None,
+        idle_ms: Optional[int] = None,
+        filesystem: Optional[Mapping[str, Any]] = None,
     ) -> "AsyncSession":
         """A session: a workspace and, in tier ``session``, a container kept between runs.
 
         Use ``async with sm.session("s1") as s:`` (closed at the end) or
         ``s = await sm.session("s1")`` (close it with ``await s.close()``). Opening is
         idempotent by id; without an id the mesh makes one.
+
+        Every run in it gets ``env`` (a run's own variables win), ``timeout_ms`` when it sets
+        none, and runs in ``template``. The session closes itself ``ttl_ms`` after it opens,
+        or when unused for ``idle_ms`` (default: the mesh's). ``filesystem``
+        (``{"deny_read": [...], "allow_write": [...], "deny_write": [...]}``, directories) is
+        mounted into its container, added to its template's.
         """
         return AsyncSession(
             self,
@@ -362,6 +373,11 @@ class AsyncSandmesh:
                         "network": dict(network) if network else None,
                         "requested_by": requested_by,
                         "template": template,
+                        "env": dict(env) if env else None,
+                        "timeout_ms": timeout_ms,
+                        "ttl_ms": ttl_ms,
+                        "idle_ms": idle_ms,
+                        "filesystem": dict(filesystem) if filesystem else None,
                     }
                 )
             ),

@@ -243,11 +243,26 @@ class Sandmesh:
         language: Optional[str] = None,
         network: Optional[Mapping[str, Any]] = None,
         requested_by: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout_ms: Optional[int] = None,
+        ttl_ms: Optional[int] = None,
+        idle_ms: Optional[int] = None,
+        filesystem: Optional[Mapping[str, Any]] = None,
     ) -> "Session":
         """Opens a session (idempotent by id); ``with sm.session("s1") as s:`` closes it at the
         end. See :meth:`AsyncSandmesh.session`."""
         inner = self.async_client.session(
-            session_id, template=template, tier=tier, language=language, network=network, requested_by=requested_by
+            session_id,
+            template=template,
+            tier=tier,
+            language=language,
+            network=network,
+            requested_by=requested_by,
+            env=env,
+            timeout_ms=timeout_ms,
+            ttl_ms=ttl_ms,
+            idle_ms=idle_ms,
+            filesystem=filesystem,
         )
         self._call(inner.open())
         return Session(self, inner)

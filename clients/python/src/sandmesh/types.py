@@ -452,7 +452,8 @@ class FileEntry:
 
 @dataclass
 class SessionInfo:
-    """A session's record: ``state`` is ``open``, ``active``, ``lost`` or ``closed``."""
+    """A session's record: ``state`` is ``open``, ``active``, ``lost`` or ``closed``;
+    ``close_reason`` (``requested``, ``ttl``, ``idle``) says why a closed one closed."""
 
     session_id: str
     state: str = "open"
@@ -461,10 +462,18 @@ class SessionInfo:
     created_at: int = 0
     last_used_at: int = 0
     executions: int = 0
+    template: Optional[str] = None
+    env: Dict[str, str] = field(default_factory=dict)
+    timeout_ms: Optional[int] = None
+    expires_at: Optional[int] = None
+    idle_ms: Optional[int] = None
+    closed_at: Optional[int] = None
+    close_reason: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "SessionInfo":
+        env = d.get("env")
         return cls(
             session_id=_str(d, "session_id"),
             state=_str(d, "state", "open"),
@@ -473,6 +482,13 @@ class SessionInfo:
             created_at=_int(d, "created_at"),
             last_used_at=_int(d, "last_used_at"),
             executions=_int(d, "executions"),
+            template=_opt_str(d, "template"),
+            env={str(k): str(v) for k, v in env.items()} if isinstance(env, Mapping) else {},
+            timeout_ms=_opt_int(d, "timeout_ms"),
+            expires_at=_opt_int(d, "expires_at"),
+            idle_ms=_opt_int(d, "idle_ms"),
+            closed_at=_opt_int(d, "closed_at"),
+            close_reason=_opt_str(d, "close_reason"),
             raw=dict(d),
         )
 

@@ -150,6 +150,7 @@ impl Harness {
             network: None,
             tenant: None,
             template: None,
+            filesystem: None,
             execution_id: messages::new_id(),
             tier: Tier::Ephemeral,
             request,
@@ -256,6 +257,7 @@ pub fn run(language: Language, code: &str, id: &str) -> ExecutorRun {
         network: None,
         tenant: None,
         template: None,
+        filesystem: None,
         execution_id: id.to_string(),
         tier: Tier::Ephemeral,
         request: ExecRequest {

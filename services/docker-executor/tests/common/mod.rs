@@ -366,6 +366,7 @@ pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) ->
     ExecutorRun {
         tenant: None,
         template: None,
+        filesystem: None,
         execution_id: execution_id.clone(),
         tier,
         request: ExecRequest {
