@@ -200,6 +200,18 @@ pub enum Scenario {
         #[command(flatten)]
         load: LoadArgs,
     },
+    /// Python's `print(1)` in each template (ephemeral and session tiers) beside the bare
+    /// Docker exec: a template's larger image must not make every execution slower.
+    Templates {
+        #[command(flatten)]
+        load: LoadArgs,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "python-default,python-data"
+        )]
+        templates: Vec<String>,
+    },
     /// A blend with hostile programs; results by status; leaked containers.
     Mixed {
         #[command(flatten)]

@@ -233,6 +233,12 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
             let tiers = [ExecTier::Session, ExecTier::Kernel];
             exec::exec(ctx, &languages, &tiers, &[Mode::Sync], &c, l).await
         }
+        Scenario::Templates { load, templates } => {
+            let (c, l) = load.resolve(&[1, 4], 400, 20.0);
+            exec::baseline(ctx, &cli.image, &[Language::Python], &c, l).await?;
+            let tiers = [ExecTier::Ephemeral, ExecTier::Session];
+            exec::templates(ctx, templates, &tiers, &c, l).await
+        }
         Scenario::Http { load, gateway, key } => {
             let (c, l) = load.resolve(&[1, 4], 400, 20.0);
             let gateway = gateway

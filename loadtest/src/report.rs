@@ -193,8 +193,10 @@ impl Report {
             .iter_mut()
             // A ratio of a series with failures would compare error replies with executions.
             .filter(|s| {
-                matches!(s.scenario.as_str(), "exec" | "ephemeral-ready" | "http")
-                    && s.latency.count > 0
+                matches!(
+                    s.scenario.as_str(),
+                    "exec" | "template" | "ephemeral-ready" | "http"
+                ) && s.latency.count > 0
                     && s.all_ok()
             })
         {
@@ -271,6 +273,14 @@ mod tests {
                     1,
                     30.0,
                 ),
+                series(
+                    "template/python/session/sync/c1/python-data",
+                    "python",
+                    Some("session"),
+                    Some("sync"),
+                    1,
+                    60.0,
+                ),
             ],
             ..Default::default()
         };
@@ -280,6 +290,8 @@ mod tests {
         assert_eq!(r.series[3].p50_vs_baseline, Some(1.1));
         // No shell baseline was run: no ratio rather than a wrong one.
         assert_eq!(r.series[4].p50_vs_baseline, None);
+        // A template's series against the same bare Docker floor.
+        assert_eq!(r.series[5].p50_vs_baseline, Some(1.5));
     }
 
     #[test]

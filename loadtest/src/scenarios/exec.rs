@@ -1,6 +1,6 @@
 //! `baseline` and `exec`: the tiny programs as bare Docker execs in a running container, then
 //! through the mesh per tier (ephemeral, session) and mode (sync, async), and the first
-//! execution of new sessions.
+//! execution of new sessions; `templates`: the same in each named template.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -125,7 +125,7 @@ pub async fn exec(
         for &mode in modes {
             for &language in languages {
                 for &c in concurrency {
-                    series(ctx, language, tier, mode, c, load).await?;
+                    series(ctx, language, tier, mode, None, c, load).await?;
                 }
             }
         }
@@ -133,21 +133,64 @@ pub async fn exec(
     Ok(())
 }
 
+/// `templates`: Python's tiny program in each template, per tier and concurrency (sync): a
+/// template's larger image must not make every execution slower.
+pub async fn templates(
+    ctx: &mut Ctx,
+    templates: &[String],
+    tiers: &[ExecTier],
+    concurrency: &[usize],
+    load: Load,
+) -> anyhow::Result<()> {
+    for &tier in tiers {
+        for &c in concurrency {
+            for template in templates {
+                series(
+                    ctx,
+                    Language::Python,
+                    tier,
+                    Mode::Sync,
+                    Some(template),
+                    c,
+                    load,
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One series; with a `template`, every request names it (series `template/…/<template>`).
 async fn series(
     ctx: &mut Ctx,
     language: Language,
     tier: ExecTier,
     mode: Mode,
+    template: Option<&str>,
     c: usize,
     load: Load,
 ) -> anyhow::Result<()> {
-    let name = format!(
-        "exec/{}/{}/{}/c{c}",
+    let scenario = if template.is_some() {
+        "template"
+    } else {
+        "exec"
+    };
+    let mut name = format!(
+        "{scenario}/{}/{}/{}/c{c}",
         language.as_str(),
         tier.as_str(),
         mode.as_str()
     );
+    if let Some(t) = template {
+        name = format!("{name}/{t}");
+    }
     let (code, expect, _) = tiny(language);
+    let template = template.map(str::to_string);
+    let make = move |session: Option<&str>| messages::exec::ExecRequest {
+        template: template.clone(),
+        ..tier_request(language, code, tier, session)
+    };
     // Session and kernel tiers: one session per worker (a session runs one execution at a
     // time), each warmed by one unmeasured execution so the series measures the steady state
     // (for a kernel: its interpreter started).
@@ -155,22 +198,12 @@ async fn series(
     if tier != ExecTier::Ephemeral {
         for _ in 0..c {
             let id = open_session(&ctx.mesh, language).await?;
-            exec_sync(
-                &ctx.mesh,
-                &tier_request(language, code, tier, Some(&id)),
-                None,
-            )
-            .await;
+            exec_sync(&ctx.mesh, &make(Some(&id)), None).await;
             sessions.push(id);
         }
     } else {
         // One unmeasured execution: the first one pays for connections and caches.
-        exec_sync(
-            &ctx.mesh,
-            &request(language, code, TierChoice::Ephemeral, None),
-            None,
-        )
-        .await;
+        exec_sync(&ctx.mesh, &make(None), None).await;
     }
     let sessions = Arc::new(sessions);
     let mesh = ctx.mesh.clone();
@@ -179,8 +212,8 @@ async fn series(
     let run = drive(&name, load.with_concurrency(c), move |worker, _| {
         let mesh = mesh.clone();
         let session = worker_sessions.get(worker).cloned();
+        let req = make(session.as_deref());
         async move {
-            let req = tier_request(language, code, tier, session.as_deref());
             match mode {
                 Mode::Sync => exec_sync(&mesh, &req, Some(expect)).await,
                 Mode::Async => exec_async(&mesh, &req, Some(expect), limit).await,
