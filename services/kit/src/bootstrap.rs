@@ -109,12 +109,47 @@ pub async fn ensure_bucket(
 ) -> Result<kv::Store, KitError> {
     config.num_replicas = replicas;
     let bucket = config.bucket.as_str();
-    open_or_create(
+    let store = open_or_create(
         &format!("KV bucket {bucket}"),
         || js.get_key_value(bucket),
         || js.create_key_value(config.clone()),
     )
-    .await
+    .await?;
+    if let Some(ttl) = config.limit_markers {
+        ensure_limit_markers(js, bucket, ttl).await?;
+    }
+    Ok(store)
+}
+
+/// A bucket made by an earlier version without limit markers (per-message TTLs and delete
+/// markers) gets them: without, every purge with a TTL fails. JetStream lets a stream take
+/// them on later (never give them up), so this is an update, not a rebuild.
+async fn ensure_limit_markers(
+    js: &jetstream::Context,
+    bucket: &str,
+    ttl: Duration,
+) -> Result<(), KitError> {
+    let what = format!("KV bucket {bucket}");
+    let mut stream = js
+        .get_stream(format!("KV_{bucket}"))
+        .await
+        .map_err(|e| KitError::nats(format!("looking up {what}"), e))?;
+    let mut config = stream
+        .info()
+        .await
+        .map_err(|e| KitError::nats(format!("reading {what}"), e))?
+        .config
+        .clone();
+    if config.allow_message_ttl && config.subject_delete_marker_ttl.is_some() {
+        return Ok(());
+    }
+    config.allow_message_ttl = true;
+    config.subject_delete_marker_ttl = Some(ttl);
+    js.update_stream(config)
+        .await
+        .map_err(|e| KitError::nats(format!("turning on limit markers of {what}"), e))?;
+    tracing::info!(bucket, "limit markers turned on (the bucket predates them)");
+    Ok(())
 }
 
 /// Opens object store `config.bucket`, creating it (with `replicas` copies) when missing.

@@ -464,3 +464,62 @@ async fn a_reply_too_large_for_nats_is_an_error_not_a_silent_timeout() {
     );
     rt.shutdown().await;
 }
+
+/// A sessions bucket an earlier version made without limit markers: opening it turns them on,
+/// and the purge with a TTL the session reaper makes (a closed session's record) then works —
+/// before, it failed at every sweep.
+#[tokio::test]
+async fn a_bucket_made_without_limit_markers_gets_them_when_opened() {
+    let nats = NatsServer::start();
+    let client = test_support::connect(&nats.url()).await;
+    let js = async_nats::jetstream::new(client.clone());
+    let subjects = messages::Subjects::default();
+    let old = js
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: subjects.sessions_bucket(),
+            history: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    old.put("s1", "open".into()).await.unwrap();
+    async fn markers(
+        js: &async_nats::jetstream::Context,
+        bucket: &str,
+    ) -> (bool, Option<Duration>) {
+        let mut stream = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+        let config = stream.info().await.unwrap().config.clone();
+        (config.allow_message_ttl, config.subject_delete_marker_ttl)
+    }
+    let bucket = subjects.sessions_bucket();
+    assert_eq!(
+        markers(&js, &bucket).await,
+        (false, None),
+        "made the old way"
+    );
+    let revision = old.entry("s1").await.unwrap().unwrap().revision;
+    assert!(
+        old.purge_expect_revision_with_ttl("s1", revision, Duration::from_secs(60))
+            .await
+            .is_err(),
+        "a purge with a TTL needs the markers"
+    );
+
+    let kv = kit::bootstrap::sessions_kv(&js, &subjects, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        markers(&js, &bucket).await,
+        (true, Some(Duration::from_secs(60)))
+    );
+    assert_eq!(kv.get("s1").await.unwrap().as_deref(), Some(&b"open"[..]));
+    let revision = kv.entry("s1").await.unwrap().unwrap().revision;
+    kv.purge_expect_revision_with_ttl("s1", revision, Duration::from_secs(60))
+        .await
+        .expect("the purge the reaper makes");
+    assert!(kv.get("s1").await.unwrap().is_none());
+    // Opening it again changes nothing.
+    kit::bootstrap::sessions_kv(&js, &subjects, 1)
+        .await
+        .unwrap();
+}
