@@ -5,12 +5,15 @@
 //! drop. When the binary is missing or too old, it fails with a message saying how to get one.
 //! With the feature `mesh`, [`mesh::MeshBuilder`] starts the services around it (real ones
 //! through their libraries, or small stand-ins); with `browser`, [`browser::BrowserMesh`] adds
-//! the browser-router, real Chromium and a fixture site.
+//! the browser-router, real Chromium and a fixture site; with `executor`,
+//! [`executor_node::Node`] runs one executor node of any backend.
 
 #[cfg(feature = "browser")]
 pub mod browser;
 pub mod cluster;
 pub mod executor_conformance;
+#[cfg(feature = "executor")]
+pub mod executor_node;
 #[cfg(feature = "mesh")]
 pub mod mesh;
 pub mod upstream;

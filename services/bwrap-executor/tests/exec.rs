@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::{request, run, Harness};
+use crate::common::{request, run, BwrapRuns, Harness};
 use futures::StreamExt;
 use messages::exec::{ExecStatus, Language, OutputChunk, Tier};
 use messages::executor::{Backend, ExecutorDrain, ExecutorRun, RunKind};
@@ -50,7 +50,7 @@ async fn output_streams_as_chunks_while_it_runs() {
         .subscribe(h.subjects.output_any(&run.execution_id))
         .await
         .unwrap();
-    let r = h.call(&run).await.unwrap();
+    let r = h.call_node(&run).await.unwrap();
     assert_eq!(r.stdout, "0\n1\n2\n");
     let mut text = String::new();
     loop {
@@ -80,20 +80,26 @@ async fn it_refuses_what_it_does_not_run_with_clear_errors() {
     session.tier = Tier::Session;
     session.kind = RunKind::Session;
     session.request.session_id = Some("s1".into());
-    let e = refused(h.call(&session).await);
+    let e = refused(h.call_node(&session).await);
     assert_eq!(e.kind, ErrorKind::BadRequest);
     assert!(e.message.contains("ephemeral"), "{e:?}");
     // Bad ids, unknown limits, malformed and oversized payloads.
-    let e = refused(h.call(&run(Language::Python, "1", "../x")).await);
+    let e = refused(h.call_node(&run(Language::Python, "1", "../x")).await);
     assert_eq!(e.kind, ErrorKind::BadRequest);
     let mut zero = run(Language::Python, "1", &messages::new_id());
     zero.request.timeout_ms = Some(0);
-    assert_eq!(refused(h.call(&zero).await).kind, ErrorKind::BadRequest);
+    assert_eq!(
+        refused(h.call_node(&zero).await).kind,
+        ErrorKind::BadRequest
+    );
     let nul = run(Language::Python, "print(1)\0", &messages::new_id());
-    assert_eq!(refused(h.call(&nul).await).kind, ErrorKind::BadRequest);
+    assert_eq!(refused(h.call_node(&nul).await).kind, ErrorKind::BadRequest);
     let reply = h
         .client
-        .request(h.run_subject(), "{\"execution_id\": 5".into())
+        .request(
+            h.node_subject(ExecutorOp::Run),
+            "{\"execution_id\": 5".into(),
+        )
         .await
         .unwrap();
     let code = reply
@@ -102,7 +108,10 @@ async fn it_refuses_what_it_does_not_run_with_clear_errors() {
         .and_then(|hd| hd.get("Nats-Service-Error-Code"));
     assert_eq!(code.map(|c| c.as_str()), Some("400"));
     let huge = vec![b'x'; 2 * 1024 * 1024];
-    let reply = h.client.request(h.run_subject(), huge.into()).await;
+    let reply = h
+        .client
+        .request(h.node_subject(ExecutorOp::Run), huge.into())
+        .await;
     assert!(
         reply.is_err()
             || reply
@@ -137,7 +146,7 @@ async fn a_full_node_answers_429_and_a_draining_node_503() {
     let slow = run(Language::Shell, "sleep 2", &messages::new_id());
     let busy = {
         let caller = h.caller.clone();
-        let subject = h.run_subject();
+        let subject = h.node_subject(ExecutorOp::Run);
         tokio::spawn(async move {
             caller
                 .call::<_, messages::exec::ExecResult>(subject, &slow)

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::{processes_in, run, Harness};
+use crate::common::{processes_in, run, BwrapRuns, Harness};
 use messages::exec::{ExecStatus, Language};
 use test_support::{eventually_true, NatsServer};
 
@@ -254,7 +254,7 @@ async fn an_executor_crash_leaves_nothing_behind() {
     in_flight.abort();
     // Its cgroups are still there until a live node of the mesh sees its heartbeat expire.
     let survivor = Harness::start_on(nats, &[]).await;
-    let root = survivor.cgroup_root.clone();
+    let root = survivor.backend.cgroup_root.clone();
     eventually_true(
         "the janitor to remove the crashed node's cgroups",
         Duration::from_secs(30),

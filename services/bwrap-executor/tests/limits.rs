@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::{request, Harness};
+use crate::common::{request, BwrapRuns, Harness};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Limits};
 
 fn limited(language: Language, code: &str, timeout_ms: u64, limits: Limits) -> ExecRequest {

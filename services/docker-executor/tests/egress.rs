@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::common::{run, Harness};
+use crate::common::{run, DockerRuns, Harness};
 use futures::StreamExt;
 use messages::audit::AuditEvent;
 use messages::exec::{ExecResult, ExecStatus, Language, Tier};
@@ -299,6 +299,7 @@ for what, attempt in [
 /// The host directory of `container`'s egress socket, from Docker's view of its mounts.
 async fn egress_mounts(h: &Harness, container: &str) -> Vec<String> {
     let inspect = h
+        .backend
         .docker
         .inspect_container(
             container,

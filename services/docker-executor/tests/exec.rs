@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::{run, Harness};
+use crate::common::{run, DockerRuns, Harness};
 use futures::StreamExt;
 use messages::exec::{ExecStatus, Language, Limits, OutputChunk, OutputStream, Tier};
 use messages::ErrorKind;

@@ -2,7 +2,7 @@
 //! sandbox (nothing of the host, the network, other sessions or earlier executions). Each
 //! checks the outcome, that nothing is left running, and that the next execution works.
 
-use crate::common::Harness;
+use crate::common::{DockerRuns, Harness};
 use messages::exec::{ExecStatus, Language};
 
 const POOL0: &[(&str, &str)] = &[("SANDMESH_EXEC_WARM_POOL", "0")];

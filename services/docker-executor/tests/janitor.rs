@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{base_env, containers_with, run, unique_node, Harness};
+use crate::common::{base_env, containers_with, run, unique_node, DockerRuns, Harness};
 use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
 use kit::Caller;
 use messages::exec::{ExecResult, ExecStatus, Language, Tier};
@@ -185,7 +185,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
         );
     }
     let mesh = hb.labels.get("mesh").expect("mesh label").clone();
-    let docker = h.docker.clone();
+    let docker = h.backend.docker.clone();
     let spec = |node: &str, mesh: &str| SandboxSpec {
         image: crate::common::image().to_string(),
         node_id: node.to_string(),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::{run, Harness};
+use crate::common::{run, DockerRuns, Harness};
 use messages::exec::{ContentEncoding, ExecResult, ExecStatus, Language, OutputKind, Tier};
 use messages::subjects::ExecutorOp;
 

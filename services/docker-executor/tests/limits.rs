@@ -4,7 +4,7 @@
 //! fast. The same limits in single-use sandboxes are the conformance suite's
 //! (`tests/conformance.rs`), run against every backend.
 
-use crate::common::{run, Harness};
+use crate::common::{run, DockerRuns, Harness};
 use messages::exec::{ExecStatus, Language, Limits, Tier};
 use messages::ErrorKind;
 
@@ -266,6 +266,7 @@ async fn limit_abuse() {
     );
     let container = h.session_container(s).await;
     let inspect = h
+        .backend
         .docker
         .inspect_container(
             &container,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::{containers_with, run, Harness};
+use crate::common::{containers_with, run, DockerRuns, Harness};
 use messages::exec::{ExecStatus, Language, Limits, Tier};
 use test_support::eventually_true;
 
@@ -131,7 +131,7 @@ async fn idle_sessions_are_closed_and_limits_follow_the_request() {
         "the idle session closed",
         Duration::from_secs(10),
         || async {
-            containers_with(&h.docker, "sandmesh.session=sess-idle")
+            containers_with(&h.backend.docker, "sandmesh.session=sess-idle")
                 .await
                 .is_empty()
         },

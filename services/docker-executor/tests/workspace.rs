@@ -4,7 +4,7 @@
 //! session's container keeps the revision it holds, so a run after one that changed nothing
 //! asks the store nothing; an isolated run never talks to it.
 
-use crate::common::{run, Harness};
+use crate::common::{run, DockerRuns, Harness};
 use docker_executor::docker::LABEL_KIND;
 use futures::{FutureExt, StreamExt};
 use kit::CancellationToken;
@@ -222,7 +222,7 @@ async fn an_isolated_run_leaves_nothing_and_never_touches_the_workspace() {
         "the isolated container removed",
         Duration::from_secs(20),
         || {
-            let docker = &h.docker;
+            let docker = &h.backend.docker;
             let label = &label;
             let node = &h.node;
             async move {
