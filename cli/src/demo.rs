@@ -23,7 +23,8 @@ const SAMPLES: &[(Language, &str)] = &[
 ];
 
 pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Result<i32> {
-    let caller = kit::Caller::new(client.clone(), Duration::from_secs(120))
+    let caller = sandmesh_client::MeshClient::new(client.clone(), subjects.clone())
+        .with_timeout(Duration::from_secs(120))
         .with_encoding(messages::Encoding::Json);
     let mut failures = 0;
     for (language, code) in SAMPLES {
@@ -35,7 +36,7 @@ pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Re
         };
         println!("$ sandmesh exec --lang {} {:?}", language.as_str(), code);
         match caller
-            .call::<_, ExecResult>(subjects.exec(), &request)
+            .request::<_, ExecResult>(subjects.exec(), &request)
             .await
         {
             Ok(r) => {

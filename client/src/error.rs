@@ -1,5 +1,7 @@
-//! One error type for every client call. Callers branch on [`ClientError::kind`] (the service
-//! error codes plus the two ways a call fails before any service answers); the cause is kept.
+//! One error type for every client call. Callers branch on [`ClientError::kind`], the wire's
+//! [`ErrorKind`]: a service's refusal keeps its own kind; a call no service answered is
+//! `Unavailable` (nothing listens, or the connection failed) or `Timeout`; a reply this client
+//! does not understand is `Internal`. The variant says which happened, and the cause is kept.
 
 use std::time::Duration;
 
@@ -7,84 +9,9 @@ use messages::ErrorBody;
 
 type Cause = Box<dyn std::error::Error + Send + Sync>;
 
-/// What went wrong, stable enough to branch on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// 400: the request was refused as malformed or out of bounds.
-    BadRequest,
-    /// 403
-    Denied,
-    /// 404: also "no such id" (results, sessions, confirmations, files).
-    NotFound,
-    /// 409
-    Conflict,
-    /// 413
-    TooLarge,
-    /// 429: the service sheds load; retry later.
-    Overloaded,
-    /// 503, or no instance of the service answers at all.
-    Unavailable,
-    /// 504, or no answer within the caller's timeout.
-    Timeout,
-    /// 500, or a reply this client does not understand.
-    Internal,
-    /// The NATS connection or JetStream failed underneath the call.
-    Transport,
-}
-
-impl ErrorKind {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::BadRequest => "bad_request",
-            ErrorKind::Denied => "denied",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::Conflict => "conflict",
-            ErrorKind::TooLarge => "too_large",
-            ErrorKind::Overloaded => "overloaded",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Internal => "internal",
-            ErrorKind::Transport => "transport",
-        }
-    }
-
-    fn of_service(kind: messages::ErrorKind) -> Self {
-        use messages::ErrorKind as K;
-        match kind {
-            K::BadRequest => ErrorKind::BadRequest,
-            K::Denied => ErrorKind::Denied,
-            K::NotFound => ErrorKind::NotFound,
-            K::Conflict => ErrorKind::Conflict,
-            K::TooLarge => ErrorKind::TooLarge,
-            K::Overloaded => ErrorKind::Overloaded,
-            K::Unavailable => ErrorKind::Unavailable,
-            K::Timeout => ErrorKind::Timeout,
-            K::Internal => ErrorKind::Internal,
-        }
-    }
-
-    /// The wire kind a service reports onwards when a call it made failed this way.
-    pub fn to_service(self) -> messages::ErrorKind {
-        use messages::ErrorKind as K;
-        match self {
-            ErrorKind::BadRequest => K::BadRequest,
-            ErrorKind::Denied => K::Denied,
-            ErrorKind::NotFound => K::NotFound,
-            ErrorKind::Conflict => K::Conflict,
-            ErrorKind::TooLarge => K::TooLarge,
-            ErrorKind::Overloaded => K::Overloaded,
-            ErrorKind::Unavailable | ErrorKind::Transport => K::Unavailable,
-            ErrorKind::Timeout => K::Timeout,
-            ErrorKind::Internal => K::Internal,
-        }
-    }
-}
-
-impl std::fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// What went wrong, stable enough to branch on: the wire's kinds, one vocabulary for a
+/// service's own refusals and for the ways a call fails before any service answers.
+pub use messages::ErrorKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -118,10 +45,11 @@ pub enum ClientError {
 impl ClientError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ClientError::Service { body, .. } => ErrorKind::of_service(body.kind),
-            ClientError::NoResponders { .. } => ErrorKind::Unavailable,
+            ClientError::Service { body, .. } => body.kind,
+            ClientError::NoResponders { .. } | ClientError::Transport { .. } => {
+                ErrorKind::Unavailable
+            }
             ClientError::TimedOut { .. } => ErrorKind::Timeout,
-            ClientError::Transport { .. } => ErrorKind::Transport,
             ClientError::Codec { .. } | ClientError::Protocol { .. } => ErrorKind::Internal,
         }
     }
@@ -139,7 +67,7 @@ impl ClientError {
     pub fn into_body(self) -> ErrorBody {
         match self {
             ClientError::Service { body, .. } => body,
-            other => ErrorBody::new(other.kind().to_service(), other.to_string()),
+            other => ErrorBody::new(other.kind(), other.to_string()),
         }
     }
 
@@ -172,25 +100,14 @@ mod tests {
 
     #[test]
     fn every_service_code_has_its_kind() {
-        use messages::ErrorKind as K;
-        for (wire, kind) in [
-            (K::BadRequest, ErrorKind::BadRequest),
-            (K::Denied, ErrorKind::Denied),
-            (K::NotFound, ErrorKind::NotFound),
-            (K::Conflict, ErrorKind::Conflict),
-            (K::TooLarge, ErrorKind::TooLarge),
-            (K::Overloaded, ErrorKind::Overloaded),
-            (K::Unavailable, ErrorKind::Unavailable),
-            (K::Timeout, ErrorKind::Timeout),
-            (K::Internal, ErrorKind::Internal),
-        ] {
+        for code in [400, 403, 404, 409, 413, 429, 500, 503, 504] {
+            let wire = ErrorKind::from_code(code);
             let e = ClientError::Service {
                 subject: "s".into(),
                 body: ErrorBody::new(wire, "m"),
             };
-            assert_eq!(e.kind(), kind);
-            assert_eq!(e.kind().to_service(), wire);
-            assert_eq!(e.into_body().kind, wire);
+            assert_eq!(e.kind(), wire);
+            assert_eq!(e.into_body().code, code);
         }
     }
 
@@ -206,11 +123,12 @@ mod tests {
         };
         assert_eq!(late.kind(), ErrorKind::Timeout);
         let io = ClientError::transport("publish", std::io::Error::other("closed"));
-        assert_eq!(io.kind(), ErrorKind::Transport);
+        assert_eq!(io.kind(), ErrorKind::Unavailable);
+        assert!(matches!(io, ClientError::Transport { .. }));
         assert!(
             std::error::Error::source(&io).is_some(),
             "the cause is kept"
         );
-        assert_eq!(io.into_body().kind, messages::ErrorKind::Unavailable);
+        assert_eq!(io.into_body().kind, ErrorKind::Unavailable);
     }
 }

@@ -21,8 +21,10 @@
 //! and fails with one [`ClientError`] whose [`kind`](ClientError::kind) callers branch on.
 //!
 //! The crate depends on `messages` and async-nats only, so services, the CLI, the loadtest and
-//! programs outside this repository use the same code. A service passes
-//! [`MeshClient::with_headers`] its trace-context injector to keep one trace across calls.
+//! programs outside this repository use the same code: services call each other through it
+//! too (`kit::mesh_client` passes [`MeshClient::with_headers`] the trace-context injector, so
+//! one trace spans the calls). The feature `internal` adds the clients of subjects only
+//! services reach (the executor nodes').
 
 pub mod aio;
 pub mod audit;
@@ -30,6 +32,8 @@ pub mod browser;
 pub mod confirm;
 pub mod error;
 pub mod exec;
+#[cfg(feature = "internal")]
+pub mod executor;
 pub mod metrics;
 pub mod objects;
 pub mod risk;
@@ -57,6 +61,8 @@ pub use browser::BrowserClient;
 pub use confirm::ConfirmClient;
 pub use error::{ClientError, ErrorKind, Result};
 pub use exec::ExecClient;
+#[cfg(feature = "internal")]
+pub use executor::ExecutorClient;
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
@@ -168,6 +174,12 @@ impl MeshClient {
 
     pub fn aio(&self) -> AioClient {
         AioClient::new(self.clone())
+    }
+
+    /// The executor nodes' own subjects, which only services reach.
+    #[cfg(feature = "internal")]
+    pub fn executors(&self) -> ExecutorClient {
+        ExecutorClient::new(self.clone())
     }
 
     pub fn audit(&self) -> AuditClient {
@@ -349,7 +361,7 @@ pub fn decode_reply<Resp: DeserializeOwned>(
         // A body that does not decode still has its code and text in the headers.
         let body = encoding.decode::<ErrorBody>(payload).unwrap_or_else(|_| {
             ErrorBody::new(
-                messages::ErrorKind::from_code(code.parse().unwrap_or(500)),
+                ErrorKind::from_code(code.parse().unwrap_or(500)),
                 header(codec::SERVICE_ERROR).unwrap_or("service error"),
             )
         });

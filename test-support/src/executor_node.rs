@@ -10,11 +10,12 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use kit::{CallError, Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::exec::{ExecResult, Language};
 use messages::executor::{self, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery};
 use messages::subjects::ExecutorOp;
 use messages::{ErrorBody, ServiceName, Subjects};
+use sandmesh_client::{ClientError, MeshClient};
 
 use crate::executor_conformance::{ephemeral, ExecutorHarness};
 use crate::NatsServer;
@@ -91,7 +92,7 @@ pub fn base_env<B: NodeBackend>(nats: &NatsServer, node: &str) -> HashMap<String
 pub struct Node<B: NodeBackend> {
     pub nats: NatsServer,
     pub client: async_nats::Client,
-    pub caller: Caller,
+    pub caller: MeshClient,
     pub subjects: Subjects,
     pub node: String,
     /// The backend's own handles for inspecting what the node made.
@@ -123,7 +124,8 @@ impl<B: NodeBackend> Node<B> {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(B::serve(config, shutdown.clone()));
         let client = crate::connect(&nats.url()).await;
-        let caller = Caller::new(client.clone(), Duration::from_secs(60));
+        let caller = kit::mesh_client(client.clone(), subjects.clone())
+            .with_timeout(Duration::from_secs(60));
         let mut node = Self {
             nats,
             client,
@@ -146,7 +148,7 @@ impl<B: NodeBackend> Node<B> {
         bad.request.execution_id = None;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
-            if let Err(CallError::Service(_)) = self.call_node(&bad).await {
+            if let Err(ClientError::Service { .. }) = self.call_node(&bad).await {
                 return;
             }
             if self.task.as_ref().is_some_and(|t| t.is_finished()) {
@@ -168,16 +170,16 @@ impl<B: NodeBackend> Node<B> {
     }
 
     /// A run through the backend's queue group (what the scheduler sends).
-    pub async fn call(&self, run: &ExecutorRun) -> Result<ExecResult, CallError> {
+    pub async fn call(&self, run: &ExecutorRun) -> Result<ExecResult, ClientError> {
         self.caller
-            .call(self.subjects.executor_run_on(B::KIND), run)
+            .request(self.subjects.executor_run_on(B::KIND), run)
             .await
     }
 
     /// A run on this node's own subject.
-    pub async fn call_node(&self, run: &ExecutorRun) -> Result<ExecResult, CallError> {
+    pub async fn call_node(&self, run: &ExecutorRun) -> Result<ExecResult, ClientError> {
         self.caller
-            .call(self.node_subject(ExecutorOp::Run), run)
+            .request(self.node_subject(ExecutorOp::Run), run)
             .await
     }
 
@@ -219,10 +221,10 @@ impl<B: NodeBackend> Drop for Node<B> {
 }
 
 /// A service's refusal as the `Err`; a call that was not answered at all fails the test.
-fn refusal<T>(answer: Result<T, CallError>) -> Result<T, ErrorBody> {
+fn refusal<T>(answer: Result<T, ClientError>) -> Result<T, ErrorBody> {
     match answer {
         Ok(answer) => Ok(answer),
-        Err(CallError::Service(e)) => Err(e),
+        Err(ClientError::Service { body: e, .. }) => Err(e),
         Err(e) => panic!("the request was not answered: {e}"),
     }
 }
@@ -241,7 +243,7 @@ impl<B: NodeBackend> ExecutorHarness for Node<B> {
     async fn status(&self, query: &ExecutorStatusQuery) -> Result<ExecutorRunStatus, ErrorBody> {
         refusal(
             self.caller
-                .call(self.node_subject(ExecutorOp::Status), query)
+                .request(self.node_subject(ExecutorOp::Status), query)
                 .await,
         )
     }

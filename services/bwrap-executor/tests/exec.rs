@@ -1,6 +1,7 @@
 //! The Executor protocol on the bwrap backend: results, statuses and streaming as in Docker;
 //! admission (bad input, tiers it does not run, capacity); heartbeat; drain.
 
+use sandmesh_client::ClientError;
 use std::time::Duration;
 
 use crate::common::{request, run, BwrapRuns, Harness};
@@ -71,8 +72,8 @@ async fn output_streams_as_chunks_while_it_runs() {
 #[tokio::test]
 async fn it_refuses_what_it_does_not_run_with_clear_errors() {
     let h = Harness::start().await;
-    let refused = |r: Result<_, kit::CallError>| match r {
-        Err(kit::CallError::Service(e)) => e,
+    let refused = |r: Result<_, ClientError>| match r {
+        Err(ClientError::Service { body: e, .. }) => e,
         other => panic!("expected a refusal, got {other:?}"),
     };
     // Sessions live in Docker containers.
@@ -149,7 +150,7 @@ async fn a_full_node_answers_429_and_a_draining_node_503() {
         let subject = h.node_subject(ExecutorOp::Run);
         tokio::spawn(async move {
             caller
-                .call::<_, messages::exec::ExecResult>(subject, &slow)
+                .request::<_, messages::exec::ExecResult>(subject, &slow)
                 .await
         })
     };
@@ -161,14 +162,14 @@ async fn a_full_node_answers_429_and_a_draining_node_503() {
         .call(&run(Language::Shell, "true", &messages::new_id()))
         .await
     {
-        Err(kit::CallError::Service(e)) => assert_eq!(e.kind, ErrorKind::Overloaded),
+        Err(ClientError::Service { body: e, .. }) => assert_eq!(e.kind, ErrorKind::Overloaded),
         other => panic!("expected 429, got {other:?}"),
     }
     // A drain waits for the running one, then refuses new work.
     let drain = h
         .subjects
         .executor_node_on(Backend::Bwrap, &h.node, ExecutorOp::Drain);
-    let ack: messages::workspace::Ack = h.caller.call(drain, &ExecutorDrain {}).await.unwrap();
+    let ack: messages::workspace::Ack = h.caller.request(drain, &ExecutorDrain {}).await.unwrap();
     assert!(ack.ok);
     let finished = busy.await.unwrap().unwrap();
     assert_eq!(
@@ -180,7 +181,7 @@ async fn a_full_node_answers_429_and_a_draining_node_503() {
         .call(&run(Language::Shell, "true", &messages::new_id()))
         .await
     {
-        Err(kit::CallError::Service(e)) => assert_eq!(e.kind, ErrorKind::Unavailable),
+        Err(ClientError::Service { body: e, .. }) => assert_eq!(e.kind, ErrorKind::Unavailable),
         other => panic!("expected 503, got {other:?}"),
     }
     h.assert_clean().await;

@@ -4,6 +4,7 @@
 //! Every test checks what the hostile code saw, that the next execution works, and that no
 //! process or cgroup of the node is left.
 
+use sandmesh_client::ClientError;
 use std::time::Duration;
 
 use crate::common::{processes_in, run, BwrapRuns, Harness};
@@ -208,7 +209,8 @@ async fn an_executor_crash_leaves_nothing_behind() {
         .spawn()
         .expect("start the executor binary");
     let client = test_support::connect(&nats.url()).await;
-    let caller = kit::Caller::new(client.clone(), Duration::from_secs(60));
+    let caller =
+        kit::mesh_client(client.clone(), Default::default()).with_timeout(Duration::from_secs(60));
     let subject = messages::Subjects::default().executor_node_on(
         messages::executor::Backend::Bwrap,
         &crashed,
@@ -226,10 +228,10 @@ async fn an_executor_crash_leaves_nothing_behind() {
         tokio::spawn(async move {
             loop {
                 match caller
-                    .call::<_, messages::exec::ExecResult>(subject.clone(), &victim)
+                    .request::<_, messages::exec::ExecResult>(subject.clone(), &victim)
                     .await
                 {
-                    Err(kit::CallError::NoResponders(_)) => {
+                    Err(ClientError::NoResponders { .. }) => {
                         tokio::time::sleep(Duration::from_millis(200)).await
                     }
                     other => return other,

@@ -244,7 +244,7 @@ async fn malformed_requests_are_refused_with_400() {
         );
     }
     let bad_list: Result<ConfirmListReply, _> = c
-        .call(
+        .request(
             s.confirm(ConfirmOp::List),
             &ConfirmList {
                 limit: Some(0),
@@ -270,7 +270,7 @@ async fn list_shows_pending_by_default_and_filters_by_session_and_state() {
         let c = c.clone();
         async move {
             let reply: ConfirmListReply = c
-                .call(subjects().confirm(ConfirmOp::List), &filter)
+                .request(subjects().confirm(ConfirmOp::List), &filter)
                 .await
                 .unwrap();
             reply

@@ -131,7 +131,8 @@ async fn a_nats_restart_loses_nothing_pending() {
 
     nats.restart();
 
-    let impatient = kit::Caller::new(client.clone(), std::time::Duration::from_secs(1))
+    let impatient = kit::mesh_client(client.clone(), Default::default())
+        .with_timeout(std::time::Duration::from_secs(1))
         .with_encoding(messages::Encoding::Json);
     let after = eventually("service answers after the NATS restart", || {
         let c = impatient.clone();
@@ -153,7 +154,7 @@ async fn a_nats_restart_loses_nothing_pending() {
     // (the pending list is read from the watch's replica).
     let fresh = ask(&c, &request(None, &["r"], false)).await.unwrap();
     let listed: messages::confirm::ConfirmListReply = c
-        .call(
+        .request(
             subjects().confirm(ConfirmOp::List),
             &messages::confirm::ConfirmList::default(),
         )

@@ -44,7 +44,7 @@ async fn a_killed_registry_is_restarted_and_the_instance_still_decides() {
 
     // The new registry reloaded the pending one from the bucket (its list is the replica).
     let listed: ConfirmListReply = c
-        .call(subjects().confirm(ConfirmOp::List), &ConfirmList::default())
+        .request(subjects().confirm(ConfirmOp::List), &ConfirmList::default())
         .await
         .unwrap();
     assert!(listed.confirmations.iter().any(|l| l.id == pending.id));

@@ -8,13 +8,14 @@
 //! cargo bench -p sandmesh-docker-executor --bench exec            # ROUNDS=100 by default
 //! ```
 
+use sandmesh_client::MeshClient;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
 use docker_executor::probe::{exec_capture, percentile};
 use docker_executor::ExecutorConfig;
-use kit::{Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
 use messages::executor::ExecutorRun;
 use messages::subjects::ExecutorOp;
@@ -22,7 +23,7 @@ use test_support::NatsServer;
 
 struct Mesh {
     _nats: NatsServer,
-    caller: Caller,
+    caller: MeshClient,
     config: ExecutorConfig,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), docker_executor::ExecutorError>>,
@@ -46,7 +47,7 @@ async fn start(image: &str, pool: usize) -> Mesh {
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(docker_executor::run(config.clone(), shutdown.clone()));
     let client = test_support::connect(&nats.url()).await;
-    let caller = Caller::new(client, Duration::from_secs(60));
+    let caller = kit::mesh_client(client, Default::default()).with_timeout(Duration::from_secs(60));
     let mesh = Mesh {
         _nats: nats,
         caller,
@@ -66,7 +67,7 @@ async fn start(image: &str, pool: usize) -> Mesh {
         .executor_node(mesh.config.node_id(), ExecutorOp::Close);
     while mesh
         .caller
-        .call::<_, messages::workspace::Ack>(subject.clone(), &probe)
+        .request::<_, messages::workspace::Ack>(subject.clone(), &probe)
         .await
         .is_err()
     {
@@ -101,7 +102,7 @@ impl Mesh {
             _ => subjects.executor_run(),
         };
         let started = Instant::now();
-        let r: ExecResult = self.caller.call(subject, &run).await.unwrap();
+        let r: ExecResult = self.caller.request(subject, &run).await.unwrap();
         let took = started.elapsed();
         assert_eq!(
             (r.status, r.stdout.as_str()),
@@ -115,7 +116,7 @@ impl Mesh {
     /// `containers` in all: used ones removed, refills started and warmed. Ephemeral samples
     /// then measure one execution, not one racing the previous one's clean-up on 2 CPUs.
     async fn settle(&self, warm: f64, containers: f64) {
-        let js = async_nats::jetstream::new(self.caller.client().clone());
+        let js = async_nats::jetstream::new(self.caller.nats().clone());
         let kv = js
             .get_key_value(self.config.node.kit.subjects.nodes_bucket())
             .await

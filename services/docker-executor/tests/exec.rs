@@ -2,6 +2,7 @@
 //! admission. (What every backend must do alike — languages, stdin, env, files, exit codes,
 //! limits — is the conformance suite, `tests/conformance.rs`.)
 
+use sandmesh_client::ClientError;
 use std::time::Duration;
 
 use crate::common::{run, DockerRuns, Harness};
@@ -82,7 +83,7 @@ async fn output_streams_in_order_while_the_code_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_refuses_bad_requests_and_work_past_capacity() {
     let h = Harness::start_with(&[("SANDMESH_EXEC_CAPACITY", "1")]).await;
-    let kind = |r: Result<_, kit::CallError>| {
+    let kind = |r: Result<_, ClientError>| {
         r.map(|_: messages::exec::ExecResult| ())
             .unwrap_err()
             .kind()
@@ -125,7 +126,7 @@ async fn admission_refuses_bad_requests_and_work_past_capacity() {
         let busy = busy.clone();
         tokio::spawn(async move {
             caller
-                .call::<_, messages::exec::ExecResult>(subject, &busy)
+                .request::<_, messages::exec::ExecResult>(subject, &busy)
                 .await
         })
     };

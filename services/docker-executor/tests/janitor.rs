@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::common::{base_env, containers_with, run, unique_node, DockerRuns, Harness};
 use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
-use kit::Caller;
 use messages::exec::{ExecResult, ExecStatus, Language, Tier};
 use messages::subjects::ExecutorOp;
 use messages::Subjects;
@@ -48,7 +47,8 @@ impl Drop for Process {
 
 /// Runs a session execution on `node` (retrying until the process serves).
 async fn session_on(client: &async_nats::Client, node: &str, session: &str) -> ExecResult {
-    let caller = Caller::new(client.clone(), Duration::from_secs(60));
+    let caller =
+        kit::mesh_client(client.clone(), Default::default()).with_timeout(Duration::from_secs(60));
     let subject = Subjects::default().executor_node(node, ExecutorOp::Run);
     let req = run(
         Tier::Session,
@@ -58,7 +58,7 @@ async fn session_on(client: &async_nats::Client, node: &str, session: &str) -> E
     );
     eventually("the executor to serve", Duration::from_secs(60), || {
         let (caller, subject, req) = (&caller, &subject, &req);
-        async move { caller.call(subject.clone(), req).await.ok() }
+        async move { caller.request(subject.clone(), req).await.ok() }
     })
     .await
 }

@@ -324,7 +324,7 @@ async fn matplotlib_figures_come_back_as_png_without_being_saved() {
     let subject = h.subjects.executor_node(&h.node, ExecutorOp::Run);
     let r: ExecResult = h
         .caller
-        .call_timeout(
+        .request_timeout(
             subject,
             &plot("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('cell')"),
             Duration::from_secs(1200),

@@ -168,7 +168,7 @@ async fn drain_finishes_running_work_closes_sessions_and_refuses_new_work() {
             .executor_node(&h.node, messages::subjects::ExecutorOp::Run);
         tokio::spawn(async move {
             caller
-                .call::<_, messages::exec::ExecResult>(subject, &req)
+                .request::<_, messages::exec::ExecResult>(subject, &req)
                 .await
         })
     };
@@ -180,7 +180,7 @@ async fn drain_finishes_running_work_closes_sessions_and_refuses_new_work() {
     .expect("the slow run started");
     let ack: messages::workspace::Ack = h
         .caller
-        .call(
+        .request(
             h.subjects
                 .executor_node(&h.node, messages::subjects::ExecutorOp::Drain),
             &messages::executor::ExecutorDrain {},

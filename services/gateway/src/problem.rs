@@ -84,7 +84,7 @@ impl Problem {
             ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
-            ErrorKind::Unavailable | ErrorKind::Transport => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Internal => StatusCode::BAD_GATEWAY,
         }

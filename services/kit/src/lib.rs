@@ -5,7 +5,8 @@
 //! - [`connect`]: NATS connection with retry and logged events;
 //! - [`serve`]: endpoints on the NATS services API (`$SRV.*` discovery), decoded by
 //!   `Content-Type`, handed to actors, answered in the caller's encoding, bounded admission;
-//! - [`call`]: typed request-reply to other services, error headers checked;
+//! - [`mesh_client`]: how a service calls another — `sandmesh-client`'s typed clients, as any
+//!   user calls the mesh, in MessagePack and carrying the trace context;
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
 //! - [`peer_counts`]: what the other instances of a service hold per tenant (their heartbeats'
 //!   reports), so a tenant's quota counts the mesh;
@@ -29,7 +30,6 @@
 
 pub mod audit;
 pub mod bootstrap;
-pub mod call;
 pub mod config;
 pub mod connect;
 pub mod heartbeat;
@@ -47,11 +47,11 @@ use std::time::Duration;
 use async_nats::{jetstream, Client};
 use messages::Subjects;
 use ractor::{Actor, ActorRef};
+use sandmesh_client::MeshClient;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use audit::{AuditScope, Auditor};
-pub use call::{CallError, Caller};
 pub use config::{ConfigError, ConfigReader, KitConfig};
 pub use peer_counts::PeerCounts;
 pub use retry::{retry, RetryPolicy};
@@ -70,6 +70,13 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+/// The client a service calls other services with: the one users call the mesh with, in
+/// MessagePack (smaller and faster than JSON) and carrying the current span's trace context,
+/// so one trace follows a request from service to service.
+pub fn mesh_client(client: Client, subjects: Subjects) -> MeshClient {
+    MeshClient::new(client, subjects).with_headers(telemetry::inject_current)
 }
 
 /// A cause from any of the crates the kit drives (async-nats has one error type per call).
@@ -276,9 +283,9 @@ impl Runtime {
         ))
     }
 
-    /// A caller for other services with the given default timeout.
-    pub fn caller(&self, timeout: Duration) -> Caller {
-        Caller::new(self.client.clone(), timeout)
+    /// This service's client of the others ([`mesh_client`]), on its connection and subjects.
+    pub fn mesh(&self) -> MeshClient {
+        mesh_client(self.client.clone(), self.subjects().clone())
     }
 
     /// Starts beating `<service>.<instance_id>` into `sandbox_nodes`.

@@ -58,21 +58,24 @@ where
 }
 
 /// A handler that casts each request to an actor and awaits its reply port. The actor answers
-/// when it likes (it may spawn the work and reply from the task), so it never stalls.
-pub fn actor_handler<M, Req, Resp>(
+/// when it likes (it may spawn the work and reply from the task), so it never stalls. Its error
+/// is the service's own (a `thiserror` enum keeping its causes); the wire's [`ErrorBody`] is
+/// made from it here, at the edge, once.
+pub fn actor_handler<M, Req, Resp, E>(
     actor: ActorRef<M>,
-    make: fn(RequestContext, Req, RpcReplyPort<Result<Resp, ErrorBody>>) -> M,
+    make: fn(RequestContext, Req, RpcReplyPort<Result<Resp, E>>) -> M,
 ) -> Handler<Req, Resp>
 where
     M: ractor::Message,
     Req: Send + 'static,
     Resp: Send + 'static,
+    E: Into<ErrorBody> + Send + 'static,
 {
     handler(move |ctx, req| {
         let actor = actor.clone();
         async move {
             match actor.call(|port| make(ctx, req, port), None).await {
-                Ok(ractor::rpc::CallResult::Success(reply)) => reply,
+                Ok(ractor::rpc::CallResult::Success(reply)) => reply.map_err(Into::into),
                 Ok(_) => Err(ErrorBody::unavailable(
                     "the handling actor stopped before replying",
                 )),

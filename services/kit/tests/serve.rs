@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use crate::common::*;
 use async_nats::HeaderMap;
-use kit::{CallError, Caller, EndpointOptions, KitConfig};
+use kit::{EndpointOptions, KitConfig};
 use messages::codec::{CONTENT_TYPE, MSGPACK, SERVICE_ERROR, SERVICE_ERROR_CODE};
 use messages::{Encoding, ErrorBody, ErrorKind};
+use sandmesh_client::{ClientError, MeshClient};
 use test_support::{eventually_true, NatsServer};
 
 async fn raw(
@@ -77,16 +78,16 @@ async fn json_and_msgpack_clients_get_answers_in_their_encoding() {
     let resp: EchoResp = rmp_serde::from_slice(&reply.payload).unwrap();
     assert_eq!(resp.text, "packed");
 
-    // The typed caller speaks msgpack and checks error headers.
-    let caller = Caller::new(client.clone(), Duration::from_secs(5));
-    let resp: EchoResp = caller.call(ECHO_SUBJECT.into(), &req).await.unwrap();
+    // The mesh client speaks msgpack and checks error headers.
+    let caller = caller(client.clone(), Duration::from_secs(5));
+    let resp: EchoResp = caller.request(ECHO_SUBJECT.into(), &req).await.unwrap();
     assert_eq!(resp.instance, "a");
     let failing = EchoReq {
         fail_with: Some(409),
         ..req
     };
     let err = caller
-        .call::<_, EchoResp>(ECHO_SUBJECT.into(), &failing)
+        .request::<_, EchoResp>(ECHO_SUBJECT.into(), &failing)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
@@ -179,7 +180,7 @@ async fn discovery_and_queue_groups() {
         .collect();
     assert_eq!(subjects, vec![ECHO_SUBJECT]);
 
-    let caller = Caller::new(client.clone(), Duration::from_secs(5));
+    let caller = caller(client.clone(), Duration::from_secs(5));
     let mut seen = std::collections::BTreeSet::new();
     for i in 0..60 {
         let req = EchoReq {
@@ -188,7 +189,7 @@ async fn discovery_and_queue_groups() {
             fail_with: None,
             repeat: 0,
         };
-        let resp: EchoResp = caller.call(ECHO_SUBJECT.into(), &req).await.unwrap();
+        let resp: EchoResp = caller.request(ECHO_SUBJECT.into(), &req).await.unwrap();
         seen.insert(resp.instance);
     }
     assert_eq!(
@@ -213,7 +214,7 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
     )
     .await;
     let client = test_support::connect(&nats.url()).await;
-    let caller = Caller::new(client, Duration::from_secs(10));
+    let caller = caller(client, Duration::from_secs(10));
     let slow = EchoReq {
         text: "slow".into(),
         delay_ms: 1500,
@@ -225,8 +226,11 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
         // Retried until it holds the slot (a fast request may hold it for an instant).
         tokio::spawn(async move {
             loop {
-                match caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &slow).await {
-                    Err(CallError::Service(e)) if e.code == 429 => continue,
+                match caller
+                    .request::<_, EchoResp>(ECHO_SUBJECT.into(), &slow)
+                    .await
+                {
+                    Err(e) if e.kind() == ErrorKind::Overloaded => continue,
                     other => return other,
                 }
             }
@@ -246,8 +250,10 @@ async fn beyond_max_in_flight_callers_get_429_at_once() {
             let caller = caller.clone();
             let fast = fast.clone();
             async move {
-                let r = caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &fast).await;
-                matches!(r, Err(CallError::Service(e)) if e.code == 429)
+                let r = caller
+                    .request::<_, EchoResp>(ECHO_SUBJECT.into(), &fast)
+                    .await;
+                matches!(r, Err(e) if e.kind() == ErrorKind::Overloaded)
             }
         },
     )
@@ -402,7 +408,7 @@ async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
     let nats = NatsServer::start();
     let rt = start_echo(&nats.url(), "shut", EndpointOptions::default()).await;
     let client = test_support::connect(&nats.url()).await;
-    let caller = Caller::new(client.clone(), Duration::from_secs(10));
+    let caller = caller(client.clone(), Duration::from_secs(10));
     let mut in_flight = Vec::new();
     for i in 0..5 {
         let caller = caller.clone();
@@ -413,7 +419,9 @@ async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
             repeat: 0,
         };
         in_flight.push(tokio::spawn(async move {
-            caller.call::<_, EchoResp>(ECHO_SUBJECT.into(), &req).await
+            caller
+                .request::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
+                .await
         }));
     }
     eventually_true("5 requests in flight", Duration::from_secs(5), || async {
@@ -435,10 +443,10 @@ async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
         repeat: 0,
     };
     let err = caller
-        .call::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
+        .request::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
         .await
         .unwrap_err();
-    assert!(matches!(err, CallError::NoResponders(_)), "{err:?}");
+    assert!(matches!(err, ClientError::NoResponders { .. }), "{err:?}");
 }
 
 #[tokio::test]
@@ -447,7 +455,7 @@ async fn a_reply_too_large_for_nats_is_an_error_not_a_silent_timeout() {
     let nats = NatsServer::start_with_config("max_payload: 65536");
     let rt = start_echo(&nats.url(), "big", EndpointOptions::default()).await;
     let client = test_support::connect(&nats.url()).await;
-    let caller = Caller::new(client, Duration::from_secs(20));
+    let caller = caller(client, Duration::from_secs(20));
     let req = EchoReq {
         text: "x".repeat(20_000),
         delay_ms: 0,
@@ -455,11 +463,11 @@ async fn a_reply_too_large_for_nats_is_an_error_not_a_silent_timeout() {
         repeat: 5,
     };
     let err = caller
-        .call::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
+        .request::<_, EchoResp>(ECHO_SUBJECT.into(), &req)
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, CallError::Service(e) if e.code == 500),
+        matches!(&err, ClientError::Service { body, .. } if body.kind == ErrorKind::Internal),
         "{err:?}"
     );
     rt.shutdown().await;
@@ -522,4 +530,9 @@ async fn a_bucket_made_without_limit_markers_gets_them_when_opened() {
     kit::bootstrap::sessions_kv(&js, &subjects, 1)
         .await
         .unwrap();
+}
+
+/// How a service calls another, with a test's timeout.
+fn caller(client: async_nats::Client, timeout: Duration) -> MeshClient {
+    kit::mesh_client(client, Default::default()).with_timeout(timeout)
 }

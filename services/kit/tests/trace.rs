@@ -42,15 +42,14 @@ async fn one_trace_spans_two_services() {
     .await
     .unwrap();
     let front = start(&nats.url(), "front").await;
-    let caller = front.caller(Duration::from_secs(5));
+    let mesh = front.mesh().with_timeout(Duration::from_secs(5));
     front
         .serve(
             "sandbox.v1.front".into(),
             kit::handler(move |_ctx, p: Ping| {
-                let caller = caller.clone();
+                let mesh = mesh.clone();
                 async move {
-                    caller
-                        .call::<_, Ping>("sandbox.v1.back".into(), &p)
+                    mesh.request::<_, Ping>("sandbox.v1.back".into(), &p)
                         .await
                         .map_err(|e| e.into_body())
                 }
@@ -60,11 +59,11 @@ async fn one_trace_spans_two_services() {
         .unwrap();
 
     let client = test_support::connect(&nats.url()).await;
-    let caller = kit::Caller::new(client, Duration::from_secs(5));
+    let mesh = kit::mesh_client(client, Default::default()).with_timeout(Duration::from_secs(5));
     let root = tracing::info_span!("client");
     let client_trace = async {
-        let reply: Ping = caller
-            .call("sandbox.v1.front".into(), &Ping { n: 1 })
+        let reply: Ping = mesh
+            .request("sandbox.v1.front".into(), &Ping { n: 1 })
             .await
             .unwrap();
         assert_eq!(reply.n, 2);

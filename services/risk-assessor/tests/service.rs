@@ -1,10 +1,10 @@
 //! The service over a real nats-server: JSON and MessagePack, bad input answered with clear
 //! 400/413 errors, hostile nesting that finishes, and the instance heartbeat.
 
-use kit::call::{decode_reply, CallError};
 use messages::codec::{self, Encoding};
 use messages::risk::{AssessRequest, ContentType, RiskAssessment, RiskLevel};
 use messages::ErrorBody;
+use sandmesh_client::{decode_reply, ClientError};
 
 fn request(content: &str, content_type: ContentType) -> AssessRequest {
     AssessRequest {
@@ -18,7 +18,7 @@ fn request(content: &str, content_type: ContentType) -> AssessRequest {
 fn decode(subject: &str, reply: &async_nats::Message) -> Result<RiskAssessment, ErrorBody> {
     decode_reply::<RiskAssessment>(subject, reply.headers.as_ref(), &reply.payload).map_err(|e| {
         match e {
-            CallError::Service(body) => body,
+            ClientError::Service { body, .. } => body,
             other => panic!("not a service reply: {other}"),
         }
     })

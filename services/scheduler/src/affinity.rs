@@ -5,20 +5,19 @@
 
 use std::time::{Duration, Instant};
 
-use kit::{AuditScope, Auditor, Caller};
+use kit::{AuditScope, Auditor};
 use messages::audit::AuditKind;
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::{Backend, ExecutorRun};
 use messages::session::{SessionOpen, SessionRecord, SessionState};
-use messages::subjects::WorkspaceOp;
-use messages::workspace::WsInit;
-use messages::{ErrorBody, Subjects};
+use messages::{ErrorBody, ServiceName};
+use sandmesh_client::{MeshClient, TemplateClient, WorkspaceClient};
 use serde_json::json;
 
 use crate::dispatch::PLACEMENT_ATTEMPTS;
-use crate::error::dependency_error;
+use crate::error::SchedulerError;
 use crate::execution::terminal;
-use crate::executor_client::{settle, Call, ExecutorClient};
+use crate::executor_runner::{settle, Call, ExecutorRunner};
 use crate::placement::{Decision, Requirements};
 use crate::placer::Placer;
 use crate::sessions::{mark_lost, Change, SessionTable};
@@ -62,10 +61,10 @@ fn ended(record: &SessionRecord) -> Option<ErrorBody> {
 pub struct SessionAffinity {
     sessions: SessionTable,
     placer: Placer,
-    executor: ExecutorClient,
-    /// For `workspace.init` when a session opens.
-    caller: Caller,
-    subjects: Subjects,
+    executor: ExecutorRunner,
+    /// A session opens with its workspace made and its template checked.
+    workspace: WorkspaceClient,
+    templates: TemplateClient,
     auditor: Auditor,
     /// Session bookkeeping off the reply's path; waited for at shutdown.
     background: tokio_util::task::TaskTracker,
@@ -75,9 +74,8 @@ impl SessionAffinity {
     pub fn new(
         sessions: SessionTable,
         placer: Placer,
-        executor: ExecutorClient,
-        caller: Caller,
-        subjects: Subjects,
+        executor: ExecutorRunner,
+        mesh: &MeshClient,
         auditor: Auditor,
         background: tokio_util::task::TaskTracker,
     ) -> Self {
@@ -85,8 +83,8 @@ impl SessionAffinity {
             sessions,
             placer,
             executor,
-            caller,
-            subjects,
+            workspace: mesh.workspace(),
+            templates: mesh.templates(),
             auditor,
             background,
         }
@@ -106,7 +104,7 @@ impl SessionAffinity {
         needs: Requirements,
         deadline: Duration,
         scope: &AuditScope,
-    ) -> Result<ExecResult, ErrorBody> {
+    ) -> Result<ExecResult, SchedulerError> {
         let mut record = match known {
             Some(record) => record,
             None => {
@@ -190,7 +188,7 @@ impl SessionAffinity {
                 }
                 Call::Lost(why) => {
                     self.session_lost(session_id, &node, scope).await?;
-                    return settle(Call::Lost(why), Some(node), run);
+                    return Ok(settle(Call::Lost(why), Some(node), run)?);
                 }
                 other => {
                     let done = matches!(other, Call::Done(_));
@@ -208,9 +206,10 @@ impl SessionAffinity {
                 }
             }
         }
-        Err(ErrorBody::unavailable(format!(
-            "no executor node could take session {session_id}"
-        )))
+        Err(
+            ErrorBody::unavailable(format!("no executor node could take session {session_id}"))
+                .into(),
+        )
     }
 
     /// The session's record, opening it (and its workspace) on first use.
@@ -219,7 +218,7 @@ impl SessionAffinity {
         session_id: &str,
         requested_by: Option<String>,
         scope: &AuditScope,
-    ) -> Result<SessionRecord, ErrorBody> {
+    ) -> Result<SessionRecord, SchedulerError> {
         if let Some(record) = self.sessions.get(session_id).await? {
             return Ok(record);
         }
@@ -237,20 +236,17 @@ impl SessionAffinity {
         session_id: &str,
         open: &SessionOpen,
         scope: &AuditScope,
-    ) -> Result<SessionRecord, ErrorBody> {
+    ) -> Result<SessionRecord, SchedulerError> {
         if let Some(tenant) = &scope.tenant {
             self.sessions.admit_new(tenant).await?;
         }
         if let Some(name) = &open.template {
-            crate::templates::lookup(&self.caller, &self.subjects, name).await?;
+            crate::templates::lookup(&self.templates, name).await?;
         }
-        let init = WsInit {
-            session_id: session_id.to_string(),
-        };
-        self.caller
-            .call::<_, serde::de::IgnoredAny>(self.subjects.workspace(WorkspaceOp::Init), &init)
+        self.workspace
+            .init(session_id)
             .await
-            .map_err(|e| dependency_error("workspace-store", e))?;
+            .map_err(SchedulerError::calling(ServiceName::WorkspaceStore))?;
         let (record, created) = self
             .sessions
             .open(session_id, open, scope.tenant.clone())
@@ -274,7 +270,7 @@ impl SessionAffinity {
         needs: Requirements,
         wait: Duration,
         scope: &AuditScope,
-    ) -> Result<Placed, ErrorBody> {
+    ) -> Result<Placed, SchedulerError> {
         let id = &record.session_id;
         let mut record = record.clone();
         let follow = |record: SessionRecord| Placed {
@@ -341,7 +337,7 @@ impl SessionAffinity {
             Ok(Some(stored)) => stored,
             Ok(None) => {
                 self.placer.release(Some(&chosen));
-                return Err(ErrorBody::not_found(format!("session {id} vanished")));
+                return Err(ErrorBody::not_found(format!("session {id} vanished")).into());
             }
             Err(e) => {
                 self.placer.release(Some(&chosen));
@@ -362,9 +358,7 @@ impl SessionAffinity {
             }
             (state, _, _) => {
                 self.placer.release(Some(&chosen));
-                Err(ErrorBody::conflict(format!(
-                    "session {id} is {state:?} and cannot run"
-                )))
+                Err(ErrorBody::conflict(format!("session {id} is {state:?} and cannot run")).into())
             }
         }
     }
@@ -375,7 +369,7 @@ impl SessionAffinity {
         session_id: &str,
         node: &str,
         scope: &AuditScope,
-    ) -> Result<SessionRecord, ErrorBody> {
+    ) -> Result<SessionRecord, SchedulerError> {
         let mut changed = false;
         let record = self
             .sessions

@@ -7,23 +7,23 @@
 
 use std::time::Duration;
 
-use kit::Caller;
-use messages::browser::{AioAcquire, AioExec, AioExecResult, AioLease, AioRelease, AioReleased};
+use messages::browser::{AioAcquire, AioExec, AioExecResult, AioLease, AioRelease};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, TierChoice, Timing};
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::{ErrorBody, ErrorKind, ServiceName};
+use sandmesh_client::{AioClient, ClientError, MeshClient};
 
-use crate::error::dependency_error;
+use crate::error::SchedulerError;
 use crate::execution::Execution;
 
-/// Waiting for an instance (the pool may queue the acquire, then answers 429).
+/// Waiting for an instance (the pool may queue the acquire, then answers 429); also the least
+/// an `aio.exec` is waited for.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The scheduler's policy on top of the client's [`AioClient`]: the command an execution is,
+/// the instance per session, once more when the instance went away.
 #[derive(Clone)]
 pub struct AioRunner {
-    caller: Caller,
-    subjects: Subjects,
-    /// Added to an execution's own timeout for the pool's answer.
-    exec_grace: Duration,
+    pool: AioClient,
 }
 
 /// The shell command that runs `req` (code and stdin in quoted heredocs with a delimiter the
@@ -155,31 +155,18 @@ fn result_of(exec: &Execution, r: AioExecResult) -> ExecResult {
 }
 
 impl AioRunner {
-    pub fn new(caller: Caller, subjects: Subjects, exec_grace: Duration) -> Self {
+    pub fn new(mesh: &MeshClient) -> Self {
         Self {
-            caller,
-            subjects,
-            exec_grace,
+            pool: mesh.clone().with_timeout(ACQUIRE_TIMEOUT).aio(),
         }
     }
 
-    async fn acquire(&self, session_id: &str) -> Result<AioLease, ErrorBody> {
+    async fn acquire(&self, session_id: &str) -> Result<AioLease, ClientError> {
         let req = AioAcquire {
             session_id: session_id.to_string(),
             browser: false,
         };
-        self.caller
-            .call_timeout(self.subjects.aio("acquire"), &req, ACQUIRE_TIMEOUT)
-            .await
-            .map_err(|e| dependency_error("aio-pool", e))
-    }
-
-    async fn exec(&self, req: &AioExec) -> Result<AioExecResult, ErrorBody> {
-        let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(0)) + self.exec_grace;
-        self.caller
-            .call_timeout(self.subjects.aio_instance_exec(), req, timeout)
-            .await
-            .map_err(|e| dependency_error("aio-pool", e))
+        self.pool.acquire(&req).await
     }
 
     /// Destroys the instance bound to `session` (scoped), if there is one. A failure only
@@ -189,11 +176,7 @@ impl AioRunner {
             session_id: session.to_string(),
             instance_id: None,
         };
-        let released: Result<AioReleased, _> = self
-            .caller
-            .call(self.subjects.aio("release"), &release)
-            .await;
-        match released {
+        match self.pool.release(&release).await {
             Ok(_) => {}
             // No instance (never acquired, reclaimed) or no aio-pool in this mesh.
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Unavailable) => {}
@@ -205,7 +188,7 @@ impl AioRunner {
 
     /// Runs the execution in its session's AIO instance. `Err` is a failure of the pool
     /// (unavailable, overloaded), not of the code.
-    pub async fn run(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
+    pub async fn run(&self, exec: &Execution) -> Result<ExecResult, SchedulerError> {
         let command = match command_for(&exec.request, &exec.id) {
             Ok(c) => c,
             Err(e) => return Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, e)),
@@ -220,24 +203,25 @@ impl AioRunner {
             timeout_ms: Some(exec.limits.timeout_ms),
             instance_id: None,
         };
-        let mut result = Err(ErrorBody::internal("not run"));
-        for _ in 0..2 {
-            self.acquire(&session).await?;
-            result = self.exec(&req).await;
-            // The instance went away in between (reclaimed, retired, died): once more.
-            if !matches!(&result, Err(e) if e.kind == ErrorKind::NotFound) {
-                break;
-            }
+        let calling = SchedulerError::calling(ServiceName::AioPool);
+        self.acquire(&session).await.map_err(calling)?;
+        let mut ran = self.pool.exec_instance(&req).await;
+        // The instance went away in between (reclaimed, retired, died): once more.
+        if matches!(&ran, Err(e) if e.kind() == ErrorKind::NotFound) {
+            self.acquire(&session).await.map_err(calling)?;
+            ran = self.pool.exec_instance(&req).await;
         }
         if own {
             self.release(&session).await;
         }
-        match result {
+        match ran {
             Ok(r) => Ok(result_of(exec, r)),
-            Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
-                Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, e))
+            Err(ClientError::Service { body, .. })
+                if matches!(body.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) =>
+            {
+                Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, body))
             }
-            Err(e) => Err(e),
+            Err(e) => Err(calling(e)),
         }
     }
 }

@@ -1,43 +1,39 @@
-//! `ConfirmClient`: the scheduler's side of the confirmation service. It opens a confirmation
+//! `Confirmations`: the scheduler's side of the confirmation service. It opens a confirmation
 //! without waiting for the decision (`wait: false`: the pending record, its id and expiry, comes
 //! back at once) and reads one back by id; the decision itself arrives as the
 //! `confirm.decided.<id>` event (see [`crate::resumer`]).
 
 use std::time::Duration;
 
-use kit::{CallError, Caller};
-use messages::confirm::{ConfirmGet, ConfirmKind, ConfirmRequest, ConfirmState, Confirmation};
+use messages::confirm::{ConfirmKind, ConfirmRequest, ConfirmState, Confirmation};
 use messages::exec::{ConfirmationOutcome, Decision, Timing};
 use messages::risk::RiskAssessment;
-use messages::subjects::ConfirmOp;
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::{ErrorKind, ServiceName};
+use sandmesh_client::ConfirmClient;
 
-use crate::error::dependency_error;
+use crate::error::SchedulerError;
 use crate::execution::Execution;
 
 /// Pause between attempts to reach a confirmation service that is (re)starting.
 const RETRY: Duration = Duration::from_millis(250);
 
+/// The scheduler's policy on top of the client's [`ConfirmClient`]: what it asks a person
+/// about an execution, and how long it waits for a confirmation service to come up.
 #[derive(Clone)]
-pub struct ConfirmClient {
-    caller: Caller,
-    subjects: Subjects,
+pub struct Confirmations {
+    client: ConfirmClient,
     /// How long a person has to decide.
     timeout: Duration,
 }
 
-impl ConfirmClient {
-    pub fn new(caller: Caller, subjects: Subjects, timeout: Duration) -> Self {
-        Self {
-            caller,
-            subjects,
-            timeout,
-        }
+impl Confirmations {
+    pub fn new(client: ConfirmClient, timeout: Duration) -> Self {
+        Self { client, timeout }
     }
 
     /// Opens (or finds: it is idempotent per execution id) the execution's confirmation. A
     /// confirmation service that is not up (yet) is waited for, at most the decision timeout.
-    pub async fn request(&self, exec: &Execution) -> Result<Confirmation, ErrorBody> {
+    pub async fn request(&self, exec: &Execution) -> Result<Confirmation, SchedulerError> {
         let req = &exec.request;
         let ask = ConfirmRequest {
             tenant: exec.tenant.clone(),
@@ -56,22 +52,18 @@ impl ConfirmClient {
             wait: false,
         };
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let subject = self.subjects.confirm(ConfirmOp::Request);
         loop {
-            let reply = self.caller.call(subject.clone(), &ask).await;
+            let reply = self.client.request(&ask).await;
             let retry = matches!(&reply, Err(e) if e.kind() == ErrorKind::Unavailable);
             if !retry || tokio::time::Instant::now() + RETRY >= deadline {
-                return reply.map_err(|e| dependency_error("confirmation", e));
+                return reply.map_err(SchedulerError::calling(ServiceName::Confirmation));
             }
             tokio::time::sleep(RETRY).await;
         }
     }
 
-    pub async fn get(&self, id: &str) -> Result<Confirmation, CallError> {
-        let get = ConfirmGet { id: id.to_string() };
-        self.caller
-            .call(self.subjects.confirm(ConfirmOp::Get), &get)
-            .await
+    pub async fn get(&self, id: &str) -> sandmesh_client::Result<Confirmation> {
+        self.client.get(id).await
     }
 }
 

@@ -15,8 +15,9 @@ use messages::ErrorBody;
 
 use crate::affinity::SessionAffinity;
 use crate::aio::AioRunner;
+use crate::error::{SchedulerError, StoreError};
 use crate::execution::Execution;
-use crate::executor_client::{settle, Call, ExecutorClient};
+use crate::executor_runner::{settle, Call, ExecutorRunner};
 use crate::placement::Requirements;
 use crate::placer::Placer;
 use crate::tier::{light_backend, EphemeralBackend};
@@ -27,7 +28,7 @@ pub const PLACEMENT_ATTEMPTS: usize = 3;
 #[derive(Clone)]
 pub struct Dispatcher {
     placer: Placer,
-    executor: ExecutorClient,
+    executor: ExecutorRunner,
     affinity: SessionAffinity,
     /// Tier `aio` runs in the session's AIO instance instead of on an executor.
     aio: AioRunner,
@@ -41,7 +42,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(
         placer: Placer,
-        executor: ExecutorClient,
+        executor: ExecutorRunner,
         affinity: SessionAffinity,
         aio: AioRunner,
         exec_grace: Duration,
@@ -60,13 +61,13 @@ impl Dispatcher {
     }
 
     /// The session's record (`None`: not opened yet; its first execution opens it).
-    pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>, ErrorBody> {
-        Ok(self.affinity.sessions().get(session_id).await?)
+    pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        self.affinity.sessions().get(session_id).await
     }
 
     /// Whether `exec` runs under a filesystem policy: its template's, or its session's (read
     /// again when the execution was parked and so holds no record).
-    async fn under_filesystem_policy(&self, exec: &Execution) -> Result<bool, ErrorBody> {
+    async fn under_filesystem_policy(&self, exec: &Execution) -> Result<bool, StoreError> {
         if exec.filesystem.is_some() {
             return Ok(true);
         }
@@ -82,7 +83,7 @@ impl Dispatcher {
 
     /// The place and run stages: a session's node, or the node the strategy picks (the
     /// executor queue group while no node is known). `Err` is a transient failure.
-    pub async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, ErrorBody> {
+    pub async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, SchedulerError> {
         if exec.tier == Tier::Aio {
             // An AIO instance is the aio-pool's container, not an executor's: no filesystem
             // policy is mounted there, so work under one is refused rather than run without it.
@@ -162,7 +163,8 @@ impl Dispatcher {
             if self.ephemeral_backend == EphemeralBackend::Bwrap {
                 return Err(ErrorBody::unavailable(
                     "SANDMESH_EPHEMERAL_BACKEND=bwrap but no bwrap executor is running",
-                ));
+                )
+                .into());
             }
         }
         match self
@@ -172,7 +174,8 @@ impl Dispatcher {
             Some(result) => Ok(result),
             None => Err(ErrorBody::unavailable(
                 "no docker executor is running (no responders on the executor subjects)",
-            )),
+            )
+            .into()),
         }
     }
 

@@ -1,9 +1,11 @@
-//! The scheduler's errors: JetStream operations that failed (what was being done, and why), and
-//! failed calls to other services, named; and opening its own KV buckets.
+//! The scheduler's errors, kept as values with their causes while they travel up the pipeline
+//! ([`SchedulerError`]); the wire's [`ErrorBody`] is made from one once, at the endpoint.
 
 use async_nats::jetstream::{self, kv};
-use kit::CallError;
-use messages::ErrorBody;
+use messages::{ErrorBody, ErrorKind, ServiceName};
+use sandmesh_client::ClientError;
+
+use crate::placer::RegistryGone;
 
 type Cause = Box<dyn std::error::Error + Send + Sync>;
 
@@ -38,6 +40,72 @@ impl From<StoreError> for ErrorBody {
     }
 }
 
+/// Why the scheduler could not serve a request (an execution, a session, a test run).
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    /// Refused by a rule (malformed, beyond a ceiling, unknown id, queue full): the answer is
+    /// decided where the rule lives.
+    #[error("{0}")]
+    Refused(ErrorBody),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Registry(#[from] RegistryGone),
+    /// A call to another service failed; the message repeats the cause (as [`StoreError`]'s
+    /// does), so a log line is whole.
+    #[error("the {service} service: {source}")]
+    Dependency {
+        service: ServiceName,
+        #[source]
+        source: ClientError,
+    },
+}
+
+impl SchedulerError {
+    /// A closure for `map_err` on a call to `service`.
+    pub fn calling(service: ServiceName) -> impl Fn(ClientError) -> Self + Copy {
+        move |source| SchedulerError::Dependency { service, source }
+    }
+
+    /// The kind the caller is answered with.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SchedulerError::Refused(body) => body.kind,
+            SchedulerError::Store(_) | SchedulerError::Registry(_) => ErrorKind::Unavailable,
+            SchedulerError::Dependency { source, .. } => source.kind(),
+        }
+    }
+}
+
+impl From<ErrorBody> for SchedulerError {
+    fn from(body: ErrorBody) -> Self {
+        SchedulerError::Refused(body)
+    }
+}
+
+impl From<SchedulerError> for ErrorBody {
+    /// A dependency's own refusal is passed on as it said it; a dependency that did not answer
+    /// is named, so the client knows which part of the mesh is missing.
+    fn from(e: SchedulerError) -> Self {
+        match e {
+            SchedulerError::Refused(body) => body,
+            SchedulerError::Store(e) => e.into(),
+            SchedulerError::Registry(e) => e.into(),
+            SchedulerError::Dependency {
+                source: ClientError::Service { body, .. },
+                ..
+            } => body,
+            SchedulerError::Dependency {
+                service,
+                source: ClientError::NoResponders { subject },
+            } => ErrorBody::unavailable(format!(
+                "the {service} service is not running (no responders on {subject})"
+            )),
+            e @ SchedulerError::Dependency { .. } => ErrorBody::new(e.kind(), e.to_string()),
+        }
+    }
+}
+
 /// Opens the scheduler's own KV bucket with `replicas` copies, creating it when it does not
 /// exist yet (another instance may create it in between: then it is opened).
 pub async fn ensure_bucket(
@@ -50,32 +118,47 @@ pub async fn ensure_bucket(
         .map_err(StoreError::during("creating a KV bucket"))
 }
 
-/// A failed call to another service, named so the client knows which part is missing.
-pub fn dependency_error(service: &str, e: CallError) -> ErrorBody {
-    match e {
-        CallError::Service(body) => body,
-        CallError::NoResponders(subject) => ErrorBody::unavailable(format!(
-            "the {service} service is not running (no responders on {subject})"
-        )),
-        other => {
-            let kind = other.kind();
-            ErrorBody::new(kind, format!("{service}: {other}"))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::error::Error;
+    use std::time::Duration;
+
     use super::*;
-    use messages::ErrorKind;
 
     #[test]
-    fn missing_services_are_named() {
-        let e = dependency_error(
-            "risk-assessor",
-            CallError::NoResponders("sandbox.v1.risk.assess".into()),
+    fn missing_services_are_named_and_the_cause_is_kept() {
+        let e = SchedulerError::calling(ServiceName::RiskAssessor)(ClientError::NoResponders {
+            subject: "sandbox.v1.risk.assess".into(),
+        });
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        let source = e.source().expect("the failed call is the cause");
+        assert!(matches!(
+            source.downcast_ref::<ClientError>(),
+            Some(ClientError::NoResponders { .. })
+        ));
+        let body = ErrorBody::from(e);
+        assert_eq!(body.kind, ErrorKind::Unavailable);
+        assert!(body.message.contains("risk-assessor"), "{}", body.message);
+    }
+
+    #[test]
+    fn a_dependencys_refusal_passes_on_unchanged_and_a_timeout_keeps_its_kind() {
+        let refused = ErrorBody::conflict("decided already");
+        let e = SchedulerError::calling(ServiceName::Confirmation)(ClientError::Service {
+            subject: "s".into(),
+            body: refused.clone(),
+        });
+        assert_eq!(ErrorBody::from(e), refused);
+        let late = SchedulerError::calling(ServiceName::AioPool)(ClientError::TimedOut {
+            subject: "s".into(),
+            timeout: Duration::from_secs(1),
+        });
+        let body = ErrorBody::from(late);
+        assert_eq!(body.kind, ErrorKind::Timeout);
+        assert!(
+            body.message.starts_with("the aio-pool service: "),
+            "{}",
+            body.message
         );
-        assert_eq!(e.kind, ErrorKind::Unavailable);
-        assert!(e.message.contains("risk-assessor"));
     }
 }

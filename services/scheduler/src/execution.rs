@@ -17,6 +17,8 @@ use messages::validate::EffectiveLimits;
 use messages::ErrorBody;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{SchedulerError, StoreError};
+
 /// Where a request came from and how long it waited before the scheduler took it.
 #[derive(Debug, Clone)]
 pub struct Origin {
@@ -59,13 +61,13 @@ pub enum Outcome {
     /// A terminal result, stored (or found stored).
     Done(ExecResult),
     /// A terminal result that could not be stored.
-    Unstored(ExecResult, ErrorBody),
+    Unstored(ExecResult, StoreError),
     /// The request is malformed or beyond a ceiling; nothing ran.
     Invalid(ErrorBody),
     /// Another scheduler (named) runs this id right now.
     Busy(String),
     /// A dependency failed before anything ran; the same request may be retried.
-    Retry(ErrorBody),
+    Retry(SchedulerError),
     /// It waits for a person: parked durably, holding no capacity; it resumes on the decision.
     Parked(AwaitingConfirmation),
 }

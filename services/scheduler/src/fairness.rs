@@ -20,6 +20,31 @@ use kit::{PeerCounts, QuotaBook};
 use messages::quota::{over_quota, Quota};
 use messages::tenancy::Tenant;
 use messages::ErrorBody;
+use tokio::sync::Semaphore;
+
+/// The bounded queue — one permit per execution in flight, shared by the intake, the jobs and
+/// the resumer — and each tenant's share of it.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    pub queue: Arc<Semaphore>,
+    /// `SANDMESH_SCHED_MAX_QUEUE`: the number of permits, for the 429 message and the heartbeat.
+    pub size: usize,
+    pub tenants: TenantSlots,
+}
+
+impl Admission {
+    pub fn new(size: usize, tenants: TenantSlots) -> Self {
+        Self {
+            queue: Arc::new(Semaphore::new(size)),
+            size,
+            tenants,
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.size - self.queue.available_permits()
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct TenantSlots {

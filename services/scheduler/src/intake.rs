@@ -7,7 +7,6 @@
 //! Ids a tenant's agent names are scoped by its tenant on the way in and unscoped on the way
 //! out (`messages::tenancy`), so one tenant's ids never reach another's executions.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -20,15 +19,13 @@ use messages::exec::{
     NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
 use messages::{Encoding, ErrorBody, ErrorKind, Subjects};
-use tokio::sync::Semaphore;
+use sandmesh_client::MeshClient;
 use tokio_util::sync::CancellationToken;
 
-use crate::claims::Claims;
+use crate::error::SchedulerError;
 use crate::execution::{scope_request, Origin, Outcome};
-use crate::fairness::TenantSlots;
-use crate::parking::ParkedStore;
+use crate::fairness::Admission;
 use crate::pipeline::Pipeline;
-use crate::results::ResultStore;
 
 /// Beyond the confirmation's expiry and the run's own budget, how long a parked sync caller
 /// waits for the result before it is told to look it up later.
@@ -40,16 +37,10 @@ const STORE_GRACE: Duration = Duration::from_millis(500);
 
 #[derive(Clone)]
 pub struct Intake {
+    /// Its result store, claims and parked executions are the look-ups' too.
     pipeline: Pipeline,
-    /// The bounded queue: one permit per execution in flight, shared with async jobs.
-    admission: Arc<Semaphore>,
-    /// Its size, for the 429 message.
-    max_queue: usize,
-    /// Each tenant's share of it.
-    tenants: TenantSlots,
-    results: ResultStore,
-    claims: Claims,
-    parked: ParkedStore,
+    /// A sync execution holds a permit of the queue, and a slot of its tenant's share.
+    admission: Admission,
     /// For notices and for waiting on a parked execution's result.
     client: async_nats::Client,
     subjects: Subjects,
@@ -58,27 +49,17 @@ pub struct Intake {
 }
 
 impl Intake {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         pipeline: Pipeline,
-        (admission, max_queue, tenants): (Arc<Semaphore>, usize, TenantSlots),
-        results: ResultStore,
-        claims: Claims,
-        parked: ParkedStore,
-        client: async_nats::Client,
-        subjects: Subjects,
+        admission: Admission,
+        mesh: &MeshClient,
         stopping: CancellationToken,
     ) -> Self {
         Self {
             pipeline,
             admission,
-            max_queue,
-            tenants,
-            results,
-            claims,
-            parked,
-            client,
-            subjects,
+            client: mesh.nats().clone(),
+            subjects: mesh.subjects().clone(),
             stopping,
         }
     }
@@ -88,7 +69,7 @@ impl Intake {
         &self,
         ctx: RequestContext,
         req: ExecRequest,
-    ) -> Result<ExecResult, ErrorBody> {
+    ) -> Result<ExecResult, SchedulerError> {
         self.run(ctx, req, None).await
     }
 
@@ -99,16 +80,17 @@ impl Intake {
         ctx: RequestContext,
         req: ExecRequest,
         reviewed: Option<String>,
-    ) -> Result<ExecResult, ErrorBody> {
+    ) -> Result<ExecResult, SchedulerError> {
         let received = Instant::now();
         let req = scope_request(&ctx.caller, req)?;
         let tenant = ctx.caller.tenant();
-        let tenant_slot = self.tenants.take(tenant)?;
-        let Ok(permit) = self.admission.clone().try_acquire_owned() else {
+        let tenant_slot = self.admission.tenants.take(tenant)?;
+        let Ok(permit) = self.admission.queue.clone().try_acquire_owned() else {
             return Err(ErrorBody::overloaded(format!(
                 "the scheduler queue is full ({} executions in flight); retry later",
-                self.max_queue
-            )));
+                self.admission.size
+            ))
+            .into());
         };
         let origin = Origin {
             received,
@@ -126,11 +108,13 @@ impl Intake {
             Outcome::Done(result) => Ok(result.unscoped(tenant)),
             // The caller still gets what ran; a later look-up by id will not find it.
             Outcome::Unstored(result, _) => Ok(result.unscoped(tenant)),
-            Outcome::Invalid(e) | Outcome::Retry(e) => Err(e),
+            Outcome::Invalid(e) => Err(e.into()),
+            Outcome::Retry(e) => Err(e),
             Outcome::Busy(owner) => Err(ErrorBody::conflict(format!(
                 "this execution id is running now (on scheduler {owner}); read its result \
                  with exec.result when it ends"
-            ))),
+            ))
+            .into()),
             Outcome::Parked(notice) => {
                 self.notify(&ctx, &notice.clone().unscoped(tenant)).await;
                 let result = self.wait_parked(&notice).await?;
@@ -146,10 +130,10 @@ impl Intake {
         &self,
         ctx: RequestContext,
         req: AioExec,
-    ) -> Result<AioExecResult, ErrorBody> {
+    ) -> Result<AioExecResult, SchedulerError> {
         let session = req.session_id.clone();
         let result = self.exec(ctx, crate::aio::request_of(req)).await?;
-        crate::aio::answer_of(session, result)
+        Ok(crate::aio::answer_of(session, result)?)
     }
 
     /// Sends the awaiting-confirmation notice on the request's reply subject, before the
@@ -194,10 +178,11 @@ impl Intake {
         // The subscription is live before the look below, so a result stored in between is
         // seen by one or the other.
         let _ = self.client.flush().await;
-        if let Some(result) = self.results.get(id).await? {
+        if let Some(result) = self.pipeline.results.get(id).await? {
             return Ok(result);
         }
         let budget = self
+            .pipeline
             .parked
             .get(id)
             .await?
@@ -289,18 +274,18 @@ impl Intake {
     }
 
     async fn look_up(&self, id: &str, named: &str) -> Result<ResultLookup, ErrorBody> {
-        if let Some(result) = self.results.get(id).await? {
+        if let Some(result) = self.pipeline.results.get(id).await? {
             return Ok(ResultLookup::Done {
                 result: Box::new(result),
             });
         }
-        if let Some(parked) = self.parked.get(id).await? {
+        if let Some(parked) = self.pipeline.parked.get(id).await? {
             return Ok(ResultLookup::Pending {
                 execution_id: id.to_string(),
                 awaiting_confirmation: Some(parked.notice()),
             });
         }
-        if self.claims.holder(id).await?.is_some() {
+        if self.pipeline.claims.holder(id).await?.is_some() {
             return Ok(ResultLookup::Pending {
                 execution_id: id.to_string(),
                 awaiting_confirmation: None,

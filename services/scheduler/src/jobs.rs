@@ -11,7 +11,6 @@
 //! job on its own. A job that waits for a person is acked once it is parked (durably, in KV):
 //! the resumed execution stores its result.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, Consumer};
@@ -22,15 +21,15 @@ use messages::exec::{ExecRequest, ExecStatus};
 use messages::tenancy::{validate_scoped_id, Caller};
 use messages::validate::validate_id;
 use messages::{Encoding, ErrorBody, Subjects};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::error::SchedulerError;
 use crate::execution::{mint_id, scope_request, terminal, Origin, Outcome};
-use crate::fairness::TenantSlots;
+use crate::fairness::Admission;
 use crate::pipeline::Pipeline;
-use crate::results::ResultStore;
 
 /// The durable consumer shared by every scheduler instance.
 pub const CONSUMER: &str = "scheduler";
@@ -51,14 +50,13 @@ pub struct JobSettings {
 /// The async intake: jobs from `SANDBOX_JOBS` through the [`Pipeline`].
 #[derive(Clone)]
 pub struct Jobs {
+    /// Its result store is where a job that can never run is answered.
     pipeline: Pipeline,
-    results: ResultStore,
     /// A job's tenant is in its subject (`jobs.<tenant>.exec`, guaranteed by the server).
     subjects: Subjects,
-    /// Shared with sync intake: a job runs only with a permit.
-    admission: Arc<Semaphore>,
-    /// Shared with sync intake: a tenant over its share waits, others' jobs go on.
-    tenants: TenantSlots,
+    /// Shared with sync intake: a job runs only with a permit, and a tenant over its share
+    /// waits while others' jobs go on.
+    admission: Admission,
     settings: JobSettings,
 }
 
@@ -73,17 +71,14 @@ pub enum JobsError {
 impl Jobs {
     pub fn new(
         pipeline: Pipeline,
-        results: ResultStore,
         subjects: Subjects,
-        (admission, tenants): (Arc<Semaphore>, TenantSlots),
+        admission: Admission,
         settings: JobSettings,
     ) -> Self {
         Self {
             pipeline,
-            results,
             subjects,
             admission,
-            tenants,
             settings,
         }
     }
@@ -128,9 +123,9 @@ pub async fn run(
         // Wait for room without holding it, so sync requests keep every free slot meanwhile.
         tokio::select! {
             _ = stop.cancelled() => break,
-            permit = jobs.admission.clone().acquire_owned() => drop(permit),
+            permit = jobs.admission.queue.clone().acquire_owned() => drop(permit),
         }
-        let room = jobs.admission.available_permits().clamp(1, batch);
+        let room = jobs.admission.queue.available_permits().clamp(1, batch);
         // Every NATS wait races `stop`: with the server gone, a fetch or a batch may never end.
         let fetch = consumer
             .batch()
@@ -165,7 +160,7 @@ pub async fn run(
                     break;
                 }
             };
-            match jobs.admission.clone().try_acquire_owned() {
+            match jobs.admission.queue.clone().try_acquire_owned() {
                 Ok(permit) => {
                     running.spawn(handle(jobs.clone(), message, permit));
                 }
@@ -254,7 +249,7 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
     };
     // A tenant at its share of the queue: back to the stream for a moment, so the jobs of
     // other tenants behind these are taken meanwhile (its queue time keeps counting).
-    let _tenant_slot = match jobs.tenants.take(caller.tenant()) {
+    let _tenant_slot = match jobs.admission.tenants.take(caller.tenant()) {
         Ok(slot) => slot,
         Err(_) => {
             alive.cancel();
@@ -303,32 +298,34 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
     };
     let outcome = jobs.pipeline.execute(req.clone(), origin).await;
     alive.cancel();
-    match outcome {
+    let error: SchedulerError = match outcome {
         // Parked: durable in KV, so the job is done; the resumed execution stores the result.
-        Outcome::Done(_) | Outcome::Parked(_) => ack(&message).await,
-        Outcome::Invalid(error) => refuse(&jobs, &message, Some(id), Some(&req), error).await,
+        Outcome::Done(_) | Outcome::Parked(_) => return ack(&message).await,
+        Outcome::Invalid(error) => {
+            return refuse(&jobs, &message, Some(id), Some(&req), error).await
+        }
         Outcome::Busy(owner) => {
             tracing::debug!(execution_id = %id, owner, "job runs elsewhere; checking back later");
-            nak(&message, settings.claim_ttl / 3).await;
+            return nak(&message, settings.claim_ttl / 3).await;
         }
-        Outcome::Retry(error) | Outcome::Unstored(_, error) => {
-            // What is left of the queue time after this try.
-            let left = left.saturating_sub(received.elapsed());
-            if left.is_zero() {
-                let error = ErrorBody::unavailable(format!(
-                    "no executor ran it within the job's queue time ({} s, {delivered} \
-                     deliveries); the last try: {}",
-                    settings.queue_ttl.as_secs(),
-                    error.message
-                ));
-                let failed = terminal(&id, &req, ExecStatus::Unavailable, error);
-                store_and_ack(&jobs, &message, failed).await;
-            } else {
-                let delay = backoff(delivered).min(left);
-                tracing::info!(execution_id = %id, delivered, ?delay, error = %error, "job will be retried");
-                nak(&message, delay).await;
-            }
-        }
+        Outcome::Retry(error) => error,
+        Outcome::Unstored(_, error) => error.into(),
+    };
+    // What is left of the queue time after this try.
+    let left = left.saturating_sub(received.elapsed());
+    if left.is_zero() {
+        let error = ErrorBody::unavailable(format!(
+            "no executor ran it within the job's queue time ({} s, {delivered} \
+             deliveries); the last try: {}",
+            settings.queue_ttl.as_secs(),
+            ErrorBody::from(error).message
+        ));
+        let failed = terminal(&id, &req, ExecStatus::Unavailable, error);
+        store_and_ack(&jobs, &message, failed).await;
+    } else {
+        let delay = backoff(delivered).min(left);
+        tracing::info!(execution_id = %id, delivered, ?delay, error = %error, "job will be retried");
+        nak(&message, delay).await;
     }
 }
 
@@ -363,7 +360,7 @@ async fn refuse(
 }
 
 async fn store_and_ack(jobs: &Jobs, message: &Message, result: messages::exec::ExecResult) {
-    match jobs.results.put(&result).await {
+    match jobs.pipeline.results.put(&result).await {
         Ok(()) => ack(message).await,
         Err(e) => {
             tracing::error!(execution_id = %result.execution_id, error = %e, "result not stored; job will come back");

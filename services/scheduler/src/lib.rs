@@ -32,8 +32,15 @@
 //!     ├─ TestRuns ──▶ Intake (a test run is an execution; its report read from the workspace)
 //!     ├─ Intake (sync) ─┐
 //!     ├─ Jobs (async) ──┼──▶ Pipeline ── Placer (registry + slots Notify), SessionAffinity,
-//!     └─ Resumer ───────┘    ExecutorClient (Dispatcher), ConfirmClient, ResultStore, Claims,
-//!                            ParkedStore
+//!     └─ Resumer ───────┘    ExecutorRunner (Dispatcher), AioRunner, Confirmations, ResultStore,
+//!                            Claims, ParkedStore
+//! ```
+//! Other services are called through `sandmesh-client`'s typed clients, as users call the
+//! mesh (`kit::Runtime::mesh`); the scheduler's policy (retries, recovery of a lost reply, the
+//! AIO command) sits on top of them. Errors travel up as [`SchedulerError`], their causes kept,
+//! and become the wire's `ErrorBody` at the endpoint.
+//!
+//! ```text
 //! ```
 //! A semaphore of `SANDMESH_SCHED_MAX_QUEUE` permits, shared by Intake, Jobs and Resumer, is
 //! the bounded queue.
@@ -46,7 +53,7 @@ pub mod confirm;
 pub mod dispatch;
 pub mod error;
 pub mod execution;
-pub mod executor_client;
+pub mod executor_runner;
 pub mod fairness;
 pub mod intake;
 pub mod jobs;
@@ -72,20 +79,21 @@ use std::time::Duration;
 use kit::{KitError, Runtime, ServiceInfo};
 use messages::subjects::SessionOp;
 use ractor::Actor;
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::SchedulerConfig;
-pub use error::StoreError;
+pub use error::{SchedulerError, StoreError};
 pub use execution::{Origin, Outcome};
 
 use crate::affinity::SessionAffinity;
 use crate::aio::AioRunner;
 use crate::claims::Claims;
-use crate::confirm::ConfirmClient;
+use crate::confirm::Confirmations;
 use crate::dispatch::Dispatcher;
-use crate::executor_client::ExecutorClient;
+use crate::executor_runner::ExecutorRunner;
+use crate::fairness::{Admission, TenantSlots};
 use crate::intake::Intake;
 use crate::jobs::{Jobs, JobsError};
 use crate::parking::ParkedStore;
@@ -102,8 +110,9 @@ use crate::testrun::TestRuns;
 
 pub const SERVICE_NAME: &str = messages::ServiceName::Scheduler.as_str();
 
+/// Why [`run`] could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
-pub enum SchedulerError {
+pub enum RunError {
     #[error(transparent)]
     Kit(#[from] KitError),
     #[error(transparent)]
@@ -118,7 +127,8 @@ pub enum SchedulerError {
     RegistryLost,
 }
 
-/// Serves `$method(ctx, req)` of `$target` on `$subject`.
+/// Serves `$method(ctx, req)` of `$target` on `$subject`. Its error (a [`SchedulerError`], or
+/// the refusal of an endpoint that only checks its input) becomes the wire's `ErrorBody` here.
 macro_rules! serve {
     ($runtime:expr, $($subject:expr => $target:ident . $method:ident),+ $(,)?) => {$(
         let target = $target.clone();
@@ -127,7 +137,7 @@ macro_rules! serve {
                 $subject,
                 kit::handler(move |ctx, req| {
                     let target = target.clone();
-                    async move { target.$method(ctx, req).await }
+                    async move { target.$method(ctx, req).await.map_err(messages::ErrorBody::from) }
                 }),
             )
             .await?;
@@ -138,10 +148,7 @@ macro_rules! serve {
 /// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`). Every NATS wait on the way out is
 /// bounded too, so it stops even with its server gone. Fails when the registry actor cannot be
 /// kept running.
-pub async fn run(
-    config: SchedulerConfig,
-    shutdown: CancellationToken,
-) -> Result<(), SchedulerError> {
+pub async fn run(config: SchedulerConfig, shutdown: CancellationToken) -> Result<(), RunError> {
     let info = ServiceInfo {
         name: SERVICE_NAME.into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -150,9 +157,8 @@ pub async fn run(
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
     let js = runtime.js.clone();
-    let client = runtime.client.clone();
     let auditor = runtime.auditor.clone();
-    let caller = runtime.caller(Duration::from_secs(30));
+    let mesh = runtime.mesh();
     let instance = &config.kit.instance_id;
     let owner = format!("{SERVICE_NAME}.{instance}");
     let replicas = config.kit.js_replicas;
@@ -184,13 +190,11 @@ pub async fn run(
     };
     let (root, mut root_done) = Actor::spawn(None, Root, root_args)
         .await
-        .map_err(SchedulerError::Actor)?;
-    let registry = handle_rx.await.map_err(|_| SchedulerError::RegistryLost)?;
+        .map_err(RunError::Actor)?;
+    let registry = handle_rx.await.map_err(|_| RunError::RegistryLost)?;
     let background = CancellationToken::new();
     let watch = registry::spawn_watch(nodes, registry.clone(), background.clone());
 
-    let max_queue = config.max_queue;
-    let admission = Arc::new(Semaphore::new(max_queue));
     let placer = Placer::new(
         registry.clone(),
         slots,
@@ -198,28 +202,26 @@ pub async fn run(
         config.placement,
         auditor.clone(),
     );
-    let executor = ExecutorClient::new(caller.clone(), subjects.clone(), auditor.clone());
+    let executor = ExecutorRunner::new(mesh.executors(), auditor.clone());
+    let aio = AioRunner::new(&mesh);
     let bookkeeping = TaskTracker::new();
     let affinity = SessionAffinity::new(
         sessions,
         placer.clone(),
         executor.clone(),
-        caller.clone(),
-        subjects.clone(),
+        &mesh,
         auditor.clone(),
         bookkeeping.clone(),
     );
-    let confirm = ConfirmClient::new(caller.clone(), subjects.clone(), config.confirm_timeout);
-    let aio = AioRunner::new(caller.clone(), subjects.clone(), config.exec_grace);
-    let pipeline = Pipeline::new(
-        config.policy(),
-        caller.clone(),
-        subjects.clone(),
-        results.clone(),
-        claims.clone(),
-        confirm.clone(),
-        parked.clone(),
-        Dispatcher::new(
+    let policy = config.policy();
+    let pipeline = Pipeline {
+        risk: mesh.clone().with_timeout(policy.assess_timeout).risk(),
+        templates: mesh.templates(),
+        results,
+        claims: claims.clone(),
+        confirmations: Confirmations::new(mesh.confirm(), config.confirm_timeout),
+        parked,
+        dispatcher: Dispatcher::new(
             placer,
             executor.clone(),
             affinity.clone(),
@@ -228,32 +230,26 @@ pub async fn run(
             config.template_build_grace,
             config.ephemeral_backend,
         ),
-        auditor.clone(),
-        bookkeeping.clone(),
+        auditor: auditor.clone(),
+        stores: bookkeeping.clone(),
+        policy,
+    };
+    let admission = Admission::new(
+        config.max_queue,
+        TenantSlots::new(
+            config.tenant_max,
+            runtime.quotas.clone(),
+            Arc::new(runtime.peer_counts().await?),
+        ),
     );
     let stopping = CancellationToken::new();
-    let tenants = fairness::TenantSlots::new(
-        config.tenant_max,
-        runtime.quotas.clone(),
-        Arc::new(runtime.peer_counts().await?),
-    );
-    let intake = Intake::new(
-        pipeline.clone(),
-        (admission.clone(), max_queue, tenants.clone()),
-        results.clone(),
-        claims.clone(),
-        parked.clone(),
-        client.clone(),
-        subjects.clone(),
-        stopping.clone(),
-    );
+    let intake = Intake::new(pipeline.clone(), admission.clone(), &mesh, stopping.clone());
     // The jobs stream exists before anything answers: a client that saw the scheduler answer
     // may publish a job at once.
     let jobs = Jobs::new(
         pipeline.clone(),
-        results,
         subjects.clone(),
-        (admission.clone(), tenants.clone()),
+        admission.clone(),
         config.job_settings(),
     );
     let consumer = jobs.consumer(&js, &subjects, replicas).await?;
@@ -264,8 +260,7 @@ pub async fn run(
     let tests = TestRuns::new(
         intake.clone(),
         sessions.clone(),
-        caller.clone(),
-        subjects.clone(),
+        mesh.clone(),
         config.policy().ceilings,
     );
 
@@ -281,13 +276,13 @@ pub async fn run(
         s.sessions(SessionOp::Close) => sessions.close,
     );
     let probe = admission.clone();
-    let held = tenants.clone();
+    let held = admission.tenants.clone();
     runtime
         .start_heartbeat_reporting(
             Arc::new(move || {
-                let in_flight = max_queue - probe.available_permits();
+                let in_flight = probe.in_flight();
                 kit::heartbeat::Load {
-                    capacity: max_queue as u32,
+                    capacity: probe.size as u32,
                     load: in_flight as u32,
                     metrics: [("executions_in_flight".to_string(), in_flight as f64)].into(),
                     ..Default::default()
@@ -299,19 +294,16 @@ pub async fn run(
 
     let resuming = TaskTracker::new();
     let resumer = Resumer::new(
-        pipeline.clone(),
-        parked,
-        confirm,
-        admission.clone(),
-        client,
-        subjects.clone(),
+        pipeline,
+        admission.queue.clone(),
+        &mesh,
         config.parked_sweep,
         resuming.clone(),
     );
     let resumer = resumer
         .start(stopping.clone())
         .await
-        .map_err(SchedulerError::Decisions)?;
+        .map_err(RunError::Decisions)?;
     let jobs_stop = CancellationToken::new();
     let jobs_running = TaskTracker::new();
     let jobs_loop = tokio::spawn(jobs::run(
@@ -324,7 +316,7 @@ pub async fn run(
 
     let outcome = tokio::select! {
         _ = shutdown.cancelled() => Ok(()),
-        _ = &mut root_done => Err(SchedulerError::RegistryLost),
+        _ = &mut root_done => Err(RunError::RegistryLost),
     };
     tracing::info!("scheduler stopping: finishing executions in flight");
     // Parked sync callers are answered now (their executions stay parked), so the endpoint

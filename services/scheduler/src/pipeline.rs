@@ -9,19 +9,20 @@
 
 use std::time::{Duration, Instant};
 
-use kit::{AuditScope, Auditor, Caller};
+use kit::{AuditScope, Auditor};
 use messages::audit::AuditKind;
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing};
 use messages::risk::{AssessRequest, RiskAssessment};
 use messages::validate::{validate_exec, Ceilings};
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::{ErrorBody, ErrorKind, ServiceName};
+use sandmesh_client::{RiskClient, TemplateClient};
 use serde_json::json;
 use tokio_util::task::TaskTracker;
 
 use crate::claims::{ClaimOutcome, Claims, Hold};
-use crate::confirm::{self, ConfirmClient};
+use crate::confirm::{self, Confirmations};
 use crate::dispatch::Dispatcher;
-use crate::error::dependency_error;
+use crate::error::SchedulerError;
 use crate::execution::{mint_id, Execution, Origin, Outcome};
 use crate::parking::{Parked, ParkedState, ParkedStore};
 use crate::results::ResultStore;
@@ -41,20 +42,22 @@ pub struct Policy {
     pub session_lifetime: messages::session::SessionLifetime,
 }
 
+/// Built as a struct literal in [`crate::run`]: every part is a handle of its own.
 #[derive(Clone)]
 pub struct Pipeline {
-    pub(crate) policy: Policy,
-    /// For `risk.assess`.
-    caller: Caller,
-    subjects: Subjects,
-    results: ResultStore,
-    claims: Claims,
-    confirm: ConfirmClient,
-    parked: ParkedStore,
-    dispatcher: Dispatcher,
-    auditor: Auditor,
+    pub policy: Policy,
+    /// Its timeout is [`Policy::assess_timeout`].
+    pub risk: RiskClient,
+    /// Templates an execution names are read before it is validated.
+    pub templates: TemplateClient,
+    pub results: ResultStore,
+    pub claims: Claims,
+    pub confirmations: Confirmations,
+    pub parked: ParkedStore,
+    pub dispatcher: Dispatcher,
+    pub auditor: Auditor,
     /// Stores finishing after their sync caller was answered; the scheduler's stop waits.
-    stores: TaskTracker,
+    pub stores: TaskTracker,
 }
 
 /// What the confirm stage decided.
@@ -69,33 +72,6 @@ enum Confirmed {
 }
 
 impl Pipeline {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        policy: Policy,
-        caller: Caller,
-        subjects: Subjects,
-        results: ResultStore,
-        claims: Claims,
-        confirm: ConfirmClient,
-        parked: ParkedStore,
-        dispatcher: Dispatcher,
-        auditor: Auditor,
-        stores: TaskTracker,
-    ) -> Self {
-        Self {
-            policy,
-            caller,
-            subjects,
-            results,
-            claims,
-            confirm,
-            parked,
-            dispatcher,
-            auditor,
-            stores,
-        }
-    }
-
     fn audit(&self, kind: AuditKind, exec: &Execution, details: serde_json::Value) {
         self.auditor.emit(kind, &exec.scope(), details);
     }
@@ -112,7 +88,7 @@ impl Pipeline {
         let session = match &req.session_id {
             Some(id) => match self.dispatcher.session(id).await {
                 Ok(record) => record,
-                Err(e) => return Outcome::Retry(e),
+                Err(e) => return Outcome::Retry(e.into()),
             },
             None => None,
         };
@@ -122,9 +98,9 @@ impl Pipeline {
         });
         let template = match refused {
             Some(conflict) => Err(conflict),
-            None => match crate::templates::resolve(&self.caller, &self.subjects, &mut req).await {
+            None => match crate::templates::resolve(&self.templates, &mut req).await {
                 Ok(template) => Ok(template),
-                Err(e) if e.kind == ErrorKind::BadRequest => Err(e),
+                Err(e) if e.kind() == ErrorKind::BadRequest => Err(e.into()),
                 Err(e) => return Outcome::Retry(e),
             },
         };
@@ -186,8 +162,8 @@ impl Pipeline {
         exec.timing.assess_ms = Timing::ms(assess_took);
         let risk = match risk {
             Ok(risk) => risk,
-            Err(e) if matches!(e.kind, ErrorKind::BadRequest | ErrorKind::TooLarge) => {
-                let r = exec.refused(ExecStatus::Rejected, Tier::Reject, e);
+            Err(e) if matches!(e.kind(), ErrorKind::BadRequest | ErrorKind::TooLarge) => {
+                let r = exec.refused(ExecStatus::Rejected, Tier::Reject, e.into());
                 return self.store(&exec, r, claim).await;
             }
             Err(e) => {
@@ -324,12 +300,12 @@ impl Pipeline {
 
     /// Asks for a confirmation when the risk requires one. A decision made at once (a policy,
     /// a session grant) is applied here; a pending one parks the execution.
-    async fn confirm_stage(&self, exec: &mut Execution) -> Result<Confirmed, ErrorBody> {
+    async fn confirm_stage(&self, exec: &mut Execution) -> Result<Confirmed, SchedulerError> {
         if !exec.risk.requires_confirmation {
             return Ok(Confirmed::Go);
         }
         let started = Instant::now();
-        let confirmation = self.confirm.request(exec).await?;
+        let confirmation = self.confirmations.request(exec).await?;
         exec.timing.confirm_ms = Timing::ms(started.elapsed());
         if let Some(decision) = confirm::outcome(&confirmation) {
             exec.confirmation = decision;
@@ -361,7 +337,7 @@ impl Pipeline {
     /// resume; look once more now that the entry exists.
     async fn after_parking(&self, parked: Parked) -> Outcome {
         let notice = parked.notice();
-        match self.confirm.get(&parked.confirmation_id).await {
+        match self.confirmations.get(&parked.confirmation_id).await {
             Ok(c) => match confirm::outcome(&c) {
                 Some(decision) => match self.resume(parked, decision).await {
                     // Another instance resumes it: the caller waits for that result.
@@ -452,13 +428,13 @@ impl Pipeline {
         }
         match finish.await {
             Ok(()) => Outcome::Done(result),
-            Err(e) => Outcome::Unstored(result, e.into()),
+            Err(e) => Outcome::Unstored(result, e),
         }
     }
 
     /// The assessor is told whether the code runs under a network policy (its own, or its
     /// session's): then fetching is bounded by the policy, not a risk by itself.
-    async fn assess(&self, exec: &Execution) -> Result<RiskAssessment, ErrorBody> {
+    async fn assess(&self, exec: &Execution) -> Result<RiskAssessment, SchedulerError> {
         let session_network = exec.session.as_ref().is_some_and(|s| s.network.is_some());
         let network = exec.request.network.is_some() || session_network;
         let ask = AssessRequest {
@@ -467,13 +443,9 @@ impl Pipeline {
             params: network.then(|| json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: Some(self.policy.security_mode),
         };
-        self.caller
-            .call_timeout(
-                self.subjects.risk_assess(),
-                &ask,
-                self.policy.assess_timeout,
-            )
+        self.risk
+            .assess(&ask)
             .await
-            .map_err(|e| dependency_error("risk-assessor", e))
+            .map_err(SchedulerError::calling(ServiceName::RiskAssessor))
     }
 }

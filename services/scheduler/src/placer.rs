@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 
-use crate::executor_client::Call;
+use crate::executor_runner::Call;
 use crate::placement::{Decision, NodeView, Requirements, Strategy};
 use crate::registry::{RegistryHandle, RegistryMsg};
 
@@ -71,7 +71,7 @@ impl Placer {
     /// Runs `call` (a run on `node`), ending it as lost as soon as the node's heartbeat is
     /// gone: a run on a node that died has no answer coming, and without this its caller
     /// waited for the whole execution deadline. (A node that only lost its connection may
-    /// still finish the run: `ExecutorClient::run_watched` asks it before the run is lost.)
+    /// still finish the run: `ExecutorRunner::run_watched` asks it before the run is lost.)
     pub async fn unless_gone(&self, node: Option<&str>, call: impl Future<Output = Call>) -> Call {
         let Some(node) = node else {
             return call.await;

@@ -11,18 +11,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kit::CallError;
 use messages::confirm::Confirmation;
 use messages::exec::ConfirmationOutcome;
 use messages::tenancy::scoped;
 use messages::{ErrorBody, ErrorKind, Subjects};
+use sandmesh_client::{ClientError, MeshClient};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::confirm::{self, ConfirmClient};
+use crate::confirm;
+use crate::error::SchedulerError;
 use crate::execution::Outcome;
-use crate::parking::{Parked, ParkedStore};
+use crate::parking::Parked;
 use crate::pipeline::Pipeline;
 
 /// After its expiry, how long a confirmation may stay pending (the confirmation service's own
@@ -33,11 +34,11 @@ const ATTEMPTS: u32 = 5;
 
 #[derive(Clone)]
 pub struct Resumer {
+    /// Its parked store and confirmations are the sweep's too.
     pipeline: Pipeline,
-    parked: ParkedStore,
-    confirm: ConfirmClient,
     /// A resumed execution takes a permit like any other while it runs.
-    admission: Arc<Semaphore>,
+    queue: Arc<Semaphore>,
+    /// For the decisions.
     client: async_nats::Client,
     subjects: Subjects,
     sweep: Duration,
@@ -47,24 +48,18 @@ pub struct Resumer {
 }
 
 impl Resumer {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         pipeline: Pipeline,
-        parked: ParkedStore,
-        confirm: ConfirmClient,
-        admission: Arc<Semaphore>,
-        client: async_nats::Client,
-        subjects: Subjects,
+        queue: Arc<Semaphore>,
+        mesh: &MeshClient,
         sweep: Duration,
         tasks: TaskTracker,
     ) -> Self {
         Self {
             pipeline,
-            parked,
-            confirm,
-            admission,
-            client,
-            subjects,
+            queue,
+            client: mesh.nats().clone(),
+            subjects: mesh.subjects().clone(),
             sweep,
             tasks,
             resuming: Arc::default(),
@@ -125,7 +120,7 @@ impl Resumer {
             Some(tenant) => scoped(tenant, named),
             None => named.clone(),
         };
-        match self.parked.get(execution_id).await {
+        match self.pipeline.parked.get(execution_id).await {
             Ok(Some(parked)) if parked.confirmation_id == c.id => {
                 self.spawn_resume(parked, decision, stop)
             }
@@ -137,7 +132,7 @@ impl Resumer {
 
     /// Looks at every parked execution (`everything`) or at those past their expiry.
     async fn sweep(&self, everything: bool, stop: &CancellationToken) {
-        let all = match self.parked.all().await {
+        let all = match self.pipeline.parked.all().await {
             Ok(all) => all,
             Err(e) => return tracing::warn!(error = %e, "parked executions not listed"),
         };
@@ -154,10 +149,15 @@ impl Resumer {
     /// The decision of a parked execution, if there is one now.
     async fn decision(&self, parked: &Parked, now: u64) -> Option<ConfirmationOutcome> {
         let overdue = now >= parked.expires_at + EXPIRY_GRACE.as_millis() as u64;
-        match self.confirm.get(&parked.confirmation_id).await {
+        match self
+            .pipeline
+            .confirmations
+            .get(&parked.confirmation_id)
+            .await
+        {
             Ok(c) => confirm::outcome(&c)
                 .or_else(|| overdue.then(|| confirm::expired("no decision before it expired"))),
-            Err(CallError::Service(e)) if e.kind == ErrorKind::NotFound => {
+            Err(ClientError::Service { body, .. }) if body.kind == ErrorKind::NotFound => {
                 Some(confirm::expired("the confirmation no longer exists"))
             }
             Err(e) => {
@@ -201,26 +201,28 @@ impl Resumer {
         let id = parked.execution.id.clone();
         let _permit = tokio::select! {
             _ = stop.cancelled() => return,
-            p = self.admission.clone().acquire_owned() => p,
+            p = self.queue.clone().acquire_owned() => p,
         };
-        let mut last = ErrorBody::internal("not attempted");
+        let mut last = None;
         for attempt in 1..=ATTEMPTS {
-            match self.pipeline.resume(parked.clone(), decision.clone()).await {
-                Outcome::Retry(e) | Outcome::Unstored(_, e) => {
-                    tracing::info!(execution_id = %id, attempt, error = %e, "resume will be retried");
-                    last = e;
-                }
-                Outcome::Busy(owner) => {
-                    return tracing::debug!(execution_id = %id, owner, "resumed elsewhere")
-                }
-                _ => return,
-            }
+            let failed: SchedulerError =
+                match self.pipeline.resume(parked.clone(), decision.clone()).await {
+                    Outcome::Retry(e) => e,
+                    Outcome::Unstored(_, e) => e.into(),
+                    Outcome::Busy(owner) => {
+                        return tracing::debug!(execution_id = %id, owner, "resumed elsewhere")
+                    }
+                    _ => return,
+                };
+            tracing::info!(execution_id = %id, attempt, error = %failed, "resume will be retried");
+            last = Some(failed);
             let pause = Duration::from_secs(u64::from(attempt));
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+        let last = last.map(|e| e.to_string()).unwrap_or_default();
         let error = ErrorBody::internal(format!(
             "gave up resuming after {ATTEMPTS} attempts: {last}"
         ));

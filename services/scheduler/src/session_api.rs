@@ -14,14 +14,14 @@ use tokio::sync::mpsc;
 
 use crate::affinity::SessionAffinity;
 use crate::aio::AioRunner;
-use crate::executor_client::ExecutorClient;
+use crate::executor_runner::ExecutorRunner;
 use crate::pipeline::Policy;
 use crate::sessions::{Change, SessionTable};
 
 #[derive(Clone)]
 pub struct SessionApi {
     affinity: SessionAffinity,
-    executor: ExecutorClient,
+    executor: ExecutorRunner,
     /// A closed session's AIO instance is released with it.
     aio: AioRunner,
     auditor: Auditor,
@@ -43,7 +43,7 @@ fn scope(ctx: &RequestContext, id: &str, actor: Option<String>) -> AuditScope {
 impl SessionApi {
     pub fn new(
         affinity: SessionAffinity,
-        executor: ExecutorClient,
+        executor: ExecutorRunner,
         aio: AioRunner,
         auditor: Auditor,
         policy: Policy,

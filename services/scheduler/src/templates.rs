@@ -4,36 +4,28 @@
 //! operator's ceiling). The executor gets only what it needs to pick the image
 //! ([`RunTemplate`]) and the template's filesystem policy ([`Resolved`]).
 
-use kit::{CallError, Caller};
 use messages::exec::{ExecRequest, Limits};
 use messages::filesystem::FilesystemPolicy;
-use messages::subjects::TemplateOp;
-use messages::template::{RunTemplate, Template, TemplateRecord, TemplateRef};
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::template::{RunTemplate, Template};
+use messages::{ErrorBody, ErrorKind, ServiceName};
+use sandmesh_client::{ClientError, TemplateClient};
 
-use crate::error::dependency_error;
+use crate::error::SchedulerError;
 
 /// The template named `name`. An unknown name is the client's mistake (400), not a missing
 /// resource of the call it made.
-pub async fn lookup(
-    caller: &Caller,
-    subjects: &Subjects,
-    name: &str,
-) -> Result<Template, ErrorBody> {
-    let asked = TemplateRef { name: name.into() };
-    match caller
-        .call::<_, TemplateRecord>(subjects.templates(TemplateOp::Get), &asked)
-        .await
-    {
+pub async fn lookup(templates: &TemplateClient, name: &str) -> Result<Template, SchedulerError> {
+    match templates.get(name).await {
         Ok(record) => Ok(record.template),
-        Err(CallError::Service(body)) if body.kind == ErrorKind::NotFound => {
-            Err(ErrorBody::bad_request(format!(
-                "unknown template {name:?}; `sandmesh template list` shows the templates"
-            ))
-            .with_details(serde_json::json!({ "field": "template" })))
+        Err(e) if e.kind() == ErrorKind::NotFound => Err(ErrorBody::bad_request(format!(
+            "unknown template {name:?}; `sandmesh template list` shows the templates"
+        ))
+        .with_details(serde_json::json!({ "field": "template" }))
+        .into()),
+        Err(ClientError::Service { body, .. }) if body.kind == ErrorKind::BadRequest => {
+            Err(body.into())
         }
-        Err(CallError::Service(body)) if body.kind == ErrorKind::BadRequest => Err(body),
-        Err(e) => Err(dependency_error("templates", e)),
+        Err(e) => Err(SchedulerError::calling(ServiceName::Templates)(e)),
     }
 }
 
@@ -48,14 +40,13 @@ pub struct Resolved {
 /// Reads the template `req` names and applies its defaults to `req`. `Ok(None)`: it names
 /// none.
 pub async fn resolve(
-    caller: &Caller,
-    subjects: &Subjects,
+    templates: &TemplateClient,
     req: &mut ExecRequest,
-) -> Result<Option<Resolved>, ErrorBody> {
+) -> Result<Option<Resolved>, SchedulerError> {
     let Some(name) = req.template.clone() else {
         return Ok(None);
     };
-    let template = lookup(caller, subjects, &name).await?;
+    let template = lookup(templates, &name).await?;
     apply(&template, req);
     Ok(Some(Resolved {
         run: RunTemplate {

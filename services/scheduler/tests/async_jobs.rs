@@ -106,7 +106,7 @@ async fn jobs_run_once_each_and_duplicates_are_dropped_by_the_stream() {
     wait_result(&js, again).await;
     let sync_repeat: ExecResult = mesh
         .client
-        .call(
+        .request(
             Subjects::default().exec(),
             &ExecRequest {
                 execution_id: Some(again.into()),
@@ -204,7 +204,7 @@ async fn a_job_waits_for_a_missing_executor_and_gives_up_only_at_its_queue_deadl
     // No executor yet: the job is retried, not lost; lookups say it is unknown or queued.
     submit(&js, "waits", "print(1)").await;
     let seen_pending_or_queued = c
-        .call::<_, ResultLookup>(
+        .request::<_, ResultLookup>(
             Subjects::default().results_get(),
             &ResultGet {
                 wait_ms: None,

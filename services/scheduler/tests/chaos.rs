@@ -50,7 +50,7 @@ async fn accepted_jobs_outlive_a_killed_scheduler_a_30_s_executor_gap_and_a_nats
     let first_node = mesh.docker_nodes().pop().expect("one executor node");
 
     let s = Subjects::default();
-    let js = jetstream::new(mesh.client.client().clone());
+    let js = jetstream::new(mesh.client.nats().clone());
     let mut accepted = BTreeSet::new();
     for j in 0..JOBS_PER_SESSION {
         for session in 0..SESSIONS {

@@ -14,6 +14,7 @@
 //! would measure Docker on this machine instead). The burst is
 //! `SANDMESH_CLUSTER_JOBS` jobs, 2,000 by default (about 50 s on the 2-core machine).
 
+use sandmesh_client::MeshClient;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use crate::common::stored_result;
 use crate::common::NodeStandin;
 use async_nats::jetstream::{self, message::PublishMessage};
 use futures::StreamExt;
-use kit::{Caller, CancellationToken, RetryPolicy};
+use kit::{CancellationToken, RetryPolicy};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmListReply, ConfirmScope, Confirmation};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, TierChoice};
 use messages::heartbeat::Heartbeat;
@@ -91,13 +92,13 @@ async fn results_counts(js: &jetstream::Context) -> (u64, u64) {
     (state.messages, state.last_sequence)
 }
 
-async fn pending(client: &Caller) -> BTreeMap<String, Confirmation> {
+async fn pending(client: &MeshClient) -> BTreeMap<String, Confirmation> {
     let list = ConfirmList {
         limit: Some(1000),
         ..Default::default()
     };
     let reply: ConfirmListReply = client
-        .call(Subjects::default().confirm(ConfirmOp::List), &list)
+        .request(Subjects::default().confirm(ConfirmOp::List), &list)
         .await
         .unwrap();
     reply
@@ -107,19 +108,22 @@ async fn pending(client: &Caller) -> BTreeMap<String, Confirmation> {
         .collect()
 }
 
-async fn run_in_session(client: &Caller, session: &str, n: usize) -> ExecResult {
+async fn run_in_session(client: &MeshClient, session: &str, n: usize) -> ExecResult {
     let req = ExecRequest {
         session_id: Some(session.into()),
         tier: TierChoice::Session,
         ..job(&format!("{session}-run-{n}"), "print('in session')")
     };
-    client.call(Subjects::default().exec(), &req).await.unwrap()
+    client
+        .request(Subjects::default().exec(), &req)
+        .await
+        .unwrap()
 }
 
 /// Every service of the test, in-process, stopped on drop.
 struct Services {
     stop: CancellationToken,
-    scheduler: tokio::task::JoinHandle<Result<(), scheduler::SchedulerError>>,
+    scheduler: tokio::task::JoinHandle<Result<(), scheduler::RunError>>,
     confirmation: tokio::task::JoinHandle<Result<(), confirmation::ConfirmationError>>,
     _standins: Vec<kit::serve::ServiceHost>,
     executors: Vec<NodeStandin>,
@@ -225,7 +229,9 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     let services = start_services(&cluster, &runs).await;
     let nc = test_support::connect(&cluster.url()).await;
     let js = jetstream::new(nc.clone());
-    let client = Caller::new(nc, Duration::from_secs(120)).with_encoding(Encoding::Json);
+    let client = kit::mesh_client(nc, Default::default())
+        .with_timeout(Duration::from_secs(120))
+        .with_encoding(Encoding::Json);
     let s = Subjects::default();
 
     test_support::eventually("the scheduler to answer", HEAL, || {
@@ -233,7 +239,7 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
         async move {
             let list = serde_json::json!({});
             client
-                .call::<_, serde_json::Value>(sessions, &list)
+                .request::<_, serde_json::Value>(sessions, &list)
                 .await
                 .ok()
         }
@@ -272,7 +278,7 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
             ..Default::default()
         };
         let _: SessionRecord = client
-            .call(s.sessions(SessionOp::Open), &open)
+            .request(s.sessions(SessionOp::Open), &open)
             .await
             .unwrap();
         let r = run_in_session(&client, &id, 0).await;
@@ -444,7 +450,7 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
             scope: ConfirmScope::Once,
         };
         let decided: Confirmation = client
-            .call(s.confirm(ConfirmOp::Decide), &decide)
+            .request(s.confirm(ConfirmOp::Decide), &decide)
             .await
             .unwrap();
         assert_eq!(decided.id, waiting[id].id);
@@ -507,7 +513,7 @@ async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_l
     cluster.wait_healthy(HEAL).await;
     // A new execution after all of it.
     let r: ExecResult = client
-        .call(s.exec(), &job("after-all", "print('after')"))
+        .request(s.exec(), &job("after-all", "print('after')"))
         .await
         .unwrap();
     assert_eq!(r.status, ExecStatus::Ok);

@@ -47,7 +47,7 @@ fn req(language: Language, code: &str) -> ExecRequest {
 
 async fn exec(mesh: &Mesh, r: &ExecRequest) -> ExecResult {
     mesh.client
-        .call(Subjects::default().exec(), r)
+        .request(Subjects::default().exec(), r)
         .await
         .unwrap_or_else(|e| panic!("exec {r:?}: {e}"))
 }
@@ -74,7 +74,7 @@ async fn python_javascript_and_shell_run_sync_and_async() {
     }
 
     // Async: accepted by JetStream, read back by id.
-    let js = jetstream::new(mesh.client.client().clone());
+    let js = jetstream::new(mesh.client.nats().clone());
     let mut ids = BTreeMap::new();
     for (language, code, out) in cases {
         let id = messages::new_id();
@@ -97,7 +97,7 @@ async fn python_javascript_and_shell_run_sync_and_async() {
             let (c, id, subject) = (mesh.client.clone(), id.clone(), s.results_get());
             async move {
                 match c
-                    .call::<_, ResultLookup>(
+                    .request::<_, ResultLookup>(
                         subject,
                         &ResultGet {
                             wait_ms: None,
@@ -122,7 +122,7 @@ async fn python_javascript_and_shell_run_sync_and_async() {
     let id = messages::new_id();
     let mut sub = mesh
         .client
-        .client()
+        .nats()
         .subscribe(s.output_any(&id))
         .await
         .unwrap();
@@ -169,7 +169,7 @@ async fn pending_for(mesh: &Mesh, execution_id: &str) -> Confirmation {
         let c = mesh.client.clone();
         let subject = s.confirm(ConfirmOp::List);
         async move {
-            let list: ConfirmListReply = c.call(subject, &ConfirmList::default()).await.ok()?;
+            let list: ConfirmListReply = c.request(subject, &ConfirmList::default()).await.ok()?;
             list.confirmations
                 .into_iter()
                 .find(|c| c.execution_id.as_deref() == Some(execution_id))
@@ -203,13 +203,13 @@ async fn rm_rf_is_rejected_a_deny_policy_denies_and_an_approval_runs() {
     risky.execution_id = Some(id.clone());
     let c = mesh.client.clone();
     let running = tokio::spawn(async move {
-        c.call::<_, ExecResult>(Subjects::default().exec(), &risky)
+        c.request::<_, ExecResult>(Subjects::default().exec(), &risky)
             .await
     });
     let pending = pending_for(&mesh, &id).await;
     let decided: Confirmation = mesh
         .client
-        .call(
+        .request(
             s.confirm(ConfirmOp::Decide),
             &ConfirmDecide {
                 by_account: None,
@@ -238,7 +238,7 @@ async fn rm_rf_is_rejected_a_deny_policy_denies_and_an_approval_runs() {
     // Malformed and hostile input: clear errors, and the mesh keeps serving.
     let raw = mesh
         .client
-        .client()
+        .nats()
         .request(s.exec(), "{\"language\":\"cobol\"".into())
         .await
         .unwrap();
@@ -251,7 +251,7 @@ async fn rm_rf_is_rejected_a_deny_policy_denies_and_an_approval_runs() {
     assert_eq!(code, "400");
     let e = mesh
         .client
-        .call::<_, ExecResult>(s.exec(), &req(Language::Python, &"#".repeat(300 * 1024)))
+        .request::<_, ExecResult>(s.exec(), &req(Language::Python, &"#".repeat(300 * 1024)))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TooLarge);
@@ -267,7 +267,7 @@ async fn rm_rf_is_rejected_a_deny_policy_denies_and_an_approval_runs() {
 
 async fn session_get(mesh: &Mesh, id: &str) -> SessionRecord {
     mesh.client
-        .call(
+        .request(
             Subjects::default().sessions(SessionOp::Get),
             &SessionRef {
                 session_id: id.into(),
@@ -296,7 +296,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
                     Language::Python,
                     &format!("import time\ntime.sleep(1)\nprint({i})"),
                 );
-                c.call::<_, ExecResult>(Subjects::default().exec(), &r)
+                c.request::<_, ExecResult>(Subjects::default().exec(), &r)
                     .await
                     .unwrap()
             })
@@ -314,7 +314,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
     let session = format!("e2e-{}", messages::new_id().to_ascii_lowercase());
     let opened: SessionRecord = mesh
         .client
-        .call(
+        .request(
             s.sessions(SessionOp::Open),
             &SessionOpen {
                 session_id: Some(session.clone()),
@@ -360,7 +360,7 @@ async fn sessions_persist_two_executors_share_load_and_a_dead_node_loses_no_file
 
     let closed: SessionRecord = mesh
         .client
-        .call(
+        .request(
             s.sessions(SessionOp::Close),
             &SessionRef {
                 session_id: session.clone(),
@@ -384,7 +384,7 @@ async fn a_run_on_a_node_that_dies_is_lost_when_its_heartbeat_expires_not_at_its
     let id = messages::new_id();
     let mut output = mesh
         .client
-        .client()
+        .nats()
         .subscribe(s.output_any(&id))
         .await
         .unwrap();
@@ -400,7 +400,7 @@ async fn a_run_on_a_node_that_dies_is_lost_when_its_heartbeat_expires_not_at_its
     let client = mesh.client.clone();
     let running = tokio::spawn(async move {
         client
-            .call::<_, ExecResult>(Subjects::default().exec(), &long)
+            .request::<_, ExecResult>(Subjects::default().exec(), &long)
             .await
     });
     let mut running = running;
@@ -451,7 +451,7 @@ async fn a_killed_scheduler_leaves_every_accepted_job_with_exactly_one_result() 
         .unwrap();
     mesh.wait_ready().await;
 
-    let js = jetstream::new(mesh.client.client().clone());
+    let js = jetstream::new(mesh.client.nats().clone());
     let mut accepted = std::collections::BTreeSet::new();
     for i in 0..12 {
         let id = format!("kill-{i:02}-{}", messages::new_id());

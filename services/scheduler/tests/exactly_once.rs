@@ -98,7 +98,7 @@ async fn a_node_alive_after_its_heartbeat_lapsed_keeps_its_run() {
     let client = mesh.client.clone();
     let running = tokio::spawn(async move {
         client
-            .call::<_, ExecResult>(
+            .request::<_, ExecResult>(
                 Subjects::default().exec(),
                 &request("beat-1", "sleep:3000", 10_000),
             )
@@ -135,7 +135,7 @@ async fn a_node_that_answers_after_its_heartbeat_lapsed_keeps_its_sessions() {
     };
     let _: SessionRecord = mesh
         .client
-        .call(s.sessions(SessionOp::Open), &open)
+        .request(s.sessions(SessionOp::Open), &open)
         .await
         .unwrap();
     let in_session = |n: usize| ExecRequest {
@@ -157,7 +157,7 @@ async fn a_node_that_answers_after_its_heartbeat_lapsed_keeps_its_sessions() {
     let get = serde_json::json!({"session_id": "kept"});
     let record: SessionRecord = mesh
         .client
-        .call(s.sessions(SessionOp::Get), &get)
+        .request(s.sessions(SessionOp::Get), &get)
         .await
         .unwrap();
     assert_eq!(record.state, SessionState::Active, "{record:?}");
@@ -177,10 +177,11 @@ async fn a_node_that_answers_after_its_heartbeat_lapsed_keeps_its_sessions() {
 async fn a_tenant_cannot_ask_a_node_what_happened() {
     let (mesh, _node) = mesh_with_node(&["acme"]).await;
     let acme = crate::common::connect(&mesh.nats.agent_url("acme")).await;
-    let agent = kit::Caller::new(acme.clone(), Duration::from_secs(60))
+    let agent = kit::mesh_client(acme.clone(), Default::default())
+        .with_timeout(Duration::from_secs(60))
         .with_encoding(messages::Encoding::Json);
     let r: ExecResult = agent
-        .call(
+        .request(
             Subjects::default().exec(),
             &request("asked-1", "print('x')", 5_000),
         )

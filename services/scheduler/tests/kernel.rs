@@ -35,7 +35,7 @@ async fn a_risky_cell_parks_for_approval_then_runs_in_the_sessions_kernel() {
     let run = |req: ExecRequest| {
         let c = mesh.client.clone();
         async move {
-            c.call::<_, ExecResult>(Subjects::default().exec(), &req)
+            c.request::<_, ExecResult>(Subjects::default().exec(), &req)
                 .await
         }
     };
@@ -53,7 +53,7 @@ async fn a_risky_cell_parks_for_approval_then_runs_in_the_sessions_kernel() {
         let c = mesh.client.clone();
         let (subject, id) = (s.confirm(ConfirmOp::List), id.clone());
         async move {
-            let list: ConfirmListReply = c.call(subject, &ConfirmList::default()).await.ok()?;
+            let list: ConfirmListReply = c.request(subject, &ConfirmList::default()).await.ok()?;
             list.confirmations
                 .into_iter()
                 .find(|c| c.execution_id.as_deref() == Some(id.as_str()))
@@ -63,7 +63,7 @@ async fn a_risky_cell_parks_for_approval_then_runs_in_the_sessions_kernel() {
     assert!(!running.is_finished(), "parked, not run");
     let _: Confirmation = mesh
         .client
-        .call(
+        .request(
             s.confirm(ConfirmOp::Decide),
             &ConfirmDecide {
                 by_account: None,
@@ -95,7 +95,7 @@ async fn a_risky_cell_parks_for_approval_then_runs_in_the_sessions_kernel() {
     stray.session_id = None;
     let err = mesh
         .client
-        .call::<_, ExecResult>(s.exec(), &stray)
+        .request::<_, ExecResult>(s.exec(), &stray)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("session"), "{err}");

@@ -88,7 +88,7 @@ async fn a_policy_beyond_the_ceiling_or_malformed_is_refused_before_anything_run
             ..Default::default()
         };
         let e = c
-            .call::<_, SessionRecord>(Subjects::default().sessions(SessionOp::Open), &open)
+            .request::<_, SessionRecord>(Subjects::default().sessions(SessionOp::Open), &open)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), kind, "sessions.open: {e}");
@@ -143,7 +143,7 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
         ..Default::default()
     };
     let opened: SessionRecord = c
-        .call(Subjects::default().sessions(SessionOp::Open), &session)
+        .request(Subjects::default().sessions(SessionOp::Open), &session)
         .await
         .unwrap();
     let admitted = policy(serde_json::json!({

@@ -52,7 +52,7 @@ async fn lookup(mesh: &Mesh, id: &str) -> Option<ResultLookup> {
         execution_id: id.into(),
     };
     mesh.client
-        .call(Subjects::default().results_get(), &get)
+        .request(Subjects::default().results_get(), &get)
         .await
         .ok()
 }
@@ -75,7 +75,7 @@ async fn pending(mesh: &Mesh) -> BTreeMap<String, Confirmation> {
     };
     let reply: ConfirmListReply = mesh
         .client
-        .call(Subjects::default().confirm(ConfirmOp::List), &list)
+        .request(Subjects::default().confirm(ConfirmOp::List), &list)
         .await
         .unwrap();
     reply
@@ -96,7 +96,7 @@ async fn decide(mesh: &Mesh, confirmation_id: &str, approve: bool) {
     };
     let _: Confirmation = mesh
         .client
-        .call(Subjects::default().confirm(ConfirmOp::Decide), &decide)
+        .request(Subjects::default().confirm(ConfirmOp::Decide), &decide)
         .await
         .unwrap();
 }
@@ -146,7 +146,7 @@ async fn a_hundred_parked_executions_hold_no_capacity() {
                 let c = mesh.client.clone();
                 let r = req(&format!("ordinary-{wave}-{i}"), "print(1)");
                 tokio::spawn(async move {
-                    c.call::<_, ExecResult>(Subjects::default().exec(), &r)
+                    c.request::<_, ExecResult>(Subjects::default().exec(), &r)
                         .await
                 })
             })
@@ -224,7 +224,7 @@ async fn a_sync_caller_is_told_at_once_that_it_waits_for_a_person() {
         .scheduler(|c| c.max_queue = 1)
         .start()
         .await;
-    let nc = mesh.client.client().clone();
+    let nc = mesh.client.nats().clone();
 
     // Opted in: on the reply subject, a notice first, then the result.
     let inbox = nc.new_inbox();
@@ -271,7 +271,7 @@ async fn a_sync_caller_is_told_at_once_that_it_waits_for_a_person() {
         async move {
             loop {
                 let asked = c
-                    .call::<_, ExecResult>(Subjects::default().exec(), &req("plain", RISKY))
+                    .request::<_, ExecResult>(Subjects::default().exec(), &req("plain", RISKY))
                     .await;
                 match asked {
                     Err(e) if e.kind() == ErrorKind::Overloaded => {

@@ -1,6 +1,7 @@
 //! Sessions and placement over a real nats-server with executor stand-ins: affinity, load
 //! sharing, failover when the node holding a session dies, close.
 
+use sandmesh_client::{ClientError, MeshClient};
 use std::collections::BTreeMap;
 
 use crate::common::docker::session_containers;
@@ -24,12 +25,12 @@ fn in_session(session: &str, code: &str) -> ExecRequest {
     }
 }
 
-async fn exec(c: &kit::Caller, r: &ExecRequest) -> ExecResult {
-    c.call(Subjects::default().exec(), r).await.unwrap()
+async fn exec(c: &MeshClient, r: &ExecRequest) -> ExecResult {
+    c.request(Subjects::default().exec(), r).await.unwrap()
 }
 
-async fn get(c: &kit::Caller, id: &str) -> SessionRecord {
-    c.call(
+async fn get(c: &MeshClient, id: &str) -> SessionRecord {
+    c.request(
         Subjects::default().sessions(SessionOp::Get),
         &SessionRef {
             session_id: id.into(),
@@ -53,7 +54,7 @@ async fn open_get_list_close_and_affinity() {
     let s = Subjects::default();
 
     let opened: SessionRecord = c
-        .call(
+        .request(
             s.sessions(SessionOp::Open),
             &SessionOpen {
                 session_id: Some("s-1".into()),
@@ -84,7 +85,7 @@ async fn open_get_list_close_and_affinity() {
     let r = exec(&c, &in_session("s-implicit", "print(1)")).await;
     assert_eq!(r.status, ExecStatus::Ok);
     let list: SessionListReply = c
-        .call(s.sessions(SessionOp::List), &SessionList::default())
+        .request(s.sessions(SessionOp::List), &SessionList::default())
         .await
         .unwrap();
     let ids: Vec<&str> = list
@@ -95,7 +96,7 @@ async fn open_get_list_close_and_affinity() {
     assert_eq!(ids, ["s-1", "s-implicit"]);
 
     let closed: SessionRecord = c
-        .call(
+        .request(
             s.sessions(SessionOp::Close),
             &SessionRef {
                 session_id: "s-1".into(),
@@ -108,7 +109,7 @@ async fn open_get_list_close_and_affinity() {
     assert_eq!(after.status, ExecStatus::Rejected);
     assert_eq!(after.error.unwrap().kind, ErrorKind::Conflict);
     let reopen = c
-        .call::<_, SessionRecord>(
+        .request::<_, SessionRecord>(
             s.sessions(SessionOp::Open),
             &SessionOpen {
                 session_id: Some("s-1".into()),
@@ -119,7 +120,7 @@ async fn open_get_list_close_and_affinity() {
         .unwrap_err();
     assert_eq!(reopen.kind(), ErrorKind::Conflict);
     let missing = c
-        .call::<_, SessionRecord>(
+        .request::<_, SessionRecord>(
             s.sessions(SessionOp::Get),
             &SessionRef {
                 session_id: "nope".into(),
@@ -131,7 +132,7 @@ async fn open_get_list_close_and_affinity() {
     mesh.shutdown().await;
 }
 
-async fn futures_nodes(c: &kit::Caller, session: &str, n: usize) -> Vec<String> {
+async fn futures_nodes(c: &MeshClient, session: &str, n: usize) -> Vec<String> {
     let mut nodes = Vec::new();
     for i in 0..n {
         let r = exec(c, &in_session(session, &format!("print({i})"))).await;
@@ -283,14 +284,14 @@ fn shell(session: &str, code: &str) -> ExecRequest {
     }
 }
 
-async fn open(c: &kit::Caller, open: &SessionOpen) -> Result<SessionRecord, kit::CallError> {
-    c.call(Subjects::default().sessions(SessionOp::Open), open)
+async fn open(c: &MeshClient, open: &SessionOpen) -> Result<SessionRecord, ClientError> {
+    c.request(Subjects::default().sessions(SessionOp::Open), open)
         .await
 }
 
-fn refused(e: kit::CallError) -> messages::ErrorBody {
+fn refused(e: ClientError) -> messages::ErrorBody {
     match e {
-        kit::CallError::Service(body) => body,
+        ClientError::Service { body, .. } => body,
         other => panic!("expected a service error, got {other}"),
     }
 }
@@ -434,7 +435,7 @@ async fn a_sessions_configuration_reaches_its_runs_until_its_ttl_closes_it() {
     let gone = eventually("the closed session's record to be removed", || {
         let c = c.clone();
         async move {
-            c.call::<_, SessionRecord>(
+            c.request::<_, SessionRecord>(
                 Subjects::default().sessions(SessionOp::Get),
                 &SessionRef {
                     session_id: "short".into(),
@@ -575,7 +576,7 @@ async fn hostile_session_settings_are_refused_clearly() {
         let mut body = body;
         body["session_id"] = serde_json::json!(format!("hostile-{i}"));
         let e = c
-            .call::<_, SessionRecord>(subject.clone(), &body)
+            .request::<_, SessionRecord>(subject.clone(), &body)
             .await
             .map(|r| panic!("{body} opened {r:?}"))
             .unwrap_err();
@@ -584,7 +585,7 @@ async fn hostile_session_settings_are_refused_clearly() {
         assert!(e.message.contains(names), "{body}: {e:?}");
     }
     let list: SessionListReply = c
-        .call(
+        .request(
             Subjects::default().sessions(SessionOp::List),
             &SessionList::default(),
         )

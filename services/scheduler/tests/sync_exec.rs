@@ -1,5 +1,6 @@
 //! Sync exec over a real nats-server, with small real stand-ins for the other services.
 
+use sandmesh_client::{ClientError, MeshClient};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -19,16 +20,16 @@ fn req(language: Language, code: &str) -> ExecRequest {
     }
 }
 
-async fn exec(c: &kit::Caller, r: &ExecRequest) -> Result<ExecResult, kit::CallError> {
-    c.call(Subjects::default().exec(), r).await
+async fn exec(c: &MeshClient, r: &ExecRequest) -> Result<ExecResult, ClientError> {
+    c.request(Subjects::default().exec(), r).await
 }
 
-async fn look_up(c: &kit::Caller, id: &str) -> Result<ResultLookup, kit::CallError> {
+async fn look_up(c: &MeshClient, id: &str) -> Result<ResultLookup, ClientError> {
     let get = ResultGet {
         wait_ms: None,
         execution_id: id.into(),
     };
-    c.call(Subjects::default().results_get(), &get).await
+    c.request(Subjects::default().results_get(), &get).await
 }
 
 #[tokio::test]
@@ -112,7 +113,7 @@ async fn a_request_without_an_id_runs_unclaimed_and_is_stored() {
 
     let lookup = look_up(&c, &id).await.unwrap();
     assert!(matches!(lookup, ResultLookup::Done { result } if *result == done));
-    let js = async_nats::jetstream::new(c.client().clone());
+    let js = async_nats::jetstream::new(c.nats().clone());
     let claims = js
         .get_key_value(Subjects::default().exec_claims_bucket())
         .await
@@ -144,7 +145,7 @@ async fn a_result_stored_just_after_its_look_up_began_is_found() {
     };
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(messages::codec::CONTENT_TYPE, messages::codec::JSON);
-    let js = async_nats::jetstream::new(c.client().clone());
+    let js = async_nats::jetstream::new(c.nats().clone());
     let payload = serde_json::to_vec(&result).unwrap();
     js.publish_with_headers(
         Subjects::default().result("late-1"),
@@ -254,7 +255,7 @@ async fn hostile_and_malformed_requests_get_clear_errors_and_the_mesh_keeps_serv
         .start()
         .await;
     let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
-    let nc = c.client().clone();
+    let nc = c.nats().clone();
     let s = Subjects::default();
 
     let raw = |payload: &'static [u8]| {

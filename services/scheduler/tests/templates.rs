@@ -3,6 +3,7 @@
 //! built on its first use (content-addressed: a later run, or another test binary, finds it),
 //! its packages installed at build time, so code imports them in a sandbox without network.
 
+use sandmesh_client::ClientError;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ const BUILD_WAIT: Duration = Duration::from_secs(900);
 async fn exec(mesh: &Mesh, r: &ExecRequest) -> ExecResult {
     let result: ExecResult = mesh
         .client
-        .call_timeout(Subjects::default().exec(), r, BUILD_WAIT)
+        .request_timeout(Subjects::default().exec(), r, BUILD_WAIT)
         .await
         .unwrap_or_else(|e| panic!("exec {r:?}: {e}"));
     assert_eq!(result.status, ExecStatus::Ok, "{result:#?}");
@@ -120,7 +121,7 @@ async fn templates_run_in_their_own_images_without_network_and_warm_from_the_sec
         ..Default::default()
     };
     let subject = Subjects::default().sessions(SessionOp::Open);
-    let record: SessionRecord = mesh.client.call(subject, &open).await.unwrap();
+    let record: SessionRecord = mesh.client.request(subject, &open).await.unwrap();
     assert_eq!(record.template.as_deref(), Some("python-data"));
     let in_session = ExecRequest {
         session_id: Some("analysis".into()),
@@ -157,7 +158,9 @@ async fn an_unknown_template_is_a_clear_bad_request() {
         .await;
     let err = eventually("the templates service", || async {
         match mesh.exec(&in_template("no-such", "print(1)")).await {
-            Err(kit::CallError::Service(body)) if body.kind == ErrorKind::BadRequest => Some(body),
+            Err(ClientError::Service { body, .. }) if body.kind == ErrorKind::BadRequest => {
+                Some(body)
+            }
             _ => None,
         }
     })
@@ -173,9 +176,12 @@ async fn an_unknown_template_is_a_clear_bad_request() {
         ..Default::default()
     };
     let subject = Subjects::default().sessions(SessionOp::Open);
-    let refused = mesh.client.call::<_, SessionRecord>(subject, &open).await;
+    let refused = mesh
+        .client
+        .request::<_, SessionRecord>(subject, &open)
+        .await;
     assert!(
-        matches!(&refused, Err(kit::CallError::Service(b)) if b.kind == ErrorKind::BadRequest),
+        matches!(&refused, Err(ClientError::Service { body: b, .. }) if b.kind == ErrorKind::BadRequest),
         "{refused:?}"
     );
     assert!(mesh.runs.lock().unwrap().is_empty(), "nothing ran");

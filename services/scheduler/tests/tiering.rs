@@ -3,6 +3,7 @@
 //! a session goes to the bwrap node; everything else runs in Docker as before; and
 //! `SANDMESH_EPHEMERAL_BACKEND` decides.
 
+use sandmesh_client::ClientError;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -45,8 +46,8 @@ async fn start_bwrap(mesh: &Mesh) -> (String, kit::CancellationToken) {
         let subject = subject.clone();
         let probe = probe.clone();
         async move {
-            match mesh.client.call::<_, ExecResult>(subject, &probe).await {
-                Err(kit::CallError::Service(_)) => Some(()),
+            match mesh.client.request::<_, ExecResult>(subject, &probe).await {
+                Err(ClientError::Service { body: _, .. }) => Some(()),
                 _ => None,
             }
         }
@@ -167,7 +168,7 @@ async fn the_ephemeral_backend_setting_decides() {
         .start()
         .await;
     match mesh.exec(&req("print(1)", TierChoice::Auto)).await {
-        Err(kit::CallError::Service(e)) => {
+        Err(ClientError::Service { body: e, .. }) => {
             assert_eq!(e.kind, ErrorKind::Unavailable, "{e:?}");
             assert!(e.message.contains("bwrap"), "{e:?}");
         }

@@ -3,10 +3,11 @@
 //! on it (endpoints, heartbeat, NATS connection), its containers stay behind and its heartbeat
 //! key expires.
 
+use sandmesh_client::MeshClient;
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
 
-use kit::{Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::executor::ExecutorClose;
 use messages::subjects::ExecutorOp;
 use messages::Subjects;
@@ -54,7 +55,7 @@ impl Nodes {
     }
 
     /// Starts a node `e2e-<tag>-<unique>` and waits until it answers; returns its id.
-    pub async fn start(&mut self, url: &str, client: &Caller, tag: &str) -> String {
+    pub async fn start(&mut self, url: &str, client: &MeshClient, tag: &str) -> String {
         let image = image().await;
         let node = format!("e2e-{tag}-{}", messages::new_id().to_ascii_lowercase());
         let env: HashMap<String, String> = [
@@ -99,7 +100,7 @@ impl Nodes {
                     session_id: "readiness".into(),
                 };
                 client
-                    .call::<_, serde_json::Value>(subject, &probe)
+                    .request::<_, serde_json::Value>(subject, &probe)
                     .await
                     .ok()
             }

@@ -12,6 +12,7 @@ pub mod docker;
 pub mod fakes;
 pub mod node_standin;
 
+use sandmesh_client::{ClientError, MeshClient};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use crate::NatsServer;
 use async_nats::jetstream;
 use kit::serve::ServiceHost;
-use kit::{CallError, Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::confirm::ConfirmRequest;
 use messages::exec::{ExecRequest, ExecResult};
 use messages::tenancy::Tenant;
@@ -174,7 +175,9 @@ impl MeshBuilder {
         let url = nats.url();
         let nc = connect(&url).await;
         let mut mesh = Mesh {
-            client: Caller::new(nc.clone(), Duration::from_secs(120)).with_encoding(Encoding::Json),
+            client: kit::mesh_client(nc.clone(), Default::default())
+                .with_timeout(Duration::from_secs(120))
+                .with_encoding(Encoding::Json),
             js: jetstream::new(nc),
             nats,
             url,
@@ -250,7 +253,7 @@ pub struct Mesh {
     pub nats: NatsServer,
     pub url: String,
     /// A JSON client, as a user's program would be.
-    pub client: Caller,
+    pub client: MeshClient,
     pub js: jetstream::Context,
     /// Every run the executor stand-ins took.
     pub runs: Runs,
@@ -382,8 +385,8 @@ impl Mesh {
         self.docker.crash(node).await;
     }
 
-    pub async fn exec(&self, r: &ExecRequest) -> Result<ExecResult, CallError> {
-        self.client.call(Subjects::default().exec(), r).await
+    pub async fn exec(&self, r: &ExecRequest) -> Result<ExecResult, ClientError> {
+        self.client.request(Subjects::default().exec(), r).await
     }
 
     /// Waits until the scheduler answers.
@@ -394,7 +397,7 @@ impl Mesh {
             let (client, subject) = (client.clone(), subject.clone());
             async move {
                 client
-                    .call::<_, serde_json::Value>(subject, &serde_json::json!({}))
+                    .request::<_, serde_json::Value>(subject, &serde_json::json!({}))
                     .await
                     .ok()
             }
@@ -414,7 +417,7 @@ impl Mesh {
                     mode: None,
                 };
                 client
-                    .call::<_, serde_json::Value>(Subjects::default().risk_assess(), &ask)
+                    .request::<_, serde_json::Value>(Subjects::default().risk_assess(), &ask)
                     .await
                     .ok()
             }

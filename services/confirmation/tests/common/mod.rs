@@ -1,13 +1,14 @@
 //! Test harness: confirmation instances running `run` in-process against a real nats-server,
 //! a JSON caller, and bounded waits for events and readiness.
 
+use sandmesh_client::{ClientError, MeshClient};
 use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use confirmation::{ConfirmationConfig, ConfirmationError, PolicyConfig};
 use futures::StreamExt;
-use kit::{CallError, Caller, CancellationToken};
+use kit::CancellationToken;
 use messages::confirm::{ConfirmDecide, ConfirmGet, ConfirmRequest, ConfirmScope, Confirmation};
 use messages::risk::{Finding, RiskAssessment, RiskLevel};
 use messages::subjects::ConfirmOp;
@@ -97,8 +98,10 @@ impl Instance {
     }
 }
 
-pub fn caller(client: &async_nats::Client) -> Caller {
-    Caller::new(client.clone(), Duration::from_secs(30)).with_encoding(Encoding::Json)
+pub fn caller(client: &async_nats::Client) -> MeshClient {
+    kit::mesh_client(client.clone(), Default::default())
+        .with_timeout(Duration::from_secs(30))
+        .with_encoding(Encoding::Json)
 }
 
 /// A subscription to every confirmation event, in place before the test asks anything.
@@ -151,12 +154,12 @@ pub fn request(session: Option<&str>, rules: &[&str], wait: bool) -> ConfirmRequ
     }
 }
 
-pub async fn ask(c: &Caller, req: &ConfirmRequest) -> Result<Confirmation, CallError> {
-    c.call(subjects().confirm(ConfirmOp::Request), req).await
+pub async fn ask(c: &MeshClient, req: &ConfirmRequest) -> Result<Confirmation, ClientError> {
+    c.request(subjects().confirm(ConfirmOp::Request), req).await
 }
 
-pub async fn get(c: &Caller, id: &str) -> Result<Confirmation, CallError> {
-    c.call(
+pub async fn get(c: &MeshClient, id: &str) -> Result<Confirmation, ClientError> {
+    c.request(
         subjects().confirm(ConfirmOp::Get),
         &ConfirmGet { id: id.to_string() },
     )
@@ -174,15 +177,15 @@ pub fn decision(id: &str, approve: bool, by: &str, scope: ConfirmScope) -> Confi
     }
 }
 
-pub async fn decide(c: &Caller, d: &ConfirmDecide) -> Result<Confirmation, CallError> {
-    c.call(subjects().confirm(ConfirmOp::Decide), d).await
+pub async fn decide(c: &MeshClient, d: &ConfirmDecide) -> Result<Confirmation, ClientError> {
+    c.request(subjects().confirm(ConfirmOp::Decide), d).await
 }
 
 /// Asks with `wait` in the background (the reply arrives when the decision does).
 pub fn ask_in_background(
-    c: &Caller,
+    c: &MeshClient,
     req: ConfirmRequest,
-) -> JoinHandle<Result<Confirmation, CallError>> {
+) -> JoinHandle<Result<Confirmation, ClientError>> {
     let c = c.clone();
     tokio::spawn(async move { ask(&c, &req).await })
 }

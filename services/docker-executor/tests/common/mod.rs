@@ -130,7 +130,7 @@ impl DockerRuns for Harness {
         };
         let ack: messages::workspace::Ack = self
             .caller
-            .call(self.node_subject(ExecutorOp::Close), &req)
+            .request(self.node_subject(ExecutorOp::Close), &req)
             .await
             .expect("close");
         ack.ok

@@ -13,16 +13,17 @@ pub mod junit;
 pub mod report;
 pub mod runner;
 
-use kit::{Caller, RequestContext};
+use kit::RequestContext;
 use messages::exec::ExecResult;
 use messages::session::SessionRef;
 use messages::subjects::WorkspaceOp;
 use messages::testrun::{TestCase, TestReport, TestRequest, MAX_REPORT_BYTES};
 use messages::validate::Ceilings;
 use messages::workspace::{WsFile, WsRead};
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::{ErrorBody, ErrorKind, ServiceName};
+use sandmesh_client::MeshClient;
 
-use crate::error::dependency_error;
+use crate::error::SchedulerError;
 use crate::intake::Intake;
 use crate::session_api::SessionApi;
 
@@ -31,26 +32,18 @@ pub struct TestRuns {
     intake: Intake,
     sessions: SessionApi,
     /// For `workspace.read` of the report.
-    caller: Caller,
-    subjects: Subjects,
+    mesh: MeshClient,
     /// For the test-particular checks and the run's timeout; the execution is checked again
     /// as any is.
     ceilings: Ceilings,
 }
 
 impl TestRuns {
-    pub fn new(
-        intake: Intake,
-        sessions: SessionApi,
-        caller: Caller,
-        subjects: Subjects,
-        ceilings: Ceilings,
-    ) -> Self {
+    pub fn new(intake: Intake, sessions: SessionApi, mesh: MeshClient, ceilings: Ceilings) -> Self {
         Self {
             intake,
             sessions,
-            caller,
-            subjects,
+            mesh,
             ceilings,
         }
     }
@@ -133,11 +126,10 @@ impl TestRuns {
             length: Some(MAX_REPORT_BYTES),
             encoding: None,
         };
-        let file: WsFile = match self
-            .caller
-            .call(self.subjects.workspace(WorkspaceOp::Read), &read)
-            .await
-        {
+        // The plain request, not `WorkspaceClient::read`: a report larger than the bound is
+        // refused, not fetched whole.
+        let subject = self.mesh.subjects().workspace(WorkspaceOp::Read);
+        let file: WsFile = match self.mesh.request(subject, &read).await {
             Ok(file) => file,
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 return Err(ErrorBody::not_found(
@@ -145,7 +137,7 @@ impl TestRuns {
                      before writing it (see stdout and stderr)",
                 ))
             }
-            Err(e) => return Err(dependency_error("workspace-store", e)),
+            Err(e) => return Err(SchedulerError::calling(ServiceName::WorkspaceStore)(e).into()),
         };
         if file.size > MAX_REPORT_BYTES || file.object.is_some() {
             return Err(junit::JunitError::TooLarge { size: file.size }.into());

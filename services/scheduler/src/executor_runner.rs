@@ -1,8 +1,9 @@
-//! `ExecutorClient`: one call to a docker executor (`executor.docker.<node>.run`, or the
-//! `executor.docker.run` queue group) and the classification of its reply into a [`Call`];
-//! [`settle`] turns that into the result with the scheduler's fields overlaid.
+//! `ExecutorRunner`: the scheduler's policy on top of the client's [`ExecutorClient`] — one run
+//! on an executor node (`executor.<backend>.<node>.run`, or the backend's queue group), retried
+//! while the node is full, and the classification of its reply into a [`Call`]; [`settle`]
+//! turns that into the result with the scheduler's fields overlaid.
 //!
-//! Exactly once across a lost reply ([`ExecutorClient::run_watched`]): core request-reply is
+//! Exactly once across a lost reply ([`ExecutorRunner::run_watched`]): core request-reply is
 //! at-most-once, so a run whose reply never came (a NATS server died between node and
 //! scheduler) or whose node's heartbeat lapsed is not called lost on a guess. The node is
 //! asked what happened (`executor.<backend>.<node>.status`): *finished* → its kept answer;
@@ -13,12 +14,12 @@
 
 use std::time::{Duration, Instant};
 
-use kit::{AuditScope, Auditor, CallError, Caller};
+use kit::{AuditScope, Auditor};
 use messages::audit::AuditKind;
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::{Backend, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
-use messages::subjects::ExecutorOp;
-use messages::{ErrorBody, ErrorKind, Subjects};
+use messages::{ErrorBody, ErrorKind};
+use sandmesh_client::{ClientError, ExecutorClient};
 use serde_json::json;
 
 use crate::execution::terminal;
@@ -44,7 +45,7 @@ enum Unanswered {
     Silent {
         node: String,
         #[source]
-        last: CallError,
+        last: ClientError,
     },
 }
 
@@ -63,19 +64,14 @@ pub enum Call {
 }
 
 #[derive(Clone)]
-pub struct ExecutorClient {
-    caller: Caller,
-    subjects: Subjects,
+pub struct ExecutorRunner {
+    executors: ExecutorClient,
     auditor: Auditor,
 }
 
-impl ExecutorClient {
-    pub fn new(caller: Caller, subjects: Subjects, auditor: Auditor) -> Self {
-        Self {
-            caller,
-            subjects,
-            auditor,
-        }
+impl ExecutorRunner {
+    pub fn new(executors: ExecutorClient, auditor: Auditor) -> Self {
+        Self { executors, auditor }
     }
 
     /// Runs `run` on `node` of `backend` (that backend's queue group when `None`), giving it
@@ -117,18 +113,15 @@ impl ExecutorClient {
     /// Whether `node` of `backend` answers at all (its status subject, for an id nobody
     /// uses): a node whose heartbeat lapsed in a NATS failover is alive if it does.
     pub async fn answers(&self, backend: Backend, node: &str) -> bool {
-        let subject = self
-            .subjects
-            .executor_node_on(backend, node, ExecutorOp::Status);
         let probe = ExecutorStatusQuery {
             execution_id: "liveness-probe".into(),
             tenant: None,
         };
         let asked = self
-            .caller
-            .call_timeout::<_, ExecutorRunStatus>(subject, &probe, STATUS_TIMEOUT)
+            .executors
+            .status(backend, node, &probe, STATUS_TIMEOUT)
             .await;
-        matches!(asked, Ok(_) | Err(CallError::Service(_)))
+        matches!(asked, Ok(_) | Err(ClientError::Service { .. }))
     }
 
     /// One call of `run` (retried while the node is full), classified.
@@ -139,12 +132,6 @@ impl ExecutorClient {
         run: &ExecutorRun,
         deadline: Duration,
     ) -> Call {
-        let subject = match node {
-            Some(node) => self
-                .subjects
-                .executor_node_on(backend, node, ExecutorOp::Run),
-            None => self.subjects.executor_run_on(backend),
-        };
         let started = Instant::now();
         // Each attempt gets the whole execution budget, since an executor that takes the work
         // needs all of it. (Giving the last attempt only what was left of the wait made a run
@@ -152,14 +139,10 @@ impl ExecutorClient {
         let give_up = started + deadline;
         let mut backoff = FIRST_BACKOFF;
         let reply = loop {
-            let reply = self
-                .caller
-                .call_timeout::<_, ExecResult>(subject.clone(), run, deadline)
-                .await;
+            let reply = self.executors.run(backend, node, run, deadline).await;
             // A full executor refused before running anything (another scheduler filled it
             // since its last heartbeat): back off rather than fail work already admitted.
-            let full =
-                matches!(&reply, Err(CallError::Service(e)) if e.kind == ErrorKind::Overloaded);
+            let full = matches!(&reply, Err(e @ ClientError::Service { .. }) if e.kind() == ErrorKind::Overloaded);
             if !full || Instant::now() + backoff >= give_up {
                 break reply;
             }
@@ -170,25 +153,14 @@ impl ExecutorClient {
     }
 
     /// Asks `node` to close `session_id`'s container. A node that is gone closed it already.
-    pub async fn close_session(&self, node: &str, session_id: &str) -> Result<(), CallError> {
-        let close = messages::executor::ExecutorClose {
-            session_id: session_id.to_string(),
-        };
-        let subject = self.subjects.executor_node(node, ExecutorOp::Close);
-        match self
-            .caller
-            .call::<_, serde::de::IgnoredAny>(subject, &close)
-            .await
-        {
-            Ok(_) | Err(CallError::NoResponders(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+    pub async fn close_session(&self, node: &str, session_id: &str) -> Result<(), ClientError> {
+        self.executors.close_session(node, session_id).await
     }
 }
 
 /// A run on a known node whose reply did not come, being recovered.
 struct LostRun<'a> {
-    client: &'a ExecutorClient,
+    client: &'a ExecutorRunner,
     placer: &'a Placer,
     backend: Backend,
     node: &'a str,
@@ -229,18 +201,14 @@ impl LostRun<'_> {
     /// nothing answers for the node and its heartbeat is gone, or the run's budget ran out.
     async fn status(&self) -> Result<ExecutorRunStatus, Unanswered> {
         let node = self.node;
-        let subject = self
-            .client
-            .subjects
-            .executor_node_on(self.backend, node, ExecutorOp::Status);
         let query = ExecutorStatusQuery::of(self.run);
         let give_up = Instant::now() + self.deadline;
         let mut backoff = STATUS_BACKOFF;
         loop {
             let asked = self
                 .client
-                .caller
-                .call_timeout::<_, ExecutorRunStatus>(subject.clone(), &query, STATUS_TIMEOUT)
+                .executors
+                .status(self.backend, node, &query, STATUS_TIMEOUT)
                 .await;
             let e = match asked {
                 Ok(status) => return Ok(status),
@@ -248,7 +216,7 @@ impl LostRun<'_> {
             };
             // A node the registry still knows may be reconnecting: ask again. (A failed
             // look-up is no proof of death either.)
-            if matches!(e, CallError::NoResponders(_))
+            if matches!(e, ClientError::NoResponders { .. })
                 && matches!(self.placer.is_alive(node).await, Ok(false))
             {
                 return Err(Unanswered::Gone(node.to_string()));
@@ -274,12 +242,15 @@ fn settled_by(status: ExecutorRunStatus, node: &str, why: &str) -> Option<Call> 
         RunState::Finished => {
             let answer = match (status.result, status.error) {
                 (Some(result), _) => Ok(*result),
-                (None, Some(error)) => Err(CallError::Service(error)),
-                (None, None) => Err(CallError::Service(ErrorBody::internal(
+                (None, Some(body)) => Err(body),
+                (None, None) => Err(ErrorBody::internal(
                     "the node said the run finished but gave no answer",
-                ))),
+                )),
             };
-            Some(classify(answer, Instant::now()))
+            Some(match answer {
+                Ok(result) => done(result, Instant::now()),
+                Err(body) => refused(body),
+            })
         }
         RunState::Forgotten => Some(Call::Lost(format!(
             "{why}; it ran on node {node}, which no longer keeps its result"
@@ -287,31 +258,40 @@ fn settled_by(status: ExecutorRunStatus, node: &str, why: &str) -> Option<Call> 
     }
 }
 
-fn classify(reply: Result<ExecResult, CallError>, started: Instant) -> Call {
+fn classify(reply: Result<ExecResult, ClientError>, started: Instant) -> Call {
     match reply {
-        Ok(mut result) => {
-            if result.timing.exec_ms == 0 {
-                result.timing.exec_ms = messages::exec::Timing::ms(started.elapsed());
-            }
-            Call::Done(Box::new(result))
-        }
-        Err(CallError::NoResponders(_)) => Call::NoResponders,
-        Err(CallError::TimedOut { timeout, .. }) => {
+        Ok(result) => done(result, started),
+        Err(ClientError::NoResponders { .. }) => Call::NoResponders,
+        Err(ClientError::TimedOut { timeout, .. }) => {
             Call::Lost(format!("the executor did not answer within {timeout:?}"))
         }
-        Err(CallError::Transport { message, .. }) => Call::Transient(ErrorBody::unavailable(
-            format!("executor call failed: {message}"),
-        )),
-        Err(CallError::Service(body)) => match body.kind {
-            ErrorKind::Overloaded | ErrorKind::Unavailable => Call::Transient(body),
-            ErrorKind::BadRequest | ErrorKind::TooLarge | ErrorKind::Denied => {
-                Call::Failed(ExecStatus::Rejected, body)
-            }
-            _ => Call::Failed(ExecStatus::Internal, body),
-        },
-        Err(e @ CallError::Decode { .. }) => {
-            Call::Failed(ExecStatus::Internal, ErrorBody::internal(e.to_string()))
+        Err(e @ ClientError::Transport { .. }) => Call::Transient(ErrorBody::unavailable(format!(
+            "executor call failed: {}",
+            kit::error_chain(&e)
+        ))),
+        Err(ClientError::Service { body, .. }) => refused(body),
+        Err(e @ (ClientError::Codec { .. } | ClientError::Protocol { .. })) => Call::Failed(
+            ExecStatus::Internal,
+            ErrorBody::internal(kit::error_chain(&e)),
+        ),
+    }
+}
+
+fn done(mut result: ExecResult, started: Instant) -> Call {
+    if result.timing.exec_ms == 0 {
+        result.timing.exec_ms = messages::exec::Timing::ms(started.elapsed());
+    }
+    Call::Done(Box::new(result))
+}
+
+/// An executor's refusal: worth another try later, or final.
+fn refused(body: ErrorBody) -> Call {
+    match body.kind {
+        ErrorKind::Overloaded | ErrorKind::Unavailable => Call::Transient(body),
+        ErrorKind::BadRequest | ErrorKind::TooLarge | ErrorKind::Denied => {
+            Call::Failed(ExecStatus::Rejected, body)
         }
+        _ => Call::Failed(ExecStatus::Internal, body),
     }
 }
 
