@@ -34,6 +34,7 @@
 
 pub mod audience;
 pub mod config;
+pub mod error;
 pub mod listing;
 pub mod policy;
 pub mod registry;

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use messages::confirm::{ConfirmList, ConfirmListReply, ConfirmState, Confirmation};
-use messages::ErrorBody;
+use messages::validate::ValidationError;
 use tokio::time::Instant;
 
 use crate::audience::Audience;
 use crate::registry::Reply;
-use crate::store::ConfirmationStore;
+use crate::store::{ConfirmationStore, StoreError};
 
 pub const DEFAULT_LIMIT: u32 = 100;
 pub const MAX_LIMIT: u32 = 1000;
@@ -18,15 +18,16 @@ pub const MAX_LIMIT: u32 = 1000;
 /// answered anyway.
 pub const BARRIER: Duration = Duration::from_secs(2);
 
-pub fn check(list: &ConfirmList) -> Result<(), ErrorBody> {
+pub fn check(list: &ConfirmList) -> Result<(), ValidationError> {
     if let Some(session) = &list.session_id {
         crate::validate::id("session_id", session)?;
     }
     if let Some(limit) = list.limit {
         if limit == 0 || limit > MAX_LIMIT {
-            return Err(ErrorBody::bad_request(format!(
-                "limit: must be 1..={MAX_LIMIT} (got {limit})"
-            )));
+            return Err(ValidationError::invalid(
+                "limit",
+                format!("must be 1..={MAX_LIMIT} (got {limit})"),
+            ));
         }
     }
     Ok(())
@@ -67,7 +68,10 @@ pub fn from_replica(pending: &HashMap<String, Confirmation>, query: &Query) -> C
 }
 
 /// Decided ones matching `list`, newest first, read from the bucket.
-pub async fn scan(store: &ConfirmationStore, query: &Query) -> Result<ConfirmListReply, ErrorBody> {
+pub async fn scan(
+    store: &ConfirmationStore,
+    query: &Query,
+) -> Result<ConfirmListReply, StoreError> {
     let keep = |c: &Confirmation| Some(c.state) == query.list.state && query.admits(c);
     let confirmations = store.scan(keep, limit(&query.list)).await?;
     Ok(ConfirmListReply { confirmations })

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use messages::confirm::ConfirmState;
 use messages::risk::RiskAssessment;
-use messages::ErrorBody;
+use messages::validate::ValidationError;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{PolicyConfig, TimeoutAction};
@@ -76,16 +76,16 @@ impl Policy {
     }
 
     /// How long this request may wait: its own `timeout_ms` or the default, within the maximum.
-    pub fn timeout_for(&self, requested_ms: Option<u64>) -> Result<Duration, ErrorBody> {
+    pub fn timeout_for(&self, requested_ms: Option<u64>) -> Result<Duration, ValidationError> {
         let Some(ms) = requested_ms else {
             return Ok(self.config.default_timeout);
         };
         let max = self.config.max_timeout.as_millis() as u64;
         if ms == 0 || ms > max {
-            return Err(ErrorBody::bad_request(format!(
-                "timeout_ms: must be 1..={max} (got {ms})"
-            ))
-            .with_details(serde_json::json!({ "field": "timeout_ms" })));
+            return Err(ValidationError::invalid(
+                "timeout_ms",
+                format!("must be 1..={max} (got {ms})"),
+            ));
         }
         Ok(Duration::from_millis(ms))
     }
@@ -237,8 +237,12 @@ mod tests {
     fn timeouts_are_bounded_and_deny_by_default() {
         let p = policy(|_| {});
         assert_eq!(p.timeout_for(None).unwrap(), Duration::from_secs(60));
-        assert_eq!(p.timeout_for(Some(0)).unwrap_err().code, 400);
-        assert_eq!(p.timeout_for(Some(u64::MAX)).unwrap_err().code, 400);
+        for out_of_bounds in [0, u64::MAX] {
+            assert!(matches!(
+                p.timeout_for(Some(out_of_bounds)),
+                Err(ValidationError::Invalid { .. })
+            ));
+        }
         assert_eq!(
             p.on_timeout(Duration::from_secs(1)).state,
             ConfirmState::Timeout
@@ -294,8 +298,10 @@ mod tests {
             Duration::from_secs(10)
         );
         let e = p.timeout_for(Some(10_001)).unwrap_err();
-        assert_eq!(e.code, 400);
-        assert_eq!(e.details.unwrap()["field"], "timeout_ms");
+        assert!(
+            matches!(&e, ValidationError::Invalid { field, .. } if field == "timeout_ms"),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -23,17 +23,17 @@ use messages::confirm::{
     ConfirmState, Confirmation,
 };
 use messages::tenancy::{Caller, OPERATORS_ACCOUNT};
-use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use crate::audience::Audience;
+use crate::error::ConfirmError;
 use crate::listing::{self, ParkedLists, Query};
 use crate::watch::Observation;
 use crate::workflow::Workflow;
 
-pub type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
+pub type Reply<T> = RpcReplyPort<Result<T, ConfirmError>>;
 
 /// A waiter is answered at the latest this long after its confirmation expires, even if no
 /// instance could record the timeout (NATS unreachable): then with an error to retry on.
@@ -58,7 +58,7 @@ pub enum RegistryMsg {
     Expire(String),
     /// The waiters of `id` outlived the expiry plus grace.
     WaiterDeadline(String),
-    FailWaiters(String, ErrorBody),
+    FailWaiters(String, ConfirmError),
     /// Pending `list`, answered once the replica has applied the given revision.
     ListPending(Query, u64, Reply<ConfirmListReply>),
     ListDeadline,
@@ -108,13 +108,6 @@ pub struct RegistryState<W> {
     /// Stops the watch when the state is dropped, also when the actor is killed (no
     /// `post_stop` then): a restarted registry starts its own watch.
     _watch: DropGuard,
-}
-
-fn stopping() -> ErrorBody {
-    ErrorBody::unavailable(
-        "this confirmation instance is stopping; retry the request (same execution_id) or get \
-         the confirmation by id — its state is kept",
-    )
 }
 
 /// Time left until `at_ms` on the workflow's clock.
@@ -222,7 +215,7 @@ impl<W: Workflow> RegistryState<W> {
         if ctx.caller != Caller::Internal {
             // Services ask on behalf of the work they run; a tenant's own request could name any
             // tenant or execution.
-            let _ = port.send(Err(ErrorBody::denied(
+            let _ = port.send(Err(ConfirmError::Denied(
                 "confirmations are requested by the services that run the work",
             )));
             return;
@@ -257,7 +250,7 @@ impl<W: Workflow> RegistryState<W> {
         port: Reply<Confirmation>,
     ) {
         if self.draining {
-            let _ = port.send(Err(stopping()));
+            let _ = port.send(Err(ConfirmError::Stopping));
             return;
         }
         self.waiters.entry(id.clone()).or_default().push(port);
@@ -278,7 +271,7 @@ impl<W: Workflow> RegistryState<W> {
         match &ctx.caller {
             Caller::Agent { .. } => {
                 // The server refuses agents this subject; this is the second lock.
-                let _ = port.send(Err(ErrorBody::denied(
+                let _ = port.send(Err(ConfirmError::Denied(
                     "agents cannot decide confirmations; an operator must",
                 )));
                 return;
@@ -324,7 +317,7 @@ impl<W: Workflow> RegistryState<W> {
         port: Reply<ConfirmListReply>,
     ) {
         if let Err(e) = listing::check(&list) {
-            let _ = port.send(Err(e));
+            let _ = port.send(Err(e.into()));
             return;
         }
         let query = Query {
@@ -413,7 +406,8 @@ impl<W: Workflow> RegistryState<W> {
                         RegistryMsg::Expire(id)
                     });
                 }
-                Err(e) if e.code == 404 => {}
+                // Gone from the bucket: nothing left to expire.
+                Err(ConfirmError::NotFound { .. }) => {}
                 Err(e) => {
                     tracing::warn!(%id, error = %e, "could not record a timeout; retrying");
                     myself.send_after(EXPIRE_RETRY, move || RegistryMsg::Expire(id));
@@ -430,19 +424,17 @@ impl<W: Workflow> RegistryState<W> {
         self.tasks.spawn(async move {
             let msg = match workflow.expire(&id).await {
                 Ok(record) if record.state.is_final() => RegistryMsg::Settled(record),
-                Ok(_) => RegistryMsg::FailWaiters(
-                    id,
-                    ErrorBody::timeout("no decision observed in time; get it by id"),
-                ),
+                Ok(_) => RegistryMsg::FailWaiters(id, ConfirmError::Undecided),
                 Err(e) => RegistryMsg::FailWaiters(id, e),
             };
             let _ = myself.cast(msg);
         });
     }
 
-    fn fail_waiters(&mut self, id: &str, error: ErrorBody) {
+    fn fail_waiters(&mut self, id: &str, error: ConfirmError) {
+        let error = Arc::new(error);
         for port in self.waiters.remove(id).unwrap_or_default() {
-            let _ = port.send(Err(error.clone()));
+            let _ = port.send(Err(ConfirmError::Shared(error.clone())));
         }
         self.update_gauges();
     }
@@ -470,7 +462,7 @@ impl<W: Workflow> RegistryState<W> {
         self.draining = true;
         for (_, ports) in self.waiters.drain() {
             for port in ports {
-                let _ = port.send(Err(stopping()));
+                let _ = port.send(Err(ConfirmError::Stopping));
             }
         }
         self.update_gauges();
@@ -485,11 +477,11 @@ async fn visible<W: Workflow>(
     workflow: &W,
     audience: &Audience,
     id: &str,
-) -> Result<Confirmation, ErrorBody> {
+) -> Result<Confirmation, ConfirmError> {
     let record = workflow.get(id).await?;
     if audience.sees(&record) {
         Ok(record)
     } else {
-        Err(ErrorBody::not_found(format!("no confirmation {id}")))
+        Err(ConfirmError::NotFound { id: id.to_string() })
     }
 }

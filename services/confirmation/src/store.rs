@@ -12,7 +12,6 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use kit::RetryPolicy;
 use messages::confirm::Confirmation;
-use messages::ErrorBody;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -55,18 +54,6 @@ pub enum Corruption {
     Utf8(#[from] std::string::FromUtf8Error),
     #[error("claimed but empty")]
     Empty,
-}
-
-impl From<StoreError> for ErrorBody {
-    /// The wire message carries the whole cause chain: callers on the other side of NATS
-    /// cannot walk `source()`.
-    fn from(e: StoreError) -> Self {
-        let message = kit::error_chain(&e);
-        match e {
-            StoreError::Unavailable { .. } => ErrorBody::unavailable(message),
-            StoreError::Corrupt { .. } => ErrorBody::internal(message),
-        }
-    }
 }
 
 fn unavailable<E>(op: &'static str) -> impl FnOnce(E) -> StoreError

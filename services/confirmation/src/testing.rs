@@ -12,11 +12,13 @@ use kit::{CancellationToken, RequestContext};
 use messages::confirm::{
     ConfirmDecide, ConfirmListReply, ConfirmRequest, ConfirmState, Confirmation,
 };
-use messages::{Encoding, ErrorBody};
+use messages::Encoding;
 use ractor::ActorRef;
 use tokio::time::Instant;
 
+use crate::error::ConfirmError;
 use crate::registry::RegistryMsg;
+use crate::store::StoreError;
 use crate::watch::Observation;
 use crate::workflow::Workflow;
 
@@ -84,11 +86,11 @@ impl Pages {
         }
     }
 
-    fn read(&self, id: &str) -> Result<Confirmation, ErrorBody> {
+    fn read(&self, id: &str) -> Result<Confirmation, ConfirmError> {
         self.records
             .get(id)
             .cloned()
-            .ok_or_else(|| ErrorBody::not_found(format!("no confirmation {id}")))
+            .ok_or_else(|| ConfirmError::NotFound { id: id.to_string() })
     }
 }
 
@@ -101,7 +103,7 @@ impl Workflow for Book {
         &self,
         req: ConfirmRequest,
         _trace_id: Option<String>,
-    ) -> Result<Confirmation, ErrorBody> {
+    ) -> Result<Confirmation, ConfirmError> {
         let mut pages = self.pages();
         let existing = pages
             .records
@@ -127,11 +129,11 @@ impl Workflow for Book {
         &self,
         decide: ConfirmDecide,
         _trace_id: Option<String>,
-    ) -> Result<Confirmation, ErrorBody> {
+    ) -> Result<Confirmation, ConfirmError> {
         let mut pages = self.pages();
         let mut record = pages.read(&decide.id)?;
         if record.state.is_final() || pages.now_ms() >= record.expires_at {
-            return Err(ErrorBody::conflict("already decided"));
+            return Err(ConfirmError::AlreadyDecided(Box::new(record)));
         }
         record.state = if decide.approve {
             ConfirmState::Approved
@@ -144,15 +146,18 @@ impl Workflow for Book {
         Ok(record)
     }
 
-    async fn get(&self, id: &str) -> Result<Confirmation, ErrorBody> {
+    async fn get(&self, id: &str) -> Result<Confirmation, ConfirmError> {
         self.pages().read(id)
     }
 
-    async fn expire(&self, id: &str) -> Result<Confirmation, ErrorBody> {
+    async fn expire(&self, id: &str) -> Result<Confirmation, ConfirmError> {
         let mut pages = self.pages();
         pages.expire_calls += 1;
         if pages.unavailable {
-            return Err(ErrorBody::unavailable("the bucket is unreachable"));
+            return Err(ConfirmError::Store(StoreError::Unavailable {
+                op: "read",
+                source: Box::new(std::io::Error::other("the bucket is unreachable")),
+            }));
         }
         let mut record = pages.read(id)?;
         let now = pages.now_ms();
@@ -166,7 +171,7 @@ impl Workflow for Book {
         Ok(record)
     }
 
-    async fn settle_by_grant(&self, _id: &str) -> Result<Option<Confirmation>, ErrorBody> {
+    async fn settle_by_grant(&self, _id: &str) -> Result<Option<Confirmation>, ConfirmError> {
         Ok(None)
     }
 
@@ -174,7 +179,7 @@ impl Workflow for Book {
         crate::audience::Audience::Everyone
     }
 
-    async fn scan(&self, query: &crate::listing::Query) -> Result<ConfirmListReply, ErrorBody> {
+    async fn scan(&self, query: &crate::listing::Query) -> Result<ConfirmListReply, ConfirmError> {
         let confirmations = self
             .pages()
             .records
@@ -185,7 +190,7 @@ impl Workflow for Book {
         Ok(ConfirmListReply { confirmations })
     }
 
-    async fn last_revision(&self) -> Result<u64, ErrorBody> {
+    async fn last_revision(&self) -> Result<u64, ConfirmError> {
         Ok(self.pages().revision)
     }
 

@@ -2,7 +2,7 @@
 //! Everything refused gets a 400 naming the field.
 
 use messages::confirm::{ConfirmDecide, ConfirmRequest};
-use messages::ErrorBody;
+use messages::validate::ValidationError;
 
 /// `summary`, `reason`: a paragraph, not a document.
 pub const MAX_TEXT_BYTES: usize = 4096;
@@ -15,16 +15,15 @@ pub const MAX_FINDINGS: usize = 256;
 pub const MAX_RULE_BYTES: usize = 128;
 const TRUNCATED: &str = "\n… (excerpt truncated)";
 
-fn bad(field: &str, message: String) -> ErrorBody {
-    ErrorBody::bad_request(format!("{field}: {message}"))
-        .with_details(serde_json::json!({ "field": field }))
+fn bad(field: &str, message: String) -> ValidationError {
+    ValidationError::invalid(field, message)
 }
 
-pub fn id(field: &str, value: &str) -> Result<(), ErrorBody> {
-    messages::tenancy::validate_scoped_id(field, value).map_err(ErrorBody::from)
+pub fn id(field: &str, value: &str) -> Result<(), ValidationError> {
+    messages::tenancy::validate_scoped_id(field, value)
 }
 
-fn text(field: &str, value: &str, max: usize) -> Result<(), ErrorBody> {
+fn text(field: &str, value: &str, max: usize) -> Result<(), ValidationError> {
     if value.len() > max {
         return Err(bad(field, format!("{} bytes; at most {max}", value.len())));
     }
@@ -32,7 +31,7 @@ fn text(field: &str, value: &str, max: usize) -> Result<(), ErrorBody> {
 }
 
 /// A name: non-empty, bounded, printable (it shows up in logs, audit and terminals).
-fn name(field: &str, value: &str) -> Result<(), ErrorBody> {
+fn name(field: &str, value: &str) -> Result<(), ValidationError> {
     if value.trim().is_empty() {
         return Err(bad(field, "must not be empty".into()));
     }
@@ -44,7 +43,7 @@ fn name(field: &str, value: &str) -> Result<(), ErrorBody> {
 }
 
 /// Checks a request, cutting an over-long code excerpt rather than refusing it.
-pub fn request(req: &mut ConfirmRequest) -> Result<(), ErrorBody> {
+pub fn request(req: &mut ConfirmRequest) -> Result<(), ValidationError> {
     if let Some(v) = &req.execution_id {
         id("execution_id", v)?;
     }
@@ -85,7 +84,7 @@ pub fn request(req: &mut ConfirmRequest) -> Result<(), ErrorBody> {
     Ok(())
 }
 
-pub fn decide(d: &ConfirmDecide) -> Result<(), ErrorBody> {
+pub fn decide(d: &ConfirmDecide) -> Result<(), ValidationError> {
     id("id", &d.id)?;
     name("by", &d.by)?;
     if let Some(reason) = &d.reason {
@@ -106,13 +105,21 @@ mod tests {
 
     use super::*;
 
+    /// The field a refusal names.
+    fn field(checked: Result<(), ValidationError>) -> String {
+        match checked {
+            Err(ValidationError::Invalid { field, .. }) => field,
+            other => panic!("not refused as invalid: {other:?}"),
+        }
+    }
+
     #[test]
     fn ids_that_cannot_be_keys_are_refused() {
         let mut r = ConfirmRequest {
             execution_id: Some("a.b".into()),
             ..Default::default()
         };
-        assert_eq!(request(&mut r).unwrap_err().code, 400);
+        assert_eq!(field(request(&mut r)), "execution_id");
         let d = ConfirmDecide {
             by_account: None,
             id: "*".into(),
@@ -121,7 +128,7 @@ mod tests {
             reason: None,
             scope: ConfirmScope::Once,
         };
-        assert_eq!(decide(&d).unwrap_err().code, 400);
+        assert_eq!(field(decide(&d)), "id");
     }
 
     #[test]
@@ -134,12 +141,12 @@ mod tests {
             reason: None,
             scope: ConfirmScope::Once,
         };
-        assert_eq!(decide(&d).unwrap_err().code, 400);
+        assert_eq!(field(decide(&d)), "by");
         let mut r = ConfirmRequest {
             summary: "x".repeat(MAX_TEXT_BYTES + 1),
             ..Default::default()
         };
-        assert_eq!(request(&mut r).unwrap_err().code, 400);
+        assert_eq!(field(request(&mut r)), "summary");
     }
 
     #[test]
@@ -163,6 +170,6 @@ mod tests {
             reason: None,
             scope: ConfirmScope::Session,
         };
-        assert_eq!(decide(&d).unwrap_err().code, 400);
+        assert_eq!(field(decide(&d)), "scope");
     }
 }

@@ -18,11 +18,12 @@ use messages::confirm::{
     Unscope,
 };
 use messages::tenancy::Caller;
-use messages::{ErrorBody, Subjects};
+use messages::Subjects;
 use ractor::ActorRef;
 use serde_json::json;
 
 use crate::audience::{Audience, OperatorScopes};
+use crate::error::ConfirmError;
 use crate::listing::Query;
 use crate::policy::{AutoDecision, Grant, Policy, SessionGrants};
 use crate::registry::RegistryMsg;
@@ -45,7 +46,7 @@ pub trait Workflow: Clone + Send + Sync + 'static {
         &self,
         req: ConfirmRequest,
         trace_id: Option<String>,
-    ) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+    ) -> impl Future<Output = Result<Confirmation, ConfirmError>> + Send;
 
     /// A person's decision. Only the first decision on a pending confirmation counts; any
     /// later one gets 409 with the first in `details.confirmation`.
@@ -53,31 +54,31 @@ pub trait Workflow: Clone + Send + Sync + 'static {
         &self,
         decide: ConfirmDecide,
         trace_id: Option<String>,
-    ) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+    ) -> impl Future<Output = Result<Confirmation, ConfirmError>> + Send;
 
-    fn get(&self, id: &str) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+    fn get(&self, id: &str) -> impl Future<Output = Result<Confirmation, ConfirmError>> + Send;
 
     /// Applies the timeout to a pending confirmation whose time is up, and returns the
     /// confirmation as it now stands (still pending if its time is not up).
-    fn expire(&self, id: &str) -> impl Future<Output = Result<Confirmation, ErrorBody>> + Send;
+    fn expire(&self, id: &str) -> impl Future<Output = Result<Confirmation, ConfirmError>> + Send;
 
     /// Settles a pending confirmation that a session grant now covers; returns it if it did.
     fn settle_by_grant(
         &self,
         id: &str,
-    ) -> impl Future<Output = Result<Option<Confirmation>, ErrorBody>> + Send;
+    ) -> impl Future<Output = Result<Option<Confirmation>, ConfirmError>> + Send;
 
     /// Decided confirmations matching `query` (pending ones come from the registry's replica).
     fn scan(
         &self,
         query: &Query,
-    ) -> impl Future<Output = Result<ConfirmListReply, ErrorBody>> + Send;
+    ) -> impl Future<Output = Result<ConfirmListReply, ConfirmError>> + Send;
 
     /// What `caller` may see.
     fn audience(&self, caller: &Caller) -> Audience;
 
     /// The latest revision: a replica that has applied it has seen every earlier write.
-    fn last_revision(&self) -> impl Future<Output = Result<u64, ErrorBody>> + Send;
+    fn last_revision(&self) -> impl Future<Output = Result<u64, ConfirmError>> + Send;
 
     /// Feeds every change, starting with the current state, to `registry` until `stop`.
     fn watch(&self, registry: ActorRef<RegistryMsg>, stop: CancellationToken);
@@ -106,7 +107,7 @@ impl Workflow for KvWorkflow {
         &self,
         mut req: ConfirmRequest,
         trace_id: Option<String>,
-    ) -> Result<Confirmation, ErrorBody> {
+    ) -> Result<Confirmation, ConfirmError> {
         validate::request(&mut req)?;
         let timeout = self.policy.timeout_for(req.timeout_ms)?;
         let mut id = messages::new_id();
@@ -141,9 +142,11 @@ impl Workflow for KvWorkflow {
         }
         if self.store.create(&record).await?.is_none() {
             // A concurrent request for the same execution created it first.
-            let existing = self.store.get(&id).await?.ok_or_else(|| {
-                ErrorBody::unavailable(format!("confirmation {id} vanished while created"))
-            })?;
+            let existing = self
+                .store
+                .get(&id)
+                .await?
+                .ok_or_else(|| ConfirmError::Vanished { id: id.clone() })?;
             return Ok(existing.value);
         }
         // This service owns the `confirmation_*` audit events (the scheduler emits none).
@@ -173,17 +176,14 @@ impl Workflow for KvWorkflow {
         &self,
         decide: ConfirmDecide,
         trace_id: Option<String>,
-    ) -> Result<Confirmation, ErrorBody> {
+    ) -> Result<Confirmation, ConfirmError> {
         validate::decide(&decide)?;
         let current = self.read(&decide.id).await?;
         if current.value.state.is_final() {
             return Err(already_decided(&current.value));
         }
         if decide.scope == ConfirmScope::Session && current.value.session_id.is_none() {
-            return Err(ErrorBody::bad_request(format!(
-                "scope session: confirmation {} belongs to no session",
-                decide.id
-            )));
+            return Err(ConfirmError::NoSession { id: decide.id });
         }
         let now = messages::now_ms();
         if now >= current.value.expires_at {
@@ -216,16 +216,16 @@ impl Workflow for KvWorkflow {
         }
     }
 
-    async fn get(&self, id: &str) -> Result<Confirmation, ErrorBody> {
+    async fn get(&self, id: &str) -> Result<Confirmation, ConfirmError> {
         validate::id("id", id)?;
         Ok(self.read(id).await?.value)
     }
 
-    async fn expire(&self, id: &str) -> Result<Confirmation, ErrorBody> {
+    async fn expire(&self, id: &str) -> Result<Confirmation, ConfirmError> {
         self.record_timeout(id, None).await
     }
 
-    async fn settle_by_grant(&self, id: &str) -> Result<Option<Confirmation>, ErrorBody> {
+    async fn settle_by_grant(&self, id: &str) -> Result<Option<Confirmation>, ConfirmError> {
         let current = self.read(id).await?;
         if current.value.state.is_final() {
             return Ok(None);
@@ -244,15 +244,15 @@ impl Workflow for KvWorkflow {
         }
     }
 
-    async fn scan(&self, query: &Query) -> Result<ConfirmListReply, ErrorBody> {
-        listing::scan(&self.store, query).await
+    async fn scan(&self, query: &Query) -> Result<ConfirmListReply, ConfirmError> {
+        Ok(listing::scan(&self.store, query).await?)
     }
 
     fn audience(&self, caller: &Caller) -> Audience {
         Audience::of(caller, &self.scopes)
     }
 
-    async fn last_revision(&self) -> Result<u64, ErrorBody> {
+    async fn last_revision(&self) -> Result<u64, ConfirmError> {
         Ok(self.store.last_revision().await?)
     }
 
@@ -265,7 +265,7 @@ impl KvWorkflow {
     async fn session_decision(
         &self,
         record: &Confirmation,
-    ) -> Result<Option<AutoDecision>, ErrorBody> {
+    ) -> Result<Option<AutoDecision>, ConfirmError> {
         let Some(session_id) = &record.session_id else {
             return Ok(None);
         };
@@ -274,7 +274,7 @@ impl KvWorkflow {
     }
 
     /// Records the rules of a session-scoped approval as granted for that session.
-    async fn grant_session(&self, record: &Confirmation) -> Result<(), ErrorBody> {
+    async fn grant_session(&self, record: &Confirmation) -> Result<(), ConfirmError> {
         let Some(session_id) = &record.session_id else {
             return Ok(());
         };
@@ -302,11 +302,9 @@ impl KvWorkflow {
                 return Ok(());
             }
         }
-        Err(ErrorBody::unavailable(format!(
-            "the approval of {} is stored, but the session grant could not be written \
-             (too much contention); approve the next request again",
-            record.id
-        )))
+        Err(ConfirmError::GrantContention {
+            id: record.id.clone(),
+        })
     }
 
     /// [`Workflow::expire`], with the trace of the request that found the time up.
@@ -314,7 +312,7 @@ impl KvWorkflow {
         &self,
         id: &str,
         trace_id: Option<String>,
-    ) -> Result<Confirmation, ErrorBody> {
+    ) -> Result<Confirmation, ConfirmError> {
         let current = self.read(id).await?;
         let now = messages::now_ms();
         if current.value.state.is_final() || now < current.value.expires_at {
@@ -333,11 +331,11 @@ impl KvWorkflow {
         }
     }
 
-    async fn read(&self, id: &str) -> Result<Versioned<Confirmation>, ErrorBody> {
+    async fn read(&self, id: &str) -> Result<Versioned<Confirmation>, ConfirmError> {
         self.store
             .get(id)
             .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("no confirmation {id}")))
+            .ok_or_else(|| ConfirmError::NotFound { id: id.to_string() })
     }
 
     async fn announce_decision(&self, record: &Confirmation, trace_id: Option<String>) {
@@ -397,14 +395,9 @@ fn settle(record: &mut Confirmation, decision: &AutoDecision, now: u64) {
     record.decided_at = Some(now);
 }
 
-fn already_decided(record: &Confirmation) -> ErrorBody {
-    ErrorBody::conflict(format!(
-        "confirmation {} was already decided ({:?} by {})",
-        record.id,
-        record.state,
-        record.by.as_deref().unwrap_or("?")
-    ))
-    .with_details(json!({ "confirmation": record }))
+/// The refusal of a later decision: the first one stands, and the caller is shown it.
+fn already_decided(record: &Confirmation) -> ConfirmError {
+    ConfirmError::AlreadyDecided(Box::new(record.clone()))
 }
 
 fn audit_scope(

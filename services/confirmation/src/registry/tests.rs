@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
 use super::*;
+use crate::store::StoreError;
 use crate::testing::{ctx, request, Book};
 
 /// Bounds every call; on paused time a call that never returns fails here instead of hanging.
@@ -44,7 +45,7 @@ async fn open(registry: &ActorRef<RegistryMsg>, timeout: Duration) -> Confirmati
 fn ask_waiting(
     registry: &ActorRef<RegistryMsg>,
     req: ConfirmRequest,
-) -> JoinHandle<Result<Confirmation, ErrorBody>> {
+) -> JoinHandle<Result<Confirmation, ConfirmError>> {
     let registry = registry.clone();
     tokio::spawn(
         async move { call_t!(registry, RegistryMsg::Request, CALL_MS, ctx(), req).unwrap() },
@@ -155,7 +156,17 @@ async fn an_unrecordable_timeout_is_retried_and_its_waiters_get_a_retryable_erro
 
     sleep(Duration::from_millis(20)).await;
     let error = waiting.await.unwrap().unwrap_err();
-    assert_eq!(error.kind, ErrorKind::Unavailable, "{error:?}");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error:?}");
+    // The waiter learns why: the bucket's outage, with its own cause underneath.
+    let ConfirmError::Shared(why) = &error else {
+        panic!("not the expiry's failure: {error:?}");
+    };
+    assert!(
+        matches!(&**why, ConfirmError::Store(StoreError::Unavailable { .. })),
+        "{why:?}"
+    );
+    let cause = std::error::Error::source(&error).expect("the outage's cause is kept");
+    assert_eq!(cause.to_string(), "the bucket is unreachable");
     assert_eq!(gauges.waiters.load(Ordering::Relaxed), 0);
 
     // Once the bucket is back, the retries record the timeout.
@@ -191,9 +202,12 @@ async fn drain_answers_waiters_with_a_retryable_error_and_refuses_new_waits() {
 
     call_t!(registry, RegistryMsg::Drain, CALL_MS).unwrap();
     let error = held.await.unwrap().unwrap_err();
-    assert_eq!(error.kind, ErrorKind::Unavailable);
+    assert!(matches!(error, ConfirmError::Stopping), "{error:?}");
     let refused = ask_waiting(&registry, request(true, MINUTE)).await.unwrap();
-    assert_eq!(refused.unwrap_err().kind, ErrorKind::Unavailable);
+    assert!(
+        matches!(refused, Err(ConfirmError::Stopping)),
+        "{refused:?}"
+    );
     // Not waiting is still served: the confirmation is stored and can be got by id.
     assert_eq!(open(&registry, MINUTE).await.state, ConfirmState::Pending);
 }
