@@ -43,7 +43,6 @@ use kit::{actor_handler, CancellationToken, EndpointOptions, KitError, Runtime, 
 use messages::audit::{AuditEvent, AuditKind};
 use messages::{Encoding, ServiceName};
 use ractor::{Actor, ActorRef};
-use sandmesh_client::MeshClient;
 
 pub use config::BrowserConfig;
 use container::{ContainerError, Containers};
@@ -102,7 +101,7 @@ pub async fn run(
         );
     }
     let subjects = runtime.subjects().clone();
-    let mesh = MeshClient::new(runtime.client.clone(), subjects.clone());
+    let mesh = runtime.mesh();
     let rules = EgressRules::new(&config.network).map_err(RouterError::Policy)?;
     let shared = Arc::new(Shared {
         gate: Gate {

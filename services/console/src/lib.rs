@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use kit::{CancellationToken, KitError, Runtime, ServiceInfo};
 use messages::Encoding;
-use sandmesh_client::MeshClient;
 
 pub use config::{ConsoleConfig, Operators};
 
@@ -98,7 +97,8 @@ pub async fn serve(
              whoever NATS lets in may use the console"
         );
     }
-    let own = MeshClient::new(runtime.client.clone(), subjects.clone())
+    let own = runtime
+        .mesh()
         .with_jetstream(runtime.js.clone())
         .with_encoding(Encoding::Json);
     let app = Arc::new(web::App {

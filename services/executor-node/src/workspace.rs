@@ -22,7 +22,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::kv;
 use messages::workspace::WsRestored;
 use messages::{ErrorBody, Subjects};
-use sandmesh_client::{ErrorKind, MeshClient, WorkspaceClient};
+use sandmesh_client::{ErrorKind, WorkspaceClient};
 
 /// What a container's `/workspace` holds, compared with the session's workspace in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,9 +83,8 @@ impl WorkspaceSync {
         timeout: Duration,
         service: messages::ServiceName,
     ) -> Self {
-        let ws = MeshClient::new(client.clone(), subjects.clone())
+        let ws = kit::mesh_client(client.clone(), subjects.clone())
             .with_timeout(timeout)
-            .with_headers(kit::telemetry::inject_current)
             .workspace()
             .requested_by(service.as_str());
         Self {

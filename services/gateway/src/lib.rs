@@ -36,7 +36,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kit::{CancellationToken, KitError, Runtime, ServiceInfo};
-use sandmesh_client::MeshClient;
 
 pub use config::{GatewayConfig, Limits};
 
@@ -94,7 +93,8 @@ pub async fn serve(
              credentials, so keys of different tenants are not kept apart (debugging only)"
         );
     }
-    let own = MeshClient::new(runtime.client.clone(), runtime.subjects().clone())
+    let own = runtime
+        .mesh()
         .with_jetstream(runtime.js.clone())
         .with_timeout(config.limits.request_timeout);
     let app = Arc::new(api::App {

@@ -220,7 +220,7 @@ async fn heartbeats(js: &jetstream::Context) -> BTreeMap<String, Heartbeat> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn accepted_jobs_sessions_and_confirmations_survive_node_and_meta_leader_loss() {
-    // `RUST_LOG=scheduler::executor_client=info` shows each run the scheduler asked a node
+    // `RUST_LOG=scheduler::executor_runner=info` shows each run the scheduler asked a node
     // about ("asked the node what happened").
     test_support::trace_to_test_output();
     let jobs = burst_size();
