@@ -204,14 +204,19 @@ pub async fn run(config: SchedulerConfig, shutdown: CancellationToken) -> Result
     );
     let executor = ExecutorRunner::new(mesh.executors(), auditor.clone());
     let aio = AioRunner::new(&mesh);
-    let bookkeeping = TaskTracker::new();
+    // Everything an execution or a session does off a request's path — jobs, resumes, stores
+    // after a sync reply, session bookkeeping: the stop waits for it, bounded by the grace.
+    let in_flight = TaskTracker::new();
+    // Cancelled when the scheduler stops taking work: the job and resume loops and the reaper
+    // end, parked sync callers are answered.
+    let stopping = CancellationToken::new();
     let affinity = SessionAffinity::new(
         sessions,
         placer.clone(),
         executor.clone(),
         &mesh,
         auditor.clone(),
-        bookkeeping.clone(),
+        in_flight.clone(),
     );
     let policy = config.policy();
     let pipeline = Pipeline {
@@ -231,7 +236,7 @@ pub async fn run(config: SchedulerConfig, shutdown: CancellationToken) -> Result
             config.ephemeral_backend,
         ),
         auditor: auditor.clone(),
-        stores: bookkeeping.clone(),
+        stores: in_flight.clone(),
         policy,
     };
     let admission = Admission::new(
@@ -242,7 +247,6 @@ pub async fn run(config: SchedulerConfig, shutdown: CancellationToken) -> Result
             Arc::new(runtime.peer_counts().await?),
         ),
     );
-    let stopping = CancellationToken::new();
     let intake = Intake::new(pipeline.clone(), admission.clone(), &mesh, stopping.clone());
     // The jobs stream exists before anything answers: a client that saw the scheduler answer
     // may publish a job at once.
@@ -292,25 +296,22 @@ pub async fn run(config: SchedulerConfig, shutdown: CancellationToken) -> Result
         )
         .await?;
 
-    let resuming = TaskTracker::new();
     let resumer = Resumer::new(
         pipeline,
         admission.queue.clone(),
         &mesh,
         config.parked_sweep,
-        resuming.clone(),
+        in_flight.clone(),
     );
     let resumer = resumer
         .start(stopping.clone())
         .await
         .map_err(RunError::Decisions)?;
-    let jobs_stop = CancellationToken::new();
-    let jobs_running = TaskTracker::new();
     let jobs_loop = tokio::spawn(jobs::run(
         jobs,
         consumer,
-        jobs_stop.clone(),
-        jobs_running.clone(),
+        stopping.clone(),
+        in_flight.clone(),
     ));
     tracing::info!(instance = %owner, "scheduler running");
 
@@ -322,19 +323,15 @@ pub async fn run(config: SchedulerConfig, shutdown: CancellationToken) -> Result
     // Parked sync callers are answered now (their executions stay parked), so the endpoint
     // shutdown below does not wait for a person.
     stopping.cancel();
-    jobs_stop.cancel();
     join_bounded("jobs", jobs_loop).await;
     join_bounded("resumer", resumer).await;
     join_bounded("session reaper", reaping).await;
     let grace = config.kit.shutdown_grace;
     let started = tokio::time::Instant::now();
-    let running = async {
-        for tasks in [&jobs_running, &resuming, &bookkeeping] {
-            tasks.close();
-            tasks.wait().await;
-        }
-    };
-    if tokio::time::timeout(grace, running).await.is_err() {
+    // Closed, it still takes what its tasks spawn (a job's store after its run), and waits
+    // for that too.
+    in_flight.close();
+    if tokio::time::timeout(grace, in_flight.wait()).await.is_err() {
         tracing::warn!(
             "executions still running after the grace period; they will be redelivered or resumed"
         );

@@ -344,7 +344,11 @@ async fn hostile_and_malformed_requests_get_clear_errors_and_the_mesh_keeps_serv
 
 #[tokio::test]
 async fn missing_services_are_named_and_nothing_is_stored_so_a_retry_can_run() {
-    let mut mesh = Mesh::builder().scheduler(|_| {}).start().await;
+    // A confirmation service that does not come up is waited for this long.
+    let mut mesh = Mesh::builder()
+        .scheduler(|c| c.confirm_timeout = Duration::from_secs(1))
+        .start()
+        .await;
     let c = mesh.client.clone();
     let mut r = req(Language::Python, "print(1)");
     r.execution_id = Some("retry-me".into());
@@ -354,6 +358,17 @@ async fn missing_services_are_named_and_nothing_is_stored_so_a_retry_can_run() {
     assert!(e.to_string().contains("risk-assessor"), "{e}");
 
     mesh.serve_risk_standin().await;
+    // Code the stand-in rates high needs a person, and no confirmation service runs: the
+    // failed call's cause reaches the client, naming the service and what was not answered.
+    let risky = req(Language::Python, "import os\nos.system('id')");
+    let e = exec(&c, &risky).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    let message = &e.service_error().expect("the scheduler's answer").message;
+    assert!(
+        message.contains("confirmation service") && message.contains("confirm.request"),
+        "{message}"
+    );
+
     let e = exec(&c, &r).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable);
     assert!(e.to_string().contains("executor"), "{e}");
