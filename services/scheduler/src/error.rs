@@ -51,9 +51,9 @@ pub enum SchedulerError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Registry(#[from] RegistryGone),
-    /// A call to another service failed; the message repeats the cause (as [`StoreError`]'s
-    /// does), so a log line is whole.
-    #[error("the {service} service: {source}")]
+    /// A call to another service failed; the message repeats the cause's whole chain (as
+    /// [`StoreError`]'s does), so a log line and the reply are whole.
+    #[error("the {service} service: {}", kit::error_chain(source))]
     Dependency {
         service: ServiceName,
         #[source]

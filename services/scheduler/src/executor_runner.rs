@@ -142,7 +142,10 @@ impl ExecutorRunner {
             let reply = self.executors.run(backend, node, run, deadline).await;
             // A full executor refused before running anything (another scheduler filled it
             // since its last heartbeat): back off rather than fail work already admitted.
-            let full = matches!(&reply, Err(e @ ClientError::Service { .. }) if e.kind() == ErrorKind::Overloaded);
+            let full = matches!(
+                &reply,
+                Err(ClientError::Service { body, .. }) if body.kind == ErrorKind::Overloaded
+            );
             if !full || Instant::now() + backoff >= give_up {
                 break reply;
             }

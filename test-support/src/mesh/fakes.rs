@@ -15,7 +15,7 @@ use messages::executor::{ExecutorClose, ExecutorRun, RunKind};
 use messages::heartbeat::Heartbeat;
 use messages::risk::{AssessRequest, RiskAssessment, RiskLevel};
 use messages::subjects::{ConfirmOp, ExecutorOp, WorkspaceOp};
-use messages::workspace::{Ack, WsInit};
+use messages::workspace::{Ack, WsInit, WsUsage};
 use messages::{ErrorBody, ErrorKind, Subjects};
 
 use super::{connect, WAIT};
@@ -133,7 +133,15 @@ pub async fn serve_workspace(url: &str) -> ServiceHost {
     h.serve(
         Subjects::default().workspace(WorkspaceOp::Init),
         EndpointOptions::default(),
-        kit::handler(|_, _req: WsInit| async move { Ok(Ack { ok: true }) }),
+        kit::handler(|_, req: WsInit| async move {
+            Ok(WsUsage {
+                session_id: req.session_id,
+                bytes: 0,
+                files: 0,
+                quota_bytes: 0,
+                last_modified: messages::now_ms(),
+            })
+        }),
     )
     .await
     .unwrap();
