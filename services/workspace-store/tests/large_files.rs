@@ -327,7 +327,7 @@ async fn an_abandoned_upload_expires() {
         async move {
             raw::<_, messages::workspace::WsEntry>(&nc, subject(WorkspaceOp::Write), &req)
                 .await
-                .is_err_and(|e| e.code == 404)
+                .is_err_and(|e| e.kind == messages::ErrorKind::NotFound)
         }
     })
     .await;
