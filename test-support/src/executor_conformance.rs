@@ -574,6 +574,62 @@ done";
     h.stop().await;
 }
 
+/// A run naming a template runs in that template's image — `python-data`'s numpy, which the
+/// sandbox image lacks, imported with no network — and its result names the template and
+/// image; a template whose image cannot be had is refused as unavailable, and the node runs
+/// on. (The first run may build the image, or export its tree, which the caller waits for.)
+pub async fn template<H: ExecutorHarness>() {
+    let h = H::start().await;
+    let code = "import numpy; print(numpy.arange(3).sum())";
+    let plain = answered(&h, &ephemeral(Language::Python, code)).await;
+    assert!(
+        plain.stdout.is_empty() && plain.stderr.contains("ModuleNotFoundError"),
+        "the sandbox image has no numpy: {plain:?}"
+    );
+    let data = messages::template::builtins()
+        .into_iter()
+        .find(|t| t.name == "python-data")
+        .expect("the python-data built-in");
+    let mut run = ephemeral(Language::Python, code);
+    run.request.timeout_ms = Some(30_000);
+    run.template = Some(messages::template::RunTemplate {
+        name: data.name.clone(),
+        image: data.image_spec(),
+        // No warm containers of it left behind (`assert_clean` counts the node's own pool).
+        warm_pool: Some(0),
+    });
+    let r = answered(&h, &run).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "3\n"),
+        "{r:?}"
+    );
+    let ran = r.template.as_ref().expect("the result names its template");
+    assert_eq!(ran.name, "python-data", "{r:?}");
+    assert!(
+        ran.image.starts_with(&format!(
+            "{}:",
+            containers::template::repository("python-data")
+        )),
+        "the template's own image: {r:?}"
+    );
+
+    let mut missing = ephemeral(Language::Python, "print(1)");
+    missing.template = Some(messages::template::RunTemplate {
+        name: "no-base".into(),
+        image: messages::template::ImageSpec {
+            base: Some("sandmesh/no-such-base:none".into()),
+            pip_packages: vec!["six".into()],
+            ..Default::default()
+        },
+        warm_pool: Some(0),
+    });
+    let e = h.run(&missing).await.expect_err("no image, no run");
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e:?}");
+    assert_recovered(&h).await;
+    h.stop().await;
+}
+
 /// A node whose root actor dies stops: its `run()` fails and its heartbeat goes, so the
 /// scheduler never places work on a node that cannot run it.
 pub async fn dead_root_stops_the_node<H: ExecutorHarness>() {
@@ -598,7 +654,7 @@ macro_rules! executor_conformance {
     ($harness:ty) => {
         $crate::executor_conformance!(@cases $harness;
             print, exit_code, timeout, output_cap, memory_limit, orphan_kill, files_created,
-            long_ids, repeated_id, concurrent_isolation, filesystem_policy,
+            long_ids, repeated_id, concurrent_isolation, filesystem_policy, template,
             dead_root_stops_the_node);
     };
     (@cases $harness:ty; $($case:ident),+) => {

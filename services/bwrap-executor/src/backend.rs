@@ -1,7 +1,8 @@
 //! [`BwrapBackend`]: the bwrap backend of `executor_node`. It takes tier `ephemeral` without
 //! a session and without a network policy only (a sandbox is single-use, keeps no workspace
-//! and has no network), and runs each admitted run on the node's task tracker in a sandbox
-//! of its own. It has no actors of its own and no sessions.
+//! and has no network), in any template, and runs each admitted run on the node's task
+//! tracker in a sandbox of its own, on its template's image tree. It has no actors of its own
+//! and no sessions.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,12 +57,19 @@ impl Backend for BwrapBackend {
         Ok(())
     }
 
-    fn execute(&mut self, run: Admitted) -> Result<(), ActorProcessingErr> {
+    fn execute(&mut self, mut run: Admitted) -> Result<(), ActorProcessingErr> {
         let runner = self.runner.clone();
         let node = self.node.clone();
         self.node.tasks.spawn(async move {
-            let result = runner.execute(&node, &run.job).await;
-            run.answer(Ok(result));
+            // A template's image may be built and exported first (minutes): off the actor.
+            let answer = match runner.tree(&run.job).await {
+                Ok((rootfs, ran)) => {
+                    run.ran = ran;
+                    Ok(runner.execute(&node, &run.job, &rootfs).await)
+                }
+                Err(e) => Err(e),
+            };
+            run.answer(answer);
         });
         Ok(())
     }

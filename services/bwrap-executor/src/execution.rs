@@ -1,5 +1,6 @@
-//! One execution from an admitted job to its `ExecResult`: the node's run spec and request
-//! files, one fresh sandbox, and the node's classification — with what the
+//! One execution from an admitted job to its `ExecResult`: the image tree it runs on (its
+//! template's, built and exported on first use, or the node's), the node's run spec and
+//! request files, one fresh sandbox, and the node's classification — with what the
 //! host's cgroup counted (OOM kills, pids-limit hits, peak memory, CPU time) taking the place
 //! of what a supervisor in a container would read from its own cgroup. A sandbox has no
 //! `/sys`, and the executor trusts the kernel's counters over anything said from inside.
@@ -10,31 +11,57 @@ use std::time::{Duration, Instant};
 use executor_node::exchange::{request_wire, OutputStreamer};
 use executor_node::job::{request_files, run_spec};
 use executor_node::outcome::{base_result, classify};
-use executor_node::{Job, NodeState};
+use executor_node::{Job, NodeState, TemplateImages};
 use messages::exec::{ExecResult, ExecStatus, Timing, Usage};
+use messages::template::TemplateRan;
 use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::cgroup::{Counters, Limits};
 use crate::config::BwrapConfig;
+use crate::rootfs::{Rootfs, RootfsCache};
 use crate::sandbox::{Finished, Launcher, SandboxInput};
 
 /// Everything an execution needs from its node. Cheap to clone.
 #[derive(Clone)]
 pub struct Runner {
     pub launcher: Arc<Launcher>,
+    pub rootfs: Arc<RootfsCache>,
+    /// The templates' images, resolved (and built when missing) as docker-executor does.
+    pub images: TemplateImages,
     pub client: async_nats::Client,
     pub subjects: Subjects,
     pub config: Arc<BwrapConfig>,
 }
 
 impl Runner {
-    /// Runs `job` in a sandbox of its own; always a result.
-    pub async fn execute(&self, node: &Arc<NodeState>, job: &Job) -> ExecResult {
+    /// The tree `job` runs on: its template's image (built first when Docker has none,
+    /// exported on its first run here), or the node's; with the template that ran, for its
+    /// result. An image that cannot be had is the run's answer (`unavailable`).
+    pub async fn tree(&self, job: &Job) -> Result<(Arc<Rootfs>, Option<TemplateRan>), ErrorBody> {
+        let (image, ran) = match &job.run.template {
+            None => (self.config.node.image.clone(), None),
+            Some(template) => {
+                let image = self.images.image(template).await?;
+                let ran = TemplateRan {
+                    name: template.name.clone(),
+                    image: image.clone(),
+                };
+                (image, Some(ran))
+            }
+        };
+        let tree = self.rootfs.tree(&image).await.map_err(|e| {
+            ErrorBody::unavailable(format!("no file tree of {image}: {}", kit::error_chain(&e)))
+        })?;
+        Ok((tree, ran))
+    }
+
+    /// Runs `job` in a sandbox of its own on `rootfs`; always a result.
+    pub async fn execute(&self, node: &Arc<NodeState>, job: &Job, rootfs: &Rootfs) -> ExecResult {
         let started = Instant::now();
         let mut streamer = job.run.request.stream_output.then(|| {
             OutputStreamer::new(self.client.clone(), job.run.output_subject(&self.subjects))
         });
-        let mut result = match self.sandboxed(node, job, streamer.as_mut()).await {
+        let mut result = match self.sandboxed(node, job, rootfs, streamer.as_mut()).await {
             Ok(result) => result,
             Err(error) => {
                 // A stream that never started still ends, so its readers do not hang.
@@ -57,6 +84,7 @@ impl Runner {
         &self,
         node: &Arc<NodeState>,
         job: &Job,
+        rootfs: &Rootfs,
         streamer: Option<&mut OutputStreamer>,
     ) -> Result<ExecResult, ErrorBody> {
         // No workspace travels: a sandbox is single-use and its files die with it.
@@ -82,6 +110,7 @@ impl Runner {
         let input = SandboxInput {
             name: &name,
             spec: &spec,
+            rootfs: &rootfs.path,
             wire,
             limits,
             deadline,

@@ -7,9 +7,9 @@
 //!   `sandbox_nodes`: their executor died. Its sandboxes died with it (`--die-with-parent`),
 //!   but a process that escaped that — it cannot leave its cgroup — is killed here, and the
 //!   directories go;
-//! - in each periodic sweep, it also checks whether the image tag now names a new image,
-//!   exports it and switches new sandboxes to it, and removes rootfs trees no sandbox runs on
-//!   any more.
+//! - in each periodic sweep, it also checks whether each image in use (the sandbox image,
+//!   the templates' run here) now names a new image, exports it and switches new sandboxes to
+//!   it, and removes rootfs trees no sandbox runs on any more.
 //!
 //! Nodes of other meshes (another NATS deployment on this host, e.g. parallel test runs) are
 //! never judged: their cgroups live below another mesh directory.
@@ -82,11 +82,18 @@ impl Sweep for BwrapSweeper {
             tracing::info!(removed, "janitor: removed stray sandbox cgroups");
         }
         match self.rootfs.refresh().await {
-            Ok(true) => tracing::info!("janitor: the sandbox image changed; new sandboxes use it"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "janitor: cannot check the sandbox image"),
+            Ok(0) => {}
+            Ok(changed) => {
+                tracing::info!(
+                    changed,
+                    "janitor: images changed; new sandboxes use their new trees"
+                )
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "janitor: cannot check the images in use");
+                self.rootfs.sweep();
+            }
         }
-        self.rootfs.sweep();
         removed
     }
 

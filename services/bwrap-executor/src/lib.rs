@@ -1,7 +1,8 @@
 //! bwrap-executor: the light single-use backend (issue 18). Each execution runs in a fresh
 //! bubblewrap sandbox on this host instead of a Docker container: new user, pid, net, ipc,
-//! uts, mount and cgroup namespaces; the sandbox image's rootfs (exported once per image id,
-//! [`rootfs`]) mounted read-only as `/`; size-capped tmpfs `/tmp` and `/workspace`; uid 10001
+//! uts, mount and cgroup namespaces; the image's rootfs — the sandbox image's, or the run's
+//! template's (built like docker-executor builds it, exported once per image id, [`rootfs`]) —
+//! mounted read-only as `/`; size-capped tmpfs `/tmp` and `/workspace`; uid 10001
 //! (a non-root host uid too: the executor drops to it before bwrap); a seccomp filter at least
 //! as strict as Docker's default ([`seccomp`]); memory (no swap), pids and CPU limits through a
 //! cgroup made for that one sandbox ([`cgroup`], v1 and v2); rlimits `nofile` and `core=0` on
@@ -191,7 +192,6 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         bwrap: config.bwrap.clone(),
         filters,
         cgroups: cgroups.clone(),
-        rootfs: rootfs.clone(),
         drop_to: drop_to(&config),
         uid: config.sandbox_uid,
         tmp_mb: config.node.tmp_mb,
@@ -200,6 +200,8 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
     };
     let runner = Runner {
         launcher: Arc::new(launcher),
+        rootfs: rootfs.clone(),
+        images: executor_node::TemplateImages::new(&config.node.image),
         client: runtime.client.clone(),
         subjects,
         config: config.clone(),

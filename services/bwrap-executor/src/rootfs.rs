@@ -1,11 +1,15 @@
-//! The sandbox image's file tree on the host, which every sandbox mounts read-only as `/`:
-//! exported once per image id (`docker create` + `docker export`, unpacked below
-//! `<state>/rootfs/<image id>`), so it is content-addressed — the same image is never exported
-//! twice, and a rebuilt image gets a new tree. [`RootfsCache::refresh`] (called by the janitor)
-//! notices when the image tag points at a new id and switches new sandboxes to it; a retired
-//! tree is removed once no running sandbox holds it. Trees of other image ids found on disk
-//! are left alone (another executor on the host may run on them).
+//! The file trees of the images sandboxes run in, which every sandbox mounts read-only as
+//! `/`: the node's sandbox image (exported at start) and each template's image (exported on
+//! its first run here). Each is exported once per image id (`docker create` + `docker export`,
+//! unpacked below `<state>/rootfs/<image id>`), so the cache is content-addressed — the same
+//! image is never exported twice, one export at a time per id (runs that need a tree being
+//! exported wait for it), and a rebuilt image gets a new tree. [`RootfsCache::refresh`]
+//! (called by the janitor) notices when an image reference in use points at a new id and
+//! switches new sandboxes to it; a retired tree is removed once no running sandbox holds it.
+//! Trees of other image ids found on disk are left alone (another executor on the host may run
+//! on them).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -52,9 +56,15 @@ pub struct Rootfs {
 
 pub struct RootfsCache {
     docker: Docker,
+    /// The node's sandbox image: its tree must exist (the node does not start without it).
     image: String,
     dir: PathBuf,
-    current: Mutex<Arc<Rootfs>>,
+    /// The tree new sandboxes of each image reference in use mount: the node's image, and
+    /// every template image run here. References of the same id share one `Arc`, so a tree
+    /// retired under one name is never removed while another name still maps to it.
+    current: Mutex<HashMap<String, Arc<Rootfs>>>,
+    /// One export at a time per image id (the lock is held while unpacking).
+    exports: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Trees replaced by a newer image, kept while a sandbox still runs on them.
     retired: Mutex<Vec<Arc<Rootfs>>>,
 }
@@ -69,6 +79,20 @@ async fn image_id(docker: &Docker, image: &str) -> Result<String, RootfsError> {
         })?;
     let id = inspect.id.unwrap_or_default();
     Ok(id.trim_start_matches("sha256:").to_string())
+}
+
+/// Docker has no image of that reference (any more).
+fn is_missing(e: &RootfsError) -> bool {
+    matches!(
+        e,
+        RootfsError::Inspect {
+            source: bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            },
+            ..
+        }
+    )
 }
 
 /// Exports `image` into `dir/<id>` unless that tree exists (complete trees only: a tree is
@@ -166,46 +190,108 @@ fn unpack(reader: impl std::io::Read, target: &Path) -> std::io::Result<()> {
 }
 
 impl RootfsCache {
-    /// Exports (or finds) the tree of `image` below `state_dir/rootfs`.
+    /// Exports (or finds) the tree of the node's `image` below `state_dir/rootfs`.
     pub async fn open(docker: Docker, image: &str, state_dir: &Path) -> Result<Self, RootfsError> {
-        let dir = state_dir.join("rootfs");
-        let id = image_id(&docker, image).await?;
-        let current = export(&docker, image, &id, &dir).await?;
         let cache = Self {
             docker,
             image: image.to_string(),
-            dir,
-            current: Mutex::new(Arc::new(current)),
-            retired: Mutex::new(Vec::new()),
+            dir: state_dir.join("rootfs"),
+            current: Mutex::default(),
+            exports: Mutex::default(),
+            retired: Mutex::default(),
         };
+        cache.tree(image).await?;
         Ok(cache)
     }
 
-    /// The tree new sandboxes mount; holding the `Arc` keeps it on disk.
-    pub fn current(&self) -> Arc<Rootfs> {
-        self.current.lock().expect("rootfs lock poisoned").clone()
-    }
-
-    /// Switches to a new tree when the image tag now names another image. Returns whether it
-    /// switched.
-    pub async fn refresh(&self) -> Result<bool, RootfsError> {
-        let id = image_id(&self.docker, &self.image).await?;
-        if self.current().id == id {
-            return Ok(false);
+    /// The tree new sandboxes of `image` mount, exported on its first use here; holding the
+    /// `Arc` keeps it on disk.
+    pub async fn tree(&self, image: &str) -> Result<Arc<Rootfs>, RootfsError> {
+        if let Some(tree) = self
+            .current
+            .lock()
+            .expect("rootfs lock poisoned")
+            .get(image)
+        {
+            return Ok(tree.clone());
         }
-        let fresh = Arc::new(export(&self.docker, &self.image, &id, &self.dir).await?);
-        let old = std::mem::replace(
-            &mut *self.current.lock().expect("rootfs lock poisoned"),
-            fresh,
-        );
-        self.retired.lock().expect("rootfs lock poisoned").push(old);
-        self.sweep();
-        Ok(true)
+        let id = image_id(&self.docker, image).await?;
+        let tree = self.exported(image, &id).await?;
+        let mut current = self.current.lock().expect("rootfs lock poisoned");
+        // A run of the same image that waited on the same export may have put it there first.
+        Ok(current.entry(image.to_string()).or_insert(tree).clone())
     }
 
-    /// Removes the trees this process retired once no sandbox runs on them. Trees of other
-    /// images are left alone: another executor on this host may be running on them.
-    /// Returns how many trees it removed.
+    /// The tree of image id `id`: the one in use under another reference, or exported now
+    /// (waiting for an export of the same id already under way).
+    async fn exported(&self, image: &str, id: &str) -> Result<Arc<Rootfs>, RootfsError> {
+        let export_lock = self
+            .exports
+            .lock()
+            .expect("rootfs lock poisoned")
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        let _exporting = export_lock.lock().await;
+        let in_use = self
+            .current
+            .lock()
+            .expect("rootfs lock poisoned")
+            .values()
+            .find(|t| t.id == id)
+            .cloned();
+        match in_use {
+            Some(tree) => Ok(tree),
+            None => Ok(Arc::new(export(&self.docker, image, id, &self.dir).await?)),
+        }
+    }
+
+    /// Switches each image reference in use to a new tree when it now names another image,
+    /// and forgets a template image Docker no longer has (its next run builds and exports it
+    /// again). Returns how many references it switched or forgot.
+    pub async fn refresh(&self) -> Result<usize, RootfsError> {
+        let in_use: Vec<(String, String)> = self
+            .current
+            .lock()
+            .expect("rootfs lock poisoned")
+            .iter()
+            .map(|(image, tree)| (image.clone(), tree.id.clone()))
+            .collect();
+        let mut changed = 0;
+        for (image, old_id) in in_use {
+            let fresh = match image_id(&self.docker, &image).await {
+                Ok(id) if id == old_id => continue,
+                Ok(id) => Some(self.exported(&image, &id).await?),
+                Err(e) if is_missing(&e) && image != self.image => None,
+                Err(e) => return Err(e),
+            };
+            let old = {
+                let mut current = self.current.lock().expect("rootfs lock poisoned");
+                match fresh {
+                    Some(tree) => current.insert(image, tree),
+                    None => current.remove(&image),
+                }
+            };
+            if let Some(old) = old {
+                self.retire(old);
+            }
+            changed += 1;
+        }
+        self.sweep();
+        Ok(changed)
+    }
+
+    fn retire(&self, tree: Arc<Rootfs>) {
+        let mut retired = self.retired.lock().expect("rootfs lock poisoned");
+        // Once per tree: a second `Arc` of it in the list would keep it forever.
+        if !retired.iter().any(|r| Arc::ptr_eq(r, &tree)) {
+            retired.push(tree);
+        }
+    }
+
+    /// Removes the trees this process retired once no sandbox (and no image reference in use)
+    /// holds them. Trees of other images are left alone: another executor on this host may be
+    /// running on them. Returns how many trees it removed.
     pub fn sweep(&self) -> usize {
         let idle: Vec<Arc<Rootfs>> = {
             let mut retired = self.retired.lock().expect("rootfs lock poisoned");

@@ -25,7 +25,6 @@ use sandbox_protocol::RunSpec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cgroup::{CgroupError, Cgroups, Counters, Limits, SandboxCgroup};
-use crate::rootfs::RootfsCache;
 use crate::seccomp::Filters;
 
 /// Runs as `sh -c WRAPPER sandmesh-bwrap <cgroup.procs files...> -- <command...>`: moves
@@ -58,7 +57,6 @@ pub struct Launcher {
     pub bwrap: PathBuf,
     pub filters: Filters,
     pub cgroups: Cgroups,
-    pub rootfs: Arc<RootfsCache>,
     /// Set when the executor runs as root: sandboxes drop to this host uid before bwrap, so
     /// nothing in them is root on the host, not even through the user namespace's mapping.
     pub drop_to: Option<u32>,
@@ -74,6 +72,8 @@ pub struct SandboxInput<'a> {
     /// The cgroup's name: unique among this node's sandboxes, past and present.
     pub name: &'a str,
     pub spec: &'a RunSpec,
+    /// The image tree mounted as `/` (the caller holds it until the sandbox ended).
+    pub rootfs: &'a Path,
     /// The frames for the supervisor's stdin.
     pub wire: Vec<u8>,
     pub limits: Limits,
@@ -248,9 +248,8 @@ impl Launcher {
         input: SandboxInput<'_>,
     ) -> Result<Finished, SandboxError> {
         let lease = CgroupLease::create(&self.cgroups, node, input.name, input.limits)?;
-        let rootfs = self.rootfs.current();
         let mut child = self
-            .command(&rootfs.path, &lease.cgroup, input.filesystem)
+            .command(input.rootfs, &lease.cgroup, input.filesystem)
             .spawn()
             .map_err(|source| SandboxError::Spawn {
                 program: "/bin/sh".into(),
@@ -317,7 +316,6 @@ impl Launcher {
         }
         let counters = lease.cgroup.counters();
         drop(lease);
-        drop(rootfs);
         Ok(Finished {
             exchange: collector.finish().await,
             counters,

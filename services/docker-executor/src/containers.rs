@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use executor_node::template_images::TemplateImages;
 use executor_node::{Admitted, NodeState};
 use messages::exec::{ExecStatus, Tier};
 use messages::executor::RunKind;
@@ -25,7 +26,6 @@ use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Health, Runner};
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
-use crate::template_images::TemplateImages;
 use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
 
 pub enum ContainersMsg {

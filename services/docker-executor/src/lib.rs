@@ -56,7 +56,7 @@
 //! - Output is capped at what one NATS message can carry (max payload − 64 KiB).
 //! - A container found dead before a run began is replaced and the run retried once.
 //! - Templates (issue 25): a run naming one runs in that template's image
-//!   ([`template_images`], built on first use, content-addressed), from that image's own warm
+//!   (`executor_node::template_images`, built on first use, content-addressed), from that image's own warm
 //!   pool; the result names the template and image.
 //! - Network egress (issue 13): a run or session with a network policy gets a container of its
 //!   own with an egress proxy ([`egress`]) on a socket bind-mounted into it alone; the
@@ -87,7 +87,6 @@ pub mod lease;
 pub mod probe;
 pub mod resident;
 pub mod session;
-pub mod template_images;
 pub mod warm_pool;
 
 use std::sync::Arc;

@@ -16,7 +16,8 @@
 //! - the supervisor protocol's executor half ([`exchange`]), the run spec ([`job`]) and the
 //!   classification of its report ([`outcome`]), so every backend answers alike;
 //! - workspace sync with workspace-store ([`workspace`]) for backends that keep sessions;
-//! - the sandbox image and its check ([`image`]).
+//! - the sandbox image and its check ([`image`]), and each template's image, built on first
+//!   use ([`template_images`]): every backend runs a template in the same image.
 //!
 //! ```text
 //! ExecutorNode<B> (admission, drain, close; restarts the janitor, fails with the backend)
@@ -39,6 +40,7 @@ pub mod node;
 pub mod outcome;
 pub mod results;
 pub mod slot;
+pub mod template_images;
 pub mod workspace;
 
 use std::collections::BTreeMap;
@@ -61,6 +63,7 @@ pub use job::{Admitted, Job, SUPERVISOR_PATH, WORKSPACE_DIR};
 pub use node::NodeState;
 pub use results::{KeepLimits, ResultStore};
 pub use slot::RunSlot;
+pub use template_images::TemplateImages;
 
 use executor::NodeArgs;
 use janitor::JanitorArgs;

@@ -3,8 +3,9 @@
 //! the strategy picks ([`Placer`], waiting for a free slot), or to the `executor.docker.run`
 //! queue group while no node is known. Strict isolation without a session is its own run kind
 //! (`RunKind::Isolated`): a fresh single-use container, no workspace, no fake session. Light
-//! work (tier `ephemeral`, no session, assessed SAFE) goes first to a node offering the
-//! bubblewrap backend ([`light_backend`]), per `SANDMESH_EPHEMERAL_BACKEND`.
+//! work (tier `ephemeral`, no session, no network policy, assessed SAFE; in any template) goes
+//! first to a node offering the bubblewrap backend ([`light_backend`]), per
+//! `SANDMESH_EPHEMERAL_BACKEND`.
 
 use std::time::Duration;
 
@@ -128,8 +129,8 @@ impl Dispatcher {
             backend: Backend::Docker,
         };
         let mut deadline = Duration::from_millis(limits.timeout_ms) + self.exec_grace;
-        // A template that adds packages runs in its own image, which only docker executors
-        // build and run; its first run on a node waits for the build.
+        // A template that adds packages runs in its own image; its first run on a node waits
+        // for the image's build (and on a bwrap node, its export).
         let own_image = exec.template.as_ref().is_some_and(|t| !t.image.is_base());
         if own_image {
             deadline += self.template_build_grace;
@@ -154,7 +155,9 @@ impl Dispatcher {
             exec.risk.level,
             exec.request.session_id.is_some(),
         )
-        .filter(|_| !own_image);
+        // A sandbox has no network: a run with a policy (its own or its template's) needs a
+        // container with an egress proxy.
+        .filter(|_| run.network.is_none());
         if let Some(backend) = light {
             let needs = Requirements { backend, ..needs };
             if let Some(result) = self.place(backend, &run, needs, deadline, &scope).await? {

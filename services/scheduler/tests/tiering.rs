@@ -180,3 +180,60 @@ async fn the_ephemeral_backend_setting_decides() {
     }
     mesh.shutdown().await;
 }
+
+/// Templates run on the light backend too (issue 25): SAFE ephemeral work naming `python-data`
+/// runs in a bwrap sandbox on that template's tree, importing what the sandbox image lacks,
+/// and its result names the template and image as Docker's would; the same work under a
+/// network policy needs an egress proxy, so it runs in Docker instead of being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn template_work_runs_in_bubblewrap_unless_it_needs_the_network() {
+    let mesh = Mesh::builder()
+        .real_risk()
+        .confirm(&[])
+        .docker_executors(1)
+        .templates()
+        .scheduler(|c| {
+            c.network_ceiling =
+                messages::network::NetworkPolicy::ceiling("pkgs.example.org", "").unwrap();
+        })
+        .start()
+        .await;
+    let (bwrap, stop) = start_bwrap(&mesh).await;
+    let docker = mesh.docker_nodes()[0].clone();
+    let data = ExecRequest {
+        template: Some("python-data".into()),
+        // The first run may export the template's tree (tens of seconds) before it starts.
+        timeout_ms: Some(30_000),
+        ..req(
+            "import numpy; print(numpy.arange(3).sum())",
+            TierChoice::Auto,
+        )
+    };
+    let light = exec_on(&mesh, &data, &bwrap).await;
+    assert_eq!(
+        (light.status, light.stdout.as_str(), light.node.as_deref()),
+        (ExecStatus::Ok, "3\n", Some(bwrap.as_str())),
+        "{light:?}"
+    );
+    let ran = light.template.expect("the result names its template");
+    assert_eq!(ran.name, "python-data");
+    assert!(
+        ran.image.starts_with("sandmesh/template-python-data:"),
+        "{ran:?}"
+    );
+    let networked = ExecRequest {
+        network: Some(messages::network::NetworkPolicy {
+            allow_domains: vec!["pkgs.example.org".into()],
+            ..Default::default()
+        }),
+        ..data
+    };
+    let r = mesh.exec(&networked).await.expect("exec");
+    assert_eq!(
+        (r.status, r.stdout.as_str(), r.node.as_deref()),
+        (ExecStatus::Ok, "3\n", Some(docker.as_str())),
+        "{r:?}"
+    );
+    stop.cancel();
+    mesh.shutdown().await;
+}
