@@ -212,6 +212,20 @@ pub enum Scenario {
         )]
         templates: Vec<String>,
     },
+    /// N new sessions opened at once, each running its first execution (time to the first
+    /// result, beside as many bare `docker exec`s at once), `--rounds` times; then the light
+    /// backend's c=4 throughput beside a bare `bwrap` loop.
+    SessionsBurst {
+        /// Sessions per burst.
+        #[arg(long, default_value_t = 50)]
+        sessions: usize,
+        /// Bursts, each on a quiet mesh.
+        #[arg(long, default_value_t = 3)]
+        rounds: u64,
+        /// Bounds of the light series (default c=4, the target's).
+        #[command(flatten)]
+        load: LoadArgs,
+    },
     /// A blend with hostile programs; results by status; leaked containers.
     Mixed {
         #[command(flatten)]

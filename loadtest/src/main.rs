@@ -254,6 +254,15 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
             scenarios::http::wait_for(gateway).await?;
             scenarios::http::http(ctx, &cli.image, gateway, &key, &c, l).await
         }
+        Scenario::SessionsBurst {
+            sessions,
+            rounds,
+            load,
+        } => {
+            let (c, l) = load.resolve(&[4], 400, 20.0);
+            scenarios::sessions_burst::sessions_burst(ctx, &cli.image, *sessions, *rounds, &c, l)
+                .await
+        }
         Scenario::Burst(b) => run_burst(ctx, b).await,
         Scenario::IdleRss { services } => memory::idle_rss(ctx, services).await,
         Scenario::All { burst: b } => run_all(ctx, cli, b).await,

@@ -195,7 +195,7 @@ impl Report {
             .filter(|s| {
                 matches!(
                     s.scenario.as_str(),
-                    "exec" | "template" | "ephemeral-ready" | "http"
+                    "exec" | "template" | "ephemeral-ready" | "http" | "sessions-burst"
                 ) && s.latency.count > 0
                     && s.all_ok()
             })

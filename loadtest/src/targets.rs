@@ -6,6 +6,11 @@ use crate::report::{Report, SeriesReport, TargetCheck};
 const OVERHEAD_P50_MS: f64 = 2.5;
 /// A kernel cell's end-to-end target (issue 26), milliseconds at p50.
 const KERNEL_P50_MS: f64 = 8.0;
+/// Issue 24: a burst of new sessions, time to each first result, milliseconds.
+const SESSIONS_BURST_P50_MS: f64 = 50.0;
+const SESSIONS_BURST_P99_MS: f64 = 150.0;
+/// Issue 24: the light backend's c=4 throughput as a share of a bare `bwrap` loop's.
+const LIGHT_VS_BARE_BWRAP: f64 = 0.85;
 
 /// `N of M not ok (status: first message)` when a series had failures, else empty.
 pub fn failures(s: &SeriesReport) -> String {
@@ -205,7 +210,65 @@ impl Report {
             met: verdict(kernel, kernel.map(|s| s.latency.p50_ms <= KERNEL_P50_MS)).0,
             note: verdict(kernel, None).1,
         });
+        t.extend(self.sessions_burst_targets());
         self.targets = t;
+    }
+
+    /// Issue 24: a burst of new sessions to their first results, and the light backend's
+    /// throughput beside its bare floor (both measured by `sessions-burst`).
+    fn sessions_burst_targets(&self) -> [TargetCheck; 2] {
+        let burst = self.series.iter().find(|s| s.scenario == "sessions-burst");
+        let burst_check = TargetCheck {
+            target: format!(
+                "a burst of new sessions to their first results p50 <= {SESSIONS_BURST_P50_MS} ms, \
+                 p99 <= {SESSIONS_BURST_P99_MS} ms"
+            ),
+            measured: burst.map(|s| {
+                format!(
+                    "{} at once: p50 {:.1} ms, p99 {:.1} ms{}",
+                    s.concurrency,
+                    s.latency.p50_ms,
+                    s.latency.p99_ms,
+                    s.baseline
+                        .as_ref()
+                        .map(|b| format!(" (floor {b})"))
+                        .unwrap_or_default()
+                )
+            }),
+            met: verdict(
+                burst,
+                burst.map(|s| {
+                    s.latency.count > 0
+                        && s.latency.p50_ms <= SESSIONS_BURST_P50_MS
+                        && s.latency.p99_ms <= SESSIONS_BURST_P99_MS
+                }),
+            )
+            .0,
+            note: verdict(burst, None).1,
+        };
+        let bare = self
+            .series
+            .iter()
+            .find(|s| s.name == "bare-bwrap/python/c4");
+        let light = self.find("exec", "python", "ephemeral", "sync", 4);
+        let share = bare
+            .zip(light)
+            .filter(|(b, _)| b.throughput_rps > 0.0)
+            .map(|(b, l)| (l.throughput_rps / b.throughput_rps, l, b));
+        let light_check = TargetCheck {
+            target: format!(
+                "light backend c=4 throughput >= {LIGHT_VS_BARE_BWRAP}x a bare bwrap loop's"
+            ),
+            measured: share.map(|(x, l, b)| {
+                format!(
+                    "{x:.2}x ({:.1} vs {:.1} req/s)",
+                    l.throughput_rps, b.throughput_rps
+                )
+            }),
+            met: verdict(light, share.map(|(x, _, _)| x >= LIGHT_VS_BARE_BWRAP)).0,
+            note: verdict(light, None).1,
+        };
+        [burst_check, light_check]
     }
 }
 
@@ -292,7 +355,7 @@ mod tests {
         r.evaluate_targets();
         let met: Vec<Option<bool>> = r.targets.iter().map(|t| t.met).collect();
         // ephemeral 1.5x: no; session 1.1x: yes; overhead 2.5 ms: yes; first-session, assess,
-        // burst: not run; idle: one service above 30 MB; kernel: not run.
+        // burst: not run; idle: one service above 30 MB; kernel, sessions burst, light: not run.
         assert_eq!(
             met,
             vec![
@@ -303,6 +366,8 @@ mod tests {
                 None,
                 None,
                 Some(false),
+                None,
+                None,
                 None
             ]
         );
@@ -337,7 +402,10 @@ mod tests {
                 ..Default::default()
             };
             r.evaluate_targets();
-            r.targets.pop().unwrap()
+            r.targets
+                .into_iter()
+                .find(|t| t.target.starts_with("kernel cell"))
+                .unwrap()
         };
         let met = kernel(6.5);
         assert_eq!(met.met, Some(true));
@@ -363,5 +431,47 @@ mod tests {
         let burst = &r.targets[5];
         assert_eq!(burst.met, Some(false));
         assert!(burst.note.contains("500"), "{burst:?}");
+    }
+
+    #[test]
+    fn the_sessions_burst_and_light_targets_are_judged_on_their_series() {
+        let judged = |p50, p99, light_rps| {
+            let mut burst = series(
+                "sessions-burst/first-result/c50",
+                "python",
+                Some("session"),
+                Some("sync"),
+                50,
+                p50,
+            );
+            burst.latency.p99_ms = p99;
+            let mut bare = series("bare-bwrap/python/c4", "python", None, None, 4, 30.0);
+            bare.throughput_rps = 100.0;
+            let mut light = series(
+                "exec/python/ephemeral/sync/c4",
+                "python",
+                Some("ephemeral"),
+                Some("sync"),
+                4,
+                40.0,
+            );
+            light.throughput_rps = light_rps;
+            let mut r = Report {
+                series: vec![burst, bare, light],
+                ..Default::default()
+            };
+            r.evaluate_targets();
+            let n = r.targets.len();
+            (r.targets[n - 2].met, r.targets[n - 1].clone())
+        };
+        let (burst, light) = judged(40.0, 140.0, 90.0);
+        assert_eq!((burst, light.met), (Some(true), Some(true)));
+        assert_eq!(
+            light.measured.as_deref(),
+            Some("0.90x (90.0 vs 100.0 req/s)")
+        );
+        assert_eq!(judged(60.0, 140.0, 90.0).0, Some(false), "p50 over");
+        assert_eq!(judged(40.0, 160.0, 90.0).0, Some(false), "p99 over");
+        assert_eq!(judged(40.0, 140.0, 80.0).1.met, Some(false), "0.80x");
     }
 }

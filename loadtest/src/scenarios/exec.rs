@@ -319,7 +319,7 @@ pub async fn ephemeral_ready(
 /// (containers started *and* warmed up, as its heartbeat says) and nothing running, in a
 /// heartbeat sent after `since_ms`. A sample taken while the node still removes the last
 /// container or warms up its replacement would measure that work too.
-async fn wait_until_quiet(ctx: &Ctx, since_ms: u64) {
+pub async fn wait_until_quiet(ctx: &Ctx, since_ms: u64) {
     use futures::TryStreamExt;
     use messages::heartbeat::Heartbeat;
     let deadline = Instant::now() + Duration::from_secs(6);

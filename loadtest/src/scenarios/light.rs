@@ -115,6 +115,26 @@ pub async fn light(
     load: Load,
 ) -> anyhow::Result<()> {
     exec::baseline(ctx, image, &[Language::Python], concurrency, load).await?;
+    bare_bwrap_series(ctx, image, concurrency, load).await?;
+    exec::exec(
+        ctx,
+        &[Language::Python],
+        &[ExecTier::Ephemeral],
+        &[Mode::Sync],
+        concurrency,
+        load,
+    )
+    .await
+}
+
+/// The bare `bwrap` loop at each concurrency (series `bare-bwrap/python/c<c>`): the light
+/// backend's floor.
+pub async fn bare_bwrap_series(
+    ctx: &mut Ctx,
+    image: &str,
+    concurrency: &[usize],
+    load: Load,
+) -> anyhow::Result<()> {
     let rootfs = rootfs(ctx, image).await?;
     // One unmeasured run: page cache.
     bare_bwrap(&rootfs).await?;
@@ -138,13 +158,5 @@ pub async fn light(
         .await;
         ctx.push(run.report(&name).tagged(Some("python"), None, None));
     }
-    exec::exec(
-        ctx,
-        &[Language::Python],
-        &[ExecTier::Ephemeral],
-        &[Mode::Sync],
-        concurrency,
-        load,
-    )
-    .await
+    Ok(())
 }
