@@ -13,6 +13,9 @@ use crate::driver::{drive, note, Load, Sample};
 use crate::programs::{request, tiny};
 use crate::scenarios::Ctx;
 
+/// How long a one-at-a-time sample waits for the executor to be quiet again.
+const QUIET_BOUND: Duration = Duration::from_secs(6);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExecTier {
     Ephemeral,
@@ -262,7 +265,7 @@ pub async fn first_session(ctx: &mut Ctx, language: Language, samples: u64) -> a
         close_session(&ctx.mesh, &id).await;
         // Closing returns the container; give the pool a bounded moment to refill so each
         // sample measures a warm start, as a session arriving at a quiet mesh would see.
-        wait_until_quiet(ctx, messages::now_ms()).await;
+        wait_until_quiet(ctx, messages::now_ms(), QUIET_BOUND).await;
     }
     note("");
     open.elapsed = started.elapsed();
@@ -301,7 +304,7 @@ pub async fn ephemeral_ready(
             break;
         }
         eprint!("\rephemeral-ready: {i}/{samples}   ");
-        wait_until_quiet(ctx, messages::now_ms()).await;
+        wait_until_quiet(ctx, messages::now_ms(), QUIET_BOUND).await;
         let req = request(language, code, TierChoice::Ephemeral, None);
         run.absorb(&exec_sync(&ctx.mesh, &req, Some(expect)).await);
     }
@@ -315,14 +318,14 @@ pub async fn ephemeral_ready(
     Ok(())
 }
 
-/// Bounded poll (≤ 6 s) until the executor is quiet again: its warm pool back at its size
+/// Bounded poll (≤ `bound`) until the executor is quiet again: its warm pool back at its size
 /// (containers started *and* warmed up, as its heartbeat says) and nothing running, in a
 /// heartbeat sent after `since_ms`. A sample taken while the node still removes the last
 /// container or warms up its replacement would measure that work too.
-pub async fn wait_until_quiet(ctx: &Ctx, since_ms: u64) {
+pub async fn wait_until_quiet(ctx: &Ctx, since_ms: u64, bound: Duration) {
     use futures::TryStreamExt;
     use messages::heartbeat::Heartbeat;
-    let deadline = Instant::now() + Duration::from_secs(6);
+    let deadline = Instant::now() + bound;
     let Ok(kv) = ctx
         .mesh
         .js

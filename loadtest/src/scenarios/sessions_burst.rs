@@ -25,6 +25,10 @@ use crate::programs::{request, tiny};
 use crate::scenarios::exec::{self, wait_until_quiet, ExecTier, Mode};
 use crate::scenarios::{light, Ctx};
 
+/// How long a burst waits for the executor to be quiet again (its warm pool refilled, the last
+/// burst's containers removed).
+const BURST_QUIET_BOUND: Duration = Duration::from_secs(60);
+
 /// What one session of a burst measured.
 struct FirstResult {
     session: Option<String>,
@@ -110,7 +114,8 @@ pub async fn sessions_burst(
     let started = Instant::now();
     for round in 0..rounds {
         eprint!("\rsessions-burst: round {}/{rounds}   ", round + 1);
-        wait_until_quiet(ctx, messages::now_ms()).await;
+        // A burst's worth of containers replaced takes longer than one sample's.
+        wait_until_quiet(ctx, messages::now_ms(), BURST_QUIET_BOUND).await;
         let burst = Instant::now();
         let tasks: Vec<_> = (0..sessions)
             .map(|_| tokio::spawn(first_result(ctx.mesh.clone(), burst)))
