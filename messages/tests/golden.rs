@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
-use messages::executor::{ExecutorRunStatus, ExecutorStatusQuery, RunState};
+use messages::executor::{ExecutorRun, ExecutorRunStatus, RunKind, ExecutorStatusQuery, RunState};
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
@@ -108,6 +108,47 @@ fn exec_result() -> ExecResult {
         state_lost: false,
         error: None,
     }
+}
+
+/// One run of each kind: pooled, isolated (ephemeral and session-grade), a session's.
+fn executor_runs() -> Vec<(&'static str, ExecutorRun)> {
+    let sessionless = ExecRequest {
+        session_id: None,
+        ..exec_request()
+    };
+    let run = |tier, kind, request, network| ExecutorRun {
+        execution_id: "acme-01JD0000000000000000000000".into(),
+        tier,
+        request,
+        session_restored: false,
+        kind,
+        network,
+        tenant: Some(Tenant::new("acme").unwrap()),
+        template: None,
+        filesystem: None,
+    };
+    let egress = NetworkPolicy {
+        allow_domains: vec!["pkgs.example.org".into()],
+        ..Default::default()
+    };
+    vec![
+        (
+            "executor_run_pooled",
+            run(Tier::Ephemeral, RunKind::Pooled, sessionless.clone(), None),
+        ),
+        (
+            "executor_run_isolated",
+            run(Tier::Ephemeral, RunKind::Isolated, sessionless.clone(), Some(egress)),
+        ),
+        (
+            "executor_run_isolated_session_grade",
+            run(Tier::Session, RunKind::Isolated, sessionless, None),
+        ),
+        (
+            "executor_run_session",
+            run(Tier::Session, RunKind::Session, exec_request(), None),
+        ),
+    ]
 }
 
 fn check<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(name: &str, value: &T) {
@@ -413,6 +454,10 @@ fn golden_vectors_are_byte_exact() {
             error: None,
         },
     );
+    // Issue 24: each shape a run can take (tier, container and session agree).
+    for (name, run) in executor_runs() {
+        check(name, &run);
+    }
     check(
         "error",
         &ErrorBody::too_large("code is 300000 bytes; the limit is 262144"),
