@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
-use messages::executor::{ExecutorRun, ExecutorRunStatus, RunKind, ExecutorStatusQuery, RunState};
+use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunKind, RunState};
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
@@ -116,16 +116,12 @@ fn executor_runs() -> Vec<(&'static str, ExecutorRun)> {
         session_id: None,
         ..exec_request()
     };
-    let run = |tier, kind, request, network| ExecutorRun {
-        execution_id: "acme-01JD0000000000000000000000".into(),
-        tier,
-        request,
-        session_restored: false,
-        kind,
-        network,
-        tenant: Some(Tenant::new("acme").unwrap()),
-        template: None,
-        filesystem: None,
+    let run = |kind, request, network| {
+        let mut run =
+            ExecutorRun::new("acme-01JD0000000000000000000000".into(), request, kind).unwrap();
+        run.network = network;
+        run.tenant = Some(Tenant::new("acme").unwrap());
+        run
     };
     let egress = NetworkPolicy {
         allow_domains: vec!["pkgs.example.org".into()],
@@ -134,19 +130,37 @@ fn executor_runs() -> Vec<(&'static str, ExecutorRun)> {
     vec![
         (
             "executor_run_pooled",
-            run(Tier::Ephemeral, RunKind::Pooled, sessionless.clone(), None),
+            run(RunKind::Pooled, sessionless.clone(), None),
         ),
         (
             "executor_run_isolated",
-            run(Tier::Ephemeral, RunKind::Isolated, sessionless.clone(), Some(egress)),
+            run(
+                RunKind::Isolated {
+                    session_grade: false,
+                },
+                sessionless.clone(),
+                Some(egress),
+            ),
         ),
         (
             "executor_run_isolated_session_grade",
-            run(Tier::Session, RunKind::Isolated, sessionless, None),
+            run(
+                RunKind::Isolated {
+                    session_grade: true,
+                },
+                sessionless,
+                None,
+            ),
         ),
         (
             "executor_run_session",
-            run(Tier::Session, RunKind::Session, exec_request(), None),
+            run(
+                RunKind::Session {
+                    session_id: "s1".into(),
+                },
+                exec_request(),
+                None,
+            ),
         ),
     ]
 }

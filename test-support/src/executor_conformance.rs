@@ -15,10 +15,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use messages::exec::{
-    ContentEncoding, ExecRequest, ExecResult, ExecStatus, Language, Limits, Tier,
-};
-use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
+use messages::exec::{ContentEncoding, ExecRequest, ExecResult, ExecStatus, Language, Limits};
+use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunKind, RunState};
 use messages::tenancy::Tenant;
 use messages::{ErrorBody, ErrorKind};
 
@@ -51,37 +49,35 @@ pub trait ExecutorHarness: Sized {
 
 /// A sessionless ephemeral run of `code`, with a fresh execution id.
 pub fn ephemeral(language: Language, code: &str) -> ExecutorRun {
+    pooled(ExecRequest {
+        language,
+        code: code.to_string(),
+        ..Default::default()
+    })
+}
+
+/// A sessionless run of `request` in a pooled container, with a fresh execution id.
+pub fn pooled(request: ExecRequest) -> ExecutorRun {
     let execution_id = messages::new_id();
-    ExecutorRun {
-        network: None,
-        tenant: None,
-        template: None,
-        filesystem: None,
-        execution_id: execution_id.clone(),
-        tier: Tier::Ephemeral,
-        request: ExecRequest {
-            execution_id: Some(execution_id),
-            language,
-            code: code.to_string(),
-            ..Default::default()
-        },
-        session_restored: false,
-        kind: Default::default(),
-    }
+    let request = ExecRequest {
+        execution_id: Some(execution_id.clone()),
+        ..request
+    };
+    ExecutorRun::new(execution_id, request, RunKind::Pooled).expect("a run without a session")
 }
 
 /// The same with a timeout and limits.
 pub fn limited(language: Language, code: &str, timeout_ms: u64, limits: Limits) -> ExecutorRun {
     let mut run = ephemeral(language, code);
-    run.request.timeout_ms = Some(timeout_ms);
-    run.request.limits = Some(limits);
+    run.edit_request(|r| r.timeout_ms = Some(timeout_ms));
+    run.edit_request(|r| r.limits = Some(limits));
     run
 }
 
 async fn answered<H: ExecutorHarness>(h: &H, run: &ExecutorRun) -> ExecResult {
     h.run(run)
         .await
-        .unwrap_or_else(|e| panic!("run of {:?} refused: {e:?}", run.request.code))
+        .unwrap_or_else(|e| panic!("run of {:?} refused: {e:?}", run.request().code))
 }
 
 /// After any case: nothing left, and the next run works.
@@ -134,22 +130,26 @@ pub async fn print<H: ExecutorHarness>() {
          import helper; print(helper.VALUE)\n\
          print(sorted(k for k in os.environ if k.startswith(('SANDMESH', 'NATS'))))",
     );
-    run.request.stdin = Some("shout\n".into());
-    run.request.env.insert("GREETING".into(), "hi".into());
+    run.edit_request(|r| r.stdin = Some("shout\n".into()));
+    run.edit_request(|r| {
+        r.env.insert("GREETING".into(), "hi".into());
+    });
     let file = |path: &str, content: String, encoding| messages::exec::FileSpec {
         path: path.into(),
         content,
         encoding,
     };
-    run.request.files = vec![
-        file("data/in.txt", "from a file".into(), ContentEncoding::Utf8),
-        file(
-            "bin.dat",
-            messages::encode_base64(&[0, 1, 2]),
-            ContentEncoding::Base64,
-        ),
-        file("helper.py", "VALUE = 42\n".into(), ContentEncoding::Utf8),
-    ];
+    run.edit_request(|r| {
+        r.files = vec![
+            file("data/in.txt", "from a file".into(), ContentEncoding::Utf8),
+            file(
+                "bin.dat",
+                messages::encode_base64(&[0, 1, 2]),
+                ContentEncoding::Base64,
+            ),
+            file("helper.py", "VALUE = 42\n".into(), ContentEncoding::Utf8),
+        ]
+    });
     let r = answered(&h, &run).await;
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
     assert_eq!(
@@ -371,7 +371,7 @@ pub async fn long_ids<H: ExecutorHarness>() {
     for tenant in [Some("acme"), None] {
         let mut run = ephemeral(Language::Python, "print('long')");
         run.execution_id = scoped.clone();
-        run.request.execution_id = Some(own.clone());
+        run.edit_request(|r| r.execution_id = Some(own.clone()));
         run.tenant = tenant.map(|t| messages::tenancy::Tenant::new(t).expect("a valid tenant"));
         let r = answered(&h, &run).await;
         assert_eq!(
@@ -389,7 +389,7 @@ pub async fn long_ids<H: ExecutorHarness>() {
     ] {
         let mut run = ephemeral(Language::Python, "print('never')");
         run.execution_id = bad.clone();
-        run.request.execution_id = None;
+        run.edit_request(|r| r.execution_id = None);
         let e = h.run(&run).await.expect_err(&format!("id {bad:?} refused"));
         assert_eq!(e.code, 400, "id {bad:?}: {e:?}");
     }
@@ -414,7 +414,7 @@ pub async fn repeated_id<H: ExecutorHarness>() {
         Limits::default(),
     );
     slow.execution_id = format!("acme-{own}");
-    slow.request.execution_id = Some(own.clone());
+    slow.edit_request(|r| r.execution_id = Some(own.clone()));
     slow.tenant = Some(acme.clone());
     let query = ExecutorStatusQuery::of(&slow);
     let state = |q: ExecutorStatusQuery| {
@@ -442,7 +442,7 @@ pub async fn repeated_id<H: ExecutorHarness>() {
         .await;
         // Different code under the same id: still the one run's answer, not a second run.
         let mut other = slow.clone();
-        other.request.code = "echo second run".into();
+        other.edit_request(|r| r.code = "echo second run".into());
         tokio::join!(answered(&h, &slow), answered(&h, &other))
     };
     let (a, (b, c)) = tokio::join!(first, repeats);
@@ -552,9 +552,15 @@ done";
         "the root is read-only without a policy: {plain:?}"
     );
 
-    let mut run = ephemeral(Language::Shell, probe);
     // As the scheduler sends it: a container of its own, not a warm one.
-    run.kind = messages::executor::RunKind::Isolated;
+    let request = ExecRequest {
+        execution_id: None,
+        ..ephemeral(Language::Shell, probe).request().clone()
+    };
+    let isolated = RunKind::Isolated {
+        session_grade: false,
+    };
+    let mut run = ExecutorRun::new(messages::new_id(), request, isolated).unwrap();
     run.filesystem = Some(messages::filesystem::FilesystemPolicy {
         deny_read: vec!["/etc/apt".into()],
         allow_write: vec!["/var/tmp".into()],
@@ -591,7 +597,7 @@ pub async fn template<H: ExecutorHarness>() {
         .find(|t| t.name == "python-data")
         .expect("the python-data built-in");
     let mut run = ephemeral(Language::Python, code);
-    run.request.timeout_ms = Some(30_000);
+    run.edit_request(|r| r.timeout_ms = Some(30_000));
     run.template = Some(messages::template::RunTemplate {
         name: data.name.clone(),
         image: data.image_spec(),

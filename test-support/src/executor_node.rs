@@ -145,7 +145,7 @@ impl<B: NodeBackend> Node<B> {
     async fn wait_ready(&mut self) {
         let mut bad = ephemeral(Language::Shell, "true");
         bad.execution_id.clear();
-        bad.request.execution_id = None;
+        bad.edit_request(|r| r.execution_id = None);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
             if let Err(ClientError::Service { .. }) = self.call_node(&bad).await {
@@ -169,15 +169,16 @@ impl<B: NodeBackend> Node<B> {
         self.subjects.executor_node_on(B::KIND, &self.node, op)
     }
 
-    /// A run through the backend's queue group (what the scheduler sends).
-    pub async fn call(&self, run: &ExecutorRun) -> Result<ExecResult, ClientError> {
+    /// A run through the backend's queue group (what the scheduler sends), or any payload in
+    /// its place (a hostile one).
+    pub async fn call(&self, run: &impl serde::Serialize) -> Result<ExecResult, ClientError> {
         self.caller
             .request(self.subjects.executor_run_on(B::KIND), run)
             .await
     }
 
-    /// A run on this node's own subject.
-    pub async fn call_node(&self, run: &ExecutorRun) -> Result<ExecResult, ClientError> {
+    /// A run, or any payload in its place, on this node's own subject.
+    pub async fn call_node(&self, run: &impl serde::Serialize) -> Result<ExecResult, ClientError> {
         self.caller
             .request(self.node_subject(ExecutorOp::Run), run)
             .await

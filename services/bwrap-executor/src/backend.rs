@@ -10,7 +10,6 @@ use std::sync::Arc;
 use executor_node::{Admitted, Backend, Gauges, NodeState};
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use messages::exec::Tier;
 use messages::executor::{ExecutorRun, RunKind};
 use messages::{ErrorBody, ServiceName};
 use ractor::{ActorCell, ActorProcessingErr};
@@ -23,17 +22,22 @@ pub struct BwrapBackend {
     pub node: Arc<NodeState>,
 }
 
-/// What a sandbox can run: sessions live in Docker containers, and so do runs with egress.
+/// What a sandbox can run: tier `ephemeral` without a session (sessions live in Docker
+/// containers) and without a network policy (so do runs with egress).
 fn check_kind(run: &ExecutorRun) -> Result<(), ErrorBody> {
-    if run.tier != Tier::Ephemeral
-        || run.kind == RunKind::Session
-        || run.request.session_id.is_some()
-    {
-        return Err(ErrorBody::bad_request(format!(
-            "the bwrap executor runs tier ephemeral without a session, not tier {} ({:?})",
-            run.tier.as_str(),
-            run.kind
-        )));
+    match run.kind() {
+        RunKind::Pooled
+        | RunKind::Isolated {
+            session_grade: false,
+        } => {}
+        kind @ (RunKind::Isolated {
+            session_grade: true,
+        }
+        | RunKind::Session { .. }) => {
+            return Err(ErrorBody::bad_request(format!(
+                "the bwrap executor runs tier ephemeral without a session, not {kind:?}"
+            )))
+        }
     }
     if run.network.is_some() {
         return Err(ErrorBody::bad_request(
@@ -91,33 +95,47 @@ impl Backend for BwrapBackend {
 
 #[cfg(test)]
 mod tests {
-    use messages::exec::Language;
+    use messages::exec::{ExecRequest, Language};
     use messages::network::NetworkPolicy;
 
     use super::*;
 
-    fn run(tier: Tier, kind: RunKind, session: Option<&str>) -> ExecutorRun {
-        let mut run = test_support::executor_conformance::ephemeral(Language::Python, "");
-        (run.tier, run.kind) = (tier, kind);
-        run.request.session_id = session.map(Into::into);
-        run
+    fn run(kind: RunKind) -> ExecutorRun {
+        let request = ExecRequest {
+            language: Language::Python,
+            session_id: kind.session_id().map(Into::into),
+            ..Default::default()
+        };
+        ExecutorRun::new("e1".into(), request, kind).unwrap()
     }
 
     #[test]
     fn only_sessionless_ephemeral_runs_without_network_are_taken() {
-        assert!(check_kind(&run(Tier::Ephemeral, RunKind::Pooled, None)).is_ok());
-        assert!(check_kind(&run(Tier::Ephemeral, RunKind::Isolated, None)).is_ok());
-        let mut with_network = run(Tier::Ephemeral, RunKind::Isolated, None);
+        let ephemeral_isolated = || {
+            run(RunKind::Isolated {
+                session_grade: false,
+            })
+        };
+        assert!(check_kind(&run(RunKind::Pooled)).is_ok());
+        assert!(check_kind(&ephemeral_isolated()).is_ok());
+        let mut with_network = ephemeral_isolated();
         with_network.network = Some(NetworkPolicy::default());
         for r in [
-            run(Tier::Session, RunKind::Session, Some("s1")),
-            run(Tier::Session, RunKind::Isolated, None),
-            run(Tier::Ephemeral, RunKind::Pooled, Some("s1")),
-            run(Tier::Ephemeral, RunKind::Session, None),
+            run(RunKind::Session {
+                session_id: "s1".into(),
+            }),
+            run(RunKind::Isolated {
+                session_grade: true,
+            }),
             with_network,
         ] {
             let e = check_kind(&r).unwrap_err();
-            assert_eq!(e.code, 400, "{:?} {:?}: {e:?}", r.tier, r.kind);
+            assert_eq!(
+                e.kind,
+                messages::ErrorKind::BadRequest,
+                "{:?}: {e:?}",
+                r.kind()
+            );
         }
     }
 }

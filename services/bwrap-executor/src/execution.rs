@@ -58,7 +58,7 @@ impl Runner {
     /// Runs `job` in a sandbox of its own on `rootfs`; always a result.
     pub async fn execute(&self, node: &Arc<NodeState>, job: &Job, rootfs: &Rootfs) -> ExecResult {
         let started = Instant::now();
-        let mut streamer = job.run.request.stream_output.then(|| {
+        let mut streamer = job.run.request().stream_output.then(|| {
             OutputStreamer::new(self.client.clone(), job.run.output_subject(&self.subjects))
         });
         let mut result = match self.sandboxed(node, job, rootfs, streamer.as_mut()).await {

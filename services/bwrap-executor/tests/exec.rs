@@ -4,9 +4,9 @@
 use sandmesh_client::ClientError;
 use std::time::Duration;
 
-use crate::common::{request, run, BwrapRuns, Harness};
+use crate::common::{pooled, request, run, BwrapRuns, Harness};
 use futures::StreamExt;
-use messages::exec::{ExecStatus, Language, OutputChunk, Tier};
+use messages::exec::{ExecRequest, ExecStatus, Language, OutputChunk, Tier};
 use messages::executor::{Backend, ExecutorDrain, ExecutorRun, RunKind};
 use messages::subjects::ExecutorOp;
 use messages::ErrorKind;
@@ -35,17 +35,7 @@ async fn output_streams_as_chunks_while_it_runs() {
         "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.05)",
     );
     req.stream_output = true;
-    let run = ExecutorRun {
-        network: None,
-        tenant: None,
-        template: None,
-        filesystem: None,
-        execution_id: messages::new_id(),
-        tier: Tier::Ephemeral,
-        request: req,
-        session_restored: false,
-        kind: RunKind::Pooled,
-    };
+    let run = pooled(messages::new_id(), req);
     let mut chunks = h
         .client
         .subscribe(h.subjects.output_any(&run.execution_id))
@@ -77,18 +67,29 @@ async fn it_refuses_what_it_does_not_run_with_clear_errors() {
         other => panic!("expected a refusal, got {other:?}"),
     };
     // Sessions live in Docker containers.
-    let mut session = run(Language::Python, "1", &messages::new_id());
-    session.tier = Tier::Session;
-    session.kind = RunKind::Session;
-    session.request.session_id = Some("s1".into());
+    let request = ExecRequest {
+        session_id: Some("s1".into()),
+        ..request(Language::Python, "1")
+    };
+    let session = RunKind::Session {
+        session_id: "s1".into(),
+    };
+    let session = ExecutorRun::new(messages::new_id(), request, session).unwrap();
     let e = refused(h.call_node(&session).await);
     assert_eq!(e.kind, ErrorKind::BadRequest);
     assert!(e.message.contains("ephemeral"), "{e:?}");
+    // A run whose tier, container and session disagree is malformed before it is a run.
+    let mut hostile = serde_json::to_value(run(Language::Python, "1", "x1")).unwrap();
+    hostile["request"]["session_id"] = "s1".into();
+    assert_eq!(
+        refused(h.call_node(&hostile).await).kind,
+        ErrorKind::BadRequest
+    );
     // Bad ids, unknown limits, malformed and oversized payloads.
     let e = refused(h.call_node(&run(Language::Python, "1", "../x")).await);
     assert_eq!(e.kind, ErrorKind::BadRequest);
     let mut zero = run(Language::Python, "1", &messages::new_id());
-    zero.request.timeout_ms = Some(0);
+    zero.edit_request(|r| r.timeout_ms = Some(0));
     assert_eq!(
         refused(h.call_node(&zero).await).kind,
         ErrorKind::BadRequest

@@ -16,8 +16,8 @@ use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandb
 use docker_executor::probe::{exec_capture, percentile};
 use docker_executor::ExecutorConfig;
 use kit::CancellationToken;
-use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
-use messages::executor::ExecutorRun;
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language};
+use messages::executor::{ExecutorRun, RunKind};
 use messages::subjects::ExecutorOp;
 use test_support::NatsServer;
 
@@ -77,29 +77,27 @@ async fn start(image: &str, pool: usize) -> Mesh {
 }
 
 impl Mesh {
-    async fn run(&self, tier: Tier, session: Option<&str>) -> Duration {
+    /// One run: in `session`'s container on this node, else pooled on any node.
+    async fn run(&self, session: Option<&str>) -> Duration {
         let id = messages::new_id();
-        let run = ExecutorRun {
-            tenant: None,
-            template: None,
-            filesystem: None,
-            execution_id: id.clone(),
-            tier,
-            request: ExecRequest {
-                execution_id: Some(id),
-                session_id: session.map(str::to_string),
-                language: Language::Python,
-                code: "print(1)".into(),
-                ..Default::default()
-            },
-            session_restored: false,
-            kind: Default::default(),
-            network: None,
+        let request = ExecRequest {
+            execution_id: Some(id.clone()),
+            session_id: session.map(str::to_string),
+            language: Language::Python,
+            code: "print(1)".into(),
+            ..Default::default()
         };
+        let kind = match session {
+            Some(s) => RunKind::Session {
+                session_id: s.into(),
+            },
+            None => RunKind::Pooled,
+        };
+        let run = ExecutorRun::new(id, request, kind).unwrap();
         let subjects = &self.config.node.kit.subjects;
-        let subject = match tier {
-            Tier::Session => subjects.executor_node(self.config.node_id(), ExecutorOp::Run),
-            _ => subjects.executor_run(),
+        let subject = match session {
+            Some(_) => subjects.executor_node(self.config.node_id(), ExecutorOp::Run),
+            None => subjects.executor_run(),
         };
         let started = Instant::now();
         let r: ExecResult = self.caller.request(subject, &run).await.unwrap();
@@ -202,7 +200,7 @@ async fn main() {
     // Warm-up: page cache, connections, the session's container.
     for _ in 0..5 {
         bare().await;
-        mesh.run(Tier::Session, Some("bench")).await;
+        mesh.run(Some("bench")).await;
     }
     mesh.settle(2.0, 3.0).await;
 
@@ -210,11 +208,11 @@ async fn main() {
     for i in 0..rounds {
         // Interleaved, so drift (other load, page cache) hits both sides alike.
         b_s.push(bare().await);
-        s.push(mesh.run(Tier::Session, Some("bench")).await);
+        s.push(mesh.run(Some("bench")).await);
         if i % 2 == 0 {
             mesh.settle(2.0, 3.0).await;
             b_e.push(bare().await);
-            e.push(mesh.run(Tier::Ephemeral, None).await);
+            e.push(mesh.run(None).await);
         }
     }
     let bare_s = summary("bare docker exec (session)", b_s);
@@ -229,7 +227,7 @@ async fn main() {
     let mut warm_first = Vec::new();
     for i in 0..10 {
         mesh.settle(2.0, 3.0 + i as f64).await;
-        warm_first.push(mesh.run(Tier::Session, Some(&format!("first-{i}"))).await);
+        warm_first.push(mesh.run(Some(&format!("first-{i}"))).await);
     }
     println!();
     summary("new session, warm pool", warm_first);
@@ -239,7 +237,7 @@ async fn main() {
     let cold = start(&image, 0).await;
     let mut cold_first = Vec::new();
     for i in 0..10 {
-        cold_first.push(cold.run(Tier::Session, Some(&format!("cold-{i}"))).await);
+        cold_first.push(cold.run(Some(&format!("cold-{i}"))).await);
     }
     summary("new session, cold start", cold_first);
     cold.stop().await;

@@ -10,7 +10,6 @@ use std::time::Duration;
 use executor_node::{Admitted, Backend, Gauges, NodeState};
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use messages::exec::Tier;
 use messages::executor::{ExecutorRun, RunKind};
 use messages::{ErrorBody, ServiceName};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
@@ -53,33 +52,12 @@ impl DockerBackend {
     }
 }
 
-/// The tier, kind and session combinations the Docker backend runs.
-fn check_kind(run: &ExecutorRun) -> Result<(), ErrorBody> {
-    match (run.tier, run.kind) {
-        // Tier `session` with an isolated run is strict mode's answer to non-SAFE code that
-        // has no session: session-grade isolation in a container of its own.
-        (Tier::Ephemeral | Tier::Session, RunKind::Isolated) => {}
-        (Tier::Ephemeral, RunKind::Pooled) => {}
-        (Tier::Session, RunKind::Pooled | RunKind::Session) if run.request.session_id.is_some() => {
-        }
-        (Tier::Session, _) => {
-            return Err(ErrorBody::bad_request("tier session needs a session_id"));
-        }
-        (Tier::Ephemeral, RunKind::Session) => {
-            return Err(ErrorBody::bad_request(
-                "run kind session needs tier session",
-            ));
-        }
-        (other, _) => {
-            return Err(ErrorBody::bad_request(format!(
-                "the docker executor runs tiers ephemeral and session, not {}",
-                other.as_str()
-            )));
-        }
-    }
+/// The Docker backend runs every kind of run; of a run with a network policy it checks the
+/// policy, and that the run has a container of its own.
+fn check_network(run: &ExecutorRun) -> Result<(), ErrorBody> {
     if let Some(policy) = &run.network {
         policy.validate().map_err(ErrorBody::from)?;
-        if run.kind == RunKind::Pooled {
+        if run.kind() == &RunKind::Pooled {
             // A warm container is made before anyone asked: it has no egress socket.
             return Err(ErrorBody::bad_request(
                 "a run with a network policy needs run kind isolated or session",
@@ -96,7 +74,7 @@ impl Backend for DockerBackend {
     const SESSIONS: bool = true;
 
     fn accepts(&self, run: &ExecutorRun) -> Result<(), ErrorBody> {
-        check_kind(run)
+        check_network(run)
     }
 
     async fn start(&mut self, node: ActorCell) -> Result<(), ActorProcessingErr> {
@@ -171,37 +149,34 @@ impl Backend for DockerBackend {
 #[cfg(test)]
 mod tests {
     use messages::exec::Language;
+    use messages::network::NetworkPolicy;
 
     use super::*;
 
-    fn run(tier: Tier, kind: RunKind, session: Option<&str>) -> ExecutorRun {
-        let mut run = test_support::executor_conformance::ephemeral(Language::Python, "");
-        (run.tier, run.kind) = (tier, kind);
-        run.request.session_id = session.map(Into::into);
-        run
-    }
-
     #[test]
-    fn only_consistent_tier_kind_and_session_combinations_are_taken() {
-        let ok = [
-            run(Tier::Ephemeral, RunKind::Pooled, None),
-            run(Tier::Ephemeral, RunKind::Isolated, None),
-            run(Tier::Session, RunKind::Isolated, None),
-            run(Tier::Session, RunKind::Session, Some("s1")),
-            run(Tier::Session, RunKind::Pooled, Some("s1")),
-        ];
-        for r in &ok {
-            assert!(check_kind(r).is_ok(), "{:?} {:?}", r.tier, r.kind);
-        }
-        let refused = [
-            run(Tier::Session, RunKind::Session, None),
-            run(Tier::Ephemeral, RunKind::Session, Some("s1")),
-            run(Tier::Aio, RunKind::Pooled, None),
-            run(Tier::Reject, RunKind::Isolated, None),
-        ];
-        for r in &refused {
-            let e = check_kind(r).unwrap_err();
-            assert_eq!(e.code, 400, "{:?} {:?}: {e:?}", r.tier, r.kind);
-        }
+    fn a_network_policy_needs_a_container_of_its_own() {
+        let run = |kind| {
+            let request = test_support::executor_conformance::ephemeral(Language::Python, "");
+            let mut run = ExecutorRun::new("e1".into(), request.request().clone(), kind).unwrap();
+            run.network = Some(NetworkPolicy::default());
+            run
+        };
+        let isolated = RunKind::Isolated {
+            session_grade: false,
+        };
+        assert!(check_network(&run(isolated)).is_ok());
+        let e = check_network(&run(RunKind::Pooled)).unwrap_err();
+        assert_eq!(e.kind, messages::ErrorKind::BadRequest, "{e:?}");
+        let mut hostile = run(RunKind::Isolated {
+            session_grade: true,
+        });
+        hostile.network = Some(NetworkPolicy {
+            allow_cidrs: vec!["not a cidr".into()],
+            ..Default::default()
+        });
+        assert_eq!(
+            check_network(&hostile).unwrap_err().kind,
+            messages::ErrorKind::BadRequest
+        );
     }
 }

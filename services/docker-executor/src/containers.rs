@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use executor_node::template_images::TemplateImages;
 use executor_node::{Admitted, NodeState};
-use messages::exec::{ExecStatus, Tier};
+use messages::exec::ExecStatus;
 use messages::executor::RunKind;
 use messages::template::{RunTemplate, TemplateRan};
 use messages::validate::Ceilings;
@@ -121,14 +121,12 @@ impl ContainersState {
     ) -> Result<(), ActorProcessingErr> {
         let template = run.job.run.template.clone();
         let (runner, pool) = self.for_image(myself, image, template.as_ref()).await?;
-        match run.job.run.kind {
-            RunKind::Session => self.run_session(myself, run, runner, pool).await,
-            // A pooled run of a session (tier `session`, sent before run kinds existed) goes
-            // to the session's container too.
-            RunKind::Pooled if run.job.run.tier == Tier::Session => {
-                self.run_session(myself, run, runner, pool).await
+        match run.job.run.kind().clone() {
+            RunKind::Session { session_id } => {
+                self.run_session(myself, session_id, run, runner, pool)
+                    .await
             }
-            RunKind::Pooled | RunKind::Isolated => {
+            RunKind::Pooled | RunKind::Isolated { .. } => {
                 self.run_single_use(run, runner, pool);
                 Ok(())
             }
@@ -142,7 +140,7 @@ impl ContainersState {
         let node = self.node.clone();
         self.node.tasks.spawn(async move {
             // A warm container is made without any filesystem policy's mounts.
-            let pooled = run.job.run.kind == RunKind::Pooled && run.job.run.filesystem.is_none();
+            let pooled = run.job.run.kind() == &RunKind::Pooled && run.job.run.filesystem.is_none();
             let mut container = if pooled {
                 pool.call(WarmPoolMsg::Take, Some(Duration::from_secs(5)))
                     .await
@@ -205,16 +203,11 @@ impl ContainersState {
     async fn run_session(
         &mut self,
         myself: &ActorRef<ContainersMsg>,
+        session_id: String,
         run: Admitted,
         runner: Runner,
         pool: ActorRef<WarmPoolMsg>,
     ) -> Result<(), ActorProcessingErr> {
-        let Some(session_id) = run.job.run.request.session_id.clone() else {
-            run.answer(Err(ErrorBody::bad_request(
-                "tier session needs a session_id",
-            )));
-            return Ok(());
-        };
         let mut run = Box::new(run);
         // Twice at most: a session actor that just stopped (idle) is replaced once.
         for _ in 0..2 {

@@ -81,7 +81,7 @@ impl Runner {
 
     fn spec(&self, job: &Job, container: &ContainerLease) -> RunSpec {
         // Changed files travel back only when there is a workspace to put them in.
-        let keeps_changes = self.workspace.is_some() && job.workspace_session().is_some();
+        let keeps_changes = self.workspace.is_some() && job.run.session_id().is_some();
         let mut spec = run_spec(job, &self.config.node, keeps_changes);
         spec.egress_socket = container
             .egress
@@ -99,7 +99,7 @@ impl Runner {
         container: &mut ContainerLease,
         job: &Job,
     ) -> Result<(Vec<u8>, Held), (ErrorBody, Health)> {
-        let (Some(ws), Some(session)) = (&self.workspace, job.workspace_session()) else {
+        let (Some(ws), Some(session)) = (&self.workspace, job.run.session_id()) else {
             return Ok((Vec::new(), container.held));
         };
         let recent = container.synced.elapsed() < SYNC_AT_LEAST_EVERY;
@@ -131,11 +131,11 @@ impl Runner {
     /// Runs `job` in `container` and says whether the container is still usable.
     pub async fn execute(&self, container: &mut ContainerLease, job: &Job) -> (ExecResult, Health) {
         let started = Instant::now();
-        let mut streamer = job.run.request.stream_output.then(|| {
+        let mut streamer = job.run.request().stream_output.then(|| {
             OutputStreamer::new(self.client.clone(), job.run.output_subject(&self.subjects))
         });
         if let Some(egress) = &container.egress {
-            let request = &job.run.request;
+            let request = job.run.request();
             egress.begin(AuditScope {
                 execution_id: Some(job.run.execution_id.clone()),
                 session_id: request.session_id.clone(),
@@ -217,7 +217,7 @@ impl Runner {
             container.held = will_hold;
         }
         if let (Some(ws), Some(session), Some(report)) =
-            (&self.workspace, job.workspace_session(), &ex.report)
+            (&self.workspace, job.run.session_id(), &ex.report)
         {
             let deleted = safe_paths(&report.files_deleted);
             if !ex.changes.is_empty() || !deleted.is_empty() {

@@ -132,7 +132,7 @@ impl SessionState {
         };
         self.phase = Phase::Busy;
         self.running_in = Some(container.name.clone());
-        let kernel = run.job.run.request.kernel;
+        let kernel = run.job.run.request().kernel;
         self.kernel_started |= kernel;
         let kernel_lost = kernel && std::mem::take(&mut self.kernel_lost);
         let runner = self.args.runner.clone();

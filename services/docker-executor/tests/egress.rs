@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use crate::common::{run, DockerRuns, Harness};
+use crate::common::{run, run_of, DockerRuns, Harness};
 use futures::StreamExt;
 use messages::audit::AuditEvent;
-use messages::exec::{ExecResult, ExecStatus, Language, Tier};
+use messages::exec::{ExecResult, ExecStatus, Language};
 use messages::executor::{ExecutorRun, RunKind};
 use messages::network::NetworkPolicy;
 use test_support::upstream;
@@ -77,10 +77,12 @@ fn policy(json: serde_json::Value) -> NetworkPolicy {
 
 /// A run in a container of its own with `network`.
 fn isolated(code: &str, network: Option<NetworkPolicy>) -> ExecutorRun {
-    let mut r = run(Tier::Ephemeral, None, Language::Python, code);
-    r.kind = RunKind::Isolated;
+    let isolated = RunKind::Isolated {
+        session_grade: false,
+    };
+    let mut r = run_of(isolated, Language::Python, code);
     r.network = network;
-    r.request.timeout_ms = Some(20_000);
+    r.edit_request(|r| r.timeout_ms = Some(20_000));
     r
 }
 
@@ -317,8 +319,7 @@ async fn egress_mounts(h: &Harness, container: &str) -> Vec<String> {
 }
 
 fn session_run(session: &str, code: &str, network: Option<NetworkPolicy>) -> ExecutorRun {
-    let mut r = run(Tier::Session, Some(session), Language::Python, code);
-    r.kind = RunKind::Session;
+    let mut r = run(Some(session), Language::Python, code);
     r.network = network;
     r
 }
@@ -416,11 +417,8 @@ except OSError as e:
         "{r:?}"
     );
     assert_eq!(r.network, None);
-    let mut pooled = isolated(
-        "print(1)",
-        Some(policy(serde_json::json!({"allow_all": true}))),
-    );
-    pooled.kind = RunKind::Pooled;
+    let mut pooled = run(None, Language::Python, "print(1)");
+    pooled.network = Some(policy(serde_json::json!({"allow_all": true})));
     let e = h
         .call(&pooled)
         .await
@@ -511,9 +509,11 @@ async fn pip_downloads_a_package_through_the_proxy_and_not_without_it() {
         ..Default::default()
     };
     let mut with = isolated(code, Some(network));
-    with.request.language = Language::Shell;
-    with.request.files.extend(ca.clone());
-    with.request.timeout_ms = Some(90_000);
+    with.edit_request(|r| r.language = Language::Shell);
+    with.edit_request(|r| {
+        r.files.extend(ca.clone());
+    });
+    with.edit_request(|r| r.timeout_ms = Some(90_000));
     let r = h.call(&with).await.expect("pip with a policy");
     assert_eq!(r.status, ExecStatus::Ok, "{}\n{}", r.stdout, r.stderr);
     assert!(
@@ -533,9 +533,11 @@ async fn pip_downloads_a_package_through_the_proxy_and_not_without_it() {
         contacted.iter().all(|c| hosts.iter().any(|h| h == c)),
         "{contacted:?}"
     );
-    let mut without = run(Tier::Ephemeral, None, Language::Shell, code);
-    without.request.timeout_ms = Some(60_000);
-    without.request.files.extend(ca);
+    let mut without = run(None, Language::Shell, code);
+    without.edit_request(|r| r.timeout_ms = Some(60_000));
+    without.edit_request(|r| {
+        r.files.extend(ca);
+    });
     let r = h.call(&without).await.expect("pip without a policy");
     assert_eq!(r.status, ExecStatus::Error, "no network: {r:?}");
     assert!(!r.stdout.contains("six-1.16.0"), "{}", r.stdout);

@@ -30,7 +30,6 @@ async fn ephemeral_python_runs_once_and_its_container_is_gone() {
 async fn output_streams_in_order_while_the_code_runs() {
     let h = Harness::start().await;
     let mut req = run(
-        Tier::Ephemeral,
         None,
         Language::Python,
         "import sys, time\n\
@@ -39,7 +38,7 @@ async fn output_streams_in_order_while_the_code_runs() {
          \x20   print('warn', i, file=sys.stderr)\n\
          \x20   time.sleep(0.05)",
     );
-    req.request.stream_output = true;
+    req.edit_request(|r| r.stream_output = true);
     let mut sub = h
         .client
         .subscribe(h.subjects.output_any(&req.execution_id))
@@ -89,31 +88,49 @@ async fn admission_refuses_bad_requests_and_work_past_capacity() {
             .kind()
     };
 
-    let mut bad = run(Tier::Ephemeral, None, Language::Python, "print(1)");
-    bad.request.env.insert("LD_PRELOAD".into(), "/x.so".into());
-    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
-    let bad = run(Tier::Session, None, Language::Python, "print(1)");
-    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
-    let bad = run(Tier::Aio, None, Language::Python, "print(1)");
-    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
-    let mut bad = run(Tier::Ephemeral, None, Language::Python, "print(1)");
-    bad.request.limits = Some(Limits {
-        cpus: Some(-1.0),
-        ..Default::default()
+    let mut bad = run(None, Language::Python, "print(1)");
+    bad.edit_request(|r| {
+        r.env.insert("LD_PRELOAD".into(), "/x.so".into());
     });
     assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
-    let mut bad = run(Tier::Ephemeral, None, Language::Python, "print(1)");
+    // Runs whose tier, container and session disagree cannot be built; sent anyway, they
+    // are refused as malformed before anything runs.
+    let valid = serde_json::to_value(run(None, Language::Python, "print(1)")).unwrap();
+    for (tier, run_kind, session) in [
+        ("session", "pooled", Some("s1")),
+        ("session", "session", None),
+        ("ephemeral", "session", Some("s1")),
+        ("aio", "pooled", None),
+    ] {
+        let mut hostile = valid.clone();
+        hostile["tier"] = tier.into();
+        hostile["kind"] = run_kind.into();
+        hostile["request"]["session_id"] = session.into();
+        assert_eq!(
+            kind(h.call(&hostile).await),
+            ErrorKind::BadRequest,
+            "{hostile}"
+        );
+    }
+    let mut bad = run(None, Language::Python, "print(1)");
+    bad.edit_request(|r| {
+        r.limits = Some(Limits {
+            cpus: Some(-1.0),
+            ..Default::default()
+        })
+    });
+    assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
+    let mut bad = run(None, Language::Python, "print(1)");
     bad.execution_id = "not a subject token".into();
     assert_eq!(kind(h.call(&bad).await), ErrorKind::BadRequest);
 
     // One execution holds the only slot; a second is refused at once with 429.
     let mut busy = run(
-        Tier::Ephemeral,
         None,
         Language::Python,
         "import time; print('started', flush=True); time.sleep(1.5)",
     );
-    busy.request.stream_output = true;
+    busy.edit_request(|r| r.stream_output = true);
     let mut sub = h
         .client
         .subscribe(h.subjects.output_any(&busy.execution_id))
@@ -133,7 +150,7 @@ async fn admission_refuses_bad_requests_and_work_past_capacity() {
     tokio::time::timeout(Duration::from_secs(20), sub.next())
         .await
         .expect("the first run starts");
-    let second = run(Tier::Ephemeral, None, Language::Python, "print(2)");
+    let second = run(None, Language::Python, "print(2)");
     assert_eq!(kind(h.call(&second).await), ErrorKind::Overloaded);
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.status, ExecStatus::Ok, "{first:?}");

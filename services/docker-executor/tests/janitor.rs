@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::{base_env, containers_with, run, unique_node, DockerRuns, Harness};
 use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
-use messages::exec::{ExecResult, ExecStatus, Language, Tier};
+use messages::exec::{ExecResult, ExecStatus, Language};
 use messages::subjects::ExecutorOp;
 use messages::Subjects;
 use test_support::{eventually, eventually_true, NatsServer};
@@ -50,12 +50,7 @@ async fn session_on(client: &async_nats::Client, node: &str, session: &str) -> E
     let caller =
         kit::mesh_client(client.clone(), Default::default()).with_timeout(Duration::from_secs(60));
     let subject = Subjects::default().executor_node(node, ExecutorOp::Run);
-    let req = run(
-        Tier::Session,
-        Some(session),
-        Language::Python,
-        "print('alive')",
-    );
+    let req = run(Some(session), Language::Python, "print('alive')");
     eventually("the executor to serve", Duration::from_secs(60), || {
         let (caller, subject, req) = (&caller, &subject, &req);
         async move { caller.request(subject.clone(), req).await.ok() }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::common::{run, DockerRuns, Harness};
-use messages::exec::{ContentEncoding, ExecResult, ExecStatus, Language, OutputKind, Tier};
+use messages::exec::{ContentEncoding, ExecResult, ExecStatus, Language, OutputKind};
 use messages::subjects::ExecutorOp;
 
 async fn cell(h: &Harness, session: &str, code: &str) -> ExecResult {
@@ -13,9 +13,9 @@ async fn cell(h: &Harness, session: &str, code: &str) -> ExecResult {
 }
 
 async fn cell_within(h: &Harness, session: &str, code: &str, timeout_ms: u64) -> ExecResult {
-    let mut r = run(Tier::Session, Some(session), Language::Python, code);
-    r.request.kernel = true;
-    r.request.timeout_ms = Some(timeout_ms);
+    let mut r = run(Some(session), Language::Python, code);
+    r.edit_request(|r| r.kernel = true);
+    r.edit_request(|r| r.timeout_ms = Some(timeout_ms));
     h.call_node(&r).await.expect("kernel cell")
 }
 
@@ -261,9 +261,9 @@ async fn javascript_cells_share_state_await_and_are_interrupted() {
     let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
     let s = "kernel-js";
     let js = |code: &str, timeout_ms: u64| {
-        let mut r = run(Tier::Session, Some(s), Language::Javascript, code);
-        r.request.kernel = true;
-        r.request.timeout_ms = Some(timeout_ms);
+        let mut r = run(Some(s), Language::Javascript, code);
+        r.edit_request(|r| r.kernel = true);
+        r.edit_request(|r| r.timeout_ms = Some(timeout_ms));
         r
     };
     let r = h.call_node(&js("let x = 41", 10_000)).await.unwrap();
@@ -310,9 +310,9 @@ async fn matplotlib_figures_come_back_as_png_without_being_saved() {
         .find(|t| t.name == "python-data")
         .expect("the python-data built-in");
     let plot = |code: &str| {
-        let mut r = run(Tier::Session, Some("kernel-plot"), Language::Python, code);
-        r.request.kernel = true;
-        r.request.timeout_ms = Some(60_000);
+        let mut r = run(Some("kernel-plot"), Language::Python, code);
+        r.edit_request(|r| r.kernel = true);
+        r.edit_request(|r| r.timeout_ms = Some(60_000));
         r.template = Some(messages::template::RunTemplate {
             name: data.name.clone(),
             image: data.image_spec(),

@@ -5,7 +5,7 @@
 //! (`tests/conformance.rs`), run against every backend.
 
 use crate::common::{run, DockerRuns, Harness};
-use messages::exec::{ExecStatus, Language, Limits, Tier};
+use messages::exec::{ExecStatus, Language, Limits};
 use messages::ErrorKind;
 
 const POOL0: &[(&str, &str)] = &[("SANDMESH_EXEC_WARM_POOL", "0")];
@@ -245,17 +245,18 @@ async fn limit_abuse() {
     let h = Harness::start_with(POOL0).await;
     let s = "abuse";
     let mut req = run(
-        Tier::Session,
         Some(s),
         Language::Shell,
         "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max",
     );
-    req.request.timeout_ms = Some(u64::MAX);
-    req.request.limits = Some(Limits {
-        memory_mb: Some(1_000_000_000_000_000),
-        cpus: Some(1e9),
-        pids: Some(u64::MAX),
-        max_output_bytes: Some(u64::MAX),
+    req.edit_request(|r| r.timeout_ms = Some(u64::MAX));
+    req.edit_request(|r| {
+        r.limits = Some(Limits {
+            memory_mb: Some(1_000_000_000_000_000),
+            cpus: Some(1e9),
+            pids: Some(u64::MAX),
+            max_output_bytes: Some(u64::MAX),
+        })
     });
     let r = h.call(&req).await.unwrap();
     assert_eq!(r.status, ExecStatus::Ok, "clamped, not refused: {r:?}");
@@ -300,9 +301,9 @@ async fn limit_abuse() {
             }),
         ),
     ] {
-        let mut bad = run(Tier::Session, Some(s), Language::Python, "print(1)");
-        bad.request.timeout_ms = timeout;
-        bad.request.limits = limits;
+        let mut bad = run(Some(s), Language::Python, "print(1)");
+        bad.edit_request(|r| r.timeout_ms = timeout);
+        bad.edit_request(|r| r.limits = limits);
         let e = h.call(&bad).await.unwrap_err();
         assert_eq!(
             e.kind(),

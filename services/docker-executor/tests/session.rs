@@ -103,15 +103,16 @@ async fn idle_sessions_are_closed_and_limits_follow_the_request() {
     ])
     .await;
     let mut req = run(
-        Tier::Session,
         Some("sess-idle"),
         Language::Shell,
         "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max",
     );
-    req.request.limits = Some(Limits {
-        memory_mb: Some(96),
-        pids: Some(40),
-        ..Default::default()
+    req.edit_request(|r| {
+        r.limits = Some(Limits {
+            memory_mb: Some(96),
+            pids: Some(40),
+            ..Default::default()
+        })
     });
     let r = h.call_node(&req).await.unwrap();
     assert_eq!(r.stdout, format!("{}\n40\n", 96u64 << 20), "{r:?}");
@@ -149,12 +150,11 @@ async fn drain_finishes_running_work_closes_sessions_and_refuses_new_work() {
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
     // A run in flight when the drain arrives still finishes.
     let mut req = run(
-        Tier::Session,
         Some("drain-s"),
         Language::Shell,
         "echo started; sleep 0.5; echo finished",
     );
-    req.request.stream_output = true;
+    req.edit_request(|r| r.stream_output = true);
     let mut chunks = h
         .client
         .subscribe(h.subjects.output_any(&req.execution_id))
@@ -192,7 +192,7 @@ async fn drain_finishes_running_work_closes_sessions_and_refuses_new_work() {
     assert_eq!(r.stdout, "started\nfinished\n", "{r:?}");
     h.wait_containers(0).await;
     let refused = h
-        .call(&run(Tier::Ephemeral, None, Language::Python, "print(1)"))
+        .call(&run(None, Language::Python, "print(1)"))
         .await
         .unwrap_err();
     assert_eq!(refused.kind(), messages::ErrorKind::Unavailable);

@@ -4,11 +4,11 @@
 //! session's container keeps the revision it holds, so a run after one that changed nothing
 //! asks the store nothing; an isolated run never talks to it.
 
-use crate::common::{run, DockerRuns, Harness};
+use crate::common::{run, run_of, DockerRuns, Harness};
 use docker_executor::docker::LABEL_KIND;
 use futures::{FutureExt, StreamExt};
 use kit::CancellationToken;
-use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language, Tier};
+use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language};
 use messages::executor::RunKind;
 use messages::subjects::WorkspaceOp;
 use sandmesh_client::{MeshClient, WorkspaceClient};
@@ -199,10 +199,12 @@ async fn an_isolated_run_leaves_nothing_and_never_touches_the_workspace() {
     let h = &t.h;
     let mut traffic = WorkspaceTraffic::watch(h).await;
     let isolated = |code: &str| {
-        // Even with a session named, an isolated run has no workspace.
-        let mut r = run(Tier::Ephemeral, Some(s), Language::Shell, code);
-        r.kind = RunKind::Isolated;
-        r
+        // An isolated run names no session, so it has no workspace (while the session
+        // that has one exists).
+        let isolated = RunKind::Isolated {
+            session_grade: false,
+        };
+        run_of(isolated, Language::Shell, code)
     };
     let r = h
         .call(&isolated(
@@ -257,7 +259,6 @@ async fn files_flow_between_the_store_and_the_sandbox() {
     ws.write(s, "old.txt", b"to be deleted").await.unwrap();
 
     let mut req = run(
-        Tier::Session,
         Some(s),
         Language::Python,
         "import os\n\
@@ -268,11 +269,13 @@ async fn files_flow_between_the_store_and_the_sandbox() {
          open('big.bin', 'wb').write(os.urandom(3 << 20))\n\
          os.remove('old.txt')",
     );
-    req.request.files = vec![FileSpec {
-        path: "code/given.py".into(),
-        content: "# from the request".into(),
-        encoding: ContentEncoding::Utf8,
-    }];
+    req.edit_request(|r| {
+        r.files = vec![FileSpec {
+            path: "code/given.py".into(),
+            content: "# from the request".into(),
+            encoding: ContentEncoding::Utf8,
+        }]
+    });
     let r = h.call_node(&req).await.unwrap();
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
     assert!(r.error.is_none(), "{r:?}");
@@ -304,7 +307,7 @@ async fn files_flow_between_the_store_and_the_sandbox() {
         "deleted in the store too"
     );
 
-    // A change made through the store between runs is seen by the session's next run...
+    // A change made through the store between runs is seen by the session's next run.
     ws.write(s, "data/in.txt", b"edited outside").await.unwrap();
     let r = h
         .session(
@@ -314,21 +317,6 @@ async fn files_flow_between_the_store_and_the_sandbox() {
         )
         .await;
     assert_eq!(r.stdout, "edited outside1\n", "{r:?}");
-    // ...and by an ephemeral run of the same session, in a fresh container.
-    let mut eph = run(
-        Tier::Ephemeral,
-        Some(s),
-        Language::Shell,
-        "cat output/out.txt; echo new > eph.txt",
-    );
-    eph.request.timeout_ms = Some(5000);
-    let r = h.call(&eph).await.unwrap();
-    assert_eq!(
-        (r.status, r.stdout.as_str()),
-        (ExecStatus::Ok, "made here"),
-        "{r:?}"
-    );
-    assert_eq!(ws.read(s, "eph.txt").await.unwrap(), b"new\n");
 
     assert!(h.close(s).await);
     t.stop().await;

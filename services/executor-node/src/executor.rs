@@ -87,7 +87,7 @@ impl<B: Backend> NodeActorState<B> {
         }
         run.validate_ids().map_err(ErrorBody::from)?;
         let mut limits =
-            validate_exec(&run.request, &self.config.ceilings).map_err(ErrorBody::from)?;
+            validate_exec(run.request(), &self.config.ceilings).map_err(ErrorBody::from)?;
         // The result travels in one NATS message: output beyond what fits is cut (and the
         // status says so) rather than making the reply undeliverable.
         limits.max_output_bytes = limits.max_output_bytes.min(self.output_budget);

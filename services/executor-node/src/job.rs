@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use messages::exec::{ExecResult, Language};
-use messages::executor::{ExecutorRun, RunKind};
+use messages::executor::ExecutorRun;
 use messages::template::TemplateRan;
 use messages::validate::EffectiveLimits;
 use messages::ErrorBody;
@@ -33,17 +33,6 @@ pub struct Job {
     pub accepted: Instant,
     /// Already retried once after an unusable container.
     pub retried: bool,
-}
-
-impl Job {
-    /// The session whose workspace travels with this run: none for an isolated run, which
-    /// makes no workspace round trip at all.
-    pub fn workspace_session(&self) -> Option<&str> {
-        match self.run.kind {
-            RunKind::Isolated => None,
-            RunKind::Pooled | RunKind::Session => self.run.request.session_id.as_deref(),
-        }
-    }
 }
 
 pub type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
@@ -127,7 +116,7 @@ pub fn output_budget(client: &async_nats::Client) -> u64 {
 /// language, a clean environment (the request's variables on top), the node's limits, and
 /// room for changed files only when `keeps_changes` (a workspace takes them).
 pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec {
-    let req = &job.run.request;
+    let req = job.run.request();
     let (argv, code_path) = program(req.language);
     let mut env: Vec<(String, String)> = [
         (
@@ -180,7 +169,7 @@ pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec 
 
 /// The request's files as a tar (paths were validated on admission).
 pub fn request_files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
-    let files = &job.run.request.files;
+    let files = &job.run.request().files;
     if files.is_empty() {
         return Ok(Vec::new());
     }

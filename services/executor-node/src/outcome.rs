@@ -3,7 +3,7 @@
 //! backstop deadline, flood), classified into `ExecResult`.
 
 use messages::exec::{
-    CellError, ContentEncoding, ExecResult, ExecStatus, OutputKind, RichOutput, Tier, Usage,
+    CellError, ContentEncoding, ExecResult, ExecStatus, OutputKind, RichOutput, Usage,
 };
 use messages::validate::validate_relative_path;
 use messages::{ErrorBody, ErrorKind};
@@ -15,11 +15,8 @@ use crate::job::Job;
 pub fn base_result(job: &Job) -> ExecResult {
     ExecResult {
         execution_id: job.run.execution_id.clone(),
-        session_id: job.run.request.session_id.clone(),
-        tier: match job.run.tier {
-            Tier::Session => Tier::Session,
-            _ => Tier::Ephemeral,
-        },
+        session_id: job.run.session_id().map(Into::into),
+        tier: job.run.tier(),
         session_restored: job.run.session_restored,
         ..Default::default()
     }
@@ -114,7 +111,7 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
     r.stderr_truncated = report.stderr_truncated;
     // Files are reported where they last: in a session's workspace. What a sessionless
     // single-use sandbox wrote dies with it, whatever the backend.
-    if job.workspace_session().is_some() {
+    if job.run.session_id().is_some() {
         r.files_created = safe_paths(&report.files_created);
         r.files_modified = safe_paths(&report.files_modified);
     }
@@ -125,7 +122,7 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
         traceback: e.traceback.clone(),
     });
     // A session re-placed on another node lost its kernel with its old container.
-    r.state_lost = report.state_lost || (job.run.request.kernel && job.run.session_restored);
+    r.state_lost = report.state_lost || (job.run.request().kernel && job.run.session_restored);
     r.usage = Some(Usage {
         peak_memory_bytes: report.peak_memory_bytes,
         cpu_ms: report.cpu_ms,
@@ -202,7 +199,7 @@ mod tests {
     use std::time::Instant;
 
     use messages::exec::{ExecRequest, Language};
-    use messages::executor::ExecutorRun;
+    use messages::executor::{ExecutorRun, RunKind};
     use messages::validate::{validate_exec, Ceilings};
 
     use super::*;
@@ -219,19 +216,15 @@ mod tests {
             session_id: session.map(Into::into),
             ..Default::default()
         };
+        let kind = match session {
+            Some(s) => RunKind::Session {
+                session_id: s.into(),
+            },
+            None => RunKind::Pooled,
+        };
         Job {
             limits: validate_exec(&request, &Ceilings::default()).unwrap(),
-            run: ExecutorRun {
-                execution_id: "e1".into(),
-                tier: Tier::Ephemeral,
-                request,
-                session_restored: false,
-                kind: Default::default(),
-                network: None,
-                tenant: None,
-                template: None,
-                filesystem: None,
-            },
+            run: ExecutorRun::new("e1".into(), request, kind).unwrap(),
             accepted: Instant::now(),
             retried: false,
         }

@@ -303,24 +303,16 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use messages::exec::{ExecStatus, Tier};
+    use messages::exec::ExecStatus;
     use messages::executor::RunKind;
     use ractor::concurrency::{oneshot, OneshotReceiver};
 
     use super::*;
 
     fn run(tenant: Option<&str>, id: &str) -> ExecutorRun {
-        ExecutorRun {
-            execution_id: id.into(),
-            tier: Tier::Ephemeral,
-            request: Default::default(),
-            session_restored: false,
-            kind: RunKind::Pooled,
-            network: None,
-            tenant: tenant.map(|t| Tenant::new(t).unwrap()),
-            template: None,
-            filesystem: None,
-        }
+        let mut run = ExecutorRun::new(id.into(), Default::default(), RunKind::Pooled).unwrap();
+        run.tenant = tenant.map(|t| Tenant::new(t).unwrap());
+        run
     }
 
     fn ok(stdout: &str) -> Answer {

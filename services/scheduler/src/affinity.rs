@@ -108,7 +108,7 @@ impl SessionAffinity {
         let mut record = match known {
             Some(record) => record,
             None => {
-                self.ensure_session(session_id, run.request.requested_by.clone(), scope)
+                self.ensure_session(session_id, run.request().requested_by.clone(), scope)
                     .await?
             }
         };
@@ -124,7 +124,7 @@ impl SessionAffinity {
             if let Some(error) = ended(&record) {
                 return Ok(terminal(
                     &run.execution_id,
-                    &run.request,
+                    run.request(),
                     ExecStatus::Rejected,
                     error,
                 ));
@@ -145,7 +145,7 @@ impl SessionAffinity {
                 }
                 return Ok(terminal(
                     &run.execution_id,
-                    &run.request,
+                    run.request(),
                     ExecStatus::Rejected,
                     error,
                 ));

@@ -102,27 +102,27 @@ impl Dispatcher {
         let mut request = exec.request.clone();
         request.timeout_ms = Some(limits.timeout_ms);
         request.limits = Some(limits.as_limits());
-        let mut run = ExecutorRun {
-            tenant: exec.tenant.clone(),
-            execution_id: exec.id.clone(),
-            tier: exec.tier,
-            request,
-            session_restored: false,
-            // A warm pooled container has no egress socket and no filesystem policy's mounts:
-            // a run with either gets a container of its own (a session's runs get the
-            // session's policies on the way).
-            kind: match (exec.tier, exec.request.session_id.is_some()) {
-                (_, true) => RunKind::Session,
-                (Tier::Session, false) => RunKind::Isolated,
-                _ if exec.request.network.is_some() || exec.filesystem.is_some() => {
-                    RunKind::Isolated
-                }
-                _ => RunKind::Pooled,
+        // A warm pooled container has no egress socket and no filesystem policy's mounts: a
+        // run with either gets a container of its own (a session's runs get the session's
+        // policies on the way). A session's work is tier `session` (`decide_tier`).
+        let kind = match (&request.session_id, exec.tier) {
+            (Some(session_id), _) => RunKind::Session {
+                session_id: session_id.clone(),
             },
-            network: exec.request.network.clone(),
-            template: exec.template.clone(),
-            filesystem: exec.filesystem.clone(),
+            (None, Tier::Session) => RunKind::Isolated {
+                session_grade: true,
+            },
+            _ if exec.request.network.is_some() || exec.filesystem.is_some() => RunKind::Isolated {
+                session_grade: false,
+            },
+            (None, _) => RunKind::Pooled,
         };
+        let mut run = ExecutorRun::new(exec.id.clone(), request, kind)
+            .map_err(|e| ErrorBody::internal(e.to_string()))?;
+        run.tenant = exec.tenant.clone();
+        run.network = exec.request.network.clone();
+        run.template = exec.template.clone();
+        run.filesystem = exec.filesystem.clone();
         let needs = Requirements {
             cpus: limits.cpus,
             memory_mb: limits.memory_mb,

@@ -90,7 +90,7 @@ impl ExecutorRunner {
         self.auditor.emit(
             AuditKind::Started,
             scope,
-            json!({"node": node, "tier": run.tier.as_str(), "backend": backend.as_str()}),
+            json!({"node": node, "tier": run.tier().as_str(), "backend": backend.as_str()}),
         );
         let running = self.send(backend, node, run, deadline);
         let call = placer.unless_gone(node, running).await;
@@ -311,15 +311,15 @@ pub fn settle(
         Call::NoResponders => return Err(ErrorBody::unavailable("no docker executor is running")),
         Call::Lost(why) => terminal(
             &run.execution_id,
-            &run.request,
+            run.request(),
             ExecStatus::ExecutorLost,
             ErrorBody::new(ErrorKind::Unavailable, why),
         ),
-        Call::Failed(status, e) => terminal(&run.execution_id, &run.request, status, e),
+        Call::Failed(status, e) => terminal(&run.execution_id, run.request(), status, e),
     };
     result.execution_id = run.execution_id.clone();
-    result.session_id = run.request.session_id.clone();
-    result.tier = run.tier;
+    result.session_id = run.session_id().map(Into::into);
+    result.tier = run.tier();
     if result.node.is_none() {
         result.node = node;
     }

@@ -109,7 +109,7 @@ impl Placer {
             AuditKind::Placed,
             scope,
             json!({
-                "tier": run.tier.as_str(),
+                "tier": run.tier().as_str(),
                 "node": d.map(|d| &d.node),
                 "reason": d.map(|d| d.reason.as_str()).unwrap_or("executor queue group"),
                 "strategy": self.strategy.as_str(),

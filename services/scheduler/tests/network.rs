@@ -161,7 +161,9 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(
         runs[0].kind,
-        RunKind::Isolated,
+        RunKind::Isolated {
+            session_grade: false
+        },
         "never a warm pooled container"
     );
     assert_eq!(
@@ -171,7 +173,12 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
             "deny_domains": ["evil.files.example.org"],
         })))
     );
-    assert_eq!(runs[1].kind, RunKind::Session);
+    assert_eq!(
+        runs[1].kind,
+        RunKind::Session {
+            session_id: "net-1".into()
+        }
+    );
     assert_eq!(runs[1].network, Some(admitted));
     mesh.shutdown().await;
 }

@@ -214,7 +214,12 @@ async fn risk_policy_rejects_and_confirmation_decides() {
     let last = runs.lock().unwrap().last().cloned().unwrap();
     assert_eq!(
         (last.kind, last.session_id),
-        (RunKind::Isolated, None),
+        (
+            RunKind::Isolated {
+                session_grade: true
+            },
+            None
+        ),
         "a fresh container of its own, no session"
     );
     assert!(r.timing.total_ms >= r.timing.confirm_ms);

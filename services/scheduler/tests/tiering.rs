@@ -31,17 +31,9 @@ async fn start_bwrap(mesh: &Mesh) -> (String, kit::CancellationToken) {
     let stop = kit::CancellationToken::new();
     tokio::spawn(bwrap_executor::run(config, stop.clone()));
     let subject = Subjects::default().executor_node_on(Backend::Bwrap, &node, ExecutorOp::Run);
-    let probe = messages::executor::ExecutorRun {
-        execution_id: String::new(),
-        tier: Tier::Ephemeral,
-        request: ExecRequest::default(),
-        session_restored: false,
-        kind: Default::default(),
-        network: None,
-        tenant: None,
-        template: None,
-        filesystem: None,
-    };
+    let pooled = messages::executor::RunKind::Pooled;
+    let probe = messages::executor::ExecutorRun::new(String::new(), ExecRequest::default(), pooled)
+        .unwrap();
     crate::common::eventually("the bwrap executor to serve", || {
         let subject = subject.clone();
         let probe = probe.clone();

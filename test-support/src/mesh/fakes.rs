@@ -199,17 +199,17 @@ pub(crate) async fn fake_run(
         log.push(Run {
             execution_id: run.execution_id.clone(),
             node: node.clone(),
-            session_id: run.request.session_id.clone(),
+            session_id: run.session_id().map(Into::into),
             restored: run.session_restored,
-            tier: run.tier,
-            kind: run.kind,
+            tier: run.tier(),
+            kind: run.kind().clone(),
             network: run.network.clone(),
             in_flight,
             finished: false,
         });
         log.len() - 1
     };
-    let code = &run.request.code;
+    let code = &run.request().code;
     if let Some(ms) = parse_after(code, "busy:") {
         // A full executor: refuses (429) until `ms` after the first attempt at this run.
         static FIRST_SEEN: Mutex<BTreeMap<String, std::time::Instant>> =

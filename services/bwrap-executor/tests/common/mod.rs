@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bwrap_executor::{BwrapConfig, BwrapError};
 use kit::CancellationToken;
-use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
-use messages::executor::ExecutorRun;
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language};
+use messages::executor::{ExecutorRun, RunKind};
 use messages::{ServiceName, Subjects};
 use test_support::executor_node::{self, Node, NodeBackend};
 use test_support::{eventually_true, NatsServer};
@@ -105,18 +105,9 @@ impl BwrapRuns for Harness {
     }
 
     async fn exec_with(&self, request: ExecRequest) -> ExecResult {
-        let run = ExecutorRun {
-            network: None,
-            tenant: None,
-            template: None,
-            filesystem: None,
-            execution_id: messages::new_id(),
-            tier: Tier::Ephemeral,
-            request,
-            session_restored: false,
-            kind: Default::default(),
-        };
-        self.call_node(&run).await.expect("run")
+        self.call_node(&pooled(messages::new_id(), request))
+            .await
+            .expect("run")
     }
 
     fn cgroups(&self) -> Vec<PathBuf> {
@@ -185,21 +176,17 @@ pub fn processes_in(needle: &str) -> Vec<(i32, String)> {
 }
 
 pub fn run(language: Language, code: &str, id: &str) -> ExecutorRun {
-    ExecutorRun {
-        network: None,
-        tenant: None,
-        template: None,
-        filesystem: None,
-        execution_id: id.to_string(),
-        tier: Tier::Ephemeral,
-        request: ExecRequest {
-            language,
-            code: code.to_string(),
-            ..Default::default()
-        },
-        session_restored: false,
-        kind: Default::default(),
-    }
+    let request = ExecRequest {
+        language,
+        code: code.to_string(),
+        ..Default::default()
+    };
+    pooled(id.into(), request)
+}
+
+/// A sessionless run in a single-use sandbox.
+pub fn pooled(execution_id: String, request: ExecRequest) -> ExecutorRun {
+    ExecutorRun::new(execution_id, request, RunKind::Pooled).expect("a run without a session")
 }
 
 pub fn request(language: Language, code: &str) -> ExecRequest {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use docker_executor::docker::{summary_name, Sandboxes, LABEL_NODE, LABEL_SESSION};
 use docker_executor::{ExecutorConfig, ExecutorError};
 use kit::CancellationToken;
-use messages::exec::{ExecRequest, ExecResult, Language, Tier};
-use messages::executor::ExecutorRun;
+use messages::exec::{ExecRequest, ExecResult, Language};
+use messages::executor::{ExecutorRun, RunKind};
 use messages::subjects::ExecutorOp;
 use messages::{ServiceName, Subjects};
 use test_support::executor_node::{self, Node, NodeBackend};
@@ -113,13 +113,13 @@ pub trait DockerRuns {
 impl DockerRuns for Harness {
     /// One ephemeral run; panics on a transport or service error.
     async fn ephemeral(&self, language: Language, code: &str) -> ExecResult {
-        self.call(&run(Tier::Ephemeral, None, language, code))
+        self.call(&run(None, language, code))
             .await
             .expect("ephemeral run")
     }
 
     async fn session(&self, session: &str, language: Language, code: &str) -> ExecResult {
-        self.call_node(&run(Tier::Session, Some(session), language, code))
+        self.call_node(&run(Some(session), language, code))
             .await
             .expect("session run")
     }
@@ -249,14 +249,11 @@ async fn hostile_for(
     code: &str,
     limits: Option<messages::exec::Limits>,
 ) -> ExecResult {
-    let tier = if session.is_some() {
-        Tier::Session
-    } else {
-        Tier::Ephemeral
-    };
-    let mut req = run(tier, session, language, code);
-    req.request.timeout_ms = Some(timeout_ms);
-    req.request.limits = limits;
+    let mut req = run(session, language, code);
+    req.edit_request(|r| {
+        r.timeout_ms = Some(timeout_ms);
+        r.limits = limits;
+    });
     h.call(&req).await.expect("hostile run answered")
 }
 
@@ -297,23 +294,25 @@ pub async fn containers_with(docker: &bollard::Docker, label: &str) -> Vec<Strin
         .collect()
 }
 
-pub fn run(tier: Tier, session: Option<&str>, language: Language, code: &str) -> ExecutorRun {
-    let execution_id = messages::new_id();
-    ExecutorRun {
-        tenant: None,
-        template: None,
-        filesystem: None,
-        execution_id: execution_id.clone(),
-        tier,
-        request: ExecRequest {
-            execution_id: Some(execution_id),
-            session_id: session.map(str::to_string),
-            language,
-            code: code.into(),
-            ..Default::default()
+/// A run as the scheduler sends it: pooled without a session, else in the session's container.
+pub fn run(session: Option<&str>, language: Language, code: &str) -> ExecutorRun {
+    let kind = match session {
+        Some(s) => RunKind::Session {
+            session_id: s.into(),
         },
-        session_restored: false,
-        kind: Default::default(),
-        network: None,
-    }
+        None => RunKind::Pooled,
+    };
+    run_of(kind, language, code)
+}
+
+pub fn run_of(kind: RunKind, language: Language, code: &str) -> ExecutorRun {
+    let execution_id = messages::new_id();
+    let request = ExecRequest {
+        execution_id: Some(execution_id.clone()),
+        session_id: kind.session_id().map(Into::into),
+        language,
+        code: code.into(),
+        ..Default::default()
+    };
+    ExecutorRun::new(execution_id, request, kind).expect("the request's session is the kind's")
 }
