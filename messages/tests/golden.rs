@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use messages::browser::{BrowserBackend, BrowserRequest, ContentFormat};
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
 use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunKind, RunState};
@@ -162,6 +163,78 @@ fn executor_runs() -> Vec<(&'static str, ExecutorRun)> {
                 None,
             ),
         ),
+    ]
+}
+
+/// Each browser action with its own fields, as the wire carries them.
+fn browser_requests() -> Vec<(&'static str, BrowserRequest)> {
+    let req = |f: fn(&mut BrowserRequest)| {
+        let mut r = BrowserRequest {
+            session_id: "s1".into(),
+            ..Default::default()
+        };
+        f(&mut r);
+        r
+    };
+    vec![
+        (
+            "navigate",
+            req(|r| {
+                r.url = Some("https://example.org/".into());
+                r.timeout_ms = Some(20_000);
+                r.requested_by = Some("agent-7".into());
+                r.backend = Some(BrowserBackend::External);
+            }),
+        ),
+        ("back", req(|_| {})),
+        ("click_index", req(|r| r.index = Some(3))),
+        (
+            "click_selector",
+            req(|r| r.selector = Some("button#go".into())),
+        ),
+        (
+            "fill",
+            req(|r| {
+                r.index = Some(2);
+                r.text = Some("alice".into());
+            }),
+        ),
+        (
+            "type",
+            req(|r| {
+                r.selector = Some("#q".into());
+                r.text = Some("sandmesh".into());
+            }),
+        ),
+        ("press_key", req(|r| r.key = Some("Enter".into()))),
+        (
+            "scroll",
+            req(|r| {
+                r.dx = Some(-10);
+                r.dy = Some(400);
+            }),
+        ),
+        (
+            "wait_for_text",
+            req(|r| {
+                r.text = Some("done".into());
+                r.selector = Some("#status".into());
+                r.ms = Some(5000);
+            }),
+        ),
+        ("wait_for_ms", req(|r| r.ms = Some(250))),
+        ("elements", req(|r| r.is_research = true)),
+        (
+            "screenshot",
+            req(|r| {
+                r.full_page = true;
+                r.inline = true;
+                r.needs_file_access = true;
+            }),
+        ),
+        ("content", req(|r| r.format = ContentFormat::Html)),
+        ("evaluate", req(|r| r.script = Some("document.title".into()))),
+        ("close", req(|_| {})),
     ]
 }
 
@@ -471,6 +544,10 @@ fn golden_vectors_are_byte_exact() {
     // Issue 24: each shape a run can take (tier, container and session agree).
     for (name, run) in executor_runs() {
         check(name, &run);
+    }
+    // Issue 24: one browser request per action (the action is the subject's last token).
+    for (name, req) in browser_requests() {
+        check(&format!("browser_{name}"), &req);
     }
     check(
         "error",
