@@ -10,7 +10,9 @@
 //! ```
 
 use anyhow::Context;
-use messages::browser::{BrowserAction, BrowserRequest, BrowserResult, ContentFormat};
+use messages::browser::{
+    BrowserAction, BrowserPayload, BrowserRequest, BrowserResult, ContentFormat,
+};
 use sandmesh_client::{ClientError, MeshClient};
 
 #[derive(Debug, clap::Args)]
@@ -35,8 +37,9 @@ pub struct BrowseArgs {
     pub json: bool,
 }
 
+/// The flags as the payload any client sends, checked for `action` as the router checks it.
 fn request(args: &BrowseArgs, action: BrowserAction) -> anyhow::Result<BrowserRequest> {
-    let mut req = BrowserRequest {
+    let mut req = BrowserPayload {
         session_id: args.session.clone(),
         full_page: args.full_page,
         dy: args.dy,
@@ -65,7 +68,7 @@ fn request(args: &BrowseArgs, action: BrowserAction) -> anyhow::Result<BrowserRe
         }
         _ => {}
     }
-    Ok(req)
+    Ok(BrowserRequest::parse(action, req)?)
 }
 
 fn print(result: &BrowserResult) {
@@ -109,7 +112,7 @@ pub async fn run(mesh: &MeshClient, args: BrowseArgs) -> anyhow::Result<i32> {
         )
     })?;
     let req = request(&args, action)?;
-    match mesh.browser().act(action, &req).await {
+    match mesh.browser().act(&req).await {
         Ok(result) => {
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&result)?);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use messages::browser::{BrowserAction, BrowserRequest, BrowserResult};
+use messages::browser::{BrowserRequest, BrowserResult};
 use messages::exec::AwaitingConfirmation;
 
 use crate::{MeshClient, Result};
@@ -21,11 +21,12 @@ impl BrowserClient {
         Self { mesh }
     }
 
-    /// Runs `action` in `req.session_id`'s browser (started on the first action).
-    pub async fn act(&self, action: BrowserAction, req: &BrowserRequest) -> Result<BrowserResult> {
-        let subject = self.mesh.subjects().browser(action.as_str());
+    /// Runs `req`'s command in `req.session_id`'s browser (started on the first action).
+    pub async fn act(&self, req: &BrowserRequest) -> Result<BrowserResult> {
         let timeout = self.mesh.timeout().max(BROWSER_TIMEOUT);
-        self.mesh.request_timeout(subject, req, timeout).await
+        self.mesh
+            .request_timeout(self.subject(req), &req.payload(), timeout)
+            .await
     }
 
     /// [`Self::act`], and when the action waits for a person's approval, `on_wait` hears of
@@ -33,14 +34,17 @@ impl BrowserClient {
     /// call goes on waiting ([`MeshClient::request_notified`]).
     pub async fn act_notified(
         &self,
-        action: BrowserAction,
         req: &BrowserRequest,
         on_wait: impl FnMut(AwaitingConfirmation) + Send + 'static,
     ) -> Result<BrowserResult> {
-        let subject = self.mesh.subjects().browser(action.as_str());
         let timeout = self.mesh.timeout().max(BROWSER_TIMEOUT);
         self.mesh
-            .request_notified(subject, req, timeout, on_wait)
+            .request_notified(self.subject(req), &req.payload(), timeout, on_wait)
             .await
+    }
+
+    /// `browser.<action>`: the action travels in the subject, its fields in the payload.
+    fn subject(&self, req: &BrowserRequest) -> String {
+        self.mesh.subjects().browser(req.command.action().as_str())
     }
 }

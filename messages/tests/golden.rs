@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use messages::browser::{BrowserBackend, BrowserRequest, ContentFormat};
+use messages::browser::{
+    BrowserAction, BrowserBackend, BrowserPayload, BrowserRequest, ContentFormat,
+};
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
 use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunKind, RunState};
@@ -167,9 +169,9 @@ fn executor_runs() -> Vec<(&'static str, ExecutorRun)> {
 }
 
 /// Each browser action with its own fields, as the wire carries them.
-fn browser_requests() -> Vec<(&'static str, BrowserRequest)> {
-    let req = |f: fn(&mut BrowserRequest)| {
-        let mut r = BrowserRequest {
+fn browser_requests() -> Vec<(&'static str, BrowserPayload)> {
+    let req = |f: fn(&mut BrowserPayload)| {
+        let mut r = BrowserPayload {
             session_id: "s1".into(),
             ..Default::default()
         };
@@ -233,7 +235,10 @@ fn browser_requests() -> Vec<(&'static str, BrowserRequest)> {
             }),
         ),
         ("content", req(|r| r.format = ContentFormat::Html)),
-        ("evaluate", req(|r| r.script = Some("document.title".into()))),
+        (
+            "evaluate",
+            req(|r| r.script = Some("document.title".into())),
+        ),
         ("close", req(|_| {})),
     ]
 }
@@ -546,8 +551,17 @@ fn golden_vectors_are_byte_exact() {
         check(name, &run);
     }
     // Issue 24: one browser request per action (the action is the subject's last token).
-    for (name, req) in browser_requests() {
-        check(&format!("browser_{name}"), &req);
+    // The typed request of each makes the same bytes again.
+    for (name, payload) in browser_requests() {
+        check(&format!("browser_{name}"), &payload);
+        let action = BrowserAction::ALL
+            .iter()
+            .copied()
+            .find(|a| name.starts_with(a.as_str()))
+            .unwrap();
+        let typed = BrowserRequest::parse(action, payload.clone()).unwrap();
+        assert_eq!(typed.command.action(), action);
+        assert_eq!(typed.payload(), payload, "{name}");
     }
     check(
         "error",

@@ -14,7 +14,7 @@ use browser_router::cdp::Chromium;
 use browser_router::container::Containers;
 use browser_router::BrowserConfig;
 use docker_executor::probe::percentile;
-use messages::browser::{BrowserAction as A, BrowserRequest};
+use messages::browser::{BrowserAction as A, BrowserPayload};
 use test_support::browser::{req, BrowserMesh};
 
 fn p50(mut samples: Vec<Duration>) -> Duration {
@@ -113,7 +113,7 @@ async fn actions_per_second(mesh: &BrowserMesh, sessions: &[String], per_session
     let runs = sessions.iter().map(|s| async move {
         for i in 0..per_session {
             let action = if i % 2 == 0 { A::Elements } else { A::Content };
-            mesh.ok(s, action, BrowserRequest::default()).await;
+            mesh.ok(s, action, BrowserPayload::default()).await;
         }
     });
     futures::future::join_all(runs).await;
@@ -136,7 +136,7 @@ async fn main() {
         let t = Instant::now();
         mesh.navigate(&s, "/").await;
         first.push(t.elapsed());
-        mesh.ok(&s, A::Close, BrowserRequest::default()).await;
+        mesh.ok(&s, A::Close, BrowserPayload::default()).await;
     }
 
     // navigate + screenshot, through the router and bare.

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kit::RequestContext;
-use messages::browser::{BrowserAction, BrowserBackend, BrowserRequest, BrowserResult};
+use messages::browser::{
+    BrowserAction, BrowserBackend, BrowserCommand, BrowserPayload, BrowserRequest, BrowserResult,
+};
 use messages::quota::Quota;
 use messages::tenancy::{scoped, Tenant};
 use messages::ErrorBody;
@@ -18,10 +20,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 
 use crate::session::{open, Act, BrowserSession, SessionArgs, SessionMsg, Shared, Started};
 
-/// One request on its way to a session.
+/// One request on its way to a session, as it came: its action is the subject's.
 pub struct Routed {
     pub ctx: RequestContext,
-    pub req: BrowserRequest,
+    pub payload: BrowserPayload,
     pub reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
 }
 
@@ -41,10 +43,14 @@ impl RouterMsg {
     /// The request handler's constructor (`kit::actor_handler`).
     pub fn act(
         ctx: RequestContext,
-        req: BrowserRequest,
+        payload: BrowserPayload,
         reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
     ) -> Self {
-        RouterMsg::Act(Box::new(Routed { ctx, req, reply }))
+        RouterMsg::Act(Box::new(Routed {
+            ctx,
+            payload,
+            reply,
+        }))
     }
 }
 
@@ -109,8 +115,12 @@ impl Actor for Router {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             RouterMsg::Act(routed) => {
-                let Routed { ctx, req, reply } = *routed;
-                if let Err(e) = state.route(&myself, ctx, req, reply).await {
+                let Routed {
+                    ctx,
+                    payload,
+                    reply,
+                } = *routed;
+                if let Err(e) = state.route(&myself, ctx, payload, reply).await {
                     tracing::debug!(error = %e, "request not routed");
                 }
             }
@@ -188,23 +198,19 @@ impl RouterState {
         &mut self,
         myself: &ActorRef<RouterMsg>,
         ctx: RequestContext,
-        req: BrowserRequest,
+        payload: BrowserPayload,
         reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
     ) -> Result<(), ErrorBody> {
-        let checked = self.check(&ctx, &req);
-        let (action, session_id) = match checked {
-            Ok(a) => a,
+        let req = match self.check(&ctx, payload) {
+            Ok(req) => req,
             Err(e) => {
                 let _ = reply.send(Err(e.clone()));
                 return Err(e);
             }
         };
-        // From here on the session is known by its tenant-scoped id: two tenants' `s1` are
-        // two sessions, two browsers.
-        let req = BrowserRequest { session_id, ..req };
         let session = match self.sessions.get(&req.session_id) {
             Some(s) => s.clone(),
-            None if action == BrowserAction::Close => {
+            None if req.command == BrowserCommand::Close => {
                 // Nothing to close: answer without starting a browser.
                 let _ = reply.send(Ok(BrowserResult {
                     ok: true,
@@ -224,12 +230,7 @@ impl RouterState {
                 }
             },
         };
-        let act = Box::new(Act {
-            action,
-            req,
-            ctx,
-            reply,
-        });
+        let act = Box::new(Act { req, ctx, reply });
         if let Err(ractor::MessagingErr::SendErr(SessionMsg::Act(act))) =
             session.cast(SessionMsg::Act(act))
         {
@@ -241,13 +242,13 @@ impl RouterState {
     }
 
     /// Everything about a request that needs no browser: the action, the session id, the
-    /// backend.
-    /// Returns the action and the session's tenant-scoped id.
+    /// action's fields, the backend. Returns the request, its session known from here on by
+    /// its tenant-scoped id (two tenants' `s1` are two sessions, two browsers).
     fn check(
         &self,
         ctx: &RequestContext,
-        req: &BrowserRequest,
-    ) -> Result<(BrowserAction, String), ErrorBody> {
+        payload: BrowserPayload,
+    ) -> Result<BrowserRequest, ErrorBody> {
         let token = ctx.subject.rsplit('.').next().unwrap_or_default();
         let action = BrowserAction::parse(token).ok_or_else(|| {
             let known: Vec<_> = BrowserAction::ALL.iter().map(|a| a.as_str()).collect();
@@ -258,16 +259,20 @@ impl RouterState {
         })?;
         let session_id = ctx
             .caller
-            .scope("session_id", &req.session_id)
+            .scope("session_id", &payload.session_id)
             .map_err(|e| ErrorBody::bad_request(e.to_string()))?;
-        if BrowserBackend::route(req) == BrowserBackend::Aio {
+        let req = BrowserRequest {
+            session_id,
+            ..BrowserRequest::parse(action, payload)?
+        };
+        if BrowserBackend::route(&req) == BrowserBackend::Aio {
             return Err(ErrorBody::unavailable(
                 "the aio browser backend needs aio-pool (issue 14), which this mesh does not run yet; \
                  send backend \"external\" to use the session's own browser",
             )
             .with_details(serde_json::json!({"backend": "aio"})));
         }
-        Ok((action, session_id))
+        Ok(req)
     }
 
     async fn spawn_session(

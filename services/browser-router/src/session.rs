@@ -15,7 +15,7 @@ use egress::{EgressProxy, EgressRules, SystemResolver};
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
 use messages::browser::{
-    BrowserAction, BrowserBackend, BrowserRequest, BrowserResult, ContentFormat,
+    BrowserBackend, BrowserCommand, BrowserRequest, BrowserResult, ContentFormat, WaitFor,
 };
 use messages::network::NetworkPolicy;
 use messages::{ErrorBody, ErrorKind};
@@ -48,7 +48,6 @@ pub struct Shared {
 }
 
 pub struct Act {
-    pub action: BrowserAction,
     pub req: BrowserRequest,
     pub ctx: RequestContext,
     pub reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
@@ -137,13 +136,9 @@ impl Actor for BrowserSession {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SessionMsg::Act(act) => {
-                let Act {
-                    action,
-                    req,
-                    ctx,
-                    reply,
-                } = *act;
-                let outcome = state.act(action, &req, &ctx).await;
+                let Act { req, ctx, reply } = *act;
+                let action = req.command.action();
+                let outcome = state.act(&req, &ctx).await;
                 state.last_used = Instant::now();
                 let scope = state.scope(&req, &ctx);
                 let details = match &outcome {
@@ -157,7 +152,7 @@ impl Actor for BrowserSession {
                     .auditor
                     .emit(AuditKind::Finished, &scope, details);
                 let _ = reply.send(outcome);
-                if action == BrowserAction::Close {
+                if req.command == BrowserCommand::Close {
                     myself.stop(Some("closed".into()));
                 }
             }
@@ -179,51 +174,6 @@ fn schedule_idle_check(myself: &ActorRef<SessionMsg>, after: Duration) {
     myself.send_after(after + Duration::from_millis(10), || SessionMsg::IdleCheck);
 }
 
-fn need<'a>(
-    value: &'a Option<String>,
-    field: &str,
-    action: BrowserAction,
-) -> Result<&'a str, ErrorBody> {
-    value
-        .as_deref()
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| ErrorBody::bad_request(format!("{} needs {field}", action.as_str())))
-}
-
-/// Per-field size limits, checked before anything runs.
-fn check_sizes(req: &BrowserRequest) -> Result<(), ErrorBody> {
-    let limits: [(&str, &Option<String>, usize); 5] = [
-        ("url", &req.url, 8 * 1024),
-        ("selector", &req.selector, 1024),
-        ("text", &req.text, 64 * 1024),
-        ("script", &req.script, 64 * 1024),
-        ("key", &req.key, 32),
-    ];
-    for (field, value, max) in limits {
-        if let Some(v) = value {
-            if v.len() > max {
-                return Err(ErrorBody::too_large(format!(
-                    "{field} is {} bytes; at most {max}",
-                    v.len()
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The selector an action targets: `{index}` from the last `elements`, or `{selector}`.
-fn target(req: &BrowserRequest, action: BrowserAction) -> Result<String, ErrorBody> {
-    match (req.index, &req.selector) {
-        (Some(i), _) => Ok(format!("[data-sandmesh-index=\"{i}\"]")),
-        (None, Some(s)) if !s.trim().is_empty() => Ok(s.clone()),
-        _ => Err(ErrorBody::bad_request(format!(
-            "{} needs index (from elements) or selector",
-            action.as_str()
-        ))),
-    }
-}
-
 fn action_error(e: ActionError) -> ErrorBody {
     let kind = match &e {
         ActionError::NoElement(_) | ActionError::Script(_) => ErrorKind::BadRequest,
@@ -234,6 +184,14 @@ fn action_error(e: ActionError) -> ErrorBody {
         ActionError::Cdp(_) | ActionError::Decode(_) => ErrorKind::Internal,
     };
     ErrorBody::new(kind, e.to_string())
+}
+
+/// How long a wait may take: what it asked, bounded by the action's limit.
+fn within(asked_ms: Option<u64>, limit: Duration) -> Duration {
+    asked_ms
+        .map(Duration::from_millis)
+        .unwrap_or(limit)
+        .min(limit)
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.
@@ -326,12 +284,11 @@ impl SessionState {
 
     async fn act(
         &mut self,
-        action: BrowserAction,
         req: &BrowserRequest,
         ctx: &RequestContext,
     ) -> Result<BrowserResult, ErrorBody> {
-        check_sizes(req)?;
-        if action == BrowserAction::Close {
+        let action = req.command.action();
+        if req.command == BrowserCommand::Close {
             let had = self.live.take().is_some();
             return Ok(BrowserResult {
                 ok: true,
@@ -345,35 +302,21 @@ impl SessionState {
             .unwrap_or(self.shared.config.action_timeout)
             .min(self.shared.config.action_timeout);
         // The checks that need no browser come first: a refused URL starts nothing.
-        let url = match action {
-            BrowserAction::Navigate => {
-                let raw = need(&req.url, "url", action)?;
-                let checked = crate::guard::check(&self.shared.rules, &SystemResolver, raw)
+        let url = match &req.command {
+            BrowserCommand::Navigate { url } => {
+                let checked = crate::guard::check(&self.shared.rules, &SystemResolver, url)
                     .await
                     .map_err(|e| ErrorBody::denied(format!("navigation refused: {e}")))?;
                 Some(checked.to_string())
             }
             _ => None,
         };
-        let selector = match action {
-            BrowserAction::Click | BrowserAction::Fill | BrowserAction::Type => {
-                Some(target(req, action)?)
-            }
+        let selector = match &req.command {
+            BrowserCommand::Click { target }
+            | BrowserCommand::Fill { target, .. }
+            | BrowserCommand::Type { target, .. } => Some(target.selector()),
             _ => None,
         };
-        match action {
-            BrowserAction::Fill | BrowserAction::Type => drop(need(&req.text, "text", action)?),
-            BrowserAction::PressKey => drop(need(&req.key, "key", action)?),
-            BrowserAction::Evaluate => drop(need(&req.script, "script", action)?),
-            BrowserAction::WaitFor
-                if req.text.is_none() && req.selector.is_none() && req.ms.is_none() =>
-            {
-                return Err(ErrorBody::bad_request(
-                    "wait_for needs text, selector or ms",
-                ))
-            }
-            _ => {}
-        }
 
         let scope = self.scope(req, ctx);
         let shared = self.shared.clone();
@@ -384,8 +327,8 @@ impl SessionState {
 
         // What the assessor and a person see: the action, its target and what it would do;
         // a secret is never shown, only its length.
-        let field = match (&selector, action) {
-            (Some(s), BrowserAction::Fill | BrowserAction::Type | BrowserAction::Click) => Some(
+        let field = match &selector {
+            Some(s) => Some(
                 tokio::time::timeout(limit, chromium.describe(s))
                     .await
                     .map_err(|_| ErrorBody::timeout("describing the target timed out"))?
@@ -394,15 +337,17 @@ impl SessionState {
             _ => None,
         };
         let sensitive = field.as_ref().is_some_and(sensitive_field);
-        let text = req.text.as_ref().map(|t| {
+        // The parameters as sent, with the URL as checked and the target resolved.
+        let sent = req.payload();
+        let text = sent.text.map(|t| {
             if sensitive {
                 format!("<{} characters, hidden>", t.chars().count())
             } else {
-                t.clone()
+                t
             }
         });
-        let params = json!({"url": url, "selector": selector, "index": req.index, "text": text,
-                            "key": req.key, "script": req.script, "field": field,
+        let params = json!({"url": url, "selector": selector, "index": sent.index, "text": text,
+                            "key": sent.key, "script": sent.script, "field": field,
                             "page": chromium.location().await.0});
         let summary = format!(
             "browser {} in session {session}{}",
@@ -426,62 +371,59 @@ impl SessionState {
             ..Default::default()
         };
         let run = async {
-            match action {
-                BrowserAction::Navigate => {
+            match &req.command {
+                BrowserCommand::Navigate { .. } => {
                     chromium
                         .navigate(url.as_deref().unwrap_or_default(), limit)
                         .await
                 }
-                BrowserAction::Back => chromium.back().await,
-                BrowserAction::Click => {
-                    chromium
-                        .click(selector.as_deref().unwrap_or_default())
-                        .await
+                BrowserCommand::Back => chromium.back().await,
+                BrowserCommand::Click { target } => chromium.click(&target.selector()).await,
+                BrowserCommand::Fill { target, text } => {
+                    chromium.fill(&target.selector(), text, true).await
                 }
-                BrowserAction::Fill | BrowserAction::Type => {
-                    let clear = action == BrowserAction::Fill;
-                    let text = req.text.as_deref().unwrap_or_default();
-                    chromium
-                        .fill(selector.as_deref().unwrap_or_default(), text, clear)
-                        .await
+                BrowserCommand::Type { target, text } => {
+                    chromium.fill(&target.selector(), text, false).await
                 }
-                BrowserAction::PressKey => {
-                    chromium
-                        .press_key(req.key.as_deref().unwrap_or_default())
-                        .await
-                }
-                BrowserAction::Scroll => {
-                    result.value = Some(chromium.scroll(req.dx.unwrap_or(0), req.dy).await?);
+                BrowserCommand::PressKey { key } => chromium.press_key(key).await,
+                BrowserCommand::Scroll { dx, dy } => {
+                    result.value = Some(chromium.scroll(*dx, *dy).await?);
                     Ok(())
                 }
-                BrowserAction::WaitFor => match (req.text.as_deref(), req.selector.as_deref()) {
-                    (None, None) => {
-                        tokio::time::sleep(Duration::from_millis(req.ms.unwrap_or(0)).min(limit))
-                            .await;
-                        Ok(())
-                    }
-                    (text, sel) => {
-                        let within = req
-                            .ms
-                            .map(Duration::from_millis)
-                            .unwrap_or(limit)
-                            .min(limit);
-                        chromium.wait_for(text, sel, within).await
-                    }
-                },
-                BrowserAction::Elements => {
+                BrowserCommand::WaitFor(WaitFor::Delay { ms }) => {
+                    tokio::time::sleep(Duration::from_millis(*ms).min(limit)).await;
+                    Ok(())
+                }
+                BrowserCommand::WaitFor(WaitFor::Text {
+                    text,
+                    selector,
+                    within_ms,
+                }) => {
+                    let within = within(*within_ms, limit);
+                    chromium
+                        .wait_for(Some(text), selector.as_deref(), within)
+                        .await
+                }
+                BrowserCommand::WaitFor(WaitFor::Selector {
+                    selector,
+                    within_ms,
+                }) => {
+                    let within = within(*within_ms, limit);
+                    chromium.wait_for(None, Some(selector), within).await
+                }
+                BrowserCommand::Elements => {
                     result.elements = chromium.elements().await?;
                     Ok(())
                 }
-                BrowserAction::Screenshot => {
-                    let png = chromium.screenshot(req.full_page).await?;
+                BrowserCommand::Screenshot { full_page, .. } => {
+                    let png = chromium.screenshot(*full_page).await?;
                     result.value = Some(json!({"bytes": png.len()}));
                     result.screenshot_base64 =
                         Some(base64::engine::general_purpose::STANDARD.encode(&png));
                     Ok(())
                 }
-                BrowserAction::Content => {
-                    let page = match req.format {
+                BrowserCommand::Content { format } => {
+                    let page = match format {
                         ContentFormat::Text => chromium.text().await?,
                         ContentFormat::Html => chromium.html().await?,
                     };
@@ -492,15 +434,11 @@ impl SessionState {
                     result.content = Some(page);
                     Ok(())
                 }
-                BrowserAction::Evaluate => {
-                    result.value = Some(
-                        chromium
-                            .evaluate(req.script.as_deref().unwrap_or_default())
-                            .await?,
-                    );
+                BrowserCommand::Evaluate { script } => {
+                    result.value = Some(chromium.evaluate(script).await?);
                     Ok(())
                 }
-                BrowserAction::Close => Ok(()),
+                BrowserCommand::Close => Ok(()),
             }
         };
         // A little more than the action's own bound: wait_for reports its own timeout.
@@ -525,7 +463,7 @@ impl SessionState {
         (result.url, result.title) = chromium.location().await;
         // A redirect can land where the first URL's check never looked (the egress proxy
         // refused the hop, so the page is only its refusal): the answer says so, not `ok`.
-        if action == BrowserAction::Navigate {
+        if matches!(req.command, BrowserCommand::Navigate { .. }) {
             if let Some(landed) = result.url.as_deref().filter(|u| Some(*u) != url.as_deref()) {
                 if let Err(e) =
                     crate::guard::check(&self.shared.rules, &SystemResolver, landed).await
@@ -536,7 +474,7 @@ impl SessionState {
                 }
             }
         }
-        if action == BrowserAction::Evaluate {
+        if matches!(req.command, BrowserCommand::Evaluate { .. }) {
             let size = result
                 .value
                 .as_ref()
@@ -548,8 +486,8 @@ impl SessionState {
                 )));
             }
         }
-        if action == BrowserAction::Screenshot {
-            self.store_screenshot(req, &mut result).await?;
+        if let BrowserCommand::Screenshot { inline, .. } = req.command {
+            self.store_screenshot(inline, &mut result).await?;
         }
         result.state_lost = lost;
         self.lost = false;
@@ -560,7 +498,7 @@ impl SessionState {
     /// asked and small enough.
     async fn store_screenshot(
         &self,
-        req: &BrowserRequest,
+        inline: bool,
         result: &mut BrowserResult,
     ) -> Result<(), ErrorBody> {
         let encoded = result.screenshot_base64.take().unwrap_or_default();
@@ -579,7 +517,7 @@ impl SessionState {
                 ErrorBody::unavailable(format!("cannot store the screenshot in the workspace: {e}"))
             })?;
         result.screenshot_path = Some(path);
-        if req.inline {
+        if inline {
             if png.len() <= self.shared.config.inline_max_bytes {
                 result.screenshot_base64 = Some(encoded);
             } else {

@@ -4,10 +4,13 @@
 
 use std::time::Duration;
 
-use messages::browser::{BrowserAction as A, BrowserBackend, BrowserRequest, ContentFormat};
+use messages::browser::{
+    BrowserAction as A, BrowserBackend, BrowserCommand, BrowserPayload, BrowserRequest,
+    ContentFormat,
+};
 use messages::confirm::ConfirmState;
 use sandmesh_client::ErrorKind;
-use test_support::browser::{req, BrowserMesh, BOUND};
+use test_support::browser::{req, typed, BrowserMesh, BOUND};
 use test_support::eventually_true;
 
 /// Width and height from a PNG's IHDR chunk (after the 8-byte signature and chunk header).
@@ -30,7 +33,7 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
     assert!(!page.state_lost);
 
     // elements → fill by index → click submit by index → the server got it.
-    let listed = mesh.ok(s, A::Elements, BrowserRequest::default()).await;
+    let listed = mesh.ok(s, A::Elements, BrowserPayload::default()).await;
     let names: Vec<_> = listed
         .elements
         .iter()
@@ -68,7 +71,7 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
     );
 
     // screenshot: a PNG of the viewport's size under artifacts/, inline only when asked.
-    let shot = mesh.ok(s, A::Screenshot, BrowserRequest::default()).await;
+    let shot = mesh.ok(s, A::Screenshot, BrowserPayload::default()).await;
     let path = shot.screenshot_path.expect("a path");
     assert!(
         path.starts_with("artifacts/") && path.ends_with(".png"),
@@ -86,7 +89,7 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
     assert!(inline.screenshot_base64.is_some_and(|b| !b.is_empty()));
 
     // back: to the form again.
-    let back = mesh.ok(s, A::Back, BrowserRequest::default()).await;
+    let back = mesh.ok(s, A::Back, BrowserPayload::default()).await;
     assert_eq!(back.title.as_deref(), Some("Login"));
 
     // wait_for text that appears 700 ms after load; and one that never does.
@@ -116,7 +119,7 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
 
     // scroll: one screen down by default, then by an amount; a full-page shot is taller.
     mesh.navigate(s, "/long").await;
-    let down = mesh.ok(s, A::Scroll, BrowserRequest::default()).await;
+    let down = mesh.ok(s, A::Scroll, BrowserPayload::default()).await;
     assert_eq!(down.value.unwrap()["y"], 800);
     let more = mesh.ok(s, A::Scroll, req(|r| r.dy = Some(100))).await;
     assert_eq!(more.value.unwrap()["y"], 900);
@@ -169,7 +172,7 @@ async fn two_sessions_do_not_share_cookies_or_pages() {
     assert!(mesh.text("carol-s").await.contains("anonymous"));
     mesh.navigate("alice-s", "/late").await;
     let bob = mesh
-        .ok("bob-s", A::Content, BrowserRequest::default())
+        .ok("bob-s", A::Content, BrowserPayload::default())
         .await;
     assert_eq!(bob.title.as_deref(), Some("Me"));
     // One container per session (plus the warm one).
@@ -272,19 +275,19 @@ async fn a_waiting_action_tells_its_caller_at_once() {
     let s = "notice-session";
     let url = mesh.fixture.url("/");
     let opened = agent
-        .act(
+        .act(&typed(
             A::Navigate,
-            &req(|r| {
+            req(|r| {
                 r.session_id = s.into();
                 r.url = Some(url);
             }),
-        )
+        ))
         .await
         .expect("navigate");
     assert!(opened.ok, "{opened:?}");
     // The agent's session (its id is scoped by its tenant): its elements, through the agent.
     let listed = agent
-        .act(A::Elements, &req(|r| r.session_id = s.into()))
+        .act(&typed(A::Elements, req(|r| r.session_id = s.into())))
         .await
         .expect("elements");
     let password = listed
@@ -303,7 +306,7 @@ async fn a_waiting_action_tells_its_caller_at_once() {
     let filler = agent.clone();
     let acting = tokio::spawn(async move {
         filler
-            .act_notified(A::Fill, &fill, move |notice| {
+            .act_notified(&typed(A::Fill, fill), move |notice| {
                 let _ = tx.send(notice);
             })
             .await
@@ -363,8 +366,11 @@ async fn a_waiting_action_tells_its_caller_at_once() {
         r.session_id = s.into();
         r.script = Some("document.querySelector('#password').value".into());
     });
-    let typed = agent.act(A::Evaluate, &read).await.expect("evaluate");
-    assert_eq!(typed.value.unwrap(), "hunter2");
+    let read = agent
+        .act(&typed(A::Evaluate, read))
+        .await
+        .expect("evaluate");
+    assert_eq!(read.value.unwrap(), "hunter2");
     approver.abort();
     mesh.stop().await;
 }
@@ -435,7 +441,7 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
         ErrorKind::Timeout,
         "a download never loads a page: {e}"
     );
-    let after = mesh.ok(s, A::Content, BrowserRequest::default()).await;
+    let after = mesh.ok(s, A::Content, BrowserPayload::default()).await;
     assert_eq!(after.title.as_deref(), Some("Login"));
 
     // Bad input.
@@ -483,21 +489,21 @@ async fn refused_urls_and_bad_requests_get_clear_errors() {
         "413"
     );
     bad(
-        mesh.act(s, A::Navigate, BrowserRequest::default())
+        mesh.act(s, A::Navigate, BrowserPayload::default())
             .await
             .unwrap_err(),
         ErrorKind::BadRequest,
         "navigate needs url",
     );
     bad(
-        mesh.act(s, A::Click, BrowserRequest::default())
+        mesh.act(s, A::Click, BrowserPayload::default())
             .await
             .unwrap_err(),
         ErrorKind::BadRequest,
         "index (from elements) or selector",
     );
     bad(
-        mesh.act("bad id!", A::Content, BrowserRequest::default())
+        mesh.act("bad id!", A::Content, BrowserPayload::default())
             .await
             .unwrap_err(),
         ErrorKind::BadRequest,
@@ -570,7 +576,7 @@ async fn a_killed_browser_is_replaced_and_closing_removes_it() {
     .await;
 
     // close: the container goes.
-    mesh.ok(s, A::Close, BrowserRequest::default()).await;
+    mesh.ok(s, A::Close, BrowserPayload::default()).await;
     eventually_true("close removes the container", BOUND, || async {
         mesh.containers().is_empty()
     })
@@ -617,10 +623,10 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
             for round in 0..4 {
                 mesh.navigate(s, if round % 2 == 0 { "/" } else { "/long" })
                     .await;
-                mesh.ok(s, A::Elements, BrowserRequest::default()).await;
-                mesh.ok(s, A::Scroll, BrowserRequest::default()).await;
-                mesh.ok(s, A::Content, BrowserRequest::default()).await;
-                mesh.ok(s, A::Screenshot, BrowserRequest::default()).await;
+                mesh.ok(s, A::Elements, BrowserPayload::default()).await;
+                mesh.ok(s, A::Scroll, BrowserPayload::default()).await;
+                mesh.ok(s, A::Content, BrowserPayload::default()).await;
+                mesh.ok(s, A::Screenshot, BrowserPayload::default()).await;
             }
         }
     });
@@ -640,7 +646,7 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
     assert_eq!(labelled("container"), 12);
     assert_eq!(labelled("network"), 1, "the router's own bridge");
     for s in &sessions {
-        mesh.ok(s, A::Close, BrowserRequest::default()).await;
+        mesh.ok(s, A::Close, BrowserPayload::default()).await;
     }
     eventually_true("only the warm pool is left", BOUND, || async {
         mesh.containers().len() == 2
@@ -670,14 +676,17 @@ async fn two_tenants_with_the_same_session_id_get_two_browsers() {
     let mut agents = Vec::new();
     for (tenant, who) in [("acme", "alice"), ("beta", "bob")] {
         let agent = mesh.agent(tenant).await.browser();
-        let act = |action, r: BrowserRequest| {
+        let act = |action, r: BrowserPayload| {
             let agent = agent.clone();
             async move {
-                let r = BrowserRequest {
+                let r = BrowserPayload {
                     session_id: "s1".into(),
                     ..r
                 };
-                agent.act(action, &r).await.expect("an agent's action")
+                agent
+                    .act(&typed(action, r))
+                    .await
+                    .expect("an agent's action")
             }
         };
         act(A::Navigate, req(|r| r.url = Some(mesh.fixture.url("/")))).await;
@@ -697,22 +706,19 @@ async fn two_tenants_with_the_same_session_id_get_two_browsers() {
         agents.push((agent, who));
     }
     for (agent, who) in agents {
-        let me = BrowserRequest {
+        let me = BrowserPayload {
             session_id: "s1".into(),
             url: Some(mesh.fixture.url("/me")),
             ..Default::default()
         };
-        agent.act(A::Navigate, &me).await.unwrap();
-        let text = agent
-            .act(
-                A::Content,
-                &BrowserRequest {
-                    session_id: "s1".into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        agent.act(&typed(A::Navigate, me)).await.unwrap();
+        let content = BrowserRequest::new(
+            "s1",
+            BrowserCommand::Content {
+                format: ContentFormat::Text,
+            },
+        );
+        let text = agent.act(&content).await.unwrap();
         assert!(text
             .content
             .unwrap()
@@ -739,27 +745,27 @@ async fn a_tenant_over_its_browsers_quota_gets_429() {
     );
     let open = |session: &str| BrowserRequest {
         session_id: session.into(),
-        url: Some(mesh.fixture.url("/")),
-        ..Default::default()
+        ..BrowserRequest::new(
+            "",
+            BrowserCommand::Navigate {
+                url: mesh.fixture.url("/"),
+            },
+        )
     };
-    acme.act(A::Navigate, &open("s1")).await.unwrap();
-    let e = acme.act(A::Navigate, &open("s2")).await.unwrap_err();
+    acme.act(&open("s1")).await.unwrap();
+    let e = acme.act(&open("s2")).await.unwrap_err();
     let body = e.service_error().expect("the router refused");
     assert_eq!(e.kind(), ErrorKind::Overloaded, "{body:?}");
     let d = body.details.as_ref().unwrap();
     assert_eq!(d["quota"], "browsers", "{body:?}");
     assert_eq!(d["limit"], 1, "{body:?}");
-    acme.act(A::Navigate, &open("s1"))
+    acme.act(&open("s1"))
         .await
         .expect("its own browser still serves");
-    other
-        .act(A::Navigate, &open("s2"))
-        .await
-        .expect("default is not acme");
+    other.act(&open("s2")).await.expect("default is not acme");
 
-    acme.act(A::Close, &open("s1")).await.unwrap();
-    acme.act(A::Navigate, &open("s2"))
-        .await
-        .expect("closed: room again");
+    let close = BrowserRequest::new("s1", BrowserCommand::Close);
+    acme.act(&close).await.unwrap();
+    acme.act(&open("s2")).await.expect("closed: room again");
     mesh.stop().await;
 }

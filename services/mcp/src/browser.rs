@@ -4,7 +4,7 @@
 //! approve, as `run_code` does, instead of holding the model for the router's timeout.
 
 use base64::Engine;
-use messages::browser::{BrowserAction, BrowserRequest, BrowserResult, ContentFormat};
+use messages::browser::{BrowserCommand, BrowserRequest, BrowserResult, ContentFormat, Target};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::{tool, tool_router, ErrorData};
@@ -15,8 +15,8 @@ use crate::render;
 use crate::tools::{MeshTools, REQUESTED_BY};
 
 impl MeshTools {
-    async fn browse(&self, action: BrowserAction, req: BrowserRequest) -> CallToolResult {
-        match self.act(action, req).await {
+    async fn browse(&self, session_id: String, command: BrowserCommand) -> CallToolResult {
+        match self.act(BrowserRequest::new(session_id, command)).await {
             Ok(r) => render::browser(&r),
             Err(answered) => answered,
         }
@@ -25,11 +25,8 @@ impl MeshTools {
     /// One action, or the tool's answer instead of its result: the router's notice that a
     /// person must decide ends the call at once (the action goes on waiting in the router and
     /// runs if approved; its own answer then goes nowhere), or the action failed.
-    async fn act(
-        &self,
-        action: BrowserAction,
-        req: BrowserRequest,
-    ) -> Result<BrowserResult, CallToolResult> {
+    async fn act(&self, req: BrowserRequest) -> Result<BrowserResult, CallToolResult> {
+        let action = req.command.action();
         let req = BrowserRequest {
             requested_by: Some(REQUESTED_BY.into()),
             ..req
@@ -37,7 +34,7 @@ impl MeshTools {
         let (noticed, notice) = oneshot::channel();
         let mut noticed = Some(noticed);
         let browser = self.mesh.browser();
-        let acted = browser.act_notified(action, &req, move |awaiting| {
+        let acted = browser.act_notified(&req, move |awaiting| {
             if let Some(tx) = noticed.take() {
                 let _ = tx.send(awaiting);
             }
@@ -72,17 +69,15 @@ impl MeshTools {
     }
 }
 
-/// `click` and `fill` name their element one way or the other.
-fn target(
-    index: Option<u32>,
-    selector: Option<String>,
-) -> Result<(Option<u32>, Option<String>), CallToolResult> {
+/// `click` and `fill` name their element one way or the other (an index wins).
+fn target(index: Option<u32>, selector: Option<String>) -> Result<Target, CallToolResult> {
     match (index, selector) {
+        (Some(i), _) => Ok(Target::Index(i)),
+        (None, Some(s)) => Ok(Target::Selector(s)),
         (None, None) => Err(render::error(
             "bad_request",
             "give the element's index (from browser_elements) or a CSS selector",
         )),
-        (index, selector) => Ok((index, selector)),
     }
 }
 
@@ -97,12 +92,8 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<BrowserNavigate>,
     ) -> Result<CallToolResult, ErrorData> {
-        let req = BrowserRequest {
-            session_id: p.session_id,
-            url: Some(p.url),
-            ..Default::default()
-        };
-        Ok(self.browse(BrowserAction::Navigate, req).await)
+        let navigate = BrowserCommand::Navigate { url: p.url };
+        Ok(self.browse(p.session_id, navigate).await)
     }
 
     #[tool(
@@ -118,11 +109,7 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<BrowserSession>,
     ) -> Result<CallToolResult, ErrorData> {
-        let req = BrowserRequest {
-            session_id: p.session_id,
-            ..Default::default()
-        };
-        Ok(self.browse(BrowserAction::Elements, req).await)
+        Ok(self.browse(p.session_id, BrowserCommand::Elements).await)
     }
 
     #[tool(
@@ -134,17 +121,12 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<BrowserClick>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (index, selector) = match target(p.index, p.selector) {
+        let target = match target(p.index, p.selector) {
             Ok(t) => t,
             Err(refused) => return Ok(refused),
         };
-        let req = BrowserRequest {
-            session_id: p.session_id,
-            index,
-            selector,
-            ..Default::default()
-        };
-        Ok(self.browse(BrowserAction::Click, req).await)
+        let click = BrowserCommand::Click { target };
+        Ok(self.browse(p.session_id, click).await)
     }
 
     #[tool(
@@ -158,18 +140,15 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<BrowserFill>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (index, selector) = match target(p.index, p.selector) {
+        let target = match target(p.index, p.selector) {
             Ok(t) => t,
             Err(refused) => return Ok(refused),
         };
-        let req = BrowserRequest {
-            session_id: p.session_id,
-            index,
-            selector,
-            text: Some(p.text),
-            ..Default::default()
+        let fill = BrowserCommand::Fill {
+            target,
+            text: p.text,
         };
-        Ok(self.browse(BrowserAction::Fill, req).await)
+        Ok(self.browse(p.session_id, fill).await)
     }
 
     #[tool(
@@ -181,13 +160,12 @@ impl MeshTools {
         &self,
         Parameters(p): Parameters<BrowserScreenshot>,
     ) -> Result<CallToolResult, ErrorData> {
-        let req = BrowserRequest {
-            session_id: p.session_id.clone(),
+        let screenshot = BrowserCommand::Screenshot {
             full_page: p.full_page,
             inline: true,
-            ..Default::default()
         };
-        let shot = match self.act(BrowserAction::Screenshot, req).await {
+        let req = BrowserRequest::new(p.session_id.clone(), screenshot);
+        let shot = match self.act(req).await {
             Ok(shot) => shot,
             Err(answered) => return Ok(answered),
         };
@@ -218,12 +196,8 @@ impl MeshTools {
                 ))
             }
         };
-        let req = BrowserRequest {
-            session_id: p.session_id,
-            format,
-            ..Default::default()
-        };
-        Ok(self.browse(BrowserAction::Content, req).await)
+        let content = BrowserCommand::Content { format };
+        Ok(self.browse(p.session_id, content).await)
     }
 }
 
@@ -234,10 +208,14 @@ mod tests {
     #[test]
     fn a_click_needs_an_index_or_a_selector() {
         assert!(target(None, None).is_err());
-        assert_eq!(target(Some(3), None).unwrap(), (Some(3), None));
+        assert_eq!(target(Some(3), None).unwrap(), Target::Index(3));
+        assert_eq!(
+            target(Some(3), Some("#go".into())).unwrap(),
+            Target::Index(3)
+        );
         assert_eq!(
             target(None, Some("#go".into())).unwrap(),
-            (None, Some("#go".into()))
+            Target::Selector("#go".into())
         );
     }
 }

@@ -20,7 +20,9 @@ use browser_router::container::LABEL_ROUTER;
 use browser_router::BrowserConfig;
 use kit::config::env_map;
 use kit::CancellationToken;
-use messages::browser::{BrowserAction, BrowserRequest, BrowserResult};
+use messages::browser::{
+    BrowserAction, BrowserCommand, BrowserPayload, BrowserRequest, BrowserResult,
+};
 use messages::Subjects;
 use sandmesh_client::{ClientError, MeshClient};
 
@@ -216,17 +218,23 @@ impl BrowserMesh {
         containers_of(&self.router)
     }
 
+    /// `action` with `payload` as any client sends it (so a hostile payload reaches the
+    /// router as it is).
     pub async fn act(
         &self,
         session: &str,
         action: BrowserAction,
-        req: BrowserRequest,
+        payload: BrowserPayload,
     ) -> Result<BrowserResult, ClientError> {
-        let req = BrowserRequest {
+        let payload = BrowserPayload {
             session_id: session.to_string(),
-            ..req
+            ..payload
         };
-        self.client.browser().act(action, &req).await
+        let subject = self.client.subjects().browser(action.as_str());
+        let timeout = sandmesh_client::browser::BROWSER_TIMEOUT;
+        self.client
+            .request_timeout(subject, &payload, timeout)
+            .await
     }
 
     /// The action must succeed.
@@ -234,28 +242,35 @@ impl BrowserMesh {
         &self,
         session: &str,
         action: BrowserAction,
-        req: BrowserRequest,
+        payload: BrowserPayload,
     ) -> BrowserResult {
-        self.act(session, action, req)
+        self.act(session, action, payload)
+            .await
+            .unwrap_or_else(|e| panic!("{} failed: {e}", action.as_str()))
+    }
+
+    /// A typed request through the client, as the CLI and the MCP server send one.
+    pub async fn command(&self, session: &str, command: BrowserCommand) -> BrowserResult {
+        let action = command.action();
+        let req = BrowserRequest::new(session, command);
+        self.client
+            .browser()
+            .act(&req)
             .await
             .unwrap_or_else(|e| panic!("{} failed: {e}", action.as_str()))
     }
 
     pub async fn navigate(&self, session: &str, path: &str) -> BrowserResult {
         let url = self.fixture.url(path);
-        self.ok(
-            session,
-            BrowserAction::Navigate,
-            BrowserRequest {
-                url: Some(url),
-                ..Default::default()
-            },
-        )
-        .await
+        self.command(session, BrowserCommand::Navigate { url })
+            .await
     }
 
     pub async fn text(&self, session: &str) -> String {
-        self.ok(session, BrowserAction::Content, BrowserRequest::default())
+        let text = BrowserCommand::Content {
+            format: Default::default(),
+        };
+        self.command(session, text)
             .await
             .content
             .unwrap_or_default()
@@ -267,9 +282,7 @@ impl BrowserMesh {
         session: &str,
         matches: impl Fn(&messages::browser::BrowserElement) -> bool,
     ) -> u32 {
-        let listed = self
-            .ok(session, BrowserAction::Elements, BrowserRequest::default())
-            .await;
+        let listed = self.command(session, BrowserCommand::Elements).await;
         listed
             .elements
             .iter()
@@ -314,9 +327,14 @@ impl BrowserMesh {
     }
 }
 
-/// `with` filled into a default request.
-pub fn req(f: impl FnOnce(&mut BrowserRequest)) -> BrowserRequest {
-    let mut r = BrowserRequest::default();
+/// `with` filled into a default payload.
+pub fn req(f: impl FnOnce(&mut BrowserPayload)) -> BrowserPayload {
+    let mut r = BrowserPayload::default();
     f(&mut r);
     r
+}
+
+/// The typed request `payload` makes for `action` (which must be valid).
+pub fn typed(action: BrowserAction, payload: BrowserPayload) -> BrowserRequest {
+    BrowserRequest::parse(action, payload).expect("a valid request")
 }
