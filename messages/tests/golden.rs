@@ -5,6 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use messages::audit::{
+    AuditDetails, AuditEvent, ExecutionAssessed, ExecutionFinished, ExecutionReceived,
+};
 use messages::browser::{
     BrowserAction, BrowserBackend, BrowserPayload, BrowserRequest, ContentFormat,
 };
@@ -165,6 +168,33 @@ fn executor_runs() -> Vec<(&'static str, ExecutorRun)> {
                 None,
             ),
         ),
+    ]
+}
+
+fn audit_details() -> Vec<AuditDetails> {
+    let result = exec_result();
+    vec![
+        AuditDetails::ExecutionReceived(ExecutionReceived {
+            language: Language::Python,
+            code_bytes: 11,
+            tier: TierChoice::Auto,
+            timeout_ms: 5000,
+        }),
+        AuditDetails::ExecutionAssessed(ExecutionAssessed {
+            level: RiskLevel::High,
+            suggested_tier: Tier::Session,
+            tier: Tier::Session,
+            requires_confirmation: true,
+            reason: "imports subprocess".into(),
+            findings: vec!["py.subprocess".into()],
+        }),
+        AuditDetails::ExecutionFinished(ExecutionFinished {
+            status: result.status,
+            exit_code: result.exit_code,
+            tier: result.tier,
+            node: result.node,
+            timing: result.timing,
+        }),
     ]
 }
 
@@ -562,6 +592,25 @@ fn golden_vectors_are_byte_exact() {
         let typed = BrowserRequest::parse(action, payload.clone()).unwrap();
         assert_eq!(typed.command.action(), action);
         assert_eq!(typed.payload(), payload, "{name}");
+    }
+    // Issue 24: an execution's audit events, details typed per kind.
+    for details in audit_details() {
+        let event = AuditEvent {
+            id: "01JD0000000000000000000002".into(),
+            kind: details.kind(),
+            time: 1_764_000_000_000,
+            source: "scheduler.a1".into(),
+            execution_id: Some("01JD0000000000000000000000".into()),
+            session_id: Some("s1".into()),
+            trace_id: None,
+            actor: Some("agent-7".into()),
+            tenant: Some(Tenant::new("acme").unwrap()),
+            account: None,
+            user: None,
+            details: details.to_value(),
+        };
+        check(&format!("audit_{}", details.kind().as_str()), &event);
+        assert_eq!(event.typed_details(), Some(details));
     }
     check(
         "error",

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use messages::audit::{AuditEvent, AuditKind};
+use messages::audit::{AuditDetails, AuditEvent, AuditKind};
 use sandmesh_auth::Scope;
 use sandmesh_client::audit::AuditQuery;
 use sandmesh_client::{ClientError, MeshClient};
@@ -19,6 +19,43 @@ pub const SESSION_WINDOW: u64 = 5000;
 pub const SESSION_TAIL: usize = 500;
 /// Reading the trail must not hold a page for long.
 const READ_LIMIT: Duration = Duration::from_secs(5);
+
+/// One row of the activity table: an event, and what the typed details of its execution's
+/// events say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub event: AuditEvent,
+    pub facts: ExecutionFacts,
+}
+
+impl Row {
+    /// A row of `event` alone.
+    pub fn of(event: AuditEvent) -> Self {
+        let mut facts = ExecutionFacts::default();
+        if let Some(details) = event.typed_details() {
+            facts.add(&details);
+        }
+        Self { event, facts }
+    }
+}
+
+/// What an execution's events told, each from its kind's details.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExecutionFacts {
+    pub received: Option<messages::audit::ExecutionReceived>,
+    pub assessed: Option<messages::audit::ExecutionAssessed>,
+    pub finished: Option<messages::audit::ExecutionFinished>,
+}
+
+impl ExecutionFacts {
+    pub fn add(&mut self, details: &AuditDetails) {
+        match details {
+            AuditDetails::ExecutionReceived(d) => self.received = Some(d.clone()),
+            AuditDetails::ExecutionAssessed(d) => self.assessed = Some(d.clone()),
+            AuditDetails::ExecutionFinished(d) => self.finished = Some(d.clone()),
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct History {
@@ -33,60 +70,52 @@ impl History {
 
     /// Finished executions in `scope`, newest first, each with what its earlier events said
     /// (language and size from `request_received`, risk level from `risk_assessed`).
-    pub async fn recent(&self, scope: &Scope) -> Result<Vec<AuditEvent>, ClientError> {
+    pub async fn recent(&self, scope: &Scope) -> Result<Vec<Row>, ClientError> {
         let query = AuditQuery {
             kind: None,
             last: SESSION_WINDOW,
             follow: false,
         };
         let events = self.read(&query, scope, |_| true, usize::MAX).await?;
-        let mut facts: HashMap<String, serde_json::Map<String, serde_json::Value>> = HashMap::new();
+        let mut earlier: HashMap<String, Vec<AuditDetails>> = HashMap::new();
         for e in &events {
-            let (Some(id), Some(details)) = (&e.execution_id, e.details.as_object()) else {
+            let (Some(id), Some(details)) = (&e.execution_id, e.typed_details()) else {
                 continue;
             };
-            let keys: &[&str] = match e.kind {
-                AuditKind::RequestReceived => &["language", "code_bytes"],
-                AuditKind::RiskAssessed => &["level"],
-                _ => continue,
-            };
-            let known = facts.entry(id.clone()).or_default();
-            for key in keys {
-                if let Some(v) = details.get(*key) {
-                    known.insert(key.to_string(), v.clone());
-                }
+            if details.kind() != AuditKind::Finished {
+                earlier.entry(id.clone()).or_default().push(details);
             }
         }
         let finished = events
             .into_iter()
             .filter(|e| e.kind == AuditKind::Finished)
             .take(RECENT)
-            .map(|mut e| {
-                let known = e.execution_id.as_ref().and_then(|id| facts.get(id));
-                if let (Some(known), Some(details)) = (known, e.details.as_object_mut()) {
-                    for (k, v) in known {
-                        details.entry(k.clone()).or_insert_with(|| v.clone());
-                    }
+            .map(|event| {
+                let mut row = Row::of(event);
+                let known = row
+                    .event
+                    .execution_id
+                    .as_ref()
+                    .and_then(|id| earlier.get(id));
+                for details in known.into_iter().flatten() {
+                    row.facts.add(details);
                 }
-                e
+                row
             })
             .collect();
         Ok(finished)
     }
 
     /// The last events of one session in `scope`, newest first.
-    pub async fn session(
-        &self,
-        scope: &Scope,
-        session: &str,
-    ) -> Result<Vec<AuditEvent>, ClientError> {
+    pub async fn session(&self, scope: &Scope, session: &str) -> Result<Vec<Row>, ClientError> {
         let query = AuditQuery {
             kind: None,
             last: SESSION_WINDOW,
             follow: false,
         };
         let wanted = |e: &AuditEvent| e.session_id.as_deref() == Some(session);
-        self.read(&query, scope, wanted, SESSION_TAIL).await
+        let events = self.read(&query, scope, wanted, SESSION_TAIL).await?;
+        Ok(events.into_iter().map(Row::of).collect())
     }
 
     async fn read(

@@ -70,14 +70,17 @@ fn live_events(
     stream::unfold((feed, csrf), |(mut feed, csrf)| async move {
         let event = match feed.recv().await {
             Ok(FeedEvent::Confirmation(c)) => card_event(&c, &csrf),
-            Ok(FeedEvent::Audit(e)) => Event::default().event("audit").data(
-                serde_json::json!({
-                    "session": e.session_id,
-                    "kind": e.kind.as_str(),
-                    "html": render::audit_row(&e),
-                })
-                .to_string(),
-            ),
+            Ok(FeedEvent::Audit(e)) => {
+                let row = crate::history::Row::of(*e);
+                Event::default().event("audit").data(
+                    serde_json::json!({
+                        "session": row.event.session_id,
+                        "kind": row.event.kind.as_str(),
+                        "html": render::audit_row(&row),
+                    })
+                    .to_string(),
+                )
+            }
             Ok(FeedEvent::Resync) => Event::default().event("resync").data("reconnected"),
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 Event::default().event("resync").data("behind")

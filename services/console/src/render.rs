@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use messages::audit::AuditEvent;
+use crate::history::Row;
 use messages::confirm::{ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::tenancy::scoped;
 
@@ -280,17 +280,21 @@ fn browser_action(c: &Confirmation) -> Option<String> {
     Some(out)
 }
 
-/// An audit event as a table row.
-pub fn audit_row(e: &AuditEvent) -> String {
-    let d = &e.details;
-    let pick = |key: &str| {
-        d.get(key)
+/// An audit event as a table row: its execution's facts from their typed details; an event
+/// no type reads (a kind not typed yet, an older shape) shows the common keys of its details
+/// as stored.
+pub fn audit_row(row: &Row) -> String {
+    let (e, facts) = (&row.event, &row.facts);
+    let stored = |key: &str| {
+        e.details
+            .get(key)
             .map(|v| match v {
                 serde_json::Value::String(s) => s.clone(),
                 other => other.to_string(),
             })
             .unwrap_or_default()
     };
+    let typed = facts.received.is_some() || facts.assessed.is_some() || facts.finished.is_some();
     let session = e
         .session_id
         .as_ref()
@@ -302,18 +306,31 @@ pub fn audit_row(e: &AuditEvent) -> String {
             )
         })
         .unwrap_or_default();
-    let what = match (
-        d.get("language").and_then(|v| v.as_str()),
-        d.get("code_bytes"),
-    ) {
-        (Some(lang), Some(bytes)) => format!("{lang} ({bytes} bytes)"),
-        (Some(lang), None) => lang.to_string(),
-        _ => String::new(),
+    let what = facts
+        .received
+        .as_ref()
+        .map(|r| format!("{} ({} bytes)", r.language.as_str(), r.code_bytes))
+        .unwrap_or_default();
+    let status = match &facts.finished {
+        Some(f) => f.status.as_str().to_string(),
+        None if typed => String::new(),
+        None => stored("status"),
     };
-    let timing = d
-        .get("timing")
-        .and_then(|t| t.get("total_ms"))
-        .map(|ms| format!("{ms} ms"))
+    let tier = match (&facts.finished, &facts.assessed) {
+        (Some(f), _) => f.tier.as_str().to_string(),
+        (None, Some(a)) => a.tier.as_str().to_string(),
+        (None, None) if typed => String::new(),
+        (None, None) => stored("tier"),
+    };
+    let level = match &facts.assessed {
+        Some(a) => a.level.as_str().to_string(),
+        None if typed => String::new(),
+        None => stored("level"),
+    };
+    let timing = facts
+        .finished
+        .as_ref()
+        .map(|f| format!("{} ms", f.timing.total_ms))
         .unwrap_or_default();
     format!(
         "<tr class=\"kind-{kind}\"><td>{}</td><td>{kind}</td><td>{}</td><td>{session}</td>\
@@ -322,9 +339,9 @@ pub fn audit_row(e: &AuditEvent) -> String {
         esc(e.tenant.as_ref().map_or("", |t| t.as_str())),
         esc(e.execution_id.as_deref().unwrap_or("")),
         esc(&what),
-        esc(&pick("status")),
-        esc(&pick("tier")),
-        esc(&pick("level")),
+        esc(&status),
+        esc(&tier),
+        esc(&level),
         esc(&timing),
         esc(e.user.as_deref().or(e.actor.as_deref()).unwrap_or("")),
         kind = e.kind.as_str(),
@@ -332,12 +349,7 @@ pub fn audit_row(e: &AuditEvent) -> String {
 }
 
 /// The activity view: recent executions, or one session's audit tail.
-pub fn activity_page(
-    user: &str,
-    csrf: &str,
-    session: Option<&str>,
-    events: &[AuditEvent],
-) -> String {
+pub fn activity_page(user: &str, csrf: &str, session: Option<&str>, events: &[Row]) -> String {
     let mut body = String::new();
     match session {
         Some(s) => {
@@ -438,5 +450,72 @@ mod tests {
     fn times_are_utc() {
         assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc(1_795_701_939_000), "2026-11-26 14:05:39 UTC");
+    }
+
+    use messages::audit::{AuditEvent, AuditKind};
+    use serde_json::json;
+
+    fn event(kind: AuditKind, details: serde_json::Value) -> AuditEvent {
+        AuditEvent {
+            id: "01JD0000000000000000000002".into(),
+            kind,
+            time: 1_764_000_000_000,
+            source: "test.a1".into(),
+            execution_id: Some("e1".into()),
+            session_id: None,
+            trace_id: None,
+            actor: None,
+            tenant: None,
+            account: None,
+            user: None,
+            details,
+        }
+    }
+
+    #[test]
+    fn an_execution_row_reads_typed_details() {
+        let finished = event(
+            AuditKind::Finished,
+            json!({"status": "timeout", "exit_code": null, "tier": "session", "node": "a",
+                   "timing": {"total_ms": 1234}}),
+        );
+        let row = Row::of(finished);
+        assert!(row.facts.finished.is_some(), "{row:?}");
+        let html = audit_row(&row);
+        assert!(html.contains("<td>timeout</td><td>session</td>"), "{html}");
+        assert!(html.contains("<td>1234 ms</td>"), "{html}");
+    }
+
+    #[test]
+    fn an_event_no_type_reads_is_still_listed_from_its_stored_details() {
+        for (kind, details, shown) in [
+            // A browser action's end, an older shape of an execution's start, a kind not
+            // typed yet, details that are not an object.
+            (
+                AuditKind::Finished,
+                json!({"action": "click", "ok": false, "status": "x<y"}),
+                "<td>x&lt;y</td>",
+            ),
+            (
+                AuditKind::RequestReceived,
+                json!({"language": "python"}),
+                "<td>request_received</td>",
+            ),
+            (
+                AuditKind::Placed,
+                json!({"node": "a", "tier": "session"}),
+                "<td>session</td>",
+            ),
+            (
+                AuditKind::RiskAssessed,
+                json!([1, 2]),
+                "<td>risk_assessed</td>",
+            ),
+        ] {
+            let row = Row::of(event(kind, details));
+            assert_eq!(row.facts, Default::default(), "{kind:?}");
+            let html = audit_row(&row);
+            assert!(html.contains(shown), "{kind:?}: {html}");
+        }
     }
 }

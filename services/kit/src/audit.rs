@@ -105,6 +105,11 @@ impl Auditor {
         Ok(())
     }
 
+    /// [`Self::emit`] of typed details: their kind is the event's.
+    pub fn emit_details(&self, scope: &AuditScope, details: &messages::audit::AuditDetails) {
+        self.emit(details.kind(), scope, details.to_value());
+    }
+
     /// Fire and forget: records in the background, logging a failure.
     pub fn emit(&self, kind: AuditKind, scope: &AuditScope, details: serde_json::Value) {
         let event = self.event(kind, scope, details);

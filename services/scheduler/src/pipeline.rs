@@ -10,7 +10,9 @@
 use std::time::{Duration, Instant};
 
 use kit::{AuditScope, Auditor};
-use messages::audit::AuditKind;
+use messages::audit::{
+    AuditDetails, AuditKind, ExecutionAssessed, ExecutionFinished, ExecutionReceived,
+};
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing};
 use messages::risk::{AssessRequest, RiskAssessment};
 use messages::validate::{validate_exec, Ceilings};
@@ -74,6 +76,10 @@ enum Confirmed {
 impl Pipeline {
     fn audit(&self, kind: AuditKind, exec: &Execution, details: serde_json::Value) {
         self.auditor.emit(kind, &exec.scope(), details);
+    }
+
+    fn audit_details(&self, exec: &Execution, details: AuditDetails) {
+        self.auditor.emit_details(&exec.scope(), &details);
     }
 
     /// Runs `req` through the whole pipeline. An absent `execution_id` (only a sync request
@@ -149,16 +155,13 @@ impl Pipeline {
             Ok(claim) => claim,
             Err(outcome) => return outcome,
         };
-        self.audit(
-            AuditKind::RequestReceived,
-            &exec,
-            json!({
-                "language": exec.request.language.as_str(),
-                "code_bytes": exec.request.code.len(),
-                "tier": exec.request.tier,
-                "timeout_ms": exec.limits.timeout_ms,
-            }),
-        );
+        let received = ExecutionReceived {
+            language: exec.request.language,
+            code_bytes: exec.request.code.len() as u64,
+            tier: exec.request.tier,
+            timeout_ms: exec.limits.timeout_ms,
+        };
+        self.audit_details(&exec, AuditDetails::ExecutionReceived(received));
         exec.timing.assess_ms = Timing::ms(assess_took);
         let risk = match risk {
             Ok(risk) => risk,
@@ -276,18 +279,15 @@ impl Pipeline {
         );
         exec.risk = risk;
         let risk = &exec.risk;
-        self.audit(
-            AuditKind::RiskAssessed,
-            exec,
-            json!({
-                "level": risk.level.as_str(),
-                "suggested_tier": risk.suggested_tier.as_str(),
-                "tier": exec.tier.as_str(),
-                "requires_confirmation": risk.requires_confirmation,
-                "reason": risk.reason,
-                "findings": risk.findings.iter().map(|f| &f.rule).collect::<Vec<_>>(),
-            }),
-        );
+        let assessed = ExecutionAssessed {
+            level: risk.level,
+            suggested_tier: risk.suggested_tier,
+            tier: exec.tier,
+            requires_confirmation: risk.requires_confirmation,
+            reason: risk.reason.clone(),
+            findings: risk.findings.iter().map(|f| f.rule.clone()).collect(),
+        };
+        self.audit_details(exec, AuditDetails::ExecutionAssessed(assessed));
         if exec.tier != Tier::Reject {
             return None;
         }
@@ -389,17 +389,14 @@ impl Pipeline {
     /// not on its path. The claim is held until the result is stored, so a second attempt of
     /// the same id still finds it running or stored.
     async fn store(&self, exec: &Execution, result: ExecResult, claim: Hold) -> Outcome {
-        self.audit(
-            AuditKind::Finished,
-            exec,
-            json!({
-                "status": result.status.as_str(),
-                "exit_code": result.exit_code,
-                "tier": result.tier.as_str(),
-                "node": result.node,
-                "timing": result.timing,
-            }),
-        );
+        let finished = ExecutionFinished {
+            status: result.status,
+            exit_code: result.exit_code,
+            tier: result.tier,
+            node: result.node.clone(),
+            timing: result.timing,
+        };
+        self.audit_details(exec, AuditDetails::ExecutionFinished(finished));
         let sending = self.results.send(&result).await;
         let parked = exec.risk.requires_confirmation.then(|| self.parked.clone());
         let id = exec.id.clone();
