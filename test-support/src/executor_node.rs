@@ -209,9 +209,14 @@ impl<B: NodeBackend> Drop for Node<B> {
     fn drop(&mut self) {
         self.shutdown.cancel();
         if let Some(task) = self.task.take() {
-            // Let the node shut down properly (its starts in flight end and are removed); the
-            // tests run on multi-thread runtimes, where blocking here is allowed.
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            // Let the node shut down properly (its starts in flight end and are removed).
+            // Blocking is allowed on a multi-thread runtime only: on a current-thread one
+            // `block_in_place` panics, and a panic while a failed test unwinds aborts the whole
+            // test binary — so there the node just gets the cancel.
+            if let Some(handle) = tokio::runtime::Handle::try_current()
+                .ok()
+                .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+            {
                 tokio::task::block_in_place(|| {
                     let _ = handle.block_on(tokio::time::timeout(Duration::from_secs(60), task));
                 });
