@@ -48,6 +48,28 @@ pub type HandlerFuture<Resp> = Pin<Box<dyn Future<Output = Result<Resp, ErrorBod
 /// A request handler: typed request in, typed reply or error out.
 pub type Handler<Req, Resp> = Arc<dyn Fn(RequestContext, Req) -> HandlerFuture<Resp> + Send + Sync>;
 
+/// A handler over the wire's bytes: the request's payload in (the context says its encoding),
+/// the reply encoded in `ctx.encoding` out.
+type BytesHandler = Arc<dyn Fn(RequestContext, Bytes) -> HandlerFuture<Vec<u8>> + Send + Sync>;
+
+/// The typed handler behind a bytes one: decodes the request by its `Content-Type`, encodes
+/// the reply in the encoding the caller asked for.
+fn typed<Req, Resp>(handler: Handler<Req, Resp>) -> BytesHandler
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+{
+    Arc::new(move |ctx, payload| {
+        let handler = handler.clone();
+        Box::pin(async move {
+            let encoding = ctx.encoding;
+            let request = decode_request::<Req>(ctx.headers.as_ref(), &payload)?;
+            let reply = handler(ctx, request).await?;
+            Ok(encoding.encode(&reply)?)
+        })
+    })
+}
+
 /// Wraps an async function as a handler.
 pub fn handler<Req, Resp, F, Fut>(f: F) -> Handler<Req, Resp>
 where
@@ -157,6 +179,18 @@ impl ServiceHost {
         Req: DeserializeOwned + Send + 'static,
         Resp: Serialize + Send + 'static,
     {
+        self.serve_bytes(subject, options, typed(handler)).await
+    }
+
+    /// The endpoint's read loop, the same code for every request and reply type: only
+    /// [`typed`]'s decode/encode closure is made per type, which keeps each service's binary
+    /// (and its compile time) from holding one copy of this loop per endpoint.
+    async fn serve_bytes(
+        &self,
+        subject: String,
+        options: EndpointOptions,
+        handler: BytesHandler,
+    ) -> Result<(), KitError> {
         let mut endpoint = self
             .service
             .endpoint_builder()
@@ -181,7 +215,7 @@ impl ServiceHost {
                         options.max_in_flight
                     ));
                     let encoding = reply_encoding(request.message.headers.as_ref());
-                    tokio::spawn(respond::<()>(
+                    tokio::spawn(respond(
                         request,
                         Err(error),
                         encoding.unwrap_or_default(),
@@ -243,16 +277,13 @@ fn reply_encoding(headers: Option<&HeaderMap>) -> Result<Encoding, messages::Cod
     Encoding::from_content_type(get(codec::CONTENT_TYPE))
 }
 
-async fn handle_one<Req, Resp>(
+async fn handle_one(
     subject: String,
     request: async_nats::service::Request,
     options: EndpointOptions,
     max_reply: usize,
-    handler: Handler<Req, Resp>,
-) where
-    Req: DeserializeOwned + Send + 'static,
-    Resp: Serialize + Send + 'static,
-{
+    handler: BytesHandler,
+) {
     let headers = request.message.headers.clone();
     let span = tracing::info_span!("request", subject = %subject, otel.kind = "server");
     telemetry::set_parent_from(&span, headers.as_ref());
@@ -269,11 +300,9 @@ async fn handle_one<Req, Resp>(
                         options.max_payload
                     )))
                 } else {
-                    match caller_of(headers.as_ref()).and_then(|caller| {
-                        decode_request::<Req>(headers.as_ref(), payload).map(|r| (caller, r))
-                    }) {
+                    match caller_of(headers.as_ref()) {
                         Err(e) => Err(e),
-                        Ok((caller, req)) => {
+                        Ok(caller) => {
                             let ctx = RequestContext {
                                 subject: request.message.subject.to_string(),
                                 encoding,
@@ -282,7 +311,7 @@ async fn handle_one<Req, Resp>(
                                 caller,
                                 reply: request.message.reply.as_ref().map(|r| r.to_string()),
                             };
-                            handler(ctx, req).await
+                            handler(ctx, payload.clone()).await
                         }
                     }
                 };
@@ -328,32 +357,26 @@ const REPLY_HEADER_ROOM: usize = 4096;
 /// Sends a reply or an error reply. Errors carry the NATS micro headers *and* a typed body.
 /// A reply larger than the server's max payload (`max_reply`, 0 when unknown) would never
 /// arrive and leave the caller waiting out its timeout: it becomes a 500 error instead.
-async fn respond<Resp: Serialize>(
+async fn respond(
     request: async_nats::service::Request,
-    outcome: Result<Resp, ErrorBody>,
+    outcome: Result<Vec<u8>, ErrorBody>,
     encoding: Encoding,
     max_reply: usize,
 ) {
     let mut headers = HeaderMap::new();
     headers.insert(codec::CONTENT_TYPE, encoding.content_type());
-    let body = match outcome {
-        Ok(resp) => encoding
-            .encode(&resp)
-            .map_err(ErrorBody::from)
-            .and_then(|bytes| {
-                // Headers travel in the same message; keep room for them.
-                let limit = max_reply.saturating_sub(REPLY_HEADER_ROOM);
-                if max_reply > 0 && bytes.len() > limit {
-                    Err(ErrorBody::internal(format!(
-                        "the reply is {} bytes, over the {limit} a NATS message can carry here",
-                        bytes.len()
-                    )))
-                } else {
-                    Ok(bytes)
-                }
-            }),
-        Err(e) => Err(e),
-    };
+    let body = outcome.and_then(|bytes| {
+        // Headers travel in the same message; keep room for them.
+        let limit = max_reply.saturating_sub(REPLY_HEADER_ROOM);
+        if max_reply > 0 && bytes.len() > limit {
+            Err(ErrorBody::internal(format!(
+                "the reply is {} bytes, over the {limit} a NATS message can carry here",
+                bytes.len()
+            )))
+        } else {
+            Ok(bytes)
+        }
+    });
     let body = match body {
         Ok(bytes) => bytes,
         Err(error) => {
