@@ -91,7 +91,14 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Runs the aio-pool until `shutdown` is cancelled, then removes every instance and its
 /// bridge.
-pub async fn run(
+///
+/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
+#[inline(never)]
+pub fn run(config: AioPoolConfig, shutdown: CancellationToken) -> kit::ServiceFuture<AioPoolError> {
+    Box::pin(run_until_shutdown(config, shutdown))
+}
+
+async fn run_until_shutdown(
     mut config: AioPoolConfig,
     shutdown: CancellationToken,
 ) -> Result<(), AioPoolError> {

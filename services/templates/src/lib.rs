@@ -48,7 +48,17 @@ pub enum TemplatesError {
 }
 
 /// Serves until `shutdown` fires; fails when the catalog cannot start or dies.
-pub async fn run(
+///
+/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
+#[inline(never)]
+pub fn run(
+    config: TemplatesConfig,
+    shutdown: CancellationToken,
+) -> kit::ServiceFuture<TemplatesError> {
+    Box::pin(run_until_shutdown(config, shutdown))
+}
+
+async fn run_until_shutdown(
     config: TemplatesConfig,
     shutdown: CancellationToken,
 ) -> Result<(), TemplatesError> {

@@ -162,7 +162,17 @@ where
 }
 
 /// Runs one instance until `shutdown` is cancelled (then stops gracefully).
-pub async fn run(
+///
+/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
+#[inline(never)]
+pub fn run(
+    config: WorkspaceConfig,
+    shutdown: CancellationToken,
+) -> kit::ServiceFuture<WorkspaceError> {
+    Box::pin(run_until_shutdown(config, shutdown))
+}
+
+async fn run_until_shutdown(
     config: WorkspaceConfig,
     shutdown: CancellationToken,
 ) -> Result<(), WorkspaceError> {
