@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::{CdpError, Connection};
@@ -27,8 +28,18 @@ pub fn chromium_binary() -> Result<PathBuf, CdpError> {
 pub struct LocalChromium {
     child: tokio::process::Child,
     ws_url: String,
-    _profile: tempfile::TempDir,
+    profile: PathBuf,
 }
+
+impl Drop for LocalChromium {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}
+
+/// Launches by this process so far (each gets a profile directory of its own).
+static LAUNCHED: AtomicU64 = AtomicU64::new(0);
 
 impl LocalChromium {
     /// Starts `bin` headless with `args` added (a window size, say), waiting at most
@@ -38,7 +49,10 @@ impl LocalChromium {
             bin: bin.display().to_string(),
             source,
         };
-        let profile = tempfile::tempdir().map_err(spawn_failed)?;
+        let n = LAUNCHED.fetch_add(1, Ordering::Relaxed);
+        let profile =
+            std::env::temp_dir().join(format!("sandmesh-chromium-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&profile).map_err(spawn_failed)?;
         let mut child = tokio::process::Command::new(bin)
             .args([
                 "--headless=new",
@@ -50,7 +64,7 @@ impl LocalChromium {
                 "--remote-debugging-address=127.0.0.1",
                 "--remote-debugging-port=0",
             ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("--user-data-dir={}", profile.display()))
             .args(args)
             .arg("about:blank")
             .stdin(Stdio::null())
@@ -58,8 +72,11 @@ impl LocalChromium {
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(spawn_failed)?;
-        let active = profile.path().join("DevToolsActivePort");
+            .map_err(|e| {
+                let _ = std::fs::remove_dir_all(&profile);
+                spawn_failed(e)
+            })?;
+        let active = profile.join("DevToolsActivePort");
         let deadline = tokio::time::Instant::now() + within;
         loop {
             // The port, then the browser's socket path ending in a 36-character id: a file
@@ -75,15 +92,18 @@ impl LocalChromium {
                 return Ok(Self {
                     child,
                     ws_url: format!("ws://127.0.0.1:{port}{path}"),
-                    _profile: profile,
+                    profile,
                 });
             }
             if let Ok(Some(status)) = child.try_wait() {
+                let _ = std::fs::remove_dir_all(&profile);
                 return Err(spawn_failed(std::io::Error::other(format!(
                     "exited before opening its debugging port ({status})"
                 ))));
             }
             if tokio::time::Instant::now() >= deadline {
+                let _ = child.start_kill();
+                let _ = std::fs::remove_dir_all(&profile);
                 return Err(CdpError::StartTimeout(within));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -100,7 +120,7 @@ impl LocalChromium {
         Connection::open(&self.ws_url, limit).await
     }
 
-    /// Kills Chromium and waits for it.
+    /// Kills Chromium and waits for it (then the drop removes its profile).
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
