@@ -16,16 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper::Request;
-use hyper_util::rt::TokioIo;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
 /// How long Chromium may take to open its debugging port.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound of one request to its debugging port's HTTP endpoints.
+const HTTP_LIMIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct BrowserConfig {
@@ -57,13 +55,9 @@ pub enum BrowserError {
     #[error("chromium did not open its debugging port within {0:?}")]
     StartTimeout(Duration),
     #[error("talking to chromium's debugging port")]
-    Http(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Http(#[source] cdp::CdpError),
     #[error("chromium's /json/version is not JSON")]
     Json(#[source] serde_json::Error),
-}
-
-fn http_err(e: impl std::error::Error + Send + Sync + 'static) -> BrowserError {
-    BrowserError::Http(Box::new(e))
 }
 
 struct Running {
@@ -174,7 +168,7 @@ impl Browser {
     }
 
     async fn fetch_version(&self) -> Result<serde_json::Value, BrowserError> {
-        let body = local_request(self.config.port, "GET", "/json/version").await?;
+        let body = local_get(self.config.port, "/json/version").await?;
         serde_json::from_slice(&body).map_err(BrowserError::Json)
     }
 
@@ -184,27 +178,9 @@ impl Browser {
     }
 }
 
-/// A request to Chromium's debugging port (`Host: 127.0.0.1`, which its Host check
-/// accepts); `PUT` for `/json/new`, which Chromium refuses over `GET`.
-pub async fn local_request(port: u16, method: &str, path: &str) -> Result<Bytes, BrowserError> {
-    let stream = TcpStream::connect(("127.0.0.1", port))
+/// `GET path` from Chromium's debugging port on 127.0.0.1.
+pub async fn local_get(port: u16, path: &str) -> Result<Bytes, BrowserError> {
+    cdp::request(&format!("127.0.0.1:{port}"), "GET", path, HTTP_LIMIT)
         .await
-        .map_err(http_err)?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(http_err)?;
-    tokio::spawn(conn);
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(hyper::header::HOST, format!("127.0.0.1:{port}"))
-        .body(Empty::<Bytes>::new())
-        .map_err(http_err)?;
-    let res = sender.send_request(req).await.map_err(http_err)?;
-    Ok(res
-        .into_body()
-        .collect()
-        .await
-        .map_err(http_err)?
-        .to_bytes())
+        .map_err(BrowserError::Http)
 }

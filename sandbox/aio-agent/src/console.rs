@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cdp::Page;
 use hyper::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -24,7 +25,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::api::Envelope;
-use crate::cdp::Page;
 use crate::files::error_chain;
 use crate::page::{page, PageError};
 use crate::routes::{error, json, Reply};
@@ -162,7 +162,8 @@ async fn listen(
     target: String,
     mut syncs: mpsc::Receiver<oneshot::Sender<()>>,
 ) {
-    let Ok(mut page) = Page::attach(port, &target, LISTENER_LIMIT).await else {
+    let Ok(mut page) = Page::attach(&format!("127.0.0.1:{port}"), &target, LISTENER_LIMIT).await
+    else {
         return;
     };
     page.keep_events();

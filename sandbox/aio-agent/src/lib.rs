@@ -29,7 +29,6 @@
 pub mod api;
 pub mod avi;
 pub mod browser;
-pub mod cdp;
 pub mod code;
 pub mod console;
 pub mod edit;

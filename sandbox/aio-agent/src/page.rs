@@ -1,5 +1,5 @@
 //! `/v1/browser/page/*` and `/v1/browser/screenshot`: actions on the instance's current page
-//! over CDP ([`crate::cdp`]), one at a time. Elements are found by CSS selector or by the
+//! over CDP (`sandmesh-cdp`'s [`Page`]), one at a time. Elements are found by CSS selector or by the
 //! index `/v1/browser/page/elements` lists (visible interactive elements, in document
 //! order); values reach the page as JSON literals, never spliced into script text.
 //!
@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use cdp::{js_literal, modifier_bit, CdpError, ImageFormat, Page};
 use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
@@ -21,19 +22,21 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::Envelope;
-use crate::cdp::{CdpError, Page};
+use crate::browser::BrowserError;
 use crate::files::{error_chain, io, FileError};
 use crate::routes::{error, file_status, json, Reply};
 use crate::Agent;
 
 /// Bound of one CDP command (a navigation's wait has its own, from the request).
 const COMMAND_LIMIT: Duration = Duration::from_secs(30);
-/// How often waits look again.
-const POLL: Duration = Duration::from_millis(100);
 /// Most fields one `fill_form` fills and files one `upload_file` sets.
 const MAX_FORM_ITEMS: usize = 100;
 const MAX_UPLOAD_FILES: usize = 100;
 
+/// Not the browser-router's `fill`, on purpose: that one focuses a text field and inserts
+/// the text as typed input (the action its risk assessment describes); this one serves `fill`
+/// and `fill_form`, which set any kind of field (checkbox, select, text) to a value.
+///
 /// Sets one element to a value, as a person would: a checkbox or radio is clicked to the
 /// wanted state (`true`/`false`, or its own value), a select picks the options whose value or
 /// label matches (an array for `multiple`), anything else gets the text through the value
@@ -69,7 +72,10 @@ const FILL_JS: &str = r#"((el, v) => {
 /// `(root, limit) => {markdown, truncated}`: the rendered DOM under `root` as Markdown.
 const MARKDOWN_JS: &str = include_str!("markdown.js");
 
-/// The visible interactive elements, the same list for `elements` and for `index`.
+/// The visible interactive elements, the same list for `elements` and for `index`. Not the
+/// browser-router's `elements.js`: this list answers upstream AIO's `/v1/browser/page/elements`
+/// shape and is found again by position; the router's gives the mesh's `BrowserElement` fields
+/// and tags the elements for its `{index}` targets.
 const ELEMENTS_JS: &str = r#"(() => [...document.querySelectorAll(
   "a[href],button,input,select,textarea,summary,[role=button],[role=link],[role=checkbox],[onclick],[contenteditable=''],[contenteditable=true]"
 )].filter((e) => { const r = e.getBoundingClientRect(); const s = getComputedStyle(e);
@@ -216,6 +222,8 @@ pub struct WaitRequest {
 pub enum PageError {
     #[error(transparent)]
     Cdp(#[from] CdpError),
+    #[error(transparent)]
+    Browser(#[from] BrowserError),
     #[error("{0}")]
     Invalid(String),
     #[error("no element matches {0}")]
@@ -236,22 +244,24 @@ impl PageError {
             PageError::Navigation(_) => StatusCode::BAD_GATEWAY,
             PageError::WaitTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             PageError::File(e) => file_status(e),
-            PageError::Cdp(CdpError::Script(_)) => StatusCode::UNPROCESSABLE_ENTITY,
-            PageError::Cdp(CdpError::Browser(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            PageError::Cdp(CdpError::Script(_) | CdpError::UnknownKey(_)) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            PageError::Browser(_) => StatusCode::SERVICE_UNAVAILABLE,
             PageError::Cdp(_) => StatusCode::BAD_GATEWAY,
         }
     }
 }
 
-fn js(value: &impl serde::Serialize) -> String {
-    serde_json::to_string(value).expect("a string encodes")
-}
-
 /// The page, after making sure Chromium runs; the console listener follows it. Actions hold
 /// the agent's page lock.
 pub(crate) async fn page(agent: &Agent) -> Result<Page, PageError> {
-    agent.browser.version().await.map_err(CdpError::from)?;
-    let page = Page::connect(agent.browser.port(), COMMAND_LIMIT).await?;
+    agent.browser.version().await?;
+    let page = Page::first(
+        &format!("127.0.0.1:{}", agent.browser.port()),
+        COMMAND_LIMIT,
+    )
+    .await?;
     agent.console.follow(agent.browser.port(), page.target());
     Ok(page)
 }
@@ -268,19 +278,9 @@ fn seconds(value: Option<f64>, default: f64, max: Duration) -> Result<Duration, 
 
 /// Polls `expression` until it is truthy or `limit` passes.
 async fn wait_for(page: &mut Page, expression: &str, limit: Duration) -> Result<Value, PageError> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        // A navigation in progress destroys the context: that is "not yet", not a failure.
-        match page.evaluate(expression).await {
-            Ok(v) if !v.is_null() && v != false && v != 0 && v != "" => return Ok(v),
-            Ok(_) | Err(CdpError::Script(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(PageError::WaitTimeout(limit));
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    page.wait_until(expression, limit)
+        .await?
+        .ok_or(PageError::WaitTimeout(limit))
 }
 
 async fn wait_loaded(page: &mut Page, wait_until: &str, limit: Duration) -> Result<(), PageError> {
@@ -303,23 +303,15 @@ async fn element_point(page: &mut Page, target: &Target) -> Result<(f64, f64), P
     if let (Some(x), Some(y)) = (target.x, target.y) {
         return Ok((x, y));
     }
-    let point = page
-        .evaluate(&format!(
-            "(() => {{ const el = {}; if (!el) return null; el.scrollIntoView({{block: 'center'}}); \
-             const r = el.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()",
-            element_js(target)?
-        ))
-        .await?;
-    match (point[0].as_f64(), point[1].as_f64()) {
-        (Some(x), Some(y)) => Ok((x, y)),
-        _ => Err(PageError::NoElement(describe(target))),
-    }
+    page.element_center(&element_js(target)?)
+        .await?
+        .ok_or_else(|| PageError::NoElement(describe(target)))
 }
 
 /// A JS expression for the element `target` names (or `null`).
 fn element_js(target: &Target) -> Result<String, PageError> {
     match (&target.selector, target.index) {
-        (Some(selector), _) => Ok(format!("document.querySelector({})", js(selector))),
+        (Some(selector), _) => Ok(format!("document.querySelector({})", js_literal(selector))),
         (None, Some(index)) => Ok(format!("(({ELEMENTS_JS})[{index}] || null)")),
         (None, None) => Err(PageError::Invalid(
             "name the element by selector or index (or give x and y)".into(),
@@ -333,92 +325,6 @@ fn describe(target: &Target) -> String {
         (None, Some(i)) => format!("index {i}"),
         (None, None) => "no element".into(),
     }
-}
-
-async fn mouse(
-    page: &mut Page,
-    kind: &str,
-    (x, y): (f64, f64),
-    button: &str,
-    count: u32,
-) -> Result<(), PageError> {
-    page.call(
-        "Input.dispatchMouseEvent",
-        json!({"type": kind, "x": x, "y": y, "button": button, "clickCount": count}),
-    )
-    .await?;
-    Ok(())
-}
-
-/// CDP's key fields for a key name (`Enter`, `a`, `ArrowDown`, ...).
-fn key_event(key: &str) -> Result<Value, PageError> {
-    let named = [
-        ("Enter", 13, "\r"),
-        ("Tab", 9, ""),
-        ("Backspace", 8, ""),
-        ("Escape", 27, ""),
-        ("Delete", 46, ""),
-        ("ArrowLeft", 37, ""),
-        ("ArrowUp", 38, ""),
-        ("ArrowRight", 39, ""),
-        ("ArrowDown", 40, ""),
-        ("Home", 36, ""),
-        ("End", 35, ""),
-        ("PageUp", 33, ""),
-        ("PageDown", 34, ""),
-        ("Space", 32, " "),
-        ("Control", 17, ""),
-        ("Shift", 16, ""),
-        ("Alt", 18, ""),
-        ("Meta", 91, ""),
-    ];
-    if let Some((name, code, text)) = named.iter().find(|(n, _, _)| n.eq_ignore_ascii_case(key)) {
-        let key = if *name == "Space" { " " } else { name };
-        return Ok(json!({"key": key, "code": name, "windowsVirtualKeyCode": code, "text": text}));
-    }
-    let mut chars = key.chars();
-    match (chars.next(), chars.next()) {
-        (Some(c), None) => {
-            let upper = c.to_ascii_uppercase();
-            let code = if upper.is_ascii_alphanumeric() {
-                upper as u32
-            } else {
-                0
-            };
-            Ok(json!({"key": c.to_string(), "windowsVirtualKeyCode": code, "text": c.to_string()}))
-        }
-        _ => Err(PageError::Invalid(format!("unknown key {key:?}"))),
-    }
-}
-
-fn modifier_bit(key: &str) -> Option<u32> {
-    match key.to_ascii_lowercase().as_str() {
-        "alt" => Some(1),
-        "control" | "ctrl" => Some(2),
-        "meta" | "command" | "cmd" => Some(4),
-        "shift" => Some(8),
-        _ => None,
-    }
-}
-
-async fn press(page: &mut Page, key: &str, modifiers: u32) -> Result<(), PageError> {
-    let mut event = key_event(key)?;
-    event["modifiers"] = json!(modifiers);
-    let text = event["text"].as_str().unwrap_or("").to_string();
-    // With a modifier held, a key types nothing (Ctrl+A selects, it does not type "a").
-    event["type"] = json!(if text.is_empty() || modifiers & !8 != 0 {
-        "rawKeyDown"
-    } else {
-        "keyDown"
-    });
-    if modifiers & !8 != 0 {
-        event["text"] = json!("");
-    }
-    page.call("Input.dispatchKeyEvent", event.clone()).await?;
-    event["type"] = json!("keyUp");
-    event["text"] = json!("");
-    page.call("Input.dispatchKeyEvent", event).await?;
-    Ok(())
 }
 
 /// The action behind one route (`name` is the part after `/v1/browser/page/`).
@@ -507,9 +413,7 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
             }
             let count = req.click_count.unwrap_or(1).clamp(1, 3);
             let point = element_point(page, &req.target).await?;
-            mouse(page, "mouseMoved", point, "none", 0).await?;
-            mouse(page, "mousePressed", point, button, count).await?;
-            mouse(page, "mouseReleased", point, button, count).await?;
+            page.click_at(point, button, count).await?;
             Ok(json!({"x": point.0, "y": point.1}))
         }
         Action::Fill(req) => {
@@ -517,7 +421,7 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
                 .evaluate(&format!(
                     "(() => {{ const el = {}; if (!el) return false; ({FILL_JS})(el, {}); return true; }})()",
                     element_js(&req.target)?,
-                    js(&req.text)
+                    js_literal(&req.text)
                 ))
                 .await?;
             if filled != true {
@@ -528,12 +432,11 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
         Action::FillForm(req) => fill_form(page, &req).await,
         Action::UploadFile(req) => upload_file(agent, page, &req).await,
         Action::Type(req) => {
-            page.call("Input.insertText", json!({"text": req.text}))
-                .await?;
+            page.insert_text(&req.text).await?;
             Ok(Value::Null)
         }
         Action::PressKey(req) => {
-            press(page, &req.key, 0).await?;
+            page.press_key(&req.key, 0).await?;
             Ok(Value::Null)
         }
         Action::HotKey(req) => {
@@ -545,12 +448,12 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
                     "keys must be modifiers and exactly one other key".into(),
                 ));
             };
-            press(page, key, bits).await?;
+            page.press_key(key, bits).await?;
             Ok(Value::Null)
         }
         Action::Hover(target) => {
             let point = element_point(page, &target).await?;
-            mouse(page, "mouseMoved", point, "none", 0).await?;
+            page.mouse("mouseMoved", point, "none", 0).await?;
             Ok(json!({"x": point.0, "y": point.1}))
         }
         Action::SelectOption(req) => {
@@ -562,10 +465,10 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
                      if (o < 0) return null; el.selectedIndex = o; \
                      el.dispatchEvent(new Event('input', {{bubbles: true}})); \
                      el.dispatchEvent(new Event('change', {{bubbles: true}})); return el.value; }})()",
-                    js(&req.selector),
-                    js(&req.value),
-                    js(&req.label),
-                    js(&req.index)
+                    js_literal(&req.selector),
+                    js_literal(&req.value),
+                    js_literal(&req.label),
+                    js_literal(&req.index)
                 ))
                 .await?;
             if chosen.is_null() {
@@ -581,7 +484,7 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
                 .evaluate(&format!(
                     "(() => {{ const el = document.querySelector({}); if (!el) return false; \
                      if (el.checked !== {checked}) el.click(); return true; }})()",
-                    js(&req.selector)
+                    js_literal(&req.selector)
                 ))
                 .await?;
             if done != true {
@@ -614,10 +517,8 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
             element_point(page, &target).await?;
             Ok(Value::Null)
         }
-        Action::Html => Ok(page.evaluate("document.documentElement.outerHTML").await?),
-        Action::Text => Ok(page
-            .evaluate("document.body ? document.body.innerText : ''")
-            .await?),
+        Action::Html => Ok(page.html().await?.into()),
+        Action::Text => Ok(page.text().await?.into()),
         Action::Markdown => {
             let converted = page
                 .evaluate(&format!(
@@ -650,7 +551,7 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
                      const at = t.indexOf(k); if (at >= 0) out.push({{text: t.trim().slice(0, 200), \
                      tag: w.currentNode.parentElement ? w.currentNode.parentElement.tagName.toLowerCase() : null}}); }} \
                      return out; }})()",
-                    js(&req.keyword)
+                    js_literal(&req.keyword)
                 ))
                 .await?)
         }
@@ -666,7 +567,7 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
                     let selector = req.selector.as_ref().ok_or_else(|| {
                         PageError::Invalid("`selector` is required for type selector".into())
                     })?;
-                    let el = format!("document.querySelector({})", js(selector));
+                    let el = format!("document.querySelector({})", js_literal(selector));
                     match req.state.as_deref().unwrap_or("visible") {
                         "attached" => format!("!!{el}"),
                         "detached" => format!("!{el}"),
@@ -680,8 +581,8 @@ async fn run(agent: &Agent, action: Action) -> Result<Value, PageError> {
                     }
                 }
                 "url" => match (&req.url, &req.url_pattern) {
-                    (Some(url), _) => format!("location.href === {}", js(url)),
-                    (None, Some(part)) => format!("location.href.includes({})", js(part)),
+                    (Some(url), _) => format!("location.href === {}", js_literal(url)),
+                    (None, Some(part)) => format!("location.href.includes({})", js_literal(part)),
                     (None, None) => {
                         return Err(PageError::Invalid(
                             "`url` or `url_pattern` is required for type url".into(),
@@ -722,7 +623,7 @@ async fn fill_form(page: &mut Page, req: &FormFillRequest) -> Result<Value, Page
             "(() => {{ const els = [{elements}]; const values = {}; \
              const missing = els.findIndex((e) => !e); if (missing >= 0) return {{missing}}; \
              return {{values: els.map((el, i) => ({FILL_JS})(el, values[i]))}}; }})()",
-            js(&values)
+            js_literal(&values)
         ))
         .await?;
     if let Some(missing) = result["missing"].as_u64() {
@@ -756,7 +657,7 @@ async fn upload_file(
         }
         paths.push(path.display().to_string());
     }
-    let element = format!("document.querySelector({})", js(&req.selector));
+    let element = format!("document.querySelector({})", js_literal(&req.selector));
     let kind = page
         .evaluate(&format!(
             "(() => {{ const el = {element}; if (!el) return null; \
@@ -803,8 +704,8 @@ pub async fn screenshot(
     full_page: bool,
 ) -> Reply {
     let (format, mime) = match format {
-        "png" => ("png", "image/png"),
-        "jpg" | "jpeg" => ("jpeg", "image/jpeg"),
+        "png" => (ImageFormat::Png, "image/png"),
+        "jpg" | "jpeg" => (ImageFormat::Jpeg(quality), "image/jpeg"),
         f => {
             return error(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -815,23 +716,7 @@ pub async fn screenshot(
     let _one_at_a_time = agent.page_lock.lock().await;
     let shot = async {
         let mut page = page(agent).await?;
-        let mut params = json!({"format": format, "captureBeyondViewport": full_page});
-        if let Some(q) = quality.filter(|_| format == "jpeg") {
-            params["quality"] = json!(q);
-        }
-        if full_page {
-            let metrics = page.call("Page.getLayoutMetrics", json!({})).await?;
-            let size = &metrics["cssContentSize"];
-            params["clip"] = json!({"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1});
-        }
-        let result = page.call("Page.captureScreenshot", params).await?;
-        let data = result["data"].as_str().unwrap_or_default();
-        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data).map_err(|e| {
-            PageError::Cdp(CdpError::Protocol {
-                method: "Page.captureScreenshot".into(),
-                message: format!("data is not base64: {e}"),
-            })
-        })
+        Ok::<_, PageError>(page.screenshot(format, full_page).await?)
     };
     match shot.await {
         Ok(bytes) => {
@@ -847,14 +732,6 @@ pub async fn screenshot(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_map_to_cdp_fields() {
-        assert_eq!(key_event("enter").unwrap()["windowsVirtualKeyCode"], 13);
-        assert_eq!(key_event("a").unwrap()["text"], "a");
-        assert!(key_event("NotAKey").is_err());
-        assert_eq!(modifier_bit("Ctrl"), Some(2));
-    }
 
     #[test]
     fn selectors_reach_the_page_as_string_literals() {

@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use bytes::Bytes;
+use cdp::{CdpError, Page};
 use hyper::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -29,7 +30,6 @@ use tokio::time::Instant;
 
 use crate::api::Envelope;
 use crate::avi;
-use crate::cdp::{CdpError, Page};
 use crate::files::{error_chain, FileError, Workspace};
 use crate::page::{page, PageError};
 use crate::routes::{error, json, Reply};
@@ -379,9 +379,13 @@ fn settings(agent: &Agent, req: &RecordRequest) -> Result<Settings, RecordError>
 /// the next repaint) and starts the capture task.
 async fn start(agent: &Agent, settings: Settings) -> Result<Running, RecordError> {
     let target = page(agent).await?.target().to_string();
-    let mut page = Page::attach(agent.browser.port(), &target, COMMAND_LIMIT)
-        .await
-        .map_err(PageError::from)?;
+    let mut page = Page::attach(
+        &format!("127.0.0.1:{}", agent.browser.port()),
+        &target,
+        COMMAND_LIMIT,
+    )
+    .await
+    .map_err(PageError::from)?;
     page.keep_events();
     let first = page
         .call(

@@ -704,7 +704,7 @@ async fn devtools_json(agent: &Agent, req: &Request<Incoming>) -> Reply {
         "/cdp/json/version" | "/json/version/" => "/json/version",
         p => p,
     };
-    match crate::browser::local_request(agent.browser.port(), "GET", path).await {
+    match crate::browser::local_get(agent.browser.port(), path).await {
         Ok(body) => {
             let text = String::from_utf8_lossy(&body);
             let rewritten = rewrite_ws_urls(&text, agent.browser.port(), &public_host(req));

@@ -64,7 +64,7 @@ async fn bare(mesh: &BrowserMesh, rounds: usize) -> Vec<Duration> {
         std::fs::Permissions::from_mode(0o666),
     )
     .unwrap();
-    let chromium = Chromium::connect(&container.cdp_url()).await.unwrap();
+    let mut chromium = Chromium::connect(&container.cdp_url()).await.unwrap();
     let url = mesh.fixture.url("/");
     let mut samples = Vec::new();
     for _ in 0..rounds {

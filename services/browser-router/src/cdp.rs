@@ -1,31 +1,16 @@
-//! One Chromium over CDP (chromiumoxide): the connection, its handler task, the session's one
-//! page, and each action as CDP commands and small page scripts.
+//! One Chromium over CDP (`sandmesh-cdp`): the browser's connection, the session's one page
+//! in it (a session attached on the browser's socket), and each action as CDP commands and
+//! small page scripts.
 //!
-//! The handler task keeps polling through errors it can survive (unknown events are skipped by
-//! `ignore_invalid_messages`); a WebSocket error or close ends it, which marks the browser
-//! dead. A killed container does not always close the socket (its address just vanishes), so
+//! A killed container does not always close the socket (its address just vanishes), so
 //! [`Chromium::is_alive`] also dials the DevTools port with a short bound.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chromiumoxide::cdp::browser_protocol::browser::{
-    SetDownloadBehaviorBehavior, SetDownloadBehaviorParams,
-};
-use chromiumoxide::cdp::browser_protocol::input::InsertTextParams;
-use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
-use chromiumoxide::cdp::js_protocol::runtime::EvaluateParams;
-use chromiumoxide::error::CdpError;
-use chromiumoxide::handler::viewport::Viewport;
-use chromiumoxide::handler::HandlerConfig;
-use chromiumoxide::layout::Point;
-use chromiumoxide::page::ScreenshotParams;
-use chromiumoxide::{Browser, Page};
-use futures::StreamExt;
+use cdp::{js_literal, CdpError, Connection, ImageFormat, Page};
 use messages::browser::BrowserElement;
 use serde::de::DeserializeOwned;
-use tokio::task::JoinHandle;
+use serde_json::{json, Value};
 
 /// The viewport every page gets (so screenshots have a known size).
 pub const VIEWPORT: (u32, u32) = (1280, 800);
@@ -34,6 +19,10 @@ const MAX_ELEMENTS: usize = 500;
 const ELEMENTS_JS: &str = include_str!("elements.js");
 /// The longest an action waits for the page it started loading.
 const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+/// Bound of one CDP command (an action's own bound covers the whole action).
+const COMMAND_LIMIT: Duration = Duration::from_secs(30);
+/// Bound of one readiness probe (the caller retries until its own deadline).
+const PROBE_LIMIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
@@ -55,79 +44,40 @@ pub enum ActionError {
 
 /// A live connection to one browser and the session's page in it.
 pub struct Chromium {
-    _browser: Browser,
     page: Page,
     cdp_url: String,
-    alive: Arc<AtomicBool>,
-    handler: JoinHandle<()>,
 }
 
-impl Drop for Chromium {
-    fn drop(&mut self) {
-        self.handler.abort();
-    }
-}
-
-/// Whether DevTools answers at `cdp_url` (connects, and drops the connection).
+/// Whether DevTools answers at `cdp_url` (connects, asks the version, and drops the
+/// connection).
 pub async fn probe(cdp_url: &str) -> Result<(), CdpError> {
-    let (browser, mut handler) = Browser::connect(cdp_url).await?;
-    let task = tokio::spawn(async move { while handler.next().await.is_some() {} });
-    let version = browser.version().await.map(|_| ());
-    task.abort();
-    version
+    let mut browser = Connection::browser(cdp_url, PROBE_LIMIT).await?;
+    browser
+        .call("Browser.getVersion", json!({}))
+        .await
+        .map(|_| ())
 }
 
 impl Chromium {
+    /// Connects to the browser at `cdp_url` (`http://<ip>:9222`) and opens the session's page.
     pub async fn connect(cdp_url: &str) -> Result<Self, CdpError> {
-        let config = HandlerConfig {
-            // A certificate error is a refusal, not something to click through.
-            ignore_https_errors: false,
-            ignore_invalid_messages: true,
-            viewport: Some(Viewport {
-                width: VIEWPORT.0,
-                height: VIEWPORT.1,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let (browser, mut handler) = Browser::connect_with_config(cdp_url, config).await?;
-        let alive = Arc::new(AtomicBool::new(true));
-        let flag = alive.clone();
-        let handler = tokio::spawn(async move {
-            while let Some(event) = handler.next().await {
-                match event {
-                    Ok(()) => {}
-                    Err(CdpError::Ws(e)) => {
-                        tracing::info!(error = %e, "CDP socket failed; the browser is dead");
-                        break;
-                    }
-                    Err(e) => tracing::debug!(error = %e, "CDP handler error; continuing"),
-                }
-            }
-            flag.store(false, Ordering::Release);
-        });
+        let mut browser = Connection::browser(cdp_url, COMMAND_LIMIT).await?;
         // Downloads land nowhere: a page cannot write files into the container or the host.
         browser
-            .execute(
-                SetDownloadBehaviorParams::builder()
-                    .behavior(SetDownloadBehaviorBehavior::Deny)
-                    .build()
-                    .map_err(CdpError::msg)?,
-            )
+            .call("Browser.setDownloadBehavior", json!({"behavior": "deny"}))
             .await?;
-        let page = browser.new_page("about:blank").await?;
+        // A certificate error stays a refusal: nothing here tells Chromium to click through.
+        let mut page = Page::create(browser, "about:blank").await?;
+        page.set_viewport(VIEWPORT.0, VIEWPORT.1).await?;
         Ok(Self {
-            _browser: browser,
             page,
             cdp_url: cdp_url.to_string(),
-            alive,
-            handler,
         })
     }
 
-    /// The handler still runs and the DevTools port still accepts a connection.
+    /// The page's socket still stands and the DevTools port still accepts a connection.
     pub async fn is_alive(&self) -> bool {
-        if !self.alive.load(Ordering::Acquire) {
+        if self.page.is_closed() {
             return false;
         }
         let addr = self.cdp_url.trim_start_matches("http://").to_string();
@@ -142,66 +92,51 @@ impl Chromium {
     }
 
     /// The page's URL and title, as the document says.
-    pub async fn location(&self) -> (Option<String>, Option<String>) {
-        match self
-            .eval::<(String, String)>("[location.href, document.title]".into())
-            .await
-        {
+    pub async fn location(&mut self) -> (Option<String>, Option<String>) {
+        match self.page.location().await {
             Ok((href, title)) => (Some(href), Some(title)),
             Err(_) => (None, None),
         }
     }
 
     /// Runs `expression` in the page and decodes its (JSON) value.
-    async fn eval<T: DeserializeOwned>(&self, expression: String) -> Result<T, ActionError> {
-        let params = EvaluateParams::builder()
-            .expression(expression)
-            .return_by_value(true)
-            .await_promise(true)
-            .build()
-            .map_err(CdpError::msg)?;
-        let reply = self.page.execute(params).await?.result;
-        if let Some(e) = reply.exception_details {
-            let text = e.exception.and_then(|x| x.description).unwrap_or(e.text);
-            return Err(ActionError::Script(text));
-        }
-        let value = reply.result.value.unwrap_or(serde_json::Value::Null);
+    async fn eval<T: DeserializeOwned>(&mut self, expression: &str) -> Result<T, ActionError> {
+        let value = match self.page.evaluate(expression).await {
+            Err(CdpError::Script(text)) => return Err(ActionError::Script(text)),
+            other => other?,
+        };
         serde_json::from_value(value).map_err(ActionError::Decode)
     }
 
     /// Loads `url` and waits (at most `limit`) until the new document has loaded.
     ///
-    /// Not through `Page.navigate`: chromiumoxide queues every `Page.navigate` behind the
-    /// previous one until its page loads, so one that never loads (a download, which the
-    /// browser refuses) would block every later navigation of the page. The old document is
-    /// marked instead, and the new one is there when the mark is gone.
-    pub async fn navigate(&self, url: &str, limit: Duration) -> Result<(), ActionError> {
-        let mark = js_string(&messages::new_id());
-        let target = js_string(url);
-        self.eval::<serde_json::Value>(format!(
-            "window.__sandmesh_nav = {mark}; location.href = {target}; null"
-        ))
-        .await?;
-        let deadline = Instant::now() + limit;
-        loop {
-            // Between documents the evaluation fails: that is "not yet".
-            let state = self
-                .eval::<(bool, String)>(format!(
-                    "[window.__sandmesh_nav !== {mark} || location.href === {target}, document.readyState]"
-                ))
-                .await;
-            if let Ok((true, ready)) = &state {
-                if ready == "complete" {
-                    break;
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(ActionError::NoLoad {
-                    url: url.to_string(),
-                    within: limit,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    /// The old document is marked and the new one is there when the mark is gone, rather
+    /// than following `Page.navigate`: a load that never makes a page (a download, which the
+    /// browser refuses) then ends as [`ActionError::NoLoad`] within the action's bound, and a
+    /// failed one shows as Chromium's error page.
+    pub async fn navigate(&mut self, url: &str, limit: Duration) -> Result<(), ActionError> {
+        let mark = js_literal(&messages::new_id());
+        let target = js_literal(&url);
+        self.page
+            .evaluate(&format!(
+                "window.__sandmesh_nav = {mark}; location.href = {target}; null"
+            ))
+            .await?;
+        let loaded = self
+            .page
+            .wait_until(
+                &format!(
+                    "(window.__sandmesh_nav !== {mark} || location.href === {target}) && \
+                     document.readyState === 'complete'"
+                ),
+                limit,
+            )
+            .await?;
+        if loaded.is_none() {
+            return Err(ActionError::NoLoad {
+                url: url.to_string(),
+                within: limit,
+            });
         }
         // Chromium shows its own error page when a load fails (the proxy refused, nothing
         // listens): say which error it was.
@@ -223,41 +158,33 @@ impl Chromium {
         Ok(())
     }
 
-    pub async fn back(&self) -> Result<(), ActionError> {
-        self.eval::<serde_json::Value>("history.back()".into())
-            .await?;
+    pub async fn back(&mut self) -> Result<(), ActionError> {
+        self.page.evaluate("history.back()").await?;
         self.settle().await
     }
 
     /// After an input that may start a navigation: give it a moment to start, then wait until
     /// the document has loaded (at once when nothing navigates), at most [`SETTLE_LIMIT`].
-    /// The document is asked directly: chromiumoxide's frame tracking never sees a page come
-    /// back from the back/forward cache as loaded.
-    async fn settle(&self) -> Result<(), ActionError> {
+    /// The document is asked directly: a page that comes back from the back/forward cache
+    /// sends no load event.
+    async fn settle(&mut self) -> Result<(), ActionError> {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let deadline = Instant::now() + SETTLE_LIMIT;
-        // Between documents the evaluation fails: that is "not yet".
-        while Instant::now() < deadline {
-            if let Ok(true) = self
-                .eval::<bool>("document.readyState === 'complete'".into())
-                .await
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // Still loading after the bound is no error: the action itself was done.
+        self.page
+            .wait_until("document.readyState === 'complete'", SETTLE_LIMIT)
+            .await?;
         Ok(())
     }
 
-    pub async fn elements(&self) -> Result<Vec<BrowserElement>, ActionError> {
-        self.eval(format!("({ELEMENTS_JS})({MAX_ELEMENTS})")).await
+    pub async fn elements(&mut self) -> Result<Vec<BrowserElement>, ActionError> {
+        self.eval(&format!("({ELEMENTS_JS})({MAX_ELEMENTS})")).await
     }
 
     /// What the element at `selector` is (for the risk assessment of a fill or click).
-    pub async fn describe(&self, selector: &str) -> Result<serde_json::Value, ActionError> {
-        let s = js_string(selector);
-        let found: Option<serde_json::Value> = self
-            .eval(format!(
+    pub async fn describe(&mut self, selector: &str) -> Result<Value, ActionError> {
+        let s = js_literal(&selector);
+        let found: Option<Value> = self
+            .eval(&format!(
                 "(() => {{ const e = document.querySelector({s}); if (!e) return null; \
                  const label = e.labels ? Array.from(e.labels).map(l => l.innerText).join(' ') : ''; \
                  return {{ tag: e.tagName.toLowerCase(), type: e.getAttribute('type'), \
@@ -268,26 +195,27 @@ impl Chromium {
         found.ok_or_else(|| ActionError::NoElement(selector.to_string()))
     }
 
-    pub async fn click(&self, selector: &str) -> Result<(), ActionError> {
-        let s = js_string(selector);
-        let point: Option<(f64, f64)> = self
-            .eval(format!(
-                "(() => {{ const e = document.querySelector({s}); if (!e) return null; \
-                 e.scrollIntoView({{block: 'center', inline: 'center'}}); \
-                 const r = e.getBoundingClientRect(); \
-                 return [r.left + r.width / 2, r.top + r.height / 2]; }})()"
-            ))
-            .await?;
-        let (x, y) = point.ok_or_else(|| ActionError::NoElement(selector.to_string()))?;
-        self.page.click(Point { x, y }).await?;
+    pub async fn click(&mut self, selector: &str) -> Result<(), ActionError> {
+        let element = format!("document.querySelector({})", js_literal(&selector));
+        let point = self
+            .page
+            .element_center(&element)
+            .await?
+            .ok_or_else(|| ActionError::NoElement(selector.to_string()))?;
+        self.page.click_at(point, "left", 1).await?;
         self.settle().await
     }
 
     /// Focuses the element (emptying it first when `clear`) and inserts `text` as typed input.
-    pub async fn fill(&self, selector: &str, text: &str, clear: bool) -> Result<(), ActionError> {
-        let s = js_string(selector);
+    pub async fn fill(
+        &mut self,
+        selector: &str,
+        text: &str,
+        clear: bool,
+    ) -> Result<(), ActionError> {
+        let s = js_literal(&selector);
         let focused: bool = self
-            .eval(format!(
+            .eval(&format!(
                 "(() => {{ const e = document.querySelector({s}); if (!e) return false; \
                  e.scrollIntoView({{block: 'center'}}); e.focus(); \
                  if ({clear}) {{ if ('value' in e) {{ e.value = ''; \
@@ -299,28 +227,28 @@ impl Chromium {
         if !focused {
             return Err(ActionError::NoElement(selector.to_string()));
         }
-        self.page.execute(InsertTextParams::new(text)).await?;
+        self.page.insert_text(text).await?;
         Ok(())
     }
 
     /// Presses `key` on whatever has the focus.
-    pub async fn press_key(&self, key: &str) -> Result<(), ActionError> {
-        self.page.find_element("html").await?.press_key(key).await?;
+    pub async fn press_key(&mut self, key: &str) -> Result<(), ActionError> {
+        self.page.press_key(key, 0).await?;
         self.settle().await
     }
 
     /// Scrolls by (dx, dy) pixels; `dy` defaults to one screen. Returns the new offsets.
-    pub async fn scroll(&self, dx: i64, dy: Option<i64>) -> Result<serde_json::Value, ActionError> {
+    pub async fn scroll(&mut self, dx: i64, dy: Option<i64>) -> Result<Value, ActionError> {
         let dy = dy.map_or("window.innerHeight".to_string(), |d| d.to_string());
-        self.eval(format!(
+        self.eval(&format!(
             "(() => {{ window.scrollBy({dx}, {dy}); return {{x: window.scrollX, y: window.scrollY}}; }})()"
         ))
         .await
     }
 
-    /// Until the page's text contains `text`, or `selector` matches, polling every 100 ms.
+    /// Until the page's text contains `text`, or `selector` matches.
     pub async fn wait_for(
-        &self,
+        &mut self,
         text: Option<&str>,
         selector: Option<&str>,
         limit: Duration,
@@ -328,60 +256,30 @@ impl Chromium {
         let check = match (text, selector) {
             (Some(t), _) => format!(
                 "!!document.body && document.body.innerText.includes({})",
-                js_string(t)
+                js_literal(&t)
             ),
-            (None, Some(s)) => format!("!!document.querySelector({})", js_string(s)),
+            (None, Some(s)) => format!("!!document.querySelector({})", js_literal(&s)),
             (None, None) => return Ok(()),
         };
-        let deadline = Instant::now() + limit;
-        loop {
-            // A navigation in between destroys the context: that is "not yet", not an error.
-            if let Ok(true) = self.eval::<bool>(check.clone()).await {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(ActionError::WaitTimeout(limit));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        match self.page.wait_until(&check, limit).await? {
+            Some(_) => Ok(()),
+            None => Err(ActionError::WaitTimeout(limit)),
         }
     }
 
-    pub async fn screenshot(&self, full_page: bool) -> Result<Vec<u8>, ActionError> {
-        let params = ScreenshotParams::builder()
-            .format(CaptureScreenshotFormat::Png)
-            .full_page(full_page)
-            .build();
-        Ok(self.page.screenshot(params).await?)
+    pub async fn screenshot(&mut self, full_page: bool) -> Result<Vec<u8>, ActionError> {
+        Ok(self.page.screenshot(ImageFormat::Png, full_page).await?)
     }
 
-    pub async fn text(&self) -> Result<String, ActionError> {
-        self.eval("document.body ? document.body.innerText : ''".into())
-            .await
+    pub async fn text(&mut self) -> Result<String, ActionError> {
+        Ok(self.page.text().await?)
     }
 
-    pub async fn html(&self) -> Result<String, ActionError> {
-        Ok(self.page.content().await?)
+    pub async fn html(&mut self) -> Result<String, ActionError> {
+        Ok(self.page.html().await?)
     }
 
-    pub async fn evaluate(&self, script: &str) -> Result<serde_json::Value, ActionError> {
-        self.eval(script.to_string()).await
-    }
-}
-
-/// `s` as a JavaScript string literal (JSON's quoting is valid JavaScript).
-fn js_string(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::js_string;
-
-    #[test]
-    fn hostile_selectors_stay_one_string_literal() {
-        let s = js_string("a'); alert(1); ('\"\n</script>");
-        assert!(s.starts_with('"') && s.ends_with('"'));
-        let back: String = serde_json::from_str(&s).unwrap();
-        assert_eq!(back, "a'); alert(1); ('\"\n</script>");
+    pub async fn evaluate(&mut self, script: &str) -> Result<Value, ActionError> {
+        self.eval(script).await
     }
 }

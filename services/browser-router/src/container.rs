@@ -322,7 +322,7 @@ pub enum StartError {
         addr: String,
         within: Duration,
         #[source]
-        source: chromiumoxide::error::CdpError,
+        source: cdp::CdpError,
     },
 }
 
@@ -337,8 +337,8 @@ pub struct BrowserContainer {
 }
 
 impl BrowserContainer {
-    /// `http://<ip>:9222`: chromiumoxide reads `/json/version` there and rewrites the
-    /// `127.0.0.1` in `webSocketDebuggerUrl` to this address.
+    /// `http://<ip>:9222`: `cdp::Connection::browser` reads `/json/version` there and goes to
+    /// this address instead of the `127.0.0.1` in its `webSocketDebuggerUrl`.
     pub fn cdp_url(&self) -> String {
         format!("http://{}:{CDP_PORT}", self.ip)
     }

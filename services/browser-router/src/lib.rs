@@ -12,7 +12,7 @@
 //! against the egress rules ([`guard`]) → the session's browser (warm, cold, or a replacement
 //! for a dead one: `state_lost` in the reply) → the target element described → risk
 //! assessment, and a person's confirmation for sensitive fields and `evaluate` ([`gate`]) →
-//! the CDP work ([`cdp`]) under the action's timeout → the page's URL and title in the reply.
+//! the CDP work ([`crate::cdp`]) under the action's timeout → the page's URL and title in the reply.
 //! Screenshots are written to the session workspace under `artifacts/`.
 //!
 //! The browser's only way out is the egress proxy the session binds for its container (see

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use chromiumoxide::error::CdpError;
+use cdp::CdpError;
 use egress::{EgressProxy, EgressRules, SystemResolver};
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::AuditKind;
@@ -176,11 +176,13 @@ fn schedule_idle_check(myself: &ActorRef<SessionMsg>, after: Duration) {
 
 fn action_error(e: ActionError) -> ErrorBody {
     let kind = match &e {
-        ActionError::NoElement(_) | ActionError::Script(_) => ErrorKind::BadRequest,
+        ActionError::NoElement(_)
+        | ActionError::Script(_)
+        | ActionError::Cdp(CdpError::UnknownKey(_)) => ErrorKind::BadRequest,
         ActionError::Navigation { .. } => ErrorKind::Unavailable,
         ActionError::WaitTimeout(_)
         | ActionError::NoLoad { .. }
-        | ActionError::Cdp(CdpError::Timeout) => ErrorKind::Timeout,
+        | ActionError::Cdp(CdpError::Timeout { .. }) => ErrorKind::Timeout,
         ActionError::Cdp(_) | ActionError::Decode(_) => ErrorKind::Internal,
     };
     ErrorBody::new(kind, e.to_string())
@@ -323,7 +325,7 @@ impl SessionState {
         let session = self.id.clone();
         self.ensure_browser().await?;
         let lost = self.lost;
-        let chromium = &self.live.as_ref().expect("ensured above").chromium;
+        let chromium = &mut self.live.as_mut().expect("ensured above").chromium;
 
         // What the assessor and a person see: the action, its target and what it would do;
         // a secret is never shown, only its length.

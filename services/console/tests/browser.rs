@@ -40,7 +40,7 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     let state = tempfile::tempdir().unwrap();
     let console = Console::start(&mesh.nats, "127.0.0.1:0".parse().unwrap(), state.path()).await;
     let chromium = Chromium::launch().await;
-    let page = chromium
+    let mut page = chromium
         .logged_in(
             &console,
             "operator",
@@ -49,7 +49,7 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
         .await;
     // A reload would lose this, and the pending cards the page saw arrive.
     run_js(
-        &page,
+        &mut page,
         "window.__noReload = true; window.__seen = []; new MutationObserver(ms => { for (const m \
          of ms) for (const n of m.addedNodes) if (n.dataset) window.__seen.push(n.dataset.id); })\
          .observe(document.getElementById('pending'), {childList: true})",
@@ -69,7 +69,7 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     let seen_at = Instant::now();
     let card = format!("#c-{}", asked.id);
     eventually_js(
-        &page,
+        &mut page,
         "the card",
         &format!("document.querySelector('#pending {card}') !== null"),
     )
@@ -77,9 +77,9 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     let took = seen_at.elapsed();
     eprintln!("the card appeared {took:?} after the pending event");
     assert!(took < Duration::from_secs(1), "the card took {took:?}");
-    assert!(js::<bool>(&page, "window.__noReload === true").await);
+    assert!(js::<bool>(&mut page, "window.__noReload === true").await);
     let left: String = js(
-        &page,
+        &mut page,
         &format!("document.querySelector('{card} .left').textContent"),
     )
     .await;
@@ -89,31 +89,31 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     );
     // The risky call is marked in the code, with its rule.
     let marked: String = js(
-        &page,
+        &mut page,
         &format!("Array.from(document.querySelectorAll('{card} mark.risk')).map(m => m.textContent).join('|')"),
     )
     .await;
     assert!(marked.contains("os.system"), "{marked:?}");
     let level: String = js(
-        &page,
+        &mut page,
         &format!("document.querySelector('{card} .level').textContent"),
     )
     .await;
     assert_eq!(level, asked.risk.level.as_str());
-    click(&page, &format!("{card} button[value=approve]")).await;
+    click(&mut page, &format!("{card} button[value=approve]")).await;
     let result = finished(run).await;
     assert_eq!(result.status, ExecStatus::Ok, "{result:?}");
     assert_eq!(result.confirmation.decision, Decision::Approved);
     assert_eq!(result.confirmation.by.as_deref(), Some("operator"));
     // The card moved to the decided ones, saying who and how.
     eventually_js(
-        &page,
+        &mut page,
         "the decided card",
         &format!("document.querySelector('#decided {card} .by') !== null"),
     )
     .await;
     let verdict: String = js(
-        &page,
+        &mut page,
         &format!("document.querySelector('#decided {card} .verdict').textContent"),
     )
     .await;
@@ -132,13 +132,13 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     let asked = next_pending(&mut events).await;
     let card = format!("#c-{}", asked.id);
     eventually_js(
-        &page,
+        &mut page,
         "the second card",
         &format!("document.querySelector('{card}') !== null"),
     )
     .await;
     let code: String = js(
-        &page,
+        &mut page,
         &format!("document.querySelector('{card} pre.code').textContent"),
     )
     .await;
@@ -147,28 +147,28 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
         "{code:?}"
     );
     let reason = "no shell pipes here <script>window.__pwned = 2</script>";
-    type_into(&page, &format!("{card} input[name=reason]"), reason).await;
-    click(&page, &format!("{card} button.no")).await;
+    type_into(&mut page, &format!("{card} input[name=reason]"), reason).await;
+    click(&mut page, &format!("{card} button.no")).await;
     let result = finished(run).await;
     assert_eq!(result.status, ExecStatus::Denied, "{result:?}");
     assert_eq!(result.confirmation.decision, Decision::Denied);
     assert_eq!(result.confirmation.by.as_deref(), Some("operator"));
     assert_eq!(result.confirmation.reason.as_deref(), Some(reason));
     eventually_js(
-        &page,
+        &mut page,
         "the denied card",
         &format!("document.querySelector('#decided {card} .why') !== null"),
     )
     .await;
     let why: String = js(
-        &page,
+        &mut page,
         &format!("document.querySelector('#decided {card} .why').textContent"),
     )
     .await;
     assert_eq!(why, reason);
     assert!(
         js::<bool>(
-            &page,
+            &mut page,
             "window.__pwned === undefined && document.querySelectorAll('main script').length === 0"
         )
         .await
@@ -183,12 +183,12 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     let asked = next_pending(&mut events).await;
     let card = format!("#c-{}", asked.id);
     eventually_js(
-        &page,
+        &mut page,
         "the session card",
         &format!("document.querySelector('{card}') !== null"),
     )
     .await;
-    click(&page, &format!("{card} button[value=approve_session]")).await;
+    click(&mut page, &format!("{card} button[value=approve_session]")).await;
     let result = finished(run).await;
     assert_eq!(
         result.confirmation.decision,
@@ -196,7 +196,7 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
         "{result:?}"
     );
     assert_eq!(result.confirmation.by.as_deref(), Some("operator"));
-    let cards_before: usize = js(&page, "window.__seen.length").await;
+    let cards_before: usize = js(&mut page, "window.__seen.length").await;
     let again = agent.exec().exec(&python(RISKY, Some("s1"))).await.unwrap();
     assert_eq!(again.status, ExecStatus::Ok, "{again:?}");
     assert_eq!(again.confirmation.decision, Decision::Approved);
@@ -207,27 +207,27 @@ async fn an_operator_decides_in_the_browser_and_the_agent_gets_the_decision() {
     );
     // Whatever the page heard, nothing new waited for a person.
     let pending_now: usize = js(
-        &page,
+        &mut page,
         "document.querySelectorAll('#pending article.card').length",
     )
     .await;
     assert_eq!(pending_now, 0);
     assert_eq!(
-        js::<usize>(&page, "window.__seen.length").await,
+        js::<usize>(&mut page, "window.__seen.length").await,
         cards_before
     );
-    assert!(js::<bool>(&page, "window.__noReload === true").await);
+    assert!(js::<bool>(&mut page, "window.__noReload === true").await);
 
     // The card's session leads to the session's audit tail: both executions, finished.
-    click(&page, &format!("#decided {card} dl.meta a")).await;
+    click(&mut page, &format!("#decided {card} dl.meta a")).await;
     eventually_js(
-        &page,
+        &mut page,
         "the session's audit tail",
         "document.querySelectorAll('table.audit tr.kind-finished').length === 2",
     )
     .await;
     let kinds: String = js(
-        &page,
+        &mut page,
         "Array.from(document.querySelectorAll('table.audit tr')).map(r => r.className).join(' ')",
     )
     .await;
@@ -245,14 +245,14 @@ async fn two_hundred_cards_stay_live_across_a_console_restart() {
     let console = Console::start(&mesh.nats, "127.0.0.1:0".parse().unwrap(), state.path()).await;
     let addr = console.addr;
     let chromium = Chromium::launch().await;
-    let page = chromium
+    let mut page = chromium
         .logged_in(
             &console,
             "operator",
             &password(&mesh.nats, Role::Operator("operator")),
         )
         .await;
-    run_js(&page, "window.__noReload = true").await;
+    run_js(&mut page, "window.__noReload = true").await;
     let agent = agent(&mesh.nats).await;
     let codes = [
         RISKY,
@@ -267,19 +267,12 @@ async fn two_hundred_cards_stay_live_across_a_console_restart() {
         agent.exec().submit(&request).await.unwrap();
     }
     eventually_js(
-        &page,
+        &mut page,
         "3 cards",
         "document.querySelectorAll('#pending article.card').length === 3",
     )
     .await;
-    let png = page
-        .screenshot(
-            chromiumoxide::page::ScreenshotParams::builder()
-                .full_page(true)
-                .build(),
-        )
-        .await
-        .unwrap();
+    let png = page.screenshot(cdp::ImageFormat::Png, true).await.unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");
     std::fs::write(&out, &png).unwrap();
@@ -294,27 +287,27 @@ async fn two_hundred_cards_stay_live_across_a_console_restart() {
             .unwrap();
     }
     eventually_js(
-        &page,
+        &mut page,
         "200 cards",
         "document.querySelectorAll('#pending article.card').length === 200",
     )
     .await;
     assert_eq!(
-        js::<String>(&page, "document.getElementById('count').textContent").await,
+        js::<String>(&mut page, "document.getElementById('count').textContent").await,
         "200"
     );
 
     // The console restarts: the open page reconnects by itself, with the same login.
     console.stop().await;
     eventually_js(
-        &page,
+        &mut page,
         "the page to notice",
         "document.getElementById('live').textContent !== 'live'",
     )
     .await;
     let console = Console::start(&mesh.nats, addr, state.path()).await;
     eventually_js(
-        &page,
+        &mut page,
         "the page to reconnect",
         "document.getElementById('live').textContent === 'live'",
     )
@@ -326,7 +319,7 @@ async fn two_hundred_cards_stay_live_across_a_console_restart() {
     agent.exec().submit(&python(RISKY, None)).await.unwrap();
     let asked = next_pending(&mut events).await;
     eventually_js(
-        &page,
+        &mut page,
         "the 201st card",
         &format!(
             "document.querySelector('#pending #c-{}') !== null",
@@ -347,7 +340,7 @@ async fn two_hundred_cards_stay_live_across_a_console_restart() {
         .await
         .unwrap();
     eventually_js(
-        &page,
+        &mut page,
         "the card decided elsewhere",
         &format!(
             "document.querySelector('#decided #c-{} .why') !== null",
@@ -356,10 +349,10 @@ async fn two_hundred_cards_stay_live_across_a_console_restart() {
     )
     .await;
     assert_eq!(
-        js::<String>(&page, "document.getElementById('count').textContent").await,
+        js::<String>(&mut page, "document.getElementById('count').textContent").await,
         "200"
     );
-    assert!(js::<bool>(&page, "window.__noReload === true").await);
+    assert!(js::<bool>(&mut page, "window.__noReload === true").await);
 
     chromium.close().await;
     console.stop().await;
@@ -372,14 +365,14 @@ async fn the_page_stays_live_when_nats_restarts() {
     let state = tempfile::tempdir().unwrap();
     let console = Console::start(&mesh.nats, "127.0.0.1:0".parse().unwrap(), state.path()).await;
     let chromium = Chromium::launch().await;
-    let page = chromium
+    let mut page = chromium
         .logged_in(
             &console,
             "operator",
             &password(&mesh.nats, Role::Operator("operator")),
         )
         .await;
-    run_js(&page, "window.__noReload = true").await;
+    run_js(&mut page, "window.__noReload = true").await;
     let before = python(RISKY, None);
     agent(&mesh.nats)
         .await
@@ -388,7 +381,7 @@ async fn the_page_stays_live_when_nats_restarts() {
         .await
         .unwrap();
     eventually_js(
-        &page,
+        &mut page,
         "the first card",
         "document.querySelectorAll('#pending article.card').length === 1",
     )
@@ -405,13 +398,13 @@ async fn the_page_stays_live_when_nats_restarts() {
     })
     .await;
     eventually_js(
-        &page,
+        &mut page,
         "both cards, without a reload",
         "document.querySelectorAll('#pending article.card').length === 2 && \
          document.getElementById('live').textContent === 'live'",
     )
     .await;
-    assert!(js::<bool>(&page, "window.__noReload === true").await);
+    assert!(js::<bool>(&mut page, "window.__noReload === true").await);
 
     chromium.close().await;
     console.stop().await;

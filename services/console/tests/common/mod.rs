@@ -6,12 +6,11 @@
 pub use test_support::mesh;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use chromiumoxide::{Browser, BrowserConfig, Page};
+use cdp::{chromium_binary, js_literal, LocalChromium, Page};
 use console::{ConsoleConfig, Operators};
-use futures::StreamExt;
 use kit::CancellationToken;
 use messages::exec::{ExecRequest, Language};
 use messages::{Encoding, ServiceName, Subjects};
@@ -289,146 +288,95 @@ impl Http {
 
 // === Chromium ===
 
-/// Debian's `chromium`: `SANDMESH_CHROMIUM`, else `chromium` on the PATH. Missing: the test
-/// fails saying how to install it.
-pub fn chromium() -> PathBuf {
-    if let Some(path) = std::env::var_os("SANDMESH_CHROMIUM") {
-        return PathBuf::from(path);
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("chromium"))
-            .find(|p| p.is_file())
-    });
-    on_path.unwrap_or_else(|| {
-        panic!(
-            "no chromium found: these tests drive a real headless Chromium; install Debian's \
-             (`apt-get install chromium`, or `scripts/install-tools.sh --tests`) or point \
-             SANDMESH_CHROMIUM at a Chromium binary"
-        )
-    })
-}
-
-/// A headless Chromium of its own (own profile directory), and the task driving its CDP
-/// socket.
+/// A headless Chromium of its own (own profile directory): the host's `chromium`, or
+/// `SANDMESH_CHROMIUM`; missing, the test fails saying how to install it.
 pub struct Chromium {
-    pub browser: Browser,
-    handler: tokio::task::JoinHandle<()>,
-    _profile: tempfile::TempDir,
+    local: LocalChromium,
 }
 
 impl Chromium {
     pub async fn launch() -> Self {
-        let profile = tempfile::tempdir().unwrap();
-        let config = BrowserConfig::builder()
-            .chrome_executable(chromium())
-            .new_headless_mode()
-            .no_sandbox()
-            .user_data_dir(profile.path())
-            .window_size(1280, 1000)
-            .viewport(None)
-            .arg("--disable-dev-shm-usage")
-            .arg("--disable-gpu")
-            .launch_timeout(Duration::from_secs(30))
-            .build()
-            .expect("browser config");
-        let (browser, mut events) = Browser::launch(config)
+        let bin = chromium_binary()
+            .unwrap_or_else(|e| panic!("these tests drive a real headless Chromium: {e}"));
+        let local = LocalChromium::launch(&bin, &["--window-size=1280,1000"], BOUND)
             .await
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", chromium().display()));
-        let handler = tokio::spawn(async move { while events.next().await.is_some() {} });
-        Self {
-            browser,
-            handler,
-            _profile: profile,
-        }
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        Self { local }
     }
 
     /// A new tab logged in through the console's login form as `user`.
     pub async fn logged_in(&self, console: &Console, user: &str, password: &str) -> Page {
-        let page = self
-            .browser
-            .new_page(console.url("/login"))
+        let browser = self.local.connect(BOUND).await.expect("a CDP connection");
+        let mut page = Page::create(browser, &console.url("/login"))
             .await
             .expect("a tab");
-        page.wait_for_navigation().await.unwrap();
-        type_into(&page, "input[name=user]", user).await;
-        type_into(&page, "input[name=password]", password).await;
-        page.find_element("section.login button")
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        page.wait_for_navigation().await.unwrap();
-        eventually_js(&page, "the pending page, live", "document.getElementById('live') !== null && document.getElementById('live').textContent === 'live'").await;
+        eventually_js(
+            &mut page,
+            "the login form",
+            "document.readyState === 'complete' && document.querySelector('section.login button') !== null",
+        )
+        .await;
+        type_into(&mut page, "input[name=user]", user).await;
+        type_into(&mut page, "input[name=password]", password).await;
+        click(&mut page, "section.login button").await;
+        eventually_js(&mut page, "the pending page, live", "document.getElementById('live') !== null && document.getElementById('live').textContent === 'live'").await;
         page
     }
 
-    pub async fn close(mut self) {
-        let _ = self.browser.close().await;
-        let _ = self.browser.wait().await;
-        self.handler.abort();
+    pub async fn close(self) {
+        self.local.stop().await;
     }
 }
 
-pub async fn type_into(page: &Page, selector: &str, text: &str) {
-    page.find_element(selector)
+/// Clicks the element (a real click, which focuses it) and types `text` into it.
+pub async fn type_into(page: &mut Page, selector: &str, text: &str) {
+    click(page, selector).await;
+    page.insert_text(text)
         .await
-        .unwrap_or_else(|e| panic!("{selector}: {e}"))
-        .click()
-        .await
-        .unwrap()
-        .type_str(text)
-        .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("typing into {selector}: {e}"));
 }
 
-pub async fn click(page: &Page, selector: &str) {
-    page.find_element(selector)
+/// A real mouse click on the centre of the element `selector` names.
+pub async fn click(page: &mut Page, selector: &str) {
+    let element = format!("document.querySelector({})", js_literal(&selector));
+    let point = page
+        .element_center(&element)
         .await
         .unwrap_or_else(|e| panic!("{selector}: {e}"))
-        .click()
+        .unwrap_or_else(|| panic!("no element matches {selector}"));
+    page.click_at(point, "left", 1)
         .await
         .unwrap_or_else(|e| panic!("clicking {selector}: {e}"));
 }
 
 /// The value of a JavaScript expression in the page.
-pub async fn js<T: serde::de::DeserializeOwned>(page: &Page, expression: &str) -> T {
-    page.evaluate(expression)
+pub async fn js<T: serde::de::DeserializeOwned>(page: &mut Page, expression: &str) -> T {
+    let value = page
+        .evaluate(expression)
         .await
-        .unwrap_or_else(|e| panic!("{expression}: {e}"))
-        .into_value()
-        .unwrap_or_else(|e| panic!("{expression}: {e}"))
+        .unwrap_or_else(|e| panic!("{expression}: {e}"));
+    serde_json::from_value(value).unwrap_or_else(|e| panic!("{expression}: {e}"))
 }
 
 /// Runs a statement in the page.
-pub async fn run_js(page: &Page, statement: &str) {
+pub async fn run_js(page: &mut Page, statement: &str) {
     page.evaluate(statement)
         .await
         .unwrap_or_else(|e| panic!("{statement}: {e}"));
 }
 
 /// Polls until `expression` is true in the page, at most [`BOUND`]; a failure shows the page.
-pub async fn eventually_js(page: &Page, what: &str, expression: &str) {
+pub async fn eventually_js(page: &mut Page, what: &str, expression: &str) {
     let deadline = tokio::time::Instant::now() + BOUND;
     loop {
-        let done = page
-            .evaluate(expression)
-            .await
-            .ok()
-            .and_then(|v| v.into_value::<bool>().ok())
-            .unwrap_or(false);
+        // Between two documents there is nothing to evaluate in: that is "not yet".
+        let done = page.evaluate(expression).await.ok() == Some(serde_json::Value::Bool(true));
         if done {
             return;
         }
         if tokio::time::Instant::now() > deadline {
-            let url = page.url().await.ok().flatten().unwrap_or_default();
-            let text: String = page
-                .evaluate("document.body ? document.body.innerText : ''")
-                .await
-                .ok()
-                .and_then(|v| v.into_value().ok())
-                .unwrap_or_default();
+            let url = page.location().await.map(|l| l.0).unwrap_or_default();
+            let text = page.text().await.unwrap_or_default();
             panic!("timed out after {BOUND:?} waiting for {what} ({expression}) at {url}:\n{text}");
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
