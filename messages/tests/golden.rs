@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use messages::audit::{
-    AuditDetails, AuditEvent, ExecutionAssessed, ExecutionFinished, ExecutionReceived,
+    AuditDetails, AuditEvent, AuditKind, ExecutionAssessed, ExecutionFinished, ExecutionReceived,
 };
 use messages::browser::{
     BrowserAction, BrowserBackend, BrowserPayload, BrowserRequest, ContentFormat,
@@ -195,6 +195,145 @@ fn audit_details() -> Vec<AuditDetails> {
             node: result.node,
             timing: result.timing,
         }),
+    ]
+}
+
+/// Every other shape of audit details, as each emit site writes it (service, kind, details).
+fn audit_shapes() -> Vec<(&'static str, AuditKind, serde_json::Value)> {
+    use serde_json::json;
+    vec![
+        (
+            "confirmation_requested",
+            AuditKind::ConfirmationRequested,
+            json!({"id": "01JD0000000000000000000001", "level": "high",
+                   "summary": "python: imports subprocess", "expires_at": 1_764_000_060_000u64}),
+        ),
+        (
+            "confirmation_decided",
+            AuditKind::ConfirmationDecided,
+            json!({"id": "01JD0000000000000000000001", "state": "approved", "by": "alice",
+                   "reason": null, "scope": "once", "waited_ms": 2000}),
+        ),
+        (
+            "placed",
+            AuditKind::Placed,
+            json!({"tier": "session", "node": "node-a", "reason": "least loaded (1/8)",
+                   "strategy": "least_loaded", "session_restored": false}),
+        ),
+        (
+            "placed_queue_group",
+            AuditKind::Placed,
+            json!({"tier": "ephemeral", "node": null, "reason": "executor queue group",
+                   "strategy": "round_robin", "session_restored": false}),
+        ),
+        (
+            "started",
+            AuditKind::Started,
+            json!({"node": "node-a", "tier": "session", "backend": "docker"}),
+        ),
+        (
+            "started_queue_group",
+            AuditKind::Started,
+            json!({"node": null, "tier": "ephemeral", "backend": "bwrap"}),
+        ),
+        (
+            "rejected_validate",
+            AuditKind::Rejected,
+            json!({"stage": "validate", "reason": "code must not be empty"}),
+        ),
+        (
+            "rejected_risk",
+            AuditKind::Rejected,
+            json!({"stage": "risk", "level": "critical", "reason": "deletes the root"}),
+        ),
+        (
+            "parked",
+            AuditKind::Parked,
+            json!({"confirmation_id": "01JD0000000000000000000001",
+                   "expires_at": 1_764_000_060_000u64}),
+        ),
+        (
+            "resumed",
+            AuditKind::Resumed,
+            json!({"confirmation_id": "01JD0000000000000000000001", "decision": "approved"}),
+        ),
+        (
+            "session_opened",
+            AuditKind::SessionOpened,
+            json!({"tier": "session"}),
+        ),
+        (
+            "session_closed",
+            AuditKind::SessionClosed,
+            json!({"node": "node-a", "executions": 3, "reason": "ttl"}),
+        ),
+        (
+            "session_closed_never_placed",
+            AuditKind::SessionClosed,
+            json!({"node": null, "executions": 0, "reason": "requested"}),
+        ),
+        (
+            "session_lost",
+            AuditKind::SessionLost,
+            json!({"node": "node-a"}),
+        ),
+        (
+            "session_lost_heartbeat",
+            AuditKind::SessionLost,
+            json!({"node": "node-a", "cause": "heartbeat expired"}),
+        ),
+        (
+            "file_written",
+            AuditKind::FileWritten,
+            json!({"path": "code/main.py", "size": 9,
+                   "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                   "append": false}),
+        ),
+        (
+            "file_deleted",
+            AuditKind::FileDeleted,
+            json!({"path": "data", "files": 2, "bytes": 1024}),
+        ),
+        (
+            "workspace_restored",
+            AuditKind::WorkspaceRestored,
+            json!({"created": 2, "modified": 1, "deleted": 0, "replace": true}),
+        ),
+        (
+            "workspace_cleaned",
+            AuditKind::WorkspaceCleaned,
+            json!({"reason": "ttl", "files": 3, "bytes": 4096}),
+        ),
+        (
+            "egress_allowed",
+            AuditKind::Egress,
+            json!({"host": "pkgs.example.org", "port": 443, "address": "93.184.215.14",
+                   "allowed": true, "rule": "pkgs.example.org is in allow_domains"}),
+        ),
+        (
+            "egress_refused",
+            AuditKind::Egress,
+            json!({"host": "denied.example", "port": 443, "allowed": false,
+                   "rule": "denied.example is not in allow_domains"}),
+        ),
+        (
+            "browser_risk_assessed",
+            AuditKind::RiskAssessed,
+            json!({"action": "fill", "params": {"selector": "#q", "text": "hi"},
+                   "level": "medium", "reason": "fills a form", "confirmation": true}),
+        ),
+        (
+            "browser_finished",
+            AuditKind::Finished,
+            json!({"action": "navigate", "ok": true, "url": "https://example.org/",
+                   "state_lost": false}),
+        ),
+        (
+            "browser_failed",
+            AuditKind::Finished,
+            json!({"action": "click", "ok": false, "code": 404,
+                   "error": "no element matches #go"}),
+        ),
     ]
 }
 
@@ -611,6 +750,24 @@ fn golden_vectors_are_byte_exact() {
         };
         check(&format!("audit_{}", details.kind().as_str()), &event);
         assert_eq!(event.typed_details(), Some(details));
+    }
+    // Issue 24: every other kind's details, one vector per shape an emit site writes.
+    for (name, kind, details) in audit_shapes() {
+        let event = AuditEvent {
+            id: "01JD0000000000000000000002".into(),
+            kind,
+            time: 1_764_000_000_000,
+            source: "scheduler.a1".into(),
+            execution_id: Some("01JD0000000000000000000000".into()),
+            session_id: Some("s1".into()),
+            trace_id: None,
+            actor: Some("agent-7".into()),
+            tenant: Some(Tenant::new("acme").unwrap()),
+            account: None,
+            user: None,
+            details,
+        };
+        check(&format!("audit_{name}"), &event);
     }
     check(
         "error",
