@@ -52,11 +52,11 @@ pub async fn run(mesh: &MeshClient, args: AuditArgs) -> anyhow::Result<i32> {
             println!(
                 "{} {:<22} exec={} session={} by={} {}",
                 event.id,
-                event.kind.as_str(),
+                event.kind().as_str(),
                 event.execution_id.as_deref().unwrap_or("-"),
                 event.session_id.as_deref().unwrap_or("-"),
                 event.actor.as_deref().unwrap_or("-"),
-                event.details
+                event.details.to_value()
             );
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::common::{Mesh, BOUND};
 use futures::StreamExt;
-use messages::audit::AuditKind;
+use messages::audit::{AuditDetails, AuditKind};
 use messages::confirm::{ConfirmDecide, ConfirmList, ConfirmRequest, ConfirmScope, ConfirmState};
 use messages::risk::{AssessRequest, ContentType, RiskAssessment, RiskLevel};
 use messages::ServiceName;
@@ -201,8 +201,10 @@ async fn the_audit_trail_is_read_to_its_end_or_followed() {
     })
     .await;
     let event = events.into_iter().next().unwrap().unwrap();
-    assert_eq!(event.kind, AuditKind::ConfirmationDecided);
-    assert_eq!(event.details["id"], first.id.as_str());
+    let AuditDetails::ConfirmationDecided(decided) = &event.details else {
+        panic!("{event:?}");
+    };
+    assert_eq!(decided.id, first.id);
 
     // Following from now on: only what happens next.
     let follow = AuditQuery {
@@ -216,7 +218,7 @@ async fn the_audit_trail_is_read_to_its_end_or_followed() {
         .await
         .expect("a new event");
     let event = next.expect("open").expect("decodes");
-    assert_eq!(event.kind, AuditKind::ConfirmationRequested);
+    assert_eq!(event.kind(), AuditKind::ConfirmationRequested);
     assert_eq!(
         event.session_id.as_deref(),
         Some("s2"),

@@ -1,10 +1,16 @@
 //! Audit events on `sandbox.v1.audit.<tenant>.<event>`, stored in the `SANDBOX_AUDIT` stream.
+//!
+//! An event's kind is its details' ([`AuditEvent::kind`]): each kind's details are a type in
+//! [`details`], so the two cannot disagree. On the wire the event is the object it always was,
+//! `{"id", "kind", …, "details": {…}}`, byte for byte (the golden vectors hold every shape).
+
+mod details;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{ExecStatus, Language, Tier, TierChoice, Timing};
-use crate::risk::RiskLevel;
 use crate::tenancy::Tenant;
+
+pub use details::*;
 
 /// The event name is the last subject token, so consumers can filter by subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -59,120 +65,115 @@ impl AuditKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "StoredEvent", from = "StoredEvent")]
 pub struct AuditEvent {
     /// ULID of the event.
     pub id: String,
-    pub kind: AuditKind,
     /// Unix milliseconds.
     pub time: u64,
     /// The service instance that emitted it, `<service>.<instance_id>`.
     pub source: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
     /// Who asked (`requested_by` of the request), when known: a label the caller wrote.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
     /// The tenant the event belongs to (also the subject token), `None` for internal work.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Tenant>,
     /// The NATS account that made the request, as the server authenticated it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
     /// The NATS user that made the request, as the server authenticated it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// Event-specific facts (level, tier, node, status, path, ...).
-    #[serde(default)]
-    pub details: serde_json::Value,
+    /// What happened; its variant is the event's kind.
+    pub details: AuditDetails,
 }
 
 impl AuditEvent {
-    /// Its details as the type its kind writes, when it has one: `None` for a kind not typed
-    /// yet, and for a shape no type reads (an event stored by an older version, or another
-    /// service's event of the same kind). Readers then fall back to `details` as stored: an
-    /// odd event never fails a listing.
-    pub fn typed_details(&self) -> Option<AuditDetails> {
-        let d = self.details.clone();
-        let typed = match self.kind {
-            AuditKind::RequestReceived => {
-                AuditDetails::ExecutionReceived(serde_json::from_value(d).ok()?)
-            }
-            AuditKind::RiskAssessed => {
-                AuditDetails::ExecutionAssessed(serde_json::from_value(d).ok()?)
-            }
-            AuditKind::Finished => AuditDetails::ExecutionFinished(serde_json::from_value(d).ok()?),
-            _ => return None,
-        };
-        Some(typed)
+    pub fn kind(&self) -> AuditKind {
+        self.details.kind()
     }
-}
 
-/// The details of an execution's events, one type per kind (the scheduler writes them, the
-/// console reads them). Stored as the event's `details` object, field for field.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AuditDetails {
-    ExecutionReceived(ExecutionReceived),
-    ExecutionAssessed(ExecutionAssessed),
-    ExecutionFinished(ExecutionFinished),
-}
-
-impl AuditDetails {
-    /// The kind of event these details belong to.
-    pub const fn kind(&self) -> AuditKind {
-        match self {
-            AuditDetails::ExecutionReceived(_) => AuditKind::RequestReceived,
-            AuditDetails::ExecutionAssessed(_) => AuditKind::RiskAssessed,
-            AuditDetails::ExecutionFinished(_) => AuditKind::Finished,
+    /// An event of `details` with fixed ids, time and caller (tenant `acme`, actor `agent-7`,
+    /// session `s1`): one fixture for the golden vectors and the readers' tests.
+    pub fn example(details: impl Into<AuditDetails>) -> Self {
+        Self {
+            id: "01JD0000000000000000000002".into(),
+            time: 1_764_000_000_000,
+            source: "scheduler.a1".into(),
+            execution_id: Some("01JD0000000000000000000000".into()),
+            session_id: Some("s1".into()),
+            trace_id: None,
+            actor: Some("agent-7".into()),
+            tenant: Some(Tenant::new("acme").expect("a valid tenant name")),
+            account: None,
+            user: None,
+            details: details.into(),
         }
     }
+}
 
-    /// The event's `details` object.
-    pub fn to_value(&self) -> serde_json::Value {
-        let value = match self {
-            AuditDetails::ExecutionReceived(d) => serde_json::to_value(d),
-            AuditDetails::ExecutionAssessed(d) => serde_json::to_value(d),
-            AuditDetails::ExecutionFinished(d) => serde_json::to_value(d),
-        };
-        // Plain structs of strings, numbers and enums: nothing in them fails to serialize.
-        value.unwrap_or_default()
+/// The event as stored: kind and details side by side, the details an object of the kind's
+/// fields. Details go through a `serde_json::Value` both ways, so their keys keep the order
+/// they always had (the JSON map's) in JSON and MessagePack alike.
+#[derive(Serialize, Deserialize)]
+struct StoredEvent {
+    id: String,
+    kind: AuditKind,
+    time: u64,
+    source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    execution_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    trace_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    actor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<Tenant>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    user: Option<String>,
+    #[serde(default)]
+    details: serde_json::Value,
+}
+
+impl From<AuditEvent> for StoredEvent {
+    fn from(e: AuditEvent) -> Self {
+        Self {
+            id: e.id,
+            kind: e.details.kind(),
+            time: e.time,
+            source: e.source,
+            execution_id: e.execution_id,
+            session_id: e.session_id,
+            trace_id: e.trace_id,
+            actor: e.actor,
+            tenant: e.tenant,
+            account: e.account,
+            user: e.user,
+            details: e.details.to_value(),
+        }
     }
 }
 
-/// `request_received` of an execution: what was asked, before any check of its code.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecutionReceived {
-    pub language: Language,
-    pub code_bytes: u64,
-    /// The tier the client asked for.
-    pub tier: TierChoice,
-    /// The timeout it runs with (the request's, clamped).
-    pub timeout_ms: u64,
-}
-
-/// `risk_assessed` of an execution: the assessor's verdict and the tier decided from it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecutionAssessed {
-    pub level: RiskLevel,
-    pub suggested_tier: Tier,
-    pub tier: Tier,
-    pub requires_confirmation: bool,
-    pub reason: String,
-    /// The rules that matched.
-    pub findings: Vec<String>,
-}
-
-/// `finished` of an execution: how it ended and where.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecutionFinished {
-    pub status: ExecStatus,
-    pub exit_code: Option<i64>,
-    pub tier: Tier,
-    pub node: Option<String>,
-    pub timing: Timing,
+impl From<StoredEvent> for AuditEvent {
+    fn from(e: StoredEvent) -> Self {
+        Self {
+            id: e.id,
+            time: e.time,
+            source: e.source,
+            execution_id: e.execution_id,
+            session_id: e.session_id,
+            trace_id: e.trace_id,
+            actor: e.actor,
+            tenant: e.tenant,
+            account: e.account,
+            user: e.user,
+            details: AuditDetails::decode(e.kind, e.details),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -180,23 +181,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    fn event(kind: AuditKind, details: serde_json::Value) -> AuditEvent {
-        AuditEvent {
-            id: "01JD0000000000000000000002".into(),
-            kind,
-            time: 1_764_000_000_000,
-            source: "scheduler.a1".into(),
-            execution_id: Some("01JD0000000000000000000000".into()),
-            session_id: None,
-            trace_id: None,
-            actor: None,
-            tenant: None,
-            account: None,
-            user: None,
-            details,
-        }
-    }
+    use crate::exec::{ExecStatus, Language, Tier, TierChoice, Timing};
+    use crate::risk::RiskLevel;
 
     /// The literals the scheduler wrote before these types: the typed values store the same
     /// objects, so events in a stream from before and after read alike.
@@ -208,7 +194,7 @@ mod tests {
         };
         let cases = [
             (
-                AuditDetails::ExecutionReceived(ExecutionReceived {
+                AuditDetails::from(ExecutionReceived {
                     language: Language::Python,
                     code_bytes: 11,
                     tier: TierChoice::Auto,
@@ -218,7 +204,7 @@ mod tests {
                        "timeout_ms": 5000}),
             ),
             (
-                AuditDetails::ExecutionAssessed(ExecutionAssessed {
+                AuditDetails::from(ExecutionAssessed {
                     level: RiskLevel::High,
                     suggested_tier: Tier::Session,
                     tier: Tier::Session,
@@ -231,7 +217,7 @@ mod tests {
                        "findings": ["py.subprocess"]}),
             ),
             (
-                AuditDetails::ExecutionFinished(ExecutionFinished {
+                AuditDetails::from(ExecutionFinished {
                     status: ExecStatus::Ok,
                     exit_code: Some(0),
                     tier: Tier::Ephemeral,
@@ -244,25 +230,53 @@ mod tests {
         ];
         for (typed, literal) in cases {
             assert_eq!(typed.to_value(), literal);
-            let e = event(typed.kind(), literal);
-            assert_eq!(e.typed_details(), Some(typed));
+            assert_eq!(AuditDetails::decode(typed.kind(), literal), typed);
         }
     }
 
     #[test]
-    fn an_event_of_an_unknown_shape_still_decodes_and_reads_untyped() {
-        // A browser action's `finished`, an older `request_received` without its size, a kind
-        // not typed yet, and details that are not even an object.
+    fn an_event_of_an_unknown_shape_still_decodes_and_keeps_what_it_stored() {
+        // A browser action's `finished` of an older shape, an older `request_received` without
+        // its size, a `placed` with a field no version wrote, details that are not an object.
         for (kind, details) in [
             (AuditKind::Finished, json!({"action": "click", "ok": true})),
             (AuditKind::RequestReceived, json!({"language": "python"})),
-            (AuditKind::Placed, json!({"node": "a", "tier": "session"})),
+            (
+                AuditKind::SessionOpened,
+                json!({"tier": "session", "by": "x"}),
+            ),
             (AuditKind::RiskAssessed, json!("high")),
         ] {
-            let stored = serde_json::to_vec(&event(kind, details.clone())).unwrap();
-            let e: AuditEvent = serde_json::from_slice(&stored).unwrap();
-            assert_eq!((e.kind, &e.details), (kind, &details));
-            assert_eq!(e.typed_details(), None, "{kind:?} {details}");
+            let mut stored = serde_json::to_value(AuditEvent::example(SessionOpened {
+                tier: Tier::Session,
+            }))
+            .unwrap();
+            stored["kind"] = json!(kind);
+            stored["details"] = details.clone();
+            let e: AuditEvent = serde_json::from_value(stored.clone()).unwrap();
+            let AuditDetails::Untyped(untyped) = &e.details else {
+                panic!("{kind:?} {details} read as {:?}", e.details);
+            };
+            assert_eq!((untyped.kind(), untyped.details()), (kind, &details));
+            assert_eq!(e.kind(), kind);
+            // Stored again, it is what it was.
+            assert_eq!(serde_json::to_value(&e).unwrap(), stored);
         }
+    }
+
+    #[test]
+    fn an_event_without_details_decodes() {
+        let e: AuditEvent = serde_json::from_value(json!({
+            "id": "e", "kind": "parked", "time": 1, "source": "scheduler.a1"
+        }))
+        .unwrap();
+        assert_eq!(e.kind(), AuditKind::Parked);
+        assert!(matches!(e.details, AuditDetails::Untyped(_)), "{e:?}");
+    }
+
+    #[test]
+    fn an_event_of_an_unknown_kind_is_malformed() {
+        let stored = json!({"id": "e", "kind": "teleported", "time": 1, "source": "x"});
+        assert!(serde_json::from_value::<AuditEvent>(stored).is_err());
     }
 }

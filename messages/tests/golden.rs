@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use messages::audit::{
-    AuditDetails, AuditEvent, AuditKind, ExecutionAssessed, ExecutionFinished, ExecutionReceived,
-};
+use messages::audit::*;
 use messages::browser::{
     BrowserAction, BrowserBackend, BrowserPayload, BrowserRequest, ContentFormat,
 };
 use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::*;
-use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunKind, RunState};
+use messages::executor::{
+    Backend, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunKind, RunState,
+};
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::risk::*;
@@ -198,141 +198,237 @@ fn audit_details() -> Vec<AuditDetails> {
     ]
 }
 
-/// Every other shape of audit details, as each emit site writes it (service, kind, details).
-fn audit_shapes() -> Vec<(&'static str, AuditKind, serde_json::Value)> {
-    use serde_json::json;
+/// Every other shape of audit details a service writes (the vectors were made from the
+/// `json!` literals each emit site wrote before these types).
+fn audit_shapes() -> Vec<(&'static str, AuditDetails)> {
+    let confirmation_id = || "01JD0000000000000000000001".to_string();
     vec![
         (
             "confirmation_requested",
-            AuditKind::ConfirmationRequested,
-            json!({"id": "01JD0000000000000000000001", "level": "high",
-                   "summary": "python: imports subprocess", "expires_at": 1_764_000_060_000u64}),
+            ConfirmationRequested {
+                id: confirmation_id(),
+                level: RiskLevel::High,
+                summary: "python: imports subprocess".into(),
+                expires_at: 1_764_000_060_000,
+            }
+            .into(),
         ),
         (
             "confirmation_decided",
-            AuditKind::ConfirmationDecided,
-            json!({"id": "01JD0000000000000000000001", "state": "approved", "by": "alice",
-                   "reason": null, "scope": "once", "waited_ms": 2000}),
+            ConfirmationDecided {
+                id: confirmation_id(),
+                state: ConfirmState::Approved,
+                by: Some("alice".into()),
+                reason: None,
+                scope: ConfirmScope::Once,
+                waited_ms: 2000,
+            }
+            .into(),
         ),
         (
             "placed",
-            AuditKind::Placed,
-            json!({"tier": "session", "node": "node-a", "reason": "least loaded (1/8)",
-                   "strategy": "least_loaded", "session_restored": false}),
+            ExecutionPlaced {
+                tier: Tier::Session,
+                node: Some("node-a".into()),
+                reason: "least loaded (1/8)".into(),
+                strategy: "least_loaded".into(),
+                session_restored: false,
+            }
+            .into(),
         ),
         (
             "placed_queue_group",
-            AuditKind::Placed,
-            json!({"tier": "ephemeral", "node": null, "reason": "executor queue group",
-                   "strategy": "round_robin", "session_restored": false}),
+            ExecutionPlaced {
+                tier: Tier::Ephemeral,
+                node: None,
+                reason: "executor queue group".into(),
+                strategy: "round_robin".into(),
+                session_restored: false,
+            }
+            .into(),
         ),
         (
             "started",
-            AuditKind::Started,
-            json!({"node": "node-a", "tier": "session", "backend": "docker"}),
+            ExecutionStarted {
+                node: Some("node-a".into()),
+                tier: Tier::Session,
+                backend: Backend::Docker,
+            }
+            .into(),
         ),
         (
             "started_queue_group",
-            AuditKind::Started,
-            json!({"node": null, "tier": "ephemeral", "backend": "bwrap"}),
+            ExecutionStarted {
+                node: None,
+                tier: Tier::Ephemeral,
+                backend: Backend::Bwrap,
+            }
+            .into(),
         ),
         (
             "rejected_validate",
-            AuditKind::Rejected,
-            json!({"stage": "validate", "reason": "code must not be empty"}),
+            ExecutionRejected::Validate {
+                reason: "code must not be empty".into(),
+            }
+            .into(),
         ),
         (
             "rejected_risk",
-            AuditKind::Rejected,
-            json!({"stage": "risk", "level": "critical", "reason": "deletes the root"}),
+            ExecutionRejected::Risk {
+                level: RiskLevel::Critical,
+                reason: "deletes the root".into(),
+            }
+            .into(),
         ),
         (
             "parked",
-            AuditKind::Parked,
-            json!({"confirmation_id": "01JD0000000000000000000001",
-                   "expires_at": 1_764_000_060_000u64}),
+            ExecutionParked {
+                confirmation_id: confirmation_id(),
+                expires_at: 1_764_000_060_000,
+            }
+            .into(),
         ),
         (
             "resumed",
-            AuditKind::Resumed,
-            json!({"confirmation_id": "01JD0000000000000000000001", "decision": "approved"}),
+            ExecutionResumed {
+                confirmation_id: confirmation_id(),
+                decision: Decision::Approved,
+            }
+            .into(),
         ),
         (
             "session_opened",
-            AuditKind::SessionOpened,
-            json!({"tier": "session"}),
+            SessionOpened {
+                tier: Tier::Session,
+            }
+            .into(),
         ),
         (
             "session_closed",
-            AuditKind::SessionClosed,
-            json!({"node": "node-a", "executions": 3, "reason": "ttl"}),
+            SessionClosed {
+                node: Some("node-a".into()),
+                executions: 3,
+                reason: CloseReason::Ttl,
+            }
+            .into(),
         ),
         (
             "session_closed_never_placed",
-            AuditKind::SessionClosed,
-            json!({"node": null, "executions": 0, "reason": "requested"}),
+            SessionClosed {
+                node: None,
+                executions: 0,
+                reason: CloseReason::Requested,
+            }
+            .into(),
         ),
         (
             "session_lost",
-            AuditKind::SessionLost,
-            json!({"node": "node-a"}),
+            SessionLost {
+                node: "node-a".into(),
+                cause: None,
+            }
+            .into(),
         ),
         (
             "session_lost_heartbeat",
-            AuditKind::SessionLost,
-            json!({"node": "node-a", "cause": "heartbeat expired"}),
+            SessionLost {
+                node: "node-a".into(),
+                cause: Some(LostCause::HeartbeatExpired),
+            }
+            .into(),
         ),
         (
             "file_written",
-            AuditKind::FileWritten,
-            json!({"path": "code/main.py", "size": 9,
-                   "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-                   "append": false}),
+            FileWritten {
+                path: "code/main.py".into(),
+                size: 9,
+                sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
+                append: false,
+            }
+            .into(),
         ),
         (
             "file_deleted",
-            AuditKind::FileDeleted,
-            json!({"path": "data", "files": 2, "bytes": 1024}),
+            FileDeleted {
+                path: "data".into(),
+                files: 2,
+                bytes: 1024,
+            }
+            .into(),
         ),
         (
             "workspace_restored",
-            AuditKind::WorkspaceRestored,
-            json!({"created": 2, "modified": 1, "deleted": 0, "replace": true}),
+            WorkspaceRestored {
+                created: 2,
+                modified: 1,
+                deleted: 0,
+                replace: true,
+            }
+            .into(),
         ),
         (
             "workspace_cleaned",
-            AuditKind::WorkspaceCleaned,
-            json!({"reason": "ttl", "files": 3, "bytes": 4096}),
+            WorkspaceCleaned {
+                reason: CleanReason::Ttl,
+                files: 3,
+                bytes: 4096,
+            }
+            .into(),
         ),
         (
             "egress_allowed",
-            AuditKind::Egress,
-            json!({"host": "pkgs.example.org", "port": 443, "address": "93.184.215.14",
-                   "allowed": true, "rule": "pkgs.example.org is in allow_domains"}),
+            EgressEvent {
+                host: "pkgs.example.org".into(),
+                port: 443,
+                address: Some([93, 184, 215, 14].into()),
+                allowed: true,
+                rule: "pkgs.example.org is in allow_domains".into(),
+            }
+            .into(),
         ),
         (
             "egress_refused",
-            AuditKind::Egress,
-            json!({"host": "denied.example", "port": 443, "allowed": false,
-                   "rule": "denied.example is not in allow_domains"}),
+            EgressEvent {
+                host: "denied.example".into(),
+                port: 443,
+                address: None,
+                allowed: false,
+                rule: "denied.example is not in allow_domains".into(),
+            }
+            .into(),
         ),
         (
             "browser_risk_assessed",
-            AuditKind::RiskAssessed,
-            json!({"action": "fill", "params": {"selector": "#q", "text": "hi"},
-                   "level": "medium", "reason": "fills a form", "confirmation": true}),
+            BrowserAssessed {
+                action: BrowserAction::Fill,
+                params: serde_json::json!({"selector": "#q", "text": "hi"}),
+                level: RiskLevel::Medium,
+                reason: "fills a form".into(),
+                confirmation: true,
+            }
+            .into(),
         ),
         (
             "browser_finished",
-            AuditKind::Finished,
-            json!({"action": "navigate", "ok": true, "url": "https://example.org/",
-                   "state_lost": false}),
+            BrowserActed {
+                action: BrowserAction::Navigate,
+                outcome: BrowserOutcome::Done {
+                    url: Some("https://example.org/".into()),
+                    state_lost: false,
+                },
+            }
+            .into(),
         ),
         (
             "browser_failed",
-            AuditKind::Finished,
-            json!({"action": "click", "ok": false, "code": 404,
-                   "error": "no element matches #go"}),
+            BrowserActed {
+                action: BrowserAction::Click,
+                outcome: BrowserOutcome::Failed {
+                    code: 404,
+                    error: "no element matches #go".into(),
+                },
+            }
+            .into(),
         ),
     ]
 }
@@ -734,40 +830,15 @@ fn golden_vectors_are_byte_exact() {
     }
     // Issue 24: an execution's audit events, details typed per kind.
     for details in audit_details() {
-        let event = AuditEvent {
-            id: "01JD0000000000000000000002".into(),
-            kind: details.kind(),
-            time: 1_764_000_000_000,
-            source: "scheduler.a1".into(),
-            execution_id: Some("01JD0000000000000000000000".into()),
-            session_id: Some("s1".into()),
-            trace_id: None,
-            actor: Some("agent-7".into()),
-            tenant: Some(Tenant::new("acme").unwrap()),
-            account: None,
-            user: None,
-            details: details.to_value(),
-        };
-        check(&format!("audit_{}", details.kind().as_str()), &event);
-        assert_eq!(event.typed_details(), Some(details));
+        check(
+            &format!("audit_{}", details.kind().as_str()),
+            &AuditEvent::example(details),
+        );
     }
-    // Issue 24: every other kind's details, one vector per shape an emit site writes.
-    for (name, kind, details) in audit_shapes() {
-        let event = AuditEvent {
-            id: "01JD0000000000000000000002".into(),
-            kind,
-            time: 1_764_000_000_000,
-            source: "scheduler.a1".into(),
-            execution_id: Some("01JD0000000000000000000000".into()),
-            session_id: Some("s1".into()),
-            trace_id: None,
-            actor: Some("agent-7".into()),
-            tenant: Some(Tenant::new("acme").unwrap()),
-            account: None,
-            user: None,
-            details,
-        };
-        check(&format!("audit_{name}"), &event);
+    // Issue 24: every other kind's details, one vector per shape a service writes. `check`
+    // decodes each to its type again (an untyped read would not compare equal).
+    for (name, details) in audit_shapes() {
+        check(&format!("audit_{name}"), &AuditEvent::example(details));
     }
     check(
         "error",

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use kit::{AuditScope, Auditor, RequestContext};
-use messages::audit::AuditKind;
+use messages::audit::BrowserAssessed;
 use messages::browser::BrowserAction;
 use messages::codec;
 use messages::confirm::{ConfirmKind, ConfirmRequest, ConfirmState};
@@ -91,12 +91,14 @@ impl Gate {
             .await
             .map_err(|e| ErrorBody::unavailable(format!("risk assessment failed: {e}")))?;
         let ask = risk.requires_confirmation || sensitive || action == BrowserAction::Evaluate;
-        self.auditor.emit(
-            AuditKind::RiskAssessed,
-            scope,
-            json!({"action": action.as_str(), "params": params, "level": risk.level,
-                   "reason": risk.reason, "confirmation": ask}),
-        );
+        let assessed = BrowserAssessed {
+            action,
+            params: params.clone(),
+            level: risk.level,
+            reason: risk.reason.clone(),
+            confirmation: ask,
+        };
+        self.auditor.emit(scope, assessed);
         let level = risk.level;
         if !ask {
             return Ok(Verdict {

@@ -13,7 +13,7 @@ use base64::Engine;
 use cdp::CdpError;
 use egress::{EgressProxy, EgressRules, SystemResolver};
 use kit::{AuditScope, Auditor, RequestContext};
-use messages::audit::AuditKind;
+use messages::audit::{BrowserActed, BrowserOutcome};
 use messages::browser::{
     BrowserBackend, BrowserCommand, BrowserRequest, BrowserResult, ContentFormat, WaitFor,
 };
@@ -141,16 +141,21 @@ impl Actor for BrowserSession {
                 let outcome = state.act(&req, &ctx).await;
                 state.last_used = Instant::now();
                 let scope = state.scope(&req, &ctx);
-                let details = match &outcome {
-                    Ok(r) => json!({"action": action.as_str(), "ok": true, "url": r.url,
-                                    "state_lost": r.state_lost}),
-                    Err(e) => json!({"action": action.as_str(), "ok": false, "code": e.code,
-                                     "error": e.message}),
+                let outcome_details = match &outcome {
+                    Ok(r) => BrowserOutcome::Done {
+                        url: r.url.clone(),
+                        state_lost: r.state_lost,
+                    },
+                    Err(e) => BrowserOutcome::Failed {
+                        code: e.code,
+                        error: e.message.clone(),
+                    },
                 };
-                state
-                    .shared
-                    .auditor
-                    .emit(AuditKind::Finished, &scope, details);
+                let acted = BrowserActed {
+                    action,
+                    outcome: outcome_details,
+                };
+                state.shared.auditor.emit(&scope, acted);
                 let _ = reply.send(outcome);
                 if req.command == BrowserCommand::Close {
                     myself.stop(Some("closed".into()));
@@ -261,7 +266,7 @@ impl SessionState {
         let socket = container.egress_socket();
         let proxy = EgressProxy::builder(self.shared.policy.clone())
             .observer(move |event| {
-                auditor.emit(AuditKind::Egress, &scope, json!(event));
+                auditor.emit(&scope, event.clone());
             })
             .bind(&socket)
             .map_err(|e| {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_nats::{Client, HeaderMap};
 use kit::{AuditScope, Auditor, CancellationToken};
-use messages::audit::AuditKind;
+use messages::audit::{ConfirmationDecided, ConfirmationRequested};
 use messages::confirm::{
     ConfirmDecide, ConfirmListReply, ConfirmRequest, ConfirmScope, ConfirmState, Confirmation,
     Unscope,
@@ -20,7 +20,6 @@ use messages::confirm::{
 use messages::tenancy::Caller;
 use messages::Subjects;
 use ractor::ActorRef;
-use serde_json::json;
 
 use crate::audience::{Audience, OperatorScopes};
 use crate::error::ConfirmError;
@@ -152,12 +151,13 @@ impl Workflow for KvWorkflow {
         // This service owns the `confirmation_*` audit events (the scheduler emits none).
         let scope = audit_scope(&record, trace_id, record.requested_by.clone());
         self.metrics.confirmations_requested.inc();
-        self.auditor.emit(
-            AuditKind::ConfirmationRequested,
-            &scope,
-            json!({ "id": record.id, "level": record.risk.level, "summary": record.summary,
-                    "expires_at": record.expires_at }),
-        );
+        let requested = ConfirmationRequested {
+            id: record.id.clone(),
+            level: record.risk.level,
+            summary: record.summary.clone(),
+            expires_at: record.expires_at,
+        };
+        self.auditor.emit(&scope, requested);
         if record.state.is_final() {
             self.announce_decision(&record, scope.trace_id.clone())
                 .await;
@@ -351,14 +351,18 @@ impl KvWorkflow {
             .confirmations_decided
             .get_or_create(&label)
             .inc();
-        self.auditor.emit(
-            AuditKind::ConfirmationDecided,
-            &scope,
-            json!({ "id": record.id, "state": record.state, "by": record.by,
-                    "reason": record.reason, "scope": record.scope,
-                    "waited_ms": record.decided_at.unwrap_or(record.created_at)
-                        .saturating_sub(record.created_at) }),
-        );
+        let decided = ConfirmationDecided {
+            id: record.id.clone(),
+            state: record.state,
+            by: record.by.clone(),
+            reason: record.reason.clone(),
+            scope: record.scope,
+            waited_ms: record
+                .decided_at
+                .unwrap_or(record.created_at)
+                .saturating_sub(record.created_at),
+        };
+        self.auditor.emit(&scope, decided);
         self.publish(
             self.subjects
                 .confirm_decided(record.tenant.as_ref(), &record.id),

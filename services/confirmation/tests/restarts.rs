@@ -70,7 +70,7 @@ async fn a_service_restart_between_request_and_decision_loses_nothing() {
             let kinds: Vec<AuditKind> = audit_events(&js, &execution_id)
                 .await
                 .into_iter()
-                .map(|e| e.kind)
+                .map(|e| e.kind())
                 .collect();
             (kinds.len() >= 2).then_some(kinds)
         }

@@ -31,10 +31,12 @@ pub struct Row {
 impl Row {
     /// A row of `event` alone.
     pub fn of(event: AuditEvent) -> Self {
-        let mut facts = ExecutionFacts::default();
-        if let Some(details) = event.typed_details() {
-            facts.add(&details);
-        }
+        Self::with(event, ExecutionFacts::default())
+    }
+
+    /// A row of `event` beside what its execution's earlier events told.
+    fn with(event: AuditEvent, mut facts: ExecutionFacts) -> Self {
+        facts.add(&event.details);
         Self { event, facts }
     }
 }
@@ -48,12 +50,19 @@ pub struct ExecutionFacts {
 }
 
 impl ExecutionFacts {
+    /// Takes what `details` tell of the execution; other events tell it nothing.
     pub fn add(&mut self, details: &AuditDetails) {
         match details {
             AuditDetails::ExecutionReceived(d) => self.received = Some(d.clone()),
             AuditDetails::ExecutionAssessed(d) => self.assessed = Some(d.clone()),
             AuditDetails::ExecutionFinished(d) => self.finished = Some(d.clone()),
+            _ => {}
         }
+    }
+
+    /// Whether any of the execution's events told something.
+    pub fn is_known(&self) -> bool {
+        self.received.is_some() || self.assessed.is_some() || self.finished.is_some()
     }
 }
 
@@ -77,30 +86,24 @@ impl History {
             follow: false,
         };
         let events = self.read(&query, scope, |_| true, usize::MAX).await?;
-        let mut earlier: HashMap<String, Vec<AuditDetails>> = HashMap::new();
-        for e in &events {
-            let (Some(id), Some(details)) = (&e.execution_id, e.typed_details()) else {
-                continue;
-            };
-            if details.kind() != AuditKind::Finished {
-                earlier.entry(id.clone()).or_default().push(details);
+        let mut earlier: HashMap<String, ExecutionFacts> = HashMap::new();
+        for e in events.iter().filter(|e| e.kind() != AuditKind::Finished) {
+            if let Some(id) = &e.execution_id {
+                earlier.entry(id.clone()).or_default().add(&e.details);
             }
         }
         let finished = events
             .into_iter()
-            .filter(|e| e.kind == AuditKind::Finished)
+            .filter(|e| e.kind() == AuditKind::Finished)
             .take(RECENT)
             .map(|event| {
-                let mut row = Row::of(event);
-                let known = row
-                    .event
+                let facts = event
                     .execution_id
                     .as_ref()
-                    .and_then(|id| earlier.get(id));
-                for details in known.into_iter().flatten() {
-                    row.facts.add(details);
-                }
-                row
+                    .and_then(|id| earlier.get(id))
+                    .cloned()
+                    .unwrap_or_default();
+                Row::with(event, facts)
             })
             .collect();
         Ok(finished)

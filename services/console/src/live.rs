@@ -75,7 +75,7 @@ fn live_events(
                 Event::default().event("audit").data(
                     serde_json::json!({
                         "session": row.event.session_id,
-                        "kind": row.event.kind.as_str(),
+                        "kind": row.event.kind().as_str(),
                         "html": render::audit_row(&row),
                     })
                     .to_string(),

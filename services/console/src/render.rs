@@ -6,7 +6,10 @@
 use std::fmt::Write as _;
 
 use crate::history::Row;
+use messages::audit::{AuditDetails, ExecutionRejected};
 use messages::confirm::{ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
+use messages::exec::Tier;
+use messages::risk::RiskLevel;
 use messages::tenancy::scoped;
 
 /// HTML-escapes text for element content and quoted attribute values.
@@ -280,21 +283,56 @@ fn browser_action(c: &Confirmation) -> Option<String> {
     Some(out)
 }
 
-/// An audit event as a table row: its execution's facts from their typed details; an event
-/// no type reads (a kind not typed yet, an older shape) shows the common keys of its details
-/// as stored.
+/// The status, tier and level columns as an event's own details fill them, for an event that
+/// is not its execution's (a placement, a session's, a browser action's, …).
+#[derive(Default)]
+struct OwnColumns {
+    status: String,
+    tier: String,
+    level: String,
+}
+
+impl OwnColumns {
+    fn of(details: &AuditDetails) -> Self {
+        let tier = |tier: Tier| Self {
+            tier: tier.as_str().to_string(),
+            ..Self::default()
+        };
+        let level = |level: RiskLevel| Self {
+            level: level.as_str().to_string(),
+            ..Self::default()
+        };
+        match details {
+            AuditDetails::ExecutionPlaced(d) => tier(d.tier),
+            AuditDetails::ExecutionStarted(d) => tier(d.tier),
+            AuditDetails::SessionOpened(d) => tier(d.tier),
+            AuditDetails::ConfirmationRequested(d) => level(d.level),
+            AuditDetails::BrowserAssessed(d) => level(d.level),
+            AuditDetails::ExecutionRejected(ExecutionRejected::Risk { level: l, .. }) => level(*l),
+            // A shape no type reads (stored by another version): its common keys as stored.
+            AuditDetails::Untyped(u) => {
+                let stored = |key: &str| match u.details().get(key) {
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
+                    None => String::new(),
+                };
+                Self {
+                    status: stored("status"),
+                    tier: stored("tier"),
+                    level: stored("level"),
+                }
+            }
+            _ => Self::default(),
+        }
+    }
+}
+
+/// An audit event as a table row: its execution's facts from their typed details, or else
+/// what its own details say.
 pub fn audit_row(row: &Row) -> String {
     let (e, facts) = (&row.event, &row.facts);
-    let stored = |key: &str| {
-        e.details
-            .get(key)
-            .map(|v| match v {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .unwrap_or_default()
-    };
-    let typed = facts.received.is_some() || facts.assessed.is_some() || facts.finished.is_some();
+    let own = OwnColumns::of(&e.details);
+    let typed = facts.is_known();
     let session = e
         .session_id
         .as_ref()
@@ -314,18 +352,18 @@ pub fn audit_row(row: &Row) -> String {
     let status = match &facts.finished {
         Some(f) => f.status.as_str().to_string(),
         None if typed => String::new(),
-        None => stored("status"),
+        None => own.status,
     };
     let tier = match (&facts.finished, &facts.assessed) {
         (Some(f), _) => f.tier.as_str().to_string(),
         (None, Some(a)) => a.tier.as_str().to_string(),
         (None, None) if typed => String::new(),
-        (None, None) => stored("tier"),
+        (None, None) => own.tier,
     };
     let level = match &facts.assessed {
         Some(a) => a.level.as_str().to_string(),
         None if typed => String::new(),
-        None => stored("level"),
+        None => own.level,
     };
     let timing = facts
         .finished
@@ -344,7 +382,7 @@ pub fn audit_row(row: &Row) -> String {
         esc(&level),
         esc(&timing),
         esc(e.user.as_deref().or(e.actor.as_deref()).unwrap_or("")),
-        kind = e.kind.as_str(),
+        kind = e.kind().as_str(),
     )
 }
 
@@ -452,33 +490,27 @@ mod tests {
         assert_eq!(utc(1_795_701_939_000), "2026-11-26 14:05:39 UTC");
     }
 
-    use messages::audit::{AuditEvent, AuditKind};
+    use messages::audit::{AuditEvent, AuditKind, ExecutionFinished, ExecutionPlaced};
+    use messages::exec::{ExecStatus, Timing};
     use serde_json::json;
 
+    /// An event of details as stored, read as the console reads them.
     fn event(kind: AuditKind, details: serde_json::Value) -> AuditEvent {
-        AuditEvent {
-            id: "01JD0000000000000000000002".into(),
-            kind,
-            time: 1_764_000_000_000,
-            source: "test.a1".into(),
-            execution_id: Some("e1".into()),
-            session_id: None,
-            trace_id: None,
-            actor: None,
-            tenant: None,
-            account: None,
-            user: None,
-            details,
-        }
+        AuditEvent::example(AuditDetails::decode(kind, details))
     }
 
     #[test]
     fn an_execution_row_reads_typed_details() {
-        let finished = event(
-            AuditKind::Finished,
-            json!({"status": "timeout", "exit_code": null, "tier": "session", "node": "a",
-                   "timing": {"total_ms": 1234}}),
-        );
+        let finished = AuditEvent::example(ExecutionFinished {
+            status: ExecStatus::Timeout,
+            exit_code: None,
+            tier: Tier::Session,
+            node: Some("a".into()),
+            timing: Timing {
+                total_ms: 1234,
+                ..Timing::default()
+            },
+        });
         let row = Row::of(finished);
         assert!(row.facts.finished.is_some(), "{row:?}");
         let html = audit_row(&row);
@@ -487,10 +519,33 @@ mod tests {
     }
 
     #[test]
+    fn an_event_outside_an_execution_fills_its_columns_from_its_own_details() {
+        let placed = AuditEvent::example(ExecutionPlaced {
+            tier: Tier::Ephemeral,
+            node: Some("a".into()),
+            reason: "least loaded".into(),
+            strategy: "least_loaded".into(),
+            session_restored: false,
+        });
+        let rejected = AuditEvent::example(ExecutionRejected::Risk {
+            level: RiskLevel::Critical,
+            reason: "deletes the root".into(),
+        });
+        for (e, shown) in [
+            (placed, "<td></td><td>ephemeral</td><td></td>"),
+            (rejected, "<td></td><td></td><td>critical</td>"),
+        ] {
+            let html = audit_row(&Row::of(e));
+            assert!(html.contains(shown), "{html}");
+        }
+    }
+
+    #[test]
     fn an_event_no_type_reads_is_still_listed_from_its_stored_details() {
         for (kind, details, shown) in [
-            // A browser action's end, an older shape of an execution's start, a kind not
-            // typed yet, details that are not an object.
+            // A browser action's end of no shape a type reads, an older shape of an
+            // execution's start, a placement without its reason, details that are not an
+            // object.
             (
                 AuditKind::Finished,
                 json!({"action": "click", "ok": false, "status": "x<y"}),

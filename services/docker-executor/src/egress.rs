@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use egress::{EgressError, EgressEvent, EgressProxy};
 use kit::{AuditScope, Auditor};
-use messages::audit::AuditKind;
 use messages::network::{NetworkPolicy, NetworkReport};
 
 /// Where the socket directory appears inside the container.
@@ -97,8 +96,7 @@ fn observe(log: &Mutex<RunLog>, auditor: &Auditor, event: &EgressEvent) {
             .record(&event.host, event.port, event.allowed, &event.rule);
         log.scope.clone()
     };
-    let details = serde_json::to_value(event).unwrap_or_default();
-    auditor.emit(AuditKind::Egress, &scope, details);
+    auditor.emit(&scope, event.clone());
 }
 
 /// One container's egress: its proxy and socket directory, removed when dropped.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::{run, run_of, DockerRuns, Harness};
 use futures::StreamExt;
-use messages::audit::AuditEvent;
+use messages::audit::{AuditDetails, AuditEvent, EgressEvent};
 use messages::exec::{ExecResult, ExecStatus, Language};
 use messages::executor::{ExecutorRun, RunKind};
 use messages::network::NetworkPolicy;
@@ -91,8 +91,8 @@ fn lines(r: &ExecResult) -> Vec<String> {
     r.stdout.lines().map(str::to_string).collect()
 }
 
-/// Egress audit events of one execution, read from the subscription until `n` arrived.
-async fn audited(sub: &mut async_nats::Subscriber, execution: &str, n: usize) -> Vec<AuditEvent> {
+/// Egress decisions audited for one execution, read from the subscription until `n` arrived.
+async fn audited(sub: &mut async_nats::Subscriber, execution: &str, n: usize) -> Vec<EgressEvent> {
     let mut found = Vec::new();
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     while found.len() < n {
@@ -103,8 +103,11 @@ async fn audited(sub: &mut async_nats::Subscriber, execution: &str, n: usize) ->
             );
         };
         let event: AuditEvent = serde_json::from_slice(&message.payload).expect("audit event");
-        if event.execution_id.as_deref() == Some(execution) {
-            found.push(event);
+        match event.details {
+            AuditDetails::EgressEvent(d) if event.execution_id.as_deref() == Some(execution) => {
+                found.push(d)
+            }
+            _ => {}
         }
     }
     found
@@ -171,13 +174,11 @@ except urllib.error.HTTPError as e:
     let refused: Vec<&str> = report.refused.iter().map(|c| c.host.as_str()).collect();
     assert_eq!(refused, ["denied.example", "also-denied.example"]);
     let events = audited(&mut audit, &r.execution_id, 4).await;
-    let allowed = events
-        .iter()
-        .filter(|e| e.details["allowed"] == true)
-        .count();
+    let allowed = events.iter().filter(|e| e.allowed).count();
     assert_eq!(allowed, 2, "{events:#?}");
-    assert!(events.iter().any(|e| e.details["host"] == "denied.example"
-        && e.details["rule"] == "denied.example is not in allow_domains"));
+    assert!(events
+        .iter()
+        .any(|e| e.host == "denied.example" && e.rule == "denied.example is not in allow_domains"));
     h.stop().await;
 }
 
@@ -287,12 +288,9 @@ for what, attempt in [
         );
     }
     let events = audited(&mut audit, &r.execution_id, 2).await;
-    assert!(
-        events.iter().all(|e| e.details["allowed"] == false),
-        "{events:#?}"
-    );
+    assert!(events.iter().all(|e| !e.allowed), "{events:#?}");
     assert_eq!(
-        events[0].details["rule"], "resolves to 127.0.0.1: loopback",
+        events[0].rule, "resolves to 127.0.0.1: loopback",
         "the audit names the rule"
     );
     h.stop().await;

@@ -2,7 +2,6 @@
 //! decision for the embedding service to audit (`sandbox.v1.audit.egress`).
 
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,18 +9,9 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// One decision: a destination allowed or refused, and the rule that decided. It serializes
-/// to the `details` of an `egress` audit event.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct EgressEvent {
-    pub host: String,
-    pub port: u16,
-    /// The address dialed (allowed) or refused after resolution, when there was one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub address: Option<IpAddr>,
-    pub allowed: bool,
-    pub rule: String,
-}
+/// One decision: a destination allowed or refused, and the rule that decided; the `details`
+/// of an `egress` audit event, so its type lives with the audit events.
+pub use messages::audit::EgressEvent;
 
 /// Receives every decision; it runs on the proxy's tasks, so it should only hand the event on.
 pub type Observer = Arc<dyn Fn(&EgressEvent) + Send + Sync>;

@@ -3,7 +3,7 @@
 //! describes: events are published asynchronously and a failure is logged, not returned.
 
 use async_nats::jetstream;
-use messages::audit::{AuditEvent, AuditKind};
+use messages::audit::{AuditDetails, AuditEvent};
 use messages::tenancy::{Caller, Tenant};
 use messages::{Encoding, Subjects};
 
@@ -62,15 +62,9 @@ impl Auditor {
         }
     }
 
-    pub fn event(
-        &self,
-        kind: AuditKind,
-        scope: &AuditScope,
-        details: serde_json::Value,
-    ) -> AuditEvent {
+    pub fn event(&self, scope: &AuditScope, details: impl Into<AuditDetails>) -> AuditEvent {
         AuditEvent {
             id: messages::new_id(),
-            kind,
             time: messages::now_ms(),
             source: self.source.clone(),
             execution_id: scope.execution_id.clone(),
@@ -83,7 +77,7 @@ impl Auditor {
             tenant: scope.tenant.clone(),
             account: scope.account.clone(),
             user: scope.user.clone(),
-            details,
+            details: details.into(),
         }
     }
 
@@ -91,7 +85,7 @@ impl Auditor {
     pub async fn record(&self, event: &AuditEvent) -> Result<(), AuditError> {
         let subject = self
             .subjects
-            .audit(event.tenant.as_ref(), event.kind.as_str());
+            .audit(event.tenant.as_ref(), event.kind().as_str());
         let payload = Encoding::Json.encode(event).map_err(AuditError::Encode)?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(messages::codec::CONTENT_TYPE, messages::codec::JSON);
@@ -105,18 +99,14 @@ impl Auditor {
         Ok(())
     }
 
-    /// [`Self::emit`] of typed details: their kind is the event's.
-    pub fn emit_details(&self, scope: &AuditScope, details: &messages::audit::AuditDetails) {
-        self.emit(details.kind(), scope, details.to_value());
-    }
-
-    /// Fire and forget: records in the background, logging a failure.
-    pub fn emit(&self, kind: AuditKind, scope: &AuditScope, details: serde_json::Value) {
-        let event = self.event(kind, scope, details);
+    /// Fire and forget: records in the background, logging a failure. The event's kind is
+    /// its details'.
+    pub fn emit(&self, scope: &AuditScope, details: impl Into<AuditDetails>) {
+        let event = self.event(scope, details);
         let this = self.clone();
         tokio::spawn(async move {
             if let Err(e) = this.record(&event).await {
-                tracing::warn!(error = %e, kind = event.kind.as_str(), "audit event not stored");
+                tracing::warn!(error = %e, kind = event.kind().as_str(), "audit event not stored");
             }
         });
     }

@@ -6,13 +6,12 @@
 use std::time::{Duration, Instant};
 
 use kit::{AuditScope, Auditor};
-use messages::audit::AuditKind;
+use messages::audit::{SessionLost, SessionOpened};
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::{Backend, ExecutorRun};
 use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::{ErrorBody, ServiceName};
 use sandmesh_client::{MeshClient, TemplateClient, WorkspaceClient};
-use serde_json::json;
 
 use crate::dispatch::PLACEMENT_ATTEMPTS;
 use crate::error::SchedulerError;
@@ -252,11 +251,8 @@ impl SessionAffinity {
             .open(session_id, open, scope.tenant.clone())
             .await?;
         if created {
-            self.auditor.emit(
-                AuditKind::SessionOpened,
-                scope,
-                json!({"tier": record.tier.as_str()}),
-            );
+            self.auditor
+                .emit(scope, SessionOpened { tier: record.tier });
         }
         Ok(record)
     }
@@ -384,8 +380,11 @@ impl SessionAffinity {
             .await?
             .ok_or_else(|| ErrorBody::not_found(format!("session {session_id} vanished")))?;
         if changed {
-            self.auditor
-                .emit(AuditKind::SessionLost, scope, json!({"node": node}));
+            let lost = SessionLost {
+                node: node.to_string(),
+                cause: None,
+            };
+            self.auditor.emit(scope, lost);
         }
         Ok(record)
     }

@@ -15,12 +15,11 @@
 use std::time::{Duration, Instant};
 
 use kit::{AuditScope, Auditor};
-use messages::audit::AuditKind;
+use messages::audit::ExecutionStarted;
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::{Backend, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
 use messages::{ErrorBody, ErrorKind};
 use sandmesh_client::{ClientError, ExecutorClient};
-use serde_json::json;
 
 use crate::execution::terminal;
 use crate::placer::Placer;
@@ -87,11 +86,12 @@ impl ExecutorRunner {
         deadline: Duration,
         scope: &AuditScope,
     ) -> Call {
-        self.auditor.emit(
-            AuditKind::Started,
-            scope,
-            json!({"node": node, "tier": run.tier().as_str(), "backend": backend.as_str()}),
-        );
+        let started = ExecutionStarted {
+            node: node.map(str::to_string),
+            tier: run.tier(),
+            backend,
+        };
+        self.auditor.emit(scope, started);
         let running = self.send(backend, node, run, deadline);
         let call = placer.unless_gone(node, running).await;
         match (node, call) {

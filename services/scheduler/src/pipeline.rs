@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use kit::{AuditScope, Auditor};
 use messages::audit::{
-    AuditDetails, AuditKind, ExecutionAssessed, ExecutionFinished, ExecutionReceived,
+    AuditDetails, ExecutionAssessed, ExecutionFinished, ExecutionParked, ExecutionReceived,
+    ExecutionRejected, ExecutionResumed,
 };
 use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing};
 use messages::risk::{AssessRequest, RiskAssessment};
@@ -74,12 +75,8 @@ enum Confirmed {
 }
 
 impl Pipeline {
-    fn audit(&self, kind: AuditKind, exec: &Execution, details: serde_json::Value) {
-        self.auditor.emit(kind, &exec.scope(), details);
-    }
-
-    fn audit_details(&self, exec: &Execution, details: AuditDetails) {
-        self.auditor.emit_details(&exec.scope(), &details);
+    fn audit(&self, exec: &Execution, details: impl Into<AuditDetails>) {
+        self.auditor.emit(&exec.scope(), details);
     }
 
     /// Runs `req` through the whole pipeline. An absent `execution_id` (only a sync request
@@ -126,8 +123,10 @@ impl Pipeline {
                     ..Default::default()
                 }
                 .by(&origin.caller);
-                let why = json!({"stage": "validate", "reason": body.message});
-                self.auditor.emit(AuditKind::Rejected, &scope, why);
+                let why = ExecutionRejected::Validate {
+                    reason: body.message.clone(),
+                };
+                self.auditor.emit(&scope, why);
                 return Outcome::Invalid(body);
             }
         };
@@ -161,7 +160,7 @@ impl Pipeline {
             tier: exec.request.tier,
             timeout_ms: exec.limits.timeout_ms,
         };
-        self.audit_details(&exec, AuditDetails::ExecutionReceived(received));
+        self.audit(&exec, received);
         exec.timing.assess_ms = Timing::ms(assess_took);
         let risk = match risk {
             Ok(risk) => risk,
@@ -216,12 +215,11 @@ impl Pipeline {
         };
         exec.timing.confirm_ms += messages::now_ms().saturating_sub(parked.parked_at);
         exec.confirmation = decision;
-        self.audit(
-            AuditKind::Resumed,
-            &exec,
-            json!({"confirmation_id": parked.confirmation_id,
-                   "decision": exec.confirmation.decision}),
-        );
+        let resumed = ExecutionResumed {
+            confirmation_id: parked.confirmation_id,
+            decision: exec.confirmation.decision,
+        };
+        self.audit(&exec, resumed);
         if exec.confirmation.decision != Decision::Approved {
             let denied = self.denied(&exec);
             return self.store(&exec, denied, claim).await;
@@ -287,12 +285,15 @@ impl Pipeline {
             reason: risk.reason.clone(),
             findings: risk.findings.iter().map(|f| f.rule.clone()).collect(),
         };
-        self.audit_details(exec, AuditDetails::ExecutionAssessed(assessed));
+        self.audit(exec, assessed);
         if exec.tier != Tier::Reject {
             return None;
         }
-        let why = json!({"stage": "risk", "level": risk.level.as_str(), "reason": risk.reason});
-        self.audit(AuditKind::Rejected, exec, why);
+        let why = ExecutionRejected::Risk {
+            level: risk.level,
+            reason: risk.reason.clone(),
+        };
+        self.audit(exec, why);
         let error = ErrorBody::denied(format!("rejected by the risk policy: {}", risk.reason))
             .with_details(json!({ "findings": risk.findings }));
         Some(exec.refused(ExecStatus::Rejected, Tier::Reject, error))
@@ -325,11 +326,11 @@ impl Pipeline {
             execution: exec.clone(),
         };
         self.parked.put(&parked).await?;
-        self.audit(
-            AuditKind::Parked,
-            exec,
-            json!({"confirmation_id": parked.confirmation_id, "expires_at": parked.expires_at}),
-        );
+        let parked_details = ExecutionParked {
+            confirmation_id: parked.confirmation_id.clone(),
+            expires_at: parked.expires_at,
+        };
+        self.audit(exec, parked_details);
         Ok(Confirmed::Park(Box::new(parked)))
     }
 
@@ -396,7 +397,7 @@ impl Pipeline {
             node: result.node.clone(),
             timing: result.timing,
         };
-        self.audit_details(exec, AuditDetails::ExecutionFinished(finished));
+        self.audit(exec, finished);
         let sending = self.results.send(&result).await;
         let parked = exec.risk.requires_confirmation.then(|| self.parked.clone());
         let id = exec.id.clone();

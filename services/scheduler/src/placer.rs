@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kit::{AuditScope, Auditor};
-use messages::audit::AuditKind;
+use messages::audit::ExecutionPlaced;
 use messages::executor::ExecutorRun;
 use messages::ErrorBody;
 use ractor::rpc::CallResult;
-use serde_json::json;
 use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 
@@ -105,17 +104,16 @@ impl Placer {
 
     /// Audits where `run` goes and why (`None`: the executor queue group).
     pub fn audit_placed(&self, scope: &AuditScope, run: &ExecutorRun, d: Option<&Decision>) {
-        self.auditor.emit(
-            AuditKind::Placed,
-            scope,
-            json!({
-                "tier": run.tier().as_str(),
-                "node": d.map(|d| &d.node),
-                "reason": d.map(|d| d.reason.as_str()).unwrap_or("executor queue group"),
-                "strategy": self.strategy.as_str(),
-                "session_restored": run.session_restored,
-            }),
-        );
+        let placed = ExecutionPlaced {
+            tier: run.tier(),
+            node: d.map(|d| d.node.clone()),
+            reason: d
+                .map_or("executor queue group", |d| d.reason.as_str())
+                .to_string(),
+            strategy: self.strategy.as_str().to_string(),
+            session_restored: run.session_restored,
+        };
+        self.auditor.emit(scope, placed);
     }
 
     async fn ask<T>(

@@ -2,14 +2,13 @@
 //! node whose heartbeat vanished as lost (seed 003 §3.3).
 
 use kit::{AuditScope, Auditor, RequestContext};
-use messages::audit::AuditKind;
+use messages::audit::{LostCause, SessionClosed, SessionLost};
 use messages::executor::Backend;
 use messages::session::{
     CloseReason, SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef,
     SessionState,
 };
 use messages::ErrorBody;
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::affinity::SessionAffinity;
@@ -176,11 +175,12 @@ impl SessionApi {
             }
         }
         self.aio.release(id).await;
-        self.auditor.emit(
-            AuditKind::SessionClosed,
-            scope,
-            json!({"node": node, "executions": closed.executions, "reason": reason.as_str()}),
-        );
+        let details = SessionClosed {
+            node,
+            executions: closed.executions,
+            reason,
+        };
+        self.auditor.emit(scope, details);
         Ok(Some(closed))
     }
 
@@ -204,11 +204,11 @@ impl SessionApi {
                             tenant: record.tenant,
                             ..Default::default()
                         };
-                        self.auditor.emit(
-                            AuditKind::SessionLost,
-                            &scope,
-                            json!({"node": node, "cause": "heartbeat expired"}),
-                        );
+                        let lost = SessionLost {
+                            node: node.clone(),
+                            cause: Some(LostCause::HeartbeatExpired),
+                        };
+                        self.auditor.emit(&scope, lost);
                     }
                 }
                 Err(e) => {

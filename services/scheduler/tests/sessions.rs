@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::common::docker::session_containers;
 use crate::common::*;
+use messages::audit::AuditDetails;
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier};
 use messages::filesystem::FilesystemPolicy;
 use messages::session::{
@@ -417,14 +418,21 @@ async fn a_sessions_configuration_reaches_its_runs_until_its_ttl_closes_it() {
     let closed = eventually("the TTL to close the session", || {
         let url = url.clone();
         async move {
-            audit_events(&url).await.into_iter().find(|e| {
-                e.kind == messages::audit::AuditKind::SessionClosed
-                    && e.session_id.as_deref() == Some("short")
-            })
+            audit_events(&url)
+                .await
+                .into_iter()
+                .find_map(|e| match e.details {
+                    AuditDetails::SessionClosed(closed)
+                        if e.session_id.as_deref() == Some("short") =>
+                    {
+                        Some(closed)
+                    }
+                    _ => None,
+                })
         }
     })
     .await;
-    assert_eq!(closed.details["reason"], "ttl", "{closed:?}");
+    assert_eq!(closed.reason, CloseReason::Ttl, "{closed:?}");
     eventually("the session's container to go", || async {
         session_containers("short")
             .unwrap()

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use messages::audit::AuditKind;
+use messages::audit::{CleanReason, WorkspaceCleaned};
 use messages::tenancy::Caller;
 use messages::workspace::{WsCleaned, WsCleanup};
 
@@ -26,7 +26,8 @@ impl Workspaces {
                 keys::check_session(&session)?;
                 match self.mark_removing(&session, None).await? {
                     true => {
-                        self.remove_marked(&session, "request", Some(by)).await?;
+                        self.remove_marked(&session, CleanReason::Request, Some(by))
+                            .await?;
                         vec![session]
                     }
                     false => Vec::new(),
@@ -55,7 +56,7 @@ impl Workspaces {
             if !self.mark_removing(&session, Some(meta)).await? {
                 continue; // touched since we looked
             }
-            match self.remove_marked(&session, "ttl", None).await {
+            match self.remove_marked(&session, CleanReason::Ttl, None).await {
                 Ok(()) => removed.push(session),
                 Err(e) => tracing::warn!(%session, error = %e, "workspace not removed"),
             }
@@ -101,7 +102,12 @@ impl Workspaces {
         }
     }
 
-    async fn remove_marked(&self, session: &str, reason: &str, by: Option<&Caller>) -> Result<()> {
+    async fn remove_marked(
+        &self,
+        session: &str,
+        reason: CleanReason,
+        by: Option<&Caller>,
+    ) -> Result<()> {
         let nodes = self.index.list(session, &RelPath::root(), true).await?;
         let objects: Vec<String> = nodes
             .iter()
@@ -120,13 +126,12 @@ impl Workspaces {
             .await
             .map_err(|e| StoreError::storage("removing the workspace index", e))?;
         Metrics::add(&self.metrics.sessions_cleaned, 1);
-        self.audit(
-            AuditKind::WorkspaceCleaned,
-            session,
-            by,
-            None,
-            serde_json::json!({ "reason": reason, "files": files, "bytes": bytes }),
-        );
+        let cleaned = WorkspaceCleaned {
+            reason,
+            files: files as u64,
+            bytes,
+        };
+        self.audit(session, by, None, cleaned);
         Ok(())
     }
 }

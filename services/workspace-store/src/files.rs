@@ -1,6 +1,6 @@
 //! File operations: init, write, read, list, stat, delete, usage.
 
-use messages::audit::AuditKind;
+use messages::audit::{FileDeleted, FileWritten};
 use messages::exec::ContentEncoding;
 use messages::tenancy::Caller;
 use messages::workspace::{
@@ -192,16 +192,13 @@ impl Workspaces {
                     }
                     Metrics::add(&self.metrics.writes, 1);
                     Metrics::add(&self.metrics.bytes_written, node.size);
-                    self.audit(
-                        AuditKind::FileWritten,
-                        session,
-                        Some(by),
-                        req.requested_by.clone(),
-                        serde_json::json!({
-                            "path": path.to_string(), "size": node.size,
-                            "sha256": node.sha256, "append": req.append,
-                        }),
-                    );
+                    let written = FileWritten {
+                        path: path.to_string(),
+                        size: node.size,
+                        sha256: node.sha256.clone(),
+                        append: req.append,
+                    };
+                    self.audit(session, Some(by), req.requested_by.clone(), written);
                     return Ok(entry_of(&path, &node));
                 }
                 Err(StoreError::Raced(_)) if req.append => {
@@ -386,13 +383,12 @@ impl Workspaces {
         )
         .await?;
         self.blobs.remove_all(objects).await;
-        self.audit(
-            AuditKind::FileDeleted,
-            session,
-            Some(by),
-            req.requested_by.clone(),
-            serde_json::json!({ "path": path.to_string(), "files": files, "bytes": bytes }),
-        );
+        let deleted = FileDeleted {
+            path: path.to_string(),
+            files,
+            bytes,
+        };
+        self.audit(session, Some(by), req.requested_by.clone(), deleted);
         Ok(messages::workspace::Ack { ok: true })
     }
 

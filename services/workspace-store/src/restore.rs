@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, TryStreamExt};
-use messages::audit::AuditKind;
+use messages::audit::WorkspaceRestored;
 use messages::tenancy::Caller;
 use messages::workspace::{WsRestore, WsRestored};
 use tokio::runtime::Handle;
@@ -169,17 +169,17 @@ impl Workspaces {
         result.previous_revision = revisions.previous;
         result.revision = Some(revisions.revision);
         Metrics::add(&self.metrics.restores, 1);
+        let restored = WorkspaceRestored {
+            created: result.files_created.len() as u64,
+            modified: result.files_modified.len() as u64,
+            deleted: result.files_deleted.len() as u64,
+            replace: req.replace,
+        };
         self.audit(
-            AuditKind::WorkspaceRestored,
             &req.session_id,
             Some(by),
             req.requested_by.clone(),
-            serde_json::json!({
-                "created": result.files_created.len(),
-                "modified": result.files_modified.len(),
-                "deleted": result.files_deleted.len(),
-                "replace": req.replace,
-            }),
+            restored,
         );
         Ok(result)
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kit::{AuditScope, Auditor, QuotaBook};
-use messages::audit::AuditKind;
+use messages::audit::AuditDetails;
 use messages::quota::Quota;
 use messages::tenancy::{scoped, tenant_of_scoped, Caller, Tenant};
 use messages::workspace::WsEntry;
@@ -173,11 +173,10 @@ impl Workspaces {
     /// An audit event of `session`, naming who asked (`by`; none for the store's own sweeps).
     pub fn audit(
         &self,
-        kind: AuditKind,
         session: &str,
         by: Option<&Caller>,
         actor: Option<String>,
-        details: serde_json::Value,
+        details: impl Into<AuditDetails>,
     ) {
         let mut scope = AuditScope {
             session_id: Some(session.to_string()),
@@ -187,7 +186,7 @@ impl Workspaces {
         if let Some(caller) = by {
             scope = scope.by(caller);
         }
-        self.auditor.emit(kind, &scope, details);
+        self.auditor.emit(&scope, details);
     }
 
     /// Applies `bytes`/`files` deltas to the session's totals (creating them on first use).

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use async_nats::jetstream;
-use messages::audit::AuditEvent;
+use messages::audit::{AuditDetails, AuditEvent, CleanReason, WorkspaceCleaned};
 use messages::Subjects;
 use sandmesh_client::ErrorKind;
 use test_support::{eventually, eventually_true, NatsServer};
@@ -81,7 +81,16 @@ async fn idle_workspaces_are_swept_and_active_ones_kept() {
     assert!(objects.iter().any(|o| o.starts_with("ws/busy/")));
 
     let event = audit_event(&js, "workspace_cleaned", "idle").await.unwrap();
-    assert_eq!(event.details["reason"], "ttl");
+    assert!(
+        matches!(
+            event.details,
+            AuditDetails::WorkspaceCleaned(WorkspaceCleaned {
+                reason: CleanReason::Ttl,
+                ..
+            })
+        ),
+        "{event:?}"
+    );
 }
 
 #[tokio::test]
@@ -114,18 +123,24 @@ async fn cleanup_on_request_and_audit_of_changes() {
     let (objects, _) = store_state(&url, &[]).await;
     assert!(objects.is_empty(), "{objects:?}");
 
-    for (kind, check) in [
-        ("file_written", "code/a.py"),
-        ("file_deleted", "code/a.py"),
-        ("workspace_restored", ""),
-        ("workspace_cleaned", ""),
+    for kind in [
+        "file_written",
+        "file_deleted",
+        "workspace_restored",
+        "workspace_cleaned",
     ] {
         let event = eventually(&format!("a {kind} event"), TIMEOUT, || async {
             audit_event(&js, kind, "s").await
         })
         .await;
-        if !check.is_empty() {
-            assert_eq!(event.details["path"], check, "{kind}");
+        match &event.details {
+            AuditDetails::FileWritten(d) => assert_eq!((d.path.as_str(), d.size), ("code/a.py", 1)),
+            AuditDetails::FileDeleted(d) => {
+                assert_eq!((d.path.as_str(), d.files), ("code/a.py", 1))
+            }
+            AuditDetails::WorkspaceRestored(d) => assert_eq!((d.created, d.replace), (1, false)),
+            AuditDetails::WorkspaceCleaned(d) => assert_eq!(d.reason, CleanReason::Request),
+            other => panic!("{kind}: {other:?}"),
         }
     }
 }

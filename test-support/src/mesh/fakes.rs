@@ -361,7 +361,7 @@ pub async fn audit_kinds(url: &str, execution_id: &str) -> Vec<String> {
         .await
         .into_iter()
         .filter(|e| e.execution_id.as_deref() == Some(execution_id))
-        .map(|e| e.kind.as_str().to_string())
+        .map(|e| e.kind().as_str().to_string())
         .collect()
 }
 
