@@ -203,6 +203,14 @@ impl Backend {
             Backend::Bwrap => "bwrap",
         }
     }
+
+    /// The service whose nodes offer it.
+    pub const fn service(self) -> crate::ServiceName {
+        match self {
+            Backend::Docker => crate::ServiceName::DockerExecutor,
+            Backend::Bwrap => crate::ServiceName::BwrapExecutor,
+        }
+    }
 }
 
 /// The container an [`ExecutorRun`] gets, which implies its tier and whether it has a

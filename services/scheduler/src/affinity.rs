@@ -10,11 +10,11 @@ use messages::audit::{SessionLost, SessionOpened};
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::{Backend, ExecutorRun};
 use messages::session::{SessionOpen, SessionRecord, SessionState};
-use messages::{ErrorBody, ServiceName};
+use messages::ServiceName;
 use sandmesh_client::{MeshClient, TemplateClient, WorkspaceClient};
 
 use crate::dispatch::PLACEMENT_ATTEMPTS;
-use crate::error::SchedulerError;
+use crate::error::{SchedulerError, SessionEnd};
 use crate::execution::terminal;
 use crate::executor_runner::{settle, Call, ExecutorRunner};
 use crate::placement::{Decision, Requirements};
@@ -41,18 +41,16 @@ enum Use {
 
 /// Why no execution may start in the session any more: closed, or its TTL ran out (the
 /// expiry sweep closes it soon; until then it must not take work).
-fn ended(record: &SessionRecord) -> Option<ErrorBody> {
-    let id = &record.session_id;
-    if record.state == SessionState::Closed {
-        return Some(ErrorBody::conflict(format!(
-            "session {id} is closed; open a new session"
-        )));
-    }
+fn ended(record: &SessionRecord) -> Option<SchedulerError> {
     let expired = record.expires_at.is_some_and(|at| at <= messages::now_ms());
-    expired.then(|| {
-        ErrorBody::conflict(format!(
-            "session {id} expired (its ttl_ms ran out); open a new session"
-        ))
+    let why = match record.state {
+        SessionState::Closed => SessionEnd::Closed,
+        _ if expired => SessionEnd::Expired,
+        _ => return None,
+    };
+    Some(SchedulerError::SessionEnded {
+        id: record.session_id.clone(),
+        why,
     })
 }
 
@@ -125,7 +123,7 @@ impl SessionAffinity {
                     &run.execution_id,
                     run.request(),
                     ExecStatus::Rejected,
-                    error,
+                    error.into(),
                 ));
             }
             let Placed {
@@ -187,7 +185,7 @@ impl SessionAffinity {
                 }
                 Call::Lost(why) => {
                     self.session_lost(session_id, &node, scope).await?;
-                    return Ok(settle(Call::Lost(why), Some(node), run)?);
+                    return settle(Call::Lost(why), Some(node), run);
                 }
                 other => {
                     let done = matches!(other, Call::Done(_));
@@ -205,10 +203,9 @@ impl SessionAffinity {
                 }
             }
         }
-        Err(
-            ErrorBody::unavailable(format!("no executor node could take session {session_id}"))
-                .into(),
-        )
+        Err(SchedulerError::NoNodeForSession {
+            id: session_id.to_string(),
+        })
     }
 
     /// The session's record, opening it (and its workspace) on first use.
@@ -299,11 +296,8 @@ impl SessionAffinity {
                 self.placer.pick_waiting(needs, &[], left).await?
             }
         };
-        let decision = decision.ok_or_else(|| {
-            ErrorBody::unavailable(format!(
-                "no executor node is available for session {id}; retry when one runs"
-            ))
-        })?;
+        let decision =
+            decision.ok_or_else(|| SchedulerError::NoNodeForSession { id: id.clone() })?;
         let chosen = decision.node.clone();
         let mut restored = None;
         let stored = self
@@ -333,7 +327,7 @@ impl SessionAffinity {
             Ok(Some(stored)) => stored,
             Ok(None) => {
                 self.placer.release(Some(&chosen));
-                return Err(ErrorBody::not_found(format!("session {id} vanished")).into());
+                return Err(SchedulerError::SessionVanished { id: id.clone() });
             }
             Err(e) => {
                 self.placer.release(Some(&chosen));
@@ -354,7 +348,10 @@ impl SessionAffinity {
             }
             (state, _, _) => {
                 self.placer.release(Some(&chosen));
-                Err(ErrorBody::conflict(format!("session {id} is {state:?} and cannot run")).into())
+                Err(SchedulerError::SessionEnded {
+                    id: id.clone(),
+                    why: SessionEnd::Unrunnable(state),
+                })
             }
         }
     }
@@ -378,7 +375,9 @@ impl SessionAffinity {
                 }
             })
             .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("session {session_id} vanished")))?;
+            .ok_or_else(|| SchedulerError::SessionVanished {
+                id: session_id.to_string(),
+            })?;
         if changed {
             let lost = SessionLost {
                 node: node.to_string(),

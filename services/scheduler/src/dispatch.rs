@@ -117,8 +117,7 @@ impl Dispatcher {
             },
             (None, _) => RunKind::Pooled,
         };
-        let mut run = ExecutorRun::new(exec.id.clone(), request, kind)
-            .map_err(|e| ErrorBody::internal(e.to_string()))?;
+        let mut run = ExecutorRun::new(exec.id.clone(), request, kind)?;
         run.tenant = exec.tenant.clone();
         run.network = exec.request.network.clone();
         run.template = exec.template.clone();
@@ -163,23 +162,16 @@ impl Dispatcher {
             if let Some(result) = self.place(backend, &run, needs, deadline, &scope).await? {
                 return Ok(result);
             }
+            // `SANDMESH_EPHEMERAL_BACKEND=bwrap`: light work runs there or not at all.
             if self.ephemeral_backend == EphemeralBackend::Bwrap {
-                return Err(ErrorBody::unavailable(
-                    "SANDMESH_EPHEMERAL_BACKEND=bwrap but no bwrap executor is running",
-                )
-                .into());
+                return Err(SchedulerError::NoExecutor { backend });
             }
         }
-        match self
-            .place(Backend::Docker, &run, needs, deadline, &scope)
+        self.place(Backend::Docker, &run, needs, deadline, &scope)
             .await?
-        {
-            Some(result) => Ok(result),
-            None => Err(ErrorBody::unavailable(
-                "no docker executor is running (no responders on the executor subjects)",
-            )
-            .into()),
-        }
+            .ok_or(SchedulerError::NoExecutor {
+                backend: Backend::Docker,
+            })
     }
 
     /// Runs `run` on a node of `backend` the strategy picks, trying another when the chosen
@@ -192,7 +184,7 @@ impl Dispatcher {
         needs: Requirements,
         deadline: Duration,
         scope: &kit::AuditScope,
-    ) -> Result<Option<ExecResult>, ErrorBody> {
+    ) -> Result<Option<ExecResult>, SchedulerError> {
         let mut exclude = Vec::new();
         for _ in 0..PLACEMENT_ATTEMPTS {
             let decision = self.placer.pick_waiting(needs, &exclude, deadline).await?;

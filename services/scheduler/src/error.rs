@@ -2,6 +2,9 @@
 //! ([`SchedulerError`]); the wire's [`ErrorBody`] is made from one once, at the endpoint.
 
 use async_nats::jetstream::{self, kv};
+use messages::executor::{Backend, RunShapeError};
+use messages::session::SessionState;
+use messages::validate::ValidationError;
 use messages::{ErrorBody, ErrorKind, ServiceName};
 use sandmesh_client::ClientError;
 
@@ -43,10 +46,13 @@ impl From<StoreError> for ErrorBody {
 /// Why the scheduler could not serve a request (an execution, a session, a test run).
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {
-    /// Refused by a rule (malformed, beyond a ceiling, unknown id, queue full): the answer is
-    /// decided where the rule lives.
+    /// Refused by a check that answers in the wire's terms itself (the request's ceilings and
+    /// templates, quotas), or an executor's refusal passed on.
     #[error("{0}")]
     Refused(ErrorBody),
+    /// A field of the request is malformed or too large (ids, session settings, test runs).
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -59,6 +65,87 @@ pub enum SchedulerError {
         #[source]
         source: ClientError,
     },
+    /// Every admission permit is taken.
+    #[error("the scheduler queue is full ({size} executions in flight); retry later")]
+    QueueFull { size: usize },
+    /// Another attempt of the same execution id holds its claim.
+    #[error(
+        "this execution id is running now (on scheduler {owner}); read its result with \
+         exec.result when it ends"
+    )]
+    Running { owner: String },
+    #[error("no result for execution {id}: it is unknown, or still waiting in the job queue")]
+    NoResult { id: String },
+    /// A sync caller stopped waiting for a parked execution; it stays parked.
+    #[error(
+        "execution {execution_id} waits for confirmation {confirmation_id} (read its result \
+         with exec.result)"
+    )]
+    Undecided {
+        execution_id: String,
+        confirmation_id: String,
+        #[source]
+        cause: StoppedWaiting,
+    },
+    /// Waiting for a stored result could not start.
+    #[error("waiting for the result of {id}")]
+    ResultWatch {
+        id: String,
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+    /// No node of `backend` answered (none runs, or each one tried was gone).
+    #[error(
+        "no {} executor is running (no responders on the executor subjects)",
+        .backend.as_str()
+    )]
+    NoExecutor { backend: Backend },
+    /// `id` names no session of the caller.
+    #[error("no session {id}")]
+    NoSession { id: String },
+    /// The record went while the session was being used (removed after it closed).
+    #[error("session {id} vanished")]
+    SessionVanished { id: String },
+    /// The session takes no more work.
+    #[error("session {id} {why}")]
+    SessionEnded { id: String, why: SessionEnd },
+    /// Every node was tried, or none is free within the execution's deadline.
+    #[error("no executor node could take session {id}; retry when one runs")]
+    NoNodeForSession { id: String },
+    /// The run the scheduler built does not hold together (a bug): nothing was sent.
+    #[error("building the executor run")]
+    RunShape(#[from] RunShapeError),
+    /// A test run's tool did not write its report.
+    #[error(
+        "the tests left no report: the test tool did not start or was killed before writing \
+         it (see stdout and stderr)"
+    )]
+    NoTestReport,
+}
+
+/// Why a session takes no more work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SessionEnd {
+    #[error("is closed; open a new session")]
+    Closed,
+    #[error("expired (its ttl_ms ran out); open a new session")]
+    Expired,
+    /// Its record is in a state no run may start in (another scheduler changed it).
+    #[error("is {0:?} and cannot run")]
+    Unrunnable(SessionState),
+}
+
+/// Why a sync caller stopped waiting for a parked execution.
+#[derive(Debug, thiserror::Error)]
+pub enum StoppedWaiting {
+    #[error("the scheduler is stopping")]
+    Stopping,
+    #[error("its decision and run did not end in time")]
+    TimedOut,
+    #[error("the result subscription ended")]
+    Ended,
+    #[error("subscribing to its result")]
+    Subscribe(#[source] async_nats::SubscribeError),
 }
 
 impl SchedulerError {
@@ -69,10 +156,29 @@ impl SchedulerError {
 
     /// The kind the caller is answered with.
     pub fn kind(&self) -> ErrorKind {
+        use SchedulerError as E;
         match self {
-            SchedulerError::Refused(body) => body.kind,
-            SchedulerError::Store(_) | SchedulerError::Registry(_) => ErrorKind::Unavailable,
-            SchedulerError::Dependency { source, .. } => source.kind(),
+            E::Refused(body) => body.kind,
+            E::Invalid(ValidationError::Invalid { .. }) => ErrorKind::BadRequest,
+            E::Invalid(ValidationError::TooLarge { .. }) => ErrorKind::TooLarge,
+            E::Dependency { source, .. } => source.kind(),
+            E::QueueFull { .. } => ErrorKind::Overloaded,
+            E::Running { .. } | E::SessionEnded { .. } => ErrorKind::Conflict,
+            E::NoResult { .. }
+            | E::NoSession { .. }
+            | E::SessionVanished { .. }
+            | E::NoTestReport => ErrorKind::NotFound,
+            E::RunShape(_) => ErrorKind::Internal,
+            E::Undecided {
+                cause: StoppedWaiting::TimedOut,
+                ..
+            } => ErrorKind::Timeout,
+            E::Store(_)
+            | E::Registry(_)
+            | E::Undecided { .. }
+            | E::ResultWatch { .. }
+            | E::NoExecutor { .. }
+            | E::NoNodeForSession { .. } => ErrorKind::Unavailable,
         }
     }
 }
@@ -85,10 +191,12 @@ impl From<ErrorBody> for SchedulerError {
 
 impl From<SchedulerError> for ErrorBody {
     /// A dependency's own refusal is passed on as it said it; a dependency that did not answer
-    /// is named, so the client knows which part of the mesh is missing.
+    /// is named, so the client knows which part of the mesh is missing. Every other error is
+    /// answered with its kind and its message with the causes'.
     fn from(e: SchedulerError) -> Self {
         match e {
             SchedulerError::Refused(body) => body,
+            SchedulerError::Invalid(e) => e.into(),
             SchedulerError::Store(e) => e.into(),
             SchedulerError::Registry(e) => e.into(),
             SchedulerError::Dependency {
@@ -102,6 +210,7 @@ impl From<SchedulerError> for ErrorBody {
                 "the {service} service is not running (no responders on {subject})"
             )),
             e @ SchedulerError::Dependency { .. } => ErrorBody::new(e.kind(), e.to_string()),
+            e => ErrorBody::new(e.kind(), kit::error_chain(&e)),
         }
     }
 }

@@ -21,6 +21,7 @@ use messages::executor::{Backend, ExecutorRun, ExecutorRunStatus, ExecutorStatus
 use messages::{ErrorBody, ErrorKind};
 use sandmesh_client::{ClientError, ExecutorClient};
 
+use crate::error::SchedulerError;
 use crate::execution::terminal;
 use crate::placer::Placer;
 
@@ -57,7 +58,7 @@ pub enum Call {
     /// (see the module's comment): it is presumed dead.
     Lost(String),
     /// A failure before anything ran; the whole request may be retried later.
-    Transient(ErrorBody),
+    Transient(SchedulerError),
     /// The executor refused or failed the work; final.
     Failed(ExecStatus, ErrorBody),
 }
@@ -152,7 +153,7 @@ impl ExecutorRunner {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
         };
-        classify(reply, started)
+        classify(reply, started, backend)
     }
 
     /// Asks `node` to close `session_id`'s container. A node that is gone closed it already.
@@ -261,17 +262,16 @@ fn settled_by(status: ExecutorRunStatus, node: &str, why: &str) -> Option<Call> 
     }
 }
 
-fn classify(reply: Result<ExecResult, ClientError>, started: Instant) -> Call {
+fn classify(reply: Result<ExecResult, ClientError>, started: Instant, backend: Backend) -> Call {
     match reply {
         Ok(result) => done(result, started),
         Err(ClientError::NoResponders { .. }) => Call::NoResponders,
         Err(ClientError::TimedOut { timeout, .. }) => {
             Call::Lost(format!("the executor did not answer within {timeout:?}"))
         }
-        Err(e @ ClientError::Transport { .. }) => Call::Transient(ErrorBody::unavailable(format!(
-            "executor call failed: {}",
-            kit::error_chain(&e)
-        ))),
+        Err(e @ ClientError::Transport { .. }) => {
+            Call::Transient(SchedulerError::calling(backend.service())(e))
+        }
         Err(ClientError::Service { body, .. }) => refused(body),
         Err(e @ (ClientError::Codec { .. } | ClientError::Protocol { .. })) => Call::Failed(
             ExecStatus::Internal,
@@ -290,7 +290,7 @@ fn done(mut result: ExecResult, started: Instant) -> Call {
 /// An executor's refusal: worth another try later, or final.
 fn refused(body: ErrorBody) -> Call {
     match body.kind {
-        ErrorKind::Overloaded | ErrorKind::Unavailable => Call::Transient(body),
+        ErrorKind::Overloaded | ErrorKind::Unavailable => Call::Transient(body.into()),
         ErrorKind::BadRequest | ErrorKind::TooLarge | ErrorKind::Denied => {
             Call::Failed(ExecStatus::Rejected, body)
         }
@@ -304,11 +304,15 @@ pub fn settle(
     call: Call,
     node: Option<String>,
     run: &ExecutorRun,
-) -> Result<ExecResult, ErrorBody> {
+) -> Result<ExecResult, SchedulerError> {
     let mut result = match call {
         Call::Done(r) => *r,
         Call::Transient(e) => return Err(e),
-        Call::NoResponders => return Err(ErrorBody::unavailable("no docker executor is running")),
+        Call::NoResponders => {
+            return Err(SchedulerError::NoExecutor {
+                backend: Backend::Docker,
+            })
+        }
         Call::Lost(why) => terminal(
             &run.execution_id,
             run.request(),

@@ -18,11 +18,11 @@ use messages::exec::{
     AwaitingConfirmation, ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS,
     NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
-use messages::{Encoding, ErrorBody, ErrorKind, Subjects};
+use messages::{Encoding, Subjects};
 use sandmesh_client::MeshClient;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::SchedulerError;
+use crate::error::{SchedulerError, StoppedWaiting};
 use crate::execution::{scope_request, Origin, Outcome};
 use crate::fairness::Admission;
 use crate::pipeline::Pipeline;
@@ -86,11 +86,9 @@ impl Intake {
         let tenant = ctx.caller.tenant();
         let tenant_slot = self.admission.tenants.take(tenant)?;
         let Ok(permit) = self.admission.queue.clone().try_acquire_owned() else {
-            return Err(ErrorBody::overloaded(format!(
-                "the scheduler queue is full ({} executions in flight); retry later",
-                self.admission.size
-            ))
-            .into());
+            return Err(SchedulerError::QueueFull {
+                size: self.admission.size,
+            });
         };
         let origin = Origin {
             received,
@@ -110,11 +108,7 @@ impl Intake {
             Outcome::Unstored(result, _) => Ok(result.unscoped(tenant)),
             Outcome::Invalid(e) => Err(e.into()),
             Outcome::Retry(e) => Err(e),
-            Outcome::Busy(owner) => Err(ErrorBody::conflict(format!(
-                "this execution id is running now (on scheduler {owner}); read its result \
-                 with exec.result when it ends"
-            ))
-            .into()),
+            Outcome::Busy(owner) => Err(SchedulerError::Running { owner }),
             Outcome::Parked(notice) => {
                 self.notify(&ctx, &notice.clone().unscoped(tenant)).await;
                 let result = self.wait_parked(&notice).await?;
@@ -162,19 +156,21 @@ impl Intake {
     }
 
     /// Waits for the result of a parked execution, stored by whoever resumes it.
-    async fn wait_parked(&self, notice: &AwaitingConfirmation) -> Result<ExecResult, ErrorBody> {
+    async fn wait_parked(
+        &self,
+        notice: &AwaitingConfirmation,
+    ) -> Result<ExecResult, SchedulerError> {
         let id = &notice.execution_id;
-        let later = || {
-            format!(
-                "execution {id} waits for confirmation {}; read its result with exec.result",
-                notice.confirmation_id
-            )
+        let undecided = |cause| SchedulerError::Undecided {
+            execution_id: id.clone(),
+            confirmation_id: notice.confirmation_id.clone(),
+            cause,
         };
         let mut stored = self
             .client
             .subscribe(self.subjects.result(id))
             .await
-            .map_err(|e| ErrorBody::unavailable(format!("{}: {e}", later())))?;
+            .map_err(|e| undecided(StoppedWaiting::Subscribe(e)))?;
         // The subscription is live before the look below, so a result stored in between is
         // seen by one or the other.
         let _ = self.client.flush().await;
@@ -195,16 +191,14 @@ impl Intake {
         let deadline = tokio::time::Instant::now() + left + budget + PARKED_WAIT_SLACK;
         loop {
             let message = tokio::select! {
-                _ = self.stopping.cancelled() => {
-                    return Err(ErrorBody::unavailable(format!("the scheduler is stopping; {}", later())));
-                }
+                _ = self.stopping.cancelled() => return Err(undecided(StoppedWaiting::Stopping)),
                 _ = tokio::time::sleep_until(deadline) => {
-                    return Err(ErrorBody::timeout(later()));
+                    return Err(undecided(StoppedWaiting::TimedOut));
                 }
                 m = stored.next() => m,
             };
             let Some(message) = message else {
-                return Err(ErrorBody::unavailable(later()));
+                return Err(undecided(StoppedWaiting::Ended));
             };
             if let Some(result) = decode_result(&message) {
                 return Ok(result);
@@ -221,12 +215,12 @@ impl Intake {
         &self,
         ctx: RequestContext,
         req: ResultGet,
-    ) -> Result<ResultLookup, ErrorBody> {
+    ) -> Result<ResultLookup, SchedulerError> {
         let id = ctx.caller.scope("execution_id", &req.execution_id)?;
         let wait = Duration::from_millis(req.wait_ms.unwrap_or(0).min(MAX_RESULT_WAIT_MS));
         let lookup = if wait.is_zero() {
             match self.look_up(&id, &req.execution_id).await {
-                Err(e) if e.kind == ErrorKind::NotFound => {
+                Err(SchedulerError::NoResult { .. }) => {
                     self.look_up_waiting(&id, &req.execution_id, wait).await?
                 }
                 other => other?,
@@ -245,20 +239,21 @@ impl Intake {
         id: &str,
         named: &str,
         wait: Duration,
-    ) -> Result<ResultLookup, ErrorBody> {
+    ) -> Result<ResultLookup, SchedulerError> {
         let mut stored = self
             .client
             .subscribe(self.subjects.result(id))
             .await
-            .map_err(|e| {
-                ErrorBody::unavailable(format!("waiting for the result of {named}: {e}"))
+            .map_err(|source| SchedulerError::ResultWatch {
+                id: named.to_string(),
+                source,
             })?;
         let _ = self.client.flush().await;
         let first = self.look_up(id, named).await;
         let wait = match &first {
             Ok(ResultLookup::Done { .. }) => return first,
             Ok(_) => wait,
-            Err(e) if e.kind == ErrorKind::NotFound => wait.max(STORE_GRACE),
+            Err(SchedulerError::NoResult { .. }) => wait.max(STORE_GRACE),
             Err(_) => return first,
         };
         tokio::select! {
@@ -273,7 +268,7 @@ impl Intake {
         }
     }
 
-    async fn look_up(&self, id: &str, named: &str) -> Result<ResultLookup, ErrorBody> {
+    async fn look_up(&self, id: &str, named: &str) -> Result<ResultLookup, SchedulerError> {
         if let Some(result) = self.pipeline.results.get(id).await? {
             return Ok(ResultLookup::Done {
                 result: Box::new(result),
@@ -291,9 +286,9 @@ impl Intake {
                 awaiting_confirmation: None,
             });
         }
-        Err(ErrorBody::not_found(format!(
-            "no result for execution {named}: it is unknown, or still waiting in the job queue"
-        )))
+        Err(SchedulerError::NoResult {
+            id: named.to_string(),
+        })
     }
 }
 

@@ -8,11 +8,11 @@ use messages::session::{
     CloseReason, SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef,
     SessionState,
 };
-use messages::ErrorBody;
 use tokio::sync::mpsc;
 
 use crate::affinity::SessionAffinity;
 use crate::aio::AioRunner;
+use crate::error::{SchedulerError, SessionEnd};
 use crate::executor_runner::ExecutorRunner;
 use crate::pipeline::Policy;
 use crate::sessions::{Change, SessionTable};
@@ -66,7 +66,7 @@ impl SessionApi {
         &self,
         ctx: RequestContext,
         mut open: SessionOpen,
-    ) -> Result<SessionRecord, ErrorBody> {
+    ) -> Result<SessionRecord, SchedulerError> {
         let named = open.session_id.clone().unwrap_or_else(messages::new_id);
         let id = ctx.caller.scope("session_id", &named)?;
         let tenant = ctx.caller.tenant();
@@ -76,9 +76,10 @@ impl SessionApi {
         }
         if let Some(existing) = self.table().get(&id).await? {
             if existing.state == SessionState::Closed {
-                return Err(ErrorBody::conflict(format!(
-                    "session {named} was closed; open a session with a new id"
-                )));
+                return Err(SchedulerError::SessionEnded {
+                    id: named,
+                    why: SessionEnd::Closed,
+                });
             }
             return Ok(existing.unscoped(tenant));
         }
@@ -91,25 +92,27 @@ impl SessionApi {
         &self,
         ctx: RequestContext,
         req: SessionRef,
-    ) -> Result<SessionRecord, ErrorBody> {
+    ) -> Result<SessionRecord, SchedulerError> {
         let id = ctx.caller.scope("session_id", &req.session_id)?;
         let record = self.record(&id, &req.session_id).await?;
         Ok(record.unscoped(ctx.caller.tenant()))
     }
 
     /// The session stored under `id` (scoped), or 404 naming it as the caller did.
-    async fn record(&self, id: &str, named: &str) -> Result<SessionRecord, ErrorBody> {
+    async fn record(&self, id: &str, named: &str) -> Result<SessionRecord, SchedulerError> {
         self.table()
             .get(id)
             .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("no session {named}")))
+            .ok_or_else(|| SchedulerError::NoSession {
+                id: named.to_string(),
+            })
     }
 
     pub async fn list(
         &self,
         ctx: RequestContext,
         req: SessionList,
-    ) -> Result<SessionListReply, ErrorBody> {
+    ) -> Result<SessionListReply, SchedulerError> {
         let tenant = ctx.caller.tenant();
         let sessions = self
             .table()
@@ -126,7 +129,7 @@ impl SessionApi {
         &self,
         ctx: RequestContext,
         req: SessionRef,
-    ) -> Result<SessionRecord, ErrorBody> {
+    ) -> Result<SessionRecord, SchedulerError> {
         let tenant = ctx.caller.tenant();
         let id = ctx.caller.scope("session_id", &req.session_id)?;
         self.record(&id, &req.session_id).await?;
@@ -134,7 +137,9 @@ impl SessionApi {
         let closed = self
             .close_stored(&id, CloseReason::Requested, &scope)
             .await?
-            .ok_or_else(|| ErrorBody::not_found(format!("no session {}", req.session_id)))?;
+            .ok_or_else(|| SchedulerError::NoSession {
+                id: req.session_id.clone(),
+            })?;
         Ok(closed.unscoped(tenant))
     }
 
@@ -148,7 +153,7 @@ impl SessionApi {
         id: &str,
         reason: CloseReason,
         scope: &AuditScope,
-    ) -> Result<Option<SessionRecord>, ErrorBody> {
+    ) -> Result<Option<SessionRecord>, SchedulerError> {
         let now = messages::now_ms();
         let mut was = None;
         let closed = self

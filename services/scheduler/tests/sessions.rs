@@ -14,7 +14,7 @@ use messages::session::{
     SessionState,
 };
 use messages::subjects::SessionOp;
-use messages::{ErrorKind, Subjects};
+use messages::{ErrorBody, ErrorKind, Subjects};
 use scheduler::placement::Strategy;
 
 fn in_session(session: &str, code: &str) -> ExecRequest {
@@ -783,6 +783,84 @@ async fn an_idle_session_closes_but_not_under_a_running_execution() {
         after.state,
         SessionState::Active,
         "closed under its run: {after:?}"
+    );
+    mesh.shutdown().await;
+}
+
+/// A request as an outsider sends it (plain JSON on the subject), answered with the wire's
+/// error headers and body.
+async fn raw_refusal(mesh: &Mesh, subject: String, body: serde_json::Value) -> (String, ErrorBody) {
+    let reply = mesh
+        .client
+        .nats()
+        .request(subject, serde_json::to_vec(&body).unwrap().into())
+        .await
+        .unwrap();
+    let headers = reply.headers.expect("an error reply has headers");
+    let code = headers
+        .get(messages::codec::SERVICE_ERROR_CODE)
+        .expect("an error code")
+        .to_string();
+    let error: ErrorBody = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(
+        headers
+            .get(messages::codec::SERVICE_ERROR)
+            .unwrap()
+            .as_str(),
+        error.message
+    );
+    (code, error)
+}
+
+/// The session look-ups and the result look-up refuse with typed errors inside the scheduler;
+/// outside, each is its wire code and a message naming what was asked for.
+#[tokio::test]
+async fn session_and_result_refusals_reach_an_outsider_as_wire_errors() {
+    let mesh = Mesh::builder()
+        .risk()
+        .workspace()
+        .executor("node-a", 2)
+        .scheduler(|_| {})
+        .start()
+        .await;
+    let s = Subjects::default();
+    let c = mesh.client.clone();
+    let opened = open(
+        &c,
+        &SessionOpen {
+            session_id: Some("done".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(opened.state, SessionState::Open);
+    let close = serde_json::json!({"session_id": "done"});
+    let closed: SessionRecord = c
+        .request(s.sessions(SessionOp::Close), &close)
+        .await
+        .unwrap();
+    assert_eq!(closed.state, SessionState::Closed);
+
+    let get = serde_json::json!({"session_id": "nope"});
+    let (code, e) = raw_refusal(&mesh, s.sessions(SessionOp::Get), get.clone()).await;
+    assert_eq!((code.as_str(), e.kind), ("404", ErrorKind::NotFound));
+    assert_eq!(e.message, "no session nope");
+    let (code, e) = raw_refusal(&mesh, s.sessions(SessionOp::Close), get).await;
+    assert_eq!(
+        (code.as_str(), e.message.as_str()),
+        ("404", "no session nope")
+    );
+    let (code, e) = raw_refusal(&mesh, s.sessions(SessionOp::Open), close).await;
+    assert_eq!((code.as_str(), e.kind), ("409", ErrorKind::Conflict));
+    assert_eq!(e.message, "session done is closed; open a new session");
+    let unknown = serde_json::json!({"execution_id": "never-ran"});
+    let (code, e) = raw_refusal(&mesh, s.results_get(), unknown).await;
+    assert_eq!((code.as_str(), e.kind), ("404", ErrorKind::NotFound));
+    assert!(
+        e.message.starts_with("no result for execution never-ran: "),
+        "{}",
+        e.message
     );
     mesh.shutdown().await;
 }

@@ -53,7 +53,7 @@ impl TestRuns {
         &self,
         ctx: RequestContext,
         req: TestRequest,
-    ) -> Result<TestReport, ErrorBody> {
+    ) -> Result<TestReport, SchedulerError> {
         req.validate(&self.ceilings)?;
         let execution_id = match &req.execution_id {
             Some(id) => id.clone(),
@@ -98,7 +98,9 @@ impl TestRuns {
             .await;
         let read = match &ran {
             Ok(result) if report::ran(result) => {
-                Some(self.read_report(&ctx, session.id(), &plan.report).await)
+                // A report that cannot be read is part of the answer, beside what ran.
+                let cases = self.read_report(&ctx, session.id(), &plan.report).await;
+                Some(cases.map_err(ErrorBody::from))
             }
             _ => None,
         };
@@ -118,7 +120,7 @@ impl TestRuns {
         ctx: &RequestContext,
         session: &str,
         path: &str,
-    ) -> Result<Vec<TestCase>, ErrorBody> {
+    ) -> Result<Vec<TestCase>, SchedulerError> {
         let read = WsRead {
             session_id: ctx.caller.scope("session_id", session)?,
             path: path.to_string(),
@@ -131,20 +133,15 @@ impl TestRuns {
         let subject = self.mesh.subjects().workspace(WorkspaceOp::Read);
         let file: WsFile = match self.mesh.request(subject, &read).await {
             Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Err(ErrorBody::not_found(
-                    "the tests left no report: the test tool did not start or was killed \
-                     before writing it (see stdout and stderr)",
-                ))
-            }
-            Err(e) => return Err(SchedulerError::calling(ServiceName::WorkspaceStore)(e).into()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Err(SchedulerError::NoTestReport),
+            Err(e) => return Err(SchedulerError::calling(ServiceName::WorkspaceStore)(e)),
         };
         if file.size > MAX_REPORT_BYTES || file.object.is_some() {
-            return Err(junit::JunitError::TooLarge { size: file.size }.into());
+            return Err(ErrorBody::from(junit::JunitError::TooLarge { size: file.size }).into());
         }
         let bytes = messages::decode_content(&file.content, file.encoding)
             .map_err(|e| ErrorBody::internal(format!("the report's content: {e}")))?;
-        Ok(junit::parse(&bytes)?)
+        Ok(junit::parse(&bytes).map_err(ErrorBody::from)?)
     }
 
     /// Closes the internal session (its container and AIO instance go with it); a failure is
@@ -156,7 +153,7 @@ impl TestRuns {
         match self.sessions.close(ctx.clone(), close).await {
             Ok(_) => {}
             // Never opened: the run stopped before it (refused, or rejected).
-            Err(e) if e.kind == ErrorKind::NotFound => {}
+            Err(SchedulerError::NoSession { .. }) => {}
             Err(e) => tracing::warn!(session_id = id, error = %e, "test session not closed"),
         }
     }
