@@ -40,8 +40,6 @@
 //! AIO command) sits on top of them. Errors travel up as [`SchedulerError`], their causes kept,
 //! and become the wire's `ErrorBody` at the endpoint.
 //!
-//! ```text
-//! ```
 //! A semaphore of `SANDMESH_SCHED_MAX_QUEUE` permits, shared by Intake, Jobs and Resumer, is
 //! the bounded queue.
 
@@ -76,6 +74,8 @@ pub mod tier;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{pull, Consumer};
+use async_nats::jetstream::kv;
 use kit::{KitError, Runtime, ServiceInfo};
 use messages::subjects::SessionOp;
 use ractor::Actor;
@@ -107,6 +107,8 @@ use crate::session_api::SessionApi;
 use crate::session_reaper::SessionReaper;
 use crate::sessions::SessionTable;
 use crate::testrun::TestRuns;
+
+type JobsConsumer = Consumer<pull::Config>;
 
 pub const SERVICE_NAME: &str = messages::ServiceName::Scheduler.as_str();
 
@@ -165,204 +167,335 @@ async fn run_until_shutdown(
         description: "validates, assesses, confirms, places and runs executions".into(),
     };
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
-    let subjects = runtime.subjects().clone();
-    let js = runtime.js.clone();
-    let auditor = runtime.auditor.clone();
-    let mesh = runtime.mesh();
-    let instance = &config.kit.instance_id;
-    let owner = format!("{SERVICE_NAME}.{instance}");
-    let replicas = config.kit.js_replicas;
-    let results = ResultStore::open(&js, &subjects, replicas, runtime.metrics.clone()).await?;
-    let claims = Claims::open(&js, &subjects, &owner, config.claim_ttl, replicas).await?;
-    let parked = ParkedStore::open(&js, &subjects, replicas).await?;
-    let sessions = SessionTable::new(
-        kit::bootstrap::sessions_kv(&js, &subjects, replicas).await?,
-        runtime.quotas.clone(),
-    );
-    let nodes = kit::bootstrap::nodes_kv(&js, &subjects, replicas).await?;
-
-    let (lost_tx, lost_rx) = mpsc::unbounded_channel();
-    let slots = Arc::new(Notify::new());
-    // Lagging receivers look the node up instead, so a small buffer is enough.
-    let (removed, _) = tokio::sync::broadcast::channel(64);
-    let (handle_tx, handle_rx) = oneshot::channel();
-    let root_args = RootArgs {
-        registry: RegistryArgs {
-            strategy: config.placement,
-            on_lost: lost_tx,
-            slots: slots.clone(),
-            removed: removed.clone(),
-            metrics: runtime.metrics.clone(),
-        },
-        registry_name: registry::actor_name(instance),
-        nodes: nodes.clone(),
-        handle: handle_tx,
-    };
-    let (root, mut root_done) = Actor::spawn(None, Root, root_args)
-        .await
-        .map_err(RunError::Actor)?;
-    let registry = handle_rx.await.map_err(|_| RunError::RegistryLost)?;
-    let background = CancellationToken::new();
-    let watch = registry::spawn_watch(nodes, registry.clone(), background.clone());
-
-    let placer = Placer::new(
-        registry.clone(),
-        slots,
-        removed,
-        config.placement,
-        auditor.clone(),
-    );
-    let executor = ExecutorRunner::new(mesh.executors(), auditor.clone());
-    let aio = AioRunner::new(&mesh);
-    // Everything an execution or a session does off a request's path — jobs, resumes, stores
-    // after a sync reply, session bookkeeping: the stop waits for it, bounded by the grace.
-    let in_flight = TaskTracker::new();
-    // Cancelled when the scheduler stops taking work: the job and resume loops and the reaper
-    // end, parked sync callers are answered.
-    let stopping = CancellationToken::new();
-    let affinity = SessionAffinity::new(
-        sessions,
-        placer.clone(),
-        executor.clone(),
-        &mesh,
-        auditor.clone(),
-        in_flight.clone(),
-    );
-    let policy = config.policy();
-    let pipeline = Pipeline {
-        risk: mesh.clone().with_timeout(policy.assess_timeout).risk(),
-        templates: mesh.templates(),
-        results,
-        claims: claims.clone(),
-        confirmations: Confirmations::new(mesh.confirm(), config.confirm_timeout),
-        parked,
-        dispatcher: Dispatcher::new(
-            placer,
-            executor.clone(),
-            affinity.clone(),
-            aio.clone(),
-            config.exec_grace,
-            config.template_build_grace,
-            config.ephemeral_backend,
-        ),
-        auditor: auditor.clone(),
-        stores: in_flight.clone(),
-        policy,
-    };
-    let admission = Admission::new(
-        config.max_queue,
-        TenantSlots::new(
-            config.tenant_max,
-            runtime.quotas.clone(),
-            Arc::new(runtime.peer_counts().await?),
-        ),
-    );
-    let intake = Intake::new(pipeline.clone(), admission.clone(), &mesh, stopping.clone());
-    // The jobs stream exists before anything answers: a client that saw the scheduler answer
-    // may publish a job at once.
-    let jobs = Jobs::new(
-        pipeline.clone(),
-        subjects.clone(),
-        admission.clone(),
-        config.job_settings(),
-    );
-    let consumer = jobs.consumer(&js, &subjects, replicas).await?;
-    let sessions = SessionApi::new(affinity, executor, aio, auditor, config.policy());
-    let lost = tokio::spawn(sessions.clone().mark_lost_sessions(lost_rx));
-    let reaper = SessionReaper::new(sessions.clone(), config.sessions);
-    let reaping = tokio::spawn(reaper.run(stopping.clone()));
-    let tests = TestRuns::new(
-        intake.clone(),
-        sessions.clone(),
-        mesh.clone(),
-        config.policy().ceilings,
-    );
-
-    let s = subjects.clone();
-    serve!(runtime,
-        s.exec() => intake.exec,
-        s.test() => tests.test,
-        s.aio("exec") => intake.aio_exec,
-        s.results_get() => intake.lookup,
-        s.sessions(SessionOp::Open) => sessions.open,
-        s.sessions(SessionOp::Get) => sessions.get,
-        s.sessions(SessionOp::List) => sessions.list,
-        s.sessions(SessionOp::Close) => sessions.close,
-    );
-    let probe = admission.clone();
-    let held = admission.tenants.clone();
-    runtime
-        .start_heartbeat_reporting(
-            Arc::new(move || {
-                let in_flight = probe.in_flight();
-                kit::heartbeat::Load {
-                    capacity: probe.size as u32,
-                    load: in_flight as u32,
-                    metrics: [("executions_in_flight".to_string(), in_flight as f64)].into(),
-                    ..Default::default()
-                }
-            }),
-            Some(Arc::new(move || held.held())),
-        )
-        .await?;
-
-    let resumer = Resumer::new(
-        pipeline,
-        admission.queue.clone(),
-        &mesh,
-        config.parked_sweep,
-        in_flight.clone(),
-    );
-    let resumer = resumer
-        .start(stopping.clone())
-        .await
-        .map_err(RunError::Decisions)?;
-    let jobs_loop = tokio::spawn(jobs::run(
-        jobs,
-        consumer,
-        stopping.clone(),
-        in_flight.clone(),
-    ));
-    tracing::info!(instance = %owner, "scheduler running");
+    let stores = Stores::open(&runtime, &config).await?;
+    let (mut tree, placer, lost) = Supervision::start(&runtime, &config, &stores).await?;
+    let (parts, jobs_consumer) = Parts::build(&runtime, &config, stores, placer).await?;
+    let marking = tokio::spawn(parts.sessions.clone().mark_lost_sessions(lost));
+    parts.serve(&mut runtime).await?;
+    let loops = parts.start_loops(&runtime, &config, jobs_consumer).await?;
+    tracing::info!(instance = %config.kit.instance_id, "scheduler running");
 
     let outcome = tokio::select! {
         _ = shutdown.cancelled() => Ok(()),
-        _ = &mut root_done => Err(RunError::RegistryLost),
+        _ = &mut tree.root_done => Err(RunError::RegistryLost),
     };
     tracing::info!("scheduler stopping: finishing executions in flight");
-    // Parked sync callers are answered now (their executions stay parked), so the endpoint
-    // shutdown below does not wait for a person.
-    stopping.cancel();
-    join_bounded("jobs", jobs_loop).await;
-    join_bounded("resumer", resumer).await;
-    join_bounded("session reaper", reaping).await;
-    let grace = config.kit.shutdown_grace;
-    let started = tokio::time::Instant::now();
-    // Closed, it still takes what its tasks spawn (a job's store after its run), and waits
-    // for that too.
-    in_flight.close();
-    if tokio::time::timeout(grace, in_flight.wait()).await.is_err() {
-        tracing::warn!(
-            "executions still running after the grace period; they will be redelivered or resumed"
-        );
-    }
-    // Claims released by the executions that just ended; each release is itself bounded.
-    let left = grace.saturating_sub(started.elapsed());
-    claims
-        .finish_releases(left.max(kit::shutdown::NATS_STEP_LIMIT))
-        .await;
+    parts.stop(loops, config.kit.shutdown_grace).await;
     runtime.shutdown().await;
-    // The heartbeat watch runs until here: executions finishing above may still need to learn
-    // that their node was lost.
-    background.cancel();
-    join_bounded("heartbeat watch", watch).await;
-    lost.abort();
-    if outcome.is_ok() {
-        // The root first, so it does not restart the registry stopped after it.
-        let _ = root.stop_and_wait(None, Some(Duration::from_secs(5))).await;
-    }
-    registry.get().stop(None);
+    tree.stop(outcome.is_ok(), marking).await;
     outcome
+}
+
+/// The JetStream state the scheduler keeps, opened (or created) before anything runs.
+struct Stores {
+    results: ResultStore,
+    claims: Claims,
+    parked: ParkedStore,
+    sessions: SessionTable,
+    /// The executors' heartbeats, which the registry is loaded from and watches.
+    nodes: kv::Store,
+}
+
+impl Stores {
+    async fn open(runtime: &Runtime, config: &SchedulerConfig) -> Result<Self, RunError> {
+        let (js, subjects) = (&runtime.js, runtime.subjects());
+        let replicas = config.kit.js_replicas;
+        let owner = format!("{SERVICE_NAME}.{}", config.kit.instance_id);
+        Ok(Self {
+            results: ResultStore::open(js, subjects, replicas, runtime.metrics.clone()).await?,
+            claims: Claims::open(js, subjects, &owner, config.claim_ttl, replicas).await?,
+            parked: ParkedStore::open(js, subjects, replicas).await?,
+            sessions: SessionTable::new(
+                kit::bootstrap::sessions_kv(js, subjects, replicas).await?,
+                runtime.quotas.clone(),
+            ),
+            nodes: kit::bootstrap::nodes_kv(js, subjects, replicas).await?,
+        })
+    }
+}
+
+/// The supervision tree: the root actor keeping the registry running, and the task feeding
+/// it the executors' heartbeats.
+struct Supervision {
+    root: ractor::ActorRef<root::RootMsg>,
+    /// Ends when the root stops: the registry could not be kept running.
+    root_done: tokio::task::JoinHandle<()>,
+    registry: registry::RegistryHandle,
+    watch: tokio::task::JoinHandle<()>,
+    /// Stops the heartbeat watch, last: executions finishing may still learn of a lost node.
+    watching: CancellationToken,
+}
+
+impl Supervision {
+    /// Starts the tree; returns it with the placer asking its registry, and the names of the
+    /// nodes the registry finds lost.
+    async fn start(
+        runtime: &Runtime,
+        config: &SchedulerConfig,
+        stores: &Stores,
+    ) -> Result<(Self, Placer, mpsc::UnboundedReceiver<String>), RunError> {
+        let nodes = stores.nodes.clone();
+        let (lost_tx, lost_rx) = mpsc::unbounded_channel();
+        let slots = Arc::new(Notify::new());
+        // Lagging receivers look the node up instead, so a small buffer is enough.
+        let (removed, _) = tokio::sync::broadcast::channel(64);
+        let (handle_tx, handle_rx) = oneshot::channel();
+        let root_args = RootArgs {
+            registry: RegistryArgs {
+                strategy: config.placement,
+                on_lost: lost_tx,
+                slots: slots.clone(),
+                removed: removed.clone(),
+                metrics: runtime.metrics.clone(),
+            },
+            registry_name: registry::actor_name(&config.kit.instance_id),
+            nodes: nodes.clone(),
+            handle: handle_tx,
+        };
+        let (root, root_done) = Actor::spawn(None, Root, root_args)
+            .await
+            .map_err(RunError::Actor)?;
+        let registry = handle_rx.await.map_err(|_| RunError::RegistryLost)?;
+        let watching = CancellationToken::new();
+        let watch = registry::spawn_watch(nodes, registry.clone(), watching.clone());
+        let placer = Placer::new(
+            registry.clone(),
+            slots,
+            removed,
+            config.placement,
+            runtime.auditor.clone(),
+        );
+        let tree = Self {
+            root,
+            root_done,
+            registry,
+            watch,
+            watching,
+        };
+        Ok((tree, placer, lost_rx))
+    }
+
+    /// Stops the heartbeat watch and the marking of lost nodes' sessions fed by it, then the
+    /// actors (the root first when it still runs, so it does not restart the registry
+    /// stopped after it).
+    async fn stop(self, root_running: bool, marking: tokio::task::JoinHandle<()>) {
+        self.watching.cancel();
+        join_bounded("heartbeat watch", self.watch).await;
+        marking.abort();
+        if root_running {
+            let _ = self
+                .root
+                .stop_and_wait(None, Some(Duration::from_secs(5)))
+                .await;
+        }
+        self.registry.get().stop(None);
+    }
+}
+
+/// The parts that serve requests and do the work, each a handle of its own.
+struct Parts {
+    pipeline: Pipeline,
+    admission: Admission,
+    intake: Intake,
+    jobs: Jobs,
+    sessions: SessionApi,
+    tests: TestRuns,
+    claims: Claims,
+    /// Everything an execution or a session does off a request's path — jobs, resumes, stores
+    /// after a sync reply, session bookkeeping: the stop waits for it, bounded by the grace.
+    in_flight: TaskTracker,
+    /// Cancelled when the scheduler stops taking work: the job and resume loops and the reaper
+    /// end, parked sync callers are answered.
+    stopping: CancellationToken,
+}
+
+/// The loops that end when the scheduler stops taking work, joined on the way out.
+struct Loops {
+    jobs: tokio::task::JoinHandle<()>,
+    resumer: tokio::task::JoinHandle<()>,
+    reaping: tokio::task::JoinHandle<()>,
+}
+
+impl Parts {
+    /// The parts, and the consumer of the jobs stream: the stream exists before anything
+    /// answers, as a client that saw the scheduler answer may publish a job at once.
+    async fn build(
+        runtime: &Runtime,
+        config: &SchedulerConfig,
+        stores: Stores,
+        placer: Placer,
+    ) -> Result<(Self, JobsConsumer), RunError> {
+        let mesh = runtime.mesh();
+        let auditor = runtime.auditor.clone();
+        let in_flight = TaskTracker::new();
+        let stopping = CancellationToken::new();
+        let executor = ExecutorRunner::new(mesh.executors(), auditor.clone());
+        let aio = AioRunner::new(&mesh);
+        let affinity = SessionAffinity::new(
+            stores.sessions,
+            placer.clone(),
+            executor.clone(),
+            &mesh,
+            auditor.clone(),
+            in_flight.clone(),
+        );
+        let policy = config.policy();
+        let pipeline = Pipeline {
+            risk: mesh.clone().with_timeout(policy.assess_timeout).risk(),
+            templates: mesh.templates(),
+            results: stores.results,
+            claims: stores.claims.clone(),
+            confirmations: Confirmations::new(mesh.confirm(), config.confirm_timeout),
+            parked: stores.parked,
+            dispatcher: Dispatcher::new(
+                placer,
+                executor.clone(),
+                affinity.clone(),
+                aio.clone(),
+                config.exec_grace,
+                config.template_build_grace,
+                config.ephemeral_backend,
+            ),
+            auditor: auditor.clone(),
+            stores: in_flight.clone(),
+            policy,
+        };
+        let admission = Admission::new(
+            config.max_queue,
+            TenantSlots::new(
+                config.tenant_max,
+                runtime.quotas.clone(),
+                Arc::new(runtime.peer_counts().await?),
+            ),
+        );
+        let intake = Intake::new(pipeline.clone(), admission.clone(), &mesh, stopping.clone());
+        let jobs = Jobs::new(
+            pipeline.clone(),
+            runtime.subjects().clone(),
+            admission.clone(),
+            config.job_settings(),
+        );
+        let consumer = jobs
+            .consumer(&runtime.js, runtime.subjects(), config.kit.js_replicas)
+            .await?;
+        let sessions = SessionApi::new(affinity, executor, aio, auditor, config.policy());
+        let tests = TestRuns::new(
+            intake.clone(),
+            sessions.clone(),
+            mesh,
+            config.policy().ceilings,
+        );
+        let parts = Self {
+            pipeline,
+            admission,
+            intake,
+            jobs,
+            sessions,
+            tests,
+            claims: stores.claims,
+            in_flight,
+            stopping,
+        };
+        Ok((parts, consumer))
+    }
+
+    /// The endpoints, and the heartbeat reporting the load.
+    async fn serve(&self, runtime: &mut Runtime) -> Result<(), RunError> {
+        let Parts {
+            intake,
+            tests,
+            sessions,
+            ..
+        } = self;
+        let s = runtime.subjects().clone();
+        serve!(runtime,
+            s.exec() => intake.exec,
+            s.test() => tests.test,
+            s.aio("exec") => intake.aio_exec,
+            s.results_get() => intake.lookup,
+            s.sessions(SessionOp::Open) => sessions.open,
+            s.sessions(SessionOp::Get) => sessions.get,
+            s.sessions(SessionOp::List) => sessions.list,
+            s.sessions(SessionOp::Close) => sessions.close,
+        );
+        let probe = self.admission.clone();
+        let held = self.admission.tenants.clone();
+        runtime
+            .start_heartbeat_reporting(
+                Arc::new(move || {
+                    let in_flight = probe.in_flight();
+                    kit::heartbeat::Load {
+                        capacity: probe.size as u32,
+                        load: in_flight as u32,
+                        metrics: [("executions_in_flight".to_string(), in_flight as f64)].into(),
+                        ..Default::default()
+                    }
+                }),
+                Some(Arc::new(move || held.held())),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The job and resume loops and the session reaper.
+    async fn start_loops(
+        &self,
+        runtime: &Runtime,
+        config: &SchedulerConfig,
+        consumer: JobsConsumer,
+    ) -> Result<Loops, RunError> {
+        let reaper = SessionReaper::new(self.sessions.clone(), config.sessions);
+        let reaping = tokio::spawn(reaper.run(self.stopping.clone()));
+        let resumer = Resumer::new(
+            self.pipeline.clone(),
+            self.admission.queue.clone(),
+            &runtime.mesh(),
+            config.parked_sweep,
+            self.in_flight.clone(),
+        )
+        .start(self.stopping.clone())
+        .await
+        .map_err(RunError::Decisions)?;
+        let jobs = tokio::spawn(jobs::run(
+            self.jobs.clone(),
+            consumer,
+            self.stopping.clone(),
+            self.in_flight.clone(),
+        ));
+        Ok(Loops {
+            jobs,
+            resumer,
+            reaping,
+        })
+    }
+
+    /// Stops taking work and waits (within `grace`) for the work in flight.
+    async fn stop(&self, loops: Loops, grace: Duration) {
+        // Parked sync callers are answered now (their executions stay parked), so the
+        // endpoint shutdown after this does not wait for a person.
+        self.stopping.cancel();
+        join_bounded("jobs", loops.jobs).await;
+        join_bounded("resumer", loops.resumer).await;
+        join_bounded("session reaper", loops.reaping).await;
+        let started = tokio::time::Instant::now();
+        // Closed, it still takes what its tasks spawn (a job's store after its run), and waits
+        // for that too.
+        self.in_flight.close();
+        if tokio::time::timeout(grace, self.in_flight.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "executions still running after the grace period; they will be redelivered or \
+                 resumed"
+            );
+        }
+        // Claims released by the executions that just ended; each release is itself bounded.
+        let left = grace.saturating_sub(started.elapsed());
+        self.claims
+            .finish_releases(left.max(kit::shutdown::NATS_STEP_LIMIT))
+            .await;
+    }
 }
 
 /// Joins a background loop of the stop path. Each races its NATS waits with its token and
