@@ -91,14 +91,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Runs the aio-pool until `shutdown` is cancelled, then removes every instance and its
 /// bridge.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(config: AioPoolConfig, shutdown: CancellationToken) -> kit::ServiceFuture<AioPoolError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
+pub async fn run(
     mut config: AioPoolConfig,
     shutdown: CancellationToken,
 ) -> Result<(), AioPoolError> {

@@ -67,14 +67,7 @@ pub enum RouterError {
 
 /// Runs the browser-router until `shutdown` is cancelled, then closes every browser of this
 /// instance.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(config: BrowserConfig, shutdown: CancellationToken) -> kit::ServiceFuture<RouterError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
+pub async fn run(
     mut config: BrowserConfig,
     shutdown: CancellationToken,
 ) -> Result<(), RouterError> {

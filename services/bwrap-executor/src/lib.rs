@@ -161,17 +161,7 @@ async fn probe_user_namespaces(config: &BwrapConfig) -> Result<(), BwrapError> {
 
 /// Runs the bwrap-executor until `shutdown` is cancelled, then removes every cgroup of this
 /// node.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(config: BwrapConfig, shutdown: CancellationToken) -> kit::ServiceFuture<BwrapError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
-    config: BwrapConfig,
-    shutdown: CancellationToken,
-) -> Result<(), BwrapError> {
+pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(), BwrapError> {
     if !bwrap_available(&config.bwrap) {
         return Err(BwrapError::NoBwrap {
             program: config.bwrap.display().to_string(),

@@ -76,17 +76,7 @@ pub const SERVICE_NAME: &str = messages::ServiceName::Confirmation.as_str();
 /// Serves until `shutdown` fires, then answers every waiting request with a retryable 503
 /// (their confirmations stay pending in the bucket) and stops gracefully. Fails when the
 /// registry cannot be kept running.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(
-    config: ConfirmationConfig,
-    shutdown: CancellationToken,
-) -> kit::ServiceFuture<ConfirmationError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
+pub async fn run(
     config: ConfirmationConfig,
     shutdown: CancellationToken,
 ) -> Result<(), ConfirmationError> {

@@ -64,17 +64,7 @@ pub fn url(addr: SocketAddr) -> String {
 }
 
 /// Listens on the configured address and serves until `shutdown` fires.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(config: ConsoleConfig, shutdown: CancellationToken) -> kit::ServiceFuture<ConsoleError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
-    config: ConsoleConfig,
-    shutdown: CancellationToken,
-) -> Result<(), ConsoleError> {
+pub async fn run(config: ConsoleConfig, shutdown: CancellationToken) -> Result<(), ConsoleError> {
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|source| ConsoleError::Bind {

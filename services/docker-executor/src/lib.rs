@@ -121,20 +121,7 @@ pub enum ExecutorError {
 
 /// Runs the docker-executor until `shutdown` is cancelled, then removes every container of
 /// this node.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(
-    config: ExecutorConfig,
-    shutdown: CancellationToken,
-) -> kit::ServiceFuture<ExecutorError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
-    config: ExecutorConfig,
-    shutdown: CancellationToken,
-) -> Result<(), ExecutorError> {
+pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<(), ExecutorError> {
     let docker = Sandboxes::connect().await?;
     executor_node::check_image(&docker, &config.node.image).await?;
     let info = ServiceInfo {

@@ -61,17 +61,7 @@ pub fn url(addr: SocketAddr) -> String {
 }
 
 /// Listens on the configured address and serves until `shutdown` fires.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(config: GatewayConfig, shutdown: CancellationToken) -> kit::ServiceFuture<GatewayError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
-    config: GatewayConfig,
-    shutdown: CancellationToken,
-) -> Result<(), GatewayError> {
+pub async fn run(config: GatewayConfig, shutdown: CancellationToken) -> Result<(), GatewayError> {
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|source| GatewayError::Bind {

@@ -51,14 +51,6 @@ use sandmesh_client::MeshClient;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// What a service's `run` returns: its whole life as one boxed future. An `async fn`'s state
-/// machine is compiled again in every crate that awaits it, so the `sandmesh` binary, which
-/// starts every service, held a second copy of each service's code (in the release build, the
-/// binary was the longest single step); a plain, never-inlined function returning the box keeps that
-/// code in the service's crate and leaves the binary a pointer to poll.
-pub type ServiceFuture<E> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), E>> + Send>>;
-
 pub use audit::{AuditScope, Auditor};
 pub use config::{ConfigError, ConfigReader, KitConfig};
 pub use peer_counts::PeerCounts;

@@ -52,23 +52,9 @@ pub enum McpError {
     },
 }
 
-/// A server's whole life as one boxed future: an `async fn`'s state machine is compiled again in
-/// every crate that awaits it, and the `sandmesh` binary would otherwise hold a second copy of
-/// the MCP server (as it did of every service; see `kit::ServiceFuture`).
-pub type Serving =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), McpError>> + Send>>;
-
 /// Speaks MCP on stdin/stdout until the client closes stdin or `shutdown` fires. Nothing
 /// else may write to stdout meanwhile: it carries the protocol's frames only.
-#[inline(never)]
-pub fn serve_stdio(mesh: MeshClient, shutdown: CancellationToken) -> Serving {
-    Box::pin(stdio_until_shutdown(mesh, shutdown))
-}
-
-async fn stdio_until_shutdown(
-    mesh: MeshClient,
-    shutdown: CancellationToken,
-) -> Result<(), McpError> {
+pub async fn serve_stdio(mesh: MeshClient, shutdown: CancellationToken) -> Result<(), McpError> {
     let running = match MeshTools::new(mesh)
         .serve_with_ct(rmcp::transport::stdio(), shutdown)
         .await
@@ -86,16 +72,7 @@ async fn stdio_until_shutdown(
 /// Serves MCP over Streamable HTTP at [`HTTP_PATH`] on `listener` until `shutdown` fires.
 /// Requests must name a loopback host (or the listener's own address) in `Host`: the SDK's
 /// guard against DNS rebinding, which lets a web page reach a local server.
-#[inline(never)]
-pub fn serve_http(
-    mesh: MeshClient,
-    listener: tokio::net::TcpListener,
-    shutdown: CancellationToken,
-) -> Serving {
-    Box::pin(http_until_shutdown(mesh, listener, shutdown))
-}
-
-async fn http_until_shutdown(
+pub async fn serve_http(
     mesh: MeshClient,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,

@@ -66,17 +66,7 @@ pub fn assess(request: &AssessRequest) -> Result<RiskAssessment, AssessError> {
 }
 
 /// Serves `sandbox.v1.risk.assess` until `shutdown` fires, then stops gracefully.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(
-    config: RiskAssessorConfig,
-    shutdown: CancellationToken,
-) -> kit::ServiceFuture<RiskAssessorError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
+pub async fn run(
     config: RiskAssessorConfig,
     shutdown: CancellationToken,
 ) -> Result<(), RiskAssessorError> {

@@ -150,17 +150,7 @@ macro_rules! serve {
 /// flight finish (bounded by `SANDMESH_SHUTDOWN_GRACE_MS`). Every NATS wait on the way out is
 /// bounded too, so it stops even with its server gone. Fails when the registry actor cannot be
 /// kept running.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(config: SchedulerConfig, shutdown: CancellationToken) -> kit::ServiceFuture<RunError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
-    config: SchedulerConfig,
-    shutdown: CancellationToken,
-) -> Result<(), RunError> {
+pub async fn run(config: SchedulerConfig, shutdown: CancellationToken) -> Result<(), RunError> {
     let info = ServiceInfo {
         name: SERVICE_NAME.into(),
         version: env!("CARGO_PKG_VERSION").into(),

@@ -48,17 +48,7 @@ pub enum TemplatesError {
 }
 
 /// Serves until `shutdown` fires; fails when the catalog cannot start or dies.
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(
-    config: TemplatesConfig,
-    shutdown: CancellationToken,
-) -> kit::ServiceFuture<TemplatesError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
+pub async fn run(
     config: TemplatesConfig,
     shutdown: CancellationToken,
 ) -> Result<(), TemplatesError> {

@@ -162,17 +162,7 @@ where
 }
 
 /// Runs one instance until `shutdown` is cancelled (then stops gracefully).
-///
-/// Boxed ([`kit::ServiceFuture`]): the `sandmesh` binary starts every service.
-#[inline(never)]
-pub fn run(
-    config: WorkspaceConfig,
-    shutdown: CancellationToken,
-) -> kit::ServiceFuture<WorkspaceError> {
-    Box::pin(run_until_shutdown(config, shutdown))
-}
-
-async fn run_until_shutdown(
+pub async fn run(
     config: WorkspaceConfig,
     shutdown: CancellationToken,
 ) -> Result<(), WorkspaceError> {
