@@ -448,13 +448,21 @@ pub fn run_cell(
     };
 }
 
-/// The kernel still runs (a dead one stays a zombie until the resident reaps it).
+/// The kernel still runs (a dead one stays a zombie until the resident reaps it). Every
+/// thread counts: the Python driver has two, and its leader shows `Z` as soon as it exits
+/// while the other thread may still be exiting — the resident's `waitpid` then still says
+/// "running", and the next cell would be written to a kernel about to vanish.
 fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].trim_start().chars().next());
-        !matches!(state, None | Some('Z' | 'X'))
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].trim_start().chars().next());
+            !matches!(state, None | Some('Z' | 'X'))
+        })
     })
 }
 
@@ -577,6 +585,45 @@ mod tests {
         assert_eq!(cut.value.len(), 16 * 1024);
         let total: usize = cut.traceback.iter().map(String::len).sum();
         assert_eq!(total, 48 * 1024);
+    }
+
+    #[test]
+    fn a_kernel_whose_leader_thread_exited_first_is_still_alive() {
+        // The leader ends with pthread_exit (it shows `Z`) while its other thread runs on,
+        // as when a killed multithreaded kernel is part-way through exiting.
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, threading, time\n\
+                 threading.Thread(target=time.sleep, args=(30,)).start()\n\
+                 print('up', flush=True)\n\
+                 ctypes.CDLL(None).pthread_exit(None)",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let pid = child.id() as i32;
+        let mut up = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut up)
+            .unwrap();
+        assert_eq!(up, "up\n");
+        // Waits (bounded) for the leader to show `Z`, so the check below is the one that matters.
+        let leader_gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while !leader_gone() && Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(leader_gone(), "the leader thread did not exit");
+        assert!(alive(pid), "a thread of the kernel still runs");
+        assert!(child.try_wait().unwrap().is_none(), "waitpid agrees");
+
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        child.wait().unwrap();
+        assert!(!alive(pid), "a reaped kernel is not alive");
     }
 
     #[test]
