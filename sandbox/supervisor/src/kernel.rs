@@ -610,8 +610,11 @@ mod tests {
         assert_eq!(up, "up\n");
         // Waits (bounded) for the leader to show `Z`, so the check below is the one that matters.
         let leader_gone = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
         };
         let until = Instant::now() + Duration::from_secs(10);
         while !leader_gone() && Instant::now() < until {

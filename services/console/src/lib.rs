@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kit::{CancellationToken, KitError, Runtime, ServiceInfo};
+use kit::{CancellationToken, Runtime, ServiceInfo};
 use messages::Encoding;
 
 pub use config::{ConsoleConfig, Operators};
@@ -44,19 +44,7 @@ pub const SERVICE_NAME: &str = messages::ServiceName::Console.as_str();
 /// How often logins past their time are ended.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConsoleError {
-    #[error(transparent)]
-    Kit(#[from] KitError),
-    #[error("cannot listen on {addr}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the console's HTTP server failed")]
-    Serve(#[source] std::io::Error),
-}
+pub type ConsoleError = kit::http::HttpServiceError;
 
 /// The page's address for a console listening on `addr`.
 pub fn url(addr: SocketAddr) -> String {
@@ -65,13 +53,7 @@ pub fn url(addr: SocketAddr) -> String {
 
 /// Listens on the configured address and serves until `shutdown` fires.
 pub async fn run(config: ConsoleConfig, shutdown: CancellationToken) -> Result<(), ConsoleError> {
-    let listener = tokio::net::TcpListener::bind(config.addr)
-        .await
-        .map_err(|source| ConsoleError::Bind {
-            addr: config.addr,
-            source,
-        })?;
-    serve(listener, config, shutdown).await
+    serve(kit::http::bind(config.addr).await?, config, shutdown).await
 }
 
 /// Serves on `listener` (tests bind port 0 and read the address first) until `shutdown`.
@@ -80,10 +62,7 @@ pub async fn serve(
     config: ConsoleConfig,
     shutdown: CancellationToken,
 ) -> Result<(), ConsoleError> {
-    let addr = listener.local_addr().map_err(|source| ConsoleError::Bind {
-        addr: config.addr,
-        source,
-    })?;
+    let addr = kit::http::local_addr(&listener, config.addr)?;
     let info = ServiceInfo {
         name: SERVICE_NAME.into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -139,7 +118,10 @@ pub async fn serve(
             }
         })
     };
-    let served = server.await.map_err(ConsoleError::Serve);
+    let served = server.await.map_err(|source| ConsoleError::Serve {
+        service: SERVICE_NAME,
+        source,
+    });
     sweeper.abort();
     runtime.shutdown().await;
     served

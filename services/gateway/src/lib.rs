@@ -35,25 +35,13 @@ pub mod tenants;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kit::{CancellationToken, KitError, Runtime, ServiceInfo};
+use kit::{CancellationToken, Runtime, ServiceInfo};
 
 pub use config::{GatewayConfig, Limits};
 
 pub const SERVICE_NAME: &str = messages::ServiceName::Gateway.as_str();
 
-#[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
-    #[error(transparent)]
-    Kit(#[from] KitError),
-    #[error("cannot listen on {addr}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the gateway's HTTP server failed")]
-    Serve(#[source] std::io::Error),
-}
+pub type GatewayError = kit::http::HttpServiceError;
 
 /// The API's base URL for a gateway listening on `addr`.
 pub fn url(addr: SocketAddr) -> String {
@@ -62,13 +50,7 @@ pub fn url(addr: SocketAddr) -> String {
 
 /// Listens on the configured address and serves until `shutdown` fires.
 pub async fn run(config: GatewayConfig, shutdown: CancellationToken) -> Result<(), GatewayError> {
-    let listener = tokio::net::TcpListener::bind(config.addr)
-        .await
-        .map_err(|source| GatewayError::Bind {
-            addr: config.addr,
-            source,
-        })?;
-    serve(listener, config, shutdown).await
+    serve(kit::http::bind(config.addr).await?, config, shutdown).await
 }
 
 /// Serves on `listener` (tests bind port 0 and read the address first) until `shutdown`.
@@ -77,10 +59,7 @@ pub async fn serve(
     config: GatewayConfig,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
-    let addr = listener.local_addr().map_err(|source| GatewayError::Bind {
-        addr: config.addr,
-        source,
-    })?;
+    let addr = kit::http::local_addr(&listener, config.addr)?;
     let info = ServiceInfo {
         name: SERVICE_NAME.into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -128,7 +107,10 @@ pub async fn serve(
     let served = axum::serve(listener, api::router(app))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
-        .map_err(GatewayError::Serve);
+        .map_err(|source| GatewayError::Serve {
+            service: SERVICE_NAME,
+            source,
+        });
     runtime.shutdown().await;
     served
 }

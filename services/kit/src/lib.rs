@@ -11,6 +11,7 @@
 //! - [`peer_counts`]: what the other instances of a service hold per tenant (their heartbeats'
 //!   reports), so a tenant's quota counts the mesh;
 //! - [`metrics`]: Prometheus `/metrics` (seed 003 §8 names), off unless `SANDMESH_METRICS_ADDR`;
+//! - [`http`]: the listening socket and the errors of the services that speak HTTP;
 //! - [`pending`]: a service's subjects answer `unavailable` while what it needs is being built;
 //! - [`resources`]: the host's CPU and memory, which executors report in their heartbeat;
 //! - [`bootstrap`]: idempotent JetStream streams and buckets, `SANDMESH_JS_REPLICAS` replicas;
@@ -33,6 +34,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod connect;
 pub mod heartbeat;
+pub mod http;
 pub mod metrics;
 pub mod peer_counts;
 pub mod pending;
