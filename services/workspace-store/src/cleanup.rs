@@ -5,21 +5,51 @@
 //! then removes the objects and purges every key of the session. A removal cut short by a
 //! crash is finished by the next sweep (the mark stays).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use messages::audit::{CleanReason, WorkspaceCleaned};
 use messages::tenancy::Caller;
 use messages::workspace::{WsCleaned, WsCleanup};
 
+use crate::blobs::Blobs;
 use crate::error::{Result, StoreError};
 use crate::index::{Cas, SessionMeta, Versioned};
 use crate::keys::{self, RelPath};
-use crate::store::{Metrics, Workspaces};
+use crate::store::{Journal, Metrics, Tree};
 
 /// Handed-over uploads and snapshots nobody fetched are removed after this long.
 pub const STAGED_TTL: Duration = Duration::from_secs(3600);
 
-impl Workspaces {
+/// Removes workspaces: the `cleanup` endpoint and the [`crate::sweeper::Sweeper`]'s rounds.
+pub struct Cleanup {
+    tree: Arc<Tree>,
+    blobs: Blobs,
+    /// The TTL: a workspace untouched this long is removed by a sweep.
+    after: Duration,
+    journal: Journal,
+}
+
+impl Cleanup {
+    pub fn new(tree: Arc<Tree>, blobs: Blobs, after: Duration, journal: Journal) -> Self {
+        Self {
+            tree,
+            blobs,
+            after,
+            journal,
+        }
+    }
+
+    /// The TTL sweeps remove workspaces after.
+    pub fn after(&self) -> Duration {
+        self.after
+    }
+
+    /// The index, for the sweep's lock.
+    pub fn index(&self) -> &crate::index::Index {
+        &self.tree.index
+    }
+
     pub async fn cleanup(&self, by: &Caller, req: WsCleanup) -> Result<WsCleaned> {
         let sessions_removed = match req.session_id {
             Some(session) => {
@@ -37,7 +67,7 @@ impl Workspaces {
                 let age = req
                     .older_than_hours
                     .map(|h| Duration::from_secs(h.saturating_mul(3600)))
-                    .unwrap_or(self.cleanup_after);
+                    .unwrap_or(self.after);
                 self.sweep(age).await?
             }
         };
@@ -49,7 +79,7 @@ impl Workspaces {
     pub async fn sweep(&self, age: Duration) -> Result<Vec<String>> {
         let cutoff = messages::now_ms().saturating_sub(age.as_millis() as u64);
         let mut removed = Vec::new();
-        for (session, meta) in self.index.sessions().await? {
+        for (session, meta) in self.tree.index.sessions().await? {
             if !meta.value.removing && meta.value.last_modified >= cutoff {
                 continue;
             }
@@ -77,7 +107,7 @@ impl Workspaces {
         let conditional = seen.is_some();
         let mut current = match seen {
             Some(seen) => Some(seen),
-            None => self.index.meta(session).await?,
+            None => self.tree.index.meta(session).await?,
         };
         loop {
             let Some(meta) = current else {
@@ -91,13 +121,14 @@ impl Workspaces {
                 ..meta.value
             };
             match self
+                .tree
                 .index
                 .put_meta(session, &marked, Some(meta.revision))
                 .await?
             {
                 Cas::Done(_) => return Ok(true),
                 Cas::Stale if conditional => return Ok(false),
-                Cas::Stale => current = self.index.meta(session).await?,
+                Cas::Stale => current = self.tree.index.meta(session).await?,
             }
         }
     }
@@ -108,7 +139,11 @@ impl Workspaces {
         reason: CleanReason,
         by: Option<&Caller>,
     ) -> Result<()> {
-        let nodes = self.index.list(session, &RelPath::root(), true).await?;
+        let nodes = self
+            .tree
+            .index
+            .list(session, &RelPath::root(), true)
+            .await?;
         let objects: Vec<String> = nodes
             .iter()
             .filter(|(_, n)| !n.value.is_dir())
@@ -121,17 +156,18 @@ impl Workspaces {
         self.blobs.remove_all(objects).await;
         // The meta key goes last (with everything else in one purge), so an interrupted
         // removal is still marked and the next sweep finishes it.
-        self.index
+        self.tree
+            .index
             .purge(&keys::session_filter(session))
             .await
             .map_err(|e| StoreError::storage("removing the workspace index", e))?;
-        Metrics::add(&self.metrics.sessions_cleaned, 1);
+        Metrics::add(&self.journal.metrics.sessions_cleaned, 1);
         let cleaned = WorkspaceCleaned {
             reason,
             files: files as u64,
             bytes,
         };
-        self.audit(session, by, None, cleaned);
+        self.journal.audit(session, by, None, cleaned);
         Ok(())
     }
 }

@@ -1,4 +1,5 @@
-//! File operations: init, write, read, list, stat, delete, usage.
+//! `Files`: the operations on a workspace's files — init, write, read, list, stat, delete,
+//! usage.
 
 use messages::audit::{FileDeleted, FileWritten};
 use messages::exec::ContentEncoding;
@@ -8,12 +9,14 @@ use messages::workspace::{
     LAYOUT_DIRS, MEMORY_FILES,
 };
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
-use crate::blobs::{self, content_name};
+use crate::blobs::{self, content_name, Blobs};
 use crate::error::{Result, StoreError};
 use crate::index::{Node, NodeKind};
 use crate::keys::{self, RelPath};
-use crate::store::{entry_of, Accounting, Metrics, Workspaces, INLINE_MAX_BYTES};
+use crate::store::{entry_of, Accounting, Journal, Metrics, Tree, INLINE_MAX_BYTES};
+use crate::uploads::Uploads;
 
 /// An append re-reads the file when another writer changed it meanwhile; this bounds it.
 const MAX_APPEND_ATTEMPTS: usize = 16;
@@ -27,26 +30,48 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
-impl Workspaces {
+pub struct Files {
+    tree: Arc<Tree>,
+    blobs: Blobs,
+    /// For a write that names an upload.
+    uploads: Arc<Uploads>,
+    journal: Journal,
+}
+
+impl Files {
+    pub fn new(tree: Arc<Tree>, blobs: Blobs, uploads: Arc<Uploads>, journal: Journal) -> Self {
+        Self {
+            tree,
+            blobs,
+            uploads,
+            journal,
+        }
+    }
+
     /// Creates the seed-000 layout: the directories and the `.memory` files, leaving anything
     /// that exists untouched (so init is idempotent).
     pub async fn init(&self, req: WsInit) -> Result<WsUsage> {
         let session = &req.session_id;
         keys::check_session(session)?;
-        self.touch(session).await?;
+        self.tree.touch(session).await?;
         for dir in LAYOUT_DIRS {
-            self.make_dir(session, &RelPath::from_parts(vec![dir.to_string()]))
+            self.tree
+                .make_dir(session, &RelPath::from_parts(vec![dir.to_string()]))
                 .await?;
         }
         for (path, header) in MEMORY_FILES {
             let (path, _) = RelPath::parse("path", path)?;
-            if self.index.node(session, &path).await?.is_some() {
+            if self.tree.index.node(session, &path).await?.is_some() {
                 continue;
             }
             let object = content_name(session);
             self.blobs.put_bytes(&object, header.as_bytes()).await?;
             let node = file_node(header.len() as u64, sha256_hex(header.as_bytes()), object);
-            match self.commit_file(session, &path, &node, None, true).await {
+            match self
+                .tree
+                .commit_file(session, &path, &node, None, true)
+                .await
+            {
                 Ok(_) => {}
                 // Written by a concurrent init: theirs stays.
                 Err(StoreError::Raced(_)) => self.blobs.remove(&node.object).await?,
@@ -56,7 +81,7 @@ impl Workspaces {
                 }
             }
         }
-        self.index.bump_revision(session).await?;
+        self.tree.index.bump_revision(session).await?;
         self.usage(WsUsageRequest {
             session_id: session.clone(),
         })
@@ -78,7 +103,7 @@ impl Workspaces {
             RelPath::parse("path", &req.path)?;
             let (name, size, sha) = self
                 .uploads
-                .commit(&self.blobs, &req.session_id, &upload, self.quota_bytes)
+                .commit(&self.blobs, &req.session_id, &upload, self.tree.quota_bytes)
                 .await?;
             req.object = Some(name);
             measured = Some((size, sha));
@@ -90,7 +115,7 @@ impl Workspaces {
             self.blobs.remove(name).await?;
         }
         let entry = outcome?;
-        self.index.bump_revision(&req.session_id).await?;
+        self.tree.index.bump_revision(&req.session_id).await?;
         Ok(entry)
     }
 
@@ -110,10 +135,12 @@ impl Workspaces {
                     "a path ending in '/' creates a directory and takes no content".into(),
                 ));
             }
-            self.account(session, 0, 0, Accounting::Reserve).await?;
-            self.ensure_parents(session, &path).await?;
-            self.make_dir(session, &path).await?;
-            let node = self.index.node(session, &path).await?;
+            self.tree
+                .account(session, 0, 0, Accounting::Reserve)
+                .await?;
+            self.tree.ensure_parents(session, &path).await?;
+            self.tree.make_dir(session, &path).await?;
+            let node = self.tree.index.node(session, &path).await?;
             let node = node
                 .map(|n| n.value)
                 .unwrap_or_else(|| Node::dir(messages::now_ms()));
@@ -141,7 +168,7 @@ impl Workspaces {
             ),
         };
         for _ in 0..MAX_APPEND_ATTEMPTS {
-            let current = self.index.node(session, &path).await?;
+            let current = self.tree.index.node(session, &path).await?;
             if current.as_ref().is_some_and(|c| c.value.is_dir()) {
                 return Err(StoreError::Conflict(format!("{path} is a directory")));
             }
@@ -154,11 +181,11 @@ impl Workspaces {
                         }
                     }
                     data.extend_from_slice(bytes);
-                    if data.len() as u64 > self.quota_bytes {
+                    if data.len() as u64 > self.tree.quota_bytes {
                         return Err(StoreError::Quota {
                             used: 0,
                             needed: data.len() as u64,
-                            quota: self.quota_bytes,
+                            quota: self.tree.quota_bytes,
                         });
                     }
                     let object = content_name(session);
@@ -183,6 +210,7 @@ impl Workspaces {
                 (None, None) => unreachable!("content or object is checked above"),
             };
             match self
+                .tree
                 .commit_file(session, &path, &node, current, req.append)
                 .await
             {
@@ -190,15 +218,16 @@ impl Workspaces {
                     if let Some(old) = old {
                         self.blobs.remove(&old.object).await?;
                     }
-                    Metrics::add(&self.metrics.writes, 1);
-                    Metrics::add(&self.metrics.bytes_written, node.size);
+                    Metrics::add(&self.journal.metrics.writes, 1);
+                    Metrics::add(&self.journal.metrics.bytes_written, node.size);
                     let written = FileWritten {
                         path: path.to_string(),
                         size: node.size,
                         sha256: node.sha256.clone(),
                         append: req.append,
                     };
-                    self.audit(session, Some(by), req.requested_by.clone(), written);
+                    self.journal
+                        .audit(session, Some(by), req.requested_by.clone(), written);
                     return Ok(entry_of(&path, &node));
                 }
                 Err(StoreError::Raced(_)) if req.append => {
@@ -262,8 +291,8 @@ impl Workspaces {
         } else {
             self.blobs.read_range(&node.object, offset, length).await?
         };
-        Metrics::add(&self.metrics.reads, 1);
-        Metrics::add(&self.metrics.bytes_read, bytes.len() as u64);
+        Metrics::add(&self.journal.metrics.reads, 1);
+        Metrics::add(&self.journal.metrics.bytes_read, bytes.len() as u64);
         (file.content, file.encoding) = match req.encoding {
             Some(ContentEncoding::Base64) => {
                 (messages::encode_base64(&bytes), ContentEncoding::Base64)
@@ -276,7 +305,7 @@ impl Workspaces {
     pub async fn stat(&self, req: WsPath) -> Result<WsEntry> {
         keys::check_session(&req.session_id)?;
         let (path, _) = RelPath::parse("path", &req.path)?;
-        match self.index.node(&req.session_id, &path).await? {
+        match self.tree.index.node(&req.session_id, &path).await? {
             Some(n) => Ok(entry_of(&path, &n.value)),
             None => Err(not_found(&req.session_id, &path)),
         }
@@ -289,11 +318,11 @@ impl Workspaces {
         // A workspace that was never made is a 404 like every other call on it (an empty list
         // would tell another tenant's id apart from nothing at all no better, but it would be
         // the one call that answers differently).
-        if dir.is_root() && self.index.meta(session).await?.is_none() {
+        if dir.is_root() && self.tree.index.meta(session).await?.is_none() {
             return Err(StoreError::NotFound(format!("no workspace {session}")));
         }
         if !dir.is_root() {
-            match self.index.node(session, &dir).await? {
+            match self.tree.index.node(session, &dir).await? {
                 None => return Err(not_found(session, &dir)),
                 Some(n) if !n.value.is_dir() => {
                     return Ok(WsListing {
@@ -304,7 +333,7 @@ impl Workspaces {
                 Some(_) => {}
             }
         }
-        let nodes = self.index.list(session, &dir, req.recursive).await?;
+        let nodes = self.tree.index.list(session, &dir, req.recursive).await?;
         let after = match &req.after {
             Some(a) => Some(RelPath::parse("after", a)?.0),
             None => None,
@@ -333,7 +362,7 @@ impl Workspaces {
     /// Deletes a path, then moves the session's revision on.
     pub async fn delete(&self, by: &Caller, req: WsPath) -> Result<messages::workspace::Ack> {
         let ack = self.delete_node(by, &req).await?;
-        self.index.bump_revision(&req.session_id).await?;
+        self.tree.index.bump_revision(&req.session_id).await?;
         Ok(ack)
     }
 
@@ -341,21 +370,25 @@ impl Workspaces {
         let session = &req.session_id;
         keys::check_session(session)?;
         let (path, _) = RelPath::parse("path", &req.path)?;
-        let Some(node) = self.index.node(session, &path).await? else {
+        let Some(node) = self.tree.index.node(session, &path).await? else {
             return Err(not_found(session, &path));
         };
         let (files, bytes, objects) = if node.value.is_dir() {
-            let below = self.index.list(session, &path, true).await?;
+            let below = self.tree.index.list(session, &path, true).await?;
             if !below.is_empty() && !req.recursive {
                 return Err(StoreError::Conflict(format!(
                     "{path} is not empty; delete it with recursive: true"
                 )));
             }
             // One purge removes the subtree without leaving a delete marker per key.
-            self.index
+            self.tree
+                .index
                 .purge(&keys::children_filter(session, &path, true))
                 .await?;
-            self.index.purge(&keys::node_key(session, &path)).await?;
+            self.tree
+                .index
+                .purge(&keys::node_key(session, &path))
+                .await?;
             let files: Vec<&Node> = below
                 .iter()
                 .map(|(_, n)| &n.value)
@@ -366,6 +399,7 @@ impl Workspaces {
             (files.len() as u64, bytes, objects)
         } else {
             match self
+                .tree
                 .index
                 .delete_node(session, &path, node.revision)
                 .await?
@@ -375,39 +409,41 @@ impl Workspaces {
             }
             (1, node.value.size, vec![node.value.object.clone()])
         };
-        self.account(
-            session,
-            -(bytes as i64),
-            -(files as i64),
-            Accounting::Settle,
-        )
-        .await?;
+        self.tree
+            .account(
+                session,
+                -(bytes as i64),
+                -(files as i64),
+                Accounting::Settle,
+            )
+            .await?;
         self.blobs.remove_all(objects).await;
         let deleted = FileDeleted {
             path: path.to_string(),
             files,
             bytes,
         };
-        self.audit(session, Some(by), req.requested_by.clone(), deleted);
+        self.journal
+            .audit(session, Some(by), req.requested_by.clone(), deleted);
         Ok(messages::workspace::Ack { ok: true })
     }
 
     pub async fn usage(&self, req: WsUsageRequest) -> Result<WsUsage> {
         keys::check_session(&req.session_id)?;
-        let meta = self.index.meta(&req.session_id).await?;
+        let meta = self.tree.index.meta(&req.session_id).await?;
         let meta = meta.map(|m| m.value).unwrap_or_default();
         Ok(WsUsage {
             session_id: req.session_id,
             bytes: meta.bytes,
             files: meta.files,
-            quota_bytes: self.quota_bytes,
+            quota_bytes: self.tree.quota_bytes,
             last_modified: meta.last_modified,
         })
     }
 
     /// The file at `path`: 404 when absent, 400 for a directory.
     pub async fn file(&self, session: &str, path: &RelPath) -> Result<Node> {
-        match self.index.node(session, path).await? {
+        match self.tree.index.node(session, path).await? {
             None => Err(not_found(session, path)),
             Some(n) if n.value.is_dir() => {
                 Err(StoreError::BadRequest(format!("{path} is a directory")))

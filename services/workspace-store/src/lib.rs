@@ -23,7 +23,8 @@
 //!
 //! ```text
 //! run ── Runtime (kit: endpoints, each request its own tracked task, heartbeat)
-//!     │     └─ Workspaces (Index + Blobs), called with the request's caller as a value
+//!     │     └─ Workspaces: Files · Snapshots · Restores · Cleanup (each over the Index's
+//!     │        Tree and the Blobs), called with the request's caller as a value
 //!     └─ Sweeper (interval → TTL sweep under a KV lock)
 //! ```
 //!
@@ -196,18 +197,18 @@ pub async fn run(
                 .await?;
         };
     }
-    serve!(Init, |s, _, r| s.init(r));
-    serve!(Write, |s, by, r| s.write(&by, r));
-    serve!(Read, |s, by, r| s.read(&by, r));
-    serve!(List, |s, _, r| s.list(r));
-    serve!(Stat, |s, _, r| s.stat(r));
-    serve!(Delete, |s, by, r| s.delete(&by, r));
-    serve!(Snapshot, |s, _, r| s.snapshot(r));
-    serve!(Restore, |s, by, r| s.restore(&by, r));
-    serve!(Usage, |s, _, r| s.usage(r));
-    serve!(Cleanup, |s, by, r| s.cleanup(&by, r));
+    serve!(Init, |s, _, r| s.files.init(r));
+    serve!(Write, |s, by, r| s.files.write(&by, r));
+    serve!(Read, |s, by, r| s.files.read(&by, r));
+    serve!(List, |s, _, r| s.files.list(r));
+    serve!(Stat, |s, _, r| s.files.stat(r));
+    serve!(Delete, |s, by, r| s.files.delete(&by, r));
+    serve!(Usage, |s, _, r| s.files.usage(r));
+    serve!(Snapshot, |s, _, r| s.snapshots.snapshot(r));
+    serve!(Fetch, |s, _, r| s.snapshots.fetch(r));
+    serve!(Restore, |s, by, r| s.restores.restore(&by, r));
+    serve!(Cleanup, |s, by, r| s.cleanup.cleanup(&by, r));
     serve!(Upload, |s, _, r| s.uploads.append(r));
-    serve!(Fetch, |s, _, r| s.fetch(r));
 
     let actor_err = |e: ractor::SpawnErr| WorkspaceError::Actor(e.to_string());
     let (sweeper, mut sweeper_task) = Actor::spawn(

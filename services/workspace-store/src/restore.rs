@@ -5,6 +5,7 @@
 //! pushing back a workspace it barely touched pays for what changed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use messages::audit::WorkspaceRestored;
@@ -14,11 +15,13 @@ use tokio::runtime::Handle;
 use tokio_util::io::SyncIoBridge;
 
 use crate::archive::{self, Content, Limits, Staged};
-use crate::blobs::{self, content_name};
+use crate::blobs::{self, content_name, Blobs};
+use crate::config::WorkspaceConfig;
 use crate::error::{Result, StoreError};
 use crate::index::{Cas, Node, NodeKind, Versioned};
 use crate::keys::{self, RelPath};
-use crate::store::{Accounting, Metrics, Workspaces};
+use crate::store::{Accounting, Journal, Metrics, Tree};
+use crate::uploads::Uploads;
 
 const UPLOAD_CONCURRENCY: usize = 16;
 
@@ -132,7 +135,37 @@ pub fn plan(
     Ok(plan)
 }
 
-impl Workspaces {
+/// Unpacks archives into workspaces, all or nothing.
+pub struct Restores {
+    tree: Arc<Tree>,
+    blobs: Blobs,
+    /// For a restore that names an upload.
+    uploads: Arc<Uploads>,
+    /// The most entries and content bytes one archive may hold.
+    limits: Limits,
+    journal: Journal,
+}
+
+impl Restores {
+    pub fn new(
+        tree: Arc<Tree>,
+        blobs: Blobs,
+        uploads: Arc<Uploads>,
+        config: &WorkspaceConfig,
+        journal: Journal,
+    ) -> Self {
+        Self {
+            tree,
+            blobs,
+            uploads,
+            limits: Limits {
+                max_entries: config.max_restore_entries,
+                max_bytes: config.max_restore_bytes,
+            },
+            journal,
+        }
+    }
+
     pub async fn restore(&self, by: &Caller, mut req: WsRestore) -> Result<WsRestored> {
         keys::check_session(&req.session_id)?;
         if let Some(upload) = req.upload.take() {
@@ -143,8 +176,9 @@ impl Workspaces {
             }
             // Content plus a generous kilobyte of headers and padding per entry.
             let bound = self
-                .max_restore_bytes
-                .saturating_add(self.max_restore_entries.saturating_mul(1024));
+                .limits
+                .max_bytes
+                .saturating_add(self.limits.max_entries.saturating_mul(1024));
             let (name, _, _) = self
                 .uploads
                 .commit(&self.blobs, &req.session_id, &upload, bound)
@@ -165,17 +199,17 @@ impl Workspaces {
             self.blobs.remove(name).await?;
         }
         let mut result = outcome?;
-        let revisions = self.index.bump_revision(&req.session_id).await?;
+        let revisions = self.tree.index.bump_revision(&req.session_id).await?;
         result.previous_revision = revisions.previous;
         result.revision = Some(revisions.revision);
-        Metrics::add(&self.metrics.restores, 1);
+        Metrics::add(&self.journal.metrics.restores, 1);
         let restored = WorkspaceRestored {
             created: result.files_created.len() as u64,
             modified: result.files_modified.len() as u64,
             deleted: result.files_deleted.len() as u64,
             replace: req.replace,
         };
-        self.audit(
+        self.journal.audit(
             &req.session_id,
             Some(by),
             req.requested_by.clone(),
@@ -191,10 +225,7 @@ impl Workspaces {
             .iter()
             .map(|d| RelPath::parse("delete", d).map(|(p, _)| p))
             .collect::<Result<Vec<_>, _>>()?;
-        let limits = Limits {
-            max_entries: self.max_restore_entries,
-            max_bytes: self.max_restore_bytes,
-        };
+        let limits = self.limits;
         let staged = match (&req.tar_base64, &req.object) {
             (Some(_), Some(_)) => {
                 return Err(StoreError::BadRequest(
@@ -219,6 +250,7 @@ impl Workspaces {
             }
         };
         let current: BTreeMap<RelPath, Versioned<Node>> = self
+            .tree
             .index
             .list(&session, &RelPath::root(), true)
             .await?
@@ -293,7 +325,8 @@ impl Workspaces {
         let mut stale = std::mem::take(&mut plan.unused_objects);
         let reserved = plan.growth.max(0);
         let prepared = async {
-            self.account(session, reserved, plan.files_delta, Accounting::Reserve)
+            self.tree
+                .account(session, reserved, plan.files_delta, Accounting::Reserve)
                 .await?;
             let blobs = self.blobs.clone();
             let uploaded = futures::stream::iter(uploads)
@@ -305,7 +338,8 @@ impl Workspaces {
                 .try_collect::<Vec<()>>()
                 .await;
             if let Err(e) = uploaded {
-                self.account(session, -reserved, -plan.files_delta, Accounting::Settle)
+                self.tree
+                    .account(session, -reserved, -plan.files_delta, Accounting::Settle)
                     .await?;
                 return Err(e);
             }
@@ -321,7 +355,10 @@ impl Workspaces {
         let (mut bytes, mut files) = (0i64, 0i64);
         for (path, node) in &plan.removes {
             if node.value.is_dir() {
-                self.index.purge(&keys::node_key(session, path)).await?;
+                self.tree
+                    .index
+                    .purge(&keys::node_key(session, path))
+                    .await?;
                 continue;
             }
             if let Some(gone) = self.remove_file(session, path, node.clone()).await? {
@@ -331,10 +368,11 @@ impl Workspaces {
             }
         }
         for dir in &plan.dirs {
-            self.make_dir(session, dir).await?;
+            self.tree.make_dir(session, dir).await?;
         }
         for (path, node, old) in &puts {
             let replaced = self
+                .tree
                 .commit_node(session, path, node, old.clone(), false)
                 .await?;
             bytes += node.size as i64 - replaced.as_ref().map_or(0, |o| o.size as i64);
@@ -343,7 +381,8 @@ impl Workspaces {
         }
         let (dbytes, dfiles) = (bytes - reserved, files - plan.files_delta);
         if dbytes != 0 || dfiles != 0 {
-            self.account(session, dbytes, dfiles, Accounting::Settle)
+            self.tree
+                .account(session, dbytes, dfiles, Accounting::Settle)
                 .await?;
         }
         self.blobs.remove_all(stale).await;
@@ -359,10 +398,15 @@ impl Workspaces {
         mut node: Versioned<Node>,
     ) -> Result<Option<Node>> {
         loop {
-            if let Cas::Done(_) = self.index.delete_node(session, path, node.revision).await? {
+            if let Cas::Done(_) = self
+                .tree
+                .index
+                .delete_node(session, path, node.revision)
+                .await?
+            {
                 return Ok(Some(node.value));
             }
-            match self.index.node(session, path).await? {
+            match self.tree.index.node(session, path).await? {
                 Some(n) if !n.value.is_dir() => node = n,
                 _ => return Ok(None),
             }

@@ -3,6 +3,8 @@
 //! memory and returned inline; a workspace too large for one message is streamed into the
 //! object store (`snapshot/<id>`) and the reply names that object.
 
+use std::sync::Arc;
+
 use futures::{StreamExt, TryStreamExt};
 use messages::exec::ContentEncoding;
 use messages::workspace::{WsArchive, WsFetch, WsFile, WsSnapshot};
@@ -14,7 +16,7 @@ use crate::blobs::{snapshot_name, snapshot_prefix, Blobs};
 use crate::error::{Result, StoreError};
 use crate::index::Node;
 use crate::keys::{self, RelPath};
-use crate::store::{Metrics, Workspaces, INLINE_MAX_BYTES};
+use crate::store::{Journal, Metrics, Tree, INLINE_MAX_BYTES};
 
 /// Object reads in flight while building an inline snapshot.
 const READ_CONCURRENCY: usize = 16;
@@ -36,7 +38,22 @@ fn tar_size_bound(nodes: &[(RelPath, Node)]) -> u64 {
         + 1024
 }
 
-impl Workspaces {
+/// Takes workspaces (or a directory of one) as tars, and hands out the staged ones by range.
+pub struct Snapshots {
+    tree: Arc<Tree>,
+    blobs: Blobs,
+    journal: Journal,
+}
+
+impl Snapshots {
+    pub fn new(tree: Arc<Tree>, blobs: Blobs, journal: Journal) -> Self {
+        Self {
+            tree,
+            blobs,
+            journal,
+        }
+    }
+
     /// A range of a staged snapshot of the session: how a caller without the objects bucket
     /// (a tenant's agent) downloads a large snapshot. Another session's snapshot is not found.
     pub async fn fetch(&self, req: WsFetch) -> Result<WsFile> {
@@ -70,7 +87,7 @@ impl Workspaces {
             .blobs
             .read_range(&req.object, req.offset, req.length)
             .await?;
-        Metrics::add(&self.metrics.bytes_read, bytes.len() as u64);
+        Metrics::add(&self.journal.metrics.bytes_read, bytes.len() as u64);
         Ok(WsFile {
             path: req.object,
             content: messages::encode_base64(&bytes),
@@ -86,13 +103,13 @@ impl Workspaces {
         keys::check_session(session)?;
         let dir = RelPath::parse_prefix("prefix", req.prefix.as_deref())?;
         // Read before the listing: the archive holds at least every change up to it.
-        let revision = self.index.revision(session).await?;
-        if self.index.meta(session).await?.is_some() {
-            self.touch(session).await?;
+        let revision = self.tree.index.revision(session).await?;
+        if self.tree.index.meta(session).await?.is_some() {
+            self.tree.touch(session).await?;
         }
         let mut nodes: Vec<(RelPath, Node)> = Vec::new();
         if !dir.is_root() {
-            match self.index.node(session, &dir).await? {
+            match self.tree.index.node(session, &dir).await? {
                 None => {
                     return Err(StoreError::NotFound(format!(
                         "{dir} does not exist in workspace {session}"
@@ -102,11 +119,11 @@ impl Workspaces {
             }
         }
         if nodes.first().is_none_or(|(_, n)| n.is_dir()) {
-            let below = self.index.list(session, &dir, true).await?;
+            let below = self.tree.index.list(session, &dir, true).await?;
             nodes.extend(below.into_iter().map(|(p, v)| (p, v.value)));
         }
         let files = nodes.iter().filter(|(_, n)| !n.is_dir()).count() as u64;
-        Metrics::add(&self.metrics.snapshots, 1);
+        Metrics::add(&self.journal.metrics.snapshots, 1);
         if tar_size_bound(&nodes) <= INLINE_MAX_BYTES {
             let tar = self.build_inline(&nodes).await?;
             return Ok(WsArchive {

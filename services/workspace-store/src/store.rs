@@ -1,5 +1,9 @@
-//! `Workspaces`: the store every operation runs against (index + blobs + limits), and the
-//! three steps every change is made of:
+//! The parts every operation shares, and [`Workspaces`], the owners of the operations:
+//! [`Files`], [`Snapshots`], [`Restores`] and [`Cleanup`], each holding what it needs of the
+//! index, the blobs and the limits.
+//!
+//! [`Tree`] is a session's tree in the index (its nodes and totals) and the three steps every
+//! change is made of:
 //!
 //! 1. `account` — the session's totals, compare-and-set, refusing growth past the quota;
 //! 2. `ensure_parents` — directory nodes for every ancestor, refusing a file in the way;
@@ -21,10 +25,14 @@ use messages::tenancy::{scoped, tenant_of_scoped, Caller, Tenant};
 use messages::workspace::WsEntry;
 
 use crate::blobs::Blobs;
+use crate::cleanup::Cleanup;
 use crate::config::WorkspaceConfig;
 use crate::error::{Result, StoreError};
+use crate::files::Files;
 use crate::index::{Cas, Index, Node, SessionMeta, Versioned};
 use crate::keys::RelPath;
+use crate::restore::Restores;
+use crate::snapshot::Snapshots;
 use crate::uploads::Uploads;
 
 /// Compare-and-set retries before giving up with 409 (only reached under extreme contention).
@@ -60,17 +68,95 @@ pub enum Accounting {
     Settle,
 }
 
+/// The store's operations, by the type that owns each kind: what the endpoints call.
 pub struct Workspaces {
-    pub index: Index,
-    pub blobs: Blobs,
-    pub uploads: Uploads,
-    pub quota_bytes: u64,
-    pub max_restore_entries: u64,
-    pub max_restore_bytes: u64,
-    pub cleanup_after: std::time::Duration,
-    pub auditor: Auditor,
+    pub files: Files,
+    pub snapshots: Snapshots,
+    pub restores: Restores,
+    pub cleanup: Cleanup,
+    /// Chunks of content too large for one message, committed by a write or a restore.
+    pub uploads: Arc<Uploads>,
     pub metrics: Arc<Metrics>,
-    pub tenants: TenantBytes,
+}
+
+impl Workspaces {
+    pub fn new(
+        config: &WorkspaceConfig,
+        index: Index,
+        blobs: Blobs,
+        uploads: Uploads,
+        auditor: Auditor,
+        quotas: Arc<QuotaBook>,
+    ) -> Self {
+        let tree = Arc::new(Tree {
+            index,
+            quota_bytes: config.quota_bytes(),
+            tenants: TenantBytes::new(quotas),
+        });
+        let journal = Journal {
+            auditor,
+            metrics: Arc::new(Metrics::default()),
+        };
+        let uploads = Arc::new(uploads);
+        Self {
+            files: Files::new(
+                tree.clone(),
+                blobs.clone(),
+                uploads.clone(),
+                journal.clone(),
+            ),
+            snapshots: Snapshots::new(tree.clone(), blobs.clone(), journal.clone()),
+            restores: Restores::new(
+                tree.clone(),
+                blobs.clone(),
+                uploads.clone(),
+                config,
+                journal.clone(),
+            ),
+            cleanup: Cleanup::new(tree, blobs, config.cleanup_after(), journal.clone()),
+            uploads,
+            metrics: journal.metrics,
+        }
+    }
+}
+
+/// What an operation leaves behind besides its change: an audit event and the counters the
+/// heartbeat reports.
+#[derive(Clone)]
+pub struct Journal {
+    auditor: Auditor,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Journal {
+    /// An audit event of `session`, naming who asked (`by`; none for the store's own sweeps).
+    pub fn audit(
+        &self,
+        session: &str,
+        by: Option<&Caller>,
+        actor: Option<String>,
+        details: impl Into<AuditDetails>,
+    ) {
+        let mut scope = AuditScope {
+            session_id: Some(session.to_string()),
+            actor,
+            ..Default::default()
+        };
+        if let Some(caller) = by {
+            scope = scope.by(caller);
+        }
+        self.auditor.emit(&scope, details);
+    }
+}
+
+/// A session's tree in the index (its nodes and its totals), changed in the three steps the
+/// module doc lists.
+pub struct Tree {
+    pub index: Index,
+    /// How many bytes one workspace may hold.
+    pub quota_bytes: u64,
+    /// Each tenant's bytes, for its quota over all its workspaces.
+    tenants: TenantBytes,
 }
 
 /// Each tenant's bytes over all its workspaces, for its `workspace_bytes` quota: summed from
@@ -78,7 +164,7 @@ pub struct Workspaces {
 /// what this instance reserved or released since added in. Nothing is summed for a tenant
 /// without that quota, so the quota costs nothing where it is not set; with several store
 /// instances a tenant may overshoot by what the others wrote within that window.
-pub struct TenantBytes {
+struct TenantBytes {
     quotas: Arc<QuotaBook>,
     sums: Mutex<HashMap<Tenant, (Instant, u64)>>,
 }
@@ -87,7 +173,7 @@ pub struct TenantBytes {
 const TENANT_SUM_MAX_AGE: Duration = Duration::from_secs(2);
 
 impl TenantBytes {
-    pub fn new(quotas: Arc<QuotaBook>) -> Self {
+    fn new(quotas: Arc<QuotaBook>) -> Self {
         Self {
             quotas,
             sums: Mutex::default(),
@@ -147,48 +233,7 @@ impl TenantBytes {
     }
 }
 
-impl Workspaces {
-    pub fn new(
-        config: &WorkspaceConfig,
-        index: Index,
-        blobs: Blobs,
-        uploads: Uploads,
-        auditor: Auditor,
-        quotas: Arc<QuotaBook>,
-    ) -> Self {
-        Self {
-            index,
-            blobs,
-            uploads,
-            quota_bytes: config.quota_bytes(),
-            max_restore_entries: config.max_restore_entries,
-            max_restore_bytes: config.max_restore_bytes,
-            cleanup_after: config.cleanup_after(),
-            auditor,
-            metrics: Arc::new(Metrics::default()),
-            tenants: TenantBytes::new(quotas),
-        }
-    }
-
-    /// An audit event of `session`, naming who asked (`by`; none for the store's own sweeps).
-    pub fn audit(
-        &self,
-        session: &str,
-        by: Option<&Caller>,
-        actor: Option<String>,
-        details: impl Into<AuditDetails>,
-    ) {
-        let mut scope = AuditScope {
-            session_id: Some(session.to_string()),
-            actor,
-            ..Default::default()
-        };
-        if let Some(caller) = by {
-            scope = scope.by(caller);
-        }
-        self.auditor.emit(&scope, details);
-    }
-
+impl Tree {
     /// Applies `bytes`/`files` deltas to the session's totals (creating them on first use).
     pub async fn account(
         &self,

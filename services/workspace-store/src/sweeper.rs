@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use crate::cleanup::Cleanup;
 use crate::keys::SWEEP_LOCK_KEY;
 use crate::store::Workspaces;
 
@@ -31,8 +32,12 @@ pub struct SweeperState {
     running: bool,
 }
 
-async fn sweep_once(store: &Workspaces, holder: &str, lock_ttl: Duration) {
-    match store.index.try_lock(SWEEP_LOCK_KEY, holder, lock_ttl).await {
+async fn sweep_once(cleanup: &Cleanup, holder: &str, lock_ttl: Duration) {
+    match cleanup
+        .index()
+        .try_lock(SWEEP_LOCK_KEY, holder, lock_ttl)
+        .await
+    {
         Ok(true) => {}
         Ok(false) => return,
         Err(e) => {
@@ -40,14 +45,14 @@ async fn sweep_once(store: &Workspaces, holder: &str, lock_ttl: Duration) {
             return;
         }
     }
-    match store.sweep(store.cleanup_after).await {
+    match cleanup.sweep(cleanup.after()).await {
         Ok(removed) if !removed.is_empty() => {
             tracing::info!(count = removed.len(), "expired workspaces removed")
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "workspace sweep failed"),
     }
-    if let Err(e) = store.index.unlock(SWEEP_LOCK_KEY).await {
+    if let Err(e) = cleanup.index().unlock(SWEEP_LOCK_KEY).await {
         tracing::debug!(error = %e, "sweep lock left to expire");
     }
 }
@@ -84,7 +89,7 @@ impl Actor for Sweeper {
                 // starting elsewhere only repeats idempotent work.
                 let ttl = state.args.interval.max(Duration::from_secs(60));
                 tokio::spawn(async move {
-                    sweep_once(&store, &holder, ttl).await;
+                    sweep_once(&store.cleanup, &holder, ttl).await;
                     let _ = myself.cast(SweeperMsg::Finished);
                 });
             }
