@@ -192,13 +192,7 @@ async fn two_executors_share_ephemeral_load_under_every_strategy() {
 
 #[tokio::test]
 async fn a_session_whose_node_dies_is_re_placed_with_its_state_restored() {
-    let mut mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 8)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mut mesh = Mesh::sessions(8).start().await;
     let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
 
     let first = exec(&c, &in_session("s-fail", "x = 1")).await;
@@ -252,13 +246,7 @@ async fn a_session_whose_node_dies_is_re_placed_with_its_state_restored() {
 /// failing with 503 while the node is busy: one slot, three sessions at once, all run.
 #[tokio::test]
 async fn new_sessions_wait_for_a_free_slot() {
-    let mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 1)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::sessions(1).start().await;
     let c = mesh.client.clone();
 
     let mut running = Vec::new();
@@ -304,11 +292,7 @@ fn refused(e: ClientError) -> messages::ErrorBody {
 /// retention time, so the id is free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sessions_configuration_reaches_its_runs_until_its_ttl_closes_it() {
-    let mesh = Mesh::builder()
-        .risk()
-        .real_workspace()
-        .templates()
-        .docker_executors(1)
+    let mesh = Mesh::docker_sessions()
         .scheduler(|c| {
             c.sessions.sweep = std::time::Duration::from_millis(200);
             c.sessions.retention = std::time::Duration::from_secs(1);
@@ -464,13 +448,7 @@ async fn a_sessions_configuration_reaches_its_runs_until_its_ttl_closes_it() {
 /// what is wrong, and nothing opened.
 #[tokio::test]
 async fn hostile_session_settings_are_refused_clearly() {
-    let mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 2)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::sessions(2).start().await;
     let c = mesh.client.clone();
     let subject = Subjects::default().sessions(SessionOp::Open);
     let many: serde_json::Map<String, serde_json::Value> = (0..65)
@@ -646,14 +624,7 @@ async fn hostile_session_settings_are_refused_clearly() {
 /// when it is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn template_and_session_filesystem_policies_are_mounted_and_hold_from_inside() {
-    let mesh = Mesh::builder()
-        .risk()
-        .real_workspace()
-        .templates()
-        .docker_executors(1)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::docker_sessions().start().await;
     let c = mesh.client.clone();
     let admin = sandmesh_client::MeshClient::new(
         test_support::connect(&mesh.url).await,
@@ -750,10 +721,7 @@ done";
 /// never under a running execution: a run longer than the idle time keeps its session open.
 #[tokio::test]
 async fn an_idle_session_closes_but_not_under_a_running_execution() {
-    let mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 2)
+    let mesh = Mesh::sessions(2)
         .scheduler(|c| c.sessions.sweep = std::time::Duration::from_millis(100))
         .start()
         .await;
@@ -816,13 +784,7 @@ async fn raw_refusal(mesh: &Mesh, subject: String, body: serde_json::Value) -> (
 /// outside, each is its wire code and a message naming what was asked for.
 #[tokio::test]
 async fn session_and_result_refusals_reach_an_outsider_as_wire_errors() {
-    let mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 2)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::sessions(2).start().await;
     let s = Subjects::default();
     let c = mesh.client.clone();
     let opened = open(

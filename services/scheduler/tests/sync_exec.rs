@@ -34,12 +34,7 @@ async fn look_up(c: &MeshClient, id: &str) -> Result<ResultLookup, ClientError> 
 
 #[tokio::test]
 async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
-    let mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::one_executor(4).start().await;
     let (c, url, runs) = (mesh.client.clone(), mesh.url.clone(), mesh.runs.clone());
 
     for language in [Language::Python, Language::Javascript, Language::Shell] {
@@ -97,12 +92,7 @@ async fn runs_stores_audits_and_answers_a_repeat_from_the_store() {
 /// neither claimed nor looked up first — and its result is still stored under it.
 #[tokio::test]
 async fn a_request_without_an_id_runs_unclaimed_and_is_stored() {
-    let mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::one_executor(4).start().await;
     let c = mesh.client.clone();
     let mut r = req(Language::Python, "print(1)");
     r.execution_id = None;
@@ -228,9 +218,7 @@ async fn risk_policy_rejects_and_confirmation_decides() {
 
 #[tokio::test]
 async fn permissive_mode_follows_the_suggestion_and_clients_can_only_tighten() {
-    let mut mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
+    let mut mesh = Mesh::one_executor(4)
         .scheduler(|c| c.security_mode = messages::risk::SecurityMode::Permissive)
         .start()
         .await;
@@ -253,12 +241,7 @@ async fn permissive_mode_follows_the_suggestion_and_clients_can_only_tighten() {
 
 #[tokio::test]
 async fn hostile_and_malformed_requests_get_clear_errors_and_the_mesh_keeps_serving() {
-    let mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::one_executor(4).start().await;
     let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
     let nc = c.nats().clone();
     let s = Subjects::default();
@@ -386,9 +369,7 @@ async fn missing_services_are_named_and_nothing_is_stored_so_a_retry_can_run() {
 
 #[tokio::test]
 async fn beyond_the_queue_bound_callers_get_429_at_once() {
-    let mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
+    let mesh = Mesh::one_executor(4)
         .scheduler(|c| c.max_queue = 1)
         .start()
         .await;
@@ -422,9 +403,7 @@ async fn beyond_the_queue_bound_callers_get_429_at_once() {
 
 #[tokio::test]
 async fn executor_errors_become_terminal_statuses() {
-    let mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
+    let mesh = Mesh::one_executor(4)
         .scheduler(|c| c.exec_grace = Duration::from_millis(500))
         .start()
         .await;
@@ -444,12 +423,7 @@ async fn executor_errors_become_terminal_statuses() {
 
 #[tokio::test]
 async fn a_confirmation_service_that_is_not_up_yet_is_waited_for() {
-    let mut mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mut mesh = Mesh::one_executor(4).start().await;
     let (c, url) = (mesh.client.clone(), mesh.url.clone());
     let mut risky = req(Language::Python, "import os\nos.system('id')");
     risky.execution_id = Some("awaits-confirmation".into());
@@ -477,13 +451,7 @@ async fn a_confirmation_service_that_is_not_up_yet_is_waited_for() {
 
 #[tokio::test]
 async fn placement_counts_return_to_zero_so_sessions_keep_finding_nodes() {
-    let mesh = Mesh::builder()
-        .risk()
-        .workspace()
-        .executor("node-a", 2)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::sessions(2).start().await;
     let c = mesh.client.clone();
     // More finished executions than the node's capacity: each must give its slot back.
     for _ in 0..5 {
@@ -500,12 +468,7 @@ async fn placement_counts_return_to_zero_so_sessions_keep_finding_nodes() {
 
 #[tokio::test]
 async fn work_beyond_executor_capacity_waits_for_a_slot() {
-    let mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 1)
-        .scheduler(|_| {})
-        .start()
-        .await;
+    let mesh = Mesh::one_executor(1).start().await;
     let (c, runs) = (mesh.client.clone(), mesh.runs.clone());
     let mut pending = Vec::new();
     for _ in 0..3 {
@@ -526,9 +489,7 @@ async fn work_beyond_executor_capacity_waits_for_a_slot() {
 /// its whole time budget: it is not cut off with what was left of the wait and called lost.
 #[tokio::test]
 async fn a_run_accepted_after_waiting_for_a_slot_gets_its_whole_budget() {
-    let mesh = Mesh::builder()
-        .risk()
-        .executor("node-a", 4)
+    let mesh = Mesh::one_executor(4)
         .scheduler(|c| c.exec_grace = Duration::from_millis(500))
         .start()
         .await;

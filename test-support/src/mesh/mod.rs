@@ -7,6 +7,9 @@
 //! ```ignore
 //! let mesh = Mesh::builder().risk().confirm(&[]).executor("a", 4).scheduler(|_| {}).start().await;
 //! ```
+//!
+//! The meshes many tests share are named presets ([`Mesh::one_executor`], [`Mesh::sessions`],
+//! [`Mesh::docker_sessions`]), each a builder to adjust further.
 
 pub mod docker;
 pub mod fakes;
@@ -270,6 +273,32 @@ pub struct Mesh {
 impl Mesh {
     pub fn builder() -> MeshBuilder {
         MeshBuilder::default()
+    }
+
+    /// The mesh most execution tests start: the risk stand-in, one executor stand-in
+    /// `node-a` with `capacity` slots and the scheduler (adjust it with another
+    /// [`MeshBuilder::scheduler`]).
+    pub fn one_executor(capacity: u32) -> MeshBuilder {
+        Self::builder()
+            .risk()
+            .executor("node-a", capacity)
+            .scheduler(|_| {})
+    }
+
+    /// [`Mesh::one_executor`] with the workspace stand-in, which opening a session needs.
+    pub fn sessions(capacity: u32) -> MeshBuilder {
+        Self::one_executor(capacity).workspace()
+    }
+
+    /// Sessions on one real docker-executor node: the real workspace-store and templates
+    /// service beside the risk stand-in and the scheduler.
+    pub fn docker_sessions() -> MeshBuilder {
+        Self::builder()
+            .risk()
+            .real_workspace()
+            .templates()
+            .docker_executors(1)
+            .scheduler(|_| {})
     }
 
     /// The scheduler settings of these tests: quick heartbeats, short waits.
