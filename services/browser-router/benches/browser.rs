@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use browser_router::cdp::Chromium;
+use browser_router::chromium::Chromium;
 use browser_router::container::Containers;
 use browser_router::BrowserConfig;
 use docker_executor::probe::percentile;

@@ -350,7 +350,7 @@ impl BrowserContainer {
     async fn wait_ready(&self, within: Duration) -> Result<(), StartError> {
         let deadline = Instant::now() + within;
         loop {
-            match crate::cdp::probe(&self.cdp_url()).await {
+            match crate::chromium::probe(&self.cdp_url()).await {
                 Ok(()) => return Ok(()),
                 Err(source) if Instant::now() >= deadline => {
                     return Err(StartError::NotReady {

@@ -25,7 +25,7 @@
 //! until aio-pool exists. The egress policy is the instance's
 //! (`SANDMESH_BROWSER_NETWORK_POLICY`), the same for every session, until sessions carry one.
 
-pub mod cdp;
+pub mod chromium;
 pub mod config;
 pub mod container;
 pub mod gate;

@@ -23,7 +23,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sandmesh_client::WorkspaceClient;
 use serde_json::json;
 
-use crate::cdp::{ActionError, Chromium};
+use crate::chromium::{ActionError, Chromium};
 use crate::config::BrowserConfig;
 use crate::container::{BrowserContainer, Containers};
 use crate::gate::{sensitive_field, Gate};

@@ -84,7 +84,7 @@ async fn form_by_index_screenshot_back_wait_keys_scroll() {
         .read(s, &path)
         .await
         .expect("read the screenshot");
-    assert_eq!(png_size(&png), browser_router::cdp::VIEWPORT);
+    assert_eq!(png_size(&png), browser_router::chromium::VIEWPORT);
     let inline = mesh.ok(s, A::Screenshot, req(|r| r.inline = true)).await;
     assert!(inline.screenshot_base64.is_some_and(|b| !b.is_empty()));
 
