@@ -20,6 +20,18 @@ pub enum ImageFormat {
     Jpeg(Option<u8>),
 }
 
+/// The text `field` of `method`'s answer; an answer without it is a [`CdpError::Missing`].
+fn text_field<'a>(
+    answer: &'a Value,
+    method: &str,
+    field: &'static str,
+) -> Result<&'a str, CdpError> {
+    answer[field].as_str().ok_or_else(|| CdpError::Missing {
+        method: method.into(),
+        field,
+    })
+}
+
 /// One page target, driven over CDP: either its own socket (`/devtools/page/<id>`) or a
 /// session attached on a browser's socket.
 pub struct Page {
@@ -65,29 +77,13 @@ impl Page {
     /// A new page at `url`, attached as a session of the browser connection `browser`
     /// (which the page then owns).
     pub async fn create(mut browser: Connection, url: &str) -> Result<Self, CdpError> {
-        let made = browser
-            .call("Target.createTarget", json!({ "url": url }))
-            .await?;
-        let target = made["targetId"]
-            .as_str()
-            .ok_or_else(|| CdpError::Missing {
-                method: "Target.createTarget".into(),
-                field: "targetId",
-            })?
-            .to_string();
-        let attached = browser
-            .call(
-                "Target.attachToTarget",
-                json!({ "targetId": target, "flatten": true }),
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .ok_or_else(|| CdpError::Missing {
-                method: "Target.attachToTarget".into(),
-                field: "sessionId",
-            })?
-            .to_string();
+        let method = "Target.createTarget";
+        let made = browser.call(method, json!({ "url": url })).await?;
+        let target = text_field(&made, method, "targetId")?.to_string();
+        let method = "Target.attachToTarget";
+        let params = json!({ "targetId": target, "flatten": true });
+        let attached = browser.call(method, params).await?;
+        let session = text_field(&attached, method, "sessionId")?.to_string();
         Ok(Self {
             conn: browser,
             session: Some(session),
@@ -283,10 +279,7 @@ impl Page {
         }
         let method = "Page.captureScreenshot";
         let result = self.call(method, params).await?;
-        let data = result["data"].as_str().ok_or_else(|| CdpError::Missing {
-            method: method.into(),
-            field: "data",
-        })?;
+        let data = text_field(&result, method, "data")?;
         base64::engine::general_purpose::STANDARD
             .decode(data)
             .map_err(|e| CdpError::Protocol {
