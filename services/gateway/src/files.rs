@@ -138,14 +138,15 @@ pub struct FormUpload {
     pub files: Vec<WsEntry>,
 }
 
-/// A form's file parts (`multipart/form-data`; `curl -F file=@a.csv -F file=@b.png`).
+/// A form's file parts (`multipart/form-data`; `curl -F file=@a.csv -F file=@b.png`): the
+/// request body as the OpenAPI document describes it. The handler reads the parts as they
+/// stream in ([`multer::Multipart`]), so nothing builds this type.
 #[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
 pub struct FormFiles {
     /// Any number of parts (field names are free), each with a `filename`: the file's path
     /// under `dir`, checked like every workspace path.
     #[schema(value_type = Vec<String>, content_media_type = "application/octet-stream")]
-    file: Vec<Vec<u8>>,
+    pub file: Vec<Vec<u8>>,
 }
 
 /// Uploads the file parts of a form. Each part streams to the store as it arrives, like a raw
@@ -282,9 +283,9 @@ async fn read_form(
 }
 
 /// What `POST …/files/{path}` answers: the file, or for seed 003 §5's `…/files/upload` the
-/// form's files (a type of the document only).
+/// form's files. A type of the OpenAPI document only (each handler answers its own variant's
+/// type); `Serialize` carries the `untagged` the schema derive reads.
 #[derive(Serialize, utoipa::ToSchema)]
-#[allow(dead_code)]
 #[serde(untagged)]
 pub enum Posted {
     File(WsEntry),
