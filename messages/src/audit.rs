@@ -8,6 +8,8 @@ mod details;
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec::{Language, Tier, TierChoice};
+use crate::risk::RiskLevel;
 use crate::tenancy::Tenant;
 
 pub use details::*;
@@ -112,6 +114,33 @@ impl AuditEvent {
     }
 }
 
+impl ExecutionReceived {
+    /// A short Python request: one fixture for the golden vectors and this module's tests.
+    pub fn example() -> Self {
+        Self {
+            language: Language::Python,
+            code_bytes: 11,
+            tier: TierChoice::Auto,
+            timeout_ms: 5000,
+        }
+    }
+}
+
+impl ExecutionAssessed {
+    /// A high-risk assessment that asks for a person: one fixture for the golden vectors and
+    /// this module's tests.
+    pub fn example() -> Self {
+        Self {
+            level: RiskLevel::High,
+            suggested_tier: Tier::Session,
+            tier: Tier::Session,
+            requires_confirmation: true,
+            reason: "imports subprocess".into(),
+            findings: vec!["py.subprocess".into()],
+        }
+    }
+}
+
 /// The event as stored: kind and details side by side, the details an object of the kind's
 /// fields. Details go through a `serde_json::Value` both ways, so their keys keep the order
 /// they always had (the JSON map's) in JSON and MessagePack alike.
@@ -139,40 +168,37 @@ struct StoredEvent {
     details: serde_json::Value,
 }
 
+/// `Self { <the ten envelope fields moved from $from>, $extra… }`: the one list of the fields
+/// [`AuditEvent`] and [`StoredEvent`] share, for both conversions. (Not a shared struct under
+/// `#[serde(flatten)]`: the stored event keeps `kind` second, and flatten would change the
+/// MessagePack bytes the golden vectors pin.)
+macro_rules! with_envelope_of {
+    ($from:ident, $($field:ident: $value:expr),+ $(,)?) => {
+        Self {
+            id: $from.id,
+            time: $from.time,
+            source: $from.source,
+            execution_id: $from.execution_id,
+            session_id: $from.session_id,
+            trace_id: $from.trace_id,
+            actor: $from.actor,
+            tenant: $from.tenant,
+            account: $from.account,
+            user: $from.user,
+            $($field: $value),+
+        }
+    };
+}
+
 impl From<AuditEvent> for StoredEvent {
     fn from(e: AuditEvent) -> Self {
-        Self {
-            id: e.id,
-            kind: e.details.kind(),
-            time: e.time,
-            source: e.source,
-            execution_id: e.execution_id,
-            session_id: e.session_id,
-            trace_id: e.trace_id,
-            actor: e.actor,
-            tenant: e.tenant,
-            account: e.account,
-            user: e.user,
-            details: e.details.to_value(),
-        }
+        with_envelope_of!(e, kind: e.details.kind(), details: e.details.to_value())
     }
 }
 
 impl From<StoredEvent> for AuditEvent {
     fn from(e: StoredEvent) -> Self {
-        Self {
-            id: e.id,
-            time: e.time,
-            source: e.source,
-            execution_id: e.execution_id,
-            session_id: e.session_id,
-            trace_id: e.trace_id,
-            actor: e.actor,
-            tenant: e.tenant,
-            account: e.account,
-            user: e.user,
-            details: AuditDetails::decode(e.kind, e.details),
-        }
+        with_envelope_of!(e, details: AuditDetails::decode(e.kind, e.details))
     }
 }
 
@@ -181,8 +207,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::exec::{ExecStatus, Language, Tier, TierChoice, Timing};
-    use crate::risk::RiskLevel;
+    use crate::exec::{ExecStatus, Timing};
 
     /// The literals the scheduler wrote before these types: the typed values store the same
     /// objects, so events in a stream from before and after read alike.
@@ -194,24 +219,12 @@ mod tests {
         };
         let cases = [
             (
-                AuditDetails::from(ExecutionReceived {
-                    language: Language::Python,
-                    code_bytes: 11,
-                    tier: TierChoice::Auto,
-                    timeout_ms: 5000,
-                }),
+                AuditDetails::from(ExecutionReceived::example()),
                 json!({"language": "python", "code_bytes": 11, "tier": "auto",
                        "timeout_ms": 5000}),
             ),
             (
-                AuditDetails::from(ExecutionAssessed {
-                    level: RiskLevel::High,
-                    suggested_tier: Tier::Session,
-                    tier: Tier::Session,
-                    requires_confirmation: true,
-                    reason: "imports subprocess".into(),
-                    findings: vec!["py.subprocess".into()],
-                }),
+                AuditDetails::from(ExecutionAssessed::example()),
                 json!({"level": "high", "suggested_tier": "session", "tier": "session",
                        "requires_confirmation": true, "reason": "imports subprocess",
                        "findings": ["py.subprocess"]}),

@@ -174,20 +174,8 @@ fn executor_runs() -> Vec<(&'static str, ExecutorRun)> {
 fn audit_details() -> Vec<AuditDetails> {
     let result = exec_result();
     vec![
-        AuditDetails::ExecutionReceived(ExecutionReceived {
-            language: Language::Python,
-            code_bytes: 11,
-            tier: TierChoice::Auto,
-            timeout_ms: 5000,
-        }),
-        AuditDetails::ExecutionAssessed(ExecutionAssessed {
-            level: RiskLevel::High,
-            suggested_tier: Tier::Session,
-            tier: Tier::Session,
-            requires_confirmation: true,
-            reason: "imports subprocess".into(),
-            findings: vec!["py.subprocess".into()],
-        }),
+        AuditDetails::ExecutionReceived(ExecutionReceived::example()),
+        AuditDetails::ExecutionAssessed(ExecutionAssessed::example()),
         AuditDetails::ExecutionFinished(ExecutionFinished {
             status: result.status,
             exit_code: result.exit_code,
