@@ -26,21 +26,30 @@ pub struct AioRunner {
     pool: AioClient,
 }
 
+/// Why a request cannot run as an AIO shell command; the execution ends `rejected` with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotACommand {
+    #[error("tier aio takes no request files; write them with the workspace API or the code")]
+    Files,
+    /// The risk policy sent the cell to an AIO sandbox, which has no kernel of the session's:
+    /// running it as a fresh program would silently lose the cell's state.
+    #[error(
+        "this cell needs tier aio (the risk policy), where the session's kernel is not; run it \
+         without kernel"
+    )]
+    Kernel,
+    #[error("env name {0:?} is not a shell variable name")]
+    EnvName(String),
+}
+
 /// The shell command that runs `req` (code and stdin in quoted heredocs with a delimiter the
 /// text does not contain; environment exported first).
-pub fn command_for(req: &ExecRequest, id: &str) -> Result<String, ErrorBody> {
+pub fn command_for(req: &ExecRequest, id: &str) -> Result<String, NotACommand> {
     if !req.files.is_empty() {
-        return Err(ErrorBody::bad_request(
-            "tier aio takes no request files; write them with the workspace API or the code",
-        ));
+        return Err(NotACommand::Files);
     }
     if req.kernel {
-        // The risk policy sent the cell to an AIO sandbox, which has no kernel of the
-        // session's: running it as a fresh program would silently lose the cell's state.
-        return Err(ErrorBody::bad_request(
-            "this cell needs tier aio (the risk policy), where the session's kernel is not; \
-             run it without kernel",
-        ));
+        return Err(NotACommand::Kernel);
     }
     let mut delimiter = format!("SANDMESH_{}", id.to_ascii_uppercase());
     while req.code.contains(&delimiter)
@@ -54,9 +63,7 @@ pub fn command_for(req: &ExecRequest, id: &str) -> Result<String, ErrorBody> {
             && !name.starts_with(|c: char| c.is_ascii_digit())
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
-            return Err(ErrorBody::bad_request(format!(
-                "env name {name:?} is not a shell variable name"
-            )));
+            return Err(NotACommand::EnvName(name.clone()));
         }
         cmd.push_str(&format!(
             "export {name}='{}'\n",
@@ -101,22 +108,23 @@ pub fn request_of(req: AioExec) -> ExecRequest {
 /// The `aio.exec` answer for what the execution ended as: the command's own outcome (`ok`,
 /// `error`, `timeout`), or the error that stopped it — denied by a person or rejected by the
 /// policy is `Denied`, never a result that looks as if the command ran.
-pub fn answer_of(session_id: String, r: ExecResult) -> Result<AioExecResult, ErrorBody> {
+pub fn answer_of(session_id: String, r: ExecResult) -> Result<AioExecResult, SchedulerError> {
     let status = match r.status {
         ExecStatus::Ok => "ok",
         ExecStatus::Error => "error",
         ExecStatus::Timeout => "timeout",
         ExecStatus::Denied | ExecStatus::Rejected => {
-            let why = r.error.map(|e| e.message).unwrap_or(r.risk.reason);
-            return Err(ErrorBody::denied(format!(
-                "the command did not run ({}): {why}",
-                r.status.as_str()
-            )));
+            return Err(SchedulerError::CommandNotRun {
+                status: r.status,
+                why: r.error.map(|e| e.message).unwrap_or(r.risk.reason),
+            });
         }
-        other => {
-            return Err(r.error.unwrap_or_else(|| {
-                ErrorBody::internal(format!("the command ended {}", other.as_str()))
-            }));
+        // The stored result's error says why; passed on as it was stored.
+        status => {
+            return Err(match r.error {
+                Some(error) => SchedulerError::Refused(error),
+                None => SchedulerError::CommandEnded { status },
+            });
         }
     };
     Ok(AioExecResult {
@@ -191,7 +199,10 @@ impl AioRunner {
     pub async fn run(&self, exec: &Execution) -> Result<ExecResult, SchedulerError> {
         let command = match command_for(&exec.request, &exec.id) {
             Ok(c) => c,
-            Err(e) => return Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, e)),
+            Err(e) => {
+                let error = ErrorBody::bad_request(e.to_string());
+                return Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, error));
+            }
         };
         let (session, own) = match &exec.request.session_id {
             Some(s) => (s.clone(), false),
@@ -265,8 +276,8 @@ mod tests {
         assert!(cmd.starts_with("export A='it'\\''s $x'\n"), "{cmd}");
         req.env.insert("B; rm -rf /".into(), "1".into());
         assert_eq!(
-            command_for(&req, "x").unwrap_err().kind,
-            ErrorKind::BadRequest
+            command_for(&req, "x").unwrap_err(),
+            NotACommand::EnvName("B; rm -rf /".into())
         );
     }
 }

@@ -2,13 +2,18 @@
 //! ([`SchedulerError`]); the wire's [`ErrorBody`] is made from one once, at the endpoint.
 
 use async_nats::jetstream::{self, kv};
+use messages::exec::ExecStatus;
 use messages::executor::{Backend, RunShapeError};
+use messages::network::BeyondCeiling;
+use messages::quota::{over_quota, Quota};
 use messages::session::SessionState;
+use messages::tenancy::Tenant;
 use messages::validate::ValidationError;
 use messages::{ErrorBody, ErrorKind, ServiceName};
 use sandmesh_client::ClientError;
 
 use crate::placer::RegistryGone;
+use crate::testrun::junit::JunitError;
 
 type Cause = Box<dyn std::error::Error + Send + Sync>;
 
@@ -43,16 +48,43 @@ impl From<StoreError> for ErrorBody {
     }
 }
 
+/// `tenant` is at `quota`'s limit (its concurrent executions, its open sessions): a 429 that
+/// names the quota, its limit, the use now and when to retry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", over_quota(.tenant, *.quota, *.limit, *.used).message)]
+pub struct OverQuota {
+    pub tenant: Tenant,
+    pub quota: Quota,
+    pub limit: u64,
+    pub used: u64,
+}
+
+impl From<OverQuota> for ErrorBody {
+    fn from(e: OverQuota) -> Self {
+        over_quota(&e.tenant, e.quota, e.limit, e.used)
+    }
+}
+
 /// Why the scheduler could not serve a request (an execution, a session, a test run).
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {
-    /// Refused by a check that answers in the wire's terms itself (the request's ceilings and
-    /// templates, quotas), or an executor's refusal passed on.
+    /// A refusal that is a wire body already, passed on as it is: an executor's, a stored
+    /// result's error, the pipeline's verdict on an invalid request (which is also the error
+    /// its stored result carries).
     #[error("{0}")]
     Refused(ErrorBody),
     /// A field of the request is malformed or too large (ids, session settings, test runs).
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    #[error(transparent)]
+    OverQuota(#[from] OverQuota),
+    /// The network policy asks for more than the operator's ceiling permits.
+    #[error(transparent)]
+    BeyondCeiling(#[from] BeyondCeiling),
+    /// The request names a template the templates service does not know: the client's
+    /// mistake (400), not a missing resource of the call it made.
+    #[error("unknown template {name:?}; `sandmesh template list` shows the templates")]
+    UnknownTemplate { name: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -121,6 +153,18 @@ pub enum SchedulerError {
          it (see stdout and stderr)"
     )]
     NoTestReport,
+    /// A test run's report is too large or not a JUnit report.
+    #[error(transparent)]
+    Report(#[from] JunitError),
+    /// The workspace answered the report in a form that does not decode.
+    #[error("the report's content: {reason}")]
+    ReportContent { reason: String },
+    /// An `aio.exec` command was stopped by the policy or a person (`status` says which).
+    #[error("the command did not run ({}): {why}", .status.as_str())]
+    CommandNotRun { status: ExecStatus, why: String },
+    /// An `aio.exec` command's execution ended without a result of the command's own.
+    #[error("the command ended {}", .status.as_str())]
+    CommandEnded { status: ExecStatus },
 }
 
 /// Why a session takes no more work.
@@ -160,7 +204,11 @@ impl SchedulerError {
         match self {
             E::Refused(body) => body.kind,
             E::Invalid(ValidationError::Invalid { .. }) => ErrorKind::BadRequest,
-            E::Invalid(ValidationError::TooLarge { .. }) => ErrorKind::TooLarge,
+            E::Invalid(ValidationError::TooLarge { .. })
+            | E::Report(JunitError::TooLarge { .. }) => ErrorKind::TooLarge,
+            E::UnknownTemplate { .. } | E::Report(_) => ErrorKind::BadRequest,
+            E::OverQuota(_) => ErrorKind::Overloaded,
+            E::BeyondCeiling(_) | E::CommandNotRun { .. } => ErrorKind::Denied,
             E::Dependency { source, .. } => source.kind(),
             E::QueueFull { .. } => ErrorKind::Overloaded,
             E::Running { .. } | E::SessionEnded { .. } => ErrorKind::Conflict,
@@ -168,7 +216,9 @@ impl SchedulerError {
             | E::NoSession { .. }
             | E::SessionVanished { .. }
             | E::NoTestReport => ErrorKind::NotFound,
-            E::RunShape(_) => ErrorKind::Internal,
+            E::RunShape(_) | E::ReportContent { .. } | E::CommandEnded { .. } => {
+                ErrorKind::Internal
+            }
             E::Undecided {
                 cause: StoppedWaiting::TimedOut,
                 ..
@@ -183,12 +233,6 @@ impl SchedulerError {
     }
 }
 
-impl From<ErrorBody> for SchedulerError {
-    fn from(body: ErrorBody) -> Self {
-        SchedulerError::Refused(body)
-    }
-}
-
 impl From<SchedulerError> for ErrorBody {
     /// A dependency's own refusal is passed on as it said it; a dependency that did not answer
     /// is named, so the client knows which part of the mesh is missing. Every other error is
@@ -197,6 +241,11 @@ impl From<SchedulerError> for ErrorBody {
         match e {
             SchedulerError::Refused(body) => body,
             SchedulerError::Invalid(e) => e.into(),
+            SchedulerError::OverQuota(e) => e.into(),
+            SchedulerError::BeyondCeiling(e) => e.into(),
+            SchedulerError::Report(e) => e.into(),
+            e @ SchedulerError::UnknownTemplate { .. } => ErrorBody::bad_request(e.to_string())
+                .with_details(serde_json::json!({ "field": "template" })),
             SchedulerError::Store(e) => e.into(),
             SchedulerError::Registry(e) => e.into(),
             SchedulerError::Dependency {
@@ -248,6 +297,44 @@ mod tests {
         let body = ErrorBody::from(e);
         assert_eq!(body.kind, ErrorKind::Unavailable);
         assert!(body.message.contains("risk-assessor"), "{}", body.message);
+    }
+
+    #[test]
+    fn the_schedulers_own_refusals_keep_their_wire_form() {
+        let acme = Tenant::new("acme").unwrap();
+        let over = OverQuota {
+            tenant: acme.clone(),
+            quota: Quota::Sessions,
+            limit: 2,
+            used: 2,
+        };
+        let e = SchedulerError::from(over.clone());
+        assert_eq!(e.kind(), ErrorKind::Overloaded);
+        assert_eq!(
+            e.to_string(),
+            over_quota(&acme, Quota::Sessions, 2, 2).message
+        );
+        assert_eq!(ErrorBody::from(e), over_quota(&acme, Quota::Sessions, 2, 2));
+
+        let large = SchedulerError::from(JunitError::TooLarge { size: 1 << 30 });
+        assert_eq!(large.kind(), ErrorKind::TooLarge);
+        assert_eq!(ErrorBody::from(large).code, 413);
+        let dtd = ErrorBody::from(SchedulerError::from(JunitError::Dtd));
+        assert_eq!(
+            (dtd.kind, dtd.message.as_str()),
+            (
+                ErrorKind::BadRequest,
+                "the test report declares a DTD; JUnit reports have none"
+            )
+        );
+
+        let unknown = SchedulerError::UnknownTemplate { name: "x".into() };
+        assert_eq!(unknown.kind(), ErrorKind::BadRequest);
+        let body = ErrorBody::from(unknown);
+        assert_eq!(
+            body.details,
+            Some(serde_json::json!({ "field": "template" }))
+        );
     }
 
     #[test]

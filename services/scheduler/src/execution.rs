@@ -13,7 +13,7 @@ use messages::risk::RiskAssessment;
 use messages::session::SessionRecord;
 use messages::template::RunTemplate;
 use messages::tenancy::{scoped, Caller, Tenant};
-use messages::validate::EffectiveLimits;
+use messages::validate::{EffectiveLimits, ValidationError};
 use messages::ErrorBody;
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +36,10 @@ pub struct Origin {
 
 /// The request with the ids its caller named scoped by the caller's tenant (DESIGN.md §5.5),
 /// so nothing it names can reach another tenant's executions or sessions.
-pub fn scope_request(caller: &Caller, mut req: ExecRequest) -> Result<ExecRequest, ErrorBody> {
+pub fn scope_request(
+    caller: &Caller,
+    mut req: ExecRequest,
+) -> Result<ExecRequest, ValidationError> {
     if let Some(id) = &req.execution_id {
         req.execution_id = Some(caller.scope("execution_id", id)?);
     }

@@ -290,7 +290,9 @@ fn done(mut result: ExecResult, started: Instant) -> Call {
 /// An executor's refusal: worth another try later, or final.
 fn refused(body: ErrorBody) -> Call {
     match body.kind {
-        ErrorKind::Overloaded | ErrorKind::Unavailable => Call::Transient(body.into()),
+        ErrorKind::Overloaded | ErrorKind::Unavailable => {
+            Call::Transient(SchedulerError::Refused(body))
+        }
         ErrorKind::BadRequest | ErrorKind::TooLarge | ErrorKind::Denied => {
             Call::Failed(ExecStatus::Rejected, body)
         }

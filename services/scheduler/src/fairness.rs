@@ -17,10 +17,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use kit::{PeerCounts, QuotaBook};
-use messages::quota::{over_quota, Quota};
+use messages::quota::Quota;
 use messages::tenancy::Tenant;
-use messages::ErrorBody;
 use tokio::sync::Semaphore;
+
+use crate::error::OverQuota;
 
 /// The bounded queue — one permit per execution in flight, shared by the intake, the jobs and
 /// the resumer — and each tenant's share of it.
@@ -83,7 +84,7 @@ impl TenantSlots {
     }
 
     /// A slot for `tenant` (none needed without a tenant), or the 429 that says which quota.
-    pub fn take(&self, tenant: Option<&Tenant>) -> Result<Option<TenantSlot>, ErrorBody> {
+    pub fn take(&self, tenant: Option<&Tenant>) -> Result<Option<TenantSlot>, OverQuota> {
         let Some(tenant) = tenant else {
             return Ok(None);
         };
@@ -97,7 +98,12 @@ impl TenantSlots {
         let n = counts.entry(tenant.clone()).or_default();
         let used = *n as u64 + elsewhere;
         if used >= limit {
-            return Err(over_quota(tenant, Quota::ConcurrentExecutions, limit, used));
+            return Err(OverQuota {
+                tenant: tenant.clone(),
+                quota: Quota::ConcurrentExecutions,
+                limit,
+                used,
+            });
         }
         *n += 1;
         Ok(Some(TenantSlot {
@@ -126,7 +132,6 @@ impl Drop for TenantSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use messages::ErrorKind;
 
     #[test]
     fn a_tenant_at_its_cap_is_refused_others_are_not_and_a_dropped_slot_comes_back() {
@@ -135,10 +140,9 @@ mod tests {
         let first = slots.take(Some(&a)).unwrap();
         let _second = slots.take(Some(&a)).unwrap();
         let e = slots.take(Some(&a)).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Overloaded);
         assert_eq!(
-            e.details.as_ref().unwrap()["quota"],
-            "concurrent_executions"
+            (e.quota, e.limit, e.used),
+            (Quota::ConcurrentExecutions, 2, 2)
         );
         assert!(slots.take(Some(&b)).unwrap().is_some(), "b is not a's");
         assert!(
@@ -160,7 +164,7 @@ mod tests {
         let slots = TenantSlots::new(3, Arc::new(book), Arc::new(PeerCounts::none()));
         let _one = slots.take(Some(&a)).unwrap();
         let e = slots.take(Some(&a)).unwrap_err();
-        assert_eq!(e.details.as_ref().unwrap()["limit"], 1);
+        assert_eq!((e.limit, e.used), (1, 1));
         let _b: Vec<_> = (0..3).map(|_| slots.take(Some(&b)).unwrap()).collect();
         assert!(slots.take(Some(&b)).is_err(), "b has the share of 3");
     }

@@ -106,7 +106,7 @@ impl Intake {
             Outcome::Done(result) => Ok(result.unscoped(tenant)),
             // The caller still gets what ran; a later look-up by id will not find it.
             Outcome::Unstored(result, _) => Ok(result.unscoped(tenant)),
-            Outcome::Invalid(e) => Err(e.into()),
+            Outcome::Invalid(e) => Err(SchedulerError::Refused(e)),
             Outcome::Retry(e) => Err(e),
             Outcome::Busy(owner) => Err(SchedulerError::Running { owner }),
             Outcome::Parked(notice) => {
@@ -127,7 +127,7 @@ impl Intake {
     ) -> Result<AioExecResult, SchedulerError> {
         let session = req.session_id.clone();
         let result = self.exec(ctx, crate::aio::request_of(req)).await?;
-        Ok(crate::aio::answer_of(session, result)?)
+        crate::aio::answer_of(session, result)
     }
 
     /// Sends the awaiting-confirmation notice on the request's reply subject, before the

@@ -263,7 +263,8 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
     };
     // The id as stored: scoped by the job's tenant.
     let stored_id = msg_id.and_then(|id| caller.scope("execution_id", &id).ok());
-    let mut req = match decoded.and_then(|r| scope_request(&caller, r)) {
+    let scoped = decoded.and_then(|r| scope_request(&caller, r).map_err(ErrorBody::from));
+    let mut req = match scoped {
         Ok(req) => req,
         Err(error) => {
             alive.cancel();

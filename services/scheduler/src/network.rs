@@ -5,17 +5,20 @@
 use messages::exec::ExecRequest;
 use messages::network::NetworkPolicy;
 use messages::validate::ValidationError;
-use messages::ErrorBody;
+
+use crate::error::SchedulerError;
 
 /// The policy a session or execution runs under.
-pub fn admit(wanted: &NetworkPolicy, ceiling: &NetworkPolicy) -> Result<NetworkPolicy, ErrorBody> {
-    let clamped = wanted.clamp(ceiling).map_err(ErrorBody::from)?;
-    clamped.admitted().map_err(ErrorBody::from)
+pub fn admit(
+    wanted: &NetworkPolicy,
+    ceiling: &NetworkPolicy,
+) -> Result<NetworkPolicy, SchedulerError> {
+    Ok(wanted.clamp(ceiling)?.admitted()?)
 }
 
 /// Replaces a request's own policy by its admitted form. A session's executions run under the
 /// session's policy, so a request naming a session may not bring one.
-pub fn admit_request(req: &mut ExecRequest, ceiling: &NetworkPolicy) -> Result<(), ErrorBody> {
+pub fn admit_request(req: &mut ExecRequest, ceiling: &NetworkPolicy) -> Result<(), SchedulerError> {
     let Some(wanted) = &req.network else {
         return Ok(());
     };
@@ -64,20 +67,20 @@ mod tests {
             &none,
         )
         .unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Denied);
+        assert_eq!(e.kind(), ErrorKind::Denied);
         assert!(
-            e.message.contains("allow_domains pkgs.example.org"),
+            e.to_string().contains("allow_domains pkgs.example.org"),
             "{e:?}"
         );
         let e = admit(&policy(json!({"allow_domains": ["a..b"]})), &none).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::BadRequest);
+        assert_eq!(e.kind(), ErrorKind::BadRequest);
         let many = NetworkPolicy {
             allow_domains: (0..65).map(|i| format!("h{i}.org")).collect(),
             ..Default::default()
         };
         let e = admit(&many, &none).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::BadRequest);
-        assert!(e.message.contains("65 entries"), "{e:?}");
+        assert_eq!(e.kind(), ErrorKind::BadRequest);
+        assert!(e.to_string().contains("65 entries"), "{e:?}");
     }
 
     #[test]
@@ -89,7 +92,7 @@ mod tests {
             ..Default::default()
         };
         let e = admit_request(&mut req, &ceiling).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::BadRequest);
+        assert_eq!(e.kind(), ErrorKind::BadRequest);
         req.session_id = None;
         admit_request(&mut req, &ceiling).unwrap();
     }

@@ -13,9 +13,8 @@ use messages::exec::Tier;
 use messages::quota::Quota;
 use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::tenancy::{scoped, Tenant};
-use messages::ErrorBody;
 
-use crate::error::StoreError;
+use crate::error::{OverQuota, SchedulerError, StoreError};
 
 /// How often a compare-and-set is retried before giving up (each retry re-reads the record).
 const CAS_ATTEMPTS: usize = 16;
@@ -47,18 +46,26 @@ impl SessionTable {
     /// open sessions (not closed; a lost one may still be resumed) are at the limit. Counted
     /// from the table itself, so every scheduler instance sees the same number; two opens at
     /// the same instant may both pass — the quota bounds a tenant, it is not a lock.
-    pub async fn admit_new(&self, tenant: &Tenant) -> Result<(), ErrorBody> {
-        let quotas = self.quotas.of(tenant);
-        if quotas.limit(Quota::Sessions).is_none() {
+    pub async fn admit_new(&self, tenant: &Tenant) -> Result<(), SchedulerError> {
+        let Some(limit) = self.quotas.of(tenant).limit(Quota::Sessions) else {
             return Ok(());
-        }
+        };
         let open = self
             .list(None, Some(tenant))
             .await?
             .iter()
             .filter(|r| r.state != SessionState::Closed)
-            .count();
-        quotas.admit(tenant, Quota::Sessions, open as u64, 1)
+            .count() as u64;
+        if open >= limit {
+            return Err(OverQuota {
+                tenant: tenant.clone(),
+                quota: Quota::Sessions,
+                limit,
+                used: open,
+            }
+            .into());
+        }
+        Ok(())
     }
 
     async fn entry(&self, id: &str) -> Result<Option<(SessionRecord, u64)>, StoreError> {

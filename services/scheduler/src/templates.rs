@@ -7,24 +7,20 @@
 use messages::exec::{ExecRequest, Limits};
 use messages::filesystem::FilesystemPolicy;
 use messages::template::{RunTemplate, Template};
-use messages::{ErrorBody, ErrorKind, ServiceName};
-use sandmesh_client::{ClientError, TemplateClient};
+use messages::{ErrorKind, ServiceName};
+use sandmesh_client::TemplateClient;
 
 use crate::error::SchedulerError;
 
 /// The template named `name`. An unknown name is the client's mistake (400), not a missing
-/// resource of the call it made.
+/// resource of the call it made; the templates service's own refusal (a malformed name) is
+/// passed on as it said it.
 pub async fn lookup(templates: &TemplateClient, name: &str) -> Result<Template, SchedulerError> {
     match templates.get(name).await {
         Ok(record) => Ok(record.template),
-        Err(e) if e.kind() == ErrorKind::NotFound => Err(ErrorBody::bad_request(format!(
-            "unknown template {name:?}; `sandmesh template list` shows the templates"
-        ))
-        .with_details(serde_json::json!({ "field": "template" }))
-        .into()),
-        Err(ClientError::Service { body, .. }) if body.kind == ErrorKind::BadRequest => {
-            Err(body.into())
-        }
+        Err(e) if e.kind() == ErrorKind::NotFound => Err(SchedulerError::UnknownTemplate {
+            name: name.to_string(),
+        }),
         Err(e) => Err(SchedulerError::calling(ServiceName::Templates)(e)),
     }
 }

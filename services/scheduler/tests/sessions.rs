@@ -826,3 +826,41 @@ async fn session_and_result_refusals_reach_an_outsider_as_wire_errors() {
     );
     mesh.shutdown().await;
 }
+
+/// The refusals of `sessions.open` that the scheduler types as its own errors (an unknown
+/// template, a network policy beyond the operator's ceiling) reach an outsider as the wire's
+/// errors: code, kind, message and the details naming what was refused.
+#[tokio::test]
+async fn session_open_refusals_reach_an_outsider_as_wire_errors() {
+    let mesh = Mesh::sessions(2).templates().start().await;
+    let open = Subjects::default().sessions(SessionOp::Open);
+    let unknown = serde_json::json!({"session_id": "t1", "template": "no-such"});
+    let (code, e) = raw_refusal(&mesh, open.clone(), unknown).await;
+    assert_eq!((code.as_str(), e.kind), ("400", ErrorKind::BadRequest));
+    assert_eq!(
+        e.message,
+        "unknown template \"no-such\"; `sandmesh template list` shows the templates"
+    );
+    assert_eq!(e.details, Some(serde_json::json!({"field": "template"})));
+
+    // The tests' scheduler permits no network at all.
+    let beyond = serde_json::json!({
+        "session_id": "n1",
+        "network": {"allow_domains": ["pkgs.example.org"]},
+    });
+    let (code, e) = raw_refusal(&mesh, open, beyond).await;
+    assert_eq!((code.as_str(), e.kind), ("403", ErrorKind::Denied));
+    assert!(
+        e.message
+            .starts_with("network policy beyond what this deployment permits: "),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("pkgs.example.org"), "{}", e.message);
+    let refused = &e
+        .details
+        .as_ref()
+        .expect("details list the refused entries")["refused"];
+    assert_eq!(refused.as_array().map(Vec::len), Some(1), "{refused}");
+    mesh.shutdown().await;
+}

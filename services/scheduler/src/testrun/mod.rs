@@ -137,11 +137,11 @@ impl TestRuns {
             Err(e) => return Err(SchedulerError::calling(ServiceName::WorkspaceStore)(e)),
         };
         if file.size > MAX_REPORT_BYTES || file.object.is_some() {
-            return Err(ErrorBody::from(junit::JunitError::TooLarge { size: file.size }).into());
+            return Err(junit::JunitError::TooLarge { size: file.size }.into());
         }
         let bytes = messages::decode_content(&file.content, file.encoding)
-            .map_err(|e| ErrorBody::internal(format!("the report's content: {e}")))?;
-        Ok(junit::parse(&bytes).map_err(ErrorBody::from)?)
+            .map_err(|reason| SchedulerError::ReportContent { reason })?;
+        Ok(junit::parse(&bytes)?)
     }
 
     /// Closes the internal session (its container and AIO instance go with it); a failure is
