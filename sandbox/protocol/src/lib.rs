@@ -209,6 +209,10 @@ pub struct CellError {
 /// The in-container TCP port of the egress relay (the conventional HTTP proxy port).
 pub const EGRESS_PROXY_PORT: u16 = 3128;
 
+/// The exit code of `sandmesh-supervisor launch` when it failed before starting its program
+/// (as `env` and `nohup` do): the bwrap-executor tells it from bwrap's own failures.
+pub const LAUNCH_FAILED: u8 = 125;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Outcome {

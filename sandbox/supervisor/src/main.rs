@@ -18,14 +18,19 @@
 //!                            each; with --warm it first starts each interpreter once, so the
 //!                            first execution in a new container does not pay for cold
 //!                            file-system caches; it owns the session's kernel
+//! sandmesh-supervisor launch ... -- bwrap ...
+//!                            on the host, not in the sandbox: the bwrap-executor's start of
+//!                            one sandbox (cgroup, rlimits, seccomp fds, uid and capabilities
+//!                            dropped, then exec bwrap; [`launch`])
 //! ```
 //!
 //! The frame format is the `sandmesh-sandbox-protocol` crate (`sandbox/protocol`), shared with
-//! the executor. This binary uses std, nix, serde_json and tar only: it must run on the
+//! the executor. This binary uses std, nix, rustix, serde_json and tar only: it must run on the
 //! image's bookworm glibc and start in about a millisecond.
 
 mod files;
 mod kernel;
+mod launch;
 mod process;
 mod relay;
 mod serve;
@@ -374,11 +379,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Some("keep") => keep(),
+        Some("launch") => launch::launch(std::env::args_os().skip(2)),
         Some("serve") => serve::serve(std::env::args().nth(2).as_deref() == Some("--warm")),
         _ => {
             eprintln!(
                 "usage: sandmesh-supervisor run [--keeper <pid>] [--kernel <handle>]|keep|\
-                 kernel python|javascript <nofile> <fsize>|serve [--warm]"
+                 kernel python|javascript <nofile> <fsize>|serve [--warm]|launch ..."
             );
             ExitCode::from(64)
         }

@@ -44,6 +44,7 @@ pub mod cgroup;
 pub mod config;
 pub mod execution;
 pub mod janitor;
+pub mod launch;
 pub mod rootfs;
 pub mod sandbox;
 pub mod seccomp;
@@ -89,6 +90,13 @@ pub enum BwrapError {
          `kernel.apparmor_restrict_unprivileged_userns=0`"
     )]
     UserNamespaces { message: String },
+    #[error(
+        "the sandbox image's supervisor ({program}) cannot start sandboxes on this host \
+         ({message}); rebuild the image with this version's supervisor (deploy/images/build.sh)"
+    )]
+    Launcher { program: String, message: String },
+    #[error(transparent)]
+    Install(#[from] launch::InstallError),
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
     #[error(transparent)]
@@ -118,44 +126,36 @@ fn drop_to(config: &BwrapConfig) -> Option<u32> {
         .then_some(config.sandbox_uid)
 }
 
-/// Starts one empty sandbox the way every execution's starts (minus the rootfs): fails with
-/// the kernel's words when user namespaces are refused.
-async fn probe_user_namespaces(config: &BwrapConfig) -> Result<(), BwrapError> {
-    let bwrap = config.bwrap.display().to_string();
-    let mut cmd = match drop_to(config) {
-        Some(uid) => {
-            let mut c = tokio::process::Command::new("setpriv");
-            c.args([
-                format!("--reuid={uid}"),
-                format!("--regid={uid}"),
-                "--clear-groups".into(),
-                "--".into(),
-                bwrap.clone(),
-            ]);
-            c
-        }
-        None => tokio::process::Command::new(&config.bwrap),
-    };
-    cmd.args([
-        "--unshare-all",
-        "--unshare-user",
-        "--die-with-parent",
-        "--ro-bind",
-        "/",
-        "/",
-        "true",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    let out = cmd.output().await.map_err(|source| BwrapError::NoBwrap {
-        program: bwrap.clone(),
-        source,
+/// Starts one empty sandbox the way every execution's starts (minus the rootfs, cgroup and
+/// filters): fails with the kernel's words when user namespaces are refused, or with the
+/// launcher's when the image's supervisor cannot launch here.
+async fn probe_user_namespaces(config: &BwrapConfig, supervisor: &Path) -> Result<(), BwrapError> {
+    let mut cmd = launch::command(supervisor, &[], None, drop_to(config), &[]);
+    cmd.arg(&config.bwrap)
+        .args([
+            "--unshare-all",
+            "--unshare-user",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let program = supervisor.display().to_string();
+    let out = cmd.output().await.map_err(|e| BwrapError::Launcher {
+        program: program.clone(),
+        message: e.to_string(),
     })?;
     if out.status.success() {
         return Ok(());
     }
     let message = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if out.status.code() == Some(i32::from(sandbox_protocol::LAUNCH_FAILED)) {
+        return Err(BwrapError::Launcher { program, message });
+    }
     Err(BwrapError::UserNamespaces { message })
 }
 
@@ -168,7 +168,6 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "`bwrap --version` failed"),
         });
     }
-    probe_user_namespaces(&config).await?;
     let docker = containers::connect().await?;
     executor_node::check_image(&docker, &config.node.image)
         .await
@@ -186,10 +185,13 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
     let cgroups = cgroup::Cgroups::open(&config.cgroup_root, &mesh, &me)?;
     let rootfs =
         Arc::new(rootfs::RootfsCache::open(docker, &config.node.image, &config.state_dir).await?);
+    let supervisor = launch::install(&*rootfs.tree(&config.node.image).await?, &config.state_dir)?;
+    probe_user_namespaces(&config, &supervisor).await?;
     let node = Arc::new(NodeState::new(runtime.metrics.clone()));
     let config = Arc::new(config);
     let launcher = Launcher {
         bwrap: config.bwrap.clone(),
+        supervisor,
         filters,
         cgroups: cgroups.clone(),
         drop_to: drop_to(&config),

@@ -1,10 +1,11 @@
 //! One execution in a fresh bubblewrap sandbox: its cgroup created with its limits, then
 //!
 //! ```text
-//! sh (wrapper: joins the cgroup, rlimits, opens the seccomp filters as fds 3 and 4)
-//!  └─ exec setpriv (only when the executor is root: drops to the sandbox uid, no caps)
-//!      └─ exec bwrap --unshare-all --unshare-user --disable-userns --die-with-parent ...
-//!          └─ sandmesh-supervisor run   (pid 2 of the new pid namespace, uid 10001)
+//! sandmesh-supervisor launch   (the image's supervisor, copied to the host: joins the cgroup,
+//!  │                            rlimits, opens the seccomp filters as fds 3 and 4, drops to the
+//!  │                            sandbox uid when the executor is root, clears every capability)
+//!  └─ exec bwrap --unshare-all --unshare-user --disable-userns --die-with-parent ...
+//!      └─ sandmesh-supervisor run   (pid 2 of the new pid namespace, uid 10001)
 //! ```
 //!
 //! and the same frame exchange as in a Docker exec over the sandbox's stdin and stdout
@@ -27,16 +28,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::cgroup::{CgroupError, Cgroups, Counters, Limits, SandboxCgroup};
 use crate::seccomp::Filters;
 
-/// Runs as `sh -c WRAPPER sandmesh-bwrap <cgroup.procs files...> -- <command...>`: moves
-/// itself into every hierarchy of the sandbox's cgroup *before* anything of the sandbox
-/// exists (so every fork is counted), sets the rlimits, and execs the command with the
-/// seccomp filters open as fds 3 and 4. Its own variables are not passed on.
-const WRAPPER: &str = r#"d=$SANDMESH_SECCOMP_DENY n=$SANDMESH_SECCOMP_NOSYS f=$SANDMESH_NOFILE
-unset SANDMESH_SECCOMP_DENY SANDMESH_SECCOMP_NOSYS SANDMESH_NOFILE
-for p do shift; [ "$p" = -- ] && break; echo $$ > "$p" || exit 125; done
-ulimit -c 0 && ulimit -n "$f" || exit 125
-exec "$@" 3<"$d" 4<"$n""#;
-
 /// How long to keep reading bwrap's own error output after the sandbox ended without a report.
 const STDERR_GRACE: Duration = Duration::from_millis(200);
 
@@ -55,6 +46,9 @@ pub enum SandboxError {
 /// Everything that starts sandboxes on this node. Cheap to share.
 pub struct Launcher {
     pub bwrap: PathBuf,
+    /// `sandmesh-supervisor` on the host, run as `launch` in front of bwrap (one exec where a
+    /// shell wrapper and `setpriv` took two): see [`crate::launch`].
+    pub supervisor: PathBuf,
     pub filters: Filters,
     pub cgroups: Cgroups,
     /// Set when the executor runs as root: sandboxes drop to this host uid before bwrap, so
@@ -213,27 +207,15 @@ impl Launcher {
         cgroup: &SandboxCgroup,
         filesystem: Option<&FilesystemPolicy>,
     ) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new("/bin/sh");
-        cmd.arg("-c").arg(WRAPPER).arg("sandmesh-bwrap");
-        cmd.args(cgroup.procs_files());
-        cmd.arg("--");
-        if let Some(uid) = self.drop_to {
-            cmd.args([
-                "setpriv".to_string(),
-                format!("--reuid={uid}"),
-                format!("--regid={uid}"),
-                "--clear-groups".into(),
-                "--inh-caps=-all".into(),
-                "--".into(),
-            ]);
-        }
+        let mut cmd = crate::launch::command(
+            &self.supervisor,
+            &cgroup.procs_files(),
+            Some(self.nofile),
+            self.drop_to,
+            &[&self.filters.deny, &self.filters.nosys],
+        );
         cmd.arg(&self.bwrap)
-            .args(self.bwrap_args(rootfs, filesystem));
-        cmd.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("SANDMESH_SECCOMP_DENY", &self.filters.deny)
-            .env("SANDMESH_SECCOMP_NOSYS", &self.filters.nosys)
-            .env("SANDMESH_NOFILE", self.nofile.to_string())
+            .args(self.bwrap_args(rootfs, filesystem))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -252,7 +234,7 @@ impl Launcher {
             .command(input.rootfs, &lease.cgroup, input.filesystem)
             .spawn()
             .map_err(|source| SandboxError::Spawn {
-                program: "/bin/sh".into(),
+                program: self.supervisor.display().to_string(),
                 source,
             })?;
         let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =

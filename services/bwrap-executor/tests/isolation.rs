@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::{processes_in, run, BwrapRuns, Harness};
 use messages::exec::{ExecStatus, Language};
-use test_support::{eventually_true, NatsServer};
+use test_support::{eventually, eventually_true, NatsServer};
 
 #[tokio::test]
 async fn the_root_is_read_only_and_nothing_persists_between_runs() {
@@ -140,6 +140,79 @@ async fn setuid_gives_no_privilege() {
     assert!(!r.stdout.lines().any(|l| l == "0"), "never uid 0: {r:?}");
     h.assert_recovered().await;
     h.stop().await;
+}
+
+/// The sandbox's processes that the host's user namespace owns (bwrap's outer process) run
+/// as the sandbox uid when the executor is root (its own uid otherwise), in no supplementary
+/// group, with no capability in any set: the inheritable one included, which `setuid` keeps.
+#[tokio::test]
+async fn the_sandbox_holds_no_host_capability_uid_or_group() {
+    let h = Harness::start().await;
+    let run = h.exec(Language::Shell, "sleep 3; echo done");
+    let needle = format!("/{}/", h.node);
+    let inspect = eventually(
+        "the sandbox's bwrap to run",
+        Duration::from_secs(60),
+        || {
+            let seen = host_side_statuses(&needle);
+            async move { (!seen.is_empty()).then_some(seen) }
+        },
+    );
+    let (r, seen) = tokio::join!(run, inspect);
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "done\n"),
+        "{r:?}"
+    );
+    let uid = if nix::unistd::geteuid().is_root() {
+        10001
+    } else {
+        nix::unistd::geteuid().as_raw()
+    };
+    let ids = format!("\t{uid}\t{uid}\t{uid}\t{uid}");
+    for (pid, status) in seen {
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+                .to_string()
+        };
+        assert_eq!(field("Uid:"), ids, "uids of {pid}");
+        assert_eq!(field("Gid:"), ids, "gids of {pid}");
+        assert_eq!(field("Groups:").trim(), "", "groups of {pid}");
+        for set in ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"] {
+            assert_eq!(field(set), "\t0000000000000000", "{set} of {pid}");
+        }
+    }
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
+/// `/proc/<pid>/status` of every bwrap process in a sandbox cgroup of `needle` that is in
+/// this process's user namespace (the sandbox's own processes are in theirs). Only once it is
+/// bwrap: the launcher before it is the same process, still root for a moment.
+fn host_side_statuses(needle: &str) -> Vec<(i32, String)> {
+    let ours = std::fs::read_link("/proc/self/ns/user").expect("own user namespace");
+    let is_bwrap = |cmd: &str| {
+        cmd.split(' ')
+            .next()
+            .is_some_and(|program| program.rsplit('/').next() == Some("bwrap"))
+    };
+    processes_in(needle)
+        .into_iter()
+        .filter(|(pid, cmd)| {
+            is_bwrap(cmd)
+                && std::fs::read_link(format!("/proc/{pid}/ns/user"))
+                    .ok()
+                    .as_ref()
+                    == Some(&ours)
+        })
+        .filter_map(|(pid, _)| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            Some((pid, status))
+        })
+        .collect()
 }
 
 #[tokio::test]
