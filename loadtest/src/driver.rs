@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::Write;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,6 +101,12 @@ impl Run {
         }
     }
 
+    /// Adds one more turn of the same series ([`alternate`]): its operations and its time.
+    fn add_turn(&mut self, turn: Run) {
+        self.elapsed += turn.elapsed;
+        self.merge(turn);
+    }
+
     fn merge(&mut self, other: Run) {
         self.latencies.merge(&other.latencies);
         self.overhead.merge(&other.overhead);
@@ -181,6 +188,42 @@ where
     run
 }
 
+/// One operation of a series that takes turns with others ([`alternate`]); boxed so series
+/// of different kinds fit in one list.
+pub type TurnOp =
+    Arc<dyn Fn(usize, u64) -> Pin<Box<dyn Future<Output = Sample> + Send>> + Send + Sync>;
+
+/// Runs the `series` in turns of `turn` each (a, b, a, b, …) until every one had
+/// `load.duration`, at `load.concurrency`; one [`Run`] per series, its time the sum of its
+/// turns. Background load on a shared machine comes and goes within seconds: taking turns
+/// spreads it over every series alike, so their ratio holds where back-to-back series would
+/// each catch a different share. Bounded by time only (`load.requests` is not used).
+pub async fn alternate(series: &[(String, TurnOp)], load: Load, turn: Duration) -> Vec<Run> {
+    let turns = (load.duration.as_secs_f64() / turn.as_secs_f64().max(1e-3))
+        .ceil()
+        .max(1.0) as u32;
+    let slice = Load {
+        requests: None,
+        duration: turn,
+        ..load
+    };
+    let mut runs: Vec<Run> = series
+        .iter()
+        .map(|_| Run {
+            concurrency: load.concurrency.max(1),
+            ..Run::default()
+        })
+        .collect();
+    for t in 1..=turns {
+        for ((name, op), total) in series.iter().zip(&mut runs) {
+            let op = op.clone();
+            let label = format!("{name} (turn {t}/{turns})");
+            total.add_turn(drive(&label, slice, move |w, seq| op(w, seq)).await);
+        }
+    }
+    runs
+}
+
 /// One stderr line, rewritten every second until the series ends.
 async fn progress_line(
     label: String,
@@ -254,6 +297,45 @@ mod tests {
         assert!(run.completed > 0);
         // Each worker may start one operation just before the deadline.
         assert!(run.elapsed < Duration::from_secs(5), "{:?}", run.elapsed);
+    }
+
+    #[tokio::test]
+    async fn alternating_series_take_turns_and_add_up_their_turns() {
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let op = |label: &'static str| -> TurnOp {
+            let order = order.clone();
+            Arc::new(move |_, _| {
+                let order = order.clone();
+                Box::pin(async move {
+                    order.lock().unwrap().push(label);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    Sample::timed(Duration::from_millis(2), "ok")
+                })
+            })
+        };
+        let load = Load {
+            concurrency: 2,
+            requests: Some(1),
+            duration: Duration::from_millis(90),
+        };
+        let series = [("a".to_string(), op("a")), ("b".to_string(), op("b"))];
+        let runs = alternate(&series, load, Duration::from_millis(30)).await;
+        let mut turns: Vec<&str> = order.lock().unwrap().clone();
+        turns.dedup();
+        assert_eq!(turns, ["a", "b", "a", "b", "a", "b"]);
+        let count = |label| {
+            order
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| **l == label)
+                .count()
+        };
+        assert_eq!(runs[0].completed as usize, count("a"));
+        assert_eq!(runs[1].completed as usize, count("b"));
+        assert!(runs
+            .iter()
+            .all(|r| r.concurrency == 2 && r.statuses.get("ok") > 1));
     }
 
     #[tokio::test]

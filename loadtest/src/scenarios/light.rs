@@ -4,16 +4,27 @@
 //! sandboxes, without its cgroup, seccomp filter and supervisor), and `print(1)` through the
 //! mesh as tier `ephemeral`, which `sandmesh up` sends to the bwrap-executor when bubblewrap is
 //! installed (`SANDMESH_EPHEMERAL_BACKEND=auto`).
+//!
+//! The bare loop and the mesh take turns of [`TURN`] each (mesh, bare, mesh, bare, …) at each
+//! concurrency: their throughput ratio is the target (issue 24), and on a shared machine
+//! back-to-back series caught different shares of the background load.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use messages::exec::Language;
 
-use crate::driver::{drive, Load, Sample};
-use crate::scenarios::exec::{self, ExecTier, Mode};
+use crate::client::exec_sync;
+use crate::driver::{alternate, Load, Sample, TurnOp};
+use crate::programs::tiny;
+use crate::scenarios::exec::{self, tier_request, ExecTier};
 use crate::scenarios::Ctx;
+
+/// One turn of the mesh or of the bare loop: long enough for thousands of sandboxes at c=4,
+/// short enough that a background build's burst falls on both.
+const TURN: Duration = Duration::from_secs(4);
 
 /// Where the bwrap-executor exports rootfs trees (its default `SANDMESH_BWRAP_STATE_DIR`).
 const STATE_DIR: &str = "/var/tmp/sandmesh-bwrap";
@@ -107,7 +118,8 @@ fn nix_is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// The three series per concurrency: Docker baseline, bare bwrap, the mesh's ephemeral tier.
+/// The three series per concurrency: Docker baseline, then bare bwrap and the mesh's
+/// ephemeral tier taking turns.
 pub async fn light(
     ctx: &mut Ctx,
     image: &str,
@@ -115,48 +127,64 @@ pub async fn light(
     load: Load,
 ) -> anyhow::Result<()> {
     exec::baseline(ctx, image, &[Language::Python], concurrency, load).await?;
-    bare_bwrap_series(ctx, image, concurrency, load).await?;
-    exec::exec(
-        ctx,
-        &[Language::Python],
-        &[ExecTier::Ephemeral],
-        &[Mode::Sync],
-        concurrency,
-        load,
-    )
-    .await
+    mesh_beside_bare_bwrap(ctx, image, concurrency, load).await
 }
 
-/// The bare `bwrap` loop at each concurrency (series `bare-bwrap/python/c<c>`): the light
-/// backend's floor.
-pub async fn bare_bwrap_series(
+/// One bare sandbox's sample.
+async fn bare_sample(rootfs: &Path) -> Sample {
+    let start = Instant::now();
+    match bare_bwrap(rootfs).await {
+        Ok((true, out)) if out == "1\n" => Sample::timed(start.elapsed(), "ok"),
+        Ok((true, out)) => Sample::timed(start.elapsed(), "wrong_output").with_detail(out),
+        Ok((false, out)) => Sample::timed(start.elapsed(), "failed").with_detail(out),
+        Err(e) => Sample::failed("err:spawn", e.to_string()),
+    }
+}
+
+/// At each concurrency, `print(1)` through the mesh as tier ephemeral
+/// (`exec/python/ephemeral/sync/c<c>`) and the bare `bwrap` loop, the light backend's floor
+/// (`bare-bwrap/python/c<c>`), in alternating turns of [`TURN`] until each had
+/// `load.duration`.
+pub async fn mesh_beside_bare_bwrap(
     ctx: &mut Ctx,
     image: &str,
     concurrency: &[usize],
     load: Load,
 ) -> anyhow::Result<()> {
-    let rootfs = rootfs(ctx, image).await?;
-    // One unmeasured run: page cache.
+    let rootfs = Arc::new(rootfs(ctx, image).await?);
+    let (code, expect, _) = tiny(Language::Python);
+    let request = tier_request(Language::Python, code, ExecTier::Ephemeral, None);
+    // One unmeasured run of each: page cache, connections.
     bare_bwrap(&rootfs).await?;
+    exec_sync(&ctx.mesh, &request, Some(expect)).await;
+    let mesh = ctx.mesh.clone();
+    let through_mesh: TurnOp = Arc::new(move |_, _| {
+        let (mesh, request) = (mesh.clone(), request.clone());
+        Box::pin(async move { exec_sync(&mesh, &request, Some(expect)).await })
+    });
+    let bare: TurnOp = Arc::new(move |_, _| {
+        let rootfs = rootfs.clone();
+        Box::pin(async move { bare_sample(&rootfs).await })
+    });
     for &c in concurrency {
-        let name = format!("bare-bwrap/python/c{c}");
-        let root = rootfs.clone();
-        let run = drive(&name, load.with_concurrency(c), move |_, _| {
-            let root = root.clone();
-            async move {
-                let start = Instant::now();
-                match bare_bwrap(&root).await {
-                    Ok((true, out)) if out == "1\n" => Sample::timed(start.elapsed(), "ok"),
-                    Ok((true, out)) => {
-                        Sample::timed(start.elapsed(), "wrong_output").with_detail(out)
-                    }
-                    Ok((false, out)) => Sample::timed(start.elapsed(), "failed").with_detail(out),
-                    Err(e) => Sample::failed("err:spawn", e.to_string()),
-                }
-            }
-        })
-        .await;
-        ctx.push(run.report(&name).tagged(Some("python"), None, None));
+        let mesh_name = format!("exec/python/ephemeral/sync/c{c}");
+        let bare_name = format!("bare-bwrap/python/c{c}");
+        let series = [
+            (mesh_name.clone(), through_mesh.clone()),
+            (bare_name.clone(), bare.clone()),
+        ];
+        let runs = alternate(&series, load.with_concurrency(c), TURN).await;
+        let [mesh_run, bare_run] = <[_; 2]>::try_from(runs).expect("one run per series");
+        ctx.push(mesh_run.report(&mesh_name).tagged(
+            Some("python"),
+            Some("ephemeral"),
+            Some("sync"),
+        ));
+        ctx.push(
+            bare_run
+                .report(&bare_name)
+                .tagged(Some("python"), None, None),
+        );
     }
     Ok(())
 }

@@ -11,8 +11,8 @@
 //!   of those executions, `mesh-<queued|assess|exec|total>` (`ExecResult::timing`).
 //!
 //! Then the light backend beside its floor in the same run, at each `-c` (default 4; `light`'s
-//! series `bare-bwrap/python/c4` and `exec/python/ephemeral/sync/c4`): the target is the
-//! mesh's throughput at c=4 ≥ 0.85× the bare `bwrap` loop's.
+//! series `bare-bwrap/python/c4` and `exec/python/ephemeral/sync/c4`, taking turns): the
+//! target is the mesh's throughput at c=4 ≥ 0.85× the bare `bwrap` loop's.
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ use crate::client::{call_failed, close_session, exec_sample, open_session};
 use crate::driver::{note, Load, Run, Sample};
 use crate::mesh::Mesh;
 use crate::programs::{request, tiny};
-use crate::scenarios::exec::{self, wait_until_quiet, ExecTier, Mode};
+use crate::scenarios::exec::{self, wait_until_quiet};
 use crate::scenarios::{light, Ctx};
 
 /// How long a burst waits for the executor to be quiet again (its warm pool refilled, the last
@@ -174,14 +174,5 @@ pub async fn sessions_burst(
         );
     }
 
-    light::bare_bwrap_series(ctx, image, light_concurrency, light_load).await?;
-    exec::exec(
-        ctx,
-        &[Language::Python],
-        &[ExecTier::Ephemeral],
-        &[Mode::Sync],
-        light_concurrency,
-        light_load,
-    )
-    .await
+    light::mesh_beside_bare_bwrap(ctx, image, light_concurrency, light_load).await
 }
