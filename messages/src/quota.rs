@@ -107,18 +107,21 @@ impl Quotas {
     }
 
     /// `Ok` when `used + adding` stays within `quota`'s limit (or there is none), else the
-    /// 429 that says which quota, its limit, the use now and when to retry.
+    /// refusal that says which quota, its limit and the use now.
     pub fn admit(
         &self,
         tenant: &Tenant,
         quota: Quota,
         used: u64,
         adding: u64,
-    ) -> Result<(), ErrorBody> {
+    ) -> Result<(), OverQuota> {
         match self.limit(quota) {
-            Some(limit) if used.saturating_add(adding) > limit => {
-                Err(over_quota(tenant, quota, limit, used))
-            }
+            Some(limit) if used.saturating_add(adding) > limit => Err(OverQuota {
+                tenant: tenant.clone(),
+                quota,
+                limit,
+                used,
+            }),
             _ => Ok(()),
         }
     }
@@ -127,20 +130,31 @@ impl Quotas {
 /// How long a caller over a quota is told to wait before it tries again.
 pub const RETRY_AFTER_MS: u64 = 500;
 
-/// The refusal of a request that would take `tenant` over `quota`: 429 (`overloaded`) with
-/// `details {quota, limit, used, retry_after_ms}`.
-pub fn over_quota(tenant: &Tenant, quota: Quota, limit: u64, used: u64) -> ErrorBody {
-    ErrorBody::overloaded(format!(
-        "tenant {tenant} is at its quota of {limit} {} ({quota}: {used} in use); {}",
-        quota.noun(),
-        quota.remedy()
-    ))
-    .with_details(serde_json::json!({
-        "quota": quota.as_str(),
-        "limit": limit,
-        "used": used,
-        "retry_after_ms": RETRY_AFTER_MS,
-    }))
+/// A request would take `tenant` over `quota`. Kept as a value while it travels up; the wire
+/// body — 429 (`overloaded`) with `details {quota, limit, used, retry_after_ms}` — is made
+/// from it at the endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "tenant {tenant} is at its quota of {limit} {} ({quota}: {used} in use); {}",
+    quota.noun(),
+    quota.remedy()
+)]
+pub struct OverQuota {
+    pub tenant: Tenant,
+    pub quota: Quota,
+    pub limit: u64,
+    pub used: u64,
+}
+
+impl From<OverQuota> for ErrorBody {
+    fn from(e: OverQuota) -> Self {
+        ErrorBody::overloaded(e.to_string()).with_details(serde_json::json!({
+            "quota": e.quota.as_str(),
+            "limit": e.limit,
+            "used": e.used,
+            "retry_after_ms": RETRY_AFTER_MS,
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -156,7 +170,7 @@ mod tests {
             ..Default::default()
         };
         assert!(q.admit(&acme, Quota::Sessions, 1, 1).is_ok());
-        let e = q.admit(&acme, Quota::Sessions, 2, 1).unwrap_err();
+        let e = ErrorBody::from(q.admit(&acme, Quota::Sessions, 2, 1).unwrap_err());
         assert_eq!(e.kind, ErrorKind::Overloaded);
         let d = e.details.unwrap();
         assert_eq!(d["quota"], "sessions");
@@ -166,6 +180,26 @@ mod tests {
         assert!(
             q.admit(&acme, Quota::Browsers, 1_000, 1).is_ok(),
             "no limit set"
+        );
+    }
+
+    #[test]
+    fn the_refusal_keeps_its_wire_form() {
+        let over = OverQuota {
+            tenant: Tenant::new("acme").unwrap(),
+            quota: Quota::AioInstances,
+            limit: 1,
+            used: 1,
+        };
+        let body = serde_json::to_string(&ErrorBody::from(over)).unwrap();
+        assert_eq!(
+            body,
+            concat!(
+                r#"{"code":429,"kind":"overloaded","message":"tenant acme is at its quota of 1 "#,
+                r#"AIO instances (aio_instances: 1 in use); release one (aio.release) or retry "#,
+                r#"later","details":{"limit":1,"quota":"aio_instances","retry_after_ms":500,"#,
+                r#""used":1}}"#
+            )
         );
     }
 

@@ -16,7 +16,7 @@ use kit::RequestContext;
 use messages::browser::{
     AioAcquire, AioExec, AioExecResult, AioLease, AioRelease, AioReleased, AioStats,
 };
-use messages::quota::Quota;
+use messages::quota::{OverQuota, Quota};
 use messages::tenancy::{scoped, tenant_of_scoped};
 use messages::ErrorBody;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -153,7 +153,7 @@ impl PoolStateHolder {
     /// Whether the tenant of `session` may hold one more instance (a session that has its
     /// instance already just gets it again). The tenant is the caller's, or — for the
     /// scheduler binding a session's instance — the one the scoped id names.
-    fn admit(&self, ctx: &RequestContext, session: &str) -> Result<(), ErrorBody> {
+    fn admit(&self, ctx: &RequestContext, session: &str) -> Result<(), OverQuota> {
         let tenant = match ctx.caller.tenant() {
             Some(t) => t.clone(),
             None => match tenant_of_scoped(session) {
@@ -335,7 +335,7 @@ impl Actor for Pool {
                     }
                 };
                 if let Err(e) = state.admit(&ctx, &session) {
-                    reply.send(Err(e)).ok();
+                    reply.send(Err(e.into())).ok();
                     return Ok(());
                 }
                 state.next_waiter += 1;

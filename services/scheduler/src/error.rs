@@ -5,9 +5,8 @@ use async_nats::jetstream::{self, kv};
 use messages::exec::ExecStatus;
 use messages::executor::{Backend, RunShapeError};
 use messages::network::BeyondCeiling;
-use messages::quota::{over_quota, Quota};
+use messages::quota::OverQuota;
 use messages::session::SessionState;
-use messages::tenancy::Tenant;
 use messages::validate::ValidationError;
 use messages::{ErrorBody, ErrorKind, ServiceName};
 use sandmesh_client::ClientError;
@@ -45,23 +44,6 @@ impl StoreError {
 impl From<StoreError> for ErrorBody {
     fn from(e: StoreError) -> Self {
         ErrorBody::unavailable(format!("JetStream: {e}"))
-    }
-}
-
-/// `tenant` is at `quota`'s limit (its concurrent executions, its open sessions): a 429 that
-/// names the quota, its limit, the use now and when to retry.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", over_quota(.tenant, *.quota, *.limit, *.used).message)]
-pub struct OverQuota {
-    pub tenant: Tenant,
-    pub quota: Quota,
-    pub limit: u64,
-    pub used: u64,
-}
-
-impl From<OverQuota> for ErrorBody {
-    fn from(e: OverQuota) -> Self {
-        over_quota(&e.tenant, e.quota, e.limit, e.used)
     }
 }
 
@@ -282,6 +264,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use messages::quota::Quota;
+    use messages::tenancy::Tenant;
 
     #[test]
     fn missing_services_are_named_and_the_cause_is_kept() {
@@ -310,11 +294,8 @@ mod tests {
         };
         let e = SchedulerError::from(over.clone());
         assert_eq!(e.kind(), ErrorKind::Overloaded);
-        assert_eq!(
-            e.to_string(),
-            over_quota(&acme, Quota::Sessions, 2, 2).message
-        );
-        assert_eq!(ErrorBody::from(e), over_quota(&acme, Quota::Sessions, 2, 2));
+        assert_eq!(e.to_string(), over.to_string());
+        assert_eq!(ErrorBody::from(e), ErrorBody::from(over));
 
         let large = SchedulerError::from(JunitError::TooLarge { size: 1 << 30 });
         assert_eq!(large.kind(), ErrorKind::TooLarge);

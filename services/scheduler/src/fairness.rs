@@ -17,11 +17,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use kit::{PeerCounts, QuotaBook};
-use messages::quota::Quota;
+use messages::quota::{OverQuota, Quota};
 use messages::tenancy::Tenant;
 use tokio::sync::Semaphore;
-
-use crate::error::OverQuota;
 
 /// The bounded queue — one permit per execution in flight, shared by the intake, the jobs and
 /// the resumer — and each tenant's share of it.

@@ -10,11 +10,11 @@ use async_nats::jetstream::kv;
 use futures::TryStreamExt;
 use kit::QuotaBook;
 use messages::exec::Tier;
-use messages::quota::Quota;
+use messages::quota::{OverQuota, Quota};
 use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::tenancy::{scoped, Tenant};
 
-use crate::error::{OverQuota, SchedulerError, StoreError};
+use crate::error::{SchedulerError, StoreError};
 
 /// How often a compare-and-set is retried before giving up (each retry re-reads the record).
 const CAS_ATTEMPTS: usize = 16;

@@ -1,6 +1,6 @@
 //! Errors of the workspace store and how each maps onto the wire (`ErrorBody`).
 
-use messages::quota::{over_quota, Quota};
+use messages::quota::{OverQuota, Quota};
 use messages::tenancy::Tenant;
 use messages::validate::ValidationError;
 use messages::ErrorBody;
@@ -71,7 +71,13 @@ impl From<StoreError> for ErrorBody {
                 used,
                 quota,
                 ..
-            } => over_quota(&tenant, Quota::WorkspaceBytes, quota, used),
+            } => OverQuota {
+                tenant,
+                quota: Quota::WorkspaceBytes,
+                limit: quota,
+                used,
+            }
+            .into(),
             StoreError::TooLarge(_) => ErrorBody::too_large(message),
             StoreError::Storage(_) => ErrorBody::unavailable(message),
             StoreError::Internal(_) => ErrorBody::internal(message),
