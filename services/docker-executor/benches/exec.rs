@@ -35,6 +35,8 @@ async fn start(image: &str, pool: usize) -> Mesh {
         ("SANDMESH_NATS_URL", nats.url()),
         ("SANDMESH_EXEC_IMAGE", image.to_string()),
         ("SANDMESH_EXEC_WARM_POOL", pool.to_string()),
+        // A fixed pool: `settle` waits for exactly `pool` ready containers.
+        ("SANDMESH_EXEC_WARM_POOL_MAX", pool.to_string()),
         ("SANDMESH_EXEC_WORKSPACE", "off".to_string()),
         ("SANDMESH_EXEC_CAPACITY", "32".to_string()),
         // Fast gauges: the bench waits for the pool to settle between ephemeral samples.

@@ -23,6 +23,8 @@ use crate::janitor::DockerSweeper;
 pub struct ContainerGauges {
     /// Ready containers in the node's own warm pool.
     pub warm: AtomicUsize,
+    /// What the node's own warm pool is growing or shrinking to (its demand, `crate::demand`).
+    pub warm_target: AtomicUsize,
     /// Live session containers.
     pub sessions: AtomicUsize,
 }
@@ -133,6 +135,7 @@ impl Backend for DockerBackend {
         };
         Arc::new(move |m: &mut BTreeMap<String, f64>| {
             let warm = gauges.warm.load(Ordering::Relaxed);
+            let warm_target = gauges.warm_target.load(Ordering::Relaxed);
             let sessions = gauges.sessions.load(Ordering::Relaxed);
             // The Prometheus gauges are refreshed with each beat: the figures the scheduler sees.
             metrics.warm_pool_size.get_or_create(&at).set(warm as i64);
@@ -141,6 +144,7 @@ impl Backend for DockerBackend {
                 .get_or_create(&at)
                 .set(sessions as i64);
             m.insert("warm_pool_size".into(), warm as f64);
+            m.insert("warm_pool_target".into(), warm_target as f64);
             m.insert("active_sessions".into(), sessions as f64);
         })
     }

@@ -11,8 +11,17 @@ use kit::config::{ConfigError, ConfigReader, EnvSource};
 pub struct ExecutorConfig {
     /// Image, ceilings and per-execution limits, shared with every backend.
     pub node: NodeConfig,
-    /// Pre-started single-use containers kept ready.
+    /// Pre-started single-use containers kept ready whatever the demand (the pool's floor).
     pub warm_pool: usize,
+    /// `SANDMESH_EXEC_WARM_POOL_MAX`: containers kept ready at most, however busy the window
+    /// was. Default: `max_sessions` (at least `warm_pool`). A warm container is what an idle
+    /// session's container is (same image, same resident supervisor), and the node already
+    /// admits `max_sessions` of those, so a host sized for its sessions holds this many warm
+    /// ones too; and the pool only grows that far after that many takes within 10 s.
+    pub warm_pool_max: usize,
+    /// `SANDMESH_EXEC_WARM_POOL_WINDOW_MS`: how long the pool remembers its busiest 10 s of
+    /// takes, the demand it is sized to (`crate::demand`).
+    pub warm_pool_window: Duration,
     /// Executions running (or queued in sessions) at once; beyond it callers get 429.
     pub capacity: usize,
     /// Session containers this node holds at most.
@@ -42,11 +51,16 @@ impl ExecutorConfig {
                 true
             }
         };
+        let warm_pool = r.parse("EXEC_WARM_POOL", 2usize);
+        let max_sessions = r.parse("EXEC_MAX_SESSIONS", 64usize);
+        let warm_pool_max = r.optional("EXEC_WARM_POOL_MAX");
         let c = Self {
             node,
-            warm_pool: r.parse("EXEC_WARM_POOL", 2usize),
+            warm_pool,
+            warm_pool_max: warm_pool_max.unwrap_or(max_sessions.max(warm_pool)),
+            warm_pool_window: r.millis("EXEC_WARM_POOL_WINDOW_MS", Duration::from_secs(600)),
             capacity: r.parse("EXEC_CAPACITY", 8usize),
-            max_sessions: r.parse("EXEC_MAX_SESSIONS", 64usize),
+            max_sessions,
             session_idle: r.millis("EXEC_SESSION_IDLE_MS", Duration::from_secs(600)),
             workspace_sync,
             egress_dir: r
@@ -56,6 +70,16 @@ impl ExecutorConfig {
         };
         if c.capacity == 0 {
             r.error("SANDMESH_EXEC_CAPACITY: at least 1");
+        }
+        if c.warm_pool_max < c.warm_pool {
+            r.error(format!(
+                "SANDMESH_EXEC_WARM_POOL_MAX={}: at least SANDMESH_EXEC_WARM_POOL ({})",
+                c.warm_pool_max, c.warm_pool
+            ));
+        }
+        if c.warm_pool_window.is_zero() {
+            // Zero would forget every take at once; a fixed pool is WARM_POOL_MAX=WARM_POOL.
+            r.error("SANDMESH_EXEC_WARM_POOL_WINDOW_MS: at least 1");
         }
         r.finish().map(|_| c)
     }
@@ -82,6 +106,11 @@ mod tests {
     fn defaults_work_on_a_laptop() {
         let c = ExecutorConfig::from_env(&env_map(&[])).unwrap();
         assert_eq!(c.warm_pool, 2);
+        assert_eq!(
+            c.warm_pool_max, 64,
+            "as many as the sessions the node holds"
+        );
+        assert_eq!(c.warm_pool_window, Duration::from_secs(600));
         assert!(c.workspace_sync);
         assert_eq!(c.node.image, "sandmesh/sandbox:latest");
     }
@@ -98,5 +127,28 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.0.len(), 5, "{e}");
         assert!(e.to_string().contains("SANDMESH_EXEC_DEFAULT_PIDS"));
+    }
+
+    #[test]
+    fn the_warm_pool_cap_is_never_below_its_floor_and_the_window_never_empty() {
+        let e = ExecutorConfig::from_env(&env_map(&[
+            ("SANDMESH_EXEC_WARM_POOL", "4"),
+            ("SANDMESH_EXEC_WARM_POOL_MAX", "3"),
+            ("SANDMESH_EXEC_WARM_POOL_WINDOW_MS", "0"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.0.len(), 2, "{e}");
+        assert!(e.0[0].contains("SANDMESH_EXEC_WARM_POOL_MAX=3"), "{e}");
+        assert!(e.0[1].contains("SANDMESH_EXEC_WARM_POOL_WINDOW_MS"), "{e}");
+        let e = ExecutorConfig::from_env(&env_map(&[("SANDMESH_EXEC_WARM_POOL_MAX", "lots")]));
+        assert!(e.unwrap_err().to_string().contains("WARM_POOL_MAX"));
+        // A floor above the default cap raises the cap instead of failing a config that
+        // never named one.
+        let c = ExecutorConfig::from_env(&env_map(&[
+            ("SANDMESH_EXEC_WARM_POOL", "80"),
+            ("SANDMESH_EXEC_MAX_SESSIONS", "10"),
+        ]))
+        .unwrap();
+        assert_eq!(c.warm_pool_max, 80);
     }
 }

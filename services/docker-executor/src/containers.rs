@@ -6,8 +6,9 @@
 //!
 //! A run in a template (`ExecutorRun::template`) first gets its image ([`TemplateImages`],
 //! built on first use, off this actor) and then runs like any other, in containers of that
-//! image: a template in use gets a warm pool of its own (its `warm_pool` size), started on
-//! its first run, so an unused template costs nothing.
+//! image: a template in use gets a warm pool of its own (its `warm_pool` size, fixed; only
+//! the node's own pool grows with demand), started on its first run, so an unused template
+//! costs nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::backend::ContainerGauges;
+use crate::demand::Sizing;
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Health, Runner};
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
@@ -75,15 +77,30 @@ async fn spawn_pool(
     gauges: &Arc<ContainerGauges>,
     template: Option<&RunTemplate>,
 ) -> Result<ActorRef<WarmPoolMsg>, ActorProcessingErr> {
-    let size = template
-        .and_then(|t| t.warm_pool)
-        .map_or(runner.config.warm_pool, |n| n as usize);
+    let config = &runner.config;
+    let sizing = match template {
+        None => Sizing {
+            floor: config.warm_pool,
+            max: config.warm_pool_max,
+            window: config.warm_pool_window,
+        },
+        // A template's pool keeps the size its template declares: each template's stock is
+        // memory of an image of its own, and its author sized it (0: none kept warm).
+        Some(t) => {
+            let size = t.warm_pool.map_or(config.warm_pool, |n| n as usize);
+            Sizing {
+                floor: size,
+                max: size,
+                window: config.warm_pool_window,
+            }
+        }
+    };
     let args = WarmPoolArgs {
         sandboxes: runner.sandboxes.clone(),
         template: template.map(|t| t.name.clone()),
         node: node.clone(),
         gauges: gauges.clone(),
-        size,
+        sizing,
         limits: default_limits(&runner.config.node.ceilings),
     };
     let (pool, _) = Actor::spawn_linked(None, WarmPool, args, myself.get_cell()).await?;

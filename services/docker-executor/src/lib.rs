@@ -26,10 +26,11 @@
 //! ExecutorNode<DockerBackend> (admission, drain; restarts the janitor; fails with Containers)
 //! ├── Janitor<DockerSweeper>  removes containers no live owner holds (this node, dead nodes)
 //! └── Containers              routing; restarts failed pools
-//!     ├── WarmPool            ready single-use containers, replenished in the background
+//!     ├── WarmPool            ready single-use containers, replenished in the background,
+//!     │                       as many as the busiest 10 s of takes lately (`demand`)
 //!     ├── WarmPool*           one per template image in use here, started by its first run
 //!     └── SessionContainer*   one per session: its container, runs one at a time, idle close
-//! (+ the kit's Heartbeat: capacity, running, warm pool size, sessions)
+//! (+ the kit's Heartbeat: capacity, running, warm pool size and target, sessions)
 //! ```
 //!
 //! Behaviour worth knowing:
@@ -67,8 +68,8 @@
 //!   whose heartbeat expired — at once, by watching the heartbeat keys' expiry, and in its
 //!   periodic sweep; at shutdown every container of the node is removed.
 //!
-//! Configuration (`SANDMESH_EXEC_*`, see [`ExecutorConfig`] and `executor_node::NodeConfig`): `IMAGE`, `WARM_POOL` (2),
-//! `CAPACITY` (8), `MAX_SESSIONS` (64), `SESSION_IDLE_MS` (600000), `WORKSPACE` (on|off),
+//! Configuration (`SANDMESH_EXEC_*`, see [`ExecutorConfig`] and `executor_node::NodeConfig`): `IMAGE`, `WARM_POOL` (2, the
+//! pool's floor), `WARM_POOL_MAX` (= `MAX_SESSIONS`), `WARM_POOL_WINDOW_MS` (600000), `CAPACITY` (8), `MAX_SESSIONS` (64), `SESSION_IDLE_MS` (600000), `WORKSPACE` (on|off),
 //! `WORKSPACE_MB` (64), `TMP_MB` (64), `NOFILE` (256), `FSIZE_MB` (= WORKSPACE_MB),
 //! `KILL_GRACE_MS` (5000), `JANITOR_MS` (30000), `EGRESS_DIR` (`$TMPDIR/sandmesh-egress`:
 //! the containers' socket directories; the Docker daemon must see this path), and the request
@@ -78,6 +79,7 @@
 pub mod backend;
 pub mod config;
 pub mod containers;
+pub mod demand;
 pub mod docker;
 pub mod egress;
 pub mod exchange;

@@ -3,11 +3,15 @@
 //! so no execution pays a cold container start while the pool has stock. A container joins
 //! the pool only after its resident supervisor started each interpreter in it once and said
 //! it is ready.
+//!
+//! Its size follows demand ([`crate::demand`], the rules, pure): after a burst of N takes it
+//! holds N (capped), two starts at a time, and once the burst is forgotten the surplus goes.
+//! This actor only counts takes, asks `Demand` for the next [`Step`] and does it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kit::metrics::PoolLabels;
 use messages::template::DEFAULT_TEMPLATE;
@@ -16,6 +20,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use executor_node::NodeState;
 
 use crate::backend::ContainerGauges;
+use crate::demand::{Demand, Sizing, Step};
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
 use crate::lease::ContainerLease;
 use crate::resident::Resident;
@@ -26,6 +31,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// dockerd, containerd and runc, and on a small host it would slow the very execution that
 /// just took one. An empty pool refills at once.
 const REFILL_DELAY: Duration = Duration::from_millis(300);
+/// While a take is remembered (the target may fall) or the pool is above its target, it looks
+/// again this often: each look removes a step's worth of surplus.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 pub enum WarmPoolMsg {
     /// A ready container, or `None` when the pool is empty (the caller starts one itself).
@@ -38,6 +46,8 @@ pub enum WarmPoolMsg {
     Replenish,
     /// The backoff after failed starts is over.
     Retry,
+    /// A periodic look at demand: forget old takes, remove surplus.
+    Trim,
 }
 
 pub struct WarmPool;
@@ -51,7 +61,8 @@ pub struct WarmPoolArgs {
     pub node: Arc<NodeState>,
     /// Where the node's own pool reports its stock for the heartbeat.
     pub gauges: Arc<ContainerGauges>,
-    pub size: usize,
+    /// Its floor, cap and demand window.
+    pub sizing: Sizing,
     /// What the pool's containers start with: the ceilings' defaults.
     pub limits: ContainerLimits,
 }
@@ -64,16 +75,22 @@ pub struct WarmPoolState {
     /// Grows while starts fail (no image, daemon down), so a broken host is not hammered.
     backoff: Duration,
     retry_pending: bool,
+    /// Recent takes: the size the pool grows to.
+    demand: Demand,
+    /// A `Trim` is scheduled (one chain of them at most).
+    trimming: bool,
 }
 
 impl WarmPoolState {
     fn publish_size(&self) {
         match &self.args.template {
-            None => self
-                .args
-                .gauges
-                .warm
-                .store(self.ready.len(), Ordering::Relaxed),
+            None => {
+                let gauges = &self.args.gauges;
+                gauges.warm.store(self.ready.len(), Ordering::Relaxed);
+                gauges
+                    .warm_target
+                    .store(self.demand.target(), Ordering::Relaxed);
+            }
             Some(template) => {
                 let labels = PoolLabels {
                     service: crate::SERVICE_NAME,
@@ -90,33 +107,50 @@ impl WarmPoolState {
         }
     }
 
-    fn replenish(&mut self, myself: &ActorRef<WarmPoolMsg>) {
-        while self.ready.len() + self.starting < self.args.size {
-            self.starting += 1;
-            let sandboxes = self.args.sandboxes.clone();
-            let node = self.args.node.clone();
-            let limits = self.args.limits;
-            let myself = myself.clone();
-            self.args.node.tasks.spawn(async move {
-                let started = async {
-                    let mut lease = ContainerLease::start(
-                        &sandboxes,
-                        &node,
-                        ContainerKind::Warm,
-                        None,
-                        limits,
-                        None,
-                        None,
-                    )
-                    .await?;
-                    let resident = Resident::start(&sandboxes.docker, &lease.name, true).await?;
-                    lease.resident = Some(Box::new(resident));
-                    Ok(lease)
-                }
-                .await;
-                let _ = myself.cast(WarmPoolMsg::Started(started));
-            });
+    /// Brings the pool a step closer to its target: starts (two in flight at most) or removes
+    /// surplus (two ready ones at most); keeps trimming while the target may still fall.
+    fn adjust(&mut self, myself: &ActorRef<WarmPoolMsg>) {
+        self.demand.forget(Instant::now());
+        let Step { start, remove } = self.demand.step(self.ready.len(), self.starting);
+        for _ in 0..start {
+            self.start_one(myself);
         }
+        // Dropped leases remove their containers, off this actor.
+        self.ready.truncate(self.ready.len() - remove);
+        // The target may have fallen even when nothing was removed.
+        self.publish_size();
+        let surplus = self.ready.len() + self.starting > self.demand.target();
+        if !self.trimming && (self.demand.remembers() || surplus) {
+            self.trimming = true;
+            myself.send_after(TRIM_EVERY, || WarmPoolMsg::Trim);
+        }
+    }
+
+    fn start_one(&mut self, myself: &ActorRef<WarmPoolMsg>) {
+        self.starting += 1;
+        let sandboxes = self.args.sandboxes.clone();
+        let node = self.args.node.clone();
+        let limits = self.args.limits;
+        let myself = myself.clone();
+        self.args.node.tasks.spawn(async move {
+            let started = async {
+                let mut lease = ContainerLease::start(
+                    &sandboxes,
+                    &node,
+                    ContainerKind::Warm,
+                    None,
+                    limits,
+                    None,
+                    None,
+                )
+                .await?;
+                let resident = Resident::start(&sandboxes.docker, &lease.name, true).await?;
+                lease.resident = Some(Box::new(resident));
+                Ok(lease)
+            }
+            .await;
+            let _ = myself.cast(WarmPoolMsg::Started(started));
+        });
     }
 }
 
@@ -131,13 +165,17 @@ impl Actor for WarmPool {
         args: WarmPoolArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.cast(WarmPoolMsg::Replenish)?;
-        Ok(WarmPoolState {
+        let state = WarmPoolState {
+            demand: Demand::new(args.sizing),
             args,
             ready: VecDeque::new(),
             starting: 0,
             backoff: Duration::from_millis(250),
             retry_pending: false,
-        })
+            trimming: false,
+        };
+        state.publish_size();
+        Ok(state)
     }
 
     async fn handle(
@@ -148,6 +186,7 @@ impl Actor for WarmPool {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             WarmPoolMsg::Take(reply) => {
+                state.demand.take(Instant::now());
                 let container = state.ready.pop_front();
                 state.publish_size();
                 let m = &state.args.node.metrics;
@@ -177,6 +216,10 @@ impl Actor for WarmPool {
                 state.backoff = Duration::from_millis(250);
                 state.ready.push_back(container);
                 state.publish_size();
+                // The next start, while the pool is below its target.
+                if !state.retry_pending {
+                    state.adjust(&myself);
+                }
             }
             WarmPoolMsg::Started(Err(e)) => {
                 state.starting -= 1;
@@ -189,12 +232,19 @@ impl Actor for WarmPool {
             }
             WarmPoolMsg::Replenish => {
                 if !state.retry_pending {
-                    state.replenish(&myself);
+                    state.adjust(&myself);
                 }
             }
             WarmPoolMsg::Retry => {
                 state.retry_pending = false;
-                state.replenish(&myself);
+                state.adjust(&myself);
+            }
+            WarmPoolMsg::Trim => {
+                state.trimming = false;
+                // While failed starts back off, the retry's adjust resumes the trimming.
+                if !state.retry_pending {
+                    state.adjust(&myself);
+                }
             }
         }
         Ok(())

@@ -12,4 +12,5 @@ mod janitor;
 mod kernel;
 mod limits;
 mod session;
+mod warm_pool;
 mod workspace;

@@ -64,6 +64,9 @@ impl Nodes {
             ("SANDMESH_HEARTBEAT_MS", "500".into()),
             ("SANDMESH_EXEC_IMAGE", image),
             ("SANDMESH_EXEC_WARM_POOL", "1".into()),
+            // Fixed: a pool grown by the tests' own bursts would only add container starts
+            // competing with the tests on a small CI host.
+            ("SANDMESH_EXEC_WARM_POOL_MAX", "1".into()),
             ("SANDMESH_EXEC_WORKSPACE", "on".into()),
         ]
         .into_iter()

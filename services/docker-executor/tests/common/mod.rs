@@ -18,6 +18,9 @@ use test_support::{eventually_true, NatsServer};
 
 pub use test_support::executor_node::image;
 
+const WARM_POOL: &str = "SANDMESH_EXEC_WARM_POOL";
+pub const WARM_POOL_MAX: &str = "SANDMESH_EXEC_WARM_POOL_MAX";
+
 /// A docker-executor node under test.
 pub type Harness = Node<DockerNode>;
 
@@ -32,14 +35,17 @@ impl NodeBackend for DockerNode {
     const SERVICE: ServiceName = ServiceName::DockerExecutor;
     const KIND: messages::executor::Backend = messages::executor::Backend::Docker;
     // A small pool, no workspace-store.
-    const ENV: &'static [(&'static str, &'static str)] = &[
-        ("SANDMESH_EXEC_WARM_POOL", "1"),
-        ("SANDMESH_EXEC_WORKSPACE", "off"),
-    ];
+    const ENV: &'static [(&'static str, &'static str)] =
+        &[(WARM_POOL, "1"), ("SANDMESH_EXEC_WORKSPACE", "off")];
     const NODE_PREFIX: &'static str = "t";
 
+    /// A pool of fixed size unless the test sizes it by demand: most tests count containers.
     fn config(env: &HashMap<String, String>) -> ExecutorConfig {
-        ExecutorConfig::from_env(env).expect("valid test config")
+        let mut env = env.clone();
+        if let Some(floor) = env.get(WARM_POOL).cloned() {
+            env.entry(WARM_POOL_MAX.into()).or_insert(floor);
+        }
+        ExecutorConfig::from_env(&env).expect("valid test config")
     }
 
     fn subjects(config: &ExecutorConfig) -> Subjects {
