@@ -193,11 +193,14 @@ impl Report {
             .iter_mut()
             // A ratio of a series with failures would compare error replies with executions.
             .filter(|s| {
-                matches!(
+                let compared = matches!(
                     s.scenario.as_str(),
                     "exec" | "template" | "ephemeral-ready" | "http" | "sessions-burst"
-                ) && s.latency.count > 0
-                    && s.all_ok()
+                );
+                // One burst's own first results, beside the same floor.
+                let round = s.scenario.starts_with("sessions-burst-round")
+                    && s.name.contains("/first-result/");
+                (compared || round) && s.latency.count > 0 && s.all_ok()
             })
         {
             let found = baselines

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use messages::exec::{Language, TierChoice};
+use messages::heartbeat::Heartbeat;
 
 use crate::client::{close_session, exec_async, exec_sync, open_session};
 use crate::docker::{self, BaselineContainer};
@@ -319,43 +320,50 @@ pub async fn ephemeral_ready(
 }
 
 /// Bounded poll (≤ `bound`) until the executor is quiet again: its warm pool back at its size
-/// (containers started *and* warmed up, as its heartbeat says) and nothing running, in a
-/// heartbeat sent after `since_ms`. A sample taken while the node still removes the last
-/// container or warms up its replacement would measure that work too.
+/// (containers started *and* warmed up, as its heartbeat says; a pool sized by demand at its
+/// current target) and nothing running, in a heartbeat sent after `since_ms`. A sample taken
+/// while the node still removes the last container or warms up its replacement would measure
+/// that work too.
 pub async fn wait_until_quiet(ctx: &Ctx, since_ms: u64, bound: Duration) {
-    use futures::TryStreamExt;
-    use messages::heartbeat::Heartbeat;
     let deadline = Instant::now() + bound;
+    let quiet = |beat: &Heartbeat| {
+        let metric = |name: &str| beat.metrics.get(name).copied().unwrap_or(0.0);
+        beat.sent_at >= since_ms
+            && metric("warm_pool_size") >= metric("warm_pool_target").max(ctx.warm_pool as f64)
+            && metric("running_executions") == 0.0
+    };
+    while Instant::now() < deadline {
+        let beats = docker_heartbeats(ctx).await;
+        if !beats.is_empty() && beats.iter().all(quiet) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The last heartbeat of every docker executor of the mesh (none when the bucket cannot be
+/// read).
+pub async fn docker_heartbeats(ctx: &Ctx) -> Vec<Heartbeat> {
+    use futures::TryStreamExt;
     let Ok(kv) = ctx
         .mesh
         .js
         .get_key_value(ctx.mesh.subjects.nodes_bucket())
         .await
     else {
-        return;
+        return Vec::new();
     };
-    let quiet = |beat: &Heartbeat| {
-        let metric = |name: &str| beat.metrics.get(name).copied().unwrap_or(0.0);
-        beat.sent_at >= since_ms
-            && metric("warm_pool_size") >= ctx.warm_pool as f64
-            && metric("running_executions") == 0.0
+    let keys: Vec<String> = match kv.keys().await {
+        Ok(keys) => keys.try_collect().await.unwrap_or_default(),
+        Err(_) => Vec::new(),
     };
-    while Instant::now() < deadline {
-        let keys: Vec<String> = match kv.keys().await {
-            Ok(keys) => keys.try_collect().await.unwrap_or_default(),
-            Err(_) => Vec::new(),
-        };
-        let mut beats = Vec::new();
-        for key in keys.iter().filter(|k| k.starts_with("docker-executor.")) {
-            if let Ok(Some(value)) = kv.get(key).await {
-                if let Ok(beat) = serde_json::from_slice::<Heartbeat>(&value) {
-                    beats.push(beat);
-                }
+    let mut beats = Vec::new();
+    for key in keys.iter().filter(|k| k.starts_with("docker-executor.")) {
+        if let Ok(Some(value)) = kv.get(key).await {
+            if let Ok(beat) = serde_json::from_slice::<Heartbeat>(&value) {
+                beats.push(beat);
             }
         }
-        if !beats.is_empty() && beats.iter().all(quiet) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    beats
 }

@@ -11,7 +11,7 @@ use crate::docker;
 use crate::driver::{drive, note, Load};
 use crate::programs::{pick, MIXED};
 use crate::report::{ContainerCount, MixedReport};
-use crate::scenarios::Ctx;
+use crate::scenarios::{exec, Ctx};
 use crate::stats::Counts;
 
 pub async fn mixed(ctx: &mut Ctx, load: Load) -> anyhow::Result<()> {
@@ -52,8 +52,14 @@ async fn settle_containers(ctx: &Ctx) -> ContainerCount {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
+        // A pool sized by demand may hold more than its floor: its target is no leak.
+        let beats = exec::docker_heartbeats(ctx).await;
+        let target = |b: &messages::heartbeat::Heartbeat| {
+            b.metrics.get("warm_pool_target").copied().unwrap_or(0.0) as u64
+        };
+        let warm_pool = ctx.warm_pool.max(beats.iter().map(target).sum());
         let count = match docker::sandbox_containers(docker, ctx.mesh_id.as_deref()).await {
-            Ok(list) => docker::count_containers(&list, ctx.warm_pool),
+            Ok(list) => docker::count_containers(&list, warm_pool),
             Err(e) => {
                 note(&format!("mixed: cannot list containers: {e}"));
                 return ContainerCount::default();

@@ -10,6 +10,10 @@
 //!   mesh's share, end to end less the executor's `timing.exec_ms`), and the mesh's own timing
 //!   of those executions, `mesh-<queued|assess|exec|total>` (`ExecResult::timing`).
 //!
+//! Each round is also reported alone (`sessions-burst-round<k>/…`, same stages), with the
+//! warm pool's size and target and the host's load average noted before it: the executor's
+//! pool follows demand, so round 1 shows a pool at its floor and later rounds a grown one.
+//!
 //! Then the light backend beside its floor in the same run, at each `-c` (default 4; `light`'s
 //! series `bare-bwrap/python/c4` and `exec/python/ephemeral/sync/c4`, taking turns): the
 //! target is the mesh's throughput at c=4 ≥ 0.85× the bare `bwrap` loop's.
@@ -25,9 +29,10 @@ use crate::programs::{request, tiny};
 use crate::scenarios::exec::{self, wait_until_quiet};
 use crate::scenarios::{light, Ctx};
 
-/// How long a burst waits for the executor to be quiet again (its warm pool refilled, the last
-/// burst's containers removed).
-const BURST_QUIET_BOUND: Duration = Duration::from_secs(60);
+/// How long a burst waits for the executor to be quiet again (its warm pool refilled to its
+/// target — after a burst of 50, 50 containers started two at a time — and the last burst's
+/// containers removed).
+const BURST_QUIET_BOUND: Duration = Duration::from_secs(180);
 
 /// What one session of a burst measured.
 struct FirstResult {
@@ -85,7 +90,113 @@ fn stages(r: &ExecResult) -> [(&'static str, u64); 4] {
     ]
 }
 
-/// The bursts, their floor, and the light backend beside its own.
+/// The series of some bursts: one round's, or every round's together.
+struct Series {
+    open: Run,
+    first: Run,
+    total: Run,
+    /// The mesh's stage timings, in the order first seen.
+    stages: Vec<(&'static str, Run)>,
+    concurrency: usize,
+}
+
+impl Series {
+    fn new(concurrency: usize) -> Self {
+        let run = || Run {
+            concurrency,
+            ..Default::default()
+        };
+        Self {
+            open: run(),
+            first: run(),
+            total: run(),
+            stages: Vec::new(),
+            concurrency,
+        }
+    }
+
+    fn absorb(&mut self, r: &FirstResult) {
+        self.open.absorb(&r.open);
+        self.total.absorb(&r.total);
+        let Some((sample, result)) = &r.first else {
+            return;
+        };
+        self.first.absorb(sample);
+        for (stage, ms) in result.iter().flat_map(stages) {
+            let at = match self.stages.iter().position(|(s, _)| *s == stage) {
+                Some(at) => at,
+                None => {
+                    let run = Run {
+                        concurrency: self.concurrency,
+                        ..Default::default()
+                    };
+                    self.stages.push((stage, run));
+                    self.stages.len() - 1
+                }
+            };
+            let sample = Sample::timed(Duration::from_millis(ms), "ok");
+            self.stages[at].1.absorb(&sample);
+        }
+    }
+
+    fn failed(&mut self, e: &tokio::task::JoinError) {
+        self.total
+            .absorb(&Sample::failed("err:task", e.to_string()));
+    }
+
+    /// Reports the series as `<first-result>`, and `<stage>/open`, `<stage>/first-exec` and
+    /// `<stage>/mesh-*` for the stages.
+    fn push(self, ctx: &mut Ctx, first_result: &str, stage: &str, elapsed: Duration) {
+        let c = self.concurrency;
+        let stage_series = self
+            .stages
+            .into_iter()
+            .map(|(name, run)| (format!("{stage}/{name}"), run));
+        let series = [
+            (first_result.to_string(), self.total),
+            (format!("{stage}/open"), self.open),
+            (format!("{stage}/first-exec"), self.first),
+        ]
+        .into_iter()
+        .chain(stage_series);
+        for (name, mut run) in series {
+            run.elapsed = elapsed;
+            let tags = (
+                Some(Language::Python.as_str()),
+                Some("session"),
+                Some("sync"),
+            );
+            ctx.push(
+                run.report(&format!("{name}/c{c}"))
+                    .tagged(tags.0, tags.1, tags.2),
+            );
+        }
+    }
+}
+
+/// The host's 1-minute load average, for the record of a shared machine.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The docker executors' warm pool: (ready, target) summed over the nodes.
+async fn warm_pool(ctx: &Ctx) -> (f64, f64) {
+    let beats = exec::docker_heartbeats(ctx).await;
+    let sum = |k: &str| -> f64 {
+        beats
+            .iter()
+            .map(|b| b.metrics.get(k).copied().unwrap_or(0.0))
+            .sum()
+    };
+    (sum("warm_pool_size"), sum("warm_pool_target"))
+}
+
+/// The bursts, their floor, and the light backend beside its own. Each round is also reported
+/// on its own (`sessions-burst-round<k>/…`): round 1 meets the pool at its floor, later rounds
+/// a pool grown by the bursts before them.
 pub async fn sessions_burst(
     ctx: &mut Ctx,
     image: &str,
@@ -105,74 +216,54 @@ pub async fn sessions_burst(
     };
     exec::baseline(ctx, image, &[Language::Python], &[sessions], floor).await?;
 
-    let run = |concurrency| Run {
-        concurrency,
-        ..Default::default()
-    };
-    let (mut open, mut first, mut total) = (run(sessions), run(sessions), run(sessions));
-    let mut stage_runs: Vec<(&str, Run)> = Vec::new();
+    let mut all = Series::new(sessions);
     let started = Instant::now();
-    for round in 0..rounds {
-        eprint!("\rsessions-burst: round {}/{rounds}   ", round + 1);
-        // A burst's worth of containers replaced takes longer than one sample's.
+    for round in 1..=rounds {
+        eprint!("\rsessions-burst: round {round}/{rounds}   ");
+        // A burst's worth of containers replaced (and a grown pool warmed) takes longer than
+        // one sample's.
+        let quiet = Instant::now();
         wait_until_quiet(ctx, messages::now_ms(), BURST_QUIET_BOUND).await;
+        let (ready, target) = warm_pool(ctx).await;
+        note(&format!(
+            "sessions-burst: round {round}: warm pool {ready} ready (target {target}) after \
+             {:.1} s of quiet wait; load average {}",
+            quiet.elapsed().as_secs_f64(),
+            load_average()
+        ));
+        let mut this = Series::new(sessions);
         let burst = Instant::now();
         let tasks: Vec<_> = (0..sessions)
             .map(|_| tokio::spawn(first_result(ctx.mesh.clone(), burst)))
             .collect();
         let mut opened = Vec::new();
         for task in futures::future::join_all(tasks).await {
-            let r = match task {
-                Ok(r) => r,
-                Err(e) => {
-                    total.absorb(&Sample::failed("err:task", e.to_string()));
-                    continue;
+            match task {
+                Ok(r) => {
+                    this.absorb(&r);
+                    all.absorb(&r);
+                    opened.extend(r.session);
                 }
-            };
-            open.absorb(&r.open);
-            total.absorb(&r.total);
-            if let Some((sample, result)) = &r.first {
-                first.absorb(sample);
-                for (stage, ms) in result.iter().flat_map(stages) {
-                    let at = match stage_runs.iter().position(|(s, _)| *s == stage) {
-                        Some(at) => at,
-                        None => {
-                            stage_runs.push((stage, run(sessions)));
-                            stage_runs.len() - 1
-                        }
-                    };
-                    let sample = Sample::timed(Duration::from_millis(ms), "ok");
-                    stage_runs[at].1.absorb(&sample);
+                Err(e) => {
+                    this.failed(&e);
+                    all.failed(&e);
                 }
             }
-            opened.extend(r.session);
         }
+        let took = burst.elapsed();
+        let name = format!("sessions-burst-round{round}");
+        this.push(ctx, &format!("{name}/first-result"), &name, took);
         let mesh = &ctx.mesh;
         futures::future::join_all(opened.iter().map(|id| close_session(mesh, id))).await;
     }
     note("");
     let elapsed = started.elapsed();
-    let python = Some(Language::Python.as_str());
-    let series = [
-        ("sessions-burst/first-result", total),
-        ("sessions-burst-stage/open", open),
-        ("sessions-burst-stage/first-exec", first),
-    ];
-    let stage_series = stage_runs
-        .into_iter()
-        .map(|(stage, run)| (format!("sessions-burst-stage/{stage}"), run));
-    let series = series
-        .into_iter()
-        .map(|(name, run)| (name.to_string(), run))
-        .chain(stage_series);
-    for (name, mut run) in series {
-        run.elapsed = elapsed;
-        let series = format!("{name}/c{sessions}");
-        ctx.push(
-            run.report(&series)
-                .tagged(python, Some("session"), Some("sync")),
-        );
-    }
+    all.push(
+        ctx,
+        "sessions-burst/first-result",
+        "sessions-burst-stage",
+        elapsed,
+    );
 
     light::mesh_beside_bare_bwrap(ctx, image, light_concurrency, light_load).await
 }
