@@ -170,6 +170,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
     for gauge in [
         "running_executions",
         "warm_pool_size",
+        "warm_pool_target",
         "active_sessions",
         "capacity",
     ] {
