@@ -28,7 +28,7 @@ use tracing::Instrument;
 
 use crate::error::SchedulerError;
 use crate::execution::{mint_id, scope_request, terminal, Origin, Outcome};
-use crate::fairness::Admission;
+use crate::fairness::{Admission, TenantSlot};
 use crate::pipeline::Pipeline;
 
 /// The durable consumer shared by every scheduler instance.
@@ -160,9 +160,30 @@ pub async fn run(
                     break;
                 }
             };
+            // A tenant at its share of the queue: back to the stream for a moment, so the
+            // jobs of other tenants behind these are taken meanwhile (its queue time keeps
+            // counting). Checked before a slot of the queue is taken: a job only being turned
+            // away must not hold one, or a flood of one tenant's jobs, fetched and turned away
+            // over and over, keeps the queue full for everyone's sync requests.
+            let tenant = jobs
+                .subjects
+                .tenant_of_job(message.subject.as_str())
+                .ok()
+                .flatten();
+            let tenant_slot = match jobs.admission.tenants.take(tenant.as_ref()) {
+                Ok(slot) => slot,
+                Err(_) => {
+                    nak(
+                        &message,
+                        Duration::from_millis(messages::quota::RETRY_AFTER_MS),
+                    )
+                    .await;
+                    continue;
+                }
+            };
             match jobs.admission.queue.clone().try_acquire_owned() {
                 Ok(permit) => {
-                    running.spawn(handle(jobs.clone(), message, permit));
+                    running.spawn(handle(jobs.clone(), message, permit, tenant_slot));
                 }
                 // A sync request took the slot since we looked: let the job come back later.
                 Err(_) => {
@@ -193,7 +214,13 @@ fn keep_alive(message: &Message, every: Duration) -> CancellationToken {
     done
 }
 
-async fn handle(jobs: Jobs, message: Message, permit: OwnedSemaphorePermit) {
+/// Runs one job holding a slot of the queue and one of its tenant's share.
+async fn handle(
+    jobs: Jobs,
+    message: Message,
+    permit: OwnedSemaphorePermit,
+    tenant_slot: Option<TenantSlot>,
+) {
     let msg_id = message
         .headers
         .as_ref()
@@ -203,7 +230,7 @@ async fn handle(jobs: Jobs, message: Message, permit: OwnedSemaphorePermit) {
     let span = tracing::info_span!("job", msg_id = msg_id.as_deref().unwrap_or(""));
     kit::telemetry::set_parent_from(&span, message.headers.as_ref());
     handle_job(jobs, message, msg_id).instrument(span).await;
-    drop(permit);
+    drop((permit, tenant_slot));
 }
 
 async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
@@ -244,20 +271,6 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
             alive.cancel();
             tracing::warn!(error = %e, "job on an unexpected subject dropped");
             let _ = message.ack_with(AckKind::Term).await;
-            return;
-        }
-    };
-    // A tenant at its share of the queue: back to the stream for a moment, so the jobs of
-    // other tenants behind these are taken meanwhile (its queue time keeps counting).
-    let _tenant_slot = match jobs.admission.tenants.take(caller.tenant()) {
-        Ok(slot) => slot,
-        Err(_) => {
-            alive.cancel();
-            nak(
-                &message,
-                Duration::from_millis(messages::quota::RETRY_AFTER_MS),
-            )
-            .await;
             return;
         }
     };
