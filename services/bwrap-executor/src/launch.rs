@@ -8,8 +8,8 @@
 //!
 //! Why that binary: it is already on the host (in the exported tree), it is this version's
 //! (the sandbox protocol already ties image and executor), and it is small and starts fast.
-//! The copy is the executor's own file, not the tree's, so nothing a tree holds is ever run
-//! as root.
+//! Only the node's own image is used (never a template's), and the copy is the executor's
+//! own file, made from a regular file only: a link in the tree could name any host file.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
@@ -46,6 +46,11 @@ pub fn install(tree: &Rootfs, state_dir: &Path) -> Result<PathBuf, InstallError>
         to: to.clone(),
         source,
     };
+    let kind = std::fs::symlink_metadata(&from).map_err(err)?.file_type();
+    if !kind.is_file() {
+        let not_a_file = std::io::Error::other("not a regular file (a link or a directory)");
+        return Err(err(not_a_file));
+    }
     std::fs::create_dir_all(&dir).map_err(err)?;
     std::fs::copy(&from, &tmp).map_err(err)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
@@ -84,6 +89,27 @@ pub fn command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_supervisor_that_is_a_link_in_the_tree_is_refused() {
+        let tree = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let at = tree.path().join(SUPERVISOR_PATH.trim_start_matches('/'));
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &at).unwrap();
+        let rootfs = Rootfs {
+            id: "abc".into(),
+            path: tree.path().to_path_buf(),
+        };
+        let e = install(&rootfs, state.path()).unwrap_err();
+        assert!(format!("{:?}", e).contains("not a regular file"), "{e:?}");
+        assert!(!state.path().join("bin/sandmesh-supervisor.abc").exists());
+
+        std::fs::remove_file(&at).unwrap();
+        std::fs::write(&at, b"#!/bin/sh\n").unwrap();
+        let copy = install(&rootfs, state.path()).unwrap();
+        assert_eq!(std::fs::read(copy).unwrap(), b"#!/bin/sh\n");
+    }
 
     #[test]
     fn the_command_names_every_cgroup_and_filter_in_order_and_passes_only_path() {
