@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use sandbox_protocol::MAX_CHANGE_LIST_BYTES;
+use sandbox_protocol::{MAX_CHANGED_PATHS, MAX_CHANGE_LIST_BYTES};
 
 /// The most entries a manifest records; a workspace with more is reported as a warning.
 const MAX_ENTRIES: usize = 100_000;
@@ -214,8 +214,8 @@ impl Manifest {
     /// end of a truncated one, nothing there any more (a file the walk did not reach is not
     /// deleted).
     fn lost(&self, path: &str) -> bool {
-        !self.files.contains_key(path)
-            && !(self.truncated && self.root.join(path).symlink_metadata().is_ok())
+        let missing = !self.files.contains_key(path);
+        missing && (!self.truncated || self.root.join(path).symlink_metadata().is_err())
     }
 }
 
@@ -245,8 +245,8 @@ pub fn diff(before: &Manifest, after: &Manifest) -> Diff {
     d
 }
 
-/// Keeps the changes whose names fit in [`MAX_CHANGE_LIST_BYTES`], nearest the workspace's
-/// root first (a result file beside a large extracted tree is kept, the tree cut), and counts
+/// Keeps the changes that fit in [`MAX_CHANGED_PATHS`] and whose names fit in
+/// [`MAX_CHANGE_LIST_BYTES`], nearest the workspace's root first (a result file beside a large extracted tree is kept, the tree cut), and counts
 /// the ones left out.
 pub fn bound(diff: Diff) -> (Diff, u64) {
     #[derive(Clone, Copy)]
@@ -266,7 +266,7 @@ pub fn bound(diff: Diff) -> (Diff, u64) {
         .iter()
         .map(|(p, _)| cost(p))
         .fold(0usize, usize::saturating_add);
-    if needed > MAX_CHANGE_LIST_BYTES {
+    if all.len() > MAX_CHANGED_PATHS || needed > MAX_CHANGE_LIST_BYTES {
         let depth = |p: &str| p.bytes().filter(|b| *b == b'/').count();
         all.sort_by(|(a, _), (b, _)| (depth(a), a).cmp(&(depth(b), b)));
         let mut used = 0usize;
@@ -277,7 +277,7 @@ pub fn bound(diff: Diff) -> (Diff, u64) {
                 used <= MAX_CHANGE_LIST_BYTES
             })
             .count();
-        all.truncate(fit);
+        all.truncate(fit.min(MAX_CHANGED_PATHS));
     }
     let omitted = (total - all.len()) as u64;
     let mut kept = Diff::default();
@@ -476,6 +476,7 @@ mod tests {
         assert!(omitted > 0);
         let json = serde_json::to_vec(&(&kept.created, &kept.modified, &kept.deleted)).unwrap();
         assert!(json.len() <= MAX_CHANGE_LIST_BYTES, "{}", json.len());
+        assert!(listed <= MAX_CHANGED_PATHS);
         // The cut is a prefix of the deepest level, in name order.
         assert!(kept.created.contains(&bulk[0]) && !kept.created.contains(&bulk[59_999]));
     }
