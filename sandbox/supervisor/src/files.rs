@@ -437,7 +437,10 @@ mod tests {
         assert!(after.files.contains_key("result.csv"), "{after:?}");
         let d = diff(&before, &after);
         assert_eq!(d.created, vec!["result.csv"]);
-        assert!(d.deleted.is_empty(), "files past the cut are not deleted: {d:?}");
+        assert!(
+            d.deleted.is_empty(),
+            "files past the cut are not deleted: {d:?}"
+        );
         // Positive control: a file really removed is still seen as deleted.
         fs::remove_file(root.path().join("bulk/f2")).unwrap();
         let d = diff(&after, &Manifest::scan_up_to(root.path(), 4));
@@ -452,7 +455,11 @@ mod tests {
             deleted: vec!["gone".into()],
         };
         let (kept, omitted) = bound(small.clone());
-        assert_eq!((kept, omitted), (small, 0), "a list within the bound is kept whole");
+        assert_eq!(
+            (kept, omitted),
+            (small, 0),
+            "a list within the bound is kept whole"
+        );
 
         let bulk: Vec<String> = (0..60_000)
             .map(|i| format!("node_modules/pkg/f{i:05}.js"))

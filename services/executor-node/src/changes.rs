@@ -174,7 +174,10 @@ mod tests {
         assert_eq!(
             screened,
             vec![
-                ("important_result.csv".to_string(), b"important_result.csv".to_vec()),
+                (
+                    "important_result.csv".to_string(),
+                    b"important_result.csv".to_vec()
+                ),
                 (long.clone(), long.as_bytes().to_vec()),
             ]
         );

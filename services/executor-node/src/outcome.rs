@@ -188,7 +188,8 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
     r.exit_code = exit_code;
     r.error = error;
     if r.files_omitted > 0 {
-        r.error.get_or_insert_with(|| changes::omitted_error(r.files_omitted));
+        r.error
+            .get_or_insert_with(|| changes::omitted_error(r.files_omitted));
     }
     if report.pids_limit_hit && r.status != ExecStatus::Ok {
         let note = format!("the process limit of {} was reached", limits.pids);
@@ -286,7 +287,10 @@ mod tests {
         report.files_created = vec!["result.csv".into()];
         let ended = exchange(Ending::Reported);
         let r = classify(&job(), Some(&report), &ended);
-        assert_eq!((r.status, r.files_omitted, r.error), (ExecStatus::Ok, 0, None));
+        assert_eq!(
+            (r.status, r.files_omitted, r.error),
+            (ExecStatus::Ok, 0, None)
+        );
         report.files_omitted = 50_001;
         let r = classify(&job(), Some(&report), &ended);
         assert_eq!((r.status, r.files_omitted), (ExecStatus::Ok, 50_001));
@@ -294,7 +298,10 @@ mod tests {
         let e = r.error.expect("an error naming the limit");
         assert_eq!(e.kind, ErrorKind::TooLarge);
         let details = e.details.unwrap();
-        assert_eq!(details["max_changed_paths"], sandbox_protocol::MAX_CHANGED_PATHS);
+        assert_eq!(
+            details["max_changed_paths"],
+            sandbox_protocol::MAX_CHANGED_PATHS
+        );
         assert_eq!(details["files_omitted"], 50_001);
     }
 
