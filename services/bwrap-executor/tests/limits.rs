@@ -152,7 +152,7 @@ async fn a_run_that_makes_tens_of_thousands_of_files_and_odd_names_ends_with_its
     let code = "import os\n\
                 os.makedirs('bulk')\n\
                 for i in range(60000):\n\
-                \x20   open(f'bulk/f{i:05}', 'w').close()\n\
+                \x20   open(f'bulk/file-{i:06}.dat', 'w').close()\n\
                 for name in ['result.csv', 'weird\\nname.txt', 'back\\\\slash.txt', '%2e%2e%2fx']:\n\
                 \x20   open(name, 'w').write('42')\n\
                 print(len(os.listdir('bulk')), len(os.listdir('.')))";

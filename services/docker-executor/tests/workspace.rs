@@ -388,7 +388,7 @@ async fn a_run_past_the_change_list_bound_keeps_what_fits_and_names_the_limit() 
              open('{dir}.csv', 'w').write('42')\n\
              os.makedirs('{dir}', exist_ok=True)\n\
              for i in range({count}):\n\
-             \x20   open(f'{dir}/f{{i:05}}', 'w').close()\n\
+             \x20   open(f'{dir}/file-{{i:06}}.dat', 'w').close()\n\
              print('made')"
         );
         let mut req = run(Some(s), Language::Python, &code);
@@ -400,14 +400,20 @@ async fn a_run_past_the_change_list_bound_keeps_what_fits_and_names_the_limit() 
     assert_eq!((r.status, &r.error), (ExecStatus::Ok, &None), "{r:?}");
     assert_eq!(
         r.files_created,
-        vec!["few.csv", "few/f00000", "few/f00001", "few/f00002"]
+        vec![
+            "few.csv",
+            "few/file-000000.dat",
+            "few/file-000001.dat",
+            "few/file-000002.dat"
+        ]
     );
     assert_eq!(
         ws.list(s, Some("few"), false).await.unwrap().entries.len(),
         3
     );
 
-    // 60,000 files: more than one run carries back.
+    // 60,000 files: more than one run carries back (their names alone, 1.4 MB, are more than
+    // the report's frame holds).
     let r = h.call_node(&many("bulk", 60_000)).await.unwrap();
     assert_eq!(
         (r.status, r.stdout.as_str()),
