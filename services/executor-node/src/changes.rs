@@ -82,11 +82,13 @@ pub fn omitted_error(omitted: u64) -> ErrorBody {
 }
 
 /// The changes archive without the entries whose names the workspace refuses (the same
-/// bytes when there are none, which is the usual case: no copy). An archive that cannot be
-/// read is handed on as it is, for the store to refuse with its own error.
+/// bytes when there are none, which is the usual case: no copy; nothing when every name is
+/// refused, so nothing is pushed). An archive that cannot be read is handed on as it is, for
+/// the store to refuse with its own error.
 pub fn screen_archive(tar: Vec<u8>) -> Vec<u8> {
     match refused_entries(&tar) {
-        Ok(0) | Err(_) => tar,
+        Ok((0, _)) | Err(_) => tar,
+        Ok((refused, total)) if refused == total => Vec::new(),
         Ok(_) => rebuilt(&tar).unwrap_or(tar),
     }
 }
@@ -100,15 +102,17 @@ fn accepted(entry: &tar::Entry<'_, &[u8]>) -> Option<String> {
         .then(|| path.to_string())
 }
 
-fn refused_entries(tar: &[u8]) -> std::io::Result<usize> {
+/// (refused entries, all entries) of an archive.
+fn refused_entries(tar: &[u8]) -> std::io::Result<(usize, usize)> {
     let mut archive = tar::Archive::new(tar);
-    let mut refused = 0;
+    let (mut refused, mut total) = (0, 0);
     for entry in archive.entries()? {
+        total += 1;
         if accepted(&entry?).is_none() {
             refused += 1;
         }
     }
-    Ok(refused)
+    Ok((refused, total))
 }
 
 fn rebuilt(tar: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -184,6 +188,8 @@ mod tests {
         // Positive control: an archive with nothing refused is handed on untouched.
         let clean = tar_of(&["important_result.csv", long.as_str()]);
         assert_eq!(screen_archive(clean.clone()), clean);
+        // Only refused names: nothing to push.
+        assert!(screen_archive(tar_of(&ODD)).is_empty());
     }
 
     #[test]
