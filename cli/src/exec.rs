@@ -229,6 +229,10 @@ pub fn summary(r: &ExecResult) -> String {
         };
         line.push_str(&format!("\n  output ({kind}): {} {at}", o.mime_type));
     }
+    for f in &r.files_refused {
+        // Escaped: a name may hold a newline or a terminal's control sequence.
+        line.push_str(&format!("\n  file not saved: {:?} — {}", f.path, f.reason));
+    }
     if let Some(e) = &r.error {
         line.push_str(&format!("\n  {}: {}", e.kind, e.message));
     }
@@ -422,5 +426,22 @@ mod tests {
         ] {
             assert!(s.contains(part), "{part} in {s}");
         }
+    }
+
+    #[test]
+    fn a_file_not_saved_is_named_escaped() {
+        let r = ExecResult {
+            files_refused: vec![messages::exec::RefusedFile {
+                path: "weird\n\u{1b}[2Jname".into(),
+                reason: "control character '\\n' in path".into(),
+            }],
+            ..Default::default()
+        };
+        let s = summary(&r);
+        assert!(
+            s.contains("file not saved: \"weird\\n\\u{1b}[2Jname\""),
+            "{s}"
+        );
+        assert!(!s.contains('\u{1b}'), "{s}");
     }
 }

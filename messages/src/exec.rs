@@ -199,6 +199,18 @@ pub struct RichOutput {
     pub path: Option<String>,
 }
 
+/// A file a run created or changed that its session's workspace did not take, and why: a name
+/// no workspace path may have (a newline, a backslash, an encoded `..`, ...), or a file past
+/// the total size one run carries back.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RefusedFile {
+    /// The name as the run made it, relative to the workspace: it may hold control characters,
+    /// so show it escaped.
+    pub path: String,
+    pub reason: String,
+}
+
 /// The exception a kernel cell raised.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -333,6 +345,14 @@ pub struct ExecResult {
     pub files_created: Vec<String>,
     #[serde(default)]
     pub files_modified: Vec<String>,
+    /// Files the run created or changed that were not saved, each with why. Every other
+    /// change was saved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_refused: Vec<RefusedFile>,
+    /// Changes past the most one run carries back (`error` names the limit): neither saved nor
+    /// listed. The changes kept are those nearest the workspace's root.
+    #[serde(default, skip_serializing_if = "crate::network::is_zero")]
+    pub files_omitted: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     #[serde(default)]

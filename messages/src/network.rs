@@ -219,7 +219,7 @@ pub struct NetworkReport {
     pub unlisted: u64,
 }
 
-fn is_zero(n: &u64) -> bool {
+pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 

@@ -74,6 +74,13 @@ const LOOKALIKES: &[char] = &[
     '\\', '\u{FF0E}', '\u{FF0F}', '\u{2215}', '\u{2044}', '\u{2024}', '\u{FE52}',
 ];
 
+/// Zero-width and bidirectional controls: `evil\u{202E}txt.exe` passes for another name in a
+/// listing.
+const INVISIBLE: &[char] = &[
+    '\u{200B}', '\u{200C}', '\u{200D}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}',
+    '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}', '\u{FEFF}',
+];
+
 fn percent_decode_once(s: &str) -> String {
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
     let bytes = s.as_bytes();
@@ -95,7 +102,9 @@ fn percent_decode_once(s: &str) -> String {
 
 /// A workspace path: relative, `/`-separated, each component a plain name. Refuses absolute
 /// paths, `.`/`..` (also percent-encoded, once or twice), empty components, NUL and control
-/// characters, backslashes and look-alike dots/slashes, over-long names and paths.
+/// characters, backslashes and look-alike dots/slashes, invisible characters, over-long names
+/// and paths. It is the one rule for a name in a workspace: the store applies it to what it
+/// is given, and an executor to a run's changed files before it hands them to the store.
 pub fn validate_relative_path(field: &str, path: &str) -> Result<(), ValidationError> {
     if path.is_empty() {
         return Err(ValidationError::invalid(field, "path is empty"));
@@ -122,6 +131,12 @@ pub fn validate_relative_path(field: &str, path: &str) -> Result<(), ValidationE
         return Err(ValidationError::invalid(
             field,
             format!("character {c:?} is not allowed in paths"),
+        ));
+    }
+    if let Some(c) = path.chars().find(|c| INVISIBLE.contains(c)) {
+        return Err(ValidationError::invalid(
+            field,
+            format!("invisible character {c:?} is not allowed in paths"),
         ));
     }
     let components: Vec<&str> = path.split('/').collect();
@@ -468,6 +483,8 @@ mod tests {
             "%252e%252e/x",
             "..\\x",
             "\u{FF0E}\u{FF0E}\u{FF0F}x",
+            "evil\u{202E}txt.exe",
+            "a\u{200B}b",
             "a\0b",
             "a\nb",
             "",

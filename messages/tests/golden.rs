@@ -95,6 +95,8 @@ fn exec_result() -> ExecResult {
         },
         files_created: vec!["output/result.txt".into()],
         files_modified: vec![],
+        files_refused: vec![],
+        files_omitted: 0,
         usage: Some(Usage {
             peak_memory_bytes: 9_000_000,
             cpu_ms: 12,
@@ -565,6 +567,31 @@ fn golden_vectors_are_byte_exact() {
                 name: "python-data".into(),
                 image: "sandmesh/template-python-data:0123456789ab".into(),
             }),
+            ..exec_result()
+        },
+    );
+    // A run whose changes were not all saved: a name the workspace refuses, and changes past
+    // the most one run carries back (the error names the limit).
+    check(
+        "exec_result_files_refused",
+        &ExecResult {
+            files_refused: vec![RefusedFile {
+                path: "weird\nname.txt".into(),
+                reason: "control character '\\n' in path".into(),
+            }],
+            files_omitted: 50_001,
+            error: Some(
+                ErrorBody::too_large(
+                    "the run changed more files than one run saves (at most 10000 changes, \
+                     with 192 KiB of names): 50001 changes, those farthest from the \
+                     workspace's root, were not saved",
+                )
+                .with_details(serde_json::json!({
+                    "files_omitted": 50_001,
+                    "max_changed_paths": 10_000,
+                    "max_change_list_bytes": 196_608,
+                })),
+            ),
             ..exec_result()
         },
     );

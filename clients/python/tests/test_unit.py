@@ -87,6 +87,23 @@ def test_the_golden_exec_result_decodes_the_same_from_json_and_msgpack() -> None
     assert as_json.confirmation == sandmesh.ConfirmationOutcome("approved", "alice", None)
     assert as_json.timing.total_ms == 2063 and as_json.usage.cpu_ms == 12
     assert as_json.files_created == ["output/result.txt"] and as_json.ok
+    assert (as_json.files_refused, as_json.files_omitted) == ([], 0)
+
+
+def test_the_golden_result_with_files_not_saved_names_them() -> None:
+    as_json = sandmesh.ExecResult.from_wire(
+        json.loads((TESTDATA / "exec_result_files_refused.json").read_text())
+    )
+    as_msgpack = sandmesh.ExecResult.from_wire(
+        Codec.decode(
+            (TESTDATA / "exec_result_files_refused.msgpack").read_bytes(),
+            {"Content-Type": "application/msgpack"},
+        )
+    )
+    assert as_json == as_msgpack
+    assert [f.path for f in as_json.files_refused] == ["weird\nname.txt"]
+    assert as_json.files_omitted == 50001
+    assert as_json.error is not None and as_json.error["details"]["max_changed_paths"] == 10000
 
 
 def test_the_golden_test_report_decodes_the_same_from_json_and_msgpack() -> None:

@@ -131,6 +131,7 @@ pub struct RunSpec {
     pub nofile: u64,
     pub fsize_bytes: u64,
     /// Largest total size of the changed files sent back; the rest is reported as skipped.
+    /// 0: the run's changes are not kept (it has no workspace), so none are listed either.
     pub max_changes_bytes: u64,
     /// The container's egress socket (bind-mounted), when its run has a network policy: the
     /// supervisor relays `127.0.0.1:`[`EGRESS_PROXY_PORT`] to it for the run's duration and
@@ -209,6 +210,22 @@ pub struct CellError {
 /// The in-container TCP port of the egress relay (the conventional HTTP proxy port).
 pub const EGRESS_PROXY_PORT: u16 = 3128;
 
+/// Most changes (files created, modified and deleted) one run carries back, and most bytes
+/// their names take in its report (as JSON strings). The report is one frame, and every later
+/// hop carries the same list in one NATS message (the store's restore and its reply, the
+/// result), so the list is bounded where the files are: changes past either bound are neither
+/// packed nor listed but counted ([`RunReport::files_omitted`]), those nearest the workspace's
+/// root kept first. With [`RunReport::files_skipped`] (a subset, listed again) and a kernel
+/// cell's inline outputs the report stays within [`MAX_FRAME`].
+pub const MAX_CHANGED_PATHS: usize = 10_000;
+pub const MAX_CHANGE_LIST_BYTES: usize = 192 * 1024;
+
+/// Bytes the changes archive may hold on top of the files' content: per file a header, a GNU
+/// long-name record (a header and the name, each padded to 512 bytes) and the content's
+/// padding; the names themselves; the end-of-archive blocks.
+pub const CHANGES_ARCHIVE_OVERHEAD: u64 =
+    MAX_CHANGED_PATHS as u64 * 4 * 512 + MAX_CHANGE_LIST_BYTES as u64 + 4 * 1024;
+
 /// The exit code of `sandmesh-supervisor launch` when it failed before starting its program
 /// (as `env` and `nohup` do): the bwrap-executor tells it from bwrap's own failures.
 pub const LAUNCH_FAILED: u8 = 125;
@@ -262,6 +279,10 @@ pub struct RunReport {
     /// Changed files left out of the changes archive (too large in total).
     #[serde(default)]
     pub files_skipped: Vec<String>,
+    /// Changes past [`MAX_CHANGED_PATHS`] or [`MAX_CHANGE_LIST_BYTES`]: neither packed nor
+    /// listed.
+    #[serde(default)]
+    pub files_omitted: u64,
     /// Processes still found (and killed) after the program ended: background or daemonised
     /// children.
     #[serde(default)]
@@ -298,6 +319,7 @@ impl RunReport {
             files_modified: Vec::new(),
             files_deleted: Vec::new(),
             files_skipped: Vec::new(),
+            files_omitted: 0,
             processes_killed: 0,
             warnings: Vec::new(),
             outputs: Vec::new(),

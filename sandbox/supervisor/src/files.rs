@@ -2,18 +2,28 @@
 //! snapshot plus the request's files), remember what is there, and after the run find what
 //! was created, modified or deleted and pack the changed files.
 //!
+//! The changes listed are bounded ([`bound`]): the report is one frame, so a run that makes
+//! tens of thousands of files keeps those nearest the workspace's root and counts the rest,
+//! instead of losing its whole report.
+//!
 //! Unpacking never follows a symlink: code of an earlier execution in the same session may
 //! have planted one (`ln -s /etc workspace/data`), so every path component that is not a
 //! plain directory is replaced, and files are created with `O_EXCL` (which does not follow).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use sandbox_protocol::{MAX_CHANGED_PATHS, MAX_CHANGE_LIST_BYTES};
+
 /// The most entries a manifest records; a workspace with more is reported as a warning.
 const MAX_ENTRIES: usize = 100_000;
+
+/// The most warnings unpacking adds to a report, each naming a path (a workspace larger than
+/// the sandbox's disk fails on every file); the rest are counted in one more.
+const MAX_UNPACK_WARNINGS: usize = 100;
 
 /// A plain relative path (no root, no `..`), or `None`.
 fn clean_relative(path: &Path) -> Option<PathBuf> {
@@ -82,11 +92,19 @@ pub fn unpack(root: &Path, archive: &[u8], warnings: &mut Vec<String>) -> io::Re
     // The executor sends the session snapshot and the request's files as two archives back
     // to back; reading past the first end-of-archive marker takes both.
     ar.set_ignore_zeros(true);
+    let mut unsaid = 0usize;
+    let mut warn = |warning: String| {
+        if warnings.len() < MAX_UNPACK_WARNINGS {
+            warnings.push(warning);
+        } else {
+            unsaid += 1;
+        }
+    };
     for entry in ar.entries()? {
         let mut entry = entry?;
         let raw = entry.path()?.into_owned();
         let Some(rel) = clean_relative(&raw) else {
-            warnings.push(format!("skipped unsafe path {raw:?}"));
+            warn(format!("skipped unsafe path {raw:?}"));
             continue;
         };
         match entry.header().entry_type() {
@@ -96,11 +114,14 @@ pub fn unpack(root: &Path, archive: &[u8], warnings: &mut Vec<String>) -> io::Re
                 let mut data = Vec::with_capacity(entry.size() as usize);
                 entry.read_to_end(&mut data)?;
                 if let Err(e) = write_file(root, &rel, &data, mode) {
-                    warnings.push(format!("could not write {}: {e}", rel.display()));
+                    warn(format!("could not write {}: {e}", rel.display()));
                 }
             }
-            other => warnings.push(format!("skipped {} ({other:?})", rel.display())),
+            other => warn(format!("skipped {} ({other:?})", rel.display())),
         }
+    }
+    if unsaid > 0 {
+        warnings.push(format!("and {unsaid} more problems placing the workspace"));
     }
     Ok(())
 }
@@ -118,25 +139,50 @@ struct Stamp {
 /// The regular files under a root, by relative path.
 #[derive(Debug, Default)]
 pub struct Manifest {
+    root: PathBuf,
     files: BTreeMap<String, Stamp>,
     pub truncated: bool,
 }
 
 impl Manifest {
+    /// Walks `root` breadth-first, each directory in name order: when the walk stops at
+    /// [`MAX_ENTRIES`] files, what it saw is the files nearest the root, the same ones every time.
     pub fn scan(root: &Path) -> Manifest {
-        let mut m = Manifest::default();
-        m.walk(root, "");
+        Self::scan_up_to(root, MAX_ENTRIES)
+    }
+
+    fn scan_up_to(root: &Path, max_entries: usize) -> Manifest {
+        let mut m = Manifest {
+            root: root.to_path_buf(),
+            ..Manifest::default()
+        };
+        let mut dirs = VecDeque::from([(root.to_path_buf(), String::new())]);
+        while let Some((dir, prefix)) = dirs.pop_front() {
+            if !m.list(&dir, &prefix, max_entries, &mut dirs) {
+                m.truncated = true;
+                break;
+            }
+        }
         m
     }
 
-    fn walk(&mut self, dir: &Path, prefix: &str) {
+    /// Records the files of one directory and queues its subdirectories; `false` when the
+    /// manifest is full.
+    fn list(
+        &mut self,
+        dir: &Path,
+        prefix: &str,
+        max_entries: usize,
+        dirs: &mut VecDeque<(PathBuf, String)>,
+    ) -> bool {
         let Ok(entries) = fs::read_dir(dir) else {
-            return;
+            return true;
         };
-        for entry in entries.flatten() {
-            if self.files.len() >= MAX_ENTRIES {
-                self.truncated = true;
-                return;
+        let mut entries: Vec<fs::DirEntry> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            if self.files.len() >= max_entries {
+                return false;
             }
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
                 continue; // Not UTF-8: the workspace store could not hold it anyway.
@@ -150,7 +196,7 @@ impl Manifest {
                 continue;
             };
             if meta.is_dir() {
-                self.walk(&entry.path(), &rel);
+                dirs.push_back((entry.path(), rel));
             } else if meta.is_file() {
                 let stamp = Stamp {
                     size: meta.len(),
@@ -161,11 +207,20 @@ impl Manifest {
                 self.files.insert(rel, stamp);
             }
         }
+        true
+    }
+
+    /// Whether `path` is gone from the workspace: not in a complete manifest, or, past the
+    /// end of a truncated one, nothing there any more (a file the walk did not reach is not
+    /// deleted).
+    fn lost(&self, path: &str) -> bool {
+        let missing = !self.files.contains_key(path);
+        missing && (!self.truncated || self.root.join(path).symlink_metadata().is_err())
     }
 }
 
 /// Changes between two manifests, each list sorted.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Diff {
     pub created: Vec<String>,
     pub modified: Vec<String>,
@@ -184,10 +239,59 @@ pub fn diff(before: &Manifest, after: &Manifest) -> Diff {
     d.deleted = before
         .files
         .keys()
-        .filter(|p| !after.files.contains_key(*p))
+        .filter(|p| after.lost(p))
         .cloned()
         .collect();
     d
+}
+
+/// Keeps the changes that fit in [`MAX_CHANGED_PATHS`] and whose names fit in
+/// [`MAX_CHANGE_LIST_BYTES`], nearest the workspace's root first (a result file beside a large extracted tree is kept, the tree cut), and counts
+/// the ones left out.
+pub fn bound(diff: Diff) -> (Diff, u64) {
+    #[derive(Clone, Copy)]
+    enum Change {
+        Created,
+        Modified,
+        Deleted,
+    }
+    // What a name adds to the report: a JSON string and a comma.
+    let cost = |path: &str| serde_json::to_string(path).map_or(usize::MAX, |json| json.len() + 1);
+    let mut all: Vec<(String, Change)> = Vec::new();
+    all.extend(diff.created.into_iter().map(|p| (p, Change::Created)));
+    all.extend(diff.modified.into_iter().map(|p| (p, Change::Modified)));
+    all.extend(diff.deleted.into_iter().map(|p| (p, Change::Deleted)));
+    let total = all.len();
+    let needed = all
+        .iter()
+        .map(|(p, _)| cost(p))
+        .fold(0usize, usize::saturating_add);
+    if all.len() > MAX_CHANGED_PATHS || needed > MAX_CHANGE_LIST_BYTES {
+        let depth = |p: &str| p.bytes().filter(|b| *b == b'/').count();
+        all.sort_by(|(a, _), (b, _)| (depth(a), a).cmp(&(depth(b), b)));
+        let mut used = 0usize;
+        let fit = all
+            .iter()
+            .take_while(|(p, _)| {
+                used = used.saturating_add(cost(p));
+                used <= MAX_CHANGE_LIST_BYTES
+            })
+            .count();
+        all.truncate(fit.min(MAX_CHANGED_PATHS));
+    }
+    let omitted = (total - all.len()) as u64;
+    let mut kept = Diff::default();
+    for (path, change) in all {
+        match change {
+            Change::Created => kept.created.push(path),
+            Change::Modified => kept.modified.push(path),
+            Change::Deleted => kept.deleted.push(path),
+        }
+    }
+    kept.created.sort_unstable();
+    kept.modified.sort_unstable();
+    kept.deleted.sort_unstable();
+    (kept, omitted)
 }
 
 /// Packs `paths` (relative to `root`) into a tar written to `out`, stopping before the total
@@ -317,6 +421,71 @@ mod tests {
         assert_eq!(d.created, vec!["sub/new"]);
         assert_eq!(d.modified, vec!["change"]);
         assert_eq!(d.deleted, vec!["gone"]);
+    }
+
+    #[test]
+    fn a_truncated_scan_keeps_the_files_nearest_the_root_and_deletes_none_it_missed() {
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir(root.path().join("bulk")).unwrap();
+        for i in 0..5 {
+            fs::write(root.path().join(format!("bulk/f{i}")), "x").unwrap();
+        }
+        let before = Manifest::scan_up_to(root.path(), 4);
+        fs::write(root.path().join("result.csv"), "1").unwrap();
+        let after = Manifest::scan_up_to(root.path(), 4);
+        assert!(before.truncated && after.truncated);
+        assert!(after.files.contains_key("result.csv"), "{after:?}");
+        let d = diff(&before, &after);
+        assert_eq!(d.created, vec!["result.csv"]);
+        assert!(
+            d.deleted.is_empty(),
+            "files past the cut are not deleted: {d:?}"
+        );
+        // Positive control: a file really removed is still seen as deleted.
+        fs::remove_file(root.path().join("bulk/f2")).unwrap();
+        let d = diff(&after, &Manifest::scan_up_to(root.path(), 4));
+        assert_eq!(d.deleted, vec!["bulk/f2"], "{d:?}");
+    }
+
+    #[test]
+    fn a_change_list_past_its_bound_keeps_the_shallowest_names_and_counts_the_rest() {
+        let small = Diff {
+            created: vec!["a".into(), "b/c".into()],
+            modified: vec!["m".into()],
+            deleted: vec!["gone".into()],
+        };
+        let (kept, omitted) = bound(small.clone());
+        assert_eq!(
+            (kept, omitted),
+            (small, 0),
+            "a list within the bound is kept whole"
+        );
+
+        let bulk: Vec<String> = (0..60_000)
+            .map(|i| format!("node_modules/pkg/f{i:05}.js"))
+            .collect();
+        let created: Vec<String> = bulk
+            .iter()
+            .cloned()
+            .chain(["result.csv".to_string(), "weird\nname".to_string()])
+            .collect();
+        let (kept, omitted) = bound(Diff {
+            created,
+            modified: vec!["data/in.txt".into()],
+            deleted: vec!["old/x".into()],
+        });
+        assert!(kept.created.contains(&"result.csv".to_string()));
+        assert!(kept.created.contains(&"weird\nname".to_string()));
+        assert_eq!(kept.modified, vec!["data/in.txt"]);
+        assert_eq!(kept.deleted, vec!["old/x"]);
+        let listed = kept.created.len() + kept.modified.len() + kept.deleted.len();
+        assert_eq!(listed as u64 + omitted, 60_004);
+        assert!(omitted > 0);
+        let json = serde_json::to_vec(&(&kept.created, &kept.modified, &kept.deleted)).unwrap();
+        assert!(json.len() <= MAX_CHANGE_LIST_BYTES, "{}", json.len());
+        assert!(listed <= MAX_CHANGED_PATHS);
+        // The cut is a prefix of the deepest level, in name order.
+        assert!(kept.created.contains(&bulk[0]) && !kept.created.contains(&bulk[59_999]));
     }
 
     #[test]

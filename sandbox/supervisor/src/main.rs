@@ -262,7 +262,13 @@ fn execute(
             .warnings
             .push("the workspace has too many files to track every change".into());
     }
-    let diff = files::diff(&before, &after);
+    // A run whose changes are not kept (it has no workspace) lists none.
+    let (diff, omitted) = if spec.max_changes_bytes > 0 {
+        files::bound(files::diff(&before, &after))
+    } else {
+        Default::default()
+    };
+    report.files_omitted = omitted;
     let changed: Vec<String> = diff.created.iter().chain(&diff.modified).cloned().collect();
     if !changed.is_empty() && spec.max_changes_bytes > 0 {
         let mut writer = ChangesWriter {

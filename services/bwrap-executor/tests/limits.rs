@@ -143,3 +143,35 @@ async fn file_descriptors_run_out_at_the_nofile_limit() {
     h.assert_recovered().await;
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_run_that_makes_tens_of_thousands_of_files_and_odd_names_ends_with_its_own_status() {
+    // A sandbox has no workspace, so its changes are neither kept nor listed: a report that
+    // listed 60,000 new files would outgrow its frame, and the run would end `killed`.
+    let h = Harness::start().await;
+    let code = "import os\n\
+                os.makedirs('bulk')\n\
+                for i in range(60000):\n\
+                \x20   open(f'bulk/file-{i:06}.dat', 'w').close()\n\
+                for name in ['result.csv', 'weird\\nname.txt', 'back\\\\slash.txt', '%2e%2e%2fx']:\n\
+                \x20   open(name, 'w').write('42')\n\
+                print(len(os.listdir('bulk')), len(os.listdir('.')))";
+    let r = h
+        .exec_with(ExecRequest {
+            timeout_ms: Some(60_000),
+            ..request(Language::Python, code)
+        })
+        .await;
+    // The files were made (the probe counts them), and the run ended as its program did.
+    assert_eq!(
+        (r.status, r.stdout.as_str(), &r.error),
+        (ExecStatus::Ok, "60000 5\n", &None),
+        "{r:?}"
+    );
+    assert!(
+        r.files_created.is_empty() && r.files_refused.is_empty() && r.files_omitted == 0,
+        "{r:?}"
+    );
+    h.assert_recovered().await;
+    h.stop().await;
+}

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use executor_node::changes;
 use executor_node::exchange::OutputStreamer;
 use executor_node::job::{request_files, run_spec};
 use executor_node::outcome::{base_result, classify, safe_paths};
@@ -219,9 +220,15 @@ impl Runner {
         if let (Some(ws), Some(session), Some(report)) =
             (&self.workspace, job.run.session_id(), &ex.report)
         {
+            // Files not saved (refused names, changes past what a run carries) stay in the
+            // container only: the next run there starts from the store's copy instead.
+            if !result.files_refused.is_empty() || result.files_omitted > 0 {
+                container.held = Held::Unknown;
+            }
+            let changes = changes::screen_archive(ex.changes);
             let deleted = safe_paths(&report.files_deleted);
-            if !ex.changes.is_empty() || !deleted.is_empty() {
-                match ws.push(session, ex.changes, deleted).await {
+            if !changes.is_empty() || !deleted.is_empty() {
+                match ws.push(session, changes, deleted).await {
                     // The container holds the pushed revision only if nothing else changed
                     // the workspace since the revision it held before.
                     Ok(pushed) => {

@@ -11,6 +11,7 @@ use kit::CancellationToken;
 use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language};
 use messages::executor::RunKind;
 use messages::subjects::WorkspaceOp;
+use messages::ErrorKind;
 use sandmesh_client::{MeshClient, WorkspaceClient};
 use std::time::Duration;
 use test_support::{eventually, eventually_true, NatsServer};
@@ -318,6 +319,138 @@ async fn files_flow_between_the_store_and_the_sandbox() {
         .await;
     assert_eq!(r.stdout, "edited outside1\n", "{r:?}");
 
+    assert!(h.close(s).await);
+    t.stop().await;
+}
+
+/// The names the workspace refuses, as code in the sandbox makes them (legal on Linux, and
+/// what unpacking a hostile zip leaves behind).
+const ODD_NAMES: [&str; 3] = ["weird\nname.txt", "back\\slash.txt", "%2e%2e%2fescape.txt"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_names_are_refused_by_name_and_every_other_change_is_saved() {
+    let s = "ws-odd-names";
+    let t = with_store(s, b"from the store").await;
+    let (h, ws) = (&t.h, &t.ws);
+    let r = h
+        .session(
+            s,
+            Language::Python,
+            "open('important_result.csv', 'w').write('1,2,3')\n\
+             open('data/in.txt', 'a').write(' + changed')\n\
+             for name in ['weird\\nname.txt', 'back\\\\slash.txt', '%2e%2e%2fescape.txt']:\n\
+             \x20   open(name, 'w').write('x')\n\
+             import os\n\
+             print(sorted(os.listdir('.')))",
+        )
+        .await;
+    assert_eq!((r.status, &r.error), (ExecStatus::Ok, &None), "{r:?}");
+    // The probe saw its odd files in the sandbox: they were made, then refused.
+    for name in ODD_NAMES {
+        assert!(
+            r.stdout.contains(&format!("{name:?}").replace('"', "'")),
+            "{r:?}"
+        );
+    }
+    assert_eq!(r.files_created, vec!["important_result.csv"], "{r:?}");
+    assert_eq!(r.files_modified, vec!["data/in.txt"], "{r:?}");
+    let mut refused: Vec<&str> = r.files_refused.iter().map(|f| f.path.as_str()).collect();
+    refused.sort_unstable();
+    let mut expected = ODD_NAMES.to_vec();
+    expected.sort_unstable();
+    assert_eq!(refused, expected, "{r:?}");
+    assert_eq!(r.files_omitted, 0);
+    // Every other change is in the store.
+    assert_eq!(ws.read(s, "important_result.csv").await.unwrap(), b"1,2,3");
+    assert_eq!(
+        ws.read(s, "data/in.txt").await.unwrap(),
+        b"from the store + changed"
+    );
+    // The session's next run sees the workspace as stored: the refused files are not there.
+    let r = h.session(s, Language::Shell, "ls -A | sort").await;
+    assert_eq!(
+        r.stdout, "data\nimportant_result.csv\n",
+        "only saved files: {r:?}"
+    );
+    assert!(h.close(s).await);
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_the_change_list_bound_keeps_what_fits_and_names_the_limit() {
+    let s = "ws-many-files";
+    let t = with_store(s, b"from the store").await;
+    let (h, ws) = (&t.h, &t.ws);
+    let many = |dir: &str, count: usize| {
+        let code = format!(
+            "import os\n\
+             open('/tmp/marker', 'w').write('same container')\n\
+             open('{dir}.csv', 'w').write('42')\n\
+             os.makedirs('{dir}', exist_ok=True)\n\
+             for i in range({count}):\n\
+             \x20   open(f'{dir}/file-{{i:06}}.dat', 'w').close()\n\
+             print('made')"
+        );
+        let mut req = run(Some(s), Language::Python, &code);
+        req.edit_request(|r| r.timeout_ms = Some(60_000));
+        req
+    };
+    // Positive control: a few files are all kept, with no error.
+    let r = h.call_node(&many("few", 3)).await.unwrap();
+    assert_eq!((r.status, &r.error), (ExecStatus::Ok, &None), "{r:?}");
+    assert_eq!(
+        r.files_created,
+        vec![
+            "few.csv",
+            "few/file-000000.dat",
+            "few/file-000001.dat",
+            "few/file-000002.dat"
+        ]
+    );
+    assert_eq!(
+        ws.list(s, Some("few"), false).await.unwrap().entries.len(),
+        3
+    );
+
+    // 60,000 files: more than one run carries back (their names alone, 1.4 MB, are more than
+    // the report's frame holds).
+    let r = h.call_node(&many("bulk", 60_000)).await.unwrap();
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "made\n"),
+        "{r:?}"
+    );
+    let error = r.error.clone().expect("an error naming the limit");
+    assert_eq!(error.kind, ErrorKind::TooLarge, "{error:?}");
+    let details = error.details.expect("the limit in the details");
+    assert_eq!(
+        details["max_changed_paths"],
+        sandbox_protocol::MAX_CHANGED_PATHS,
+        "{details}"
+    );
+    assert!(r.files_modified.is_empty(), "{:?}", r.files_modified);
+    assert_eq!(
+        r.files_created.len() as u64 + r.files_omitted,
+        60_001,
+        "every change listed or counted"
+    );
+    assert!(r.files_omitted > 0, "{}", r.files_omitted);
+    // What fits is kept, nearest the root first: listed, and in the store.
+    assert!(r.files_created.contains(&"bulk.csv".to_string()));
+    assert_eq!(ws.read(s, "bulk.csv").await.unwrap(), b"42");
+    let stored = ws.list(s, Some("bulk"), false).await.unwrap().entries.len();
+    assert_eq!(
+        stored + 1,
+        r.files_created.len(),
+        "the listed files are stored"
+    );
+    // The container was kept (its /tmp holds what the run left there), and runs on.
+    let r = h.session(s, Language::Shell, "cat /tmp/marker").await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (ExecStatus::Ok, "same container"),
+        "{r:?}"
+    );
     assert!(h.close(s).await);
     t.stop().await;
 }

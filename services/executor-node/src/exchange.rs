@@ -11,8 +11,6 @@ use sandbox_protocol::{self as protocol, FrameDecoder, FrameKind, RunReport, Run
 
 /// How much of the supervisor's own stderr is kept for error messages.
 const MAX_SUPERVISOR_LOG: usize = 16 * 1024;
-/// Tar headers and padding on top of the changed files' content.
-const CHANGES_OVERHEAD: u64 = 4 * 1024 * 1024;
 
 /// Why the exchange stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,7 +198,7 @@ impl<'a> FrameCollector<'a> {
                 supervisor_log: String::new(),
             },
             max_output: spec.max_output_bytes,
-            max_changes: spec.max_changes_bytes + CHANGES_OVERHEAD,
+            max_changes: spec.max_changes_bytes + protocol::CHANGES_ARCHIVE_OVERHEAD,
             streamer,
             resident,
             started: false,

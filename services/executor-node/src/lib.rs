@@ -15,7 +15,9 @@
 //!   watch on other nodes' heartbeat keys, and its restart;
 //! - the supervisor protocol's executor half ([`exchange`]), the run spec ([`job`]) and the
 //!   classification of its report ([`outcome`]), so every backend answers alike;
-//! - workspace sync with workspace-store ([`workspace`]) for backends that keep sessions;
+//! - workspace sync with workspace-store ([`workspace`]) for backends that keep sessions, and
+//!   the screening of a run's changes by the workspace's path rule before they are pushed
+//!   ([`changes`]);
 //! - the sandbox image and its check ([`image`]), and each template's image, built on first
 //!   use ([`template_images`]): every backend runs a template in the same image.
 //!
@@ -30,6 +32,7 @@
 //! gone stops beating and `serve` fails, so the scheduler never sees a healthy node that
 //! cannot run anything.
 
+pub mod changes;
 pub mod config;
 pub mod exchange;
 pub mod executor;

@@ -9,6 +9,7 @@ use messages::validate::validate_relative_path;
 use messages::{ErrorBody, ErrorKind};
 use sandbox_protocol::{Outcome, RunReport};
 
+use crate::changes;
 use crate::exchange::{Ending, Exchange};
 use crate::job::Job;
 
@@ -112,8 +113,11 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
     // Files are reported where they last: in a session's workspace. What a sessionless
     // single-use sandbox wrote dies with it, whatever the backend.
     if job.run.session_id().is_some() {
-        r.files_created = safe_paths(&report.files_created);
-        r.files_modified = safe_paths(&report.files_modified);
+        let screened = changes::screen(report);
+        r.files_created = screened.created;
+        r.files_modified = screened.modified;
+        r.files_refused = screened.refused;
+        r.files_omitted = report.files_omitted;
     }
     r.outputs = rich_outputs(&report.outputs);
     r.cell_error = report.cell_error.as_ref().map(|e| CellError {
@@ -183,6 +187,10 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
     r.status = status;
     r.exit_code = exit_code;
     r.error = error;
+    if r.files_omitted > 0 {
+        r.error
+            .get_or_insert_with(|| changes::omitted_error(r.files_omitted));
+    }
     if report.pids_limit_hit && r.status != ExecStatus::Ok {
         let note = format!("the process limit of {} was reached", limits.pids);
         let e = r
@@ -270,6 +278,31 @@ mod tests {
                 vec!["changed.txt".to_string()]
             )
         );
+    }
+
+    #[test]
+    fn changes_past_what_a_run_carries_are_counted_with_an_error_naming_the_limit() {
+        let mut report = RunReport::failed("");
+        report.outcome = Outcome::Exited { code: 0 };
+        report.files_created = vec!["result.csv".into()];
+        let ended = exchange(Ending::Reported);
+        let r = classify(&job(), Some(&report), &ended);
+        assert_eq!(
+            (r.status, r.files_omitted, r.error),
+            (ExecStatus::Ok, 0, None)
+        );
+        report.files_omitted = 50_001;
+        let r = classify(&job(), Some(&report), &ended);
+        assert_eq!((r.status, r.files_omitted), (ExecStatus::Ok, 50_001));
+        assert_eq!(r.files_created, vec!["result.csv"]);
+        let e = r.error.expect("an error naming the limit");
+        assert_eq!(e.kind, ErrorKind::TooLarge);
+        let details = e.details.unwrap();
+        assert_eq!(
+            details["max_changed_paths"],
+            sandbox_protocol::MAX_CHANGED_PATHS
+        );
+        assert_eq!(details["files_omitted"], 50_001);
     }
 
     #[test]

@@ -206,5 +206,11 @@ mod tests {
         ] {
             assert!(record.get(field).is_some(), "SessionRecord.{field} missing");
         }
+        // A run's files its workspace did not take are named in its result.
+        let result = &schemas["ExecResult"]["properties"];
+        for field in ["files_refused", "files_omitted"] {
+            assert!(result.get(field).is_some(), "ExecResult.{field} missing");
+        }
+        assert!(schemas.contains_key("RefusedFile"), "RefusedFile missing");
     }
 }

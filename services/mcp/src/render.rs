@@ -141,6 +141,10 @@ pub fn exec_result(r: &ExecResult) -> CallToolResult {
             text.push_str(&format!("{name}: {}\n", files.join(", ")));
         }
     }
+    for f in &r.files_refused {
+        // Escaped: a name may hold a newline that would read as another line of the result.
+        text.push_str(&format!("file not saved: {:?} ({})\n", f.path, f.reason));
+    }
     let decision = match r.confirmation.decision {
         Decision::NotRequired => None,
         Decision::Approved => Some("approved"),
@@ -302,6 +306,10 @@ mod tests {
             exit_code: Some(0),
             stdout: "42\n".into(),
             files_created: vec!["out.txt".into()],
+            files_refused: vec![messages::exec::RefusedFile {
+                path: "a\nb".into(),
+                reason: "control character '\\n' in path".into(),
+            }],
             ..Default::default()
         };
         let shown = exec_result(&r);
@@ -312,6 +320,7 @@ mod tests {
             "stdout:\n42\n",
             "stderr: (empty)",
             "files created: out.txt",
+            "file not saved: \"a\\nb\" (control character '\\n' in path)",
             "execution_id: 01J",
         ] {
             assert!(t.contains(part), "{part:?} in {t}");

@@ -1,9 +1,8 @@
 //! Workspace paths and the KV keys they are stored under.
 //!
-//! A path is checked by `messages::validate::validate_relative_path` and then by the stricter
-//! rules of this store (no invisible or bidirectional-override characters, which make a name
-//! look like another). It is kept as a list of components, never as a string that something
-//! might re-parse.
+//! A path is checked by `messages::validate::validate_relative_path`, the rule executors apply
+//! to a run's changed files too (so what they hand over is never refused here). It is kept as
+//! a list of components, never as a string that something might re-parse.
 //!
 //! Keys: `<session>.meta` holds a session's usage; `<session>.f.<c1>.<c2>…` one node (file or
 //! directory), each component base64url-encoded so any name fits the KV key charset
@@ -17,13 +16,6 @@ use messages::validate::{validate_relative_path, ValidationError};
 
 /// A key token that no session key uses: the sweeper's lock (sessions keys have two tokens+).
 pub const SWEEP_LOCK_KEY: &str = "sweep";
-
-/// Characters refused on top of the shared checks: zero-width and bidirectional controls let
-/// `evil\u{202E}txt.exe` pass for another name in a listing.
-const INVISIBLE: &[char] = &[
-    '\u{200B}', '\u{200C}', '\u{200D}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}',
-    '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}', '\u{FEFF}',
-];
 
 /// A checked relative path inside one workspace. The root has no components.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,12 +32,6 @@ impl RelPath {
     /// in the second value.
     pub fn parse(field: &str, raw: &str) -> Result<(Self, bool), ValidationError> {
         validate_relative_path(field, raw)?;
-        if let Some(c) = raw.chars().find(|c| INVISIBLE.contains(c)) {
-            return Err(ValidationError::Invalid {
-                field: field.to_string(),
-                reason: format!("invisible character {c:?} is not allowed in paths"),
-            });
-        }
         let is_dir = raw.ends_with('/');
         let parts = raw
             .split('/')

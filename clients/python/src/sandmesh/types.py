@@ -22,6 +22,7 @@ __all__ = [
     "TestReport",
     "RichOutput",
     "CellError",
+    "RefusedFile",
     "Confirmation",
     "OutputChunk",
     "FileEntry",
@@ -224,6 +225,20 @@ class CellError:
 
 
 @dataclass
+class RefusedFile:
+    """A file a run created or changed that its session's workspace did not take, and why: a
+    name no workspace path may have (a newline, a backslash, an encoded ``..``), or past the
+    total size one run saves. ``path`` is the name as the run made it: show it escaped."""
+
+    path: str
+    reason: str
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "RefusedFile":
+        return cls(path=_str(d, "path"), reason=_str(d, "reason"))
+
+
+@dataclass
 class ExecResult:
     """The result of one execution (``ExecResult`` on the wire).
 
@@ -231,6 +246,9 @@ class ExecResult:
     ``output_limit``, ``killed``, ``rejected``, ``denied``, ``executor_lost``, ``unavailable``
     (an async job no executor ran within its queue time), ``internal``.
     ``tier`` says where it ran: ``ephemeral``, ``session``, ``aio`` or ``reject``.
+    ``files_refused`` names the files the run made that its workspace did not take (every
+    other change was saved); ``files_omitted`` counts changes past the most one run saves
+    (``error`` then names the limit).
     """
 
     execution_id: str
@@ -247,6 +265,8 @@ class ExecResult:
     confirmation: ConfirmationOutcome = field(default_factory=ConfirmationOutcome)
     files_created: List[str] = field(default_factory=list)
     files_modified: List[str] = field(default_factory=list)
+    files_refused: List[RefusedFile] = field(default_factory=list)
+    files_omitted: int = 0
     usage: Optional[Usage] = None
     timing: Timing = field(default_factory=Timing)
     session_restored: bool = False
@@ -274,6 +294,7 @@ class ExecResult:
         error = d.get("error")
         outputs = d.get("outputs")
         cell_error = d.get("cell_error")
+        refused = d.get("files_refused")
         return cls(
             execution_id=_str(d, "execution_id"),
             status=_str(d, "status", "internal"),
@@ -289,6 +310,10 @@ class ExecResult:
             confirmation=ConfirmationOutcome.from_wire(_map(d, "confirmation")),
             files_created=_strs(d, "files_created"),
             files_modified=_strs(d, "files_modified"),
+            files_refused=[RefusedFile.from_wire(f) for f in refused if isinstance(f, Mapping)]
+            if isinstance(refused, list)
+            else [],
+            files_omitted=_int(d, "files_omitted"),
             usage=Usage.from_wire(usage) if isinstance(usage, Mapping) else None,
             timing=Timing.from_wire(_map(d, "timing")),
             session_restored=_bool(d, "session_restored"),
