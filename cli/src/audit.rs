@@ -47,9 +47,9 @@ pub async fn run(mesh: &MeshClient, args: AuditArgs) -> anyhow::Result<i32> {
             continue;
         }
         if args.json {
-            println!("{}", serde_json::to_string(&event)?);
+            outln!("{}", serde_json::to_string(&event)?);
         } else {
-            println!(
+            outln!(
                 "{} {:<22} exec={} session={} by={} {}",
                 event.id,
                 event.kind().as_str(),

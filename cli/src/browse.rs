@@ -72,7 +72,7 @@ fn request(args: &BrowseArgs, action: BrowserAction) -> anyhow::Result<BrowserRe
 }
 
 fn print(result: &BrowserResult) {
-    println!(
+    outln!(
         "{} — {}{}",
         result.url.as_deref().unwrap_or("-"),
         result.title.as_deref().unwrap_or(""),
@@ -88,16 +88,16 @@ fn print(result: &BrowserResult) {
             .as_deref()
             .map(|t| format!(" type={t}"))
             .unwrap_or_default();
-        println!("[{}] {} {:?} <{}{kind}>", e.index, e.role, e.name, e.tag);
+        outln!("[{}] {} {:?} <{}{kind}>", e.index, e.role, e.name, e.tag);
     }
     if let Some(path) = &result.screenshot_path {
-        println!("screenshot: {path} (sandmesh ws get SESSION {path} -o shot.png)");
+        outln!("screenshot: {path} (sandmesh ws get SESSION {path} -o shot.png)");
     }
     if let Some(content) = &result.content {
-        println!("{content}");
+        outln!("{content}");
     }
     if let Some(value) = &result.value {
-        println!("{value}");
+        outln!("{value}");
     }
 }
 
@@ -115,7 +115,7 @@ pub async fn run(mesh: &MeshClient, args: BrowseArgs) -> anyhow::Result<i32> {
     match mesh.browser().act(&req).await {
         Ok(result) => {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&result)?);
+                outln!("{}", serde_json::to_string_pretty(&result)?);
             } else {
                 print(&result);
             }

@@ -90,7 +90,7 @@ pub async fn run(mesh: &MeshClient, cmd: ConfirmCommand) -> anyhow::Result<i32> 
                 Ok(list) => list,
                 Err(e) => return refused(e),
             };
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::out::stdout();
             if json {
                 let reply = ConfirmListReply { confirmations };
                 writeln!(out, "{}", serde_json::to_string_pretty(&reply)?)?;
@@ -113,7 +113,7 @@ pub async fn run(mesh: &MeshClient, cmd: ConfirmCommand) -> anyhow::Result<i32> 
             decide(&confirm, id, false, by, reason, ConfirmScope::Once).await
         }
         ConfirmCommand::Watch { session } => {
-            watch_until(&confirm, session, std::io::stdout(), async {
+            watch_until(&confirm, session, crate::out::stdout(), async {
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
@@ -143,7 +143,7 @@ async fn decide(
     };
     match confirm.decide(&request).await {
         Ok(c) => {
-            println!("{}", line(&c, messages::now_ms()));
+            outln!("{}", line(&c, messages::now_ms()));
             Ok(0)
         }
         Err(e) => refused(e),

@@ -19,27 +19,25 @@ pub fn url(env: &HashMap<String, String>) -> String {
 pub fn run() -> anyhow::Result<i32> {
     let env: HashMap<String, String> = std::env::vars().collect();
     let url = url(&env);
-    println!("The operators' console: {url}");
+    outln!("The operators' console: {url}");
     if !FACE.answers(&env) {
-        println!("  (nothing answers there now: `sandmesh up` starts it)");
+        outln!("  (nothing answers there now: `sandmesh up` starts it)");
     }
     let file = creds::creds_dir(&creds::data_dir()).join("operator.json");
     match creds::CredsFile::load(&file) {
         Ok(c) => {
-            println!("Log in as:  {}", c.user);
-            println!(
+            outln!("Log in as:  {}", c.user);
+            outln!(
                 "Password:   the \"password\" of {} (readable by you only), also shown by \
                  `sandmesh creds --as operator`",
                 file.display()
             );
         }
-        Err(_) => println!(
+        Err(_) => outln!(
             "Log in with an operator's NATS credentials (user `operator` of `sandmesh up`; \
              `sandmesh creds --as operator` shows them)."
         ),
     }
-    println!(
-        "Operators with a named set of tenants log in with their own user and see only those."
-    );
+    outln!("Operators with a named set of tenants log in with their own user and see only those.");
     Ok(0)
 }

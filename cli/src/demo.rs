@@ -34,15 +34,15 @@ pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Re
             requested_by: Some("sandmesh-up-demo".into()),
             ..Default::default()
         };
-        println!("$ sandmesh exec --lang {} {:?}", language.as_str(), code);
+        outln!("$ sandmesh exec --lang {} {:?}", language.as_str(), code);
         match caller
             .request::<_, ExecResult>(subjects.exec(), &request)
             .await
         {
             Ok(r) => {
-                print!("{}", r.stdout);
+                out!("{}", r.stdout);
                 eprint!("{}", r.stderr);
-                println!(
+                outln!(
                     "  → status={} tier={} risk={} exec={}ms total={}ms{}",
                     r.status.as_str(),
                     r.tier.as_str(),
@@ -56,7 +56,7 @@ pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Re
             }
             Err(e) => {
                 failures += 1;
-                println!("  → failed: {e}");
+                outln!("  → failed: {e}");
             }
         }
     }

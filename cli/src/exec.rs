@@ -143,7 +143,7 @@ async fn print_output(
         printed.chunks += 1;
         match chunk.stream {
             OutputStream::Stdout => {
-                let mut out = std::io::stdout().lock();
+                let mut out = crate::out::stdout();
                 let _ = out.write_all(chunk.data.as_bytes());
                 let _ = out.flush();
             }
@@ -241,7 +241,7 @@ pub fn summary(r: &ExecResult) -> String {
 
 /// A kernel cell's text results (the value of its last expression), as a REPL prints them.
 fn print_results(r: &ExecResult) {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     for o in &r.outputs {
         if o.kind == OutputKind::Result && o.mime_type == "text/plain" {
             if let Some(text) = &o.content {
@@ -338,7 +338,7 @@ pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
         }
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        outln!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(exit_code(&result));
     }
     let printed = match printer {
@@ -357,9 +357,9 @@ pub async fn run(mesh: &MeshClient, args: ExecArgs) -> anyhow::Result<i32> {
     };
     if printed.chunks == 0 {
         // Nothing streamed (rejected, denied, a stored result, or a non-streaming executor).
-        print!("{}", result.stdout);
+        out!("{}", result.stdout);
         eprint!("{}", result.stderr);
-        let _ = std::io::stdout().flush();
+        let _ = crate::out::stdout().flush();
     }
     print_results(&result);
     if result.stdout_truncated || result.stderr_truncated {

@@ -18,13 +18,13 @@ pub fn url(env: &HashMap<String, String>) -> String {
 pub fn run() -> anyhow::Result<i32> {
     let env: HashMap<String, String> = std::env::vars().collect();
     let url = url(&env);
-    println!("The HTTP API: {url} (OpenAPI document: {url}/openapi.json)");
+    outln!("The HTTP API: {url} (OpenAPI document: {url}/openapi.json)");
     if !FACE.answers(&env) {
-        println!("  (nothing answers there now: `sandmesh up` starts it)");
+        outln!("  (nothing answers there now: `sandmesh up` starts it)");
     }
-    println!("A key for a tenant (shown once):  sandmesh tenant key create default");
-    println!("Then:");
-    println!(
+    outln!("A key for a tenant (shown once):  sandmesh tenant key create default");
+    outln!("Then:");
+    outln!(
         "  curl -s -H \"Authorization: Bearer $KEY\" -H 'Content-Type: application/json' \\\n    \
          -d '{{\"language\":\"python\",\"code\":\"print(1)\"}}' {url}/execute"
     );

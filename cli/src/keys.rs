@@ -38,7 +38,7 @@ pub fn run(command: KeyCommand) -> anyhow::Result<i32> {
                 record.id,
                 file.display()
             );
-            println!("{key}");
+            outln!("{key}");
         }
         KeyCommand::List => {
             for k in gateway::keys::list(&file)? {
@@ -46,7 +46,7 @@ pub fn run(command: KeyCommand) -> anyhow::Result<i32> {
                     Some(at) => format!("revoked {at}"),
                     None => "live".into(),
                 };
-                println!("{}\t{}\t{}\t{state}", k.id, k.tenant, k.created_at);
+                outln!("{}\t{}\t{}\t{state}", k.id, k.tenant, k.created_at);
             }
         }
         KeyCommand::Revoke { id } => {

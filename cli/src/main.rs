@@ -16,6 +16,14 @@
 //! - `tenant`  add or list tenants;
 //! - `template` list, show, add, remove and build templates;
 //! - `mcp`     the mesh as MCP tools for an agent (stdio, or Streamable HTTP).
+//!
+//! Every command prints through [`out`]: a reader that goes away ends it quietly.
+
+// `print!` panics when the reader of a pipe goes away; `out!` and `outln!` do not.
+#![deny(clippy::print_stdout)]
+
+#[macro_use]
+mod out;
 
 mod audit;
 mod browse;

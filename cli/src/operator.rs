@@ -87,7 +87,7 @@ pub fn run(command: OperatorCommand) -> anyhow::Result<i32> {
         }
         OperatorCommand::List => {
             for (user, op) in &tenancy.operators {
-                println!("{user}\t{}", scope_text(&op.scope));
+                outln!("{user}\t{}", scope_text(&op.scope));
             }
             Ok(0)
         }

@@ -119,7 +119,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn run(mesh: &MeshClient, cmd: SessionsCommand) -> anyhow::Result<i32> {
     let sessions = mesh.sessions();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let done = match cmd {
         SessionsCommand::Open(args) => sessions.open(&args.request()).await.map(|r| vec![r]),
         SessionsCommand::Get { session_id } => sessions.get(&session_id).await.map(|r| vec![r]),

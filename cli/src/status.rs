@@ -44,16 +44,21 @@ pub async fn run(mesh: &MeshClient, json: bool) -> anyhow::Result<i32> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        outln!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(0);
     }
     if rows.is_empty() {
-        println!("no live instances (is the mesh up? `sandmesh up`)");
+        outln!("no live instances (is the mesh up? `sandmesh up`)");
         return Ok(1);
     }
-    println!(
+    outln!(
         "{:<18} {:<28} {:<8} {:<5} {:>9} {:>5}  metrics",
-        "SERVICE", "INSTANCE", "VERSION", "PING", "CAPACITY", "LOAD"
+        "SERVICE",
+        "INSTANCE",
+        "VERSION",
+        "PING",
+        "CAPACITY",
+        "LOAD"
     );
     let now = messages::now_ms();
     for ((service, instance), r) in &rows {
@@ -71,7 +76,7 @@ pub async fn run(mesh: &MeshClient, json: bool) -> anyhow::Result<i32> {
             None => ("-".into(), "-".into(), "no heartbeat".into()),
         };
         let ping = if r.answers_ping { "yes" } else { "no" };
-        println!(
+        outln!(
             "{service:<18} {instance:<28} {:<8} {ping:<5} {cap:>9} {load:>5}  {metrics}",
             r.version
         );

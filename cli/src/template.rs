@@ -43,7 +43,7 @@ pub enum TemplateCommand {
 
 pub async fn run(mesh: &MeshClient, cmd: TemplateCommand) -> anyhow::Result<i32> {
     let templates = mesh.templates();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     match cmd {
         TemplateCommand::List { json } => {
             let list = match templates.list().await {
@@ -111,7 +111,7 @@ pub async fn build_builtin(name: &str, image: Option<String>) -> anyhow::Result<
         );
         return Ok(1);
     };
-    println!("{}", build(template, image).await?);
+    outln!("{}", build(template, image).await?);
     Ok(0)
 }
 

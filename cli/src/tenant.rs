@@ -155,7 +155,7 @@ pub fn creds(args: CredsArgs) -> anyhow::Result<i32> {
     }
     let file = CredsFile::load(&path)?;
     if args.url_only {
-        println!("{}", file.url_with_credentials());
+        outln!("{}", file.url_with_credentials());
     } else {
         print_creds(&file, &path);
     }
@@ -168,20 +168,20 @@ pub fn print_creds(c: &CredsFile, path: &std::path::Path) {
         Some(t) => format!("{} of tenant `{t}`", c.role),
         None => c.role.clone(),
     };
-    println!("# connect as {who}");
-    println!("url:      {}", c.url);
-    println!("user:     {}", c.user);
-    println!("password: {}", c.password);
-    println!("file:     {}", path.display());
-    println!();
-    println!("# the sandmesh CLI");
-    println!("SANDMESH_CREDS={} sandmesh exec 'print(1)'", path.display());
-    println!("# the nats CLI");
-    println!(
+    outln!("# connect as {who}");
+    outln!("url:      {}", c.url);
+    outln!("user:     {}", c.user);
+    outln!("password: {}", c.password);
+    outln!("file:     {}", path.display());
+    outln!();
+    outln!("# the sandmesh CLI");
+    outln!("SANDMESH_CREDS={} sandmesh exec 'print(1)'", path.display());
+    outln!("# the nats CLI");
+    outln!(
         "nats --server '{url}' req sandbox.v1.exec '{{\"language\":\"python\",\"code\":\"print(1)\"}}'"
     );
-    println!("# Python: the SDK (pip install ./clients/python) takes the same URL");
-    println!("SANDMESH_NATS_URL='{url}' python3 -c 'from sandmesh import Sandmesh; print(Sandmesh.from_env().run(\"print(1)\").stdout)'");
+    outln!("# Python: the SDK (pip install ./clients/python) takes the same URL");
+    outln!("SANDMESH_NATS_URL='{url}' python3 -c 'from sandmesh import Sandmesh; print(Sandmesh.from_env().run(\"print(1)\").stdout)'");
 }
 
 /// Saves `tenancy` and has the running server take it: the accounts file, every role's
@@ -235,7 +235,7 @@ pub fn run(command: TenantCommand) -> anyhow::Result<i32> {
             for (tenant, agents) in &tenancy.tenants {
                 let users: Vec<&str> = agents.iter().map(|a| a.user.as_str()).collect();
                 let quotas = tenancy.quotas.get(tenant).copied().unwrap_or_default();
-                println!("{tenant}\t{}\t{}", users.join(","), describe(&quotas));
+                outln!("{tenant}\t{}\t{}", users.join(","), describe(&quotas));
             }
             Ok(0)
         }
@@ -257,7 +257,7 @@ pub fn run(command: TenantCommand) -> anyhow::Result<i32> {
             tenancy.set_quotas(&tenant, now);
             // Quotas need no server reload: the services follow the tenancy file.
             tenancy.save(&data_dir.join(up::TENANCY_FILE))?;
-            println!("{tenant}: {}", describe(&now));
+            outln!("{tenant}: {}", describe(&now));
             Ok(0)
         }
         TenantCommand::Add { name, quotas } => {

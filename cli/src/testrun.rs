@@ -62,9 +62,9 @@ pub async fn run(mesh: &MeshClient, args: TestArgs) -> anyhow::Result<i32> {
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.into_body()))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", sandmesh_client::exec::report_table(&report));
+        out!("{}", sandmesh_client::exec::report_table(&report));
     }
     Ok(exit_code(&report))
 }

@@ -61,7 +61,7 @@ pub async fn run(mesh: &MeshClient, cmd: WsCommand) -> anyhow::Result<i32> {
             .await
             .map(|listing| {
                 if json {
-                    println!(
+                    outln!(
                         "{}",
                         serde_json::to_string_pretty(&listing.entries).unwrap_or_default()
                     );
@@ -73,7 +73,7 @@ pub async fn run(mesh: &MeshClient, cmd: WsCommand) -> anyhow::Result<i32> {
                             ("file", e.size.to_string())
                         };
                         let slash = if e.is_dir { "/" } else { "" };
-                        println!("{kind} {size:>12}  {}{slash}", e.path);
+                        outln!("{kind} {size:>12}  {}{slash}", e.path);
                     }
                 }
             }),
@@ -82,7 +82,7 @@ pub async fn run(mesh: &MeshClient, cmd: WsCommand) -> anyhow::Result<i32> {
                 match out {
                     Some(file) => std::fs::write(&file, &bytes)
                         .with_context(|| format!("writing {}", file.display()))?,
-                    None => std::io::stdout().write_all(&bytes)?,
+                    None => crate::out::stdout().write_all(&bytes)?,
                 }
                 Ok(())
             }

@@ -86,3 +86,63 @@ async fn ls_get_put_rm() {
     assert_eq!(paths, ["data", "data/big.bin"]);
     stop.cancel();
 }
+
+/// `sandmesh <args>` writing into a pipe whose reader is gone before the command prints
+/// anything (`| head` that already has its lines): its exit status and stderr.
+async fn into_closed_pipe(url: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = tokio::process::Command::new(crate::common::SANDMESH)
+        .args(args)
+        .env("SANDMESH_NATS_URL", url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn sandmesh");
+    // The only read end: the command's first write finds no reader.
+    drop(child.stdout.take());
+    let out = tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("sandmesh {args:?} did not end within {BOUND:?}"))
+        .expect("sandmesh runs");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_reader_that_goes_away_ends_each_command_quietly() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let (stop, _ws) = start_store(&url).await;
+    for i in 0..20 {
+        let path = format!("code/f{i}.py");
+        let put = sandmesh(&url, &["put", "pipe-s", &path, "print(1)"]).await;
+        assert!(put.status.success(), "{put:?}");
+    }
+    let commands: [&[&str]; 3] = [
+        // Lines printed one by one.
+        &["ws", "ls", "pipe-s", "-r"],
+        // Bytes written to stdout whole.
+        &["ws", "get", "pipe-s", "code/f0.py"],
+        // A command with no mesh to ask.
+        &["console"],
+    ];
+    for args in commands {
+        // The positive control: with a reader, the command prints.
+        let read = crate::common::sandmesh(&url, args, BOUND).await;
+        assert!(
+            read.status.success() && !read.stdout.is_empty(),
+            "{args:?}: {read:?}"
+        );
+        let (status, stderr) = into_closed_pipe(&url, args).await;
+        assert!(
+            status.success() || status.code() == Some(141),
+            "{args:?} ends with 0 or the SIGPIPE status, not {status:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("Broken pipe"), "{args:?}: {stderr}");
+    }
+    stop.cancel();
+}

@@ -34,7 +34,9 @@ pub struct Heartbeat {
     pub resources: Option<Resources>,
     /// What this instance holds per tenant of the resource a tenant quota counts (executions
     /// in flight, browsers, AIO instances): its peers add it to their own live count, so the
-    /// quota holds mesh-wide. Empty for services without one, and for older instances.
+    /// quota holds mesh-wide. An executor node reports its run slots held per tenant
+    /// ([`crate::slot_share::NO_TENANT`] for work without one), which placement weighs by the
+    /// node's sharing rule. Empty for services without one, and for older instances.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, u32>,
 }

@@ -16,6 +16,7 @@ pub mod quota;
 pub mod risk;
 pub mod service;
 pub mod session;
+pub mod slot_share;
 pub mod subjects;
 pub mod template;
 pub mod tenancy;

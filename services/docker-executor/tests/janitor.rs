@@ -92,6 +92,73 @@ async fn a_crashed_executors_containers_go_when_its_heartbeat_expires() {
     survivor.stop().await;
 }
 
+/// A node holding two session containers, SIGKILLed once both exist (the positive control:
+/// they were there before the crash). Returns the process (dropped at the end of the test) and
+/// the node's label.
+async fn crash_with_two_sessions(
+    nats: &NatsServer,
+    client: &async_nats::Client,
+    docker: &bollard::Docker,
+    tag: &str,
+) -> (Process, String) {
+    let crashed = unique_node(tag);
+    // No warm pool (nor one grown by the sessions' takes): the node holds its sessions alone.
+    let no_pool = [
+        ("SANDMESH_EXEC_WARM_POOL", "0"),
+        ("SANDMESH_EXEC_WARM_POOL_MAX", "0"),
+    ];
+    let mut process = Process::spawn(nats, &crashed, &no_pool);
+    for session in ["first", "second"] {
+        let r = session_on(client, &crashed, &format!("{tag}-{session}")).await;
+        assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    }
+    let label = format!("sandmesh.node={crashed}");
+    wait_count(docker, &label, 2, Duration::from_secs(30)).await;
+    process.crash();
+    assert_eq!(
+        containers_with(docker, &label).await.len(),
+        2,
+        "a crash leaves them"
+    );
+    (process, label)
+}
+
+/// The heartbeat's TTL here (1 s) plus a few seconds, far below the 30 s periodic sweep: only
+/// the watch on the heartbeat keys (or a start-up sweep) acts within it.
+const REAPED_WITHIN: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_node_reaps_a_crashed_nodes_sessions_across_a_nats_restart() {
+    let nats = NatsServer::start();
+    let client = test_support::connect(&nats.url()).await;
+    let docker = Sandboxes::connect().await.unwrap();
+    let mut survivor = Harness::start_on(nats, &[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
+    let (_process, label) = crash_with_two_sessions(&survivor.nats, &client, &docker, "live").await;
+    // The server restarts on its store, as a mesh's NATS does: the survivor reconnects, and
+    // the crashed node's heartbeat still expires in the same mesh.
+    survivor.nats.restart();
+    wait_count(&docker, &label, 0, REAPED_WITHIN).await;
+    let node_label = format!("sandmesh.node={}", survivor.node);
+    survivor.stop().await;
+    assert_eq!(containers_with(&docker, &node_label).await.len(), 0);
+    assert_eq!(containers_with(&docker, &label).await.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_after_a_crash_and_a_nats_restart_reaps_the_dead_nodes_sessions() {
+    let mut nats = NatsServer::start();
+    let client = test_support::connect(&nats.url()).await;
+    let docker = Sandboxes::connect().await.unwrap();
+    let (_process, label) = crash_with_two_sessions(&nats, &client, &docker, "after").await;
+    nats.restart();
+    // The default 30 s sweep: the start-up sweep must judge the dead node as one of its mesh.
+    let newcomer = Harness::start_on(nats, &[("SANDMESH_EXEC_WARM_POOL", "0")]).await;
+    wait_count(&docker, &label, 0, REAPED_WITHIN).await;
+    let node_label = format!("sandmesh.node={}", newcomer.node);
+    newcomer.stop().await;
+    assert_eq!(containers_with(&docker, &node_label).await.len(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leak_after_crash() {
     let nats = NatsServer::start();

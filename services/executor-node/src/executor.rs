@@ -93,11 +93,13 @@ impl<B: Backend> NodeActorState<B> {
         limits.max_output_bytes = limits.max_output_bytes.min(self.output_budget);
         self.backend.accepts(run)?;
         let capacity = self.capacity;
-        let slot = RunSlot::acquire(&self.node, capacity).ok_or_else(|| {
-            ErrorBody::overloaded(format!(
-                "this executor runs {capacity} executions at once; retry later"
-            ))
-        })?;
+        let slot =
+            RunSlot::acquire(&self.node, capacity, run.tenant.as_ref()).ok_or_else(|| {
+                ErrorBody::overloaded(format!(
+                    "this executor runs {capacity} executions at once, shared among the tenants \
+                 asking; retry later"
+                ))
+            })?;
         let job = Job {
             run: run.clone(),
             limits,

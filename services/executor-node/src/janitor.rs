@@ -92,7 +92,11 @@ pub struct JanitorState<S> {
     watch: JoinHandle<()>,
 }
 
-/// Forwards the deletions and expiries of other executors' heartbeat keys to the janitor.
+/// Forwards the deletions and expiries of other executors' heartbeat keys to the janitor,
+/// and asks for the janitor's first sweep once the watch is in place: a key that vanishes after
+/// that sweep looked at it is then always seen. Sweeping before the watch existed, a janitor
+/// started just after a crash missed a key that expired in between and left the dead node's
+/// sandboxes to the periodic sweep.
 async fn watch_nodes<S>(args: JanitorArgs<S>, janitor: ActorRef<JanitorMsg>) {
     let prefix = args.service.heartbeat_key("");
     let mut entries = match args.nodes_kv.watch(format!("{prefix}>")).await {
@@ -102,6 +106,7 @@ async fn watch_nodes<S>(args: JanitorArgs<S>, janitor: ActorRef<JanitorMsg>) {
             return;
         }
     };
+    let _ = janitor.cast(JanitorMsg::Sweep);
     let ended = loop {
         match entries.next().await {
             Some(Ok(entry)) => {
@@ -131,7 +136,7 @@ impl<S: Sweep> Actor for Janitor<S> {
         myself: ActorRef<Self::Msg>,
         args: JanitorArgs<S>,
     ) -> Result<Self::State, ActorProcessingErr> {
-        myself.cast(JanitorMsg::Sweep)?;
+        // The first sweep comes from the watch, once it is in place.
         myself.send_interval(args.interval, || JanitorMsg::Sweep);
         let watch = tokio::spawn(watch_nodes(args.clone(), myself.clone()));
         Ok(JanitorState { args, watch })

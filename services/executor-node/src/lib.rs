@@ -176,26 +176,33 @@ pub async fn serve<B: Backend>(
         service: B::SERVICE.as_str(),
         node: me.clone(),
     };
+    let held_node = node.clone();
+    // Each beat says how many slots each tenant holds: placement asks the node's sharing rule
+    // with it whether a full node would still take a tenant's run.
+    let tenants: kit::heartbeat::TenantProbe = Arc::new(move || held_node.slots_held());
     runtime
-        .start_heartbeat(Arc::new(move || {
-            let resources = host.sample();
-            if let Some(r) = &resources {
-                metrics.host_resources(&at, r);
-            }
-            let mut m = probe_node.metrics(capacity);
-            let (kept, kept_bytes) = probe_results.usage();
-            m.insert("kept_results".into(), kept as f64);
-            m.insert("kept_result_bytes".into(), kept_bytes as f64);
-            gauges(&mut m);
-            kit::heartbeat::Load {
-                capacity: capacity as u32,
-                load: probe_node.running.load(Ordering::Relaxed) as u32,
-                metrics: m,
-                labels: labels.clone(),
-                backends: vec![B::KIND],
-                resources,
-            }
-        }))
+        .start_heartbeat_reporting(
+            Arc::new(move || {
+                let resources = host.sample();
+                if let Some(r) = &resources {
+                    metrics.host_resources(&at, r);
+                }
+                let mut m = probe_node.metrics(capacity);
+                let (kept, kept_bytes) = probe_results.usage();
+                m.insert("kept_results".into(), kept as f64);
+                m.insert("kept_result_bytes".into(), kept_bytes as f64);
+                gauges(&mut m);
+                kit::heartbeat::Load {
+                    capacity: capacity as u32,
+                    load: probe_node.running.load(Ordering::Relaxed) as u32,
+                    metrics: m,
+                    labels: labels.clone(),
+                    backends: vec![B::KIND],
+                    resources,
+                }
+            }),
+            Some(tenants),
+        )
         .await?;
 
     let janitor = JanitorArgs {

@@ -11,14 +11,18 @@ use std::sync::Mutex;
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
+use crate::slot::TenantSlots;
+
 #[derive(Debug, Default)]
 pub struct NodeState {
     /// Names are added *before* a sandbox is created and dropped only after it is removed, so
     /// the janitor can never take a sandbox that is being born for a leak.
     owned: Mutex<HashSet<String>>,
     /// Executions accepted and not yet answered (running or queued in a session).
-    /// Changed only by [`crate::RunSlot`].
+    /// Changed only by [`crate::RunSlot`], with `tenant_slots` locked.
     pub running: AtomicUsize,
+    /// Who holds the slots counted in `running`, and who waits for one.
+    tenant_slots: Mutex<TenantSlots>,
     /// Notified when `running` drops to zero (a drain waits for it).
     pub idle: Notify,
     /// Executions answered since start.
@@ -36,6 +40,18 @@ impl NodeState {
             metrics,
             ..Default::default()
         }
+    }
+
+    /// The slots per tenant, locked (only [`crate::RunSlot`] changes them).
+    pub(crate) fn tenant_slots(&self) -> std::sync::MutexGuard<'_, TenantSlots> {
+        self.tenant_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Slots held per tenant now, for the heartbeat.
+    pub fn slots_held(&self) -> BTreeMap<String, u32> {
+        self.tenant_slots().held()
     }
 
     pub fn own(&self, name: &str) {

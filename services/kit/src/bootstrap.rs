@@ -198,7 +198,11 @@ where
 }
 
 /// `sandbox_nodes`: heartbeats with a per-key TTL; expired keys leave a purge marker that
-/// watchers see (needs nats-server ≥ 2.11).
+/// watchers see (needs nats-server ≥ 2.11). Kept on disk, although every key is short-lived:
+/// the bucket's creation time is the mesh's id ([`crate::mesh_id`]), which labels every
+/// container, so the bucket must outlive a restart of the server. In memory it was made anew
+/// by whichever service came first after a restart, and the containers of a node that died
+/// before it carried an id no janitor of the mesh would judge any more.
 pub async fn nodes_kv(
     js: &jetstream::Context,
     s: &Subjects,
@@ -210,7 +214,7 @@ pub async fn nodes_kv(
             bucket: s.nodes_bucket(),
             history: 1,
             limit_markers: Some(Duration::from_secs(60)),
-            storage: stream::StorageType::Memory,
+            storage: stream::StorageType::File,
             ..Default::default()
         },
         replicas,

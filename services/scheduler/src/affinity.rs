@@ -132,7 +132,7 @@ impl SessionAffinity {
                 decision,
                 record: placed,
             } = self
-                .place_session(&record, template.as_deref(), needs, deadline, scope)
+                .place_session(&record, template.as_deref(), &needs, deadline, scope)
                 .await?;
             // Checked again as placed: the session may have taken another run's template
             // since it was read (two first runs at once), or was opened by this run.
@@ -260,7 +260,7 @@ impl SessionAffinity {
         &self,
         record: &SessionRecord,
         template: Option<&str>,
-        needs: Requirements,
+        needs: &Requirements,
         wait: Duration,
         scope: &AuditScope,
     ) -> Result<Placed, SchedulerError> {

@@ -126,6 +126,7 @@ impl Dispatcher {
             cpus: limits.cpus,
             memory_mb: limits.memory_mb,
             backend: Backend::Docker,
+            tenant: exec.tenant.clone(),
         };
         let mut deadline = Duration::from_millis(limits.timeout_ms) + self.exec_grace;
         // A template that adds packages runs in its own image; its first run on a node waits
@@ -158,7 +159,10 @@ impl Dispatcher {
         // container with an egress proxy.
         .filter(|_| run.network.is_none());
         if let Some(backend) = light {
-            let needs = Requirements { backend, ..needs };
+            let needs = Requirements {
+                backend,
+                ..needs.clone()
+            };
             if let Some(result) = self.place(backend, &run, needs, deadline, &scope).await? {
                 return Ok(result);
             }
@@ -187,7 +191,7 @@ impl Dispatcher {
     ) -> Result<Option<ExecResult>, SchedulerError> {
         let mut exclude = Vec::new();
         for _ in 0..PLACEMENT_ATTEMPTS {
-            let decision = self.placer.pick_waiting(needs, &exclude, deadline).await?;
+            let decision = self.placer.pick_waiting(&needs, &exclude, deadline).await?;
             let node = decision.as_ref().map(|d| d.node.clone());
             if node.is_none() && backend != Backend::Docker {
                 return Ok(None);

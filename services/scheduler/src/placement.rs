@@ -4,8 +4,12 @@
 
 use std::str::FromStr;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use messages::executor::Backend;
 use messages::heartbeat::Resources;
+use messages::slot_share::{SlotShares, NO_TENANT};
+use messages::tenancy::Tenant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
@@ -53,6 +57,8 @@ pub struct NodeView {
     pub resources: Option<Resources>,
     /// The isolation backends the node offers.
     pub backends: Vec<Backend>,
+    /// The node's run slots held per tenant, from its heartbeat.
+    pub held: BTreeMap<String, u32>,
 }
 
 impl NodeView {
@@ -60,8 +66,16 @@ impl NodeView {
         self.backends.contains(&backend)
     }
 
-    fn is_full(&self) -> bool {
-        self.capacity > 0 && self.load >= self.capacity
+    /// Whether the node would take a run of `tenant` now, by the rule it admits by (as far as
+    /// its last heartbeat and this scheduler's own work tell; the node has the last word).
+    fn takes(&self, tenant: Option<&Tenant>) -> bool {
+        let none = BTreeSet::new();
+        let shares = SlotShares {
+            capacity: self.capacity,
+            held: &self.held,
+            waiting: &none,
+        };
+        self.capacity == 0 || shares.admits(self.load, tenant.map_or(NO_TENANT, Tenant::as_str))
     }
 
     fn load_ratio(&self) -> f64 {
@@ -78,13 +92,16 @@ impl NodeView {
     }
 }
 
-/// What one execution needs.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// What one execution needs, and whose it is.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Requirements {
     pub cpus: f64,
     pub memory_mb: u64,
     /// Only nodes offering this backend qualify.
     pub backend: Backend,
+    /// The tenant it runs for: a full node still takes the run of a tenant under its share
+    /// of the node's slots ([`SlotShares`]).
+    pub tenant: Option<Tenant>,
 }
 
 /// The chosen node, with why (recorded in the `placed` audit event).
@@ -141,7 +158,7 @@ pub fn choose(
 ) -> Option<Decision> {
     let mut open: Vec<&NodeView> = nodes
         .iter()
-        .filter(|n| !n.is_full() && n.offers(req.backend))
+        .filter(|n| n.takes(req.tenant.as_ref()) && n.offers(req.backend))
         .collect();
     // A stable order so round-robin visits each node in turn and ties break the same way.
     open.sort_by(|a, b| a.id.cmp(&b.id));
@@ -194,6 +211,7 @@ mod tests {
             load,
             resources: None,
             backends: vec![Backend::Docker],
+            held: BTreeMap::new(),
         }
     }
 
@@ -218,6 +236,7 @@ mod tests {
         cpus: 1.0,
         memory_mb: 256,
         backend: Backend::Docker,
+        tenant: None,
     };
 
     #[test]

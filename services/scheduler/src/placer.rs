@@ -134,12 +134,12 @@ impl Placer {
     /// Chooses a node (counting the work on it at once), skipping `exclude`.
     pub async fn pick(
         &self,
-        needs: Requirements,
+        needs: &Requirements,
         exclude: &[String],
     ) -> Result<Option<Decision>, RegistryGone> {
         let exclude = exclude.to_vec();
         self.ask(|reply| RegistryMsg::Pick {
-            req: needs,
+            req: needs.clone(),
             exclude,
             reply,
         })
@@ -152,7 +152,7 @@ impl Placer {
     /// ran out.
     pub async fn pick_waiting(
         &self,
-        needs: Requirements,
+        needs: &Requirements,
         exclude: &[String],
         limit: Duration,
     ) -> Result<Option<Decision>, RegistryGone> {
@@ -289,7 +289,7 @@ mod tests {
         let (placer, registry) = placer_with_one_slot().await;
         let needs = Requirements::default();
         let taken = placer
-            .pick(needs, &[])
+            .pick(&needs, &[])
             .await
             .unwrap()
             .expect("the one slot");
@@ -298,7 +298,7 @@ mod tests {
             let placer = placer.clone();
             async move {
                 placer
-                    .pick_waiting(needs, &[], Duration::from_secs(3600))
+                    .pick_waiting(&needs, &[], Duration::from_secs(3600))
                     .await
             }
         });
@@ -319,7 +319,7 @@ mod tests {
         let (placer, registry) = placer_with_one_slot().await;
         let picked = placer
             .pick_waiting(
-                Requirements::default(),
+                &Requirements::default(),
                 &["a".into()],
                 Duration::from_secs(3600),
             )
@@ -327,7 +327,7 @@ mod tests {
             .unwrap();
         assert_eq!(picked, None);
         registry.kill();
-        let gone = placer.pick(Requirements::default(), &[]).await;
+        let gone = placer.pick(&Requirements::default(), &[]).await;
         assert!(gone.is_err(), "a dead registry is an error, not 'no node'");
     }
 }

@@ -149,6 +149,7 @@ impl RegistryState {
                     .into_iter()
                     .filter(|b| e.heartbeat.offers(*b))
                     .collect(),
+                held: e.heartbeat.tenants.clone(),
             })
             .collect()
     }

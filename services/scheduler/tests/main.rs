@@ -8,6 +8,7 @@ mod cluster;
 mod common;
 mod e2e;
 mod exactly_once;
+mod fair_share;
 mod kernel;
 mod metrics;
 mod network;

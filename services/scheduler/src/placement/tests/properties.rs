@@ -49,6 +49,7 @@ fn table() -> impl Gen<Value = (Vec<NodeView>, Vec<bool>)> {
                     load,
                     resources,
                     backends: vec![messages::executor::Backend::Docker],
+                    held: Default::default(),
                 };
                 (n, excluded)
             })
@@ -84,7 +85,7 @@ proptest! {
         for s in STRATEGIES {
             let picked = choose(s, &offered, &req, &mut cursor.clone());
             let fits = |n: &NodeView| {
-                !n.is_full()
+                n.takes(None)
                     && (s != Strategy::ResourceAware || resource_score(n, &req) > 0.0)
             };
             match picked {
@@ -105,7 +106,7 @@ proptest! {
     ) {
         let best = nodes
             .iter()
-            .filter(|n| !n.is_full())
+            .filter(|n| n.takes(None))
             .map(NodeView::load_ratio)
             .min_by(f64::total_cmp);
         let picked = choose(Strategy::LeastLoaded, &nodes, &req, &mut 0);
@@ -148,7 +149,7 @@ proptest! {
         let picked = choose(Strategy::ResourceAware, &nodes, &req, &mut 0);
         let best = nodes
             .iter()
-            .filter(|n| !n.is_full())
+            .filter(|n| n.takes(None))
             .map(|n| resource_score(n, &req))
             .filter(|s| *s > 0.0)
             .max_by(f64::total_cmp);
