@@ -85,7 +85,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A real nats-server with JetStream for one test, configured as sandmesh ships it: the
-/// accounts, users and permissions of [`Tenancy`] (tenancy and roles on, DESIGN.md §5); a
+/// accounts, users and permissions of [`Tenancy`] (tenancy and roles on); a
 /// server with extra settings keeps them.
 pub struct NatsServer {
     bin: PathBuf,
