@@ -63,7 +63,7 @@ pub struct Cli {
     /// them, so the scheduler claims it); by default they carry none, as `nats req` sends them.
     #[arg(long, global = true)]
     pub sync_ids: bool,
-    /// The sandbox image the baseline container runs.
+    /// The sandbox image the loadtest's own containers run (the baseline, the bare sandboxes).
     #[arg(
         long,
         env = "SANDMESH_EXEC_IMAGE",
