@@ -264,3 +264,115 @@ fn a_link_to_a_missing_file_is_found() {
     let text = "see [a](docs/a.md#x), [web](https://example.org/), [b](../b.md) and [](#here)";
     assert_eq!(relative_links(text), ["docs/a.md", "../b.md"]);
 }
+
+/// Whether a line cites something a reader of the repository cannot open: the design file (its
+/// name in capitals, then `.md` or ` §`), a seed document (the word, then `00N` after a space,
+/// `_` or `-`) or a tracker's issue (the word, then a number, `#` allowed). (The needles are
+/// spelled in pieces, so this file does not match itself.)
+fn cites_the_unreachable(line: &str) -> bool {
+    let design = ["DES", "IGN"].concat();
+    if line.contains(&format!("{design}.md")) || line.contains(&format!("{design} §")) {
+        return true;
+    }
+    let lower = line.to_lowercase();
+    let followed_by = |word: &str, next: &dyn Fn(&str) -> bool| {
+        lower.match_indices(word).any(|(at, _)| {
+            let starts_word = !lower[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric());
+            let rest = lower[at + word.len()..].trim_start_matches('s');
+            starts_word && next(rest)
+        })
+    };
+    let seed = |rest: &str| {
+        rest.strip_prefix([' ', '_', '-'])
+            .is_some_and(|r| r.starts_with("00"))
+    };
+    let issue = |rest: &str| {
+        rest.strip_prefix(' ')
+            .map(|r| r.trim_start_matches('#'))
+            .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+    };
+    followed_by(&["se", "ed"].concat(), &seed) || followed_by(&["iss", "ue"].concat(), &issue)
+}
+
+/// The repository's tracked sources and documents: what a reader of the code reads. Saved
+/// loadtest runs are records of their day and keep their words; `Cargo.lock` is generated.
+fn tracked_sources_and_documents(root: &Path) -> Vec<String> {
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+        .expect("git lists the tracked files: install git and run the tests from a checkout");
+    assert!(out.status.success(), "git ls-files failed: {out:?}");
+    String::from_utf8(out.stdout)
+        .expect("tracked paths are UTF-8")
+        .split('\0')
+        .filter(|p| {
+            let source = [".rs", ".md", ".toml", ".sh", ".py", ".js", ".mjs"]
+                .iter()
+                .any(|x| p.ends_with(x));
+            let record = p.starts_with("loadtest/results/run-");
+            source && !record && !p.ends_with("Cargo.lock")
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn no_source_or_document_cites_a_file_the_repository_lacks() {
+    let root = workspace_root();
+    let files = tracked_sources_and_documents(&root);
+    assert!(files.len() >= 100, "found only {} files", files.len());
+    let mut citing = Vec::new();
+    for file in &files {
+        // A file deleted in the work tree but still tracked has nothing to cite.
+        let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            if cites_the_unreachable(line) {
+                citing.push(format!("{file}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        citing.is_empty(),
+        "say the rule or the reason itself (or link docs/architecture.md#…), not a design file, \
+         a seed or an issue number the reader cannot open:\n{}",
+        citing.join("\n")
+    );
+}
+
+#[test]
+fn a_citation_of_a_missing_file_is_found() {
+    let design = ["DES", "IGN"].concat();
+    let (seed, issue) = (["Se", "ed"].concat(), ["Iss", "ue"].concat());
+    let issue_ = issue.to_lowercase();
+    let citing = [
+        format!("//! Tenancy ({design}.md §5): the caller is who the server says."),
+        format!("# the hardened host config ({design} §3 \"Containers\")"),
+        format!(
+            "/// Which browser serves a session ({} 000 §7).",
+            seed.to_lowercase()
+        ),
+        format!("fn browser_actions_follow_{}_000() {{", seed.to_lowercase()),
+        format!("/// {issue} 23, finding 5: operators share one account."),
+        format!("see {}s 13 and 14", issue.to_lowercase()),
+        format!("(fixed in {} #42)", issue.to_lowercase()),
+    ];
+    for line in &citing {
+        assert!(cites_the_unreachable(line), "not found: {line}");
+    }
+    let plain = [
+        "/// The design of the pool: one actor owns the state.".to_string(),
+        "fn noise(len: usize, seed: u32) -> Vec<u8> {".to_string(),
+        "// A seeded generator; the seed is 0x9E37.".to_string(),
+        "/// An issue with the socket: it may close before the reply.".to_string(),
+        format!("// T{issue_} 12 and re{issue_} 3 are words, not citations."),
+    ];
+    for line in &plain {
+        assert!(!cites_the_unreachable(line), "a false citation: {line}");
+    }
+}
