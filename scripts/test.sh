@@ -40,7 +40,7 @@ sweep_test_runs() { # sweep_test_runs [mine]: removes dead runs' leftovers (and,
 sweep_test_runs
 # A failing step leaves no image build running behind it.
 trap 'kill $(jobs -p) 2>/dev/null || true; sweep_test_runs mine' EXIT
-# The package index the egress test downloads a package from (issue 13): its hosts are the
+# The package index the egress test downloads a package from: its hosts are the
 # machine's own configuration, never this repository's — pip's configured index-url when there
 # is one, else pip's default index as pip itself names it. A machine whose HTTPS goes through an
 # intercepting gateway also names the trust store its own clients use, so pip in the sandbox

@@ -1,4 +1,4 @@
-//! The NATS accounts, users and permissions of a sandmesh deployment (DESIGN.md §5).
+//! The NATS accounts, users and permissions of a sandmesh deployment.
 //!
 //! [`Tenancy`] holds the generated credentials (saved as `tenancy.json`, mode 0600, in the data
 //! directory of `sandmesh up`) and renders the `accounts { … }` block of the server config:

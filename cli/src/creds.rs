@@ -1,10 +1,9 @@
-//! How the CLI (and any other program) connects to a mesh with authentication on (DESIGN.md
-//! §5.6). `sandmesh up` writes one credentials file per role into its data directory
-//! (`.sandmesh/creds/<name>.json`, readable by its owner only); each command picks the role it
-//! needs: `exec`, `ws` and `sessions` act as the default tenant's agent, `confirm` as an
-//! operator, `audit` and `status` as the deployment's admin. `--creds FILE` or
-//! `SANDMESH_CREDS` names a file instead; a `SANDMESH_NATS_URL` that carries credentials is
-//! used as it is.
+//! How the CLI (and any other program) connects to a mesh with authentication on, which is every
+//! mode but an explicit `--insecure`. `sandmesh up` writes one credentials file per role into its
+//! data directory (`.sandmesh/creds/<name>.json`, readable by its owner only); each command picks
+//! the role it needs: `exec`, `ws` and `sessions` act as the default tenant's agent, `confirm` as
+//! an operator, `audit` and `status` as the deployment's admin. `--creds FILE` or `SANDMESH_CREDS`
+//! names a file instead; a `SANDMESH_NATS_URL` that carries credentials is used as it is.
 
 use std::path::{Path, PathBuf};
 

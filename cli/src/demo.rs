@@ -1,25 +1,30 @@
 //! The sample executions `sandmesh up --demo` prints: one per language, plus one the risk
-//! policy refuses, so a new user sees the whole path work.
+//! policy refuses, so a new user sees the whole path work. Each has the status it must end
+//! with: `up --once` is the README's first command and CI's end-to-end check, so a sample that
+//! ends otherwise (a sandbox that cannot start, a policy that lets `rm -rf /` through) fails it.
 
 use std::time::Duration;
 
-use messages::exec::{ExecRequest, ExecResult, Language};
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language};
 use messages::Subjects;
 
-const SAMPLES: &[(Language, &str)] = &[
+const SAMPLES: &[(Language, &str, ExecStatus)] = &[
     (
         Language::Python,
         "import platform\nprint(f'hello from python {platform.python_version()}')",
+        ExecStatus::Ok,
     ),
     (
         Language::Javascript,
         "console.log(`hello from node ${process.version}`)",
+        ExecStatus::Ok,
     ),
     (
         Language::Shell,
         "echo \"hello from $(bash --version | head -n1)\"",
+        ExecStatus::Ok,
     ),
-    (Language::Shell, "rm -rf /"),
+    (Language::Shell, "rm -rf /", ExecStatus::Rejected),
 ];
 
 pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Result<i32> {
@@ -27,7 +32,7 @@ pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Re
         .with_timeout(Duration::from_secs(120))
         .with_encoding(messages::Encoding::Json);
     let mut failures = 0;
-    for (language, code) in SAMPLES {
+    for (language, code, expected) in SAMPLES {
         let request = ExecRequest {
             language: *language,
             code: code.to_string(),
@@ -53,6 +58,10 @@ pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Re
                         .map(|e| format!(" ({})", e.message))
                         .unwrap_or_default()
                 );
+                if r.status != *expected {
+                    failures += 1;
+                    println!("  → expected status={}", expected.as_str());
+                }
             }
             Err(e) => {
                 failures += 1;

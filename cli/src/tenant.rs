@@ -67,7 +67,7 @@ pub enum TenantCommand {
     },
 }
 
-/// A tenant's quotas on the command line (DESIGN.md §3): over one, its requests get 429 naming
+/// A tenant's quotas on the command line: over one, its requests get 429 naming
 /// the quota.
 #[derive(clap::Args, Debug, Default)]
 pub struct QuotaArgs {

@@ -1,4 +1,4 @@
-//! `sandmesh exec --allow-domain …` end to end (issue 13): `sandmesh up` with an egress ceiling
+//! `sandmesh exec --allow-domain …` end to end: `sandmesh up` with an egress ceiling
 //! (`SANDMESH_NETWORK_ALLOW`), the CLI's policy flags, the scheduler's clamping, the executor's
 //! proxy and the summary line saying what was contacted and refused. (Without flags the same
 //! code is high risk and waits for a person; no policy means no network is shown by the

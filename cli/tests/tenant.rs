@@ -170,7 +170,7 @@ async fn as_agent(creds: &std::path::Path, args: &[&str]) -> std::process::Outpu
     run_bounded(cmd, Duration::from_secs(120)).await
 }
 
-/// Finding 4 of issue 23: a tenant added to a running mesh connected but every request got "no
+/// A tenant added to a running mesh once connected but every request got "no
 /// responders" until a restart. Its agent must be *served*: an execution, a raw request through
 /// the imports, and its own events.
 #[tokio::test]
@@ -255,7 +255,7 @@ fn url_of(creds: &std::path::Path) -> String {
     server.replacen("nats://", &format!("nats://{user}:{password}@"), 1)
 }
 
-/// Issue 23, finding 5: an operator added to a running mesh decides at once (the confirmation
+/// An operator added to a running mesh decides at once (the confirmation
 /// service follows the tenancy file), sees only its tenants, and a removed one is refused.
 #[tokio::test]
 async fn an_operator_added_to_a_running_mesh_decides_at_once_and_a_removed_one_is_refused() {

@@ -1,5 +1,5 @@
 //! `sandmesh up` serves executions as soon as the sandbox image exists, while the browser and
-//! AIO images are still being built (issue 29): the first result does not wait for Chromium.
+//! AIO images are still being built: the first result does not wait for Chromium.
 //! Until an image exists its service answers 503 saying so — and a failed build says why —
 //! through the real CLI, as the mesh's own agent.
 //!

@@ -41,10 +41,10 @@ impl ExecClient {
         self.exec_timeout(req, EXEC_TIMEOUT).await
     }
 
-    /// Runs `code` as a cell of session `session_id`'s kernel for `language` (python or
-    /// javascript; DESIGN.md §3 "Kernels"): variables persist between cells, and the result's
-    /// `outputs` carry the cell's typed rich outputs (`state_lost` says when the kernel had to
-    /// be restarted).
+    /// Runs `code` as a cell of session `session_id`'s kernel for `language` (python or javascript;
+    /// see `docs/architecture.md#kernels`): variables persist between cells, and the result's
+    /// `outputs` carry the cell's typed rich outputs (`state_lost` says when the kernel had to be
+    /// restarted).
     pub async fn run_cell(
         &self,
         session_id: &str,

@@ -4,8 +4,8 @@
     python3 -m venv .venv && .venv/bin/pip install -r clients/python/requirements.txt
     .venv/bin/python clients/python/assess.py --url nats://127.0.0.1:4222
 
-Each result is printed as one JSON line, so people and tests can read it. The wire protocol
-(DESIGN.md §2): the request is `AssessRequest` in the encoding named by `Content-Type`; the
+Each result is printed as one JSON line, so people and tests can read it. The wire protocol:
+the request is `AssessRequest` in the encoding named by `Content-Type`; the
 reply comes back in the same encoding; an error reply carries the NATS micro headers
 `Nats-Service-Error` / `Nats-Service-Error-Code` and a typed body `{code, kind, message}`.
 """

@@ -63,7 +63,7 @@ pub struct Cli {
     /// them, so the scheduler claims it); by default they carry none, as `nats req` sends them.
     #[arg(long, global = true)]
     pub sync_ids: bool,
-    /// The sandbox image the baseline container runs.
+    /// The sandbox image the loadtest's own containers run (the baseline, the bare sandboxes).
     #[arg(
         long,
         env = "SANDMESH_EXEC_IMAGE",
@@ -213,8 +213,8 @@ pub enum Scenario {
         templates: Vec<String>,
     },
     /// N new sessions opened at once, each running its first execution (time to the first
-    /// result, beside as many bare `docker exec`s at once), `--rounds` times; then the light
-    /// backend's c=4 throughput beside a bare `bwrap` loop.
+    /// result, beside as many bare hardened sandboxes started at once), `--rounds` times; then
+    /// the light backend's c=4 throughput beside a bare `bwrap` loop.
     SessionsBurst {
         /// Sessions per burst.
         #[arg(long, default_value_t = 50)]

@@ -1,6 +1,7 @@
 //! The Docker side of the loadtest: the baseline container (the sandbox image, hardened like
-//! the executor's containers, kept running so each measured exec is a bare `docker exec`), and
-//! the count of sandbox containers left behind.
+//! the executor's containers, kept running so each measured exec is a bare `docker exec`), the
+//! bare sandboxes of a burst (the same image and hardening, one container per program, started
+//! and removed), and the count of sandbox containers left behind.
 
 use std::collections::HashMap;
 
@@ -8,17 +9,21 @@ use anyhow::Context;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, ContainerSummary};
-use bollard::query_parameters::{CreateContainerOptionsBuilder, StartContainerOptions};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, StartContainerOptions,
+};
 use bollard::Docker;
 use containers::{
     hardened_host_config, tmpfs_options, Hardening, LABEL_KIND, LABEL_MESH, LABEL_SANDMESH,
     SANDBOX_UID,
 };
 use futures::StreamExt;
+use std::time::Instant;
 
 use crate::report::ContainerCount;
 
-/// The baseline container's kind: never counted as a leak of the mesh, always removed.
+/// The kind of the loadtest's own containers (the baseline container, the bare sandboxes of a
+/// burst): never counted as a leak of the mesh, always removed.
 pub const KIND_BASELINE: &str = "loadtest-baseline";
 
 pub async fn connect() -> anyhow::Result<Docker> {
@@ -41,10 +46,15 @@ pub async fn version(docker: &Docker) -> String {
     }
 }
 
-/// The body of the baseline container: the executor's hardening (no capabilities, no new
-/// privileges, default seccomp, read-only root, tmpfs /tmp and /workspace, pids / memory /
-/// CPU limits, ulimits, no network, non-root, no logs), with `sleep` as its main process.
+/// The body of the baseline container: [`hardened_body`] with `sleep` as its main process.
 pub fn baseline_body(image: &str) -> ContainerCreateBody {
+    hardened_body(image, &["sleep", "infinity"])
+}
+
+/// A container of `image` running `cmd` under the executor's hardening (no capabilities, no new
+/// privileges, default seccomp, read-only root, tmpfs /tmp and /workspace, pids / memory / CPU
+/// limits, ulimits, no network, non-root, no logs), labelled as the loadtest's own.
+fn hardened_body(image: &str, cmd: &[&str]) -> ContainerCreateBody {
     let host = hardened_host_config(&Hardening {
         memory_mb: 256,
         cpus: 1.0,
@@ -61,7 +71,7 @@ pub fn baseline_body(image: &str) -> ContainerCreateBody {
     });
     ContainerCreateBody {
         image: Some(image.to_string()),
-        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        cmd: Some(cmd.iter().map(|a| a.to_string()).collect()),
         user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
         working_dir: Some("/workspace".into()),
         network_disabled: Some(true),
@@ -137,6 +147,62 @@ impl BaselineContainer {
     pub async fn remove(&self) {
         containers::remove(&self.docker, &self.name).await;
     }
+}
+
+/// One bare sandbox: a hardened container of `image` running `argv`, created, attached and
+/// started; returns when its first line of stdout arrived, and that line. The container is
+/// removed before this returns, whatever happened, and the whole is bounded by `bound`.
+pub async fn bare_sandbox_first_line(
+    docker: &Docker,
+    image: &str,
+    argv: &[&str],
+    bound: std::time::Duration,
+) -> anyhow::Result<(Instant, String)> {
+    let name = format!(
+        "sandmesh-loadtest-floor-{}",
+        messages::new_id().to_ascii_lowercase()
+    );
+    let run = async {
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        docker
+            .create_container(Some(options), hardened_body(image, argv))
+            .await
+            .with_context(|| format!("creating a bare sandbox from {image}"))?;
+        // Attached before it starts, so no output can pass unseen (its log driver is `none`).
+        let attach = AttachContainerOptionsBuilder::new()
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .build();
+        let mut output = docker
+            .attach_container(&name, Some(attach))
+            .await
+            .context("attaching to a bare sandbox")?
+            .output;
+        docker
+            .start_container(&name, None::<StartContainerOptions>)
+            .await
+            .context("starting a bare sandbox")?;
+        let mut stdout = String::new();
+        while let Some(item) = output.next().await {
+            match item? {
+                LogOutput::StdOut { message } => {
+                    stdout.push_str(&String::from_utf8_lossy(&message));
+                    if stdout.contains('\n') {
+                        return Ok((Instant::now(), stdout));
+                    }
+                }
+                LogOutput::StdErr { message } => {
+                    anyhow::bail!("stderr: {}", String::from_utf8_lossy(&message))
+                }
+                _ => {}
+            }
+        }
+        anyhow::bail!("the bare sandbox exited without a line of output ({stdout:?})")
+    };
+    let outcome = tokio::time::timeout(bound, run).await;
+    containers::remove(docker, &name).await;
+    outcome.with_context(|| format!("no first line from a bare sandbox within {bound:?}"))?
 }
 
 /// Every container of the mesh `mesh_id` (or, without one, every one carrying the `sandmesh`

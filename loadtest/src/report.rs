@@ -172,15 +172,19 @@ pub struct Report {
 }
 
 impl Report {
-    /// Sets every execution series' ratio to the baseline series of the same language and
-    /// concurrency measured in this run.
+    /// Sets every execution series' ratio to its floor of the same language and concurrency,
+    /// measured in the same run: for a burst of new sessions the bare sandboxes started at once
+    /// (`bare-sandboxes`), for every other execution the bare `docker exec` (`baseline`).
     pub fn attach_baselines(&mut self) {
-        let baselines: Vec<(Option<String>, usize, String, f64)> = self
+        let floors: Vec<(String, Option<String>, usize, String, f64)> = self
             .series
             .iter()
-            .filter(|s| s.scenario == "baseline" && s.latency.count > 0)
+            .filter(|s| {
+                matches!(s.scenario.as_str(), "baseline" | "bare-sandboxes") && s.latency.count > 0
+            })
             .map(|s| {
                 (
+                    s.scenario.clone(),
                     s.language.clone(),
                     s.concurrency,
                     s.name.clone(),
@@ -203,10 +207,15 @@ impl Report {
                 (compared || round) && s.latency.count > 0 && s.all_ok()
             })
         {
-            let found = baselines
-                .iter()
-                .find(|(lang, c, _, _)| *lang == s.language && *c == s.concurrency);
-            if let Some((_, _, name, p50)) = found {
+            let floor = if s.scenario.starts_with("sessions-burst") {
+                "bare-sandboxes"
+            } else {
+                "baseline"
+            };
+            let found = floors.iter().find(|(scenario, lang, c, _, _)| {
+                scenario == floor && *lang == s.language && *c == s.concurrency
+            });
+            if let Some((_, _, _, name, p50)) = found {
                 s.p50_vs_baseline = ratio(s.latency.p50_ms, *p50);
                 s.baseline = Some(name.clone());
             }
@@ -295,6 +304,35 @@ mod tests {
         assert_eq!(r.series[4].p50_vs_baseline, None);
         // A template's series against the same bare Docker floor.
         assert_eq!(r.series[5].p50_vs_baseline, Some(1.5));
+    }
+
+    #[test]
+    fn a_burst_of_sessions_is_compared_with_as_many_bare_sandboxes_not_with_docker_execs() {
+        let burst =
+            |name: &str, p50| series(name, "python", Some("session"), Some("sync"), 50, p50);
+        let mut r = Report {
+            series: vec![
+                series("baseline/python/c50", "python", None, None, 50, 1000.0),
+                series(
+                    "bare-sandboxes/python/c50",
+                    "python",
+                    None,
+                    None,
+                    50,
+                    4000.0,
+                ),
+                burst("sessions-burst/first-result/c50", 2000.0),
+                burst("sessions-burst-round2/first-result/c50", 1000.0),
+            ],
+            ..Default::default()
+        };
+        r.attach_baselines();
+        assert_eq!(r.series[2].p50_vs_baseline, Some(0.5));
+        assert_eq!(
+            r.series[2].baseline.as_deref(),
+            Some("bare-sandboxes/python/c50")
+        );
+        assert_eq!(r.series[3].p50_vs_baseline, Some(0.25));
     }
 
     #[test]

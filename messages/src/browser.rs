@@ -61,7 +61,7 @@ impl BrowserAction {
     }
 }
 
-/// Which browser serves a session (seed 000 §7).
+/// Which browser serves a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BrowserBackend {
@@ -73,7 +73,7 @@ pub enum BrowserBackend {
 }
 
 impl BrowserBackend {
-    /// Seed 000 §7: work that needs the session's files or is research goes to the AIO
+    /// Work that needs the session's files or is research goes to the AIO
     /// browser; an explicit `backend` in the request wins.
     pub fn route(req: &BrowserRequest) -> Self {
         match req.backend {
@@ -111,7 +111,7 @@ pub enum ContentFormat {
 pub struct BrowserRequest {
     pub session_id: String,
     pub command: BrowserCommand,
-    /// Route to the session's AIO browser instead of the external one (seed 000 §7).
+    /// Route to the session's AIO browser instead of the external one.
     pub needs_file_access: bool,
     pub is_research: bool,
     /// Overrides the routing above.

@@ -47,7 +47,7 @@ impl std::str::FromStr for Language {
     }
 }
 
-/// Where code runs (DESIGN.md §1 "Tiers").
+/// Where code runs (`docs/architecture.md#tiers`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
@@ -164,8 +164,8 @@ pub struct ExecRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
     /// Run the code as a cell of the session's long-lived interpreter (Python or JavaScript,
-    /// as `language` says; not shell), so variables
-    /// survive between executions and rich outputs come back typed (DESIGN.md §3 "Kernels").
+    /// as `language` says; not shell), so variables survive between executions and rich outputs
+    /// come back typed (`docs/architecture.md#kernels`).
     /// Needs a session. Absent: a fresh interpreter per execution.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kernel: bool,

@@ -1,4 +1,4 @@
-//! Filesystem policy (seed 004 §3: denyRead / allowWrite / denyWrite) of a template or a
+//! Filesystem policy (denyRead / allowWrite / denyWrite) of a template or a
 //! session, enforced by the backends with mounts — never by checking paths in code:
 //!
 //! - the sandbox's root is read-only; `/tmp` and the workspace are its writable places;

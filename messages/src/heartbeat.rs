@@ -18,7 +18,8 @@ pub struct Heartbeat {
     pub capacity: u32,
     /// How much it holds now.
     pub load: u32,
-    /// Service-specific gauges (warm pool size, sessions, memory...), named after seed 003 §8.
+    /// Service-specific gauges (warm pool size, sessions, memory...), named as in
+    /// `docs/reference/configuration.md#metrics`.
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
     /// Free-form facts (host name, image, ...).

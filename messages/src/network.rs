@@ -1,6 +1,6 @@
-//! Network egress policy: which hosts a sandbox may reach through its egress proxy (DESIGN §3
-//! "Network egress"). No policy means no network. A requested policy is validated, then clamped
-//! by the operator's ceiling (the domains, CIDRs and ports a deployment permits at all).
+//! Network egress policy: which hosts a sandbox may reach through its egress proxy
+//! (`docs/guide/network.md`). No policy means no network. A requested policy is validated, then
+//! clamped by the operator's ceiling (the domains, CIDRs and ports a deployment permits at all).
 
 mod pattern;
 

@@ -1,4 +1,4 @@
-//! Per-tenant quotas (DESIGN.md §3 "Every door checked"): how much of the mesh one tenant may
+//! Per-tenant quotas: how much of the mesh one tenant may
 //! hold at once. Set by an administrator (`sandmesh tenant add NAME --max-…`, kept in the
 //! tenancy file), read by each service that owns the resource, and answered — when a request
 //! would go over — with 429 naming the quota, its limit and when to retry, never by silently

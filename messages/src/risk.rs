@@ -133,7 +133,7 @@ pub struct RiskAssessment {
 }
 
 impl RiskAssessment {
-    /// The least isolated tier this assessment allows under `mode` (seed 001 §4.2): strict
+    /// The least isolated tier this assessment allows under `mode`: strict
     /// sends anything not SAFE to `session` or stricter; permissive follows the suggestion. A
     /// `reject` (critical shell) stays a reject in both modes, as it is the strictest tier.
     /// One rule for the assessor and the scheduler, so both sides of the wire agree.

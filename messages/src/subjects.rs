@@ -101,7 +101,7 @@ impl Subjects {
         self.at("exec.result")
     }
     /// Output chunks of one execution of `tenant`. A tenant imports only its own
-    /// `output.<tenant>.>` (DESIGN.md §5.3), so the token is the boundary.
+    /// `output.<tenant>.>`, so the token is the boundary.
     pub fn output(&self, tenant: Option<&Tenant>, execution_id: &str) -> String {
         self.at(&format!("output.{}.{execution_id}", tenant_token(tenant)))
     }

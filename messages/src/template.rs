@@ -1,4 +1,4 @@
-//! Templates (DESIGN.md §3 "Templates", seed 003 §2.1.4): the environment code runs in, as
+//! Templates: the environment code runs in, as
 //! data. A template names the packages installed into its image at build time (so a sandbox
 //! never needs the network to import them) and the defaults its executions get. Stored in KV
 //! `sandbox_templates`, served on `sandbox.v1.templates.{create,get,list,update,delete}`.

@@ -1,4 +1,4 @@
-//! Who is calling (DESIGN.md §5.3–5.5): tenants are NATS accounts, and a service learns the
+//! Who is calling: tenants are NATS accounts, and a service learns the
 //! caller only from the `Nats-Request-Info` header that the server stamps on every request that
 //! crosses an account boundary through a service import with `share: true`. Nothing the caller
 //! writes (a body field, a header of its own) changes who it is: the server replaces a forged

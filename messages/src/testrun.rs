@@ -1,4 +1,4 @@
-//! Test-driven execution (seed 002 §4): code and the tests for it in, per-test results out.
+//! Test-driven execution: code and the tests for it in, per-test results out.
 //! `sandbox.v1.test` takes a [`TestRequest`]; the scheduler runs the tests against the code in
 //! the template's sandbox (pytest for Python, `node --test` for JavaScript) as an execution like
 //! any other, and answers a [`TestReport`] parsed from the JUnit XML the runner wrote into the

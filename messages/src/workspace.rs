@@ -55,7 +55,7 @@ pub fn wire_content(bytes: &[u8]) -> (String, ContentEncoding) {
     (crate::encode_base64(bytes), ContentEncoding::Base64)
 }
 
-/// The directories every workspace starts with (seed 000 §4).
+/// The directories every workspace starts with.
 pub const LAYOUT_DIRS: &[&str] = &["code", "data", "output", "artifacts", "temp", ".memory"];
 /// The memory files created by `init`, with their first line.
 pub const MEMORY_FILES: &[(&str, &str)] = &[

@@ -522,7 +522,7 @@ fn check<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(name: &s
 fn golden_vectors_are_byte_exact() {
     check("exec_request", &exec_request());
     check("exec_result", &exec_result());
-    // Issue 13: a request's egress policy and what the result reports about it.
+    // A request's egress policy and what the result reports about it.
     check(
         "exec_request_network",
         &ExecRequest {
@@ -552,7 +552,7 @@ fn golden_vectors_are_byte_exact() {
             ..exec_result()
         },
     );
-    // Issue 25: templates, and a run naming one.
+    // Templates, and a run naming one.
     check(
         "exec_request_template",
         &ExecRequest {
@@ -636,7 +636,7 @@ fn golden_vectors_are_byte_exact() {
             name: "python-data".into(),
         },
     );
-    // Issue 26: a kernel cell and its typed outputs.
+    // A kernel cell and its typed outputs.
     check(
         "exec_request_kernel",
         &ExecRequest {
@@ -676,7 +676,7 @@ fn golden_vectors_are_byte_exact() {
             ..exec_result()
         },
     );
-    // Issue 25: a session opened with env, a default timeout and a lifetime, and its record
+    // A session opened with env, a default timeout and a lifetime, and its record
     // once closed by its TTL.
     check(
         "session_open",
@@ -716,7 +716,7 @@ fn golden_vectors_are_byte_exact() {
             ..Default::default()
         },
     );
-    // Issue 25: a test-driven run (seed 002 §4) and its per-test report.
+    // A test-driven run and its per-test report.
     check(
         "test_request",
         &TestRequest {
@@ -802,7 +802,7 @@ fn golden_vectors_are_byte_exact() {
             ports: Some(vec![443]),
         },
     );
-    // Issue 23: "what happened to X?", asked of an executor node, and its answer.
+    // "What happened to X?", asked of an executor node, and its answer.
     check(
         "executor_status_query",
         &ExecutorStatusQuery {
@@ -826,11 +826,11 @@ fn golden_vectors_are_byte_exact() {
             error: None,
         },
     );
-    // Issue 24: each shape a run can take (tier, container and session agree).
+    // Each shape a run can take (tier, container and session agree).
     for (name, run) in executor_runs() {
         check(name, &run);
     }
-    // Issue 24: one browser request per action (the action is the subject's last token).
+    // One browser request per action (the action is the subject's last token).
     // The typed request of each makes the same bytes again.
     for (name, payload) in browser_requests() {
         check(&format!("browser_{name}"), &payload);
@@ -843,14 +843,14 @@ fn golden_vectors_are_byte_exact() {
         assert_eq!(typed.command.action(), action);
         assert_eq!(typed.payload(), payload, "{name}");
     }
-    // Issue 24: an execution's audit events, details typed per kind.
+    // An execution's audit events, details typed per kind.
     for details in audit_details() {
         check(
             &format!("audit_{}", details.kind().as_str()),
             &AuditEvent::example(details),
         );
     }
-    // Issue 24: every other kind's details, one vector per shape a service writes. `check`
+    // Every other kind's details, one vector per shape a service writes. `check`
     // decodes each to its type again (an untyped read would not compare equal).
     for (name, details) in audit_shapes() {
         check(&format!("audit_{name}"), &AuditEvent::example(details));

@@ -85,7 +85,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A real nats-server with JetStream for one test, configured as sandmesh ships it: the
-/// accounts, users and permissions of [`Tenancy`] (tenancy and roles on, DESIGN.md §5); a
+/// accounts, users and permissions of [`Tenancy`] (tenancy and roles on); a
 /// server with extra settings keeps them.
 pub struct NatsServer {
     bin: PathBuf,
@@ -437,17 +437,14 @@ pub fn python_venv(name: &str, requirements: &Path) -> PathBuf {
     let venv = target.join("tmp").join(name);
     let python = venv.join("bin/python");
     let marker = venv.join("requirements.installed");
-    let lock = target.join("tmp").join(format!("{name}.lock"));
     std::fs::create_dir_all(target.join("tmp")).expect("target/tmp");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while std::fs::create_dir(&lock).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "{} is held for too long",
-            lock.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // An advisory lock on a file, not a marker: the kernel lets go of it when its holder dies,
+    // so an install killed halfway (a test timed out, CI stopped) never blocks the next run.
+    let lock_path = target.join("tmp").join(format!("{name}.flock"));
+    let lock = std::fs::File::create(&lock_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", lock_path.display()));
+    lock.lock()
+        .unwrap_or_else(|e| panic!("locking {}: {e}", lock_path.display()));
     let result = std::panic::catch_unwind(|| {
         if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) {
             if !python.exists() {
@@ -460,7 +457,7 @@ pub fn python_venv(name: &str, requirements: &Path) -> PathBuf {
             std::fs::write(&marker, &wanted).expect("write marker");
         }
     });
-    let _ = std::fs::remove_dir(&lock);
+    drop(lock);
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }

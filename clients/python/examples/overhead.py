@@ -1,4 +1,4 @@
-"""What the SDK costs over a raw nats-py request for the same execution (issue 27).
+"""What the SDK costs over a raw nats-py request for the same execution.
 
     export SANDMESH_NATS_URL="$(target/release/sandmesh creds --url-only)"
     python clients/python/examples/overhead.py [rounds]

@@ -1,4 +1,4 @@
-//! `light`: the bubblewrap backend (issue 18) beside its two baselines, in one run: a bare
+//! `light`: the bubblewrap backend beside its two baselines, in one run: a bare
 //! `docker exec` of `print(1)` in a running hardened container, a bare `bwrap` loop on the
 //! sandbox image's exported rootfs (the same namespaces and mounts as the executor's
 //! sandboxes, without its cgroup, seccomp filter and supervisor), and `print(1)` through the
@@ -6,7 +6,7 @@
 //! installed (`SANDMESH_EPHEMERAL_BACKEND=auto`).
 //!
 //! The bare loop and the mesh take turns of [`TURN`] each (mesh, bare, mesh, bare, …) at each
-//! concurrency: their throughput ratio is the target (issue 24), and on a shared machine
+//! concurrency: their throughput ratio is the target, and on a shared machine
 //! back-to-back series caught different shares of the background load.
 
 use std::path::{Path, PathBuf};

@@ -1,10 +1,13 @@
-//! `sessions-burst` (issue 24): `--sessions` new sessions (default 50) opened at once, each
-//! running its first execution (`print(1)`), `--rounds` times with a quiet mesh before each
-//! burst. Series (concurrency = sessions per burst):
+//! `sessions-burst`: `--sessions` new sessions (default 50) opened at once, each running its
+//! first execution (`print(1)`), `--rounds` times with a quiet mesh before each burst. Series
+//! (concurrency = sessions per burst):
 //!
+//! - `bare-sandboxes/python/c<sessions>`, the floor: before each round, as many bare sandboxes
+//!   started at once — containers of the same image with the executor's hardening, one per
+//!   program, each running `print(1)` — timed from their burst's start to each first line of
+//!   output. It does the work a burst of new sessions asks for, without the mesh;
 //! - `sessions-burst/first-result`: from the burst's start to each session's first result,
-//!   the figure the targets judge (p50 ≤ 50 ms, p99 ≤ 150 ms), beside the bare `docker exec`
-//!   floor of as many execs at once in one running container (`baseline/python/c<sessions>`);
+//!   the figure the target judges against that floor;
 //! - its stages (scenario `sessions-burst-stage`, no floor of their own): `open`
 //!   (`sessions.open` alone) and `first-exec` (the first execution alone; its overhead is the
 //!   mesh's share, end to end less the executor's `timing.exec_ms`), and the mesh's own timing
@@ -15,14 +18,16 @@
 //! pool follows demand, so round 1 shows a pool at its floor and later rounds a grown one.
 //!
 //! Then the light backend beside its floor in the same run, at each `-c` (default 4; `light`'s
-//! series `bare-bwrap/python/c4` and `exec/python/ephemeral/sync/c4`, taking turns): the
-//! target is the mesh's throughput at c=4 ≥ 0.85× the bare `bwrap` loop's.
+//! series `bare-bwrap/python/c4` and `exec/python/ephemeral/sync/c4`, taking turns), judged as
+//! a throughput ratio.
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use messages::exec::{ExecResult, Language, TierChoice};
 
 use crate::client::{call_failed, close_session, exec_sample, open_session};
+use crate::docker;
 use crate::driver::{note, Load, Run, Sample};
 use crate::mesh::Mesh;
 use crate::programs::{request, tiny};
@@ -33,6 +38,11 @@ use crate::scenarios::{light, Ctx};
 /// target — after a burst of 50, 50 containers started two at a time — and the last burst's
 /// containers removed).
 const BURST_QUIET_BOUND: Duration = Duration::from_secs(180);
+
+/// The most sessions (and so bare sandboxes) one burst may start: a burst beyond a node's
+/// session ceiling (64 by default) measures refusals, and the floor's containers must stay
+/// within what a shared machine can hold at once.
+const MAX_SESSIONS: usize = 256;
 
 /// What one session of a burst measured.
 struct FirstResult {
@@ -194,6 +204,30 @@ async fn warm_pool(ctx: &Ctx) -> (f64, f64) {
     (sum("warm_pool_size"), sum("warm_pool_target"))
 }
 
+/// The floor of one burst: `sessions` bare sandboxes started at once, each running `print(1)`,
+/// timed from the burst's start to each first line of output (each container removed after
+/// its line, every one bounded by the per-request timeout).
+async fn bare_burst(ctx: &Ctx, image: &str, sessions: usize, run: &mut Run) -> anyhow::Result<()> {
+    let docker = ctx.docker.clone().context("Docker is not reachable")?;
+    let (_, expect, argv) = tiny(Language::Python);
+    let bound = ctx.timeout;
+    let burst = Instant::now();
+    let sandboxes = (0..sessions).map(|_| {
+        let docker = docker.clone();
+        async move {
+            match docker::bare_sandbox_first_line(&docker, image, argv, bound).await {
+                Ok((at, line)) if line == expect => Sample::timed(at - burst, "ok"),
+                Ok((at, line)) => Sample::timed(at - burst, "wrong_output").with_detail(line),
+                Err(e) => Sample::failed("err:docker", format!("{e:#}")),
+            }
+        }
+    });
+    for sample in futures::future::join_all(sandboxes).await {
+        run.absorb(&sample);
+    }
+    Ok(())
+}
+
 /// The bursts, their floor, and the light backend beside its own. Each round is also reported
 /// on its own (`sessions-burst-round<k>/…`): round 1 meets the pool at its floor, later rounds
 /// a pool grown by the bursts before them.
@@ -209,17 +243,25 @@ pub async fn sessions_burst(
         sessions > 0 && rounds > 0,
         "--sessions and --rounds: at least 1"
     );
-    let floor = Load {
-        concurrency: sessions,
-        requests: Some(sessions as u64 * rounds),
-        duration: Duration::from_secs(60),
-    };
-    exec::baseline(ctx, image, &[Language::Python], &[sessions], floor).await?;
+    anyhow::ensure!(
+        sessions <= MAX_SESSIONS,
+        "--sessions: at most {MAX_SESSIONS}"
+    );
 
+    let mut floor = Run {
+        concurrency: sessions,
+        ..Default::default()
+    };
     let mut all = Series::new(sessions);
     let started = Instant::now();
     for round in 1..=rounds {
-        eprint!("\rsessions-burst: round {round}/{rounds}   ");
+        // The floor's burst first, then the mesh's once it is quiet again: background load on a
+        // shared machine falls on both alike.
+        eprint!("\rsessions-burst: round {round}/{rounds}, bare sandboxes   ");
+        let floor_started = Instant::now();
+        bare_burst(ctx, image, sessions, &mut floor).await?;
+        floor.elapsed += floor_started.elapsed();
+        eprint!("\rsessions-burst: round {round}/{rounds}, sessions         ");
         // A burst's worth of containers replaced (and a grown pool warmed) takes longer than
         // one sample's.
         let quiet = Instant::now();
@@ -257,6 +299,11 @@ pub async fn sessions_burst(
         futures::future::join_all(opened.iter().map(|id| close_session(mesh, id))).await;
     }
     note("");
+    ctx.push(
+        floor
+            .report(&format!("bare-sandboxes/python/c{sessions}"))
+            .tagged(Some(Language::Python.as_str()), None, None),
+    );
     let elapsed = started.elapsed();
     all.push(
         ctx,

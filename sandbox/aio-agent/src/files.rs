@@ -3,7 +3,7 @@
 //! A path may be absolute (under the workspace) or relative to it. `..`, NUL and any symlink
 //! on the way are refused, and the last component is opened with `O_NOFOLLOW`. This is API
 //! hygiene, not the isolation boundary: commands run as the same user in the same container,
-//! and the container is the boundary (DESIGN.md §5).
+//! and the container is the boundary.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

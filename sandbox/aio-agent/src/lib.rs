@@ -1,4 +1,4 @@
-//! sandmesh-aio-agent: the process inside the sandmesh AIO image (DESIGN.md §3 "AIO").
+//! sandmesh-aio-agent: the process inside the sandmesh AIO image.
 //!
 //! It serves the subset of the AIO sandbox HTTP API (`reference/aio-sandbox-openapi.json`)
 //! that aio-pool and its users need, on one port, so the pool drives this image and the

@@ -1,5 +1,5 @@
 //! The framed protocol between the executor and `sandmesh-supervisor`, the small program inside
-//! the sandbox that runs each execution (DESIGN.md §3 "Containers").
+//! the sandbox that runs each execution.
 //!
 //! Both sides depend on this crate (the docker-executor library and the `sandmesh-supervisor`
 //! binary), so they can never disagree about the format. It needs only std and serde: the

@@ -1,6 +1,6 @@
 //! The session's kernels: long-lived interpreters (the drivers `kernel.py` and `kernel.js`,
 //! embedded here) whose cells share variables, so `x = 41` in one run and `print(x + 1)` in the next
-//! prints 42 (DESIGN.md §3 "Kernels").
+//! prints 42.
 //!
 //! Ownership follows lifetimes. The kernel must outlive a run, and every run process kills
 //! everything it did not start, so the resident supervisor (`serve`) owns it: [`Kernel`]

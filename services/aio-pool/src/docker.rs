@@ -6,7 +6,7 @@
 //! - **network**: instances must be reachable by the pool over HTTP, so they join the pool's
 //!   own bridge, created `internal` (no route out, no NAT, no published ports) with
 //!   `enable_icc=false` (instances cannot reach each other). The host's services reach them
-//!   by container IP. Egress, when allowed, goes through the `egress` proxy (issue 13): the
+//!   by container IP. Egress, when allowed, goes through the `egress` proxy: the
 //!   seam is [`InstanceSpec::extra_env`] (e.g. `BROWSER_EXTRA_ARGS=--proxy-server=…`,
 //!   `HTTP_PROXY`) and a bind-mounted socket, not a wider network;
 //! - **`/tmp` is larger** (256 MiB by default): Chromium runs with `--disable-dev-shm-usage`

@@ -1,5 +1,5 @@
 //! aio-pool: a pool of AIO sandbox containers — warm instances, session binding, idle
-//! reclaim, max use count, health (DESIGN.md §1 and §3 "AIO"; seeds 000 §6, 001 §4.4).
+//! reclaim, max use count, health (tier `aio`: `docs/architecture.md#tiers`).
 //!
 //! The pool owns containers, not HTTP clients: every instance is a container of its own,
 //! bound to one session at most once and destroyed on release (never handed to another
@@ -11,7 +11,8 @@
 //! Subjects (request → reply): `sandbox.v1.aio.acquire` AioAcquire → AioLease ·
 //! `release` AioRelease → AioReleased · `stats` → AioStats, and the internal
 //! `sandbox.v1.executor.aio.exec` AioExec → AioExecResult. Agents' `aio.exec` is the
-//! scheduler's (risk assessment and confirmation first, DESIGN.md §3 "Every door checked"),
+//! scheduler's (risk assessment and confirmation first:
+//! `docs/architecture.md#every-door-checked`),
 //! which calls the internal one; no tenant can reach it.
 //!
 //! Session ids are scoped by the caller's tenant (`messages::tenancy`): tenant `acme`'s `s1`
@@ -31,7 +32,7 @@
 //!
 //! Network: instances live on the pool's own Docker bridge, created `internal` (no route
 //! out) with `enable_icc=false` (no instance reaches another); the pool reaches them by
-//! container IP. The egress proxy (issue 13) plugs in through `InstanceSpec::extra_env` and
+//! container IP. The egress proxy plugs in through `InstanceSpec::extra_env` and
 //! is not wired here: without it, instances have no way out, and this crate adds none.
 
 pub mod aio_client;

@@ -2,7 +2,7 @@
 //! carries out the [`Effect`]s it returns (create or destroy a container, answer a waiting
 //! acquire). Pure, so the rules are tested by a model test without Docker or time.
 //!
-//! Rules (DESIGN.md §3 "AIO", seed 000 §6 with its defects fixed):
+//! Rules:
 //! - an instance is `Creating → Warm → Bound(session) → Gone` (or `Retiring` on its way out);
 //!   it is bound at most once and never to a second session;
 //! - `Creating + Warm + Bound + Retiring ≤ max_instances`, always;

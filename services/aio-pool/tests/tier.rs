@@ -196,7 +196,7 @@ async fn aio_exec_when_up(mesh: &MeshClient, req: &AioExec) -> AioExecResult {
     panic!("the mesh never served aio.exec: {last:?}");
 }
 
-/// Every door checked (issue 23, findings 1–3), as tenants' agents do it with their own
+/// Every door checked, as tenants' agents do it with their own
 /// credentials: `aio.*` is scoped by tenant (two tenants' `s1` are two instances, another
 /// tenant's id is a 404), `aio.exec` is an execution like `exec` (a risky command waits for a
 /// person and, denied, never runs), and closing a session releases its instance.
@@ -364,7 +364,7 @@ async fn pool_with_one_aio_instance_for_acme() -> (Harness, tempfile::TempDir, S
     (h, dir, file)
 }
 
-/// Issue 23: a tenant's `aio_instances` quota, from the tenancy file the pool follows: its
+/// A tenant's `aio_instances` quota, from the tenancy file the pool follows: its
 /// agent's second instance is a 429 naming the quota (its first again is not), the scheduler
 /// binding a session of that tenant (an internal caller naming the scoped id) counts against
 /// it too, another tenant is not counted, and a released instance frees its place.
@@ -404,7 +404,7 @@ async fn a_tenant_over_its_aio_instances_quota_gets_429() {
     h.stop().await;
 }
 
-/// Issue 23: `aio_instances` is the tenant's over the whole mesh. Two pools serve one
+/// `aio_instances` is the tenant's over the whole mesh. Two pools serve one
 /// nats-server (acquires spread over both by the queue group); with acme's one instance bound
 /// on either, every further acquire is refused, whichever pool takes it.
 #[tokio::test]

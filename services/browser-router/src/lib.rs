@@ -1,5 +1,4 @@
-//! browser-router: one browser per session over `sandbox.v1.browser.<action>` (DESIGN.md §3
-//! "Browser"; seeds 000 §7 and 001 §4.5).
+//! browser-router: one browser per session over `sandbox.v1.browser.<action>`.
 //!
 //! ```text
 //! Router (session → BrowserSession, warm pool of started browser containers)

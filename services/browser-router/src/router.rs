@@ -267,7 +267,7 @@ impl RouterState {
         };
         if BrowserBackend::route(&req) == BrowserBackend::Aio {
             return Err(ErrorBody::unavailable(
-                "the aio browser backend needs aio-pool (issue 14), which this mesh does not run yet; \
+                "the aio browser backend needs aio-pool, which this mesh does not run yet; \
                  send backend \"external\" to use the session's own browser",
             )
             .with_details(serde_json::json!({"backend": "aio"})));

@@ -729,7 +729,7 @@ async fn two_tenants_with_the_same_session_id_get_two_browsers() {
     mesh.stop().await;
 }
 
-/// Issue 23: a tenant's `browsers` quota, from the tenancy file the router follows: its
+/// A tenant's `browsers` quota, from the tenancy file the router follows: its
 /// agent's second browser session is a 429 naming the quota (its first keeps working), another
 /// tenant is not counted, and a closed browser frees its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,4 +1,4 @@
-//! bwrap-executor: the light single-use backend (issue 18). Each execution runs in a fresh
+//! bwrap-executor: the light single-use backend. Each execution runs in a fresh
 //! bubblewrap sandbox on this host instead of a Docker container: new user, pid, net, ipc,
 //! uts, mount and cgroup namespaces; the image's rootfs — the sandbox image's, or the run's
 //! template's (built like docker-executor builds it, exported once per image id, [`rootfs`]) —

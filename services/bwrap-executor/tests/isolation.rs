@@ -1,4 +1,4 @@
-//! Security catalogue §6, the isolation rows, against the bwrap backend: file system, secrets,
+//! The isolation checks, against the bwrap backend: file system, secrets,
 //! /proc, network, setuid, syscalls (seccomp), and an executor crash (two executions at once
 //! are the conformance suite's).
 //! Every test checks what the hostile code saw, that the next execution works, and that no

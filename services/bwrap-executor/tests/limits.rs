@@ -1,4 +1,4 @@
-//! Security catalogue §6, the resource rows only this backend enforces its own way (pids,
+//! The resource limits only this backend enforces its own way (pids,
 //! tmpfs sizes, nofile, /dev/shm), against the bwrap backend: each limit pushed until it trips
 //! (timeouts, output caps, memory bombs and orphans are the conformance suite's). Every
 //! test checks the classified status, that the next execution works, and that no process or

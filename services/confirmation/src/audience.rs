@@ -1,4 +1,4 @@
-//! Who sees which confirmations (DESIGN.md §5.4–5.5). An agent sees its own tenant's; an
+//! Who sees which confirmations. An agent sees its own tenant's; an
 //! operator the tenants in its scope; a service (inside the services' account) every one. A
 //! confirmation outside the caller's audience is answered exactly like one that does not exist
 //! (404), so ids cannot be probed.

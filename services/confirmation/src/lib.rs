@@ -1,4 +1,4 @@
-//! confirmation: human-in-the-loop approval of risky work (seed 001 §4.6, seed 002 §6.1).
+//! confirmation: human-in-the-loop approval of risky work.
 //!
 //! Owns the `sandbox_confirmations` bucket — pending requests, decisions, session grants — and
 //! the decision policy (`SANDMESH_CONFIRM_*`: auto-approve for development, auto-deny levels,

@@ -1,4 +1,4 @@
-//! console: the operators' web page (seed 001 §4.6, seed 002 §6.1). Operators see pending
+//! console: the operators' web page. Operators see pending
 //! confirmations live and decide them — approve once, approve for the session, deny with a
 //! reason that reaches the agent — and read recent executions and a session's audit tail.
 //!

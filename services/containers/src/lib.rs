@@ -1,5 +1,5 @@
 //! Docker plumbing shared by the services that own containers (docker-executor, aio-pool):
-//! one definition of the hardening (DESIGN.md §3 "Containers"), so it cannot drift between
+//! one definition of the hardening, so it cannot drift between
 //! them, plus connecting, listing by label and removing.
 //!
 //! [`hardened_host_config`] is the baseline; a service changes only what its workload needs

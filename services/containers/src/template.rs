@@ -1,4 +1,4 @@
-//! Template images (DESIGN.md §3 "Templates"): the sandbox image plus a template's Debian,
+//! Template images: the sandbox image plus a template's Debian,
 //! PyPI and npm packages, installed at build time so the sandbox never needs the network to
 //! import them. Content-addressed like `deploy/images/build.sh`'s images: the tag is
 //! `sandmesh/template-<name>:<12 hex of sha256(normalized spec, base image id)>`, and an

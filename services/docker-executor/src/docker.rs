@@ -1,5 +1,5 @@
 //! Sandbox containers through the Docker API: the one place that decides how a container is
-//! created (DESIGN.md §3 "Containers"), so the hardening cannot drift between tiers.
+//! created, so the hardening cannot drift between tiers.
 //!
 //! Requests never reach this module's container body: only the node's configuration and the
 //! clamped memory / CPU / pids limits do. Privileged mode, host namespaces, devices, the

@@ -1,4 +1,4 @@
-//! A container's network egress (DESIGN §3 "Network egress", issue 13): an
+//! A container's network egress: an
 //! [`egress::EgressProxy`] on a Unix socket in a host directory of that container alone,
 //! bind-mounted read-only at [`EGRESS_MOUNT`] into it and into no other. The container keeps
 //! `NetworkMode none`; the supervisor relays `127.0.0.1:3128` to the socket during each run.

@@ -1,5 +1,5 @@
 //! docker-executor: runs untrusted Python, JavaScript and shell code in hardened Docker
-//! containers (DESIGN.md §1, §3 "Containers"; seeds 002 and 003 §2.2.1).
+//! containers.
 //!
 //! It owns the node's sandbox containers: a warm pool of pre-started single-use containers
 //! (tier `ephemeral`), containers made for one isolated run (`RunKind::Isolated`: strict mode
@@ -56,10 +56,10 @@
 //!   `SANDMESH_EXEC_KILL_GRACE_MS`) removes the container.
 //! - Output is capped at what one NATS message can carry (max payload − 64 KiB).
 //! - A container found dead before a run began is replaced and the run retried once.
-//! - Templates (issue 25): a run naming one runs in that template's image
+//! - Templates: a run naming one runs in that template's image
 //!   (`executor_node::template_images`, built on first use, content-addressed), from that image's own warm
 //!   pool; the result names the template and image.
-//! - Network egress (issue 13): a run or session with a network policy gets a container of its
+//! - Network egress: a run or session with a network policy gets a container of its
 //!   own with an egress proxy ([`egress`]) on a socket bind-mounted into it alone; the
 //!   supervisor relays `127.0.0.1:3128` to it during the run, every decision is audited
 //!   (`sandbox.v1.audit.egress`) and the result lists the hosts contacted and refused. Warm

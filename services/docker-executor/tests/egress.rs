@@ -1,4 +1,4 @@
-//! Network egress through the per-container proxy (issue 13), with the real Docker daemon and
+//! Network egress through the per-container proxy, with the real Docker daemon and
 //! real sockets: every upstream is a server this test runs on 127.0.0.1, reached from inside
 //! the sandbox only through the container's egress socket (the policy's explicit
 //! `127.0.0.1/32` CIDR is the exception that lets it through at all).

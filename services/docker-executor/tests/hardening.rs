@@ -1,4 +1,4 @@
-//! The cheap conformance test of security-catalogue §2: create a sandbox container through
+//! The cheap conformance test of the hardening: create a sandbox container through
 //! the executor's only creation path and assert every hardening field Docker reports back,
 //! then look at the same controls from inside.
 

@@ -1,4 +1,4 @@
-//! Security-catalogue §6, the rows about isolation: what hostile code can reach from inside a
+//! Isolation: what hostile code can reach from inside a
 //! sandbox (nothing of the host, the network, other sessions or earlier executions). Each
 //! checks the outcome, that nothing is left running, and that the next execution works.
 

@@ -1,4 +1,4 @@
-//! Kernel cells (issue 26): a session's Python kernel keeps its variables between cells,
+//! Kernel cells: a session's Python kernel keeps its variables between cells,
 //! returns typed rich outputs, survives a timeout (interrupted, not killed), restarts after
 //! its death with `state_lost`, and is never shared between sessions.
 

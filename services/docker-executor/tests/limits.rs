@@ -1,4 +1,4 @@
-//! Security-catalogue §6, the rows about limits, in session containers (which outlive their
+//! Limits, in session containers (which outlive their
 //! runs): each pushes one limit until it trips and checks the classified status, that nothing
 //! of the run is left, and that the next execution works. Timeouts are 2 s so the suite stays
 //! fast. The same limits in single-use sandboxes are the conformance suite's

@@ -1,5 +1,5 @@
-//! The egress proxy: how a sandbox with a [`NetworkPolicy`] reaches the network (DESIGN §3
-//! "Network egress", issue 13).
+//! The egress proxy: how a sandbox with a [`NetworkPolicy`] reaches the network
+//! (`docs/guide/network.md`).
 //!
 //! A container keeps `NetworkMode none`. Its creator binds an [`EgressProxy`] on a Unix socket
 //! for that container alone and bind-mounts it; inside, the supervisor relays

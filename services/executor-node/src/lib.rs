@@ -1,7 +1,6 @@
-//! executor-node: what every executor backend shares (DESIGN.md §1; seed 004 §4, pluggable
-//! backends). A backend says how to make, run and remove a sandbox — a Docker container
-//! (`docker-executor`), a bubblewrap sandbox (`bwrap-executor`) — by implementing
-//! [`Backend`]; this crate is the rest of the node:
+//! executor-node: what every executor backend shares, so backends are pluggable. A backend says how
+//! to make, run and remove a sandbox — a Docker container (`docker-executor`), a bubblewrap sandbox
+//! (`bwrap-executor`) — by implementing [`Backend`]; this crate is the rest of the node:
 //!
 //! - admission: ids, the request's limits against the node's ceilings ([`NodeConfig`]), the
 //!   backend's run kinds, capacity through RAII [`RunSlot`]s (429), draining (503);

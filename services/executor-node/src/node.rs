@@ -97,7 +97,8 @@ impl NodeState {
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
 
-    /// Gauges for the heartbeat, named after seed 003 §8 (`containers` counts whatever
+    /// Gauges for the heartbeat, named as in `docs/reference/configuration.md#metrics`
+    /// (`containers` counts whatever
     /// sandboxes the backend owns, under the name the scheduler and dashboards know).
     pub fn metrics(&self, capacity: usize) -> BTreeMap<String, f64> {
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;

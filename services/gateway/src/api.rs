@@ -1,4 +1,4 @@
-//! The routes (seed 003 §5) and what every one of them shares: the caller's identity
+//! The routes and what every one of them shares: the caller's identity
 //! ([`Agent`]: key → rate limit → the tenant's connection) and bodies read under a cap with
 //! errors in the problem shape. Bodies are the NATS messages themselves (`messages` types), so
 //! one schema serves both faces of the mesh.
@@ -288,7 +288,7 @@ pub async fn get_session(agent: Agent, Params(id): Params<String>) -> Reply {
     Ok(Json(record).into_response())
 }
 
-/// Deletes a session (seed 003 §5 "terminate"): its container and its workspace files go;
+/// Deletes a session ("terminate"): its container and its workspace files go;
 /// afterwards the session and its files are not found (404), and its id is not reused (a new
 /// session of the same id is a 409). Deleting a deleted session deletes nothing more (204).
 ///

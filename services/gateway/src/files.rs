@@ -172,14 +172,15 @@ pub async fn upload_form(
     form_upload(&app, &agent, &session, query, req).await
 }
 
-/// The last segment of seed 003 §5's upload path, `POST /api/v1/sessions/{id}/files/upload`.
+/// The last segment of the dedicated form-upload path,
+/// `POST /api/v1/sessions/{id}/files/upload`.
 pub const SEED_UPLOAD: &str = "upload";
 
-/// Seed 003 §5's upload path: the form upload of `POST /api/v1/sessions/{id}/files` under the
-/// seed's name. A POST there is always a form; a file named `upload` at the workspace's top is
-/// written with `PUT`. Described in the document as a case of `POST …/files/{path}`, not as a
-/// path of its own: the path serves GET, PUT and DELETE of that file too, and a path whose
-/// `Allow` differs from its documented methods would be wrong.
+/// The dedicated form-upload path: the form upload of `POST /api/v1/sessions/{id}/files` under the
+/// name clients of the REST API know. A POST there is always a form; a file named `upload` at the
+/// workspace's top is written with `PUT`. Described in the document as a case of `POST
+/// …/files/{path}`, not as a path of its own: the path serves GET, PUT and DELETE of that file too,
+/// and a path whose `Allow` differs from its documented methods would be wrong.
 async fn upload_seed_form(app: &App, agent: &Agent, session: &str, req: Request) -> Reply {
     let Query(query) = Query::<FormQuery>::try_from_uri(req.uri())
         .map_err(|e| Problem::bad_request(e.body_text()))?;
@@ -282,7 +283,7 @@ async fn read_form(
     Ok(())
 }
 
-/// What `POST …/files/{path}` answers: the file, or for seed 003 §5's `…/files/upload` the
+/// What `POST …/files/{path}` answers: the file, or for the dedicated `…/files/upload` the
 /// form's files. A type of the OpenAPI document only (each handler answers its own variant's
 /// type); `Serialize` carries the `untagged` the schema derive reads.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -292,14 +293,14 @@ pub enum Posted {
     Form(FormUpload),
 }
 
-/// `upload` for clients that only POST; `POST …/files/upload` is seed 003 §5's form upload
+/// `upload` for clients that only POST; `POST …/files/upload` is the dedicated form upload
 /// (`multipart/form-data`, `?dir=`, answered with the form's files).
 #[utoipa::path(
     post,
     path = "/api/v1/sessions/{id}/files/{path}",
     params(
         ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
-        ("path" = String, Path, description = "the file's path in the workspace; `upload`: a form upload (seed 003 §5)"),
+        ("path" = String, Path, description = "the file's path in the workspace; `upload`: a form upload"),
         ("dir" = Option<String>, Query, description = "`…/files/upload` only: the directory the files go in"),
     ),
     request_body(

@@ -1,4 +1,4 @@
-//! gateway: the HTTP face of the mesh (seed 003 §5, DESIGN.md §1) for callers that do not speak
+//! gateway: the HTTP face of the mesh for callers that do not speak
 //! NATS — browsers, serverless functions, `curl`. REST paths under `/api/v1`, Server-Sent Events
 //! for live output, an OpenAPI 3.1 document at `/api/v1/openapi.json`, one problem shape for
 //! every error ([`problem`]).

@@ -1,4 +1,4 @@
-//! Templates over HTTP (seed 003 §5 `/api/v1/templates`): agents read them; writing is an
+//! Templates over HTTP: agents read them; writing is an
 //! operator's. An API key acts as one tenant's agent, and NATS refuses template writes to
 //! agents (the account's permissions, and the templates service checks the caller again), so
 //! the write routes exist — a seed client finds them — and answer `403 denied` saying where

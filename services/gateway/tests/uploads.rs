@@ -279,8 +279,8 @@ async fn hostile_forms_are_refused_and_leave_nothing() {
     mesh.shutdown().await;
 }
 
-/// Seed 003 §5's `POST …/files/upload` is the form upload under the seed's name; a file named
-/// `upload` is still reachable with PUT and GET; bad input on the seed path is refused like on
+/// `POST …/files/upload` is the form upload under its dedicated name; a file named
+/// `upload` is still reachable with PUT and GET; bad input on that path is refused like on
 /// the form path and leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_seed_upload_path_is_the_form_upload() {

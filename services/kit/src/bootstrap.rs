@@ -1,7 +1,8 @@
-//! Idempotent creation of the JetStream assets of DESIGN.md §2. Whoever needs an asset ensures
-//! it at start; creating one that exists is a no-op. Every asset gets `replicas` copies
-//! (`SANDMESH_JS_REPLICAS`, [`crate::KitConfig::js_replicas`]): 3 on a three-node cluster, so
-//! losing one server loses nothing. The calls retry through a cluster's leader elections.
+//! Idempotent creation of the JetStream assets (`docs/architecture.md#jetstream-assets`). Whoever
+//! needs an asset ensures it at start; creating one that exists is a no-op. Every asset gets
+//! `replicas` copies (`SANDMESH_JS_REPLICAS`, [`crate::KitConfig::js_replicas`]): 3 on a three-node
+//! cluster, so losing one server loses nothing. The calls retry through a cluster's leader
+//! elections.
 
 use std::future::Future;
 use std::time::Duration;

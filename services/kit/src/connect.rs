@@ -13,7 +13,7 @@ use crate::KitError;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connects service `service` (instance `name`). Its inboxes are `_INBOX_<service>.…`, the
-/// only ones its NATS user may read (DESIGN.md §5.4), so no service sees another's replies.
+/// only ones its NATS user may read, so no service sees another's replies.
 pub async fn connect(config: &KitConfig, service: &str, name: &str) -> Result<Client, KitError> {
     let mut options = ConnectOptions::new()
         .name(name)

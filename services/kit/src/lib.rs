@@ -10,7 +10,7 @@
 //! - [`heartbeat`]: the `Heartbeat` actor keeping `<service>.<instance>` alive in `sandbox_nodes`;
 //! - [`peer_counts`]: what the other instances of a service hold per tenant (their heartbeats'
 //!   reports), so a tenant's quota counts the mesh;
-//! - [`metrics`]: Prometheus `/metrics` (seed 003 §8 names), off unless `SANDMESH_METRICS_ADDR`;
+//! - [`metrics`]: Prometheus `/metrics`, off unless `SANDMESH_METRICS_ADDR`;
 //! - [`http`]: the listening socket and the errors of the services that speak HTTP;
 //! - [`pending`]: a service's subjects answer `unavailable` while what it needs is being built;
 //! - [`resources`]: the host's CPU and memory, which executors report in their heartbeat;
@@ -177,7 +177,7 @@ pub struct Runtime {
 impl Runtime {
     /// Connects, ensures the assets every service uses (the heartbeat bucket and the audit
     /// stream) and starts the micro service. Each service creates its own other assets: its
-    /// NATS user may touch no others (DESIGN.md §5.4).
+    /// NATS user may touch no others.
     pub async fn start(config: KitConfig, info: ServiceInfo) -> Result<Self, KitError> {
         // First, so a taken port fails the start before anything is created.
         let metrics_endpoint = config

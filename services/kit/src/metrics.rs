@@ -1,4 +1,5 @@
-//! Prometheus metrics: the seed 003 §8 vocabulary ([`Metrics`]) and the `/metrics` endpoint
+//! Prometheus metrics: the mesh's vocabulary ([`Metrics`], listed in
+//! `docs/reference/configuration.md#metrics`) and the `/metrics` endpoint
 //! that serves it ([`MetricsEndpoint`]: Prometheus text format 0.0.4 over hyper 1).
 //!
 //! Off unless `SANDMESH_METRICS_ADDR` is set; a service without an endpoint still updates a
@@ -106,7 +107,7 @@ fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
 }
 
-/// The metrics a sandmesh process exposes (seed 003 §8 names, prefixed `sandbox_`). Counters
+/// The metrics a sandmesh process exposes (prefixed `sandbox_`). Counters
 /// are named without `_total` here; the encoder appends it.
 #[derive(Debug, Clone)]
 pub struct Metrics {

@@ -1,5 +1,4 @@
-//! sandmesh-mcp: the mesh as Model Context Protocol tools, for agents that speak MCP
-//! (DESIGN.md §3 "Agent-facing adapters").
+//! sandmesh-mcp: the mesh as Model Context Protocol tools, for agents that speak MCP.
 //!
 //! A thin client: it holds one tenant's NATS connection ([`MeshClient`]) and calls the same
 //! subjects any client calls — `exec` (with `Sandmesh-Notify`, so a run that waits for a

@@ -1,7 +1,7 @@
 //! [`MeshTools`]: the MCP tools, each one call (or two) of the mesh's client API made with
 //! the tenant's connection: running code and its results, and a session's files here; the
 //! browser in [`crate::browser`]. Nothing here decides what a service would not decide for a plain
-//! NATS request (DESIGN.md §3 "Agent-facing adapters"): risk, approval, limits and ownership
+//! NATS request: risk, approval, limits and ownership
 //! stay with the services.
 
 use std::time::Duration;

@@ -1,6 +1,6 @@
-//! The bypass corpus of security-catalogue §4, as a record of what the assessor says today.
+//! The bypass corpus, as a record of what the assessor says today.
 //!
-//! The assessment is ADVISORY (seed 001 §4.2): a miss here is not a hole, because isolation
+//! The assessment is ADVISORY: a miss here is not a hole, because isolation
 //! is the boundary — every tier runs the code in a hardened container. These tests pin the
 //! current verdicts so a change in what the assessor catches is a visible, reviewed diff,
 //! in either direction. Rows marked MISS are known misses.

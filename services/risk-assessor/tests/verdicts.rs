@@ -141,7 +141,7 @@ fn canonical_dangerous_forms_get_the_seed_levels() {
 }
 
 #[test]
-fn browser_actions_follow_seed_000() {
+fn a_password_fill_is_high_and_a_navigation_low() {
     let a = assess(&AssessRequest {
         content: "fill".into(),
         content_type: ContentType::Browser,
@@ -341,7 +341,7 @@ fn deleting_found_files_is_judged_as_the_deletion_it_is() {
     assert_eq!(listing.level, RiskLevel::Medium, "{listing:?}");
 }
 
-/// Issue 13: under a network policy the policy bounds what fetching code can reach, so a fetch
+/// Under a network policy the policy bounds what fetching code can reach, so a fetch
 /// alone is at most low there; without one the verdicts stay as they were, and other findings
 /// in the same code keep their level.
 #[test]
@@ -428,7 +428,7 @@ fn code_that_drives_a_browser_is_suggested_the_aio_tier() {
             assert_eq!(a.suggested_tier, Tier::Aio, "{code} ({mode:?}): {a:?}");
         }
     }
-    // The word alone is not a browser (seed 000 matched any mention; imports are precise).
+    // The word alone is not a browser (matching any mention would flag prose; imports are precise).
     for code in [
         "print('open the browser and take a screenshot')",
         "import seleniumish",

@@ -1,4 +1,4 @@
-//! Session affinity and failover (seed 003 §3.3): a session's executions go to the node holding
+//! Session affinity and failover: a session's executions go to the node holding
 //! its container. When that node stops answering or its heartbeat vanishes, the session is marked
 //! lost and re-placed on a healthy node with `session_restored`; the executor there restores the
 //! workspace (the files live in workspace-store) and the result says process state was lost.

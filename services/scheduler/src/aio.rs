@@ -1,4 +1,4 @@
-//! `AioRunner`: the run stage of tier `aio` (DESIGN.md §3 "AIO"). The session's AIO instance
+//! `AioRunner`: the run stage of tier `aio`. The session's AIO instance
 //! comes from the aio-pool (`aio.acquire`, idempotent: the session keeps its bound instance),
 //! and the code runs there through `aio.exec` as one shell command. Affinity lives in the
 //! pool, which owns the binding; when the instance was lost between acquire and exec (idle

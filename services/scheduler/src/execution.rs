@@ -34,7 +34,7 @@ pub struct Origin {
     pub reviewed: Option<String>,
 }
 
-/// The request with the ids its caller named scoped by the caller's tenant (DESIGN.md §5.5),
+/// The request with the ids its caller named scoped by the caller's tenant,
 /// so nothing it names can reach another tenant's executions or sessions.
 pub fn scope_request(
     caller: &Caller,

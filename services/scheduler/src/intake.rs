@@ -118,7 +118,7 @@ impl Intake {
     }
 
     /// `aio.exec`: an agent's command in its session's AIO instance, through the same gates
-    /// as `exec` (DESIGN.md §3 "Every door checked"): assessed as shell code, held for a person
+    /// as `exec`: assessed as shell code, held for a person
     /// when the risk asks (with the same notice), stored and audited as an execution.
     pub async fn aio_exec(
         &self,

@@ -306,7 +306,7 @@ async fn handle_job(jobs: Jobs, message: Message, msg_id: Option<String>) {
         queued_ms,
         trace_id: kit::telemetry::current_trace_id(),
         caller,
-        // Acked only once the result is stored (DESIGN.md §3).
+        // Acked only once the result is stored, so a job outlives a scheduler that dies mid-run.
         sync_reply: false,
         reviewed: None,
     };

@@ -1,4 +1,4 @@
-//! The scheduler: the front door of the mesh (seed 000 §5.2, seed 003 §2.1). It validates an
+//! The scheduler: the front door of the mesh. It validates an
 //! exec request, asks the risk-assessor, asks for confirmation when required, picks a tier and
 //! a node, dispatches to a docker executor, stores the result and audits every step. It keeps
 //! the runtime registry (executor heartbeats) and the sessions (affinity and failover).
@@ -20,7 +20,7 @@
 //! body `{execution_id, confirmation_id, expires_at}` (opt-in, because a plain request-reply
 //! client would take that first message for the reply).
 //!
-//! Tenancy (DESIGN.md §5): the caller is who the server says it is (`Nats-Request-Info`), ids it
+//! Tenancy: the caller is who the server says it is (`Nats-Request-Info`), ids it
 //! names are scoped by its tenant, and a job's tenant is in its subject (`jobs.<tenant>.exec`).
 //!
 //! ```text

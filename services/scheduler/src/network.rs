@@ -1,4 +1,4 @@
-//! Admitting a requested egress policy (DESIGN §3 "Network egress"): validated (400 naming the
+//! Admitting a requested egress policy: validated (400 naming the
 //! bad entry), then clamped by the operator's ceiling `SANDMESH_NETWORK_ALLOW` (403 naming
 //! every entry beyond it). The executor receives only the admitted policy.
 

@@ -1,9 +1,9 @@
-//! `Pipeline`: one execution from request to stored result (seed 000 §5.2: assess → confirm →
-//! select → execute), as stages over an [`Execution`]: validate, claim + assess, tier, confirm
+//! `Pipeline`: one execution from request to stored result (assess → confirm → select →
+//! execute), as stages over an [`Execution`]: validate, claim + assess, tier, confirm
 //! (or park), place, run, store. Sync and async intake share it, and so does the
 //! [`crate::resumer::Resumer`], which continues a parked execution at the place stage.
 //!
-//! Waiting for a person never holds capacity (DESIGN.md §3): an execution that needs approval
+//! Waiting for a person never holds capacity: an execution that needs approval
 //! is recorded in the [`ParkedStore`], its claim released, and [`Outcome::Parked`] returned so
 //! the intake releases its admission permit.
 

@@ -1,4 +1,4 @@
-//! Placement strategies (seed 003 §2.1.2): which executor node takes an execution. Pure
+//! Placement strategies: which executor node takes an execution. Pure
 //! functions over a snapshot of the node table, so the `Registry` actor stays small and the
 //! choices are testable without NATS.
 
@@ -112,7 +112,7 @@ pub struct Decision {
     pub reason: String,
 }
 
-/// Seed 003's resource score: free CPU 40 %, free memory 40 %, little work 20 %; zero when
+/// The resource score: free CPU 40 %, free memory 40 %, little work 20 %; zero when
 /// the request does not fit (too few CPUs in all, or too little free memory). A node that
 /// reports no resources scores on load alone (and its decision says so).
 fn resource_score(node: &NodeView, req: &Requirements) -> f64 {

@@ -1,4 +1,4 @@
-//! `Registry` actor: the runtime registry (seed 003 §2.1.3). It owns the table of live executor
+//! `Registry` actor: the runtime registry. It owns the table of live executor
 //! nodes, fed by a watch on KV `sandbox_nodes` (a put is a live or updated node; a delete or a
 //! TTL purge is a node gone), and answers placement questions with the configured strategy.
 //!

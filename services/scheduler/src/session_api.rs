@@ -1,5 +1,5 @@
 //! `SessionApi`: the `sessions.{open,get,list,close}` endpoints, and marking the sessions of a
-//! node whose heartbeat vanished as lost (seed 003 §3.3).
+//! node whose heartbeat vanished as lost.
 
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::{LostCause, SessionClosed, SessionLost};

@@ -1,6 +1,6 @@
-//! Where an execution runs (DESIGN.md §1 "Tiers"): the tier the risk policy requires under the
-//! configured `SecurityMode`, raised by a session and by a client asking for stricter isolation,
-//! never lowered.
+//! Where an execution runs (`docs/architecture.md#tiers`): the tier the risk policy requires under
+//! the configured `SecurityMode`, raised by a session and by a client asking for stricter
+//! isolation, never lowered.
 
 use std::str::FromStr;
 

@@ -189,7 +189,7 @@ async fn invalid_jobs_get_a_stored_rejected_result() {
     mesh.shutdown().await;
 }
 
-/// Issue 23, finding 7: an accepted job keeps trying while no executor can take it (one is
+/// An accepted job keeps trying while no executor can take it (one is
 /// restarting), with backoff, until its own queue deadline — not for a few quick deliveries —
 /// and one finally given up ends `unavailable`, never `internal`.
 #[tokio::test]
@@ -343,7 +343,7 @@ async fn graceful_shutdown_finishes_running_jobs_before_acking() {
     assert_eq!(jobs_left(&js).await, 0, "acked before run() returned");
 }
 
-/// Issue 23: one tenant flooding the queue cannot starve another. Tenant `acme` publishes 500
+/// One tenant flooding the queue cannot starve another. Tenant `acme` publishes 500
 /// async jobs; `beta`'s single sync `exec` is served while acme's backlog is still queued
 /// (before the per-tenant share, acme's jobs held every queue slot and beta got 429).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

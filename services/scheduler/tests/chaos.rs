@@ -1,4 +1,4 @@
-//! Issue 23, finding 7: accepted work outlives the mesh's failures. Session jobs are published;
+//! Accepted work outlives the mesh's failures. Session jobs are published;
 //! then the scheduler process is SIGKILLed (a new one takes over), the only executor node dies
 //! like a killed process and its replacement comes only 30 s later, and nats-server itself is
 //! killed and restarted on its file-backed store. Every accepted job still ends `ok` with its

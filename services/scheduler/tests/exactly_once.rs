@@ -1,4 +1,4 @@
-//! Exactly once when a run's reply does not come (issue 23): the scheduler asks the node what
+//! Exactly once when a run's reply does not come: the scheduler asks the node what
 //! happened (`executor.<backend>.<node>.status`) before it calls the run `executor_lost`, and
 //! sends it again only to attach to it or to run what never arrived. The executor is the real
 //! executor node over a backend that starts no sandbox ([`NodeStandin`]), so what is tested

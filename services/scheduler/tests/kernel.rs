@@ -1,4 +1,4 @@
-//! Kernel cells through the whole mesh (issue 26): a cell is an execution like any other, so a
+//! Kernel cells through the whole mesh: a cell is an execution like any other, so a
 //! risky one is assessed and parked for a person's approval (strict mode), and runs in the
 //! session's kernel, with its variables, once approved. The real risk-assessor, confirmation,
 //! workspace-store, docker-executor and scheduler over a real nats-server and real Docker.

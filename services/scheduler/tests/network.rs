@@ -1,4 +1,4 @@
-//! Network policies at the scheduler (issue 13): validated and clamped by the operator ceiling
+//! Network policies at the scheduler: validated and clamped by the operator ceiling
 //! `SANDMESH_NETWORK_ALLOW` on `exec` and `sessions.open`, carried to the executor in the run,
 //! and a fetching program under a policy not held for confirmation.
 

@@ -1,4 +1,4 @@
-//! Waiting for a person never holds capacity (DESIGN.md §3): executions that need approval are
+//! Waiting for a person never holds capacity: executions that need approval are
 //! parked in KV, give their admission permit back, and resume on the decision — on another
 //! scheduler instance too — or are denied when the confirmation expires. The real confirmation
 //! service decides; the other peers are stand-ins over a real nats-server.

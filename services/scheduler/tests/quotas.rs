@@ -1,4 +1,4 @@
-//! Per-tenant quotas (issue 23, DESIGN.md §3): set in the tenancy file, followed by the running
+//! Per-tenant quotas: set in the tenancy file, followed by the running
 //! scheduler (no restart), answered with 429 naming the quota — tried as the tenant's own agent
 //! over raw NATS credentials, with another tenant beside it unaffected. And the confirmation
 //! events a tenant imports name its executions as it did.
@@ -166,7 +166,7 @@ async fn a_tenant_over_its_session_and_execution_quotas_gets_429_and_a_raised_qu
     mesh.shutdown().await;
 }
 
-/// Issue 23 (3): the confirmation events a tenant's agent follows name the execution as the
+/// The confirmation events a tenant's agent follows name the execution as the
 /// agent did, not the tenant-scoped id the mesh stores; the parked execution still resumes on
 /// the decision (the scheduler scopes the id again).
 #[tokio::test]
@@ -221,7 +221,7 @@ async fn confirmation_events_name_the_execution_as_the_agent_did_and_it_resumes(
     mesh.shutdown().await;
 }
 
-/// Issue 23: `concurrent_executions` is the tenant's over the whole mesh. Two schedulers share
+/// `concurrent_executions` is the tenant's over the whole mesh. Two schedulers share
 /// one nats-server (requests spread over both by the queue group); with two slow executions in
 /// flight, wherever they landed, every further one is refused, whichever scheduler takes it;
 /// once they end, the next one runs.

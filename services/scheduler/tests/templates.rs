@@ -1,4 +1,4 @@
-//! Templates end to end (issue 25): the real templates service, scheduler, risk-assessor and
+//! Templates end to end: the real templates service, scheduler, risk-assessor and
 //! docker-executor over a real nats-server and the real Docker daemon. A template's image is
 //! built on its first use (content-addressed: a later run, or another test binary, finds it),
 //! its packages installed at build time, so code imports them in a sandbox without network.

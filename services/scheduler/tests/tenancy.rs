@@ -1,4 +1,4 @@
-//! Identity and tenancy (DESIGN.md §5, issue 12) with the shipped accounts, users and
+//! Identity and tenancy with the shipped accounts, users and
 //! permissions in a real nats-server: tenants `acme` and `beta`, the operator `operator` (every
 //! tenant) and `bob` (acme only). Each test tries to cross a boundary and shows it holds.
 
@@ -271,7 +271,7 @@ async fn tenants_cannot_reach_each_others_results_sessions_or_workspaces() {
     let message = read.as_ref().map_err(|e| e.to_string()).unwrap_err();
     assert!(!message.contains("beta-s1"), "{message}");
     not_found(read);
-    // A listing is a 404 like every other call (issue 23, finding 9), not an empty list.
+    // A listing is a 404 like every other call, not an empty list.
     not_found(beta.mesh.workspace().list("s1", None, true).await);
     let listed = beta.mesh.sessions().list(None).await.unwrap();
     assert!(listed.is_empty(), "{listed:?}");
@@ -462,7 +462,7 @@ async fn service_users_cannot_delete_other_services_assets() {
     mesh.shutdown().await;
 }
 
-/// Issue 23, finding 5: operators share one account, and an operator scoped to `acme` that
+/// Operators share one account, and an operator scoped to `acme` that
 /// subscribed to `_INBOX.>` received the all-tenant operator's `confirm.list` replies (beta's
 /// pending code). As an eavesdropper would, with a raw client and no sandmesh helper: every
 /// inbox but its own is refused by the server, and nothing of the other's replies arrives.

@@ -1,4 +1,4 @@
-//! Test-driven execution (issue 25, seed 002 §4): `sandbox.v1.test` runs tests against code in
+//! Test-driven execution: `sandbox.v1.test` runs tests against code in
 //! the template's sandbox and answers per-test results read from the JUnit report the run left
 //! in its workspace. The real scheduler, risk-assessor, workspace-store, templates service and
 //! docker-executor over a real nats-server and the real Docker daemon; the boundary tests use

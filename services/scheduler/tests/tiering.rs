@@ -94,8 +94,8 @@ async fn safe_ephemeral_work_runs_in_bubblewrap_and_the_rest_in_docker() {
         "SAFE ephemeral → bwrap"
     );
     assert_eq!(light.tier, Tier::Ephemeral);
-    // The protocol's longest id, from a tenant's agent: valid on the bwrap path too (issue 23,
-    // finding 6: scoped by the tenant it was 69 characters, which this backend refused).
+    // The protocol's longest id, from a tenant's agent: valid on the bwrap path too (scoped by
+    // the tenant it is 69 characters, which this backend once refused).
     let acme = sandmesh_client::MeshClient::new(
         crate::common::connect(&mesh.nats.agent_url("acme")).await,
         Subjects::default(),
@@ -173,7 +173,7 @@ async fn the_ephemeral_backend_setting_decides() {
     mesh.shutdown().await;
 }
 
-/// Templates run on the light backend too (issue 25): SAFE ephemeral work naming `python-data`
+/// Templates run on the light backend too: SAFE ephemeral work naming `python-data`
 /// runs in a bwrap sandbox on that template's tree, importing what the sandbox image lacks,
 /// and its result names the template and image as Docker's would; the same work under a
 /// network policy needs an egress proxy, so it runs in Docker instead of being refused.

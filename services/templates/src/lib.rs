@@ -1,7 +1,6 @@
-//! templates: the environments code runs in, as data (DESIGN.md §3 "Templates", seed 003
-//! §2.1.4). Owns the `sandbox_templates` bucket (one [`TemplateRecord`] per name, JSON) and
-//! puts the built-in templates there at start when they are absent (an operator may change
-//! them; a deleted one comes back at the next start).
+//! templates: the environments code runs in, as data. Owns the `sandbox_templates` bucket (one
+//! [`TemplateRecord`] per name, JSON) and puts the built-in templates there at start when they are
+//! absent (an operator may change them; a deleted one comes back at the next start).
 //!
 //! Subjects (`Subjects::templates(TemplateOp::*)`, queue group shared by all instances):
 //! - `sandbox.v1.templates.get` `TemplateRef` → `TemplateRecord` (404 for an unknown name)

@@ -8,7 +8,7 @@ use kit::KitConfig;
 #[derive(Debug, Clone)]
 pub struct WorkspaceConfig {
     pub kit: KitConfig,
-    /// Per-session quota (`SANDMESH_WS_MAX_SIZE_MB`, seed 000 `max_size_mb`).
+    /// Per-session quota (`SANDMESH_WS_MAX_SIZE_MB`).
     pub max_size_mb: u64,
     /// Workspaces untouched this long are removed (`SANDMESH_WS_CLEANUP_AFTER_HOURS`).
     pub cleanup_after_hours: u64,

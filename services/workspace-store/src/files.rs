@@ -48,8 +48,8 @@ impl Files {
         }
     }
 
-    /// Creates the seed-000 layout: the directories and the `.memory` files, leaving anything
-    /// that exists untouched (so init is idempotent).
+    /// Creates the layout every workspace starts with: the directories and the `.memory` files,
+    /// leaving anything that exists untouched (so init is idempotent).
     pub async fn init(&self, req: WsInit) -> Result<WsUsage> {
         let session = &req.session_id;
         keys::check_session(session)?;

@@ -1,4 +1,4 @@
-//! workspace-store: every session's workspace (seed 000 §4 `AgentWorkspace`), shared by all
+//! workspace-store: every session's workspace, shared by all
 //! instances and surviving restarts because it lives in JetStream only:
 //!
 //! - contents in the object store `<prefix>_workspace_blobs` (chunked, so files of any size);
@@ -88,7 +88,7 @@ pub fn service_info() -> ServiceInfo {
 }
 
 /// Scopes the session a request names by its caller's tenant before the store sees it, and
-/// unscopes the reply (DESIGN.md §5.5): an agent reaches only its own tenant's workspaces, and
+/// unscopes the reply: an agent reaches only its own tenant's workspaces, and
 /// another tenant's session id names a workspace that does not exist for it (404). Sweeping
 /// every idle workspace (`cleanup` without a session) is for the services only.
 fn tenant_scoped<Req, Resp>(inner: Handler<Req, Resp>) -> Handler<Req, Resp>

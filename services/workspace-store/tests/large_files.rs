@@ -1,4 +1,4 @@
-//! Large files for tenants (issue 12): chunked `upload`, ranged `read` and `fetch`, under the
+//! Large files for tenants: chunked `upload`, ranged `read` and `fetch`, under the
 //! shipped permissions — a tenant's agent has no JetStream API in the services' account.
 
 use crate::common::{bytes, config, raw, Instance, TIMEOUT};
@@ -333,7 +333,7 @@ async fn an_abandoned_upload_expires() {
     .await;
 }
 
-/// Issue 23: a tenant's `workspace_bytes` quota counts all its workspaces together (each
+/// A tenant's `workspace_bytes` quota counts all its workspaces together (each
 /// session alone is under it), is answered with 429 naming the quota, frees up when files go,
 /// and another tenant is not counted with it. The store follows the tenancy file it was
 /// started with.

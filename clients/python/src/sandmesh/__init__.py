@@ -9,7 +9,7 @@ Five lines::
         print(result.stdout)                 # 42
 
 :class:`Sandmesh` blocks; :class:`AsyncSandmesh` has the same shape for asyncio. Both speak
-the mesh's own protocol (DESIGN.md §2: request-reply and JetStream on ``sandbox.v1.*``, JSON
+the mesh's own protocol (request-reply and JetStream on ``sandbox.v1.*``, JSON
 or MessagePack) with a tenant's credentials, so the mesh enforces every boundary: this
 package decides nothing a service would not decide for a plain NATS request.
 """

@@ -1,7 +1,7 @@
 """Typed errors: one class per error kind of the mesh's wire protocol.
 
 Every service answers an error with the NATS micro headers ``Nats-Service-Error`` /
-``Nats-Service-Error-Code`` and a body ``{code, kind, message, details}`` (DESIGN.md §2). This
+``Nats-Service-Error-Code`` and a body ``{code, kind, message, details}``. This
 module turns such a reply into an exception whose class is the kind, so callers write
 ``except sandmesh.NotFound:`` instead of comparing codes::
 

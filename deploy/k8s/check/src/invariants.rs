@@ -1,4 +1,4 @@
-//! What every rendering of `deploy/k8s` must satisfy (issue 17), checked on the typed objects:
+//! What every rendering of `deploy/k8s` must satisfy, checked on the typed objects:
 //!
 //! - every workload container: read-only root filesystem, no privilege escalation, capability
 //!   `ALL` dropped and none added, CPU and memory requests and limits, readiness and liveness

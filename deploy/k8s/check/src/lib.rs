@@ -2,8 +2,8 @@
 //!
 //! [`render`] builds a kustomization (the base, or an overlay with its JSON 6902 patches) as
 //! `kustomize build` would; [`objects`] parses every rendered manifest into its `k8s-openapi`
-//! type and refuses any field the type does not have; [`invariants`] checks what issue 17
-//! asks of the deployment (non-root, read-only root, dropped capabilities, limits, probes,
+//! type and refuses any field the type does not have; [`invariants`] checks what the
+//! deployment must be (non-root, read-only root, dropped capabilities, limits, probes,
 //! pinned images, NetworkPolicies that let pods reach only NATS, NATS's StatefulSet, storage
 //! and routes). `tests/manifests.rs` runs all of it on the base and the `cluster` overlay;
 //! `tests/nats_cluster.rs` runs the overlay's NATS configuration as three containers.

@@ -1,4 +1,4 @@
-//! `TestRuns`: the `test` endpoint — test-driven execution (seed 002 §4). A test run *is* an
+//! `TestRuns`: the `test` endpoint — test-driven execution. A test run *is* an
 //! execution: it goes through [`Intake::run`] like `exec`, so risk assessment (of the code and
 //! the tests, not the runner), confirmation (with the same awaiting-confirmation notice), tenancy,
 //! quotas, limits and audit apply unchanged, and hostile tests get the same limits as any code.
