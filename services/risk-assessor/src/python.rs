@@ -187,27 +187,24 @@ fn names_of<'t>(
 /// included; from an ordinary value (`row.os`) only a part that is used as a module
 /// (`row.os.system`), so a field that happens to be called `os` stays data.
 fn through_module(name: &str, modules: &HashSet<String>) -> Option<(&'static str, String)> {
-    let parts: Vec<&str> = name.split('.').collect();
-    let root = parts[0];
+    let root = name.split('.').next().unwrap_or(name);
     let from_module = root == "?" || modules.contains(root);
-    let (at, module) = parts
-        .iter()
-        .enumerate()
-        .skip(1)
-        .filter(|(i, _)| from_module || i + 1 < parts.len())
-        .filter_map(|(i, part)| {
-            REACHABLE
-                .iter()
-                .find(|(attr, _)| attr == part)
-                .map(|(_, m)| (i, *m))
-        })
-        .last()?;
-    let mut canonical = module.to_string();
-    for part in &parts[at + 1..] {
-        canonical.push('.');
-        canonical.push_str(part);
+    // (the module, where the chain after it starts); parts are scanned in place, no copies.
+    let mut found = None;
+    let mut start = root.len() + 1;
+    while start <= name.len() {
+        let end = name[start..].find('.').map_or(name.len(), |i| start + i);
+        let used_as_module = end < name.len();
+        if from_module || used_as_module {
+            let part = &name[start..end];
+            if let Some((_, module)) = REACHABLE.iter().find(|(attr, _)| *attr == part) {
+                found = Some((*module, end));
+            }
+        }
+        start = end + 1;
     }
-    Some((module, canonical))
+    let (module, end) = found?;
+    Some((module, format!("{module}{}", &name[end..])))
 }
 
 /// `import a.b as c, d`: binds `c` → `a.b`, `d` → `d`; `import a.b` binds `a` → `a`.
