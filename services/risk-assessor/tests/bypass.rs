@@ -1,12 +1,12 @@
-//! The bypass corpus of security-catalogue §4, as a record of what the assessor says today,
-//! and the evasions tried against strict mode's person-in-the-loop: each must be rated at a
-//! level that asks a person, while ordinary code that looks alike stays where it was.
+//! The bypass corpus, as a record of what the assessor says today, and the evasions tried
+//! against strict mode's person-in-the-loop: each must be rated at a level that asks a person,
+//! while ordinary code that looks alike stays where it was.
 //!
-//! The assessment is ADVISORY (seed 001 §4.2): isolation is the boundary — every tier runs
-//! the code in a hardened container. But strict mode asks a person for what the assessor
-//! flags, so an evasion rated below that level runs unseen. These tests pin the current
-//! verdicts so a change in what the assessor catches is a visible, reviewed diff, in either
-//! direction. Rows marked MISS are known misses.
+//! The assessment is ADVISORY: isolation is the boundary — every tier runs the code in a
+//! hardened container. But strict mode asks a person for what the assessor flags, so an
+//! evasion rated below that level runs unseen. These tests pin the current verdicts so a
+//! change in what the assessor catches is a visible, reviewed diff, in either direction. Rows
+//! marked MISS are known misses.
 
 use messages::exec::{FileSpec, Tier};
 use messages::risk::{AssessRequest, ContentType, RiskAssessment, RiskLevel, SecurityMode};
