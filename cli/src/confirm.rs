@@ -247,6 +247,19 @@ pub fn line(c: &Confirmation, now_ms: u64) -> String {
         rules.join(","),
         c.summary
     );
+    if !c.files.is_empty() {
+        // The code may run these: each by path, size and the start of its digest (the whole
+        // record, excerpts included, is in `--json`).
+        let files: Vec<String> = c
+            .files
+            .iter()
+            .map(|f| {
+                let digest = f.sha256.get(..12).unwrap_or(&f.sha256);
+                format!("{}({}B sha256:{digest})", f.path, f.bytes)
+            })
+            .collect();
+        text.push_str(&format!(" files=[{}]", files.join(",")));
+    }
     if let Some(reason) = &c.reason {
         text.push_str(&format!(" reason={reason:?}"));
     }
@@ -267,6 +280,26 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<ConfirmCommand, clap::Error> {
         Cli::try_parse_from(std::iter::once("confirm").chain(args.iter().copied())).map(|c| c.cmd)
+    }
+
+    #[test]
+    fn a_line_names_the_files_the_code_brings() {
+        let c = Confirmation {
+            id: "c1".into(),
+            files: vec![messages::confirm::ConfirmFile {
+                path: "code/x.py".into(),
+                bytes: 32,
+                sha256: "0123456789abcdef".repeat(4),
+                excerpt: "import pty".into(),
+            }],
+            ..Default::default()
+        };
+        let text = line(&c, 0);
+        assert!(
+            text.contains("files=[code/x.py(32B sha256:0123456789ab)]"),
+            "{text}"
+        );
+        assert!(!line(&Confirmation::default(), 0).contains("files="));
     }
 
     #[test]

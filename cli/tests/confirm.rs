@@ -60,6 +60,7 @@ fn pending(rule: &str) -> ConfirmRequest {
                 line: Some(1),
                 start: None,
                 end: None,
+                path: None,
             }],
             ..Default::default()
         },

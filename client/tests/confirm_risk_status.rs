@@ -105,6 +105,7 @@ async fn risk_is_assessed_and_oversized_content_is_too_large() {
         content_type: ContentType::Shell,
         params: None,
         mode: None,
+        files: Vec::new(),
     };
     let safe = risk.assess(&assess("echo hello".into())).await.unwrap();
     assert_eq!(safe.level, RiskLevel::Safe);
@@ -165,6 +166,7 @@ async fn a_service_nobody_runs_is_unavailable_and_a_slow_one_times_out() {
         content_type: ContentType::Shell,
         params: None,
         mode: None,
+        files: Vec::new(),
     };
     let e = quick.risk().assess(&req).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");

@@ -23,6 +23,9 @@ pub struct ConfirmRequest {
     pub summary: String,
     #[serde(default)]
     pub code_excerpt: String,
+    /// The files sent with the code, which it may run: a person approves them with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ConfirmFile>,
     /// What `code_excerpt` holds; set by the service that asks.
     #[serde(default, skip_serializing_if = "ConfirmKind::is_code")]
     pub kind: ConfirmKind,
@@ -36,6 +39,21 @@ pub struct ConfirmRequest {
     /// it). Only operators whose scope covers it, and that tenant's agents, see the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Tenant>,
+}
+
+/// A file sent with code to run, as a person deciding on it sees it: where it is placed, its
+/// size and the SHA-256 of its bytes (what was approved can be told from what was not), and,
+/// for text, its beginning. Findings in it name it by `path` (`Finding::path`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ConfirmFile {
+    pub path: String,
+    /// Size in bytes, as written into the workspace.
+    pub bytes: u64,
+    /// SHA-256 of those bytes, lower-case hex.
+    pub sha256: String,
+    /// The beginning of the file when it is text (cut like `code_excerpt`); empty for binary.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub excerpt: String,
 }
 
 /// What a confirmation asks about, so that a person sees it rendered as what it is.
@@ -102,6 +120,9 @@ pub struct Confirmation {
     pub summary: String,
     #[serde(default)]
     pub code_excerpt: String,
+    /// The files sent with the code, as the person deciding saw them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ConfirmFile>,
     #[serde(default, skip_serializing_if = "ConfirmKind::is_code")]
     pub kind: ConfirmKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]

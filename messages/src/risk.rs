@@ -78,7 +78,8 @@ pub const NETWORK_POLICY_PARAM: &str = "network_policy";
 
 /// `sandbox.v1.risk.assess` request. `content` is the code (or, for `browser`, the action
 /// name); `params` carries browser action parameters (url, selector, text, ...), and for code
-/// [`NETWORK_POLICY_PARAM`].
+/// [`NETWORK_POLICY_PARAM`]. `files` are the files placed beside the code, which it may run:
+/// each is assessed like code of its language, and the verdict covers them all.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssessRequest {
     pub content: String,
@@ -87,9 +88,22 @@ pub struct AssessRequest {
     pub params: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<SecurityMode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<crate::exec::FileSpec>,
 }
 
 impl AssessRequest {
+    /// Code (or a browser action) alone, with no params, files or mode.
+    pub fn new(content: impl Into<String>, content_type: ContentType) -> Self {
+        Self {
+            content: content.into(),
+            content_type,
+            params: None,
+            mode: None,
+            files: Vec::new(),
+        }
+    }
+
     /// Whether the code runs under a network policy ([`NETWORK_POLICY_PARAM`]).
     pub fn under_network_policy(&self) -> bool {
         self.params
@@ -107,6 +121,10 @@ pub struct Finding {
     pub rule: String,
     pub severity: RiskLevel,
     pub description: String,
+    /// The request's file it was found in (its `path`); absent: in the code itself. `line`,
+    /// `start` and `end` are then into that file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// 1-based line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line: Option<u32>,

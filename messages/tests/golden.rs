@@ -9,7 +9,9 @@ use messages::audit::*;
 use messages::browser::{
     BrowserAction, BrowserBackend, BrowserPayload, BrowserRequest, ContentFormat,
 };
-use messages::confirm::{ConfirmDecide, ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
+use messages::confirm::{
+    ConfirmDecide, ConfirmFile, ConfirmKind, ConfirmScope, ConfirmState, Confirmation,
+};
 use messages::exec::*;
 use messages::executor::{
     Backend, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunKind, RunState,
@@ -42,6 +44,7 @@ fn risk() -> RiskAssessment {
             line: Some(1),
             start: Some(0),
             end: Some(17),
+            path: None,
         }],
     }
 }
@@ -789,9 +792,64 @@ fn golden_vectors_are_byte_exact() {
             content_type: ContentType::Python,
             params: None,
             mode: Some(SecurityMode::Strict),
+            files: Vec::new(),
         },
     );
     check("risk_assessment", &risk());
+    // Files sent with the code: assessed with it, and shown with their digest to the person
+    // who decides. Both fields are left out when empty, so the vectors above keep their bytes.
+    check(
+        "assess_request_files",
+        &AssessRequest {
+            content: "import x".into(),
+            content_type: ContentType::Python,
+            params: None,
+            mode: Some(SecurityMode::Strict),
+            files: vec![FileSpec {
+                path: "code/x.py".into(),
+                content: "import pty\npty.os.system('id')\n".into(),
+                encoding: ContentEncoding::Utf8,
+            }],
+        },
+    );
+    let in_file = Finding {
+        rule: "py.os_system".into(),
+        severity: RiskLevel::Critical,
+        description: "os.system() runs a shell command — calls pty.os.system".into(),
+        path: Some("code/x.py".into()),
+        line: Some(2),
+        start: Some(11),
+        end: Some(31),
+    };
+    check(
+        "confirmation_files",
+        &Confirmation {
+            id: "01JD0000000000000000000002".into(),
+            state: ConfirmState::Pending,
+            execution_id: Some("01JD0000000000000000000003".into()),
+            risk: RiskAssessment {
+                level: RiskLevel::Critical,
+                reason: "critical: os.system() runs a shell command [py.os_system] \
+                         (file code/x.py, line 2)"
+                    .into(),
+                requires_confirmation: true,
+                requires_isolation: true,
+                suggested_tier: Tier::Session,
+                findings: vec![in_file],
+            },
+            summary: "python code (8 bytes) with 1 file (code/x.py), risk critical".into(),
+            code_excerpt: "import x".into(),
+            files: vec![ConfirmFile {
+                path: "code/x.py".into(),
+                bytes: 32,
+                sha256: "0f".repeat(32),
+                excerpt: "import pty\npty.os.system('id')\n".into(),
+            }],
+            created_at: 1_764_000_000_000,
+            expires_at: 1_764_000_060_000,
+            ..Default::default()
+        },
+    );
     check(
         "network_policy",
         &NetworkPolicy {
@@ -871,6 +929,7 @@ fn golden_vectors_are_byte_exact() {
             risk: risk(),
             summary: "python: imports subprocess".into(),
             code_excerpt: "import subprocess".into(),
+            files: Vec::new(),
             kind: ConfirmKind::Code,
             requested_by: Some("agent-7".into()),
             created_at: 1_764_000_000_000,

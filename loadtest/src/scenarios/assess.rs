@@ -99,6 +99,7 @@ pub async fn assess(
                         content_type,
                         params: None,
                         mode: None,
+                        files: Vec::new(),
                     };
                     let start = Instant::now();
                     match mesh.api.risk().assess(&req).await {

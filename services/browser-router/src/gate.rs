@@ -83,6 +83,7 @@ impl Gate {
             content_type: ContentType::Browser,
             params: Some(params.clone()),
             mode: None,
+            files: Vec::new(),
         };
         let risk = self
             .mesh
@@ -116,6 +117,7 @@ impl Gate {
             risk,
             summary,
             code_excerpt: serde_json::to_string_pretty(&params).unwrap_or_default(),
+            files: Vec::new(),
             kind: ConfirmKind::BrowserAction,
             requested_by: scope.actor.clone(),
             timeout_ms: Some(self.confirm_timeout.as_millis() as u64),

@@ -187,6 +187,7 @@ mod tests {
                     line: None,
                     start: None,
                     end: None,
+                    path: None,
                 })
                 .collect(),
             ..Default::default()

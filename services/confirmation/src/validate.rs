@@ -12,6 +12,12 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// with the execution).
 pub const MAX_EXCERPT_BYTES: usize = 16 * 1024;
 pub const MAX_FINDINGS: usize = 256;
+/// Files shown with the code (an execution carries at most 64 by default).
+pub const MAX_FILES: usize = 256;
+/// A file's `excerpt` is cut to this (its digest identifies the whole file).
+pub const MAX_FILE_EXCERPT_BYTES: usize = 4 * 1024;
+/// A file's `path`: a workspace path.
+pub const MAX_PATH_BYTES: usize = 1024;
 pub const MAX_RULE_BYTES: usize = 128;
 const TRUNCATED: &str = "\n… (excerpt truncated)";
 
@@ -73,15 +79,34 @@ pub fn request(req: &mut ConfirmRequest) -> Result<(), ValidationError> {
         text("risk.findings.description", &f.description, MAX_TEXT_BYTES)?;
     }
     text("risk.reason", &req.risk.reason, MAX_TEXT_BYTES)?;
-    if req.code_excerpt.len() > MAX_EXCERPT_BYTES {
-        let mut cut = MAX_EXCERPT_BYTES - TRUNCATED.len();
-        while !req.code_excerpt.is_char_boundary(cut) {
-            cut -= 1;
+    cut(&mut req.code_excerpt, MAX_EXCERPT_BYTES);
+    if req.files.len() > MAX_FILES {
+        let n = req.files.len();
+        return Err(bad("files", format!("{n} files; at most {MAX_FILES}")));
+    }
+    for f in &mut req.files {
+        name("files.path", &f.path)?;
+        text("files.path", &f.path, MAX_PATH_BYTES)?;
+        let hex = f.sha256.len() == 64 && f.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex {
+            return Err(bad("files.sha256", "must be 64 hex digits".into()));
         }
-        req.code_excerpt.truncate(cut);
-        req.code_excerpt.push_str(TRUNCATED);
+        cut(&mut f.excerpt, MAX_FILE_EXCERPT_BYTES);
     }
     Ok(())
+}
+
+/// Cuts an over-long excerpt to `max` bytes, saying so at its end.
+fn cut(excerpt: &mut String, max: usize) {
+    if excerpt.len() <= max {
+        return;
+    }
+    let mut at = max - TRUNCATED.len();
+    while !excerpt.is_char_boundary(at) {
+        at -= 1;
+    }
+    excerpt.truncate(at);
+    excerpt.push_str(TRUNCATED);
 }
 
 pub fn decide(d: &ConfirmDecide) -> Result<(), ValidationError> {

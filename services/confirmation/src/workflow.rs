@@ -125,6 +125,7 @@ impl Workflow for KvWorkflow {
             risk: req.risk,
             summary: req.summary,
             code_excerpt: req.code_excerpt,
+            files: req.files,
             kind: req.kind,
             requested_by: req.requested_by,
             tenant: req.tenant,

@@ -88,6 +88,7 @@ mod tests {
             line: None,
             start: Some(start),
             end: Some(end),
+            path: None,
         }
     }
 

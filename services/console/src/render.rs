@@ -9,7 +9,7 @@ use crate::history::Row;
 use messages::audit::{AuditDetails, ExecutionRejected};
 use messages::confirm::{ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::Tier;
-use messages::risk::RiskLevel;
+use messages::risk::{Finding, RiskLevel};
 use messages::tenancy::scoped;
 
 /// HTML-escapes text for element content and quoted attribute values.
@@ -178,10 +178,15 @@ pub fn card(c: &Confirmation, csrf: &str) -> String {
         let _ = write!(out, "<p class=\"reason\">{}</p>", esc(&c.risk.reason));
     }
     out.push_str(&subject(c));
+    out.push_str(&files(c));
     if !c.risk.findings.is_empty() {
         out.push_str("<ul class=\"findings\">");
         for f in &c.risk.findings {
             let line = f.line.map(|l| format!(", line {l}")).unwrap_or_default();
+            let line = match &f.path {
+                Some(path) => format!(" in {}{line}", esc(path)),
+                None => line,
+            };
             let _ = write!(
                 out,
                 "<li><code class=\"rule\">{}</code> <span class=\"sev\">{}{line}</span> {}</li>",
@@ -253,8 +258,42 @@ fn subject(c: &Confirmation) -> String {
     }
     format!(
         "<pre class=\"code\"><code>{}</code></pre>",
-        crate::highlight::highlight(&c.code_excerpt, &c.risk.findings)
+        crate::highlight::highlight(&c.code_excerpt, &findings_in(c, None))
     )
+}
+
+/// The findings in the code (`None`) or in one of its files.
+fn findings_in(c: &Confirmation, path: Option<&str>) -> Vec<Finding> {
+    let found = c.risk.findings.iter();
+    found
+        .filter(|f| f.path.as_deref() == path)
+        .cloned()
+        .collect()
+}
+
+/// The files sent with the code, which it may run: each with its size and digest, and its
+/// text with the risky spans marked, so what is approved is what the person saw.
+fn files(c: &Confirmation) -> String {
+    let mut out = String::new();
+    for file in &c.files {
+        let _ = write!(
+            out,
+            "<section class=\"file\"><h4><code class=\"path\">{}</code> \
+             <span class=\"size\">{} bytes</span> <span class=\"sha256\">sha256 {}</span></h4>",
+            esc(&file.path),
+            file.bytes,
+            esc(&file.sha256)
+        );
+        if file.excerpt.is_empty() {
+            out.push_str("<p class=\"binary\">not text: only its digest is shown</p>");
+        } else {
+            let marked =
+                crate::highlight::highlight(&file.excerpt, &findings_in(c, Some(&file.path)));
+            let _ = write!(out, "<pre class=\"code\"><code>{marked}</code></pre>");
+        }
+        out.push_str("</section>");
+    }
+    out
 }
 
 /// A browser action (its parameters as JSON: `url`, `selector`, `index`, `text`, `page`, …)
@@ -457,6 +496,60 @@ mod tests {
         let html = card(&c, "t\"oken");
         assert!(!html.contains("<script"), "{html}");
         assert!(!html.contains("<img"), "{html}");
+    }
+
+    #[test]
+    fn files_are_shown_with_their_digest_and_marked_findings() {
+        let finding = |path: Option<&str>, start, end| Finding {
+            rule: "py.os_system".into(),
+            severity: RiskLevel::Critical,
+            description: "os.system() runs a shell command".into(),
+            path: path.map(str::to_string),
+            line: Some(1),
+            start: Some(start),
+            end: Some(end),
+        };
+        let c = Confirmation {
+            code_excerpt: "import x".into(),
+            files: vec![
+                messages::confirm::ConfirmFile {
+                    path: "code/x.py".into(),
+                    bytes: 24,
+                    sha256: "ab".repeat(32),
+                    excerpt: "<b>\nos.system('id')".into(),
+                },
+                messages::confirm::ConfirmFile {
+                    path: "bin/tool".into(),
+                    bytes: 8,
+                    sha256: "cd".repeat(32),
+                    excerpt: String::new(),
+                },
+            ],
+            risk: RiskAssessment {
+                level: RiskLevel::Critical,
+                findings: vec![finding(Some("code/x.py"), 4, 19)],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let html = card(&c, "t");
+        assert!(
+            html.contains("<code class=\"path\">code/x.py</code>"),
+            "{html}"
+        );
+        assert!(
+            html.contains(&format!("sha256 {}", "ab".repeat(32))),
+            "{html}"
+        );
+        assert!(html.contains("&lt;b&gt;"), "file text is escaped: {html}");
+        assert!(html.contains(">os.system(&#39;id&#39;)</mark>"), "{html}");
+        // The code itself has no finding: its span is not marked there.
+        assert!(html.contains("<code>import x</code>"), "{html}");
+        assert!(
+            html.contains("not text: only its digest is shown"),
+            "{html}"
+        );
+        assert!(html.contains(" in code/x.py, line 1"), "{html}");
     }
 
     #[test]

@@ -47,6 +47,7 @@ fn bench(c: &mut Criterion) {
             content_type,
             params,
             mode: None,
+            files: Vec::new(),
         };
         // Warm the per-thread parser and the default policy outside the measurement.
         risk_assessor::assess(&request).expect("assessable");

@@ -22,6 +22,7 @@ fn main() -> anyhow::Result<()> {
         content_type,
         params: None,
         mode,
+        files: Vec::new(),
     };
     let assessment = risk_assessor::assess(&request)?;
     println!("{}", serde_json::to_string_pretty(&assessment)?);

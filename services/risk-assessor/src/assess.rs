@@ -1,15 +1,17 @@
 //! The `Assessor`: a pure function of (policy, limits, request) → `RiskAssessment`. It parses
-//! the code, applies the policy's rules, and turns the findings into a level, a reason, the
-//! confirmation and isolation flags, and the tier the request's `SecurityMode` requires.
+//! the code and each file sent with it, applies the policy's rules, and turns the findings into
+//! a level, a reason, the confirmation and isolation flags, and the tier the request's
+//! `SecurityMode` requires.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use messages::exec::Tier;
+use messages::exec::{FileSpec, Tier};
 use messages::risk::{
     AssessRequest, ContentType, Finding, RiskAssessment, RiskLevel, SecurityMode,
 };
 use messages::ErrorBody;
 
+use crate::files::{self, FileKind};
 use crate::hits::{Hit, Hits};
 use crate::policy::{Detector, Language, Policy};
 use crate::shell::{self, Origin};
@@ -21,7 +23,8 @@ use crate::{browser, code, javascript, python};
 pub struct Limits {
     /// Largest `content` accepted, in bytes (larger → 413).
     pub max_content_bytes: usize,
-    /// Time one parse may take before the code is judged on its text alone.
+    /// Time one parse may take before the code is judged on its text alone. The files of a
+    /// request share one more such budget.
     pub parse_budget: Duration,
     /// Findings returned (the most severe first); the level counts all of them.
     pub max_findings: usize,
@@ -52,6 +55,7 @@ impl From<AssessError> for ErrorBody {
 }
 
 /// What analysing one content produced, before it becomes a `RiskAssessment`.
+#[derive(Default)]
 struct Outcome {
     hits: Vec<Hit>,
     unparsed: Option<Unparsed>,
@@ -96,12 +100,13 @@ impl Assessor {
                 max: self.limits.max_content_bytes,
             });
         }
+        let budget = self.limits.parse_budget;
         let outcome = match request.content_type {
-            ContentType::Python => self.code(content, Grammar::Python, Language::Python),
+            ContentType::Python => self.code(content, Grammar::Python, Language::Python, budget),
             ContentType::Javascript => {
-                self.code(content, Grammar::Javascript, Language::Javascript)
+                self.code(content, Grammar::Javascript, Language::Javascript, budget)
             }
-            ContentType::Shell => self.shell(content),
+            ContentType::Shell => self.shell(content, budget),
             ContentType::Browser => Outcome {
                 hits: browser::hits(content, request.params.as_ref(), &self.policy),
                 unparsed: None,
@@ -109,16 +114,84 @@ impl Assessor {
                 needs_browser: false,
             },
         };
+        // The files share one parse budget, so many of them cannot multiply the work.
+        let deadline = Instant::now() + self.limits.parse_budget;
+        let files = request
+            .files
+            .iter()
+            .map(|file| (file.path.as_str(), self.file(file, deadline)))
+            .collect();
         let under_policy = request.under_network_policy();
-        let mut assessment = self.verdict(request.content_type, outcome, under_policy);
+        let mut assessment = self.verdict(request.content_type, outcome, files, under_policy);
         assessment.suggested_tier = assessment.required_tier(request.mode.unwrap_or(self.mode));
         Ok(assessment)
     }
 
-    fn code(&self, content: &str, grammar: Grammar, language: Language) -> Outcome {
+    /// A file sent with the request, judged as what it is ([`files::kind`]).
+    fn file(&self, file: &FileSpec, deadline: Instant) -> Outcome {
+        let bytes = match file.bytes() {
+            Ok(bytes) => bytes,
+            Err(e) => return self.opaque(format!("its content does not decode: {e}")),
+        };
+        let budget = deadline.saturating_duration_since(Instant::now());
+        match files::kind(&file.path, &bytes, self.limits.max_content_bytes) {
+            FileKind::Code(Grammar::Bash, text) => self.shell(text, budget),
+            FileKind::Code(Grammar::Python, text) => {
+                self.code(text, Grammar::Python, Language::Python, budget)
+            }
+            FileKind::Code(Grammar::Javascript, text) => {
+                self.code(text, Grammar::Javascript, Language::Javascript, budget)
+            }
+            FileKind::Text(text) => {
+                // Any interpreter may be told to run it, so it is searched with what would
+                // make code of every language ask a person.
+                let mut hits = Hits::default();
+                for language in [Language::Python, Language::Javascript, Language::Shell] {
+                    let asking = self
+                        .policy
+                        .rules_for(language)
+                        .filter(|(_, rule)| rule.severity >= RiskLevel::High);
+                    for (index, rule) in asking {
+                        if let Some(re) = &rule.text {
+                            hits.add_regex(index, re, text, 0);
+                        }
+                    }
+                }
+                Outcome {
+                    hits: hits.into_vec(),
+                    spans: true,
+                    ..Outcome::default()
+                }
+            }
+            FileKind::Data => Outcome::default(),
+            FileKind::Opaque(what) => self.opaque(what),
+        }
+    }
+
+    /// The finding for a file the assessor cannot read, spanning the whole file.
+    fn opaque(&self, what: String) -> Outcome {
+        let mut hits = Hits::default();
+        for (index, rule) in self.policy.rules_for(Language::File) {
+            if rule.detector == Some(Detector::Opaque) {
+                hits.add_span(index, 1, 0, 0, Some(what.clone()));
+            }
+        }
+        Outcome {
+            hits: hits.into_vec(),
+            ..Outcome::default()
+        }
+    }
+
+    fn code(
+        &self,
+        content: &str,
+        grammar: Grammar,
+        language: Language,
+        budget: Duration,
+    ) -> Outcome {
         let mut hits = Hits::default();
         let mut needs_browser = false;
-        let unparsed = match syntax::parse(grammar, content, self.limits.parse_budget) {
+        let unparsed = match syntax::parse(grammar, content, budget) {
             Ok(tree) => {
                 let facts = match grammar {
                     Grammar::Python => python::facts(&tree, content),
@@ -141,9 +214,9 @@ impl Assessor {
         }
     }
 
-    fn shell(&self, content: &str) -> Outcome {
+    fn shell(&self, content: &str, budget: Duration) -> Outcome {
         let mut hits = Hits::default();
-        let unparsed = self.shell_script(content, Origin::TOP, &mut hits);
+        let unparsed = self.shell_script(content, Origin::TOP, budget, &mut hits);
         Outcome {
             hits: hits.into_vec(),
             unparsed,
@@ -153,11 +226,17 @@ impl Assessor {
     }
 
     /// One shell script, top-level or embedded (`sh -c`, `eval`) at `origin`.
-    fn shell_script(&self, source: &str, origin: Origin, hits: &mut Hits) -> Option<Unparsed> {
-        match syntax::parse(Grammar::Bash, source, self.limits.parse_budget) {
+    fn shell_script(
+        &self,
+        source: &str,
+        origin: Origin,
+        budget: Duration,
+        hits: &mut Hits,
+    ) -> Option<Unparsed> {
+        match syntax::parse(Grammar::Bash, source, budget) {
             Ok(tree) => {
                 let mut nested = |script: &str, origin: Origin, hits: &mut Hits| {
-                    self.shell_script(script, origin, hits);
+                    self.shell_script(script, origin, budget, hits);
                 };
                 shell::Analysis {
                     source,
@@ -204,10 +283,12 @@ impl Assessor {
         }
     }
 
+    /// One verdict over the code and its files: the level is the most severe finding of any.
     fn verdict(
         &self,
         content_type: ContentType,
         outcome: Outcome,
+        files: Vec<(&str, Outcome)>,
         under_policy: bool,
     ) -> RiskAssessment {
         let rules = &self.policy.rules;
@@ -219,12 +300,21 @@ impl Assessor {
                 rule.severity
             }
         };
-        let mut hits = outcome.hits;
-        hits.sort_by(|a, b| {
+        let needs_browser =
+            outcome.needs_browser || files.iter().any(|(_, file)| file.needs_browser);
+        let code_spans = outcome.spans;
+        let unparsed = outcome.unparsed;
+        // (file path, or None for the code; the hit)
+        let mut hits: Vec<(Option<&str>, Hit)> =
+            outcome.hits.into_iter().map(|h| (None, h)).collect();
+        for (path, file) in files {
+            hits.extend(file.hits.into_iter().map(|h| (Some(path), h)));
+        }
+        hits.sort_by(|(pa, a), (pb, b)| {
             let (sa, sb) = (severity(a.rule), severity(b.rule));
-            sb.cmp(&sa).then(a.start.cmp(&b.start))
+            sb.cmp(&sa).then(pa.cmp(pb)).then(a.start.cmp(&b.start))
         });
-        let found = hits.iter().map(|h| severity(h.rule)).max();
+        let found = hits.iter().map(|(_, h)| severity(h.rule)).max();
         let browser = content_type == ContentType::Browser;
         // Seed 000: an ordinary browser action is LOW, code with nothing found is SAFE.
         let level = found.unwrap_or(if browser {
@@ -236,7 +326,7 @@ impl Assessor {
             Tier::Aio
         } else if content_type == ContentType::Shell && level == RiskLevel::Critical {
             Tier::Reject
-        } else if outcome.needs_browser {
+        } else if needs_browser {
             // Only the AIO tier has a browser to drive.
             Tier::Aio
         } else if level <= RiskLevel::Low {
@@ -244,14 +334,8 @@ impl Assessor {
         } else {
             Tier::Session
         };
-        let reason = reason(
-            content_type,
-            level,
-            &hits,
-            outcome.unparsed.as_ref(),
-            &self.policy,
-        );
-        let reason = if under_policy && hits.iter().any(|h| rules[h.rule].fetches) {
+        let reason = reason(content_type, level, &hits, unparsed.as_ref(), &self.policy);
+        let reason = if under_policy && hits.iter().any(|(_, h)| rules[h.rule].fetches) {
             format!("{reason} (network access is bounded by the request's network policy)")
         } else {
             reason
@@ -259,17 +343,23 @@ impl Assessor {
         let findings = hits
             .iter()
             .take(self.limits.max_findings)
-            .map(|h| {
+            .map(|(path, h)| {
                 let rule = &rules[h.rule];
                 let description = match &h.detail {
                     Some(d) => format!("{} — {d}", rule.description),
                     None => rule.description.clone(),
                 };
-                let span = |v: u32| outcome.spans.then_some(v);
+                // Browser findings and a file's opaque finding have no span in a source.
+                let spans = match path {
+                    None => code_spans,
+                    Some(_) => rule.detector != Some(Detector::Opaque),
+                };
+                let span = |v: u32| spans.then_some(v);
                 Finding {
                     rule: rule.id.clone(),
                     severity: severity(h.rule),
                     description,
+                    path: path.map(str::to_string),
                     line: span(h.line),
                     start: span(h.start),
                     end: span(h.end),
@@ -290,7 +380,7 @@ impl Assessor {
 fn reason(
     content_type: ContentType,
     level: RiskLevel,
-    hits: &[Hit],
+    hits: &[(Option<&str>, Hit)],
     unparsed: Option<&Unparsed>,
     policy: &Policy,
 ) -> String {
@@ -300,12 +390,15 @@ fn reason(
             "every command is on the safe list, with no redirection or substitution".to_string()
         }
         None => "no risky operation found".to_string(),
-        Some(top) => {
+        Some((path, top)) => {
             let rule = &policy.rules[top.rule];
-            let at = if content_type == ContentType::Browser {
-                String::new()
-            } else {
-                format!(" (line {})", top.line)
+            let at = match path {
+                _ if content_type == ContentType::Browser => String::new(),
+                None => format!(" (line {})", top.line),
+                Some(path) if rule.detector == Some(Detector::Opaque) => {
+                    format!(" (file {path})")
+                }
+                Some(path) => format!(" (file {path}, line {})", top.line),
             };
             let more = match hits.len() - 1 {
                 0 => String::new(),

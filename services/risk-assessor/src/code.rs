@@ -16,6 +16,8 @@ pub struct Named<'t> {
     pub names: Vec<String>,
     /// For calls: the argument list node.
     pub args: Option<Node<'t>>,
+    /// For references: it is the callee of a call, which the call itself stands for.
+    pub callee: bool,
 }
 
 #[derive(Debug, Default)]
@@ -114,7 +116,10 @@ pub fn apply(
             }
         }
         if !rule.refs.is_empty() {
-            for r in &facts.refs {
+            // A rule that judges calls (with their arguments) judges a callee as that call;
+            // its `refs` are then the other uses: `e = eval`, `[eval][0](...)`.
+            let calls_judged = !rule.calls.is_empty();
+            for r in facts.refs.iter().filter(|r| !(calls_judged && r.callee)) {
                 if names_match(&rule.refs, &r.names) {
                     hits.add(index, r.node, Some(format!("uses {}", r.names[0])));
                 }

@@ -3,7 +3,7 @@
 //! references, with names resolved through simple aliases (`const e = eval`) and global
 //! objects (`globalThis['ev' + 'al']` is `eval`; `\u0065val` is `eval`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tree_sitter::{Node, Tree};
 
@@ -13,6 +13,18 @@ use crate::syntax::{self, Grammar};
 const G: Grammar = Grammar::Javascript;
 const PREFIXES: &[&str] = &["globalThis.", "window.", "global.", "self.", "this."];
 const MAX_CHAIN: usize = 32;
+/// Calls that load a module by the name in their first argument: `require`, dynamic `import()`,
+/// and the loader reached around `require` (`module.constructor._load` is `Module._load`).
+const LOADERS: &[&str] = &[
+    "require",
+    "import",
+    "module.require",
+    "module.constructor._load",
+    "module.constructor.require",
+    "require.main.require",
+    "process.mainModule.require",
+    "process.mainModule.constructor._load",
+];
 
 syntax::fields!(G; property, object, index);
 
@@ -23,6 +35,8 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
     let mut news = Vec::new();
     let mut refs = Vec::new();
     let mut declarations = Vec::new();
+    // Node ids of the callees of calls (asking a node for its parent walks from the root).
+    let mut callees = HashSet::new();
     syntax::walk(tree, |node, field| {
         match node.kind() {
             "import_statement" | "export_statement" => {
@@ -33,7 +47,10 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
                     facts.imports.push((module, node));
                 }
             }
-            "call_expression" => calls.push(node),
+            "call_expression" => {
+                callees.extend(node.child_by_field_name("function").map(|c| c.id()));
+                calls.push(node);
+            }
             "new_expression" => news.push(node),
             "member_expression" | "subscript_expression" => refs.push(node),
             "identifier" if field != Some("property") => refs.push(node),
@@ -47,10 +64,13 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
                 if let (Some(l), Some(r)) = (left, right) {
                     let aliasing = matches!(
                         r.kind(),
-                        "identifier" | "member_expression" | "subscript_expression"
+                        "identifier"
+                            | "member_expression"
+                            | "subscript_expression"
+                            | "parenthesized_expression"
                     );
-                    if l.kind() == "identifier" && aliasing {
-                        declarations.push((l, r));
+                    if aliasing {
+                        bindings(l, r, source, &mut declarations);
                     }
                 }
             }
@@ -58,9 +78,11 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
         }
         true
     });
-    for (left, right) in declarations {
-        let name = syntax::identifier(syntax::text(left, source), G);
-        let target = qualified(right, source, &aliases);
+    for (name, right, member) in declarations {
+        let mut target = qualified(right, source, &aliases);
+        if let Some(member) = member {
+            target = format!("{target}.{member}");
+        }
         if !target.contains('?') && target != name {
             aliases.insert(name, target);
         }
@@ -76,7 +98,7 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
             Some(c) => name_forms(qualified(c, source, &aliases), PREFIXES),
             None => continue,
         };
-        if names.iter().any(|n| n == "require" || n == "import") {
+        if names.iter().any(|n| LOADERS.contains(&n.as_str())) {
             if let Some(module) = first {
                 facts.imports.push((module, call));
             }
@@ -85,6 +107,7 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
             node: call,
             names,
             args,
+            callee: false,
         });
     }
     for new in news {
@@ -95,16 +118,61 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
             node: new,
             names: name_forms(qualified(constructor, source, &aliases), PREFIXES),
             args: new.child_by_field_name("arguments"),
+            callee: false,
         });
     }
     for node in refs {
+        let callee = callees.contains(&node.id());
         facts.refs.push(Named {
             node,
             names: name_forms(qualified(node, source, &aliases), PREFIXES),
             args: None,
+            callee,
         });
     }
     facts
+}
+
+/// The names a declaration binds, each with the expression it takes and the member of it:
+/// `const e = eval` binds `e` to `eval`; `const { binding, dlopen: d } = process` binds
+/// `binding` to `process.binding` and `d` to `process.dlopen`.
+fn bindings<'t>(
+    left: Node<'t>,
+    right: Node<'t>,
+    source: &str,
+    out: &mut Vec<(String, Node<'t>, Option<String>)>,
+) {
+    let name = |n: Node| syntax::identifier(syntax::text(n, source), G);
+    match left.kind() {
+        "identifier" => out.push((name(left), right, None)),
+        "object_pattern" => {
+            let mut cursor = left.walk();
+            for property in left.named_children(&mut cursor) {
+                match property.kind() {
+                    "shorthand_property_identifier_pattern" => {
+                        out.push((name(property), right, Some(name(property))));
+                    }
+                    "pair_pattern" => {
+                        let key =
+                            property
+                                .child_by_field_name("key")
+                                .and_then(|k| match k.kind() {
+                                    "property_identifier" => Some(name(k)),
+                                    _ => syntax::constant_string(k, source, G),
+                                });
+                        let value = property.child_by_field_name("value");
+                        if let (Some(key), Some(value)) = (key, value) {
+                            if value.kind() == "identifier" {
+                                out.push((name(value), right, Some(key)));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 fn resolve(name: String, aliases: &HashMap<String, String>) -> String {
@@ -153,6 +221,13 @@ fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) -> Str
                 Some(inner) => current = inner,
                 None => break,
             },
+            // `(0, eval)` is `eval`: a sequence is worth its last expression.
+            "sequence_expression" => {
+                match current.named_child(current.named_child_count().saturating_sub(1) as u32) {
+                    Some(last) => current = last,
+                    None => break,
+                }
+            }
             _ => break,
         }
     }

@@ -22,6 +22,7 @@ mod assess;
 mod browser;
 mod code;
 pub mod config;
+mod files;
 mod glob;
 mod hits;
 mod javascript;

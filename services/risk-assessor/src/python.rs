@@ -2,8 +2,12 @@
 //! `__import__('os')`, `importlib.import_module('os')`), calls and references with names
 //! resolved through imports and simple aliases (`from os import system as s; s()` calls
 //! `os.system`; `e = eval; e(...)` calls `eval`).
+//!
+//! Modules hand out the modules they import as attributes (`pty.os`, `tempfile._os`,
+//! `linecache.os`), so a chain that reaches a dangerous module through another one is named as
+//! that module (`linecache.os.system` is `os.system`) and counts as importing it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tree_sitter::{Node, Tree};
 
@@ -21,6 +25,31 @@ const PREFIXES: &[&str] = &[
 ];
 /// Longest attribute chain resolved; longer ones end in `?` (bounded work on hostile input).
 const MAX_CHAIN: usize = 32;
+/// Modules that run programs or reach the interpreter's internals, by the attribute names other
+/// modules keep them under (`tempfile` imports `os as _os`), and the module each one is.
+const REACHABLE: &[(&str, &str)] = &[
+    ("os", "os"),
+    ("_os", "os"),
+    ("nt", "os"),
+    ("posix", "posix"),
+    ("subprocess", "subprocess"),
+    ("_subprocess", "subprocess"),
+    ("_posixsubprocess", "_posixsubprocess"),
+    ("sys", "sys"),
+    ("_sys", "sys"),
+    ("pty", "pty"),
+    ("ctypes", "ctypes"),
+    ("_ctypes", "ctypes"),
+    ("importlib", "importlib"),
+    ("_imp", "_imp"),
+    ("runpy", "runpy"),
+    ("shutil", "shutil"),
+    ("_shutil", "shutil"),
+    ("builtins", "builtins"),
+    ("_builtins", "builtins"),
+];
+/// Calls that return their argument's namespace: `vars(m)['os']` is `m.os`.
+const NAMESPACE_CALLS: &[&str] = &["vars"];
 
 syntax::fields!(G; attribute, object, subscript, value, function, arguments);
 /// Calls whose first argument names a module to load.
@@ -36,6 +65,8 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
     let mut calls = Vec::new();
     let mut refs = Vec::new();
     let mut assignments = Vec::new();
+    // Node ids of the callees of calls (asking a node for its parent walks from the root).
+    let mut callees = HashSet::new();
     syntax::walk(tree, |node, field| match node.kind() {
         "import_statement" => {
             import(node, source, &mut facts, &mut aliases);
@@ -46,10 +77,12 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
             false
         }
         "call" => {
+            callees.extend(node.child_by_field_id(fields().function).map(|c| c.id()));
             calls.push(node);
             true
         }
-        "attribute" => {
+        // `x.y` and `x['y']`: a computed key is a reference worth judging too.
+        "attribute" | "subscript" => {
             refs.push(node);
             true
         }
@@ -64,7 +97,11 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
                 node.child_by_field_name("right"),
             );
             if let (Some(l), Some(r)) = (left, right) {
-                if l.kind() == "identifier" && matches!(r.kind(), "identifier" | "attribute") {
+                let names_something = matches!(
+                    r.kind(),
+                    "identifier" | "attribute" | "subscript" | "call" | "parenthesized_expression"
+                );
+                if l.kind() == "identifier" && names_something {
                     assignments.push((l, r));
                 }
             }
@@ -80,11 +117,19 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
             aliases.insert(name, target);
         }
     }
+    // Names resolve through the import aliases to the modules' own names.
+    let modules: HashSet<String> = facts
+        .imports
+        .iter()
+        .filter_map(|(m, _)| m.split('.').next())
+        .map(str::to_string)
+        .collect();
+    let mut reached = Vec::new();
     for call in calls {
         let Some(callee) = call.child_by_field_id(fields().function) else {
             continue;
         };
-        let names = name_forms(qualified(callee, source, &aliases), PREFIXES);
+        let names = names_of(callee, source, &aliases, &modules, &mut reached);
         let args = call.child_by_field_id(fields().arguments);
         if names.iter().any(|n| IMPORT_CALLS.contains(&n.as_str())) {
             let first = args.and_then(|a| a.named_child(0));
@@ -96,17 +141,70 @@ pub fn facts<'t>(tree: &'t Tree, source: &str) -> Facts<'t> {
             node: call,
             names,
             args,
+            callee: false,
         });
     }
     for node in refs {
-        let names = name_forms(qualified(node, source, &aliases), PREFIXES);
+        let names = names_of(node, source, &aliases, &modules, &mut reached);
+        let callee = callees.contains(&node.id());
         facts.refs.push(Named {
             node,
             names,
             args: None,
+            callee,
         });
     }
+    facts.imports.extend(reached);
     facts
+}
+
+/// The names an expression goes by, the module reached through another module's attribute
+/// included; such a module counts as imported where it is reached.
+fn names_of<'t>(
+    node: Node<'t>,
+    source: &str,
+    aliases: &HashMap<String, String>,
+    modules: &HashSet<String>,
+    reached: &mut Vec<(String, Node<'t>)>,
+) -> Vec<String> {
+    let written = qualified(node, source, aliases);
+    let through = through_module(&written, modules);
+    let mut names = name_forms(written, PREFIXES);
+    if let Some((module, name)) = through {
+        reached.push((module.to_string(), node));
+        for form in name_forms(name, PREFIXES) {
+            if !names.contains(&form) {
+                names.push(form);
+            }
+        }
+    }
+    names
+}
+
+/// `linecache.os.system` → (`os`, `os.system`): the last part after the first that names a
+/// module of [`REACHABLE`], and the chain from there. When the chain starts at a module (or at
+/// something computed, such as `__import__(...)` or `vars(m)`) any such part counts, `m.os`
+/// included; from an ordinary value (`row.os`) only a part that is used as a module
+/// (`row.os.system`), so a field that happens to be called `os` stays data.
+fn through_module(name: &str, modules: &HashSet<String>) -> Option<(&'static str, String)> {
+    let root = name.split('.').next().unwrap_or(name);
+    let from_module = root == "?" || modules.contains(root);
+    // (the module, where the chain after it starts); parts are scanned in place, no copies.
+    let mut found = None;
+    let mut start = root.len() + 1;
+    while start <= name.len() {
+        let end = name[start..].find('.').map_or(name.len(), |i| start + i);
+        let used_as_module = end < name.len();
+        if from_module || used_as_module {
+            let part = &name[start..end];
+            if let Some((_, module)) = REACHABLE.iter().find(|(attr, _)| *attr == part) {
+                found = Some((*module, end));
+            }
+        }
+        start = end + 1;
+    }
+    let (module, end) = found?;
+    Some((module, format!("{module}{}", &name[end..])))
 }
 
 /// `import a.b as c, d`: binds `c` → `a.b`, `d` → `d`; `import a.b` binds `a` → `a`.
@@ -227,7 +325,22 @@ pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) ->
                 Some(inner) => current = inner,
                 None => break,
             },
-            "call" if is_getattr(current, source, aliases) => {
+            "call" if calls_one_of(current, source, aliases, NAMESPACE_CALLS) => {
+                // `vars(m)[k]` is `m.__dict__[k]`, which is `m.k`.
+                match current
+                    .child_by_field_id(f.arguments)
+                    .and_then(|a| a.named_child(0))
+                {
+                    Some(object) => current = object,
+                    None => break,
+                }
+            }
+            "call" if calls_one_of(current, source, aliases, &["globals", "locals"]) => {
+                // `globals()['eval']` names `eval` as `globals.eval`.
+                parts.push("globals".into());
+                return join(parts);
+            }
+            "call" if calls_one_of(current, source, aliases, &["getattr"]) => {
                 let args = current.child_by_field_id(f.arguments);
                 let object = args.and_then(|a| a.named_child(0));
                 let attr = args
@@ -237,6 +350,14 @@ pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) ->
                 parts.push(attr.unwrap_or_else(|| "?".into()));
                 current = object;
             }
+            // `__import__('os')` and `importlib.import_module('os')` are the module loaded.
+            "call" => match loaded_module(current, source, aliases) {
+                Some(module) => {
+                    parts.push(module);
+                    return join(parts);
+                }
+                None => break,
+            },
             _ => break,
         }
     }
@@ -244,11 +365,43 @@ pub fn qualified(node: Node, source: &str, aliases: &HashMap<String, String>) ->
     join(parts)
 }
 
-fn is_getattr(call: Node, source: &str, aliases: &HashMap<String, String>) -> bool {
+/// The module an import call with a constant name loads (`__import__('o' + 's')` → `os`).
+fn loaded_module(call: Node, source: &str, aliases: &HashMap<String, String>) -> Option<String> {
+    let f = fields();
+    let callee = call.child_by_field_id(f.function)?;
+    let name = |n: Node| resolve(syntax::identifier(syntax::text(n, source), G), aliases);
+    let callee = match callee.kind() {
+        "identifier" => name(callee),
+        "attribute" => {
+            let object = callee.child_by_field_id(f.object)?;
+            let attr = callee.child_by_field_id(f.attribute)?;
+            if object.kind() != "identifier" {
+                return None;
+            }
+            format!("{}.{}", name(object), syntax::text(attr, source))
+        }
+        _ => return None,
+    };
+    if !IMPORT_CALLS.contains(&callee.as_str()) {
+        return None;
+    }
+    let first = call.child_by_field_id(f.arguments)?.named_child(0)?;
+    syntax::constant_string(first, source, G)
+}
+
+/// Whether `call` calls one of the builtins `names` (possibly under an alias).
+fn calls_one_of(
+    call: Node,
+    source: &str,
+    aliases: &HashMap<String, String>,
+    names: &[&str],
+) -> bool {
     let callee = call.child_by_field_id(fields().function);
     callee.is_some_and(|c| {
         c.kind() == "identifier"
-            && resolve(syntax::identifier(syntax::text(c, source), G), aliases) == "getattr"
+            && names.contains(
+                &resolve(syntax::identifier(syntax::text(c, source), G), aliases).as_str(),
+            )
     })
 }
 

@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use messages::exec::FileSpec;
 use messages::risk::{AssessRequest, ContentType, RiskAssessment};
 use messages::ErrorBody;
 use serde::de::{self, Deserializer, Visitor};
@@ -26,6 +27,8 @@ pub struct WireAssessRequest {
     params: Option<serde_json::Value>,
     #[serde(default)]
     mode: Option<String>,
+    #[serde(default)]
+    files: Vec<FileSpec>,
 }
 
 /// Text, or the offset of its first invalid UTF-8 byte (MessagePack can carry any bytes).
@@ -89,6 +92,7 @@ impl WireAssessRequest {
             content_type,
             params: self.params,
             mode,
+            files: self.files,
         })
     }
 }

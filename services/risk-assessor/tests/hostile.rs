@@ -11,6 +11,7 @@ fn run(content_type: ContentType, content: String) -> messages::risk::RiskAssess
         content_type,
         params: None,
         mode: None,
+        files: Vec::new(),
     })
     .expect("under the ceiling")
 }
@@ -43,6 +44,7 @@ fn content_above_the_ceiling_is_refused_before_any_work() {
         content_type: ContentType::Python,
         params: None,
         mode: None,
+        files: Vec::new(),
     })
     .unwrap_err();
     assert_eq!(

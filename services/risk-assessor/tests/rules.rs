@@ -120,6 +120,38 @@ const TABLE: &[(&str, ContentType, &str, &str)] = &[
         "environ = {}",
     ),
     ("py.unparsed", P, "def f(:\n", "def f(): pass\n"),
+    (
+        "py.os_exec",
+        P,
+        "import linecache as l\nl.os.execv('/bin/sh', ['sh'])",
+        "import os\nos.path.exists('x')",
+    ),
+    ("py.run_string", P, "breakpoint()", "x.breakpoint_id = 1"),
+    (
+        "py.getattr_computed",
+        P,
+        "getattr(obj, name)",
+        "getattr(obj, 'name')",
+    ),
+    (
+        "py.computed_name",
+        P,
+        "globals()[name]()",
+        "globals()['main']()",
+    ),
+    (
+        "py.operator_reflection",
+        P,
+        "operator.attrgetter('os.system')(m)",
+        "operator.attrgetter('name')(m)",
+    ),
+    ("py.import_pty", P, "import pty", "import ptyprocess"),
+    (
+        "py.import_loader",
+        P,
+        "import importlib",
+        "import importlib_metadata",
+    ),
     // --- JavaScript critical ---
     ("js.eval", J, "eval('1')", "evaluate('1')"),
     (
@@ -154,6 +186,33 @@ const TABLE: &[(&str, ContentType, &str, &str)] = &[
         "prefetch('x')",
     ),
     ("js.unparsed", J, "function (", "function f() {}"),
+    (
+        "js.process_internals",
+        J,
+        "process.binding('spawn_sync')",
+        "process.version",
+    ),
+    (
+        "js.module_internals",
+        J,
+        "module.constructor._load('x')",
+        "module.exports = {}",
+    ),
+    ("js.computed_module", J, "require(name)", "require('path')"),
+    ("js.computed_member", J, "process[key]", "process['argv']"),
+    (
+        "js.vm",
+        J,
+        "require('vm').runInThisContext(src)",
+        "require('v8')",
+    ),
+    // Files: "@file PATH CONTENT", sent beside `print(1)`.
+    (
+        "file.opaque",
+        P,
+        "@file bin/tool \x7fELF\x02\x01",
+        "@file data.csv a,b",
+    ),
     // --- Shell critical ---
     ("sh.rm_root", S, "rm -rf /", "rm -rf /tmp/build"),
     ("sh.rm_home", S, "rm -rf ~", "rm -rf ~/project/build"),
@@ -250,6 +309,18 @@ fn run(content_type: ContentType, source: &str) -> RiskAssessment {
                 content_type,
                 params: serde_json::from_str(params).ok(),
                 mode: None,
+                files: Vec::new(),
+            }
+        }
+        _ if source.starts_with("@file ") => {
+            let (path, content) = source["@file ".len()..].split_once(' ').unwrap();
+            AssessRequest {
+                files: vec![messages::exec::FileSpec {
+                    path: path.into(),
+                    content: content.into(),
+                    encoding: Default::default(),
+                }],
+                ..AssessRequest::new("print(1)", content_type)
             }
         }
         _ => AssessRequest {
@@ -257,6 +328,7 @@ fn run(content_type: ContentType, source: &str) -> RiskAssessment {
             content_type,
             params: None,
             mode: None,
+            files: Vec::new(),
         },
     };
     assess(&request).expect("small input is assessed")

@@ -12,6 +12,7 @@ fn request(content: &str, content_type: ContentType) -> AssessRequest {
         content_type,
         params: None,
         mode: None,
+        files: Vec::new(),
     }
 }
 
@@ -167,6 +168,58 @@ async fn the_content_ceiling_is_configurable() {
         let reply = svc.raw(Some(codec::JSON), body).await.unwrap();
         let outcome = decode(&svc.subject, &reply);
         assert_eq!(outcome.err().map(|e| e.code), code, "{size} bytes");
+    }
+    svc.stop().await;
+}
+
+/// What an attacker sends: harmless code that imports a file sent with it, the file doing the
+/// harm. Over the wire the file is assessed like the code; without it the code is safe (the
+/// control: the file, not the code, raises the verdict).
+#[tokio::test]
+async fn a_requests_files_are_assessed_like_its_code() {
+    use messages::exec::{ContentEncoding, FileSpec};
+    let mut svc = crate::common::start(&[]).await;
+    let code = request("import x\nx.main()", ContentType::Python);
+    let with_files = AssessRequest {
+        files: vec![
+            FileSpec {
+                path: "code/x.py".into(),
+                content: "import pty\ndef main():\n    pty.os.system('id')\n".into(),
+                encoding: ContentEncoding::Utf8,
+            },
+            FileSpec {
+                path: "bin/tool".into(),
+                // The first bytes of a native program.
+                content: "f0VMRgIBAQA=".into(),
+                encoding: ContentEncoding::Base64,
+            },
+        ],
+        ..code.clone()
+    };
+    for encoding in [Encoding::Json, Encoding::MsgPack] {
+        let ask = |req: &AssessRequest| encoding.encode(req).unwrap();
+        let reply = svc
+            .raw(Some(encoding.content_type()), ask(&code))
+            .await
+            .unwrap();
+        let alone = decode(&svc.subject, &reply).unwrap();
+        assert_eq!(alone.level, RiskLevel::Safe, "{alone:?}");
+        let reply = svc
+            .raw(Some(encoding.content_type()), ask(&with_files))
+            .await
+            .unwrap();
+        let a = decode(&svc.subject, &reply).unwrap();
+        assert_eq!(a.level, RiskLevel::Critical, "{a:?}");
+        assert!(a.requires_confirmation);
+        let in_file = |rule: &str| {
+            a.findings
+                .iter()
+                .find(|f| f.rule == rule)
+                .and_then(|f| f.path.clone())
+        };
+        assert_eq!(in_file("py.os_system").as_deref(), Some("code/x.py"));
+        assert_eq!(in_file("file.opaque").as_deref(), Some("bin/tool"));
+        assert!(a.reason.contains("code/x.py"), "{}", a.reason);
     }
     svc.stop().await;
 }

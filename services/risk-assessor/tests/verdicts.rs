@@ -11,6 +11,7 @@ fn run(content_type: ContentType, content: &str, mode: Option<SecurityMode>) -> 
         content_type,
         params: None,
         mode,
+        files: Vec::new(),
     })
     .unwrap()
 }
@@ -147,6 +148,7 @@ fn a_password_fill_is_high_and_a_navigation_low() {
         content_type: ContentType::Browser,
         params: Some(serde_json::json!({"selector": "input[name=password]", "text": "hunter2"})),
         mode: None,
+        files: Vec::new(),
     })
     .unwrap();
     assert_eq!(a.level, RiskLevel::High);
@@ -250,6 +252,7 @@ fn the_request_mode_decides_the_tier_of_low_risk_code() {
         content_type: ContentType::Python,
         params: None,
         mode,
+        files: Vec::new(),
     };
     let strict = assessor.assess(&request(None)).unwrap();
     assert_eq!(
@@ -272,6 +275,7 @@ fn a_disabled_rule_no_longer_fires() {
             content_type: ContentType::Shell,
             params: None,
             mode: None,
+            files: Vec::new(),
         })
         .unwrap();
     assert!(a.findings.iter().all(|f| f.rule != "sh.mv"), "{a:?}");
@@ -353,6 +357,7 @@ fn fetching_under_a_network_policy_is_not_automatically_high() {
             params: policy
                 .then(|| serde_json::json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: None,
+            files: Vec::new(),
         })
         .unwrap()
     };

@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
-use messages::confirm::{ConfirmKind, ConfirmRequest, ConfirmState, Confirmation};
-use messages::exec::{ConfirmationOutcome, Decision, Timing};
+use messages::confirm::{ConfirmFile, ConfirmKind, ConfirmRequest, ConfirmState, Confirmation};
+use messages::exec::{ConfirmationOutcome, Decision, FileSpec, Timing};
 use messages::risk::RiskAssessment;
 use messages::{ErrorKind, ServiceName};
 use sandmesh_client::ConfirmClient;
+use sha2::{Digest, Sha256};
 
 use crate::error::SchedulerError;
 use crate::execution::Execution;
@@ -35,6 +36,7 @@ impl Confirmations {
     /// confirmation service that is not up (yet) is waited for, at most the decision timeout.
     pub async fn request(&self, exec: &Execution) -> Result<Confirmation, SchedulerError> {
         let req = &exec.request;
+        let files = exec.reviewed_files();
         let ask = ConfirmRequest {
             tenant: exec.tenant.clone(),
             execution_id: Some(exec.id.clone()),
@@ -43,9 +45,11 @@ impl Confirmations {
             summary: summary(
                 req.language.as_str(),
                 exec.reviewed_code().len(),
+                &files,
                 &exec.risk,
             ),
-            code_excerpt: excerpt(exec.reviewed_code(), 2048),
+            code_excerpt: excerpt(exec.reviewed_code(), EXCERPT_BYTES),
+            files: files.iter().map(shown).collect(),
             kind: ConfirmKind::Code,
             requested_by: req.requested_by.clone(),
             timeout_ms: Some(Timing::ms(self.timeout)),
@@ -91,12 +95,42 @@ pub fn expired(why: &str) -> ConfirmationOutcome {
     }
 }
 
-fn summary(language: &str, bytes: usize, risk: &RiskAssessment) -> String {
+/// How much of the code, and of each text file, a person is shown.
+const EXCERPT_BYTES: usize = 2048;
+
+fn summary(language: &str, bytes: usize, files: &[FileSpec], risk: &RiskAssessment) -> String {
+    // The summary is one paragraph: a few paths by name, the rest counted (all are in `files`).
+    const NAMED: usize = 4;
+    let mut paths: Vec<&str> = files.iter().take(NAMED).map(|f| f.path.as_str()).collect();
+    let more = format!("{} more", files.len().saturating_sub(NAMED));
+    if files.len() > NAMED {
+        paths.push(&more);
+    }
+    let with = match files.len() {
+        0 => String::new(),
+        1 => format!(" with 1 file ({})", paths.join(", ")),
+        n => format!(" with {n} files ({})", paths.join(", ")),
+    };
     format!(
-        "{language} code ({bytes} bytes), risk {}: {}",
+        "{language} code ({bytes} bytes){with}, risk {}: {}",
         risk.level.as_str(),
         risk.reason
     )
+}
+
+/// A file as the person deciding sees it: path, size, digest of the bytes the executor will
+/// write, and the start of its text. (The request was validated: its content decodes.)
+fn shown(file: &FileSpec) -> ConfirmFile {
+    let bytes = file.bytes().unwrap_or_default();
+    let excerpt = std::str::from_utf8(&bytes)
+        .map(|text| excerpt(text, EXCERPT_BYTES))
+        .unwrap_or_default();
+    ConfirmFile {
+        path: file.path.clone(),
+        bytes: bytes.len() as u64,
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        excerpt,
+    }
 }
 
 /// At most `max` bytes of `code`, cut at a character boundary.
@@ -119,6 +153,36 @@ mod tests {
     fn excerpts_cut_at_character_boundaries() {
         assert_eq!(excerpt("abc", 10), "abc");
         assert_eq!(excerpt("ééé", 3), "é…");
+    }
+
+    #[test]
+    fn a_person_sees_each_file_with_its_size_digest_and_text() {
+        let text = FileSpec {
+            path: "code/x.py".into(),
+            content: "import pty\n".into(),
+            encoding: Default::default(),
+        };
+        let binary = FileSpec {
+            path: "bin/tool".into(),
+            // Bytes that are not UTF-8.
+            content: "//4A".into(),
+            encoding: messages::exec::ContentEncoding::Base64,
+        };
+        let shown_text = shown(&text);
+        assert_eq!(
+            (shown_text.bytes, shown_text.excerpt.as_str()),
+            (11, "import pty\n")
+        );
+        assert_eq!(
+            shown_text.sha256,
+            hex::encode(Sha256::digest(b"import pty\n"))
+        );
+        let shown_binary = shown(&binary);
+        assert_eq!((shown_binary.bytes, shown_binary.excerpt.as_str()), (3, ""));
+        let files: Vec<FileSpec> = (0..6).map(|_| text.clone()).collect();
+        let s = summary("python", 8, &files, &RiskAssessment::default());
+        assert!(s.contains("with 6 files (code/x.py, "), "{s}");
+        assert!(s.contains("2 more"), "{s}");
     }
 
     #[test]

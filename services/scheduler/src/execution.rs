@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use kit::AuditScope;
 use messages::exec::{
-    AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, Tier, Timing,
+    AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, FileSpec, Tier,
+    Timing,
 };
 use messages::filesystem::FilesystemPolicy;
 use messages::risk::RiskAssessment;
@@ -159,6 +160,20 @@ impl Execution {
     /// The code that is assessed and shown to a person for approval.
     pub fn reviewed_code(&self) -> &str {
         self.reviewed.as_deref().unwrap_or(&self.request.code)
+    }
+
+    /// The files assessed and shown with the code: every file of the request, which the code
+    /// may run or import, except in a test run the test runner's own files (the mesh writes
+    /// them under its directory, where a test request's files may not go).
+    pub fn reviewed_files(&self) -> Vec<FileSpec> {
+        let runner = format!("{}/", messages::testrun::RUNNER_DIR);
+        let own = |f: &FileSpec| self.reviewed.is_some() && f.path.starts_with(&runner);
+        self.request
+            .files
+            .iter()
+            .filter(|f| !own(f))
+            .cloned()
+            .collect()
     }
 
     pub fn scope(&self) -> AuditScope {

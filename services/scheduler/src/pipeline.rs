@@ -430,8 +430,9 @@ impl Pipeline {
         }
     }
 
-    /// The assessor is told whether the code runs under a network policy (its own, or its
-    /// session's): then fetching is bounded by the policy, not a risk by itself.
+    /// The code is assessed with the files sent with it. The assessor is told whether the code
+    /// runs under a network policy (its own, or its session's): then fetching is bounded by the
+    /// policy, not a risk by itself.
     async fn assess(&self, exec: &Execution) -> Result<RiskAssessment, SchedulerError> {
         let session_network = exec.session.as_ref().is_some_and(|s| s.network.is_some());
         let network = exec.request.network.is_some() || session_network;
@@ -440,6 +441,7 @@ impl Pipeline {
             content_type: exec.request.language.into(),
             params: network.then(|| json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: Some(self.policy.security_mode),
+            files: exec.reviewed_files(),
         };
         self.risk
             .assess(&ask)

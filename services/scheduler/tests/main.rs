@@ -14,6 +14,7 @@ mod metrics;
 mod network;
 mod parking;
 mod quotas;
+mod risk_gate;
 mod sessions;
 mod stop;
 mod supervision;

@@ -444,6 +444,7 @@ impl Mesh {
                     content_type: messages::risk::ContentType::Python,
                     params: None,
                     mode: None,
+                    files: Vec::new(),
                 };
                 client
                     .request::<_, serde_json::Value>(Subjects::default().risk_assess(), &ask)

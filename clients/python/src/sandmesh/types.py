@@ -87,6 +87,9 @@ class Finding:
     line: Optional[int] = None
     start: Optional[int] = None
     end: Optional[int] = None
+    #: The request's file the finding is in (`line`/`start`/`end` are then into that file);
+    #: None: in the code itself.
+    path: Optional[str] = None
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "Finding":
@@ -97,6 +100,7 @@ class Finding:
             line=_opt_int(d, "line"),
             start=_opt_int(d, "start"),
             end=_opt_int(d, "end"),
+            path=_opt_str(d, "path"),
         )
 
 

@@ -134,6 +134,7 @@ pub fn risk(level: RiskLevel, rules: &[&str]) -> RiskAssessment {
                 line: Some(1),
                 start: None,
                 end: None,
+                path: None,
             })
             .collect(),
     }
@@ -146,6 +147,7 @@ pub fn request(session: Option<&str>, rules: &[&str], wait: bool) -> ConfirmRequ
         risk: risk(RiskLevel::High, rules),
         summary: "python code opens a socket".into(),
         code_excerpt: "import socket".into(),
+        files: Vec::new(),
         kind: Default::default(),
         requested_by: Some("agent-7".into()),
         timeout_ms: Some(60_000),

@@ -114,7 +114,7 @@ fn globs(list: &Option<Vec<String>>) -> Vec<Glob> {
 fn allowed(language: Language) -> &'static [&'static str] {
     match language {
         Language::Python => &["calls", "refs", "imports", "arg", "args_text"],
-        Language::Javascript => &["calls", "news", "modules", "refs"],
+        Language::Javascript => &["calls", "news", "modules", "refs", "arg", "args_text"],
         Language::Shell => &[
             "commands",
             "flags",
@@ -126,6 +126,7 @@ fn allowed(language: Language) -> &'static [&'static str] {
             "pipe_to",
         ],
         Language::Browser => &["actions"],
+        Language::File => &[],
     }
 }
 
@@ -194,11 +195,16 @@ pub(super) fn compile(spec: RuleSpec) -> Result<Rule, String> {
         return Err(ctx("`pipe_from` and `pipe_to` go together".into()));
     }
     let enabled = spec.enabled.unwrap_or(true);
-    if spec.detector == Some(Detector::Unparsed) && !enabled {
-        // Code that does not parse must never come out SAFE.
-        return Err(ctx(
-            "the `unparsed` rule cannot be disabled (re-grade it instead)".into(),
-        ));
+    if matches!(spec.detector, Some(Detector::Unparsed | Detector::Opaque)) && !enabled {
+        // Code that does not parse, and a file that cannot be read, must never come out SAFE.
+        return Err(ctx(format!(
+            "the `{}` rule cannot be disabled (re-grade it instead)",
+            if spec.detector == Some(Detector::Opaque) {
+                "opaque"
+            } else {
+                "unparsed"
+            }
+        )));
     }
     let arg = match &spec.arg {
         None => None,

@@ -26,6 +26,8 @@ pub enum Language {
     Javascript,
     Shell,
     Browser,
+    /// Files sent with a request, as files (what cannot be read as code).
+    File,
 }
 
 /// Structural checks that are code, not patterns; a rule names one to grade or disable it.
@@ -44,6 +46,8 @@ pub enum Detector {
     Redirection,
     /// A shell command not on the safe list (or used with an unsafe option).
     NotAllowlisted,
+    /// A file of a request that cannot be read as code.
+    Opaque,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -52,6 +52,7 @@ pub async fn start(extra_env: &[(&str, &str)]) -> Running {
         content_type: ContentType::Shell,
         params: None,
         mode: None,
+        files: Vec::new(),
     };
     let body = Encoding::Json.encode(&probe).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
