@@ -316,7 +316,7 @@ impl Assessor {
         });
         let found = hits.iter().map(|(_, h)| severity(h.rule)).max();
         let browser = content_type == ContentType::Browser;
-        // Seed 000: an ordinary browser action is LOW, code with nothing found is SAFE.
+        // An ordinary browser action is LOW, code with nothing found is SAFE.
         let level = found.unwrap_or(if browser {
             RiskLevel::Low
         } else {

@@ -1,4 +1,4 @@
-//! Browser actions (seed 000 `_assess_browser`): the action name and its parameters, lowered,
+//! Browser actions: the action name and its parameters, lowered,
 //! matched against the browser rules' `actions` globs and `pattern` regexes.
 
 use crate::glob;

@@ -37,7 +37,7 @@ fn module_matches(pattern: &str, module: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('.'))
 }
 
-/// Libraries that drive a browser (seed 000 `_needs_browser`, by import rather than by any
+/// Libraries that drive a browser (by import rather than by any
 /// mention of the word): code loading one is suggested tier `aio`, which has a browser.
 const BROWSER_MODULES: &[&str] = &[
     // Python

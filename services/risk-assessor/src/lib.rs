@@ -1,5 +1,5 @@
 //! risk-assessor: static, ADVISORY risk of Python, JavaScript and shell code and of browser
-//! actions (seed 000 §3 `UnifiedRiskPolicy`, seed 001 §4.2 `SecurityMode`, seed 002 §2.2).
+//! actions, under the strict or the permissive `SecurityMode`.
 //! Isolation is the boundary; this only picks the tier and whether a person confirms.
 //!
 //! Owns the risk policy: rules as data (`policy/default.toml`, embedded, reproduces the seeds;
