@@ -36,6 +36,18 @@ def take_key():
     return bytes.fromhex(sys.stdin.read().strip())
 
 
+def outcome(test, record):
+    """A test's outcome with only the fields the report shows, each of its type."""
+    def text(name):
+        value = record.get(name)
+        return value if isinstance(value, str) else ""
+    duration = record.get("duration_ms")
+    if not isinstance(duration, (int, float)) or not 0 <= duration < 1e12:
+        duration = 0
+    return {"status": record["status"], "name": text("name") or test,
+            "classname": text("classname"), "message": text("message"), "duration_ms": duration}
+
+
 class Ledger:
     """The records of one run, checked as they arrive: a test is collected once and reported
     once, and a report for a test never collected, or anything after the closing record, is
@@ -84,13 +96,13 @@ class Ledger:
             self.collected[test] = True
         elif kind == "test":
             test = record.get("id")
-            if test not in self.collected:
+            if not isinstance(test, str) or test not in self.collected:
                 return self.refuse("an outcome for test %r, which was never collected" % (test,))
             if test in self.outcomes:
                 return self.refuse("test %r reported twice" % test)
             if record.get("status") not in STATUSES:
                 return self.refuse("test %r has no known status" % test)
-            self.outcomes[test] = record
+            self.outcomes[test] = outcome(test, record)
         elif kind == "closing":
             collected, code = record.get("collected"), record.get("exit")
             if not isinstance(collected, int) or not isinstance(code, int):
@@ -214,11 +226,10 @@ def junit(ledger, outcome, reason):
         inner = ""
         if status != "passed":
             element = {"failed": "failure", "error": "error", "skipped": "skipped"}[status]
-            inner = '<%s message="%s"/>' % (element, attr(record.get("message") or ""))
-        seconds = max(0, record.get("duration_ms") or 0) / 1000
+            inner = '<%s message="%s"/>' % (element, attr(record["message"]))
         cases.append('<testcase name="%s" classname="%s" time="%.3f">%s</testcase>'
-                     % (attr(record.get("name") or record["id"]),
-                        attr(record.get("classname") or ""), seconds, inner))
+                     % (attr(record["name"]), attr(record["classname"]),
+                        record["duration_ms"] / 1000, inner))
     refused = ' sandmesh-reason="%s"' % attr(reason) if reason else ""
     return ('<?xml version="1.0" encoding="utf-8"?>\n'
             '<testsuites sandmesh-run="%s"%s><testsuite name="%s" tests="%d">%s</testsuite>'

@@ -87,7 +87,7 @@ impl RunKey {
         let tag = seal
             .strip_prefix(SEAL_PREFIX.as_bytes())
             .and_then(|rest| rest.strip_suffix(SEAL_SUFFIX.as_bytes()))
-            .and_then(|hex| hex::decode(hex).ok())
+            .and_then(|text| hex::decode(text).ok())
             .ok_or(SealError::Unsealed)?;
         hmac::verify(&hmac::Key::new(hmac::HMAC_SHA256, &self.0), body, &tag)
             .map_err(|_| SealError::Mismatch)?;
