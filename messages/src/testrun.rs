@@ -365,6 +365,15 @@ mod tests {
                 },
                 "language",
             ),
+            // The tests' environment reaches the test tool through the runner, not as the
+            // execution's: checked here.
+            (
+                TestRequest {
+                    env: [("LD_PRELOAD".to_string(), "/tmp/x.so".to_string())].into(),
+                    ..request()
+                },
+                "env.LD_PRELOAD",
+            ),
             (
                 TestRequest {
                     tests: " \n".into(),

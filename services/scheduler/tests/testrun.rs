@@ -675,7 +675,7 @@ async fn tenants_cannot_name_each_others_sessions_and_bad_requests_are_refused()
         let e = beta
             .request::<_, TestReport>(Subjects::default().test(), &body)
             .await
-            .unwrap_err();
+            .expect_err(field);
         assert_eq!(e.kind(), kind, "{field}: {e}");
         assert!(e.to_string().contains(field), "{field}: {e}");
     }
