@@ -2,7 +2,8 @@
 //! `sandbox.v1.test` takes a [`TestRequest`]; the scheduler runs the tests against the code in
 //! the template's sandbox (pytest for Python, `node --test` for JavaScript) as an execution like
 //! any other, and answers a [`TestReport`] parsed from the JUnit XML the runner wrote into the
-//! workspace — never from stdout, which the tests' own prints could forge.
+//! workspace — never from stdout, which the tests' own prints could forge — and accepted only
+//! under the seal the runner's parent made with a key the tests never reach.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +16,9 @@ use crate::exec::{
 use crate::risk::RiskAssessment;
 use crate::template::TemplateRan;
 use crate::tenancy::{unscoped, Tenant};
-use crate::validate::{check_size, validate_relative_path, Ceilings, ValidationError};
+use crate::validate::{
+    check_size, validate_env, validate_relative_path, Ceilings, ValidationError,
+};
 
 /// The template a Python test run uses when it names none: the sandbox image
 /// (`python-default`) has no pytest; `python-data` installs it from Debian.
@@ -152,7 +155,9 @@ impl TestRequest {
                 format!("names the code, the tests or the runner's files (under {RUNNER_DIR}/)"),
             ));
         }
-        Ok(())
+        // The environment is the tests' (the runner hands it to the test tool), so it is
+        // checked here rather than as the execution's.
+        validate_env(&self.env, c)
     }
 }
 
@@ -359,6 +364,15 @@ mod tests {
                     ..request()
                 },
                 "language",
+            ),
+            // The tests' environment reaches the test tool through the runner, not as the
+            // execution's: checked here.
+            (
+                TestRequest {
+                    env: [("LD_PRELOAD".to_string(), "/tmp/x.so".to_string())].into(),
+                    ..request()
+                },
+                "env.LD_PRELOAD",
             ),
             (
                 TestRequest {

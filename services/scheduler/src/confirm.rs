@@ -43,7 +43,7 @@ impl Confirmations {
             session_id: req.session_id.clone(),
             risk: exec.risk.clone(),
             summary: summary(
-                req.language.as_str(),
+                exec.reviewed_language().as_str(),
                 exec.reviewed_code().len(),
                 &files,
                 &exec.risk,

@@ -129,10 +129,10 @@ pub enum SchedulerError {
     /// The run the scheduler built does not hold together (a bug): nothing was sent.
     #[error("building the executor run")]
     RunShape(#[from] RunShapeError),
-    /// A test run's tool did not write its report.
+    /// A test run's runner did not write its report, or the tests took it away.
     #[error(
-        "the tests left no report: the test tool did not start or was killed before writing \
-         it (see stdout and stderr)"
+        "the tests left no report: the runner did not start, was killed before writing it, or \
+         the tests removed it or took its place (see stdout and stderr)"
     )]
     NoTestReport,
     /// A test run's report is too large or not a JUnit report.

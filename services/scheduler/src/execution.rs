@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use kit::AuditScope;
 use messages::exec::{
-    AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, FileSpec, Tier,
+    AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, FileSpec,
+    Language, Tier,
     Timing,
 };
 use messages::filesystem::FilesystemPolicy;
@@ -32,7 +33,15 @@ pub struct Origin {
     pub sync_reply: bool,
     /// What the risk-assessor and a person review instead of the request's code
     /// ([`Execution::reviewed`]).
-    pub reviewed: Option<String>,
+    pub reviewed: Option<Reviewed>,
+}
+
+/// Code reviewed in place of a request's own, in its own language: a test run executes a
+/// small shell launcher, but what is assessed and approved is its Python or JavaScript.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reviewed {
+    pub language: Language,
+    pub code: String,
 }
 
 /// The request with the ids its caller named scoped by the caller's tenant,
@@ -123,7 +132,7 @@ pub struct Execution {
     /// both happen before an execution is parked, and the request already holds the files
     /// (a second copy could push a parked entry past the server's payload limit).
     #[serde(skip)]
-    pub reviewed: Option<String>,
+    pub reviewed: Option<Reviewed>,
 }
 
 impl Execution {
@@ -159,7 +168,16 @@ impl Execution {
 
     /// The code that is assessed and shown to a person for approval.
     pub fn reviewed_code(&self) -> &str {
-        self.reviewed.as_deref().unwrap_or(&self.request.code)
+        self.reviewed
+            .as_ref()
+            .map_or(&self.request.code, |r| &r.code)
+    }
+
+    /// The language of [`Self::reviewed_code`].
+    pub fn reviewed_language(&self) -> Language {
+        self.reviewed
+            .as_ref()
+            .map_or(self.request.language, |r| r.language)
     }
 
     /// The files assessed and shown with the code: every file of the request, which the code

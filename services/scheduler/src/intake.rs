@@ -23,7 +23,7 @@ use sandmesh_client::MeshClient;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{SchedulerError, StoppedWaiting};
-use crate::execution::{scope_request, Origin, Outcome};
+use crate::execution::{scope_request, Origin, Outcome, Reviewed};
 use crate::fairness::Admission;
 use crate::pipeline::Pipeline;
 
@@ -79,7 +79,7 @@ impl Intake {
         &self,
         ctx: RequestContext,
         req: ExecRequest,
-        reviewed: Option<String>,
+        reviewed: Option<Reviewed>,
     ) -> Result<ExecResult, SchedulerError> {
         let received = Instant::now();
         let req = scope_request(&ctx.caller, req)?;

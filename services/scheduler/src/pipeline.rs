@@ -438,7 +438,7 @@ impl Pipeline {
         let network = exec.request.network.is_some() || session_network;
         let ask = AssessRequest {
             content: exec.reviewed_code().to_string(),
-            content_type: exec.request.language.into(),
+            content_type: exec.reviewed_language().into(),
             params: network.then(|| json!({ messages::risk::NETWORK_POLICY_PARAM: true })),
             mode: Some(self.policy.security_mode),
             files: exec.reviewed_files(),

@@ -1,9 +1,9 @@
-//! Reads a JUnit XML report (pytest's `--junitxml`, the test runner's reporter for
-//! `node --test`) into per-test results. The report is written inside the sandbox by code the
-//! caller controls, so it is hostile input: its size, depth and number of cases are bounded, a
-//! DTD (the door to entity tricks) is refused, and anything malformed is an error with a clear
-//! message, never a panic. Totals are counted from the cases, not taken from the report's own
-//! attributes.
+//! Reads a JUnit XML report (as the runner's parent writes it, and pytest's `--junitxml` or
+//! other tools would) into per-test results. Even sealed, its names and messages come from the
+//! tests' own process, so it is hostile input: its size, depth and number of cases are bounded,
+//! a DTD (the door to entity tricks) is refused, and anything malformed is an error with a
+//! clear message, never a panic. Totals are counted from the cases, not taken from the
+//! report's own attributes.
 
 use std::borrow::Cow;
 
@@ -35,8 +35,19 @@ pub enum JunitError {
     Malformed { position: u64, reason: String },
 }
 
-/// The test cases of a JUnit report, in document order.
-pub fn parse(report: &[u8]) -> Result<Vec<TestCase>, JunitError> {
+/// A JUnit report as read.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Junit {
+    /// The test cases, in document order.
+    pub cases: Vec<TestCase>,
+    /// The root element's attributes that sandmesh's runner writes: how the run ended
+    /// (`sandmesh-run`) and why its records were refused (`sandmesh-reason`).
+    pub run: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Reads a JUnit report.
+pub fn parse(report: &[u8]) -> Result<Junit, JunitError> {
     let size = report.len() as u64;
     if size > MAX_REPORT_BYTES {
         return Err(JunitError::TooLarge { size });
@@ -49,6 +60,7 @@ pub fn parse(report: &[u8]) -> Result<Vec<TestCase>, JunitError> {
         reason,
     };
     let mut cases = Vec::new();
+    let (mut run, mut reason) = (None, None);
     // The case being read (between `<testcase>` and `</testcase>`) and the element it is
     // reading the text of (a `<failure>` without a `message` attribute).
     let mut open: Option<TestCase> = None;
@@ -68,6 +80,9 @@ pub fn parse(report: &[u8]) -> Result<Vec<TestCase>, JunitError> {
                     if !rooted {
                         return Err(JunitError::NotJunit);
                     }
+                    let attr = |name: &str| attribute(e, name).map_err(|r| malformed(&reader, r));
+                    run = attr("sandmesh-run")?;
+                    reason = attr("sandmesh-reason")?;
                 }
                 if !empty {
                     depth += 1;
@@ -153,7 +168,7 @@ pub fn parse(report: &[u8]) -> Result<Vec<TestCase>, JunitError> {
             "the report ends inside an element".into(),
         ));
     }
-    Ok(cases)
+    Ok(Junit { cases, run, reason })
 }
 
 /// An attribute's unescaped value (`Err` names what was wrong with it). Every attribute is
@@ -217,7 +232,7 @@ def db():
 
     #[test]
     fn pytest_reports_read_per_test() {
-        let cases = parse(PYTEST.as_bytes()).unwrap();
+        let cases = parse(PYTEST.as_bytes()).unwrap().cases;
         use TestCaseStatus::*;
         assert_eq!(
             statuses(&cases),
@@ -241,7 +256,7 @@ def db():
     #[test]
     fn a_verdict_without_a_message_takes_its_text_and_skips_count() {
         let xml = r#"<testsuite><testcase name="a"><failure><![CDATA[boom]]> and more</failure></testcase><testcase name="b"><skipped message="later"/></testcase><testcase name="c" time="nonsense"><failure message="first"/><error message="teardown"/></testcase></testsuite>"#;
-        let cases = parse(xml.as_bytes()).unwrap();
+        let cases = parse(xml.as_bytes()).unwrap().cases;
         assert_eq!(cases[0].message.as_deref(), Some("boom and more"));
         assert_eq!(
             (cases[1].status, cases[1].message.as_deref()),
@@ -258,8 +273,15 @@ def db():
     }
 
     #[test]
-    fn an_empty_suite_has_no_cases() {
-        assert_eq!(parse(b"<testsuites/>").unwrap(), vec![]);
+    fn an_empty_suite_has_no_cases_and_the_root_says_how_the_run_ended() {
+        assert_eq!(parse(b"<testsuites/>").unwrap(), Junit::default());
+        let refused = parse(
+            br#"<testsuites sandmesh-run="refused" sandmesh-reason="test &quot;a&quot; twice"><testsuite><testcase name="a"/></testsuite></testsuites>"#,
+        )
+        .unwrap();
+        assert_eq!(refused.run.as_deref(), Some("refused"));
+        assert_eq!(refused.reason.as_deref(), Some("test \"a\" twice"));
+        assert_eq!(refused.cases.len(), 1);
     }
 
     #[test]
@@ -320,7 +342,12 @@ def db():
         let xml = format!(
             "<testsuite><testcase name=\"a\"><failure message=\"{long}\"/></testcase></testsuite>"
         );
-        let message = parse(xml.as_bytes()).unwrap().remove(0).message.unwrap();
+        let message = parse(xml.as_bytes())
+            .unwrap()
+            .cases
+            .remove(0)
+            .message
+            .unwrap();
         assert!(message.len() <= MAX_MESSAGE_BYTES && message.len() > MAX_MESSAGE_BYTES - 2);
     }
 
@@ -328,8 +355,8 @@ def db():
         /// Whatever the bytes, the parser answers (cases or an error) without panicking.
         #[test]
         fn any_input_is_answered(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            if let Ok(cases) = parse(&bytes) {
-                prop_assert!(cases.len() <= MAX_TEST_CASES);
+            if let Ok(report) = parse(&bytes) {
+                prop_assert!(report.cases.len() <= MAX_TEST_CASES);
             }
         }
 
@@ -337,8 +364,8 @@ def db():
         #[test]
         fn truncated_reports_never_panic(cut in 0usize..PYTEST.len()) {
             let prefix = &PYTEST.as_bytes()[..cut];
-            if let Ok(cases) = parse(prefix) {
-                prop_assert!(cases.len() <= 5);
+            if let Ok(report) = parse(prefix) {
+                prop_assert!(report.cases.len() <= 5);
             }
         }
     }

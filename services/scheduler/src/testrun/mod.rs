@@ -3,21 +3,24 @@
 //! the tests, not the runner), confirmation (with the same awaiting-confirmation notice), tenancy,
 //! quotas, limits and audit apply unchanged, and hostile tests get the same limits as any code.
 //!
-//! The run writes its JUnit report into a workspace, and the report is read back through the
-//! workspace service — never parsed from stdout, where the tests' own prints could forge it.
-//! So a run needs a session: the caller's (which must exist; another tenant's is 404), or an
+//! The run's parent process writes the JUnit report into a workspace, sealed with a key only it
+//! and this scheduler hold ([`seal`]), and the report is read back through the workspace
+//! service and opened with the key — never parsed from stdout, where the tests' own prints
+//! could forge it, nor trusted unsealed, since the tests can rewrite the workspace and choose
+//! their exit code. So a run needs a session: the caller's (which must exist; another tenant's is 404), or an
 //! internal one opened for the run and closed after it. A replay of an execution id answers
 //! the stored result and reads the same report again.
 
 pub mod junit;
 pub mod report;
 pub mod runner;
+pub mod seal;
 
 use kit::RequestContext;
 use messages::exec::ExecResult;
 use messages::session::SessionRef;
 use messages::subjects::WorkspaceOp;
-use messages::testrun::{TestCase, TestReport, TestRequest, MAX_REPORT_BYTES};
+use messages::testrun::{TestReport, TestRequest, MAX_REPORT_BYTES};
 use messages::validate::Ceilings;
 use messages::workspace::{WsFile, WsRead};
 use messages::{ErrorBody, ErrorKind, ServiceName};
@@ -26,6 +29,8 @@ use sandmesh_client::MeshClient;
 use crate::error::SchedulerError;
 use crate::intake::Intake;
 use crate::session_api::SessionApi;
+use report::Sealed;
+use seal::{RunKey, Sealer};
 
 #[derive(Clone)]
 pub struct TestRuns {
@@ -36,6 +41,8 @@ pub struct TestRuns {
     /// For the test-particular checks and the run's timeout; the execution is checked again
     /// as any is.
     ceilings: Ceilings,
+    /// Each run's report key.
+    sealer: Sealer,
 }
 
 impl TestRuns {
@@ -45,6 +52,7 @@ impl TestRuns {
             sessions,
             mesh,
             ceilings,
+            sealer: Sealer::new(),
         }
     }
 
@@ -90,18 +98,23 @@ impl TestRuns {
                 )
             }
         };
-        let mut plan = runner::plan(req, execution_id, template, &self.ceilings);
+        // Keyed by the id as scoped by the caller's tenant: another tenant's run of the same id
+        // gets another key.
+        let key = self
+            .sealer
+            .key(&ctx.caller.scope("execution_id", &execution_id)?);
+        let mut plan = runner::plan(req, execution_id, template, &self.ceilings, &key);
         plan.request.session_id = Some(session.id().to_string());
         let ran = self
             .intake
             .run(ctx.clone(), plan.request, Some(plan.reviewed))
             .await;
         let read = match &ran {
-            Ok(result) if report::ran(result) => {
-                // A report that cannot be read is part of the answer, beside what ran.
-                let cases = self.read_report(&ctx, session.id(), &plan.report).await;
-                Some(cases.map_err(ErrorBody::from))
-            }
+            // A report that cannot be read or opened is part of the answer, beside what ran.
+            Ok(result) if report::ran(result) => Some(
+                self.read_report(&ctx, session.id(), &plan.report, &key)
+                    .await,
+            ),
             _ => None,
         };
         if let Session::Internal(id) = &session {
@@ -114,13 +127,28 @@ impl TestRuns {
         Ok(report::compose(result, read))
     }
 
-    /// The test cases of the JUnit report at `path` in the session's workspace.
+    /// The JUnit report at `path` in the session's workspace, opened with the run's key.
     async fn read_report(
         &self,
         ctx: &RequestContext,
         session: &str,
         path: &str,
-    ) -> Result<Vec<TestCase>, SchedulerError> {
+        key: &RunKey,
+    ) -> Result<Sealed, ErrorBody> {
+        let file = self.fetch_report(ctx, session, path).await?;
+        let body = key
+            .open(&file)
+            .map_err(|e| ErrorBody::bad_request(e.to_string()))?;
+        Sealed::try_from(junit::parse(body)?)
+    }
+
+    /// The bytes of the file at `path` in the session's workspace, within the report's bound.
+    async fn fetch_report(
+        &self,
+        ctx: &RequestContext,
+        session: &str,
+        path: &str,
+    ) -> Result<Vec<u8>, SchedulerError> {
         let read = WsRead {
             session_id: ctx.caller.scope("session_id", session)?,
             path: path.to_string(),
@@ -139,9 +167,8 @@ impl TestRuns {
         if file.size > MAX_REPORT_BYTES || file.object.is_some() {
             return Err(junit::JunitError::TooLarge { size: file.size }.into());
         }
-        let bytes = messages::decode_content(&file.content, file.encoding)
-            .map_err(|reason| SchedulerError::ReportContent { reason })?;
-        Ok(junit::parse(&bytes)?)
+        messages::decode_content(&file.content, file.encoding)
+            .map_err(|reason| SchedulerError::ReportContent { reason })
     }
 
     /// Closes the internal session (its container and AIO instance go with it); a failure is

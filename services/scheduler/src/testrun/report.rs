@@ -1,12 +1,54 @@
-//! A [`TestReport`] from what ran: the execution's result and the JUnit report read back from
-//! the workspace. A run always gets a terminal report: without a usable JUnit report it is
-//! `error` (or `timeout`) with the reason, and the execution's output is kept either way.
+//! A [`TestReport`] from what ran: the execution's result and the sealed JUnit report read
+//! back from the workspace. A run always gets a terminal report: without a report the runner's
+//! parent sealed, or with one whose records it refused, it is `error` (or `timeout`) with the
+//! reason — never `passed` — and the execution's output is kept either way.
 
 use messages::exec::{ExecResult, ExecStatus};
 use messages::testrun::{TestCase, TestCaseStatus, TestReport, TestRunStatus, TestTotals};
 use messages::ErrorBody;
 
-use super::runner::TIMEOUT_EXIT;
+use super::junit::Junit;
+
+/// How the runner's parent saw the run end (the root of the report it sealed says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The tool ran to its end, every collected test reported once, its closing record agreeing
+    /// with them and with its exit code.
+    Complete,
+    /// The tests were stopped at their budget; those that finished are reported.
+    Timeout,
+    /// The records did not hold together (a test reported twice or never collected, no closing
+    /// record, counts or exit code that disagree): nothing of them is trusted.
+    Refused(String),
+}
+
+/// What the sealed report says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sealed {
+    pub cases: Vec<TestCase>,
+    pub end: RunEnd,
+}
+
+impl TryFrom<Junit> for Sealed {
+    type Error = ErrorBody;
+
+    fn try_from(report: Junit) -> Result<Self, ErrorBody> {
+        let end = match (report.run.as_deref(), report.reason) {
+            (Some("complete"), None) => RunEnd::Complete,
+            (Some("timeout"), None) => RunEnd::Timeout,
+            (Some("refused"), Some(reason)) => RunEnd::Refused(reason),
+            _ => {
+                return Err(ErrorBody::bad_request(
+                    "the test report does not say how the run ended: it is not the runner's",
+                ))
+            }
+        };
+        Ok(Self {
+            cases: report.cases,
+            end,
+        })
+    }
+}
 
 /// Did the execution get as far as running the tests, so a report may exist?
 pub fn ran(result: &ExecResult) -> bool {
@@ -16,14 +58,24 @@ pub fn ran(result: &ExecResult) -> bool {
     )
 }
 
-/// The report of `result`, whose JUnit report read as `cases` (`None`: not read, nothing ran).
-pub fn compose(result: ExecResult, cases: Option<Result<Vec<TestCase>, ErrorBody>>) -> TestReport {
-    let timed_out = result.status == ExecStatus::Timeout || result.exit_code == Some(TIMEOUT_EXIT);
-    let (tests, read_error) = match cases {
-        Some(Ok(tests)) => (tests, None),
-        Some(Err(e)) => (Vec::new(), Some(e)),
-        None => (Vec::new(), None),
+/// The report of `result`, whose sealed report read as `read` (`None`: not read, nothing ran).
+pub fn compose(result: ExecResult, read: Option<Result<Sealed, ErrorBody>>) -> TestReport {
+    let (tests, end, read_error) = match read {
+        Some(Ok(Sealed {
+            end: RunEnd::Refused(reason),
+            ..
+        })) => (
+            Vec::new(),
+            None,
+            Some(ErrorBody::bad_request(format!(
+                "the test run's records were refused, so none of its results stand: {reason}"
+            ))),
+        ),
+        Some(Ok(sealed)) => (sealed.cases, Some(sealed.end), None),
+        Some(Err(e)) => (Vec::new(), None, Some(e)),
+        None => (Vec::new(), None, None),
     };
+    let timed_out = result.status == ExecStatus::Timeout || end == Some(RunEnd::Timeout);
     let totals = TestTotals::of(&tests);
     let broken = tests
         .iter()
@@ -111,33 +163,78 @@ mod tests {
         }
     }
 
+    fn sealed(cases: Vec<TestCase>, end: RunEnd) -> Option<Result<Sealed, ErrorBody>> {
+        Some(Ok(Sealed { cases, end }))
+    }
+
     #[test]
     fn the_run_status_follows_the_tests() {
         use TestCaseStatus::*;
         let passing = vec![case("a", Passed), case("b", Skipped)];
-        let r = compose(result(ExecStatus::Ok, 0), Some(Ok(passing.clone())));
+        let r = compose(
+            result(ExecStatus::Ok, 0),
+            sealed(passing.clone(), RunEnd::Complete),
+        );
         assert_eq!(
             (r.status, r.error, r.stdout.as_str()),
             (TestRunStatus::Passed, None, "out")
         );
         let failing = vec![case("a", Passed), case("b", Failed), case("c", Error)];
-        let r = compose(result(ExecStatus::Error, 1), Some(Ok(failing)));
+        let r = compose(
+            result(ExecStatus::Error, 1),
+            sealed(failing, RunEnd::Complete),
+        );
         assert_eq!(r.status, TestRunStatus::Failed);
         assert_eq!(
             (r.totals.passed, r.totals.failed, r.totals.errors),
             (1, 1, 1)
         );
         // A tool that fails with every test passing (pytest's internal error) is no pass.
-        let r = compose(result(ExecStatus::Error, 3), Some(Ok(passing)));
+        let r = compose(
+            result(ExecStatus::Error, 3),
+            sealed(passing, RunEnd::Complete),
+        );
         assert_eq!(r.status, TestRunStatus::Error);
-        let r = compose(result(ExecStatus::Error, 5), Some(Ok(vec![])));
+        let r = compose(
+            result(ExecStatus::Error, 5),
+            sealed(vec![], RunEnd::Complete),
+        );
         assert_eq!(r.status, TestRunStatus::Error);
+    }
+
+    #[test]
+    fn refused_records_are_an_error_whatever_they_say() {
+        let all_passed = vec![case("a", TestCaseStatus::Passed)];
+        let refused = RunEnd::Refused("test 'a' reported twice".into());
+        let r = compose(result(ExecStatus::Ok, 0), sealed(all_passed, refused));
+        assert_eq!((r.status, r.tests.len()), (TestRunStatus::Error, 0));
+        let error = r.error.unwrap();
+        assert_eq!(error.kind, ErrorKind::BadRequest);
+        assert!(
+            error.message.contains("reported twice"),
+            "{}",
+            error.message
+        );
+
+        let unsaid = Junit {
+            cases: vec![case("a", TestCaseStatus::Passed)],
+            ..Default::default()
+        };
+        assert!(Sealed::try_from(unsaid).is_err());
+        let refused_without_reason = Junit {
+            run: Some("refused".into()),
+            ..Default::default()
+        };
+        assert!(Sealed::try_from(refused_without_reason).is_err());
     }
 
     #[test]
     fn a_timeout_keeps_the_tests_that_finished() {
         let done = vec![case("a", TestCaseStatus::Passed)];
-        let r = compose(result(ExecStatus::Error, TIMEOUT_EXIT), Some(Ok(done)));
+        let r = compose(
+            result(ExecStatus::Error, 124),
+            sealed(done, RunEnd::Timeout),
+        );
         assert_eq!((r.status, r.tests.len()), (TestRunStatus::Timeout, 1));
         assert_eq!(r.error.unwrap().kind, ErrorKind::Timeout);
         let missing = ErrorBody::not_found("no report");
@@ -157,7 +254,10 @@ mod tests {
             (r.status, r.error.unwrap().kind),
             (TestRunStatus::Denied, ErrorKind::Denied)
         );
-        let r = compose(result(ExecStatus::Oom, 137), Some(Ok(vec![])));
+        let r = compose(
+            result(ExecStatus::Oom, 137),
+            sealed(vec![], RunEnd::Complete),
+        );
         assert_eq!(r.status, TestRunStatus::Error);
         assert!(r.error.unwrap().message.contains("oom"));
         let unreadable = ErrorBody::bad_request("the test report declares a DTD");

@@ -1,20 +1,35 @@
 //! The execution a test run becomes: the code and tests as workspace files under
-//! [`TEST_DIR`], and as code a small runner (pytest, or `node --test` with our JUnit reporter)
-//! that writes the JUnit report into the workspace and stops the tests before the execution's
-//! own deadline, so the tests that finished are still reported.
+//! [`TEST_DIR`], and as code a shell launcher that replaces itself with the runner's parent
+//! (`python3 -I`, for pytest and `node --test` alike). The parent takes the run's key from its
+//! stdin, runs the test tool as its child, takes each test's outcome from a pipe, and writes the
+//! JUnit report into the workspace sealed with the key ([`super::seal`]); it stops the tests
+//! before the execution's own deadline, so the tests that finished are still reported.
+//!
+//! Why a shell launcher: the executor starts a Python run's interpreter with the workspace on
+//! its module path, so a `sitecustomize.py` or `encodings/` left in the workspace (by the code
+//! of an earlier run, or a request's files) runs inside it before its first line; an isolated
+//! interpreter (`-I`) reads nothing of the workspace or of `PYTHON*`. What is assessed and
+//! approved is still the code and tests, in their own language ([`Reviewed`]).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use messages::exec::{ContentEncoding, ExecRequest, FileSpec, Language};
-use messages::testrun::{TestRequest, RUNNER_DIR, TEST_DIR};
+use messages::testrun::{TestRequest, MAX_TEST_CASES, RUNNER_DIR, TEST_DIR};
 use messages::validate::Ceilings;
 use serde_json::json;
 
-const PYTHON_RUNNER: &str = include_str!("runner.py");
-const JAVASCRIPT_RUNNER: &str = include_str!("runner.js");
-const JUNIT_REPORTER: &str = include_str!("junit-reporter.mjs");
+use super::seal::{RunKey, SEAL_PREFIX};
+use crate::execution::Reviewed;
+
+const PARENT: &str = include_str!("runner.py");
+const PYTEST_PLUGIN: &str = include_str!("sandmesh_records.py");
+const NODE_REPORTER: &str = include_str!("records.mjs");
 /// The runner's exit code when it stopped the tests at their budget (as `timeout(1)`'s).
 pub const TIMEOUT_EXIT: i64 = 124;
+/// The launcher's own lookups go only through the image's system directories (a session's
+/// `PATH` could name a directory of the workspace).
+const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// How a test run is laid out and timed.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +38,7 @@ pub struct RunPlan {
     /// The workspace path of the JUnit report.
     pub report: String,
     /// What is assessed and shown to a person: the code and the tests, not the runner.
-    pub reviewed: String,
+    pub reviewed: Reviewed,
 }
 
 /// The tests' budget within the execution's timeout: a margin before it is kept for
@@ -35,13 +50,14 @@ pub fn budget(timeout: Duration) -> (Duration, Duration) {
     (timeout - margin, margin / 2)
 }
 
-/// The execution of `req` whose caller knows it as `execution_id`. `template` is the template
-/// to name (`None`: the session's).
+/// The execution of `req` whose caller knows it as `execution_id`, its report sealed with
+/// `key`. `template` is the template to name (`None`: the session's).
 pub fn plan(
     req: TestRequest,
     execution_id: String,
     template: Option<String>,
     ceilings: &Ceilings,
+    key: &RunKey,
 ) -> RunPlan {
     let timeout_ms = req
         .timeout_ms
@@ -51,15 +67,25 @@ pub fn plan(
     let report = format!("output/test-reports/{execution_id}.xml");
     let code_path = format!("{TEST_DIR}/{}", req.code_file());
     let tests_path = format!("{TEST_DIR}/{}", req.tests_file());
-    let reporter = format!("{RUNNER_DIR}/junit-reporter.mjs");
-    let mut config = json!({
+    let (language, records, source) = match req.language {
+        Language::Javascript => ("javascript", "records.mjs", NODE_REPORTER),
+        _ => ("python", "sandmesh_records.py", PYTEST_PLUGIN),
+    };
+    let config = json!({
+        "language": language,
         "dir": TEST_DIR,
         "tests": req.tests_file(),
+        "runner_dir": RUNNER_DIR,
+        "records": records,
         // Relative to the workspace, where the runner starts.
         "report": report,
         "budget_ms": tests_budget.as_millis() as u64,
         "grace_ms": grace.as_millis() as u64,
         "timeout_exit": TIMEOUT_EXIT,
+        "max_cases": MAX_TEST_CASES,
+        "seal_prefix": SEAL_PREFIX,
+        // The tests' environment, not the parent's.
+        "env": req.env,
     });
     let text = |path: String, content: String| FileSpec {
         path,
@@ -70,26 +96,28 @@ pub fn plan(
     let mut files = req.files;
     files.push(text(code_path, req.code.clone()));
     files.push(text(tests_path, req.tests.clone()));
-    let code = match req.language {
-        Language::Javascript => {
-            config["reporter"] = json!(reporter);
-            files.push(text(reporter, JUNIT_REPORTER.to_string()));
-            // JSON is a JavaScript expression.
-            JAVASCRIPT_RUNNER.replace("__CONFIG__", &config.to_string())
-        }
-        // A JSON string is a Python string literal (its escapes are Python's too).
-        _ => PYTHON_RUNNER.replace("__CONFIG__", &json!(config.to_string()).to_string()),
+    files.push(text(format!("{RUNNER_DIR}/{records}"), source.to_string()));
+    // A JSON string is a Python string literal (its escapes are Python's too).
+    let parent = PARENT.replace("__CONFIG__", &json!(config.to_string()).to_string());
+    let code = format!(
+        "exec /usr/bin/python3 -I -c '{}'\n",
+        parent.replace('\'', r"'\''")
+    );
+    let reviewed = Reviewed {
+        language: req.language,
+        code: format!("{}\n\n{}", req.code, req.tests),
     };
-    let reviewed = format!("{}\n\n{}", req.code, req.tests);
     RunPlan {
         request: ExecRequest {
             execution_id: Some(execution_id),
             session_id: req.session_id,
-            language: req.language,
+            language: Language::Shell,
             code,
+            // Read by the parent once it cannot be inspected; the child gets /dev/null.
+            stdin: Some(key.hex()),
             timeout_ms: Some(timeout_ms),
             limits: req.limits,
-            env: req.env,
+            env: BTreeMap::from([("PATH".to_string(), SYSTEM_PATH.to_string())]),
             files,
             requested_by: req.requested_by,
             template,
@@ -102,6 +130,7 @@ pub fn plan(
 
 #[cfg(test)]
 mod tests {
+    use super::super::seal::Sealer;
     use super::*;
 
     fn request(language: Language) -> TestRequest {
@@ -126,16 +155,36 @@ mod tests {
 
     #[test]
     fn python_runs_pytest_on_the_files_and_reviews_code_and_tests() {
+        let key = Sealer::new().key("01J");
         let plan = plan(
             request(Language::Python),
             "01J".into(),
             Some("python-data".into()),
             &Ceilings::default(),
+            &key,
         );
         let paths: Vec<_> = plan.request.files.iter().map(|f| f.path.as_str()).collect();
-        assert_eq!(paths, ["code/solution.py", "code/test_solution.py"]);
+        assert_eq!(
+            paths,
+            [
+                "code/solution.py",
+                "code/test_solution.py",
+                ".sandmesh-test/sandmesh_records.py"
+            ]
+        );
         assert_eq!(plan.report, "output/test-reports/01J.xml");
-        assert_eq!(plan.reviewed, "code\n\ntests");
+        assert_eq!(
+            plan.reviewed,
+            Reviewed {
+                language: Language::Python,
+                code: "code\n\ntests".into()
+            }
+        );
+        assert_eq!(plan.request.language, Language::Shell);
+        assert!(plan
+            .request
+            .code
+            .starts_with("exec /usr/bin/python3 -I -c '"));
         assert!(plan.request.code.contains("pytest"));
         assert!(plan
             .request
@@ -145,25 +194,52 @@ mod tests {
     }
 
     #[test]
+    fn the_key_reaches_only_stdin_and_the_callers_env_only_the_tests() {
+        let key = Sealer::new().key("01J");
+        let mut req = request(Language::Python);
+        req.env.insert("MODE".into(), "it's".into());
+        let plan = plan(req, "01J".into(), None, &Ceilings::default(), &key);
+        assert_eq!(plan.request.stdin, Some(key.hex()));
+        assert!(!plan.request.code.contains(&key.hex()));
+        assert!(plan
+            .request
+            .files
+            .iter()
+            .all(|f| !f.content.contains(&key.hex())));
+        // The launcher's environment is its own; the caller's goes to the tests, quoted.
+        assert_eq!(plan.request.env.keys().collect::<Vec<_>>(), ["PATH"]);
+        assert!(plan
+            .request
+            .code
+            .contains(r#"\"env\":{\"MODE\":\"it'\''s\"}"#));
+    }
+
+    #[test]
     fn javascript_brings_its_reporter_and_a_timeout_is_clamped() {
         let ceilings = Ceilings {
             max_timeout_ms: 4_000,
             ..Default::default()
         };
-        let plan = plan(request(Language::Javascript), "x".into(), None, &ceilings);
+        let key = Sealer::new().key("x");
+        let plan = plan(
+            request(Language::Javascript),
+            "x".into(),
+            None,
+            &ceilings,
+            &key,
+        );
         let paths: Vec<_> = plan.request.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(
             paths,
             [
                 "code/solution.js",
                 "code/solution.test.js",
-                ".sandmesh-test/junit-reporter.mjs"
+                ".sandmesh-test/records.mjs"
             ]
         );
         assert_eq!(plan.request.timeout_ms, Some(4_000));
-        assert!(plan
-            .request
-            .code
-            .contains(r#"const CONFIG = {"budget_ms":3000"#));
+        assert_eq!(plan.reviewed.language, Language::Javascript);
+        assert!(plan.request.code.contains(r#"\"budget_ms\":3000"#));
+        assert!(plan.request.code.contains(r#"\"language\":\"javascript\""#));
     }
 }
