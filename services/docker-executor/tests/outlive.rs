@@ -366,3 +366,27 @@ async fn a_kernel_thread_cannot_read_later_runs_environment() {
     assert_eq!(r.stdout, "True\n", "{r:?}");
     h.stop().await;
 }
+
+/// A cell replaces the kernel driver's cell runner: the session's later cells are its to
+/// shape (one trust domain, as documented), its plain runs are not — they never run inside a
+/// kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_driver_shapes_later_cells_but_never_plain_runs() {
+    let h = Harness::start_with(POOL0).await;
+    let s = "forged-driver";
+    let forge = "import sys\n\
+        d = sys.modules['__main__']\n\
+        def forged(code):\n\
+        \x20   d._send({'t': 'stream', 'name': 'stdout', 'text': 'FORGED\\n'})\n\
+        d._execute = forged";
+    let r = cell(&h, s, Language::Python, forge).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let r = h.session(s, Language::Python, "print('plain python')").await;
+    assert_eq!(r.stdout, "plain python\n", "{r:?}");
+    let r = h.session(s, Language::Shell, "echo plain shell").await;
+    assert_eq!(r.stdout, "plain shell\n", "{r:?}");
+    // Positive control: the forgery holds for the session's next cell.
+    let r = cell(&h, s, Language::Python, "print('cell code')").await;
+    assert_eq!(r.stdout, "FORGED\n", "{r:?}");
+    h.stop().await;
+}
