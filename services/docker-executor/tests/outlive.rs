@@ -381,7 +381,9 @@ async fn a_forged_driver_shapes_later_cells_but_never_plain_runs() {
         d._execute = forged";
     let r = cell(&h, s, Language::Python, forge).await;
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
-    let r = h.session(s, Language::Python, "print('plain python')").await;
+    let r = h
+        .session(s, Language::Python, "print('plain python')")
+        .await;
     assert_eq!(r.stdout, "plain python\n", "{r:?}");
     let r = h.session(s, Language::Shell, "echo plain shell").await;
     assert_eq!(r.stdout, "plain shell\n", "{r:?}");
