@@ -113,8 +113,9 @@ pub struct RunSpec {
     pub version: u32,
     /// The program and its arguments, e.g. `["python3", "-u", "/tmp/.sandmesh/main.py"]`.
     pub argv: Vec<String>,
-    /// Where the code is written before the program starts (outside the workspace, so it
-    /// never shows up as a changed file).
+    /// The argument of `argv` that stands for the code: the supervisor replaces it with the
+    /// path of a sealed descriptor holding `code` (`/proc/self/fd/N`), which the program
+    /// inherits and nothing can rewrite. No file is written.
     pub code_path: String,
     pub code: String,
     #[serde(default)]

@@ -12,9 +12,21 @@
 //! events as frames under the output cap, SIGINT at the timeout, SIGKILL when that is
 //! ignored.
 //!
+//! Between cells a kernel does not run: each cell continues it (SIGCONT) and, at its `done`,
+//! stops its process group (SIGSTOP) and waits until every thread is stopped. So threads and
+//! timers a cell leaves behind run only during that session's later cells: they cannot
+//! print into, read or rewrite another run, or use CPU, while no cell runs. What they printed
+//! before the stop is read up to a fence line the run writes into the event pipe once the
+//! kernel is stopped, and belongs to the cell that just ended. SIGSTOP and not the cgroup
+//! freezer: the container's cgroup is not writable from inside. A run may continue the
+//! kernel itself (same user), so every run's final sweep stops the kernels again
+//! (`process::Spared::freeze_kernels`).
+//!
 //! The kernel runs untrusted code, so nothing it says is trusted: lines are bounded, unknown
-//! events and MIME types dropped, artifact paths checked by the executor, and it can only
-//! shape its own cell's result.
+//! events and MIME types dropped, artifact paths checked by the executor. The driver lives in
+//! the interpreter it drives, so a cell can rewrite the driver and with it what the session's
+//! later cells compute and return: a kernel session is one trust domain. Plain executions and
+//! test runs never run inside a kernel.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -262,6 +274,11 @@ enum KernelEvent {
         #[serde(default)]
         id: Option<String>,
     },
+    /// Not the driver's: the line the run writes into the event pipe once the kernel is
+    /// frozen (see [`run_cell`]).
+    Fence {
+        id: String,
+    },
 }
 
 enum Event {
@@ -307,16 +324,10 @@ enum Stop {
 
 /// Runs `spec.code` as one cell of the kernel behind `conn`, streaming its output as frames to
 /// `out` and filling `report`.
-pub fn run_cell(
-    spec: &RunSpec,
-    conn: KernelConn,
-    keeper: Option<i32>,
-    out: &mut FrameOut,
-    report: &mut RunReport,
-) {
+pub fn run_cell(spec: &RunSpec, conn: KernelConn, out: &mut FrameOut, report: &mut RunReport) {
     report.state_lost = conn.state == KernelState::Lost;
     // The kernel is among them: it is the resident's child.
-    let spared = process::spared(keeper);
+    let spared = process::Spared::find();
     let kernel = Pid::from_raw(conn.pid);
     let before = CgroupCounters::read();
     let started = Instant::now();
@@ -335,9 +346,15 @@ pub fn run_cell(
     let mut line = serde_json::to_vec(&request).expect("a request serialises");
     line.push(b'\n');
     let (tx, rx) = mpsc::channel();
+    let events_fd = conn.events.as_raw_fd();
     reader(conn.events, tx);
+    // Frozen since its last cell (or a run) ended: it runs again for this cell only.
+    let _ = killpg(kernel, Signal::SIGCONT);
     let mut commands = conn.commands;
     let mut died = commands.write_all(&line).is_err();
+    // The cell is done and the kernel frozen: the fence is written, and what comes before it
+    // is this cell's.
+    let mut fenced = false;
 
     let mut budget = spec.max_output_bytes;
     let mut inline = 0u64;
@@ -347,6 +364,9 @@ pub fn run_cell(
     while !died {
         let event = match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
             Ok(event) => event,
+            // A fence that never came (it is written after a partial line, or the pipe is
+            // full): the rest is dropped by the next cell as lines that are not events.
+            Err(mpsc::RecvTimeoutError::Timeout) if fenced => break,
             Err(mpsc::RecvTimeoutError::Timeout) if !interrupted => {
                 stop.get_or_insert(Stop::Timeout);
                 interrupted = true;
@@ -416,8 +436,17 @@ pub fn run_cell(
                 }
             }
             KernelEvent::Error(error) => report.cell_error = Some(bounded(error)),
-            KernelEvent::Done { id: Some(done) } if done == id => break,
-            KernelEvent::Done { .. } => {}
+            KernelEvent::Done { id: Some(done) } if done == id && !fenced => {
+                // Threads and timers the cell left behind stop with the kernel now; what they
+                // wrote before that is in the pipe ahead of the fence, and is this cell's.
+                fenced = true;
+                until = Instant::now() + INTERRUPT_GRACE;
+                if !freeze(conn.pid) || write_fence(events_fd, &id).is_err() {
+                    break;
+                }
+            }
+            KernelEvent::Fence { id: fence } if fence == id => break,
+            KernelEvent::Done { .. } | KernelEvent::Fence { .. } => {}
         }
     }
     report.wall_ms = started.elapsed().as_millis() as u64;
@@ -448,22 +477,52 @@ pub fn run_cell(
     };
 }
 
+/// Stops the kernel's process group and waits (bounded) until every thread of the kernel is
+/// stopped, so it writes nothing more; false if it did not stop in time.
+fn freeze(pid: i32) -> bool {
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGSTOP);
+    let until = Instant::now() + INTERRUPT_GRACE;
+    loop {
+        let running = thread_states(pid).any(|state| !matches!(state, 'T' | 't' | 'Z' | 'X'));
+        if !running {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Writes the fence after whatever the frozen kernel wrote, through a write end of the event
+/// pipe opened only for it (holding one would hide the kernel's death, the pipe's end). The
+/// newline first ends a line the kernel was stopped in the middle of.
+fn write_fence(events_fd: RawFd, id: &str) -> io::Result<()> {
+    let fence = serde_json::json!({ "t": "fence", "id": id });
+    let mut pipe = OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/self/fd/{events_fd}"))?;
+    pipe.write_all(format!("\n{fence}\n").as_bytes())
+}
+
+/// The state letter of each thread of `pid` (none once it is reaped).
+fn thread_states(pid: i32) -> impl Iterator<Item = char> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    tasks.flatten().filter_map(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].trim_start().chars().next())
+    })
+}
+
 /// The kernel still runs (a dead one stays a zombie until the resident reaps it). Every
 /// thread counts: the Python driver has two, and its leader shows `Z` as soon as it exits
 /// while the other thread may still be exiting — the resident's `waitpid` then still says
 /// "running", and the next cell would be written to a kernel about to vanish.
 fn alive(pid: i32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().any(|task| {
-        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
-            let state = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].trim_start().chars().next());
-            !matches!(state, None | Some('Z' | 'X'))
-        })
-    })
+    thread_states(pid).any(|state| !matches!(state, 'Z' | 'X'))
 }
 
 /// A cell error cut to sizes a report can carry: 64 KiB in all.

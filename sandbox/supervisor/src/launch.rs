@@ -8,6 +8,9 @@
 //! ```
 //!
 //! In this order, before anything of the sandbox exists:
+//! 0. closes every descriptor but stdin, stdout and stderr: whatever started the executor
+//!    may have left pipes or sockets open without close-on-exec, the executor inherits them,
+//!    and bwrap would pass them on into every sandbox;
 //! 1. writes its pid into every `cgroup.procs` file, so every later fork is counted there;
 //! 2. sets the rlimits `core` = 0 and `nofile` = N (soft and hard), inherited by the sandbox;
 //! 3. opens the seccomp filters as fds 3, 4, ... (in the order given; the caller's bwrap
@@ -62,6 +65,8 @@ pub enum UsageError {
 /// Why the launch stopped before the program.
 #[derive(Debug, thiserror::Error)]
 enum LaunchError {
+    #[error("listing the open descriptors")]
+    Descriptors(#[source] std::io::Error),
     #[error("joining the cgroup ({0})")]
     Cgroup(PathBuf, #[source] std::io::Error),
     #[error("setting rlimit {0}")]
@@ -121,8 +126,9 @@ impl Launch {
         Ok(launch)
     }
 
-    /// Steps 1-5; the filters' files must stay open until the exec.
+    /// Steps 0-5; the filters' files must stay open until the exec.
     fn prepare(&self) -> Result<Vec<File>, LaunchError> {
+        close_inherited()?;
         let pid = std::process::id().to_string();
         for path in &self.cgroup_procs {
             OpenOptions::new()
@@ -174,6 +180,21 @@ impl Launch {
         }
         Ok(filters)
     }
+}
+
+/// Closes every descriptor above stderr. Collected first: the listing holds a descriptor of
+/// its own (closed with it, so its close fails harmlessly).
+fn close_inherited() -> Result<(), LaunchError> {
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map_err(LaunchError::Descriptors)?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        let _ = nix::unistd::close(fd);
+    }
+    Ok(())
 }
 
 /// `sandmesh-supervisor launch ...`: returns only when the launch failed.

@@ -2,13 +2,14 @@
 //! as `/usr/local/bin/sandmesh-supervisor` (deploy/images, `SUPERVISOR_BIN`).
 //!
 //! ```text
-//! sandmesh-supervisor keep   the container's command: does nothing, keeps the container up
+//! sandmesh-supervisor keep   the container's init (PID 1): reaps orphans, keeps the container
+//!                            up, cannot be traced or rewritten by the code it outlives
 //! sandmesh-supervisor run    one execution: reads the request and workspace archive (frames
 //!                            on stdin), unpacks the archive, runs the program, streams its
 //!                            output, kills everything it started, sends the changed files and
 //!                            the report (frames on stdout); with an egress socket, relays
 //!                            127.0.0.1:3128 to it meanwhile
-//! sandmesh-supervisor run --kernel <pid:fd:fd:state> ...
+//! sandmesh-supervisor run --kernel <pid:fd:fd:state>
 //!                            one cell of the resident's kernel instead of a program
 //! sandmesh-supervisor kernel python|javascript <nofile> <fsize>
 //!                            becomes that language's kernel driver (started by `serve`)
@@ -162,24 +163,17 @@ fn read_input(input: &mut impl Read) -> Result<Input, InputError> {
         .ok_or(InputError::NoRequest)
 }
 
-/// One execution; `keeper` is the container's keeper when the resident supervisor names it
-/// (`run --keeper <pid>`), `kernel` the resident's kernel for a kernel cell.
-fn run_once(keeper: Option<i32>, kernel: Option<Result<KernelConn, String>>) -> ExitCode {
+/// One execution; `kernel` is the resident's kernel for a kernel cell.
+fn run_once(kernel: Option<Result<KernelConn, String>>) -> ExitCode {
     // Not dumpable: code running as the same user cannot ptrace this process or read its
     // memory to forge the report (the executor does not trust the report anyway).
     let _ = nix::sys::prctl::set_dumpable(false);
     let mut out = FrameOut::new();
     let mut report = RunReport::failed("not started");
     match read_input(&mut io::stdin().lock()) {
-        Ok((spec, archive, files)) => execute(
-            &spec,
-            &archive,
-            &files,
-            keeper,
-            kernel,
-            &mut out,
-            &mut report,
-        ),
+        Ok((spec, archive, files)) => {
+            execute(&spec, &archive, &files, kernel, &mut out, &mut report)
+        }
         Err(e) => {
             report.outcome = Outcome::Failed {
                 message: e.to_string(),
@@ -198,7 +192,6 @@ fn execute(
     spec: &RunSpec,
     archive: &[u8],
     files: &[u8],
-    keeper: Option<i32>,
     kernel: Option<Result<KernelConn, String>>,
     out: &mut FrameOut,
     report: &mut RunReport,
@@ -253,8 +246,8 @@ fn execute(
         return;
     }
     match kernel {
-        Some(conn) => kernel::run_cell(spec, conn, keeper, out, report),
-        None => process::run(spec, keeper, out, report),
+        Some(conn) => kernel::run_cell(spec, conn, out, report),
+        None => process::run(spec, out, report),
     }
     let after = files::Manifest::scan(root);
     if before.truncated || after.truncated {
@@ -287,32 +280,64 @@ fn execute(
     report.files_deleted = diff.deleted;
 }
 
+/// The container's init: the executor creates its containers without Docker's init, so this
+/// is PID 1. Docker's init was an ordinary process of the sandbox user: code could ptrace it
+/// and turn it into a program of its own that every later run spares (every run's sweep must
+/// spare PID 1). Not dumpable, this process cannot be traced, nor its memory read, by code
+/// running as the same user without capabilities.
+///
+/// As init it reaps what the runs' sweeps kill (their orphans are re-parented here), and ends
+/// on SIGTERM, SIGINT or SIGHUP (`docker stop`); everything else in the namespace goes with it.
+/// The signals are blocked and waited for: a PID 1 with default handlers would never see them.
 fn keep() -> ExitCode {
-    // The container's command under docker-init: it only has to exist. Signals forwarded by
-    // docker-init (docker stop) end it with the default action.
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let mut signals = SigSet::empty();
+    for signal in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        signals.add(signal);
+    }
+    if let Err(e) = signals.thread_block() {
+        eprintln!("sandmesh-supervisor keep: blocking signals: {e}");
+        return ExitCode::FAILURE;
+    }
     loop {
-        std::thread::park();
+        match signals.wait() {
+            Ok(Signal::SIGCHLD) => {
+                // One SIGCHLD may stand for many children: reap until none is left waiting.
+                while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                    if status == WaitStatus::StillAlive {
+                        break;
+                    }
+                }
+            }
+            Ok(_) => return ExitCode::SUCCESS,
+            Err(_) => {}
+        }
     }
 }
 
 /// The first start of an interpreter in a fresh container reads its files through a cold
 /// overlay (fuse-overlayfs here: tens of ms); the warm pool pays that before handing the
-/// container out. Each interpreter runs a trivial script the way `run` starts programs (same
-/// code directory, working directory and environment), so the real first run finds it all
-/// cached.
+/// container out. Each interpreter runs a trivial script the way `run` starts programs (the
+/// code through a sealed descriptor, same working directory and environment), so the real
+/// first run finds it all cached.
 fn warm() -> bool {
-    const DIR: &str = "/tmp/.sandmesh";
-    let mut ok = std::fs::create_dir_all(DIR).is_ok();
-    for (file, code, argv) in [
-        ("main.py", "pass\n", &["python3", "-u"][..]),
-        ("main.js", "0\n", &["node"]),
-        ("main.sh", ":\n", &["bash"]),
+    let mut ok = true;
+    for (code, argv) in [
+        ("pass\n", &["python3", "-u"][..]),
+        ("0\n", &["node", "--preserve-symlinks-main"]),
+        (":\n", &["bash"]),
     ] {
-        let path = format!("{DIR}/{file}");
-        let status = std::fs::write(&path, code).and_then(|()| {
+        let status = process::SealedCode::new(code).and_then(|code| {
             std::process::Command::new(argv[0])
                 .args(&argv[1..])
-                .arg(&path)
+                .arg(code.path())
                 .env_clear()
                 .envs([
                     (
@@ -338,7 +363,6 @@ fn warm() -> bool {
             ok = false;
         }
     }
-    let _ = std::fs::remove_dir_all(DIR);
     ok
 }
 
@@ -346,28 +370,16 @@ fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         Some("run") => {
             let args: Vec<String> = std::env::args().skip(2).collect();
-            let mut keeper = None;
-            let mut kernel = None;
-            for pair in args.chunks(2) {
-                match pair {
-                    [flag, pid] if flag == "--keeper" => match pid.parse() {
-                        Ok(pid) => keeper = Some(pid),
-                        Err(_) => {
-                            eprintln!("sandmesh-supervisor: --keeper wants a pid, not {pid:?}");
-                            return ExitCode::from(64);
-                        }
-                    },
-                    // Opened before anything else: the inherited pipes are this run's alone.
-                    [flag, handle] if flag == "--kernel" => kernel = Some(KernelConn::open(handle)),
-                    _ => {
-                        eprintln!(
-                            "usage: sandmesh-supervisor run [--keeper <pid>] [--kernel <handle>]"
-                        );
-                        return ExitCode::from(64);
-                    }
+            let kernel = match args.as_slice() {
+                [] => None,
+                // Opened before anything else: the inherited pipes are this run's alone.
+                [flag, handle] if flag == "--kernel" => Some(KernelConn::open(handle)),
+                _ => {
+                    eprintln!("usage: sandmesh-supervisor run [--kernel <handle>]");
+                    return ExitCode::from(64);
                 }
-            }
-            run_once(keeper, kernel)
+            };
+            run_once(kernel)
         }
         Some("kernel") => {
             let language = match std::env::args().nth(2).as_deref() {
@@ -389,7 +401,7 @@ fn main() -> ExitCode {
         Some("serve") => serve::serve(std::env::args().nth(2).as_deref() == Some("--warm")),
         _ => {
             eprintln!(
-                "usage: sandmesh-supervisor run [--keeper <pid>] [--kernel <handle>]|keep|\
+                "usage: sandmesh-supervisor run [--kernel <handle>]|keep|\
                  kernel python|javascript <nofile> <fsize>|serve [--warm]|launch ..."
             );
             ExitCode::from(64)

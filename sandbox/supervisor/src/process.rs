@@ -3,21 +3,26 @@
 //! execution killed, including daemonised orphans that left the group with `setsid`.
 //!
 //! "Every process" is found by scanning `/proc`: in the container's PID namespace the only
-//! processes that may survive an execution are PID 1 (`docker-init`), the keeper it started
-//! (the container's command, the lowest other PID, because it was started first), the
-//! resident supervisor that started this run (its parent, when there is one in the namespace),
-//! the resident's kernel (its child, `kernel.rs`) and this supervisor. So nothing an execution starts outlives it, and the next execution of
-//! a session starts in a quiet container.
+//! processes that may survive an execution are PID 1 (`sandmesh-supervisor keep`, the
+//! container's init), the resident supervisor that started this run (its parent, when there
+//! is one in the namespace), the resident's kernels (its other children, `kernel.rs`) and
+//! this supervisor. The kernels survive frozen: the sweep stops them before it looks for
+//! anything else, so no thread of theirs runs, and nothing they could start escapes it, while
+//! no cell of theirs runs. So nothing an execution starts outlives it, and the next execution
+//! of a session starts in a quiet container.
 
 use std::collections::HashSet;
-use std::fs;
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::resource::{getrusage, setrlimit, Resource, UsageWho};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{getpid, getppid, Pid};
@@ -104,42 +109,54 @@ fn processes() -> Vec<(i32, i32, char)> {
         .collect()
 }
 
-/// The container's keeper: the first child of PID 1 (started first, so the lowest pid).
-pub fn find_keeper() -> Option<i32> {
-    let me = getpid().as_raw();
-    processes()
-        .into_iter()
-        .filter(|&(pid, ppid, _)| ppid == 1 && pid != me && pid != 1)
-        .map(|(pid, _, _)| pid)
-        .min()
+/// The processes a run leaves alive besides PID 1 and itself.
+pub struct Spared {
+    /// The resident supervisor that started this run (the parent; one started by a
+    /// `docker exec` has its parent outside the namespace, seen as 0, and a run in a bwrap
+    /// sandbox has bwrap, PID 1).
+    resident: Option<i32>,
+    /// The resident's other children: its kernels, which outlive runs (a run's own processes
+    /// can never become the resident's children). Each leads its own process group.
+    kernels: Vec<i32>,
 }
 
-/// The processes a run must leave alive besides PID 1 and itself: the container's keeper
-/// (`keeper` when the resident supervisor names it, else found now), the resident supervisor
-/// that started this run (the parent; one started by a `docker exec` has its parent outside the
-/// namespace, seen as 0) and the resident's other children: its kernel, which outlives runs
-/// (a run's own processes can never become the resident's children).
-pub fn spared(keeper: Option<i32>) -> Vec<i32> {
-    let keeper = keeper.or_else(find_keeper);
-    let parent = getppid().as_raw();
-    let me = getpid().as_raw();
-    let resident_children = processes()
-        .into_iter()
-        .filter(|&(pid, ppid, _)| parent > 1 && ppid == parent && pid != me)
-        .map(|(pid, _, _)| pid);
-    keeper
-        .into_iter()
-        .chain((parent > 1).then_some(parent))
-        .chain(resident_children)
-        .collect()
+impl Spared {
+    /// Found now, before the run starts anything.
+    pub fn find() -> Self {
+        let parent = getppid().as_raw();
+        let me = getpid().as_raw();
+        let resident = (parent > 1).then_some(parent);
+        let kernels = processes()
+            .into_iter()
+            .filter(|&(pid, ppid, _)| Some(ppid) == resident && pid != me)
+            .map(|(pid, _, _)| pid)
+            .collect();
+        Self { resident, kernels }
+    }
+
+    fn contains(&self, pid: i32) -> bool {
+        self.resident == Some(pid) || self.kernels.contains(&pid)
+    }
+
+    /// Stops every kernel's process group (SIGSTOP; a cell continues its own kernel). A
+    /// frozen kernel's threads and timers do not run, print, read other processes or use CPU
+    /// while no cell of theirs runs, and cannot start anything behind the sweep's back.
+    pub fn freeze_kernels(&self) {
+        for &kernel in &self.kernels {
+            let _ = killpg(Pid::from_raw(kernel), Signal::SIGSTOP);
+        }
+    }
 }
 
-/// SIGKILLs the program's group, then every other process except PID 1, the `spared` ones and
-/// this supervisor, until a scan finds none alive. Returns how many processes the scans killed.
-pub fn kill_all(group: Option<i32>, spared: &[i32]) -> u32 {
+/// SIGKILLs the program's group, freezes the kernels, then SIGKILLs every other process except
+/// PID 1, the `spared` ones and this supervisor, until a scan finds none alive. Returns how
+/// many processes the scans killed.
+pub fn kill_all(group: Option<i32>, spared: &Spared) -> u32 {
     if let Some(pgid) = group {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
+    // A run may have continued a kernel (same user: SIGCONT needs no privilege).
+    spared.freeze_kernels();
     let me = getpid().as_raw();
     let mut victims = HashSet::new();
     // Bounded: SIGKILL cannot be blocked, so each round leaves fewer live processes; a fork
@@ -147,7 +164,7 @@ pub fn kill_all(group: Option<i32>, spared: &[i32]) -> u32 {
     for _ in 0..500 {
         let mut found = false;
         for (pid, _, state) in processes() {
-            if pid == 1 || pid == me || spared.contains(&pid) || state == 'Z' || state == 'X' {
+            if pid == 1 || pid == me || spared.contains(pid) || state == 'Z' || state == 'X' {
                 continue;
             }
             if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
@@ -188,20 +205,24 @@ fn reader(stream: Stream, mut pipe: impl Read + Send + 'static, tx: mpsc::Sender
     });
 }
 
-/// Runs the program of `spec` to its end, streaming output frames to `out`; `keeper` is the
-/// container's keeper when the resident supervisor named it.
-pub fn run(spec: &RunSpec, keeper: Option<i32>, out: &mut FrameOut, report: &mut RunReport) {
-    let spared = spared(keeper);
+/// Runs the program of `spec` to its end, streaming output frames to `out`.
+pub fn run(spec: &RunSpec, out: &mut FrameOut, report: &mut RunReport) {
+    let spared = Spared::find();
     let before = CgroupCounters::read();
-    if let Err(e) = write_code(spec) {
-        report.outcome = Outcome::Failed {
-            message: format!("cannot write the code to {}: {e}", spec.code_path),
-        };
-        return;
-    }
+    // Held open until the program has started: it inherits the descriptor.
+    let code = match SealedCode::new(&spec.code) {
+        Ok(code) => code,
+        Err(e) => {
+            report.outcome = Outcome::Failed {
+                message: format!("cannot place the code: {e}"),
+            };
+            return;
+        }
+    };
+    let argv = code.argv(&spec.argv, &spec.code_path);
     set_limits(spec);
 
-    let Some((program, args)) = spec.argv.split_first() else {
+    let Some((program, args)) = argv.split_first() else {
         report.outcome = Outcome::Failed {
             message: "empty argv".into(),
         };
@@ -277,6 +298,7 @@ pub fn run(spec: &RunSpec, keeper: Option<i32>, out: &mut FrameOut, report: &mut
     }
     drop(stdin_tx);
     let _ = child_tx.send(child);
+    drop(code);
 
     let deadline = started + Duration::from_millis(spec.timeout_ms);
     let mut budget = spec.max_output_bytes;
@@ -337,7 +359,6 @@ pub fn run(spec: &RunSpec, keeper: Option<i32>, out: &mut FrameOut, report: &mut
     }
     // A last sweep: something may have been forked while the pipes drained.
     report.processes_killed += kill_all(Some(group), &spared);
-    let _ = fs::remove_dir_all(code_dir(spec));
 
     let after = CgroupCounters::read();
     report.oom_killed = after.oom_kills > before.oom_kills;
@@ -372,21 +393,41 @@ pub fn run(spec: &RunSpec, keeper: Option<i32>, out: &mut FrameOut, report: &mut
     };
 }
 
-fn code_dir(spec: &RunSpec) -> std::path::PathBuf {
-    std::path::Path::new(&spec.code_path)
-        .parent()
-        .map(|p| p.to_path_buf())
-        .unwrap_or_else(|| "/tmp/.sandmesh".into())
-}
+/// A run's code in a sealed memfd: the interpreter reads it through the descriptor it
+/// inherits (`/proc/self/fd/N`), which nothing can rewrite, truncate or grow, not even the
+/// program itself. A file would leave a window between its write and the interpreter's read
+/// in which any process of the sandbox user could replace the code that was approved.
+pub struct SealedCode(File);
 
-fn write_code(spec: &RunSpec) -> io::Result<()> {
-    let dir = code_dir(spec);
-    // A leftover of an earlier execution (or something planted) is replaced, never reused.
-    match fs::symlink_metadata(&dir) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(&dir)?,
-        Ok(_) => fs::remove_file(&dir)?,
-        Err(_) => {}
+impl SealedCode {
+    pub fn new(code: &str) -> io::Result<Self> {
+        // Without MFD_CLOEXEC: the program must inherit it.
+        let fd = memfd_create(c"sandmesh-code", MFdFlags::MFD_ALLOW_SEALING)?;
+        let mut file = File::from(fd);
+        file.write_all(code.as_bytes())?;
+        let seals = SealFlag::F_SEAL_WRITE
+            | SealFlag::F_SEAL_SHRINK
+            | SealFlag::F_SEAL_GROW
+            | SealFlag::F_SEAL_SEAL;
+        fcntl(&file, FcntlArg::F_ADD_SEALS(seals))?;
+        Ok(Self(file))
     }
-    fs::create_dir_all(&dir)?;
-    fs::write(&spec.code_path, &spec.code)
+
+    /// The path the program opens the code by, valid in any process that inherited it.
+    pub fn path(&self) -> String {
+        format!("/proc/self/fd/{}", self.0.as_raw_fd())
+    }
+
+    /// `argv` with `placeholder` (the request's code path) replaced by [`Self::path`].
+    pub fn argv(&self, argv: &[String], placeholder: &str) -> Vec<String> {
+        argv.iter()
+            .map(|arg| {
+                if arg == placeholder {
+                    self.path()
+                } else {
+                    arg.clone()
+                }
+            })
+            .collect()
+    }
 }

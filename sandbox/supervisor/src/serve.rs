@@ -16,15 +16,10 @@
 
 use std::io::{self, Read, Write};
 use std::process::{ChildStdin, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
 
 use sandbox_protocol::{self as protocol, FrameKind, KernelLanguage};
 
 use crate::kernel::Kernel;
-use crate::process;
-
-/// How long the resident waits for the container's keeper to appear.
-const KEEPER_WAIT: Duration = Duration::from_secs(10);
 
 /// Serves requests until the executor closes stdin. With `warm_first`, starts each
 /// interpreter once before saying `Ready` (a warm pool container's preparation).
@@ -35,13 +30,6 @@ pub fn serve(warm_first: bool) -> ExitCode {
     if warm_first && !crate::warm() {
         return ExitCode::FAILURE;
     }
-    let Some(keeper) = wait_for_keeper() else {
-        eprintln!(
-            "sandmesh-supervisor: the container's keeper did not start within {KEEPER_WAIT:?}"
-        );
-        return ExitCode::FAILURE;
-    };
-    let keeper = keeper.to_string();
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
@@ -71,7 +59,7 @@ pub fn serve(warm_first: bool) -> ExitCode {
         }
         let mut command = Command::new(&exe);
         command
-            .args(["run", "--keeper", &keeper])
+            .arg("run")
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit());
@@ -151,23 +139,6 @@ fn kernel_for(
     }
     command.args(["--kernel", &k.handle_arg(state)]);
     Some(slot)
-}
-
-/// `docker-init` starts the container's keeper a moment after the container itself, and on a
-/// loaded host this `docker exec` can come first. A run that looked for the keeper before it
-/// existed would take it for a process of its own and kill it (stopping the container), so the
-/// keeper is waited for here, once, and named to every run.
-fn wait_for_keeper() -> Option<i32> {
-    let until = Instant::now() + KEEPER_WAIT;
-    loop {
-        if let Some(keeper) = process::find_keeper() {
-            return Some(keeper);
-        }
-        if Instant::now() >= until {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Copies the request's frames, `first` included, up to and including `End`, to the run

@@ -125,6 +125,59 @@ print(sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[
     h.stop().await;
 }
 
+/// Lists the sandbox's descriptors and what each one is.
+const LIST_FDS: &str = "import os\n\
+    for fd in sorted(os.listdir('/proc/self/fd'), key=int):\n\
+    \x20   try:\n\
+    \x20       print(fd, os.readlink('/proc/self/fd/' + fd))\n\
+    \x20   except OSError:\n\
+    \x20       pass  # the listing's own descriptor, closed by now";
+
+#[tokio::test]
+async fn a_sandbox_starts_with_only_its_own_descriptors() {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    let h = Harness::start().await;
+    // A descriptor of this process (the executor runs in it) without close-on-exec, as
+    // whatever starts an executor may leave open.
+    let marker = tempfile::Builder::new()
+        .prefix("sandmesh-inherited-")
+        .tempfile()
+        .expect("a temporary file");
+    fcntl(marker.as_file(), FcntlArg::F_SETFD(FdFlag::empty())).expect("clear close-on-exec");
+    let name = marker
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    // Positive control: a child of this process inherits it.
+    let out = std::process::Command::new("sh")
+        .args(["-c", "ls -l /proc/$$/fd"])
+        .output()
+        .expect("sh");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&name),
+        "{out:?}"
+    );
+
+    let r = h.exec(Language::Python, LIST_FDS).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert!(!r.stdout.contains(&name), "{r:?}");
+    // Stdio, and the program's own code (a sealed memfd the supervisor hands it): nothing else.
+    let fds: Vec<(&str, &str)> = r.stdout.lines().filter_map(|l| l.split_once(' ')).collect();
+    let (stdio, rest): (Vec<_>, Vec<_>) =
+        fds.iter().partition(|(fd, _)| ["0", "1", "2"].contains(fd));
+    assert_eq!(stdio.len(), 3, "{r:?}");
+    assert!(
+        matches!(rest.as_slice(), [(_, code)] if code.starts_with("/memfd:sandmesh-code")),
+        "{r:?}"
+    );
+    drop(marker);
+    h.assert_recovered().await;
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn setuid_gives_no_privilege() {
     let h = Harness::start().await;

@@ -139,6 +139,9 @@ impl SandboxSpec {
             fsize_bytes: self.fsize_bytes,
             tmpfs,
         });
+        // The supervisor is the init (`keep`): Docker's init would be a process of the sandbox
+        // user that code could trace and take over, and every run must spare PID 1.
+        host.init = Some(false);
         // The network stays `none`: the egress socket directory is the only way out.
         host.binds = egress_bind.map(|bind| vec![bind.to_string()]);
         let mut labels: HashMap<String, String> = [

@@ -35,8 +35,10 @@
 //!
 //! Behaviour worth knowing:
 //! - Processes never outlive their execution: when the program exits (or times out, or
-//!   passes the output cap) the supervisor kills every process of the container except
-//!   `docker-init`, the keeper and the resident supervisor, daemonised orphans included. Files persist in a session
+//!   passes the output cap) the supervisor kills every process of the container except its
+//!   init (`sandmesh-supervisor keep`, not traceable), the resident supervisor and the
+//!   session's kernels, daemonised orphans included; the kernels stay frozen while no cell
+//!   of theirs runs. Files persist in a session
 //!   (`/workspace`, `/tmp`); with `SANDMESH_EXEC_WORKSPACE=on` the workspace also lives in
 //!   workspace-store, so an ephemeral run of a session sees it and a lost container loses
 //!   nothing.

@@ -107,7 +107,15 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     assert_eq!(ulimits.get("core"), Some(&(0, 0)));
     assert_eq!(host.network_mode.as_deref(), Some("none"));
     assert_eq!(host.privileged, Some(false));
-    assert_eq!(host.init, Some(true));
+    // The supervisor is the init (`keep`), not Docker's.
+    assert_eq!(host.init, Some(false));
+    assert_eq!(
+        inspect.config.as_ref().and_then(|c| c.cmd.clone()),
+        Some(vec![
+            "/usr/local/bin/sandmesh-supervisor".to_string(),
+            "keep".to_string()
+        ])
+    );
     assert_eq!(host.log_config.and_then(|l| l.typ).as_deref(), Some("none"));
     assert!(host.binds.unwrap_or_default().is_empty(), "no host paths");
     assert!(host.mounts.unwrap_or_default().is_empty(), "no mounts");

@@ -86,7 +86,7 @@ async fn proc_tricks() {
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
     assert!(!r.stdout.contains("WRITTEN"), "{r:?}");
     assert!(r.stdout.contains("kcore=0"), "kcore is masked: {r:?}");
-    // /proc/1/root is the container's own root at most (docker-init runs as the same user).
+    // /proc/1/root is the container's own root at most (and the init is not dumpable).
     let procs: u32 = r.stdout.lines().last().unwrap().parse().unwrap();
     assert!(
         procs < 20,

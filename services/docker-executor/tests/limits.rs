@@ -123,7 +123,7 @@ async fn orphan_escape() {
     let h = Harness::start_with(POOL0).await;
     let s = "orphans";
     // Double fork into a new session ignoring TERM, a re-parented grandchild, and an impostor
-    // of the container's keeper: all die with the execution, though the parent exits at once.
+    // of the container's init: all die with the execution, though the parent exits at once.
     let escape =
         "setsid bash -c 'trap \"\" TERM HUP; exec sleep 1000' < /dev/null > /dev/null 2>&1 &\n\
         (setsid sh -c 'sleep 1001 & sleep 1002' &)\n\

@@ -11,6 +11,7 @@ mod isolation;
 mod janitor;
 mod kernel;
 mod limits;
+mod outlive;
 mod session;
 mod warm_pool;
 mod workspace;

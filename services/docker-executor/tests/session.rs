@@ -257,7 +257,7 @@ async fn killing_every_process_loses_the_container_not_the_session() {
         .await;
     assert_eq!(r.stdout, "ok\n");
     let before = h.session_container(s).await;
-    // kill(-1) reaches the container's keeper and the supervisor too: the container stops.
+    // kill(-1) reaches the resident supervisor too (not the init): the container is lost.
     let r = h
         .hostile(Some(s), Language::Shell, "kill -9 -1; sleep 5", None)
         .await;

@@ -22,7 +22,8 @@ use crate::slot::RunSlot;
 /// (also `HOME`): part of the protocol, since filesystem policies are checked against them.
 pub use messages::filesystem::{SUPERVISOR_PATH, WORKSPACE_DIR};
 
-/// Where the code file goes: outside the workspace, so it is never a "changed file".
+/// The directory of the code's name in the argv (`RunSpec::code_path`): the supervisor puts
+/// the path of the code's sealed descriptor in its place, and writes no file there.
 const CODE_DIR: &str = "/tmp/.sandmesh";
 
 /// An accepted run with its limits decided.
@@ -96,7 +97,9 @@ impl Drop for Admitted {
 fn program(language: Language) -> (Vec<String>, String) {
     let (file, argv): (&str, &[&str]) = match language {
         Language::Python => ("main.py", &["python3", "-u"]),
-        Language::Javascript => ("main.js", &["node"]),
+        // Node would resolve the code's descriptor path (`/proc/self/fd/N`, see the supervisor)
+        // to the memfd's name, which is no file.
+        Language::Javascript => ("main.js", &["node", "--preserve-symlinks-main"]),
         Language::Shell => ("main.sh", &["bash"]),
     };
     let path = format!("{CODE_DIR}/{file}");
@@ -128,7 +131,7 @@ pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec 
         ("TMPDIR", "/tmp"),
         ("PYTHONUNBUFFERED", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
-        // The script lives in /tmp/.sandmesh; modules are imported from the workspace.
+        // The script is read from a descriptor; modules are imported from the workspace.
         ("PYTHONPATH", WORKSPACE_DIR),
     ]
     .iter()

@@ -178,18 +178,12 @@ impl DockerRuns for Harness {
         .await;
     }
 
-    /// Processes in a container besides docker-init, the keeper (the first `keep`, started
-    /// with the container: an impostor started later is a stray), the resident supervisor and
-    /// the probe.
+    /// Processes in a container besides its init (`keep`, PID 1: an impostor started later is
+    /// a stray), the resident supervisor and the probe.
     async fn stray_processes(&self, container: &str) -> Vec<(u32, String)> {
         let procs = docker_executor::probe::processes(&self.backend.docker, container)
             .await
             .expect("probe");
-        let keeper = procs
-            .iter()
-            .filter(|(pid, cmd)| *pid != 1 && cmd.ends_with("sandmesh-supervisor keep"))
-            .map(|(pid, _)| *pid)
-            .min();
         // The container's resident supervisor: one at most, and nothing else by that name.
         let resident = |cmd: &str| cmd.contains("sandmesh-supervisor serve");
         let residents = procs.iter().filter(|(_, cmd)| resident(cmd)).count();
@@ -199,7 +193,7 @@ impl DockerRuns for Harness {
         );
         procs
             .into_iter()
-            .filter(|(pid, cmd)| *pid != 1 && Some(*pid) != keeper && !resident(cmd))
+            .filter(|(pid, cmd)| *pid != 1 && !resident(cmd))
             .collect()
     }
 

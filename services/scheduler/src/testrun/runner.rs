@@ -242,4 +242,16 @@ mod tests {
         assert!(plan.request.code.contains(r#"\"budget_ms\":3000"#));
         assert!(plan.request.code.contains(r#"\"language\":\"javascript\""#));
     }
+
+    #[test]
+    fn a_test_run_is_a_plain_execution_never_a_kernel_cell() {
+        // A kernel cell could rewrite the driver that reports it; the runner's process must
+        // be a fresh interpreter, even in a session that has a kernel.
+        for language in [Language::Python, Language::Javascript] {
+            let mut req = request(language);
+            req.session_id = Some("with-a-kernel".into());
+            let plan = plan(req, "k".into(), None, &Ceilings::default());
+            assert!(!plan.request.kernel, "{language:?}");
+        }
+    }
 }
