@@ -17,7 +17,8 @@
 //!   classification of its report ([`outcome`]), so every backend answers alike;
 //! - workspace sync with workspace-store ([`workspace`]) for backends that keep sessions;
 //! - the sandbox image and its check ([`image`]), and each template's image, built on first
-//!   use ([`template_images`]): every backend runs a template in the same image.
+//!   use ([`template_images`]): every backend runs a template in the same image;
+//! - a host uid per sandbox ([`uids`]), so no per-user kernel budget is shared between two.
 //!
 //! ```text
 //! ExecutorNode<B> (admission, drain, close; restarts the janitor, fails with the backend)
@@ -41,6 +42,7 @@ pub mod outcome;
 pub mod results;
 pub mod slot;
 pub mod template_images;
+pub mod uids;
 pub mod workspace;
 
 use std::collections::BTreeMap;
@@ -64,6 +66,7 @@ pub use node::NodeState;
 pub use results::{KeepLimits, ResultStore};
 pub use slot::RunSlot;
 pub use template_images::TemplateImages;
+pub use uids::{UidError, UidLease, UidPool, UidRange};
 
 use executor::NodeArgs;
 use janitor::JanitorArgs;
