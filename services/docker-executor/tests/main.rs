@@ -12,5 +12,6 @@ mod janitor;
 mod kernel;
 mod limits;
 mod session;
+mod uids;
 mod warm_pool;
 mod workspace;

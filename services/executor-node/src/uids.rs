@@ -179,7 +179,9 @@ impl UidPool {
         // Nodes starting together begin their searches apart, so they rarely try one uid.
         let start = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::from(d.subsec_nanos()) ^ u64::from(std::process::id()));
+            .map_or(0, |d| {
+                u64::from(d.subsec_nanos()) ^ u64::from(std::process::id())
+            });
         Self {
             range,
             claims,
