@@ -50,7 +50,7 @@ impl BwrapConfig {
         if capacity == 0 {
             r.error("SANDMESH_BWRAP_CAPACITY: at least 1");
         }
-        if uids.len() < capacity as u64 {
+        if uids.count() < capacity as u64 {
             r.error(format!(
                 "SANDMESH_BWRAP_UIDS={uids}: at least SANDMESH_BWRAP_CAPACITY ({capacity}) uids, \
                  one per sandbox running at once"

@@ -84,7 +84,7 @@ impl ExecutorConfig {
                 c.warm_pool_max, c.warm_pool
             ));
         }
-        if c.uids.len() < c.capacity as u64 {
+        if c.uids.count() < c.capacity as u64 {
             r.error(format!(
                 "SANDMESH_EXEC_UIDS={}: at least SANDMESH_EXEC_CAPACITY ({}) uids, one per \
                  container (plus the warm pool's and the sessions')",

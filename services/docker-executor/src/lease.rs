@@ -34,10 +34,9 @@ const UID_TRIES: usize = 16;
 /// waits for it. Its host uid goes back to the node's pool after that too, never before.
 pub struct ContainerLease {
     pub name: String,
-    /// The host uid the container runs as (its name is made from it).
-    pub uid: u32,
-    /// The uid's place in the node's pool, given back once the container is gone.
-    claim: Option<UidLease>,
+    /// The host uid the container runs as (its name is made from it), given back to the
+    /// node's pool once the container is gone. Boxed like the egress.
+    claim: Option<Box<UidLease>>,
     pub limits: ContainerLimits,
     /// The workspace revision the container holds (meaningful for session containers).
     pub held: Held,
@@ -73,12 +72,12 @@ impl ContainerLease {
                 .uids
                 .take()
                 .map_err(|e| DockerError::failed("create", "a sandbox container", e.to_string()))?;
-            let name = Sandboxes::name_for_uid(uid.uid());
+            let host_uid = uid.uid();
+            let name = Sandboxes::name_for_uid(host_uid);
             node.own(&name);
             let lease = Self {
                 name,
-                uid: uid.uid(),
-                claim: Some(uid),
+                claim: Some(Box::new(uid)),
                 limits,
                 held: Held::Nothing,
                 synced: std::time::Instant::now(),
@@ -90,7 +89,7 @@ impl ContainerLease {
             let mount = lease.egress.as_ref().map(|e| e.bind_spec());
             let id = ContainerId {
                 name: &lease.name,
-                uid: lease.uid,
+                uid: host_uid,
             };
             let started = sandboxes
                 .start(id, kind, session, limits, mount.as_deref(), filesystem)

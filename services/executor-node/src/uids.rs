@@ -49,7 +49,7 @@ impl UidRange {
     };
 
     /// How many uids the range holds.
-    pub fn len(&self) -> u64 {
+    pub fn count(&self) -> u64 {
         u64::from(self.last - self.first) + 1
     }
 
@@ -68,6 +68,11 @@ impl UidRange {
         }
     }
 }
+
+// The defaults stay apart (a node of each backend on one host never meets the other's uids)
+// and below 2^31.
+const _: () =
+    assert!(UidRange::DOCKER.last < UidRange::BWRAP.first && UidRange::BWRAP.last < 1 << 31);
 
 impl fmt::Display for UidRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -186,7 +191,7 @@ impl UidPool {
             range,
             claims,
             state: Mutex::new(PoolState {
-                next: start % range.len(),
+                next: start % range.count(),
                 held: HashSet::new(),
             }),
         }
@@ -199,7 +204,7 @@ impl UidPool {
     /// The next uid that neither this node nor (with claims) another node of the host holds.
     pub fn take(self: &Arc<Self>) -> Result<UidLease, UidError> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let len = self.range.len();
+        let len = self.range.count();
         for step in 0..len {
             let offset = (state.next + step) % len;
             let uid = self.range.first + offset as u32;
@@ -259,12 +264,10 @@ mod tests {
     #[test]
     fn ranges_parse_and_bad_ones_say_why() {
         assert_eq!("5-7".parse::<UidRange>(), Ok(range(5, 7)));
-        assert_eq!(range(5, 7).len(), 3);
+        assert_eq!(range(5, 7).count(), 3);
         for bad in ["", "5", "a-7", "0-7", "7-5", "5-4294967295"] {
             assert!(bad.parse::<UidRange>().is_err(), "{bad:?}");
         }
-        assert!(UidRange::DOCKER.last < UidRange::BWRAP.first);
-        assert!(UidRange::BWRAP.last < 1 << 31);
     }
 
     #[test]
