@@ -405,7 +405,7 @@ impl Running {
 async fn remove_containers(config: &ExecutorConfig) -> anyhow::Result<usize> {
     let docker = Sandboxes::connect().await?;
     // Removal goes by the node label alone; the mesh only labels containers being created.
-    let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config.node, ""));
+    let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(config, ""));
     Ok(docker_executor::janitor::remove_node(&sandboxes).await)
 }
 

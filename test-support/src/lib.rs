@@ -17,6 +17,7 @@ pub mod executor_node;
 #[cfg(feature = "mesh")]
 pub mod mesh;
 pub mod upstream;
+pub mod user_budgets;
 
 pub use cluster::NatsCluster;
 

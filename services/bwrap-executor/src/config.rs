@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use executor_node::NodeConfig;
+use executor_node::{NodeConfig, UidRange};
 use kit::config::{ConfigError, ConfigReader, EnvSource};
 
 #[derive(Debug, Clone)]
@@ -22,9 +22,18 @@ pub struct BwrapConfig {
     pub bwrap: PathBuf,
     /// The cgroup file system (v1 controllers below it, or the v2 unified tree).
     pub cgroup_root: PathBuf,
-    /// The host uid (and gid) sandboxes run as when the executor runs as root; also the uid
-    /// inside the sandbox.
+    /// The uid (and gid) inside the sandbox (`SANDMESH_BWRAP_UID`, the image's user): the
+    /// sandbox's user namespace maps it to the sandbox's host uid.
     pub sandbox_uid: u32,
+    /// `SANDMESH_BWRAP_UIDS` (`FIRST-LAST`): the host uids sandboxes run as when the executor
+    /// runs as root, one per sandbox running at once (so at least `capacity` of them), so no
+    /// per-user kernel budget is shared between two. Default: 2000100000-2000199999, apart
+    /// from the Docker backend's.
+    pub uids: UidRange,
+    /// `SANDMESH_BWRAP_UID_CLAIMS`: where a sandbox's host uid is claimed (a lock on a file per
+    /// uid), a directory every bwrap node of the host must share so that no two hand out one
+    /// uid. Default: `/run/sandmesh/uids`.
+    pub uid_claims: PathBuf,
 }
 
 impl BwrapConfig {
@@ -36,8 +45,16 @@ impl BwrapConfig {
         let bwrap = PathBuf::from(r.string("BWRAP_BIN", "bwrap"));
         let cgroup_root = PathBuf::from(r.string("BWRAP_CGROUP_ROOT", "/sys/fs/cgroup"));
         let sandbox_uid = r.parse("BWRAP_UID", 10001u32);
+        let uids = UidRange::read(&mut r, "BWRAP_UIDS", UidRange::BWRAP);
+        let uid_claims = PathBuf::from(r.string("BWRAP_UID_CLAIMS", "/run/sandmesh/uids"));
         if capacity == 0 {
             r.error("SANDMESH_BWRAP_CAPACITY: at least 1");
+        }
+        if uids.count() < capacity as u64 {
+            r.error(format!(
+                "SANDMESH_BWRAP_UIDS={uids}: at least SANDMESH_BWRAP_CAPACITY ({capacity}) uids, \
+                 one per sandbox running at once"
+            ));
         }
         if sandbox_uid == 0 {
             r.error("SANDMESH_BWRAP_UID: sandboxes never run as root");
@@ -49,6 +66,8 @@ impl BwrapConfig {
             bwrap,
             cgroup_root,
             sandbox_uid,
+            uids,
+            uid_claims,
         })
     }
 
@@ -74,6 +93,8 @@ mod tests {
         let c = BwrapConfig::from_env(&env_map(&[])).unwrap();
         assert_eq!(c.capacity, 16);
         assert_eq!(c.sandbox_uid, 10001);
+        assert_eq!(c.uids, UidRange::BWRAP);
+        assert_eq!(c.uid_claims, PathBuf::from("/run/sandmesh/uids"));
         assert_eq!(c.node.image, "sandmesh/sandbox:latest");
     }
 
@@ -82,9 +103,17 @@ mod tests {
         let e = BwrapConfig::from_env(&env_map(&[
             ("SANDMESH_BWRAP_CAPACITY", "0"),
             ("SANDMESH_BWRAP_UID", "0"),
+            ("SANDMESH_BWRAP_UIDS", "5-1"),
             ("SANDMESH_EXEC_NOFILE", "lots"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 3, "{e}");
+        assert_eq!(e.0.len(), 4, "{e}");
+        assert!(e.to_string().contains("SANDMESH_BWRAP_UIDS=\"5-1\""), "{e}");
+        let e = BwrapConfig::from_env(&env_map(&[("SANDMESH_BWRAP_UIDS", "5000-5003")]));
+        let e = e.unwrap_err();
+        assert!(
+            e.0[0].contains("at least SANDMESH_BWRAP_CAPACITY (16)"),
+            "{e}"
+        );
     }
 }

@@ -2,8 +2,11 @@
 //! bubblewrap sandbox on this host instead of a Docker container: new user, pid, net, ipc,
 //! uts, mount and cgroup namespaces; the image's rootfs — the sandbox image's, or the run's
 //! template's (built like docker-executor builds it, exported once per image id, [`rootfs`]) —
-//! mounted read-only as `/`; size-capped tmpfs `/tmp` and `/workspace`; uid 10001
-//! (a non-root host uid too: the executor drops to it before bwrap); a seccomp filter at least
+//! mounted read-only as `/`; size-capped tmpfs `/tmp` and `/workspace`; uid 10001 inside,
+//! mapped to a host uid of that sandbox's own (`SANDMESH_BWRAP_UIDS`, claimed host-wide in
+//! `SANDMESH_BWRAP_UID_CLAIMS`: [`executor_node::uids`]; the executor, as root, drops to it
+//! before bwrap), so no per-user kernel budget (inotify instances, message-queue bytes,
+//! pending signals) is shared between two sandboxes; a seccomp filter at least
 //! as strict as Docker's default ([`seccomp`]); memory (no swap), pids and CPU limits through a
 //! cgroup made for that one sandbox ([`cgroup`], v1 and v2); rlimits `nofile` and `core=0` on
 //! the whole sandbox and `fsize` on the program; no network but loopback.
@@ -36,7 +39,7 @@
 //! has no supervisor.
 //!
 //! Configuration: the node's `SANDMESH_EXEC_*` limits and ceilings (one set of rules for every
-//! backend) and `SANDMESH_BWRAP_{CAPACITY,STATE_DIR,BIN,CGROUP_ROOT,UID}`
+//! backend) and `SANDMESH_BWRAP_{CAPACITY,STATE_DIR,BIN,CGROUP_ROOT,UID,UIDS,UID_CLAIMS}`
 //! ([`BwrapConfig`]).
 
 pub mod backend;
@@ -54,7 +57,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 
 use containers::DockerError;
-use executor_node::{Backend, ImageCheckError, NodeError, NodeParts, NodeState};
+use executor_node::{Backend, ImageCheckError, NodeError, NodeParts, NodeState, UidError, UidPool};
 use kit::{CancellationToken, KitError, Runtime, ServiceInfo};
 
 use backend::BwrapBackend;
@@ -104,6 +107,8 @@ pub enum BwrapError {
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
     #[error(transparent)]
+    Uid(#[from] UidError),
+    #[error(transparent)]
     Node(#[from] NodeError),
 }
 
@@ -118,19 +123,27 @@ pub fn bwrap_available(program: &Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The host uid sandboxes drop to: the sandbox uid when this process is root (nothing in a
-/// sandbox may be root on the host), none otherwise (it already is not root).
-fn drop_to(config: &BwrapConfig) -> Option<u32> {
-    nix::unistd::geteuid()
-        .is_root()
-        .then_some(config.sandbox_uid)
+/// The host uids sandboxes drop to, one each: a pool of `SANDMESH_BWRAP_UIDS` when this
+/// process is root (nothing in a sandbox may be root on the host), none otherwise (it already
+/// is not root, and cannot give a sandbox another uid).
+fn host_uids(config: &BwrapConfig) -> Result<Option<Arc<UidPool>>, UidError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    UidPool::claimed_in(config.uids, &config.uid_claims).map(Some)
 }
 
 /// Starts one empty sandbox the way every execution's starts (minus the rootfs, cgroup and
-/// filters): fails with the kernel's words when user namespaces are refused, or with the
-/// launcher's when the image's supervisor cannot launch here.
-async fn probe_user_namespaces(config: &BwrapConfig, supervisor: &Path) -> Result<(), BwrapError> {
-    let mut cmd = launch::command(supervisor, &[], None, drop_to(config), &[]);
+/// filters), as a uid of the pool: fails with the kernel's words when user namespaces are
+/// refused, or with the launcher's when the image's supervisor cannot launch here.
+async fn probe_user_namespaces(
+    config: &BwrapConfig,
+    supervisor: &Path,
+    uids: Option<&Arc<UidPool>>,
+) -> Result<(), BwrapError> {
+    let uid = uids.map(UidPool::take).transpose()?;
+    let drop_to = uid.as_ref().map(executor_node::UidLease::uid);
+    let mut cmd = launch::command(supervisor, &[], None, drop_to, &[]);
     cmd.arg(&config.bwrap)
         .args([
             "--unshare-all",
@@ -186,7 +199,8 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
     let rootfs =
         Arc::new(rootfs::RootfsCache::open(docker, &config.node.image, &config.state_dir).await?);
     let supervisor = launch::install(&*rootfs.tree(&config.node.image).await?, &config.state_dir)?;
-    probe_user_namespaces(&config, &supervisor).await?;
+    let host_uids = host_uids(&config)?;
+    probe_user_namespaces(&config, &supervisor, host_uids.as_ref()).await?;
     let node = Arc::new(NodeState::new(runtime.metrics.clone()));
     let config = Arc::new(config);
     let launcher = Launcher {
@@ -194,7 +208,7 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         supervisor,
         filters,
         cgroups: cgroups.clone(),
-        drop_to: drop_to(&config),
+        host_uids,
         uid: config.sandbox_uid,
         tmp_mb: config.node.tmp_mb,
         workspace_mb: config.node.workspace_mb,

@@ -3,16 +3,20 @@
 //! ```text
 //! sandmesh-supervisor launch   (the image's supervisor, copied to the host: joins the cgroup,
 //!  │                            rlimits, opens the seccomp filters as fds 3 and 4, drops to the
-//!  │                            sandbox uid when the executor is root, clears every capability)
+//!  │                            sandbox's own host uid when the executor is root, clears every
+//!  │                            capability)
 //!  └─ exec bwrap --unshare-all --unshare-user --disable-userns --die-with-parent ...
-//!      └─ sandmesh-supervisor run   (pid 2 of the new pid namespace, uid 10001)
+//!      └─ sandmesh-supervisor run   (pid 2 of the new pid namespace, uid 10001 inside, mapped
+//!                                    to that host uid)
 //! ```
 //!
 //! and the same frame exchange as in a Docker exec over the sandbox's stdin and stdout
 //! ([`FrameCollector`]). The sandbox ends with its supervisor; on the outer deadline, a flood
 //! or garbage the executor kills the bwrap process, and with it the pid namespace (its init
 //! dies, so the kernel kills every process in it, daemonised orphans included). Whatever
-//! happened, the cgroup is then emptied and removed by its [`CgroupLease`].
+//! happened, the cgroup is then emptied and removed by its [`CgroupLease`], and only then does
+//! the sandbox's host uid go back to the node's pool: no process of it is left to share that
+//! uid's kernel budgets with the next sandbox.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -20,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use executor_node::exchange::{Ending, Exchange, FrameCollector, OutputStreamer};
-use executor_node::{NodeState, SUPERVISOR_PATH, WORKSPACE_DIR};
+use executor_node::{NodeState, UidError, UidLease, UidPool, SUPERVISOR_PATH, WORKSPACE_DIR};
 use messages::filesystem::{FilesystemPolicy, Mount};
 use sandbox_protocol::RunSpec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,6 +39,8 @@ const STDERR_GRACE: Duration = Duration::from_millis(200);
 pub enum SandboxError {
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    #[error("no host uid for the sandbox")]
+    Uid(#[from] UidError),
     #[error("starting {program}")]
     Spawn {
         program: String,
@@ -51,9 +57,11 @@ pub struct Launcher {
     pub supervisor: PathBuf,
     pub filters: Filters,
     pub cgroups: Cgroups,
-    /// Set when the executor runs as root: sandboxes drop to this host uid before bwrap, so
-    /// nothing in them is root on the host, not even through the user namespace's mapping.
-    pub drop_to: Option<u32>,
+    /// Set when the executor runs as root: each sandbox drops to a host uid of its own from
+    /// this pool before bwrap, so nothing in it is root on the host, not even through the user
+    /// namespace's mapping, and no per-user kernel budget is shared with another sandbox.
+    /// (Without root, every sandbox runs as the executor's own uid: it cannot change it.)
+    pub host_uids: Option<Arc<UidPool>>,
     /// The uid (and gid) inside the sandbox.
     pub uid: u32,
     pub tmp_mb: u64,
@@ -85,11 +93,13 @@ pub struct Finished {
 
 /// A sandbox's cgroup while the node holds it: owned by name (the janitor leaves it alone)
 /// from before it exists until it is gone; dropping the lease kills what is left in it and
-/// removes it, on the node's task tracker so shutdown waits for that.
+/// removes it, on the node's task tracker so shutdown waits for that. It also holds the
+/// sandbox's host uid, given back once the cgroup (so every process of the sandbox) is gone.
 pub struct CgroupLease {
     pub cgroup: SandboxCgroup,
     name: String,
     node: Arc<NodeState>,
+    uid: Option<UidLease>,
 }
 
 impl CgroupLease {
@@ -98,6 +108,7 @@ impl CgroupLease {
         node: &Arc<NodeState>,
         name: &str,
         limits: Limits,
+        uid: Option<UidLease>,
     ) -> Result<Self, CgroupError> {
         node.own(name);
         match cgroups.create(name, limits) {
@@ -105,6 +116,7 @@ impl CgroupLease {
                 cgroup,
                 name: name.to_string(),
                 node: node.clone(),
+                uid,
             }),
             Err(e) => {
                 node.disown(name);
@@ -119,12 +131,18 @@ impl Drop for CgroupLease {
         let cgroup = self.cgroup.clone();
         let name = std::mem::take(&mut self.name);
         let node = self.node.clone();
+        let uid = self.uid.take();
         self.node.tasks.spawn_blocking(move || {
-            if !cgroup.remove() {
+            if cgroup.remove() {
+                drop(uid);
+            } else {
                 tracing::warn!(
                     name,
-                    "a sandbox cgroup could not be removed; the janitor retries"
+                    "a sandbox cgroup could not be removed; the janitor retries, and its \
+                     host uid stays out of use while this node runs"
                 );
+                // Something of the sandbox may still run as that uid: never hand it out again.
+                std::mem::forget(uid);
             }
             node.disown(&name);
         });
@@ -204,14 +222,14 @@ impl Launcher {
     fn command(
         &self,
         rootfs: &Path,
-        cgroup: &SandboxCgroup,
+        lease: &CgroupLease,
         filesystem: Option<&FilesystemPolicy>,
     ) -> tokio::process::Command {
         let mut cmd = crate::launch::command(
             &self.supervisor,
-            &cgroup.procs_files(),
+            &lease.cgroup.procs_files(),
             Some(self.nofile),
-            self.drop_to,
+            lease.uid.as_ref().map(UidLease::uid),
             &[&self.filters.deny, &self.filters.nosys],
         );
         cmd.arg(&self.bwrap)
@@ -229,9 +247,10 @@ impl Launcher {
         node: &Arc<NodeState>,
         input: SandboxInput<'_>,
     ) -> Result<Finished, SandboxError> {
-        let lease = CgroupLease::create(&self.cgroups, node, input.name, input.limits)?;
+        let uid = self.host_uids.as_ref().map(UidPool::take).transpose()?;
+        let lease = CgroupLease::create(&self.cgroups, node, input.name, input.limits, uid)?;
         let mut child = self
-            .command(input.rootfs, &lease.cgroup, input.filesystem)
+            .command(input.rootfs, &lease, input.filesystem)
             .spawn()
             .map_err(|source| SandboxError::Spawn {
                 program: self.supervisor.display().to_string(),

@@ -196,8 +196,9 @@ async fn setuid_gives_no_privilege() {
 }
 
 /// The sandbox's processes that the host's user namespace owns (bwrap's outer process) run
-/// as the sandbox uid when the executor is root (its own uid otherwise), in no supplementary
-/// group, with no capability in any set: the inheritable one included, which `setuid` keeps.
+/// as a uid of the node's pool when the executor is root (its own uid otherwise), in no
+/// supplementary group, with no capability in any set: the inheritable one included, which
+/// `setuid` keeps.
 #[tokio::test]
 async fn the_sandbox_holds_no_host_capability_uid_or_group() {
     let h = Harness::start().await;
@@ -217,12 +218,6 @@ async fn the_sandbox_holds_no_host_capability_uid_or_group() {
         (ExecStatus::Ok, "done\n"),
         "{r:?}"
     );
-    let uid = if nix::unistd::geteuid().is_root() {
-        10001
-    } else {
-        nix::unistd::geteuid().as_raw()
-    };
-    let ids = format!("\t{uid}\t{uid}\t{uid}\t{uid}");
     for (pid, status) in seen {
         let field = |name: &str| {
             status
@@ -231,6 +226,17 @@ async fn the_sandbox_holds_no_host_capability_uid_or_group() {
                 .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
                 .to_string()
         };
+        let uid: u32 = field("Uid:")
+            .split_whitespace()
+            .next()
+            .and_then(|u| u.parse().ok())
+            .expect("a uid");
+        if nix::unistd::geteuid().is_root() {
+            assert!(executor_node::UidRange::BWRAP.contains(uid), "{uid}");
+        } else {
+            assert_eq!(uid, nix::unistd::geteuid().as_raw());
+        }
+        let ids = format!("\t{uid}\t{uid}\t{uid}\t{uid}");
         assert_eq!(field("Uid:"), ids, "uids of {pid}");
         assert_eq!(field("Gid:"), ids, "gids of {pid}");
         assert_eq!(field("Groups:").trim(), "", "groups of {pid}");
@@ -245,7 +251,7 @@ async fn the_sandbox_holds_no_host_capability_uid_or_group() {
 /// `/proc/<pid>/status` of every bwrap process in a sandbox cgroup of `needle` that is in
 /// this process's user namespace (the sandbox's own processes are in theirs). Only once it is
 /// bwrap: the launcher before it is the same process, still root for a moment.
-fn host_side_statuses(needle: &str) -> Vec<(i32, String)> {
+pub(crate) fn host_side_statuses(needle: &str) -> Vec<(i32, String)> {
     let ours = std::fs::read_link("/proc/self/ns/user").expect("own user namespace");
     let is_bwrap = |cmd: &str| {
         cmd.split(' ')

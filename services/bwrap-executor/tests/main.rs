@@ -7,3 +7,4 @@ mod conformance;
 mod exec;
 mod isolation;
 mod limits;
+mod uids;

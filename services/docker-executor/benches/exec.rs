@@ -12,7 +12,9 @@ use sandmesh_client::MeshClient;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
+use docker_executor::docker::{
+    ContainerId, ContainerKind, ContainerLimits, SandboxSpec, Sandboxes,
+};
 use docker_executor::probe::{exec_capture, percentile};
 use docker_executor::ExecutorConfig;
 use kit::CancellationToken;
@@ -177,7 +179,7 @@ async fn main() {
     // The baseline: a running container of the same image and hardening.
     let docker = Sandboxes::connect().await.unwrap();
     // Its own node id: the executor's janitor removes unowned containers of its node.
-    let mut spec = SandboxSpec::from_config(&mesh.config.node, "bench-baseline");
+    let mut spec = SandboxSpec::from_config(&mesh.config, "bench-baseline");
     spec.node_id = format!("bench-baseline-{}", messages::new_id().to_ascii_lowercase());
     let baseline = Sandboxes::new(docker.clone(), spec);
     let name = baseline.new_name();
@@ -186,8 +188,13 @@ async fn main() {
         cpus: 1.0,
         pids: 128,
     };
+    let uid = baseline.uids.take().unwrap();
+    let id = ContainerId {
+        name: &name,
+        uid: uid.uid(),
+    };
     baseline
-        .start(&name, ContainerKind::Warm, None, limits, None, None)
+        .start(id, ContainerKind::Warm, None, limits, None, None)
         .await
         .unwrap();
     let bare = || async {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use executor_node::NodeConfig;
+use executor_node::{NodeConfig, UidRange};
 use kit::config::{ConfigError, ConfigReader, EnvSource};
 
 #[derive(Debug, Clone)]
@@ -34,6 +34,12 @@ pub struct ExecutorConfig {
     /// per container with a network policy; the Docker daemon must see this path). Default:
     /// `sandmesh-egress` in the system temporary directory.
     pub egress_dir: std::path::PathBuf,
+    /// `SANDMESH_EXEC_UIDS` (`FIRST-LAST`): the host uids containers run as, one per container
+    /// (warm, isolated or session), so no per-user kernel budget is shared between two.
+    /// Default: 2000000000-2000099999. Executors sharing a Docker daemon may share a range (a
+    /// container's name is its uid, and the daemon keeps names unique); a bubblewrap node of
+    /// the same host needs a range apart (its default is).
+    pub uids: UidRange,
 }
 
 impl ExecutorConfig {
@@ -67,6 +73,7 @@ impl ExecutorConfig {
                 .optional_string("EXEC_EGRESS_DIR")
                 .map(Into::into)
                 .unwrap_or_else(|| std::env::temp_dir().join("sandmesh-egress")),
+            uids: UidRange::read(&mut r, "EXEC_UIDS", UidRange::DOCKER),
         };
         if c.capacity == 0 {
             r.error("SANDMESH_EXEC_CAPACITY: at least 1");
@@ -75,6 +82,13 @@ impl ExecutorConfig {
             r.error(format!(
                 "SANDMESH_EXEC_WARM_POOL_MAX={}: at least SANDMESH_EXEC_WARM_POOL ({})",
                 c.warm_pool_max, c.warm_pool
+            ));
+        }
+        if c.uids.count() < c.capacity as u64 {
+            r.error(format!(
+                "SANDMESH_EXEC_UIDS={}: at least SANDMESH_EXEC_CAPACITY ({}) uids, one per \
+                 container (plus the warm pool's and the sessions')",
+                c.uids, c.capacity
             ));
         }
         if c.warm_pool_window.is_zero() {
@@ -113,6 +127,18 @@ mod tests {
         assert_eq!(c.warm_pool_window, Duration::from_secs(600));
         assert!(c.workspace_sync);
         assert_eq!(c.node.image, "sandmesh/sandbox:latest");
+        assert_eq!(c.uids, UidRange::DOCKER);
+    }
+
+    #[test]
+    fn a_uid_range_smaller_than_the_capacity_is_refused() {
+        let e = ExecutorConfig::from_env(&env_map(&[
+            ("SANDMESH_EXEC_UIDS", "5000-5003"),
+            ("SANDMESH_EXEC_CAPACITY", "8"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert!(e.0[0].contains("SANDMESH_EXEC_UIDS=5000-5003"), "{e}");
     }
 
     #[test]
@@ -123,9 +149,11 @@ mod tests {
             ("SANDMESH_EXEC_CAPACITY", "0"),
             ("SANDMESH_EXEC_DEFAULT_PIDS", "900"),
             ("SANDMESH_HEARTBEAT_MS", "soon"),
+            ("SANDMESH_EXEC_UIDS", "0-99"),
         ]))
         .unwrap_err();
-        assert_eq!(e.0.len(), 5, "{e}");
+        assert_eq!(e.0.len(), 6, "{e}");
+        assert!(e.to_string().contains("SANDMESH_EXEC_UIDS=\"0-99\""), "{e}");
         assert!(e.to_string().contains("SANDMESH_EXEC_DEFAULT_PIDS"));
     }
 

@@ -17,10 +17,13 @@ pub use containers::{summary_name, DockerError};
 use messages::filesystem::{FilesystemPolicy, Mount, TMP_DIR};
 use messages::validate::EffectiveLimits;
 
-use executor_node::NodeConfig;
+use executor_node::{UidPool, UidRange};
+
+use crate::config::ExecutorConfig;
 
 /// Every sandbox container carries `sandmesh=1` (the janitor hook counts these) and its
 /// [`LABEL_KIND`]: `warm` (pool, single use), `isolated` (made for one run) or `session`.
+/// (`SANDBOX_UID` is the image's own user: containers run as a uid of the node's pool instead.)
 pub use containers::{LABEL_KIND, LABEL_SANDMESH, SANDBOX_UID};
 /// The executor node that owns the container.
 pub const LABEL_NODE: &str = "sandmesh.node";
@@ -71,6 +74,29 @@ impl From<&EffectiveLimits> for ContainerLimits {
     }
 }
 
+/// Whether the daemon refused to create a container because one of its name exists (or is
+/// being removed).
+pub fn is_name_conflict(e: &DockerError) -> bool {
+    matches!(
+        e,
+        DockerError::Api {
+            op: "create",
+            source: bollard::errors::Error::DockerResponseServerError {
+                status_code: 409,
+                ..
+            },
+            ..
+        }
+    )
+}
+
+/// A container to make: its name and the host uid it runs as.
+#[derive(Debug, Clone, Copy)]
+pub struct ContainerId<'a> {
+    pub name: &'a str,
+    pub uid: u32,
+}
+
 /// A started sandbox container.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Container {
@@ -88,10 +114,13 @@ pub struct SandboxSpec {
     pub tmp_mb: u64,
     pub nofile: u64,
     pub fsize_bytes: u64,
+    /// The host uids its containers run as, one each (`SANDMESH_EXEC_UIDS`).
+    pub uids: UidRange,
 }
 
 impl SandboxSpec {
-    pub fn from_config(c: &NodeConfig, mesh: &str) -> Self {
+    pub fn from_config(config: &ExecutorConfig, mesh: &str) -> Self {
+        let c = &config.node;
         Self {
             image: c.image.clone(),
             node_id: c.node_id().to_string(),
@@ -100,33 +129,33 @@ impl SandboxSpec {
             tmp_mb: c.tmp_mb,
             nofile: c.nofile,
             fsize_bytes: c.fsize_mb << 20,
+            uids: config.uids,
         }
     }
 
-    /// The create body of a hardened sandbox container, with the mounts of its filesystem
-    /// policy when it has one.
+    /// The create body of a hardened sandbox container running as `uid` (and the gid of the
+    /// same number; its writable mounts are theirs), with the mounts of its filesystem policy
+    /// when it has one.
     pub fn container_body(
         &self,
         kind: ContainerKind,
         session: Option<&str>,
+        uid: u32,
         limits: ContainerLimits,
         egress_bind: Option<&str>,
         filesystem: Option<&FilesystemPolicy>,
     ) -> ContainerCreateBody {
         let mut tmpfs = HashMap::from([
-            (
-                TMP_DIR.to_string(),
-                tmpfs_options(self.tmp_mb, SANDBOX_UID, "1777"),
-            ),
+            (TMP_DIR.to_string(), tmpfs_options(self.tmp_mb, uid, "1777")),
             (
                 WORKSPACE_DIR.to_string(),
-                tmpfs_options(self.workspace_mb, SANDBOX_UID, "0755"),
+                tmpfs_options(self.workspace_mb, uid, "0755"),
             ),
         ]);
         // Docker mounts parents before what they hold, whatever the map's order.
         for (path, mount) in filesystem.map(FilesystemPolicy::mounts).unwrap_or_default() {
             let options = match mount {
-                Mount::Writable => tmpfs_options(self.tmp_mb, SANDBOX_UID, "0755"),
+                Mount::Writable => tmpfs_options(self.tmp_mb, uid, "0755"),
                 Mount::EmptyReadOnly => EMPTY_READ_ONLY.to_string(),
             };
             tmpfs.insert(path, options);
@@ -158,7 +187,7 @@ impl SandboxSpec {
         ContainerCreateBody {
             image: Some(self.image.clone()),
             cmd: Some(vec![SUPERVISOR_PATH.into(), "keep".into()]),
-            user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
+            user: Some(format!("{uid}:{uid}")),
             network_disabled: Some(true),
             env: Some(Vec::new()),
             labels: Some(labels),
@@ -173,6 +202,8 @@ impl SandboxSpec {
 pub struct Sandboxes {
     pub docker: Docker,
     pub spec: Arc<SandboxSpec>,
+    /// The uids this node's containers run as, shared by every image's containers.
+    pub uids: Arc<UidPool>,
 }
 
 impl Sandboxes {
@@ -183,6 +214,7 @@ impl Sandboxes {
     pub fn new(docker: Docker, spec: SandboxSpec) -> Self {
         Self {
             docker,
+            uids: UidPool::new(spec.uids),
             spec: Arc::new(spec),
         }
     }
@@ -195,10 +227,18 @@ impl Sandboxes {
                 image: image.to_string(),
                 ..(*self.spec).clone()
             }),
+            uids: self.uids.clone(),
         }
     }
 
-    /// A fresh, unique container name on this node.
+    /// The name of the container running as `uid`. One name per uid is what keeps two nodes
+    /// from handing out one uid: the daemon refuses a second container of a name, whichever
+    /// node made the first, until the first is removed.
+    pub fn name_for_uid(uid: u32) -> String {
+        format!("sandmesh-uid-{uid}")
+    }
+
+    /// A fresh, unique container name on this node (for containers made outside a lease).
     pub fn new_name(&self) -> String {
         format!(
             "sandmesh-{}-{}",
@@ -207,12 +247,12 @@ impl Sandboxes {
         )
     }
 
-    /// Creates and starts a container under `name` (with its egress socket directory bound
-    /// and its filesystem policy mounted when given); a container that fails to start is
-    /// removed again.
+    /// Creates and starts the container `id` (with its egress socket directory bound and its
+    /// filesystem policy mounted when given); a container that fails to start is removed
+    /// again.
     pub async fn start(
         &self,
-        name: &str,
+        id: ContainerId<'_>,
         kind: ContainerKind,
         session: Option<&str>,
         limits: ContainerLimits,
@@ -221,7 +261,8 @@ impl Sandboxes {
     ) -> Result<Container, DockerError> {
         let body = self
             .spec
-            .container_body(kind, session, limits, egress_bind, filesystem);
+            .container_body(kind, session, id.uid, limits, egress_bind, filesystem);
+        let name = id.name;
         let options = CreateContainerOptionsBuilder::new().name(name).build();
         self.docker
             .create_container(Some(options), body)

@@ -66,6 +66,12 @@
 //!   supervisor relays `127.0.0.1:3128` to it during the run, every decision is audited
 //!   (`sandbox.v1.audit.egress`) and the result lists the hosts contacted and refused. Warm
 //!   containers have no socket, and a pooled run with a policy is refused (400).
+//! - Each container runs as a host uid of its own (`SANDMESH_EXEC_UIDS`), its tmpfs mounts
+//!   owned by it: per-user kernel budgets (inotify instances, message-queue bytes, pending
+//!   signals) are never shared between two containers, of one tenant or two. The container's
+//!   name is made from its uid, so no two containers on one daemon — of any node, or of a
+//!   crashed one not yet removed — hold one uid ([`executor_node::uids`]); the uid goes back
+//!   to the pool once its container is removed.
 //! - The janitor removes this node's unowned containers and those of nodes of the same mesh
 //!   whose heartbeat expired — at once, by watching the heartbeat keys' expiry, and in its
 //!   periodic sweep; at shutdown every container of the node is removed.
@@ -74,7 +80,8 @@
 //! pool's floor), `WARM_POOL_MAX` (= `MAX_SESSIONS`), `WARM_POOL_WINDOW_MS` (600000), `CAPACITY` (8), `MAX_SESSIONS` (64), `SESSION_IDLE_MS` (600000), `WORKSPACE` (on|off),
 //! `WORKSPACE_MB` (64), `TMP_MB` (64), `NOFILE` (256), `FSIZE_MB` (= WORKSPACE_MB),
 //! `KILL_GRACE_MS` (5000), `JANITOR_MS` (30000), `EGRESS_DIR` (`$TMPDIR/sandmesh-egress`:
-//! the containers' socket directories; the Docker daemon must see this path), and the request
+//! the containers' socket directories; the Docker daemon must see this path), `UIDS`
+//! (`2000000000-2000099999`: the host uids of containers, one each), and the request
 //! ceilings
 //! `{DEFAULT,MAX}_{TIMEOUT_MS,MEMORY_MB,CPUS,PIDS,OUTPUT_BYTES}`.
 
@@ -136,7 +143,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     let runtime = Runtime::start(config.node.kit.clone(), info).await?;
     let subjects = runtime.subjects().clone();
     let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
-    let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config.node, &mesh));
+    let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
     let node = Arc::new(NodeState::new(runtime.metrics.clone()));
     let config = Arc::new(config);
 

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 
 use bollard::query_parameters::InspectContainerOptions;
 use docker_executor::config::ExecutorConfig;
-use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
+use docker_executor::docker::{
+    ContainerId, ContainerKind, ContainerLimits, SandboxSpec, Sandboxes,
+};
 use docker_executor::probe::exec_capture;
 
 #[tokio::test]
@@ -19,19 +21,18 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     ]);
     let config = ExecutorConfig::from_env(&env).unwrap();
     let docker = Sandboxes::connect().await.unwrap();
-    let sandboxes = Sandboxes::new(
-        docker.clone(),
-        SandboxSpec::from_config(&config.node, "mesh-t"),
-    );
+    let sandboxes = Sandboxes::new(docker.clone(), SandboxSpec::from_config(&config, "mesh-t"));
     let limits = ContainerLimits {
         memory_mb: 192,
         cpus: 0.5,
         pids: 48,
     };
     let name = sandboxes.new_name();
+    let uid = sandboxes.uids.take().expect("a uid of the node's range");
+    let uid = uid.uid();
     sandboxes
         .start(
-            &name,
+            ContainerId { name: &name, uid },
             ContainerKind::Session,
             Some("s-hard"),
             limits,
@@ -77,8 +78,8 @@ async fn a_sandbox_container_carries_every_hardening_field() {
         for want in [
             "exec",
             "nosuid",
-            "uid=10001",
-            "gid=10001",
+            &format!("uid={uid}"),
+            &format!("gid={uid}"),
             &format!("size={size}m"),
         ] {
             assert!(
@@ -134,7 +135,8 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     );
 
     let cfg = inspect.config.expect("config");
-    assert_eq!(cfg.user.as_deref(), Some("10001:10001"));
+    assert!(config.uids.contains(uid), "{uid} of {}", config.uids);
+    assert_eq!(cfg.user, Some(format!("{uid}:{uid}")));
     assert_eq!(cfg.network_disabled, Some(true));
     let labels = cfg.labels.unwrap_or_default();
     assert_eq!(labels.get("sandmesh").map(String::as_str), Some("1"));
@@ -159,7 +161,8 @@ async fn a_sandbox_container_carries_every_hardening_field() {
     );
 
     let lines: Vec<&str> = inside.stdout.lines().collect();
-    assert_eq!(&lines[..2], &["10001", "10001"], "{}", inside.stdout);
+    let uid = uid.to_string();
+    assert_eq!(&lines[..2], &[&uid, &uid], "{}", inside.stdout);
     assert!(
         inside.stdout.contains("NoNewPrivs:\t1"),
         "{}",

@@ -6,7 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::common::{base_env, containers_with, run, unique_node, DockerRuns, Harness};
-use docker_executor::docker::{ContainerKind, ContainerLimits, SandboxSpec, Sandboxes};
+use docker_executor::docker::{
+    ContainerId, ContainerKind, ContainerLimits, SandboxSpec, Sandboxes, SANDBOX_UID,
+};
 use messages::exec::{ExecResult, ExecStatus, Language};
 use messages::subjects::ExecutorOp;
 use messages::Subjects;
@@ -257,6 +259,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
         tmp_mb: 8,
         nofile: 64,
         fsize_bytes: 1 << 20,
+        uids: executor_node::UidRange::DOCKER,
     };
     let limits = ContainerLimits {
         memory_mb: 32,
@@ -272,7 +275,17 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
         let s = Sandboxes::new(docker.clone(), spec(&node, &mesh));
         let name = s.new_name();
         match s
-            .start(&name, ContainerKind::Warm, None, limits, None, None)
+            .start(
+                ContainerId {
+                    name: &name,
+                    uid: SANDBOX_UID,
+                },
+                ContainerKind::Warm,
+                None,
+                limits,
+                None,
+                None,
+            )
             .await
         {
             Ok(_) => {}

@@ -13,5 +13,6 @@ mod kernel;
 mod limits;
 mod outlive;
 mod session;
+mod uids;
 mod warm_pool;
 mod workspace;

@@ -5,7 +5,7 @@
 //! asks the store nothing; an isolated run never talks to it.
 
 use crate::common::{run, run_of, DockerRuns, Harness};
-use docker_executor::docker::LABEL_KIND;
+use docker_executor::docker::{LABEL_KIND, LABEL_NODE};
 use futures::{FutureExt, StreamExt};
 use kit::CancellationToken;
 use messages::exec::{ContentEncoding, ExecStatus, FileSpec, Language};
@@ -226,13 +226,12 @@ async fn an_isolated_run_leaves_nothing_and_never_touches_the_workspace() {
         Duration::from_secs(20),
         || {
             let docker = &h.backend.docker;
-            let label = &label;
-            let node = &h.node;
+            let labels = [label.clone(), format!("{LABEL_NODE}={}", h.node)];
             async move {
-                crate::common::containers_with(docker, label)
+                let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+                crate::common::containers_with_all(docker, &labels)
                     .await
-                    .iter()
-                    .all(|name| !name.contains(node.as_str()))
+                    .is_empty()
             }
         },
     )

@@ -18,7 +18,8 @@
 //!   the screening of a run's changes by the workspace's path rule before they are pushed
 //!   ([`changes`]);
 //! - the sandbox image and its check ([`image`]), and each template's image, built on first
-//!   use ([`template_images`]): every backend runs a template in the same image.
+//!   use ([`template_images`]): every backend runs a template in the same image;
+//! - a host uid per sandbox ([`uids`]), so no per-user kernel budget is shared between two.
 //!
 //! ```text
 //! ExecutorNode<B> (admission, drain, close; restarts the janitor, fails with the backend)
@@ -43,6 +44,7 @@ pub mod outcome;
 pub mod results;
 pub mod slot;
 pub mod template_images;
+pub mod uids;
 pub mod workspace;
 
 use std::collections::BTreeMap;
@@ -66,6 +68,7 @@ pub use node::NodeState;
 pub use results::{KeepLimits, ResultStore};
 pub use slot::RunSlot;
 pub use template_images::TemplateImages;
+pub use uids::{UidError, UidLease, UidPool, UidRange};
 
 use executor::NodeArgs;
 use janitor::JanitorArgs;

@@ -149,12 +149,12 @@ impl DockerRuns for Harness {
 
     /// The container of a session (cold-started ones carry the session label).
     async fn session_container(&self, session: &str) -> String {
-        let list: Vec<String> =
-            containers_with(&self.backend.docker, &format!("{LABEL_SESSION}={session}"))
-                .await
-                .into_iter()
-                .filter(|name| name.contains(&self.node))
-                .collect();
+        let labels = [
+            format!("{LABEL_SESSION}={session}"),
+            format!("{LABEL_NODE}={}", self.node),
+        ];
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let list = containers_with_all(&self.backend.docker, &labels).await;
         assert_eq!(list.len(), 1, "session {session} containers: {list:?}");
         list[0].clone()
     }
@@ -280,7 +280,12 @@ pub fn remove_node_containers(node: &str) {
 }
 
 pub async fn containers_with(docker: &bollard::Docker, label: &str) -> Vec<String> {
-    let filters = HashMap::from([("label", vec![label])]);
+    containers_with_all(docker, &[label]).await
+}
+
+/// Containers carrying every one of `labels`.
+pub async fn containers_with_all(docker: &bollard::Docker, labels: &[&str]) -> Vec<String> {
+    let filters = HashMap::from([("label", labels.to_vec())]);
     let options = bollard::query_parameters::ListContainersOptionsBuilder::new()
         .all(true)
         .filters(&filters)
