@@ -5,5 +5,6 @@
 mod common;
 mod conformance;
 mod exec;
+mod host_network;
 mod isolation;
 mod limits;
