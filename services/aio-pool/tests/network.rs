@@ -50,7 +50,10 @@ async fn code_in_tier_aio_reaches_nothing_on_the_host() {
         "s = socket.socket(socket.AF_UNIX)\n\
          try:\n    s.connect({other_socket:?})\n    print('OTHER INSTANCE REACHED')\n\
          except OSError as e:\n    print('other instance:', type(e).__name__)\n\
-         print(sorted(os.listdir('/run/sandmesh-aio')))"
+         print(sorted(os.listdir('/run/sandmesh-aio')))\n\
+         for d in ['/tmp', '/run/sandmesh-aio']:\n\
+         \x20   try:\n        open(d + '/filler', 'w').write('x')\n        print(d, 'written')\n\
+         \x20   except OSError as e:\n        print(d, type(e).__name__)\n"
     );
     let r = exec(&h, &python(Some("attacker"), TierChoice::Aio, &code)).await;
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
@@ -66,9 +69,16 @@ async fn code_in_tier_aio_reaches_nothing_on_the_host() {
         "{seen:#?}"
     );
     let rest: Vec<&str> = r.stdout.lines().skip(1).collect();
+    // Its control directory holds its own socket only, and takes nothing more (a file
+    // there would be on the host's disk); /tmp, its own, does.
     assert_eq!(
         rest,
-        ["other instance: FileNotFoundError", "['agent.sock']"],
+        [
+            "other instance: FileNotFoundError",
+            "['agent.sock']",
+            "/tmp written",
+            "/run/sandmesh-aio PermissionError"
+        ],
         "{r:?}"
     );
     assert_eq!(
