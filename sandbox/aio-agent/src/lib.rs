@@ -1,8 +1,9 @@
 //! sandmesh-aio-agent: the process inside the sandmesh AIO image (DESIGN.md §3 "AIO").
 //!
 //! It serves the subset of the AIO sandbox HTTP API (`reference/aio-sandbox-openapi.json`)
-//! that aio-pool and its users need, on one port, so the pool drives this image and the
-//! upstream `ghcr.io/agent-infra/sandbox` with the same client:
+//! that aio-pool and its users need (clients written for upstream's `ghcr.io/agent-infra/sandbox`
+//! work unchanged), on one port for the instance's own code and on a Unix socket for the pool,
+//! which reaches an instance with no network through a directory bind-mounted into it:
 //!
 //! | route | what |
 //! |---|---|
