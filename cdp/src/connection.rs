@@ -4,15 +4,13 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::{CdpError, Stream};
 use async_tungstenite::tokio::{client_async_with_config, TokioAdapter};
 use async_tungstenite::tungstenite::protocol::WebSocketConfig;
 use async_tungstenite::tungstenite::Message;
 use async_tungstenite::WebSocketStream;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::net::TcpStream;
-
-use crate::CdpError;
 
 /// Events a connection holds while it waits for a command's answer; more are dropped (oldest
 /// first), so a page flooding events cannot grow the reader.
@@ -24,7 +22,7 @@ const MAX_MESSAGE_BYTES: usize = 128 << 20;
 
 /// One CDP WebSocket (a browser's or a page's).
 pub struct Connection {
-    socket: WebSocketStream<TokioAdapter<TcpStream>>,
+    socket: WebSocketStream<TokioAdapter<Stream>>,
     next_id: u64,
     limit: Duration,
     /// Events that arrived while a command waited, for [`Connection::next_event`]; only kept
@@ -44,6 +42,11 @@ impl Connection {
             .and_then(|rest| rest.split('/').next())
             .filter(|a| !a.is_empty())
             .ok_or_else(|| CdpError::Url(url.to_string()))?;
+        Self::open_at(addr, url, limit).await
+    }
+
+    /// Connects to `url` through `addr` (`host:port` or `unix:<path>`).
+    async fn open_at(addr: &str, url: &str, limit: Duration) -> Result<Self, CdpError> {
         let failed = |source| CdpError::Connect {
             url: url.to_string(),
             source,
@@ -52,9 +55,7 @@ impl Connection {
             .max_message_size(Some(MAX_MESSAGE_BYTES))
             .max_frame_size(Some(MAX_MESSAGE_BYTES));
         let connect = async {
-            let stream = TcpStream::connect(addr)
-                .await
-                .map_err(|e| failed(e.into()))?;
+            let stream = crate::dial(addr).await.map_err(|e| failed(e.into()))?;
             let (socket, _) = client_async_with_config(url, stream, Some(config))
                 .await
                 .map_err(failed)?;
@@ -77,15 +78,19 @@ impl Connection {
         })
     }
 
-    /// The browser's own connection, found through `http_url`'s `/json/version`
-    /// (`http://host:port`). Chromium names itself `127.0.0.1` in `webSocketDebuggerUrl`
-    /// even when reached from another host (a container's address on a Docker network), so
-    /// the socket goes to the address that answered, with the path Chromium gave.
-    pub async fn browser(http_url: &str, limit: Duration) -> Result<Self, CdpError> {
-        let addr = http_url
-            .strip_prefix("http://")
-            .map(|rest| rest.trim_end_matches('/'))
-            .ok_or_else(|| CdpError::Url(http_url.to_string()))?;
+    /// The browser's own connection, found through `endpoint`'s `/json/version`
+    /// (`http://host:port`, or `unix:<path>` for a Unix socket). Chromium names itself
+    /// `127.0.0.1` in `webSocketDebuggerUrl` even when reached from elsewhere (a relay), so
+    /// the socket goes to the endpoint that answered, with the path Chromium gave.
+    pub async fn browser(endpoint: &str, limit: Duration) -> Result<Self, CdpError> {
+        let addr = if endpoint.starts_with(crate::UNIX_PREFIX) {
+            endpoint
+        } else {
+            endpoint
+                .strip_prefix("http://")
+                .map(|rest| rest.trim_end_matches('/'))
+                .ok_or_else(|| CdpError::Url(endpoint.to_string()))?
+        };
         let version = crate::get_json(addr, "/json/version", limit).await?;
         let ws = version["webSocketDebuggerUrl"]
             .as_str()
@@ -97,7 +102,8 @@ impl Connection {
             .strip_prefix("ws://")
             .and_then(|rest| rest.find('/').map(|at| &rest[at..]))
             .ok_or_else(|| CdpError::Url(ws.to_string()))?;
-        Self::open(&format!("ws://{addr}{path}"), limit).await
+        let host = crate::stream::host_of(addr);
+        Self::open_at(addr, &format!("ws://{host}{path}"), limit).await
     }
 
     /// Whether the socket failed or closed (a later call fails at once).

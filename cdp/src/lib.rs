@@ -11,23 +11,26 @@
 //!   element, press keys, insert text, screenshots, the page's text and HTML, waiting for a
 //!   condition.
 //! - [`LocalChromium`]: a headless Chromium of its own on this host (the tests' browser).
+//!
+//! An endpoint's address is `host:port`, or `unix:<path>` for a Unix socket ([`dial`]).
 
 mod connection;
 mod keys;
 mod launch;
 mod page;
+mod stream;
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 pub use connection::{Connection, MAX_PENDING_EVENTS};
 pub use keys::{key_event, modifier_bit};
 pub use launch::{chromium_binary, LocalChromium};
 pub use page::{ImageFormat, Page};
+pub use stream::{dial, Stream, UNIX_PREFIX};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdpError {
@@ -87,8 +90,9 @@ pub enum CdpError {
     StartTimeout(Duration),
 }
 
-/// One HTTP request to a DevTools endpoint at `addr` (`host:port`), with `Host: addr`
-/// (an IP address or `localhost`, which Chromium's Host check accepts), bounded by `limit`.
+/// One HTTP request to a DevTools endpoint at `addr` (`host:port` or `unix:<path>`), with
+/// `Host: addr` (an IP address or `localhost`, which Chromium's Host check accepts; `localhost`
+/// for a socket), bounded by `limit`.
 /// `PUT` for `/json/new`, which Chromium refuses over `GET`.
 pub async fn request(
     addr: &str,
@@ -102,9 +106,7 @@ pub async fn request(
         source: e,
     };
     let exchange = async {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| failed(e.into()))?;
+        let stream = dial(addr).await.map_err(|e| failed(e.into()))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| failed(e.into()))?;
@@ -112,7 +114,7 @@ pub async fn request(
         let req = hyper::Request::builder()
             .method(method)
             .uri(path)
-            .header(hyper::header::HOST, addr)
+            .header(hyper::header::HOST, stream::host_of(addr))
             .body(Empty::<Bytes>::new())
             .map_err(|e| failed(e.into()))?;
         let res = sender

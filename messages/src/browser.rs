@@ -561,7 +561,8 @@ pub struct AioAcquire {
 pub struct AioLease {
     pub session_id: String,
     pub instance_id: String,
-    /// Base URL of the instance's HTTP API (its address on the pool's internal bridge).
+    /// Base URL of the instance's HTTP API: `http+unix://` and the percent-encoded host path
+    /// of its control socket (instances have no network).
     pub base_url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cdp_url: Option<String>,

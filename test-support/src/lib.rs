@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod executor_conformance;
 #[cfg(feature = "executor")]
 pub mod executor_node;
+pub mod hostnet;
 #[cfg(feature = "mesh")]
 pub mod mesh;
 pub mod upstream;

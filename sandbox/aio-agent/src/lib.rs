@@ -1,8 +1,9 @@
 //! sandmesh-aio-agent: the process inside the sandmesh AIO image.
 //!
 //! It serves the subset of the AIO sandbox HTTP API (`reference/aio-sandbox-openapi.json`)
-//! that aio-pool and its users need, on one port, so the pool drives this image and the
-//! upstream `ghcr.io/agent-infra/sandbox` with the same client:
+//! that aio-pool and its users need (clients written for upstream's `ghcr.io/agent-infra/sandbox`
+//! work unchanged), on one port for the instance's own code and on a Unix socket for the pool,
+//! which reaches an instance with no network through a directory bind-mounted into it:
 //!
 //! | route | what |
 //! |---|---|
@@ -46,7 +47,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 pub use browser::BrowserConfig;
 
@@ -117,45 +118,88 @@ impl Agent {
     }
 }
 
-/// Serves connections from `listener` until `shutdown` resolves.
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, Copy)]
+pub enum Peer {
+    /// A TCP peer: in a container with no network, only the instance's own processes.
+    Tcp(SocketAddr),
+    /// The control socket: the pool, from the host, through the bind-mounted directory (and
+    /// anything in the instance that opens the same path, which is why it needs the key).
+    Control,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Tcp(addr) => addr.fmt(f),
+            Peer::Control => f.write_str("the control socket"),
+        }
+    }
+}
+
+/// Serves connections from `listener` and, when given, the `control` Unix socket until
+/// `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
+    control: Option<UnixListener>,
     agent: Arc<Agent>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    eprintln!("sandmesh-aio-agent: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let accepted = tokio::select! {
+            a = listener.accept() => a.map(|(s, peer)| (Stream::Tcp(s), Peer::Tcp(peer))),
+            a = accept_control(control.as_ref()) => a.map(|s| (Stream::Unix(s), Peer::Control)),
             () = &mut shutdown => break,
         };
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let agent = agent.clone();
-                async move { Ok::<_, std::convert::Infallible>(routes::handle(agent, peer, req).await) }
-            });
-            let conn = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
-            if let Err(e) = conn.await {
-                if !e.is_incomplete_message() {
-                    eprintln!("sandmesh-aio-agent: connection from {peer}: {e}");
-                }
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("sandmesh-aio-agent: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-        });
+        };
+        match stream {
+            Stream::Tcp(s) => tokio::spawn(serve_stream(s, agent.clone(), peer)),
+            Stream::Unix(s) => tokio::spawn(serve_stream(s, agent.clone(), peer)),
+        };
     }
     agent.stop().await;
 }
 
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// The next control connection; never, without a control socket.
+async fn accept_control(control: Option<&UnixListener>) -> std::io::Result<tokio::net::UnixStream> {
+    match control {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+async fn serve_stream<S>(stream: S, agent: Arc<Agent>, peer: Peer)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let agent = agent.clone();
+        async move { Ok::<_, std::convert::Infallible>(routes::handle(agent, peer, req).await) }
+    });
+    let conn = http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        if !e.is_incomplete_message() {
+            eprintln!("sandmesh-aio-agent: connection from {peer}: {e}");
+        }
+    }
+}
+
 /// Whether `peer` may skip the key.
-fn trusted_peer(config: &AgentConfig, peer: SocketAddr) -> bool {
-    config.trust_loopback && peer.ip().is_loopback()
+fn trusted_peer(config: &AgentConfig, peer: Peer) -> bool {
+    matches!(peer, Peer::Tcp(addr) if config.trust_loopback && addr.ip().is_loopback())
 }

@@ -6,7 +6,9 @@
 //! `AIO_MAX_OUTPUT_BYTES` (1 MiB per stream), `AIO_DEFAULT_TIMEOUT_S` (60),
 //! `AIO_MAX_TIMEOUT_S` (600), `AIO_TRUST_LOOPBACK` (0), `AIO_MAX_SESSIONS` (16 kernel
 //! sessions), `AIO_SESSION_IDLE_S` (1800, upstream's), `CHROMIUM_BIN` (chromium),
-//! `CHROMIUM_PORT` (9222), `BROWSER_EXTRA_ARGS` (space separated).
+//! `CHROMIUM_PORT` (9222), `BROWSER_EXTRA_ARGS` (space separated), `AIO_CONTROL_SOCKET` (a
+//! Unix socket path to serve the same API on, for a pool that reaches an instance with no
+//! network through a bind-mounted directory; unset, none).
 //!
 //! Prints `listening on <addr>` on stdout once it accepts connections. Exit code 64 on bad
 //! configuration (every problem reported at once).
@@ -19,7 +21,7 @@ use std::time::Duration;
 
 use aio_agent::{Agent, AgentConfig, BrowserConfig};
 
-fn config() -> Result<(AgentConfig, SocketAddr), Vec<String>> {
+fn config() -> Result<(AgentConfig, SocketAddr, Option<PathBuf>), Vec<String>> {
     let mut problems = Vec::new();
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let number = |problems: &mut Vec<String>, name: &str, default: u64| match var(name) {
@@ -96,12 +98,17 @@ fn config() -> Result<(AgentConfig, SocketAddr), Vec<String>> {
                 .unwrap_or_default(),
         },
     };
-    Ok((config, addr.unwrap_or_else(|| ([0, 0, 0, 0], 8080).into())))
+    let control = var("AIO_CONTROL_SOCKET").map(PathBuf::from);
+    Ok((
+        config,
+        addr.unwrap_or_else(|| ([0, 0, 0, 0], 8080).into()),
+        control,
+    ))
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let (config, addr) = match config() {
+    let (config, addr, control_path) = match config() {
         Ok(c) => c,
         Err(problems) => {
             for p in problems {
@@ -135,6 +142,13 @@ async fn main() {
             std::process::exit(1);
         }
     };
+    let control = match control_path.as_deref().map(bind_control).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sandmesh-aio-agent: control socket: {e}");
+            std::process::exit(1);
+        }
+    };
     match listener.local_addr() {
         Ok(a) => println!("listening on {a}"),
         Err(e) => eprintln!("sandmesh-aio-agent: local address: {e}"),
@@ -147,5 +161,16 @@ async fn main() {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    aio_agent::serve(listener, agent, shutdown).await;
+    aio_agent::serve(listener, control, agent, shutdown).await;
+}
+
+/// Binds the control socket, open to every user: the pool may run as another user than the
+/// instance, and who reaches the path at all is decided by the directories above it (on the
+/// host, the pool's own; in the instance, every request needs the key anyway).
+fn bind_control(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(listener)
 }

@@ -1,6 +1,5 @@
 //! Request routing, authentication, body limits and the JSON answers.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +19,7 @@ use crate::exec::{Command, Interpreter, Outcome};
 use crate::files::{error_chain, FileError};
 use crate::kernel::Language;
 use crate::{code, console, edit, page};
-use crate::{trusted_peer, Agent};
+use crate::{trusted_peer, Agent, Peer};
 
 pub(crate) type Reply = Response<Full<Bytes>>;
 
@@ -36,7 +35,7 @@ pub(crate) fn next_id(prefix: &str) -> String {
     format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed))
 }
 
-pub async fn handle(agent: Arc<Agent>, peer: SocketAddr, req: Request<Incoming>) -> Reply {
+pub async fn handle(agent: Arc<Agent>, peer: Peer, req: Request<Incoming>) -> Reply {
     if !trusted_peer(&agent.config, peer) && !authorized(&agent.config.api_key, &req) {
         return error(StatusCode::UNAUTHORIZED, "missing or wrong API key".into());
     }

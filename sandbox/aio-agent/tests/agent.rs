@@ -164,6 +164,47 @@ async fn trusted_loopback_needs_no_key() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// The control socket serves the same API, and it is never the trusted loopback: code in the
+/// instance can open the socket's path too, so it needs the key there.
+#[tokio::test]
+async fn the_control_socket_serves_the_api_and_always_needs_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let agent = start(&[
+        ("AIO_TRUST_LOOPBACK", "1"),
+        ("AIO_CONTROL_SOCKET", socket.to_str().unwrap()),
+    ]);
+    let over_socket = |headers: &'static [(&'static str, &'static str)]| {
+        let socket = socket.clone();
+        async move {
+            let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let mut req = Request::builder()
+                .uri("/v1/sandbox")
+                .header("host", "127.0.0.1:8080");
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            let res = tokio::time::timeout(
+                Duration::from_secs(20),
+                sender.send_request(req.body(Full::new(Bytes::new())).unwrap()),
+            )
+            .await
+            .expect("answer within 20 s")
+            .unwrap();
+            res.status()
+        }
+    };
+    assert_eq!(over_socket(&[]).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(over_socket(&[("x-aio-api-key", KEY)]).await, StatusCode::OK);
+    // Loopback TCP keeps its trust beside it.
+    let (status, _) = send(&agent.addr, "GET", "/v1/sandbox", &[], vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn bash_exec_runs_commands_in_the_workspace_with_separate_streams() {
     let agent = start(&[]);

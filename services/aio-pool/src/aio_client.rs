@@ -1,7 +1,7 @@
 //! A client for the documented AIO sandbox HTTP API (`reference/aio-sandbox-openapi.json`):
-//! only the calls the pool makes, so it drives the project's agent and the upstream
-//! `ghcr.io/agent-infra/sandbox` image alike. One HTTP/1 connection per call: instances are
-//! on a local bridge, and a fresh connection cannot be poisoned by an earlier cancelled call.
+//! only the calls the pool makes, over the instance's control socket (instances have no
+//! network; the agent serves the API there, see `crate::docker`). One HTTP/1 connection per call: the socket is local, and a fresh connection
+//! cannot be poisoned by an earlier cancelled call.
 
 use std::time::Duration;
 
@@ -11,7 +11,9 @@ use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
-use tokio::net::TcpStream;
+use std::path::PathBuf;
+
+use tokio::net::UnixStream;
 
 /// How the instance's key is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,8 +70,12 @@ pub enum AioError {
 /// One instance's API.
 #[derive(Debug, Clone)]
 pub struct AioClient {
-    /// `ip:port`.
-    pub addr: String,
+    /// The control socket's path on the host (also what errors name).
+    pub socket: PathBuf,
+    addr: String,
+    /// The `Host` the calls carry: the agent's address inside the instance, so the URLs it
+    /// writes from it (the CDP URL) are right for code in the instance.
+    host: String,
     key: String,
     key_header: KeyHeader,
     /// Largest answer read (output caps keep real answers far below it).
@@ -109,9 +115,17 @@ pub struct BrowserInfo {
 }
 
 impl AioClient {
-    pub fn new(addr: String, key: String, key_header: KeyHeader, max_answer: usize) -> Self {
+    pub fn new(
+        socket: PathBuf,
+        port: u16,
+        key: String,
+        key_header: KeyHeader,
+        max_answer: usize,
+    ) -> Self {
         Self {
-            addr,
+            addr: socket.display().to_string(),
+            socket,
+            host: format!("127.0.0.1:{port}"),
             key,
             key_header,
             max_answer,
@@ -128,7 +142,7 @@ impl AioClient {
         let addr = self.addr.clone();
         let exchange = async {
             let stream =
-                TcpStream::connect(&self.addr)
+                UnixStream::connect(&self.socket)
                     .await
                     .map_err(|source| AioError::Connect {
                         addr: addr.clone(),
@@ -145,7 +159,7 @@ impl AioClient {
             let mut req = Request::builder()
                 .method(method)
                 .uri(path)
-                .header(HOST, &self.addr);
+                .header(HOST, &self.host);
             let key = HeaderValue::try_from(match &self.key_header {
                 KeyHeader::Bearer => format!("Bearer {}", self.key),
                 KeyHeader::Named(_) => self.key.clone(),

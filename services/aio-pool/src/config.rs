@@ -11,14 +11,19 @@ use crate::state::Limits;
 #[derive(Debug, Clone)]
 pub struct AioPoolConfig {
     pub kit: KitConfig,
-    /// The AIO image: the project's `sandmesh/aio` (deploy/images/build.sh aio) or
-    /// upstream's `ghcr.io/agent-infra/sandbox`.
+    /// The AIO image: the project's `sandmesh/aio` (deploy/images/build.sh aio), or one whose
+    /// agent serves the same API on the control socket (`AIO_CONTROL_SOCKET`).
     pub image: String,
     /// Set by `sandmesh up` while it builds the image in the background: the pool answers
     /// `unavailable` until the build gives it [`Self::image`]. Not a setting.
     pub image_build: Option<kit::pending::Pending>,
-    /// The port the image serves its API on (both use 8080).
+    /// The port the agent serves its API on inside the instance (8080), for the URLs it
+    /// writes for code in the instance.
     pub port: u16,
+    /// Where each instance's control directory is made (`<dir>/<pool>/<instance>`, bind-mounted
+    /// into that instance alone): `SANDMESH_AIO_SOCKET_DIR`, `$TMPDIR/sandmesh-aio`. Its
+    /// sockets' paths must stay under 108 bytes, so a short directory.
+    pub socket_dir: std::path::PathBuf,
     /// How each instance's API key is sent: `X-AIO-API-Key` (a header name) or `bearer`.
     pub key_header: KeyHeader,
     /// The user the container runs as; empty = the image's own (`sandmesh/aio` has a
@@ -70,6 +75,10 @@ impl AioPoolConfig {
             image: r.string("AIO_IMAGE", "sandmesh/aio:latest"),
             image_build: None,
             port: r.parse("AIO_PORT", 8080u16),
+            socket_dir: r
+                .optional_string("AIO_SOCKET_DIR")
+                .map(Into::into)
+                .unwrap_or_else(|| std::env::temp_dir().join("sandmesh-aio")),
             key_header,
             user: r.string("AIO_USER", ""),
             limits,

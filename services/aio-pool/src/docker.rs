@@ -1,14 +1,17 @@
-//! AIO containers and their network through the Docker API: the one place that decides how an
-//! instance is created.
+//! AIO containers through the Docker API: the one place that decides how an instance is
+//! created.
 //!
 //! Hardening is the sandbox containers' ([`containers::hardened_host_config`]) except, and
 //! why:
-//! - **network**: instances must be reachable by the pool over HTTP, so they join the pool's
-//!   own bridge, created `internal` (no route out, no NAT, no published ports) with
-//!   `enable_icc=false` (instances cannot reach each other). The host's services reach them
-//!   by container IP. Egress, when allowed, goes through the `egress` proxy: the
-//!   seam is [`InstanceSpec::extra_env`] (e.g. `BROWSER_EXTRA_ARGS=--proxy-server=…`,
-//!   `HTTP_PROXY`) and a bind-mounted socket, not a wider network;
+//! - **no network, one control socket**: an instance has `NetworkMode none`, like the session
+//!   containers: no interface but its own loopback, so its code reaches nothing of the host
+//!   (no bridge gateway, no host address, no other instance). The pool drives the agent's HTTP
+//!   API over a Unix socket the agent makes in the instance's own control directory
+//!   ([`CONTROL_MOUNT`]), a host directory bind-mounted into that one instance. The directory
+//!   is writable only while the instance starts (the agent makes its socket; no code of a
+//!   session runs yet) and read-only from then on, so an instance cannot fill the host's disk
+//!   through it. Egress, when allowed, would come the same way (a socket, not a network), as
+//!   the session containers' does;
 //! - **`/tmp` is larger** (256 MiB by default): Chromium runs with `--disable-dev-shm-usage`
 //!   (Docker's 64 MiB `/dev/shm` crashes renderers), so its shared memory lives there;
 //! - **pids and `nofile` are higher** (512 / 4096): Chromium is a dozen processes with
@@ -22,8 +25,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, EndpointSettings, NetworkCreateRequest};
-use bollard::query_parameters::{CreateContainerOptionsBuilder, ListNetworksOptionsBuilder};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::CreateContainerOptionsBuilder;
 use bollard::Docker;
 use containers::{hardened_host_config, tmpfs_options, DockerError, Hardening};
 
@@ -45,6 +51,10 @@ pub const LABEL_INSTANCE: &str = "sandmesh.aio.instance";
 
 /// The image's user (deploy/images/aio/Dockerfile); tmpfs mounts are owned by it.
 pub const AIO_UID: u32 = 10001;
+/// Where an instance sees its control directory.
+pub const CONTROL_MOUNT: &str = "/run/sandmesh-aio";
+/// The agent's socket in the control directory.
+pub const CONTROL_SOCKET: &str = "agent.sock";
 
 /// What every instance of this pool shares.
 #[derive(Debug, Clone)]
@@ -55,7 +65,8 @@ pub struct InstanceSpec {
     pub user: String,
     pub mesh: String,
     pub owner: String,
-    pub network: String,
+    /// This pool's control directories, one per instance (`<SANDMESH_AIO_SOCKET_DIR>/<owner>`).
+    pub control_root: PathBuf,
     pub hardening: Hardening,
     pub start_timeout: Duration,
     /// The egress seam: variables an egress-enabled pool would add (proxy address).
@@ -72,7 +83,7 @@ impl InstanceSpec {
             key_header: c.key_header.clone(),
             user: c.user.clone(),
             mesh: mesh.to_string(),
-            network: network_name(&owner),
+            control_root: c.socket_dir.join(&owner),
             owner,
             hardening: Hardening {
                 memory_mb: c.memory_mb,
@@ -106,10 +117,21 @@ impl InstanceSpec {
         .collect()
     }
 
-    pub fn container_body(&self, instance: &str, api_key: &str) -> ContainerCreateBody {
+    /// The container of `instance`, with `control_dir` (made by [`open_control_dir`]) as its
+    /// control directory.
+    pub fn container_body(
+        &self,
+        instance: &str,
+        api_key: &str,
+        control_dir: &Path,
+    ) -> ContainerCreateBody {
         let mut host = hardened_host_config(&self.hardening);
-        host.network_mode = Some(self.network.clone());
-        let mut env = vec![format!("SANDBOX_API_KEY={api_key}")];
+        host.network_mode = Some("none".into());
+        host.binds = Some(vec![format!("{}:{CONTROL_MOUNT}", control_dir.display())]);
+        let mut env = vec![
+            format!("SANDBOX_API_KEY={api_key}"),
+            format!("AIO_CONTROL_SOCKET={CONTROL_MOUNT}/{CONTROL_SOCKET}"),
+        ];
         env.extend(self.extra_env.iter().cloned());
         ContainerCreateBody {
             image: Some(self.image.clone()),
@@ -122,12 +144,6 @@ impl InstanceSpec {
     }
 }
 
-/// The pool's bridge: one per aio-pool process, so its janitor can remove it with the
-/// process's containers.
-pub fn network_name(owner: &str) -> String {
-    format!("sandmesh-aio-{owner}")
-}
-
 /// A 256-bit random key from the kernel (no RNG crate needed).
 pub fn new_api_key() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
@@ -135,48 +151,39 @@ pub fn new_api_key() -> std::io::Result<String> {
     Ok(hex::encode(bytes))
 }
 
-/// Creates the pool's internal bridge unless it exists.
-pub async fn ensure_network(docker: &Docker, spec: &InstanceSpec) -> Result<(), DockerError> {
-    let filters = HashMap::from([("name", vec![spec.network.as_str()])]);
-    let existing = docker
-        .list_networks(Some(
-            ListNetworksOptionsBuilder::new().filters(&filters).build(),
-        ))
-        .await
-        .map_err(|e| DockerError::api("list networks", &spec.network, e))?;
-    if existing
-        .iter()
-        .any(|n| n.name.as_deref() == Some(spec.network.as_str()))
-    {
-        return Ok(());
-    }
-    let labels = [
-        (LABEL_SANDMESH.to_string(), "1".to_string()),
-        (LABEL_MESH.to_string(), spec.mesh.clone()),
-        (LABEL_OWNER.to_string(), spec.owner.clone()),
-    ]
-    .into_iter()
-    .chain(containers::mesh_labels(&spec.mesh))
-    .collect();
-    let request = NetworkCreateRequest {
-        name: spec.network.clone(),
-        driver: Some("bridge".into()),
-        internal: Some(true),
-        options: Some(HashMap::from([(
-            "com.docker.network.bridge.enable_icc".to_string(),
-            "false".to_string(),
-        )])),
-        labels: Some(labels),
-        ..Default::default()
-    };
-    docker
-        .create_network(request)
-        .await
-        .map_err(|e| DockerError::api("create network", &spec.network, e))?;
-    Ok(())
+/// Makes an instance's control directory, writable by the instance's user until
+/// [`lock_control_dir`]. Its parent, the pool's own, is closed to other users of the host
+/// (the bind mount does not pass through it), so only the pool reaches the socket from the
+/// host.
+pub fn open_control_dir(dir: &Path) -> std::io::Result<()> {
+    let parent = dir.parent().unwrap_or(dir);
+    std::fs::DirBuilder::new().recursive(true).create(parent)?;
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::create_dir(dir)?;
+    // Not owned by the instance's user, so the instance cannot undo the lock.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
 }
 
-/// Removes a network; one already gone is fine.
+/// Closes the control directory to writes once the agent has made its socket.
+pub fn lock_control_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555))
+}
+
+/// Removes a control directory (what the instance left in it goes too).
+pub fn remove_control_dir(dir: &Path) {
+    // Locked, it refuses unlinking its entries even to its owner; it may be gone already.
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not remove a control directory")
+        }
+    }
+}
+
+/// Removes a bridge an earlier version of the pool made (instances had one then); one
+/// already gone is fine.
 pub async fn remove_network(docker: &Docker, name: &str) {
     match docker.remove_network(name).await {
         Ok(()) => {}
@@ -193,59 +200,53 @@ pub struct Started {
     pub client: AioClient,
 }
 
-/// Creates and starts an instance, waits until `GET /v1/sandbox` answers. On failure the
+/// Creates and starts an instance with its control directory, waits until `GET
+/// /v1/sandbox` answers on the control socket, then locks the directory. On failure the
 /// caller's [`OwnedContainer`] removes what was made.
 pub async fn start_instance(
     docker: &Docker,
     spec: &InstanceSpec,
-    container: &str,
+    container: &OwnedContainer,
 ) -> Result<Started, DockerError> {
+    let name = container.name();
+    let dir = container.control_dir();
     let key =
-        new_api_key().map_err(|e| DockerError::failed("make API key", container, e.to_string()))?;
-    let options = CreateContainerOptionsBuilder::new().name(container).build();
+        new_api_key().map_err(|e| DockerError::failed("make API key", name, e.to_string()))?;
+    open_control_dir(dir).map_err(|e| {
+        DockerError::failed(
+            "make the control directory",
+            name,
+            format!("{}: {e}", dir.display()),
+        )
+    })?;
+    let options = CreateContainerOptionsBuilder::new().name(name).build();
     docker
-        .create_container(Some(options), spec.container_body(container, &key))
+        .create_container(Some(options), spec.container_body(name, &key, dir))
         .await
-        .map_err(|e| DockerError::api("create", container, e))?;
+        .map_err(|e| DockerError::api("create", name, e))?;
     docker
         .start_container(
-            container,
+            name,
             None::<bollard::query_parameters::StartContainerOptions>,
         )
         .await
-        .map_err(|e| DockerError::api("start", container, e))?;
-    let ip = container_ip(docker, container, &spec.network).await?;
+        .map_err(|e| DockerError::api("start", name, e))?;
     let client = AioClient::new(
-        format!("{ip}:{}", spec.port),
+        dir.join(CONTROL_SOCKET),
+        spec.port,
         key.clone(),
         spec.key_header.clone(),
         spec.max_answer,
     );
-    wait_ready(&client, container, spec.start_timeout).await?;
-    Ok(Started { client })
-}
-
-async fn container_ip(
-    docker: &Docker,
-    container: &str,
-    network: &str,
-) -> Result<String, DockerError> {
-    let inspect = docker
-        .inspect_container(
-            container,
-            None::<bollard::query_parameters::InspectContainerOptions>,
+    wait_ready(&client, name, spec.start_timeout).await?;
+    lock_control_dir(dir).map_err(|e| {
+        DockerError::failed(
+            "lock the control directory",
+            name,
+            format!("{}: {e}", dir.display()),
         )
-        .await
-        .map_err(|e| DockerError::api("inspect", container, e))?;
-    inspect
-        .network_settings
-        .and_then(|n| n.networks)
-        .and_then(|mut n| n.remove(network))
-        .and_then(|e: EndpointSettings| e.ip_address)
-        .filter(|ip| !ip.is_empty())
-        .ok_or_else(|| {
-            DockerError::failed("inspect", container, format!("no address on {network}"))
-        })
+    })?;
+    Ok(Started { client })
 }
 
 async fn wait_ready(
@@ -284,23 +285,26 @@ impl Registry {
     }
 }
 
-/// A container this pool holds: registered while it lives, removed (and unregistered) when
-/// [`OwnedContainer::remove`] is awaited or, as a backstop, when it is dropped.
+/// A container this pool holds, with its control directory: registered while it lives,
+/// removed (and unregistered) when [`OwnedContainer::remove`] is awaited or, as a backstop,
+/// when it is dropped.
 #[derive(Debug)]
 pub struct OwnedContainer {
     docker: Docker,
     name: String,
+    control_dir: PathBuf,
     registry: Registry,
     removed: bool,
 }
 
 impl OwnedContainer {
     /// Registers `name` before the container exists, so the janitor never sees it unowned.
-    pub fn claim(docker: Docker, registry: Registry, name: String) -> Self {
+    pub fn claim(docker: Docker, registry: Registry, name: String, control_dir: PathBuf) -> Self {
         registry.lock().insert(name.clone());
         Self {
             docker,
             name,
+            control_dir,
             registry,
             removed: false,
         }
@@ -310,9 +314,14 @@ impl OwnedContainer {
         &self.name
     }
 
+    pub fn control_dir(&self) -> &Path {
+        &self.control_dir
+    }
+
     pub async fn remove(&mut self) {
         if !self.removed {
             containers::remove(&self.docker, &self.name).await;
+            remove_control_dir(&self.control_dir);
             self.registry.lock().remove(&self.name);
             self.removed = true;
         }
@@ -330,15 +339,17 @@ impl Drop for OwnedContainer {
         if self.removed {
             return;
         }
-        let (docker, name, registry) = (
+        let (docker, name, dir, registry) = (
             self.docker.clone(),
             self.name.clone(),
+            self.control_dir.clone(),
             self.registry.clone(),
         );
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
                     containers::remove(&docker, &name).await;
+                    remove_control_dir(&dir);
                     registry.lock().remove(&name);
                 });
             }

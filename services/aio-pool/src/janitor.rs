@@ -1,8 +1,9 @@
 //! `Janitor`: on start and then periodically, removes AIO containers and networks of this
 //! mesh that nobody owns:
 //! - this process's containers that no instance holds (a race or a bug);
-//! - containers and bridges of other aio-pool processes of the same mesh whose heartbeat key
-//!   is gone from `sandbox_nodes` (they crashed: `kill -9` runs no cleanup).
+//! - containers and control directories of other aio-pool processes of the same mesh whose
+//!   heartbeat key is gone from `sandbox_nodes` (they crashed: `kill -9` runs no cleanup), and
+//!   their bridges (earlier versions of the pool put instances on one).
 //!
 //! Other meshes (parallel test runs, other deployments on the same Docker host) are never
 //! judged: their owners' heartbeats are in another bucket.
@@ -15,7 +16,7 @@ use bollard::Docker;
 use containers::summary_name;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::docker::{remove_network, Registry, LABEL_MESH, LABEL_OWNER};
+use crate::docker::{remove_control_dir, remove_network, Registry, LABEL_MESH, LABEL_OWNER};
 
 /// The service name aio-pools beat under (`aio-pool.<instance_id>`).
 pub const SERVICE_NAME: &str = messages::ServiceName::AioPool.as_str();
@@ -38,6 +39,8 @@ pub struct JanitorArgs {
     pub mesh: String,
     pub me: String,
     pub registry: Registry,
+    /// Where every pool of this host keeps its control directories (one per pool).
+    pub socket_dir: std::path::PathBuf,
     pub nodes_kv: kv::Store,
     pub interval: Duration,
 }
@@ -98,6 +101,13 @@ pub async fn sweep(args: &JanitorArgs) -> usize {
             containers::remove(&args.docker, &name).await;
             removed += 1;
         }
+    }
+    // An owner is a label, not a path: only a plain name is joined to the directory.
+    for owner in dead_owners
+        .iter()
+        .filter(|o| !o.is_empty() && !o.contains('/') && *o != "." && *o != "..")
+    {
+        remove_control_dir(&args.socket_dir.join(owner));
     }
     remove_dead_networks(args, dead_owners).await;
     removed

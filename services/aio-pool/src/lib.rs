@@ -5,8 +5,8 @@
 //! bound to one session at most once and destroyed on release (never handed to another
 //! session: one sandbox per agent, as AIO's maintainers say). Instances speak the AIO HTTP
 //! API (`reference/aio-sandbox-openapi.json`): the project's `sandmesh/aio` image
-//! (`deploy/images/aio`, agent in `sandbox/aio-agent`) or upstream `ghcr.io/agent-infra/sandbox`
-//! — image, port and key header are configuration.
+//! (`deploy/images/aio`, agent in `sandbox/aio-agent`). Upstream's `ghcr.io/agent-infra/sandbox`
+//! speaks the same API but only over TCP, which an instance with no network cannot offer.
 //!
 //! Subjects (request → reply): `sandbox.v1.aio.acquire` AioAcquire → AioLease ·
 //! `release` AioRelease → AioReleased · `stats` → AioStats, and the internal
@@ -25,15 +25,15 @@
 //!     ├─ Pool (owns PoolState: Creating → Warm → Bound(session) → Gone; warmer + reaper tick)
 //!     │   └─ Instance* (one per container; calls serialised; health timer; removes its
 //!     │                 container when it stops — the pool hears it and frees the slot)
-//!     └─ Janitor (start + periodic: unowned containers and bridges of this mesh)
+//!     └─ Janitor (start + periodic: unowned containers of this mesh, their directories)
 //! ```
 //! `run` fails when the Pool or the Janitor stops; the Pool replaces dead instances through
 //! the warmer, capacity allowing.
 //!
-//! Network: instances live on the pool's own Docker bridge, created `internal` (no route
-//! out) with `enable_icc=false` (no instance reaches another); the pool reaches them by
-//! container IP. The egress proxy plugs in through `InstanceSpec::extra_env` and
-//! is not wired here: without it, instances have no way out, and this crate adds none.
+//! Network: none. An instance has only its own loopback, so its code reaches neither the
+//! host (no bridge gateway, no host address) nor another instance; the pool drives it over a
+//! Unix socket in a directory of its own (see [`docker`]). No egress is wired here: instances
+//! have no way out, and this crate adds none.
 
 pub mod aio_client;
 pub mod config;
@@ -51,7 +51,7 @@ use kit::{actor_handler, CancellationToken, KitError, Runtime, ServiceInfo};
 use ractor::Actor;
 
 pub use config::AioPoolConfig;
-use docker::{ensure_network, remove_network, InstanceSpec, Registry};
+use docker::{remove_control_dir, InstanceSpec, Registry};
 use janitor::{Janitor, JanitorArgs, SERVICE_NAME};
 use pool::{Gauges, Pool, PoolArgs, PoolMsg};
 use state::PoolState;
@@ -91,7 +91,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Runs the aio-pool until `shutdown` is cancelled, then removes every instance and its
-/// bridge.
+/// control directory.
 pub async fn run(
     mut config: AioPoolConfig,
     shutdown: CancellationToken,
@@ -125,7 +125,6 @@ pub async fn run(
     let subjects = runtime.subjects().clone();
     let (nodes_kv, mesh) = runtime.nodes_and_mesh().await?;
     let spec = InstanceSpec::from_config(&config, &mesh);
-    ensure_network(&docker, &spec).await?;
 
     // The heartbeat first: other pools' janitors judge this one's containers by it.
     let gauges = Arc::new(Gauges::default());
@@ -189,6 +188,7 @@ pub async fn run(
         mesh: mesh.clone(),
         me: config.kit.instance_id.clone(),
         registry: registry.clone(),
+        socket_dir: config.socket_dir.clone(),
         nodes_kv,
         interval: config.janitor_interval,
     };
@@ -245,7 +245,7 @@ pub async fn run(
     let outcome = match served.await {
         Err(e) => Err(e.into()),
         Ok(()) => {
-            tracing::info!(image = %config.image, network = %spec.network, mesh, "aio-pool ready");
+            tracing::info!(image = %config.image, control = %spec.control_root.display(), mesh, "aio-pool ready");
             tokio::select! {
                 _ = shutdown.cancelled() => Ok(()),
                 _ = &mut pool_task => Err(AioPoolError::ActorStopped("pool")),
@@ -269,6 +269,6 @@ pub async fn run(
             containers::remove(&docker, &name).await;
         }
     }
-    remove_network(&docker, &spec.network).await;
+    remove_control_dir(&spec.control_root);
     outcome
 }

@@ -108,6 +108,16 @@ pub struct PoolArgs {
     pub peers: Arc<kit::PeerCounts>,
 }
 
+/// The lease's `base_url`: the instance's API over its control socket, as an `http+unix`
+/// URL (the socket's host path, percent-encoded, as the host).
+fn control_url(socket: &std::path::Path) -> String {
+    let path = socket.display().to_string();
+    format!(
+        "http+unix://{}/",
+        path.replace('%', "%25").replace('/', "%2F")
+    )
+}
+
 /// A live instance.
 struct Live {
     actor: ActorRef<InstanceMsg>,
@@ -187,18 +197,21 @@ impl PoolStateHolder {
     }
 
     fn create(&mut self, myself: &ActorRef<PoolMsg>, id: InstanceId) {
-        let name = format!(
-            "sandmesh-aio-{}-{}",
-            self.args.spec.owner,
-            messages::new_id().to_ascii_lowercase()
+        let unique = messages::new_id().to_ascii_lowercase();
+        let name = format!("sandmesh-aio-{}-{unique}", self.args.spec.owner);
+        // Only the unique part: a Unix socket path has room for 107 bytes.
+        let control_dir = self.args.spec.control_root.join(unique);
+        let mut owned = OwnedContainer::claim(
+            self.args.docker.clone(),
+            self.args.registry.clone(),
+            name,
+            control_dir,
         );
-        let mut owned =
-            OwnedContainer::claim(self.args.docker.clone(), self.args.registry.clone(), name);
         let docker = self.args.docker.clone();
         let spec = self.args.spec.clone();
         let pool = myself.clone();
         tokio::spawn(async move {
-            let result = match start_instance(&docker, &spec, owned.name()).await {
+            let result = match start_instance(&docker, &spec, &owned).await {
                 Ok(started) => Ok((owned, started)),
                 Err(e) => {
                     tracing::warn!(container = %owned, error = %e, "starting an AIO instance failed");
@@ -481,7 +494,7 @@ impl Actor for Pool {
             }
             PoolMsg::Created(id, Ok((container, started))) => {
                 let name = container.name().to_string();
-                let base_url = format!("http://{}", started.client.addr);
+                let base_url = control_url(&started.client.socket);
                 let args = InstanceArgs {
                     id,
                     container,

@@ -4,6 +4,7 @@
 
 mod api;
 mod common;
+mod network;
 mod pool;
 mod sdk;
 mod tier;

@@ -37,7 +37,7 @@ fn release(session: &str) -> AioRelease {
 async fn acquire_exec_files_then_release_destroys_the_container() {
     let h = Harness::start(&[]).await;
     let lease = h.aio.acquire(&acquire("s1")).await.unwrap();
-    assert!(lease.base_url.starts_with("http://"), "{lease:?}");
+    assert!(lease.base_url.starts_with("http+unix://"), "{lease:?}");
     assert_eq!(h.containers().await, vec![lease.instance_id.clone()]);
     // The mesh-wide label, for leak accounting across every kind of container.
     let inspected = h
@@ -144,18 +144,40 @@ async fn two_sessions_never_share_files_processes_browser_or_network() {
     assert!(!seen.stdout.contains("marker-a-proc"), "{}", seen.stdout);
     // a's browser profile (its user-data dir, its Chromium) is not in b's instance.
     assert!(!seen.stdout.contains("chromium"), "{}", seen.stdout);
-    // b cannot reach a's agent: inter-container traffic is off on the pool's bridge.
-    let a_addr = a.base_url.trim_start_matches("http://");
-    let (ip, port) = a_addr.split_once(':').unwrap();
-    let reach = format!(
-        "python3 -c 'import socket; socket.create_connection((\"{ip}\", {port}), timeout=2); print(\"REACHED\")' 2>&1 | tail -1"
-    );
-    let r = h.aio.exec_instance(&exec("b", &reach)).await.unwrap();
+    // b has no network: not a's agent (its only way in is a socket on the host), not the
+    // outside. The same probe reaches b's own agent on its loopback, so it would see one.
+    let reach = |host: &str, port: u16| {
+        format!(
+            "python3 -c 'import socket; socket.create_connection((\"{host}\", {port}), timeout=2); print(\"REACHED\")' 2>&1 | tail -1"
+        )
+    };
+    let own = h
+        .aio
+        .exec_instance(&exec("b", &reach("127.0.0.1", 8080)))
+        .await
+        .unwrap();
+    assert_eq!(own.stdout, "REACHED\n", "{own:?}");
+    let r = h
+        .aio
+        .exec_instance(&exec("b", &reach("1.1.1.1", 80)))
+        .await
+        .unwrap();
     assert!(!r.stdout.contains("REACHED"), "{r:?}");
-    // And nothing outside: the bridge is internal.
-    let out = "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=2); print(\"REACHED\")' 2>&1 | tail -1";
-    let r = h.aio.exec_instance(&exec("b", out)).await.unwrap();
-    assert!(!r.stdout.contains("REACHED"), "{r:?}");
+    assert!(a.base_url.starts_with("http+unix://"), "{a:?}");
+    let a_socket = a
+        .base_url
+        .trim_start_matches("http+unix://")
+        .replace("%2F", "/");
+    let a_socket = a_socket.trim_end_matches('/');
+    let r = h
+        .aio
+        .exec_instance(&exec(
+            "b",
+            &format!("ls /run/sandmesh-aio; test -e {a_socket} || echo absent"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "agent.sock\nabsent\n", "{r:?}");
 
     // b may not release (or run in) a's instance by naming it.
     let e = h
@@ -411,13 +433,13 @@ async fn the_janitor_removes_what_a_killed_pool_left() {
     assert_eq!(owned_containers(&docker, &dead_owner).await.len(), 2);
 
     let h = Harness::start_on(nats, &unique("heir"), &[]).await;
+    let dead_dir = h.control_root.with_file_name(&dead_owner);
+    assert!(dead_dir.exists(), "{}", dead_dir.display());
+    let dead_dir = &dead_dir;
     eventually_true(
-        "the janitor removed the dead pool's containers and bridge",
+        "the janitor removed the dead pool's containers and control directories",
         Duration::from_secs(30),
-        || async move {
-            owned_containers(d, o).await.is_empty()
-                && !crate::common::network_exists(d, &aio_pool::docker::network_name(o)).await
-        },
+        || async move { owned_containers(d, o).await.is_empty() && !dead_dir.exists() },
     )
     .await;
     h.stop().await;

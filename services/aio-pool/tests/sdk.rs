@@ -3,8 +3,9 @@
 //! jupyter state across calls, file replace/search/find/editor, code, Node.js, shell.
 //!
 //! A Rust test rather than a pytest suite run from scripts/test.sh: the instance is started
-//! by the same Rust harness as the API tests (image build, hardened container, bridge, key),
-//! so nextest runs it with the rest and no second harness exists in Python. The SDK lives in a
+//! by the same Rust harness as the API tests (image build, hardened container, key; its
+//! control socket relayed to a loopback port, as the SDK speaks TCP only), so nextest runs
+//! it with the rest and no second harness exists in Python. The SDK lives in a
 //! cached venv under the target dir; when it cannot be installed the test fails saying so.
 
 use std::path::PathBuf;
@@ -26,7 +27,7 @@ async fn the_official_python_sdk_drives_an_instance() {
     let probe = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/aio_sdk_probe.py");
     let out = tokio::process::Command::new(&python)
         .arg(&probe)
-        .env("AIO_URL", format!("http://{}", aio.addr))
+        .env("AIO_URL", format!("http://{}", aio.tcp_relay().await))
         .env("AIO_KEY", KEY)
         .output()
         .await

@@ -20,7 +20,7 @@ use test_support::{eventually_true, NatsServer};
 
 /// The risk-assessor, the workspace-store, confirmation (approving everything when `auto_approve`: the CDP probe
 /// opens sockets, which is high risk) and a scheduler (`mode`) beside the pool `h`.
-async fn front(h: &Harness, mode: &str, auto_approve: bool) -> CancellationToken {
+pub(crate) async fn front(h: &Harness, mode: &str, auto_approve: bool) -> CancellationToken {
     let stop = CancellationToken::new();
     let url = h.nats.url();
     let confirm = confirmation::ConfirmationConfig::from_env(&env_map(&[
@@ -45,7 +45,7 @@ async fn front(h: &Harness, mode: &str, auto_approve: bool) -> CancellationToken
     stop
 }
 
-fn python(session: Option<&str>, tier: TierChoice, code: &str) -> ExecRequest {
+pub(crate) fn python(session: Option<&str>, tier: TierChoice, code: &str) -> ExecRequest {
     ExecRequest {
         session_id: session.map(str::to_string),
         language: Language::Python,
@@ -56,7 +56,7 @@ fn python(session: Option<&str>, tier: TierChoice, code: &str) -> ExecRequest {
     }
 }
 
-async fn exec(h: &Harness, req: &ExecRequest) -> messages::exec::ExecResult {
+pub(crate) async fn exec(h: &Harness, req: &ExecRequest) -> messages::exec::ExecResult {
     let exec = h.mesh.exec();
     let mut last = None;
     // The scheduler and the assessor start beside the pool: the first call may find them

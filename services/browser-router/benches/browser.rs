@@ -81,7 +81,7 @@ async fn bare(mesh: &BrowserMesh, rounds: usize) -> Vec<Duration> {
     drop(container);
     containers.tasks.close();
     containers.tasks.wait().await;
-    containers.remove_network().await;
+    containers.remove_socket_dir();
     samples
 }
 

@@ -59,7 +59,8 @@ pub async fn probe(cdp_url: &str) -> Result<(), CdpError> {
 }
 
 impl Chromium {
-    /// Connects to the browser at `cdp_url` (`http://<ip>:9222`) and opens the session's page.
+    /// Connects to the browser at `cdp_url` (`unix:<path>` or `http://host:port`) and opens
+    /// the session's page.
     pub async fn connect(cdp_url: &str) -> Result<Self, CdpError> {
         let mut browser = Connection::browser(cdp_url, COMMAND_LIMIT).await?;
         // Downloads land nowhere: a page cannot write files into the container or the host.
@@ -75,18 +76,14 @@ impl Chromium {
         })
     }
 
-    /// The page's socket still stands and the DevTools port still accepts a connection.
+    /// The page's socket still stands and the DevTools endpoint still accepts a connection.
     pub async fn is_alive(&self) -> bool {
         if self.page.is_closed() {
             return false;
         }
-        let addr = self.cdp_url.trim_start_matches("http://").to_string();
+        let addr = self.cdp_url.trim_start_matches("http://");
         matches!(
-            tokio::time::timeout(
-                Duration::from_millis(500),
-                tokio::net::TcpStream::connect(addr)
-            )
-            .await,
+            tokio::time::timeout(Duration::from_millis(500), cdp::dial(addr)).await,
             Ok(Ok(_))
         )
     }

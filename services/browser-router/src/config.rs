@@ -31,11 +31,8 @@ pub struct BrowserConfig {
     /// Default: every public host on ports 80 and 443; loopback, private, link-local and
     /// the metadata address refused.
     pub network: NetworkPolicy,
-    /// The internal Docker bridge browsers are reached on (created when missing; removed at
-    /// stop when this instance created it). Default: one of this instance's own,
-    /// `sandmesh-browser-<instance id>`, so nothing of a stopped router remains.
-    pub docker_network: String,
-    /// Where the per-container egress socket directories live on this host.
+    /// Where the per-container socket directories (egress proxy, DevTools) live on this
+    /// host, under one of this instance's own (`<dir>/<instance id>`).
     pub egress_dir: PathBuf,
     /// Memory limit of one browser container.
     pub memory_mb: u64,
@@ -77,10 +74,6 @@ impl BrowserConfig {
             confirm_timeout: r.millis("BROWSER_CONFIRM_TIMEOUT_MS", Duration::from_secs(120)),
             inline_max_bytes: r.parse("BROWSER_INLINE_MAX_BYTES", 512 * 1024usize),
             network,
-            docker_network: r.string(
-                "BROWSER_DOCKER_NETWORK",
-                &format!("sandmesh-browser-{}", kit.instance_id),
-            ),
             egress_dir: PathBuf::from(r.string("BROWSER_EGRESS_DIR", "/tmp/sandmesh-browser")),
             memory_mb: r.parse("BROWSER_MEMORY_MB", 1024u64),
             cpus: r.parse("BROWSER_CPUS", 1.0f64),

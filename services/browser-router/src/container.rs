@@ -1,15 +1,18 @@
 //! Browser containers through the Docker API: the one place that decides how a Chromium
 //! container is created, so its hardening cannot drift.
 //!
-//! Differences from the sandbox containers of docker-executor, each on purpose:
-//! - network: the internal bridge [`BrowserConfig::docker_network`] instead of `none`, because
-//!   the router must reach Chromium's DevTools by the container's IP. The bridge is created
-//!   `--internal` (no route out of the host) with inter-container traffic disabled, so a
-//!   browser reaches neither the internet nor another browser; its only way out is the
-//!   egress proxy (below).
-//! - one bind mount: the container's own egress directory (read-only), where the router binds
-//!   the egress proxy's Unix socket when a session takes the browser. Nothing else of the
-//!   host is mounted.
+//! Like the sandbox containers of docker-executor, a browser container has no network
+//! (`NetworkMode none`): only its own loopback, so neither Chromium nor anything that takes
+//! over a renderer reaches the host (no bridge gateway, no host address), another browser or
+//! the internet. Its ways in and out are two Unix sockets in directories of its own:
+//! - the egress directory (read-only in the container), where the router binds the egress
+//!   proxy's socket when a session takes the browser: Chromium's only way out;
+//! - the DevTools directory, where the container's forwarder makes the socket the router
+//!   drives Chromium through. It is writable only while the container starts (no page is
+//!   loaded yet) and read-only once DevTools answers, so a browser cannot fill the host's
+//!   disk through it.
+//!
+//! Nothing else of the host is mounted. The other differences, each on purpose:
 //! - `nofile` 4096 instead of 256: Chromium's processes and sockets need it; `/tmp` without
 //!   `exec` (Chromium runs nothing from it).
 //! - `--no-sandbox` inside: Chromium's own sandbox needs user namespaces or a setuid helper,
@@ -20,11 +23,11 @@
 //! sweep at start and stop removes exactly this instance's containers and nobody else's.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use bollard::models::{ContainerCreateBody, NetworkCreateRequest};
+use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, ListContainersOptionsBuilder};
 use bollard::Docker;
 use tokio_util::task::TaskTracker;
@@ -41,11 +44,13 @@ pub const LABEL_ROUTER: &str = "sandmesh.browser.router";
 pub const BROWSER_UID: u32 = 10002;
 /// Where the container finds its egress socket (deploy/images/browser/sandmesh-browser).
 const EGRESS_MOUNT: &str = "/run/sandmesh-egress";
+/// Where the container makes its DevTools socket (deploy/images/browser/sandmesh-browser).
+const CDP_MOUNT: &str = "/run/sandmesh-cdp";
+/// The DevTools socket in [`CDP_MOUNT`].
+pub const CDP_SOCKET: &str = "cdp.sock";
 /// The size of the container's `/tmp`, its one writable place.
 const TMP_MB: u64 = 256;
 pub const EGRESS_SOCKET: &str = "egress.sock";
-/// The CDP forwarder's port in the container.
-pub const CDP_PORT: u16 = 9222;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContainerError {
@@ -59,10 +64,8 @@ pub enum ContainerError {
         #[source]
         source: bollard::errors::Error,
     },
-    #[error("container {0} has no address on the browser network")]
-    NoAddress(String),
-    #[error("preparing the egress directory {}: {source}", path.display())]
-    EgressDir {
+    #[error("preparing the socket directory {}: {source}", path.display())]
+    SocketDir {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -79,9 +82,6 @@ fn api(op: &'static str, target: &str) -> impl FnOnce(bollard::errors::Error) ->
 pub struct Containers {
     docker: Docker,
     image: String,
-    network: String,
-    /// Whether this instance created [`Self::network`] (and so removes it at stop).
-    created_network: std::sync::Arc<std::sync::atomic::AtomicBool>,
     router: String,
     /// The mesh, for [`containers::LABEL_MESH`].
     mesh: String,
@@ -94,7 +94,8 @@ pub struct Containers {
 }
 
 impl Containers {
-    /// Connects, checks the image and makes sure the internal bridge exists.
+    /// Connects, checks the image and makes this instance's socket directory (closed to the
+    /// host's other users: the bind mounts do not pass through it).
     pub async fn connect(config: &BrowserConfig, mesh: &str) -> Result<Self, ContainerError> {
         let docker = containers::connect().await?;
         docker
@@ -107,8 +108,6 @@ impl Containers {
         let this = Self {
             docker,
             image: config.image.clone(),
-            network: config.docker_network.clone(),
-            created_network: std::sync::Arc::default(),
             router: config.kit.instance_id.clone(),
             mesh: mesh.to_string(),
             egress_dir: config.egress_dir.join(&config.kit.instance_id),
@@ -117,8 +116,10 @@ impl Containers {
             pids: config.pids,
             tasks: TaskTracker::new(),
         };
-        this.ensure_network().await?;
-        std::fs::create_dir_all(&this.egress_dir).map_err(|source| ContainerError::EgressDir {
+        let private = std::fs::create_dir_all(&this.egress_dir).and_then(|()| {
+            std::fs::set_permissions(&this.egress_dir, std::fs::Permissions::from_mode(0o700))
+        });
+        private.map_err(|source| ContainerError::SocketDir {
             path: this.egress_dir.clone(),
             source,
         })?;
@@ -144,61 +145,30 @@ impl Containers {
         &self.router
     }
 
-    /// The bridge: internal (no route out) and no traffic between its containers. Creating
-    /// it races with other routers on the host; a 409 means one of them won.
-    async fn ensure_network(&self) -> Result<(), ContainerError> {
-        if self
-            .docker
-            .inspect_network(&self.network, None)
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
-        let body = NetworkCreateRequest {
-            name: self.network.clone(),
-            driver: Some("bridge".into()),
-            internal: Some(true),
-            options: Some(HashMap::from([(
-                "com.docker.network.bridge.enable_icc".to_string(),
-                "false".to_string(),
-            )])),
-            labels: Some(self.labels()),
-            ..Default::default()
-        };
-        match self.docker.create_network(body).await {
-            Ok(_) => {
-                self.created_network
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                Ok(())
-            }
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 409, ..
-            }) => Ok(()),
-            Err(e) => Err(api("create network", &self.network)(e)),
-        }
-    }
-
     /// Creates and starts a browser container and waits until its DevTools answer. A
     /// container that fails on the way is removed (the lease is dropped).
     pub async fn start(&self, ready_within: Duration) -> Result<BrowserContainer, StartError> {
         let id = messages::new_id().to_ascii_lowercase();
         let name = format!("sandmesh-browser-{}-{id}", self.router);
         // Only the id: a Unix socket path has room for 107 bytes.
-        let egress_dir = self.egress_dir.join(&id);
-        let mut lease = BrowserContainer {
+        let lease = BrowserContainer {
             name: name.clone(),
-            ip: IpAddr::from([0, 0, 0, 0]),
-            egress_dir: egress_dir.clone(),
+            dir: self.egress_dir.join(&id),
             containers: self.clone(),
         };
-        std::fs::create_dir_all(&egress_dir).map_err(|source| ContainerError::EgressDir {
-            path: egress_dir.clone(),
+        let dir_failed = |source| ContainerError::SocketDir {
+            path: lease.dir.clone(),
             source,
-        })?;
+        };
+        std::fs::create_dir(&lease.dir).map_err(dir_failed)?;
+        std::fs::create_dir(lease.egress_dir()).map_err(dir_failed)?;
+        std::fs::create_dir(lease.cdp_dir()).map_err(dir_failed)?;
+        // The container's user makes its socket here; not its owner, it cannot undo the lock.
+        std::fs::set_permissions(lease.cdp_dir(), std::fs::Permissions::from_mode(0o777))
+            .map_err(dir_failed)?;
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
         self.docker
-            .create_container(Some(options), self.body(&egress_dir))
+            .create_container(Some(options), self.body(&lease))
             .await
             .map_err(api("create", &name))?;
         self.docker
@@ -208,24 +178,17 @@ impl Containers {
             )
             .await
             .map_err(api("start", &name))?;
-        let inspect = self
-            .docker
-            .inspect_container(&name, None)
-            .await
-            .map_err(api("inspect", &name))?;
-        let ip = inspect
-            .network_settings
-            .and_then(|n| n.networks)
-            .and_then(|n| n.get(&self.network).cloned())
-            .and_then(|n| n.ip_address)
-            .and_then(|ip| ip.parse::<IpAddr>().ok())
-            .ok_or_else(|| ContainerError::NoAddress(name.clone()))?;
-        lease.ip = ip;
         lease.wait_ready(ready_within).await?;
+        std::fs::set_permissions(lease.cdp_dir(), std::fs::Permissions::from_mode(0o555)).map_err(
+            |source| ContainerError::SocketDir {
+                path: lease.cdp_dir(),
+                source,
+            },
+        )?;
         Ok(lease)
     }
 
-    fn body(&self, egress_dir: &std::path::Path) -> ContainerCreateBody {
+    fn body(&self, lease: &BrowserContainer) -> ContainerCreateBody {
         // The sandboxes' hardening, with the differences the module doc gives.
         let mut host = hardened_host_config(&Hardening {
             memory_mb: self.memory_mb,
@@ -242,8 +205,11 @@ impl Containers {
                 ),
             )]),
         });
-        host.network_mode = Some(self.network.clone());
-        host.binds = Some(vec![format!("{}:{EGRESS_MOUNT}:ro", egress_dir.display())]);
+        host.network_mode = Some("none".into());
+        host.binds = Some(vec![
+            format!("{}:{EGRESS_MOUNT}:ro", lease.egress_dir().display()),
+            format!("{}:{CDP_MOUNT}", lease.cdp_dir().display()),
+        ]);
         ContainerCreateBody {
             image: Some(self.image.clone()),
             user: Some(format!("{BROWSER_UID}:{BROWSER_UID}")),
@@ -279,8 +245,8 @@ impl Containers {
             .collect())
     }
 
-    /// Removes every container of this instance (at start: a previous run's; at stop: what a
-    /// race left). Returns how many there were.
+    /// Removes every container of this instance and their socket directories (at start: a
+    /// previous run's; at stop: what a race left). Returns how many containers there were.
     pub async fn sweep(&self) -> usize {
         let names = match self.list().await {
             Ok(n) => n,
@@ -292,22 +258,14 @@ impl Containers {
         for name in &names {
             self.remove(name).await;
         }
-        let _ = std::fs::remove_dir_all(&self.egress_dir);
+        let _ = std::fs::read_dir(&self.egress_dir)
+            .map(|dirs| dirs.flatten().for_each(|d| remove_container_dir(&d.path())));
         names.len()
     }
 
-    /// Removes the bridge if this instance created it (its containers are gone by now); one
-    /// named by configuration and shared with others stays.
-    pub async fn remove_network(&self) {
-        if !self
-            .created_network
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return;
-        }
-        if let Err(e) = self.docker.remove_network(&self.network).await {
-            tracing::warn!(network = %self.network, error = %e, "browser network not removed");
-        }
+    /// Removes this instance's socket directory (at stop, once [`Self::sweep`] emptied it).
+    pub fn remove_socket_dir(&self) {
+        let _ = std::fs::remove_dir(&self.egress_dir);
     }
 }
 
@@ -327,24 +285,36 @@ pub enum StartError {
 }
 
 /// One started browser container, from its creation until Docker removed it: dropping it
-/// removes the container (on the instance's task tracker, so shutdown waits) and its egress
-/// directory.
+/// removes the container (on the instance's task tracker, so shutdown waits) and its socket
+/// directories.
 pub struct BrowserContainer {
     pub name: String,
-    pub ip: IpAddr,
-    pub egress_dir: PathBuf,
+    /// Its socket directories' parent (`egress/`, `cdp/`).
+    dir: PathBuf,
     containers: Containers,
 }
 
 impl BrowserContainer {
-    /// `http://<ip>:9222`: `cdp::Connection::browser` reads `/json/version` there and goes to
-    /// this address instead of the `127.0.0.1` in its `webSocketDebuggerUrl`.
+    /// `unix:<path>` of the DevTools socket: `cdp::Connection::browser` reads `/json/version`
+    /// there and opens the browser's WebSocket through the same socket.
     pub fn cdp_url(&self) -> String {
-        format!("http://{}:{CDP_PORT}", self.ip)
+        format!(
+            "{}{}",
+            cdp::UNIX_PREFIX,
+            self.cdp_dir().join(CDP_SOCKET).display()
+        )
+    }
+
+    fn egress_dir(&self) -> PathBuf {
+        self.dir.join("egress")
+    }
+
+    fn cdp_dir(&self) -> PathBuf {
+        self.dir.join("cdp")
     }
 
     pub fn egress_socket(&self) -> PathBuf {
-        self.egress_dir.join(EGRESS_SOCKET)
+        self.egress_dir().join(EGRESS_SOCKET)
     }
 
     async fn wait_ready(&self, within: Duration) -> Result<(), StartError> {
@@ -370,16 +340,23 @@ impl Drop for BrowserContainer {
     fn drop(&mut self) {
         let containers = self.containers.clone();
         let name = std::mem::take(&mut self.name);
-        let dir = std::mem::take(&mut self.egress_dir);
+        let dir = std::mem::take(&mut self.dir);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let tasks = containers.tasks.clone();
             tasks.spawn_on(
                 async move {
                     containers.remove(&name).await;
-                    let _ = std::fs::remove_dir_all(&dir);
+                    remove_container_dir(&dir);
                 },
                 &handle,
             );
         }
     }
+}
+
+/// Removes a container's socket directories (the locked DevTools one opened first: it refuses
+/// unlinking its socket even to its owner).
+fn remove_container_dir(dir: &std::path::Path) {
+    let _ = std::fs::set_permissions(dir.join("cdp"), std::fs::Permissions::from_mode(0o700));
+    let _ = std::fs::remove_dir_all(dir);
 }

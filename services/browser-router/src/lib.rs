@@ -83,7 +83,7 @@ pub async fn run(
         }
     }
     let mut runtime = Runtime::start(config.kit.clone(), info).await?;
-    // Containers and the bridge carry the mesh's label: the runtime knows which mesh it is.
+    // Containers carry the mesh's label: the runtime knows which mesh it is.
     let (_, mesh_id) = runtime.nodes_and_mesh().await?;
     let containers = match Containers::connect(&config, &mesh_id).await {
         Ok(c) => c,
@@ -195,7 +195,7 @@ pub async fn run(
     if left > 0 {
         tracing::warn!(left, "removed browser containers left at shutdown");
     }
-    containers.remove_network().await;
+    containers.remove_socket_dir();
     Ok(())
 }
 

@@ -632,8 +632,8 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
     });
     futures::future::join_all(runs).await;
     assert_eq!(mesh.containers().len(), 12, "10 sessions + 2 warm");
-    // Every container and the router's bridge carry the mesh's label (leak accounting by
-    // one label finds browsers too).
+    // Every container carries the mesh's label (leak accounting by one label finds browsers
+    // too); there is no bridge: browsers have no network.
     let labelled = |kind: &str| {
         let out = std::process::Command::new("docker")
             .args([kind, "ls", "-q", "--filter"])
@@ -644,7 +644,7 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
         String::from_utf8_lossy(&out.stdout).lines().count()
     };
     assert_eq!(labelled("container"), 12);
-    assert_eq!(labelled("network"), 1, "the router's own bridge");
+    assert_eq!(labelled("network"), 0, "a bridge of the router's");
     for s in &sessions {
         mesh.ok(s, A::Close, BrowserPayload::default()).await;
     }
@@ -665,7 +665,7 @@ async fn many_actions_across_ten_sessions_leak_nothing() {
         .expect("docker network ls");
     assert!(
         networks.stdout.is_empty(),
-        "shutdown removes the router's bridge: {}",
+        "a bridge of the router's: {}",
         String::from_utf8_lossy(&networks.stdout)
     );
 }
@@ -767,5 +767,193 @@ async fn a_tenant_over_its_browsers_quota_gets_429() {
     let close = BrowserRequest::new("s1", BrowserCommand::Close);
     acme.act(&close).await.unwrap();
     acme.act(&open("s2")).await.expect("closed: room again");
+    mesh.stop().await;
+}
+
+/// A browser container reaches nothing on the host. As a renderer taken over would, code run
+/// in the container as its own user (`docker exec`, with the image's own socat) knocks on every
+/// host address the test read on the host side, on whatever its routes name, on its own
+/// loopback, over TCP and UDP, while listeners of the test's own wait on the host's `0.0.0.0`
+/// and `127.0.0.1`; and a page's script tries the same addresses with fetch, WebSocket and
+/// WebRTC (a STUN server on each: UDP, which the proxy does not carry). Positive controls: the same
+/// knock reaches Chromium's DevTools on the container's loopback, the page's fetch reaches the
+/// fixture the policy allows, and the same knock from a container of the same image on a
+/// normal Docker bridge reaches the host's listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_browser_container_reaches_nothing_on_the_host() {
+    use test_support::hostnet::{self, HostListeners, GREETING};
+    let listeners = HostListeners::start();
+    let host = hostnet::host_addresses();
+    let mesh = BrowserMesh::start(&[]).await;
+    let s = "net-session";
+    mesh.navigate(s, "/").await;
+    let container = mesh.containers().into_iter().next().expect("a browser");
+
+    let exec = |script: &str| {
+        let out = std::process::Command::new("docker")
+            .args(["exec", "-u", "10002:10002", &container, "sh", "-c", script])
+            .output()
+            .expect("docker exec");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"),
+        "lo\n",
+        "the container has an interface besides loopback"
+    );
+    // Gateways its routes name (none, with no interface): each is knocked on too.
+    let routes = exec("cat /proc/net/route");
+    let gateways = routes.lines().skip(1).filter_map(|l| {
+        let gateway = u32::from_str_radix(l.split_whitespace().nth(2)?, 16).ok()?;
+        (gateway != 0).then(|| std::net::IpAddr::from(gateway.to_le_bytes()))
+    });
+    let mut targets: Vec<String> = host
+        .iter()
+        .copied()
+        .chain(gateways)
+        .flat_map(|ip| {
+            let at = match ip {
+                std::net::IpAddr::V4(v4) => format!("TCP4:{v4}"),
+                std::net::IpAddr::V6(v6) => format!("TCP6:[{v6}]"),
+            };
+            [listeners.any, listeners.loopback].map(|p| format!("{at}:{p}"))
+        })
+        .collect();
+    targets.push(format!("TCP4:127.0.0.1:{}", listeners.any));
+    targets.push(format!("TCP4:127.0.0.1:{}", listeners.loopback));
+    let udp: Vec<String> = host
+        .iter()
+        .map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => format!("UDP4:{v4}:{}", listeners.udp),
+            std::net::IpAddr::V6(v6) => format!("UDP6:[{v6}]:{}", listeners.udp),
+        })
+        .collect();
+    // An HTTP request, the sending side held open a moment (DevTools answers nothing to a
+    // request whose connection is already half closed); the host's listeners greet at once.
+    let knock = |target: &str| {
+        format!(
+            "printf '%s ' {target}; (printf 'GET /json/version HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n'; \
+             sleep 1) | socat -T3 - {target},connect-timeout=3 2>&1 | head -c 2000 | tr '\\n' ' '; echo"
+        )
+    };
+    let script: Vec<String> = targets
+        .iter()
+        .map(|t| knock(t))
+        .chain(
+            udp.iter()
+                .map(|t| format!("echo probe | socat -T1 - {t} 2>&1; echo {t} sent")),
+        )
+        .chain([knock("TCP4:127.0.0.1:9223")])
+        .collect();
+    let seen = exec(&script.join("\n"));
+    // The knock sees a connection when there is one: Chromium's DevTools, inside.
+    let own = seen
+        .lines()
+        .find(|l| l.starts_with("TCP4:127.0.0.1:9223"))
+        .unwrap_or_default();
+    assert!(own.contains("\"Browser\": \"Chrome/"), "{seen}");
+    for target in &targets {
+        let line = seen.lines().find(|l| l.starts_with(target.as_str()));
+        let line = line.unwrap_or_else(|| panic!("{target} was not tried: {seen}"));
+        assert!(
+            !line.contains(GREETING),
+            "{target} reached from the browser: {line}"
+        );
+    }
+    assert_eq!(
+        listeners.seen(),
+        vec![],
+        "the host's listeners were reached"
+    );
+
+    // A page's script: fetch, WebSocket and WebRTC to the host, fetch to the fixture.
+    let urls: Vec<String> = host
+        .iter()
+        .map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => v4.to_string(),
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        })
+        .chain(["127.0.0.1".to_string()])
+        .flat_map(|h| [listeners.any, listeners.loopback].map(|p| format!("{h}:{p}")))
+        .collect();
+    let stun: Vec<String> = host
+        .iter()
+        .map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => format!("stun:{v4}:{}", listeners.udp),
+            std::net::IpAddr::V6(v6) => format!("stun:[{v6}]:{}", listeners.udp),
+        })
+        .collect();
+    let script = format!(
+        r#"(async () => {{
+  const out = {{}};
+  const fetched = async (url) => {{
+    try {{ const r = await fetch(url, {{mode: 'no-cors'}}); return 'fetched ' + r.type; }}
+    catch (e) {{ return 'error ' + e; }}
+  }};
+  out.fixture = await fetched({fixture});
+  for (const at of {urls}) {{
+    out['http://' + at] = await fetched('http://' + at + '/');
+    out['ws://' + at] = await new Promise((done) => {{
+      try {{
+        const ws = new WebSocket('ws://' + at + '/');
+        ws.onopen = () => done('open');
+        ws.onerror = () => done('error');
+        setTimeout(() => done('no answer'), 3000);
+      }} catch (e) {{ done('error ' + e); }}
+    }});
+  }}
+  const pc = new RTCPeerConnection({{iceServers: {stun}.map((urls) => ({{urls}}))}});
+  pc.createDataChannel('probe');
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise((done) => setTimeout(done, 3000));
+  out.rtc = pc.localDescription.sdp.includes('srflx') ? 'srflx' : 'no srflx';
+  pc.close();
+  return out;
+}})()"#,
+        fixture = serde_json::to_string(&mesh.fixture.url("/")).unwrap(),
+        urls = serde_json::to_string(&urls).unwrap(),
+        stun = serde_json::to_string(&stun).unwrap(),
+    );
+    let (approver, _) = mesh.decide_all(true).await;
+    let page = mesh
+        .ok(s, A::Evaluate, req(|r| r.script = Some(script)))
+        .await;
+    approver.abort();
+    let page = page.value.expect("the script's value");
+    // The script's requests go out: the fixture, which the policy allows, answers it. (What
+    // the egress proxy answers for a refused address is a response too, so only the host's
+    // listeners can tell whether the host was reached.)
+    assert!(
+        page["fixture"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("fetched")),
+        "{page:#}"
+    );
+    assert_eq!(page["rtc"], "no srflx", "{page:#}");
+    assert_eq!(listeners.seen(), vec![], "reached from the page: {page:#}");
+
+    // The positive control outside: the same knock from a container of the same image on
+    // Docker's default bridge reaches the host's listener through that bridge's gateway.
+    let gateway = hostnet::default_bridge_gateway();
+    let target = format!("TCP4:{gateway}:{},connect-timeout=3", listeners.any);
+    let out = hostnet::run_on_default_bridge(
+        test_support::browser::image(),
+        "10002:10002",
+        "socat",
+        &["-T3", "-", &target],
+    );
+    assert!(out.contains(GREETING), "{out:?}");
+    let listeners = &listeners;
+    eventually_true(
+        "the host's listener saw the control's connection",
+        BOUND,
+        || async move {
+            listeners
+                .seen()
+                .iter()
+                .any(|(which, _)| *which == "tcp 0.0.0.0")
+        },
+    )
+    .await;
     mesh.stop().await;
 }

@@ -5,6 +5,7 @@
 mod common;
 mod conformance;
 mod exec;
+mod host_network;
 mod isolation;
 mod limits;
 mod uids;

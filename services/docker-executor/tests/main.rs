@@ -7,6 +7,7 @@ mod conformance;
 mod egress;
 mod exec;
 mod hardening;
+mod host_network;
 mod isolation;
 mod janitor;
 mod kernel;

@@ -1,11 +1,14 @@
-//! One AIO instance started straight from the image, hardened and networked exactly as the
-//! pool starts one (`InstanceSpec::container_body` on the pool's internal bridge), but with a
-//! key the test knows, so tests can speak the instance's HTTP API as an agent's SDK does.
+//! One AIO instance started straight from the image, hardened exactly as the pool starts one
+//! (`InstanceSpec::container_body`: no network, the API on a control socket), but with a key
+//! the test knows, so tests can speak the instance's HTTP API as an agent's SDK does.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use aio_pool::docker::{ensure_network, remove_network, InstanceSpec};
+use aio_pool::docker::{
+    lock_control_dir, open_control_dir, remove_control_dir, InstanceSpec, CONTROL_SOCKET,
+};
 use aio_pool::AioPoolConfig;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -17,11 +20,16 @@ use super::{image, unique};
 
 pub const KEY: &str = "aio-api-test-key-0123456789abcdef";
 
-/// A running instance; removed (with its bridge) by `stop`, or by `Drop` after a panic.
+/// A running instance; removed (with its control directory) by `stop`, or by `Drop` after a
+/// panic.
 pub struct Instance {
+    /// The agent's address inside the instance: the `Host` the test's requests carry, as the
+    /// pool's do.
     pub addr: String,
+    /// The control socket on the host.
+    pub socket: PathBuf,
     name: String,
-    network: String,
+    control_dir: PathBuf,
     docker: bollard::Docker,
 }
 
@@ -40,12 +48,14 @@ impl Instance {
         let config = AioPoolConfig::from_env(&env).expect("test config");
         let spec = InstanceSpec::from_config(&config, &owner);
         let docker = containers::connect().await.expect("docker");
-        ensure_network(&docker, &spec).await.expect("bridge");
         let name = format!("{owner}-0");
-        let mut instance = Self {
-            addr: String::new(),
+        let control_dir = spec.control_root.join("0");
+        open_control_dir(&control_dir).expect("the control directory");
+        let instance = Self {
+            addr: format!("127.0.0.1:{}", spec.port),
+            socket: control_dir.join(CONTROL_SOCKET),
             name: name.clone(),
-            network: spec.network.clone(),
+            control_dir: control_dir.clone(),
             docker: docker.clone(),
         };
         docker
@@ -55,7 +65,7 @@ impl Instance {
                         .name(&name)
                         .build(),
                 ),
-                spec.container_body(&name, KEY),
+                spec.container_body(&name, KEY, &control_dir),
             )
             .await
             .expect("create the instance");
@@ -66,29 +76,15 @@ impl Instance {
             )
             .await
             .expect("start the instance");
-        let inspect = docker
-            .inspect_container(
-                &name,
-                None::<bollard::query_parameters::InspectContainerOptions>,
-            )
-            .await
-            .expect("inspect the instance");
-        let ip = inspect
-            .network_settings
-            .and_then(|n| n.networks)
-            .and_then(|mut n| n.remove(&spec.network))
-            .and_then(|e| e.ip_address)
-            .expect("an address on the bridge");
-        instance.addr = format!("{ip}:{}", spec.port);
-        let probe = instance.addr.clone();
+        let (probe, host) = (instance.socket.clone(), instance.addr.clone());
         test_support::eventually(
             "the instance answers GET /v1/sandbox",
             Duration::from_secs(30),
             || {
-                let probe = probe.clone();
+                let (probe, host) = (probe.clone(), host.clone());
                 async move {
                     let key = [("x-aio-api-key", KEY)];
-                    let (status, _) = send(&probe, "GET", "/v1/sandbox", &key, vec![])
+                    let (status, _) = send(&probe, &host, "GET", "/v1/sandbox", &key, vec![])
                         .await
                         .ok()?;
                     (status == StatusCode::OK).then_some(())
@@ -96,7 +92,29 @@ impl Instance {
             },
         )
         .await;
+        lock_control_dir(&control_dir).expect("lock the control directory");
         instance
+    }
+
+    /// A TCP port on the host's loopback relayed to the control socket, for clients that
+    /// speak HTTP over TCP only (the official SDK); it lives as long as the test's runtime.
+    pub async fn tcp_relay(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay");
+        let addr = listener.local_addr().unwrap().to_string();
+        let socket = self.socket.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
+                        let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                    }
+                });
+            }
+        });
+        addr
     }
 
     /// `POST path` with a JSON body; the answer's status and JSON.
@@ -119,6 +137,7 @@ impl Instance {
     /// Any request with the key; the raw answer.
     pub async fn send(&self, method: &str, path: &str, body: Vec<u8>) -> (StatusCode, Bytes) {
         send(
+            &self.socket,
             &self.addr,
             method,
             path,
@@ -133,7 +152,7 @@ impl Instance {
     /// agent must refuse it from the header alone. The status the agent answers.
     pub async fn send_oversized(&self, path: &str, declared: usize) -> StatusCode {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(&self.addr)
+        let mut stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .expect("connect");
         let head = format!(
@@ -156,6 +175,14 @@ impl Instance {
         StatusCode::from_u16(code).expect("a status")
     }
 
+    /// The instance's directory, then its pool's (this test's own).
+    fn remove_control_dirs(&self) {
+        remove_control_dir(&self.control_dir);
+        if let Some(root) = self.control_dir.parent() {
+            remove_control_dir(root);
+        }
+    }
+
     pub async fn stop(mut self) {
         let _ = self
             .docker
@@ -168,7 +195,7 @@ impl Instance {
                 ),
             )
             .await;
-        remove_network(&self.docker, &self.network).await;
+        self.remove_control_dirs();
         self.name.clear();
     }
 }
@@ -182,14 +209,13 @@ impl Drop for Instance {
         let _ = std::process::Command::new("docker")
             .args(["rm", "-f", &self.name])
             .output();
-        let _ = std::process::Command::new("docker")
-            .args(["network", "rm", &self.network])
-            .output();
+        self.remove_control_dirs();
     }
 }
 
-/// One HTTP/1.1 exchange, bounded to 60 s.
+/// One HTTP/1.1 exchange over the control socket, with `Host: addr`, bounded to 60 s.
 pub async fn send(
+    socket: &std::path::Path,
     addr: &str,
     method: &str,
     path: &str,
@@ -197,7 +223,7 @@ pub async fn send(
     body: Vec<u8>,
 ) -> Result<(StatusCode, Bytes), String> {
     let exchange = async {
-        let stream = tokio::net::TcpStream::connect(addr)
+        let stream = tokio::net::UnixStream::connect(socket)
             .await
             .map_err(|e| e.to_string())?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))

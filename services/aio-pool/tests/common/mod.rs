@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use aio_pool::docker::{network_name, LABEL_OWNER};
+use aio_pool::docker::LABEL_OWNER;
 use aio_pool::{AioPoolConfig, AioPoolError};
 use kit::CancellationToken;
 use messages::Subjects;
@@ -58,6 +58,8 @@ pub struct Harness {
     pub aio: AioClient,
     pub docker: bollard::Docker,
     pub owner: String,
+    /// The pool's control directories (one per instance).
+    pub control_root: std::path::PathBuf,
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<Result<(), AioPoolError>>>,
 }
@@ -73,6 +75,7 @@ impl Harness {
             env.insert(k.to_string(), v.to_string());
         }
         let config = AioPoolConfig::from_env(&env).expect("test config");
+        let control_root = config.socket_dir.join(owner);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(aio_pool::run(config, shutdown.clone()));
         let client = test_support::connect(&nats.url()).await;
@@ -95,6 +98,7 @@ impl Harness {
             aio,
             docker: containers::connect().await.expect("docker"),
             owner: owner.to_string(),
+            control_root,
             shutdown,
             task: Some(task),
         }
@@ -117,8 +121,9 @@ impl Harness {
             "containers left"
         );
         assert!(
-            !network_exists(&self.docker, &network_name(&self.owner)).await,
-            "bridge left"
+            !self.control_root.exists(),
+            "control directories left in {}",
+            self.control_root.display()
         );
     }
 }
@@ -136,16 +141,6 @@ pub async fn owned_containers(docker: &bollard::Docker, owner: &str) -> Vec<Stri
         .iter()
         .filter_map(containers::summary_name)
         .collect()
-}
-
-pub async fn network_exists(docker: &bollard::Docker, name: &str) -> bool {
-    docker
-        .inspect_network(
-            name,
-            None::<bollard::query_parameters::InspectNetworkOptions>,
-        )
-        .await
-        .is_ok()
 }
 
 /// A shell command that runs `code` with python3 (a heredoc; the delimiter is unique).
