@@ -60,7 +60,7 @@ pub async fn run(client: &async_nats::Client, subjects: &Subjects) -> anyhow::Re
                 );
                 if r.status != *expected {
                     failures += 1;
-                    println!("  → expected status={}", expected.as_str());
+                    outln!("  → expected status={}", expected.as_str());
                 }
             }
             Err(e) => {
