@@ -7,8 +7,7 @@ use std::time::Instant;
 use kit::AuditScope;
 use messages::exec::{
     AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, FileSpec,
-    Language, Tier,
-    Timing,
+    Language, Tier, Timing,
 };
 use messages::filesystem::FilesystemPolicy;
 use messages::risk::RiskAssessment;

@@ -250,7 +250,8 @@ mod tests {
         for language in [Language::Python, Language::Javascript] {
             let mut req = request(language);
             req.session_id = Some("with-a-kernel".into());
-            let plan = plan(req, "k".into(), None, &Ceilings::default());
+            let key = Sealer::new().key("k");
+            let plan = plan(req, "k".into(), None, &Ceilings::default(), &key);
             assert!(!plan.request.kernel, "{language:?}");
         }
     }
