@@ -76,14 +76,25 @@ async fn tmpfs_pages_count_against_the_memory_limit() {
         memory_mb: Some(64),
         ..Default::default()
     };
-    let r = h
-        .exec_with(limited(
+    let fill = |mb: u32| {
+        limited(
             Language::Shell,
-            "dd if=/dev/zero of=/dev/shm/fill bs=1M count=256 2>&1; echo survived",
+            &format!("dd if=/dev/zero of=/dev/shm/fill bs=1M count={mb} 2>&1; echo survived"),
             10_000,
-            mem,
-        ))
-        .await;
+            mem.clone(),
+        )
+    };
+    // The control: a fill well under the limit is written and the program goes on, so the
+    // bomb below is stopped by the limit, not by a /dev/shm that cannot be written at all.
+    let small = h.exec_with(fill(8)).await;
+    assert_eq!(small.status, ExecStatus::Ok, "{small:?}");
+    assert_eq!(
+        small.stdout.trim_end().lines().last(),
+        Some("survived"),
+        "{small:?}"
+    );
+    let r = h.exec_with(fill(256)).await;
+    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
     assert_ne!(
         r.stdout.trim_end().lines().last(),
         Some("survived"),
