@@ -81,7 +81,7 @@ async fn tmpfs_pages_count_against_the_memory_limit() {
             Language::Shell,
             &format!("dd if=/dev/zero of=/dev/shm/fill bs=1M count={mb} 2>&1; echo survived"),
             10_000,
-            mem.clone(),
+            mem,
         )
     };
     // The control: a fill well under the limit is written and the program goes on, so the
