@@ -283,6 +283,11 @@ impl Registry {
     pub fn contains(&self, name: &str) -> bool {
         self.lock().contains(name)
     }
+
+    /// No container is held: every creation in flight has ended and removed what it made.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
 }
 
 /// A container this pool holds, with its control directory: registered while it lives,

@@ -198,7 +198,7 @@ pub async fn run(
     let pool_args = PoolArgs {
         docker: docker.clone(),
         spec: spec.clone(),
-        registry,
+        registry: registry.clone(),
         state: PoolState::new(config.limits),
         gauges,
         health_interval: config.health_interval,
@@ -259,9 +259,14 @@ pub async fn run(
         .await
         .ok();
     janitor.stop(None);
-    // Last line of defence: creations still in flight remove their containers when their
-    // answer finds no pool; anything else left with this owner is a leak of a race above.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Creations still in flight remove their containers when their answer finds no pool:
+    // wait for them (bounded by an instance's start), or a container made after the pool
+    // stopped would outlive the service. Anything else left with this owner is a leak of a
+    // race above, removed by the sweep below.
+    let drained = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !registry.is_empty() && tokio::time::Instant::now() < drained {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let owned = format!("{}={}", docker::LABEL_OWNER, spec.owner);
     for c in containers::list(&docker, &owned).await.unwrap_or_default() {
         if let Some(name) = containers::summary_name(&c) {
