@@ -209,7 +209,7 @@ const READ_TWICE: &str =
     "a=$(cat /tmp/ticks 2>/dev/null); sleep 0.5; b=$(cat /tmp/ticks 2>/dev/null); echo \"$a $b\"";
 
 /// Checks the ghost-output contract for a ticker that writes its count to /tmp/ticks before
-/// it prints `<word> N`: frozen between cells (a plain run sees the count stand still), and
+/// it prints `<word> N` (by rename, so a ticker frozen mid-write never leaves the file empty): frozen between cells (a plain run sees the count stand still), and
 /// the next cell shows only ticks printed after it began (every tick printed before the
 /// freeze has a number below the count the plain run saw), with at least one (the ticker
 /// lives on in its own session's cells).
@@ -221,7 +221,7 @@ async fn assert_frozen_between_cells(
     next_cell: &str,
 ) {
     let r = h.session(s, Language::Shell, READ_TWICE).await;
-    let (a, b) = r.stdout.trim().split_once(' ').expect("two reads");
+    let (a, b) = r.stdout.trim().split_once(' ').unwrap_or_else(|| panic!("two reads: {r:?}"));
     assert_eq!(a, b, "the ticker ran while no cell did: {r:?}");
     let frozen_at: u64 = b.parse().expect("the ticker ticked during its cell");
     let r = cell(h, s, language, next_cell).await;
@@ -241,12 +241,13 @@ async fn assert_frozen_between_cells(
 async fn a_python_thread_prints_only_into_its_sessions_cells() {
     let h = Harness::start_with(POOL0).await;
     let s = "ghost-py";
-    let ticker = "import threading, time\n\
+    let ticker = "import os, threading, time\n\
         def tick():\n\
         \x20   n = 0\n\
         \x20   while True:\n\
         \x20       n += 1\n\
-        \x20       open('/tmp/ticks', 'w').write(str(n))\n\
+        \x20       open('/tmp/ticks.new', 'w').write(str(n))\n\
+        \x20       os.replace('/tmp/ticks.new', '/tmp/ticks')\n\
         \x20       print('tick', n)\n\
         \x20       time.sleep(0.01)\n\
         threading.Thread(target=tick, daemon=True).start()\n\
@@ -263,7 +264,7 @@ async fn a_javascript_timer_prints_only_into_its_sessions_cells() {
     let h = Harness::start_with(POOL0).await;
     let s = "ghost-js";
     let ticker = "let n = 0\n\
-        setInterval(() => { n += 1; require('fs').writeFileSync('/tmp/ticks', String(n)); console.log('js-tick', n) }, 10)\n\
+        setInterval(() => { n += 1; const fs = require('fs'); fs.writeFileSync('/tmp/ticks.new', String(n)); fs.renameSync('/tmp/ticks.new', '/tmp/ticks'); console.log('js-tick', n) }, 10)\n\
         await new Promise((done) => setTimeout(done, 100))";
     let r = cell(&h, s, Language::Javascript, ticker).await;
     assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
@@ -306,7 +307,7 @@ async fn a_timed_out_cells_busy_threads_use_no_cpu_between_cells() {
     let r = cell_within(&h, s, Language::Python, burner, 1500).await;
     assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
     let cpu = |r: &ExecResult| -> (u64, u64) {
-        let (a, b) = r.stdout.trim().split_once(' ').expect("two reads");
+        let (a, b) = r.stdout.trim().split_once(' ').unwrap_or_else(|| panic!("two reads: {r:?}"));
         (a.parse().unwrap(), b.parse().unwrap())
     };
     let r = h.session(s, Language::Python, KERNEL_CPU_TWICE).await;
