@@ -221,7 +221,11 @@ async fn assert_frozen_between_cells(
     next_cell: &str,
 ) {
     let r = h.session(s, Language::Shell, READ_TWICE).await;
-    let (a, b) = r.stdout.trim().split_once(' ').unwrap_or_else(|| panic!("two reads: {r:?}"));
+    let (a, b) = r
+        .stdout
+        .trim()
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("two reads: {r:?}"));
     assert_eq!(a, b, "the ticker ran while no cell did: {r:?}");
     let frozen_at: u64 = b.parse().expect("the ticker ticked during its cell");
     let r = cell(h, s, language, next_cell).await;
@@ -307,7 +311,11 @@ async fn a_timed_out_cells_busy_threads_use_no_cpu_between_cells() {
     let r = cell_within(&h, s, Language::Python, burner, 1500).await;
     assert_eq!(r.status, ExecStatus::Timeout, "{r:?}");
     let cpu = |r: &ExecResult| -> (u64, u64) {
-        let (a, b) = r.stdout.trim().split_once(' ').unwrap_or_else(|| panic!("two reads: {r:?}"));
+        let (a, b) = r
+            .stdout
+            .trim()
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("two reads: {r:?}"));
         (a.parse().unwrap(), b.parse().unwrap())
     };
     let r = h.session(s, Language::Python, KERNEL_CPU_TWICE).await;
