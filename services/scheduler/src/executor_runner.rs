@@ -94,7 +94,10 @@ impl ExecutorRunner {
         };
         self.auditor.emit(scope, started);
         let running = self.send(backend, node, run, deadline);
-        let call = placer.unless_gone(node, running).await;
+        let call = placer
+            .unless_gone(node, running)
+            .await
+            .unwrap_or_else(|gone| Call::Lost(gone.to_string()));
         match (node, call) {
             (Some(node), Call::Lost(why)) => {
                 let lost = LostRun {
@@ -193,9 +196,10 @@ impl LostRun<'_> {
                 .client
                 .send(self.backend, Some(node), run, self.deadline);
             match self.placer.unless_gone(Some(node), again).await {
-                Call::Lost(w) => why = w,
-                Call::NoResponders => why = format!("nothing answers on node {node}"),
-                call => return call,
+                Err(gone) => why = gone.to_string(),
+                Ok(Call::Lost(w)) => why = w,
+                Ok(Call::NoResponders) => why = format!("nothing answers on node {node}"),
+                Ok(call) => return call,
             }
         }
         Call::Lost(why)

@@ -10,33 +10,22 @@ use std::time::Duration;
 use kit::{AuditScope, Auditor};
 use messages::audit::ExecutionPlaced;
 use messages::executor::ExecutorRun;
-use messages::ErrorBody;
 use ractor::rpc::CallResult;
 use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 
-use crate::executor_runner::Call;
+use crate::error::RegistryGone;
 use crate::placement::{Decision, NodeView, Requirements, Strategy};
 use crate::registry::{RegistryHandle, RegistryMsg};
 
 /// How long one question to the registry may take; it answers from memory.
 const REGISTRY_CALL: Duration = Duration::from_secs(5);
 
-/// The registry could not be asked (it died and is being restarted): retry.
+/// A run's node stopped sending heartbeats while it ran ([`Placer::unless_gone`]).
 #[derive(Debug, thiserror::Error)]
-pub enum RegistryGone {
-    #[error("the runtime registry did not answer in time; retry")]
-    TimedOut,
-    #[error("the runtime registry stopped before answering; retry")]
-    Stopped,
-    #[error("the runtime registry is not running; retry")]
-    Unreachable(#[source] ractor::MessagingErr<RegistryMsg>),
-}
-
-impl From<RegistryGone> for ErrorBody {
-    fn from(e: RegistryGone) -> Self {
-        ErrorBody::unavailable(e.to_string())
-    }
+#[error("executor node {node} stopped sending heartbeats while it ran the execution")]
+pub struct NodeGone {
+    pub node: String,
 }
 
 #[derive(Clone)]
@@ -71,15 +60,17 @@ impl Placer {
     /// gone: a run on a node that died has no answer coming, and without this its caller
     /// waited for the whole execution deadline. (A node that only lost its connection may
     /// still finish the run: `ExecutorRunner::run_watched` asks it before the run is lost.)
-    pub async fn unless_gone(&self, node: Option<&str>, call: impl Future<Output = Call>) -> Call {
+    pub async fn unless_gone<T>(
+        &self,
+        node: Option<&str>,
+        call: impl Future<Output = T>,
+    ) -> Result<T, NodeGone> {
         let Some(node) = node else {
-            return call.await;
+            return Ok(call.await);
         };
         tokio::select! {
-            call = call => call,
-            () = self.gone(node) => Call::Lost(format!(
-                "executor node {node} stopped sending heartbeats while it ran the execution"
-            )),
+            call = call => Ok(call),
+            () = self.gone(node) => Err(NodeGone { node: node.to_string() }),
         }
     }
 
@@ -127,7 +118,7 @@ impl Placer {
             Ok(CallResult::Success(v)) => Ok(v),
             Ok(CallResult::Timeout) => Err(RegistryGone::TimedOut),
             Ok(CallResult::SenderError) => Err(RegistryGone::Stopped),
-            Err(e) => Err(RegistryGone::Unreachable(e)),
+            Err(e) => Err(RegistryGone::Unreachable(e.map(drop))),
         }
     }
 
@@ -273,12 +264,10 @@ mod tests {
         registry
             .cast(RegistryMsg::Remove { node: "a".into() })
             .unwrap();
-        let call = tokio::time::timeout(Duration::from_secs(1), run)
+        let call: Result<(), NodeGone> = tokio::time::timeout(Duration::from_secs(1), run)
             .await
             .expect("the run ends when its node is gone");
-        let Call::Lost(why) = call else {
-            panic!("the run did not end lost");
-        };
+        let why = call.expect_err("the run did not end lost").to_string();
         assert!(why.contains("node a stopped"), "{why}");
     }
 
