@@ -13,12 +13,11 @@ use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::ServiceName;
 use sandmesh_client::{MeshClient, TemplateClient, WorkspaceClient};
 
-use crate::dispatch::PLACEMENT_ATTEMPTS;
 use crate::error::{SchedulerError, SessionEnd};
 use crate::execution::terminal;
 use crate::executor_runner::{settle, Call, ExecutorRunner};
 use crate::placement::{Decision, Requirements};
-use crate::placer::Placer;
+use crate::placer::{Placer, PLACEMENT_ATTEMPTS};
 use crate::sessions::{mark_lost, Change, SessionTable};
 
 /// Where a session's execution runs: its node, whether its process state was lost on the

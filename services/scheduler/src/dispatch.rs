@@ -20,11 +20,8 @@ use crate::error::{SchedulerError, StoreError};
 use crate::execution::Execution;
 use crate::executor_runner::{settle, Call, ExecutorRunner};
 use crate::placement::Requirements;
-use crate::placer::Placer;
+use crate::placer::{Placer, PLACEMENT_ATTEMPTS};
 use crate::tier::{light_backend, EphemeralBackend};
-
-/// Tries per execution when the chosen node turns out to be gone (no responders).
-pub const PLACEMENT_ATTEMPTS: usize = 3;
 
 #[derive(Clone)]
 pub struct Dispatcher {

@@ -21,6 +21,9 @@ use crate::registry::{RegistryHandle, RegistryMsg};
 /// How long one question to the registry may take; it answers from memory.
 const REGISTRY_CALL: Duration = Duration::from_secs(5);
 
+/// Tries per execution when the chosen node turns out to be gone (no responders).
+pub const PLACEMENT_ATTEMPTS: usize = 3;
+
 /// A run's node stopped sending heartbeats while it ran ([`Placer::unless_gone`]).
 #[derive(Debug, thiserror::Error)]
 #[error("executor node {node} stopped sending heartbeats while it ran the execution")]
