@@ -7,9 +7,9 @@ use messages::executor::{Backend, RunShapeError};
 use messages::network::BeyondCeiling;
 use messages::quota::OverQuota;
 use messages::session::SessionState;
+use messages::testrun::{MAX_REPORT_BYTES, MAX_TEST_CASES};
 use messages::validate::ValidationError;
 use messages::{ErrorBody, ErrorKind, ServiceName};
-use messages::testrun::{MAX_REPORT_BYTES, MAX_TEST_CASES};
 use sandmesh_client::ClientError;
 
 type Cause = Box<dyn std::error::Error + Send + Sync>;

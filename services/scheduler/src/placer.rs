@@ -31,6 +31,35 @@ pub struct NodeGone {
     pub node: String,
 }
 
+/// Work counted on a node — by a pick, or a session's run sent to its node — for as long as
+/// it is held: dropped, it tells the registry the work ended, however it ended (answered,
+/// failed, its task cancelled mid-flight), so no path leaves a slot counted forever. It moves
+/// with the run it places (`ExecutorRunner::run_watched` takes it).
+#[must_use = "dropped, a placement gives its slot back at once"]
+pub struct Placement {
+    decision: Decision,
+    registry: RegistryHandle,
+}
+
+impl Placement {
+    pub fn node(&self) -> &str {
+        &self.decision.node
+    }
+
+    /// Where the work goes and why, for the `placed` audit event.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        let node = std::mem::take(&mut self.decision.node);
+        // A registry that stopped counts nothing; its successor starts from the heartbeats.
+        let _ = self.registry.get().cast(RegistryMsg::Finished { node });
+    }
+}
+
 #[derive(Clone)]
 pub struct Placer {
     registry: RegistryHandle,
@@ -125,19 +154,25 @@ impl Placer {
         }
     }
 
-    /// Chooses a node (counting the work on it at once), skipping `exclude`.
+    /// Chooses a node (counting the work on it at once, until the placement is dropped),
+    /// skipping `exclude`.
     pub async fn pick(
         &self,
         needs: &Requirements,
         exclude: &[String],
-    ) -> Result<Option<Decision>, RegistryGone> {
+    ) -> Result<Option<Placement>, RegistryGone> {
         let exclude = exclude.to_vec();
-        self.ask(|reply| RegistryMsg::Pick {
-            req: needs.clone(),
-            exclude,
-            reply,
-        })
-        .await
+        let decision = self
+            .ask(|reply| RegistryMsg::Pick {
+                req: needs.clone(),
+                exclude,
+                reply,
+            })
+            .await?;
+        Ok(decision.map(|decision| Placement {
+            decision,
+            registry: self.registry.clone(),
+        }))
     }
 
     /// Like [`Self::pick`], but while executors are known and all of them are full, waits (up
@@ -149,15 +184,15 @@ impl Placer {
         needs: &Requirements,
         exclude: &[String],
         limit: Duration,
-    ) -> Result<Option<Decision>, RegistryGone> {
+    ) -> Result<Option<Placement>, RegistryGone> {
         let deadline = Instant::now() + limit;
         loop {
             // Registered before looking, so a slot freed between the look and the wait wakes us.
             let freed = self.slots.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(decision) = self.pick(needs, exclude).await? {
-                return Ok(Some(decision));
+            if let Some(placement) = self.pick(needs, exclude).await? {
+                return Ok(Some(placement));
             }
             let known = self.nodes().await?;
             if known
@@ -182,19 +217,17 @@ impl Placer {
     }
 
     /// Work sent to `node` without a pick (session affinity) counts there like a pick.
-    pub fn dispatched(&self, node: &str) {
+    pub fn dispatched(&self, node: &str) -> Placement {
         let _ = self.registry.get().cast(RegistryMsg::Dispatched {
             node: node.to_string(),
         });
-    }
-
-    /// The work counted on `node` (by a pick or [`Self::dispatched`]) ended.
-    pub fn release(&self, node: Option<&str>) {
-        if let Some(node) = node {
-            let _ = self
-                .registry
-                .get()
-                .cast(RegistryMsg::Finished { node: node.into() });
+        Placement {
+            decision: Decision {
+                node: node.to_string(),
+                score: 1.0,
+                reason: "session affinity".into(),
+            },
+            registry: self.registry.clone(),
         }
     }
 }
@@ -202,9 +235,23 @@ impl Placer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::SchedulerError;
+    use crate::executor_runner::ExecutorRunner;
     use crate::registry::{Registry, RegistryArgs};
+    use messages::exec::ExecRequest;
+    use messages::executor::Backend;
     use messages::heartbeat::Heartbeat;
     use ractor::Actor;
+
+    /// A client that never connects: nothing here needs a server, and a request through it
+    /// stays in flight until its task is dropped.
+    async fn offline() -> async_nats::Client {
+        async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("127.0.0.1:1")
+            .await
+            .unwrap()
+    }
 
     async fn placer_with_one_slot() -> (Placer, ractor::ActorRef<RegistryMsg>) {
         let slots = Arc::new(Notify::new());
@@ -226,11 +273,7 @@ mod tests {
             })))
             .unwrap();
         // Nothing is audited here; the client never needs a server.
-        let client = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connect("127.0.0.1:1")
-            .await
-            .unwrap();
+        let client = offline().await;
         let subjects = messages::Subjects::default();
         let auditor = Auditor::new(async_nats::jetstream::new(client), subjects, "t", "t");
         let handle = RegistryHandle::new(registry.clone());
@@ -299,9 +342,9 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(!waiting.is_finished(), "no slot is free yet");
-        placer.release(Some(&taken.node));
-        let decision = waiting.await.unwrap().unwrap();
-        assert_eq!(decision.map(|d| d.node).as_deref(), Some("a"));
+        drop(taken);
+        let placement = waiting.await.unwrap().unwrap();
+        assert_eq!(placement.as_ref().map(Placement::node), Some("a"));
         assert_eq!(started.elapsed(), Duration::ZERO, "woken, not polled");
         registry.stop(None);
     }
@@ -317,9 +360,101 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(picked, None);
+        assert!(picked.is_none());
         registry.kill();
         let gone = placer.pick(&Requirements::default(), &[]).await;
         assert!(gone.is_err(), "a dead registry is an error, not 'no node'");
+    }
+
+    /// Whether the one slot of `a` is free now: a pick takes it (and gives it back).
+    async fn slot_free(placer: &Placer) -> bool {
+        placer
+            .pick(&Requirements::default(), &[])
+            .await
+            .unwrap()
+            .is_some()
+    }
+
+    /// A placement gives its slot back on every way its work ends: answered, failed, or its
+    /// task dropped while the run was in flight on the executor (the placement moved into
+    /// `ExecutorRunner::run_watched`, as the dispatcher and the session affinity hand it).
+    /// Each check asks the registry after the drop's message, so it sees its effect.
+    #[tokio::test]
+    async fn a_placement_is_given_back_on_every_path() {
+        let (placer, registry) = placer_with_one_slot().await;
+        let held = |placer: &Placer| {
+            let placer = placer.clone();
+            async move { placer.pick(&Requirements::default(), &[]).await.unwrap() }
+        };
+
+        // Answered, and failed: the work's function returns, its placement with it.
+        let answered = |p: Placement| -> Result<String, SchedulerError> { Ok(p.node().into()) };
+        let taken = held(&placer).await.expect("the one slot");
+        assert!(!slot_free(&placer).await, "held while its work runs");
+        assert_eq!(answered(taken).unwrap(), "a");
+        assert!(slot_free(&placer).await, "given back after an answer");
+        let failed = |p: Placement| -> Result<String, SchedulerError> {
+            Err(SchedulerError::NoNodeForSession {
+                id: p.node().into(),
+            })
+        };
+        assert!(failed(held(&placer).await.unwrap()).is_err());
+        assert!(slot_free(&placer).await, "given back after an error");
+
+        // Session affinity counts a run on its node without a pick: the same guard.
+        let affine = placer.dispatched("a");
+        assert!(
+            !slot_free(&placer).await,
+            "a session's run counts on its node"
+        );
+        drop(affine);
+        assert!(
+            slot_free(&placer).await,
+            "given back when the session's run ended"
+        );
+
+        // Cancelled mid-flight: the run is sent and no reply can come; the task is dropped.
+        let mesh = sandmesh_client::MeshClient::new(offline().await, messages::Subjects::default());
+        let runner = ExecutorRunner::new(mesh.executors(), placer.auditor.clone());
+        let run = ExecutorRun::new(
+            "e1".into(),
+            ExecRequest::default(),
+            messages::executor::RunKind::Pooled,
+        )
+        .unwrap();
+        let placement = held(&placer).await.unwrap();
+        let in_flight = tokio::spawn({
+            let placer = placer.clone();
+            async move {
+                let deadline = Duration::from_secs(3600);
+                let scope = AuditScope::default();
+                runner
+                    .run_watched(
+                        &placer,
+                        Backend::Docker,
+                        Some(placement),
+                        &run,
+                        deadline,
+                        &scope,
+                    )
+                    .await
+            }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!in_flight.is_finished(), "no executor answers");
+        assert!(!slot_free(&placer).await, "held while the run is in flight");
+        in_flight.abort();
+        let ended = in_flight.await;
+        assert!(
+            ended.is_err_and(|e| e.is_cancelled()),
+            "the run was still in flight"
+        );
+        assert!(
+            slot_free(&placer).await,
+            "given back when the task was dropped"
+        );
+        registry.stop(None);
     }
 }
