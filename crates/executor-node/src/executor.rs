@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kit::RequestContext;
-use messages::exec::ExecResult;
+use messages::exec::{validate_exec, ExecResult};
 use messages::executor::{
     ExecutorClose, ExecutorDrain, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery,
 };
-use messages::validate::validate_exec;
 use messages::workspace::Ack;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};

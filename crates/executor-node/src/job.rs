@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use messages::exec::{ExecResult, Language};
+use messages::exec::{EffectiveLimits, ExecResult, Language};
 use messages::executor::ExecutorRun;
 use messages::template::TemplateRan;
-use messages::validate::EffectiveLimits;
 use messages::ErrorBody;
 use ractor::RpcReplyPort;
 use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};

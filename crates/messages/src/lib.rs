@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod browser;
+pub mod code;
 pub mod codec;
 pub mod confirm;
 pub mod error;

@@ -14,8 +14,8 @@ use bollard::query_parameters::CreateContainerOptionsBuilder;
 use bollard::Docker;
 use containers::{hardened_host_config, tmpfs_options, Hardening};
 pub use containers::{summary_name, DockerError};
+use messages::exec::EffectiveLimits;
 use messages::filesystem::{FilesystemPolicy, Mount, TMP_DIR};
-use messages::validate::EffectiveLimits;
 
 use executor_node::{UidPool, UidRange};
 

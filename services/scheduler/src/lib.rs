@@ -42,6 +42,19 @@
 //!
 //! A semaphore of `SANDMESH_SCHED_MAX_QUEUE` permits, shared by Intake, Jobs and Resumer, is
 //! the bounded queue.
+//!
+//! **Layers.** Each module imports only modules listed before it here — in a lower layer, or
+//! earlier in its own — so the code reads bottom-up (a layout test keeps the module graph free
+//! of cycles):
+//!
+//! | layer | modules | what they own |
+//! |---|---|---|
+//! | errors and rules | `error`, `placement`, `tier`, `fairness` | the typed errors; pure placement, tier and admission rules |
+//! | state | `execution`, `claims`, `results`, `sessions`, `registry`, `network`, `templates` | an execution in flight; the KV stores; the runtime registry actor |
+//! | access | `placer`, `root`, `parking`, `confirm`, `aio` | placements (guards released on drop); the registry's supervisor; parked executions; calls to confirmation and aio-pool |
+//! | runs | `executor_runner`, `affinity`, `dispatch` | one run on an executor, a session's node and failover, the place and run stages |
+//! | pipeline | `pipeline` | an execution from validation to its stored result |
+//! | doors | `intake`, `jobs`, `resumer`, `session_api`, `testrun`, `config`, `session_reaper` | the endpoints and loops that feed the pipeline; the configuration that builds its policy |
 
 pub mod affinity;
 pub mod aio;
