@@ -1,0 +1,90 @@
+"""The framework adapters' suites (sandmesh.integrations) against one real mesh, started by the
+SDK tests' own fixture code (../tests/meshfixture.py).
+
+The mesh asks a person only for code the assessor rates critical
+(``SANDMESH_CONFIRM_REQUIRE_LEVELS=critical``; other flagged code is approved by that policy, and
+audited): the frameworks' conformance suites run shell commands with redirections that strict
+mode flags as high, and a suite waiting for a person at each would test the approver, not the
+adapter. Approval itself is tested with critical code (``RISKY``), decided by an operator through
+the real CLI (``approve``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from meshfixture import RUN_TIMEOUT, Mesh, start_mesh  # noqa: E402
+
+from sandmesh import Confirmation, Sandmesh  # noqa: E402
+
+#: Code the assessor rates critical (the same call the SDK's approval tests park).
+RISKY_PYTHON = "import os\nos.system('echo approved-run')"
+#: A shell command rated critical (`dd` writes raw blocks: here one KiB of zeros into the
+#: workspace).
+RISKY_SHELL = "dd if=/dev/zero of=zeros.bin bs=1024 count=1 status=none && echo approved-run"
+#: How long a test waits for a notice or a decision.
+BOUND = 90.0
+
+
+@pytest.fixture(scope="session")
+def mesh() -> Iterator[Mesh]:
+    yield from start_mesh({"SANDMESH_CONFIRM_REQUIRE_LEVELS": "critical"})
+
+
+@pytest.fixture(scope="session")
+def sm(mesh: Mesh) -> Iterator[Sandmesh]:
+    client = Sandmesh(mesh.agent_url, run_timeout=RUN_TIMEOUT)
+    yield client
+    client.close()
+
+
+class Approver:
+    """An operator at the console: each notice an adapter hands over is recorded and approved
+    with the real CLI (`sandmesh confirm approve`), on a thread of its own, as a person
+    deciding elsewhere would."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.notices: List[Confirmation] = []
+        self.decided: Dict[str, str] = {}
+        self.noticed = threading.Event()
+
+    def __call__(self, c: Confirmation) -> None:
+        self.notices.append(c)
+        self.noticed.set()
+        threading.Thread(target=self._approve, args=(c.confirmation_id,), daemon=True).start()
+
+    def _approve(self, confirmation_id: str) -> None:
+        done = self.mesh.cli("confirm", "approve", confirmation_id)
+        self.decided[confirmation_id] = "approved" if done.returncode == 0 else done.stderr
+
+
+@pytest.fixture
+def approver(mesh: Mesh) -> Approver:
+    return Approver(mesh)
+
+
+Notice = Callable[[Confirmation], None]
+
+
+def assert_parked_and_approved(sm: Sandmesh, approver: Approver, *, rule: str) -> None:
+    """Some run the adapter made waited for a person because of ``rule`` (its result's
+    findings say so), the notice reached the adapter's callback, and the person's approval let
+    it run."""
+    assert approver.noticed.is_set(), "no run waited for a person"
+    matched = []
+    for c in approver.notices:
+        result = sm.job(c.execution_id).result(timeout=BOUND, check=False)
+        if rule in {f.rule for f in result.risk.findings}:
+            matched.append(result)
+    assert matched, f"no parked run matched {rule}: {approver.notices}"
+    for result in matched:
+        assert result.confirmation.decision == "approved" and result.confirmation.by, result
+        assert result.ran, result
