@@ -33,6 +33,18 @@ RISKY_SHELL = "dd if=/dev/zero of=zeros.bin bs=1024 count=1 status=none && echo 
 BOUND = 90.0
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """No silent skips: a rule the frameworks' suites skip (a capability they think is missing)
+    fails here with the suite's reason. A rule sandmesh cannot meet yet is an xfail with its
+    reason instead, listed in src/sandmesh/integrations/README.md."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped, which this suite does not allow: {report.longrepr}"
+
+
 @pytest.fixture(scope="session")
 def mesh() -> Iterator[Mesh]:
     yield from start_mesh({"SANDMESH_CONFIRM_REQUIRE_LEVELS": "critical"})

@@ -73,8 +73,3 @@ class TestSandmeshWorkspace(WorkspaceBackendSuite):
             await backend.aclose()
 
         return destroy
-
-    @pytest.fixture
-    def filesystem_honors_shell_permissions(self) -> bool:
-        # The workspace API is the store's, not the sandbox user's (as E2B's envd).
-        return False

@@ -140,9 +140,9 @@ class SandmeshSandbox(BaseSandbox):
             entry = self._session.files("stat", rel)
             if entry.is_dir:
                 return None, "is_directory"
-            # The workspace keeps the sandbox's permission bits: a file its owner may not read
-            # (chmod 000 in a run) is not handed out by the API either.
-            if entry.mode and not entry.mode & 0o400:
+            # The workspace keeps the sandbox's permission bits (always set): a file its owner
+            # may not read (chmod 000 in a run) is not handed out by the API either.
+            if not entry.mode & 0o400:
                 return None, "permission_denied"
             return self._session.files("read", rel), None
         except NotFound:

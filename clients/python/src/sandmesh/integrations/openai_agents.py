@@ -76,7 +76,7 @@ class SandmeshSandboxClientOptions(BaseSandboxClientOptions):
     idle_ms: Optional[int] = None
 
     def session_fields(self) -> Dict[str, Any]:
-        return {k: v for k, v in self.model_dump(exclude={"type"}).items() if v is not None}
+        return {k: v for k, v in self.model_dump().items() if k != "type" and v is not None}
 
 
 class SandmeshSandboxSessionState(SandboxSessionState):

@@ -12,7 +12,9 @@
 
 Commands run as sandmesh ``shell`` runs in the session's container (assessed, audited, and
 waiting for a person when the policy asks: ``on_awaiting_approval`` hears of it at once);
-files go through the session's workspace API. The session is the environment: ``ref`` names it,
+files go through the session's workspace API, which keeps the sandbox's permission bits: a
+file its owner may not read or write (``chmod`` in a run) is refused with ``PermissionError``
+as the sandbox user would be. The session is the environment: ``ref`` names it,
 ``SandmeshWorkspace(sm, ref=ref)`` attaches to it again, and nothing here closes it (whoever
 holds the ref does: ``await workspace.aclose()``).
 """
@@ -47,8 +49,8 @@ PROVIDER = "sandmesh"
 
 
 class SandmeshWorkspace:
-    """A pydantic-ai ``WorkspaceBackend`` + ``SupportsCommands`` + ``SupportsFilesystem`` on one
-    sandmesh session.
+    """A pydantic-ai ``WorkspaceBackend`` + ``SupportsCommands`` + ``SupportsFilesystem`` +
+    ``SupportsRealpath`` on one sandmesh session.
 
     Args:
         sm: the client (one serves any number of workspaces, from any event loop).
@@ -125,6 +127,15 @@ class SandmeshWorkspace:
             raise _workspace_error(e) from e
         return _command_result(result, script)
 
+    async def realpath(self, path: str) -> str:
+        """``realpath -m`` in the session's container: symlinks resolved there, missing names
+        kept as written; a loop is an ``OSError``."""
+        full = posixpath.normpath(posixpath.join(WORKSPACE_ROOT, path))
+        result = await self.run(["realpath", "-m", "--", full])
+        if result.exit_code != 0:
+            raise OSError(40, result.stderr.strip() or "cannot resolve", path)
+        return result.stdout.rstrip("\n")
+
     # === files ===
 
     async def _call(self, path: str, op: str, *args: Any, **kwargs: Any) -> Any:
@@ -164,12 +175,22 @@ class SandmeshWorkspace:
         entry = await self._call(path, "stat")
         if entry.is_dir:
             raise IsADirectoryError(21, "is a directory", path)
+        if not entry.mode & 0o400:
+            raise PermissionError(13, "its owner may not read it", path)
         return await self._call(path, "read")
 
     async def write_bytes(self, path: str, data: bytes) -> None:
         rel = _inside(path)
         if rel == "":
             raise IsADirectoryError(21, "the workspace is a directory", path)
+        try:
+            entry: Optional[MeshEntry] = await self._call(path, "stat")
+        except (FileNotFoundError, NotADirectoryError):
+            entry = None
+        if entry is not None and entry.is_dir:
+            raise IsADirectoryError(21, "is a directory", path)
+        if entry is not None and not entry.mode & 0o200:
+            raise PermissionError(13, "its owner may not write it", path)
         await self._call(path, "write", bytes(data))
 
     async def stat(self, path: str) -> FileEntry:

@@ -20,6 +20,7 @@ one a person denies raises ``AgentError`` naming the refusal.
 
 from __future__ import annotations
 
+import shlex
 from io import BytesIO
 from typing import Any, List, Optional
 
@@ -121,9 +122,9 @@ class SandmeshExecutor(RemotePythonExecutor):
         """``pip install``s the packages in the session (a shell run, assessed like any)."""
         if not additional_imports:
             return []
-        quoted = " ".join(f"'{p}'" for p in additional_imports if "'" not in p)
+        command = shlex.join(["python3", "-m", "pip", "install", "--quiet", "--user", *additional_imports])
         try:
-            result = self._session.run(f"python3 -m pip install --quiet --user {quoted}", "shell", timeout=300)
+            result = self._session.run(command, "shell", timeout=300)
         except SandmeshError as e:
             raise AgentError(f"sandmesh did not install {additional_imports}: {e}", self.logger) from e
         if result.exit_code != 0:
