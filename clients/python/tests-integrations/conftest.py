@@ -11,6 +11,7 @@ the real CLI (``approve``).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -26,11 +27,21 @@ from sandmesh import Confirmation, Sandmesh  # noqa: E402
 
 #: Code the assessor rates critical (the same call the SDK's approval tests park).
 RISKY_PYTHON = "import os\nos.system('echo approved-run')"
-#: A shell command rated critical (`dd` writes raw blocks: here one KiB of zeros into the
-#: workspace).
-RISKY_SHELL = "dd if=/dev/zero of=zeros.bin bs=1024 count=1 status=none && echo approved-run"
+#: A shell command that waits for a person: critical Python run from the shell (critical shell
+#: itself, `dd`, `rm -rf /`, is rejected outright by strict mode).
+RISKY_SHELL = "python3 -c \"import os; os.system('echo approved-run')\""
 #: How long a test waits for a notice or a decision.
 BOUND = 90.0
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """A suite module's ``NOT_YET`` (rule name → reason) marks those rules xfail, strict: one
+    that starts passing fails the run, so the list in the README stays true."""
+    for item in items:
+        not_yet = getattr(getattr(item, "module", None), "NOT_YET", {})
+        reason = not_yet.get(getattr(item, "originalname", item.name))
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -45,9 +56,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         report.longrepr = f"skipped, which this suite does not allow: {report.longrepr}"
 
 
+#: SANDMESH_ADAPTERS_POLICY=default runs the suites under the default policy (a person for every
+#: flagged run; the operator fixture approves each).
+MESH_POLICY = {} if os.environ.get("SANDMESH_ADAPTERS_POLICY") == "default" else {"SANDMESH_CONFIRM_REQUIRE_LEVELS": "critical"}
+
+
 @pytest.fixture(scope="session")
 def mesh() -> Iterator[Mesh]:
-    yield from start_mesh({"SANDMESH_CONFIRM_REQUIRE_LEVELS": "critical"})
+    yield from start_mesh(MESH_POLICY)
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +97,15 @@ class Approver:
 @pytest.fixture
 def approver(mesh: Mesh) -> Approver:
     return Approver(mesh)
+
+
+@pytest.fixture(scope="session")
+def operator(mesh: Mesh) -> Iterator[Approver]:
+    """The person at the console for the conformance suites: a rule whose command the assessor
+    rates critical waits for them, and they approve it. How many did is printed at the end."""
+    person = Approver(mesh)
+    yield person
+    print(f"\nconformance runs that waited for a person: {len(person.notices)}")
 
 
 Notice = Callable[[Confirmation], None]

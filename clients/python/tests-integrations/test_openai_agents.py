@@ -85,11 +85,11 @@ async def test_a_sandbox_agent_writes_runs_and_waits_for_a_person(sm: Sandmesh, 
     agent = SandboxAgent(name="dev", instructions="Use the shell.", model=model)
     client = SandmeshSandboxClient(sm, on_awaiting_approval=approver)
     config = RunConfig(sandbox=SandboxRunConfig(client=client, options=SandmeshSandboxClientOptions()))
-    result = await Runner.run(agent, "Write notes.txt, compute 6*7, then zero a block.", run_config=config)
+    result = await Runner.run(agent, "Write notes.txt, compute 6*7, then call os.system.", run_config=config)
     assert result.final_output == "done"
     outputs = tool_outputs(model)
     assert "from openai-agents" in outputs and "42" in outputs and "approved-run" in outputs, outputs
-    assert_parked_and_approved(sm, approver, rule="sh.dd")
+    assert_parked_and_approved(sm, approver, rule="py.os_system")
     # The Runner made the session and ended it with the run.
     made = [s for s in sm.sessions() if s.session_id not in before]
     assert len(made) == 1 and made[0].state == "closed", made

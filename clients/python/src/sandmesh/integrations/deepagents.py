@@ -27,7 +27,7 @@ from typing import Any, List, Optional, Tuple
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 from deepagents.backends.sandbox import BaseSandbox
 
-from ..errors import BadRequest, Denied, NotFound, SandmeshError, Timeout, TooLarge
+from ..errors import BadRequest, Conflict, Denied, NotFound, SandmeshError, Timeout, TooLarge
 from ..sync import Sandmesh
 from ..types import ExecResult
 from ._common import ApprovalNotice, MeshSession, workspace_relative
@@ -114,7 +114,7 @@ class SandmeshSandbox(BaseSandbox):
             return "is_directory"
         try:
             self._session.files("write", rel, content)
-        except BadRequest:
+        except (BadRequest, Conflict):
             return "is_directory" if self._is_dir(rel) else "invalid_path"
         except Denied:
             return "permission_denied"

@@ -22,6 +22,7 @@ holds the ref does: ``await workspace.aclose()``).
 from __future__ import annotations
 
 import posixpath
+import uuid
 from typing import Any, Mapping, Optional, Sequence
 
 from pydantic_ai.workspaces import (
@@ -145,14 +146,15 @@ class SandmeshWorkspace:
             return await self._session.afiles(op, rel, *args, **kwargs)
         except NotFound as e:
             raise FileNotFoundError(2, e.message, path) from e
-        except BadRequest as e:
+        except (BadRequest, Conflict) as e:
             raise await self._path_error(path, rel, e) from e
         except SandmeshError as e:
             raise _workspace_error(e) from e
 
-    async def _path_error(self, path: str, rel: str, error: BadRequest) -> OSError:
+    async def _path_error(self, path: str, rel: str, error: SandmeshError) -> OSError:
         """What a refused path operation means in POSIX terms: the workspace store answers 400
-        for a directory read as a file, a file used as a directory, and the like."""
+        or 409 for a directory read or written as a file, a file in the way of a path, and the
+        like."""
         parent = rel
         while parent:
             try:
@@ -211,19 +213,23 @@ class SandmeshWorkspace:
 
     async def make_dir(self, path: str) -> None:
         rel = _inside(path)
+        await self._ensure()
         if rel == "":
-            await self._ensure()
             return
-        # The workspace API has no directories of their own: one is made by a run (`mkdir -p`),
-        # which the executor syncs into the workspace when it ends.
-        result = await self.run(["mkdir", "-p", "--", posixpath.join(WORKSPACE_ROOT, rel)])
-        if result.exit_code != 0:
-            message = result.stderr.strip() or f"mkdir exited {result.exit_code}"
-            if "Not a directory" in message:
-                raise NotADirectoryError(20, message, path)
-            if "File exists" in message:
-                raise FileExistsError(17, message, path)
-            raise OSError(5, message, path)
+        try:
+            entry: Optional[MeshEntry] = await self._call(path, "stat")
+        except FileNotFoundError:
+            entry = None
+        if entry is not None:
+            if not entry.is_dir:
+                raise FileExistsError(17, "a file is in the way", path)
+            return
+        # The workspace API has no call of its own for a directory: writing a file makes its
+        # parents (a file in the way is refused as NotADirectoryError), and the directory stays
+        # when the file goes.
+        marker = posixpath.join(path, f".sandmesh-mkdir-{uuid.uuid4().hex}")
+        await self._call(marker, "write", b"")
+        await self._call(marker, "remove")
 
     async def remove(self, path: str) -> None:
         if _is_ancestor_of_root(path) or _inside(path) == "":

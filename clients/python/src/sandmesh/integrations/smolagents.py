@@ -38,6 +38,13 @@ from ._common import ApprovalNotice, MeshSession
 __all__ = ["SandmeshExecutor"]
 
 _IMAGE_TYPES = ("image/png", "image/jpeg")
+#: Packages whose import name is not their distribution's.
+_MODULES = {"pillow": "PIL", "scikit-learn": "sklearn", "beautifulsoup4": "bs4", "pyyaml": "yaml"}
+
+
+def _module_of(package: str) -> str:
+    name = package.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower()
+    return _MODULES.get(name, name.replace("-", "_"))
 
 
 class SandmeshExecutor(RemotePythonExecutor):
@@ -119,17 +126,28 @@ class SandmeshExecutor(RemotePythonExecutor):
         return data if data is not None else b""
 
     def install_packages(self, additional_imports: List[str]) -> List[str]:
-        """``pip install``s the packages in the session (a shell run, assessed like any)."""
+        """``pip install``s the packages the session's image lacks (a shell run, assessed like
+        any; it needs egress to a package index in the session's ``network`` policy). Those
+        the image has already (``python-data``: numpy, pandas, matplotlib, pillow) are left
+        alone, so an agent's tools work without a network."""
         if not additional_imports:
             return []
-        command = shlex.join(["python3", "-m", "pip", "install", "--quiet", "--user", *additional_imports])
-        try:
-            result = self._session.run(command, "shell", timeout=300)
-        except SandmeshError as e:
-            raise AgentError(f"sandmesh did not install {additional_imports}: {e}", self.logger) from e
-        if result.exit_code != 0:
-            raise AgentError(f"pip install {additional_imports} failed:\n{result.stderr}", self.logger)
-        self.logger.log(result.stdout)
+        probe = "import importlib.util\n" + "".join(
+            f"print({name!r}) if importlib.util.find_spec({_module_of(name)!r}) is None else None\n"
+            for name in additional_imports
+        )
+        missing = [line for line in self._session.run(probe, "python").stdout.splitlines() if line]
+        if missing:
+            command = shlex.join(
+                ["python3", "-m", "pip", "install", "--quiet", "--user", "--break-system-packages", *missing]
+            )
+            try:
+                result = self._session.run(command, "shell", timeout=300)
+            except SandmeshError as e:
+                raise AgentError(f"sandmesh did not install {missing}: {e}", self.logger) from e
+            if result.exit_code != 0:
+                raise AgentError(f"pip install {missing} failed:\n{result.stderr}", self.logger)
+            self.logger.log(result.stdout)
         return list(additional_imports)
 
     def cleanup(self) -> None:
