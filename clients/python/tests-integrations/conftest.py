@@ -1,21 +1,16 @@
 """The framework adapters' suites (sandmesh.integrations) against one real mesh, started by the
-SDK tests' own fixture code (../tests/meshfixture.py).
-
-The mesh asks a person only for code the assessor rates critical
-(``SANDMESH_CONFIRM_REQUIRE_LEVELS=critical``; other flagged code is approved by that policy, and
-audited): the frameworks' conformance suites run shell commands with redirections that strict
-mode flags as high, and a suite waiting for a person at each would test the approver, not the
-adapter. Approval itself is tested with critical code (``RISKY``), decided by an operator through
-the real CLI (``approve``).
+SDK tests' own fixture code (../tests/meshfixture.py), under the default strict policy: a run the
+assessor rates high or critical waits for a person. The conformance suites' person is the
+``operator`` fixture (it approves each notice with the real CLI, `sandmesh confirm approve`);
+the end-to-end tests check that a risky command was parked, noticed and approved.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -27,8 +22,8 @@ from sandmesh import Confirmation, Sandmesh  # noqa: E402
 
 #: Code the assessor rates critical (the same call the SDK's approval tests park).
 RISKY_PYTHON = "import os\nos.system('echo approved-run')"
-#: A shell command that waits for a person: critical Python run from the shell (critical shell
-#: itself, `dd`, `rm -rf /`, is rejected outright by strict mode).
+#: A shell command that waits for a person: Python calling os.system, from the shell (critical
+#: shell itself, `dd`, `rm -rf /`, is rejected outright by strict mode, never parked).
 RISKY_SHELL = "python3 -c \"import os; os.system('echo approved-run')\""
 #: How long a test waits for a notice or a decision.
 BOUND = 90.0
@@ -52,18 +47,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     if report.skipped and not hasattr(report, "wasxfail"):
-        report.outcome = "failed"
-        report.longrepr = f"skipped, which this suite does not allow: {report.longrepr}"
-
-
-#: SANDMESH_ADAPTERS_POLICY=default runs the suites under the default policy (a person for every
-#: flagged run; the operator fixture approves each).
-MESH_POLICY = {} if os.environ.get("SANDMESH_ADAPTERS_POLICY") == "default" else {"SANDMESH_CONFIRM_REQUIRE_LEVELS": "critical"}
+        listed = getattr(getattr(item, "module", None), "NOT_YET", {}).get(getattr(item, "originalname", item.name))
+        if listed is not None:  # a listed gap the suite reports as a skip: it stays an xfail
+            report.wasxfail = listed
+        else:
+            report.outcome = "failed"
+            report.longrepr = f"skipped, which this suite does not allow: {report.longrepr}"
 
 
 @pytest.fixture(scope="session")
 def mesh() -> Iterator[Mesh]:
-    yield from start_mesh(MESH_POLICY)
+    yield from start_mesh()
 
 
 @pytest.fixture(scope="session")
@@ -111,15 +105,15 @@ def operator(mesh: Mesh) -> Iterator[Approver]:
 Notice = Callable[[Confirmation], None]
 
 
-def assert_parked_and_approved(sm: Sandmesh, approver: Approver, *, rule: str) -> None:
-    """Some run the adapter made waited for a person because of ``rule`` (its result's
-    findings say so), the notice reached the adapter's callback, and the person's approval let
-    it run."""
+def assert_parked_and_approved(sm: Sandmesh, approver: Approver, *, rule: Optional[str] = None) -> None:
+    """Some run the adapter made waited for a person (because of ``rule``, when given: its
+    result's findings say so), the notice reached the adapter's callback, and the person's
+    approval let it run."""
     assert approver.noticed.is_set(), "no run waited for a person"
     matched = []
     for c in approver.notices:
         result = sm.job(c.execution_id).result(timeout=BOUND, check=False)
-        if rule in {f.rule for f in result.risk.findings}:
+        if rule is None or rule in {f.rule for f in result.risk.findings}:
             matched.append(result)
     assert matched, f"no parked run matched {rule}: {approver.notices}"
     for result in matched:

@@ -25,9 +25,6 @@ SYMLINKS = (
 )
 #: The rules sandmesh does not meet yet, and why (the README's list, word for word).
 NOT_YET = {
-    "test_background_child_does_not_hold_up_completed_command": (
-        "a run ends when every process of it has ended: sandmesh keeps no process past its run"
-    ),
     "test_cancellation_stops_foreground_work": RUNNING_FILES,
     "test_destroying_environment_during_command_raises_unavailable": RUNNING_FILES,
     "test_a_backend_attached_by_ref_reaches_a_detached_process": (

@@ -1,5 +1,6 @@
 """The recipes of docs/guide/agents.md, run as written: each adapter recipe with a scripted model
-in place of a real one (no network), each MCP recipe's server entry with the official ``mcp``
+in place of a real one (no network) and the operator fixture approving what waits for a person,
+each MCP recipe's server entry with the official ``mcp``
 client against the real ``sandmesh mcp`` (tools listed, ``run_code`` answers 42)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from sandmesh import Sandmesh
 
-from conftest import RUN_TIMEOUT, Mesh
+from conftest import RUN_TIMEOUT, Approver, Mesh
 from meshfixture import REPO, SANDMESH
 
 GUIDE = REPO / "docs" / "guide" / "agents.md"
@@ -52,7 +53,7 @@ def test_every_framework_has_a_recipe() -> None:
     assert {"mcp claude-agent-sdk", "mcp crewai", "mcp langchain", "mcp pydantic-ai"} <= names, names
 
 
-def test_the_pydantic_ai_recipe(sm: Sandmesh) -> None:
+def test_the_pydantic_ai_recipe(sm: Sandmesh, operator: Approver) -> None:
     def script(messages: List[ModelMessage], info: AgentInfo) -> ModelResponse:
         returns = [p for p in messages[-1].parts if isinstance(p, ToolReturnPart)]
         if returns:
@@ -60,7 +61,7 @@ def test_the_pydantic_ai_recipe(sm: Sandmesh) -> None:
         return ModelResponse(parts=[ToolCallPart("shell", {"command": SIX_BY_SEVEN})])
 
     ask = load("pydantic-ai")["ask"]
-    answer = asyncio.run(ask(sm, FunctionModel(script), "What is 6*7?"))
+    answer = asyncio.run(ask(sm, FunctionModel(script), "What is 6*7?", operator))
     assert answer == "exit 0\n42\n", answer
 
 
@@ -83,33 +84,33 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
-def test_the_deepagents_recipe(sm: Sandmesh) -> None:
+def test_the_deepagents_recipe(sm: Sandmesh, operator: Approver) -> None:
     model = ScriptedChatModel(
         replies=[
             AIMessage(content="", tool_calls=[{"name": "execute", "args": {"command": SIX_BY_SEVEN}, "id": "c1"}]),
             AIMessage(content="done"),
         ]
     )
-    sandbox, agent = load("deepagents")["build"](sm, model)
+    sandbox, agent = load("deepagents")["build"](sm, model, operator)
     with sandbox:
         out = agent.invoke({"messages": [{"role": "user", "content": "What is 6*7?"}]})
     tool_said = [m.content for m in out["messages"] if type(m).__name__ == "ToolMessage"]
     assert tool_said and tool_said[0].startswith("42\n"), tool_said
 
 
-def test_the_openai_agents_recipe(sm: Sandmesh) -> None:
+def test_the_openai_agents_recipe(sm: Sandmesh, operator: Approver) -> None:
     from test_openai_agents import ScriptedModel, say, shell_call, tool_outputs
 
     model = ScriptedModel([[shell_call(1, SIX_BY_SEVEN)], [say("done")]])
-    assert asyncio.run(load("openai-agents")["ask"](sm, model, "What is 6*7?")) == "done"
+    assert asyncio.run(load("openai-agents")["ask"](sm, model, "What is 6*7?", operator)) == "done"
     assert "42" in tool_outputs(model), tool_outputs(model)
 
 
-def test_the_smolagents_recipe(sm: Sandmesh) -> None:
+def test_the_smolagents_recipe(sm: Sandmesh, operator: Approver) -> None:
     from test_smolagents import ScriptedModel, step
 
     model = ScriptedModel([step("Compute it.", "final_answer(6 * 7)")])
-    assert load("smolagents")["ask"](sm, model, "What is 6*7?") == 42
+    assert load("smolagents")["ask"](sm, model, "What is 6*7?", operator) == 42
 
 
 @pytest.mark.parametrize("name", MCP_RECIPES)
