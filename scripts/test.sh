@@ -140,7 +140,10 @@ side_by_side() { # side_by_side NAME CMD NAME CMD
     rm -f "${logs[$i]}"
   done
 }
-side_by_side "python SDK" clients/python/run-tests.sh "OpenAPI check" services/gateway/check-openapi.sh
+# The framework adapters' suites (their conformance suites against a mesh of their own) follow
+# the SDK's on the same side.
+python_suites() { local status=0; clients/python/run-tests.sh || status=1; clients/python/run-conformance.sh || status=1; return "$status"; }
+side_by_side "python SDK and adapters" python_suites "OpenAPI check" services/gateway/check-openapi.sh
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

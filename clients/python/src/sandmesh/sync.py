@@ -61,6 +61,11 @@ class _Loop:
             future.cancel()  # KeyboardInterrupt and friends: stop the work in the loop too
             raise
 
+    async def wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs a coroutine here and awaits it from another thread's event loop; cancelling the
+        waiter cancels the work."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
     def stop(self) -> None:
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
@@ -110,6 +115,18 @@ class Sandmesh:
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.call(coro)
+
+    async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Awaits a coroutine of :attr:`async_client` (or of its sessions) from any event loop.
+
+        The connection belongs to this client's private loop; this runs ``coro`` there and
+        awaits its result from the caller's loop, so one client serves frameworks that start an
+        event loop per call or per test (the integrations do). Cancelling the caller cancels
+        the call::
+
+            result = await sm.acall(sm.async_client.run("print(1)"))
+        """
+        return await self._loop.wait(coro)
 
     @property
     def user(self) -> Optional[str]:
