@@ -70,6 +70,17 @@ impl ExecutorClient {
         }
     }
 
+    /// Opens a tunnel into a port of a session container on docker `node`: answered once the
+    /// node reached the port and listens on the tunnel's up subject.
+    pub async fn open_tunnel(
+        &self,
+        node: &str,
+        order: &messages::ports::ExecutorTunnel,
+    ) -> Result<messages::ports::TunnelOpened> {
+        let subject = self.mesh.subjects().executor_tunnel(node);
+        self.mesh.request(subject, order).await
+    }
+
     /// Tells `node` of `backend` to take no new work (it finishes what runs).
     pub async fn drain(&self, backend: Backend, node: &str) -> Result<Ack> {
         let subject = self

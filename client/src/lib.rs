@@ -36,10 +36,12 @@ pub mod exec;
 pub mod executor;
 pub mod metrics;
 pub mod objects;
+pub mod ports;
 pub mod risk;
 pub mod sessions;
 pub mod status;
 pub mod templates;
+pub mod tunnel;
 pub mod upload;
 pub mod workspace;
 
@@ -63,6 +65,7 @@ pub use error::{ClientError, ErrorKind, Result};
 pub use exec::ExecClient;
 #[cfg(feature = "internal")]
 pub use executor::ExecutorClient;
+pub use ports::{PortsClient, Tunnel};
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
@@ -180,6 +183,10 @@ impl MeshClient {
     #[cfg(feature = "internal")]
     pub fn executors(&self) -> ExecutorClient {
         ExecutorClient::new(self.clone())
+    }
+
+    pub fn ports(&self) -> PortsClient {
+        PortsClient::new(self.clone())
     }
 
     pub fn audit(&self) -> AuditClient {

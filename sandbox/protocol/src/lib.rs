@@ -211,6 +211,20 @@ pub struct CellError {
 /// The in-container TCP port of the egress relay (the conventional HTTP proxy port).
 pub const EGRESS_PROXY_PORT: u16 = 3128;
 
+/// Preview ports: where the host's ports socket appears inside a container (a directory of that
+/// container alone, bind-mounted read-only). The host binds and listens; the resident supervisor
+/// connects, so the host never connects to a path the sandbox could replace.
+pub const PORTS_MOUNT: &str = "/run/sandmesh-ports";
+/// The ports socket's file name in [`PORTS_MOUNT`].
+pub const PORTS_SOCKET: &str = "ports.sock";
+/// The supervisor keeps one connection to the ports socket waiting; on it the host writes the
+/// port (2 bytes, big-endian), the supervisor dials `127.0.0.1:<port>` and answers one byte:
+/// [`PORT_CONNECTED`] (then the connection is the tunnel's byte stream both ways) or
+/// [`PORT_REFUSED`] (nothing listens there; the connection closes).
+pub const PORT_CONNECTED: u8 = 0;
+/// See [`PORT_CONNECTED`].
+pub const PORT_REFUSED: u8 = 1;
+
 /// Most changes (files created, modified and deleted) one run carries back, and most bytes
 /// their names take in its report (as JSON strings). The report is one frame, and every later
 /// hop carries the same list in one NATS message (the store's restore and its reply, the

@@ -18,7 +18,8 @@
 //!                            life: a `run` process per request read from stdin, `Done` after
 //!                            each; with --warm it first starts each interpreter once, so the
 //!                            first execution in a new container does not pay for cold
-//!                            file-system caches; it owns the session's kernel
+//!                            file-system caches; it owns the session's kernel and relays
+//!                            preview ports to loopback ([`ports`])
 //! sandmesh-supervisor launch ... -- bwrap ...
 //!                            on the host, not in the sandbox: the bwrap-executor's start of
 //!                            one sandbox (cgroup, rlimits, seccomp fds, uid and capabilities
@@ -32,6 +33,7 @@
 mod files;
 mod kernel;
 mod launch;
+mod ports;
 mod process;
 mod relay;
 mod serve;

@@ -204,6 +204,9 @@ impl Actor for SessionContainer {
                 state.pump(&myself);
             }
             SessionMsg::Acquired(Ok(container)) => {
+                // Tunnels to the session's ports go through this container from now on.
+                let doors = state.args.runner.sandboxes.ports.doors();
+                doors.register(&state.args.session_id, &container.ports);
                 state.container = Some(container);
                 state.phase = Phase::Idle;
                 state.last_used = Instant::now();
@@ -235,6 +238,11 @@ impl Actor for SessionContainer {
                 state.pump(&myself);
             }
             SessionMsg::IdleCheck => {
+                // An open tunnel to one of its ports is use too.
+                let tunnels = state.container.as_ref().map_or(0, |c| c.ports.open_tunnels());
+                if tunnels > 0 {
+                    state.last_used = Instant::now();
+                }
                 if state.phase == Phase::Idle
                     && state.queue.is_empty()
                     && state.last_used.elapsed() >= state.args.idle
@@ -253,6 +261,8 @@ impl Actor for SessionContainer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.reject_queued(ErrorBody::unavailable("the session was closed"));
+        let doors = state.args.runner.sandboxes.ports.doors();
+        doors.forget(&state.args.session_id);
         // A run in progress dies with its container now; its lease, back from the run's task
         // to this stopped actor, is dropped and finishes the removal.
         if let Some(name) = state.running_in.take() {

@@ -26,6 +26,7 @@ pub mod config;
 pub mod files;
 pub mod keys;
 pub mod openapi;
+pub mod ports;
 pub mod problem;
 pub mod rate;
 pub mod stream;

@@ -156,6 +156,15 @@ impl ExecutorRunner {
         classify(reply, started, backend)
     }
 
+    /// Has `node` open a tunnel into a session container's port.
+    pub async fn open_tunnel(
+        &self,
+        node: &str,
+        order: &messages::ports::ExecutorTunnel,
+    ) -> Result<messages::ports::TunnelOpened, ClientError> {
+        self.executors.open_tunnel(node, order).await
+    }
+
     /// Asks `node` to close `session_id`'s container. A node that is gone closed it already.
     pub async fn close_session(&self, node: &str, session_id: &str) -> Result<(), ClientError> {
         self.executors.close_session(node, session_id).await

@@ -5,7 +5,7 @@
 //!
 //! Subjects: `exec` (sync), `test` (a test-driven execution, [`testrun`]), `jobs.exec` (async,
 //! stream `SANDBOX_JOBS`), `results.<id>` (stream `SANDBOX_RESULTS`), `exec.result`,
-//! `sessions.{open,get,list,close}`. It calls `risk.assess`, `confirm.request` /
+//! `sessions.{open,get,list,close}`, `ports.{expose,list,unexpose,connect}` ([`ports`]). It calls `risk.assess`, `confirm.request` /
 //! `confirm.get`, `workspace.init`, `workspace.read` (test reports), `executor.docker.run` and
 //! `executor.docker.<node>.*`, and listens to `confirm.decided.*`.
 //!
@@ -60,6 +60,7 @@ pub mod parking;
 pub mod pipeline;
 pub mod placement;
 pub mod placer;
+pub mod ports;
 pub mod registry;
 pub mod results;
 pub mod resumer;
@@ -77,7 +78,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::kv;
 use kit::{KitError, Runtime, ServiceInfo};
-use messages::subjects::SessionOp;
+use messages::subjects::{PortsOp, SessionOp};
 use ractor::Actor;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
@@ -289,6 +290,7 @@ struct Parts {
     intake: Intake,
     jobs: Jobs,
     sessions: SessionApi,
+    ports: ports::PortsApi,
     tests: TestRuns,
     claims: Claims,
     /// Everything an execution or a session does off a request's path — jobs, resumes, stores
@@ -368,6 +370,7 @@ impl Parts {
         let consumer = jobs
             .consumer(&runtime.js, runtime.subjects(), config.kit.js_replicas)
             .await?;
+        let ports = ports::PortsApi::new(affinity.sessions().clone(), executor.clone());
         let sessions = SessionApi::new(affinity, executor, aio, auditor, config.policy());
         let tests = TestRuns::new(
             intake.clone(),
@@ -381,6 +384,7 @@ impl Parts {
             intake,
             jobs,
             sessions,
+            ports,
             tests,
             claims: stores.claims,
             in_flight,
@@ -395,6 +399,7 @@ impl Parts {
             intake,
             tests,
             sessions,
+            ports,
             ..
         } = self;
         let s = runtime.subjects().clone();
@@ -407,6 +412,10 @@ impl Parts {
             s.sessions(SessionOp::Get) => sessions.get,
             s.sessions(SessionOp::List) => sessions.list,
             s.sessions(SessionOp::Close) => sessions.close,
+            s.ports(PortsOp::Expose) => ports.expose,
+            s.ports(PortsOp::List) => ports.list,
+            s.ports(PortsOp::Unexpose) => ports.unexpose,
+            s.ports(PortsOp::Connect) => ports.connect,
         );
         let probe = self.admission.clone();
         let held = self.admission.tenants.clone();
