@@ -38,6 +38,7 @@ mod keys;
 mod local_nats;
 mod mcp;
 mod operator;
+mod ports;
 mod sessions;
 mod status;
 mod template;
@@ -93,6 +94,11 @@ enum Command {
     Sessions {
         #[command(subcommand)]
         command: sessions::SessionsCommand,
+    },
+    /// Preview ports: expose a port a session's server listens on (a URL through the gateway).
+    Ports {
+        #[command(subcommand)]
+        command: ports::PortsCommand,
     },
     /// Workspace files: ls, get, put, rm.
     Ws {
@@ -199,6 +205,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Gateway => gateway::run(),
         Command::Sessions { command } => {
             sessions::run(&mesh_client(Acting::Agent).await?, command).await
+        }
+        Command::Ports { command } => {
+            ports::run(&mesh_client(Acting::Agent).await?, command).await
         }
         Command::Ws { command } => ws::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Audit(args) => audit::run(&mesh_client(Acting::Admin).await?, args).await,

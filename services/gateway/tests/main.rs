@@ -5,4 +5,5 @@
 mod api;
 mod common;
 mod large_upload;
+mod ports;
 mod uploads;

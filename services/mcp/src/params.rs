@@ -146,3 +146,13 @@ pub struct BrowserContent {
     #[schemars(extend("enum" = ["text", "html"]))]
     pub format: Option<String>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExposePort {
+    /// The session whose server listens on the port.
+    pub session_id: String,
+    /// The TCP port the server listens on inside the session (1–65535).
+    pub port: u32,
+    /// How long the port stays reachable, in milliseconds (default an hour, at most a day).
+    pub ttl_ms: Option<u64>,
+}

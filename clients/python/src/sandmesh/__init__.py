@@ -16,6 +16,7 @@ package decides nothing a service would not decide for a plain NATS request.
 
 from ._exec import AsyncJob
 from ._files import AsyncFiles
+from ._ports import AsyncPorts, ExposedPort, Ports
 from ._browser import AsyncAio, AsyncBrowser
 from ._audit import AsyncAudit, AsyncAuditFollow
 from ._transport import new_id
@@ -72,6 +73,9 @@ __all__ = [
     "AsyncSandmesh",
     "AsyncSession",
     "AsyncFiles",
+    "AsyncPorts",
+    "ExposedPort",
+    "Ports",
     "AsyncBrowser",
     "AsyncAio",
     "AsyncAudit",

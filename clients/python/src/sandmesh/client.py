@@ -30,6 +30,7 @@ from ._exec import (
     wire_files,
 )
 from ._files import AsyncFiles
+from ._ports import AsyncPorts
 from ._transport import DEFAULT_TIMEOUT, Codec, ConnectInfo, Transport, connect, connect_info, drop_none
 from .types import ExecResult, RiskAssessment, SessionInfo, TestReport
 
@@ -411,6 +412,7 @@ class AsyncSession:
         files: its workspace files (:class:`AsyncFiles`).
         browser: its browser (:class:`AsyncBrowser`).
         aio: its AIO sandbox instance (:class:`AsyncAio`).
+        ports: its preview ports (:class:`AsyncPorts`).
         info: the session record from the last open.
     """
 
@@ -422,6 +424,7 @@ class AsyncSession:
         self.files: AsyncFiles
         self.browser: AsyncBrowser
         self.aio: AsyncAio
+        self.ports: AsyncPorts
 
     async def open(self) -> "AsyncSession":
         """Opens the session (idempotent by id)."""
@@ -432,6 +435,7 @@ class AsyncSession:
         self.files = AsyncFiles(transport, self.session_id)
         self.browser = AsyncBrowser(transport, self.session_id)
         self.aio = AsyncAio(transport, self.session_id)
+        self.ports = AsyncPorts(transport, self.session_id)
         return self
 
     def __await__(self) -> Generator[Any, None, "AsyncSession"]:

@@ -19,6 +19,7 @@ from typing import Any, Coroutine, Iterator, List, Mapping, Optional, TypeVar, U
 from ._audit import AsyncAuditFollow
 from ._browser import AsyncAio, AsyncBrowser, Target
 from ._files import AsyncFiles
+from ._ports import Ports
 from ._exec import EXEC_TIMEOUT, ApprovalCallback, AsyncJob, FilesArg, TextCallback
 from ._transport import DEFAULT_TIMEOUT
 from .client import AsyncSandmesh, AsyncSession
@@ -447,6 +448,7 @@ class Session:
         self.files = Files(sm, inner.files)
         self.browser = Browser(sm, inner.browser)
         self.aio = Aio(sm, inner.aio)
+        self.ports = Ports(sm, inner.ports)
 
     @property
     def session_id(self) -> str:
