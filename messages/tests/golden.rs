@@ -18,6 +18,7 @@ use messages::executor::{
 };
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
+use messages::ports::{ExposedPort, PortExpose, TunnelConnect, TunnelOpened};
 use messages::risk::*;
 use messages::session::{CloseReason, SessionOpen, SessionRecord, SessionState};
 use messages::template::{Template, TemplateRan, TemplateRecord, TemplateRef};
@@ -962,6 +963,40 @@ fn golden_vectors_are_byte_exact() {
             requested_by: None,
             object: None,
             upload: None,
+        },
+    );
+    check(
+        "port_expose",
+        &PortExpose {
+            session_id: "s1".into(),
+            port: 8000,
+            ttl_ms: Some(3_600_000),
+        },
+    );
+    check(
+        "exposed_port",
+        &ExposedPort {
+            session_id: "s1".into(),
+            port: 8000,
+            url: "/api/v1/sessions/s1/ports/8000/".into(),
+            token: Some(format!("acme.{}", "0f".repeat(32))),
+            expires_at: 1_764_003_600_000,
+        },
+    );
+    check(
+        "tunnel_connect",
+        &TunnelConnect {
+            session_id: "s1".into(),
+            port: 8000,
+            tunnel_id: "01JD0000000000000000000002".into(),
+            token: None,
+        },
+    );
+    check(
+        "tunnel_opened",
+        &TunnelOpened {
+            tunnel_id: "01JD0000000000000000000002".into(),
+            up: "sandbox.v1.tunnel.acme.01JD0000000000000000000002".into(),
         },
     );
 }
