@@ -36,6 +36,7 @@ pub mod exec;
 pub mod executor;
 pub mod metrics;
 pub mod objects;
+pub mod proc;
 pub mod risk;
 pub mod sessions;
 pub mod status;
@@ -63,6 +64,7 @@ pub use error::{ClientError, ErrorKind, Result};
 pub use exec::ExecClient;
 #[cfg(feature = "internal")]
 pub use executor::ExecutorClient;
+pub use proc::ProcClient;
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
@@ -150,6 +152,11 @@ impl MeshClient {
 
     pub fn sessions(&self) -> SessionClient {
         SessionClient::new(self.clone())
+    }
+
+    /// A session's background processes.
+    pub fn procs(&self) -> ProcClient {
+        ProcClient::new(self.clone())
     }
 
     pub fn workspace(&self) -> WorkspaceClient {

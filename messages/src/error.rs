@@ -17,6 +17,8 @@ pub enum ErrorKind {
     Unavailable,
     Timeout,
     Internal,
+    /// The operation exists but this backend or deployment does not offer it.
+    NotImplemented,
 }
 
 impl ErrorKind {
@@ -29,6 +31,7 @@ impl ErrorKind {
             ErrorKind::TooLarge => 413,
             ErrorKind::Overloaded => 429,
             ErrorKind::Internal => 500,
+            ErrorKind::NotImplemented => 501,
             ErrorKind::Unavailable => 503,
             ErrorKind::Timeout => 504,
         }
@@ -43,6 +46,7 @@ impl ErrorKind {
             409 => ErrorKind::Conflict,
             413 => ErrorKind::TooLarge,
             429 => ErrorKind::Overloaded,
+            501 => ErrorKind::NotImplemented,
             503 => ErrorKind::Unavailable,
             504 => ErrorKind::Timeout,
             _ => ErrorKind::Internal,
@@ -60,6 +64,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Internal => "internal",
+            ErrorKind::NotImplemented => "not_implemented",
         }
     }
 }
@@ -123,6 +128,10 @@ impl ErrorBody {
 
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Timeout, message)
+    }
+
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotImplemented, message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {

@@ -12,6 +12,7 @@ pub mod executor;
 pub mod filesystem;
 pub mod heartbeat;
 pub mod network;
+pub mod proc;
 pub mod quota;
 pub mod risk;
 pub mod service;
