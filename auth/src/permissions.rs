@@ -182,6 +182,8 @@ impl<'s> Plan<'s> {
                     s.test(),
                     s.results_get(),
                     s.pattern("sessions.*"),
+                    // A session's background processes, held by its executor node.
+                    s.pattern("proc.*"),
                     s.confirm_decided_all(),
                     // An agent's AIO command is an execution: assessed, confirmed, audited.
                     s.aio("exec"),
@@ -290,6 +292,7 @@ impl<'s> Plan<'s> {
             (s.test(), true),
             (s.results_get(), false),
             (s.pattern("sessions.*"), false),
+            (s.pattern("proc.*"), false),
             (s.risk_assess(), false),
             (s.pattern("confirm.*"), false),
             (s.pattern("workspace.*"), false),

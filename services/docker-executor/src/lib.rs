@@ -96,6 +96,7 @@ pub mod execution;
 pub mod janitor;
 pub mod lease;
 pub mod probe;
+pub mod procs;
 pub mod resident;
 pub mod session;
 pub mod warm_pool;
@@ -161,6 +162,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         subjects,
         config: config.clone(),
         egress: egress::EgressHost::new(config.egress_dir.clone(), runtime.auditor.clone()),
+        auditor: runtime.auditor.clone(),
     };
     let sweeper = DockerSweeper {
         sandboxes,

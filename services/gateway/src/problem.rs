@@ -87,6 +87,7 @@ impl Problem {
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Internal => StatusCode::BAD_GATEWAY,
+            ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
         }
     }
 }

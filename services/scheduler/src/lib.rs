@@ -5,7 +5,8 @@
 //!
 //! Subjects: `exec` (sync), `test` (a test-driven execution, [`testrun`]), `jobs.exec` (async,
 //! stream `SANDBOX_JOBS`), `results.<id>` (stream `SANDBOX_RESULTS`), `exec.result`,
-//! `sessions.{open,get,list,close}`. It calls `risk.assess`, `confirm.request` /
+//! `sessions.{open,get,list,close}`, `proc.{start,list,output,input,signal,wait,resize}` (a
+//! session's background processes, [`proc_api`]). It calls `risk.assess`, `confirm.request` /
 //! `confirm.get`, `workspace.init`, `workspace.read` (test reports), `executor.docker.run` and
 //! `executor.docker.<node>.*`, and listens to `confirm.decided.*`.
 //!
@@ -58,6 +59,7 @@ pub mod jobs;
 pub mod network;
 pub mod parking;
 pub mod pipeline;
+pub mod proc_api;
 pub mod placement;
 pub mod placer;
 pub mod registry;
@@ -77,7 +79,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::kv;
 use kit::{KitError, Runtime, ServiceInfo};
-use messages::subjects::SessionOp;
+use messages::subjects::{ProcOp, SessionOp};
 use ractor::Actor;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
@@ -98,6 +100,7 @@ use crate::intake::Intake;
 use crate::jobs::{Jobs, JobsError};
 use crate::parking::ParkedStore;
 use crate::pipeline::Pipeline;
+use crate::proc_api::ProcApi;
 use crate::placer::Placer;
 use crate::registry::RegistryArgs;
 use crate::results::ResultStore;
@@ -289,6 +292,7 @@ struct Parts {
     intake: Intake,
     jobs: Jobs,
     sessions: SessionApi,
+    procs: ProcApi,
     tests: TestRuns,
     claims: Claims,
     /// Everything an execution or a session does off a request's path — jobs, resumes, stores
@@ -368,6 +372,17 @@ impl Parts {
         let consumer = jobs
             .consumer(&runtime.js, runtime.subjects(), config.kit.js_replicas)
             .await?;
+        let procs = ProcApi {
+            sessions: affinity.sessions().clone(),
+            executors: mesh.executors(),
+            risk: pipeline.risk.clone(),
+            confirm: mesh.confirm(),
+            confirm_timeout: config.confirm_timeout,
+            intake: intake.clone(),
+            auditor: auditor.clone(),
+            policy: config.policy(),
+            subjects: runtime.subjects().clone(),
+        };
         let sessions = SessionApi::new(affinity, executor, aio, auditor, config.policy());
         let tests = TestRuns::new(
             intake.clone(),
@@ -381,6 +396,7 @@ impl Parts {
             intake,
             jobs,
             sessions,
+            procs,
             tests,
             claims: stores.claims,
             in_flight,
@@ -395,6 +411,7 @@ impl Parts {
             intake,
             tests,
             sessions,
+            procs,
             ..
         } = self;
         let s = runtime.subjects().clone();
@@ -407,6 +424,13 @@ impl Parts {
             s.sessions(SessionOp::Get) => sessions.get,
             s.sessions(SessionOp::List) => sessions.list,
             s.sessions(SessionOp::Close) => sessions.close,
+            s.proc(ProcOp::Start) => procs.start,
+            s.proc(ProcOp::List) => procs.list,
+            s.proc(ProcOp::Output) => procs.output,
+            s.proc(ProcOp::Input) => procs.input,
+            s.proc(ProcOp::Signal) => procs.signal,
+            s.proc(ProcOp::Wait) => procs.wait,
+            s.proc(ProcOp::Resize) => procs.resize,
         );
         let probe = self.admission.clone();
         let held = self.admission.tenants.clone();
