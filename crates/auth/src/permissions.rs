@@ -183,6 +183,8 @@ impl<'s> Plan<'s> {
                     s.results_get(),
                     s.pattern("sessions.*"),
                     s.pattern("ports.*"),
+                    // A session's background processes, held by its executor node.
+                    s.pattern("proc.*"),
                     s.confirm_decided_all(),
                     // An agent's AIO command is an execution: assessed, confirmed, audited.
                     s.aio("exec"),
@@ -293,6 +295,7 @@ impl<'s> Plan<'s> {
             (s.results_get(), false),
             (s.pattern("sessions.*"), false),
             (s.pattern("ports.*"), false),
+            (s.pattern("proc.*"), false),
             (s.risk_assess(), false),
             (s.pattern("confirm.*"), false),
             (s.pattern("workspace.*"), false),

@@ -37,6 +37,7 @@ pub mod executor;
 pub mod metrics;
 pub mod objects;
 pub mod ports;
+pub mod proc;
 pub mod risk;
 pub mod sessions;
 pub mod status;
@@ -66,6 +67,7 @@ pub use exec::ExecClient;
 #[cfg(feature = "internal")]
 pub use executor::ExecutorClient;
 pub use ports::{PortsClient, Tunnel};
+pub use proc::ProcClient;
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
@@ -153,6 +155,11 @@ impl MeshClient {
 
     pub fn sessions(&self) -> SessionClient {
         SessionClient::new(self.clone())
+    }
+
+    /// A session's background processes.
+    pub fn procs(&self) -> ProcClient {
+        ProcClient::new(self.clone())
     }
 
     pub fn workspace(&self) -> WorkspaceClient {

@@ -19,8 +19,7 @@ pub enum ErrorKind {
     Unavailable,
     Timeout,
     Internal,
-    /// The request is well formed but this kind of sandbox cannot do it (a preview port of a
-    /// session whose runs each get a single-use sandbox).
+    /// The operation exists but this backend or deployment does not offer it.
     NotImplemented,
 }
 
@@ -136,6 +135,10 @@ impl ErrorBody {
         Self::new(ErrorKind::Timeout, message)
     }
 
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotImplemented, message)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
     }
@@ -146,10 +149,6 @@ impl ErrorBody {
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unauthorized, message)
-    }
-
-    pub fn not_implemented(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::NotImplemented, message)
     }
 }
 

@@ -160,6 +160,11 @@ impl Subjects {
     pub fn sessions(&self, op: SessionOp) -> String {
         self.at(&format!("sessions.{}", op.as_str()))
     }
+    /// A session's background processes (`crate::proc`); their live output goes to
+    /// [`Self::output`] under the process's id.
+    pub fn proc(&self, op: ProcOp) -> String {
+        self.at(&format!("proc.{}", op.as_str()))
+    }
 
     // === risk-assessor ===
     pub fn risk_assess(&self) -> String {
@@ -347,6 +352,18 @@ ops!(
     PortsOp { Expose => "expose", List => "list", Unexpose => "unexpose", Connect => "connect" }
 );
 ops!(
+    /// `sandbox.v1.proc.<op>`
+    ProcOp {
+        Start => "start",
+        List => "list",
+        Output => "output",
+        Input => "input",
+        Signal => "signal",
+        Wait => "wait",
+        Resize => "resize",
+    }
+);
+ops!(
     /// `sandbox.v1.confirm.<op>`
     ConfirmOp { Request => "request", Decide => "decide", Get => "get", List => "list" }
 );
@@ -380,7 +397,14 @@ ops!(
 ops!(
     /// `sandbox.v1.executor.<backend>.<node_id>.<op>`; `status` answers what happened to an
     /// execution the node was sent ([`crate::executor::ExecutorStatusQuery`]).
-    ExecutorOp { Run => "run", Close => "close", Drain => "drain", Status => "status" }
+    /// `proc` carries a session's background-process operations ([`crate::proc::ProcCall`]).
+    ExecutorOp {
+        Run => "run",
+        Close => "close",
+        Drain => "drain",
+        Status => "status",
+        Proc => "proc",
+    }
 );
 
 #[cfg(test)]
@@ -404,6 +428,11 @@ mod tests {
         assert_eq!(
             s.executor_node("n1", ExecutorOp::Close),
             "sandbox.v1.executor.docker.n1.close"
+        );
+        assert_eq!(s.proc(ProcOp::Start), "sandbox.v1.proc.start");
+        assert_eq!(
+            s.executor_node("n1", ExecutorOp::Proc),
+            "sandbox.v1.executor.docker.n1.proc"
         );
         assert_eq!(
             s.executor_node_on(Backend::Bwrap, "n1", ExecutorOp::Run),

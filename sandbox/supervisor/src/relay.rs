@@ -41,8 +41,27 @@ pub fn proxy_env() -> Vec<(String, String)> {
 
 /// Listens on the relay port and serves every connection in the background. Bound before the
 /// program starts, so the program cannot take the port first.
+///
+/// With `SO_REUSEPORT`: a session's background processes keep their relay up for their life
+/// (`proc.rs`), and a run in the same container binds the port beside theirs; the kernel
+/// spreads connections over the listeners, each relaying to the same socket. Only a process
+/// of the same uid can share the port — the session's own, which has its policy anyway.
 pub fn start(socket: &str) -> io::Result<()> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT))?;
+    use rustix::net::{bind, listen, socket_with, sockopt, AddressFamily, SocketFlags, SocketType};
+    // Close-on-exec: the program must not inherit the listener.
+    let fd = socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    sockopt::set_socket_reuseport(&fd, true)?;
+    bind(
+        &fd,
+        &std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT),
+    )?;
+    listen(&fd, 128)?;
+    let listener = TcpListener::from(fd);
     let socket = PathBuf::from(socket);
     thread::Builder::new()
         .name("egress-accept".into())

@@ -102,6 +102,7 @@ pub mod janitor;
 pub mod lease;
 pub mod ports;
 pub mod probe;
+pub mod procs;
 pub mod resident;
 pub mod session;
 pub mod tunnel;
@@ -170,6 +171,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         subjects,
         config: config.clone(),
         egress: egress::EgressHost::new(config.egress_dir.clone(), runtime.auditor.clone()),
+        auditor: runtime.auditor.clone(),
     };
     let sweeper = DockerSweeper {
         sandboxes,

@@ -5,7 +5,9 @@
 //!
 //! Subjects: `exec` (sync), `test` (a test-driven execution, [`testrun`]), `jobs.exec` (async,
 //! stream `SANDBOX_JOBS`), `results.<id>` (stream `SANDBOX_RESULTS`), `exec.result`,
-//! `sessions.{open,get,list,close}`, `ports.{expose,list,unexpose,connect}` ([`ports`]). It calls `risk.assess`, `confirm.request` /
+//! `sessions.{open,get,list,close}`, `proc.{start,list,output,input,signal,wait,resize}` (a
+//! session's background processes, [`proc_api`]), `ports.{expose,list,unexpose,connect}`
+//! (preview ports, [`ports`]). It calls `risk.assess`, `confirm.request` /
 //! `confirm.get`, `workspace.init`, `workspace.read` (test reports), `executor.docker.run` and
 //! `executor.docker.<node>.*`, and listens to `confirm.decided.*`.
 //!
@@ -58,6 +60,7 @@ pub mod jobs;
 pub mod network;
 pub mod parking;
 pub mod pipeline;
+pub mod proc_api;
 pub mod placement;
 pub mod placer;
 pub mod ports;
@@ -78,7 +81,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::kv;
 use kit::{KitError, Runtime, ServiceInfo};
-use messages::subjects::{PortsOp, SessionOp};
+use messages::subjects::{PortsOp, ProcOp, SessionOp};
 use ractor::Actor;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
@@ -99,6 +102,7 @@ use crate::intake::Intake;
 use crate::jobs::{Jobs, JobsError};
 use crate::parking::ParkedStore;
 use crate::pipeline::Pipeline;
+use crate::proc_api::ProcApi;
 use crate::placer::Placer;
 use crate::registry::RegistryArgs;
 use crate::results::ResultStore;
@@ -291,6 +295,7 @@ struct Parts {
     jobs: Jobs,
     sessions: SessionApi,
     ports: ports::PortsApi,
+    procs: ProcApi,
     tests: TestRuns,
     claims: Claims,
     /// Everything an execution or a session does off a request's path — jobs, resumes, stores
@@ -371,6 +376,17 @@ impl Parts {
             .consumer(&runtime.js, runtime.subjects(), config.kit.js_replicas)
             .await?;
         let ports = ports::PortsApi::new(affinity.sessions().clone(), executor.clone());
+        let procs = ProcApi {
+            sessions: affinity.sessions().clone(),
+            executors: mesh.executors(),
+            risk: pipeline.risk.clone(),
+            confirm: mesh.confirm(),
+            confirm_timeout: config.confirm_timeout,
+            intake: intake.clone(),
+            auditor: auditor.clone(),
+            policy: config.policy(),
+            subjects: runtime.subjects().clone(),
+        };
         let sessions = SessionApi::new(affinity, executor, aio, auditor, config.policy());
         let tests = TestRuns::new(
             intake.clone(),
@@ -385,6 +401,7 @@ impl Parts {
             jobs,
             sessions,
             ports,
+            procs,
             tests,
             claims: stores.claims,
             in_flight,
@@ -400,6 +417,7 @@ impl Parts {
             tests,
             sessions,
             ports,
+            procs,
             ..
         } = self;
         let s = runtime.subjects().clone();
@@ -416,6 +434,13 @@ impl Parts {
             s.ports(PortsOp::List) => ports.list,
             s.ports(PortsOp::Unexpose) => ports.unexpose,
             s.ports(PortsOp::Connect) => ports.connect,
+            s.proc(ProcOp::Start) => procs.start,
+            s.proc(ProcOp::List) => procs.list,
+            s.proc(ProcOp::Output) => procs.output,
+            s.proc(ProcOp::Input) => procs.input,
+            s.proc(ProcOp::Signal) => procs.signal,
+            s.proc(ProcOp::Wait) => procs.wait,
+            s.proc(ProcOp::Resize) => procs.resize,
         );
         let probe = self.admission.clone();
         let held = self.admission.tenants.clone();
