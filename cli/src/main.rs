@@ -39,6 +39,7 @@ mod local_nats;
 mod mcp;
 mod operator;
 mod ports;
+mod proc;
 mod sessions;
 mod status;
 mod template;
@@ -95,6 +96,13 @@ enum Command {
         #[command(subcommand)]
         command: sessions::SessionsCommand,
     },
+    /// A session's background processes: start, list, logs [-f], kill.
+    Proc {
+        #[command(subcommand)]
+        command: proc::ProcCommandArgs,
+    },
+    /// A terminal in a session: bash in its container, this terminal in raw mode.
+    Shell { session_id: String },
     /// Preview ports: expose a port a session's server listens on (a URL through the gateway).
     Ports {
         #[command(subcommand)]
@@ -205,6 +213,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Gateway => gateway::run(),
         Command::Sessions { command } => {
             sessions::run(&mesh_client(Acting::Agent).await?, command).await
+        }
+        Command::Proc { command } => {
+            proc::run(&mesh_client(Acting::Agent).await?, command).await
+        }
+        Command::Shell { session_id } => {
+            proc::shell(&mesh_client(Acting::Agent).await?, session_id).await
         }
         Command::Ports { command } => {
             ports::run(&mesh_client(Acting::Agent).await?, command).await

@@ -1,9 +1,9 @@
-"""Preview ports against the real mesh: a server in a session's container, exposed with
-``s.ports.expose`` and fetched through the gateway with the token, as a browser would."""
+"""Preview ports and background processes against the real mesh: a server started with
+``s.processes.start``, exposed with ``s.ports.expose`` and fetched through the gateway with the
+token, as a browser would; a process's input, output and end."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -17,31 +17,12 @@ from sandmesh import Sandmesh
 from conftest import Mesh
 
 
-def _container_of(scoped_session: str) -> str:
-    out = subprocess.run(
-        ["docker", "ps", "-q", "--filter", f"label=sandmesh.session={scoped_session}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
 def test_a_port_is_exposed_reached_with_its_token_and_unexposed(sm: Sandmesh, mesh: Mesh) -> None:
     sid = f"sdk-ports-{uuid.uuid4().hex[:8]}"
     with sm.session(sid) as s:
         s.files.write("hello.txt", "hi from the sandbox\n")
-        assert s.run("ls", language="shell").ok
-        container = _container_of(f"default-{sid}")
-        assert container, "the session has no container"
-        # The harness starts the server (the run's end kills what a run starts).
-        subprocess.run(
-            ["docker", "exec", "-d", "-w", "/workspace", container,
-             "python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
-            check=True,
-            timeout=30,
-        )
+        server = s.processes.start(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"], tag="web")
+        assert server.proc_id
         exposed = s.ports.expose(8000, ttl_ms=600_000)
         assert exposed.port == 8000 and exposed.token and exposed.url.endswith("/ports/8000/")
         gateway = "http://" + mesh.env["SANDMESH_GATEWAY_ADDR"]
@@ -62,3 +43,20 @@ def test_a_port_is_exposed_reached_with_its_token_and_unexposed(sm: Sandmesh, me
         assert refused.value.code == 401
         with pytest.raises(sandmesh.NotFound):
             s.ports.unexpose(8000)
+
+
+def test_a_process_takes_input_prints_and_is_killed(sm: Sandmesh) -> None:
+    with sm.session(f"sdk-procs-{uuid.uuid4().hex[:8]}") as s:
+        p = s.processes.start("while read l; do echo got:$l; done", stdin=True, tag="echo")
+        s.processes.send_input(p.proc_id, "one\n")
+        seen = b""
+        for chunk in s.processes.output(p.proc_id, follow=True):
+            seen += chunk
+            if b"got:one" in seen:
+                break
+        assert b"got:one" in seen
+        assert any(q["proc_id"] == p.proc_id and q["tag"] == "echo" for q in s.processes.list())
+        s.processes.kill(p.proc_id)
+        assert s.processes.wait(p.proc_id, timeout_ms=20_000)["state"] == "killed"
+        with pytest.raises(sandmesh.NotFound):
+            s.processes.kill("no-such-process")

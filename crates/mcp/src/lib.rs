@@ -12,13 +12,15 @@
 //!                        (one MeshTools per MCP session) ──────┘
 //! ```
 //!
-//! The tools are in [`tools`] (code, results, files), [`browser`] and [`ports`]; their arguments and
+//! The tools are in [`tools`] (code, results, files), [`browser`], [`procs`] (background processes) and
+//! [`ports`]; their arguments and
 //! the descriptions a model reads in [`params`]; what each answers, errors included, in
 //! [`render`].
 
 pub mod browser;
 pub mod params;
 pub mod ports;
+pub mod procs;
 pub mod render;
 pub mod tools;
 

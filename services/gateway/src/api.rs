@@ -27,7 +27,7 @@ use crate::openapi::Errors;
 use crate::problem::Problem;
 use crate::rate::RateLimiter;
 use crate::tenants::Tenants;
-use crate::{body, files, openapi, ports, stream, templates};
+use crate::{body, files, openapi, ports, procs, stream, templates};
 
 /// What every request handler reaches.
 pub struct App {
@@ -73,6 +73,26 @@ pub fn router(app: Arc<App>) -> Router {
                 .put(files::upload)
                 .post(files::upload_by_post)
                 .delete(files::delete),
+        )
+        .route(
+            "/api/v1/sessions/{id}/processes",
+            post(procs::start).get(procs::list),
+        )
+        .route(
+            "/api/v1/sessions/{id}/processes/{proc_id}",
+            axum::routing::delete(procs::kill),
+        )
+        .route(
+            "/api/v1/sessions/{id}/processes/{proc_id}/output",
+            get(procs::output),
+        )
+        .route(
+            "/api/v1/sessions/{id}/processes/{proc_id}/input",
+            post(procs::input),
+        )
+        .route(
+            "/api/v1/sessions/{id}/procs/{proc_id}/ws",
+            get(procs::terminal),
         )
         .route(
             "/api/v1/sessions/{id}/ports",

@@ -27,6 +27,7 @@ pub mod files;
 pub mod keys;
 pub mod openapi;
 pub mod ports;
+pub mod procs;
 pub mod problem;
 pub mod rate;
 pub mod stream;

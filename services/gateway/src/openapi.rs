@@ -14,7 +14,7 @@ use utoipa::{Modify, OpenApi};
 use messages::exec::{AwaitingConfirmation, OutputChunk};
 
 use crate::problem::{Problem, PROBLEM_JSON};
-use crate::{api, files, ports, templates};
+use crate::{api, files, ports, procs, templates};
 
 /// The errors any call may answer with, all in the problem shape.
 pub struct Errors;
@@ -113,6 +113,11 @@ impl Modify for BearerKeys {
         templates::create,
         templates::update,
         templates::delete,
+        procs::start,
+        procs::list,
+        procs::output,
+        procs::input,
+        procs::kill,
         ports::expose,
         ports::list,
         ports::unexpose,

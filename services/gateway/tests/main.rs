@@ -6,4 +6,5 @@ mod api;
 mod common;
 mod large_upload;
 mod ports;
+mod procs;
 mod uploads;

@@ -1,6 +1,6 @@
-//! Preview ports end to end: servers in a real session container (started there with `docker
-//! exec`, as a person debugging would), reached through the gateway over the NATS tunnel, with
-//! keys, tokens and cookies of the right and the wrong tenant, and the attacks on the way in.
+//! Preview ports end to end: servers in a real session container (background processes started
+//! through the HTTP API), reached through the gateway over the NATS tunnel, with keys, tokens
+//! and cookies of the right and the wrong tenant, and the attacks on the way in.
 
 use std::time::Duration;
 
@@ -15,15 +15,9 @@ fn session_id(what: &str) -> String {
     format!("{what}-{}", messages::new_id().to_ascii_lowercase())
 }
 
-/// Opens a session of `tenant` (tier session), puts `files` in its workspace and places its
-/// container by running something in it; returns the container's name.
-async fn session_with_container(
-    gw: &Gateway,
-    key: &str,
-    tenant: &str,
-    id: &str,
-    files: &[(&str, &str)],
-) -> String {
+/// Opens a session (tier session), puts `files` in its workspace and starts `argv` in it as a
+/// background process (which places its container), through the HTTP API as a user would.
+async fn serve_in_session(gw: &Gateway, key: &str, id: &str, files: &[(&str, &str)], argv: &[&str]) {
     let k = Some(key);
     let open = serde_json::json!({"session_id": id, "tier": "session"});
     let r = gw.json("POST", "/api/v1/sessions", k, &open).await;
@@ -33,29 +27,27 @@ async fn session_with_container(
         let r = gw.send("PUT", &url, k, &[], text.to_string()).await;
         assert!(r.status < 300, "{r:?}");
     }
-    let code = serde_json::json!({"language": "shell", "code": "ls /workspace"});
+    start_process(gw, key, id, argv).await;
+}
+
+async fn start_process(gw: &Gateway, key: &str, id: &str, argv: &[&str]) -> String {
+    let start = serde_json::json!({"argv": argv});
     let r = gw
-        .json("POST", &format!("/api/v1/sessions/{id}/execute"), k, &code)
+        .json("POST", &format!("/api/v1/sessions/{id}/processes"), Some(key), &start)
         .await;
-    assert_eq!(r.status, 200, "{r:?}");
-    let scoped = format!("{tenant}-{id}");
+    assert_eq!(r.status, 201, "{r:?}");
+    r.json::<serde_json::Value>()["proc_id"].as_str().unwrap().to_string()
+}
+
+/// The container of a session (for a test that reads a file of it from outside).
+fn container_of(scoped_session: &str) -> String {
     let out = std::process::Command::new("docker")
-        .args(["ps", "-q", "--filter", &format!("label=sandmesh.session={scoped}")])
+        .args(["ps", "-q", "--filter", &format!("label=sandmesh.session={scoped_session}")])
         .output()
         .expect("the docker CLI (apt install docker.io)");
     let container = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    assert!(!container.is_empty(), "no container for session {scoped}");
+    assert!(!container.is_empty(), "no container for session {scoped_session}");
     container
-}
-
-/// Starts `argv` in `container` in the background, in its workspace, as its user.
-fn docker_exec_detached(container: &str, argv: &[&str]) {
-    let status = std::process::Command::new("docker")
-        .args(["exec", "-d", "-w", "/workspace", container])
-        .args(argv)
-        .status()
-        .unwrap();
-    assert!(status.success(), "docker exec {argv:?}");
 }
 
 fn docker_cat(container: &str, path: &str) -> Option<String> {
@@ -65,6 +57,8 @@ fn docker_cat(container: &str, path: &str) -> Option<String> {
         .ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+const HTTP_SERVER: [&str; 6] = ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"];
 
 async fn expose(gw: &Gateway, key: &str, id: &str, body: serde_json::Value) -> ExposedPort {
     let r = gw
@@ -88,12 +82,7 @@ async fn a_server_in_a_session_is_reached_through_the_gateway_and_nobody_else_re
     let acme = gw.key("acme");
     let other = gw.key("default");
     let id = session_id("web");
-    let files = [("hello.txt", "hi\n")];
-    let container = session_with_container(&gw, &acme, "acme", &id, &files).await;
-    docker_exec_detached(
-        &container,
-        &["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
-    );
+    serve_in_session(&gw, &acme, &id, &[("hello.txt", "hi\n")], &HTTP_SERVER).await;
     let root = format!("/api/v1/sessions/{id}/ports/8000/");
 
     // Never exposed: not found, even with the right key and a server listening.
@@ -247,9 +236,7 @@ async fn a_websocket_behind_a_port_echoes_through_the_gateway() {
     let gw = Gateway::start(&mesh, |_| {}).await;
     let acme = gw.key("acme");
     let id = session_id("ws");
-    let container =
-        session_with_container(&gw, &acme, "acme", &id, &[("echo.py", WS_ECHO)]).await;
-    docker_exec_detached(&container, &["python3", "/workspace/echo.py"]);
+    serve_in_session(&gw, &acme, &id, &[("echo.py", WS_ECHO)], &["python3", "echo.py"]).await;
     expose(&gw, &acme, &id, serde_json::json!({"port": 8765})).await;
 
     let url = format!("ws://{}/api/v1/sessions/{id}/ports/8765/echo", gw.addr);
@@ -307,9 +294,8 @@ async fn a_reader_that_stops_stops_the_server_and_loses_nothing() {
     let gw = Gateway::start(&mesh, |_| {}).await;
     let acme = gw.key("acme");
     let id = session_id("flood");
-    let container =
-        session_with_container(&gw, &acme, "acme", &id, &[("flood.py", FLOOD)]).await;
-    docker_exec_detached(&container, &["python3", "/workspace/flood.py"]);
+    serve_in_session(&gw, &acme, &id, &[("flood.py", FLOOD)], &["python3", "flood.py"]).await;
+    let container = container_of(&format!("acme-{id}"));
     expose(&gw, &acme, &id, serde_json::json!({"port": 8766})).await;
     let path = format!("/api/v1/sessions/{id}/ports/8766/");
     let response = test_support::eventually("the flood to start", BOUND, || async {
@@ -356,7 +342,7 @@ async fn hostile_requests_get_clear_answers() {
     let acme = gw.key("acme");
     let k = Some(acme.as_str());
     let id = session_id("hostile");
-    session_with_container(&gw, &acme, "acme", &id, &[]).await;
+    serve_in_session(&gw, &acme, &id, &[], &["sleep", "600"]).await;
     let ports = format!("/api/v1/sessions/{id}/ports");
 
     // Malformed ports, sessions, bodies.
@@ -439,8 +425,7 @@ async fn the_ports_socket_cannot_be_replaced_from_inside() {
     let gw = Gateway::start(&mesh, |_| {}).await;
     let acme = gw.key("acme");
     let id = session_id("attack");
-    let container = session_with_container(&gw, &acme, "acme", &id, &[("hello.txt", "hi\n")]).await;
-    docker_exec_detached(&container, &["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]);
+    serve_in_session(&gw, &acme, &id, &[("hello.txt", "hi\n")], &HTTP_SERVER).await;
     expose(&gw, &acme, &id, serde_json::json!({"port": 8000})).await;
 
     // From inside the session: every way to take the socket's place, each tried on /tmp first
@@ -486,9 +471,7 @@ print("mount", [l.split()[3].split(",")[0] for l in open("/proc/mounts") if " /r
     assert!(!door.contains(":ok"), "the sandbox changed the ports directory: {door}");
     assert_eq!(lines.get(2).copied(), Some("mount ['ro']"), "{result:?}");
 
-    // The run's end killed the server (processes never outlive a run): a new one, and the
-    // door still leads to it.
-    docker_exec_detached(&container, &["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]);
+    // The door still leads to the server (a background process, it outlived the run).
     let root = format!("/api/v1/sessions/{id}/ports/8000/hello.txt");
     test_support::eventually("the server through the door after the attack", BOUND, || async {
         let r = gw.send("GET", &root, Some(&acme), &[], "").await;
@@ -532,8 +515,7 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
     let gw = Gateway::start(&mesh, |_| {}).await;
     let acme_key = gw.key("acme");
     let id = session_id("raw");
-    let container = session_with_container(&gw, &acme_key, "acme", &id, &[("a", "b")]).await;
-    docker_exec_detached(&container, &["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]);
+    serve_in_session(&gw, &acme_key, &id, &[("a", "b")], &HTTP_SERVER).await;
     expose(&gw, &acme_key, &id, serde_json::json!({"port": 8000})).await;
 
     let s = messages::Subjects::default();

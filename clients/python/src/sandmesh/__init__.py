@@ -17,6 +17,7 @@ package decides nothing a service would not decide for a plain NATS request.
 from ._exec import AsyncJob
 from ._files import AsyncFiles
 from ._ports import AsyncPorts, ExposedPort, Ports
+from ._processes import AsyncProcesses, Process, Processes
 from ._browser import AsyncAio, AsyncBrowser
 from ._audit import AsyncAudit, AsyncAuditFollow
 from ._transport import new_id
@@ -74,6 +75,9 @@ __all__ = [
     "AsyncSession",
     "AsyncFiles",
     "AsyncPorts",
+    "AsyncProcesses",
+    "Process",
+    "Processes",
     "ExposedPort",
     "Ports",
     "AsyncBrowser",

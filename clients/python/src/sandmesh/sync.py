@@ -20,6 +20,7 @@ from ._audit import AsyncAuditFollow
 from ._browser import AsyncAio, AsyncBrowser, Target
 from ._files import AsyncFiles
 from ._ports import Ports
+from ._processes import Processes
 from ._exec import EXEC_TIMEOUT, ApprovalCallback, AsyncJob, FilesArg, TextCallback
 from ._transport import DEFAULT_TIMEOUT
 from .client import AsyncSandmesh, AsyncSession
@@ -449,6 +450,7 @@ class Session:
         self.browser = Browser(sm, inner.browser)
         self.aio = Aio(sm, inner.aio)
         self.ports = Ports(sm, inner.ports)
+        self.processes = Processes(sm, inner.processes)
 
     @property
     def session_id(self) -> str:
