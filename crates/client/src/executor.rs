@@ -80,6 +80,8 @@ impl ExecutorClient {
     ) -> Result<messages::ports::TunnelOpened> {
         let subject = self.mesh.subjects().executor_tunnel(node);
         self.mesh.request(subject, order).await
+    }
+
     /// One background-process operation on the node holding its session; `timeout` covers
     /// a `wait`'s own bound.
     pub async fn proc(

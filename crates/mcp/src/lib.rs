@@ -2,8 +2,8 @@
 //!
 //! A thin client: it holds one tenant's NATS connection ([`MeshClient`]) and calls the same
 //! subjects any client calls — `exec` (with `Sandmesh-Notify`, so a run that waits for a
-//! person is reported at once instead of holding the call), `exec.result`, `workspace.*` and
-//! `browser.*`. It owns no subject and no state, and is not a mesh service (no `$SRV`, no
+//! person is reported at once instead of holding the call), `exec.result`, `workspace.*`,
+//! `browser.*`, `proc.*` and `ports.expose`. It owns no subject and no state, and is not a mesh service (no `$SRV`, no
 //! heartbeat): the tenant's account could not serve one anyway.
 //!
 //! ```text

@@ -4,7 +4,9 @@
 //! container, where it is reached through the gateway's proxy (`GET
 //! /api/v1/sessions/{id}/ports/{port}/…` with a key, a kept-alive connection to the gateway, a
 //! new tunnel per request). Series: `ports/{direct,gateway}/small` (request latency, c=1) and
-//! `ports/{direct,gateway}/big` (whole-body time; the note gives MB/s).
+//! `ports/{direct,gateway}/big` (whole-body time; the note gives MB/s). Then `proc/first-output`:
+//! `proc.start` of `echo x` in a session to its first output byte (read with `proc.output`, a
+//! `proc.wait` between two empty reads), one at a time.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -132,12 +134,6 @@ async fn measure(
     Ok(report)
 }
 
-fn docker(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("docker").args(args).output().context("the docker CLI")?;
-    anyhow::ensure!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
 pub async fn ports(
     ctx: &mut Ctx,
     gateway: SocketAddr,
@@ -163,8 +159,8 @@ pub async fn ports(
     );
     let direct: SocketAddr = format!("127.0.0.1:{host_port}").parse()?;
 
-    // The same server in a session's container, started with `docker exec` (processes a run
-    // starts end with it), reached through the gateway.
+    // The same server in a session's container, a background process (`proc.start`), reached
+    // through the gateway.
     let session = format!("lt-ports-{}", messages::new_id().to_ascii_lowercase());
     let mut gw = connect(gateway).await?;
     let http = |method: &str, path: String, body: String| {
@@ -197,11 +193,16 @@ pub async fn ports(
         let body = response.into_body().collect().await?.to_bytes();
         anyhow::ensure!(status.is_success(), "{method} {path}: {status} {}", String::from_utf8_lossy(&body));
     }
-    let container = docker(&["ps", "-q", "--filter", &format!("label=sandmesh.session=default-{session}")])?;
-    anyhow::ensure!(!container.is_empty(), "no container for session {session}");
-    docker(&[
-        "exec", "-d", &container, "python3", "/tmp/server.py", &SANDBOX_PORT.to_string(), &big_bytes.to_string(),
-    ])?;
+    let start = serde_json::json!({
+        "argv": ["python3", "/tmp/server.py", SANDBOX_PORT.to_string(), big_bytes.to_string()],
+        "tag": "loadtest-server",
+    })
+    .to_string();
+    let path = format!("/api/v1/sessions/{session}/processes");
+    let response = api.send_request(http("POST", path.clone(), start)).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    anyhow::ensure!(status.is_success(), "POST {path}: {status} {}", String::from_utf8_lossy(&body));
     let root = format!("/api/v1/sessions/{session}/ports/{SANDBOX_PORT}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -231,6 +232,7 @@ pub async fn ports(
         small_direct.latency.p99_ms,
         small_gw.latency.p99_ms,
     ));
+    first_output(ctx, load).await?;
     note(&format!(
         "ports {} MB download p50: direct {:.0} MB/s, through the gateway {:.0} MB/s (ratio {:.2})",
         big_bytes / 1_000_000,
@@ -238,5 +240,66 @@ pub async fn ports(
         mbps(big_gw.latency.p50_ms),
         big_direct.latency.p50_ms / big_gw.latency.p50_ms,
     ));
+    Ok(())
+}
+
+/// `proc.start` to the first output byte, over NATS as the loadtest's own user.
+async fn first_output(ctx: &mut Ctx, load: Load) -> anyhow::Result<()> {
+    use messages::proc::{ProcCommand, ProcOutputRequest, ProcStart};
+    let session = format!("lt-proc-{}", messages::new_id().to_ascii_lowercase());
+    let open = messages::session::SessionOpen {
+        session_id: Some(session.clone()),
+        tier: Some(messages::exec::Tier::Session),
+        ..Default::default()
+    };
+    ctx.mesh.api.sessions().open(&open).await?;
+    let procs = ctx.mesh.api.procs();
+    let name = "proc/first-output";
+    let run = drive(name, load.with_concurrency(1), move |_, _| {
+        let (procs, session) = (procs.clone(), session.clone());
+        async move {
+            let start = Instant::now();
+            let req = ProcStart {
+                session_id: session.clone(),
+                command: ProcCommand::Argv(vec!["echo".into(), "x".into()]),
+                cwd: None,
+                env: Default::default(),
+                stdin: false,
+                pty: None,
+                tag: None,
+                timeout_ms: 0,
+                requested_by: Some("loadtest".into()),
+            };
+            let started = match procs.start(&req, None).await {
+                Ok(s) => s,
+                Err(e) => return Sample::failed("err:start", e.to_string()),
+            };
+            let output = ProcOutputRequest {
+                session_id: session.clone(),
+                proc_id: started.proc_id.clone(),
+                from_seq: 0,
+                max_bytes: None,
+            };
+            for _ in 0..50 {
+                match procs.output(&output).await {
+                    Ok(o) if !o.chunks.is_empty() => return Sample::timed(start.elapsed(), "ok"),
+                    Ok(_) => {
+                        let _ = procs
+                            .wait(&session, &started.proc_id, Duration::from_millis(200))
+                            .await;
+                    }
+                    Err(e) => return Sample::failed("err:output", e.to_string()),
+                }
+            }
+            Sample::failed("err:no-output", started.proc_id)
+        }
+    })
+    .await;
+    let report = run.report(name);
+    note(&format!(
+        "proc.start to first output byte: p50 {:.2} ms, p99 {:.2} ms",
+        report.latency.p50_ms, report.latency.p99_ms
+    ));
+    ctx.push(report);
     Ok(())
 }

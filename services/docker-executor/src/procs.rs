@@ -99,8 +99,9 @@ impl Ring {
     fn read(&self, from: u64, max_bytes: u64) -> (Vec<ProcChunk>, u64) {
         let mut out = Vec::new();
         let mut taken = 0u64;
-        let mut next = from.max(self.first_seq()).min(self.next_seq);
-        for (seq, stream, data) in self.chunks.iter().filter(|c| c.0 >= next) {
+        let start = from.max(self.first_seq()).min(self.next_seq);
+        let mut next = start;
+        for (seq, stream, data) in self.chunks.iter().filter(|c| c.0 >= start) {
             if !out.is_empty() && taken + data.len() as u64 > max_bytes {
                 break;
             }

@@ -164,6 +164,8 @@ impl ExecutorRunner {
         order: &messages::ports::ExecutorTunnel,
     ) -> Result<messages::ports::TunnelOpened, ClientError> {
         self.executors.open_tunnel(node, order).await
+    }
+
     /// Whether a background process of `session_id` still runs on `node` (a node that does
     /// not say has none: the session may lapse).
     pub async fn runs_processes(&self, node: &str, session_id: &str) -> bool {
