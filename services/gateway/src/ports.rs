@@ -56,6 +56,7 @@ fn absolute(headers: &HeaderMap, path: &str) -> String {
 #[utoipa::path(
     post,
     path = "/api/v1/sessions/{id}/ports",
+    operation_id = "expose_port",
     params(("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$")),
     request_body = ExposeBody,
     responses((status = 201, description = "the exposed port and its token", body = ExposedPort), Errors)
@@ -76,6 +77,7 @@ pub async fn expose(
 #[utoipa::path(
     get,
     path = "/api/v1/sessions/{id}/ports",
+    operation_id = "list_ports",
     params(("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$")),
     responses((status = 200, description = "the exposed ports", body = PortList), Errors)
 )]
@@ -91,6 +93,7 @@ pub async fn list(agent: Agent, headers: HeaderMap, Params(id): Params<String>) 
 #[utoipa::path(
     delete,
     path = "/api/v1/sessions/{id}/ports/{port}",
+    operation_id = "unexpose_port",
     params(
         ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
         ("port" = u16, Path, description = "the port", minimum = 1, maximum = 65535),

@@ -18,9 +18,9 @@ use async_tungstenite::tungstenite::Message;
 use async_tungstenite::WebSocketStream;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use hyper_util::rt::TokioIo;
 use messages::exec::ContentEncoding;
 use messages::proc::{
@@ -40,6 +40,7 @@ use crate::problem::Problem;
 #[utoipa::path(
     post,
     path = "/api/v1/sessions/{id}/processes",
+    operation_id = "start_process",
     params(("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$")),
     request_body = ProcStart,
     responses((status = 201, description = "the process", body = ProcStarted), Errors)
@@ -68,6 +69,7 @@ pub async fn start(
 #[utoipa::path(
     get,
     path = "/api/v1/sessions/{id}/processes",
+    operation_id = "list_processes",
     params(("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$")),
     responses((status = 200, description = "the processes", body = ProcList), Errors)
 )]
@@ -91,6 +93,7 @@ pub struct OutputQuery {
 #[utoipa::path(
     get,
     path = "/api/v1/sessions/{id}/processes/{proc_id}/output",
+    operation_id = "process_output",
     params(
         ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
         ("proc_id" = String, Path, description = "the process id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
@@ -145,6 +148,7 @@ pub struct InputBody {
 #[utoipa::path(
     post,
     path = "/api/v1/sessions/{id}/processes/{proc_id}/input",
+    operation_id = "process_input",
     params(
         ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
         ("proc_id" = String, Path, description = "the process id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
@@ -172,6 +176,7 @@ pub async fn input(
 #[utoipa::path(
     delete,
     path = "/api/v1/sessions/{id}/processes/{proc_id}",
+    operation_id = "kill_process",
     params(
         ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
         ("proc_id" = String, Path, description = "the process id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),

@@ -1,7 +1,7 @@
 //! A session's background processes over HTTP, and a terminal over the WebSocket, as a
 //! program (or a browser's terminal widget) would use them, against the real mesh and Docker.
 
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use messages::proc::{ProcInfo, ProcList, ProcOutput};
 
 use crate::common::{start_mesh, Gateway, BOUND};
@@ -111,7 +111,7 @@ async fn a_terminal_over_the_websocket_echoes_and_resizes() {
     assert_eq!(exit["exit_code"], 3, "{exit}");
 
     gw.stop().await;
-    mesh.stop().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -178,7 +178,7 @@ async fn processes_over_http_start_list_read_write_and_die() {
         (serde_json::json!({"argv": []}), 400),
         (serde_json::json!({"cmd": "x", "pty": {"cols": 0, "rows": 0}}), 400),
         (serde_json::json!(["not", "an", "object"]), 400),
-        (serde_json::json!({"cmd": "a".repeat(1 << 20)}), 413),
+        (serde_json::json!({"cmd": "a".repeat(100 << 10)}), 413),
     ] {
         let r = gw.json("POST", &base, k, &body).await;
         assert_eq!(r.status, status, "{r:?}");
@@ -199,5 +199,5 @@ async fn processes_over_http_start_list_read_write_and_die() {
     assert_eq!(r.status, 404, "{r:?}");
 
     gw.stop().await;
-    mesh.stop().await;
+    mesh.shutdown().await;
 }
