@@ -214,15 +214,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Sessions { command } => {
             sessions::run(&mesh_client(Acting::Agent).await?, command).await
         }
-        Command::Proc { command } => {
-            proc::run(&mesh_client(Acting::Agent).await?, command).await
-        }
+        Command::Proc { command } => proc::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Shell { session_id } => {
             proc::shell(&mesh_client(Acting::Agent).await?, session_id).await
         }
-        Command::Ports { command } => {
-            ports::run(&mesh_client(Acting::Agent).await?, command).await
-        }
+        Command::Ports { command } => ports::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Ws { command } => ws::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Audit(args) => audit::run(&mesh_client(Acting::Admin).await?, args).await,
         Command::Status { json } => status::run(&mesh_client(Acting::Admin).await?, json).await,

@@ -35,9 +35,19 @@ pub async fn run(mesh: &MeshClient, cmd: PortsCommand) -> anyhow::Result<i32> {
             let ttl_ms = ttl.map(|d| d.as_millis().min(u128::from(u64::MAX)) as u64);
             let exposed = ports.expose(&session_id, port, ttl_ms).await?;
             let token = exposed.token.unwrap_or_default();
-            outln!("{base}{}?{}={token}", exposed.url, messages::ports::TOKEN_PARAM);
-            outln!("  (or http://{port}-{session_id}.localhost:{} with the same token)", base.rsplit(':').next().unwrap_or(""));
-            outln!("  with a key: curl -H \"Authorization: Bearer $KEY\" {base}{}", exposed.url);
+            outln!(
+                "{base}{}?{}={token}",
+                exposed.url,
+                messages::ports::TOKEN_PARAM
+            );
+            outln!(
+                "  (or http://{port}-{session_id}.localhost:{} with the same token)",
+                base.rsplit(':').next().unwrap_or("")
+            );
+            outln!(
+                "  with a key: curl -H \"Authorization: Bearer $KEY\" {base}{}",
+                exposed.url
+            );
         }
         PortsCommand::List { session_id } => {
             for p in ports.list(&session_id).await? {

@@ -106,7 +106,9 @@ pub async fn run(mesh: &MeshClient, cmd: ProcCommandArgs) -> anyhow::Result<i32>
             session_id,
             proc_id,
         } => {
-            let info = procs.signal(&session_id, &proc_id, ProcSignalKind::Kill).await?;
+            let info = procs
+                .signal(&session_id, &proc_id, ProcSignalKind::Kill)
+                .await?;
             outln!("{} {}", info.proc_id, serde_json::to_value(info.state)?);
         }
     }
@@ -165,7 +167,8 @@ impl Drop for RawMode {
     fn drop(&mut self) {
         if let Some(saved) = &self.0 {
             let stdin = std::io::stdin();
-            let _ = rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, saved);
+            let _ =
+                rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, saved);
         }
     }
 }

@@ -77,7 +77,12 @@ impl PortsClient {
 
     /// Opens a tunnel to `port` of `session_id` (exposed; with the port's `token` when the
     /// caller holds one instead of the tenant's own right to it).
-    pub async fn connect(&self, session_id: &str, port: u16, token: Option<&str>) -> Result<Tunnel> {
+    pub async fn connect(
+        &self,
+        session_id: &str,
+        port: u16,
+        token: Option<&str>,
+    ) -> Result<Tunnel> {
         let tunnel_id = messages::new_id();
         let subjects = self.mesh.subjects();
         // Subscribed before asking: the node may send as soon as it answers.
@@ -97,7 +102,10 @@ impl PortsClient {
             .await?;
         if opened.tunnel_id != tunnel_id || !opened.up.ends_with(&format!(".{tunnel_id}")) {
             let why = format!("the answer names another tunnel ({opened:?})");
-            return Err(ClientError::codec("ports.connect", std::io::Error::other(why)));
+            return Err(ClientError::codec(
+                "ports.connect",
+                std::io::Error::other(why),
+            ));
         }
         let (stream, remote) = tokio::io::duplex(LOCAL_BUFFER);
         let stop = CancellationToken::new();

@@ -171,7 +171,9 @@ where
 
 type Task = tokio::task::JoinHandle<Result<(), TunnelError>>;
 
-fn joined(result: Result<Result<(), TunnelError>, tokio::task::JoinError>) -> Result<(), TunnelError> {
+fn joined(
+    result: Result<Result<(), TunnelError>, tokio::task::JoinError>,
+) -> Result<(), TunnelError> {
     result.unwrap_or(Err(TunnelError::Stopped("a tunnel task panicked")))
 }
 

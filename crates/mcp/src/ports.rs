@@ -26,7 +26,11 @@ impl MeshTools {
             Ok(port) => port,
             Err(e) => return Ok(render::error("bad_request", &e.to_string())),
         };
-        let exposed = self.mesh.ports().expose(&p.session_id, port, p.ttl_ms).await;
+        let exposed = self
+            .mesh
+            .ports()
+            .expose(&p.session_id, port, p.ttl_ms)
+            .await;
         Ok(match exposed {
             Ok(e) => {
                 let token = e.token.unwrap_or_default();

@@ -50,7 +50,11 @@ impl MeshTools {
         description = "Read what a background process printed (stdout and stderr together), \
         from from_seq on (0: from its start). Answers the text, the seq to continue from and \
         whether it still runs.",
-        annotations(title = "Process output", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Process output",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn process_output(
         &self,
@@ -89,7 +93,11 @@ impl MeshTools {
 
     #[tool(
         description = "Stop a background process (it and everything it started are killed).",
-        annotations(title = "Kill a process", destructive_hint = true, open_world_hint = false)
+        annotations(
+            title = "Kill a process",
+            destructive_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn kill_process(
         &self,

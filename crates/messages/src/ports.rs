@@ -146,7 +146,9 @@ pub fn token_tenant(token: &str) -> Result<Option<Tenant>, TokenError> {
     if tenant == NO_TENANT {
         return Ok(None);
     }
-    Tenant::new(tenant).map(Some).map_err(|_| TokenError::Malformed)
+    Tenant::new(tenant)
+        .map(Some)
+        .map_err(|_| TokenError::Malformed)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -355,7 +357,14 @@ mod tests {
         let token = make_token(Some(&tenant), &[7; 32]);
         assert_eq!(token_tenant(&token).unwrap(), Some(tenant));
         assert_eq!(token_tenant(&make_token(None, &[1; 32])).unwrap(), None);
-        for bad in ["", "acme", "acme.", "acme.zz", "ACME.00", &format!("a-b.{}", "0".repeat(64))] {
+        for bad in [
+            "",
+            "acme",
+            "acme.",
+            "acme.zz",
+            "ACME.00",
+            &format!("a-b.{}", "0".repeat(64)),
+        ] {
             assert!(token_tenant(bad).is_err(), "{bad:?}");
         }
     }
@@ -371,7 +380,10 @@ mod tests {
         ));
         assert!(matches!(
             inbound.accept(Some("1"), &data),
-            Err(FrameError::Overrun { sent: 6, granted: 4 })
+            Err(FrameError::Overrun {
+                sent: 6,
+                granted: 4
+            })
         ));
         inbound.grant(6);
         inbound.accept(Some("2"), &data).unwrap();

@@ -147,7 +147,10 @@ impl Subjects {
     /// What the node sends a tunnel's client: one of the tenant's output subjects, so it
     /// reaches that tenant alone through the export every tenant already has.
     pub fn tunnel_down(&self, tenant: Option<&Tenant>, tunnel_id: &str) -> String {
-        self.at(&format!("output.{}.tunnel.{tunnel_id}", tenant_token(tenant)))
+        self.at(&format!(
+            "output.{}.tunnel.{tunnel_id}",
+            tenant_token(tenant)
+        ))
     }
     /// What a tunnel's client subscribes to: it sees only its own tenant's.
     pub fn tunnel_down_any(&self, tunnel_id: &str) -> String {

@@ -191,7 +191,11 @@ pub async fn ports(
         let response = api.send_request(http(method, path.clone(), body)).await?;
         let status = response.status();
         let body = response.into_body().collect().await?.to_bytes();
-        anyhow::ensure!(status.is_success(), "{method} {path}: {status} {}", String::from_utf8_lossy(&body));
+        anyhow::ensure!(
+            status.is_success(),
+            "{method} {path}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
     }
     let start = serde_json::json!({
         "argv": ["python3", "/tmp/server.py", SANDBOX_PORT.to_string(), big_bytes.to_string()],
@@ -202,27 +206,68 @@ pub async fn ports(
     let response = api.send_request(http("POST", path.clone(), start)).await?;
     let status = response.status();
     let body = response.into_body().collect().await?.to_bytes();
-    anyhow::ensure!(status.is_success(), "POST {path}: {status} {}", String::from_utf8_lossy(&body));
+    anyhow::ensure!(
+        status.is_success(),
+        "POST {path}: {status} {}",
+        String::from_utf8_lossy(&body)
+    );
     let root = format!("/api/v1/sessions/{session}/ports/{SANDBOX_PORT}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let up = get(&mut gw, &gateway.to_string(), &format!("{root}/small"), Some(key), 2).await;
+        let up = get(
+            &mut gw,
+            &gateway.to_string(),
+            &format!("{root}/small"),
+            Some(key),
+            2,
+        )
+        .await;
         if up.status == "ok" {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "the server in the session never answered: {up:?}");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the server in the session never answered: {up:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     let key = Some(key.to_string());
     let small_direct = measure(ctx, "ports/direct/small", direct, "/small", None, 2, load).await?;
-    let small_gw = measure(ctx, "ports/gateway/small", gateway, &format!("{root}/small"), key.clone(), 2, load).await?;
+    let small_gw = measure(
+        ctx,
+        "ports/gateway/small",
+        gateway,
+        &format!("{root}/small"),
+        key.clone(),
+        2,
+        load,
+    )
+    .await?;
     let bulk = Load {
         requests: Some(load.requests.unwrap_or(10).min(10)),
         ..load
     };
-    let big_direct = measure(ctx, "ports/direct/big", direct, "/big", None, big_bytes, bulk).await?;
-    let big_gw = measure(ctx, "ports/gateway/big", gateway, &format!("{root}/big"), key, big_bytes, bulk).await?;
+    let big_direct = measure(
+        ctx,
+        "ports/direct/big",
+        direct,
+        "/big",
+        None,
+        big_bytes,
+        bulk,
+    )
+    .await?;
+    let big_gw = measure(
+        ctx,
+        "ports/gateway/big",
+        gateway,
+        &format!("{root}/big"),
+        key,
+        big_bytes,
+        bulk,
+    )
+    .await?;
     let mbps = |ms: f64| big_bytes as f64 / 1e6 / (ms / 1e3);
     note(&format!(
         "ports small request p50: direct {:.2} ms, through the gateway {:.2} ms (+{:.2} ms); p99 direct {:.2}, gateway {:.2}",

@@ -71,9 +71,10 @@ impl ContainerLease {
         filesystem: Option<&FilesystemPolicy>,
     ) -> Result<Self, DockerError> {
         let mut egress = egress.map(Box::new);
-        let ports = sandboxes.ports.bind().map_err(|e| {
-            DockerError::failed("create", "a ports socket", kit::error_chain(&e))
-        })?;
+        let ports = sandboxes
+            .ports
+            .bind()
+            .map_err(|e| DockerError::failed("create", "a ports socket", kit::error_chain(&e)))?;
         let ports = Arc::new(ports);
         for _ in 0..UID_TRIES {
             let uid = sandboxes

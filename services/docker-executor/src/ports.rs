@@ -207,10 +207,7 @@ impl PortDoor {
     /// A token cancelled when the door goes, and a guard counting the tunnel as open.
     pub fn tunnel_guard(&self) -> (CancellationToken, TunnelGuard) {
         self.tunnels.fetch_add(1, Ordering::Relaxed);
-        (
-            self.gone.child_token(),
-            TunnelGuard(self.tunnels.clone()),
-        )
+        (self.gone.child_token(), TunnelGuard(self.tunnels.clone()))
     }
 }
 

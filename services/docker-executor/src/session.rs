@@ -22,16 +22,16 @@ use std::time::{Duration, Instant};
 
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
-use messages::ErrorBody;
 use messages::proc::{ProcCall, ProcReply};
+use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use executor_node::{Admitted, NodeState};
 
 use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
-use crate::execution::{Health, Runner};
 use crate::egress::ContainerEgress;
+use crate::execution::{Health, Runner};
 use crate::lease::{ContainerLease, StartError};
 use crate::procs::{ProcHost, Procs};
 use crate::warm_pool::WarmPoolMsg;
@@ -286,7 +286,10 @@ impl Actor for SessionContainer {
             SessionMsg::IdleCheck => {
                 // A running process, or an open tunnel to one of its ports, is activity: the
                 // session lives on (up to its TTL, which the scheduler enforces).
-                let tunnels = state.container.as_ref().map_or(0, |c| c.ports.open_tunnels());
+                let tunnels = state
+                    .container
+                    .as_ref()
+                    .map_or(0, |c| c.ports.open_tunnels());
                 if state.procs.any_running() || tunnels > 0 {
                     state.last_used = Instant::now();
                 }

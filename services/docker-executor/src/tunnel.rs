@@ -26,12 +26,18 @@ impl From<PortsError> for ErrorBody {
 }
 
 /// Serves the node's tunnel subject.
-pub async fn serve(runtime: &Runtime, node_id: &str, doors: Doors, node: Arc<NodeState>) -> Result<(), KitError> {
+pub async fn serve(
+    runtime: &Runtime,
+    node_id: &str,
+    doors: Doors,
+    node: Arc<NodeState>,
+) -> Result<(), KitError> {
     let subjects = runtime.subjects().clone();
     let nats = runtime.client.clone();
     let subject = subjects.executor_tunnel(node_id);
     let handler = kit::handler(move |_ctx, order: ExecutorTunnel| {
-        let (doors, node, subjects, nats) = (doors.clone(), node.clone(), subjects.clone(), nats.clone());
+        let (doors, node, subjects, nats) =
+            (doors.clone(), node.clone(), subjects.clone(), nats.clone());
         async move {
             validate_tunnel_id(&order.tunnel_id)?;
             let door = doors.get(&order.session_id).ok_or_else(|| {
@@ -43,9 +49,10 @@ pub async fn serve(runtime: &Runtime, node_id: &str, doors: Doors, node: Arc<Nod
             let conn = door.dial(order.port).await?;
             let tenant = order.tenant.as_ref();
             let up = subjects.tunnel_up(tenant, &order.tunnel_id);
-            let inbox = nats.subscribe(up.clone()).await.map_err(|e| {
-                ErrorBody::unavailable(format!("subscribing to the tunnel: {e}"))
-            })?;
+            let inbox = nats
+                .subscribe(up.clone())
+                .await
+                .map_err(|e| ErrorBody::unavailable(format!("subscribing to the tunnel: {e}")))?;
             let down = subjects.tunnel_down(tenant, &order.tunnel_id);
             let (stop, open) = door.tunnel_guard();
             let (session, port) = (order.session_id.clone(), order.port);

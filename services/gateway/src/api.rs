@@ -102,7 +102,10 @@ pub fn router(app: Arc<App>) -> Router {
             "/api/v1/sessions/{id}/ports/{port}",
             get(ports::to_root).delete(ports::unexpose),
         )
-        .route("/api/v1/sessions/{id}/ports/{port}/", any(ports::proxy_path))
+        .route(
+            "/api/v1/sessions/{id}/ports/{port}/",
+            any(ports::proxy_path),
+        )
         .route(
             "/api/v1/sessions/{id}/ports/{port}/{*path}",
             any(ports::proxy_path),

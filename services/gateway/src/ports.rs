@@ -67,7 +67,8 @@ pub async fn expose(
     Params(id): Params<String>,
     JsonBody(body): JsonBody<ExposeBody>,
 ) -> Reply {
-    let port = messages::ports::validate_port(body.port).map_err(|e| Problem::bad_request(e.to_string()))?;
+    let port = messages::ports::validate_port(body.port)
+        .map_err(|e| Problem::bad_request(e.to_string()))?;
     let mut exposed = agent.mesh.ports().expose(&id, port, body.ttl_ms).await?;
     exposed.url = absolute(&headers, &exposed.url);
     Ok((StatusCode::CREATED, Json(exposed)).into_response())
@@ -109,11 +110,7 @@ pub async fn unexpose(agent: Agent, Params((id, port)): Params<(String, u16)>) -
 /// links of its pages resolve under it.
 pub async fn to_root(Params((id, port)): Params<(String, u16)>) -> Response {
     let to = format!("/api/v1/sessions/{id}/ports/{port}/");
-    (
-        StatusCode::PERMANENT_REDIRECT,
-        [(header::LOCATION, to)],
-    )
-        .into_response()
+    (StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, to)]).into_response()
 }
 
 /// Where a proxied request goes, and the path its server sees.
@@ -263,7 +260,9 @@ async fn access(
         .flatten()
         .ok_or_else(|| Problem::unauthorized("the token is not valid for this port"))?;
     if let Err(wait) = app.rate.take(&format!("port-token:{tenant}")) {
-        return Err(Problem::rate_limited(wait.as_secs_f64().ceil().max(1.0) as u64));
+        return Err(Problem::rate_limited(
+            wait.as_secs_f64().ceil().max(1.0) as u64
+        ));
     }
     let mesh = app.tenants.client(&tenant).await.map_err(|e| {
         tracing::warn!(%tenant, error = %kit::error_chain(&e), "no connection for a tenant");
@@ -323,7 +322,10 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
 }
 
 /// Why the sandbox's server could not be asked.
@@ -387,7 +389,10 @@ async fn proxy(app: Arc<App>, mut target: Target, req: Request) -> Reply {
     let (mut parts, incoming) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
     if access.set_cookie {
-        let path = target.prefix.as_deref().map_or("/".to_string(), |p| format!("{p}/"));
+        let path = target
+            .prefix
+            .as_deref()
+            .map_or("/".to_string(), |p| format!("{p}/"));
         let token = access.token.unwrap_or_default();
         let cookie = format!("{TOKEN_PARAM}={token}; Path={path}; HttpOnly; SameSite=Lax");
         if let Ok(v) = HeaderValue::from_str(&cookie) {
@@ -405,7 +410,10 @@ mod tests {
     fn the_prefix_goes_and_the_rest_of_the_target_stays() {
         let uri: Uri = "/api/v1/sessions/s1/ports/8000/a/b?x=1".parse().unwrap();
         let t = path_target(&uri).unwrap();
-        assert_eq!((t.session.as_str(), t.port, t.path.as_str()), ("s1", 8000, "/a/b?x=1"));
+        assert_eq!(
+            (t.session.as_str(), t.port, t.path.as_str()),
+            ("s1", 8000, "/a/b?x=1")
+        );
         let root: Uri = "/api/v1/sessions/s1/ports/8000/".parse().unwrap();
         assert_eq!(path_target(&root).unwrap().path, "/");
         for bad in [
@@ -428,7 +436,13 @@ mod tests {
         };
         assert_eq!(host("8000-s1.localhost:4281"), Some((8000, "s1".into())));
         assert_eq!(host("3000-my-app.localhost"), Some((3000, "my-app".into())));
-        for other in ["127.0.0.1:4281", "localhost:4281", "x-s1.localhost", "0-s1.localhost", "8000-s1.example.org"] {
+        for other in [
+            "127.0.0.1:4281",
+            "localhost:4281",
+            "x-s1.localhost",
+            "0-s1.localhost",
+            "8000-s1.example.org",
+        ] {
             assert_eq!(host(other), None, "{other}");
         }
     }
@@ -436,7 +450,10 @@ mod tests {
     #[test]
     fn the_token_leaves_the_query_and_the_cookies() {
         let (path, token) = take_query_token("/a?x=1&sandmesh_token=t.00&y=2");
-        assert_eq!((path.as_str(), token.as_deref()), ("/a?x=1&y=2", Some("t.00")));
+        assert_eq!(
+            (path.as_str(), token.as_deref()),
+            ("/a?x=1&y=2", Some("t.00"))
+        );
         assert_eq!(take_query_token("/a?sandmesh_token=t").0, "/a");
         assert_eq!(take_query_token("/a?b=c"), ("/a?b=c".into(), None));
         let mut headers = HeaderMap::new();

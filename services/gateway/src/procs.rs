@@ -107,7 +107,9 @@ pub async fn output(
     QueryOf(q): QueryOf<OutputQuery>,
 ) -> Reply {
     if q.wait_ms > MAX_WAIT_MS {
-        return Err(Problem::bad_request(format!("wait_ms: at most {MAX_WAIT_MS}")));
+        return Err(Problem::bad_request(format!(
+            "wait_ms: at most {MAX_WAIT_MS}"
+        )));
     }
     let req = ProcOutputRequest {
         session_id: id,
@@ -256,7 +258,11 @@ const MAX_CLIENT_MESSAGE: usize = 256 * 1024;
 
 /// `GET /api/v1/sessions/{id}/procs/{proc_id}/ws`: a WebSocket to the process (a terminal when
 /// it was started with `pty`).
-pub async fn terminal(agent: Agent, Params((id, proc_id)): Params<(String, String)>, req: Request) -> Reply {
+pub async fn terminal(
+    agent: Agent,
+    Params((id, proc_id)): Params<(String, String)>,
+    req: Request,
+) -> Reply {
     let key = req
         .headers()
         .get(header::SEC_WEBSOCKET_KEY)
@@ -276,7 +282,9 @@ pub async fn terminal(agent: Agent, Params((id, proc_id)): Params<(String, Strin
     let procs = agent.mesh.procs();
     let known = procs.list(&id).await?;
     if !known.iter().any(|p| p.proc_id == proc_id) {
-        return Err(Problem::not_found(format!("no process {proc_id} in session {id}")));
+        return Err(Problem::not_found(format!(
+            "no process {proc_id} in session {id}"
+        )));
     }
     let on_upgrade = hyper::upgrade::on(req);
     let mesh = agent.mesh.clone();
@@ -309,7 +317,8 @@ pub async fn terminal(agent: Agent, Params((id, proc_id)): Params<(String, Strin
     Ok(response)
 }
 
-type Socket = WebSocketStream<async_tungstenite::tokio::TokioAdapter<TokioIo<hyper::upgrade::Upgraded>>>;
+type Socket =
+    WebSocketStream<async_tungstenite::tokio::TokioAdapter<TokioIo<hyper::upgrade::Upgraded>>>;
 
 async fn serve_terminal(
     mut socket: Socket,
@@ -403,7 +412,10 @@ async fn serve_terminal(
     }
 }
 
-async fn say_error(socket: &mut Socket, message: &str) -> Result<(), async_tungstenite::tungstenite::Error> {
+async fn say_error(
+    socket: &mut Socket,
+    message: &str,
+) -> Result<(), async_tungstenite::tungstenite::Error> {
     let frame = ServerFrame::Error {
         message: message.to_string(),
     };

@@ -17,7 +17,13 @@ fn session_id(what: &str) -> String {
 
 /// Opens a session (tier session), puts `files` in its workspace and starts `argv` in it as a
 /// background process (which places its container), through the HTTP API as a user would.
-async fn serve_in_session(gw: &Gateway, key: &str, id: &str, files: &[(&str, &str)], argv: &[&str]) {
+async fn serve_in_session(
+    gw: &Gateway,
+    key: &str,
+    id: &str,
+    files: &[(&str, &str)],
+    argv: &[&str],
+) {
     let k = Some(key);
     let open = serde_json::json!({"session_id": id, "tier": "session"});
     let r = gw.json("POST", "/api/v1/sessions", k, &open).await;
@@ -33,20 +39,36 @@ async fn serve_in_session(gw: &Gateway, key: &str, id: &str, files: &[(&str, &st
 async fn start_process(gw: &Gateway, key: &str, id: &str, argv: &[&str]) -> String {
     let start = serde_json::json!({"argv": argv});
     let r = gw
-        .json("POST", &format!("/api/v1/sessions/{id}/processes"), Some(key), &start)
+        .json(
+            "POST",
+            &format!("/api/v1/sessions/{id}/processes"),
+            Some(key),
+            &start,
+        )
         .await;
     assert_eq!(r.status, 201, "{r:?}");
-    r.json::<serde_json::Value>()["proc_id"].as_str().unwrap().to_string()
+    r.json::<serde_json::Value>()["proc_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// The container of a session (for a test that reads a file of it from outside).
 fn container_of(scoped_session: &str) -> String {
     let out = std::process::Command::new("docker")
-        .args(["ps", "-q", "--filter", &format!("label=sandmesh.session={scoped_session}")])
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=sandmesh.session={scoped_session}"),
+        ])
         .output()
         .expect("the docker CLI (apt install docker.io)");
     let container = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    assert!(!container.is_empty(), "no container for session {scoped_session}");
+    assert!(
+        !container.is_empty(),
+        "no container for session {scoped_session}"
+    );
     container
 }
 
@@ -55,14 +77,28 @@ fn docker_cat(container: &str, path: &str) -> Option<String> {
         .args(["exec", container, "cat", path])
         .output()
         .ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-const HTTP_SERVER: [&str; 6] = ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"];
+const HTTP_SERVER: [&str; 6] = [
+    "python3",
+    "-m",
+    "http.server",
+    "8000",
+    "--bind",
+    "127.0.0.1",
+];
 
 async fn expose(gw: &Gateway, key: &str, id: &str, body: serde_json::Value) -> ExposedPort {
     let r = gw
-        .json("POST", &format!("/api/v1/sessions/{id}/ports"), Some(key), &body)
+        .json(
+            "POST",
+            &format!("/api/v1/sessions/{id}/ports"),
+            Some(key),
+            &body,
+        )
         .await;
     assert_eq!(r.status, 201, "{r:?}");
     r.json()
@@ -74,16 +110,25 @@ async fn get_as_host(gw: &Gateway, host: &str, path: &str, cookie: &str) -> (u16
     use http_body_util::BodyExt;
     let stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
     tokio::spawn(conn);
     let request = hyper::Request::get(path)
         .header("host", host)
         .header("cookie", cookie)
         .body(http_body_util::Empty::<Bytes>::new())
         .unwrap();
-    let response = tokio::time::timeout(BOUND, sender.send_request(request)).await.unwrap().unwrap();
+    let response = tokio::time::timeout(BOUND, sender.send_request(request))
+        .await
+        .unwrap()
+        .unwrap();
     let status = response.status().as_u16();
-    let body = tokio::time::timeout(BOUND, response.into_body().collect()).await.unwrap().unwrap().to_bytes();
+    let body = tokio::time::timeout(BOUND, response.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
     (status, body)
 }
 
@@ -121,10 +166,18 @@ async fn a_server_in_a_session_is_reached_through_the_gateway_and_nobody_else_re
     .await;
     let body = String::from_utf8_lossy(&listing.body);
     assert!(body.contains("hello.txt"), "{body}");
-    let r = gw.send("GET", &format!("{root}hello.txt"), Some(&acme), &[], "").await;
+    let r = gw
+        .send("GET", &format!("{root}hello.txt"), Some(&acme), &[], "")
+        .await;
     assert_eq!((r.status, &r.body[..]), (200, &b"hi\n"[..]), "{r:?}");
     let r = gw
-        .send("GET", &format!("/api/v1/sessions/{id}/ports/8000"), Some(&acme), &[], "")
+        .send(
+            "GET",
+            &format!("/api/v1/sessions/{id}/ports/8000"),
+            Some(&acme),
+            &[],
+            "",
+        )
         .await;
     assert_eq!((r.status, r.header("location")), (308, Some(root.as_str())));
 
@@ -133,13 +186,33 @@ async fn a_server_in_a_session_is_reached_through_the_gateway_and_nobody_else_re
     assert_eq!(r.status, 404, "{r:?}");
 
     // The token for a browser: in the query (answered with the cookie), then as the cookie.
-    let r = gw.send("GET", &format!("{root}?sandmesh_token={token}"), None, &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            &format!("{root}?sandmesh_token={token}"),
+            None,
+            &[],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 200, "{r:?}");
-    let cookie = r.header("set-cookie").expect("the token's cookie").to_string();
-    assert!(cookie.contains("HttpOnly") && cookie.contains(&format!("Path={root}")), "{cookie}");
+    let cookie = r
+        .header("set-cookie")
+        .expect("the token's cookie")
+        .to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains(&format!("Path={root}")),
+        "{cookie}"
+    );
     let with_cookie = format!("sandmesh_token={token}");
     let r = gw
-        .send("GET", &format!("{root}hello.txt"), None, &[("cookie", &with_cookie)], "")
+        .send(
+            "GET",
+            &format!("{root}hello.txt"),
+            None,
+            &[("cookie", &with_cookie)],
+            "",
+        )
         .await;
     assert_eq!((r.status, &r.body[..]), (200, &b"hi\n"[..]), "{r:?}");
 
@@ -150,12 +223,28 @@ async fn a_server_in_a_session_is_reached_through_the_gateway_and_nobody_else_re
 
     // Forged, malformed, missing and other tenants' credentials.
     for bad in [forged(&token), "acme.1234".into(), "nonsense".into()] {
-        let r = gw.send("GET", &format!("{root}?sandmesh_token={bad}"), None, &[], "").await;
+        let r = gw
+            .send(
+                "GET",
+                &format!("{root}?sandmesh_token={bad}"),
+                None,
+                &[],
+                "",
+            )
+            .await;
         assert_eq!(r.status, 401, "{bad}: {r:?}");
     }
     // A token naming another tenant is checked as that tenant's: it has no such session.
     let foreign = token.replacen("acme", "default", 1);
-    let r = gw.send("GET", &format!("{root}?sandmesh_token={foreign}"), None, &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            &format!("{root}?sandmesh_token={foreign}"),
+            None,
+            &[],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 404, "{r:?}");
     let r = gw.send("GET", &root, None, &[], "").await;
     assert_eq!(r.status, 401, "{r:?}");
@@ -163,28 +252,73 @@ async fn a_server_in_a_session_is_reached_through_the_gateway_and_nobody_else_re
     assert_eq!(r.status, 401, "{r:?}");
 
     // An expired token (a TTL of 1 ms) is refused like a forged one.
-    let short = expose(&gw, &acme, &id, serde_json::json!({"port": 8000, "ttl_ms": 1})).await;
+    let short = expose(
+        &gw,
+        &acme,
+        &id,
+        serde_json::json!({"port": 8000, "ttl_ms": 1}),
+    )
+    .await;
     let r = gw
-        .send("GET", &format!("{root}?sandmesh_token={}", short.token.unwrap()), None, &[], "")
+        .send(
+            "GET",
+            &format!("{root}?sandmesh_token={}", short.token.unwrap()),
+            None,
+            &[],
+            "",
+        )
         .await;
     assert_eq!(r.status, 401, "{r:?}");
     // It replaced the port's token: the first one stopped working too.
-    let r = gw.send("GET", &format!("{root}?sandmesh_token={token}"), None, &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            &format!("{root}?sandmesh_token={token}"),
+            None,
+            &[],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 401, "{r:?}");
     let fresh = expose(&gw, &acme, &id, serde_json::json!({"port": 8000})).await;
     let fresh_token = fresh.token.unwrap();
-    let r = gw.send("GET", &format!("{root}?sandmesh_token={fresh_token}"), None, &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            &format!("{root}?sandmesh_token={fresh_token}"),
+            None,
+            &[],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 200, "{r:?}");
 
     // Exposed, nothing listening: unavailable, and said so.
     expose(&gw, &acme, &id, serde_json::json!({"port": 8001})).await;
     let r = gw
-        .send("GET", &format!("/api/v1/sessions/{id}/ports/8001/"), Some(&acme), &[], "")
+        .send(
+            "GET",
+            &format!("/api/v1/sessions/{id}/ports/8001/"),
+            Some(&acme),
+            &[],
+            "",
+        )
         .await;
     assert_eq!(r.status, 503, "{r:?}");
-    assert!(r.problem().detail.contains("nothing listens on port 8001"), "{r:?}");
+    assert!(
+        r.problem().detail.contains("nothing listens on port 8001"),
+        "{r:?}"
+    );
 
-    let r = gw.send("GET", &format!("/api/v1/sessions/{id}/ports"), Some(&acme), &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            &format!("/api/v1/sessions/{id}/ports"),
+            Some(&acme),
+            &[],
+            "",
+        )
+        .await;
     let listed: PortList = r.json();
     let mut ports: Vec<u16> = listed.ports.iter().map(|p| p.port).collect();
     ports.sort();
@@ -193,10 +327,24 @@ async fn a_server_in_a_session_is_reached_through_the_gateway_and_nobody_else_re
 
     // Unexposed: the token stops working, the key finds nothing.
     let r = gw
-        .send("DELETE", &format!("/api/v1/sessions/{id}/ports/8000"), Some(&acme), &[], "")
+        .send(
+            "DELETE",
+            &format!("/api/v1/sessions/{id}/ports/8000"),
+            Some(&acme),
+            &[],
+            "",
+        )
         .await;
     assert_eq!(r.status, 204, "{r:?}");
-    let r = gw.send("GET", &format!("{root}?sandmesh_token={fresh_token}"), None, &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            &format!("{root}?sandmesh_token={fresh_token}"),
+            None,
+            &[],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 401, "{r:?}");
     let r = gw.send("GET", &root, Some(&acme), &[], "").await;
     assert_eq!(r.status, 404, "{r:?}");
@@ -257,26 +405,51 @@ async fn a_websocket_behind_a_port_echoes_through_the_gateway() {
     let gw = Gateway::start(&mesh, |_| {}).await;
     let acme = gw.key("acme");
     let id = session_id("ws");
-    serve_in_session(&gw, &acme, &id, &[("echo.py", WS_ECHO)], &["python3", "echo.py"]).await;
+    serve_in_session(
+        &gw,
+        &acme,
+        &id,
+        &[("echo.py", WS_ECHO)],
+        &["python3", "echo.py"],
+    )
+    .await;
     expose(&gw, &acme, &id, serde_json::json!({"port": 8765})).await;
 
     let url = format!("ws://{}/api/v1/sessions/{id}/ports/8765/echo", gw.addr);
     let mut socket = test_support::eventually("the WebSocket to connect", BOUND, || async {
-        let mut request = async_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url.as_str()).unwrap();
+        let mut request =
+            async_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+                url.as_str(),
+            )
+            .unwrap();
         request
             .headers_mut()
             .insert("authorization", format!("Bearer {acme}").parse().unwrap());
-        async_tungstenite::tokio::connect_async(request).await.ok().map(|(s, _)| s)
+        async_tungstenite::tokio::connect_async(request)
+            .await
+            .ok()
+            .map(|(s, _)| s)
     })
     .await;
     use async_tungstenite::tungstenite::Message;
     for text in ["hello", &"x".repeat(200_000)] {
         socket.send(Message::text(text)).await.unwrap();
-        let back = tokio::time::timeout(BOUND, socket.next()).await.unwrap().unwrap().unwrap();
+        let back = tokio::time::timeout(BOUND, socket.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         assert_eq!(back.into_text().unwrap().as_str(), text);
     }
-    socket.send(Message::binary(vec![0u8, 1, 2, 255])).await.unwrap();
-    let back = tokio::time::timeout(BOUND, socket.next()).await.unwrap().unwrap().unwrap();
+    socket
+        .send(Message::binary(vec![0u8, 1, 2, 255]))
+        .await
+        .unwrap();
+    let back = tokio::time::timeout(BOUND, socket.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(back.into_data().as_ref(), &[0u8, 1, 2, 255]);
     socket.close(None).await.unwrap();
 
@@ -315,7 +488,14 @@ async fn a_reader_that_stops_stops_the_server_and_loses_nothing() {
     let gw = Gateway::start(&mesh, |_| {}).await;
     let acme = gw.key("acme");
     let id = session_id("flood");
-    serve_in_session(&gw, &acme, &id, &[("flood.py", FLOOD)], &["python3", "flood.py"]).await;
+    serve_in_session(
+        &gw,
+        &acme,
+        &id,
+        &[("flood.py", FLOOD)],
+        &["python3", "flood.py"],
+    )
+    .await;
     let container = container_of(&format!("acme-{id}"));
     expose(&gw, &acme, &id, serde_json::json!({"port": 8766})).await;
     let path = format!("/api/v1/sessions/{id}/ports/8766/");
@@ -339,7 +519,10 @@ async fn a_reader_that_stops_stops_the_server_and_loses_nothing() {
     })
     .await;
     let held: u64 = held.trim().parse().unwrap();
-    assert!(held < 48 << 20, "the server wrote {held} bytes with nobody reading");
+    assert!(
+        held < 48 << 20,
+        "the server wrote {held} bytes with nobody reading"
+    );
 
     // Then everything arrives, in order.
     use http_body_util::BodyExt;
@@ -350,7 +533,10 @@ async fn a_reader_that_stops_stops_the_server_and_loses_nothing() {
         .to_bytes();
     assert_eq!(body.len(), 128 << 20);
     let pattern: Vec<u8> = (0..=255u8).collect();
-    assert!(body.chunks(256).all(|c| c == &pattern[..]), "bytes out of order or lost");
+    assert!(
+        body.chunks(256).all(|c| c == &pattern[..]),
+        "bytes out of order or lost"
+    );
 
     gw.stop().await;
     mesh.shutdown().await;
@@ -371,16 +557,35 @@ async fn hostile_requests_get_clear_answers() {
         (serde_json::json!({"port": 0}), 400),
         (serde_json::json!({"port": 65536}), 400),
         (serde_json::json!({"port": 8000, "ttl_ms": 0}), 400),
-        (serde_json::json!({"port": 8000, "ttl_ms": 86_400_001u64}), 400),
+        (
+            serde_json::json!({"port": 8000, "ttl_ms": 86_400_001u64}),
+            400,
+        ),
         (serde_json::json!({"port": "8000"}), 400),
     ] {
         let r = gw.json("POST", &ports, k, &body).await;
         assert_eq!(r.status, status, "{body}: {r:?}");
     }
-    let r = gw.send("POST", &ports, k, &[("content-type", "application/json")], "{nope").await;
+    let r = gw
+        .send(
+            "POST",
+            &ports,
+            k,
+            &[("content-type", "application/json")],
+            "{nope",
+        )
+        .await;
     assert_eq!(r.status, 400, "{r:?}");
     let huge = format!("{{\"port\": 8000, \"x\": \"{}\"}}", "a".repeat(9 << 20));
-    let r = gw.send("POST", &ports, k, &[("content-type", "application/json")], huge).await;
+    let r = gw
+        .send(
+            "POST",
+            &ports,
+            k,
+            &[("content-type", "application/json")],
+            huge,
+        )
+        .await;
     assert_eq!(r.status, 413, "{r:?}");
     for path in [
         format!("/api/v1/sessions/{id}/ports/0/"),
@@ -391,9 +596,24 @@ async fn hostile_requests_get_clear_answers() {
         let r = gw.send("GET", &path, k, &[], "").await;
         assert_eq!(r.status, 400, "{path}: {r:?}");
     }
-    let r = gw.send("GET", "/api/v1/sessions/no-such-session/ports/8000/", k, &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            "/api/v1/sessions/no-such-session/ports/8000/",
+            k,
+            &[],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 404, "{r:?}");
-    let r = gw.json("POST", "/api/v1/sessions/no-such-session/ports", k, &serde_json::json!({"port": 8000})).await;
+    let r = gw
+        .json(
+            "POST",
+            "/api/v1/sessions/no-such-session/ports",
+            k,
+            &serde_json::json!({"port": 8000}),
+        )
+        .await;
     assert_eq!(r.status, 404, "{r:?}");
 
     // A request head far past any reason: refused before it reaches anything. The server
@@ -415,14 +635,25 @@ async fn hostile_requests_get_clear_answers() {
     .await
     .expect("an oversized head is answered or closed, never left hanging");
     let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "{answer}"
+    );
 
     // A session whose runs each get a single-use sandbox has no port to expose.
     let single = session_id("single");
     let open = serde_json::json!({"session_id": single, "tier": "ephemeral"});
-    assert_eq!(gw.json("POST", "/api/v1/sessions", k, &open).await.status, 201);
+    assert_eq!(
+        gw.json("POST", "/api/v1/sessions", k, &open).await.status,
+        201
+    );
     let r = gw
-        .json("POST", &format!("/api/v1/sessions/{single}/ports"), k, &serde_json::json!({"port": 8000}))
+        .json(
+            "POST",
+            &format!("/api/v1/sessions/{single}/ports"),
+            k,
+            &serde_json::json!({"port": 8000}),
+        )
         .await;
     assert_eq!(r.status, 501, "{r:?}");
     assert!(r.problem().detail.contains("single-use sandbox"), "{r:?}");
@@ -431,9 +662,20 @@ async fn hostile_requests_get_clear_answers() {
     // exposed ahead of time.
     let fresh = session_id("fresh");
     let open = serde_json::json!({"session_id": fresh, "tier": "session"});
-    assert_eq!(gw.json("POST", "/api/v1/sessions", k, &open).await.status, 201);
+    assert_eq!(
+        gw.json("POST", "/api/v1/sessions", k, &open).await.status,
+        201
+    );
     expose(&gw, &acme, &fresh, serde_json::json!({"port": 8000})).await;
-    let r = gw.send("GET", &format!("/api/v1/sessions/{fresh}/ports/8000/"), k, &[], "").await;
+    let r = gw
+        .send(
+            "GET",
+            &format!("/api/v1/sessions/{fresh}/ports/8000/"),
+            k,
+            &[],
+            "",
+        )
+        .await;
     assert_eq!(r.status, 409, "{r:?}");
 
     gw.stop().await;
@@ -488,7 +730,12 @@ print("mount", [l.split()[3].split(",")[0] for l in open("/proc/mounts") if " /r
 "#;
     let code = serde_json::json!({"language": "python", "code": attack});
     let r = gw
-        .json("POST", &format!("/api/v1/sessions/{id}/execute"), Some(&acme), &code)
+        .json(
+            "POST",
+            &format!("/api/v1/sessions/{id}/execute"),
+            Some(&acme),
+            &code,
+        )
         .await;
     assert_eq!(r.status, 200, "{r:?}");
     let result: messages::exec::ExecResult = r.json();
@@ -500,15 +747,22 @@ print("mount", [l.split()[3].split(",")[0] for l in open("/proc/mounts") if " /r
     );
     let door = lines.get(1).copied().unwrap_or_default();
     assert!(door.starts_with("door "), "{result:?}");
-    assert!(!door.contains(":ok"), "the sandbox changed the ports directory: {door}");
+    assert!(
+        !door.contains(":ok"),
+        "the sandbox changed the ports directory: {door}"
+    );
     assert_eq!(lines.get(2).copied(), Some("mount ['ro']"), "{result:?}");
 
     // The door still leads to the server (a background process, it outlived the run).
     let root = format!("/api/v1/sessions/{id}/ports/8000/hello.txt");
-    test_support::eventually("the server through the door after the attack", BOUND, || async {
-        let r = gw.send("GET", &root, Some(&acme), &[], "").await;
-        (r.status == 200 && &r.body[..] == b"hi\n").then_some(())
-    })
+    test_support::eventually(
+        "the server through the door after the attack",
+        BOUND,
+        || async {
+            let r = gw.send("GET", &root, Some(&acme), &[], "").await;
+            (r.status == 200 && &r.body[..] == b"hi\n").then_some(())
+        },
+    )
     .await;
 
     gw.stop().await;
@@ -557,7 +811,10 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
 
     // A tunnel opened by hand, as any NATS client of the tenant may.
     let tunnel_id = messages::new_id();
-    let mut down = acme_mesh.subscribe_live(s.tunnel_down_any(&tunnel_id)).await.unwrap();
+    let mut down = acme_mesh
+        .subscribe_live(s.tunnel_down_any(&tunnel_id))
+        .await
+        .unwrap();
     let connect = TunnelConnect {
         session_id: id.clone(),
         port: 8000,
@@ -565,7 +822,10 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
         token: None,
     };
     let opened: TunnelOpened = test_support::eventually("the tunnel to open", BOUND, || async {
-        acme_mesh.request(s.ports(messages::subjects::PortsOp::Connect), &connect).await.ok()
+        acme_mesh
+            .request(s.ports(messages::subjects::PortsOp::Connect), &connect)
+            .await
+            .ok()
     })
     .await;
 
@@ -581,10 +841,15 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
     other.flush().await.unwrap();
     // The tenant itself: the request goes through and the file comes back (had the other
     // tenant's frame arrived, this one would be out of sequence and the tunnel closed).
-    acme.publish_with_headers(opened.up.clone(), headers, request).await.unwrap();
+    acme.publish_with_headers(opened.up.clone(), headers, request)
+        .await
+        .unwrap();
     let (answer, end) = read_down(&mut down).await;
     let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.0 200") && answer.ends_with("\r\n\r\nb"), "{answer:?} {end}");
+    assert!(
+        answer.starts_with("HTTP/1.0 200") && answer.ends_with("\r\n\r\nb"),
+        "{answer:?} {end}"
+    );
 
     // Hostile frames: one larger than a chunk, and one out of sequence. Each closes its
     // tunnel, saying why.
@@ -593,7 +858,10 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
         (16, "5", "a message was lost"),
     ] {
         let tunnel_id = messages::new_id();
-        let mut down = acme_mesh.subscribe_live(s.tunnel_down_any(&tunnel_id)).await.unwrap();
+        let mut down = acme_mesh
+            .subscribe_live(s.tunnel_down_any(&tunnel_id))
+            .await
+            .unwrap();
         let connect = TunnelConnect {
             tunnel_id: tunnel_id.clone(),
             ..connect.clone()
@@ -606,13 +874,18 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
         headers.insert(messages::ports::TUNNEL_KIND_HEADER, "data");
         headers.insert(messages::ports::TUNNEL_SEQ_HEADER, seq);
         let payload = Bytes::from(vec![b'x'; size]);
-        acme.publish_with_headers(opened.up.clone(), headers, payload).await.unwrap();
+        acme.publish_with_headers(opened.up.clone(), headers, payload)
+            .await
+            .unwrap();
         let (_, end) = read_down(&mut down).await;
         assert!(end.contains(why), "{end}");
     }
 
     // Unknown sessions, bad ids: refused at once.
-    for (session, tunnel) in [("no-such", messages::new_id()), (id.as_str().into(), "short".into())] {
+    for (session, tunnel) in [
+        ("no-such", messages::new_id()),
+        (id.as_str().into(), "short".into()),
+    ] {
         let bad = TunnelConnect {
             session_id: session.to_string(),
             port: 8000,
@@ -624,7 +897,10 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
             .await
             .unwrap_err();
         assert!(
-            matches!(e.kind(), sandmesh_client::ErrorKind::NotFound | sandmesh_client::ErrorKind::BadRequest),
+            matches!(
+                e.kind(),
+                sandmesh_client::ErrorKind::NotFound | sandmesh_client::ErrorKind::BadRequest
+            ),
             "{e}"
         );
     }

@@ -147,7 +147,11 @@ impl PortsApi {
     }
 
     /// `ports.list`: the session's ports exposed now (tokens are not kept, so none shown).
-    pub async fn list(&self, ctx: RequestContext, req: PortRef) -> Result<PortList, SchedulerError> {
+    pub async fn list(
+        &self,
+        ctx: RequestContext,
+        req: PortRef,
+    ) -> Result<PortList, SchedulerError> {
         let id = ctx.caller.scope("session_id", &req.session_id)?;
         let record = self.session(&id, &req.session_id).await?;
         let now = messages::now_ms();
