@@ -608,7 +608,12 @@ fn proc_payloads() {
             proc_id: "01JD0000000000000000000001".into(),
         },
     );
-    check("proc_list", &ProcList { procs: vec![proc_info()] });
+    check(
+        "proc_list",
+        &ProcList {
+            procs: vec![proc_info()],
+        },
+    );
     let chunk = ProcChunk::new(6, ProcStream::Stdout, b"Serving HTTP\n");
     check(
         "proc_output_request",
@@ -622,7 +627,10 @@ fn proc_payloads() {
     check(
         "proc_output",
         &ProcOutput {
-            chunks: vec![chunk.clone(), ProcChunk::new(7, ProcStream::Stderr, &[0xff])],
+            chunks: vec![
+                chunk.clone(),
+                ProcChunk::new(7, ProcStream::Stderr, &[0xff]),
+            ],
             next_seq: 8,
             dropped_before: 5,
             state: ProcState::Running,

@@ -210,10 +210,16 @@ pub struct PtyWinsize {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ProcEnd {
-    Exited { code: i32 },
-    Signaled { signal: i32 },
+    Exited {
+        code: i32,
+    },
+    Signaled {
+        signal: i32,
+    },
     /// It could not be started (or its request was unusable).
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
 }
 
 /// The languages a kernel runs; a container has at most one kernel of each.

@@ -99,8 +99,9 @@ impl Ring {
     fn read(&self, from: u64, max_bytes: u64) -> (Vec<ProcChunk>, u64) {
         let mut out = Vec::new();
         let mut taken = 0u64;
-        let mut next = from.max(self.first_seq()).min(self.next_seq);
-        for (seq, stream, data) in self.chunks.iter().filter(|c| c.0 >= next) {
+        let start = from.max(self.first_seq()).min(self.next_seq);
+        let mut next = start;
+        for (seq, stream, data) in self.chunks.iter().filter(|c| c.0 >= start) {
             if !out.is_empty() && taken + data.len() as u64 > max_bytes {
                 break;
             }
@@ -175,7 +176,11 @@ impl Procs {
     }
 
     /// Answers one call. `host` is the session's container, when it has one.
-    pub async fn call(&self, call: ProcCall, host: Option<ProcHost>) -> Result<ProcReply, ErrorBody> {
+    pub async fn call(
+        &self,
+        call: ProcCall,
+        host: Option<ProcHost>,
+    ) -> Result<ProcReply, ErrorBody> {
         match call {
             ProcCall::Start {
                 proc_id,
@@ -374,9 +379,10 @@ impl Procs {
             .map_err(|e| ErrorBody::unavailable(format!("the process host is gone: {e}")))?;
         let mut decoder = FrameDecoder::default();
         let mut early = Vec::new();
-        let pid = tokio::time::timeout(START_WITHIN, started(&mut output, &mut decoder, &mut early))
-            .await
-            .map_err(|_| ErrorBody::timeout("the process host did not start the program"))??;
+        let pid =
+            tokio::time::timeout(START_WITHIN, started(&mut output, &mut decoder, &mut early))
+                .await
+                .map_err(|_| ErrorBody::timeout("the process host did not start the program"))??;
         let started_at = messages::now_ms();
         let (ended_tx, ended_rx) = watch::channel(false);
         let (control_tx, control_rx) = mpsc::channel(CONTROL_BACKLOG);
@@ -547,7 +553,9 @@ async fn open(host: &ProcHost) -> Result<(ExecInput, ExecOutput), ErrorBody> {
         ..Default::default()
     };
     let gone = |e: bollard::errors::Error| {
-        ErrorBody::unavailable(format!("cannot start a process in the session's container: {e}"))
+        ErrorBody::unavailable(format!(
+            "cannot start a process in the session's container: {e}"
+        ))
     };
     let exec = host
         .docker
@@ -587,7 +595,9 @@ async fn started(
                         Ok(ProcEnd::Failed { message }) => message,
                         other => format!("{other:?}"),
                     };
-                    return Err(ErrorBody::bad_request(format!("the process did not start: {why}")));
+                    return Err(ErrorBody::bad_request(format!(
+                        "the process did not start: {why}"
+                    )));
                 }
                 _ => {}
             }
@@ -623,7 +633,9 @@ async fn write_controls(mut input: ExecInput, mut rx: mpsc::Receiver<Control>) {
                 wire
             }
             Control::InputEnd => protocol::encode_frame(FrameKind::InputEnd, b""),
-            Control::Signal(n) => protocol::encode_frame(FrameKind::Signal, n.to_string().as_bytes()),
+            Control::Signal(n) => {
+                protocol::encode_frame(FrameKind::Signal, n.to_string().as_bytes())
+            }
             Control::Resize(size) => {
                 let json = serde_json::to_vec(&size).expect("a size serialises");
                 protocol::encode_frame(FrameKind::Resize, &json)

@@ -22,16 +22,16 @@ use std::time::{Duration, Instant};
 
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
-use messages::ErrorBody;
 use messages::proc::{ProcCall, ProcReply};
+use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use executor_node::{Admitted, NodeState};
 
 use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
-use crate::execution::{Health, Runner};
 use crate::egress::ContainerEgress;
+use crate::execution::{Health, Runner};
 use crate::lease::{ContainerLease, StartError};
 use crate::procs::{ProcHost, Procs};
 use crate::warm_pool::WarmPoolMsg;
