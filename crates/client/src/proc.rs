@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use messages::proc::{
-    ProcEvent, ProcInfo, ProcInput, ProcInputAck, ProcList, ProcOutput, ProcOutputRequest,
-    ProcRef, ProcResize, ProcSignal, ProcSignalKind, ProcStart, ProcStarted, ProcWait,
-    MAX_WAIT_MS,
+    ProcEvent, ProcInfo, ProcInput, ProcInputAck, ProcList, ProcOutput, ProcOutputRequest, ProcRef,
+    ProcResize, ProcSignal, ProcSignalKind, ProcStart, ProcStarted, ProcWait, MAX_WAIT_MS,
 };
 use messages::subjects::ProcOp;
 
@@ -78,7 +77,12 @@ impl ProcClient {
 
     /// The process once it ended, or as it is after `timeout` (at most
     /// [`MAX_WAIT_MS`]) if it still runs.
-    pub async fn wait(&self, session_id: &str, proc_id: &str, timeout: Duration) -> Result<ProcInfo> {
+    pub async fn wait(
+        &self,
+        session_id: &str,
+        proc_id: &str,
+        timeout: Duration,
+    ) -> Result<ProcInfo> {
         let ms = (timeout.as_millis() as u64).min(MAX_WAIT_MS);
         let req = ProcWait {
             session_id: session_id.to_string(),

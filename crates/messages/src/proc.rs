@@ -510,10 +510,19 @@ mod tests {
         assert_eq!(refused(&|s| s.command = ProcCommand::Argv(vec![])), 400);
         assert_eq!(refused(&|s| s.command = ProcCommand::Cmd(" ".into())), 400);
         let many = vec!["a".to_string(); MAX_ARGS + 1];
-        assert_eq!(refused(&|s| s.command = ProcCommand::Argv(many.clone())), 413);
+        assert_eq!(
+            refused(&|s| s.command = ProcCommand::Argv(many.clone())),
+            413
+        );
         let huge = "x".repeat(MAX_COMMAND_BYTES + 1);
-        assert_eq!(refused(&|s| s.command = ProcCommand::Cmd(huge.clone())), 413);
-        assert_eq!(refused(&|s| s.pty = Some(PtySize { cols: 0, rows: 5 })), 400);
+        assert_eq!(
+            refused(&|s| s.command = ProcCommand::Cmd(huge.clone())),
+            413
+        );
+        assert_eq!(
+            refused(&|s| s.pty = Some(PtySize { cols: 0, rows: 5 })),
+            400
+        );
         assert_eq!(refused(&|s| s.tag = Some("t".repeat(500))), 413);
         assert_eq!(
             refused(&|s| {
@@ -526,7 +535,10 @@ mod tests {
     #[test]
     fn chunks_carry_text_as_text_and_other_bytes_as_base64() {
         let text = ProcChunk::new(3, ProcStream::Stdout, b"hi\n");
-        assert_eq!((text.data.as_str(), text.encoding), ("hi\n", ContentEncoding::Utf8));
+        assert_eq!(
+            (text.data.as_str(), text.encoding),
+            ("hi\n", ContentEncoding::Utf8)
+        );
         let binary = ProcChunk::new(4, ProcStream::Stderr, &[0xff, 0x00]);
         assert_eq!(binary.encoding, ContentEncoding::Base64);
         assert_eq!(binary.bytes().unwrap(), [0xff, 0x00]);

@@ -128,7 +128,12 @@ enum Event {
     Exited(io::Result<std::process::ExitStatus>),
 }
 
-fn reader(kind: FrameKind, mut from: impl Read + Send + 'static, out: Out, tx: mpsc::Sender<Event>) {
+fn reader(
+    kind: FrameKind,
+    mut from: impl Read + Send + 'static,
+    out: Out,
+    tx: mpsc::Sender<Event>,
+) {
     thread::spawn(move || {
         let mut buf = vec![0u8; READ_CHUNK];
         // A terminal's master reads EIO once the last holder of its peer closed it.
@@ -252,7 +257,10 @@ fn run(spec: &ProcSpec, input: io::Stdin, out: &Out) -> ProcEnd {
         let _ = exit_tx.send(Event::Exited(child.wait()));
     });
     drop(tx);
-    if out.send(FrameKind::Started, pid.to_string().as_bytes()).is_err() {
+    if out
+        .send(FrameKind::Started, pid.to_string().as_bytes())
+        .is_err()
+    {
         process::kill_descendants();
     }
     controls(input, pid, tty, input_tx);

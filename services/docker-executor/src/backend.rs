@@ -122,8 +122,8 @@ impl Backend for DockerBackend {
     fn proc(&self, call: ProcCall) -> BoxFuture<'static, Result<ProcReply, ErrorBody>> {
         let containers = self.containers.clone();
         async move {
-            let containers =
-                containers.ok_or_else(|| ErrorBody::unavailable("the docker backend is starting"))?;
+            let containers = containers
+                .ok_or_else(|| ErrorBody::unavailable("the docker backend is starting"))?;
             match ractor::call!(containers, ContainersMsg::Proc, call) {
                 Ok(answer) => answer,
                 Err(e) => Err(ErrorBody::unavailable(format!(

@@ -176,7 +176,11 @@ impl Procs {
     }
 
     /// Answers one call. `host` is the session's container, when it has one.
-    pub async fn call(&self, call: ProcCall, host: Option<ProcHost>) -> Result<ProcReply, ErrorBody> {
+    pub async fn call(
+        &self,
+        call: ProcCall,
+        host: Option<ProcHost>,
+    ) -> Result<ProcReply, ErrorBody> {
         match call {
             ProcCall::Start {
                 proc_id,
@@ -375,9 +379,10 @@ impl Procs {
             .map_err(|e| ErrorBody::unavailable(format!("the process host is gone: {e}")))?;
         let mut decoder = FrameDecoder::default();
         let mut early = Vec::new();
-        let pid = tokio::time::timeout(START_WITHIN, started(&mut output, &mut decoder, &mut early))
-            .await
-            .map_err(|_| ErrorBody::timeout("the process host did not start the program"))??;
+        let pid =
+            tokio::time::timeout(START_WITHIN, started(&mut output, &mut decoder, &mut early))
+                .await
+                .map_err(|_| ErrorBody::timeout("the process host did not start the program"))??;
         let started_at = messages::now_ms();
         let (ended_tx, ended_rx) = watch::channel(false);
         let (control_tx, control_rx) = mpsc::channel(CONTROL_BACKLOG);
@@ -548,7 +553,9 @@ async fn open(host: &ProcHost) -> Result<(ExecInput, ExecOutput), ErrorBody> {
         ..Default::default()
     };
     let gone = |e: bollard::errors::Error| {
-        ErrorBody::unavailable(format!("cannot start a process in the session's container: {e}"))
+        ErrorBody::unavailable(format!(
+            "cannot start a process in the session's container: {e}"
+        ))
     };
     let exec = host
         .docker
@@ -588,7 +595,9 @@ async fn started(
                         Ok(ProcEnd::Failed { message }) => message,
                         other => format!("{other:?}"),
                     };
-                    return Err(ErrorBody::bad_request(format!("the process did not start: {why}")));
+                    return Err(ErrorBody::bad_request(format!(
+                        "the process did not start: {why}"
+                    )));
                 }
                 _ => {}
             }
@@ -624,7 +633,9 @@ async fn write_controls(mut input: ExecInput, mut rx: mpsc::Receiver<Control>) {
                 wire
             }
             Control::InputEnd => protocol::encode_frame(FrameKind::InputEnd, b""),
-            Control::Signal(n) => protocol::encode_frame(FrameKind::Signal, n.to_string().as_bytes()),
+            Control::Signal(n) => {
+                protocol::encode_frame(FrameKind::Signal, n.to_string().as_bytes())
+            }
             Control::Resize(size) => {
                 let json = serde_json::to_vec(&size).expect("a size serialises");
                 protocol::encode_frame(FrameKind::Resize, &json)

@@ -296,7 +296,11 @@ impl ProcApi {
         }
     }
 
-    pub async fn list(&self, ctx: RequestContext, req: ProcRef) -> Result<ProcList, SchedulerError> {
+    pub async fn list(
+        &self,
+        ctx: RequestContext,
+        req: ProcRef,
+    ) -> Result<ProcList, SchedulerError> {
         validate_id("session_id", &req.session_id)?;
         let (id, record) = self.session(&ctx, &req.session_id).await?;
         let call = ProcCall::List { session_id: id };
@@ -320,7 +324,10 @@ impl ProcApi {
             req.session_id = id;
             ProcCall::Output(req)
         };
-        match self.about(&ctx, &session, &proc_id, make, CALL_TIMEOUT).await? {
+        match self
+            .about(&ctx, &session, &proc_id, make, CALL_TIMEOUT)
+            .await?
+        {
             ProcReply::Output(output) => Ok(output),
             _ => Err(unexpected()),
         }
@@ -337,7 +344,10 @@ impl ProcApi {
             req.session_id = id;
             ProcCall::Input(req)
         };
-        match self.about(&ctx, &session, &proc_id, make, CALL_TIMEOUT).await? {
+        match self
+            .about(&ctx, &session, &proc_id, make, CALL_TIMEOUT)
+            .await?
+        {
             ProcReply::Input(ack) => Ok(ack),
             _ => Err(unexpected()),
         }
@@ -353,7 +363,9 @@ impl ProcApi {
             req.session_id = id;
             ProcCall::Signal(req)
         };
-        let ProcReply::Info(info) = self.about(&ctx, &session, &proc_id, make, CALL_TIMEOUT).await?
+        let ProcReply::Info(info) = self
+            .about(&ctx, &session, &proc_id, make, CALL_TIMEOUT)
+            .await?
         else {
             return Err(unexpected());
         };
@@ -366,7 +378,11 @@ impl ProcApi {
         Ok(info)
     }
 
-    pub async fn wait(&self, ctx: RequestContext, mut req: ProcWait) -> Result<ProcInfo, SchedulerError> {
+    pub async fn wait(
+        &self,
+        ctx: RequestContext,
+        mut req: ProcWait,
+    ) -> Result<ProcInfo, SchedulerError> {
         let ms = req.timeout_ms.unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
         req.timeout_ms = Some(ms);
         let (session, proc_id) = (req.session_id.clone(), req.proc_id.clone());
@@ -396,7 +412,10 @@ impl ProcApi {
             req.session_id = id;
             ProcCall::Resize(req)
         };
-        match self.about(&ctx, &session, &proc_id, make, CALL_TIMEOUT).await? {
+        match self
+            .about(&ctx, &session, &proc_id, make, CALL_TIMEOUT)
+            .await?
+        {
             ProcReply::Info(info) => Ok(info),
             _ => Err(unexpected()),
         }

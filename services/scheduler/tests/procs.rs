@@ -38,7 +38,11 @@ async fn open(client: &MeshClient, id: &str) {
         tier: Tier::Session,
         ..Default::default()
     };
-    client.sessions().open(&open).await.expect("open the session");
+    client
+        .sessions()
+        .open(&open)
+        .await
+        .expect("open the session");
 }
 
 fn start(session: &str, command: ProcCommand) -> ProcStart {
@@ -157,8 +161,18 @@ async fn a_background_server_answers_later_execs_and_dies_with_its_session() {
                  \x20   except OSError:\n\
                  \x20       time.sleep(0.1)\n";
     let first = exec(&acme, "web", Language::Python, fetch).await;
-    assert_eq!((first.status, first.stdout.trim()), (ExecStatus::Ok, "200"), "{first:?}");
-    let daemon = exec(&acme, "web", Language::Shell, "(setsid sleep 777 &) ; echo left").await;
+    assert_eq!(
+        (first.status, first.stdout.trim()),
+        (ExecStatus::Ok, "200"),
+        "{first:?}"
+    );
+    let daemon = exec(
+        &acme,
+        "web",
+        Language::Shell,
+        "(setsid sleep 777 &) ; echo left",
+    )
+    .await;
     assert_eq!(daemon.status, ExecStatus::Ok, "{daemon:?}");
     let second = exec(&acme, "web", Language::Python, fetch).await;
     assert_eq!(second.stdout.trim(), "200", "{second:?}");
@@ -169,8 +183,14 @@ async fn a_background_server_answers_later_execs_and_dies_with_its_session() {
     assert!(!seen.iter().any(|p| p.contains("sleep 777")), "{seen:?}");
 
     let listed = acme.procs().list("web").await.unwrap();
-    let web = listed.iter().find(|p| p.proc_id == started.proc_id).unwrap();
-    assert_eq!((web.state, web.tag.as_deref()), (ProcState::Running, Some("web")));
+    let web = listed
+        .iter()
+        .find(|p| p.proc_id == started.proc_id)
+        .unwrap();
+    assert_eq!(
+        (web.state, web.tag.as_deref()),
+        (ProcState::Running, Some("web"))
+    );
 
     // Killed through `signal`: `killed` once it is gone.
     let sleeper = acme
@@ -183,7 +203,11 @@ async fn a_background_server_answers_later_execs_and_dies_with_its_session() {
         .await
         .unwrap();
     let info = ended(&acme, "web", &sleeper.proc_id).await;
-    assert_eq!((info.state, info.signal), (ProcState::Killed, Some(9)), "{info:?}");
+    assert_eq!(
+        (info.state, info.signal),
+        (ProcState::Killed, Some(9)),
+        "{info:?}"
+    );
     // A process that exits by itself says its code.
     let done = acme
         .procs()
@@ -246,7 +270,11 @@ async fn output_reattaches_byte_for_byte_and_a_flood_is_bounded_by_the_ring() {
     assert_eq!(kept.dropped_before, 0);
     assert_eq!(kept.chunks, copy, "the kept copy differs from the live one");
     let text = String::from_utf8(bytes_of(&kept.chunks)).unwrap();
-    assert!(text.contains("line 19999") && text.contains("done\n"), "{}", text.len());
+    assert!(
+        text.contains("line 19999") && text.contains("done\n"),
+        "{}",
+        text.len()
+    );
     // From any seq it still holds: the same suffix.
     let mid = copy[copy.len() / 2].seq;
     let tail = read_all(&again, "out", &started.proc_id, mid).await;
@@ -348,14 +376,31 @@ async fn another_tenant_finds_no_process_and_a_risky_start_waits_for_a_person() 
         proc_id: id.clone(),
         signal: ProcSignalKind::Kill,
     };
-    let not_found = |e: sandmesh_client::ClientError| assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-    not_found(beta.request::<_, ProcList>(s.proc(ProcOp::List), &ids).await.unwrap_err());
-    not_found(beta.request::<_, ProcOutput>(s.proc(ProcOp::Output), &output).await.unwrap_err());
-    not_found(beta.request::<_, ProcInfo>(s.proc(ProcOp::Signal), &signal).await.unwrap_err());
+    let not_found =
+        |e: sandmesh_client::ClientError| assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    not_found(
+        beta.request::<_, ProcList>(s.proc(ProcOp::List), &ids)
+            .await
+            .unwrap_err(),
+    );
+    not_found(
+        beta.request::<_, ProcOutput>(s.proc(ProcOp::Output), &output)
+            .await
+            .unwrap_err(),
+    );
+    not_found(
+        beta.request::<_, ProcInfo>(s.proc(ProcOp::Signal), &signal)
+            .await
+            .unwrap_err(),
+    );
     // beta's own session of the same name holds none of acme's processes.
     open(&beta, "shared").await;
     assert!(beta.procs().list("shared").await.unwrap().is_empty());
-    not_found(beta.request::<_, ProcInfo>(s.proc(ProcOp::Signal), &signal).await.unwrap_err());
+    not_found(
+        beta.request::<_, ProcInfo>(s.proc(ProcOp::Signal), &signal)
+            .await
+            .unwrap_err(),
+    );
     let info = state_of(&acme, "shared", &id).await.unwrap();
     assert_eq!(info.state, ProcState::Running);
 
@@ -432,7 +477,10 @@ async fn bombs_inside_a_background_process_are_held_by_the_sessions_limits() {
 
     let bomb = acme
         .procs()
-        .start(&start("bombs", ProcCommand::Cmd("b(){ b|b& };b".into())), None)
+        .start(
+            &start("bombs", ProcCommand::Cmd("b(){ b|b& };b".into())),
+            None,
+        )
         .await
         .unwrap();
     // It reaches the pids limit and no further.
@@ -445,7 +493,10 @@ async fn bombs_inside_a_background_process_are_held_by_the_sessions_limits() {
         .signal("bombs", &bomb.proc_id, ProcSignalKind::Kill)
         .await
         .unwrap();
-    assert_eq!(ended(&acme, "bombs", &bomb.proc_id).await.state, ProcState::Killed);
+    assert_eq!(
+        ended(&acme, "bombs", &bomb.proc_id).await.state,
+        ProcState::Killed
+    );
 
     // An endless writer: the ring keeps its bound while it runs; the executor answers.
     let flood = acme
@@ -470,7 +521,10 @@ async fn bombs_inside_a_background_process_are_held_by_the_sessions_limits() {
         .signal("bombs", &flood.proc_id, ProcSignalKind::Term)
         .await
         .unwrap();
-    assert_eq!(ended(&acme, "bombs", &flood.proc_id).await.state, ProcState::Killed);
+    assert_eq!(
+        ended(&acme, "bombs", &flood.proc_id).await.state,
+        ProcState::Killed
+    );
     // The session came through both.
     let after = exec(&acme, "bombs", Language::Shell, "echo fine").await;
     assert_eq!(after.stdout.trim(), "fine", "{after:?}");
@@ -494,13 +548,32 @@ async fn hostile_requests_on_every_subject_get_a_clear_refusal() {
     };
     use serde_json::json;
     // Bad ids, shapes and sizes.
-    assert_eq!(raw(ProcOp::Start, json!({"session_id": "../x", "cmd": "true"})).await, Err(400));
-    assert_eq!(raw(ProcOp::Start, json!({"session_id": "hostile"})).await, Err(400));
-    assert_eq!(raw(ProcOp::Start, json!({"session_id": "hostile", "argv": []})).await, Err(400));
+    assert_eq!(
+        raw(ProcOp::Start, json!({"session_id": "../x", "cmd": "true"})).await,
+        Err(400)
+    );
+    assert_eq!(
+        raw(ProcOp::Start, json!({"session_id": "hostile"})).await,
+        Err(400)
+    );
+    assert_eq!(
+        raw(ProcOp::Start, json!({"session_id": "hostile", "argv": []})).await,
+        Err(400)
+    );
     let many: Vec<String> = vec!["a".into(); MAX_ARGS + 1];
-    assert_eq!(raw(ProcOp::Start, json!({"session_id": "hostile", "argv": many})).await, Err(413));
+    assert_eq!(
+        raw(
+            ProcOp::Start,
+            json!({"session_id": "hostile", "argv": many})
+        )
+        .await,
+        Err(413)
+    );
     let huge = "x".repeat(MAX_COMMAND_BYTES + 1);
-    assert_eq!(raw(ProcOp::Start, json!({"session_id": "hostile", "cmd": huge})).await, Err(413));
+    assert_eq!(
+        raw(ProcOp::Start, json!({"session_id": "hostile", "cmd": huge})).await,
+        Err(413)
+    );
     let env = json!({"session_id": "hostile", "cmd": "true", "env": {"LD_PRELOAD": "/x.so"}});
     assert_eq!(raw(ProcOp::Start, env).await, Err(400));
     let pty = json!({"session_id": "hostile", "cmd": "true", "pty": {"cols": -1, "rows": 5}});
@@ -537,7 +610,8 @@ async fn hostile_requests_on_every_subject_get_a_clear_refusal() {
     let mut cat = start("hostile", argv(&["cat"]));
     cat.stdin = true;
     let id = acme.procs().start(&cat, None).await.unwrap().proc_id;
-    let big = json!({"session_id": "hostile", "proc_id": id, "data": "x".repeat(MAX_INPUT_BYTES + 1)});
+    let big =
+        json!({"session_id": "hostile", "proc_id": id, "data": "x".repeat(MAX_INPUT_BYTES + 1)});
     assert_eq!(raw(ProcOp::Input, big).await, Err(413));
     let ahead = json!({"session_id": "hostile", "proc_id": id, "data": "x", "seq": 5});
     assert_eq!(raw(ProcOp::Input, ahead).await, Err(409));
@@ -552,7 +626,11 @@ async fn hostile_requests_on_every_subject_get_a_clear_refusal() {
     };
     // A wait is bounded however long it asks for: the process still runs.
     let info: ProcInfo = acme
-        .request_timeout(s.proc(ProcOp::Wait), &long_wait, Duration::from_millis(MAX_WAIT_MS) + WAIT)
+        .request_timeout(
+            s.proc(ProcOp::Wait),
+            &long_wait,
+            Duration::from_millis(MAX_WAIT_MS) + WAIT,
+        )
         .await
         .unwrap();
     assert_eq!(info.state, ProcState::Running);
