@@ -884,7 +884,7 @@ async fn hostile_frames_close_a_tunnel_and_another_tenant_cannot_enter_it() {
     // Unknown sessions, bad ids: refused at once.
     for (session, tunnel) in [
         ("no-such", messages::new_id()),
-        (id.as_str().into(), "short".into()),
+        (id.as_str(), "short".into()),
     ] {
         let bad = TunnelConnect {
             session_id: session.to_string(),
