@@ -284,7 +284,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
                 ContainerKind::Warm,
                 None,
                 limits,
-                None,
+                &[],
                 None,
             )
             .await
