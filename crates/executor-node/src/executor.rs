@@ -15,6 +15,7 @@ use messages::exec::{validate_exec, ExecResult};
 use messages::executor::{
     ExecutorClose, ExecutorDrain, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery,
 };
+use messages::proc::{ProcCall, ProcReply};
 use messages::workspace::Ack;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -35,6 +36,7 @@ type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 pub enum NodeMsg {
     Run(RequestContext, ExecutorRun, Reply<ExecResult>),
     Close(RequestContext, ExecutorClose, Reply<Ack>),
+    Proc(RequestContext, ProcCall, Reply<ProcReply>),
     Drain(RequestContext, ExecutorDrain, Reply<Ack>),
     Status(
         RequestContext,
@@ -190,6 +192,17 @@ impl<B: Backend> Actor for ExecutorNode<B> {
                 tokio::spawn(async move {
                     let ok = closed.await;
                     let _ = reply.send(Ok(Ack { ok }));
+                });
+            }
+            NodeMsg::Proc(_ctx, call, reply) => {
+                // Not while draining: a drain ends in closing every session.
+                if state.draining && matches!(call, ProcCall::Start { .. }) {
+                    let _ = reply.send(Err(ErrorBody::unavailable("the node is draining")));
+                    return Ok(());
+                }
+                let answer = state.backend.proc(call);
+                tokio::spawn(async move {
+                    let _ = reply.send(answer.await);
                 });
             }
             NodeMsg::Drain(_ctx, _drain, reply) => {

@@ -13,6 +13,8 @@ pub mod executor;
 pub mod filesystem;
 pub mod heartbeat;
 pub mod network;
+pub mod ports;
+pub mod proc;
 pub mod quota;
 pub mod risk;
 pub mod service;

@@ -5,4 +5,6 @@
 mod api;
 mod common;
 mod large_upload;
+mod ports;
+mod procs;
 mod uploads;

@@ -188,6 +188,9 @@ pub enum SchedulerError {
     /// An `aio.exec` command was stopped by the policy or a person (`status` says which).
     #[error("the command did not run ({}): {why}", .status.as_str())]
     CommandNotRun { status: ExecStatus, why: String },
+    /// A preview port cannot be exposed or reached.
+    #[error(transparent)]
+    Port(#[from] crate::ports::PortError),
     /// An `aio.exec` command's execution ended without a result of the command's own.
     #[error("the command ended {}", .status.as_str())]
     CommandEnded { status: ExecStatus },
@@ -229,6 +232,7 @@ impl SchedulerError {
         use SchedulerError as E;
         match self {
             E::Refused(body) => body.kind,
+            E::Port(e) => e.kind(),
             E::Invalid(ValidationError::Invalid { .. }) => ErrorKind::BadRequest,
             E::Invalid(ValidationError::TooLarge { .. })
             | E::Report(JunitError::TooLarge { .. }) => ErrorKind::TooLarge,

@@ -18,6 +18,7 @@ use kit::{AuditScope, Auditor};
 use messages::audit::ExecutionStarted;
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::{Backend, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
+use messages::proc::{ProcCall, ProcReply, ProcState};
 use messages::{ErrorBody, ErrorKind};
 use sandmesh_client::{ClientError, ExecutorClient};
 
@@ -160,6 +161,31 @@ impl ExecutorRunner {
             backoff = (backoff * 2).min(MAX_BACKOFF);
         };
         classify(reply, started, backend)
+    }
+
+    /// Has `node` open a tunnel into a session container's port.
+    pub async fn open_tunnel(
+        &self,
+        node: &str,
+        order: &messages::ports::ExecutorTunnel,
+    ) -> Result<messages::ports::TunnelOpened, ClientError> {
+        self.executors.open_tunnel(node, order).await
+    }
+
+    /// Whether a background process of `session_id` still runs on `node` (a node that does
+    /// not say has none: the session may lapse).
+    pub async fn runs_processes(&self, node: &str, session_id: &str) -> bool {
+        let call = ProcCall::List {
+            session_id: session_id.to_string(),
+        };
+        match self
+            .executors
+            .proc(Backend::Docker, node, &call, STATUS_TIMEOUT)
+            .await
+        {
+            Ok(ProcReply::List(list)) => list.procs.iter().any(|p| p.state == ProcState::Running),
+            _ => false,
+        }
     }
 
     /// Asks `node` to close `session_id`'s container. A node that is gone closed it already.

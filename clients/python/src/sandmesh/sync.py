@@ -19,6 +19,8 @@ from typing import Any, Coroutine, Iterator, List, Mapping, Optional, TypeVar, U
 from ._audit import AsyncAuditFollow
 from ._browser import AsyncAio, AsyncBrowser, Target
 from ._files import AsyncFiles
+from ._ports import Ports
+from ._processes import Processes
 from ._exec import EXEC_TIMEOUT, ApprovalCallback, AsyncJob, FilesArg, TextCallback
 from ._transport import DEFAULT_TIMEOUT
 from .client import AsyncSandmesh, AsyncSession
@@ -464,6 +466,8 @@ class Session:
         self.files = Files(sm, inner.files)
         self.browser = Browser(sm, inner.browser)
         self.aio = Aio(sm, inner.aio)
+        self.ports = Ports(sm, inner.ports)
+        self.processes = Processes(sm, inner.processes)
 
     @property
     def session_id(self) -> str:
