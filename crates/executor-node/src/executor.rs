@@ -22,12 +22,12 @@ use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::config::NodeConfig;
-use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
 use crate::job::{output_budget, Admitted, Job};
 use crate::node::NodeState;
 use crate::results::{ResultStore, Seen};
 use crate::slot::RunSlot;
 use crate::Backend;
+use kit::janitor::{Janitor, JanitorArgs, JanitorMsg};
 
 type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 

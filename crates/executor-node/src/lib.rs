@@ -37,7 +37,6 @@ pub mod config;
 pub mod exchange;
 pub mod executor;
 pub mod image;
-pub mod janitor;
 pub mod job;
 pub mod node;
 pub mod outcome;
@@ -63,8 +62,8 @@ use ractor::{Actor, ActorCell, ActorProcessingErr};
 pub use config::NodeConfig;
 pub use executor::{ExecutorNode, NodeMsg};
 pub use image::{check_image, ImageCheckError};
-pub use janitor::Sweep;
 pub use job::{Admitted, Job, SUPERVISOR_PATH, WORKSPACE_DIR};
+pub use kit::janitor::Sweep;
 pub use node::NodeState;
 pub use results::{KeepLimits, ResultStore};
 pub use slot::RunSlot;
@@ -72,7 +71,7 @@ pub use template_images::TemplateImages;
 pub use uids::{UidError, UidLease, UidPool, UidRange};
 
 use executor::NodeArgs;
-use janitor::JanitorArgs;
+use kit::janitor::JanitorArgs;
 
 /// Gauges a backend adds to the node's heartbeat metrics (warm pool size, sessions), read at
 /// each beat.
