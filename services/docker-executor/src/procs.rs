@@ -231,11 +231,6 @@ impl Procs {
     fn input(&self, req: &ProcInput) -> Result<ProcInputAck, ErrorBody> {
         let data = req.bytes().map_err(ErrorBody::from)?;
         self.with_proc(&req.proc_id, |e| {
-            if !e.stdin {
-                return Err(ErrorBody::conflict(
-                    "the process was started without stdin (start it with stdin or a pty)",
-                ));
-            }
             match req.seq {
                 // A retry of an input already written: answered again, not written twice.
                 Some(seq) if seq < e.input_next => {
@@ -251,6 +246,12 @@ impl Procs {
                     .with_details(serde_json::json!({ "next_seq": e.input_next })))
                 }
                 _ => {}
+            }
+            if !e.stdin {
+                return Err(ErrorBody::conflict(
+                    "the process's stdin is closed, or it was started without (start it with \
+                     stdin or a pty)",
+                ));
             }
             let control = e
                 .control
