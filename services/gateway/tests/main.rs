@@ -4,5 +4,6 @@
 
 mod api;
 mod common;
+mod e2b;
 mod large_upload;
 mod uploads;

@@ -5,7 +5,7 @@
 //!
 //! Subjects: `exec` (sync), `test` (a test-driven execution, [`testrun`]), `jobs.exec` (async,
 //! stream `SANDBOX_JOBS`), `results.<id>` (stream `SANDBOX_RESULTS`), `exec.result`,
-//! `sessions.{open,get,list,close}`. It calls `risk.assess`, `confirm.request` /
+//! `sessions.{open,get,list,close,ttl}`. It calls `risk.assess`, `confirm.request` /
 //! `confirm.get`, `workspace.init`, `workspace.read` (test reports), `executor.docker.run` and
 //! `executor.docker.<node>.*`, and listens to `confirm.decided.*`.
 //!
@@ -407,6 +407,7 @@ impl Parts {
             s.sessions(SessionOp::Get) => sessions.get,
             s.sessions(SessionOp::List) => sessions.list,
             s.sessions(SessionOp::Close) => sessions.close,
+            s.sessions(SessionOp::SetTtl) => sessions.set_ttl,
         );
         let probe = self.admission.clone();
         let held = self.admission.tenants.clone();
