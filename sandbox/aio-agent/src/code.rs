@@ -16,6 +16,7 @@ use crate::files::error_chain;
 use crate::kernel::{CellOutput, CellResult, CellStatus, KernelError, Language};
 use crate::routes::{error, json, Reply};
 use crate::Agent;
+use sandbox_protocol::OutputKind;
 
 /// Upstream's default cell timeout (seconds).
 const DEFAULT_TIMEOUT_S: f64 = 30.0;
@@ -194,7 +195,7 @@ fn jupyter_outputs(cell: &CellResult) -> Vec<JupyterOutput> {
                 ..Default::default()
             },
             CellOutput::Rich { kind, data, paths } => {
-                let result = kind == "result";
+                let result = *kind == OutputKind::Result;
                 let mut metadata = Map::new();
                 if !paths.is_empty() {
                     // Too large to inline: the kernel saved it under the workspace.

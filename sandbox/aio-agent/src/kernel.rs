@@ -2,8 +2,8 @@
 //! `/v1/nodejs/execute`: one kernel per session, so `x = 41` in one call and `print(x + 1)`
 //! in the next prints 42.
 //!
-//! The kernels are the supervisor's drivers (`sandbox/supervisor/src/kernel.py` and
-//! `kernel.js`, embedded here unchanged): stdlib Python and plain Node speaking JSON lines,
+//! The kernels are the supervisor's drivers (the `sandmesh-kernel` crate): stdlib Python and
+//! plain Node speaking JSON lines,
 //! no ipykernel (not in the image, slow to start, a five-socket protocol). The Python driver
 //! runs as `python3 -c <driver>`; the JavaScript one needs its output pipes handed over as
 //! extra fds (Node cannot re-point its own), which `NODE_LAUNCHER` sets up before it becomes
@@ -21,13 +21,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use serde::Deserialize;
+use sandbox_protocol::{CellError, OutputKind, RichOutput};
+use sandmesh_kernel::{Event, JAVASCRIPT_DRIVER, PYTHON_DRIVER};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::mpsc;
-
-const PYTHON_DRIVER: &str = include_str!("../../supervisor/src/kernel.py");
-const JAVASCRIPT_DRIVER: &str = include_str!("../../supervisor/src/kernel.js");
 
 /// Becomes `node -e <driver>` with the fds `kernel.js` expects: the event pipe moved off
 /// fd 1, fds 1 and 2 new pipes whose non-blocking read ends the driver drains.
@@ -78,32 +76,6 @@ pub enum KernelError {
     },
 }
 
-/// One event of the driver's protocol (kernel.py's header); unknown ones are dropped.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "t", rename_all = "lowercase")]
-enum Event {
-    Stream {
-        name: String,
-        text: String,
-    },
-    Output {
-        kind: String,
-        mime_type: String,
-        #[serde(default)]
-        content: Option<String>,
-        #[serde(default)]
-        path: Option<String>,
-    },
-    Error {
-        name: String,
-        value: String,
-        #[serde(default)]
-        traceback: Vec<String>,
-    },
-    /// The cell ended (its `id` is not needed: one cell runs at a time).
-    Done {},
-}
-
 /// What a cell produced, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CellOutput {
@@ -111,10 +83,10 @@ pub enum CellOutput {
         name: String,
         text: String,
     },
-    /// One object's representations (`kind` is `result` or `display`); a representation too
-    /// large to inline was saved by the kernel and is named by `path` instead.
+    /// One object's representations; a representation too large to inline was saved by the
+    /// kernel and is named by `path` instead.
     Rich {
-        kind: String,
+        kind: OutputKind,
         data: Vec<(String, String)>,
         paths: Vec<(String, String)>,
     },
@@ -253,7 +225,7 @@ impl Kernel {
         out: &mut CellCollector,
     ) -> (Ended, bool) {
         let request = serde_json::json!({
-            "id": 1,
+            "id": "cell",
             "code": code,
             "workspace": config.workspace,
             "inline_max": config.max_output_bytes,
@@ -268,7 +240,7 @@ impl Kernel {
         loop {
             tokio::select! {
                 event = self.events.recv() => match event {
-                    Some(Some(Event::Done {})) => return (Ended::Done, interrupted),
+                    Some(Some(Event::Done { .. })) => return (Ended::Done, interrupted),
                     Some(Some(event)) => out.push(event),
                     // A malformed or oversized line: the driver never writes one.
                     Some(None) | None => return (Ended::Dead, interrupted),
@@ -373,12 +345,13 @@ impl CellCollector {
                     _ => self.outputs.push(CellOutput::Stream { name, text }),
                 }
             }
-            Event::Output {
+            Event::Output(RichOutput {
                 kind,
                 mime_type,
                 content,
                 path,
-            } => {
+                ..
+            }) => {
                 // One object's representations arrive one after another; a MIME type seen
                 // again (or another kind) starts the next object.
                 let starts_new = match self.outputs.last() {
@@ -412,11 +385,11 @@ impl CellCollector {
                     (None, None) => {}
                 }
             }
-            Event::Error {
+            Event::Error(CellError {
                 name,
                 value,
                 traceback,
-            } => {
+            }) => {
                 self.failed = true;
                 let value = self.fit(value).unwrap_or_default();
                 let traceback = traceback.into_iter().filter_map(|l| self.fit(l)).collect();
@@ -426,7 +399,8 @@ impl CellCollector {
                     traceback,
                 });
             }
-            Event::Done {} => {}
+            // One cell runs at a time, so its `done` needs no id; a fence is never the driver's.
+            Event::Done { .. } | Event::Fence { .. } => {}
         }
     }
 }
@@ -696,7 +670,7 @@ mod tests {
         assert_eq!(second.execution_count, 2);
         assert!(matches!(
             &second.outputs[..],
-            [CellOutput::Rich { kind, data, .. }] if kind == "result"
+            [CellOutput::Rich { kind, data, .. }] if *kind == OutputKind::Result
                 && data == &[("text/plain".to_string(), "42".to_string())]
         ));
         let other = k.execute(py, Some("s2"), dir.path(), "x", t).await.unwrap();

@@ -1,5 +1,5 @@
-//! The session's kernels: long-lived interpreters (the drivers `kernel.py` and `kernel.js`,
-//! embedded here) whose cells share variables, so `x = 41` in one run and `print(x + 1)` in the next
+//! The session's kernels: long-lived interpreters (the drivers of the `sandmesh-kernel` crate)
+//! whose cells share variables, so `x = 41` in one run and `print(x + 1)` in the next
 //! prints 42.
 //!
 //! Ownership follows lifetimes. The kernel must outlive a run, and every run process kills
@@ -43,18 +43,13 @@ use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
-    CellError, FrameKind, KernelLanguage, Outcome, RichOutput, RunReport, RunSpec,
-    INLINE_OUTPUT_MAX, OUTPUT_MIME_TYPES,
+    CellError, FrameKind, KernelLanguage, Outcome, RunReport, RunSpec, INLINE_OUTPUT_MAX,
+    OUTPUT_MIME_TYPES,
 };
-use serde::Deserialize;
+use sandmesh_kernel::{Event, JAVASCRIPT_DRIVER, KERNEL_FDS_VAR, PYTHON_DRIVER};
 
 use crate::process::{self, CgroupCounters};
 use crate::FrameOut;
-
-/// The drivers, run with `python3 -c` and `node -e`: no file a cell could replace between
-/// restarts.
-const PYTHON_DRIVER: &str = include_str!("kernel.py");
-const JAVASCRIPT_DRIVER: &str = include_str!("kernel.js");
 
 /// How long an interrupted cell may take to stop before its kernel is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(1);
@@ -79,7 +74,7 @@ pub fn exec_driver(language: KernelLanguage, nofile: u64, fsize: u64) -> io::Err
         KernelLanguage::Javascript => match node_fds() {
             Ok(fds) => Command::new("node")
                 .args(["-e", JAVASCRIPT_DRIVER])
-                .env("SANDMESH_KERNEL_FDS", fds)
+                .env(KERNEL_FDS_VAR, fds)
                 .exec(),
             Err(e) => e,
         },
@@ -260,35 +255,14 @@ impl KernelConn {
     }
 }
 
-/// One event line from the driver (`kernel.py` documents them).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
-enum KernelEvent {
-    Stream {
-        name: String,
-        text: String,
-    },
-    Output(RichOutput),
-    Error(CellError),
-    Done {
-        #[serde(default)]
-        id: Option<String>,
-    },
-    /// Not the driver's: the line the run writes into the event pipe once the kernel is
-    /// frozen (see [`run_cell`]).
-    Fence {
-        id: String,
-    },
-}
-
-enum Event {
+enum Pipe {
     Line(Vec<u8>),
     Eof,
 }
 
 /// Reads event lines on a thread of its own (the cell's timeout must not wait on a read);
 /// a line longer than [`MAX_EVENT_LINE`] is skipped to its end.
-fn reader(events: File, tx: mpsc::Sender<Event>) {
+fn reader(events: File, tx: mpsc::Sender<Pipe>) {
     thread::spawn(move || {
         let mut events = BufReader::with_capacity(64 * 1024, events);
         loop {
@@ -305,13 +279,13 @@ fn reader(events: File, tx: mpsc::Sender<Event>) {
                     }
                 }
                 Ok(_) => {
-                    if tx.send(Event::Line(line)).is_err() {
+                    if tx.send(Pipe::Line(line)).is_err() {
                         return;
                     }
                 }
             }
         }
-        let _ = tx.send(Event::Eof);
+        let _ = tx.send(Pipe::Eof);
     });
 }
 
@@ -383,18 +357,18 @@ pub fn run_cell(spec: &RunSpec, conn: KernelConn, out: &mut FrameOut, report: &m
             }
         };
         let line = match event {
-            Event::Line(line) => line,
-            Event::Eof => {
+            Pipe::Line(line) => line,
+            Pipe::Eof => {
                 died = true;
                 break;
             }
         };
         // Lines that are not events (a partial line left by an earlier run) are dropped.
-        let Ok(event) = serde_json::from_slice::<KernelEvent>(&line) else {
+        let Ok(event) = serde_json::from_slice::<Event>(&line) else {
             continue;
         };
         match event {
-            KernelEvent::Stream { name, text } => {
+            Event::Stream { name, text } => {
                 let (kind, truncated) = match name.as_str() {
                     "stderr" => (FrameKind::Stderr, &mut report.stderr_truncated),
                     _ => (FrameKind::Stdout, &mut report.stdout_truncated),
@@ -420,7 +394,7 @@ pub fn run_cell(spec: &RunSpec, conn: KernelConn, out: &mut FrameOut, report: &m
                     }
                 }
             }
-            KernelEvent::Output(output) => {
+            Event::Output(output) => {
                 let size = output.content.as_ref().map_or(0, |c| c.len()) as u64;
                 let known = OUTPUT_MIME_TYPES.contains(&output.mime_type.as_str());
                 let room = budget.min(MAX_INLINE_TOTAL.saturating_sub(inline));
@@ -435,8 +409,8 @@ pub fn run_cell(spec: &RunSpec, conn: KernelConn, out: &mut FrameOut, report: &m
                     ));
                 }
             }
-            KernelEvent::Error(error) => report.cell_error = Some(bounded(error)),
-            KernelEvent::Done { id: Some(done) } if done == id && !fenced => {
+            Event::Error(error) => report.cell_error = Some(bounded(error)),
+            Event::Done { id: Some(done) } if done == id && !fenced => {
                 // Threads and timers the cell left behind stop with the kernel now; what they
                 // wrote before that is in the pipe ahead of the fence, and is this cell's.
                 fenced = true;
@@ -445,8 +419,8 @@ pub fn run_cell(spec: &RunSpec, conn: KernelConn, out: &mut FrameOut, report: &m
                     break;
                 }
             }
-            KernelEvent::Fence { id: fence } if fence == id => break,
-            KernelEvent::Done { .. } | KernelEvent::Fence { .. } => {}
+            Event::Fence { id: fence } if fence == id => break,
+            Event::Done { .. } | Event::Fence { .. } => {}
         }
     }
     report.wall_ms = started.elapsed().as_millis() as u64;
@@ -566,7 +540,7 @@ mod tests {
     use sandbox_protocol::OutputKind;
 
     /// Sends one cell to a driver and collects its events up to `done`.
-    fn cell(child: &mut Child, out: &mut BufReader<ChildStdout>, code: &str) -> Vec<KernelEvent> {
+    fn cell(child: &mut Child, out: &mut BufReader<ChildStdout>, code: &str) -> Vec<Event> {
         let request = serde_json::json!({ "id": "c", "code": code, "workspace": "/tmp" });
         let stdin = child.stdin.as_mut().unwrap();
         writeln!(stdin, "{request}").unwrap();
@@ -574,19 +548,19 @@ mod tests {
         loop {
             let mut line = String::new();
             assert!(out.read_line(&mut line).unwrap() > 0, "the driver ended");
-            let event: KernelEvent = serde_json::from_str(&line).unwrap();
-            if matches!(event, KernelEvent::Done { .. }) {
+            let event: Event = serde_json::from_str(&line).unwrap();
+            if matches!(event, Event::Done { .. }) {
                 return events;
             }
             events.push(event);
         }
     }
 
-    fn stdout_of(events: &[KernelEvent]) -> String {
+    fn stdout_of(events: &[Event]) -> String {
         events
             .iter()
             .filter_map(|e| match e {
-                KernelEvent::Stream { name, text } if name == "stdout" => Some(text.as_str()),
+                Event::Stream { name, text } if name == "stdout" => Some(text.as_str()),
                 _ => None,
             })
             .collect()
@@ -607,7 +581,7 @@ mod tests {
         let outputs: Vec<_> = events
             .iter()
             .filter_map(|e| match e {
-                KernelEvent::Output(o) => Some((o.kind, o.mime_type.as_str(), o.content.clone())),
+                Event::Output(o) => Some((o.kind, o.mime_type.as_str(), o.content.clone())),
                 _ => None,
             })
             .collect();
@@ -617,7 +591,7 @@ mod tests {
         );
         let events = cell(&mut child, &mut out, "def f():\n    1 / 0\nf()");
         let error = events.iter().find_map(|e| match e {
-            KernelEvent::Error(e) => Some(e),
+            Event::Error(e) => Some(e),
             _ => None,
         });
         let error = error.expect("an error event");

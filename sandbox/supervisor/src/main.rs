@@ -25,7 +25,7 @@
 //!                            dropped, then exec bwrap; [`launch`])
 //! ```
 //!
-//! The frame format is the `sandmesh-sandbox-protocol` crate (`sandbox/protocol`), shared with
+//! The frame format is the `sandmesh-sandbox-protocol` crate (`crates/sandbox-protocol`), shared with
 //! the executor. This binary uses std, nix, rustix, serde_json and tar only: it must run on the
 //! image's bookworm glibc and start in about a millisecond.
 

@@ -11,7 +11,7 @@
 //! to it: a fresh supervisor process receives the code, workspace and limits as frames, runs
 //! the program in its own process group, streams its output, kills everything it started at the
 //! end or on timeout, and sends back the changed files and a report (the
-//! `sandmesh-sandbox-protocol` crate, `sandbox/protocol`). No execution pays a `docker exec`.
+//! `sandmesh-sandbox-protocol` crate, `crates/sandbox-protocol`). No execution pays a `docker exec`.
 //!
 //! It is a backend of `executor_node` ([`backend::DockerBackend`]): admission, drain, the
 //! heartbeat, the janitor and the subjects are the node's; this crate makes, runs and

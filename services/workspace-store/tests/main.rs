@@ -1,6 +1,6 @@
 //! One integration-test binary for the crate (`autotests = false`), each file of `tests/` a
 //! module: a binary per file compiled and linked the dependency graph once per file.
-//! `test-support/tests/layout.rs` fails when a file here is left out.
+//! `crates/test-support/tests/layout.rs` fails when a file here is left out.
 
 mod cleanup;
 mod common;

