@@ -148,7 +148,7 @@ async fn the_control_plane_refuses_in_e2b_s_shape() {
     let again = gw.e2b_send("DELETE", &format!("/sandboxes/{id}"), &api(&key), "").await;
     rest_error(&again, 404);
     gw.stop().await;
-    mesh.stop().await;
+    mesh.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -266,8 +266,10 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
         .e2b_send("POST", &files(""), &envd(&id, &token, form), "--XX--\r\n")
         .await;
     rest_error(&r, 400);
-    let stalled = futures::stream::iter([Bytes::from_static(b"--XX\r\n")])
-        .chain(futures::stream::pending());
+    let stalled = futures::StreamExt::chain(
+        futures::stream::iter([Bytes::from_static(b"--XX\r\n")]),
+        futures::stream::pending(),
+    );
     let r = crate::common::open_at(
         gw.e2b,
         "POST",
@@ -311,7 +313,7 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
         .await;
     assert_eq!(r.status, 200, "{r:?}");
     gw.stop().await;
-    mesh.stop().await;
+    mesh.shutdown().await;
 }
 
 /// The frames of a server stream: each message's flag and JSON.
@@ -384,5 +386,5 @@ async fn a_command_and_a_cell_answer_in_envd_s_and_the_interpreter_s_shapes() {
     assert_eq!(error["name"], "ZeroDivisionError");
     assert!(error["traceback"].as_str().unwrap().contains("ZeroDivisionError"));
     gw.stop().await;
-    mesh.stop().await;
+    mesh.shutdown().await;
 }

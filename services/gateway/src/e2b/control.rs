@@ -262,7 +262,7 @@ pub async fn list(
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> E2bReply {
     let Query(query) = query.map_err(|e| E2bError::invalid(e.body_text()))?;
-    let values = |name: &str| {
+    let values = |name: &'static str| {
         query
             .iter()
             .filter(move |(k, _)| k == name)

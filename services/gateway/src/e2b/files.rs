@@ -132,9 +132,11 @@ impl EntryInfo {
     fn root() -> Self {
         Self::of(&WsEntry {
             path: String::new(),
+            size: 0,
             is_dir: true,
+            modified: 0,
             mode: 0o755,
-            ..Default::default()
+            sha256: None,
         })
     }
 }
@@ -211,10 +213,11 @@ pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
             run_in(&sandbox, format!("mkdir -p -- {}", shell_quote(&path))).await?;
             let entry = EntryInfo::of(&WsEntry {
                 path,
+                size: 0,
                 is_dir: true,
-                mode: 0o755,
                 modified: messages::now_ms(),
-                ..Default::default()
+                mode: 0o755,
+                sha256: None,
             });
             Ok(connect::unary(&serde_json::json!({ "entry": entry })))
         }
