@@ -96,11 +96,14 @@ def mesh() -> Iterator[Mesh]:
     mesh = Mesh(url=f"http://{e2b_addr}", key="", other_key="", env=cli_env, log=log)
     try:
         deadline = time.monotonic() + UP_TIMEOUT
-        while "mesh is up" not in log.read_text(errors="replace"):
+        # `up` says the mesh is up, then prints the exports for E2B's SDKs.
+        while "E2B_API_URL" not in log.read_text(errors="replace"):
             require(proc.poll() is None, f"`sandmesh up` exited with {proc.returncode}:\n{mesh.log_tail()}")
-            require(time.monotonic() < deadline, f"the mesh was not up within {UP_TIMEOUT:.0f} s:\n{mesh.log_tail()}")
+            require(
+                time.monotonic() < deadline,
+                f"the mesh was not up with its E2B facade within {UP_TIMEOUT:.0f} s:\n{mesh.log_tail()}",
+            )
             time.sleep(0.5)
-        require("E2B_API_URL" in log.read_text(errors="replace"), f"`up` did not announce the E2B facade:\n{mesh.log_tail()}")
         keys = []
         for tenant in ("default", "other"):
             made = mesh.cli("tenant", "key", "create", tenant, "--e2b")

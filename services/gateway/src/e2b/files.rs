@@ -1,8 +1,8 @@
 //! envd's files: plain HTTP `GET|POST /files` (read, multipart write) and the
 //! `filesystem.Filesystem` RPCs, on the session's workspace (`/home/user` is its root).
 //!
-//! Reads, writes, listings, stats and removals are the workspace store's; `MakeDir` and `Move`
-//! have no store operation, so they run as a shell command in the sandbox, whose files the
+//! Reads, writes, listings, stats, removals and moves (of files) are the workspace store's;
+//! `MakeDir` has no store operation, so it runs `mkdir -p` in the sandbox, whose files the
 //! workspace takes back when the command ends.
 
 use std::sync::Arc;
@@ -210,7 +210,8 @@ pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
                     format!("{} exists", e2b_path(&path)),
                 ));
             }
-            run_in(&sandbox, format!("mkdir -p -- {}", shell_quote(&path))).await?;
+            let mkdir = format!("mkdir -p -- {}", shell_quote(&path));
+            run_in(&sandbox, mkdir).await?;
             let entry = EntryInfo::of(&WsEntry {
                 path,
                 size: 0,
@@ -227,14 +228,14 @@ pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
                 destination,
             } = connect::request(req, Shape::Unary).await?;
             let (from, to) = (workspace_path(&source)?, workspace_path(&destination)?);
-            if from.is_empty() || to.is_empty() {
-                return Err(E2bError::invalid("the workspace's root cannot be moved"));
+            if ws.stat(session, &from).await?.is_dir {
+                return Err(E2bError::unsupported("moving directories"));
             }
-            ws.stat(session, &from).await?;
-            let command = format!("mv -- {} {}", shell_quote(&from), shell_quote(&to));
-            run_in(&sandbox, command).await?;
-            let entry = EntryInfo::of(&ws.stat(session, &to).await?);
-            Ok(connect::unary(&serde_json::json!({ "entry": entry })))
+            // Store operations, not `mv` in the sandbox: a move must not wait for a person.
+            let bytes = ws.read(session, &from).await?;
+            let entry = ws.write(session, &to, &bytes).await?;
+            ws.delete(session, &from, false).await?;
+            Ok(connect::unary(&serde_json::json!({ "entry": EntryInfo::of(&entry) })))
         }
         other => Err(E2bError::unsupported(&format!(
             "filesystem.Filesystem/{other} (watching directories)"

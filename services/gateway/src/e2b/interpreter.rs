@@ -13,8 +13,10 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use base64::Engine;
 use bytes::Bytes;
-use futures::{stream, StreamExt};
-use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, OutputKind, RichOutput};
+use futures::{stream, SinkExt, StreamExt};
+use messages::exec::{
+    ExecRequest, ExecResult, ExecStatus, Language, OutputKind, OutputStream, RichOutput,
+};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -72,19 +74,81 @@ pub async fn execute(
     }
     let workspace = sandbox.agent.mesh.workspace();
     let session = sandbox.id;
-    let lines = stream::iter(first)
-        .chain(events)
-        .then(move |event| {
-            let (workspace, session) = (workspace.clone(), session.clone());
-            async move { lines_of(event, &workspace, &session).await }
-        })
-        .map(Ok::<_, std::convert::Infallible>);
-    let mut response = Response::new(Body::from_stream(lines));
+    let (mut lines, body) = futures::channel::mpsc::channel::<Bytes>(BACKLOG);
+    tokio::spawn(async move {
+        let mut logs = Logs::default();
+        let mut events = stream::iter(first).chain(events);
+        while let Some(event) = events.next().await {
+            let text = match event {
+                ExecEvent::Output(chunk) => logs.add(chunk.stream, &chunk.data),
+                ExecEvent::Awaiting(notice) => log("stderr", &awaiting_line(&notice)),
+                ExecEvent::Done(outcome) => {
+                    let mut text = logs.flush();
+                    text.push_str(&match outcome {
+                        Ok(result) => finished(&result, &workspace, &session).await,
+                        Err(e) => {
+                            let p = Problem::from(e);
+                            error_line(&p.kind, &p.detail, "")
+                        }
+                    });
+                    text
+                }
+            };
+            // A failed send: the caller went away, and the cell goes on to its result.
+            if !text.is_empty() && lines.send(Bytes::from(text)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut response = Response::new(Body::from_stream(
+        body.map(Ok::<_, std::convert::Infallible>),
+    ));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/x-ndjson"),
     );
     Ok(response)
+}
+
+/// Lines a slow reader may fall behind before the relay waits for it.
+const BACKLOG: usize = 64;
+
+/// The cell's output cut into whole lines, as a notebook's stream messages come (the kernel's
+/// writes arrive as they were made: `print` writes its text and its newline apart).
+#[derive(Default)]
+struct Logs {
+    stdout: String,
+    stderr: String,
+}
+
+impl Logs {
+    /// The `stdout` / `stderr` line for the complete lines `data` finishes.
+    fn add(&mut self, stream: OutputStream, data: &str) -> String {
+        let (kind, pending) = match stream {
+            OutputStream::Stdout => ("stdout", &mut self.stdout),
+            OutputStream::Stderr => ("stderr", &mut self.stderr),
+        };
+        pending.push_str(data);
+        match pending.rfind('\n') {
+            Some(end) => {
+                let rest = pending.split_off(end + 1);
+                let whole = std::mem::replace(pending, rest);
+                log(kind, &whole)
+            }
+            None => String::new(),
+        }
+    }
+
+    /// What is left without a newline, at the cell's end.
+    fn flush(&mut self) -> String {
+        let mut out = String::new();
+        for (kind, pending) in [("stdout", &mut self.stdout), ("stderr", &mut self.stderr)] {
+            if !pending.is_empty() {
+                out.push_str(&log(kind, &std::mem::take(pending)));
+            }
+        }
+        out
+    }
 }
 
 fn now_ns() -> u128 {
@@ -101,31 +165,6 @@ fn line(value: Value) -> String {
 
 fn log(kind: &str, text: &str) -> String {
     line(json!({"type": kind, "text": text, "timestamp": now_ns() as u64}))
-}
-
-async fn lines_of(
-    event: ExecEvent,
-    workspace: &sandmesh_client::WorkspaceClient,
-    session: &str,
-) -> Bytes {
-    let text = match event {
-        ExecEvent::Output(chunk) => match chunk.stream {
-            messages::exec::OutputStream::Stdout if !chunk.data.is_empty() => {
-                log("stdout", &chunk.data)
-            }
-            messages::exec::OutputStream::Stderr if !chunk.data.is_empty() => {
-                log("stderr", &chunk.data)
-            }
-            _ => String::new(),
-        },
-        ExecEvent::Awaiting(notice) => log("stderr", &awaiting_line(&notice)),
-        ExecEvent::Done(Ok(result)) => finished(&result, workspace, session).await,
-        ExecEvent::Done(Err(e)) => {
-            let p = Problem::from(e);
-            error_line(&p.kind, &p.detail, "")
-        }
-    };
-    Bytes::from(text)
 }
 
 fn error_line(name: &str, value: &str, traceback: &str) -> String {
@@ -284,4 +323,20 @@ async fn content(
         return Some(serde_json::from_str(&text).unwrap_or(Value::String(text)));
     }
     Some(Value::String(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_goes_out_in_whole_lines() {
+        let mut logs = Logs::default();
+        assert_eq!(logs.add(OutputStream::Stdout, "set"), "");
+        let line: Value = serde_json::from_str(&logs.add(OutputStream::Stdout, "\nne")).unwrap();
+        assert_eq!((&line["type"], &line["text"]), (&json!("stdout"), &json!("set\n")));
+        let rest: Value = serde_json::from_str(&logs.flush()).unwrap();
+        assert_eq!(rest["text"], "ne");
+        assert_eq!(logs.flush(), "");
+    }
 }
