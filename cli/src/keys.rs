@@ -45,7 +45,10 @@ pub fn run(command: KeyCommand) -> anyhow::Result<i32> {
                 file.display()
             );
             match e2b {
-                true => outln!("{}", gateway::keys::e2b_spelling(&key).expect("a key just made")),
+                true => outln!(
+                    "{}",
+                    gateway::keys::e2b_spelling(&key).expect("a key just made")
+                ),
                 false => outln!("{key}"),
             }
         }

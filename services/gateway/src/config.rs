@@ -81,12 +81,13 @@ impl GatewayConfig {
             DEFAULT_ADDR.parse().expect("valid default")
         });
         let e2b_addr = r.optional_string("E2B_ADDR").and_then(|a| {
-            a.parse().map_err(|_| {
-                r.error(format!(
-                    "SANDMESH_E2B_ADDR={a:?}: expected host:port, e.g. 127.0.0.1:4282"
-                ))
-            })
-            .ok()
+            a.parse()
+                .map_err(|_| {
+                    r.error(format!(
+                        "SANDMESH_E2B_ADDR={a:?}: expected host:port, e.g. 127.0.0.1:4282"
+                    ))
+                })
+                .ok()
         });
         let beside_tenancy = kit
             .tenancy_file

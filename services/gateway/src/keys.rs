@@ -346,8 +346,15 @@ mod tests {
         let store = KeyStore::new(path.clone());
         let caller = store.verify(&key).unwrap();
         let token = store.sandbox_token(&caller, "s1").unwrap();
-        assert_eq!(store.verify_sandbox_token(&token, "s1"), Some(caller.clone()));
-        assert_eq!(store.verify_sandbox_token(&token, "s2"), None, "another sandbox");
+        assert_eq!(
+            store.verify_sandbox_token(&token, "s1"),
+            Some(caller.clone())
+        );
+        assert_eq!(
+            store.verify_sandbox_token(&token, "s2"),
+            None,
+            "another sandbox"
+        );
         let mut forged = token.clone();
         forged.pop();
         forged.push(if token.ends_with('0') { '1' } else { '0' });
@@ -356,7 +363,11 @@ mod tests {
             assert_eq!(store.verify_sandbox_token(bad, "s1"), None, "{bad:?}");
         }
         revoke(&path, &record.id).unwrap();
-        assert_eq!(store.verify_sandbox_token(&token, "s1"), None, "revoked with its key");
+        assert_eq!(
+            store.verify_sandbox_token(&token, "s1"),
+            None,
+            "revoked with its key"
+        );
     }
 
     #[test]

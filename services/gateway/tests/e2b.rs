@@ -65,7 +65,12 @@ fn rpc_error(r: &Reply, status: u16, code: &str) -> String {
 /// Creates a sandbox with `key`: its id and token.
 async fn create(gw: &Gateway, key: &str) -> (String, String) {
     let r = gw
-        .e2b_send("POST", "/v2/sandboxes", &api(key), r#"{"templateID":"base","timeout":300}"#)
+        .e2b_send(
+            "POST",
+            "/v2/sandboxes",
+            &api(key),
+            r#"{"templateID":"base","timeout":300}"#,
+        )
         .await;
     assert_eq!(r.status, 201, "{r:?}");
     let body: Value = r.json();
@@ -85,9 +90,15 @@ async fn the_control_plane_refuses_in_e2b_s_shape() {
 
     // Positive controls: both spellings of the key act as the tenant.
     let (id, _) = create(&gw, &key).await;
-    let listed = gw.e2b_send("GET", "/v2/sandboxes", &api(&e2b_key), "").await;
+    let listed = gw
+        .e2b_send("GET", "/v2/sandboxes", &api(&e2b_key), "")
+        .await;
     assert_eq!(listed.status, 200, "{listed:?}");
-    let ids: Vec<Value> = listed.json::<Vec<Value>>().iter().map(|s| s["sandboxID"].clone()).collect();
+    let ids: Vec<Value> = listed
+        .json::<Vec<Value>>()
+        .iter()
+        .map(|s| s["sandboxID"].clone())
+        .collect();
     assert!(ids.contains(&json!(id)), "{ids:?}");
 
     let no_key = [("content-type", "application/json".to_string())];
@@ -95,7 +106,13 @@ async fn the_control_plane_refuses_in_e2b_s_shape() {
     assert!(rest_error(&r, 401).contains("X-API-KEY"));
     let mut forged = e2b_key.clone();
     forged.replace_range(10..11, if &e2b_key[10..11] == "0" { "1" } else { "0" });
-    for bad in [forged.as_str(), "e2b_", "e2b_00ff", "Bearer x", &key[..key.len() - 1]] {
+    for bad in [
+        forged.as_str(),
+        "e2b_",
+        "e2b_00ff",
+        "Bearer x",
+        &key[..key.len() - 1],
+    ] {
         let r = gw.e2b_send("GET", "/v2/sandboxes", &api(bad), "").await;
         rest_error(&r, 401);
     }
@@ -122,30 +139,52 @@ async fn the_control_plane_refuses_in_e2b_s_shape() {
         let r = gw.e2b_send(method, &path, &api(&key), "{}").await;
         assert!(rest_error(&r, 501).contains(named), "{path}: {r:?}");
     }
-    let r = gw.e2b_send("GET", "/no/such/route/here", &api(&key), "").await;
+    let r = gw
+        .e2b_send("GET", "/no/such/route/here", &api(&key), "")
+        .await;
     rest_error(&r, 404);
     // An unknown sandbox, and one of another tenant, are not found (with a control: the owner
     // finds it).
     let acme = gw.key("acme");
-    let mine = gw.e2b_send("GET", &format!("/sandboxes/{id}"), &api(&key), "").await;
+    let mine = gw
+        .e2b_send("GET", &format!("/sandboxes/{id}"), &api(&key), "")
+        .await;
     assert_eq!(mine.status, 200, "{mine:?}");
     for (k, sandbox) in [(&acme, id.as_str()), (&key, "no-such-sandbox")] {
-        let r = gw.e2b_send("GET", &format!("/sandboxes/{sandbox}"), &api(k), "").await;
+        let r = gw
+            .e2b_send("GET", &format!("/sandboxes/{sandbox}"), &api(k), "")
+            .await;
         rest_error(&r, 404);
-        let r = gw.e2b_send("DELETE", &format!("/sandboxes/{sandbox}"), &api(k), "").await;
+        let r = gw
+            .e2b_send("DELETE", &format!("/sandboxes/{sandbox}"), &api(k), "")
+            .await;
         rest_error(&r, 404);
     }
     let r = gw
-        .e2b_send("POST", &format!("/sandboxes/{id}/timeout"), &api(&key), r#"{"timeout":0}"#)
+        .e2b_send(
+            "POST",
+            &format!("/sandboxes/{id}/timeout"),
+            &api(&key),
+            r#"{"timeout":0}"#,
+        )
         .await;
     rest_error(&r, 400);
     let r = gw
-        .e2b_send("POST", &format!("/sandboxes/{id}/timeout"), &api(&key), r#"{"timeout":600}"#)
+        .e2b_send(
+            "POST",
+            &format!("/sandboxes/{id}/timeout"),
+            &api(&key),
+            r#"{"timeout":600}"#,
+        )
         .await;
     assert_eq!(r.status, 204, "{r:?}");
-    let killed = gw.e2b_send("DELETE", &format!("/sandboxes/{id}"), &api(&key), "").await;
+    let killed = gw
+        .e2b_send("DELETE", &format!("/sandboxes/{id}"), &api(&key), "")
+        .await;
     assert_eq!(killed.status, 204, "{killed:?}");
-    let again = gw.e2b_send("DELETE", &format!("/sandboxes/{id}"), &api(&key), "").await;
+    let again = gw
+        .e2b_send("DELETE", &format!("/sandboxes/{id}"), &api(&key), "")
+        .await;
     rest_error(&again, 404);
     gw.stop().await;
     mesh.shutdown().await;
@@ -169,7 +208,12 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
 
     // Positive control: the sandbox's token reaches its files.
     let ok = gw
-        .e2b_send("POST", "/filesystem.Filesystem/Stat", &envd(&id, &token, UNARY), stat("/home/user"))
+        .e2b_send(
+            "POST",
+            "/filesystem.Filesystem/Stat",
+            &envd(&id, &token, UNARY),
+            stat("/home/user"),
+        )
         .await;
     assert_eq!(ok.status, 200, "{ok:?}");
     assert_eq!(ok.json::<Value>()["entry"]["type"], "FILE_TYPE_DIRECTORY");
@@ -188,7 +232,12 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
         stat_as(&id, ""),
     ] {
         let r = gw
-            .e2b_send("POST", "/filesystem.Filesystem/Stat", &headers, stat("/home/user"))
+            .e2b_send(
+                "POST",
+                "/filesystem.Filesystem/Stat",
+                &headers,
+                stat("/home/user"),
+            )
             .await;
         rpc_error(&r, 401, "unauthenticated");
         let r = gw.e2b_send("GET", "/files?path=a.txt", &headers, "").await;
@@ -197,7 +246,12 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
     let mut no_id = envd(&id, &token, UNARY);
     no_id.retain(|(n, _)| *n != "e2b-sandbox-id");
     let r = gw
-        .e2b_send("POST", "/filesystem.Filesystem/Stat", &no_id, stat("/home/user"))
+        .e2b_send(
+            "POST",
+            "/filesystem.Filesystem/Stat",
+            &no_id,
+            stat("/home/user"),
+        )
         .await;
     rpc_error(&r, 400, "invalid_argument");
 
@@ -205,12 +259,26 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
     let start = json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo hi"]}});
     let start = serde_json::to_vec(&start).unwrap();
     for (path, content_type, body) in [
-        ("/filesystem.Filesystem/Stat", "application/proto", stat("a").into_bytes()),
-        ("/filesystem.Filesystem/Stat", STREAM, envelope(0, stat("a").as_bytes())),
+        (
+            "/filesystem.Filesystem/Stat",
+            "application/proto",
+            stat("a").into_bytes(),
+        ),
+        (
+            "/filesystem.Filesystem/Stat",
+            STREAM,
+            envelope(0, stat("a").as_bytes()),
+        ),
         ("/process.Process/Start", UNARY, start.clone()),
-        ("/process.Process/Start", "application/connect+proto", envelope(0, &start)),
+        (
+            "/process.Process/Start",
+            "application/connect+proto",
+            envelope(0, &start),
+        ),
     ] {
-        let r = gw.e2b_send("POST", path, &envd(&id, &token, content_type), body).await;
+        let r = gw
+            .e2b_send("POST", path, &envd(&id, &token, content_type), body)
+            .await;
         rpc_error(&r, 415, "invalid_argument");
     }
     // Bad envelopes: short, compressed, an end-of-stream flag, a length past the body (4 GiB
@@ -224,41 +292,86 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
     huge[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
     let mut two = good.clone();
     two.extend_from_slice(&good);
-    for body in [vec![0, 0], compressed, end, huge, two, start.clone(), good[..good.len() - 1].to_vec()] {
+    for body in [
+        vec![0, 0],
+        compressed,
+        end,
+        huge,
+        two,
+        start.clone(),
+        good[..good.len() - 1].to_vec(),
+    ] {
         let r = gw
-            .e2b_send("POST", "/process.Process/Start", &envd(&id, &token, STREAM), body)
+            .e2b_send(
+                "POST",
+                "/process.Process/Start",
+                &envd(&id, &token, STREAM),
+                body,
+            )
             .await;
         rpc_error(&r, 400, "invalid_argument");
     }
     // A message past the cap, and JSON that is not the message.
     let oversized = envelope(0, &vec![b' '; gateway::e2b::connect::MAX_REQUEST_BYTES + 1]);
     let r = gw
-        .e2b_send("POST", "/process.Process/Start", &envd(&id, &token, STREAM), oversized)
+        .e2b_send(
+            "POST",
+            "/process.Process/Start",
+            &envd(&id, &token, STREAM),
+            oversized,
+        )
         .await;
     rpc_error(&r, 413, "resource_exhausted");
-    for body in ["{", r#"{"path": 7}"#, r#"{"path": "/etc/passwd"}"#, r#"{"path": "../x"}"#] {
+    for body in [
+        "{",
+        r#"{"path": 7}"#,
+        r#"{"path": "/etc/passwd"}"#,
+        r#"{"path": "../x"}"#,
+    ] {
         let r = gw
-            .e2b_send("POST", "/filesystem.Filesystem/Stat", &envd(&id, &token, UNARY), body)
+            .e2b_send(
+                "POST",
+                "/filesystem.Filesystem/Stat",
+                &envd(&id, &token, UNARY),
+                body,
+            )
             .await;
         rpc_error(&r, 400, "invalid_argument");
     }
     // What needs long-lived processes is named; a service that does not exist is not found.
-    for method in ["process.Process/SendSignal", "filesystem.Filesystem/WatchDir"] {
+    for method in [
+        "process.Process/SendSignal",
+        "filesystem.Filesystem/WatchDir",
+    ] {
         let r = gw
-            .e2b_send("POST", &format!("/{method}"), &envd(&id, &token, UNARY), "{}")
+            .e2b_send(
+                "POST",
+                &format!("/{method}"),
+                &envd(&id, &token, UNARY),
+                "{}",
+            )
             .await;
         rpc_error(&r, 501, "unimplemented");
     }
-    let r = gw.e2b_send("POST", "/nope.Nope/Call", &envd(&id, &token, UNARY), "{}").await;
+    let r = gw
+        .e2b_send("POST", "/nope.Nope/Call", &envd(&id, &token, UNARY), "{}")
+        .await;
     rest_error(&r, 404);
     // Files: no path, a path outside the workspace, a form without files, a body that stalls.
     let files = |q: &str| format!("/files{q}");
     for q in ["", "?path=/etc/shadow", "?path=a/../../b"] {
-        let r = gw.e2b_send("GET", &files(q), &envd(&id, &token, UNARY), "").await;
+        let r = gw
+            .e2b_send("GET", &files(q), &envd(&id, &token, UNARY), "")
+            .await;
         rest_error(&r, 400);
     }
     let r = gw
-        .e2b_send("POST", &files("?path=a.txt"), &envd(&id, &token, "text/plain"), "x")
+        .e2b_send(
+            "POST",
+            &files("?path=a.txt"),
+            &envd(&id, &token, "text/plain"),
+            "x",
+        )
         .await;
     rest_error(&r, 400);
     let form = "multipart/form-data; boundary=XX";
@@ -275,9 +388,9 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
         "POST",
         &files(""),
         &envd(&id, &token, form),
-        http_body_util::StreamBody::new(
-            futures::StreamExt::map(stalled, |b| Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b))),
-        ),
+        http_body_util::StreamBody::new(futures::StreamExt::map(stalled, |b| {
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b))
+        })),
     )
     .await;
     assert_eq!(r.status(), 408, "{r:?}");
@@ -289,27 +402,52 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
         (ci(r#"{"code":1}"#), 400),
         (ci("{"), 400),
     ] {
-        let r = gw.e2b_send("POST", "/execute", &envd(&id, &token, UNARY), body).await;
+        let r = gw
+            .e2b_send("POST", "/execute", &envd(&id, &token, UNARY), body)
+            .await;
         rest_error(&r, status);
     }
     // A written file round-trips (control), then a killed sandbox's routes are not found.
     let part = "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/a.txt\"\r\n\r\nalpha\r\n--XX--\r\n";
-    let w = gw.e2b_send("POST", &files(""), &envd(&id, &token, form), part).await;
+    let w = gw
+        .e2b_send("POST", &files(""), &envd(&id, &token, form), part)
+        .await;
     assert_eq!(w.status, 200, "{w:?}");
     assert_eq!(w.json::<Value>()[0]["path"], "/home/user/a.txt");
-    let r = gw.e2b_send("GET", &files("?path=/home/user/a.txt"), &envd(&id, &token, UNARY), "").await;
+    let r = gw
+        .e2b_send(
+            "GET",
+            &files("?path=/home/user/a.txt"),
+            &envd(&id, &token, UNARY),
+            "",
+        )
+        .await;
     assert_eq!((r.status, &r.body[..]), (200, &b"alpha"[..]), "{r:?}");
-    let killed = gw.e2b_send("DELETE", &format!("/sandboxes/{id}"), &api(&key), "").await;
+    let killed = gw
+        .e2b_send("DELETE", &format!("/sandboxes/{id}"), &api(&key), "")
+        .await;
     assert_eq!(killed.status, 204);
-    let r = gw.e2b_send("GET", &files("?path=a.txt"), &envd(&id, &token, UNARY), "").await;
+    let r = gw
+        .e2b_send("GET", &files("?path=a.txt"), &envd(&id, &token, UNARY), "")
+        .await;
     rest_error(&r, 404);
     let r = gw
-        .e2b_send("POST", "/filesystem.Filesystem/Stat", &envd(&id, &token, UNARY), stat("a.txt"))
+        .e2b_send(
+            "POST",
+            "/filesystem.Filesystem/Stat",
+            &envd(&id, &token, UNARY),
+            stat("a.txt"),
+        )
         .await;
     rpc_error(&r, 404, "not_found");
     // The other sandbox of the same key is untouched.
     let r = gw
-        .e2b_send("POST", "/filesystem.Filesystem/Stat", &envd(&other_id, &other_token, UNARY), stat(""))
+        .e2b_send(
+            "POST",
+            "/filesystem.Filesystem/Stat",
+            &envd(&other_id, &other_token, UNARY),
+            stat(""),
+        )
         .await;
     assert_eq!(r.status, 200, "{r:?}");
     gw.stop().await;
@@ -321,7 +459,10 @@ fn frames(mut body: &[u8]) -> Vec<(u8, Value)> {
     let mut out = Vec::new();
     while body.len() >= 5 {
         let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-        out.push((body[0], serde_json::from_slice(&body[5..5 + length]).unwrap()));
+        out.push((
+            body[0],
+            serde_json::from_slice(&body[5..5 + length]).unwrap(),
+        ));
         body = &body[5 + length..];
     }
     assert!(body.is_empty(), "a partial frame at the end");
@@ -345,7 +486,10 @@ async fn a_command_and_a_cell_answer_in_envd_s_and_the_interpreter_s_shapes() {
         .await;
     assert_eq!(r.status, 200, "{r:?}");
     let frames = frames(&r.body);
-    assert!(frames[0].1["event"]["start"]["pid"].as_u64().is_some(), "{frames:?}");
+    assert!(
+        frames[0].1["event"]["start"]["pid"].as_u64().is_some(),
+        "{frames:?}"
+    );
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
@@ -357,26 +501,51 @@ async fn a_command_and_a_cell_answer_in_envd_s_and_the_interpreter_s_shapes() {
             stderr.extend(b64.decode(s).unwrap());
         }
     }
-    assert_eq!((&stdout[..], &stderr[..]), (&b"out\n"[..], &b"err\n"[..]), "{frames:?}");
+    assert_eq!(
+        (&stdout[..], &stderr[..]),
+        (&b"out\n"[..], &b"err\n"[..]),
+        "{frames:?}"
+    );
     let n = frames.len();
     assert_eq!(frames[n - 2].1["event"]["end"]["exitCode"], 3, "{frames:?}");
     assert_eq!(frames[n - 1], (0x02, json!({})), "{frames:?}");
 
     let cell = json!({"code": "print('hi')\n6 * 7"}).to_string();
     let r = gw
-        .e2b_send("POST", "/execute", &envd(&id, &token, "application/json"), cell)
+        .e2b_send(
+            "POST",
+            "/execute",
+            &envd(&id, &token, "application/json"),
+            cell,
+        )
         .await;
     assert_eq!(r.status, 200, "{r:?}");
     let lines: Vec<Value> = String::from_utf8_lossy(&r.body)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert!(lines.iter().any(|l| l["type"] == "stdout" && l["text"] == "hi\n"), "{lines:?}");
-    let result = lines.iter().find(|l| l["type"] == "result").expect("a result line");
-    assert_eq!((&result["text"], &result["is_main_result"]), (&json!("42"), &json!(true)));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["type"] == "stdout" && l["text"] == "hi\n"),
+        "{lines:?}"
+    );
+    let result = lines
+        .iter()
+        .find(|l| l["type"] == "result")
+        .expect("a result line");
+    assert_eq!(
+        (&result["text"], &result["is_main_result"]),
+        (&json!("42"), &json!(true))
+    );
     let cell = json!({"code": "1 / 0"}).to_string();
     let r = gw
-        .e2b_send("POST", "/execute", &envd(&id, &token, "application/json"), cell)
+        .e2b_send(
+            "POST",
+            "/execute",
+            &envd(&id, &token, "application/json"),
+            cell,
+        )
         .await;
     let error = String::from_utf8_lossy(&r.body)
         .lines()
@@ -384,7 +553,10 @@ async fn a_command_and_a_cell_answer_in_envd_s_and_the_interpreter_s_shapes() {
         .find(|l| l["type"] == "error")
         .expect("an error line");
     assert_eq!(error["name"], "ZeroDivisionError");
-    assert!(error["traceback"].as_str().unwrap().contains("ZeroDivisionError"));
+    assert!(error["traceback"]
+        .as_str()
+        .unwrap()
+        .contains("ZeroDivisionError"));
     gw.stop().await;
     mesh.shutdown().await;
 }

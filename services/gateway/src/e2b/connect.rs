@@ -156,9 +156,7 @@ pub fn end_of_stream(error: Option<&E2bError>) -> Bytes {
 
 /// A server stream's response around `frames` (each an [`envelope`], the last an
 /// [`end_of_stream`]).
-pub fn stream_response(
-    frames: impl futures::Stream<Item = Bytes> + Send + 'static,
-) -> Response {
+pub fn stream_response(frames: impl futures::Stream<Item = Bytes> + Send + 'static) -> Response {
     use futures::StreamExt;
     let body = Body::from_stream(frames.map(Ok::<_, std::convert::Infallible>));
     let mut response = Response::new(body);
@@ -272,7 +270,15 @@ mod tests {
         huge[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
         let mut two = good.to_vec();
         two.extend_from_slice(&good);
-        for bad in [&b""[..], b"\0\0\0", &compressed, &end, &huge, &two, &good[..6]] {
+        for bad in [
+            &b""[..],
+            b"\0\0\0",
+            &compressed,
+            &end,
+            &huge,
+            &two,
+            &good[..6],
+        ] {
             let e = single_envelope(bad).unwrap_err();
             assert_eq!(e.code, Code::InvalidArgument, "{bad:?}");
             assert_eq!(e.status, StatusCode::BAD_REQUEST);

@@ -376,7 +376,10 @@ pub async fn unsupported(uri: Uri) -> Response {
         ("/logs", "sandbox logs"),
         ("/volumes", "volumes"),
         ("/secrets", "secrets"),
-        ("/contexts", "code interpreter contexts other than the default"),
+        (
+            "/contexts",
+            "code interpreter contexts other than the default",
+        ),
     ];
     let found = named.iter().find(|(part, _)| path.contains(part));
     match found {

@@ -235,7 +235,9 @@ pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
             let bytes = ws.read(session, &from).await?;
             let entry = ws.write(session, &to, &bytes).await?;
             ws.delete(session, &from, false).await?;
-            Ok(connect::unary(&serde_json::json!({ "entry": EntryInfo::of(&entry) })))
+            Ok(connect::unary(
+                &serde_json::json!({ "entry": EntryInfo::of(&entry) }),
+            ))
         }
         other => Err(E2bError::unsupported(&format!(
             "filesystem.Filesystem/{other} (watching directories)"

@@ -53,7 +53,9 @@ pub async fn execute(
 ) -> E2bReply {
     let JsonBody(cell) = body?;
     if cell.context_id.is_some() {
-        return Err(E2bError::unsupported("code contexts other than the default"));
+        return Err(E2bError::unsupported(
+            "code contexts other than the default",
+        ));
     }
     let req = ExecRequest {
         session_id: Some(sandbox.id.clone()),
@@ -196,7 +198,15 @@ async fn finished(
             .unwrap_or_default()
     };
     match (&result.cell_error, result.status) {
-        (Some(e), _) => out.push_str(&error_line(&e.name, &e.value, &e.traceback.join("\n"))),
+        (Some(e), _) => {
+            // Jupyter's entries may end with their newline or not; one newline each.
+            let traceback: String = e
+                .traceback
+                .iter()
+                .map(|l| format!("{}\n", l.trim_end_matches('\n')))
+                .collect();
+            out.push_str(&error_line(&e.name, &e.value, &traceback))
+        }
         (None, ExecStatus::Ok) => {}
         (None, ExecStatus::Denied) => out.push_str(&error_line("Denied", &reason(), "")),
         (None, status) => out.push_str(&error_line(
@@ -334,7 +344,10 @@ mod tests {
         let mut logs = Logs::default();
         assert_eq!(logs.add(OutputStream::Stdout, "set"), "");
         let line: Value = serde_json::from_str(&logs.add(OutputStream::Stdout, "\nne")).unwrap();
-        assert_eq!((&line["type"], &line["text"]), (&json!("stdout"), &json!("set\n")));
+        assert_eq!(
+            (&line["type"], &line["text"]),
+            (&json!("stdout"), &json!("set\n"))
+        );
         let rest: Value = serde_json::from_str(&logs.flush()).unwrap();
         assert_eq!(rest["text"], "ne");
         assert_eq!(logs.flush(), "");

@@ -65,10 +65,7 @@ const ACCESS_TOKEN: &str = "x-access-token";
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route(
-            "/v2/sandboxes",
-            post(control::create).get(control::list),
-        )
+        .route("/v2/sandboxes", post(control::create).get(control::list))
         .route(
             "/sandboxes/{id}",
             get(control::detail).delete(control::kill),
@@ -292,7 +289,13 @@ mod tests {
         ] {
             assert_eq!(workspace_path(e2b).unwrap(), ws, "{e2b}");
         }
-        for outside in ["/etc/passwd", "/home/username", "/home/user/../x", "../x", "a/../../b"] {
+        for outside in [
+            "/etc/passwd",
+            "/home/username",
+            "/home/user/../x",
+            "../x",
+            "a/../../b",
+        ] {
             let e = workspace_path(outside).unwrap_err();
             assert_eq!(e.code, Code::InvalidArgument, "{outside}");
         }

@@ -209,9 +209,10 @@ fn end(result: &ExecResult) -> Bytes {
     };
     let (code, error) = match result.status {
         ExecStatus::Ok | ExecStatus::Error => (result.exit_code.unwrap_or(1) as i32, None),
-        ExecStatus::Denied | ExecStatus::Rejected => {
-            (EXIT_REFUSED, Some(format!("{}: {}", result.status.as_str(), reason())))
-        }
+        ExecStatus::Denied | ExecStatus::Rejected => (
+            EXIT_REFUSED,
+            Some(format!("{}: {}", result.status.as_str(), reason())),
+        ),
         ExecStatus::Timeout => (124, Some(format!("timeout: {}", reason()))),
         ExecStatus::Oom | ExecStatus::Killed => (137, Some(reason())),
         _ => (
@@ -248,12 +249,18 @@ mod tests {
         let run = config("/bin/bash", &["-l", "-c", "echo hi && ls"], None);
         assert_eq!(shell_code(&run).unwrap(), "echo hi && ls");
         let argv = config("python3", &["-c", "print('a b')"], None);
-        assert_eq!(shell_code(&argv).unwrap(), r#"'python3' '-c' 'print('\''a b'\'')'"#);
+        assert_eq!(
+            shell_code(&argv).unwrap(),
+            r#"'python3' '-c' 'print('\''a b'\'')'"#
+        );
         let home = config("/bin/bash", &["-l", "-c", "pwd"], Some("/home/user/src"));
         assert_eq!(shell_code(&home).unwrap(), "cd 'src' || exit 1\npwd");
         let tmp = config("/bin/bash", &["-l", "-c", "pwd"], Some("/tmp"));
         assert_eq!(shell_code(&tmp).unwrap(), "cd '/tmp' || exit 1\npwd");
-        assert_eq!(shell_code(&config("/bin/bash", &["-l", "-c", "pwd"], Some(HOME))).unwrap(), "pwd");
+        assert_eq!(
+            shell_code(&config("/bin/bash", &["-l", "-c", "pwd"], Some(HOME))).unwrap(),
+            "pwd"
+        );
         assert!(shell_code(&config("", &[], None)).is_err());
     }
 
@@ -271,6 +278,9 @@ mod tests {
         let frame = end(&result);
         let json: Value = serde_json::from_slice(&frame[5..]).unwrap();
         assert_eq!(json["event"]["end"]["exitCode"], 126);
-        assert!(json["event"]["end"]["error"].as_str().unwrap().contains("not today"));
+        assert!(json["event"]["end"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not today"));
     }
 }

@@ -222,10 +222,8 @@ impl Gateway {
         B: hyper::body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let mut all: Vec<(&str, String)> = headers
-            .iter()
-            .map(|(n, v)| (*n, v.to_string()))
-            .collect();
+        let mut all: Vec<(&str, String)> =
+            headers.iter().map(|(n, v)| (*n, v.to_string())).collect();
         if let Some(key) = key {
             all.push(("authorization", format!("Bearer {key}")));
         }
