@@ -33,8 +33,8 @@ pub enum ExecEvent {
     /// Parked until a person decides.
     Awaiting(AwaitingConfirmation),
     Output(OutputChunk),
-    /// Always the last event.
-    Done(Result<ExecResult, ClientError>),
+    /// Always the last event (boxed: a result is much larger than a chunk).
+    Done(Box<Result<ExecResult, ClientError>>),
 }
 
 /// Subscribes to the output before the execution starts (chunks are not stored), then runs it
@@ -86,7 +86,7 @@ pub async fn events(
             });
             let _ = drained.await;
         }
-        let _ = events.send(ExecEvent::Done(outcome)).await;
+        let _ = events.send(ExecEvent::Done(Box::new(outcome))).await;
     });
     Ok(reader)
 }
@@ -100,8 +100,10 @@ fn sse(event: ExecEvent) -> Event {
             .event("output")
             .id(chunk.seq.to_string())
             .json_data(chunk),
-        ExecEvent::Done(Ok(result)) => Event::default().event("result").json_data(&result),
-        ExecEvent::Done(Err(e)) => Event::default().event("error").json_data(Problem::from(e)),
+        ExecEvent::Done(outcome) => match *outcome {
+            Ok(result) => Event::default().event("result").json_data(&result),
+            Err(e) => Event::default().event("error").json_data(Problem::from(e)),
+        },
     };
     event.expect("an event serialises")
 }

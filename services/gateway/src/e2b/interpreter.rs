@@ -70,10 +70,13 @@ pub async fn execute(
     let mut events = crate::stream::events(mesh, req, app.limits.exec_timeout).await?;
     // A failure before anything ran (no such session, over a quota, …) is the response's
     // status; from the first sign of life on, everything is a line of the body.
-    let first = events.next().await;
-    if let Some(ExecEvent::Done(Err(e))) = first {
-        return Err(e.into());
-    }
+    let first = match events.next().await {
+        Some(ExecEvent::Done(outcome)) => match *outcome {
+            Err(e) => return Err(e.into()),
+            ok => Some(ExecEvent::Done(Box::new(ok))),
+        },
+        other => other,
+    };
     let workspace = sandbox.agent.mesh.workspace();
     let session = sandbox.id;
     let (mut lines, body) = futures::channel::mpsc::channel::<Bytes>(BACKLOG);
@@ -86,7 +89,7 @@ pub async fn execute(
                 ExecEvent::Awaiting(notice) => log("stderr", &awaiting_line(&notice)),
                 ExecEvent::Done(outcome) => {
                     let mut text = logs.flush();
-                    text.push_str(&match outcome {
+                    text.push_str(&match *outcome {
                         Ok(result) => finished(&result, &workspace, &session).await,
                         Err(e) => {
                             let p = Problem::from(e);

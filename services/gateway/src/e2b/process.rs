@@ -152,7 +152,7 @@ async fn start(app: &App, sandbox: Sandbox, req: Request) -> E2bReply {
                     data(OutputStream::Stderr, awaiting_line(&notice).as_bytes()),
                     false,
                 ),
-                Some(Some(ExecEvent::Done(outcome))) => (closing(outcome), true),
+                Some(Some(ExecEvent::Done(outcome))) => (closing(*outcome), true),
                 Some(None) => (
                     closing(Err(E2bError::new(
                         super::Code::Internal,
