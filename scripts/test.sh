@@ -25,17 +25,18 @@ run_alive() {
 }
 sweep_test_runs() { # sweep_test_runs [mine]: removes dead runs' leftovers (and, with mine, ours)
   local kind id run n=0
-  for kind in container network; do
+  for kind in container network volume; do
     while read -r id run; do
       [ -n "$id" ] || continue
       if [ "$run" = "$SANDMESH_TEST_RUN" ] && [ "${1:-}" != mine ]; then continue; fi
       if [ "$run" != "$SANDMESH_TEST_RUN" ] && run_alive "$run"; then continue; fi
       if [ "$kind" = container ]; then docker rm -f "$id" >/dev/null 2>&1 && n=$((n + 1)); fi
       if [ "$kind" = network ]; then docker network rm "$id" >/dev/null 2>&1 && n=$((n + 1)); fi
+      if [ "$kind" = volume ]; then docker volume rm "$id" >/dev/null 2>&1 && n=$((n + 1)); fi
     done < <(docker "$kind" ls $([ "$kind" = container ] && echo -a) --filter label=sandmesh.test-run \
-               --format '{{.ID}} {{.Label "sandmesh.test-run"}}')
+               --format "{{.$([ "$kind" = volume ] && echo Name || echo ID)}} {{.Label \"sandmesh.test-run\"}}")
   done
-  [ "$n" = 0 ] || echo "removed $n containers and networks test runs left behind" >&2
+  [ "$n" = 0 ] || echo "removed $n containers, networks and volumes test runs left behind" >&2
 }
 sweep_test_runs
 # A failing step leaves no image build running behind it.
@@ -139,7 +140,10 @@ side_by_side() { # side_by_side NAME CMD NAME CMD
     rm -f "${logs[$i]}"
   done
 }
-side_by_side "python SDK" clients/python/run-tests.sh "OpenAPI check" services/gateway/check-openapi.sh
+# The framework adapters' suites (their conformance suites against a mesh of their own) follow
+# the SDK's on the same side.
+python_suites() { local status=0; clients/python/run-tests.sh || status=1; clients/python/run-conformance.sh || status=1; return "$status"; }
+side_by_side "python SDK and adapters" python_suites "OpenAPI check" services/gateway/check-openapi.sh
 # E2B's own SDKs, unmodified, against the gateway's E2B facade (a mesh and a cached venv of its
 # own, like the Python SDK's).
 suite "E2B SDKs" services/gateway/e2b-tests/run.sh

@@ -38,6 +38,8 @@ mod keys;
 mod local_nats;
 mod mcp;
 mod operator;
+mod ports;
+mod proc;
 mod sessions;
 mod status;
 mod template;
@@ -93,6 +95,18 @@ enum Command {
     Sessions {
         #[command(subcommand)]
         command: sessions::SessionsCommand,
+    },
+    /// A session's background processes: start, list, logs [-f], kill.
+    Proc {
+        #[command(subcommand)]
+        command: proc::ProcCommandArgs,
+    },
+    /// A terminal in a session: bash in its container, this terminal in raw mode.
+    Shell { session_id: String },
+    /// Preview ports: expose a port a session's server listens on (a URL through the gateway).
+    Ports {
+        #[command(subcommand)]
+        command: ports::PortsCommand,
     },
     /// Workspace files: ls, get, put, rm.
     Ws {
@@ -200,6 +214,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Sessions { command } => {
             sessions::run(&mesh_client(Acting::Agent).await?, command).await
         }
+        Command::Proc { command } => proc::run(&mesh_client(Acting::Agent).await?, command).await,
+        Command::Shell { session_id } => {
+            proc::shell(&mesh_client(Acting::Agent).await?, session_id).await
+        }
+        Command::Ports { command } => ports::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Ws { command } => ws::run(&mesh_client(Acting::Agent).await?, command).await,
         Command::Audit(args) => audit::run(&mesh_client(Acting::Admin).await?, args).await,
         Command::Status { json } => status::run(&mesh_client(Acting::Admin).await?, json).await,

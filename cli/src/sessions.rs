@@ -98,7 +98,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 }
 
 /// `500ms`, `90s`, `10m`, `2h`, `1d`: a number and a unit (a bare number is ambiguous).
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(digits);
     let n: u64 = number

@@ -47,6 +47,8 @@ struct Project {
     program: Vec<String>,
     name: String,
     env: Vec<(String, String)>,
+    /// The compose files: the repository's, then this test's labels (see [`Project::label`]).
+    files: Vec<PathBuf>,
     down: bool,
 }
 
@@ -56,14 +58,45 @@ impl Project {
         cmd.args(&self.program[1..])
             .arg("--project-name")
             .arg(&self.name)
-            .arg("--file")
-            .arg(repo_root().join("docker-compose.yaml"))
+            .args(self.files.iter().flat_map(|f| [Path::new("--file"), f]))
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             // The classic builder: FROM the local-only base never contacts a registry.
             .env("DOCKER_BUILDKIT", "0")
             .current_dir(repo_root());
         cmd
+    }
+
+    /// Adds a compose file that labels every container, network and volume of the project (and
+    /// the sandboxes its executors make) with this test run: `scripts/test.sh` removes a dead
+    /// run's labelled resources, so a test killed by its timeout, whose teardown never runs,
+    /// leaves no restarting mesh behind. Without `SANDMESH_TEST_RUN` (a plain `cargo test`)
+    /// there is nothing to label with.
+    async fn label(&mut self, dir: &Path) {
+        let Ok(run) = std::env::var("SANDMESH_TEST_RUN") else {
+            return;
+        };
+        let limit = Duration::from_secs(60);
+        let services = self.run(&["config", "--services"], limit).await;
+        let volumes = self.run(&["config", "--volumes"], limit).await;
+        let (services, volumes) = (services.lines(), volumes.lines());
+        let label = format!("      {}: \"{run}\"\n", ::containers::LABEL_TEST_RUN);
+        let mut yaml = String::from("services:\n");
+        assert!(
+            services.clone().count() > 0,
+            "compose config lists no service"
+        );
+        for service in services {
+            yaml += &format!("  {service}:\n    labels:\n{label}");
+            yaml += &format!("    environment:\n      SANDMESH_TEST_RUN: \"{run}\"\n");
+        }
+        yaml += &format!("networks:\n  default:\n    labels:\n{label}volumes:\n");
+        for volume in volumes {
+            yaml += &format!("  {volume}:\n    labels:\n{label}");
+        }
+        let file = dir.join("test-run.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        self.files.push(file);
     }
 
     async fn run(&self, args: &[&str], limit: Duration) -> String {
@@ -189,8 +222,10 @@ async fn compose_scales_runs_executions_and_leaves_nothing_behind() {
             ("SANDMESH_NETWORK_PORTS".into(), "8222".into()),
         ],
         name,
+        files: vec![repo_root().join("docker-compose.yaml")],
         down: false,
     };
+    project.label(context.path()).await;
 
     project
         .run(&["build", "auth"], Duration::from_secs(300))

@@ -45,6 +45,10 @@ const TOOLS: &[&str] = &[
     "browser_fill",
     "browser_screenshot",
     "browser_content",
+    "start_process",
+    "process_output",
+    "kill_process",
+    "expose_port",
 ];
 
 /// One mesh at a time: each warms containers, and two cores are shared by the whole suite.

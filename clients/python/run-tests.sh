@@ -8,22 +8,33 @@
 #   clients/python/run-tests.sh               # everything
 #   clients/python/run-tests.sh -k approval   # extra arguments go to pytest
 #
+# SANDMESH_PY_SUITE=integrations runs the framework adapters' suites instead
+# (tests-integrations/, their own venv with the frameworks pinned in
+# requirements-integrations.txt): run-conformance.sh does.
+#
 # Exits non-zero when a test fails and when no test was collected.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 
-venv="${CARGO_TARGET_DIR:-$root/target}/tmp/python-sdk-venv"
+suite=${SANDMESH_PY_SUITE:-sdk}
+case "$suite" in
+  sdk) tests=tests; extras="test"; requirements=() ;;
+  integrations) tests=tests-integrations; extras="test"; requirements=(requirements-integrations.txt) ;;
+  *) echo "run-tests.sh: SANDMESH_PY_SUITE=$suite: expected sdk or integrations" >&2; exit 2 ;;
+esac
+venv="${CARGO_TARGET_DIR:-$root/target}/tmp/python-$suite-venv"
 python=${SANDMESH_PYTHON:-python3}
 if [ ! -x "$venv/bin/python" ]; then
   echo "run-tests.sh: creating $venv" >&2
   "$python" -m venv "$venv"
 fi
-# Reinstalled only when the package's sources change.
-stamp=$(cd "$here" && find pyproject.toml README.md src -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64)
+# Reinstalled only when the package's sources or the pinned requirements change.
+stamp=$(cd "$here" && find pyproject.toml README.md src "${requirements[@]}" -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64)
 if [ "$(cat "$venv/.sandmesh-installed" 2>/dev/null)" != "$stamp" ]; then
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "$here[test]"
+  echo "run-tests.sh: installing the $suite suite's packages into $venv" >&2
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "$here[$extras]" "${requirements[@]/#/-r$here/}"
   echo "$stamp" >"$venv/.sandmesh-installed"
 fi
 
@@ -41,23 +52,23 @@ fi
 export SANDMESH_BIN="${SANDMESH_BIN:-$target/sandmesh}"
 export SANDMESH_NATS_SERVER="${SANDMESH_NATS_SERVER:-$root/.tools/bin/nats-server}"
 
-report="${CARGO_TARGET_DIR:-$root/target}/python-sdk-junit.xml"
+report="${CARGO_TARGET_DIR:-$root/target}/python-$suite-junit.xml"
 mkdir -p "$(dirname "$report")"
 status=0
-(cd "$here" && "$venv/bin/python" -m pytest -q -rfE --junitxml="$report" "$@") || status=$?
+(cd "$here" && "$venv/bin/python" -m pytest -q -rfEX --junitxml="$report" "$tests" "$@") || status=$?
 if [ "$status" -eq 5 ]; then
   echo "run-tests.sh: no tests were collected: that is a failure" >&2
   exit 1
 fi
 if [ -f "$report" ]; then
-  "$venv/bin/python" - "$report" <<'PY'
+  "$venv/bin/python" - "$report" "$suite" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 suites = [root] if root.tag == "testsuite" else list(root)
 count = lambda key: sum(int(s.get(key, 0)) for s in suites)
 seconds = sum(float(s.get("time", 0)) for s in suites)
-print(f"python-sdk: {count('tests')} tests, {count('failures')} failures, {count('errors')} errors, "
+print(f"python-{sys.argv[2]}: {count('tests')} tests, {count('failures')} failures, {count('errors')} errors, "
       f"{count('skipped')} skipped in {seconds:.1f} s (junit: {sys.argv[1]})")
 PY
 fi

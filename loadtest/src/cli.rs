@@ -194,6 +194,21 @@ pub enum Scenario {
         #[arg(long, env = "SANDMESH_GATEWAY_KEY")]
         key: Option<String>,
     },
+    /// Preview ports: a small request and a bulk download from a server in a session, through
+    /// the gateway's tunnel, beside the same server program asked directly on loopback.
+    Ports {
+        #[command(flatten)]
+        load: LoadArgs,
+        /// The gateway (default: the one `--spawn-mesh` started).
+        #[arg(long, env = "SANDMESH_GATEWAY_ADDR")]
+        gateway: Option<std::net::SocketAddr>,
+        /// An API key of tenant `default` (default: one made in the spawned mesh).
+        #[arg(long, env = "SANDMESH_GATEWAY_KEY")]
+        key: Option<String>,
+        /// The bulk download's size.
+        #[arg(long, default_value_t = 64 << 20)]
+        big_bytes: u64,
+    },
     /// Stateful interpreters: `print(1)` / `console.log(1)` as a kernel cell, as a plain
     /// session execution and as a bare Docker exec, at each concurrency.
     Kernel {

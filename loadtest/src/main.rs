@@ -241,18 +241,18 @@ async fn run_scenario(ctx: &mut Ctx, cli: &Cli) -> anyhow::Result<()> {
         }
         Scenario::Http { load, gateway, key } => {
             let (c, l) = load.resolve(&[1, 4], 400, 20.0);
-            let gateway = gateway
-                .or(ctx.gateway)
-                .context("no gateway: --gateway ADDR, or --spawn-mesh")?;
-            let key = match key {
-                Some(key) => key.clone(),
-                None if ctx.gateway.is_some() => {
-                    scenarios::http::create_key(&ctx.sandmesh_bin, &ctx.work_dir.join("mesh"))?
-                }
-                None => anyhow::bail!("no API key: --key (SANDMESH_GATEWAY_KEY)"),
-            };
-            scenarios::http::wait_for(gateway).await?;
+            let (gateway, key) = scenarios::http::gateway_and_key(ctx, *gateway, key).await?;
             scenarios::http::http(ctx, &cli.image, gateway, &key, &c, l).await
+        }
+        Scenario::Ports {
+            load,
+            gateway,
+            key,
+            big_bytes,
+        } => {
+            let (_, l) = load.resolve(&[1], 200, 20.0);
+            let (gateway, key) = scenarios::http::gateway_and_key(ctx, *gateway, key).await?;
+            scenarios::ports::ports(ctx, gateway, &key, *big_bytes, l).await
         }
         Scenario::SessionsBurst {
             sessions,

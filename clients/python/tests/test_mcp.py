@@ -46,6 +46,10 @@ TOOLS = {
     "browser_fill",
     "browser_screenshot",
     "browser_content",
+    "start_process",
+    "process_output",
+    "kill_process",
+    "expose_port",
 }
 #: Strict mode (the default `up` runs) asks a person for code the assessor rates high
 #: (the same call test_approval.py asserts is rated so).

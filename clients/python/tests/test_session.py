@@ -3,8 +3,10 @@ and the AIO sandbox."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import threading
 import time
 
 import pytest
@@ -115,3 +117,36 @@ def test_the_session_aio_sandbox_runs_commands(sm: Sandmesh) -> None:
         assert stats.bound >= 1 and stats.max >= stats.total >= 1
         released = s.aio.release()
         assert released.instance_id == lease.instance_id
+
+
+def test_acall_serves_other_event_loops_and_cancels(sm: Sandmesh) -> None:
+    """A framework's own event loops (one per call or per test) await the client's calls
+    through acall; the connection stays on the client's loop."""
+    import asyncio
+
+    async def one() -> str:
+        return (await sm.acall(sm.async_client.run("print(6*7)"))).stdout
+
+    assert asyncio.run(one()) == "42\n"
+    assert asyncio.run(one()) == "42\n", "a second loop is served as well"
+
+    stopped_there = threading.Event()
+
+    async def long() -> None:  # runs on the client's loop
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped_there.set()
+            raise
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(sm.acall(long()))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert stopped_there.wait(10), "cancelling the waiter left the work running on the client's loop"
+    with pytest.raises(sandmesh.BadRequest):
+        asyncio.run(sm.acall(sm.async_client.run("x", language="cobol")))

@@ -182,6 +182,9 @@ impl<'s> Plan<'s> {
                     s.test(),
                     s.results_get(),
                     s.pattern("sessions.*"),
+                    s.pattern("ports.*"),
+                    // A session's background processes, held by its executor node.
+                    s.pattern("proc.*"),
                     s.confirm_decided_all(),
                     // An agent's AIO command is an execution: assessed, confirmed, audited.
                     s.aio("exec"),
@@ -210,7 +213,8 @@ impl<'s> Plan<'s> {
             ServiceName::DockerExecutor => {
                 let mut p = self.base(service, 1);
                 p.responses_expire = Some(SLOW_REPLY.into());
-                p.subscribe([s.pattern("executor.docker.>")])
+                // Tunnels' up subjects: bytes and credit from the tenants' clients.
+                p.subscribe([s.pattern("executor.docker.>"), s.tunnel_up_all()])
                     .publish([s.pattern("output.>"), s.pattern("workspace.*")])
                     .read_kv(&s.workspace_index_bucket());
                 self.audits(&mut p);
@@ -290,6 +294,8 @@ impl<'s> Plan<'s> {
             (s.test(), true),
             (s.results_get(), false),
             (s.pattern("sessions.*"), false),
+            (s.pattern("ports.*"), false),
+            (s.pattern("proc.*"), false),
             (s.risk_assess(), false),
             (s.pattern("confirm.*"), false),
             (s.pattern("workspace.*"), false),
@@ -324,6 +330,12 @@ impl<'s> Plan<'s> {
         out.push(format!(
             "{{service: {:?}, account_token_position: {}}}",
             s.pattern("jobs.*.exec"),
+            self.tenant_position(1)
+        ));
+        // Tunnels' up subjects: a tenant publishes only into its own tunnels.
+        out.push(format!(
+            "{{service: {:?}, account_token_position: {}}}",
+            s.tunnel_up_all(),
             self.tenant_position(1)
         ));
         // Output chunks, to each tenant its own (nobody else reads them).
@@ -365,6 +377,10 @@ impl<'s> Plan<'s> {
             s.jobs_exec_of(tenant),
             s.jobs_exec()
         ));
+        out.push(format!(
+            "{{service: {{account: {SANDBOX_ACCOUNT:?}, subject: {:?}}}}}",
+            s.tunnel_up(Some(tenant), "*")
+        ));
         for subject in self.tenant_events(tenant) {
             out.push(format!(
                 "{{stream: {{account: {SANDBOX_ACCOUNT:?}, subject: {subject:?}}}}}"
@@ -393,6 +409,8 @@ impl<'s> Plan<'s> {
         let own = format!("{}.>", crate::inbox_prefix(user));
         p.publish(self.services().into_iter().map(|(subject, _)| subject))
             .publish([s.jobs_exec(), "_INBOX.>".to_string(), own.clone()])
+            // Its tunnels' bytes; only its own tenant's are imported.
+            .publish([s.tunnel_up_all()])
             .subscribe(["_INBOX.>".to_string(), own])
             // Any event subject of its own account: only its own tenant's events are imported
             // there, so `output.*.<id>` or `audit.>` can never match another tenant's.

@@ -9,6 +9,7 @@ use messages::exec::ExecResult;
 use messages::executor::{
     Backend, ExecutorClose, ExecutorDrain, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery,
 };
+use messages::proc::{ProcCall, ProcReply};
 use messages::subjects::ExecutorOp;
 use messages::workspace::Ack;
 
@@ -68,6 +69,33 @@ impl ExecutorClient {
             Ok(_) | Err(ClientError::NoResponders { .. }) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Opens a tunnel into a port of a session container on docker `node`: answered once the
+    /// node reached the port and listens on the tunnel's up subject.
+    pub async fn open_tunnel(
+        &self,
+        node: &str,
+        order: &messages::ports::ExecutorTunnel,
+    ) -> Result<messages::ports::TunnelOpened> {
+        let subject = self.mesh.subjects().executor_tunnel(node);
+        self.mesh.request(subject, order).await
+    }
+
+    /// One background-process operation on the node holding its session; `timeout` covers
+    /// a `wait`'s own bound.
+    pub async fn proc(
+        &self,
+        backend: Backend,
+        node: &str,
+        call: &ProcCall,
+        timeout: Duration,
+    ) -> Result<ProcReply> {
+        let subject = self
+            .mesh
+            .subjects()
+            .executor_node_on(backend, node, ExecutorOp::Proc);
+        self.mesh.request_timeout(subject, call, timeout).await
     }
 
     /// Tells `node` of `backend` to take no new work (it finishes what runs).

@@ -36,10 +36,13 @@ pub mod exec;
 pub mod executor;
 pub mod metrics;
 pub mod objects;
+pub mod ports;
+pub mod proc;
 pub mod risk;
 pub mod sessions;
 pub mod status;
 pub mod templates;
+pub mod tunnel;
 pub mod upload;
 pub mod workspace;
 
@@ -63,6 +66,8 @@ pub use error::{ClientError, ErrorKind, Result};
 pub use exec::ExecClient;
 #[cfg(feature = "internal")]
 pub use executor::ExecutorClient;
+pub use ports::{PortsClient, Tunnel};
+pub use proc::ProcClient;
 pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
@@ -152,6 +157,11 @@ impl MeshClient {
         SessionClient::new(self.clone())
     }
 
+    /// A session's background processes.
+    pub fn procs(&self) -> ProcClient {
+        ProcClient::new(self.clone())
+    }
+
     pub fn workspace(&self) -> WorkspaceClient {
         WorkspaceClient::new(self.clone())
     }
@@ -180,6 +190,10 @@ impl MeshClient {
     #[cfg(feature = "internal")]
     pub fn executors(&self) -> ExecutorClient {
         ExecutorClient::new(self.clone())
+    }
+
+    pub fn ports(&self) -> PortsClient {
+        PortsClient::new(self.clone())
     }
 
     pub fn audit(&self) -> AuditClient {

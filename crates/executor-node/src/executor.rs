@@ -11,22 +11,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kit::RequestContext;
-use messages::exec::ExecResult;
+use messages::exec::{validate_exec, ExecResult};
 use messages::executor::{
     ExecutorClose, ExecutorDrain, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery,
 };
-use messages::validate::validate_exec;
+use messages::proc::{ProcCall, ProcReply};
 use messages::workspace::Ack;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::config::NodeConfig;
-use crate::janitor::{Janitor, JanitorArgs, JanitorMsg};
 use crate::job::{output_budget, Admitted, Job};
 use crate::node::NodeState;
 use crate::results::{ResultStore, Seen};
 use crate::slot::RunSlot;
 use crate::Backend;
+use kit::janitor::{Janitor, JanitorArgs, JanitorMsg};
 
 type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 
@@ -36,6 +36,7 @@ type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
 pub enum NodeMsg {
     Run(RequestContext, ExecutorRun, Reply<ExecResult>),
     Close(RequestContext, ExecutorClose, Reply<Ack>),
+    Proc(RequestContext, ProcCall, Reply<ProcReply>),
     Drain(RequestContext, ExecutorDrain, Reply<Ack>),
     Status(
         RequestContext,
@@ -191,6 +192,17 @@ impl<B: Backend> Actor for ExecutorNode<B> {
                 tokio::spawn(async move {
                     let ok = closed.await;
                     let _ = reply.send(Ok(Ack { ok }));
+                });
+            }
+            NodeMsg::Proc(_ctx, call, reply) => {
+                // Not while draining: a drain ends in closing every session.
+                if state.draining && matches!(call, ProcCall::Start { .. }) {
+                    let _ = reply.send(Err(ErrorBody::unavailable("the node is draining")));
+                    return Ok(());
+                }
+                let answer = state.backend.proc(call);
+                tokio::spawn(async move {
+                    let _ = reply.send(answer.await);
                 });
             }
             NodeMsg::Drain(_ctx, _drain, reply) => {

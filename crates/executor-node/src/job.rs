@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use messages::exec::{ExecResult, Language};
+use messages::exec::{EffectiveLimits, ExecResult, Language};
 use messages::executor::ExecutorRun;
 use messages::template::TemplateRan;
-use messages::validate::EffectiveLimits;
 use messages::ErrorBody;
 use ractor::RpcReplyPort;
 use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
@@ -118,10 +117,10 @@ pub fn output_budget(client: &async_nats::Client) -> u64 {
 /// The supervisor's request for `job`, the same for every backend: the program for its
 /// language, a clean environment (the request's variables on top), the node's limits, and
 /// room for changed files only when `keeps_changes` (a workspace takes them).
-pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec {
-    let req = job.run.request();
-    let (argv, code_path) = program(req.language);
-    let mut env: Vec<(String, String)> = [
+/// The environment every program in a sandbox starts from (a run's, a background
+/// process's); the caller's variables are added over it.
+pub fn base_env() -> Vec<(String, String)> {
+    [
         (
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -136,7 +135,13 @@ pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec 
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    .collect()
+}
+
+pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec {
+    let req = job.run.request();
+    let (argv, code_path) = program(req.language);
+    let mut env = base_env();
     for (k, v) in &req.env {
         env.retain(|(name, _)| name != k);
         env.push((k.clone(), v.clone()));

@@ -6,8 +6,8 @@
 //!   backend's run kinds, capacity through RAII [`RunSlot`]s (429), draining (503);
 //! - the executor subjects, served for the backend's kind:
 //!   `sandbox.v1.executor.<backend>.run` (queue group of all nodes of the backend) and
-//!   `sandbox.v1.executor.<backend>.<node_id>.{run,drain,status}` (and `close` for a backend
-//!   with sessions);
+//!   `sandbox.v1.executor.<backend>.<node_id>.{run,drain,status,proc}` (and `close` for a
+//!   backend with sessions; `proc` answers 501 on a backend without background processes);
 //! - one run per execution id, its answer kept a while for a caller whose reply was lost, and
 //!   `status` ("what happened to X?") from that record ([`results`]);
 //! - the heartbeat (capacity, running, the backend's own gauges), the janitor with its
@@ -37,7 +37,6 @@ pub mod config;
 pub mod exchange;
 pub mod executor;
 pub mod image;
-pub mod janitor;
 pub mod job;
 pub mod node;
 pub mod outcome;
@@ -55,6 +54,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use kit::{actor_handler, CancellationToken, EndpointOptions, KitError, Runtime};
 use messages::executor::ExecutorRun;
+use messages::proc::{ProcCall, ProcReply};
 use messages::subjects::ExecutorOp;
 use messages::{ErrorBody, ServiceName};
 use ractor::{Actor, ActorCell, ActorProcessingErr};
@@ -62,8 +62,8 @@ use ractor::{Actor, ActorCell, ActorProcessingErr};
 pub use config::NodeConfig;
 pub use executor::{ExecutorNode, NodeMsg};
 pub use image::{check_image, ImageCheckError};
-pub use janitor::Sweep;
 pub use job::{Admitted, Job, SUPERVISOR_PATH, WORKSPACE_DIR};
+pub use kit::janitor::Sweep;
 pub use node::NodeState;
 pub use results::{KeepLimits, ResultStore};
 pub use slot::RunSlot;
@@ -71,7 +71,7 @@ pub use template_images::TemplateImages;
 pub use uids::{UidError, UidLease, UidPool, UidRange};
 
 use executor::NodeArgs;
-use janitor::JanitorArgs;
+use kit::janitor::JanitorArgs;
 
 /// Gauges a backend adds to the node's heartbeat metrics (warm pool size, sessions), read at
 /// each beat.
@@ -108,6 +108,17 @@ pub trait Backend: Send + 'static {
 
     /// The end of a drain, once nothing runs: closes every session.
     fn close_all(&self) -> BoxFuture<'static, ()>;
+
+    /// One operation on a session's background processes (`messages::proc`); the caller's
+    /// ids are scoped already. A backend without them answers 501.
+    fn proc(&self, call: ProcCall) -> BoxFuture<'static, Result<ProcReply, ErrorBody>> {
+        let _ = call;
+        let message = format!(
+            "the {} backend keeps no background processes: use a session on a docker node",
+            Self::KIND.as_str()
+        );
+        Box::pin(async move { Err(ErrorBody::not_implemented(message)) })
+    }
 
     /// At stop: removes every sandbox the backend's actors hold.
     fn stop(&mut self) -> impl std::future::Future<Output = ()> + Send;
@@ -268,6 +279,13 @@ pub async fn serve<B: Backend>(
                 )
                 .await?;
         }
+        runtime
+            .serve_with(
+                subjects.executor_node_on(kind, &me, ExecutorOp::Proc),
+                options,
+                actor_handler(actor.clone(), NodeMsg::Proc),
+            )
+            .await?;
         runtime
             .serve_with(
                 subjects.executor_node_on(kind, &me, ExecutorOp::Drain),

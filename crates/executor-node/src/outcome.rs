@@ -206,9 +206,9 @@ pub fn classify(job: &Job, report: Option<&RunReport>, ex: &Exchange) -> ExecRes
 mod tests {
     use std::time::Instant;
 
-    use messages::exec::{ExecRequest, Language};
+    use messages::exec::{validate_exec, ExecRequest, Language};
     use messages::executor::{ExecutorRun, RunKind};
-    use messages::validate::{validate_exec, Ceilings};
+    use messages::validate::Ceilings;
 
     use super::*;
 

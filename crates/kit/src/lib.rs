@@ -35,6 +35,7 @@ pub mod config;
 pub mod connect;
 pub mod heartbeat;
 pub mod http;
+pub mod janitor;
 pub mod metrics;
 pub mod peer_counts;
 pub mod pending;

@@ -2,8 +2,8 @@
 //!
 //! A thin client: it holds one tenant's NATS connection ([`MeshClient`]) and calls the same
 //! subjects any client calls — `exec` (with `Sandmesh-Notify`, so a run that waits for a
-//! person is reported at once instead of holding the call), `exec.result`, `workspace.*` and
-//! `browser.*`. It owns no subject and no state, and is not a mesh service (no `$SRV`, no
+//! person is reported at once instead of holding the call), `exec.result`, `workspace.*`,
+//! `browser.*`, `proc.*` and `ports.expose`. It owns no subject and no state, and is not a mesh service (no `$SRV`, no
 //! heartbeat): the tenant's account could not serve one anyway.
 //!
 //! ```text
@@ -12,12 +12,15 @@
 //!                        (one MeshTools per MCP session) ──────┘
 //! ```
 //!
-//! The tools are in [`tools`] (code, results, files) and [`browser`]; their arguments and
+//! The tools are in [`tools`] (code, results, files), [`browser`], [`procs`] (background processes) and
+//! [`ports`]; their arguments and
 //! the descriptions a model reads in [`params`]; what each answers, errors included, in
 //! [`render`].
 
 pub mod browser;
 pub mod params;
+pub mod ports;
+pub mod procs;
 pub mod render;
 pub mod tools;
 

@@ -146,3 +146,44 @@ pub struct BrowserContent {
     #[schemars(extend("enum" = ["text", "html"]))]
     pub format: Option<String>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExposePort {
+    /// The session whose server listens on the port.
+    pub session_id: String,
+    /// The TCP port the server listens on inside the session (1–65535).
+    pub port: u32,
+    /// How long the port stays reachable, in milliseconds (default an hour, at most a day).
+    pub ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct StartProcess {
+    /// The session to run it in (its files, its container).
+    pub session_id: String,
+    /// The command line (run by bash), e.g. `python3 -m http.server 8000`.
+    pub command: String,
+    /// Its working directory (default: the session's files).
+    pub cwd: Option<String>,
+    /// A name for it, shown when processes are listed.
+    pub tag: Option<String>,
+    /// Kill it after this many milliseconds (default: it runs as long as the session).
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ProcessOutput {
+    pub session_id: String,
+    /// The `proc_id` start_process answered.
+    pub proc_id: String,
+    /// Where to continue from: the `next from_seq` of the last answer (0 or absent: from the
+    /// start).
+    pub from_seq: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct KillProcess {
+    pub session_id: String,
+    /// The `proc_id` start_process answered.
+    pub proc_id: String,
+}

@@ -58,7 +58,10 @@ impl MeshTools {
     pub fn new(mesh: MeshClient) -> Self {
         Self {
             mesh,
-            tool_router: Self::code_and_file_tools() + Self::browser_tools(),
+            tool_router: Self::code_and_file_tools()
+                + Self::browser_tools()
+                + Self::proc_tools()
+                + Self::port_tools(),
         }
     }
 }

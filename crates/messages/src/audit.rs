@@ -39,6 +39,12 @@ pub enum AuditKind {
     Resumed,
     /// An egress proxy allowed or refused a connection (host, port, address, rule).
     Egress,
+    /// A session's background process started (`crate::proc`).
+    ProcStarted,
+    /// A signal was sent to a background process through `proc.signal`.
+    ProcSignaled,
+    /// A background process ended: exited, or killed.
+    ProcEnded,
 }
 
 impl AuditKind {
@@ -62,6 +68,9 @@ impl AuditKind {
             AuditKind::Parked => "parked",
             AuditKind::Resumed => "resumed",
             AuditKind::Egress => "egress",
+            AuditKind::ProcStarted => "proc_started",
+            AuditKind::ProcSignaled => "proc_signaled",
+            AuditKind::ProcEnded => "proc_ended",
         }
     }
 }

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     BadRequest,
+    /// A credential that is missing, malformed, forged or expired (a port's token).
+    Unauthorized,
     Denied,
     NotFound,
     Conflict,
@@ -17,18 +19,22 @@ pub enum ErrorKind {
     Unavailable,
     Timeout,
     Internal,
+    /// The operation exists but this backend or deployment does not offer it.
+    NotImplemented,
 }
 
 impl ErrorKind {
     pub const fn code(self) -> u16 {
         match self {
             ErrorKind::BadRequest => 400,
+            ErrorKind::Unauthorized => 401,
             ErrorKind::Denied => 403,
             ErrorKind::NotFound => 404,
             ErrorKind::Conflict => 409,
             ErrorKind::TooLarge => 413,
             ErrorKind::Overloaded => 429,
             ErrorKind::Internal => 500,
+            ErrorKind::NotImplemented => 501,
             ErrorKind::Unavailable => 503,
             ErrorKind::Timeout => 504,
         }
@@ -38,11 +44,13 @@ impl ErrorKind {
     pub const fn from_code(code: u16) -> Self {
         match code {
             400 => ErrorKind::BadRequest,
+            401 => ErrorKind::Unauthorized,
             403 => ErrorKind::Denied,
             404 => ErrorKind::NotFound,
             409 => ErrorKind::Conflict,
             413 => ErrorKind::TooLarge,
             429 => ErrorKind::Overloaded,
+            501 => ErrorKind::NotImplemented,
             503 => ErrorKind::Unavailable,
             504 => ErrorKind::Timeout,
             _ => ErrorKind::Internal,
@@ -52,6 +60,7 @@ impl ErrorKind {
     pub const fn as_str(self) -> &'static str {
         match self {
             ErrorKind::BadRequest => "bad_request",
+            ErrorKind::Unauthorized => "unauthorized",
             ErrorKind::Denied => "denied",
             ErrorKind::NotFound => "not_found",
             ErrorKind::Conflict => "conflict",
@@ -60,6 +69,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Internal => "internal",
+            ErrorKind::NotImplemented => "not_implemented",
         }
     }
 }
@@ -125,12 +135,20 @@ impl ErrorBody {
         Self::new(ErrorKind::Timeout, message)
     }
 
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotImplemented, message)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
     }
 
     pub fn denied(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Denied, message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unauthorized, message)
     }
 }
 
@@ -150,6 +168,8 @@ mod tests {
             ErrorKind::Unavailable,
             ErrorKind::Timeout,
             ErrorKind::Internal,
+            ErrorKind::Unauthorized,
+            ErrorKind::NotImplemented,
         ] {
             assert_eq!(ErrorKind::from_code(kind.code()), kind);
         }

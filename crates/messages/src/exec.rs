@@ -5,129 +5,16 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::code::{ContentEncoding, FileSpec, Language, Limits, Tier, TierChoice};
 use crate::error::ErrorBody;
 use crate::network::{NetworkPolicy, NetworkReport};
 use crate::risk::RiskAssessment;
 use crate::template::TemplateRan;
 use crate::tenancy::{unscoped, Tenant};
-
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Language {
-    #[default]
-    Python,
-    Javascript,
-    Shell,
-}
-
-impl Language {
-    pub const ALL: &'static [Language] = &[Language::Python, Language::Javascript, Language::Shell];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::Javascript => "javascript",
-            Language::Shell => "shell",
-        }
-    }
-}
-
-impl std::str::FromStr for Language {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "python" | "py" | "python3" => Ok(Language::Python),
-            "javascript" | "js" | "node" => Ok(Language::Javascript),
-            "shell" | "sh" | "bash" => Ok(Language::Shell),
-            other => Err(format!(
-                "unknown language {other:?}; supported: python, javascript, shell"
-            )),
-        }
-    }
-}
-
-/// Where code runs (`docs/architecture.md#tiers`).
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Tier {
-    /// A pre-warmed single-use hardened container.
-    #[default]
-    Ephemeral,
-    /// The session's own hardened container, reused across its executions.
-    Session,
-    /// An AIO sandbox bound to the session.
-    Aio,
-    /// Never runs.
-    Reject,
-}
-
-impl Tier {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Tier::Ephemeral => "ephemeral",
-            Tier::Session => "session",
-            Tier::Aio => "aio",
-            Tier::Reject => "reject",
-        }
-    }
-}
-
-/// The tier a client asks for; `auto` lets the risk policy decide.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TierChoice {
-    #[default]
-    Auto,
-    Ephemeral,
-    Session,
-    Aio,
-}
-
-/// Resource limits a request may ask for; each is clamped to (or refused above) the ceilings.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Limits {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_mb: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pids: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_output_bytes: Option<u64>,
-}
-
-/// How a file's `content` is written on the wire.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ContentEncoding {
-    #[default]
-    Utf8,
-    Base64,
-}
-
-/// A file placed in the workspace before the code runs.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileSpec {
-    pub path: String,
-    pub content: String,
-    #[serde(default)]
-    pub encoding: ContentEncoding,
-}
-
-impl FileSpec {
-    /// The file's bytes, decoding base64 when asked to.
-    pub fn bytes(&self) -> Result<Vec<u8>, String> {
-        crate::decode_content(&self.content, self.encoding)
-    }
-}
+use crate::validate::{
+    check_size, clamp_timeout, clamp_u64, validate_env, validate_relative_path, Ceilings,
+    ValidationError,
+};
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -487,6 +374,127 @@ pub struct OutputChunk {
     pub data: String,
     #[serde(default)]
     pub eof: bool,
+}
+
+/// Limits with every value decided: what the executor enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EffectiveLimits {
+    pub timeout_ms: u64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub max_output_bytes: u64,
+}
+
+impl EffectiveLimits {
+    pub fn as_limits(&self) -> Limits {
+        Limits {
+            memory_mb: Some(self.memory_mb),
+            cpus: Some(self.cpus),
+            pids: Some(self.pids),
+            max_output_bytes: Some(self.max_output_bytes),
+        }
+    }
+}
+
+/// A kernel cell runs in its session's container, in a Python or JavaScript kernel, with no
+/// stdin.
+fn validate_kernel(req: &ExecRequest) -> Result<(), ValidationError> {
+    if req.session_id.is_none() {
+        return Err(ValidationError::invalid(
+            "kernel",
+            "a kernel lives in a session: set session_id",
+        ));
+    }
+    if req.language == Language::Shell {
+        return Err(ValidationError::invalid(
+            "kernel",
+            "no shell kernel; kernels run python and javascript",
+        ));
+    }
+    if req.tier == TierChoice::Aio {
+        return Err(ValidationError::invalid(
+            "kernel",
+            "kernels run in the session's container, not in tier aio",
+        ));
+    }
+    if req.stdin.is_some() {
+        return Err(ValidationError::invalid(
+            "stdin",
+            "a kernel cell has no stdin",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an exec request against the ceilings and decides its limits (values above a ceiling
+/// are clamped to it; zero, negative or non-finite values are refused).
+pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits, ValidationError> {
+    if let Some(id) = &req.execution_id {
+        crate::tenancy::validate_scoped_id("execution_id", id)?;
+    }
+    if let Some(id) = &req.session_id {
+        crate::tenancy::validate_scoped_id("session_id", id)?;
+    }
+    if req.kernel {
+        validate_kernel(req)?;
+    }
+    check_size("code", req.code.len(), c.max_code_bytes)?;
+    if req.code.contains('\0') {
+        return Err(ValidationError::invalid(
+            "code",
+            "NUL bytes are not allowed in code",
+        ));
+    }
+    if let Some(stdin) = &req.stdin {
+        check_size("stdin", stdin.len(), c.max_stdin_bytes)?;
+    }
+    validate_env(&req.env, c)?;
+    if req.files.len() > c.max_files {
+        return Err(ValidationError::invalid(
+            "files",
+            format!("at most {} files", c.max_files),
+        ));
+    }
+    let mut total = 0usize;
+    for (i, f) in req.files.iter().enumerate() {
+        let field = format!("files[{i}].path");
+        validate_relative_path(&field, &f.path)?;
+        let bytes = f
+            .bytes()
+            .map_err(|e| ValidationError::invalid(format!("files[{i}].content"), e))?;
+        total += bytes.len();
+    }
+    check_size("files", total, c.max_files_bytes)?;
+    let limits = req.limits.unwrap_or_default();
+    let cpus = match limits.cpus {
+        None => c.default_cpus.min(c.max_cpus),
+        Some(v) if v.is_finite() && v > 0.0 => v.min(c.max_cpus),
+        Some(_) => {
+            return Err(ValidationError::invalid(
+                "limits.cpus",
+                "must be a positive number",
+            ))
+        }
+    };
+    Ok(EffectiveLimits {
+        timeout_ms: clamp_timeout(req.timeout_ms, c.default_timeout_ms, c)?,
+        memory_mb: clamp_u64(
+            "limits.memory_mb",
+            limits.memory_mb,
+            c.default_memory_mb,
+            c.max_memory_mb,
+        )?
+        .max(16),
+        cpus,
+        pids: clamp_u64("limits.pids", limits.pids, c.default_pids, c.max_pids)?.max(8),
+        max_output_bytes: clamp_u64(
+            "limits.max_output_bytes",
+            limits.max_output_bytes,
+            c.default_output_bytes,
+            c.max_output_bytes,
+        )?,
+    })
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod browser;
+pub mod code;
 pub mod codec;
 pub mod confirm;
 pub mod error;
@@ -12,6 +13,8 @@ pub mod executor;
 pub mod filesystem;
 pub mod heartbeat;
 pub mod network;
+pub mod ports;
+pub mod proc;
 pub mod quota;
 pub mod risk;
 pub mod service;

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::exec::Tier;
+use crate::code::Tier;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -26,12 +26,12 @@ impl ContentType {
     }
 }
 
-impl From<crate::exec::Language> for ContentType {
-    fn from(l: crate::exec::Language) -> Self {
+impl From<crate::code::Language> for ContentType {
+    fn from(l: crate::code::Language) -> Self {
         match l {
-            crate::exec::Language::Python => ContentType::Python,
-            crate::exec::Language::Javascript => ContentType::Javascript,
-            crate::exec::Language::Shell => ContentType::Shell,
+            crate::code::Language::Python => ContentType::Python,
+            crate::code::Language::Javascript => ContentType::Javascript,
+            crate::code::Language::Shell => ContentType::Shell,
         }
     }
 }
@@ -89,7 +89,7 @@ pub struct AssessRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<SecurityMode>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub files: Vec<crate::exec::FileSpec>,
+    pub files: Vec<crate::code::FileSpec>,
 }
 
 impl AssessRequest {

@@ -110,6 +110,9 @@ pub struct SessionRecord {
     pub closed_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub close_reason: Option<CloseReason>,
+    /// Its exposed ports (`crate::ports`), each with its token's hash and expiry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: crate::ports::Exposures,
 }
 
 impl SessionRecord {

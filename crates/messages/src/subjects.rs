@@ -130,8 +130,43 @@ impl Subjects {
             .ok_or_else(|| format!("{subject:?} is not a job subject"))?;
         Tenant::new(rest).map(Some).map_err(|e| e.to_string())
     }
+    /// `ports.<op>`: preview ports of a session (the scheduler).
+    pub fn ports(&self, op: PortsOp) -> String {
+        self.at(&format!("ports.{}", op.as_str()))
+    }
+    /// What a tunnel's client sends (bytes, credit) to the node holding the container. The
+    /// tenant is in the subject, where the server's export binds it: a tenant can publish only
+    /// into its own tunnels.
+    pub fn tunnel_up(&self, tenant: Option<&Tenant>, tunnel_id: &str) -> String {
+        self.at(&format!("tunnel.{}.{tunnel_id}", tenant_token(tenant)))
+    }
+    /// Every tenant's tunnel up subjects (the export).
+    pub fn tunnel_up_all(&self) -> String {
+        self.at("tunnel.*.*")
+    }
+    /// What the node sends a tunnel's client: one of the tenant's output subjects, so it
+    /// reaches that tenant alone through the export every tenant already has.
+    pub fn tunnel_down(&self, tenant: Option<&Tenant>, tunnel_id: &str) -> String {
+        self.at(&format!(
+            "output.{}.tunnel.{tunnel_id}",
+            tenant_token(tenant)
+        ))
+    }
+    /// What a tunnel's client subscribes to: it sees only its own tenant's.
+    pub fn tunnel_down_any(&self, tunnel_id: &str) -> String {
+        self.at(&format!("output.*.tunnel.{tunnel_id}"))
+    }
+    /// A docker node's order to open a tunnel into one of its session containers.
+    pub fn executor_tunnel(&self, node_id: &str) -> String {
+        self.at(&format!("executor.docker.{node_id}.tunnel"))
+    }
     pub fn sessions(&self, op: SessionOp) -> String {
         self.at(&format!("sessions.{}", op.as_str()))
+    }
+    /// A session's background processes (`crate::proc`); their live output goes to
+    /// [`Self::output`] under the process's id.
+    pub fn proc(&self, op: ProcOp) -> String {
+        self.at(&format!("proc.{}", op.as_str()))
     }
 
     // === risk-assessor ===
@@ -322,6 +357,22 @@ ops!(
     }
 );
 ops!(
+    /// `sandbox.v1.ports.<op>`
+    PortsOp { Expose => "expose", List => "list", Unexpose => "unexpose", Connect => "connect" }
+);
+ops!(
+    /// `sandbox.v1.proc.<op>`
+    ProcOp {
+        Start => "start",
+        List => "list",
+        Output => "output",
+        Input => "input",
+        Signal => "signal",
+        Wait => "wait",
+        Resize => "resize",
+    }
+);
+ops!(
     /// `sandbox.v1.confirm.<op>`
     ConfirmOp { Request => "request", Decide => "decide", Get => "get", List => "list" }
 );
@@ -355,7 +406,14 @@ ops!(
 ops!(
     /// `sandbox.v1.executor.<backend>.<node_id>.<op>`; `status` answers what happened to an
     /// execution the node was sent ([`crate::executor::ExecutorStatusQuery`]).
-    ExecutorOp { Run => "run", Close => "close", Drain => "drain", Status => "status" }
+    /// `proc` carries a session's background-process operations ([`crate::proc::ProcCall`]).
+    ExecutorOp {
+        Run => "run",
+        Close => "close",
+        Drain => "drain",
+        Status => "status",
+        Proc => "proc",
+    }
 );
 
 #[cfg(test)]
@@ -379,6 +437,11 @@ mod tests {
         assert_eq!(
             s.executor_node("n1", ExecutorOp::Close),
             "sandbox.v1.executor.docker.n1.close"
+        );
+        assert_eq!(s.proc(ProcOp::Start), "sandbox.v1.proc.start");
+        assert_eq!(
+            s.executor_node("n1", ExecutorOp::Proc),
+            "sandbox.v1.executor.docker.n1.proc"
         );
         assert_eq!(
             s.executor_node_on(Backend::Bwrap, "n1", ExecutorOp::Run),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{FileSpec, Limits};
+use crate::code::{FileSpec, Limits};
 use crate::filesystem::FilesystemPolicy;
 use crate::network::NetworkPolicy;
 use crate::validate::{validate_env_name, validate_relative_path, ValidationError};

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorBody;
-use crate::exec::{ExecRequest, Limits};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ValidationError {
@@ -255,58 +254,7 @@ impl Default for Ceilings {
     }
 }
 
-/// Limits with every value decided: what the executor enforces.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct EffectiveLimits {
-    pub timeout_ms: u64,
-    pub memory_mb: u64,
-    pub cpus: f64,
-    pub pids: u64,
-    pub max_output_bytes: u64,
-}
-
-impl EffectiveLimits {
-    pub fn as_limits(&self) -> Limits {
-        Limits {
-            memory_mb: Some(self.memory_mb),
-            cpus: Some(self.cpus),
-            pids: Some(self.pids),
-            max_output_bytes: Some(self.max_output_bytes),
-        }
-    }
-}
-
-/// A kernel cell runs in its session's container, in a Python or JavaScript kernel, with no
-/// stdin.
-fn validate_kernel(req: &ExecRequest) -> Result<(), ValidationError> {
-    if req.session_id.is_none() {
-        return Err(ValidationError::invalid(
-            "kernel",
-            "a kernel lives in a session: set session_id",
-        ));
-    }
-    if req.language == crate::exec::Language::Shell {
-        return Err(ValidationError::invalid(
-            "kernel",
-            "no shell kernel; kernels run python and javascript",
-        ));
-    }
-    if req.tier == crate::exec::TierChoice::Aio {
-        return Err(ValidationError::invalid(
-            "kernel",
-            "kernels run in the session's container, not in tier aio",
-        ));
-    }
-    if req.stdin.is_some() {
-        return Err(ValidationError::invalid(
-            "stdin",
-            "a kernel cell has no stdin",
-        ));
-    }
-    Ok(())
-}
-
-fn clamp_u64(
+pub(crate) fn clamp_u64(
     field: &str,
     asked: Option<u64>,
     default: u64,
@@ -363,83 +311,13 @@ pub fn clamp_timeout(
     clamp_u64("timeout_ms", asked, default, c.max_timeout_ms)
 }
 
-/// Checks an exec request against the ceilings and decides its limits (values above a ceiling
-/// are clamped to it; zero, negative or non-finite values are refused).
-pub fn validate_exec(req: &ExecRequest, c: &Ceilings) -> Result<EffectiveLimits, ValidationError> {
-    if let Some(id) = &req.execution_id {
-        crate::tenancy::validate_scoped_id("execution_id", id)?;
-    }
-    if let Some(id) = &req.session_id {
-        crate::tenancy::validate_scoped_id("session_id", id)?;
-    }
-    if req.kernel {
-        validate_kernel(req)?;
-    }
-    check_size("code", req.code.len(), c.max_code_bytes)?;
-    if req.code.contains('\0') {
-        return Err(ValidationError::invalid(
-            "code",
-            "NUL bytes are not allowed in code",
-        ));
-    }
-    if let Some(stdin) = &req.stdin {
-        check_size("stdin", stdin.len(), c.max_stdin_bytes)?;
-    }
-    validate_env(&req.env, c)?;
-    if req.files.len() > c.max_files {
-        return Err(ValidationError::invalid(
-            "files",
-            format!("at most {} files", c.max_files),
-        ));
-    }
-    let mut total = 0usize;
-    for (i, f) in req.files.iter().enumerate() {
-        let field = format!("files[{i}].path");
-        validate_relative_path(&field, &f.path)?;
-        let bytes = f
-            .bytes()
-            .map_err(|e| ValidationError::invalid(format!("files[{i}].content"), e))?;
-        total += bytes.len();
-    }
-    check_size("files", total, c.max_files_bytes)?;
-    let limits = req.limits.unwrap_or_default();
-    let cpus = match limits.cpus {
-        None => c.default_cpus.min(c.max_cpus),
-        Some(v) if v.is_finite() && v > 0.0 => v.min(c.max_cpus),
-        Some(_) => {
-            return Err(ValidationError::invalid(
-                "limits.cpus",
-                "must be a positive number",
-            ))
-        }
-    };
-    Ok(EffectiveLimits {
-        timeout_ms: clamp_timeout(req.timeout_ms, c.default_timeout_ms, c)?,
-        memory_mb: clamp_u64(
-            "limits.memory_mb",
-            limits.memory_mb,
-            c.default_memory_mb,
-            c.max_memory_mb,
-        )?
-        .max(16),
-        cpus,
-        pids: clamp_u64("limits.pids", limits.pids, c.default_pids, c.max_pids)?.max(8),
-        max_output_bytes: clamp_u64(
-            "limits.max_output_bytes",
-            limits.max_output_bytes,
-            c.default_output_bytes,
-            c.max_output_bytes,
-        )?,
-    })
-}
-
 #[cfg(test)]
 mod properties;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::{ContentEncoding, FileSpec, Language};
+    use crate::exec::{validate_exec, ContentEncoding, ExecRequest, FileSpec, Language, Limits};
 
     fn req(code: &str) -> ExecRequest {
         ExecRequest {

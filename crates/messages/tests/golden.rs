@@ -18,6 +18,8 @@ use messages::executor::{
 };
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
+use messages::ports::{ExposedPort, PortExpose, TunnelConnect, TunnelOpened};
+use messages::proc::*;
 use messages::risk::*;
 use messages::session::{CloseReason, SessionOpen, SessionRecord, SessionState};
 use messages::template::{Template, TemplateRan, TemplateRecord, TemplateRef};
@@ -196,6 +198,37 @@ fn audit_details() -> Vec<AuditDetails> {
 fn audit_shapes() -> Vec<(&'static str, AuditDetails)> {
     let confirmation_id = || "01JD0000000000000000000001".to_string();
     vec![
+        (
+            "proc_started",
+            ProcessStarted {
+                proc_id: confirmation_id(),
+                program: "python3".into(),
+                command_bytes: 22,
+                tag: Some("web".into()),
+                pty: false,
+                node: "node-a".into(),
+                pid: 42,
+            }
+            .into(),
+        ),
+        (
+            "proc_signaled",
+            ProcessSignaled {
+                proc_id: confirmation_id(),
+                signal: ProcSignalKind::Kill,
+            }
+            .into(),
+        ),
+        (
+            "proc_ended",
+            ProcessEnded {
+                proc_id: confirmation_id(),
+                state: ProcState::Killed,
+                exit_code: None,
+                signal: Some(9),
+            }
+            .into(),
+        ),
         (
             "confirmation_requested",
             ConfirmationRequested {
@@ -521,8 +554,136 @@ fn check<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(name: &s
     }
 }
 
+fn proc_info() -> ProcInfo {
+    ProcInfo {
+        proc_id: "01JD0000000000000000000001".into(),
+        pid: 42,
+        argv: vec!["python3".into(), "-m".into(), "http.server".into()],
+        tag: Some("web".into()),
+        cwd: Some("site".into()),
+        pty: None,
+        state: ProcState::Exited,
+        exit_code: Some(0),
+        signal: None,
+        started_at: 1_700_000_000_000,
+        ended_at: Some(1_700_000_001_000),
+        next_seq: 7,
+    }
+}
+
+/// The background-process payloads (`messages::proc`).
+fn proc_payloads() {
+    let start = ProcStart {
+        session_id: "s1".into(),
+        command: ProcCommand::Argv(vec!["python3".into(), "-m".into(), "http.server".into()]),
+        cwd: Some("site".into()),
+        env: BTreeMap::from([("PORT".into(), "8000".into())]),
+        stdin: true,
+        pty: None,
+        tag: Some("web".into()),
+        timeout_ms: 0,
+        requested_by: None,
+    };
+    check("proc_start", &start);
+    let terminal = ProcStart {
+        command: ProcCommand::Cmd("bash".into()),
+        pty: Some(PtySize { cols: 80, rows: 24 }),
+        env: BTreeMap::new(),
+        cwd: None,
+        tag: None,
+        ..start.clone()
+    };
+    check("proc_start_pty", &terminal);
+    check(
+        "proc_started",
+        &ProcStarted {
+            proc_id: "01JD0000000000000000000001".into(),
+            pid: 42,
+            started_at: 1_700_000_000_000,
+        },
+    );
+    check(
+        "proc_ref",
+        &ProcRef {
+            session_id: "s1".into(),
+            proc_id: "01JD0000000000000000000001".into(),
+        },
+    );
+    check(
+        "proc_list",
+        &ProcList {
+            procs: vec![proc_info()],
+        },
+    );
+    let chunk = ProcChunk::new(6, ProcStream::Stdout, b"Serving HTTP\n");
+    check(
+        "proc_output_request",
+        &ProcOutputRequest {
+            session_id: "s1".into(),
+            proc_id: "01JD0000000000000000000001".into(),
+            from_seq: 5,
+            max_bytes: Some(65536),
+        },
+    );
+    check(
+        "proc_output",
+        &ProcOutput {
+            chunks: vec![
+                chunk.clone(),
+                ProcChunk::new(7, ProcStream::Stderr, &[0xff]),
+            ],
+            next_seq: 8,
+            dropped_before: 5,
+            state: ProcState::Running,
+        },
+    );
+    let input = ProcInput {
+        session_id: "s1".into(),
+        proc_id: "01JD0000000000000000000001".into(),
+        data: "echo hi\n".into(),
+        encoding: ContentEncoding::Utf8,
+        eof: false,
+        seq: Some(0),
+    };
+    check("proc_input", &input);
+    check("proc_input_ack", &ProcInputAck { next_seq: 1 });
+    let signal = ProcSignal {
+        session_id: "s1".into(),
+        proc_id: "01JD0000000000000000000001".into(),
+        signal: ProcSignalKind::Term,
+    };
+    check("proc_signal", &signal);
+    let wait = ProcWait {
+        session_id: "s1".into(),
+        proc_id: "01JD0000000000000000000001".into(),
+        timeout_ms: Some(10_000),
+    };
+    check("proc_wait", &wait);
+    let resize = ProcResize {
+        session_id: "s1".into(),
+        proc_id: "01JD0000000000000000000001".into(),
+        cols: 120,
+        rows: 40,
+    };
+    check("proc_resize", &resize);
+    check("proc_event_output", &ProcEvent::Output(chunk));
+    check("proc_event_ended", &ProcEvent::Ended(proc_info()));
+    check(
+        "proc_call_start",
+        &ProcCall::Start {
+            proc_id: "01JD0000000000000000000001".into(),
+            tenant: Some(Tenant::new("acme").unwrap()),
+            output_subject: "sandbox.v1.output.acme.01JD0000000000000000000001".into(),
+            start,
+        },
+    );
+    check("proc_call_signal", &ProcCall::Signal(signal));
+    check("proc_reply_info", &ProcReply::Info(proc_info()));
+}
+
 #[test]
 fn golden_vectors_are_byte_exact() {
+    proc_payloads();
     check("exec_request", &exec_request());
     check("exec_result", &exec_result());
     // A request's egress policy and what the result reports about it.
@@ -962,6 +1123,40 @@ fn golden_vectors_are_byte_exact() {
             requested_by: None,
             object: None,
             upload: None,
+        },
+    );
+    check(
+        "port_expose",
+        &PortExpose {
+            session_id: "s1".into(),
+            port: 8000,
+            ttl_ms: Some(3_600_000),
+        },
+    );
+    check(
+        "exposed_port",
+        &ExposedPort {
+            session_id: "s1".into(),
+            port: 8000,
+            url: "/api/v1/sessions/s1/ports/8000/".into(),
+            token: Some(format!("acme.{}", "0f".repeat(32))),
+            expires_at: 1_764_003_600_000,
+        },
+    );
+    check(
+        "tunnel_connect",
+        &TunnelConnect {
+            session_id: "s1".into(),
+            port: 8000,
+            tunnel_id: "01JD0000000000000000000002".into(),
+            token: None,
+        },
+    );
+    check(
+        "tunnel_opened",
+        &TunnelOpened {
+            tunnel_id: "01JD0000000000000000000002".into(),
+            up: "sandbox.v1.tunnel.acme.01JD0000000000000000000002".into(),
         },
     );
 }

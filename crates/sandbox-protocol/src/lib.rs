@@ -18,6 +18,14 @@
 //! so the executor knows where a run ends even when its report never came, and that a stream
 //! which ended before `Started` ended before the run began.
 //!
+//! A session's background process (`sandmesh-supervisor proc`, one `docker exec` each, for the
+//! process's life) speaks the same frames:
+//!
+//! ```text
+//! executor → proc host:   Request(ProcSpec json)  (Input | InputEnd | Signal | Resize)*
+//! proc host → executor:   Started(pid)  (Stdout | Stderr)*  Exited(ProcEnd json)
+//! ```
+//!
 //! The supervisor runs as the sandbox user next to the untrusted code, so nothing it says is
 //! trusted by the executor: sizes are bounded here and again by the executor.
 
@@ -69,6 +77,16 @@ pub enum FrameKind {
     /// resident supervisor → executor: the run process ended (its exit status, as text); the
     /// last frame of every run it serves, after the report or in place of a lost one.
     Done,
+    /// executor → proc host: bytes for the process's stdin (or terminal).
+    Input,
+    /// executor → proc host: no more input (stdin closed; a terminal gets its EOF character).
+    InputEnd,
+    /// executor → proc host: a signal for the process's group (its number, as text).
+    Signal,
+    /// executor → proc host: the terminal's new size ([`PtyWinsize`] as JSON).
+    Resize,
+    /// proc host → executor: the process ended ([`ProcEnd`] as JSON); the last frame.
+    Exited,
 }
 
 impl FrameKind {
@@ -85,6 +103,11 @@ impl FrameKind {
             FrameKind::Ready => b'Y',
             FrameKind::Started => b'S',
             FrameKind::Done => b'D',
+            FrameKind::Input => b'I',
+            FrameKind::InputEnd => b'J',
+            FrameKind::Signal => b'K',
+            FrameKind::Resize => b'W',
+            FrameKind::Exited => b'X',
         }
     }
 
@@ -101,6 +124,11 @@ impl FrameKind {
             b'Y' => FrameKind::Ready,
             b'S' => FrameKind::Started,
             b'D' => FrameKind::Done,
+            b'I' => FrameKind::Input,
+            b'J' => FrameKind::InputEnd,
+            b'K' => FrameKind::Signal,
+            b'W' => FrameKind::Resize,
+            b'X' => FrameKind::Exited,
             _ => return None,
         })
     }
@@ -144,6 +172,54 @@ pub struct RunSpec {
     /// `argv` and `stdin` are then unused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelLanguage>,
+}
+
+/// A session's background process, as its proc host receives it. Every value is already
+/// validated and clamped by the executor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcSpec {
+    pub version: u32,
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// The program's whole environment.
+    pub env: Vec<(String, String)>,
+    /// The working directory (absolute).
+    pub cwd: String,
+    /// Keep stdin open for `Input` frames (otherwise `/dev/null`).
+    #[serde(default)]
+    pub stdin: bool,
+    /// Run it in a pseudo-terminal of this size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtyWinsize>,
+    pub nofile: u64,
+    pub fsize_bytes: u64,
+    /// The container's egress socket, when the session has a network policy: the relay on
+    /// `127.0.0.1:`[`EGRESS_PROXY_PORT`] stays up while the process lives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_socket: Option<String>,
+}
+
+/// A terminal's size in cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyWinsize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// How a background process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ProcEnd {
+    Exited {
+        code: i32,
+    },
+    Signaled {
+        signal: i32,
+    },
+    /// It could not be started (or its request was unusable).
+    Failed {
+        message: String,
+    },
 }
 
 /// The languages a kernel runs; a container has at most one kernel of each.
@@ -210,6 +286,20 @@ pub struct CellError {
 
 /// The in-container TCP port of the egress relay (the conventional HTTP proxy port).
 pub const EGRESS_PROXY_PORT: u16 = 3128;
+
+/// Preview ports: where the host's ports socket appears inside a container (a directory of that
+/// container alone, bind-mounted read-only). The host binds and listens; the resident supervisor
+/// connects, so the host never connects to a path the sandbox could replace.
+pub const PORTS_MOUNT: &str = "/run/sandmesh-ports";
+/// The ports socket's file name in [`PORTS_MOUNT`].
+pub const PORTS_SOCKET: &str = "ports.sock";
+/// The supervisor keeps one connection to the ports socket waiting; on it the host writes the
+/// port (2 bytes, big-endian), the supervisor dials `127.0.0.1:<port>` and answers one byte:
+/// [`PORT_CONNECTED`] (then the connection is the tunnel's byte stream both ways) or
+/// [`PORT_REFUSED`] (nothing listens there; the connection closes).
+pub const PORT_CONNECTED: u8 = 0;
+/// See [`PORT_CONNECTED`].
+pub const PORT_REFUSED: u8 = 1;
 
 /// Most changes (files created, modified and deleted) one run carries back, and most bytes
 /// their names take in its report (as JSON strings). The report is one frame, and every later
@@ -488,7 +578,7 @@ mod tests {
 
         use super::*;
 
-        const KINDS: [FrameKind; 11] = [
+        const KINDS: [FrameKind; 16] = [
             FrameKind::Request,
             FrameKind::Archive,
             FrameKind::Files,
@@ -500,6 +590,11 @@ mod tests {
             FrameKind::Ready,
             FrameKind::Started,
             FrameKind::Done,
+            FrameKind::Input,
+            FrameKind::InputEnd,
+            FrameKind::Signal,
+            FrameKind::Resize,
+            FrameKind::Exited,
         ];
 
         fn frames() -> impl Strategy<Value = Vec<(FrameKind, Vec<u8>)>> {

@@ -3,7 +3,7 @@
 //! that `main.rs` does not name: this test fails instead of the file's tests silently never
 //! running.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 fn workspace_root() -> PathBuf {
@@ -570,4 +570,336 @@ fn a_path_into_another_crate_is_found() {
     let found = reaches_outside_its_crate(&file, &text);
     assert_eq!(found.len(), 2, "{found:?}");
     assert!(found.iter().all(|f| f.contains("/b/src/")), "{found:?}");
+}
+
+/// Rust source with its comments, the contents of its string and character literals, and
+/// its `#[cfg(test)]` items cut out: what the crate's own code (not its tests) is made of.
+fn without_comments_and_tests(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let at = |i: usize| chars.get(i).copied().unwrap_or('\0');
+    let find = |from: usize, end: &str| {
+        let end: Vec<char> = end.chars().collect();
+        (from..chars.len())
+            .find(|&i| chars[i..].starts_with(&end))
+            .map_or(chars.len(), |i| i + end.len())
+    };
+    let mut code = String::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let word_before = i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        i = match c {
+            '/' if at(i + 1) == '/' => {
+                code.push('\n');
+                find(i, "\n")
+            }
+            '/' if at(i + 1) == '*' => find(i, "*/"),
+            'r' if !word_before && (at(i + 1) == '"' || at(i + 1) == '#') => {
+                let hashes = (i + 1..chars.len())
+                    .take_while(|&j| chars[j] == '#')
+                    .count();
+                if at(i + 1 + hashes) != '"' {
+                    code.push(c);
+                    i + 1
+                } else {
+                    code.push_str("\"\"");
+                    find(i + 2 + hashes, &format!("\"{}", "#".repeat(hashes)))
+                }
+            }
+            '"' => {
+                let mut j = i + 1;
+                while j < chars.len() && chars[j] != '"' {
+                    j += if chars[j] == '\\' { 2 } else { 1 };
+                }
+                code.push_str("\"\"");
+                j + 1
+            }
+            // A character literal ('x', '\n'), not a lifetime ('a).
+            '\'' if at(i + 1) == '\\' => {
+                code.push_str("' '");
+                find(i + 3, "'")
+            }
+            '\'' if at(i + 2) == '\'' => {
+                code.push_str("' '");
+                i + 3
+            }
+            _ => {
+                code.push(c);
+                i + 1
+            }
+        };
+    }
+    let mut kept = String::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        kept.push_str(&rest[..at]);
+        // The item ends at its first `;` unless a `{` comes first: then at the matching `}`.
+        let item = &rest[at..];
+        let (semi, open) = (item.find(';'), item.find('{'));
+        let end = match (semi, open) {
+            (Some(s), Some(o)) if o < s => {
+                let mut depth = 0;
+                item[o..]
+                    .char_indices()
+                    .find_map(|(i, c)| {
+                        depth += match c {
+                            '{' => 1,
+                            '}' => -1,
+                            _ => 0,
+                        };
+                        (depth == 0).then_some(o + i + 1)
+                    })
+                    .unwrap_or(item.len())
+            }
+            (Some(s), _) => s + 1,
+            (None, _) => item.len(),
+        };
+        rest = &item[end..];
+    }
+    kept.push_str(rest);
+    kept
+}
+
+/// The paths a source names from its start on (`crate::a::b::C`, `crate::{a::B, c}`): each as
+/// its segments, a group split into one path per item.
+fn paths_at(text: &str, prefix: &[String], found: &mut Vec<Vec<String>>) {
+    let mut path = prefix.to_vec();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if let Some(group) = rest.strip_prefix('{') {
+            // Items split at the group's own commas.
+            let (mut depth, mut start) = (0, 0);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        paths_at(&group[start..i], &path, found);
+                        return;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        paths_at(&group[start..i], &path, found);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let ident: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if ident.is_empty() {
+            break;
+        }
+        path.push(ident.clone());
+        match rest[ident.len()..].trim_start().strip_prefix("::") {
+            Some(next) => rest = next,
+            None => break,
+        }
+    }
+    found.push(path);
+}
+
+/// The module import graph of the crate whose sources are in `src`: for each module (`a::b`,
+/// a file `a/b.rs` or `a/b/mod.rs`) the modules its code outside `#[cfg(test)]` names, by a
+/// `crate::` path or a `super::` one resolved, each path's longest prefix that is a module.
+/// The crate root (`lib.rs`, which declares and re-exports) is no node; `main.rs` and `bin/`
+/// are crates of their own; a file only tests declare is left out with its tests.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let module_of = |file: &Path| -> Option<Vec<String>> {
+        let rel = file.strip_prefix(src).ok()?.with_extension("");
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.first().is_some_and(|p| p == "bin") || parts == ["main"] {
+            return None;
+        }
+        if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+            parts.pop();
+        }
+        Some(parts)
+    };
+    let sources: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).ok()?;
+            Some((module_of(f)?, without_comments_and_tests(&text)))
+        })
+        .collect();
+    // A module is compiled outside tests when the nearest file above it declares the next
+    // step down (`mod x;` or `mod x {`) outside `#[cfg(test)]`.
+    let live = |module: &[String]| {
+        (0..module.len()).all(|depth| {
+            let parent = (0..=depth)
+                .rev()
+                .find_map(|d| sources.get(&module[..d]).map(|text| (d, text)));
+            parent.is_none_or(|(d, text)| {
+                let declared = |sep| text.contains(&format!("mod {}{sep}", module[d]));
+                d < depth || declared(";") || declared(" {")
+            })
+        })
+    };
+    let modules: BTreeSet<&Vec<String>> = sources
+        .keys()
+        .filter(|m| !m.is_empty() && live(m))
+        .collect();
+    let mut graph = BTreeMap::new();
+    for module in &modules {
+        let text = &sources[*module];
+        let mut paths = Vec::new();
+        for (needle, base) in [
+            ("crate::", Vec::new()),
+            ("super::", module[..module.len() - 1].to_vec()),
+        ] {
+            let mut at = 0;
+            while let Some(i) = text[at..].find(needle) {
+                let start = at + i;
+                at = start + needle.len();
+                let before = text[..start].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                    continue;
+                }
+                // `super::super::x` climbs once per `super`.
+                let mut base = base.clone();
+                let mut rest = &text[at..];
+                while let Some(next) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = next;
+                }
+                paths_at(rest, &base, &mut paths);
+            }
+        }
+        let mut targets = BTreeSet::new();
+        for path in paths {
+            let target = (1..=path.len())
+                .rev()
+                .map(|n| &path[..n])
+                .find(|p| modules.contains(&p.to_vec()));
+            if let Some(target) = target.filter(|t| *t != module.as_slice()) {
+                targets.insert(target.join("::"));
+            }
+        }
+        graph.insert(module.join("::"), targets);
+    }
+    graph
+}
+
+/// The cycles of a module graph, each named by one loop through it (`a → b → a`), one per
+/// strongly connected group of modules.
+fn module_cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let reaches = |from: &str, to: &str| -> Option<Vec<String>> {
+        // Breadth first, so the loop named is a shortest one.
+        let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([from]);
+        while let Some(at) = queue.pop_front() {
+            for next in graph.get(at).into_iter().flatten() {
+                if next == to {
+                    let mut path = vec![to.to_string(), at.to_string()];
+                    let mut step = at;
+                    while step != from {
+                        step = came_from[step];
+                        path.push(step.to_string());
+                    }
+                    path.reverse();
+                    return Some(path);
+                }
+                if next != from && !came_from.contains_key(next.as_str()) {
+                    came_from.insert(next, at);
+                    queue.push_back(next);
+                }
+            }
+        }
+        None
+    };
+    let mut seen = BTreeSet::new();
+    let mut cycles = Vec::new();
+    for module in graph.keys() {
+        if seen.contains(module) {
+            continue;
+        }
+        if let Some(path) = reaches(module, module) {
+            // The whole group: every module on a loop through this one.
+            let group: Vec<&String> = graph
+                .keys()
+                .filter(|m| reaches(module, m).is_some() && reaches(m, module).is_some())
+                .collect();
+            seen.extend(group.iter().map(|m| m.to_string()));
+            cycles.push(format!(
+                "{} ({} modules in the group)",
+                path.join(" → "),
+                group.len()
+            ));
+        }
+    }
+    cycles
+}
+
+/// The crates whose modules are layered (see their `lib.rs`): each module imports only modules
+/// below it, so the code reads bottom-up and a change reaches only what sits above it.
+const LAYERED_CRATES: &[&str] = &["services/scheduler", "crates/messages"];
+
+#[test]
+fn layered_crates_import_no_module_cycle() {
+    let root = workspace_root();
+    let mut cycles = Vec::new();
+    for krate in LAYERED_CRATES {
+        let graph = module_graph(&root.join(krate).join("src"));
+        assert!(graph.len() >= 10, "{krate}: found only {graph:?}");
+        cycles.extend(
+            module_cycles(&graph)
+                .into_iter()
+                .map(|c| format!("{krate}: {c}")),
+        );
+    }
+    assert!(
+        cycles.is_empty(),
+        "a module imports one above it (move what both need down, or hand the lower one a \
+         callback): {cycles:#?}"
+    );
+}
+
+#[test]
+fn a_module_cycle_is_found() {
+    let root = tempfile::tempdir().unwrap();
+    let write = |path: &str, text: &str| {
+        let path = root.path().join("src").join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(
+        "lib.rs",
+        "pub mod a;\npub mod b;\npub mod c;\npub use a::A;\n",
+    );
+    write("a.rs", "use crate::{c, b::{x::X, Y}};\npub struct A;\n");
+    write(
+        "b/mod.rs",
+        "pub mod x;\npub struct Y;\n#[cfg(test)]\nmod props;\n",
+    );
+    // Up to the root and down again: b::x → a.
+    write("b/x.rs", "pub struct X(super::super::a::A);\n");
+    // Named only in a comment, a string and tests: no edge.
+    write(
+        "c.rs",
+        "// crate::a::A\nconst S: &str = \"crate::a::A {\";\n#[cfg(test)]\nmod tests {\n    use crate::a::A;\n    fn f() { let _ = A; }\n}\n",
+    );
+    write("b/props.rs", "use crate::a::A;\n");
+    let graph = module_graph(&root.path().join("src"));
+    let edges = |m: &str| graph[m].iter().map(String::as_str).collect::<Vec<_>>();
+    assert_eq!(graph.keys().collect::<Vec<_>>(), ["a", "b", "b::x", "c"]);
+    assert_eq!(edges("a"), ["b", "b::x", "c"]);
+    assert_eq!(edges("b::x"), ["a"]);
+    assert!(edges("c").is_empty() && edges("b").is_empty());
+    assert_eq!(
+        module_cycles(&graph),
+        ["a → b::x → a (2 modules in the group)"]
+    );
+    // Made acyclic, the same tree passes.
+    write("b/x.rs", "pub struct X;\n");
+    assert!(module_cycles(&module_graph(&root.path().join("src"))).is_empty());
 }

@@ -173,6 +173,25 @@ pub async fn http(
     Ok(())
 }
 
+/// The gateway to use (`--gateway`, or the spawned mesh's) and a key for it (`--key`, or one
+/// made in the spawned mesh), once it accepts connections.
+pub async fn gateway_and_key(
+    ctx: &Ctx,
+    gateway: Option<SocketAddr>,
+    key: &Option<String>,
+) -> anyhow::Result<(SocketAddr, String)> {
+    let gateway = gateway
+        .or(ctx.gateway)
+        .context("no gateway: --gateway ADDR, or --spawn-mesh")?;
+    let key = match key {
+        Some(key) => key.clone(),
+        None if ctx.gateway.is_some() => create_key(&ctx.sandmesh_bin, &ctx.work_dir.join("mesh"))?,
+        None => anyhow::bail!("no API key: --key (SANDMESH_GATEWAY_KEY)"),
+    };
+    wait_for(gateway).await?;
+    Ok((gateway, key))
+}
+
 /// How long the scenario waits for a gateway that is still starting.
 pub const GATEWAY_WAIT: Duration = Duration::from_secs(60);
 

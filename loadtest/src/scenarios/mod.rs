@@ -7,6 +7,7 @@ pub mod http;
 pub mod light;
 pub mod memory;
 pub mod mixed;
+pub mod ports;
 pub mod sessions_burst;
 pub mod workspace;
 pub mod workspace_bulk;

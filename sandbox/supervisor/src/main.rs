@@ -18,7 +18,14 @@
 //!                            life: a `run` process per request read from stdin, `Done` after
 //!                            each; with --warm it first starts each interpreter once, so the
 //!                            first execution in a new container does not pay for cold
-//!                            file-system caches; it owns the session's kernel
+//!                            file-system caches; it owns the session's kernel and relays
+//!                            preview ports to loopback ([`ports`])
+//! sandmesh-supervisor proc  one background process of a session, one `docker exec` for its
+//!                            life: reads its spec, starts the program (pipes or a terminal),
+//!                            streams its output, takes input, signals and terminal sizes, kills
+//!                            what it left behind at its end ([`proc`])
+//! sandmesh-supervisor tty-exec -- <argv>
+//!                            a terminal program's start: session leader, controlling terminal
 //! sandmesh-supervisor launch ... -- bwrap ...
 //!                            on the host, not in the sandbox: the bwrap-executor's start of
 //!                            one sandbox (cgroup, rlimits, seccomp fds, uid and capabilities
@@ -32,6 +39,8 @@
 mod files;
 mod kernel;
 mod launch;
+mod ports;
+mod proc;
 mod process;
 mod relay;
 mod serve;
@@ -397,12 +406,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Some("keep") => keep(),
+        Some("proc") => proc::host(),
+        Some("tty-exec") => {
+            let mut args: Vec<String> = std::env::args().skip(2).collect();
+            if args.first().map(String::as_str) == Some("--") {
+                args.remove(0);
+            }
+            proc::tty_exec(args)
+        }
         Some("launch") => launch::launch(std::env::args_os().skip(2)),
         Some("serve") => serve::serve(std::env::args().nth(2).as_deref() == Some("--warm")),
         _ => {
             eprintln!(
                 "usage: sandmesh-supervisor run [--kernel <handle>]|keep|\
-                 kernel python|javascript <nofile> <fsize>|serve [--warm]|launch ..."
+                 kernel python|javascript <nofile> <fsize>|serve [--warm]|proc|\
+                 tty-exec -- <argv>|launch ..."
             );
             ExitCode::from(64)
         }

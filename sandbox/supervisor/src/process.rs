@@ -5,8 +5,10 @@
 //! "Every process" is found by scanning `/proc`: in the container's PID namespace the only
 //! processes that may survive an execution are PID 1 (`sandmesh-supervisor keep`, the
 //! container's init), the resident supervisor that started this run (its parent, when there
-//! is one in the namespace), the resident's kernels (its other children, `kernel.rs`) and
-//! this supervisor. The kernels survive frozen: the sweep stops them before it looks for
+//! is one in the namespace), the resident's kernels (its other children, `kernel.rs`), the
+//! session's background processes (each a proc host, `proc.rs`, and its descendants) and
+//! this supervisor. A proc host is known by its parent being outside the namespace (seen as
+//! 0): only the executor's `docker exec` starts such a process — code inside cannot. The kernels survive frozen: the sweep stops them before it looks for
 //! anything else, so no thread of theirs runs, and nothing they could start escapes it, while
 //! no cell of theirs runs. So nothing an execution starts outlives it, and the next execution
 //! of a session starts in a quiet container.
@@ -138,6 +140,20 @@ impl Spared {
         self.resident == Some(pid) || self.kernels.contains(&pid)
     }
 
+    /// The session's background processes in `procs`: every proc host (a process whose
+    /// parent is outside the namespace, other than PID 1, the resident and this supervisor)
+    /// and its descendants. Found anew on each scan: the executor may start one during a run.
+    fn background(&self, procs: &[(i32, i32, char)]) -> HashSet<i32> {
+        let me = getpid().as_raw();
+        let hosts = procs
+            .iter()
+            .filter(|&&(pid, ppid, _)| {
+                ppid == 0 && pid != 1 && pid != me && Some(pid) != self.resident
+            })
+            .map(|&(pid, _, _)| pid);
+        subtree(procs, hosts)
+    }
+
     /// Stops every kernel's process group (SIGSTOP; a cell continues its own kernel). A
     /// frozen kernel's threads and timers do not run, print, read other processes or use CPU
     /// while no cell of theirs runs, and cannot start anything behind the sweep's back.
@@ -163,8 +179,16 @@ pub fn kill_all(group: Option<i32>, spared: &Spared) -> u32 {
     // racing the scan is caught by the next round.
     for _ in 0..500 {
         let mut found = false;
-        for (pid, _, state) in processes() {
-            if pid == 1 || pid == me || spared.contains(pid) || state == 'Z' || state == 'X' {
+        let procs = processes();
+        let background = spared.background(&procs);
+        for (pid, _, state) in procs {
+            if pid == 1
+                || pid == me
+                || spared.contains(pid)
+                || background.contains(&pid)
+                || state == 'Z'
+                || state == 'X'
+            {
                 continue;
             }
             if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
@@ -178,6 +202,46 @@ pub fn kill_all(group: Option<i32>, spared: &Spared) -> u32 {
         thread::sleep(Duration::from_millis(1));
     }
     victims.len() as u32
+}
+
+/// `roots` and every descendant of theirs in `procs`.
+fn subtree(procs: &[(i32, i32, char)], roots: impl Iterator<Item = i32>) -> HashSet<i32> {
+    let mut tree: HashSet<i32> = roots.collect();
+    // Parents may come after their children in a scan: repeat until nothing is added.
+    loop {
+        let before = tree.len();
+        for &(pid, ppid, _) in procs {
+            if tree.contains(&ppid) {
+                tree.insert(pid);
+            }
+        }
+        if tree.len() == before {
+            return tree;
+        }
+    }
+}
+
+/// SIGKILLs every descendant of this process until a scan finds none alive (a proc host's
+/// end: it is their subreaper, so its program's daemonised children are among them).
+pub fn kill_descendants() {
+    let me = getpid().as_raw();
+    for _ in 0..500 {
+        let procs = processes();
+        let mine = subtree(&procs, std::iter::once(me));
+        let mut found = false;
+        for (pid, _, state) in procs {
+            if pid == me || state == 'Z' || state == 'X' || !mine.contains(&pid) {
+                continue;
+            }
+            if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                found = true;
+            }
+        }
+        if !found {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// The program's rlimits, set on this (single-run) supervisor process so the program inherits
@@ -429,5 +493,45 @@ impl SealedCode {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subtree_holds_its_roots_and_every_descendant_in_any_scan_order() {
+        // 10 → 11 → 12 (listed before its parent), 13 elsewhere, 14 a child of 13.
+        let procs = [
+            (12, 11, 'S'),
+            (10, 0, 'S'),
+            (13, 1, 'S'),
+            (11, 10, 'S'),
+            (14, 13, 'S'),
+        ];
+        let tree = subtree(&procs, [10].into_iter());
+        assert_eq!(tree, HashSet::from([10, 11, 12]));
+        assert!(subtree(&procs, std::iter::empty()).is_empty());
+    }
+
+    #[test]
+    fn background_processes_are_the_hosts_outside_the_namespace_and_their_trees() {
+        let me = getpid().as_raw();
+        let spared = Spared {
+            resident: Some(50),
+            kernels: vec![51],
+        };
+        let procs = [
+            (1, 0, 'S'),   // init: spared on its own account, never a host
+            (50, 0, 'S'),  // the resident: not a host, so its runs are not spared
+            (51, 50, 'S'), // a kernel
+            (60, 0, 'S'),  // a proc host
+            (61, 60, 'S'), // its program
+            (62, 61, 'S'), // the program's child
+            (70, 1, 'S'),  // a run's daemon, re-parented to init
+            (me, 50, 'R'), // this run
+        ];
+        assert_eq!(spared.background(&procs), HashSet::from([60, 61, 62]));
     }
 }

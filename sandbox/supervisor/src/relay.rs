@@ -41,8 +41,27 @@ pub fn proxy_env() -> Vec<(String, String)> {
 
 /// Listens on the relay port and serves every connection in the background. Bound before the
 /// program starts, so the program cannot take the port first.
+///
+/// With `SO_REUSEPORT`: a session's background processes keep their relay up for their life
+/// (`proc.rs`), and a run in the same container binds the port beside theirs; the kernel
+/// spreads connections over the listeners, each relaying to the same socket. Only a process
+/// of the same uid can share the port — the session's own, which has its policy anyway.
 pub fn start(socket: &str) -> io::Result<()> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT))?;
+    use rustix::net::{bind, listen, socket_with, sockopt, AddressFamily, SocketFlags, SocketType};
+    // Close-on-exec: the program must not inherit the listener.
+    let fd = socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    sockopt::set_socket_reuseport(&fd, true)?;
+    bind(
+        &fd,
+        &std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT),
+    )?;
+    listen(&fd, 128)?;
+    let listener = TcpListener::from(fd);
     let socket = PathBuf::from(socket);
     thread::Builder::new()
         .name("egress-accept".into())
@@ -58,27 +77,33 @@ pub fn start(socket: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies bytes both ways until each side has closed its direction.
+/// Relays one client of the egress port to the proxy's socket.
 fn relay(client: TcpStream, socket: &Path) {
     let Ok(upstream) = UnixStream::connect(socket) else {
         return; // the proxy is gone: the client sees its connection closed
     };
-    let (Ok(mut client_back), Ok(mut upstream_back)) = (client.try_clone(), upstream.try_clone())
-    else {
+    splice(client, upstream);
+}
+
+/// Copies bytes both ways between a loopback connection and a host socket until each side has
+/// closed its direction (the egress relay's, and a preview port's tunnel, [`crate::ports`]).
+/// One direction runs on a thread of its own; a thread that cannot start drops both.
+pub fn splice(tcp: TcpStream, unix: UnixStream) {
+    let (Ok(mut tcp_back), Ok(mut unix_back)) = (tcp.try_clone(), unix.try_clone()) else {
         return;
     };
     let back = thread::Builder::new()
-        .name("egress-relay-back".into())
+        .name("relay-back".into())
         .spawn(move || {
-            let _ = io::copy(&mut upstream_back, &mut client_back);
-            let _ = client_back.shutdown(Shutdown::Write);
+            let _ = io::copy(&mut unix_back, &mut tcp_back);
+            let _ = tcp_back.shutdown(Shutdown::Write);
         });
     if back.is_err() {
         return;
     }
-    let (mut client, mut upstream) = (client, upstream);
-    let _ = io::copy(&mut client, &mut upstream);
-    let _ = upstream.shutdown(Shutdown::Write);
+    let (mut tcp, mut unix) = (tcp, unix);
+    let _ = io::copy(&mut tcp, &mut unix);
+    let _ = unix.shutdown(Shutdown::Write);
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 //! the executor knows where the run ended even if its report never came (the program killed
 //! the run process).
 //!
+//! It relays the container's preview ports ([`crate::ports`]) for as long as it lives.
+//!
 //! It also owns the session's kernel ([`Kernel`]): it must outlive the runs, which kill
 //! everything they did not start. A kernel request gets the kernel (started, or restarted
 //! after its death) and its run process inherits the kernel's pipes.
@@ -27,6 +29,7 @@ pub fn serve(warm_first: bool) -> ExitCode {
     // Not dumpable: code running as the same user cannot ptrace this process, read its memory
     // or open its stdin and stdout through /proc to speak for it.
     let _ = nix::sys::prctl::set_dumpable(false);
+    crate::ports::start();
     if warm_first && !crate::warm() {
         return ExitCode::FAILURE;
     }

@@ -52,7 +52,8 @@ use ractor::Actor;
 
 pub use config::AioPoolConfig;
 use docker::{remove_control_dir, InstanceSpec, Registry};
-use janitor::{Janitor, JanitorArgs, SERVICE_NAME};
+use janitor::{AioSweeper, SERVICE_NAME};
+use kit::janitor::{JanitorArgs, Sweep};
 use pool::{Gauges, Pool, PoolArgs, PoolMsg};
 use state::PoolState;
 
@@ -183,18 +184,24 @@ pub async fn run(
         .await?;
 
     let registry = Registry::default();
-    let janitor_args = JanitorArgs {
+    let sweeper = AioSweeper {
         docker: docker.clone(),
         mesh: mesh.clone(),
         me: config.kit.instance_id.clone(),
         registry: registry.clone(),
         socket_dir: config.socket_dir.clone(),
+        nodes_kv: nodes_kv.clone(),
+    };
+    let janitor_args = JanitorArgs {
+        sweeper: sweeper.clone(),
+        service: messages::ServiceName::AioPool,
+        node_id: config.kit.instance_id.clone(),
         nodes_kv,
         interval: config.janitor_interval,
     };
-    let (janitor, mut janitor_task) = Actor::spawn(None, Janitor, janitor_args)
-        .await
-        .map_err(|e| AioPoolError::Spawn("janitor", e))?;
+    let janitor_stop = CancellationToken::new();
+    let mut janitor_task =
+        tokio::spawn(kit::janitor::run_until(janitor_args, janitor_stop.clone()));
     let pool_args = PoolArgs {
         docker: docker.clone(),
         spec: spec.clone(),
@@ -211,7 +218,7 @@ pub async fn run(
     let (pool, mut pool_task) = match Actor::spawn(None, Pool, pool_args).await {
         Ok(p) => p,
         Err(e) => {
-            janitor.stop(None);
+            janitor_stop.cancel();
             return Err(AioPoolError::Spawn("pool", e));
         }
     };
@@ -258,7 +265,10 @@ pub async fn run(
     pool.stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
         .await
         .ok();
-    janitor.stop(None);
+    janitor_stop.cancel();
+    if !janitor_task.is_finished() {
+        let _ = janitor_task.await;
+    }
     // Creations still in flight remove their containers when their answer finds no pool:
     // wait for them (bounded by an instance's start), or a container made after the pool
     // stopped would outlive the service. Anything else left with this owner is a leak of a
@@ -267,13 +277,7 @@ pub async fn run(
     while !registry.is_empty() && tokio::time::Instant::now() < drained {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let owned = format!("{}={}", docker::LABEL_OWNER, spec.owner);
-    for c in containers::list(&docker, &owned).await.unwrap_or_default() {
-        if let Some(name) = containers::summary_name(&c) {
-            tracing::warn!(container = name, "removing a container left at shutdown");
-            containers::remove(&docker, &name).await;
-        }
-    }
+    sweeper.remove_all().await;
     remove_control_dir(&spec.control_root);
     outcome
 }

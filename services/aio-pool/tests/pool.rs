@@ -445,6 +445,45 @@ async fn the_janitor_removes_what_a_killed_pool_left() {
     h.stop().await;
 }
 
+/// A pool killed while another runs is reaped as soon as its heartbeat expires (the janitor
+/// watches the pools' keys), not at a periodic pass: the survivor's pass is an hour away here.
+#[tokio::test]
+async fn a_pool_killed_beside_a_running_one_is_reaped_when_its_heartbeat_expires() {
+    let nats = test_support::NatsServer::start();
+    let survivor = unique("survivor");
+    let h = Harness::start_on(nats, &survivor, &[("SANDMESH_AIO_JANITOR_MS", "3600000")]).await;
+    let doomed = unique("doomed");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandmesh-aio-pool"))
+        .envs(crate::common::base_env(&h.nats, &doomed))
+        .env("SANDMESH_AIO_MIN_INSTANCES", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let docker = containers::connect().await.unwrap();
+    let (d, o) = (&docker, &doomed);
+    eventually_true(
+        "the doomed pool made its instance",
+        Duration::from_secs(30),
+        || async move { owned_containers(d, o).await.len() == 1 },
+    )
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The control: nothing removes them but the janitor (the doomed pool ran no cleanup).
+    assert_eq!(owned_containers(&docker, &doomed).await.len(), 1);
+    let dead_dir = h.control_root.with_file_name(&doomed);
+    assert!(dead_dir.exists(), "{}", dead_dir.display());
+    let dead_dir = &dead_dir;
+    eventually_true(
+        "the survivor's janitor reaped the killed pool",
+        Duration::from_secs(60),
+        || async move { owned_containers(d, o).await.is_empty() && !dead_dir.exists() },
+    )
+    .await;
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn bad_input_gets_clear_errors() {
     let h = Harness::start(&[]).await;

@@ -17,8 +17,8 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::kv;
-use executor_node::janitor::node_alive;
 use executor_node::{Backend, NodeState, Sweep};
+use kit::janitor::node_alive;
 
 use crate::backend::BwrapBackend;
 use crate::cgroup::Cgroups;

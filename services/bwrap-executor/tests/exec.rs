@@ -188,3 +188,29 @@ async fn a_full_node_answers_429_and_a_draining_node_503() {
     h.assert_clean().await;
     h.stop().await;
 }
+
+#[tokio::test]
+async fn background_processes_are_not_implemented_and_say_so() {
+    let h = Harness::start().await;
+    let subject = h
+        .subjects
+        .executor_node_on(Backend::Bwrap, &h.node, ExecutorOp::Proc);
+    let call = messages::proc::ProcCall::List {
+        session_id: "s1".into(),
+    };
+    match h
+        .caller
+        .request::<_, messages::proc::ProcReply>(subject, &call)
+        .await
+    {
+        Err(ClientError::Service { body: e, .. }) => {
+            assert_eq!((e.code, e.kind), (501, ErrorKind::NotImplemented));
+            assert!(e.message.contains("bwrap"), "{e:?}");
+        }
+        other => panic!("expected 501, got {other:?}"),
+    }
+    // Control: the same node runs code.
+    let r = h.exec(Language::Shell, "echo ok").await;
+    assert_eq!(r.stdout, "ok\n", "{r:?}");
+    h.stop().await;
+}

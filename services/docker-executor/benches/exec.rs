@@ -194,7 +194,7 @@ async fn main() {
         uid: uid.uid(),
     };
     baseline
-        .start(id, ContainerKind::Warm, None, limits, None, None)
+        .start(id, ContainerKind::Warm, None, limits, &[], None)
         .await
         .unwrap();
     let bare = || async {

@@ -11,6 +11,7 @@ use executor_node::{Admitted, Backend, Gauges, NodeState};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use messages::executor::{ExecutorRun, RunKind};
+use messages::proc::{ProcCall, ProcReply};
 use messages::{ErrorBody, ServiceName};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
@@ -113,6 +114,21 @@ impl Backend for DockerBackend {
         async move {
             if let Some(containers) = containers {
                 let _ = ractor::call!(containers, ContainersMsg::CloseAll);
+            }
+        }
+        .boxed()
+    }
+
+    fn proc(&self, call: ProcCall) -> BoxFuture<'static, Result<ProcReply, ErrorBody>> {
+        let containers = self.containers.clone();
+        async move {
+            let containers = containers
+                .ok_or_else(|| ErrorBody::unavailable("the docker backend is starting"))?;
+            match ractor::call!(containers, ContainersMsg::Proc, call) {
+                Ok(answer) => answer,
+                Err(e) => Err(ErrorBody::unavailable(format!(
+                    "the session's container went: {e}"
+                ))),
             }
         }
         .boxed()

@@ -34,6 +34,10 @@ pub struct ExecutorConfig {
     /// per container with a network policy; the Docker daemon must see this path). Default:
     /// `sandmesh-egress` in the system temporary directory.
     pub egress_dir: std::path::PathBuf,
+    /// `SANDMESH_EXEC_PORTS_DIR`: where containers' ports socket directories are made (one
+    /// per container, for preview ports; the Docker daemon must see this path). Default:
+    /// `sandmesh-ports` in the system temporary directory.
+    pub ports_dir: std::path::PathBuf,
     /// `SANDMESH_EXEC_UIDS` (`FIRST-LAST`): the host uids containers run as, one per container
     /// (warm, isolated or session), so no per-user kernel budget is shared between two.
     /// Default: 2000000000-2000099999. Executors sharing a Docker daemon may share a range (a
@@ -73,6 +77,10 @@ impl ExecutorConfig {
                 .optional_string("EXEC_EGRESS_DIR")
                 .map(Into::into)
                 .unwrap_or_else(|| std::env::temp_dir().join("sandmesh-egress")),
+            ports_dir: r
+                .optional_string("EXEC_PORTS_DIR")
+                .map(Into::into)
+                .unwrap_or_else(|| std::env::temp_dir().join("sandmesh-ports")),
             uids: UidRange::read(&mut r, "EXEC_UIDS", UidRange::DOCKER),
         };
         if c.capacity == 0 {

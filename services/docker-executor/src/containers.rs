@@ -18,6 +18,7 @@ use executor_node::template_images::TemplateImages;
 use executor_node::{Admitted, NodeState};
 use messages::exec::ExecStatus;
 use messages::executor::RunKind;
+use messages::proc::{ProcCall, ProcReply};
 use messages::template::{RunTemplate, TemplateRan};
 use messages::validate::Ceilings;
 use messages::ErrorBody;
@@ -39,6 +40,8 @@ pub enum ContainersMsg {
     Close(String, RpcReplyPort<bool>),
     /// The end of a drain: close every session.
     CloseAll(RpcReplyPort<()>),
+    /// An operation on a session's background processes, for its session actor.
+    Proc(ProcCall, RpcReplyPort<Result<ProcReply, ErrorBody>>),
 }
 
 pub struct Containers;
@@ -339,6 +342,17 @@ impl Actor for Containers {
                 }
                 None => {
                     let _ = reply.send(false);
+                }
+            },
+            ContainersMsg::Proc(call, reply) => match state.sessions.get(call.session_id()) {
+                // The session actor answers (or, stopped meanwhile, drops the port: 503).
+                Some(actor) => {
+                    let _ = actor.cast(SessionMsg::Proc(call, reply));
+                }
+                None => {
+                    let _ = reply.send(Err(ErrorBody::not_found(
+                        "the session has no container on this node (closed, or idle)",
+                    )));
                 }
             },
             ContainersMsg::CloseAll(reply) => {

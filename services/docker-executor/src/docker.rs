@@ -14,12 +14,13 @@ use bollard::query_parameters::CreateContainerOptionsBuilder;
 use bollard::Docker;
 use containers::{hardened_host_config, tmpfs_options, Hardening};
 pub use containers::{summary_name, DockerError};
+use messages::exec::EffectiveLimits;
 use messages::filesystem::{FilesystemPolicy, Mount, TMP_DIR};
-use messages::validate::EffectiveLimits;
 
 use executor_node::{UidPool, UidRange};
 
 use crate::config::ExecutorConfig;
+use crate::ports::PortsHost;
 
 /// Every sandbox container carries `sandmesh=1` (the janitor hook counts these) and its
 /// [`LABEL_KIND`]: `warm` (pool, single use), `isolated` (made for one run) or `session`.
@@ -116,6 +117,8 @@ pub struct SandboxSpec {
     pub fsize_bytes: u64,
     /// The host uids its containers run as, one each (`SANDMESH_EXEC_UIDS`).
     pub uids: UidRange,
+    /// Where each container's ports socket directory is made (`SANDMESH_EXEC_PORTS_DIR`).
+    pub ports_dir: std::path::PathBuf,
 }
 
 impl SandboxSpec {
@@ -130,6 +133,7 @@ impl SandboxSpec {
             nofile: c.nofile,
             fsize_bytes: c.fsize_mb << 20,
             uids: config.uids,
+            ports_dir: config.ports_dir.clone(),
         }
     }
 
@@ -142,7 +146,7 @@ impl SandboxSpec {
         session: Option<&str>,
         uid: u32,
         limits: ContainerLimits,
-        egress_bind: Option<&str>,
+        binds: &[String],
         filesystem: Option<&FilesystemPolicy>,
     ) -> ContainerCreateBody {
         let mut tmpfs = HashMap::from([
@@ -171,8 +175,9 @@ impl SandboxSpec {
         // The supervisor is the init (`keep`): Docker's init would be a process of the sandbox
         // user that code could trace and take over, and every run must spare PID 1.
         host.init = Some(false);
-        // The network stays `none`: the egress socket directory is the only way out.
-        host.binds = egress_bind.map(|bind| vec![bind.to_string()]);
+        // The network stays `none`: the egress socket directory is the only way out, and the
+        // ports socket's the only way in (each bound read-only, its socket the host's).
+        host.binds = (!binds.is_empty()).then(|| binds.to_vec());
         let mut labels: HashMap<String, String> = [
             (LABEL_SANDMESH.to_string(), "1".to_string()),
             (LABEL_NODE.to_string(), self.node_id.clone()),
@@ -204,6 +209,8 @@ pub struct Sandboxes {
     pub spec: Arc<SandboxSpec>,
     /// The uids this node's containers run as, shared by every image's containers.
     pub uids: Arc<UidPool>,
+    /// Binds each container's ports socket; finds a session's (shared by every image's).
+    pub ports: PortsHost,
 }
 
 impl Sandboxes {
@@ -215,6 +222,7 @@ impl Sandboxes {
         Self {
             docker,
             uids: UidPool::new(spec.uids),
+            ports: PortsHost::new(spec.ports_dir.clone()),
             spec: Arc::new(spec),
         }
     }
@@ -228,6 +236,7 @@ impl Sandboxes {
                 ..(*self.spec).clone()
             }),
             uids: self.uids.clone(),
+            ports: self.ports.clone(),
         }
     }
 
@@ -247,21 +256,21 @@ impl Sandboxes {
         )
     }
 
-    /// Creates and starts the container `id` (with its egress socket directory bound and its
-    /// filesystem policy mounted when given); a container that fails to start is removed
-    /// again.
+    /// Creates and starts the container `id` (with `binds`: its ports socket directory, and its
+    /// egress socket directory when it has one; its filesystem policy mounted when given); a
+    /// container that fails to start is removed again.
     pub async fn start(
         &self,
         id: ContainerId<'_>,
         kind: ContainerKind,
         session: Option<&str>,
         limits: ContainerLimits,
-        egress_bind: Option<&str>,
+        binds: &[String],
         filesystem: Option<&FilesystemPolicy>,
     ) -> Result<Container, DockerError> {
         let body = self
             .spec
-            .container_body(kind, session, id.uid, limits, egress_bind, filesystem);
+            .container_body(kind, session, id.uid, limits, binds, filesystem);
         let name = id.name;
         let options = CreateContainerOptionsBuilder::new().name(name).build();
         self.docker

@@ -40,6 +40,8 @@ pub struct Runner {
     pub config: Arc<ExecutorConfig>,
     /// Binds the egress proxies of containers made for a network policy.
     pub egress: EgressHost,
+    /// Where the session's background processes say they ended.
+    pub auditor: kit::Auditor,
 }
 
 /// Whether the container can take another execution.

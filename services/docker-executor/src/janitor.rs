@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use executor_node::janitor::node_alive;
 use executor_node::{Backend, NodeState, Sweep};
+use kit::janitor::node_alive;
 
 use crate::backend::DockerBackend;
 use crate::docker::{summary_name, Sandboxes, LABEL_MESH, LABEL_NODE};

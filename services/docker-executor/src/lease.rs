@@ -13,6 +13,7 @@ use crate::docker::{
     is_name_conflict, ContainerId, ContainerKind, ContainerLimits, DockerError, Sandboxes,
 };
 use crate::egress::ContainerEgress;
+use crate::ports::PortDoor;
 use crate::resident::Resident;
 
 /// Why a container could not be had.
@@ -46,6 +47,9 @@ pub struct ContainerLease {
     /// lease (before the container itself is gone, never after). Boxed: leases travel in
     /// actor messages, and most have none.
     pub egress: Option<Box<ContainerEgress>>,
+    /// Its ports socket (preview ports), shared with the node's [`crate::ports::Doors`] while
+    /// it is a session's; it goes with the lease, and every tunnel through it with it.
+    pub ports: Arc<PortDoor>,
     /// Its resident supervisor, started with the container (warm pool) or by its first run.
     /// Boxed like the egress, for the same reason.
     pub resident: Option<Box<Resident>>,
@@ -67,6 +71,11 @@ impl ContainerLease {
         filesystem: Option<&FilesystemPolicy>,
     ) -> Result<Self, DockerError> {
         let mut egress = egress.map(Box::new);
+        let ports = sandboxes
+            .ports
+            .bind()
+            .map_err(|e| DockerError::failed("create", "a ports socket", kit::error_chain(&e)))?;
+        let ports = Arc::new(ports);
         for _ in 0..UID_TRIES {
             let uid = sandboxes
                 .uids
@@ -82,17 +91,19 @@ impl ContainerLease {
                 held: Held::Nothing,
                 synced: std::time::Instant::now(),
                 egress: egress.take(),
+                ports: ports.clone(),
                 resident: None,
                 sandboxes: sandboxes.clone(),
                 node: node.clone(),
             };
-            let mount = lease.egress.as_ref().map(|e| e.bind_spec());
+            let mut binds = vec![lease.ports.bind_spec()];
+            binds.extend(lease.egress.as_ref().map(|e| e.bind_spec()));
             let id = ContainerId {
                 name: &lease.name,
                 uid: host_uid,
             };
             let started = sandboxes
-                .start(id, kind, session, limits, mount.as_deref(), filesystem)
+                .start(id, kind, session, limits, &binds, filesystem)
                 .await;
             match started {
                 Ok(_) => return Ok(lease),

@@ -66,6 +66,10 @@
 //!   supervisor relays `127.0.0.1:3128` to it during the run, every decision is audited
 //!   (`sandbox.v1.audit.egress`) and the result lists the hosts contacted and refused. Warm
 //!   containers have no socket, and a pooled run with a policy is refused (400).
+//! - Preview ports: every container gets a ports socket the host binds in a directory of its
+//!   own, bind-mounted read-only ([`ports`]); its resident supervisor keeps a connection to it
+//!   waiting, and `executor.docker.<node>.tunnel` ([`tunnel`]) dials a port of a session's
+//!   container through it and pumps the bytes over NATS. Tunnels end with their container.
 //! - Each container runs as a host uid of its own (`SANDMESH_EXEC_UIDS`), its tmpfs mounts
 //!   owned by it: per-user kernel budgets (inotify instances, message-queue bytes, pending
 //!   signals) are never shared between two containers, of one tenant or two. The container's
@@ -80,7 +84,8 @@
 //! pool's floor), `WARM_POOL_MAX` (= `MAX_SESSIONS`), `WARM_POOL_WINDOW_MS` (600000), `CAPACITY` (8), `MAX_SESSIONS` (64), `SESSION_IDLE_MS` (600000), `WORKSPACE` (on|off),
 //! `WORKSPACE_MB` (64), `TMP_MB` (64), `NOFILE` (256), `FSIZE_MB` (= WORKSPACE_MB),
 //! `KILL_GRACE_MS` (5000), `JANITOR_MS` (30000), `EGRESS_DIR` (`$TMPDIR/sandmesh-egress`:
-//! the containers' socket directories; the Docker daemon must see this path), `UIDS`
+//! the containers' socket directories; the Docker daemon must see this path), `PORTS_DIR`
+//! (`$TMPDIR/sandmesh-ports`: the containers' ports socket directories, likewise), `UIDS`
 //! (`2000000000-2000099999`: the host uids of containers, one each), and the request
 //! ceilings
 //! `{DEFAULT,MAX}_{TIMEOUT_MS,MEMORY_MB,CPUS,PIDS,OUTPUT_BYTES}`.
@@ -95,9 +100,12 @@ pub mod exchange;
 pub mod execution;
 pub mod janitor;
 pub mod lease;
+pub mod ports;
 pub mod probe;
+pub mod procs;
 pub mod resident;
 pub mod session;
+pub mod tunnel;
 pub mod warm_pool;
 
 use std::sync::Arc;
@@ -146,6 +154,8 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
     let sandboxes = Sandboxes::new(docker, SandboxSpec::from_config(&config, &mesh));
     let node = Arc::new(NodeState::new(runtime.metrics.clone()));
     let config = Arc::new(config);
+    let doors = sandboxes.ports.doors().clone();
+    tunnel::serve(&runtime, config.node_id(), doors, node.clone()).await?;
 
     let runner = Runner {
         sandboxes: sandboxes.clone(),
@@ -161,6 +171,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         subjects,
         config: config.clone(),
         egress: egress::EgressHost::new(config.egress_dir.clone(), runtime.auditor.clone()),
+        auditor: runtime.auditor.clone(),
     };
     let sweeper = DockerSweeper {
         sandboxes,

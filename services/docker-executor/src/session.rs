@@ -1,11 +1,15 @@
 //! `SessionContainer`: one per session on this node. It owns the session's container, runs
 //! the session's executions one at a time in arrival order (files in `/workspace` and `/tmp`
-//! persist between them; processes never do — the supervisor kills them at the end of each
-//! run), and removes the container on close or after an idle timeout.
+//! persist between them; a run's processes never do — the supervisor kills them at the end of
+//! each run — only the session's background processes, started by name), and removes the
+//! container on close or after an idle timeout.
 //!
 //! A new session takes a warm container from the pool when one is ready, so its first run
 //! pays no cold start. The container remembers the workspace revision it holds
 //! (`lease::Held`), so a run after one that changed nothing makes no workspace request.
+//!
+//! Background processes (`crate::procs`) live in the session's container and die with it; a
+//! running one keeps the session from its idle close.
 //!
 //! Kernel cells run in the container's kernel, which its resident supervisor keeps between
 //! runs and restarts (saying so) when it died. A kernel that goes with a replaced container
@@ -18,15 +22,18 @@ use std::time::{Duration, Instant};
 
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
+use messages::proc::{ProcCall, ProcReply};
 use messages::ErrorBody;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use executor_node::{Admitted, NodeState};
 
 use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
+use crate::egress::ContainerEgress;
 use crate::execution::{Health, Runner};
 use crate::lease::{ContainerLease, StartError};
+use crate::procs::{ProcHost, Procs};
 use crate::warm_pool::WarmPoolMsg;
 
 /// Containers travel in messages as leases: one the stopped actor never reads is dropped with
@@ -39,6 +46,8 @@ pub enum SessionMsg {
     /// when it must be retried in another container).
     Done(ContainerLease, Health, Option<Box<Admitted>>),
     IdleCheck,
+    /// An operation on the session's background processes.
+    Proc(ProcCall, RpcReplyPort<Result<ProcReply, ErrorBody>>),
 }
 
 pub struct SessionContainer;
@@ -80,9 +89,30 @@ pub struct SessionState {
     kernel_started: bool,
     /// A container with a kernel was replaced: the next kernel cell's state is lost.
     kernel_lost: bool,
+    /// The session's background processes; they live in `host`'s container.
+    procs: Procs,
+    /// The current container, for the processes (set while the session has one).
+    host: Option<ProcHost>,
 }
 
 impl SessionState {
+    /// What a background process needs of `container`.
+    fn host_of(&self, container: &ContainerLease) -> ProcHost {
+        let runner = &self.args.runner;
+        ProcHost {
+            docker: runner.sandboxes.docker.clone(),
+            container: container.name.clone(),
+            nofile: runner.config.node.nofile,
+            fsize_bytes: runner.config.node.fsize_mb << 20,
+            egress_socket: container
+                .egress
+                .as_ref()
+                .map(|_| ContainerEgress::socket_in_container()),
+            nats: runner.client.clone(),
+            auditor: runner.auditor.clone(),
+        }
+    }
+
     /// Gets the session a container: a warm one from the pool, or a cold start (always
     /// cold after a dead container, which may have died with the pool's others).
     fn acquire(&mut self, myself: &ActorRef<SessionMsg>, use_pool: bool) {
@@ -187,6 +217,8 @@ impl Actor for SessionContainer {
             last_used: Instant::now(),
             kernel_started: false,
             kernel_lost: false,
+            procs: Procs::default(),
+            host: None,
         };
         state.acquire(&myself, true);
         Ok(state)
@@ -204,6 +236,10 @@ impl Actor for SessionContainer {
                 state.pump(&myself);
             }
             SessionMsg::Acquired(Ok(container)) => {
+                // Tunnels to the session's ports go through this container from now on.
+                let doors = state.args.runner.sandboxes.ports.doors();
+                doors.register(&state.args.session_id, &container.ports);
+                state.host = Some(state.host_of(&container));
                 state.container = Some(container);
                 state.phase = Phase::Idle;
                 state.last_used = Instant::now();
@@ -228,13 +264,35 @@ impl Actor for SessionContainer {
                 } else {
                     // Killed (backstop) or dead: the session continues in a fresh container
                     // (the old one goes with its lease, and its kernel with it).
+                    // Its background processes go with it (each proc host's stream ends, and
+                    // the process is recorded killed).
                     drop(container);
+                    state.host = None;
                     state.kernel_lost |= std::mem::take(&mut state.kernel_started);
                     state.acquire(&myself, health != Health::Unusable);
                 }
                 state.pump(&myself);
             }
+            SessionMsg::Proc(call, reply) => {
+                // Off the actor: a start waits for its program, a wait for its end.
+                let (procs, host) = (state.procs.clone(), state.host.clone());
+                if matches!(call, ProcCall::Start { .. }) {
+                    state.last_used = Instant::now();
+                }
+                state.args.node.tasks.spawn(async move {
+                    let _ = reply.send(procs.call(call, host).await);
+                });
+            }
             SessionMsg::IdleCheck => {
+                // A running process, or an open tunnel to one of its ports, is activity: the
+                // session lives on (up to its TTL, which the scheduler enforces).
+                let tunnels = state
+                    .container
+                    .as_ref()
+                    .map_or(0, |c| c.ports.open_tunnels());
+                if state.procs.any_running() || tunnels > 0 {
+                    state.last_used = Instant::now();
+                }
                 if state.phase == Phase::Idle
                     && state.queue.is_empty()
                     && state.last_used.elapsed() >= state.args.idle
@@ -253,6 +311,8 @@ impl Actor for SessionContainer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.reject_queued(ErrorBody::unavailable("the session was closed"));
+        let doors = state.args.runner.sandboxes.ports.doors();
+        doors.forget(&state.args.session_id);
         // A run in progress dies with its container now; its lease, back from the run's task
         // to this stopped actor, is dropped and finishes the removal.
         if let Some(name) = state.running_in.take() {

@@ -40,7 +40,8 @@ pub enum WarmPoolMsg {
     Take(RpcReplyPort<Option<ContainerLease>>),
     /// A background start finished. A lease in a message the stopped pool never reads is
     /// dropped with it, which removes the container.
-    Started(Result<ContainerLease, DockerError>),
+    /// Boxed: a lease is large beside the other variants.
+    Started(Result<Box<ContainerLease>, DockerError>),
     /// Start containers until the pool is full (also sent when an execution that took a
     /// container ends). Ignored while a retry after failed starts is pending.
     Replenish,
@@ -149,7 +150,7 @@ impl WarmPoolState {
                 Ok(lease)
             }
             .await;
-            let _ = myself.cast(WarmPoolMsg::Started(started));
+            let _ = myself.cast(WarmPoolMsg::Started(started.map(Box::new)));
         });
     }
 }
@@ -214,7 +215,7 @@ impl Actor for WarmPool {
             WarmPoolMsg::Started(Ok(container)) => {
                 state.starting -= 1;
                 state.backoff = Duration::from_millis(250);
-                state.ready.push_back(container);
+                state.ready.push_back(*container);
                 state.publish_size();
                 // The next start, while the pool is below its target.
                 if !state.retry_pending {

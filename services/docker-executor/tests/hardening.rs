@@ -36,7 +36,7 @@ async fn a_sandbox_container_carries_every_hardening_field() {
             ContainerKind::Session,
             Some("s-hard"),
             limits,
-            None,
+            &[],
             None,
         )
         .await

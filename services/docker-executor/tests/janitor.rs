@@ -260,6 +260,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
         nofile: 64,
         fsize_bytes: 1 << 20,
         uids: executor_node::UidRange::DOCKER,
+        ports_dir: std::env::temp_dir().join("sandmesh-ports"),
     };
     let limits = ContainerLimits {
         memory_mb: 32,
@@ -283,7 +284,7 @@ async fn the_janitor_removes_unowned_containers_of_its_mesh_only() {
                 ContainerKind::Warm,
                 None,
                 limits,
-                None,
+                &[],
                 None,
             )
             .await

@@ -10,7 +10,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use messages::exec::{ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS};
 use messages::heartbeat::Heartbeat;
@@ -27,7 +27,7 @@ use crate::openapi::Errors;
 use crate::problem::Problem;
 use crate::rate::RateLimiter;
 use crate::tenants::Tenants;
-use crate::{body, files, openapi, stream, templates};
+use crate::{body, files, openapi, ports, procs, stream, templates};
 
 /// What every request handler reaches.
 pub struct App {
@@ -74,7 +74,48 @@ pub fn router(app: Arc<App>) -> Router {
                 .post(files::upload_by_post)
                 .delete(files::delete),
         )
+        .route(
+            "/api/v1/sessions/{id}/processes",
+            post(procs::start).get(procs::list),
+        )
+        .route(
+            "/api/v1/sessions/{id}/processes/{proc_id}",
+            axum::routing::delete(procs::kill),
+        )
+        .route(
+            "/api/v1/sessions/{id}/processes/{proc_id}/output",
+            get(procs::output),
+        )
+        .route(
+            "/api/v1/sessions/{id}/processes/{proc_id}/input",
+            post(procs::input),
+        )
+        .route(
+            "/api/v1/sessions/{id}/procs/{proc_id}/ws",
+            get(procs::terminal),
+        )
+        .route(
+            "/api/v1/sessions/{id}/ports",
+            post(ports::expose).get(ports::list),
+        )
+        .route(
+            "/api/v1/sessions/{id}/ports/{port}",
+            get(ports::to_root).delete(ports::unexpose),
+        )
+        .route(
+            "/api/v1/sessions/{id}/ports/{port}/",
+            any(ports::proxy_path),
+        )
+        .route(
+            "/api/v1/sessions/{id}/ports/{port}/{*path}",
+            any(ports::proxy_path),
+        )
         .fallback(|| async { Problem::not_found("no such route") })
+        // `{port}-{session}.localhost` is a port of a session, whatever the path.
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            ports::host_routing,
+        ))
         // Body caps are the extractors' (per route: files may be larger than JSON), checked
         // as the body streams in; axum's default cap would cut uploads at 2 MB.
         .layer(axum::extract::DefaultBodyLimit::disable())

@@ -14,7 +14,7 @@ use utoipa::{Modify, OpenApi};
 use messages::exec::{AwaitingConfirmation, OutputChunk};
 
 use crate::problem::{Problem, PROBLEM_JSON};
-use crate::{api, files, templates};
+use crate::{api, files, ports, procs, templates};
 
 /// The errors any call may answer with, all in the problem shape.
 pub struct Errors;
@@ -58,6 +58,10 @@ impl utoipa::IntoResponses for Errors {
             (
                 "503",
                 "the service is not there (`unavailable`, `transport`)",
+            ),
+            (
+                "501",
+                "this kind of sandbox cannot do it (`not_implemented`)",
             ),
             ("504", "no answer in time (`timeout`)"),
         ]
@@ -109,6 +113,14 @@ impl Modify for BearerKeys {
         templates::create,
         templates::update,
         templates::delete,
+        procs::start,
+        procs::list,
+        procs::output,
+        procs::input,
+        procs::kill,
+        ports::expose,
+        ports::list,
+        ports::unexpose,
     ),
     // The event payloads of a streamed execution (not response bodies of their own).
     components(schemas(Problem, OutputChunk, AwaitingConfirmation)),

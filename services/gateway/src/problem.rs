@@ -79,6 +79,7 @@ impl Problem {
     pub fn status_of(kind: ErrorKind) -> StatusCode {
         match kind {
             ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorKind::Denied => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Conflict => StatusCode::CONFLICT,
@@ -87,6 +88,7 @@ impl Problem {
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Internal => StatusCode::BAD_GATEWAY,
+            ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
         }
     }
 }

@@ -6,4 +6,6 @@ mod api;
 mod common;
 mod e2b;
 mod large_upload;
+mod ports;
+mod procs;
 mod uploads;

@@ -13,20 +13,19 @@ use messages::session::{SessionOpen, SessionRecord, SessionState};
 use messages::ServiceName;
 use sandmesh_client::{MeshClient, TemplateClient, WorkspaceClient};
 
-use crate::dispatch::PLACEMENT_ATTEMPTS;
 use crate::error::{SchedulerError, SessionEnd};
 use crate::execution::terminal;
 use crate::executor_runner::{settle, Call, ExecutorRunner};
-use crate::placement::{Decision, Requirements};
-use crate::placer::Placer;
+use crate::placement::Requirements;
+use crate::placer::{Placement, Placer, PLACEMENT_ATTEMPTS};
 use crate::sessions::{mark_lost, Change, SessionTable};
 
 /// Where a session's execution runs: its node, whether its process state was lost on the
-/// way, the placement decision when a new node was chosen, and the record as placed.
+/// way, the placement when a new node was picked, and the record as placed.
 struct Placed {
     node: String,
     restored: bool,
-    decision: Option<Decision>,
+    placement: Option<Placement>,
     record: SessionRecord,
 }
 
@@ -129,7 +128,7 @@ impl SessionAffinity {
             let Placed {
                 node,
                 restored,
-                decision,
+                placement,
                 record: placed,
             } = self
                 .place_session(&record, template.as_deref(), &needs, deadline, scope)
@@ -137,9 +136,6 @@ impl SessionAffinity {
             // Checked again as placed: the session may have taken another run's template
             // since it was read (two first runs at once), or was opened by this run.
             if let Err(error) = placed.admits_template(template.as_deref()) {
-                if decision.is_some() {
-                    self.placer.release(Some(&node));
-                }
                 return Ok(terminal(
                     &run.execution_id,
                     run.request(),
@@ -154,31 +150,21 @@ impl SessionAffinity {
             let busy = Use::Running { deadline };
             self.background
                 .spawn(async move { me.touch_session(&id, &at, busy).await });
-            self.placer.audit_placed(
-                scope,
-                run,
-                decision.as_ref().or(Some(&Decision {
-                    node: node.clone(),
-                    score: 1.0,
-                    reason: "session affinity".into(),
-                })),
-            );
-            if decision.is_none() {
-                // Not picked (affinity): count it on its node like a pick would.
-                self.placer.dispatched(&node);
-            }
+            // Not picked (affinity): counted on its node like a pick.
+            let placement = placement.unwrap_or_else(|| self.placer.dispatched(&node));
+            self.placer
+                .audit_placed(scope, run, Some(placement.decision()));
             let call = self
                 .executor
                 .run_watched(
                     &self.placer,
                     Backend::Docker,
-                    Some(&node),
+                    Some(placement),
                     run,
                     deadline,
                     scope,
                 )
                 .await;
-            self.placer.release(Some(&node));
             match call {
                 Call::NoResponders => {
                     record = self.session_lost(session_id, &node, scope).await?;
@@ -269,7 +255,7 @@ impl SessionAffinity {
         let follow = |record: SessionRecord| Placed {
             node: record.node.clone().unwrap_or_default(),
             restored: false,
-            decision: None,
+            placement: None,
             record,
         };
         if record.state == SessionState::Active {
@@ -288,17 +274,18 @@ impl SessionAffinity {
         // Like work without a session, a new placement waits (bounded by the execution's
         // deadline) for a free slot instead of failing while every node is busy.
         let until = Instant::now() + wait;
-        let decision = match self.placer.pick_waiting(needs, &exclude, wait).await? {
-            Some(d) => Some(d),
+        let placement = match self.placer.pick_waiting(needs, &exclude, wait).await? {
+            Some(p) => Some(p),
             // Only the node we would avoid is left; it may have come back.
             None => {
                 let left = until.saturating_duration_since(Instant::now());
                 self.placer.pick_waiting(needs, &[], left).await?
             }
         };
-        let decision =
-            decision.ok_or_else(|| SchedulerError::NoNodeForSession { id: id.clone() })?;
-        let chosen = decision.node.clone();
+        // Dropped on every way out but the first below: the pick's count is given back.
+        let placement =
+            placement.ok_or_else(|| SchedulerError::NoNodeForSession { id: id.clone() })?;
+        let chosen = placement.node().to_string();
         let mut restored = None;
         let stored = self
             .sessions
@@ -325,34 +312,22 @@ impl SessionAffinity {
             .await;
         let stored = match stored {
             Ok(Some(stored)) => stored,
-            Ok(None) => {
-                self.placer.release(Some(&chosen));
-                return Err(SchedulerError::SessionVanished { id: id.clone() });
-            }
-            Err(e) => {
-                self.placer.release(Some(&chosen));
-                return Err(e.into());
-            }
+            Ok(None) => return Err(SchedulerError::SessionVanished { id: id.clone() }),
+            Err(e) => return Err(e.into()),
         };
         match (stored.state, stored.node.clone(), restored) {
             (SessionState::Active, Some(node), Some(lost)) => Ok(Placed {
                 node,
                 restored: lost,
-                decision: Some(decision),
+                placement: Some(placement),
                 record: stored,
             }),
             // Another scheduler placed it meanwhile: follow it there.
-            (SessionState::Active, Some(_), None) => {
-                self.placer.release(Some(&chosen));
-                Ok(follow(stored))
-            }
-            (state, _, _) => {
-                self.placer.release(Some(&chosen));
-                Err(SchedulerError::SessionEnded {
-                    id: id.clone(),
-                    why: SessionEnd::Unrunnable(state),
-                })
-            }
+            (SessionState::Active, Some(_), None) => Ok(follow(stored)),
+            (state, _, _) => Err(SchedulerError::SessionEnded {
+                id: id.clone(),
+                why: SessionEnd::Unrunnable(state),
+            }),
         }
     }
 

@@ -96,7 +96,7 @@ pub fn expired(why: &str) -> ConfirmationOutcome {
 }
 
 /// How much of the code, and of each text file, a person is shown.
-const EXCERPT_BYTES: usize = 2048;
+pub(crate) const EXCERPT_BYTES: usize = 2048;
 
 fn summary(language: &str, bytes: usize, files: &[FileSpec], risk: &RiskAssessment) -> String {
     // The summary is one paragraph: a few paths by name, the rest counted (all are in `files`).
@@ -134,7 +134,7 @@ fn shown(file: &FileSpec) -> ConfirmFile {
 }
 
 /// At most `max` bytes of `code`, cut at a character boundary.
-fn excerpt(code: &str, max: usize) -> String {
+pub(crate) fn excerpt(code: &str, max: usize) -> String {
     if code.len() <= max {
         return code.to_string();
     }

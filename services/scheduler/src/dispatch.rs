@@ -20,11 +20,8 @@ use crate::error::{SchedulerError, StoreError};
 use crate::execution::Execution;
 use crate::executor_runner::{settle, Call, ExecutorRunner};
 use crate::placement::Requirements;
-use crate::placer::Placer;
+use crate::placer::{Placement, Placer, PLACEMENT_ATTEMPTS};
 use crate::tier::{light_backend, EphemeralBackend};
-
-/// Tries per execution when the chosen node turns out to be gone (no responders).
-pub const PLACEMENT_ATTEMPTS: usize = 3;
 
 #[derive(Clone)]
 pub struct Dispatcher {
@@ -191,18 +188,17 @@ impl Dispatcher {
     ) -> Result<Option<ExecResult>, SchedulerError> {
         let mut exclude = Vec::new();
         for _ in 0..PLACEMENT_ATTEMPTS {
-            let decision = self.placer.pick_waiting(&needs, &exclude, deadline).await?;
-            let node = decision.as_ref().map(|d| d.node.clone());
+            let placement = self.placer.pick_waiting(&needs, &exclude, deadline).await?;
+            let node = placement.as_ref().map(|p| p.node().to_string());
             if node.is_none() && backend != Backend::Docker {
                 return Ok(None);
             }
-            self.placer.audit_placed(scope, run, decision.as_ref());
+            let decision = placement.as_ref().map(Placement::decision);
+            self.placer.audit_placed(scope, run, decision);
             let call = self
                 .executor
-                .run_watched(&self.placer, backend, node.as_deref(), run, deadline, scope)
+                .run_watched(&self.placer, backend, placement, run, deadline, scope)
                 .await;
-            // The pick counted this work on the node; it has ended either way.
-            self.placer.release(node.as_deref());
             match call {
                 Call::NoResponders => match node {
                     Some(node) => exclude.push(node),

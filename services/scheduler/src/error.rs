@@ -7,12 +7,10 @@ use messages::executor::{Backend, RunShapeError};
 use messages::network::BeyondCeiling;
 use messages::quota::OverQuota;
 use messages::session::SessionState;
+use messages::testrun::{MAX_REPORT_BYTES, MAX_TEST_CASES};
 use messages::validate::ValidationError;
 use messages::{ErrorBody, ErrorKind, ServiceName};
 use sandmesh_client::ClientError;
-
-use crate::placer::RegistryGone;
-use crate::testrun::junit::JunitError;
 
 type Cause = Box<dyn std::error::Error + Send + Sync>;
 
@@ -44,6 +42,52 @@ impl StoreError {
 impl From<StoreError> for ErrorBody {
     fn from(e: StoreError) -> Self {
         ErrorBody::unavailable(format!("JetStream: {e}"))
+    }
+}
+
+/// The registry could not be asked (it died and is being restarted): retry.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryGone {
+    #[error("the runtime registry did not answer in time; retry")]
+    TimedOut,
+    #[error("the runtime registry stopped before answering; retry")]
+    Stopped,
+    /// The message it was not sent is dropped: only why counts.
+    #[error("the runtime registry is not running; retry")]
+    Unreachable(#[source] ractor::MessagingErr<()>),
+}
+
+impl From<RegistryGone> for ErrorBody {
+    fn from(e: RegistryGone) -> Self {
+        ErrorBody::unavailable(e.to_string())
+    }
+}
+
+/// Why a test run's JUnit report was refused (`testrun::junit` reads it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JunitError {
+    #[error("the test report is {size} bytes; the limit is {MAX_REPORT_BYTES}")]
+    TooLarge { size: u64 },
+    #[error("the test report is not UTF-8")]
+    NotUtf8,
+    #[error("the test report declares a DTD; JUnit reports have none")]
+    Dtd,
+    #[error("the test report nests deeper than {limit} elements")]
+    TooDeep { limit: usize },
+    #[error("the test report lists more than {MAX_TEST_CASES} test cases")]
+    TooManyCases,
+    #[error("the test report has no <testsuites> or <testsuite> root")]
+    NotJunit,
+    #[error("the test report is malformed at byte {position}: {reason}")]
+    Malformed { position: u64, reason: String },
+}
+
+impl From<JunitError> for ErrorBody {
+    fn from(e: JunitError) -> Self {
+        match e {
+            JunitError::TooLarge { .. } => ErrorBody::too_large(e.to_string()),
+            other => ErrorBody::bad_request(other.to_string()),
+        }
     }
 }
 
@@ -144,6 +188,9 @@ pub enum SchedulerError {
     /// An `aio.exec` command was stopped by the policy or a person (`status` says which).
     #[error("the command did not run ({}): {why}", .status.as_str())]
     CommandNotRun { status: ExecStatus, why: String },
+    /// A preview port cannot be exposed or reached.
+    #[error(transparent)]
+    Port(#[from] crate::ports::PortError),
     /// An `aio.exec` command's execution ended without a result of the command's own.
     #[error("the command ended {}", .status.as_str())]
     CommandEnded { status: ExecStatus },
@@ -185,6 +232,7 @@ impl SchedulerError {
         use SchedulerError as E;
         match self {
             E::Refused(body) => body.kind,
+            E::Port(e) => e.kind(),
             E::Invalid(ValidationError::Invalid { .. }) => ErrorKind::BadRequest,
             E::Invalid(ValidationError::TooLarge { .. })
             | E::Report(JunitError::TooLarge { .. }) => ErrorKind::TooLarge,

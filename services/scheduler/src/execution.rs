@@ -6,15 +6,15 @@ use std::time::Instant;
 
 use kit::AuditScope;
 use messages::exec::{
-    AwaitingConfirmation, ConfirmationOutcome, ExecRequest, ExecResult, ExecStatus, FileSpec,
-    Language, Tier, Timing,
+    AwaitingConfirmation, ConfirmationOutcome, EffectiveLimits, ExecRequest, ExecResult,
+    ExecStatus, FileSpec, Language, Tier, Timing,
 };
 use messages::filesystem::FilesystemPolicy;
 use messages::risk::RiskAssessment;
 use messages::session::SessionRecord;
 use messages::template::RunTemplate;
 use messages::tenancy::{scoped, Caller, Tenant};
-use messages::validate::{EffectiveLimits, ValidationError};
+use messages::validate::ValidationError;
 use messages::ErrorBody;
 use serde::{Deserialize, Serialize};
 

@@ -18,12 +18,13 @@ use kit::{AuditScope, Auditor};
 use messages::audit::ExecutionStarted;
 use messages::exec::{ExecResult, ExecStatus};
 use messages::executor::{Backend, ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
+use messages::proc::{ProcCall, ProcReply, ProcState};
 use messages::{ErrorBody, ErrorKind};
 use sandmesh_client::{ClientError, ExecutorClient};
 
 use crate::error::SchedulerError;
 use crate::execution::terminal;
-use crate::placer::Placer;
+use crate::placer::{Placement, Placer};
 
 /// The first pause before retrying an executor that answered 429 (doubling up to the max).
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -74,19 +75,22 @@ impl ExecutorRunner {
         Self { executors, auditor }
     }
 
-    /// Runs `run` on `node` of `backend` (that backend's queue group when `None`), giving it
-    /// `deadline`; ended as lost when `node`'s heartbeat goes ([`Placer::unless_gone`]). A run
-    /// that ends lost on a known node is recovered (the module's comment) before it is called
-    /// lost; one on the queue group (no node was known) cannot be asked after.
+    /// Runs `run` on the node of `placement` of `backend` (that backend's queue group when
+    /// `None`), giving it `deadline`; ended as lost when the node's heartbeat goes
+    /// ([`Placer::unless_gone`]). A run that ends lost on a known node is recovered (the
+    /// module's comment) before it is called lost; one on the queue group (no node was known)
+    /// cannot be asked after. The placement is held until the run ended or the call was
+    /// dropped, then its slot is given back.
     pub async fn run_watched(
         &self,
         placer: &Placer,
         backend: Backend,
-        node: Option<&str>,
+        placement: Option<Placement>,
         run: &ExecutorRun,
         deadline: Duration,
         scope: &AuditScope,
     ) -> Call {
+        let node = placement.as_ref().map(Placement::node);
         let started = ExecutionStarted {
             node: node.map(str::to_string),
             tier: run.tier(),
@@ -94,7 +98,10 @@ impl ExecutorRunner {
         };
         self.auditor.emit(scope, started);
         let running = self.send(backend, node, run, deadline);
-        let call = placer.unless_gone(node, running).await;
+        let call = placer
+            .unless_gone(node, running)
+            .await
+            .unwrap_or_else(|gone| Call::Lost(gone.to_string()));
         match (node, call) {
             (Some(node), Call::Lost(why)) => {
                 let lost = LostRun {
@@ -156,6 +163,31 @@ impl ExecutorRunner {
         classify(reply, started, backend)
     }
 
+    /// Has `node` open a tunnel into a session container's port.
+    pub async fn open_tunnel(
+        &self,
+        node: &str,
+        order: &messages::ports::ExecutorTunnel,
+    ) -> Result<messages::ports::TunnelOpened, ClientError> {
+        self.executors.open_tunnel(node, order).await
+    }
+
+    /// Whether a background process of `session_id` still runs on `node` (a node that does
+    /// not say has none: the session may lapse).
+    pub async fn runs_processes(&self, node: &str, session_id: &str) -> bool {
+        let call = ProcCall::List {
+            session_id: session_id.to_string(),
+        };
+        match self
+            .executors
+            .proc(Backend::Docker, node, &call, STATUS_TIMEOUT)
+            .await
+        {
+            Ok(ProcReply::List(list)) => list.procs.iter().any(|p| p.state == ProcState::Running),
+            _ => false,
+        }
+    }
+
     /// Asks `node` to close `session_id`'s container. A node that is gone closed it already.
     pub async fn close_session(&self, node: &str, session_id: &str) -> Result<(), ClientError> {
         self.executors.close_session(node, session_id).await
@@ -193,9 +225,10 @@ impl LostRun<'_> {
                 .client
                 .send(self.backend, Some(node), run, self.deadline);
             match self.placer.unless_gone(Some(node), again).await {
-                Call::Lost(w) => why = w,
-                Call::NoResponders => why = format!("nothing answers on node {node}"),
-                call => return call,
+                Err(gone) => why = gone.to_string(),
+                Ok(Call::Lost(w)) => why = w,
+                Ok(Call::NoResponders) => why = format!("nothing answers on node {node}"),
+                Ok(call) => return call,
             }
         }
         Call::Lost(why)

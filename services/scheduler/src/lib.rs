@@ -5,7 +5,9 @@
 //!
 //! Subjects: `exec` (sync), `test` (a test-driven execution, [`testrun`]), `jobs.exec` (async,
 //! stream `SANDBOX_JOBS`), `results.<id>` (stream `SANDBOX_RESULTS`), `exec.result`,
-//! `sessions.{open,get,list,close,ttl}`. It calls `risk.assess`, `confirm.request` /
+//! `sessions.{open,get,list,close,ttl}`, `proc.{start,list,output,input,signal,wait,resize}` (a
+//! session's background processes, [`proc_api`]), `ports.{expose,list,unexpose,connect}`
+//! (preview ports, [`ports`]). It calls `risk.assess`, `confirm.request` /
 //! `confirm.get`, `workspace.init`, `workspace.read` (test reports), `executor.docker.run` and
 //! `executor.docker.<node>.*`, and listens to `confirm.decided.*`.
 //!
@@ -42,6 +44,19 @@
 //!
 //! A semaphore of `SANDMESH_SCHED_MAX_QUEUE` permits, shared by Intake, Jobs and Resumer, is
 //! the bounded queue.
+//!
+//! **Layers.** Each module imports only modules listed before it here — in a lower layer, or
+//! earlier in its own — so the code reads bottom-up (a layout test keeps the module graph free
+//! of cycles):
+//!
+//! | layer | modules | what they own |
+//! |---|---|---|
+//! | errors and rules | `error`, `placement`, `tier`, `fairness` | the typed errors; pure placement, tier and admission rules |
+//! | state | `execution`, `claims`, `results`, `sessions`, `registry`, `network`, `templates` | an execution in flight; the KV stores; the runtime registry actor |
+//! | access | `placer`, `root`, `parking`, `confirm`, `aio` | placements (guards released on drop); the registry's supervisor; parked executions; calls to confirmation and aio-pool |
+//! | runs | `executor_runner`, `affinity`, `dispatch` | one run on an executor, a session's node and failover, the place and run stages |
+//! | pipeline | `pipeline` | an execution from validation to its stored result |
+//! | doors | `intake`, `jobs`, `resumer`, `session_api`, `testrun`, `config`, `session_reaper` | the endpoints and loops that feed the pipeline; the configuration that builds its policy |
 
 pub mod affinity;
 pub mod aio;
@@ -60,6 +75,8 @@ pub mod parking;
 pub mod pipeline;
 pub mod placement;
 pub mod placer;
+pub mod ports;
+pub mod proc_api;
 pub mod registry;
 pub mod results;
 pub mod resumer;
@@ -77,7 +94,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::kv;
 use kit::{KitError, Runtime, ServiceInfo};
-use messages::subjects::SessionOp;
+use messages::subjects::{PortsOp, ProcOp, SessionOp};
 use ractor::Actor;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
@@ -99,6 +116,7 @@ use crate::jobs::{Jobs, JobsError};
 use crate::parking::ParkedStore;
 use crate::pipeline::Pipeline;
 use crate::placer::Placer;
+use crate::proc_api::ProcApi;
 use crate::registry::RegistryArgs;
 use crate::results::ResultStore;
 use crate::resumer::Resumer;
@@ -289,6 +307,8 @@ struct Parts {
     intake: Intake,
     jobs: Jobs,
     sessions: SessionApi,
+    ports: ports::PortsApi,
+    procs: ProcApi,
     tests: TestRuns,
     claims: Claims,
     /// Everything an execution or a session does off a request's path — jobs, resumes, stores
@@ -368,6 +388,18 @@ impl Parts {
         let consumer = jobs
             .consumer(&runtime.js, runtime.subjects(), config.kit.js_replicas)
             .await?;
+        let ports = ports::PortsApi::new(affinity.sessions().clone(), executor.clone());
+        let procs = ProcApi {
+            sessions: affinity.sessions().clone(),
+            executors: mesh.executors(),
+            risk: pipeline.risk.clone(),
+            confirm: mesh.confirm(),
+            confirm_timeout: config.confirm_timeout,
+            intake: intake.clone(),
+            auditor: auditor.clone(),
+            policy: config.policy(),
+            subjects: runtime.subjects().clone(),
+        };
         let sessions = SessionApi::new(affinity, executor, aio, auditor, config.policy());
         let tests = TestRuns::new(
             intake.clone(),
@@ -381,6 +413,8 @@ impl Parts {
             intake,
             jobs,
             sessions,
+            ports,
+            procs,
             tests,
             claims: stores.claims,
             in_flight,
@@ -395,6 +429,8 @@ impl Parts {
             intake,
             tests,
             sessions,
+            ports,
+            procs,
             ..
         } = self;
         let s = runtime.subjects().clone();
@@ -408,6 +444,17 @@ impl Parts {
             s.sessions(SessionOp::List) => sessions.list,
             s.sessions(SessionOp::Close) => sessions.close,
             s.sessions(SessionOp::SetTtl) => sessions.set_ttl,
+            s.ports(PortsOp::Expose) => ports.expose,
+            s.ports(PortsOp::List) => ports.list,
+            s.ports(PortsOp::Unexpose) => ports.unexpose,
+            s.ports(PortsOp::Connect) => ports.connect,
+            s.proc(ProcOp::Start) => procs.start,
+            s.proc(ProcOp::List) => procs.list,
+            s.proc(ProcOp::Output) => procs.output,
+            s.proc(ProcOp::Input) => procs.input,
+            s.proc(ProcOp::Signal) => procs.signal,
+            s.proc(ProcOp::Wait) => procs.wait,
+            s.proc(ProcOp::Resize) => procs.resize,
         );
         let probe = self.admission.clone();
         let held = self.admission.tenants.clone();

@@ -14,9 +14,9 @@ use messages::audit::{
     AuditDetails, ExecutionAssessed, ExecutionFinished, ExecutionParked, ExecutionReceived,
     ExecutionRejected, ExecutionResumed,
 };
-use messages::exec::{Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing};
+use messages::exec::{validate_exec, Decision, ExecRequest, ExecResult, ExecStatus, Tier, Timing};
 use messages::risk::{AssessRequest, RiskAssessment};
-use messages::validate::{validate_exec, Ceilings};
+use messages::validate::Ceilings;
 use messages::{ErrorBody, ErrorKind, ServiceName};
 use sandmesh_client::{RiskClient, TemplateClient};
 use serde_json::json;

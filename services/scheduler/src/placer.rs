@@ -10,32 +10,53 @@ use std::time::Duration;
 use kit::{AuditScope, Auditor};
 use messages::audit::ExecutionPlaced;
 use messages::executor::ExecutorRun;
-use messages::ErrorBody;
 use ractor::rpc::CallResult;
 use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 
-use crate::executor_runner::Call;
+use crate::error::RegistryGone;
 use crate::placement::{Decision, NodeView, Requirements, Strategy};
 use crate::registry::{RegistryHandle, RegistryMsg};
 
 /// How long one question to the registry may take; it answers from memory.
 const REGISTRY_CALL: Duration = Duration::from_secs(5);
 
-/// The registry could not be asked (it died and is being restarted): retry.
+/// Tries per execution when the chosen node turns out to be gone (no responders).
+pub const PLACEMENT_ATTEMPTS: usize = 3;
+
+/// A run's node stopped sending heartbeats while it ran ([`Placer::unless_gone`]).
 #[derive(Debug, thiserror::Error)]
-pub enum RegistryGone {
-    #[error("the runtime registry did not answer in time; retry")]
-    TimedOut,
-    #[error("the runtime registry stopped before answering; retry")]
-    Stopped,
-    #[error("the runtime registry is not running; retry")]
-    Unreachable(#[source] ractor::MessagingErr<RegistryMsg>),
+#[error("executor node {node} stopped sending heartbeats while it ran the execution")]
+pub struct NodeGone {
+    pub node: String,
 }
 
-impl From<RegistryGone> for ErrorBody {
-    fn from(e: RegistryGone) -> Self {
-        ErrorBody::unavailable(e.to_string())
+/// Work counted on a node — by a pick, or a session's run sent to its node — for as long as
+/// it is held: dropped, it tells the registry the work ended, however it ended (answered,
+/// failed, its task cancelled mid-flight), so no path leaves a slot counted forever. It moves
+/// with the run it places (`ExecutorRunner::run_watched` takes it).
+#[must_use = "dropped, a placement gives its slot back at once"]
+pub struct Placement {
+    decision: Decision,
+    registry: RegistryHandle,
+}
+
+impl Placement {
+    pub fn node(&self) -> &str {
+        &self.decision.node
+    }
+
+    /// Where the work goes and why, for the `placed` audit event.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        let node = std::mem::take(&mut self.decision.node);
+        // A registry that stopped counts nothing; its successor starts from the heartbeats.
+        let _ = self.registry.get().cast(RegistryMsg::Finished { node });
     }
 }
 
@@ -71,15 +92,17 @@ impl Placer {
     /// gone: a run on a node that died has no answer coming, and without this its caller
     /// waited for the whole execution deadline. (A node that only lost its connection may
     /// still finish the run: `ExecutorRunner::run_watched` asks it before the run is lost.)
-    pub async fn unless_gone(&self, node: Option<&str>, call: impl Future<Output = Call>) -> Call {
+    pub async fn unless_gone<T>(
+        &self,
+        node: Option<&str>,
+        call: impl Future<Output = T>,
+    ) -> Result<T, NodeGone> {
         let Some(node) = node else {
-            return call.await;
+            return Ok(call.await);
         };
         tokio::select! {
-            call = call => call,
-            () = self.gone(node) => Call::Lost(format!(
-                "executor node {node} stopped sending heartbeats while it ran the execution"
-            )),
+            call = call => Ok(call),
+            () = self.gone(node) => Err(NodeGone { node: node.to_string() }),
         }
     }
 
@@ -127,23 +150,29 @@ impl Placer {
             Ok(CallResult::Success(v)) => Ok(v),
             Ok(CallResult::Timeout) => Err(RegistryGone::TimedOut),
             Ok(CallResult::SenderError) => Err(RegistryGone::Stopped),
-            Err(e) => Err(RegistryGone::Unreachable(e)),
+            Err(e) => Err(RegistryGone::Unreachable(e.map(drop))),
         }
     }
 
-    /// Chooses a node (counting the work on it at once), skipping `exclude`.
+    /// Chooses a node (counting the work on it at once, until the placement is dropped),
+    /// skipping `exclude`.
     pub async fn pick(
         &self,
         needs: &Requirements,
         exclude: &[String],
-    ) -> Result<Option<Decision>, RegistryGone> {
+    ) -> Result<Option<Placement>, RegistryGone> {
         let exclude = exclude.to_vec();
-        self.ask(|reply| RegistryMsg::Pick {
-            req: needs.clone(),
-            exclude,
-            reply,
-        })
-        .await
+        let decision = self
+            .ask(|reply| RegistryMsg::Pick {
+                req: needs.clone(),
+                exclude,
+                reply,
+            })
+            .await?;
+        Ok(decision.map(|decision| Placement {
+            decision,
+            registry: self.registry.clone(),
+        }))
     }
 
     /// Like [`Self::pick`], but while executors are known and all of them are full, waits (up
@@ -155,15 +184,15 @@ impl Placer {
         needs: &Requirements,
         exclude: &[String],
         limit: Duration,
-    ) -> Result<Option<Decision>, RegistryGone> {
+    ) -> Result<Option<Placement>, RegistryGone> {
         let deadline = Instant::now() + limit;
         loop {
             // Registered before looking, so a slot freed between the look and the wait wakes us.
             let freed = self.slots.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(decision) = self.pick(needs, exclude).await? {
-                return Ok(Some(decision));
+            if let Some(placement) = self.pick(needs, exclude).await? {
+                return Ok(Some(placement));
             }
             let known = self.nodes().await?;
             if known
@@ -188,19 +217,17 @@ impl Placer {
     }
 
     /// Work sent to `node` without a pick (session affinity) counts there like a pick.
-    pub fn dispatched(&self, node: &str) {
+    pub fn dispatched(&self, node: &str) -> Placement {
         let _ = self.registry.get().cast(RegistryMsg::Dispatched {
             node: node.to_string(),
         });
-    }
-
-    /// The work counted on `node` (by a pick or [`Self::dispatched`]) ended.
-    pub fn release(&self, node: Option<&str>) {
-        if let Some(node) = node {
-            let _ = self
-                .registry
-                .get()
-                .cast(RegistryMsg::Finished { node: node.into() });
+        Placement {
+            decision: Decision {
+                node: node.to_string(),
+                score: 1.0,
+                reason: "session affinity".into(),
+            },
+            registry: self.registry.clone(),
         }
     }
 }
@@ -208,9 +235,23 @@ impl Placer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::SchedulerError;
+    use crate::executor_runner::ExecutorRunner;
     use crate::registry::{Registry, RegistryArgs};
+    use messages::exec::ExecRequest;
+    use messages::executor::Backend;
     use messages::heartbeat::Heartbeat;
     use ractor::Actor;
+
+    /// A client that never connects: nothing here needs a server, and a request through it
+    /// stays in flight until its task is dropped.
+    async fn offline() -> async_nats::Client {
+        async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("127.0.0.1:1")
+            .await
+            .unwrap()
+    }
 
     async fn placer_with_one_slot() -> (Placer, ractor::ActorRef<RegistryMsg>) {
         let slots = Arc::new(Notify::new());
@@ -232,11 +273,7 @@ mod tests {
             })))
             .unwrap();
         // Nothing is audited here; the client never needs a server.
-        let client = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connect("127.0.0.1:1")
-            .await
-            .unwrap();
+        let client = offline().await;
         let subjects = messages::Subjects::default();
         let auditor = Auditor::new(async_nats::jetstream::new(client), subjects, "t", "t");
         let handle = RegistryHandle::new(registry.clone());
@@ -273,12 +310,10 @@ mod tests {
         registry
             .cast(RegistryMsg::Remove { node: "a".into() })
             .unwrap();
-        let call = tokio::time::timeout(Duration::from_secs(1), run)
+        let call: Result<(), NodeGone> = tokio::time::timeout(Duration::from_secs(1), run)
             .await
             .expect("the run ends when its node is gone");
-        let Call::Lost(why) = call else {
-            panic!("the run did not end lost");
-        };
+        let why = call.expect_err("the run did not end lost").to_string();
         assert!(why.contains("node a stopped"), "{why}");
     }
 
@@ -307,9 +342,9 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(!waiting.is_finished(), "no slot is free yet");
-        placer.release(Some(&taken.node));
-        let decision = waiting.await.unwrap().unwrap();
-        assert_eq!(decision.map(|d| d.node).as_deref(), Some("a"));
+        drop(taken);
+        let placement = waiting.await.unwrap().unwrap();
+        assert_eq!(placement.as_ref().map(Placement::node), Some("a"));
         assert_eq!(started.elapsed(), Duration::ZERO, "woken, not polled");
         registry.stop(None);
     }
@@ -325,9 +360,101 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(picked, None);
+        assert!(picked.is_none());
         registry.kill();
         let gone = placer.pick(&Requirements::default(), &[]).await;
         assert!(gone.is_err(), "a dead registry is an error, not 'no node'");
+    }
+
+    /// Whether the one slot of `a` is free now: a pick takes it (and gives it back).
+    async fn slot_free(placer: &Placer) -> bool {
+        placer
+            .pick(&Requirements::default(), &[])
+            .await
+            .unwrap()
+            .is_some()
+    }
+
+    /// A placement gives its slot back on every way its work ends: answered, failed, or its
+    /// task dropped while the run was in flight on the executor (the placement moved into
+    /// `ExecutorRunner::run_watched`, as the dispatcher and the session affinity hand it).
+    /// Each check asks the registry after the drop's message, so it sees its effect.
+    #[tokio::test]
+    async fn a_placement_is_given_back_on_every_path() {
+        let (placer, registry) = placer_with_one_slot().await;
+        let held = |placer: &Placer| {
+            let placer = placer.clone();
+            async move { placer.pick(&Requirements::default(), &[]).await.unwrap() }
+        };
+
+        // Answered, and failed: the work's function returns, its placement with it.
+        let answered = |p: Placement| -> Result<String, SchedulerError> { Ok(p.node().into()) };
+        let taken = held(&placer).await.expect("the one slot");
+        assert!(!slot_free(&placer).await, "held while its work runs");
+        assert_eq!(answered(taken).unwrap(), "a");
+        assert!(slot_free(&placer).await, "given back after an answer");
+        let failed = |p: Placement| -> Result<String, SchedulerError> {
+            Err(SchedulerError::NoNodeForSession {
+                id: p.node().into(),
+            })
+        };
+        assert!(failed(held(&placer).await.unwrap()).is_err());
+        assert!(slot_free(&placer).await, "given back after an error");
+
+        // Session affinity counts a run on its node without a pick: the same guard.
+        let affine = placer.dispatched("a");
+        assert!(
+            !slot_free(&placer).await,
+            "a session's run counts on its node"
+        );
+        drop(affine);
+        assert!(
+            slot_free(&placer).await,
+            "given back when the session's run ended"
+        );
+
+        // Cancelled mid-flight: the run is sent and no reply can come; the task is dropped.
+        let mesh = sandmesh_client::MeshClient::new(offline().await, messages::Subjects::default());
+        let runner = ExecutorRunner::new(mesh.executors(), placer.auditor.clone());
+        let run = ExecutorRun::new(
+            "e1".into(),
+            ExecRequest::default(),
+            messages::executor::RunKind::Pooled,
+        )
+        .unwrap();
+        let placement = held(&placer).await.unwrap();
+        let in_flight = tokio::spawn({
+            let placer = placer.clone();
+            async move {
+                let deadline = Duration::from_secs(3600);
+                let scope = AuditScope::default();
+                runner
+                    .run_watched(
+                        &placer,
+                        Backend::Docker,
+                        Some(placement),
+                        &run,
+                        deadline,
+                        &scope,
+                    )
+                    .await
+            }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!in_flight.is_finished(), "no executor answers");
+        assert!(!slot_free(&placer).await, "held while the run is in flight");
+        in_flight.abort();
+        let ended = in_flight.await;
+        assert!(
+            ended.is_err_and(|e| e.is_cancelled()),
+            "the run was still in flight"
+        );
+        assert!(
+            slot_free(&placer).await,
+            "given back when the task was dropped"
+        );
+        registry.stop(None);
     }
 }

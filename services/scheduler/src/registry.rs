@@ -56,7 +56,7 @@ pub enum RegistryMsg {
     /// The watch restarted: forget everything; the replayed history refills the table.
     Reset,
     /// Chooses a node for new work, skipping `exclude`, and counts the work on it at once (so
-    /// concurrent picks see each other); the caller sends `Finished` when the work ends.
+    /// concurrent picks see each other); the `Placement` made of it sends `Finished` when dropped.
     Pick {
         req: Requirements,
         exclude: Vec<String>,

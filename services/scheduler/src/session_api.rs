@@ -223,6 +223,29 @@ impl SessionApi {
         Ok(Some(closed))
     }
 
+    /// Whether the session is in use by a background process still running: then it is
+    /// marked used now (so the idle clock starts again) and does not lapse as idle.
+    pub async fn held_by_processes(&self, record: &SessionRecord) -> bool {
+        let (SessionState::Active, Some(node)) = (record.state, record.node.as_deref()) else {
+            return false;
+        };
+        if !self.executor.runs_processes(node, &record.session_id).await {
+            return false;
+        }
+        let now = messages::now_ms();
+        let touched = self
+            .table()
+            .update(&record.session_id, |r| {
+                r.last_used_at = r.last_used_at.max(now);
+                Change::Write
+            })
+            .await;
+        if let Err(e) = touched {
+            tracing::warn!(session_id = %record.session_id, error = %e, "could not mark the session used");
+        }
+        true
+    }
+
     /// Marks the sessions of every node whose heartbeat vanished as lost, until `lost` closes.
     /// A node that still answers keeps them: its beats were lost (a NATS failover longer than
     /// the heartbeat's TTL), not its sandboxes, and it beats again once JetStream is back.

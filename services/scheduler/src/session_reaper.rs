@@ -1,5 +1,6 @@
 //! `SessionReaper`: sessions end by themselves. Every sweep it closes the sessions whose TTL
-//! ran out or that went unused for their idle time — through the same close as
+//! ran out or that went unused for their idle time (a background process still running is
+//! use: its node is asked before an idle close) — through the same close as
 //! `sessions.close` (container, AIO instance, browser) — and removes the records of sessions
 //! closed longer ago than the retention time. The KV table is the only state: every scheduler
 //! instance sweeps, and a session closed by two at once is closed (and audited) once.
@@ -49,6 +50,10 @@ impl SessionReaper {
         let idle = self.settings.idle.as_millis() as u64;
         for record in records {
             if let Some(reason) = record.lapsed(now, idle) {
+                // A running background process is use, up to the session's TTL.
+                if reason == CloseReason::Idle && self.sessions.held_by_processes(&record).await {
+                    continue;
+                }
                 self.close(record, reason).await;
             } else if retained_long_enough(&record, self.settings.retention, now) {
                 self.forget(&record.session_id).await;

@@ -13,6 +13,7 @@ mod kernel;
 mod metrics;
 mod network;
 mod parking;
+mod procs;
 mod quotas;
 mod risk_gate;
 mod sessions;

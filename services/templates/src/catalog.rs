@@ -11,10 +11,61 @@ use messages::template::{
     builtins, validate_name, Template, TemplateList, TemplateListReply, TemplateRecord, TemplateRef,
 };
 use messages::tenancy::Caller;
+use messages::validate::ValidationError;
 use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
+type Reply<T> = RpcReplyPort<Result<T, CatalogError>>;
+
+type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a template call failed, with its cause; the wire's [`ErrorBody`] is made from it at the
+/// endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("agents of tenant {tenant} may read templates, not write them; ask an operator")]
+    AgentsOnlyRead { tenant: String },
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("no template {name:?} (sandmesh template list shows them)")]
+    Unknown { name: String },
+    #[error("no template {name:?}; use create to add it")]
+    UpdateOfUnknown { name: String },
+    #[error("template {name:?} exists; use update to change it")]
+    Exists { name: String },
+    #[error("template {name:?} changed while it was updated; read it and try again")]
+    ChangedMeanwhile { name: String },
+    #[error("template {name:?} is corrupt: {source}")]
+    Corrupt {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the templates bucket did not {what}: {source}")]
+    Bucket {
+        what: &'static str,
+        #[source]
+        source: Cause,
+    },
+}
+
+impl From<CatalogError> for ErrorBody {
+    fn from(e: CatalogError) -> Self {
+        let message = e.to_string();
+        match e {
+            CatalogError::AgentsOnlyRead { .. } => ErrorBody::denied(message),
+            CatalogError::Invalid(v) => v.into(),
+            CatalogError::Unknown { .. } | CatalogError::UpdateOfUnknown { .. } => {
+                ErrorBody::not_found(message)
+            }
+            CatalogError::Exists { .. } | CatalogError::ChangedMeanwhile { .. } => {
+                ErrorBody::conflict(message)
+            }
+            CatalogError::Corrupt { .. } => ErrorBody::internal(message),
+            CatalogError::Bucket { .. } => ErrorBody::unavailable(message),
+        }
+    }
+}
 
 pub enum CatalogMsg {
     Get(RequestContext, TemplateRef, Reply<TemplateRecord>),
@@ -32,17 +83,21 @@ pub struct CatalogState {
 }
 
 /// Templates are the operators' to write: an agent may only read them.
-fn may_write(caller: &Caller) -> Result<(), ErrorBody> {
+fn may_write(caller: &Caller) -> Result<(), CatalogError> {
     match caller {
-        Caller::Agent { tenant, .. } => Err(ErrorBody::denied(format!(
-            "agents of tenant {tenant} may read templates, not write them; ask an operator"
-        ))),
+        Caller::Agent { tenant, .. } => Err(CatalogError::AgentsOnlyRead {
+            tenant: tenant.to_string(),
+        }),
         Caller::Internal | Caller::Operator { .. } => Ok(()),
     }
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> ErrorBody {
-    ErrorBody::unavailable(format!("the templates bucket did not {what}: {e}"))
+/// A closure for `map_err`: the bucket failed at `what`.
+fn bucket<E: Into<Cause>>(what: &'static str) -> impl FnOnce(E) -> CatalogError {
+    move |e| CatalogError::Bucket {
+        what,
+        source: e.into(),
+    }
 }
 
 fn encode(record: &TemplateRecord) -> Bytes {
@@ -50,42 +105,38 @@ fn encode(record: &TemplateRecord) -> Bytes {
 }
 
 impl CatalogState {
-    async fn read(&self, name: &str) -> Result<Option<(TemplateRecord, u64)>, ErrorBody> {
-        let entry = self
-            .kv
-            .entry(name)
-            .await
-            .map_err(|e| unavailable("read", e))?;
+    async fn read(&self, name: &str) -> Result<Option<(TemplateRecord, u64)>, CatalogError> {
+        let entry = self.kv.entry(name).await.map_err(bucket("read"))?;
         match entry {
             Some(e) if e.operation == Operation::Put => {
-                let record = serde_json::from_slice(&e.value).map_err(|err| {
-                    ErrorBody::internal(format!("template {name:?} is corrupt: {err}"))
-                })?;
+                let record =
+                    serde_json::from_slice(&e.value).map_err(|source| CatalogError::Corrupt {
+                        name: name.to_string(),
+                        source,
+                    })?;
                 Ok(Some((record, e.revision)))
             }
             _ => Ok(None),
         }
     }
 
-    async fn get(&self, name: &str) -> Result<TemplateRecord, ErrorBody> {
+    async fn get(&self, name: &str) -> Result<TemplateRecord, CatalogError> {
         validate_name(name)?;
         match self.read(name).await? {
             Some((record, _)) => Ok(record),
-            None => Err(ErrorBody::not_found(format!(
-                "no template {name:?} (sandmesh template list shows them)"
-            ))),
+            None => Err(CatalogError::Unknown { name: name.into() }),
         }
     }
 
-    async fn list(&self) -> Result<TemplateListReply, ErrorBody> {
+    async fn list(&self) -> Result<TemplateListReply, CatalogError> {
         let mut names: Vec<String> = self
             .kv
             .keys()
             .await
-            .map_err(|e| unavailable("list", e))?
+            .map_err(bucket("list"))?
             .try_collect()
             .await
-            .map_err(|e| unavailable("list", e))?;
+            .map_err(bucket("list"))?;
         names.sort();
         let mut templates = Vec::with_capacity(names.len());
         for name in names {
@@ -98,15 +149,15 @@ impl CatalogState {
     }
 
     /// Stores a new template; `Ok(None)` when one of that name exists.
-    async fn insert(&self, record: TemplateRecord) -> Result<Option<TemplateRecord>, ErrorBody> {
+    async fn insert(&self, record: TemplateRecord) -> Result<Option<TemplateRecord>, CatalogError> {
         match self.kv.create(&record.template.name, encode(&record)).await {
             Ok(_) => Ok(Some(record)),
             Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
-            Err(e) => Err(unavailable("store", e)),
+            Err(e) => Err(bucket("store")(e)),
         }
     }
 
-    async fn create(&self, template: Template) -> Result<TemplateRecord, ErrorBody> {
+    async fn create(&self, template: Template) -> Result<TemplateRecord, CatalogError> {
         template.validate()?;
         let now = messages::now_ms();
         let name = template.name.clone();
@@ -116,18 +167,16 @@ impl CatalogState {
             created_at: now,
             updated_at: now,
         };
-        self.insert(record).await?.ok_or_else(|| {
-            ErrorBody::conflict(format!("template {name:?} exists; use update to change it"))
-        })
+        self.insert(record)
+            .await?
+            .ok_or(CatalogError::Exists { name })
     }
 
-    async fn update(&self, template: Template) -> Result<TemplateRecord, ErrorBody> {
+    async fn update(&self, template: Template) -> Result<TemplateRecord, CatalogError> {
         template.validate()?;
         let name = template.name.clone();
         let Some((old, revision)) = self.read(&name).await? else {
-            return Err(ErrorBody::not_found(format!(
-                "no template {name:?}; use create to add it"
-            )));
+            return Err(CatalogError::UpdateOfUnknown { name });
         };
         let record = TemplateRecord {
             template,
@@ -136,19 +185,16 @@ impl CatalogState {
         };
         match self.kv.update(&name, encode(&record), revision).await {
             Ok(_) => Ok(record),
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Err(ErrorBody::conflict(
-                format!("template {name:?} changed while it was updated; read it and try again"),
-            )),
-            Err(e) => Err(unavailable("store", e)),
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                Err(CatalogError::ChangedMeanwhile { name })
+            }
+            Err(e) => Err(bucket("store")(e)),
         }
     }
 
-    async fn delete(&self, name: &str) -> Result<TemplateRecord, ErrorBody> {
+    async fn delete(&self, name: &str) -> Result<TemplateRecord, CatalogError> {
         let record = self.get(name).await?;
-        self.kv
-            .delete(name)
-            .await
-            .map_err(|e| unavailable("delete", e))?;
+        self.kv.delete(name).await.map_err(bucket("delete"))?;
         Ok(record)
     }
 }
@@ -177,7 +223,7 @@ impl Actor for Catalog {
                     updated_at: now,
                 })
                 .await
-                .map_err(|e| format!("putting built-in template {name}: {}", e.message))?;
+                .map_err(|e| format!("putting built-in template {name}: {e}"))?;
             if added.is_some() {
                 tracing::info!(template = %name, "built-in template added");
             }

@@ -103,3 +103,59 @@ async fn operators_write_and_every_tenants_agents_read_the_same_templates() {
     assert!(acme.templates().get("python-data").await.unwrap().builtin);
     stop.cancel();
 }
+
+#[tokio::test]
+async fn an_operator_updates_a_template_and_every_tenant_reads_the_new_one() {
+    let nats = NatsServer::start_with_tenants(&["acme"]);
+    let stop = start(&nats).await;
+    let operator = mesh_client(&nats.operator_url("operator")).await;
+    let acme = mesh_client(&nats.agent_url("acme")).await;
+    let created = operator
+        .templates()
+        .create(&template("tabular"))
+        .await
+        .unwrap();
+
+    let changed = Template {
+        description: "tables, now with plots".into(),
+        pip_packages: vec!["tabulate==0.9.0".into(), "plotext==5.3.2".into()],
+        ..template("tabular")
+    };
+    let updated = operator.templates().update(&changed).await.unwrap();
+    assert_eq!(updated.template, changed);
+    assert_eq!(
+        updated.created_at, created.created_at,
+        "an update keeps its birth"
+    );
+    assert!(updated.updated_at >= created.updated_at);
+    assert!(!updated.builtin);
+    let read = acme.templates().get("tabular").await.unwrap();
+    assert_eq!(read, updated, "agents read what the operator wrote");
+
+    // An update is no create, and a bad one changes nothing.
+    let unknown = operator.templates().update(&template("ghost")).await;
+    let e = unknown.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(e.to_string().contains("use create"), "{e}");
+    let bad = Template {
+        pip_packages: vec!["-e /etc".into()],
+        ..template("tabular")
+    };
+    let e = operator.templates().update(&bad).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadRequest, "{e}");
+    assert_eq!(acme.templates().get("tabular").await.unwrap(), updated);
+
+    // A built-in may be changed too, and stays as the operator made it across a restart.
+    let data = acme.templates().get("python-data").await.unwrap();
+    let trimmed = Template {
+        description: "the operator's own data stack".into(),
+        ..data.template.clone()
+    };
+    operator.templates().update(&trimmed).await.unwrap();
+    stop.cancel();
+    let stop = start(&nats).await;
+    let after = acme.templates().get("python-data").await.unwrap();
+    assert_eq!(after.template, trimmed);
+    assert!(after.builtin);
+    stop.cancel();
+}

@@ -16,6 +16,8 @@ package decides nothing a service would not decide for a plain NATS request.
 
 from ._exec import AsyncJob
 from ._files import AsyncFiles
+from ._ports import AsyncPorts, ExposedPort, Ports
+from ._processes import AsyncProcesses, Process, Processes
 from ._browser import AsyncAio, AsyncBrowser
 from ._audit import AsyncAudit, AsyncAuditFollow
 from ._transport import new_id
@@ -72,6 +74,12 @@ __all__ = [
     "AsyncSandmesh",
     "AsyncSession",
     "AsyncFiles",
+    "AsyncPorts",
+    "AsyncProcesses",
+    "Process",
+    "Processes",
+    "ExposedPort",
+    "Ports",
     "AsyncBrowser",
     "AsyncAio",
     "AsyncAudit",

@@ -30,6 +30,8 @@ from ._exec import (
     wire_files,
 )
 from ._files import AsyncFiles
+from ._ports import AsyncPorts
+from ._processes import AsyncProcesses
 from ._transport import DEFAULT_TIMEOUT, Codec, ConnectInfo, Transport, connect, connect_info, drop_none
 from .types import ExecResult, RiskAssessment, SessionInfo, TestReport
 
@@ -411,6 +413,8 @@ class AsyncSession:
         files: its workspace files (:class:`AsyncFiles`).
         browser: its browser (:class:`AsyncBrowser`).
         aio: its AIO sandbox instance (:class:`AsyncAio`).
+        ports: its preview ports (:class:`AsyncPorts`).
+        processes: its background processes (:class:`AsyncProcesses`).
         info: the session record from the last open.
     """
 
@@ -422,6 +426,8 @@ class AsyncSession:
         self.files: AsyncFiles
         self.browser: AsyncBrowser
         self.aio: AsyncAio
+        self.ports: AsyncPorts
+        self.processes: AsyncProcesses
 
     async def open(self) -> "AsyncSession":
         """Opens the session (idempotent by id)."""
@@ -432,6 +438,8 @@ class AsyncSession:
         self.files = AsyncFiles(transport, self.session_id)
         self.browser = AsyncBrowser(transport, self.session_id)
         self.aio = AsyncAio(transport, self.session_id)
+        self.ports = AsyncPorts(transport, self.session_id)
+        self.processes = AsyncProcesses(transport, self.session_id)
         return self
 
     def __await__(self) -> Generator[Any, None, "AsyncSession"]:

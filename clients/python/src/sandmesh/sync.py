@@ -19,6 +19,8 @@ from typing import Any, Coroutine, Iterator, List, Mapping, Optional, TypeVar, U
 from ._audit import AsyncAuditFollow
 from ._browser import AsyncAio, AsyncBrowser, Target
 from ._files import AsyncFiles
+from ._ports import Ports
+from ._processes import Processes
 from ._exec import EXEC_TIMEOUT, ApprovalCallback, AsyncJob, FilesArg, TextCallback
 from ._transport import DEFAULT_TIMEOUT
 from .client import AsyncSandmesh, AsyncSession
@@ -60,6 +62,11 @@ class _Loop:
         except BaseException:
             future.cancel()  # KeyboardInterrupt and friends: stop the work in the loop too
             raise
+
+    async def wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs a coroutine here and awaits it from another thread's event loop; cancelling the
+        waiter cancels the work."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     def stop(self) -> None:
         if self.loop.is_running():
@@ -110,6 +117,18 @@ class Sandmesh:
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.call(coro)
+
+    async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Awaits a coroutine of :attr:`async_client` (or of its sessions) from any event loop.
+
+        The connection belongs to this client's private loop; this runs ``coro`` there and
+        awaits its result from the caller's loop, so one client serves frameworks that start an
+        event loop per call or per test (the integrations do). Cancelling the caller cancels
+        the call::
+
+            result = await sm.acall(sm.async_client.run("print(1)"))
+        """
+        return await self._loop.wait(coro)
 
     @property
     def user(self) -> Optional[str]:
@@ -447,6 +466,8 @@ class Session:
         self.files = Files(sm, inner.files)
         self.browser = Browser(sm, inner.browser)
         self.aio = Aio(sm, inner.aio)
+        self.ports = Ports(sm, inner.ports)
+        self.processes = Processes(sm, inner.processes)
 
     @property
     def session_id(self) -> str:

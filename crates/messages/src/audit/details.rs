@@ -106,6 +106,12 @@ audit_details! {
     WorkspaceCleaned => WorkspaceCleaned,
     /// An egress proxy's decision (docker executor and browser router).
     EgressEvent => Egress,
+    /// The scheduler started a session's background process.
+    ProcessStarted => ProcStarted,
+    /// The scheduler sent a background process a signal.
+    ProcessSignaled => ProcSignaled,
+    /// A background process ended (from the executor holding it).
+    ProcessEnded => ProcEnded,
 }
 
 /// Details of a shape no type reads, as they were stored.
@@ -236,6 +242,43 @@ pub struct ConfirmationDecided {
     pub reason: Option<String>,
     pub scope: ConfirmScope,
     pub waited_ms: u64,
+}
+
+// === a session's background processes ===
+
+/// `proc_started`: what was started (the program's name and the command's size: the command
+/// line may hold secrets, as code may).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessStarted {
+    pub proc_id: String,
+    pub program: String,
+    pub command_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    pub pty: bool,
+    pub node: String,
+    pub pid: u32,
+}
+
+/// `proc_signaled`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessSignaled {
+    pub proc_id: String,
+    pub signal: crate::proc::ProcSignalKind,
+}
+
+/// `proc_ended`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessEnded {
+    pub proc_id: String,
+    pub state: crate::proc::ProcState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
 }
 
 // === sessions ===

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::exec::{ContentEncoding, FileSpec, Language, Limits};
+use crate::exec::{validate_exec, ContentEncoding, ExecRequest, FileSpec, Language, Limits};
 
 /// Numbers as a client may send them: none, zero, small, at a ceiling, huge.
 fn amount() -> impl Strategy<Value = Option<u64>> {

@@ -13,27 +13,11 @@ use messages::testrun::{
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::Reader;
 
+use crate::error::JunitError;
+
 /// Deeper nesting than any test tool writes (`testsuites > testsuite > testcase > failure`,
 /// with nested suites a few levels more).
 pub const MAX_DEPTH: usize = 32;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum JunitError {
-    #[error("the test report is {size} bytes; the limit is {MAX_REPORT_BYTES}")]
-    TooLarge { size: u64 },
-    #[error("the test report is not UTF-8")]
-    NotUtf8,
-    #[error("the test report declares a DTD; JUnit reports have none")]
-    Dtd,
-    #[error("the test report nests deeper than {MAX_DEPTH} elements")]
-    TooDeep,
-    #[error("the test report lists more than {MAX_TEST_CASES} test cases")]
-    TooManyCases,
-    #[error("the test report has no <testsuites> or <testsuite> root")]
-    NotJunit,
-    #[error("the test report is malformed at byte {position}: {reason}")]
-    Malformed { position: u64, reason: String },
-}
 
 /// A JUnit report as read.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -87,7 +71,7 @@ pub fn parse(report: &[u8]) -> Result<Junit, JunitError> {
                 if !empty {
                     depth += 1;
                     if depth > MAX_DEPTH {
-                        return Err(JunitError::TooDeep);
+                        return Err(JunitError::TooDeep { limit: MAX_DEPTH });
                     }
                 }
                 let attr = |name: &str| attribute(e, name).map_err(|r| malformed(&reader, r));
@@ -305,7 +289,7 @@ def db():
         };
         let cases: Vec<(&[u8], JunitError)> =
             vec![
-            (deep.as_bytes(), JunitError::TooDeep),
+            (deep.as_bytes(), JunitError::TooDeep { limit: MAX_DEPTH }),
             (many.as_bytes(), JunitError::TooManyCases),
             (billion_laughs.as_bytes(), JunitError::Dtd),
             (external.as_bytes(), JunitError::Dtd),

@@ -26,7 +26,7 @@ use messages::workspace::{WsFile, WsRead};
 use messages::{ErrorBody, ErrorKind, ServiceName};
 use sandmesh_client::MeshClient;
 
-use crate::error::SchedulerError;
+use crate::error::{JunitError, SchedulerError};
 use crate::intake::Intake;
 use crate::session_api::SessionApi;
 use report::Sealed;
@@ -165,7 +165,7 @@ impl TestRuns {
             Err(e) => return Err(SchedulerError::calling(ServiceName::WorkspaceStore)(e)),
         };
         if file.size > MAX_REPORT_BYTES || file.object.is_some() {
-            return Err(junit::JunitError::TooLarge { size: file.size }.into());
+            return Err(JunitError::TooLarge { size: file.size }.into());
         }
         messages::decode_content(&file.content, file.encoding)
             .map_err(|reason| SchedulerError::ReportContent { reason })
@@ -210,15 +210,6 @@ impl Session {
     fn id(&self) -> &str {
         match self {
             Session::Callers(id) | Session::Internal(id) => id,
-        }
-    }
-}
-
-impl From<junit::JunitError> for ErrorBody {
-    fn from(e: junit::JunitError) -> Self {
-        match e {
-            junit::JunitError::TooLarge { .. } => ErrorBody::too_large(e.to_string()),
-            other => ErrorBody::bad_request(other.to_string()),
         }
     }
 }

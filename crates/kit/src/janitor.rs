@@ -1,19 +1,23 @@
-//! `Janitor`: on start and then periodically, the backend's [`Sweep`] removes sandboxes
-//! (containers, cgroups) nobody owns:
+//! `Janitor`: on start and then periodically, a service's [`Sweep`] removes what it made on the
+//! host (containers, cgroups, control directories) and nobody owns any more:
 //!
-//! - sandboxes of this node that no running execution, pool or session holds (left by a crash
-//!   of an earlier process with the same node id, or by a bug);
-//! - sandboxes of other nodes of the same mesh whose heartbeat key is gone from
-//!   `sandbox_nodes` (their executor crashed: its sandboxes would otherwise live forever).
+//! - what this instance made that nothing it runs holds (left by a crash of an earlier
+//!   process with the same instance id, or by a bug);
+//! - what other instances of the same service and mesh made, once their heartbeat key is gone
+//!   from `sandbox_nodes` (they crashed: `kill -9` runs no cleanup, and their sandboxes would
+//!   otherwise live forever).
 //!
-//! Sandboxes of other meshes (another NATS deployment on the same host, e.g. parallel test
-//! runs) are never judged: their heartbeats are not in this mesh's bucket.
+//! What other meshes made (another NATS deployment on the same host, e.g. parallel test runs)
+//! is never judged: their heartbeats are not in this mesh's bucket.
 //!
-//! A crashed node is not left for the next periodic sweep: the janitor watches the keys of
-//! its backend's executors in `sandbox_nodes`, and the purge marker the server writes when a
-//! heartbeat's TTL expires (or the delete of a clean stop) makes it reap that node's
-//! sandboxes at once. The watch is the janitor's own: when it ends, the janitor fails and the
-//! node restarts it.
+//! A crashed instance is not left for the next periodic sweep: the janitor watches the
+//! service's keys in `sandbox_nodes`, and the purge marker the server writes when a
+//! heartbeat's TTL expires (or the delete of a clean stop) makes it reap that instance's
+//! leftovers at once. The watch is the janitor's own: when it ends, the janitor fails and is
+//! started anew (by the executor node's supervisor, or by [`run_until`]).
+//!
+//! The executor backends (docker, bubblewrap) and aio-pool each implement [`Sweep`] for what
+//! they make; the judging, the watch and the timing are this one actor.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -22,16 +26,17 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 use futures::StreamExt;
 use messages::ServiceName;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SpawnErr};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// How long after another node's heartbeat key vanished the janitor looks again before it
 /// removes that node's sandboxes. A live node whose beat came late (a starved machine) puts
 /// its key back within this time, and its running executions must not be killed for that.
 const GONE_GRACE: Duration = Duration::from_millis(1500);
 
-/// What a backend removes. Each method judges liveness itself, with [`node_alive`], at the
-/// moment it removes: a node restarted under the same id beats again at once.
+/// What a service removes. Each method judges liveness itself, with [`node_alive`], at the
+/// moment it removes: an instance restarted under the same id beats again at once.
 pub trait Sweep: Clone + Send + Sync + 'static {
     /// Removes this node's unowned sandboxes and those of gone nodes of the mesh; returns how
     /// many it removed.
@@ -58,8 +63,6 @@ pub async fn node_alive(kv: &kv::Store, service: ServiceName, node_id: &str) -> 
 
 pub enum JanitorMsg {
     Sweep,
-    /// Sweeps now and answers with the number of sandboxes removed.
-    SweepNow(RpcReplyPort<usize>),
     /// Another node's heartbeat key was deleted or expired.
     NodeGone(String),
     /// [`GONE_GRACE`] after `NodeGone`: reap the node's sandboxes if its key is still gone.
@@ -155,9 +158,6 @@ impl<S: Sweep> Actor for Janitor<S> {
             JanitorMsg::Sweep => {
                 sweeper.sweep().await;
             }
-            JanitorMsg::SweepNow(reply) => {
-                let _ = reply.send(sweeper.sweep().await);
-            }
             JanitorMsg::NodeGone(node) => {
                 myself.send_after(GONE_GRACE, move || JanitorMsg::ReapIfStillGone(node));
             }
@@ -177,5 +177,33 @@ impl<S: Sweep> Actor for Janitor<S> {
     ) -> Result<(), ActorProcessingErr> {
         state.watch.abort();
         Ok(())
+    }
+}
+
+/// How long a failed janitor waits before [`run_until`] starts it anew: a bucket that cannot
+/// be watched (NATS restarting) is not hammered.
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+
+/// Runs a janitor until `shutdown`, starting it anew whenever it fails (its watch on the nodes
+/// bucket ended), for a service whose actors have no supervisor of their own to do it. Fails
+/// only when the actor cannot be spawned at all.
+pub async fn run_until<S: Sweep>(
+    args: JanitorArgs<S>,
+    shutdown: CancellationToken,
+) -> Result<(), SpawnErr> {
+    loop {
+        let (janitor, mut task) = Actor::spawn(None, Janitor::<S>::default(), args.clone()).await?;
+        tokio::select! {
+            () = shutdown.cancelled() => {
+                janitor.stop(None);
+                let _ = task.await;
+                return Ok(());
+            }
+            _ = &mut task => tracing::error!(service = %args.service, "janitor failed; restarting it"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(RESTART_PAUSE) => {}
+        }
     }
 }
