@@ -155,6 +155,9 @@ python_suites() {
   return "$status"
 }
 side_by_side "python SDK" python_suites "OpenAPI check" services/gateway/check-openapi.sh
+# E2B's own SDKs, unmodified, against the gateway's E2B facade (a mesh and a cached venv of its
+# own, like the Python SDK's).
+suite "E2B SDKs" services/gateway/e2b-tests/run.sh
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

@@ -10,6 +10,12 @@ pub const FACE: HttpFace = HttpFace {
     default: gateway::config::DEFAULT_ADDR,
 };
 
+/// The E2B facade: the gateway's second listener, for E2B's own SDKs.
+pub const E2B_FACE: HttpFace = HttpFace {
+    var: "SANDMESH_E2B_ADDR",
+    default: "127.0.0.1:4282",
+};
+
 /// The API's base URL for these settings.
 pub fn url(env: &HashMap<String, String>) -> String {
     format!("http://{}/api/v1", FACE.addr(env))

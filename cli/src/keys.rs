@@ -10,7 +10,13 @@ use crate::{creds, up};
 pub enum KeyCommand {
     /// Makes a key for TENANT and prints it alone on the last line. It is shown once: only
     /// its digest is stored.
-    Create { tenant: String },
+    Create {
+        tenant: String,
+        /// Print it as E2B's SDKs spell keys (`e2b_<hex>`, for `E2B_API_KEY`); the gateway
+        /// takes either spelling.
+        #[arg(long)]
+        e2b: bool,
+    },
     /// Lists the keys: id, tenant, when made, whether revoked.
     List,
     /// Revokes a key by its id (the gateway refuses it from its next request on).
@@ -21,7 +27,7 @@ pub fn run(command: KeyCommand) -> anyhow::Result<i32> {
     let data_dir = creds::data_dir();
     let file = data_dir.join(gateway::keys::KEYS_FILE);
     match command {
-        KeyCommand::Create { tenant } => {
+        KeyCommand::Create { tenant, e2b } => {
             let tenant = Tenant::new(tenant)?;
             // Without a tenancy (`up --insecure`) any name goes: there are no accounts.
             let tenancy = data_dir.join(up::TENANCY_FILE);
@@ -38,7 +44,13 @@ pub fn run(command: KeyCommand) -> anyhow::Result<i32> {
                 record.id,
                 file.display()
             );
-            outln!("{key}");
+            match e2b {
+                true => outln!(
+                    "{}",
+                    gateway::keys::e2b_spelling(&key).expect("a key just made")
+                ),
+                false => outln!("{key}"),
+            }
         }
         KeyCommand::List => {
             for k in gateway::keys::list(&file)? {

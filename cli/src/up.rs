@@ -575,6 +575,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
             dir.join(::gateway::keys::KEYS_FILE).display().to_string()
         });
     let gateway_url = crate::gateway::url(&env);
+    // E2B's SDKs reach the gateway's second listener; a taken port leaves it out, not the mesh.
+    let e2b = crate::gateway::E2B_FACE;
+    let e2b_url = match e2b.can_listen(&env) {
+        Ok(()) => Some(format!("http://{}", e2b.addr(&env))),
+        Err(why) => {
+            eprintln!("sandmesh: running without the E2B facade: {why}");
+            None
+        }
+    };
+    match &e2b_url {
+        Some(_) => env.insert(e2b.var.into(), e2b.addr(&env)),
+        None => env.remove(e2b.var),
+    };
 
     let shutdown = kit::shutdown::on_signals();
     let names = up_services(&env);
@@ -584,6 +597,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     let urls = Urls {
         console: &console_url,
         gateway: &gateway_url,
+        e2b: e2b_url.as_deref(),
         shown: &nats_url,
         watch: &watch_url,
         demo: &demo_url,
@@ -605,6 +619,8 @@ struct Urls<'a> {
     console: &'a str,
     /// The HTTP API.
     gateway: &'a str,
+    /// The E2B facade, when it listens.
+    e2b: Option<&'a str>,
     shown: &'a str,
     watch: &'a str,
     demo: &'a str,
@@ -651,6 +667,12 @@ async fn serve_until_stopped(
             "sandmesh: HTTP API at {} — `sandmesh tenant key create default` makes a key",
             urls.gateway
         );
+        if let Some(e2b) = urls.e2b {
+            eprintln!(
+                "sandmesh: E2B's SDKs: export E2B_API_URL={e2b} E2B_SANDBOX_URL={e2b} \\\n  \
+                 E2B_API_KEY=$(sandmesh tenant key create default --e2b | tail -n 1)"
+            );
+        }
     }
     if args.demo {
         let agent = connect(urls.demo).await?;

@@ -1,6 +1,8 @@
 //! Sessions: a workspace and, in tier `session`, a container kept between executions.
 
-use messages::session::{SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef};
+use messages::session::{
+    SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef, SessionTtl,
+};
 use messages::subjects::SessionOp;
 
 use crate::{MeshClient, Result};
@@ -41,6 +43,17 @@ impl SessionClient {
             .request(self.mesh.subjects().sessions(SessionOp::List), &req)
             .await?;
         Ok(reply.sessions)
+    }
+
+    /// Moves the session's end: it closes itself `ttl_ms` from now.
+    pub async fn set_ttl(&self, session_id: &str, ttl_ms: u64) -> Result<SessionRecord> {
+        let req = SessionTtl {
+            session_id: session_id.to_string(),
+            ttl_ms,
+        };
+        self.mesh
+            .request(self.mesh.subjects().sessions(SessionOp::SetTtl), &req)
+            .await
     }
 
     /// Closes a session: its container goes; the record says `closed`.

@@ -248,6 +248,27 @@ impl SessionOpen {
     }
 }
 
+/// `sessions.ttl`: the session closes itself `ttl_ms` from now (a live session only; bounded
+/// like `SessionOpen::ttl_ms`). Answered with the record as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionTtl {
+    pub session_id: String,
+    pub ttl_ms: u64,
+}
+
+impl SessionTtl {
+    /// `ttl_ms` of 0 or beyond `lifetime` is refused, as when a session opens.
+    pub fn admit(&self, lifetime: SessionLifetime) -> Result<(), ValidationError> {
+        if self.ttl_ms == 0 || self.ttl_ms > lifetime.max_ms {
+            return Err(ValidationError::invalid(
+                "ttl_ms",
+                format!("must be 1..={} milliseconds", lifetime.max_ms),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `sessions.get` and `sessions.close`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRef {

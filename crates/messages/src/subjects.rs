@@ -348,7 +348,13 @@ macro_rules! ops {
 
 ops!(
     /// `sandbox.v1.sessions.<op>`
-    SessionOp { Open => "open", Get => "get", List => "list", Close => "close" }
+    SessionOp {
+        Open => "open",
+        Get => "get",
+        List => "list",
+        Close => "close",
+        SetTtl => "ttl",
+    }
 );
 ops!(
     /// `sandbox.v1.ports.<op>`

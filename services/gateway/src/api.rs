@@ -152,6 +152,14 @@ impl FromRequestParts<Arc<App>> for Agent {
             .keys
             .verify(presented.trim())
             .ok_or_else(|| Problem::unauthorized("unknown or revoked API key"))?;
+        Self::acting_as(app, caller).await
+    }
+}
+
+impl Agent {
+    /// `caller`, within its key's rate, with its tenant's connection (the E2B facade
+    /// authenticates its own ways, then comes here).
+    pub async fn acting_as(app: &App, caller: Caller) -> Result<Self, Problem> {
         if let Err(wait) = app.rate.take(&caller.key_id) {
             return Err(Problem::rate_limited(
                 wait.as_secs_f64().ceil().max(1.0) as u64
@@ -343,9 +351,15 @@ pub async fn get_session(agent: Agent, Params(id): Params<String>) -> Reply {
     responses((status = 204, description = "deleted"), Errors)
 )]
 pub async fn close_session(agent: Agent, Params(id): Params<String>) -> Reply {
-    agent.mesh.sessions().close(&id).await?;
-    agent.mesh.workspace().cleanup(Some(id.as_str())).await?;
+    terminate(&agent.mesh, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// What deleting a session over HTTP means: closed, and its workspace removed.
+pub async fn terminate(mesh: &MeshClient, id: &str) -> Result<(), sandmesh_client::ClientError> {
+    mesh.sessions().close(id).await?;
+    mesh.workspace().cleanup(Some(id)).await?;
+    Ok(())
 }
 
 // === executions ===

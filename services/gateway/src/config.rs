@@ -21,6 +21,9 @@ pub struct GatewayConfig {
     pub kit: KitConfig,
     /// `SANDMESH_GATEWAY_ADDR`.
     pub addr: SocketAddr,
+    /// `SANDMESH_E2B_ADDR`: where E2B's SDKs reach the E2B facade (`crate::e2b`); unset: no
+    /// facade.
+    pub e2b_addr: Option<SocketAddr>,
     /// The API keys (`SANDMESH_GATEWAY_KEYS_FILE`; default: `gateway-keys.json` beside the
     /// tenancy file).
     pub keys_file: PathBuf,
@@ -77,6 +80,15 @@ impl GatewayConfig {
             ));
             DEFAULT_ADDR.parse().expect("valid default")
         });
+        let e2b_addr = r.optional_string("E2B_ADDR").and_then(|a| {
+            a.parse()
+                .map_err(|_| {
+                    r.error(format!(
+                        "SANDMESH_E2B_ADDR={a:?}: expected host:port, e.g. 127.0.0.1:4282"
+                    ))
+                })
+                .ok()
+        });
         let beside_tenancy = kit
             .tenancy_file
             .as_ref()
@@ -114,6 +126,7 @@ impl GatewayConfig {
         r.finish().map(|_| Self {
             kit,
             addr,
+            e2b_addr,
             keys_file,
             limits,
         })
@@ -125,6 +138,7 @@ impl GatewayConfig {
         Self {
             kit: KitConfig::for_url(nats_url),
             addr: "127.0.0.1:0".parse().expect("valid"),
+            e2b_addr: None,
             keys_file,
             limits: Limits::default(),
         }
@@ -142,10 +156,11 @@ mod tests {
             ("SANDMESH_GATEWAY_ADDR", "everywhere"),
             ("SANDMESH_GATEWAY_RATE", "0"),
             ("SANDMESH_GATEWAY_BURST", "0"),
+            ("SANDMESH_E2B_ADDR", "nowhere"),
         ]))
         .unwrap_err();
-        // The three above and the missing keys file.
-        assert_eq!(e.0.len(), 4, "{e}");
+        // The four above and the missing keys file.
+        assert_eq!(e.0.len(), 5, "{e}");
     }
 
     #[test]

@@ -201,6 +201,30 @@ async fn form_upload(
             Some(dir.to_string())
         }
     };
+    let path_of = |file: &str| {
+        let path = match &dir {
+            Some(dir) => format!("{dir}/{file}"),
+            None => file.to_string(),
+        };
+        validate_relative_path("filename", &path)
+            .map(|_| path)
+            .map_err(|e| Problem::bad_request(e.to_string()))
+    };
+    let files = upload_parts(app, agent, session, req, path_of).await?;
+    Ok(Json(FormUpload { files }).into_response())
+}
+
+/// Uploads the file parts of a multipart form, each part's filename turned into its workspace
+/// path by `path_of`: each part streams to the store as it arrives, like a raw upload, and the
+/// files appear only once the whole form was read, so a form that stalls, breaks off or
+/// carries a bad part leaves none of them. The E2B facade's `/files` is this too.
+pub async fn upload_parts(
+    app: &App,
+    agent: &Agent,
+    session: &str,
+    req: Request,
+    path_of: impl Fn(&str) -> Result<String, Problem>,
+) -> Result<Vec<WsEntry>, Problem> {
     let boundary = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -216,7 +240,7 @@ async fn form_upload(
     );
     let ws = writer(agent);
     let mut staged = Vec::new();
-    let read = read_form(form, &ws, session, dir.as_deref(), cap, &mut staged).await;
+    let read = read_form(form, &ws, session, &path_of, cap, &mut staged).await;
     if let Err(problem) = read {
         for (_, part) in staged {
             ws.abandon(session, part).await;
@@ -236,7 +260,7 @@ async fn form_upload(
             }
         }
     }
-    Ok(Json(FormUpload { files }).into_response())
+    Ok(files)
 }
 
 /// Stages every file part of `form` into `staged` (path, content), stopping at the first
@@ -245,7 +269,7 @@ async fn read_form(
     mut form: multer::Multipart<'_>,
     ws: &WorkspaceClient,
     session: &str,
-    dir: Option<&str>,
+    path_of: &impl Fn(&str) -> Result<String, Problem>,
     cap: Option<u64>,
     staged: &mut Vec<(String, Staged)>,
 ) -> Result<(), Problem> {
@@ -260,12 +284,10 @@ async fn read_form(
                 "part {name:?} has no filename: give each file's path as its filename"
             )));
         };
-        let path = match dir {
-            Some(dir) => format!("{dir}/{file}"),
-            None => file,
-        };
-        validate_relative_path("filename", &path)
-            .map_err(|e| Problem::bad_request(format!("part {name:?}: {e}")))?;
+        let path = path_of(&file).map_err(|mut p| {
+            p.detail = format!("part {name:?}: {}", p.detail);
+            p
+        })?;
         if staged.len() == MAX_FORM_PARTS {
             return Err(Problem::too_large(format!(
                 "a form may carry at most {MAX_FORM_PARTS} files"

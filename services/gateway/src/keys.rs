@@ -25,6 +25,13 @@ pub const KEYS_FILE: &str = "gateway-keys.json";
 /// Every key starts so: a leaked key is recognisable (secret scanners, logs).
 const KEY_PREFIX: &str = "smk_";
 
+/// The same key spelled as E2B's SDKs expect theirs (`e2b_<hex>`: older SDKs refuse any other
+/// form): the id and the secret run together. One key, two spellings, one digest.
+const E2B_PREFIX: &str = "e2b_";
+
+/// A sandbox's envd access token starts so (the E2B facade's `X-Access-Token`).
+const SANDBOX_TOKEN_PREFIX: &str = "sbt_";
+
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error("reading {path}")]
@@ -80,6 +87,33 @@ fn digest(key: &str) -> String {
 fn key_id(key: &str) -> Option<&str> {
     let (id, secret) = key.strip_prefix(KEY_PREFIX)?.split_once('_')?;
     (id.len() == 16 && secret.len() == 64).then_some(id)
+}
+
+/// A key as sandmesh spells it, from either spelling (`smk_…` unchanged, `e2b_<id><secret>`
+/// rewritten); `None` for anything else.
+pub fn canonical(presented: &str) -> Option<String> {
+    if key_id(presented).is_some() {
+        return Some(presented.to_string());
+    }
+    let hex = presented.strip_prefix(E2B_PREFIX)?;
+    let well_formed = hex.len() == 80 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    well_formed.then(|| format!("{KEY_PREFIX}{}_{}", &hex[..16], &hex[16..]))
+}
+
+/// The E2B spelling of a sandmesh key (`sandmesh tenant key create --e2b`).
+pub fn e2b_spelling(key: &str) -> Option<String> {
+    key_id(key)?;
+    let (id, secret) = key.strip_prefix(KEY_PREFIX)?.split_once('_')?;
+    Some(format!("{E2B_PREFIX}{id}{secret}"))
+}
+
+/// The MAC key and message of a sandbox token: it authenticates one sandbox of one tenant.
+/// The key's digest is the MAC key, so only the gateway (the key file, mode 0600) and the key's
+/// holder can make one, and revoking the key revokes its sandboxes' tokens.
+fn sandbox_token_input(record: &KeyRecord, sandbox: &str) -> Option<(ring::hmac::Key, String)> {
+    let secret = hex::decode(&record.sha256).ok()?;
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
+    Some((key, format!("e2b-sandbox\0{}\0{sandbox}", record.tenant)))
 }
 
 fn read(path: &Path) -> Result<KeyFile, KeyError> {
@@ -193,7 +227,37 @@ impl KeyStore {
 
     /// The caller a key belongs to; `None` for anything but a live key.
     pub fn verify(&self, key: &str) -> Option<Caller> {
-        let id = key_id(key)?;
+        let record = self.live(key_id(key)?)?;
+        same_secret(&record.sha256, &digest(key)).then(|| Caller::of(&record))
+    }
+
+    /// The token that lets `caller` reach `sandbox` without its key (E2B's `envdAccessToken`:
+    /// the SDKs send it, and no key, to the sandbox's own routes). `None` once the key is
+    /// revoked.
+    pub fn sandbox_token(&self, caller: &Caller, sandbox: &str) -> Option<String> {
+        let record = self.live(&caller.key_id)?;
+        let (key, message) = sandbox_token_input(&record, sandbox)?;
+        let tag = ring::hmac::sign(&key, message.as_bytes());
+        Some(format!(
+            "{SANDBOX_TOKEN_PREFIX}{}_{}",
+            record.id,
+            hex::encode(tag.as_ref())
+        ))
+    }
+
+    /// The caller a sandbox token was made for, when it was made for `sandbox` by a live key.
+    pub fn verify_sandbox_token(&self, token: &str, sandbox: &str) -> Option<Caller> {
+        let (id, mac) = token.strip_prefix(SANDBOX_TOKEN_PREFIX)?.split_once('_')?;
+        let mac = hex::decode(mac).ok()?;
+        let record = self.live(id)?;
+        let (key, message) = sandbox_token_input(&record, sandbox)?;
+        // `verify` compares in constant time.
+        ring::hmac::verify(&key, message.as_bytes(), &mac).ok()?;
+        Some(Caller::of(&record))
+    }
+
+    /// The live (not revoked) key of this id, from the file as it is now.
+    fn live(&self, id: &str) -> Option<KeyRecord> {
         let mut loaded = self.loaded.lock().expect("keys lock");
         let now = stamp(&self.path);
         if now != loaded.0 {
@@ -215,11 +279,16 @@ impl KeyStore {
                 }
             }
         }
-        let record = loaded.1.get(id)?;
-        same_secret(&record.sha256, &digest(key)).then(|| Caller {
+        loaded.1.get(id).cloned()
+    }
+}
+
+impl Caller {
+    fn of(record: &KeyRecord) -> Self {
+        Self {
             key_id: record.id.clone(),
             tenant: record.tenant.clone(),
-        })
+        }
     }
 }
 
@@ -253,6 +322,52 @@ mod tests {
         assert_eq!(store.verify(&key), None, "revoked without a restart");
         assert!(list(&path).unwrap()[0].revoked_at.is_some());
         assert!(matches!(revoke(&path, "nope"), Err(KeyError::Unknown(_))));
+    }
+
+    #[test]
+    fn a_key_spelled_for_e2b_is_the_same_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEYS_FILE);
+        let (key, _) = create(&path, &Tenant::default_tenant()).unwrap();
+        let e2b = e2b_spelling(&key).unwrap();
+        assert!(e2b.starts_with("e2b_") && e2b[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(canonical(&e2b).as_deref(), Some(key.as_str()));
+        assert_eq!(canonical(&key).as_deref(), Some(key.as_str()));
+        for bad in ["e2b_", "e2b_xyz", &e2b[..e2b.len() - 1], &format!("{e2b}0")] {
+            assert_eq!(canonical(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_sandbox_token_opens_one_sandbox_of_one_key_until_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEYS_FILE);
+        let (key, record) = create(&path, &Tenant::default_tenant()).unwrap();
+        let store = KeyStore::new(path.clone());
+        let caller = store.verify(&key).unwrap();
+        let token = store.sandbox_token(&caller, "s1").unwrap();
+        assert_eq!(
+            store.verify_sandbox_token(&token, "s1"),
+            Some(caller.clone())
+        );
+        assert_eq!(
+            store.verify_sandbox_token(&token, "s2"),
+            None,
+            "another sandbox"
+        );
+        let mut forged = token.clone();
+        forged.pop();
+        forged.push(if token.ends_with('0') { '1' } else { '0' });
+        assert_eq!(store.verify_sandbox_token(&forged, "s1"), None);
+        for bad in ["", "sbt_", "sbt_x_y", &key] {
+            assert_eq!(store.verify_sandbox_token(bad, "s1"), None, "{bad:?}");
+        }
+        revoke(&path, &record.id).unwrap();
+        assert_eq!(
+            store.verify_sandbox_token(&token, "s1"),
+            None,
+            "revoked with its key"
+        );
     }
 
     #[test]

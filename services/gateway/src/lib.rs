@@ -4,7 +4,9 @@
 //! every error ([`problem`]).
 //!
 //! HTTP on `SANDMESH_GATEWAY_ADDR` (default `127.0.0.1:4281`). No CORS headers: a browser page
-//! of another origin cannot call it unless a proxy in front says so.
+//! of another origin cannot call it unless a proxy in front says so. With `SANDMESH_E2B_ADDR`
+//! set, a second listener serves E2B's API to E2B's own SDKs ([`e2b`]), with the same keys,
+//! tenants and limits.
 //!
 //! Identity: `Authorization: Bearer <key>`; a key belongs to one tenant ([`keys`], made by
 //! `sandmesh tenant key create`). The gateway acts as that tenant's agent over a NATS connection
@@ -14,6 +16,7 @@
 //!
 //! ```text
 //! run ── kit::Runtime ($SRV, heartbeat: tenants connected)
+//!    ├── axum server (E2B facade, optional) ── e2b::router ── the same App
 //!    ├── axum server ── per request: Agent = KeyStore::verify ─► RateLimiter ─► Tenants::client
 //!    │                  ── handler (api, files, templates) ── the tenant's MeshClient
 //!    │                  execute + Accept: text/event-stream ── stream task (output, result)
@@ -23,6 +26,7 @@
 pub mod api;
 pub mod body;
 pub mod config;
+pub mod e2b;
 pub mod files;
 pub mod keys;
 pub mod openapi;
@@ -50,14 +54,28 @@ pub fn url(addr: SocketAddr) -> String {
     format!("http://{addr}/api/v1")
 }
 
-/// Listens on the configured address and serves until `shutdown` fires.
+/// Listens on the configured addresses and serves until `shutdown` fires.
 pub async fn run(config: GatewayConfig, shutdown: CancellationToken) -> Result<(), GatewayError> {
-    serve(kit::http::bind(config.addr).await?, config, shutdown).await
+    let e2b = match config.e2b_addr {
+        Some(addr) => Some(kit::http::bind(addr).await?),
+        None => None,
+    };
+    serve_with(kit::http::bind(config.addr).await?, e2b, config, shutdown).await
 }
 
 /// Serves on `listener` (tests bind port 0 and read the address first) until `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    config: GatewayConfig,
+    shutdown: CancellationToken,
+) -> Result<(), GatewayError> {
+    serve_with(listener, None, config, shutdown).await
+}
+
+/// Serves the API on `listener` and, when given, the E2B facade on `e2b`, until `shutdown`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    e2b: Option<tokio::net::TcpListener>,
     config: GatewayConfig,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
@@ -102,17 +120,37 @@ pub async fn serve(
         }))
         .await?;
     tracing::info!(url = %url(addr), "gateway serving");
+    let configured = config.e2b_addr.unwrap_or(addr);
+    let facade = async {
+        let Some(listener) = e2b else {
+            return Ok(());
+        };
+        let addr = kit::http::local_addr(&listener, configured)?;
+        tracing::info!(url = %format!("http://{addr}"), "E2B facade serving");
+        serve_router(listener, e2b::router(app.clone()), &shutdown).await
+    };
+    let served = tokio::try_join!(
+        serve_router(listener, api::router(app.clone()), &shutdown),
+        facade
+    );
+    runtime.shutdown().await;
+    served.map(|_| ())
+}
+
+async fn serve_router(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: &CancellationToken,
+) -> Result<(), GatewayError> {
     // Small answers go out at once, not after the client's delayed ACK.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let served = axum::serve(listener, api::router(app))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
         .map_err(|source| GatewayError::Serve {
             service: SERVICE_NAME,
             source,
-        });
-    runtime.shutdown().await;
-    served
+        })
 }

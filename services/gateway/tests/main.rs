@@ -4,6 +4,7 @@
 
 mod api;
 mod common;
+mod e2b;
 mod large_upload;
 mod ports;
 mod procs;

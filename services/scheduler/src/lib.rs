@@ -5,7 +5,7 @@
 //!
 //! Subjects: `exec` (sync), `test` (a test-driven execution, [`testrun`]), `jobs.exec` (async,
 //! stream `SANDBOX_JOBS`), `results.<id>` (stream `SANDBOX_RESULTS`), `exec.result`,
-//! `sessions.{open,get,list,close}`, `proc.{start,list,output,input,signal,wait,resize}` (a
+//! `sessions.{open,get,list,close,ttl}`, `proc.{start,list,output,input,signal,wait,resize}` (a
 //! session's background processes, [`proc_api`]), `ports.{expose,list,unexpose,connect}`
 //! (preview ports, [`ports`]). It calls `risk.assess`, `confirm.request` /
 //! `confirm.get`, `workspace.init`, `workspace.read` (test reports), `executor.docker.run` and
@@ -443,6 +443,7 @@ impl Parts {
             s.sessions(SessionOp::Get) => sessions.get,
             s.sessions(SessionOp::List) => sessions.list,
             s.sessions(SessionOp::Close) => sessions.close,
+            s.sessions(SessionOp::SetTtl) => sessions.set_ttl,
             s.ports(PortsOp::Expose) => ports.expose,
             s.ports(PortsOp::List) => ports.list,
             s.ports(PortsOp::Unexpose) => ports.unexpose,

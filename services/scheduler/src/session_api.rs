@@ -1,4 +1,4 @@
-//! `SessionApi`: the `sessions.{open,get,list,close}` endpoints, and marking the sessions of a
+//! `SessionApi`: the `sessions.{open,get,list,close,ttl}` endpoints, and marking the sessions of a
 //! node whose heartbeat vanished as lost.
 
 use kit::{AuditScope, Auditor, RequestContext};
@@ -6,7 +6,7 @@ use messages::audit::{LostCause, SessionClosed, SessionLost};
 use messages::executor::Backend;
 use messages::session::{
     CloseReason, SessionList, SessionListReply, SessionOpen, SessionRecord, SessionRef,
-    SessionState,
+    SessionState, SessionTtl,
 };
 use tokio::sync::mpsc;
 
@@ -122,6 +122,40 @@ impl SessionApi {
             .map(|r| r.unscoped(tenant))
             .collect();
         Ok(SessionListReply { sessions })
+    }
+
+    /// `sessions.ttl`: the session now ends `ttl_ms` from now (the reaper reads the stored
+    /// end at each sweep). A closed session stays closed.
+    pub async fn set_ttl(
+        &self,
+        ctx: RequestContext,
+        req: SessionTtl,
+    ) -> Result<SessionRecord, SchedulerError> {
+        req.admit(self.policy.session_lifetime)?;
+        let id = ctx.caller.scope("session_id", &req.session_id)?;
+        let expires_at = messages::now_ms().saturating_add(req.ttl_ms);
+        let mut closed = false;
+        let stored = self
+            .table()
+            .update(&id, |r| {
+                closed = r.state == SessionState::Closed;
+                if closed {
+                    return Change::Keep;
+                }
+                r.expires_at = Some(expires_at);
+                Change::Write
+            })
+            .await?
+            .ok_or_else(|| SchedulerError::NoSession {
+                id: req.session_id.clone(),
+            })?;
+        if closed {
+            return Err(SchedulerError::SessionEnded {
+                id: req.session_id,
+                why: SessionEnd::Closed,
+            });
+        }
+        Ok(stored.unscoped(ctx.caller.tenant()))
     }
 
     /// `sessions.close`. Closing a closed session answers the record again.

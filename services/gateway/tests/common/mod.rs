@@ -79,9 +79,11 @@ impl Store {
     }
 }
 
-/// A gateway started in-process, with the mesh's tenancy in a file beside its keys.
+/// A gateway started in-process, with the mesh's tenancy in a file beside its keys, and its
+/// E2B facade on a second port.
 pub struct Gateway {
     pub addr: SocketAddr,
+    pub e2b: SocketAddr,
     pub keys_file: PathBuf,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), String>>,
@@ -102,15 +104,18 @@ impl Gateway {
         tune(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let facade = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let e2b = facade.local_addr().unwrap();
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(async move {
-            gateway::serve(listener, config, token)
+            gateway::serve_with(listener, Some(facade), config, token)
                 .await
                 .map_err(|e| kit::error_chain(&e))
         });
         let gw = Self {
             addr,
+            e2b,
             keys_file,
             stop,
             task,
@@ -217,26 +222,67 @@ impl Gateway {
         B: hyper::body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-        let io = hyper_util::rt::TokioIo::new(stream);
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
-        tokio::spawn(connection);
-        let mut request = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", self.addr.to_string());
+        let mut all: Vec<(&str, String)> =
+            headers.iter().map(|(n, v)| (*n, v.to_string())).collect();
         if let Some(key) = key {
-            request = request.header("authorization", format!("Bearer {key}"));
+            all.push(("authorization", format!("Bearer {key}")));
         }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let request = request.body(body).unwrap();
-        tokio::time::timeout(BOUND, sender.send_request(request))
-            .await
-            .unwrap_or_else(|_| panic!("{method} {path}: no answer within {BOUND:?}"))
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+        open_at(self.addr, method, path, &all, body).await
     }
+
+    /// Sends one request to the E2B facade and reads the whole answer.
+    pub async fn e2b_send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, String)],
+        body: impl Into<Bytes>,
+    ) -> Reply {
+        let response = self.e2b_open(method, path, headers, body).await;
+        read_reply(method, path, response).await
+    }
+
+    /// Sends one request to the E2B facade and returns the answer as it starts.
+    pub async fn e2b_open(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, String)],
+        body: impl Into<Bytes>,
+    ) -> hyper::Response<Incoming> {
+        open_at(self.e2b, method, path, headers, Full::new(body.into())).await
+    }
+}
+
+/// Sends one request to `addr` over a connection of its own; the answer's head within
+/// [`BOUND`].
+pub async fn open_at<B>(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: B,
+) -> hyper::Response<Incoming>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(connection);
+    let mut request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, value.as_str());
+    }
+    let request = request.body(body).unwrap();
+    tokio::time::timeout(BOUND, sender.send_request(request))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer within {BOUND:?}"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
 #[derive(Debug)]

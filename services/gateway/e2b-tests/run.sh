@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# E2B's official SDKs (e2b, e2b-code-interpreter, and smolagents' E2B executor), unmodified,
+# against the gateway's E2B facade on a real mesh: installs the pinned requirements into a cached
+# venv (tmp/e2b-sdk-venv in the build directory, reinstalled when requirements.txt changes), makes
+# sure the binaries the mesh needs exist, and runs pytest. The session fixture starts
+# `target/debug/sandmesh up` with SANDMESH_E2B_ADDR on free loopback ports and stops it at the end.
+#
+#   services/gateway/e2b-tests/run.sh               # everything
+#   services/gateway/e2b-tests/run.sh -k approval   # extra arguments go to pytest
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+cd "$root"
+
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+venv="$target_dir/tmp/e2b-sdk-venv"
+python=${SANDMESH_PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+  echo "e2b-tests: creating $venv" >&2
+  "$python" -m venv "$venv"
+fi
+stamp=$(sha256sum "$here/requirements.txt" | cut -c1-64)
+if [ "$(cat "$venv/.sandmesh-installed" 2>/dev/null)" != "$stamp" ]; then
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+  echo "$stamp" >"$venv/.sandmesh-installed"
+fi
+
+missing=()
+for bin in sandmesh sandmesh-supervisor sandmesh-aio-agent; do
+  [ -x "$target_dir/debug/$bin" ] || missing+=("-p" "$bin")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "e2b-tests: building ${missing[*]}" >&2
+  cargo build "${missing[@]}"
+fi
+export SANDMESH_BIN="${SANDMESH_BIN:-$target_dir/debug/sandmesh}"
+export SANDMESH_NATS_SERVER="${SANDMESH_NATS_SERVER:-$root/.tools/bin/nats-server}"
+
+status=0
+(cd "$here" && "$venv/bin/python" -m pytest -q -rfE -p no:cacheprovider "$@") || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "e2b-tests: no tests were collected: that is a failure" >&2
+  exit 1
+fi
+exit "$status"
