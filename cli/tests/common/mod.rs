@@ -98,11 +98,24 @@ pub async fn status(url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
-/// Until `sandmesh status` lists a scheduler and a docker-executor.
+/// Until `sandmesh status` lists a scheduler and a docker-executor, and the scheduler answers
+/// on `exec`: a service beats before it has subscribed its endpoints, so being listed is not
+/// yet being served. (The probe is malformed: it is refused before anything runs.)
 pub async fn wait_ready(url: &str) {
     test_support::eventually("the mesh to come up", Duration::from_secs(300), || async {
         let listed = status(url).await;
         (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
     })
+    .await;
+    let client = test_support::connect(url).await;
+    let exec = messages::Subjects::default().exec();
+    test_support::eventually(
+        "the scheduler to serve exec",
+        Duration::from_secs(60),
+        || {
+            let (client, exec) = (client.clone(), exec.clone());
+            async move { client.request(exec, "not json".into()).await.ok() }
+        },
+    )
     .await;
 }
