@@ -91,6 +91,50 @@ impl From<JunitError> for ErrorBody {
     }
 }
 
+/// Why a port cannot be exposed or reached; kinds in [`SchedulerError::kind`].
+#[derive(Debug, thiserror::Error)]
+pub enum PortError {
+    /// A session whose runs each get a single-use sandbox has nothing that stays up to listen.
+    #[error(
+        "session {id} runs each execution in a single-use sandbox (tier {}): nothing stays up \
+         to listen on a port; open the session with tier session",
+        .tier.as_str()
+    )]
+    NoResidentSandbox {
+        id: String,
+        tier: messages::exec::Tier,
+    },
+    #[error("port {port} of session {id} is not exposed (ports.expose first)")]
+    NotExposed { id: String, port: u16 },
+    /// The token does not match the port's, or the exposure expired: the same answer for both,
+    /// so a token cannot be probed.
+    #[error("the token is not valid for port {port} of session {id}")]
+    BadToken { id: String, port: u16 },
+    #[error(
+        "session {id} has {} exposed ports; unexpose one first",
+        messages::ports::MAX_EXPOSED_PORTS
+    )]
+    TooMany { id: String },
+    /// The session's container is not placed yet (nothing has run in it).
+    #[error("session {id} has no container yet: run something in it first")]
+    NoContainer { id: String },
+    #[error("session {id} lost its node; its next execution places it again")]
+    Lost { id: String },
+}
+
+impl PortError {
+    pub fn kind(&self) -> messages::ErrorKind {
+        use messages::ErrorKind as K;
+        match self {
+            PortError::NoResidentSandbox { .. } => K::NotImplemented,
+            PortError::NotExposed { .. } => K::NotFound,
+            PortError::BadToken { .. } => K::Unauthorized,
+            PortError::TooMany { .. } | PortError::NoContainer { .. } => K::Conflict,
+            PortError::Lost { .. } => K::Unavailable,
+        }
+    }
+}
+
 /// Why the scheduler could not serve a request (an execution, a session, a test run).
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {
@@ -190,7 +234,7 @@ pub enum SchedulerError {
     CommandNotRun { status: ExecStatus, why: String },
     /// A preview port cannot be exposed or reached.
     #[error(transparent)]
-    Port(#[from] crate::ports::PortError),
+    Port(#[from] PortError),
     /// An `aio.exec` command's execution ended without a result of the command's own.
     #[error("the command ended {}", .status.as_str())]
     CommandEnded { status: ExecStatus },

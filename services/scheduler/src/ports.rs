@@ -18,47 +18,9 @@ use messages::{ErrorBody, ServiceName};
 use ring::rand::SecureRandom;
 use sha2::{Digest, Sha256};
 
-use crate::error::{SchedulerError, SessionEnd};
+use crate::error::{PortError, SchedulerError, SessionEnd};
 use crate::executor_runner::ExecutorRunner;
 use crate::sessions::{Change, SessionTable};
-
-/// Why a port cannot be exposed or reached; kinds in [`SchedulerError::kind`].
-#[derive(Debug, thiserror::Error)]
-pub enum PortError {
-    /// A session whose runs each get a single-use sandbox has nothing that stays up to listen.
-    #[error(
-        "session {id} runs each execution in a single-use sandbox (tier {}): nothing stays up \
-         to listen on a port; open the session with tier session",
-        .tier.as_str()
-    )]
-    NoResidentSandbox { id: String, tier: Tier },
-    #[error("port {port} of session {id} is not exposed (ports.expose first)")]
-    NotExposed { id: String, port: u16 },
-    /// The token does not match the port's, or the exposure expired: the same answer for both,
-    /// so a token cannot be probed.
-    #[error("the token is not valid for port {port} of session {id}")]
-    BadToken { id: String, port: u16 },
-    #[error("session {id} has {MAX_EXPOSED_PORTS} exposed ports; unexpose one first")]
-    TooMany { id: String },
-    /// The session's container is not placed yet (nothing has run in it).
-    #[error("session {id} has no container yet: run something in it first")]
-    NoContainer { id: String },
-    #[error("session {id} lost its node; its next execution places it again")]
-    Lost { id: String },
-}
-
-impl PortError {
-    pub fn kind(&self) -> messages::ErrorKind {
-        use messages::ErrorKind as K;
-        match self {
-            PortError::NoResidentSandbox { .. } => K::NotImplemented,
-            PortError::NotExposed { .. } => K::NotFound,
-            PortError::BadToken { .. } => K::Unauthorized,
-            PortError::TooMany { .. } | PortError::NoContainer { .. } => K::Conflict,
-            PortError::Lost { .. } => K::Unavailable,
-        }
-    }
-}
 
 #[derive(Clone)]
 pub struct PortsApi {
