@@ -420,14 +420,21 @@ mod tests {
         let leader = cluster.meta_leader().expect("a meta leader");
         let client = crate::connect(&cluster.url()).await;
         let js = async_nats::jetstream::new(client);
-        let kv = js
-            .create_key_value(async_nats::jetstream::kv::Config {
-                bucket: "survivor".into(),
-                num_replicas: 3,
-                ..Default::default()
-            })
-            .await
-            .expect("an R3 bucket");
+        // A cluster just elected its meta leader may time a first create out on a loaded
+        // machine; creating the same bucket again is idempotent.
+        let kv = crate::eventually("an R3 bucket", Duration::from_secs(60), || {
+            let js = js.clone();
+            async move {
+                js.create_key_value(async_nats::jetstream::kv::Config {
+                    bucket: "survivor".into(),
+                    num_replicas: 3,
+                    ..Default::default()
+                })
+                .await
+                .ok()
+            }
+        })
+        .await;
         kv.put("k", "before".into()).await.expect("put");
 
         cluster.kill(leader);

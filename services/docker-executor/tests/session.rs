@@ -281,12 +281,15 @@ async fn killing_every_process_loses_the_container_not_the_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containers_killed_from_outside_cost_a_retry_not_the_run() {
     let h = Harness::start_with(&[("SANDMESH_EXEC_WARM_POOL", "1")]).await;
+    // A container that stopped before the kill landed is as dead as a killed one: what is
+    // tested is that the run after it is retried, not that this kill won the race.
     let kill = |name: String| async move {
         let out = std::process::Command::new("docker")
             .args(["kill", &name])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{out:?}");
+        let stopped = String::from_utf8_lossy(&out.stderr).contains("is not running");
+        assert!(out.status.success() || stopped, "{out:?}");
     };
     // A warm container dies while it waits in the pool.
     h.wait_warm(1).await;
