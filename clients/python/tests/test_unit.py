@@ -17,7 +17,7 @@ from sandmesh._files import decode_content, wire_content
 from sandmesh._transport import Codec, connect_info, new_id
 from sandmesh.errors import error_from_body, error_from_reply
 
-TESTDATA = Path(__file__).resolve().parents[3] / "messages" / "testdata"
+TESTDATA = Path(__file__).resolve().parents[3] / "crates" / "messages" / "testdata"
 
 CODES = [
     (400, "bad_request", sandmesh.BadRequest),

@@ -79,6 +79,7 @@ pub async fn list(agent: Agent, Params(id): Params<String>) -> Reply {
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct OutputQuery {
     /// The first chunk wanted (0: the oldest kept).
     #[serde(default)]
