@@ -60,10 +60,12 @@ pub async fn sandmesh_in_dir(dir: &Path, args: &[&str]) -> Output {
 /// `sandmesh up` against a given NATS, its stderr in `log`; killed on drop if still running.
 pub struct Up {
     child: tokio::process::Child,
+    log: std::path::PathBuf,
 }
 
 impl Up {
     pub fn start(nats_url: &str, env: &[(&str, &str)], log: &Path) -> Self {
+        let path = log.to_path_buf();
         let log = std::fs::File::create(log).expect("log file");
         let child = tokio::process::Command::new(SANDMESH)
             .arg("up")
@@ -75,7 +77,45 @@ impl Up {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn sandmesh up");
-        Self { child }
+        Self { child, log: path }
+    }
+
+    /// Until `sandmesh status` lists a scheduler and a docker-executor, and the scheduler answers
+    /// on `exec`: a service beats before it has subscribed its endpoints, so being listed is not
+    /// yet being served. (The probe is malformed: it is refused before anything runs.) Fails
+    /// the test with the end of `up`'s log when `up` exits or the mesh is not up in 300 s.
+    pub async fn wait_ready(&mut self, url: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        loop {
+            let listed = status(url).await;
+            if listed.contains("scheduler") && listed.contains("docker-executor") {
+                break;
+            }
+            let exited = self.child.try_wait().expect("sandmesh up's status");
+            if exited.is_some() || tokio::time::Instant::now() > deadline {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "the mesh did not come up ({}); `sandmesh status` says:\n{listed}\n\
+                     `sandmesh up`'s log ends:\n{}",
+                    exited.map_or("300 s passed".to_string(), |s| format!("up exited: {s}")),
+                    tail.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let client = test_support::connect(url).await;
+        let exec = messages::Subjects::default().exec();
+        test_support::eventually(
+            "the scheduler to serve exec",
+            Duration::from_secs(60),
+            || {
+                let (client, exec) = (client.clone(), exec.clone());
+                async move { client.request(exec, "not json".into()).await.ok() }
+            },
+        )
+        .await;
     }
 
     /// SIGTERM, then its exit status within `limit` (the test fails past it).
@@ -96,26 +136,4 @@ pub async fn status(url: &str) -> String {
     cmd.arg("status").env("SANDMESH_NATS_URL", url);
     let out = run_bounded(cmd, Duration::from_secs(30)).await;
     String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-/// Until `sandmesh status` lists a scheduler and a docker-executor, and the scheduler answers
-/// on `exec`: a service beats before it has subscribed its endpoints, so being listed is not
-/// yet being served. (The probe is malformed: it is refused before anything runs.)
-pub async fn wait_ready(url: &str) {
-    test_support::eventually("the mesh to come up", Duration::from_secs(300), || async {
-        let listed = status(url).await;
-        (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
-    })
-    .await;
-    let client = test_support::connect(url).await;
-    let exec = messages::Subjects::default().exec();
-    test_support::eventually(
-        "the scheduler to serve exec",
-        Duration::from_secs(60),
-        || {
-            let (client, exec) = (client.clone(), exec.clone());
-            async move { client.request(exec, "not json".into()).await.ok() }
-        },
-    )
-    .await;
 }
