@@ -80,31 +80,21 @@ impl Up {
         Self { child, log: path }
     }
 
-    /// Until `sandmesh status` lists a scheduler and a docker-executor, and the scheduler answers
-    /// on `exec`: a service beats before it has subscribed its endpoints, so being listed is not
-    /// yet being served. (The probe is malformed: it is refused before anything runs.) Fails
-    /// the test with the end of `up`'s log when `up` exits or the mesh is not up in 300 s.
+    /// What `up` has written to its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Until `up` says the mesh is up (once every service answers a real request); fails the
+    /// test at once with the end of the log when `up` exits first, or after 300 s.
+    pub async fn until_up(&mut self) {
+        until_logged(&mut self.child, &self.log, "sandmesh: mesh is up").await;
+    }
+
+    /// Until `up` says the mesh is up and the scheduler answers on `exec` at `url` (the probe
+    /// is malformed: it is refused before anything runs).
     pub async fn wait_ready(&mut self, url: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-        loop {
-            let listed = status(url).await;
-            if listed.contains("scheduler") && listed.contains("docker-executor") {
-                break;
-            }
-            let exited = self.child.try_wait().expect("sandmesh up's status");
-            if exited.is_some() || tokio::time::Instant::now() > deadline {
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(60).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!(
-                    "the mesh did not come up ({}); `sandmesh status` says:\n{listed}\n\
-                     `sandmesh up`'s log ends:\n{}",
-                    exited.map_or("300 s passed".to_string(), |s| format!("up exited: {s}")),
-                    tail.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        self.until_up().await;
         let client = test_support::connect(url).await;
         let exec = messages::Subjects::default().exec();
         test_support::eventually(
@@ -130,10 +120,25 @@ impl Up {
     }
 }
 
-/// `sandmesh status` against `url`, bounded.
-pub async fn status(url: &str) -> String {
-    let mut cmd = Command::new(SANDMESH);
-    cmd.arg("status").env("SANDMESH_NATS_URL", url);
-    let out = run_bounded(cmd, Duration::from_secs(30)).await;
-    String::from_utf8_lossy(&out.stdout).to_string()
+/// Until the log of the `up` running as `child` holds `needle`. Fails the test with the log's
+/// end when `up` exits first or after 300 s: a mesh that cannot start says why at once.
+pub async fn until_logged(child: &mut tokio::process::Child, log: &Path, needle: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(needle) {
+            return;
+        }
+        let exited = child.try_wait().expect("sandmesh up's status");
+        if exited.is_some() || tokio::time::Instant::now() > deadline {
+            let tail: Vec<&str> = text.lines().rev().take(60).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "`up` did not log {needle:?} ({}); its log ends:\n{}",
+                exited.map_or("300 s passed".to_string(), |s| format!("it exited: {s}")),
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
