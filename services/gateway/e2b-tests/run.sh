@@ -30,8 +30,9 @@ for bin in sandmesh sandmesh-supervisor sandmesh-aio-agent; do
   [ -x "$target_dir/debug/$bin" ] || missing+=("-p" "$bin")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "e2b-tests: building ${missing[*]}" >&2
-  cargo build "${missing[@]}"
+  # All three, as scripts/test.sh builds them: the same features, so nothing recompiles.
+  echo "e2b-tests: building the mesh's binaries (${missing[*]} missing)" >&2
+  cargo build -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
 fi
 export SANDMESH_BIN="${SANDMESH_BIN:-$target_dir/debug/sandmesh}"
 export SANDMESH_NATS_SERVER="${SANDMESH_NATS_SERVER:-$root/.tools/bin/nats-server}"
