@@ -465,36 +465,24 @@ async fn process_rpcs_refuse_hostile_requests_in_e2b_s_shape() {
     let (acme_id, acme_token) = create(&gw, &acme).await;
     const UNARY: &str = "application/json";
     const STREAM: &str = "application/connect+json";
-    let call = |method: &str, body: String| {
-        let headers = envd(&id, &token, UNARY);
+    // One call of `process.Process/<method>` to `sandbox` with `token`.
+    let rpc = |sandbox: &str, token: &str, content_type: &str, method: &str, body: Vec<u8>| {
+        let headers = envd(sandbox, token, content_type);
         let path = format!("/process.Process/{method}");
         let gw = &gw;
         async move { gw.e2b_send("POST", &path, &headers, body).await }
     };
+    let call = |method: &str, body: String| rpc(&id, &token, UNARY, method, body.into_bytes());
 
     // Positive control: the sandbox lists its processes (none yet), and so does the other
     // tenant's with its own token.
     let r = call("List", "{}".into()).await;
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.json::<Value>(), json!({"processes": []}));
-    let r = gw
-        .e2b_send(
-            "POST",
-            "/process.Process/List",
-            &envd(&acme_id, &acme_token, UNARY),
-            "{}",
-        )
-        .await;
+    let r = rpc(&acme_id, &acme_token, UNARY, "List", b"{}".to_vec()).await;
     assert_eq!(r.status, 200, "{r:?}");
     // Another tenant's token does not open this sandbox's processes.
-    let r = gw
-        .e2b_send(
-            "POST",
-            "/process.Process/List",
-            &envd(&id, &acme_token, UNARY),
-            "{}",
-        )
-        .await;
+    let r = rpc(&id, &acme_token, UNARY, "List", b"{}".to_vec()).await;
     rpc_error(&r, 401, "unauthenticated");
 
     // A pid or tag that names no process: not found (the SDK's `kill` answers False).
@@ -525,14 +513,7 @@ async fn process_rpcs_refuse_hostile_requests_in_e2b_s_shape() {
         );
     }
     let connect = envelope(0, json!({"process": {"pid": 4242}}).to_string().as_bytes());
-    let r = gw
-        .e2b_send(
-            "POST",
-            "/process.Process/Connect",
-            &envd(&id, &token, STREAM),
-            connect,
-        )
-        .await;
+    let r = rpc(&id, &token, STREAM, "Connect", connect).await;
     rpc_error(&r, 404, "not_found");
 
     // Malformed: no selector, a pid that is no uint32, signals envd does not have, input that
@@ -628,14 +609,7 @@ async fn process_rpcs_refuse_hostile_requests_in_e2b_s_shape() {
             "invalid_argument",
         ),
     ] {
-        let r = gw
-            .e2b_send(
-                "POST",
-                "/process.Process/Start",
-                &envd(&id, &token, STREAM),
-                body,
-            )
-            .await;
+        let r = rpc(&id, &token, STREAM, "Start", body).await;
         rpc_error(&r, status, code);
     }
     gw.stop().await;
@@ -757,6 +731,11 @@ async fn a_tagged_process_is_listed_refused_input_and_streamed_to_its_signal() {
     let key = gw.key("default");
     let (id, token) = create(&gw, &key).await;
     let unary = envd(&id, &token, "application/json");
+    let call = |method: &str, body: Value| {
+        let path = format!("/process.Process/{method}");
+        let (gw, unary) = (&gw, &unary);
+        async move { gw.e2b_send("POST", &path, unary, body.to_string()).await }
+    };
     // A tag makes it a process (the SDKs send one only from raw clients and templates).
     let start = json!({
         "process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo started; sleep 600"]},
@@ -772,10 +751,7 @@ async fn a_tagged_process_is_listed_refused_input_and_streamed_to_its_signal() {
     );
     let feed = async {
         let listed = test_support::eventually("the process in the list", BOUND, || async {
-            let r = gw
-                .e2b_send("POST", "/process.Process/List", &unary, "{}")
-                .await;
-            let body: Value = r.json();
+            let body: Value = call("List", json!({})).await.json();
             body["processes"].as_array()?.first().cloned()
         })
         .await;
@@ -784,28 +760,13 @@ async fn a_tagged_process_is_listed_refused_input_and_streamed_to_its_signal() {
         let pid = listed["pid"].as_u64().expect("a pid");
         assert!((1u64 << 30..1 << 31).contains(&pid), "a facade pid: {pid}");
         // Input by its tag: a process started without stdin refuses it, in envd's terms.
-        let input = |selector: Value| {
-            json!({"process": selector, "input": {"stdin": base64::engine::general_purpose::STANDARD.encode("hello\n")}})
-                .to_string()
-        };
-        let r = gw
-            .e2b_send(
-                "POST",
-                "/process.Process/SendInput",
-                &unary,
-                input(json!({"tag": "reader"})),
-            )
-            .await;
+        let hello = base64::engine::general_purpose::STANDARD.encode("hello\n");
+        let input = json!({"process": {"tag": "reader"}, "input": {"stdin": hello}});
+        let r = call("SendInput", input).await;
         rpc_error(&r, 400, "failed_precondition");
         // SIGTERM by pid ends it; the start's stream ends with the signal.
-        let r = gw
-            .e2b_send(
-                "POST",
-                "/process.Process/SendSignal",
-                &unary,
-                json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGTERM"}).to_string(),
-            )
-            .await;
+        let term = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGTERM"});
+        let r = call("SendSignal", term).await;
         assert_eq!((r.status, r.json::<Value>()), (200, json!({})), "{r:?}");
         pid
     };
@@ -829,18 +790,10 @@ async fn a_tagged_process_is_listed_refused_input_and_streamed_to_its_signal() {
     );
     assert_eq!(frames[n - 1], (0x02, json!({})), "{frames:?}");
     // It ended: no longer listed, and its pid names nothing.
-    let r = gw
-        .e2b_send("POST", "/process.Process/List", &unary, "{}")
-        .await;
-    assert_eq!(r.json::<Value>(), json!({"processes": []}));
-    let r = gw
-        .e2b_send(
-            "POST",
-            "/process.Process/SendSignal",
-            &unary,
-            json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}).to_string(),
-        )
-        .await;
+    let listed: Value = call("List", json!({})).await.json();
+    assert_eq!(listed, json!({"processes": []}));
+    let kill = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
+    let r = call("SendSignal", kill).await;
     rpc_error(&r, 404, "not_found");
     gw.stop().await;
     mesh.shutdown().await;
