@@ -147,7 +147,8 @@ def test_a_background_command_is_listed_reattached_and_killed(sbx: Sandbox) -> N
     again = sbx.commands.connect(h.pid, timeout=BOUND)
     assert again.pid == h.pid
     heard: List[str] = []
-    read_until(iter(again), "tick", heard)
+    # Two lines heard on it: the process printed at least two.
+    read_until(iter(again), "\ntick", heard)
     assert sbx.commands.kill(h.pid) is True
     with pytest.raises(CommandExitException) as killed:
         h.wait()
