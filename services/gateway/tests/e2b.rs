@@ -750,11 +750,16 @@ async fn a_tagged_process_is_listed_refused_input_and_streamed_to_its_signal() {
         envelope(0, start.to_string().as_bytes()),
     );
     let feed = async {
-        let listed = test_support::eventually("the process in the list", BOUND, || async {
-            let body: Value = call("List", json!({})).await.json();
-            body["processes"].as_array()?.first().cloned()
+        // Once its first line is out (seen over /api/v1: the same process), as E2B lists it.
+        let procs = format!("/api/v1/sessions/{id}/processes");
+        test_support::eventually("the process's first line", BOUND, || async {
+            let r = gw.send("GET", &procs, Some(&key), &[], "").await;
+            let body: Value = r.json();
+            (body["procs"][0]["next_seq"].as_u64()? > 0).then_some(())
         })
         .await;
+        let listed: Value = call("List", json!({})).await.json();
+        let listed = listed["processes"][0].clone();
         assert_eq!(listed["tag"], "reader", "{listed}");
         assert_eq!(listed["config"]["cmd"], "/bin/bash", "{listed}");
         let pid = listed["pid"].as_u64().expect("a pid");

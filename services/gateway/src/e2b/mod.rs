@@ -16,8 +16,9 @@
 //!
 //! ```text
 //! router ── control  /v2/sandboxes, /sandboxes/{id}[/timeout], /v2/sandboxes/{id}/connect
-//!        ├─ rpc      /process.Process/* ─ `process` (a command as an execution) and
-//!        │           `processes` (as a session process), /filesystem.Filesystem/* ─ `files`
+//!        ├─ rpc      /process.Process/* ─ `process` (a command as an execution), or a
+//!        │           session process: `process_streams` (Start, Connect), `processes` (the
+//!        │           rest); /filesystem.Filesystem/* ─ `files`
 //!        │           (Connect with the JSON codec: framing in `connect`)
 //!        ├─ files    GET|POST /files
 //!        └─ interpreter  POST /execute (JSON lines)
@@ -33,6 +34,7 @@ pub mod control;
 pub mod files;
 pub mod interpreter;
 pub mod process;
+pub mod process_streams;
 pub mod processes;
 
 use std::sync::Arc;

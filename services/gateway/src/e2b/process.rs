@@ -1,5 +1,5 @@
 //! envd's `process.Process` service. A command the caller can come back to — one started with
-//! `stdin`, a PTY or a tag — is a session process of the mesh ([`super::processes`]); any
+//! `stdin`, a PTY or a tag — is a session process of the mesh ([`super::process_streams`]); any
 //! other command is a shell execution in the session, streamed in envd's events: `start{pid}`
 //! at once, `data{stdout|stderr}` as the output comes, then `end{exitCode, exited, status,
 //! error}`.
@@ -31,7 +31,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::connect::{self, Shape};
-use super::{awaiting_line, processes, workspace_path, E2bError, E2bReply, Sandbox, HOME};
+use super::{
+    awaiting_line, process_streams, processes, workspace_path, E2bError, E2bReply, Sandbox, HOME,
+};
 use crate::api::App;
 use crate::stream::ExecEvent;
 
@@ -178,7 +180,7 @@ pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
     let sandbox = Sandbox::from_headers(app, req.headers()).await?;
     match method {
         "Start" => start(app, sandbox, req).await,
-        "Connect" => processes::connect(sandbox, req).await,
+        "Connect" => process_streams::connect(sandbox, req).await,
         "List" => processes::list(sandbox, req).await,
         "SendInput" => processes::send_input(sandbox, req).await,
         "SendSignal" => processes::send_signal(sandbox, req).await,
@@ -195,7 +197,7 @@ async fn start(app: &App, sandbox: Sandbox, req: Request) -> E2bReply {
     let keepalive = keepalive(req.headers());
     let start: StartRequest = connect::request(req, Shape::ServerStream).await?;
     if start.is_process() {
-        return processes::start(sandbox, start, wait, keepalive);
+        return process_streams::start(sandbox, start, wait, keepalive);
     }
     let exec = ExecRequest {
         session_id: Some(sandbox.id.clone()),
