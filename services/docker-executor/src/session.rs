@@ -171,13 +171,9 @@ impl SessionState {
             }
             return;
         };
-        let Some(mut container) = self.container.take() else {
+        let Some(mut container) = self.take_for_a_run() else {
             return;
         };
-        self.phase = Phase::Busy;
-        self.running_in = Some(container.name.clone());
-        // The run's changes carry what the processes wrote so far: it answers the syncs.
-        self.syncs_riding = std::mem::take(&mut self.syncs);
         let kernel = run.job.run.request().kernel;
         self.kernel_started |= kernel;
         let kernel_lost = kernel && std::mem::take(&mut self.kernel_lost);
@@ -204,6 +200,16 @@ impl SessionState {
         });
     }
 
+    /// The container, for the next run: the session is busy until the run is done, and the
+    /// run's changes carry what the processes wrote so far, so it answers the syncs waiting.
+    fn take_for_a_run(&mut self) -> Option<ContainerLease> {
+        let container = self.container.take()?;
+        self.phase = Phase::Busy;
+        self.running_in = Some(container.name.clone());
+        self.syncs_riding = std::mem::take(&mut self.syncs);
+        Some(container)
+    }
+
     /// A run of nothing for the syncs waiting: its changes are what the processes wrote.
     fn sync(&mut self, myself: &ActorRef<SessionMsg>) {
         let job = match self.args.runner.sync_job(&self.args.session_id) {
@@ -215,12 +221,9 @@ impl SessionState {
                 return;
             }
         };
-        let Some(mut container) = self.container.take() else {
+        let Some(mut container) = self.take_for_a_run() else {
             return;
         };
-        self.phase = Phase::Busy;
-        self.running_in = Some(container.name.clone());
-        self.syncs_riding = std::mem::take(&mut self.syncs);
         let runner = self.args.runner.clone();
         let myself = myself.clone();
         self.args.node.tasks.spawn(async move {

@@ -410,6 +410,16 @@ async fn another_tenant_finds_no_process_and_a_risky_start_waits_for_a_person() 
     mesh.shutdown().await;
 }
 
+/// Waits until `session` closed, and checks it closed for its idle time.
+async fn closed_as_idle(client: &MeshClient, session: &str) {
+    let closed = eventually(&format!("{session} closed"), || async {
+        let r = client.sessions().get(session).await.ok()?;
+        (r.state == SessionState::Closed).then_some(r)
+    })
+    .await;
+    assert_eq!(closed.close_reason, Some(CloseReason::Idle), "{closed:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_process_keeps_its_session_open_past_its_idle_time() {
     let mesh = Mesh::builder()
@@ -427,9 +437,11 @@ async fn a_running_process_keeps_its_session_open_past_its_idle_time() {
             session_id: Some(id.into()),
             tier: Some(Tier::Session),
             idle_ms: Some(1500),
+            // A run keeps its session busy until its deadline, finished or not; the start's
+            // placing run too.
+            timeout_ms: Some(2000),
             ..Default::default()
         };
-        // No execution: a finished run keeps its session busy until its deadline.
         acme.sessions().open(&open).await.expect("open");
     }
     let sleeper = acme
@@ -438,12 +450,7 @@ async fn a_running_process_keeps_its_session_open_past_its_idle_time() {
         .await
         .unwrap();
     // Control: the session without a process closes for its idle time.
-    let closed = eventually("the quiet session closed", || async {
-        let r = acme.sessions().get("quiet").await.ok()?;
-        (r.state == SessionState::Closed).then_some(r)
-    })
-    .await;
-    assert_eq!(closed.close_reason, Some(CloseReason::Idle));
+    closed_as_idle(&acme, "quiet").await;
     // As long again past it, the session with a running process is open and its process runs.
     tokio::time::sleep(Duration::from_millis(3000)).await;
     let held = acme.sessions().get("held").await.unwrap();
@@ -456,12 +463,7 @@ async fn a_running_process_keeps_its_session_open_past_its_idle_time() {
         .signal("held", &sleeper.proc_id, ProcSignalKind::Kill)
         .await
         .unwrap();
-    let closed = eventually("the held session closed once idle", || async {
-        let r = acme.sessions().get("held").await.ok()?;
-        (r.state == SessionState::Closed).then_some(r)
-    })
-    .await;
-    assert_eq!(closed.close_reason, Some(CloseReason::Idle));
+    closed_as_idle(&acme, "held").await;
     eventually("its container gone", || async {
         container_of("acme-held").is_empty().then_some(())
     })
