@@ -235,7 +235,11 @@ impl<'s> Plan<'s> {
                     .own_stream(&format!("OBJ_{blobs}"))
                     .publish([format!("$O.{blobs}.>")])
                     .own_stream(&s.workspace_uploads_stream())
-                    .publish([s.workspace_uploads(">")]);
+                    .publish([s.workspace_uploads(">")])
+                    // An agent's read of a session with running processes first asks its node
+                    // to carry the container's changes here (`ProcCall::Sync`).
+                    .read_kv(&s.sessions_bucket())
+                    .publish([s.pattern("executor.docker.*.proc")]);
                 self.audits(&mut p);
                 p
             }

@@ -448,6 +448,12 @@ pub enum ProcCall {
     Signal(ProcSignal),
     Wait(ProcWait),
     Resize(ProcResize),
+    /// Brings the session's workspace in the store up to its container's while a process of
+    /// the session runs (what a process writes otherwise reaches the store only with the
+    /// session's next run). The workspace store sends it before it answers an agent's read.
+    Sync {
+        session_id: String,
+    },
 }
 
 impl ProcCall {
@@ -461,6 +467,7 @@ impl ProcCall {
             ProcCall::Signal(r) => &r.session_id,
             ProcCall::Wait(r) => &r.session_id,
             ProcCall::Resize(r) => &r.session_id,
+            ProcCall::Sync { session_id } => session_id,
         }
     }
 }
@@ -475,6 +482,11 @@ pub enum ProcReply {
     Input(ProcInputAck),
     /// `signal`, `wait` and `resize` answer the process as it is.
     Info(ProcInfo),
+    /// `sync`: whether a run carried the container's workspace to the store (`false`: no
+    /// process of the session runs, so the store held it already).
+    Synced {
+        ran: bool,
+    },
 }
 
 #[cfg(test)]

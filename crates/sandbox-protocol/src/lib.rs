@@ -193,8 +193,9 @@ pub struct ProcSpec {
     pub pty: Option<PtyWinsize>,
     pub nofile: u64,
     pub fsize_bytes: u64,
-    /// The container's egress socket, when the session has a network policy: the relay on
-    /// `127.0.0.1:`[`EGRESS_PROXY_PORT`] stays up while the process lives.
+    /// The process's own egress socket, when the session has a network policy: the proc host
+    /// relays a loopback port of its own (not [`EGRESS_PROXY_PORT`], which runs use) to it
+    /// while the process lives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_socket: Option<String>,
 }
@@ -286,6 +287,12 @@ pub struct CellError {
 
 /// The in-container TCP port of the egress relay (the conventional HTTP proxy port).
 pub const EGRESS_PROXY_PORT: u16 = 3128;
+
+/// Where a session run leaves the manifest of the workspace as its changes left it (in `/tmp`,
+/// which outlives runs but not the container). The next run that gets no archive takes it as
+/// its baseline, so what the session's background processes wrote between runs is among that
+/// run's changes; the executor removes it whenever it clears the workspace.
+pub const PUSHED_MANIFEST: &str = "/tmp/.sandmesh-pushed.json";
 
 /// Preview ports: where the host's ports socket appears inside a container (a directory of that
 /// container alone, bind-mounted read-only). The host binds and listens; the resident supervisor

@@ -173,22 +173,31 @@ pub async fn ports(
             .body(http_body_util::Full::new(Bytes::from(body)))
             .expect("a valid request")
     };
-    let mut api = {
+    // A connection of its own per setup request: the gateway may close one after an upload.
+    let api = || async {
         let stream = tokio::net::TcpStream::connect(gateway).await?;
         let (sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
         tokio::spawn(conn);
-        sender
+        anyhow::Ok(sender)
     };
     let open = serde_json::json!({"session_id": session, "tier": "session"}).to_string();
-    let put = serde_json::json!({"language": "shell", "code": format!("cat > /tmp/server.py <<'EOF'\n{SERVER}\nEOF")}).to_string();
     let expose = serde_json::json!({"port": SANDBOX_PORT}).to_string();
+    // The program goes in as a file of the workspace: written by code, a script full of
+    // sockets would wait for a person's approval.
     for (method, path, body) in [
         ("POST", "/api/v1/sessions".to_string(), open),
-        ("POST", format!("/api/v1/sessions/{session}/execute"), put),
+        (
+            "PUT",
+            format!("/api/v1/sessions/{session}/files/server.py"),
+            SERVER.to_string(),
+        ),
         ("POST", format!("/api/v1/sessions/{session}/ports"), expose),
     ] {
-        let response = api.send_request(http(method, path.clone(), body)).await?;
+        let response = api()
+            .await?
+            .send_request(http(method, path.clone(), body))
+            .await?;
         let status = response.status();
         let body = response.into_body().collect().await?.to_bytes();
         anyhow::ensure!(
@@ -198,12 +207,15 @@ pub async fn ports(
         );
     }
     let start = serde_json::json!({
-        "argv": ["python3", "/tmp/server.py", SANDBOX_PORT.to_string(), big_bytes.to_string()],
+        "argv": ["python3", "server.py", SANDBOX_PORT.to_string(), big_bytes.to_string()],
         "tag": "loadtest-server",
     })
     .to_string();
     let path = format!("/api/v1/sessions/{session}/processes");
-    let response = api.send_request(http("POST", path.clone(), start)).await?;
+    let response = api()
+        .await?
+        .send_request(http("POST", path.clone(), start))
+        .await?;
     let status = response.status();
     let body = response.into_body().collect().await?.to_bytes();
     anyhow::ensure!(

@@ -16,7 +16,8 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use sandbox_protocol::{MAX_CHANGED_PATHS, MAX_CHANGE_LIST_BYTES};
+use sandbox_protocol::{MAX_CHANGED_PATHS, MAX_CHANGE_LIST_BYTES, PUSHED_MANIFEST};
+use serde::{Deserialize, Serialize};
 
 /// The most entries a manifest records; a workspace with more is reported as a warning.
 const MAX_ENTRIES: usize = 100_000;
@@ -128,7 +129,7 @@ pub fn unpack(root: &Path, archive: &[u8], warnings: &mut Vec<String>) -> io::Re
 
 /// What identifies one version of a file: a rewrite changes `ctime` even when the content
 /// and `mtime` are made to look the same.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Stamp {
     size: u64,
     mtime_ns: i64,
@@ -137,7 +138,7 @@ struct Stamp {
 }
 
 /// The regular files under a root, by relative path.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Manifest {
     root: PathBuf,
     files: BTreeMap<String, Stamp>,
@@ -149,6 +150,40 @@ impl Manifest {
     /// [`MAX_ENTRIES`] files, what it saw is the files nearest the root, the same ones every time.
     pub fn scan(root: &Path) -> Manifest {
         Self::scan_up_to(root, MAX_ENTRIES)
+    }
+
+    /// The manifest the session's last run left at [`PUSHED_MANIFEST`], when it is one of
+    /// `root`. The sandbox's code can write that file too, which shapes only its own session's
+    /// changes (it can change the files themselves anyway); its size is bounded.
+    pub fn pushed(root: &Path) -> Option<Manifest> {
+        Self::read_from(Path::new(PUSHED_MANIFEST), root)
+    }
+
+    /// Leaves this manifest for the session's next run (written beside, then renamed: a
+    /// run killed halfway leaves the old one or none, never half of one).
+    pub fn save_pushed(&self) -> io::Result<()> {
+        self.write_to(Path::new(PUSHED_MANIFEST))
+    }
+
+    fn read_from(path: &Path, root: &Path) -> Option<Manifest> {
+        // Generous for MAX_ENTRIES paths and stamps.
+        const MAX_BYTES: u64 = 64 << 20;
+        let mut json = Vec::new();
+        File::open(path)
+            .ok()?
+            .take(MAX_BYTES)
+            .read_to_end(&mut json)
+            .ok()?;
+        let manifest: Manifest = serde_json::from_slice(&json).ok()?;
+        (manifest.root == root).then_some(manifest)
+    }
+
+    fn write_to(&self, path: &Path) -> io::Result<()> {
+        let json = serde_json::to_vec(self).map_err(io::Error::other)?;
+        let beside = path.with_extension("partial");
+        let _ = fs::remove_file(&beside);
+        fs::write(&beside, json)?;
+        fs::rename(&beside, path)
     }
 
     fn scan_up_to(root: &Path, max_entries: usize) -> Manifest {
@@ -404,6 +439,26 @@ mod tests {
             fs::read(root.path().join("code/main.py")).unwrap(),
             b"print(1)"
         );
+    }
+
+    #[test]
+    fn a_saved_manifest_is_the_next_baseline_for_its_root_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ws");
+        fs::create_dir(&root).unwrap();
+        fs::write(root.join("kept.txt"), "1").unwrap();
+        let saved = dir.path().join("pushed.json");
+        Manifest::scan(&root).write_to(&saved).unwrap();
+        // Written after the save (as a background process would): a change against it.
+        fs::write(root.join("later.txt"), "2").unwrap();
+        let baseline = Manifest::read_from(&saved, &root).expect("read back");
+        let d = diff(&baseline, &Manifest::scan(&root));
+        assert_eq!(d.created, ["later.txt"]);
+        assert!(d.modified.is_empty() && d.deleted.is_empty(), "{d:?}");
+        // Another root's, or garbage: none.
+        assert!(Manifest::read_from(&saved, dir.path()).is_none());
+        fs::write(&saved, "{not json").unwrap();
+        assert!(Manifest::read_from(&saved, &root).is_none());
     }
 
     #[test]

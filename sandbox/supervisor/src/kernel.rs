@@ -131,7 +131,7 @@ impl Kernel {
         let mut env = spec.env.clone();
         if spec.egress_socket.is_some() {
             // The relay listens only while a run is in progress; the variables stay.
-            let proxy = crate::relay::proxy_env();
+            let proxy = crate::relay::proxy_env(sandbox_protocol::EGRESS_PROXY_PORT);
             env.retain(|(name, _)| !proxy.iter().any(|(p, _)| p == name));
             env.extend(proxy);
         }

@@ -223,7 +223,7 @@ fn execute(
     // would find no proxy and fail in a more confusing way).
     let mut spec = spec.clone();
     if let Some(socket) = &spec.egress_socket {
-        if let Err(e) = relay::start(socket) {
+        if let Err(e) = relay::start(socket, protocol::EGRESS_PROXY_PORT) {
             report.outcome = Outcome::Failed {
                 message: format!(
                     "cannot listen on 127.0.0.1:{} for the egress relay: {e}",
@@ -232,7 +232,7 @@ fn execute(
             };
             return;
         }
-        let proxy = relay::proxy_env();
+        let proxy = relay::proxy_env(protocol::EGRESS_PROXY_PORT);
         spec.env
             .retain(|(name, _)| !proxy.iter().any(|(p, _)| p == name));
         spec.env.extend(proxy);
@@ -246,8 +246,15 @@ fn execute(
         return;
     }
     // The baseline is the workspace as stored: the request's files, written next, are
-    // changes of this run.
-    let before = files::Manifest::scan(root);
+    // changes of this run. Without an archive the container holds what the store holds, which
+    // is what the last run left (its manifest), plus whatever the session's background
+    // processes wrote since: changes of this run too, so they reach the store.
+    let keeps_changes = spec.max_changes_bytes > 0;
+    let before = match (archive.is_empty() && keeps_changes).then(|| files::Manifest::pushed(root))
+    {
+        Some(Some(pushed)) => pushed,
+        _ => files::Manifest::scan(root),
+    };
     if let Err(e) = files::unpack(root, files, &mut report.warnings) {
         report.outcome = Outcome::Failed {
             message: format!("cannot write the request's files: {e}"),
@@ -265,14 +272,14 @@ fn execute(
             .push("the workspace has too many files to track every change".into());
     }
     // A run whose changes are not kept (it has no workspace) lists none.
-    let (diff, omitted) = if spec.max_changes_bytes > 0 {
+    let (diff, omitted) = if keeps_changes {
         files::bound(files::diff(&before, &after))
     } else {
         Default::default()
     };
     report.files_omitted = omitted;
     let changed: Vec<String> = diff.created.iter().chain(&diff.modified).cloned().collect();
-    if !changed.is_empty() && spec.max_changes_bytes > 0 {
+    if !changed.is_empty() && keeps_changes {
         let mut writer = ChangesWriter {
             out,
             buf: Vec::new(),
@@ -287,6 +294,13 @@ fn execute(
     report.files_created = diff.created;
     report.files_modified = diff.modified;
     report.files_deleted = diff.deleted;
+    if keeps_changes {
+        if let Err(e) = after.save_pushed() {
+            report
+                .warnings
+                .push(format!("could not keep the workspace's manifest: {e}"));
+        }
+    }
 }
 
 /// The container's init: the executor creates its containers without Docker's init, so this

@@ -14,14 +14,16 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 use rustix::pty::{ioctl_tiocgptpeer, openpt, unlockpt, OpenptFlags};
 use rustix::termios::{tcsetwinsize, Winsize};
@@ -49,7 +51,7 @@ impl Out {
 
 /// Where input for the program goes.
 enum Sink {
-    Pipe(std::process::ChildStdin),
+    Pipe(io::PipeWriter),
     Tty(File),
 }
 
@@ -125,7 +127,13 @@ fn open_pty(size: PtyWinsize) -> io::Result<(OwnedFd, OwnedFd)> {
 
 enum Event {
     Eof,
-    Exited(io::Result<std::process::ExitStatus>),
+    /// The program ended (its status as the executor is told it).
+    Exited(ProcEnd),
+}
+
+/// Starts a thread, or says why not (the container's pids limit counts threads).
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
+    thread::Builder::new().name(name.into()).spawn(f).map(drop)
 }
 
 fn reader(
@@ -133,8 +141,8 @@ fn reader(
     mut from: impl Read + Send + 'static,
     out: Out,
     tx: mpsc::Sender<Event>,
-) {
-    thread::spawn(move || {
+) -> io::Result<()> {
+    spawn("proc-output", move || {
         let mut buf = vec![0u8; READ_CHUNK];
         // A terminal's master reads EIO once the last holder of its peer closed it.
         while let Ok(n @ 1..) = from.read(&mut buf) {
@@ -143,7 +151,37 @@ fn reader(
             }
         }
         let _ = tx.send(Event::Eof);
-    });
+    })
+}
+
+/// Reaps every child of this host once the program's pid arrives: the program (its end goes
+/// to `tx`) and, since the host is their subreaper, its orphaned descendants. Unreaped, each
+/// of those would hold one of the container's pids until the host ended: a long-lived process
+/// whose short-lived daemons keep dying would fill the pids limit with zombies, and a killed
+/// fork bomb would leave it full.
+fn reaper(program: mpsc::Receiver<i32>, tx: mpsc::Sender<Event>) -> io::Result<()> {
+    spawn("proc-reaper", move || {
+        let Ok(program) = program.recv() else {
+            return;
+        };
+        loop {
+            let end = match waitpid(None::<Pid>, None) {
+                Ok(WaitStatus::Exited(pid, code)) if pid.as_raw() == program => {
+                    ProcEnd::Exited { code }
+                }
+                Ok(WaitStatus::Signaled(pid, signal, _)) if pid.as_raw() == program => {
+                    ProcEnd::Signaled {
+                        signal: signal as i32,
+                    }
+                }
+                Ok(_) | Err(Errno::EINTR) => continue,
+                // ECHILD: no child is left, so no descendant is either (an orphan is
+                // re-parented here only from a living descendant): none can come.
+                Err(_) => return,
+            };
+            let _ = tx.send(Event::Exited(end));
+        }
+    })
 }
 
 /// Starts the program and serves it to its end.
@@ -153,136 +191,76 @@ fn run(spec: &ProcSpec, input: io::Stdin, out: &Out) -> ProcEnd {
     let _ = setrlimit(Resource::RLIMIT_FSIZE, spec.fsize_bytes, spec.fsize_bytes);
     let mut env = spec.env.clone();
     if let Some(socket) = &spec.egress_socket {
-        if let Err(e) = crate::relay::start(socket) {
-            return ProcEnd::Failed {
-                message: format!("cannot start the egress relay: {e}"),
-            };
-        }
-        let proxy = crate::relay::proxy_env();
+        // A port of its own: a run's relay (on the run port) never takes its connections.
+        let port = match crate::relay::start(socket, 0) {
+            Ok(port) => port,
+            Err(e) => {
+                return ProcEnd::Failed {
+                    message: format!("cannot start the egress relay: {e}"),
+                }
+            }
+        };
+        let proxy = crate::relay::proxy_env(port);
         env.retain(|(name, _)| !proxy.iter().any(|(p, _)| p == name));
         env.extend(proxy);
     }
-    // Every thread exists before the program does (as for a run: a fork bomb may exhaust the
-    // pids limit a moment after it starts).
-    let (tx, rx) = mpsc::channel();
-    let (input_tx, input_rx) = mpsc::channel::<Option<Vec<u8>>>();
-    let mut cmd;
-    let (sink, tty, pipes) = match spec.pty {
-        Some(size) => {
-            let (master, peer) = match open_pty(size) {
-                Ok(p) => p,
-                Err(e) => {
-                    return ProcEnd::Failed {
-                        message: format!("cannot open a terminal: {e}"),
-                    }
-                }
-            };
-            let stdio = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
-            let (i, o, e) = match (stdio(&peer), stdio(&peer), stdio(&peer)) {
-                (Ok(i), Ok(o), Ok(e)) => (i, o, e),
-                _ => {
-                    return ProcEnd::Failed {
-                        message: "cannot share the terminal".into(),
-                    }
-                }
-            };
-            let exe = match std::env::current_exe() {
-                Ok(exe) => exe,
-                Err(e) => {
-                    return ProcEnd::Failed {
-                        message: format!("cannot find its own binary: {e}"),
-                    }
-                }
-            };
-            // The trampoline makes the program a session leader with the terminal as its
-            // controlling one (Ctrl-C, job control), then becomes it.
-            cmd = Command::new(exe);
-            cmd.arg("tty-exec").arg("--").args(&spec.argv);
-            cmd.stdin(i).stdout(o).stderr(e);
-            let master = File::from(master);
-            let (Ok(writer), Ok(resizer)) = (master.try_clone(), master.try_clone()) else {
-                return ProcEnd::Failed {
-                    message: "cannot share the terminal".into(),
-                };
-            };
-            reader(FrameKind::Stdout, master, out.clone(), tx.clone());
-            (Some(Sink::Tty(writer)), Some(resizer), 1)
-        }
-        None => {
-            let pipes = io::pipe().and_then(|o| Ok((o, io::pipe()?)));
-            let ((out_r, out_w), (err_r, err_w)) = match pipes {
-                Ok(p) => p,
-                Err(e) => {
-                    return ProcEnd::Failed {
-                        message: format!("cannot create pipes: {e}"),
-                    }
-                }
-            };
-            reader(FrameKind::Stdout, out_r, out.clone(), tx.clone());
-            reader(FrameKind::Stderr, err_r, out.clone(), tx.clone());
-            cmd = Command::new(&spec.argv[0]);
-            cmd.args(&spec.argv[1..]).process_group(0);
-            cmd.stdin(if spec.stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(out_w)
-            .stderr(err_w);
-            (None, None, 2)
-        }
+    let Prepared {
+        mut command,
+        events,
+        program,
+        pipes,
+    } = match prepare(spec, input, out) {
+        Ok(prepared) => prepared,
+        Err(message) => return ProcEnd::Failed { message },
     };
-    cmd.env_clear()
+    command
+        .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd);
-    let spawned = cmd.spawn();
-    // The command holds the write ends and the terminal's peer: dropped now, so the readers
-    // see their end once the program's side closes.
-    drop(cmd);
-    let mut child = match spawned {
-        Ok(c) => c,
+    let spawned = command.spawn();
+    // The command holds the pipes' write ends and the terminal's peer: dropped now, so the
+    // readers see their end once the program's side closes.
+    drop(command);
+    let pid = match spawned {
+        Ok(child) => child.id() as i32,
         Err(e) => {
             return ProcEnd::Failed {
                 message: format!("cannot start {}: {e}", spec.argv[0]),
             }
         }
     };
-    let pid = child.id() as i32;
     // As for every run's program: the OOM killer takes it, never a supervisor.
     let _ = std::fs::write(format!("/proc/{pid}/oom_score_adj"), "1000");
-    let sink = sink.or_else(|| child.stdin.take().map(Sink::Pipe));
-    writer(sink, tty.is_some(), input_rx);
-    let exit_tx = tx.clone();
-    thread::spawn(move || {
-        let _ = exit_tx.send(Event::Exited(child.wait()));
-    });
-    drop(tx);
+    for to in program {
+        let _ = to.send(pid);
+    }
     if out
         .send(FrameKind::Started, pid.to_string().as_bytes())
         .is_err()
     {
         process::kill_descendants();
     }
-    controls(input, pid, tty, input_tx);
 
     let mut open = pipes;
     let mut status = None;
     let mut drain_until: Option<Instant> = None;
     while open > 0 || status.is_none() {
         let event = match drain_until {
-            Some(until) => match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                Ok(ev) => ev,
-                Err(_) => break,
-            },
-            None => match rx.recv() {
+            Some(until) => {
+                match events.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(ev) => ev,
+                    Err(_) => break,
+                }
+            }
+            None => match events.recv() {
                 Ok(ev) => ev,
                 Err(_) => break,
             },
         };
         match event {
             Event::Eof => open -= 1,
-            Event::Exited(s) => {
-                status = Some(s);
+            Event::Exited(end) => {
+                status = Some(end);
                 // The program is done: what it left running (holding its output open) ends
                 // with it.
                 process::kill_descendants();
@@ -291,27 +269,90 @@ fn run(spec: &ProcSpec, input: io::Stdin, out: &Out) -> ProcEnd {
         }
     }
     process::kill_descendants();
-    match status {
-        Some(Ok(s)) => match (s.code(), s.signal()) {
-            (Some(code), _) => ProcEnd::Exited { code },
-            (None, Some(signal)) => ProcEnd::Signaled { signal },
-            (None, None) => ProcEnd::Failed {
-                message: format!("unknown exit status {s:?}"),
-            },
-        },
-        Some(Err(e)) => ProcEnd::Failed {
-            message: format!("waiting for the program failed: {e}"),
-        },
-        None => ProcEnd::Failed {
-            message: "the program did not end".into(),
-        },
-    }
+    status.unwrap_or_else(|| ProcEnd::Failed {
+        message: "the program did not end".into(),
+    })
+}
+
+/// The program's command and every thread its life needs, made before it exists: a fork bomb
+/// may exhaust the pids limit a moment after it starts, and a host that could then not start
+/// a thread would die and leave the bomb to PID 1, holding the session's pids for good.
+struct Prepared {
+    command: Command,
+    /// Output ends, the program's end.
+    events: mpsc::Receiver<Event>,
+    /// Where the program's pid goes once it exists (the reaper's and the controls' threads).
+    program: [mpsc::Sender<i32>; 2],
+    /// How many output streams the readers follow.
+    pipes: usize,
+}
+
+fn prepare(spec: &ProcSpec, input: io::Stdin, out: &Out) -> Result<Prepared, String> {
+    let thread = |e: io::Error| format!("cannot start a thread: {e}");
+    let (tx, events) = mpsc::channel();
+    let (input_tx, input_rx) = mpsc::channel::<Option<Vec<u8>>>();
+    let (reaper_pid, reaper_rx) = mpsc::channel();
+    let (controls_pid, controls_rx) = mpsc::channel();
+    let (command, sink, tty, pipes) = match spec.pty {
+        Some(size) => {
+            let (master, peer) =
+                open_pty(size).map_err(|e| format!("cannot open a terminal: {e}"))?;
+            let share = || "cannot share the terminal".to_string();
+            let stdio = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
+            let (Ok(i), Ok(o), Ok(e)) = (stdio(&peer), stdio(&peer), stdio(&peer)) else {
+                return Err(share());
+            };
+            let exe =
+                std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?;
+            // The trampoline makes the program a session leader with the terminal as its
+            // controlling one (Ctrl-C, job control), then becomes it.
+            let mut command = Command::new(exe);
+            command.arg("tty-exec").arg("--").args(&spec.argv);
+            command.stdin(i).stdout(o).stderr(e);
+            let master = File::from(master);
+            let (Ok(writer), Ok(resizer)) = (master.try_clone(), master.try_clone()) else {
+                return Err(share());
+            };
+            reader(FrameKind::Stdout, master, out.clone(), tx.clone()).map_err(thread)?;
+            (command, Some(Sink::Tty(writer)), Some(resizer), 1)
+        }
+        None => {
+            let pipe = || io::pipe().map_err(|e| format!("cannot create pipes: {e}"));
+            let ((out_r, out_w), (err_r, err_w)) = (pipe()?, pipe()?);
+            reader(FrameKind::Stdout, out_r, out.clone(), tx.clone()).map_err(thread)?;
+            reader(FrameKind::Stderr, err_r, out.clone(), tx.clone()).map_err(thread)?;
+            let mut command = Command::new(&spec.argv[0]);
+            command
+                .args(&spec.argv[1..])
+                .process_group(0)
+                .stdout(out_w)
+                .stderr(err_w);
+            let sink = if spec.stdin {
+                let (in_r, in_w) = pipe()?;
+                command.stdin(in_r);
+                Some(Sink::Pipe(in_w))
+            } else {
+                command.stdin(Stdio::null());
+                None
+            };
+            (command, sink, None, 2)
+        }
+    };
+    writer(sink, tty.is_some(), input_rx).map_err(thread)?;
+    reaper(reaper_rx, tx).map_err(thread)?;
+    controls(input, controls_rx, tty, input_tx).map_err(thread)?;
+    Ok(Prepared {
+        command,
+        events,
+        program: [reaper_pid, controls_pid],
+        pipes,
+    })
 }
 
 /// Writes input from its own thread, so a program that does not read cannot hold up the
 /// signals and sizes behind it. `None` is the end of input.
-fn writer(sink: Option<Sink>, tty: bool, rx: mpsc::Receiver<Option<Vec<u8>>>) {
-    thread::spawn(move || {
+fn writer(sink: Option<Sink>, tty: bool, rx: mpsc::Receiver<Option<Vec<u8>>>) -> io::Result<()> {
+    spawn("proc-input", move || {
         let mut sink = sink;
         while let Ok(item) = rx.recv() {
             let Some(s) = sink.as_mut() else { continue };
@@ -326,17 +367,21 @@ fn writer(sink: Option<Sink>, tty: bool, rx: mpsc::Receiver<Option<Vec<u8>>>) {
                 sink = None;
             }
         }
-    });
+    })
 }
 
-/// Reads the executor's frames until its stream ends; then the program goes.
+/// Reads the executor's frames, once the program exists, until its stream ends; then the
+/// program goes.
 fn controls(
     mut input: io::Stdin,
-    pid: i32,
+    program: mpsc::Receiver<i32>,
     tty: Option<File>,
     input_tx: mpsc::Sender<Option<Vec<u8>>>,
-) {
-    thread::spawn(move || {
+) -> io::Result<()> {
+    spawn("proc-controls", move || {
+        let Ok(pid) = program.recv() else {
+            return;
+        };
         loop {
             match protocol::read_frame(&mut input) {
                 Ok(Some((FrameKind::Input, data))) => {
@@ -368,7 +413,7 @@ fn controls(
             }
         }
         process::kill_descendants();
-    });
+    })
 }
 
 /// `sandmesh-supervisor tty-exec -- <argv>`: becomes a session leader whose controlling

@@ -1,6 +1,7 @@
 //! The egress relay: while a run with a network policy lasts, `127.0.0.1:3128` inside the
 //! container is a plain byte relay to the container's egress socket (bind-mounted from the
-//! host), and the program's proxy variables point there. The container itself has no network
+//! host), and the program's proxy variables point there. A background process's host relays
+//! a port of its own (any free one) to the process's own socket, for the process's life. The container itself has no network
 //! interface but loopback, so a program that ignores the variables reaches nothing.
 //!
 //! Threads, not an async runtime: the supervisor stays std + nix. Each connection costs two
@@ -13,18 +14,11 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::thread;
 
-use sandbox_protocol::EGRESS_PROXY_PORT;
-
-/// The proxy URL the program is given.
-fn proxy_url() -> String {
-    format!("http://127.0.0.1:{EGRESS_PROXY_PORT}")
-}
-
 /// The variables that send HTTP(S) clients through the relay: both spellings, since tools
 /// disagree (curl reads lowercase `http_proxy` only; Python and pip read either). Local
 /// addresses bypass it, so a program's own loopback servers keep working.
-pub fn proxy_env() -> Vec<(String, String)> {
-    let url = proxy_url();
+pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let url = format!("http://127.0.0.1:{port}");
     let no_proxy = "localhost,127.0.0.1".to_string();
     let mut env = Vec::new();
     for (name, value) in [
@@ -39,14 +33,13 @@ pub fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
-/// Listens on the relay port and serves every connection in the background. Bound before the
-/// program starts, so the program cannot take the port first.
+/// Listens on `port` (0: any free one) and serves every connection in the background; returns
+/// the port. Bound before the program starts, so the program cannot take the port first.
 ///
-/// With `SO_REUSEPORT`: a session's background processes keep their relay up for their life
-/// (`proc.rs`), and a run in the same container binds the port beside theirs; the kernel
-/// spreads connections over the listeners, each relaying to the same socket. Only a process
-/// of the same uid can share the port — the session's own, which has its policy anyway.
-pub fn start(socket: &str) -> io::Result<()> {
+/// With `SO_REUSEPORT`: the next run binds the run port while the last run's connections may
+/// still linger in the kernel. Only a process of the same uid can share the port — the
+/// session's own, which has its policy anyway.
+pub fn start(socket: &str, port: u16) -> io::Result<u16> {
     use rustix::net::{bind, listen, socket_with, sockopt, AddressFamily, SocketFlags, SocketType};
     // Close-on-exec: the program must not inherit the listener.
     let fd = socket_with(
@@ -56,12 +49,10 @@ pub fn start(socket: &str) -> io::Result<()> {
         None,
     )?;
     sockopt::set_socket_reuseport(&fd, true)?;
-    bind(
-        &fd,
-        &std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT),
-    )?;
+    bind(&fd, &std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))?;
     listen(&fd, 128)?;
     let listener = TcpListener::from(fd);
+    let port = listener.local_addr()?.port();
     let socket = PathBuf::from(socket);
     thread::Builder::new()
         .name("egress-accept".into())
@@ -74,7 +65,7 @@ pub fn start(socket: &str) -> io::Result<()> {
                     .spawn(move || relay(client, &socket));
             }
         })?;
-    Ok(())
+    Ok(port)
 }
 
 /// Relays one client of the egress port to the proxy's socket.
@@ -112,7 +103,7 @@ mod tests {
 
     #[test]
     fn every_proxy_variable_is_set_in_both_spellings() {
-        let env = proxy_env();
+        let env = proxy_env(sandbox_protocol::EGRESS_PROXY_PORT);
         for name in ["HTTP_PROXY", "https_proxy", "ALL_PROXY", "no_proxy"] {
             assert!(env.iter().any(|(k, _)| k == name), "{name} missing");
         }

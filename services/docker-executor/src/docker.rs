@@ -294,9 +294,14 @@ impl Sandboxes {
         })
     }
 
-    /// Empties the container's workspace (before a newer snapshot is unpacked over it).
+    /// Empties the container's workspace (before a newer snapshot is unpacked over it), and
+    /// forgets the last run's manifest of it, which no longer describes it.
     pub async fn clear_workspace(&self, name: &str) -> Result<(), DockerError> {
-        let cmd = ["find", WORKSPACE_DIR, "-mindepth", "1", "-delete"];
+        let script = format!(
+            "find {WORKSPACE_DIR} -mindepth 1 -delete && rm -f {}",
+            sandbox_protocol::PUSHED_MANIFEST
+        );
+        let cmd = ["sh", "-c", script.as_str()];
         let out = crate::probe::exec_capture(&self.docker, name, &cmd).await?;
         match out.exit_code {
             Some(0) => Ok(()),

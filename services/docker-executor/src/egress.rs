@@ -7,6 +7,12 @@
 //! socket, its directory and the proxy's connections go exactly when the lease does. Every
 //! decision is audited (`sandbox.v1.audit.egress`) under the execution running at the time and
 //! collected into that execution's [`NetworkReport`].
+//!
+//! A session's background process gets a proxy of its own ([`ProcessEgress`]): a second socket
+//! in the same directory, under the same policy, whose decisions are audited under the process
+//! (its id as the event's `execution_id`), never under whichever run happens to be current.
+//! Its relay in the container listens on a port of its own, so the kernel never hands a run's
+//! connection to it or its connection to a run's relay.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -60,21 +66,33 @@ impl EgressHost {
         // From here on, dropping `egress` removes the directory again.
         let mut egress = ContainerEgress {
             proxy: None,
-            dir,
+            doors: ProcessDoors {
+                dir,
+                policy: policy.clone(),
+                auditor: self.auditor.clone(),
+            },
             log: Arc::new(Mutex::new(RunLog::default())),
         };
-        set_mode(&egress.dir, 0o755).map_err(|e| directory(&egress.dir, e))?;
+        let dir = egress.doors.dir.clone();
+        set_mode(&dir, 0o755).map_err(|e| directory(&dir, e))?;
         let log = egress.log.clone();
         let auditor = self.auditor.clone();
         let proxy = EgressProxy::builder(policy.clone())
             .observer(move |event| observe(&log, &auditor, event))
-            .bind(egress.dir.join(SOCKET_NAME))?;
-        // The sandbox user (not root) connects: a socket needs write permission to connect.
-        let socket = proxy.socket_path().to_path_buf();
-        set_mode(&socket, 0o666).map_err(|e| directory(&socket, e))?;
+            .bind(dir.join(SOCKET_NAME))?;
+        open_to_the_sandbox(&proxy)?;
         egress.proxy = Some(proxy);
         Ok(egress)
     }
+}
+
+/// The sandbox user (not root) connects: a socket needs write permission to connect.
+fn open_to_the_sandbox(proxy: &EgressProxy) -> Result<(), EgressSetupError> {
+    let socket = proxy.socket_path();
+    set_mode(socket, 0o666).map_err(|source| EgressSetupError::Directory {
+        path: socket.to_path_buf(),
+        source,
+    })
 }
 
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
@@ -102,7 +120,7 @@ fn observe(log: &Mutex<RunLog>, auditor: &Auditor, event: &EgressEvent) {
 /// One container's egress: its proxy and socket directory, removed when dropped.
 pub struct ContainerEgress {
     proxy: Option<EgressProxy>,
-    dir: PathBuf,
+    doors: ProcessDoors,
     log: Arc<Mutex<RunLog>>,
 }
 
@@ -110,7 +128,12 @@ impl ContainerEgress {
     /// The Docker bind of the socket directory (read-only: the sandbox can connect to the
     /// socket, never replace it).
     pub fn bind_spec(&self) -> String {
-        format!("{}:{EGRESS_MOUNT}:ro", self.dir.display())
+        format!("{}:{EGRESS_MOUNT}:ro", self.doors.dir.display())
+    }
+
+    /// What the container's background processes bind their own proxies with.
+    pub fn process_doors(&self) -> ProcessDoors {
+        self.doors.clone()
     }
 
     /// The socket's path inside the container.
@@ -120,7 +143,7 @@ impl ContainerEgress {
 
     /// The socket's path on the host.
     pub fn host_socket(&self) -> PathBuf {
-        self.dir.join(SOCKET_NAME)
+        self.doors.dir.join(SOCKET_NAME)
     }
 
     /// Decisions from now on belong to the execution of `scope`.
@@ -143,10 +166,62 @@ impl Drop for ContainerEgress {
     fn drop(&mut self) {
         // The proxy first: it ends its connections and removes its socket file.
         drop(self.proxy.take());
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+        let dir = &self.doors.dir;
+        if let Err(e) = std::fs::remove_dir_all(dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "egress directory left behind");
+                tracing::warn!(dir = %dir.display(), error = %e, "egress directory left behind");
             }
         }
+    }
+}
+
+/// How a container's background process gets a proxy of its own: the container's socket
+/// directory (already mounted in it), its policy and the audit publisher.
+#[derive(Clone)]
+pub struct ProcessDoors {
+    dir: PathBuf,
+    policy: NetworkPolicy,
+    auditor: Auditor,
+}
+
+impl ProcessDoors {
+    /// Binds the proxy of process `proc_id`, its decisions audited under `scope` with the
+    /// process's id as the execution id.
+    pub fn bind(
+        &self,
+        proc_id: &str,
+        scope: AuditScope,
+    ) -> Result<ProcessEgress, EgressSetupError> {
+        let scope = AuditScope {
+            execution_id: Some(proc_id.to_string()),
+            ..scope
+        };
+        let auditor = self.auditor.clone();
+        // Short and unique: the container's socket directory is shared with its other
+        // processes, and a socket's name is at most 108 bytes.
+        let name = format!("p-{}.sock", messages::new_id().to_ascii_lowercase());
+        let proxy = EgressProxy::builder(self.policy.clone())
+            .observer(move |event| auditor.emit(&scope, event.clone()))
+            .bind(self.dir.join(&name))?;
+        open_to_the_sandbox(&proxy)?;
+        Ok(ProcessEgress {
+            _proxy: proxy,
+            name,
+        })
+    }
+}
+
+/// One background process's egress proxy; its socket goes when it is dropped (with the
+/// process's end).
+pub struct ProcessEgress {
+    /// Held for the process's life: dropping it closes the socket.
+    _proxy: EgressProxy,
+    name: String,
+}
+
+impl ProcessEgress {
+    /// The socket's path inside the container.
+    pub fn socket_in_container(&self) -> String {
+        format!("{EGRESS_MOUNT}/{}", self.name)
     }
 }

@@ -13,7 +13,8 @@ use executor_node::outcome::{base_result, classify, safe_paths};
 use executor_node::workspace::{Held, WorkspaceSync};
 use executor_node::{Job, NodeState};
 use kit::AuditScope;
-use messages::exec::{ExecResult, ExecStatus, Timing};
+use messages::exec::{validate_exec, ExecRequest, ExecResult, ExecStatus, Language, Timing};
+use messages::executor::{ExecutorRun, RunKind};
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::{ErrorBody, Subjects};
@@ -105,10 +106,17 @@ impl Runner {
         let (Some(ws), Some(session)) = (&self.workspace, job.run.session_id()) else {
             return Ok((Vec::new(), container.held));
         };
-        let recent = container.synced.elapsed() < SYNC_AT_LEAST_EVERY;
-        if recent && matches!(container.held, Held::At(_) | Held::Absent) {
+        if matches!(container.held, Held::At(_) | Held::Absent) {
             match ws.revision(session).await {
                 Ok(current) if container.held.matches(current) => {
+                    if container.synced.elapsed() >= SYNC_AT_LEAST_EVERY {
+                        // Fetched only to count as use: the container keeps what it holds,
+                        // with whatever the session's processes wrote since the last run.
+                        ws.snapshot(session)
+                            .await
+                            .map_err(|e| (e, Health::Reusable))?;
+                        container.synced = Instant::now();
+                    }
                     return Ok((Vec::new(), container.held));
                 }
                 Ok(_) => {}
@@ -129,6 +137,31 @@ impl Runner {
             .map_err(|e| (e, Health::Reusable))?;
         container.synced = Instant::now();
         Ok((snapshot.tar, snapshot.holds))
+    }
+
+    /// A run of nothing in `session`'s container, for its one effect: the push of what
+    /// changed in the workspace since the session's last run (what its processes wrote).
+    pub fn sync_job(&self, session: &str) -> Result<Job, ErrorBody> {
+        let request = ExecRequest {
+            language: Language::Shell,
+            code: "true".into(),
+            session_id: Some(session.to_string()),
+            requested_by: Some("workspace sync".into()),
+            ..Default::default()
+        };
+        let kind = RunKind::Session {
+            session_id: session.to_string(),
+        };
+        let run = ExecutorRun::new(messages::new_id(), request, kind)
+            .map_err(|e| ErrorBody::internal(e.to_string()))?;
+        let limits =
+            validate_exec(run.request(), &self.config.node.ceilings).map_err(ErrorBody::from)?;
+        Ok(Job {
+            run,
+            limits,
+            accepted: Instant::now(),
+            retried: false,
+        })
     }
 
     /// Runs `job` in `container` and says whether the container is still usable.

@@ -34,6 +34,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 
 use crate::docker::SUPERVISOR_PATH;
+use crate::egress::ProcessDoors;
 use crate::resident::{ExecInput, ExecOutput};
 
 /// Processes a session holds, running and ended; the oldest ended one makes room.
@@ -51,8 +52,8 @@ pub struct ProcHost {
     pub container: String,
     pub nofile: u64,
     pub fsize_bytes: u64,
-    /// The container's egress socket, when the session has a network policy.
-    pub egress_socket: Option<String>,
+    /// How a process binds its own egress proxy, when the session has a network policy.
+    pub egress: Option<ProcessDoors>,
     pub nats: async_nats::Client,
     pub auditor: Auditor,
 }
@@ -209,6 +210,8 @@ impl Procs {
             ProcCall::Signal(req) => self.signal(&req).map(ProcReply::Info),
             ProcCall::Wait(req) => self.wait(&req).await.map(ProcReply::Info),
             ProcCall::Resize(req) => self.resize(&req).map(ProcReply::Info),
+            // It needs the session's container between runs: the session actor runs it.
+            ProcCall::Sync { .. } => Err(ErrorBody::internal("a sync is the session's to run")),
         }
     }
 
@@ -357,6 +360,14 @@ impl Procs {
             env.retain(|(name, _)| name != k);
             env.push((k.clone(), v.clone()));
         }
+        // Its own proxy: what the process fetches is audited under it, and the proxy lives
+        // as long as the process does, whatever runs come and go.
+        let egress = match &host.egress {
+            Some(doors) => Some(doors.bind(&proc_id, audit.clone()).map_err(|e| {
+                ErrorBody::unavailable(format!("cannot open the process's egress: {e}"))
+            })?),
+            None => None,
+        };
         let spec = ProcSpec {
             version: PROTOCOL_VERSION,
             argv: argv.clone(),
@@ -369,7 +380,7 @@ impl Procs {
             }),
             nofile: host.nofile,
             fsize_bytes: host.fsize_bytes,
-            egress_socket: host.egress_socket.clone(),
+            egress_socket: egress.as_ref().map(|e| e.socket_in_container()),
         };
         let (mut input, mut output) = open(&host).await?;
         let request = serde_json::to_vec(&spec).map_err(|e| ErrorBody::internal(e.to_string()))?;
@@ -429,6 +440,7 @@ impl Procs {
                 publisher.publish(&ProcEvent::Output(chunk)).await;
             }
             let end = procs.follow(&id, output, decoder, &publisher).await;
+            drop(egress);
             procs.finish(&id, end, &publisher).await;
             let _ = ended_tx.send(true);
         });

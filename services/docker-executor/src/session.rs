@@ -9,7 +9,10 @@
 //! (`lease::Held`), so a run after one that changed nothing makes no workspace request.
 //!
 //! Background processes (`crate::procs`) live in the session's container and die with it; a
-//! running one keeps the session from its idle close.
+//! running one keeps the session from its idle close. What they write reaches the
+//! workspace store with the session's next run (its baseline is what the last run left), or,
+//! asked by the store before an agent's read (`ProcCall::Sync`), with a run of nothing queued
+//! behind the session's runs.
 //!
 //! Kernel cells run in the container's kernel, which its resident supervisor keeps between
 //! runs and restarts (saying so) when it died. A kernel that goes with a replaced container
@@ -30,7 +33,6 @@ use executor_node::{Admitted, NodeState};
 
 use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
-use crate::egress::ContainerEgress;
 use crate::execution::{Health, Runner};
 use crate::lease::{ContainerLease, StartError};
 use crate::procs::{ProcHost, Procs};
@@ -93,6 +95,19 @@ pub struct SessionState {
     procs: Procs,
     /// The current container, for the processes (set while the session has one).
     host: Option<ProcHost>,
+    /// Syncs asked for since the current run began: the next run (or a run of nothing, when
+    /// none is queued) carries what the processes wrote, and answers them.
+    syncs: Vec<SyncReply>,
+    /// Syncs the current run answers when it ends.
+    syncs_riding: Vec<SyncReply>,
+}
+
+type SyncReply = RpcReplyPort<Result<ProcReply, ErrorBody>>;
+
+fn answer_syncs(syncs: Vec<SyncReply>, ran: bool) {
+    for reply in syncs {
+        let _ = reply.send(Ok(ProcReply::Synced { ran }));
+    }
 }
 
 impl SessionState {
@@ -104,10 +119,7 @@ impl SessionState {
             container: container.name.clone(),
             nofile: runner.config.node.nofile,
             fsize_bytes: runner.config.node.fsize_mb << 20,
-            egress_socket: container
-                .egress
-                .as_ref()
-                .map(|_| ContainerEgress::socket_in_container()),
+            egress: container.egress.as_ref().map(|e| e.process_doors()),
             nats: runner.client.clone(),
             auditor: runner.auditor.clone(),
         }
@@ -150,18 +162,18 @@ impl SessionState {
     }
 
     fn pump(&mut self, myself: &ActorRef<SessionMsg>) {
-        if self.phase != Phase::Idle {
+        if self.phase != Phase::Idle || self.container.is_none() {
             return;
         }
         let Some(run) = self.queue.pop_front() else {
+            if !self.syncs.is_empty() {
+                self.sync(myself);
+            }
             return;
         };
-        let Some(mut container) = self.container.take() else {
-            self.queue.push_front(run);
+        let Some(mut container) = self.take_for_a_run() else {
             return;
         };
-        self.phase = Phase::Busy;
-        self.running_in = Some(container.name.clone());
         let kernel = run.job.run.request().kernel;
         self.kernel_started |= kernel;
         let kernel_lost = kernel && std::mem::take(&mut self.kernel_lost);
@@ -185,6 +197,41 @@ impl SessionState {
             {
                 run.answer(Err(ErrorBody::unavailable("the session was closed")));
             }
+        });
+    }
+
+    /// The container, for the next run: the session is busy until the run is done, and the
+    /// run's changes carry what the processes wrote so far, so it answers the syncs waiting.
+    fn take_for_a_run(&mut self) -> Option<ContainerLease> {
+        let container = self.container.take()?;
+        self.phase = Phase::Busy;
+        self.running_in = Some(container.name.clone());
+        self.syncs_riding = std::mem::take(&mut self.syncs);
+        Some(container)
+    }
+
+    /// A run of nothing for the syncs waiting: its changes are what the processes wrote.
+    fn sync(&mut self, myself: &ActorRef<SessionMsg>) {
+        let job = match self.args.runner.sync_job(&self.args.session_id) {
+            Ok(job) => job,
+            Err(e) => {
+                for reply in self.syncs.drain(..) {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let Some(mut container) = self.take_for_a_run() else {
+            return;
+        };
+        let runner = self.args.runner.clone();
+        let myself = myself.clone();
+        self.args.node.tasks.spawn(async move {
+            let (result, health) = runner.execute(&mut container, &job).await;
+            if result.status != messages::exec::ExecStatus::Ok {
+                tracing::warn!(session = ?job.run.session_id(), status = ?result.status, "a workspace sync run failed");
+            }
+            let _ = myself.cast(SessionMsg::Done(container, health, None));
         });
     }
 
@@ -219,6 +266,8 @@ impl Actor for SessionContainer {
             kernel_lost: false,
             procs: Procs::default(),
             host: None,
+            syncs: Vec::new(),
+            syncs_riding: Vec::new(),
         };
         state.acquire(&myself, true);
         Ok(state)
@@ -255,6 +304,8 @@ impl Actor for SessionContainer {
             SessionMsg::Done(container, health, retry) => {
                 state.last_used = Instant::now();
                 state.running_in = None;
+                let carried = health == Health::Reusable;
+                answer_syncs(std::mem::take(&mut state.syncs_riding), carried);
                 if let Some(run) = retry {
                     state.queue.push_front(run);
                 }
@@ -272,6 +323,15 @@ impl Actor for SessionContainer {
                     state.acquire(&myself, health != Health::Unusable);
                 }
                 state.pump(&myself);
+            }
+            SessionMsg::Proc(ProcCall::Sync { .. }, reply) => {
+                if state.procs.any_running() {
+                    state.syncs.push(reply);
+                    state.pump(&myself);
+                } else {
+                    // Only processes write between runs: the store holds the workspace.
+                    answer_syncs(vec![reply], false);
+                }
             }
             SessionMsg::Proc(call, reply) => {
                 // Off the actor: a start waits for its program, a wait for its end.

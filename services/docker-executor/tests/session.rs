@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use crate::common::{containers_with, run, DockerRuns, Harness};
 use messages::exec::{ExecStatus, Language, Limits, Tier};
+use messages::proc::{
+    ProcCall, ProcCommand, ProcReply, ProcSignal, ProcSignalKind, ProcStart, ProcState,
+};
 use test_support::eventually_true;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,5 +323,90 @@ async fn containers_killed_from_outside_cost_a_retry_not_the_run() {
         "{r:?}"
     );
     assert!(h.close("killed-s").await);
+    h.stop().await;
+}
+
+/// One operation on the node's background processes, as the scheduler sends it.
+async fn proc_call(h: &Harness, call: &ProcCall) -> ProcReply {
+    let subject = h
+        .subjects
+        .executor_node(&h.node, messages::subjects::ExecutorOp::Proc);
+    h.caller.request(subject, call).await.expect("proc call")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_process_keeps_its_container_past_the_idle_time() {
+    let h = Harness::start_with(&[
+        ("SANDMESH_EXEC_WARM_POOL", "0"),
+        ("SANDMESH_EXEC_SESSION_IDLE_MS", "1500"),
+    ])
+    .await;
+    let r = h.session("proc-held", Language::Shell, "true").await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let start = ProcCall::Start {
+        proc_id: messages::new_id(),
+        tenant: None,
+        output_subject: h.subjects.output(None, "proc-held-out"),
+        start: ProcStart {
+            session_id: "proc-held".into(),
+            command: ProcCommand::Argv(vec!["sleep".into(), "1000".into()]),
+            cwd: None,
+            env: Default::default(),
+            stdin: false,
+            pty: None,
+            tag: None,
+            timeout_ms: 0,
+            requested_by: None,
+        },
+    };
+    let ProcReply::Started(started) = proc_call(&h, &start).await else {
+        panic!("not started");
+    };
+    let container = h.session_container("proc-held").await;
+    let r = h.session("proc-quiet", Language::Shell, "true").await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    let session_gone = |session: &'static str| {
+        let docker = h.backend.docker.clone();
+        move || {
+            let docker = docker.clone();
+            async move {
+                containers_with(&docker, &format!("sandmesh.session={session}"))
+                    .await
+                    .is_empty()
+            }
+        }
+    };
+    // Control: the session without a process is closed for its idle time.
+    eventually_true(
+        "the quiet session closed",
+        Duration::from_secs(10),
+        session_gone("proc-quiet"),
+    )
+    .await;
+    // Idle times later the container with a running process is still there, and so is the
+    // process.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert_eq!(h.session_container("proc-held").await, container);
+    let list = ProcCall::List {
+        session_id: "proc-held".into(),
+    };
+    let ProcReply::List(listed) = proc_call(&h, &list).await else {
+        panic!("no list");
+    };
+    assert_eq!(listed.procs.len(), 1);
+    assert_eq!(listed.procs[0].state, ProcState::Running);
+    // Once it is killed, the idle close comes.
+    let kill = ProcCall::Signal(ProcSignal {
+        session_id: "proc-held".into(),
+        proc_id: started.proc_id.clone(),
+        signal: ProcSignalKind::Kill,
+    });
+    proc_call(&h, &kill).await;
+    eventually_true(
+        "the held session closed once its process ended",
+        Duration::from_secs(10),
+        session_gone("proc-held"),
+    )
+    .await;
     h.stop().await;
 }

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use crate::common::*;
 use futures::StreamExt;
+use messages::audit::AuditDetails;
 use messages::exec::{ContentEncoding, ExecRequest, ExecResult, ExecStatus, Language, Tier};
+use messages::network::NetworkPolicy;
 use messages::proc::*;
-use messages::session::SessionOpen;
+use messages::session::{CloseReason, SessionOpen, SessionState};
 use messages::subjects::{ConfirmOp, ProcOp};
 use messages::Subjects;
 use sandmesh_client::{ErrorKind, MeshClient};
@@ -405,6 +407,406 @@ async fn another_tenant_finds_no_process_and_a_risky_start_waits_for_a_person() 
         .await
         .unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::Denied);
+    mesh.shutdown().await;
+}
+
+/// Waits until `session` closed, and checks it closed for its idle time.
+async fn closed_as_idle(client: &MeshClient, session: &str) {
+    let closed = eventually(&format!("{session} closed"), || async {
+        let r = client.sessions().get(session).await.ok()?;
+        (r.state == SessionState::Closed).then_some(r)
+    })
+    .await;
+    assert_eq!(closed.close_reason, Some(CloseReason::Idle), "{closed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_process_keeps_its_session_open_past_its_idle_time() {
+    let mesh = Mesh::builder()
+        .risk()
+        .confirm(&[])
+        .real_workspace()
+        .docker_executors(1)
+        .tenants(&["acme"], &[])
+        .scheduler(|c| c.sessions.sweep = Duration::from_millis(200))
+        .start()
+        .await;
+    let acme = agent(&mesh, "acme").await;
+    for id in ["held", "quiet"] {
+        let open = SessionOpen {
+            session_id: Some(id.into()),
+            tier: Some(Tier::Session),
+            idle_ms: Some(1500),
+            // A run keeps its session busy until its deadline, finished or not; the start's
+            // placing run too.
+            timeout_ms: Some(2000),
+            ..Default::default()
+        };
+        acme.sessions().open(&open).await.expect("open");
+    }
+    let sleeper = acme
+        .procs()
+        .start(&start("held", argv(&["sleep", "1000"])), None)
+        .await
+        .unwrap();
+    // Control: the session without a process closes for its idle time.
+    closed_as_idle(&acme, "quiet").await;
+    // As long again past it, the session with a running process is open and its process runs.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let held = acme.sessions().get("held").await.unwrap();
+    assert_eq!(held.state, SessionState::Active, "{held:?}");
+    let info = state_of(&acme, "held", &sleeper.proc_id).await.unwrap();
+    assert_eq!(info.state, ProcState::Running);
+    assert_eq!(container_of("acme-held").len(), 1);
+    // Once it ended, the idle time runs again.
+    acme.procs()
+        .signal("held", &sleeper.proc_id, ProcSignalKind::Kill)
+        .await
+        .unwrap();
+    closed_as_idle(&acme, "held").await;
+    eventually("its container gone", || async {
+        container_of("acme-held").is_empty().then_some(())
+    })
+    .await;
+    mesh.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_fetches_after_the_run_ended_and_its_fetches_are_its_own() {
+    use test_support::upstream;
+    let web = upstream::http_server(|path, _| upstream::ok(&format!("upstream saw {path}"))).await;
+    let ports = format!("80,{web}");
+    let mesh = Mesh::builder()
+        .risk()
+        .confirm(&[])
+        .real_workspace()
+        .docker_executors(1)
+        .tenants(&["acme"], &[])
+        .scheduler(move |c| {
+            c.network_ceiling = NetworkPolicy::ceiling("localhost,127.0.0.1/32", &ports).unwrap();
+        })
+        .start()
+        .await;
+    let acme = agent(&mesh, "acme").await;
+    // The upstream lives on the host's loopback, reachable only through the policy's explicit
+    // 127.0.0.1/32 (and `localhost`).
+    let open = SessionOpen {
+        session_id: Some("net".into()),
+        tier: Some(Tier::Session),
+        network: Some(NetworkPolicy {
+            allow_domains: vec!["localhost".into()],
+            allow_cidrs: vec!["127.0.0.1/32".into()],
+            ports: Some(vec![web]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    acme.sessions().open(&open).await.expect("open");
+    // Loopback is in NO_PROXY for a program's own servers; this upstream is the host's, so
+    // the code sends it through the proxy explicitly.
+    let fetch = |url: String| {
+        format!(
+            "import urllib.request\nurllib.request.proxy_bypass = lambda host: False\n\
+             print(urllib.request.urlopen({url}, timeout=10).read().decode(), flush=True)\n"
+        )
+    };
+    // The process fetches each path it is sent, from 127.0.0.1.
+    let fetcher = format!(
+        "import sys\nfor line in sys.stdin:\n    path = line.strip()\n    {}",
+        fetch(format!("'http://127.0.0.1:{web}/' + path")).replace('\n', "\n    ")
+    );
+    let mut fetching = start("net", argv(&["python3", "-c", &fetcher]));
+    fetching.stdin = true;
+    let started = acme.procs().start(&fetching, None).await.unwrap();
+    let ask = |path: &str, seq: u64| ProcInput {
+        session_id: "net".into(),
+        proc_id: started.proc_id.clone(),
+        data: format!("{path}\n"),
+        encoding: ContentEncoding::Utf8,
+        eof: false,
+        seq: Some(seq),
+    };
+    let answered = |needle: String| {
+        let (acme, id) = (acme.clone(), started.proc_id.clone());
+        async move {
+            eventually(&format!("{needle:?} from the process"), || async {
+                let out = read_all(&acme, "net", &id, 0).await;
+                let text = String::from_utf8_lossy(&bytes_of(&out.chunks)).into_owned();
+                text.contains(&needle).then_some(())
+            })
+            .await
+        }
+    };
+    acme.procs().input(&ask("before-run", 0)).await.unwrap();
+    answered("upstream saw /before-run".into()).await;
+
+    // A run fetches through the run's relay, from localhost, and ends: its relay with it.
+    let run = exec(
+        &acme,
+        "net",
+        Language::Python,
+        &fetch(format!("'http://localhost:{web}/from-run'")),
+    )
+    .await;
+    assert_eq!(run.stdout.trim(), "upstream saw /from-run", "{run:?}");
+    // After it, the process still gets its answer.
+    acme.procs().input(&ask("after-run", 1)).await.unwrap();
+    answered("upstream saw /after-run".into()).await;
+
+    // Each decision is credited to whoever made the connection: the run's to the run, the
+    // process's (before and after the run) to the process.
+    let (process, ran) = (started.proc_id.clone(), run.execution_id.clone());
+    // Execution ids may be stored scoped by the tenant (`acme-<id>`).
+    let who = move |id: Option<String>| match id {
+        Some(id) if id.ends_with(&process) => "the process".to_string(),
+        Some(id) if id.ends_with(&ran) => "the run".to_string(),
+        other => format!("{other:?}"),
+    };
+    let url = mesh.url.clone();
+    let egress = eventually("three egress decisions audited", || {
+        let (url, who) = (url.clone(), who.clone());
+        async move {
+            let seen: Vec<(String, String)> = audit_events(&url)
+                .await
+                .into_iter()
+                .filter_map(|e| match e.details {
+                    AuditDetails::EgressEvent(d) if d.allowed => {
+                        Some((d.host, who(e.execution_id)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            (seen.len() >= 3).then_some(seen)
+        }
+    })
+    .await;
+    let pair = |host: &str, by: &str| (host.to_string(), by.to_string());
+    assert_eq!(
+        egress,
+        vec![
+            pair("127.0.0.1", "the process"),
+            pair("localhost", "the run"),
+            pair("127.0.0.1", "the process"),
+        ],
+    );
+    mesh.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_returns_what_a_running_process_wrote() {
+    let mesh = mesh().await;
+    let acme = agent(&mesh, "acme").await;
+    open(&acme, "files").await;
+    // Control: a run's file is read back (the run pushed it).
+    let r = exec(&acme, "files", Language::Shell, "echo from-run > ran.txt").await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    assert_eq!(
+        acme.workspace().read("files", "ran.txt").await.unwrap(),
+        b"from-run\n"
+    );
+    // A process writes, says so, then waits for a line and rewrites the file and deletes the
+    // run's; no run happens in between.
+    let script = "echo first > notes.txt; echo wrote; read line; \
+                  echo \"$line\" > notes.txt; rm ran.txt; echo rewrote; read line; \
+                  echo third > third.txt; echo wrote-third; exec sleep 1000";
+    let mut writer = start("files", ProcCommand::Cmd(script.into()));
+    writer.stdin = true;
+    let started = acme.procs().start(&writer, None).await.unwrap();
+    let said = |needle: &'static str| {
+        let (acme, id) = (acme.clone(), started.proc_id.clone());
+        async move {
+            eventually(&format!("the process saying {needle}"), || async {
+                let out = read_all(&acme, "files", &id, 0).await;
+                String::from_utf8_lossy(&bytes_of(&out.chunks))
+                    .contains(needle)
+                    .then_some(())
+            })
+            .await
+        }
+    };
+    said("wrote").await;
+    // Read at once, through the store: the process's bytes.
+    assert_eq!(
+        acme.workspace().read("files", "notes.txt").await.unwrap(),
+        b"first\n"
+    );
+    let line = ProcInput {
+        session_id: "files".into(),
+        proc_id: started.proc_id.clone(),
+        data: "second\n".into(),
+        encoding: ContentEncoding::Utf8,
+        eof: false,
+        seq: None,
+    };
+    acme.procs().input(&line).await.unwrap();
+    said("rewrote").await;
+    assert_eq!(
+        acme.workspace()
+            .stat("files", "notes.txt")
+            .await
+            .unwrap()
+            .size,
+        7
+    );
+    assert_eq!(
+        acme.workspace().read("files", "notes.txt").await.unwrap(),
+        b"second\n"
+    );
+    assert!(!acme.workspace().exists("files", "ran.txt").await.unwrap());
+    // Another tenant's read of the same name finds nothing, and syncs nothing of acme's.
+    let beta = agent(&mesh, "beta").await;
+    assert!(beta.workspace().read("files", "notes.txt").await.is_err());
+    // An agent's write lands after what the process wrote: the next run (which refetches the
+    // changed workspace) finds both.
+    acme.procs()
+        .input(&ProcInput {
+            data: "go\n".into(),
+            ..line
+        })
+        .await
+        .unwrap();
+    said("wrote-third").await;
+    acme.workspace()
+        .write("files", "agent.txt", b"agent\n")
+        .await
+        .unwrap();
+    let r = exec(
+        &acme,
+        "files",
+        Language::Shell,
+        "cat notes.txt third.txt agent.txt",
+    )
+    .await;
+    assert_eq!(r.stdout, "second\nthird\nagent\n", "{r:?}");
+    mesh.shutdown().await;
+}
+
+/// How many forks the session's pids limit refused so far, read from inside the session.
+async fn pids_refused(client: &MeshClient, session: &str) -> u64 {
+    let read = "cat /sys/fs/cgroup/pids/pids.events 2>/dev/null || cat /sys/fs/cgroup/pids.events";
+    let r = exec(client, session, Language::Shell, read).await;
+    assert_eq!(r.status, ExecStatus::Ok, "{r:?}");
+    r.stdout
+        .split_whitespace()
+        .skip_while(|w| *w != "max")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no max count in {:?}", r.stdout))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bombs_inside_a_background_process_are_held_by_the_sessions_limits() {
+    let mesh = mesh().await;
+    let acme = agent(&mesh, "acme").await;
+    open(&acme, "bombs").await;
+    // Control: the session runs code, and its limit has refused nothing yet.
+    let refused_before = pids_refused(&acme, "bombs").await;
+    let container = container_of("acme-bombs").remove(0);
+    let inspect = Command::new("docker")
+        .args(["inspect", "-f", "{{.HostConfig.PidsLimit}}", &container])
+        .output()
+        .unwrap();
+    let limit: usize = String::from_utf8_lossy(&inspect.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+
+    // A fork bomb whose leader lives on (`exec` needs no new pid): the process stays running
+    // while its bomb holds the pids limit.
+    let bomb = acme
+        .procs()
+        .start(
+            &start(
+                "bombs",
+                ProcCommand::Cmd("b(){ b|b& }; b; exec sleep 1000".into()),
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+    eventually("the fork bomb filling the container", || async {
+        (host_processes(&container).len() * 2 >= limit).then_some(())
+    })
+    .await;
+    assert!(host_processes(&container).len() <= limit);
+    assert_eq!(
+        state_of(&acme, "bombs", &bomb.proc_id).await.unwrap().state,
+        ProcState::Running
+    );
+    acme.procs()
+        .signal("bombs", &bomb.proc_id, ProcSignalKind::Kill)
+        .await
+        .unwrap();
+    assert_eq!(
+        ended(&acme, "bombs", &bomb.proc_id).await.state,
+        ProcState::Killed
+    );
+    // Everything it forked is gone and reaped: the pids are free again.
+    eventually("the bomb's processes gone", || async {
+        (host_processes(&container).len() < 16).then_some(())
+    })
+    .await;
+    let after = exec(&acme, "bombs", Language::Shell, "echo fine").await;
+    assert_eq!(after.stdout.trim(), "fine", "{after:?}");
+    assert!(
+        pids_refused(&acme, "bombs").await > refused_before,
+        "the pids limit never refused a fork"
+    );
+
+    // An endless writer: while it runs, the ring keeps its bound, says what it dropped, and a
+    // page keeps the reply's bound; the session runs code and processes beside it.
+    let flood = acme
+        .procs()
+        .start(&start("bombs", argv(&["yes", "flood"])), None)
+        .await
+        .unwrap();
+    let page = |from_seq: u64, max_bytes: Option<u64>| ProcOutputRequest {
+        session_id: "bombs".into(),
+        proc_id: flood.proc_id.clone(),
+        from_seq,
+        max_bytes,
+    };
+    let held = eventually("the ring dropping the flood's oldest output", || async {
+        let out = acme.procs().output(&page(0, None)).await.ok()?;
+        (out.dropped_before > 0).then_some(out)
+    })
+    .await;
+    assert_eq!(held.state, ProcState::Running);
+    assert_eq!(held.chunks[0].seq, held.dropped_before);
+    let bytes = bytes_of(&held.chunks);
+    assert!(
+        bytes.len() as u64 <= MAX_OUTPUT_REPLY_BYTES,
+        "{}",
+        bytes.len()
+    );
+    assert!(bytes.iter().all(|b| b"flood\n".contains(b)));
+    let small = acme.procs().output(&page(0, Some(1))).await.unwrap();
+    assert_eq!(small.chunks.len(), 1, "a page holds at least one chunk");
+    let beside = exec(&acme, "bombs", Language::Shell, "echo beside").await;
+    assert_eq!(beside.stdout.trim(), "beside", "{beside:?}");
+    acme.procs()
+        .signal("bombs", &flood.proc_id, ProcSignalKind::Term)
+        .await
+        .unwrap();
+    assert_eq!(
+        ended(&acme, "bombs", &flood.proc_id).await.state,
+        ProcState::Killed
+    );
+    let kept = read_all(&acme, "bombs", &flood.proc_id, 0).await;
+    let kept_bytes = bytes_of(&kept.chunks).len();
+    assert!(kept_bytes <= OUTPUT_RING_BYTES, "{kept_bytes} bytes kept");
+    assert_eq!(kept.chunks[0].seq, kept.dropped_before);
+
+    // The session came through both: another process starts and says its piece.
+    let again = acme
+        .procs()
+        .start(&start("bombs", argv(&["echo", "again"])), None)
+        .await
+        .unwrap();
+    let info = ended(&acme, "bombs", &again.proc_id).await;
+    assert_eq!((info.state, info.exit_code), (ProcState::Exited, Some(0)));
+    let out = read_all(&acme, "bombs", &again.proc_id, 0).await;
+    assert_eq!(bytes_of(&out.chunks), b"again\n");
     mesh.shutdown().await;
 }
 

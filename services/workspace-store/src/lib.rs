@@ -14,6 +14,10 @@
 //! `usage` WsUsageRequest → WsUsage · `cleanup` WsCleanup → WsCleaned ·
 //! `upload` WsUploadChunk → WsUploadAck · `fetch` WsFetch → WsFile.
 //!
+//! An agent's `read`, `stat`, `list`, `write` and `delete` of a session whose background
+//! processes run wait for the session's node to carry the container's changes here first
+//! ([`container_sync`]).
+//!
 //! Large content never travels in one message. Anyone (a tenant's agent too) sends it in
 //! `upload` chunks and names the upload in the write or restore (`uploads`), reads a large
 //! file by ranges (`read` with offset and length) and a large snapshot's staged object by
@@ -35,6 +39,7 @@ pub mod archive;
 pub mod blobs;
 pub mod cleanup;
 pub mod config;
+pub mod container_sync;
 pub mod error;
 pub mod files;
 pub mod index;
@@ -63,6 +68,7 @@ pub use error::StoreError;
 pub use store::Workspaces;
 
 use blobs::Blobs;
+use container_sync::ContainerSync;
 use index::Index;
 use sweeper::{Sweeper, SweeperArgs};
 use uploads::Uploads;
@@ -133,6 +139,29 @@ where
     })
 }
 
+/// Syncs an agent's session from its container before `inner` reads it (`ContainerSync`); the
+/// request's session is scoped already.
+fn synced_first<Req, Resp>(
+    sync: &Arc<ContainerSync>,
+    inner: Handler<Req, Resp>,
+) -> Handler<Req, Resp>
+where
+    Req: NamesSession + Send + 'static,
+    Resp: Send + 'static,
+{
+    let sync = sync.clone();
+    kit::handler(move |ctx: RequestContext, mut req: Req| {
+        let (inner, sync) = (inner.clone(), sync.clone());
+        async move {
+            let session = req.session_mut().map(|id| id.clone());
+            if let (Some(_), Some(session)) = (ctx.caller.tenant(), session) {
+                sync.before_read(&session).await;
+            }
+            inner(ctx, req).await
+        }
+    })
+}
+
 /// An endpoint's handler: the store's operation `op`, called in the request's own task (kit
 /// tracks it and shutdown waits for it) with the caller as a value, counted in the in-flight
 /// load the heartbeat reports; a failure of the store itself is logged.
@@ -186,23 +215,40 @@ pub async fn run(
         max_payload: runtime.client.server_info().max_payload,
         max_in_flight: config.kit.max_in_flight,
     };
+    let sync = Arc::new(ContainerSync::new(
+        runtime.client.clone(),
+        runtime.js.clone(),
+        &subjects,
+    ));
     macro_rules! serve {
         ($op:ident, |$s:ident, $by:pat, $r:ident| $call:expr) => {
+            serve!(@ $op, operation(&store, |$s, $by, $r| async move { $call.await }))
+        };
+        // An agent's reads see what the session's running processes wrote, and its changes
+        // land after what they wrote (a run after a change refetches the container's
+        // workspace).
+        ($op:ident, synced, |$s:ident, $by:pat, $r:ident| $call:expr) => {
+            serve!(@ $op, synced_first(
+                &sync,
+                operation(&store, |$s, $by, $r| async move { $call.await }),
+            ))
+        };
+        (@ $op:ident, $handler:expr) => {
             runtime
                 .serve_with(
                     subjects.workspace(WorkspaceOp::$op),
                     options,
-                    tenant_scoped(operation(&store, |$s, $by, $r| async move { $call.await })),
+                    tenant_scoped($handler),
                 )
                 .await?;
         };
     }
     serve!(Init, |s, _, r| s.files.init(r));
-    serve!(Write, |s, by, r| s.files.write(&by, r));
-    serve!(Read, |s, by, r| s.files.read(&by, r));
-    serve!(List, |s, _, r| s.files.list(r));
-    serve!(Stat, |s, _, r| s.files.stat(r));
-    serve!(Delete, |s, by, r| s.files.delete(&by, r));
+    serve!(Write, synced, |s, by, r| s.files.write(&by, r));
+    serve!(Read, synced, |s, by, r| s.files.read(&by, r));
+    serve!(List, synced, |s, _, r| s.files.list(r));
+    serve!(Stat, synced, |s, _, r| s.files.stat(r));
+    serve!(Delete, synced, |s, by, r| s.files.delete(&by, r));
     serve!(Usage, |s, _, r| s.files.usage(r));
     serve!(Snapshot, |s, _, r| s.snapshots.snapshot(r));
     serve!(Fetch, |s, _, r| s.snapshots.fetch(r));
