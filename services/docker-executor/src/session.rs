@@ -11,8 +11,8 @@
 //! Background processes (`crate::procs`) live in the session's container and die with it; a
 //! running one keeps the session from its idle close. What they write reaches the
 //! workspace store with the session's next run (its baseline is what the last run left), or,
-//! asked by the store before an agent's read (`ProcCall::Sync`), with a run of nothing queued
-//! behind the session's runs.
+//! asked by the store before an agent's read (`ProcCall::Sync`) while a process runs or after
+//! one ran since the last run, with a run of nothing queued behind the session's runs.
 //!
 //! Kernel cells run in the container's kernel, which its resident supervisor keeps between
 //! runs and restarts (saying so) when it died. A kernel that goes with a replaced container
@@ -100,6 +100,9 @@ pub struct SessionState {
     syncs: Vec<SyncReply>,
     /// Syncs the current run answers when it ends.
     syncs_riding: Vec<SyncReply>,
+    /// A process started since the current run (or the last one) began: what it wrote may
+    /// not be in the store yet, even once it ended.
+    procs_since_run: bool,
 }
 
 type SyncReply = RpcReplyPort<Result<ProcReply, ErrorBody>>;
@@ -207,6 +210,7 @@ impl SessionState {
         self.phase = Phase::Busy;
         self.running_in = Some(container.name.clone());
         self.syncs_riding = std::mem::take(&mut self.syncs);
+        self.procs_since_run = false;
         Some(container)
     }
 
@@ -268,6 +272,7 @@ impl Actor for SessionContainer {
             host: None,
             syncs: Vec::new(),
             syncs_riding: Vec::new(),
+            procs_since_run: false,
         };
         state.acquire(&myself, true);
         Ok(state)
@@ -325,7 +330,9 @@ impl Actor for SessionContainer {
                 state.pump(&myself);
             }
             SessionMsg::Proc(ProcCall::Sync { .. }, reply) => {
-                if state.procs.any_running() {
+                // A process that wrote and ended since the last run counts too: only a run
+                // carries what was written to the store.
+                if state.procs.any_running() || state.procs_since_run {
                     state.syncs.push(reply);
                     state.pump(&myself);
                 } else {
@@ -338,6 +345,7 @@ impl Actor for SessionContainer {
                 let (procs, host) = (state.procs.clone(), state.host.clone());
                 if matches!(call, ProcCall::Start { .. }) {
                     state.last_used = Instant::now();
+                    state.procs_since_run = true;
                 }
                 state.args.node.tasks.spawn(async move {
                     let _ = reply.send(procs.call(call, host).await);

@@ -678,6 +678,19 @@ async fn a_read_returns_what_a_running_process_wrote() {
     )
     .await;
     assert_eq!(r.stdout, "second\nthird\nagent\n", "{r:?}");
+    // A process that wrote and ended before the read, with no run since: its bytes too.
+    let quick = start("files", ProcCommand::Cmd("echo gone > exited.txt".into()));
+    let quick = acme.procs().start(&quick, None).await.unwrap();
+    let ended = acme
+        .procs()
+        .wait("files", &quick.proc_id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(ended.exit_code, Some(0), "{ended:?}");
+    assert_eq!(
+        acme.workspace().read("files", "exited.txt").await.unwrap(),
+        b"gone\n"
+    );
     mesh.shutdown().await;
 }
 
