@@ -24,7 +24,7 @@ use messages::validate::Ceilings;
 use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::backend::ContainerGauges;
+use crate::gauges::ContainerGauges;
 use crate::demand::Sizing;
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Health, Runner};

@@ -28,7 +28,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use executor_node::{Admitted, NodeState};
 
-use crate::backend::ContainerGauges;
+use crate::gauges::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::egress::ContainerEgress;
 use crate::execution::{Health, Runner};

@@ -19,7 +19,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use executor_node::NodeState;
 
-use crate::backend::ContainerGauges;
+use crate::gauges::ContainerGauges;
 use crate::demand::{Demand, Sizing, Step};
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
 use crate::lease::ContainerLease;
