@@ -20,7 +20,7 @@ use tokio::sync::broadcast;
 
 use crate::logins::FeedEvent;
 use crate::render;
-use crate::web::{pending, refuse, App};
+use crate::app::{pending, refuse, App};
 
 /// How long a page waits before reconnecting its stream.
 const RETRY: Duration = Duration::from_secs(1);
