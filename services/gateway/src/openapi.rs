@@ -3,12 +3,9 @@
 //! `openapi` feature (so the protocol and its HTTP description cannot drift apart, and
 //! `messages` keeps no runtime dependency), the gateway's few own bodies derive theirs here.
 
-use std::collections::BTreeMap;
-
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use messages::exec::{AwaitingConfirmation, OutputChunk};
