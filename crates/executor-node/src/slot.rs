@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use messages::slot_share::{SlotShares, NO_TENANT};
 use messages::tenancy::Tenant;
 
-use crate::node::{NodeState, TenantSlots};
+use crate::node::NodeState;
 
 /// How long a tenant refused under its share counts as waiting for a slot. A scheduler retries
 /// a refused run every half second at most, so a tenant still waiting is seen again well
