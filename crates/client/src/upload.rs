@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::StreamError;
 use crate::workspace::{WorkspaceClient, TRANSFER_WINDOW};
-use crate::{ClientError, Result};
+use crate::Result;
 
 /// Content handed to the workspace store but not yet a file: nothing of it is visible in the
 /// workspace until [`WorkspaceClient::commit`].
