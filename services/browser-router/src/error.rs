@@ -48,11 +48,12 @@ pub enum BrowserError {
     /// The session's actor is stopping (closed, idle): the next request starts a new one.
     #[error("the session's browser is closing; retry")]
     Closing,
+    /// Boxed: it is the largest cause, and every answer would carry its size.
     #[error("cannot start a browser: {0}")]
-    Start(#[source] StartError),
+    Start(#[source] Box<StartError>),
     #[error("cannot connect to the browser: {0}")]
     Connect(#[source] CdpError),
-    #[error("cannot bind the browser's egress proxy: {0}{}", cause_of(.0))]
+    #[error("cannot bind the browser's egress proxy: {}{}", .0, cause_of(.0))]
     EgressBind(#[source] egress::EgressError),
     #[error("egress socket permissions: {0}")]
     EgressPermissions(#[source] std::io::Error),

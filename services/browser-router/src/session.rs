@@ -79,7 +79,7 @@ pub async fn open(containers: &Containers) -> Result<Started, BrowserError> {
     let container = containers
         .start(START_WITHIN)
         .await
-        .map_err(BrowserError::Start)?;
+        .map_err(|e| BrowserError::Start(Box::new(e)))?;
     let chromium = Chromium::connect(&container.cdp_url())
         .await
         .map_err(BrowserError::Connect)?;
