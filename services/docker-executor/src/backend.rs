@@ -16,8 +16,8 @@ use messages::{ErrorBody, ServiceName};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::containers::{Containers, ContainersArgs, ContainersMsg};
-use crate::gauges::ContainerGauges;
 use crate::execution::Runner;
+use crate::gauges::ContainerGauges;
 use crate::janitor::DockerSweeper;
 
 pub struct DockerBackend {
