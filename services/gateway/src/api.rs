@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use messages::exec::{ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS};
 use messages::heartbeat::Heartbeat;
@@ -24,8 +24,8 @@ use crate::config::Limits;
 use crate::keys::{Caller, KeyStore};
 use crate::problem::{Errors, Problem, Reply};
 use crate::rate::RateLimiter;
-use crate::tenants::Tenants;
 use crate::stream;
+use crate::tenants::Tenants;
 
 /// What every request handler reaches.
 pub struct App {
