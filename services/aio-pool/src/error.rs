@@ -104,7 +104,11 @@ mod tests {
         let kind = e.kind();
         let message = e.to_string();
         let body = ErrorBody::from(e);
-        (body.kind, body.code, body.message == message && body.kind == kind)
+        (
+            body.kind,
+            body.code,
+            body.message == message && body.kind == kind,
+        )
     }
 
     #[test]
@@ -115,8 +119,14 @@ mod tests {
         };
         for (e, kind) in [
             (PoolError::EmptyCommand, ErrorKind::BadRequest),
-            (PoolError::BadTimeout { max_ms: 600_000 }, ErrorKind::BadRequest),
-            (PoolError::CommandTooLarge { len: 9, max: 8 }, ErrorKind::TooLarge),
+            (
+                PoolError::BadTimeout { max_ms: 600_000 },
+                ErrorKind::BadRequest,
+            ),
+            (
+                PoolError::CommandTooLarge { len: 9, max: 8 },
+                ErrorKind::TooLarge,
+            ),
             (
                 AcquireError::Overloaded {
                     waited: Duration::from_secs(1),
@@ -135,7 +145,12 @@ mod tests {
                 PoolError::UnknownInstance { name: "i".into() },
                 ErrorKind::NotFound,
             ),
-            (PoolError::NotBound { session: "s".into() }, ErrorKind::NotFound),
+            (
+                PoolError::NotBound {
+                    session: "s".into(),
+                },
+                ErrorKind::NotFound,
+            ),
             (
                 PoolError::WrongInstance {
                     session: "s".into(),
@@ -180,5 +195,4 @@ mod tests {
         assert_eq!(body, ErrorBody::from(over));
         assert!(body.details.is_some());
     }
-
 }

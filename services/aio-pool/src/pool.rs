@@ -259,11 +259,15 @@ impl PoolStateHolder {
     fn instance_named(&self, name: Option<&str>) -> Result<Option<InstanceId>, PoolError> {
         match name {
             None => Ok(None),
-            Some(n) => self.by_name.get(n).copied().map(Some).ok_or_else(|| {
-                PoolError::UnknownInstance {
-                    name: n.to_string(),
-                }
-            }),
+            Some(n) => {
+                self.by_name
+                    .get(n)
+                    .copied()
+                    .map(Some)
+                    .ok_or_else(|| PoolError::UnknownInstance {
+                        name: n.to_string(),
+                    })
+            }
         }
     }
 }

@@ -178,7 +178,9 @@ mod tests {
             .unwrap_err();
         for (e, kind) in [
             (
-                BrowserError::UnknownAction { token: "fly".into() },
+                BrowserError::UnknownAction {
+                    token: "fly".into(),
+                },
                 ErrorKind::NotFound,
             ),
             (

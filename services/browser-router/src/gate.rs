@@ -171,7 +171,10 @@ impl Gate {
         let confirm = self.mesh.confirm();
         if let Some(reply) = notice_subject(ctx) {
             request.wait = false;
-            let opened = confirm.request(&request).await.map_err(GateError::Confirmation)?;
+            let opened = confirm
+                .request(&request)
+                .await
+                .map_err(GateError::Confirmation)?;
             if !opened.state.is_final() {
                 let notice = AwaitingConfirmation {
                     execution_id: action_id,
@@ -182,7 +185,10 @@ impl Gate {
             }
             request.wait = true;
         }
-        let decided = confirm.request(&request).await.map_err(GateError::Confirmation)?;
+        let decided = confirm
+            .request(&request)
+            .await
+            .map_err(GateError::Confirmation)?;
         if decided.state != ConfirmState::Approved {
             return Err(GateError::Refused {
                 action,

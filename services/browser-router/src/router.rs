@@ -46,11 +46,7 @@ pub enum RouterMsg {
 
 impl RouterMsg {
     /// The request handler's constructor (`kit::actor_handler`).
-    pub fn act(
-        ctx: RequestContext,
-        payload: BrowserPayload,
-        reply: Reply,
-    ) -> Self {
+    pub fn act(ctx: RequestContext, payload: BrowserPayload, reply: Reply) -> Self {
         RouterMsg::Act(Box::new(Routed {
             ctx,
             payload,
@@ -246,10 +242,9 @@ impl RouterState {
         payload: BrowserPayload,
     ) -> Result<BrowserRequest, BrowserError> {
         let token = ctx.subject.rsplit('.').next().unwrap_or_default();
-        let action =
-            BrowserAction::parse(token).ok_or_else(|| BrowserError::UnknownAction {
-                token: token.to_string(),
-            })?;
+        let action = BrowserAction::parse(token).ok_or_else(|| BrowserError::UnknownAction {
+            token: token.to_string(),
+        })?;
         let session_id = ctx
             .caller
             .scope("session_id", &payload.session_id)

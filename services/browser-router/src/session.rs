@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use egress::{EgressProxy, EgressRules, SystemResolver};
+use futures::future::BoxFuture;
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::{BrowserActed, BrowserOutcome};
 use messages::browser::{
     BrowserBackend, BrowserCommand, BrowserRequest, BrowserResult, ContentFormat, WaitFor,
 };
 use messages::network::NetworkPolicy;
-use futures::future::BoxFuture;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sandmesh_client::WorkspaceClient;
 use serde_json::json;

@@ -76,9 +76,7 @@ fn cookie_token(headers: &HeaderMap) -> Option<Token> {
 
 /// The pending confirmations this operator may see, oldest first: a stream's first events,
 /// each put on top of the page, leave the newest on top.
-pub async fn pending(
-    login: &Login,
-) -> Result<Vec<Confirmation>, sandmesh_client::ClientError> {
+pub async fn pending(login: &Login) -> Result<Vec<Confirmation>, sandmesh_client::ClientError> {
     let filter = ConfirmList {
         state: Some(ConfirmState::Pending),
         limit: Some(MAX_LISTED),
