@@ -114,19 +114,23 @@ suite() { local name=$1; shift; "$@" || failed+=("$name"); }
 suite "cargo nextest" cargo nextest run --workspace --no-fail-fast "$@"
 # nextest runs no doctests: the documentation's examples compile (and run) here.
 suite "doctests" cargo test --workspace --doc --no-fail-fast
-# Two suites with a mesh of their own each (free ports, own data directories), run side by
-# side: the Python SDK against a real mesh started from the binaries just built (a cached venv
-# under .tools/; pip installs its test extra the first time), and the HTTP gateway's OpenAPI
-# document — validated, then schemathesis against a live gateway (a bounded number of examples
-# per operation; no 5xx, every answer as documented). Each one's output is shown when it ends.
-side_by_side() { # side_by_side NAME CMD NAME CMD
-  local logs pids names i waited=0
-  logs=("$(mktemp)" "$(mktemp)")
-  names=("$1" "$3")
-  "$2" >"${logs[0]}" 2>&1 & pids=($!)
-  "$4" >"${logs[1]}" 2>&1 & pids+=($!)
-  echo "running the ${names[0]} and the ${names[1]} side by side" >&2
-  for i in 0 1; do
+# Three suites with a mesh of their own each (free ports, own data directories), run side by
+# side (each mostly waits on its mesh): the Python SDK against a real mesh started from the
+# binaries just built (a cached venv; pip installs its test extra the first time), the HTTP
+# gateway's OpenAPI document — validated, then schemathesis against a live gateway (a bounded
+# number of examples per operation; no 5xx, every answer as documented) — and E2B's own SDKs,
+# unmodified, against the gateway's E2B facade. Each one's output is shown when it ends.
+side_by_side() { # side_by_side NAME CMD [NAME CMD ...]
+  local logs=() pids=() names=() i waited=0
+  while [ $# -gt 0 ]; do
+    names+=("$1")
+    logs+=("$(mktemp)")
+    "$2" >"${logs[-1]}" 2>&1 &
+    pids+=($!)
+    shift 2
+  done
+  echo "running the ${names[*]} side by side" >&2
+  for i in "${!pids[@]}"; do
     while kill -0 "${pids[$i]}" 2>/dev/null; do
       if [ $((waited % 30)) = 0 ] && [ "$waited" -gt 0 ]; then
         echo "the ${names[$i]} still runs (${waited} s): $(tail -n 1 "${logs[$i]}" | cut -c1-120)" >&2
@@ -154,10 +158,8 @@ python_suites() {
   fi
   return "$status"
 }
-side_by_side "python SDK" python_suites "OpenAPI check" services/gateway/check-openapi.sh
-# E2B's own SDKs, unmodified, against the gateway's E2B facade (a mesh and a cached venv of its
-# own, like the Python SDK's).
-suite "E2B SDKs" services/gateway/e2b-tests/run.sh
+side_by_side "python SDK" python_suites "OpenAPI check" services/gateway/check-openapi.sh \
+  "E2B SDKs" services/gateway/e2b-tests/run.sh
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

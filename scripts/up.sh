@@ -18,7 +18,9 @@ profile=${SANDMESH_BUILD_PROFILE:-release}
 mkdir -p .sandmesh
 RUNTIME_ONLY=1 deploy/images/build.sh sandbox >/dev/null 2>.sandmesh/sandbox-image.log &
 runtime_image=$!
-cargo build --profile "$profile" -p sandmesh -p sandmesh-supervisor
+# The AIO agent goes into the AIO image `up` builds; found beside `sandmesh`, it needs no
+# build of its own. (The same packages as the tests build: the same features.)
+cargo build --profile "$profile" -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
 if kill -0 "$runtime_image" 2>/dev/null; then
   echo "waiting for the sandbox image's Debian layers (log: .sandmesh/sandbox-image.log)" >&2
 fi

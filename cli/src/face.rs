@@ -19,17 +19,24 @@ impl HttpFace {
             .unwrap_or_else(|| self.default.to_string())
     }
 
-    /// Whether the address can be listened on now (`up` runs without this face otherwise,
-    /// saying why). A malformed address passes: the service's configuration reports it with
-    /// every other bad setting.
-    pub fn can_listen(&self, env: &HashMap<String, String>) -> Result<(), String> {
+    /// Listens on the address now (`up` runs without this face otherwise, saying why), so no
+    /// other program — another mesh starting beside this one — takes it between this check
+    /// and the service's start; the service serves on the socket it is handed. `Ok(None)`: the
+    /// address is malformed, and the service's configuration reports it with every other bad
+    /// setting.
+    pub fn listen(
+        &self,
+        env: &HashMap<String, String>,
+    ) -> Result<Option<std::net::TcpListener>, String> {
         let addr = self.addr(env);
         let Ok(parsed) = addr.parse::<SocketAddr>() else {
-            return Ok(());
+            return Ok(None);
         };
-        std::net::TcpListener::bind(parsed)
-            .map(drop)
-            .map_err(|e| format!("cannot listen on {addr} ({e}); set {}", self.var))
+        let taken = |e: std::io::Error| format!("cannot listen on {addr} ({e}); set {}", self.var);
+        let listener = std::net::TcpListener::bind(parsed).map_err(taken)?;
+        // tokio takes the socket over as it is: it must not block.
+        listener.set_nonblocking(true).map_err(taken)?;
+        Ok(Some(listener))
     }
 
     /// Whether something answers there now.

@@ -79,7 +79,7 @@ pub const SERVICES: &[ServiceName] = &[
 
 /// What `up` runs: [`SERVICES`], and the light backend when `bwrap` starts (it is optional:
 /// without it, ephemeral executions run in Docker as before). Says which.
-fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
+fn up_services(env: &HashMap<String, String>, faces: &mut Faces) -> Vec<ServiceName> {
     let mut services = SERVICES.to_vec();
     let bwrap = env
         .get("SANDMESH_BWRAP_BIN")
@@ -98,16 +98,36 @@ fn up_services(env: &HashMap<String, String>) -> Vec<ServiceName> {
     }
     // The operators' web page, last: it only reads what the others publish. It is optional:
     // a taken port (another mesh on this machine) must not keep the mesh from starting.
-    match crate::console::FACE.can_listen(env) {
-        Ok(()) => services.push(ServiceName::Console),
+    match crate::console::FACE.listen(env) {
+        Ok(listener) => {
+            services.push(ServiceName::Console);
+            faces.console = listener;
+        }
         Err(why) => eprintln!("sandmesh: running without the operators' console: {why}"),
     }
     // The HTTP API, optional for the same reason.
-    match crate::gateway::FACE.can_listen(env) {
-        Ok(()) => services.push(ServiceName::Gateway),
+    match crate::gateway::FACE.listen(env) {
+        Ok(listener) => {
+            services.push(ServiceName::Gateway);
+            faces.gateway = listener;
+        }
         Err(why) => eprintln!("sandmesh: running without the HTTP gateway: {why}"),
     }
     services
+}
+
+/// The HTTP faces' sockets `up` listens on before their services start (see
+/// [`crate::face::HttpFace::listen`]); a face without one binds its configured address itself.
+#[derive(Default)]
+struct Faces {
+    console: Option<std::net::TcpListener>,
+    gateway: Option<std::net::TcpListener>,
+    /// The gateway's second listener, for E2B's SDKs.
+    e2b: Option<std::net::TcpListener>,
+}
+
+fn tokio_listener(listener: std::net::TcpListener) -> anyhow::Result<tokio::net::TcpListener> {
+    Ok(tokio::net::TcpListener::from_std(listener)?)
 }
 
 fn service_list() -> String {
@@ -137,6 +157,7 @@ fn build(
     env: &HashMap<String, String>,
     auth: Option<&ServiceAuth>,
     builds: &ImageBuilds,
+    mut faces: Faces,
     shutdown: &CancellationToken,
 ) -> Result<Services, ConfigError> {
     let mut errors = Vec::new();
@@ -186,10 +207,27 @@ fn build(
                 })
             }
             ServiceName::Console => ::console::ConsoleConfig::from_env(env).map(|c| {
-                Box::pin(async move { Ok(::console::run(c, token).await?) }) as ServiceFuture
+                let listener = faces.console.take();
+                Box::pin(async move {
+                    match listener {
+                        Some(l) => ::console::serve(tokio_listener(l)?, c, token).await?,
+                        None => ::console::run(c, token).await?,
+                    }
+                    Ok(())
+                }) as ServiceFuture
             }),
             ServiceName::Gateway => ::gateway::GatewayConfig::from_env(env).map(|c| {
-                Box::pin(async move { Ok(::gateway::run(c, token).await?) }) as ServiceFuture
+                let (listener, e2b) = (faces.gateway.take(), faces.e2b.take());
+                Box::pin(async move {
+                    match listener {
+                        Some(l) => {
+                            let e2b = e2b.map(tokio_listener).transpose()?;
+                            ::gateway::serve_with(tokio_listener(l)?, e2b, c, token).await?
+                        }
+                        None => ::gateway::run(c, token).await?,
+                    }
+                    Ok(())
+                }) as ServiceFuture
             }),
         };
         match built {
@@ -451,6 +489,7 @@ pub async fn serve_one(service: &str) -> anyhow::Result<i32> {
         &process_env(),
         None,
         &ImageBuilds::default(),
+        Faces::default(),
         &shutdown,
     ));
     let running = Running::start(services, shutdown.clone(), config.shutdown_grace);
@@ -576,9 +615,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
         });
     let gateway_url = crate::gateway::url(&env);
     // E2B's SDKs reach the gateway's second listener; a taken port leaves it out, not the mesh.
+    let mut faces = Faces::default();
     let e2b = crate::gateway::E2B_FACE;
-    let e2b_url = match e2b.can_listen(&env) {
-        Ok(()) => Some(format!("http://{}", e2b.addr(&env))),
+    let e2b_url = match e2b.listen(&env) {
+        Ok(listener) => {
+            faces.e2b = listener;
+            Some(format!("http://{}", e2b.addr(&env)))
+        }
         Err(why) => {
             eprintln!("sandmesh: running without the E2B facade: {why}");
             None
@@ -590,9 +633,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<i32> {
     };
 
     let shutdown = kit::shutdown::on_signals();
-    let names = up_services(&env);
-    let services =
-        kit::config::exit_on_error(build(&names, &env, auth.as_ref(), &builds, &shutdown));
+    let names = up_services(&env, &mut faces);
+    let services = kit::config::exit_on_error(build(
+        &names,
+        &env,
+        auth.as_ref(),
+        &builds,
+        faces,
+        &shutdown,
+    ));
     let running = Running::start(services, shutdown.clone(), kit_config.shutdown_grace);
     let urls = Urls {
         console: &console_url,

@@ -11,7 +11,7 @@ use test_support::{
     free_port, nats_server_binary, python_client, repo_root, require_docker, NatsServer,
 };
 
-use crate::common::{containers, run_bounded, sandmesh, wait_ready, Up, SANDMESH};
+use crate::common::{containers, run_bounded, sandmesh, Up, SANDMESH};
 
 /// The tests run one at a time: each counts the sandbox containers before and after its mesh,
 /// and another test's mesh would show up in that count.
@@ -66,7 +66,7 @@ async fn a_python_client_and_the_cli_use_a_running_mesh() {
     let nats = NatsServer::start();
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut mesh = Up::start(&nats.url(), &[], log.path());
-    wait_ready(&nats.url()).await;
+    mesh.wait_ready(&nats.url()).await;
 
     let mut client = Command::new(&python);
     client

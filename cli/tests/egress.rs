@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::common::{sandmesh, wait_ready, Up};
+use crate::common::{sandmesh, Up};
 use test_support::{require_docker, upstream, NatsServer};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -23,7 +23,7 @@ async fn exec_with_allow_domain_reaches_the_host_and_nothing_else() {
         ("SANDMESH_NETWORK_PORTS", ports.as_str()),
     ];
     let mut mesh = Up::start(&url, &env, log.path());
-    wait_ready(&url).await;
+    mesh.wait_ready(&url).await;
 
     // `localhost` is in NO_PROXY for the program's own loopback servers; this one lives on the
     // host, so the code sends it through the proxy explicitly.

@@ -68,7 +68,6 @@ async fn up_serves_the_api_to_keys_until_they_are_revoked() {
         ],
         &log,
     );
-    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // The key is the last line of stdout, alone.
     let out = sandmesh(dir.path(), &["tenant", "key", "create", "default"]).await;
@@ -79,14 +78,12 @@ async fn up_serves_the_api_to_keys_until_they_are_revoked() {
     assert!(listed.contains(id) && listed.contains("live"), "{listed}");
     assert!(!listed.contains(&key), "a key is shown only once");
 
-    eventually("the mesh to serve", Duration::from_secs(300), || async {
-        log_text().contains("mesh is up").then_some(())
-    })
-    .await;
+    up.until_up().await;
     assert!(
-        log_text().contains(&format!("HTTP API at http://{addr}/api/v1")),
+        up.log_text()
+            .contains(&format!("HTTP API at http://{addr}/api/v1")),
         "{}",
-        log_text()
+        up.log_text()
     );
     let body = r#"{"language":"python","code":"print(6 * 7)"}"#;
     let (status, answer) = eventually("an execution over HTTP", LIMIT, || async {
@@ -94,7 +91,7 @@ async fn up_serves_the_api_to_keys_until_they_are_revoked() {
         (reply.0 != 0 && reply.0 != 503).then_some(reply)
     })
     .await;
-    assert_eq!(status, 200, "{answer}\n{}", log_text());
+    assert_eq!(status, 200, "{answer}\n{}", up.log_text());
     let result: serde_json::Value = serde_json::from_str(&answer).unwrap();
     assert_eq!(result["stdout"], "42\n", "{answer}");
 
@@ -103,5 +100,47 @@ async fn up_serves_the_api_to_keys_until_they_are_revoked() {
     assert_eq!(status, 401, "{answer}");
 
     let status = up.stop(Duration::from_secs(60)).await;
-    assert!(status.success(), "{status}\n{}", log_text());
+    assert!(status.success(), "{status}\n{}", up.log_text());
+}
+
+/// Two meshes started at once on one machine, both configured for the same HTTP addresses:
+/// one serves them, the other runs without them and says so — neither fails to start. (The
+/// faces' sockets are bound when `up` decides to run them, so the other mesh cannot take an
+/// address between the check and the service's start.)
+#[tokio::test]
+async fn two_meshes_started_at_once_on_the_same_addresses_both_come_up() {
+    require_docker();
+    let faces = [
+        (
+            "SANDMESH_GATEWAY_ADDR",
+            format!("127.0.0.1:{}", free_port()),
+        ),
+        (
+            "SANDMESH_CONSOLE_ADDR",
+            format!("127.0.0.1:{}", free_port()),
+        ),
+        ("SANDMESH_E2B_ADDR", format!("127.0.0.1:{}", free_port())),
+    ];
+    let env: Vec<(&str, &str)> = faces.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (nats_a, nats_b) = (NatsServer::start(), NatsServer::start());
+    let (log_a, log_b) = (
+        tempfile::NamedTempFile::new().unwrap(),
+        tempfile::NamedTempFile::new().unwrap(),
+    );
+    let mut a = Up::start(&nats_a.url(), &env, log_a.path());
+    let mut b = Up::start(&nats_b.url(), &env, log_b.path());
+    tokio::join!(a.until_up(), b.until_up());
+
+    let without = |up: &Up| up.log_text().contains("running without the HTTP gateway");
+    let serving = |up: &Up| up.log_text().contains("HTTP API at http://");
+    assert!(
+        (serving(&a) && without(&b)) || (serving(&b) && without(&a)),
+        "one mesh serves the API, the other says it runs without it:\n{}\n---\n{}",
+        a.log_text(),
+        b.log_text()
+    );
+    for up in [&mut a, &mut b] {
+        let status = up.stop(Duration::from_secs(60)).await;
+        assert!(status.success(), "{status}\n{}", up.log_text());
+    }
 }

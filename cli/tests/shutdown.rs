@@ -58,7 +58,6 @@ async fn up_ends_on_sigterm_with_nats_gone_and_removes_its_containers() {
         &[("SANDMESH_SHUTDOWN_GRACE_MS", &grace)],
         log.path(),
     );
-    let log_text = || std::fs::read_to_string(log.path()).unwrap_or_default();
 
     let url = nats.url();
     let mesh = eventually("the executor's heartbeat", Duration::from_secs(300), || {
@@ -72,10 +71,7 @@ async fn up_ends_on_sigterm_with_nats_gone_and_removes_its_containers() {
         (!warm.is_empty()).then_some(())
     })
     .await;
-    eventually("the mesh to serve", Duration::from_secs(120), || async {
-        log_text().contains("mesh is up").then_some(())
-    })
-    .await;
+    up.until_up().await;
 
     nats.stop();
     let status = up.stop(EXIT_BOUND).await;
@@ -84,6 +80,6 @@ async fn up_ends_on_sigterm_with_nats_gone_and_removes_its_containers() {
     assert!(
         left.is_empty(),
         "containers of mesh {mesh} left after up exited ({status}): {left:?}\n{}",
-        log_text()
+        up.log_text()
     );
 }

@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{run_bounded, SANDMESH};
+use crate::common::{run_bounded, until_logged, SANDMESH};
 use test_support::{eventually, free_port, nats_server_binary};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -104,7 +104,7 @@ async fn a_tenant_added_to_a_running_server_can_connect_at_once() {
 
 /// `sandmesh up` with its embedded NATS in `dir`, killed on drop.
 struct Mesh {
-    _up: tokio::process::Child,
+    up: tokio::process::Child,
     log: std::path::PathBuf,
 }
 
@@ -126,38 +126,23 @@ impl Mesh {
             .spawn()
             .expect("spawn sandmesh up");
         Self {
-            _up: child,
+            up: child,
             log: log_path,
         }
     }
 
     /// Until `up` says the mesh is up: it does once every service answers a real request (a
     /// service is listed by `status` a moment before its endpoints are served).
-    async fn until_up(&self) {
-        let read = || std::fs::read_to_string(&self.log).unwrap_or_default();
-        let up = tokio::time::timeout(Duration::from_secs(300), async {
-            while !read().contains("sandmesh: mesh is up") {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
-        if up.is_err() {
-            let text = read();
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            panic!(
-                "`up` did not say the mesh is up in 300 s; its log ends:\n{}",
-                tail.join("\n")
-            );
-        }
+    async fn until_up(&mut self) {
+        until_logged(&mut self.up, &self.log, "sandmesh: mesh is up").await;
     }
 
     /// SIGTERM and its exit (bounded), so `up` removes its containers: a kill on drop (a
     /// panicking test) cannot.
     async fn stop(mut self) {
-        let pid = self._up.id().expect("running").to_string();
+        let pid = self.up.id().expect("running").to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let _ = tokio::time::timeout(Duration::from_secs(60), self._up.wait()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(60), self.up.wait()).await;
     }
 }
 
@@ -178,7 +163,7 @@ async fn a_tenant_added_to_a_running_mesh_is_served_without_a_restart() {
     test_support::require_docker();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mesh = Mesh::start(dir.path(), port);
+    let mut mesh = Mesh::start(dir.path(), port);
     mesh.until_up().await;
     let before = as_agent(
         &dir.path().join("creds/agent.json"),
@@ -261,7 +246,7 @@ fn url_of(creds: &std::path::Path) -> String {
 async fn an_operator_added_to_a_running_mesh_decides_at_once_and_a_removed_one_is_refused() {
     test_support::require_docker();
     let dir = tempfile::tempdir().unwrap();
-    let mesh = Mesh::start(dir.path(), free_port());
+    let mut mesh = Mesh::start(dir.path(), free_port());
     mesh.until_up().await;
     tenant(dir.path(), &["tenant", "add", "acme"]).await;
     let added = tenant(

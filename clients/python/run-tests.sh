@@ -46,8 +46,9 @@ for bin in sandmesh sandmesh-supervisor sandmesh-aio-agent; do
   [ -x "$target/$bin" ] || missing+=("-p" "$bin")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "run-tests.sh: building ${missing[*]}" >&2
-  cargo build "${missing[@]}"
+  # All three, as scripts/test.sh builds them: the same features, so nothing recompiles.
+  echo "run-tests.sh: building the mesh's binaries (${missing[*]} missing)" >&2
+  cargo build -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
 fi
 export SANDMESH_BIN="${SANDMESH_BIN:-$target/sandmesh}"
 export SANDMESH_NATS_SERVER="${SANDMESH_NATS_SERVER:-$root/.tools/bin/nats-server}"

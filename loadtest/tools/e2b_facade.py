@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 import urllib.request
@@ -66,6 +67,7 @@ def main() -> None:
     api = Api(args.api, args.key)
     series: Dict[str, List[float]] = {k: [] for k in ("e2b create+run", "api create+run", "e2b cell", "api cell")}
 
+    print("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     # Warm-up, untimed: the first container of the run and the kernels' first start.
     Sandbox.create().kill()
     for i in range(args.n):
@@ -115,6 +117,7 @@ def main() -> None:
     for what in ("create+run", "cell"):
         e2b, ours = statistics.median(series[f"e2b {what}"]), statistics.median(series[f"api {what}"])
         print(f"facade - api, {what:<11} p50 {e2b - ours:+8.1f} ms")
+    print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":

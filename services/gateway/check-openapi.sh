@@ -23,7 +23,8 @@ if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
 fi
 scripts/install-tools.sh --tests >/dev/null
 export SANDMESH_NATS_SERVER="$root/.tools/bin/nats-server"
-cargo build -p sandmesh
+# The same packages as scripts/test.sh builds (the same features: nothing recompiles).
+cargo build -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
 sandmesh="${CARGO_TARGET_DIR:-$root/target}/debug/sandmesh"
 
 free_port() {

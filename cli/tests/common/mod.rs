@@ -60,10 +60,12 @@ pub async fn sandmesh_in_dir(dir: &Path, args: &[&str]) -> Output {
 /// `sandmesh up` against a given NATS, its stderr in `log`; killed on drop if still running.
 pub struct Up {
     child: tokio::process::Child,
+    log: std::path::PathBuf,
 }
 
 impl Up {
     pub fn start(nats_url: &str, env: &[(&str, &str)], log: &Path) -> Self {
+        let path = log.to_path_buf();
         let log = std::fs::File::create(log).expect("log file");
         let child = tokio::process::Command::new(SANDMESH)
             .arg("up")
@@ -75,7 +77,35 @@ impl Up {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn sandmesh up");
-        Self { child }
+        Self { child, log: path }
+    }
+
+    /// What `up` has written to its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Until `up` says the mesh is up (once every service answers a real request); fails the
+    /// test at once with the end of the log when `up` exits first, or after 300 s.
+    pub async fn until_up(&mut self) {
+        until_logged(&mut self.child, &self.log, "sandmesh: mesh is up").await;
+    }
+
+    /// Until `up` says the mesh is up and the scheduler answers on `exec` at `url` (the probe
+    /// is malformed: it is refused before anything runs).
+    pub async fn wait_ready(&mut self, url: &str) {
+        self.until_up().await;
+        let client = test_support::connect(url).await;
+        let exec = messages::Subjects::default().exec();
+        test_support::eventually(
+            "the scheduler to serve exec",
+            Duration::from_secs(60),
+            || {
+                let (client, exec) = (client.clone(), exec.clone());
+                async move { client.request(exec, "not json".into()).await.ok() }
+            },
+        )
+        .await;
     }
 
     /// SIGTERM, then its exit status within `limit` (the test fails past it).
@@ -90,32 +120,25 @@ impl Up {
     }
 }
 
-/// `sandmesh status` against `url`, bounded.
-pub async fn status(url: &str) -> String {
-    let mut cmd = Command::new(SANDMESH);
-    cmd.arg("status").env("SANDMESH_NATS_URL", url);
-    let out = run_bounded(cmd, Duration::from_secs(30)).await;
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-/// Until `sandmesh status` lists a scheduler and a docker-executor, and the scheduler answers
-/// on `exec`: a service beats before it has subscribed its endpoints, so being listed is not
-/// yet being served. (The probe is malformed: it is refused before anything runs.)
-pub async fn wait_ready(url: &str) {
-    test_support::eventually("the mesh to come up", Duration::from_secs(300), || async {
-        let listed = status(url).await;
-        (listed.contains("scheduler") && listed.contains("docker-executor")).then_some(())
-    })
-    .await;
-    let client = test_support::connect(url).await;
-    let exec = messages::Subjects::default().exec();
-    test_support::eventually(
-        "the scheduler to serve exec",
-        Duration::from_secs(60),
-        || {
-            let (client, exec) = (client.clone(), exec.clone());
-            async move { client.request(exec, "not json".into()).await.ok() }
-        },
-    )
-    .await;
+/// Until the log of the `up` running as `child` holds `needle`. Fails the test with the log's
+/// end when `up` exits first or after 300 s: a mesh that cannot start says why at once.
+pub async fn until_logged(child: &mut tokio::process::Child, log: &Path, needle: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(needle) {
+            return;
+        }
+        let exited = child.try_wait().expect("sandmesh up's status");
+        if exited.is_some() || tokio::time::Instant::now() > deadline {
+            let tail: Vec<&str> = text.lines().rev().take(60).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "`up` did not log {needle:?} ({}); its log ends:\n{}",
+                exited.map_or("300 s passed".to_string(), |s| format!("it exited: {s}")),
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

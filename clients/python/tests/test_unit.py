@@ -21,12 +21,14 @@ TESTDATA = Path(__file__).resolve().parents[3] / "crates" / "messages" / "testda
 
 CODES = [
     (400, "bad_request", sandmesh.BadRequest),
+    (401, "unauthorized", sandmesh.Unauthorized),
     (403, "denied", sandmesh.Denied),
     (404, "not_found", sandmesh.NotFound),
     (409, "conflict", sandmesh.Conflict),
     (413, "too_large", sandmesh.TooLarge),
     (429, "overloaded", sandmesh.Overloaded),
     (500, "internal", sandmesh.Internal),
+    (501, "not_implemented", sandmesh.NotSupported),
     (503, "unavailable", sandmesh.Unavailable),
     (504, "timeout", sandmesh.Timeout),
 ]
@@ -56,6 +58,18 @@ def test_unknown_codes_and_kinds_fall_back() -> None:
     # An unknown kind is decided by the code.
     e = error_from_body({"code": 404, "kind": "vanished", "message": "gone"})
     assert type(e) is sandmesh.NotFound
+
+
+def test_every_kind_the_mesh_answers_is_in_the_table_above() -> None:
+    # The wire's kinds and codes are the Rust enum's (`ErrorKind::code`): a kind added there
+    # without a class here fails this test.
+    source = (Path(__file__).resolve().parents[3] / "crates/messages/src/error.rs").read_text()
+    code_fn = source[source.index("pub const fn code(self)") :]
+    code_fn = code_fn[: code_fn.index("\n    }\n")]
+    arms = re.findall(r"ErrorKind::(\w+) => (\d+)", code_fn)
+    assert len(arms) >= 11, code_fn
+    snake = lambda name: re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+    assert sorted((int(code), snake(name)) for name, code in arms) == sorted((c, k) for c, k, _ in CODES)
 
 
 def test_overloaded_carries_the_retry_hint_when_there_is_one() -> None:

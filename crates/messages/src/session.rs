@@ -110,8 +110,13 @@ pub struct SessionRecord {
     pub closed_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub close_reason: Option<CloseReason>,
-    /// Its exposed ports (`crate::ports`), each with its token's hash and expiry.
+    /// Its exposed ports (`crate::ports`), each with its token's hash and expiry. In JSON an
+    /// object whose keys are the port numbers written as strings, as JSON keys are.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = BTreeMap<String, crate::ports::Exposure>)
+    )]
     pub ports: crate::ports::Exposures,
 }
 

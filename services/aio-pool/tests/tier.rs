@@ -21,6 +21,16 @@ use test_support::{eventually_true, NatsServer};
 /// The risk-assessor, the workspace-store, confirmation (approving everything when `auto_approve`: the CDP probe
 /// opens sockets, which is high risk) and a scheduler (`mode`) beside the pool `h`.
 pub(crate) async fn front(h: &Harness, mode: &str, auto_approve: bool) -> CancellationToken {
+    front_allowing(h, mode, auto_approve, "").await
+}
+
+/// [`front`] with the operator's egress ceiling `allow` (`SANDMESH_NETWORK_ALLOW`).
+async fn front_allowing(
+    h: &Harness,
+    mode: &str,
+    auto_approve: bool,
+    allow: &str,
+) -> CancellationToken {
     let stop = CancellationToken::new();
     let url = h.nats.url();
     let confirm = confirmation::ConfirmationConfig::from_env(&env_map(&[
@@ -39,6 +49,7 @@ pub(crate) async fn front(h: &Harness, mode: &str, auto_approve: bool) -> Cancel
     let scheduler = scheduler::SchedulerConfig::from_env(&env_map(&[
         ("SANDMESH_NATS_URL", &url),
         ("SANDMESH_SECURITY_MODE", mode),
+        ("SANDMESH_NETWORK_ALLOW", allow),
     ]))
     .unwrap();
     tokio::spawn(scheduler::run(scheduler, stop.clone()));
@@ -148,21 +159,34 @@ async fn tier_aio_runs_in_the_sessions_bound_instance() {
 #[tokio::test]
 async fn code_that_needs_a_browser_is_routed_to_aio() {
     let h = Harness::start(&[]).await;
-    let stop = front(&h, "permissive", true).await;
+    let stop = front_allowing(&h, "permissive", true, "pkgs.example.org").await;
     // The assessor suggests aio for a browser library; Debian's image has no playwright, so
     // the import fails — in the AIO instance, which is the point.
-    let r = exec(
-        &h,
-        &python(
-            Some("b"),
-            TierChoice::Auto,
-            "from playwright.sync_api import sync_playwright",
-        ),
-    )
-    .await;
+    let browsing = python(
+        Some("b"),
+        TierChoice::Auto,
+        "from playwright.sync_api import sync_playwright",
+    );
+    let r = exec(&h, &browsing).await;
     assert_eq!(r.tier, Tier::Aio, "{r:?}");
     assert_eq!(r.risk.suggested_tier, Tier::Aio);
     assert!(r.stderr.contains("playwright"), "{r:?}");
+    // AIO instances have no egress: the same code under a network policy is refused, naming
+    // the policy, instead of running without it.
+    let policy = serde_json::json!({"allow_domains": ["pkgs.example.org"]});
+    let with_policy = ExecRequest {
+        session_id: None,
+        network: Some(serde_json::from_value(policy).unwrap()),
+        ..browsing
+    };
+    let r = exec(&h, &with_policy).await;
+    assert_eq!(
+        (r.status, r.tier),
+        (ExecStatus::Rejected, Tier::Aio),
+        "{r:?}"
+    );
+    let e = r.error.expect("the refusal says why");
+    assert!(e.message.contains("network policy"), "{e:?}");
     stop.cancel();
     h.stop().await;
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# E2B's official SDKs (e2b, e2b-code-interpreter, and smolagents' E2B executor), unmodified,
-# against the gateway's E2B facade on a real mesh: installs the pinned requirements into a cached
-# venv (tmp/e2b-sdk-venv in the build directory, reinstalled when requirements.txt changes), makes
-# sure the binaries the mesh needs exist, and runs pytest. The session fixture starts
-# `target/debug/sandmesh up` with SANDMESH_E2B_ADDR on free loopback ports and stops it at the end.
+# E2B's official SDKs (e2b, e2b-code-interpreter) and frameworks built on them (smolagents,
+# langchain-e2b), unmodified, against the gateway's E2B facade on a real mesh: installs the pinned
+# requirements into a cached venv (tmp/e2b-sdk-venv in the build directory, reinstalled when
+# requirements.txt changes), makes sure the binaries the mesh needs exist, and runs pytest. The
+# session fixture is the Python SDK's (clients/python/tests/meshfixture.py): it starts
+# `target/debug/sandmesh up` on free loopback ports, here with SANDMESH_E2B_ADDR, and stops it at
+# the end.
 #
 #   services/gateway/e2b-tests/run.sh               # everything
 #   services/gateway/e2b-tests/run.sh -k approval   # extra arguments go to pytest
@@ -30,8 +32,9 @@ for bin in sandmesh sandmesh-supervisor sandmesh-aio-agent; do
   [ -x "$target_dir/debug/$bin" ] || missing+=("-p" "$bin")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "e2b-tests: building ${missing[*]}" >&2
-  cargo build "${missing[@]}"
+  # All three, as scripts/test.sh builds them: the same features, so nothing recompiles.
+  echo "e2b-tests: building the mesh's binaries (${missing[*]} missing)" >&2
+  cargo build -p sandmesh -p sandmesh-aio-agent -p sandmesh-supervisor
 fi
 export SANDMESH_BIN="${SANDMESH_BIN:-$target_dir/debug/sandmesh}"
 export SANDMESH_NATS_SERVER="${SANDMESH_NATS_SERVER:-$root/.tools/bin/nats-server}"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import base64
 import re
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
-from e2b import CommandExitException, NotFoundException, Sandbox, SandboxException
+from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from conftest import Mesh
@@ -122,8 +122,92 @@ def test_another_tenant_finds_no_sandbox(mesh: Mesh, sbx: Sandbox) -> None:
 def test_what_sandmesh_cannot_do_is_named(sbx: Sandbox) -> None:
     with pytest.raises(SandboxException, match="paus"):
         sbx.pause()
-    with pytest.raises(Exception, match="not supported"):
-        sbx.commands.list()
+    with pytest.raises(SandboxException, match="not supported"):
+        sbx.files.watch_dir("/home/user")
+
+
+def read_until(events: Iterator[Any], wanted: str, into: List[str]) -> None:
+    """Reads a handle's events (stdout, or a terminal's bytes) into `into` until `wanted` is
+    among them; the handle's own timeout bounds the wait."""
+    for stdout, _, pty in events:
+        into.append(stdout if stdout is not None else (pty or b"").decode(errors="replace"))
+        if wanted in "".join(into):
+            return
+    raise AssertionError(f"the stream ended before {wanted!r}: {''.join(into)!r}")
+
+
+def test_a_background_command_is_listed_reattached_and_killed(sbx: Sandbox) -> None:
+    ticking = "for i in $(seq 1 3000); do echo tick $i; sleep 0.1; done"
+    h = sbx.commands.run(ticking, background=True, stdin=True, timeout=BOUND)
+    listed = {p.pid: p for p in sbx.commands.list()}
+    assert h.pid in listed, listed
+    assert (listed[h.pid].cmd, listed[h.pid].args) == ("/bin/bash", ["-l", "-c", ticking]), listed[h.pid]
+    assert listed[h.pid].cwd == "/home/user" and listed[h.pid].tag is None
+    # Re-attached by pid: the output from then on comes back on the second stream.
+    again = sbx.commands.connect(h.pid, timeout=BOUND)
+    assert again.pid == h.pid
+    heard: List[str] = []
+    # Two lines heard on it: the process printed at least two.
+    read_until(iter(again), "\ntick", heard)
+    assert sbx.commands.kill(h.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        h.wait()
+    assert killed.value.exit_code == -1 and killed.value.error == "signal: killed", killed.value
+    # The first handle streamed everything from the start, in order.
+    lines = killed.value.stdout.splitlines()
+    assert lines[:2] == ["tick 1", "tick 2"] and lines == [f"tick {i + 1}" for i in range(len(lines))]
+    assert h.pid not in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(h.pid) is False, "a process that ended is not found"
+
+
+def test_stdin_reaches_a_background_cat(sbx: Sandbox) -> None:
+    h = sbx.commands.run("cat", background=True, stdin=True, timeout=BOUND)
+    sbx.commands.send_stdin(h.pid, "hello cat\n")
+    h.send_stdin(b"and bytes\n")
+    heard: List[str] = []
+    read_until(iter(h), "and bytes\n", heard)
+    assert "".join(heard) == "hello cat\nand bytes\n"
+    assert h.kill() is True
+    with pytest.raises(CommandExitException):
+        h.wait()
+    with pytest.raises(NotFoundException):
+        sbx.commands.send_stdin(h.pid, "too late")
+
+
+def test_a_terminal_echoes_and_resizes(sbx: Sandbox) -> None:
+    term = sbx.pty.create(PtySize(rows=24, cols=80), timeout=BOUND)
+    events = iter(term)
+    screen: List[str] = []
+    # The shell's own arithmetic, so the echo of what was typed cannot match.
+    sbx.pty.send_stdin(term.pid, b"echo hi-$((40 + 2))\n")
+    read_until(events, "hi-42", screen)
+    sbx.pty.send_stdin(term.pid, b"stty size\n")
+    read_until(events, "24 80", screen)
+    sbx.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size\n")
+    read_until(events, "30 100", screen)
+    assert sbx.pty.kill(term.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        term.wait()
+    assert killed.value.exit_code == -1
+    assert term.pid not in [p.pid for p in sbx.commands.list()]
+
+
+def test_another_tenant_finds_no_process(mesh: Mesh, sbx: Sandbox) -> None:
+    h = sbx.commands.run("sleep 600", background=True, stdin=True, timeout=BOUND)
+    assert h.pid in [p.pid for p in sbx.commands.list()], "positive control: the owner lists it"
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id, api_key=mesh.other_key)
+    theirs = Sandbox.create(api_key=mesh.other_key)
+    try:
+        assert theirs.commands.list() == []
+        assert theirs.commands.kill(h.pid) is False
+        with pytest.raises(NotFoundException):
+            theirs.commands.connect(h.pid, timeout=BOUND)
+    finally:
+        theirs.kill()
+    assert h.pid in [p.pid for p in sbx.commands.list()], "untouched by the other tenant"
+    assert h.kill() is True
 
 
 class Waiting:
@@ -186,6 +270,26 @@ def test_a_denied_command_exits_126_with_the_reason(mesh: Mesh, sbx: Sandbox) ->
     assert e.exit_code == 126 and "not on my watch" in (e.error or ""), e
 
 
+def test_a_parked_background_command_runs_once_approved(mesh: Mesh, sbx: Sandbox) -> None:
+    h = sbx.commands.run(RISKY_SH + " && echo approved-bg", background=True, stdin=True, timeout=BOUND)
+    waiting = Waiting(lambda on_stderr: h.wait(on_stderr=on_stderr))
+    decided = mesh.cli("confirm", "approve", waiting.confirmation())
+    assert decided.returncode == 0, decided.stdout + decided.stderr
+    r = waiting.finish()["result"]
+    assert r.exit_code == 0 and r.stdout == "approved-bg\n", r
+
+
+def test_a_denied_background_command_exits_126_with_the_reason(mesh: Mesh, sbx: Sandbox) -> None:
+    h = sbx.commands.run(RISKY_SH, background=True, stdin=True, timeout=BOUND)
+    waiting = Waiting(lambda on_stderr: h.wait(on_stderr=on_stderr))
+    decided = mesh.cli("confirm", "deny", waiting.confirmation(), "--reason", "not in the background")
+    assert decided.returncode == 0, decided.stdout + decided.stderr
+    e = waiting.finish().get("error")
+    assert isinstance(e, CommandExitException), waiting.outcome
+    assert e.exit_code == 126 and "not in the background" in (e.error or ""), e
+    assert h.pid not in [p.pid for p in sbx.commands.list()]
+
+
 def test_a_denied_cell_is_a_denied_error(mesh: Mesh) -> None:
     with CodeSandbox.create() as s:
         waiting = Waiting(lambda on_stderr: s.run_code(RISKY_PY, on_stderr=on_stderr))
@@ -207,3 +311,23 @@ def test_smolagents_runs_its_e2b_executor_unchanged(mesh: Mesh) -> None:
     finally:
         executor.cleanup()
 
+
+
+def test_langchain_e2b_runs_its_deep_agents_backend_unchanged(mesh: Mesh) -> None:
+    from langchain_e2b import E2BSandbox
+
+    # As langchain-e2b's README shows it.
+    e2b_sandbox = Sandbox.create()
+    backend = E2BSandbox(sandbox=e2b_sandbox)
+    try:
+        result = backend.execute("echo hello")
+        assert (result.output, result.exit_code) == ("hello\n", 0), result
+        failed = backend.execute("echo no >&2; exit 3")
+        assert (failed.output, failed.exit_code) == ("no\n", 3), failed
+        up = backend.upload_files([("/home/user/notes/a.txt", b"alpha\n")])
+        assert [u.error for u in up] == [None], up
+        assert backend.execute("cat notes/a.txt").output == "alpha\n"
+        down = backend.download_files(["/home/user/notes/a.txt", "/home/user/none.txt"])
+        assert down[0].content == b"alpha\n" and down[1].error is not None, down
+    finally:
+        e2b_sandbox.kill()

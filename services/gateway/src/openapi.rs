@@ -63,6 +63,7 @@ impl Modify for BearerKeys {
         ports::expose,
         ports::list,
         ports::unexpose,
+        ports::to_root,
     ),
     // The event payloads of a streamed execution (not response bodies of their own).
     components(schemas(Problem, OutputChunk, AwaitingConfirmation)),

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -105,10 +105,28 @@ pub async fn unexpose(agent: Agent, Params((id, port)): Params<(String, u16)>) -
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `GET /api/v1/sessions/{id}/ports/{port}`: the port's root is `…/{port}/`, so relative
-/// links of its pages resolve under it.
-pub async fn to_root(Params((id, port)): Params<(String, u16)>) -> Response {
-    let to = format!("/api/v1/sessions/{id}/ports/{port}/");
+/// The port's root is `…/{port}/` (what the sandbox's server answers there and below is
+/// proxied, whatever the method), so relative links of its pages resolve under it.
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions/{id}/ports/{port}",
+    operation_id = "port_root",
+    params(
+        ("id" = String, Path, description = "the session id", pattern = r"^[A-Za-z0-9_-]{1,64}$"),
+        ("port" = u16, Path, description = "the port", minimum = 1, maximum = 65535),
+    ),
+    responses((status = 308, description = "to the port's root, `…/{port}/`, with the same query",
+        headers(("Location" = String, description = "the port's root"))), Errors),
+    // Nothing is read or shown here: the port's root checks the key or token.
+    security(())
+)]
+pub async fn to_root(
+    Params((id, port)): Params<(String, u16)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    // The query carries a browser's token: it must reach the root.
+    let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+    let to = format!("/api/v1/sessions/{id}/ports/{port}/{query}");
     (StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, to)]).into_response()
 }
 

@@ -338,9 +338,10 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
             .await;
         rpc_error(&r, 400, "invalid_argument");
     }
-    // What needs long-lived processes is named; a service that does not exist is not found.
+    // What the facade does not serve is named; a service that does not exist is not found.
     for method in [
-        "process.Process/SendSignal",
+        "process.Process/StreamInput",
+        "process.Process/CloseStdin",
         "filesystem.Filesystem/WatchDir",
     ] {
         let r = gw
@@ -454,6 +455,167 @@ async fn sandbox_routes_refuse_hostile_requests_in_e2b_s_shape() {
     mesh.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn process_rpcs_refuse_hostile_requests_in_e2b_s_shape() {
+    let mesh = sessions_mesh().await;
+    let gw = Gateway::start(&mesh, |_| {}).await;
+    let key = gw.key("default");
+    let (id, token) = create(&gw, &key).await;
+    let acme = gw.key("acme");
+    let (acme_id, acme_token) = create(&gw, &acme).await;
+    const UNARY: &str = "application/json";
+    const STREAM: &str = "application/connect+json";
+    // One call of `process.Process/<method>` to `sandbox` with `token`.
+    let rpc = |sandbox: &str, token: &str, content_type: &str, method: &str, body: Vec<u8>| {
+        let headers = envd(sandbox, token, content_type);
+        let path = format!("/process.Process/{method}");
+        let gw = &gw;
+        async move { gw.e2b_send("POST", &path, &headers, body).await }
+    };
+    let call = |method: &str, body: String| rpc(&id, &token, UNARY, method, body.into_bytes());
+
+    // Positive control: the sandbox lists its processes (none yet), and so does the other
+    // tenant's with its own token.
+    let r = call("List", "{}".into()).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json::<Value>(), json!({"processes": []}));
+    let r = rpc(&acme_id, &acme_token, UNARY, "List", b"{}".to_vec()).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    // Another tenant's token does not open this sandbox's processes.
+    let r = rpc(&id, &acme_token, UNARY, "List", b"{}".to_vec()).await;
+    rpc_error(&r, 401, "unauthenticated");
+
+    // A pid or tag that names no process: not found (the SDK's `kill` answers False).
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let hi = b64.encode("hi");
+    for (method, body) in [
+        (
+            "SendSignal",
+            json!({"process": {"pid": 4242}, "signal": "SIGNAL_SIGKILL"}),
+        ),
+        (
+            "SendSignal",
+            json!({"process": {"tag": "web"}, "signal": "SIGNAL_SIGTERM"}),
+        ),
+        (
+            "SendInput",
+            json!({"process": {"pid": 1073741824u32}, "input": {"stdin": hi}}),
+        ),
+        (
+            "Update",
+            json!({"process": {"pid": 1}, "pty": {"size": {"cols": 80, "rows": 24}}}),
+        ),
+    ] {
+        let r = call(method, body.to_string()).await;
+        assert!(
+            rpc_error(&r, 404, "not_found").contains("not found"),
+            "{method}: {r:?}"
+        );
+    }
+    let connect = envelope(0, json!({"process": {"pid": 4242}}).to_string().as_bytes());
+    let r = rpc(&id, &token, STREAM, "Connect", connect).await;
+    rpc_error(&r, 404, "not_found");
+
+    // Malformed: no selector, a pid that is no uint32, signals envd does not have, input that
+    // is not base64 or names both streams, a terminal of no size or beyond the mesh's.
+    for (method, body) in [
+        (
+            "SendSignal",
+            json!({"process": {}, "signal": "SIGNAL_SIGKILL"}),
+        ),
+        (
+            "SendSignal",
+            json!({"process": {"pid": -1}, "signal": "SIGNAL_SIGKILL"}),
+        ),
+        (
+            "SendSignal",
+            json!({"process": {"pid": 4294967296u64}, "signal": 9}),
+        ),
+        ("SendSignal", json!({"process": {"pid": 4242}})),
+        (
+            "SendSignal",
+            json!({"process": {"pid": 4242}, "signal": "SIGNAL_UNSPECIFIED"}),
+        ),
+        (
+            "SendSignal",
+            json!({"process": {"pid": 4242}, "signal": "SIGSTOP"}),
+        ),
+        (
+            "SendSignal",
+            json!({"process": {"pid": 4242}, "signal": 19}),
+        ),
+        (
+            "SendInput",
+            json!({"process": {"pid": 4242}, "input": {"stdin": "%%%"}}),
+        ),
+        (
+            "SendInput",
+            json!({"process": {"pid": 4242}, "input": {"stdin": hi, "pty": hi}}),
+        ),
+        ("SendInput", json!({"process": {"pid": 4242}, "input": {}})),
+        ("Update", json!({"process": {"pid": 4242}})),
+        (
+            "Update",
+            json!({"process": {"pid": 4242}, "pty": {"size": {"cols": 0, "rows": 24}}}),
+        ),
+        (
+            "Update",
+            json!({"process": {"pid": 4242}, "pty": {"size": {"cols": 70000, "rows": 24}}}),
+        ),
+        (
+            "Update",
+            json!({"process": {"pid": 4242}, "pty": {"size": {"cols": 1001, "rows": 1}}}),
+        ),
+    ] {
+        let r = call(method, body.to_string()).await;
+        rpc_error(&r, 400, "invalid_argument");
+    }
+    for body in ["{", "[1]", r#"{"process": "4242"}"#] {
+        let r = call("SendSignal", body.into()).await;
+        rpc_error(&r, 400, "invalid_argument");
+    }
+    // Oversized: input past the mesh's 256 KiB a call, a message past the 1 MiB cap; never
+    // 429, which the SDKs retry.
+    let big = b64.encode(vec![b'x'; messages::proc::MAX_INPUT_BYTES + 1]);
+    let r = call(
+        "SendInput",
+        json!({"process": {"pid": 4242}, "input": {"stdin": big}}).to_string(),
+    )
+    .await;
+    rpc_error(&r, 413, "resource_exhausted");
+    let huge = b64.encode(vec![b'x'; gateway::e2b::connect::MAX_REQUEST_BYTES]);
+    let r = call(
+        "SendInput",
+        json!({"process": {"pid": 4242}, "input": {"pty": huge}}).to_string(),
+    )
+    .await;
+    rpc_error(&r, 413, "resource_exhausted");
+    // A start the mesh's bounds refuse is refused before its stream begins.
+    let start = |process: Value| envelope(0, json!(process).to_string().as_bytes());
+    for (body, status, code) in [
+        (
+            start(json!({"process": {"cmd": "cat"}, "stdin": true, "tag": "t".repeat(200)})),
+            413,
+            "resource_exhausted",
+        ),
+        (
+            start(json!({"process": {"cmd": "bash"}, "pty": {"size": {"cols": 0, "rows": 0}}})),
+            400,
+            "invalid_argument",
+        ),
+        (
+            start(json!({"process": {"cmd": ""}, "stdin": true})),
+            400,
+            "invalid_argument",
+        ),
+    ] {
+        let r = rpc(&id, &token, STREAM, "Start", body).await;
+        rpc_error(&r, status, code);
+    }
+    gw.stop().await;
+    mesh.shutdown().await;
+}
+
 /// The frames of a server stream: each message's flag and JSON.
 fn frames(mut body: &[u8]) -> Vec<(u8, Value)> {
     let mut out = Vec::new();
@@ -557,6 +719,87 @@ async fn a_command_and_a_cell_answer_in_envd_s_and_the_interpreter_s_shapes() {
         .as_str()
         .unwrap()
         .contains("ZeroDivisionError"));
+    gw.stop().await;
+    mesh.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tagged_process_is_listed_refused_input_and_streamed_to_its_signal() {
+    const BOUND: std::time::Duration = std::time::Duration::from_secs(90);
+    let mesh = start_mesh().await;
+    let gw = Gateway::start(&mesh, |_| {}).await;
+    let key = gw.key("default");
+    let (id, token) = create(&gw, &key).await;
+    let unary = envd(&id, &token, "application/json");
+    let call = |method: &str, body: Value| {
+        let path = format!("/process.Process/{method}");
+        let (gw, unary) = (&gw, &unary);
+        async move { gw.e2b_send("POST", &path, unary, body.to_string()).await }
+    };
+    // A tag makes it a process (the SDKs send one only from raw clients and templates).
+    let start = json!({
+        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo started; sleep 600"]},
+        "tag": "reader",
+        "stdin": false,
+    });
+    let stream = envd(&id, &token, "application/connect+json");
+    let started = gw.e2b_send(
+        "POST",
+        "/process.Process/Start",
+        &stream,
+        envelope(0, start.to_string().as_bytes()),
+    );
+    let feed = async {
+        // Once its first line is out (seen over /api/v1: the same process), as E2B lists it.
+        let procs = format!("/api/v1/sessions/{id}/processes");
+        test_support::eventually("the process's first line", BOUND, || async {
+            let r = gw.send("GET", &procs, Some(&key), &[], "").await;
+            let body: Value = r.json();
+            (body["procs"][0]["next_seq"].as_u64()? > 0).then_some(())
+        })
+        .await;
+        let listed: Value = call("List", json!({})).await.json();
+        let listed = listed["processes"][0].clone();
+        assert_eq!(listed["tag"], "reader", "{listed}");
+        assert_eq!(listed["config"]["cmd"], "/bin/bash", "{listed}");
+        let pid = listed["pid"].as_u64().expect("a pid");
+        assert!((1u64 << 30..1 << 31).contains(&pid), "a facade pid: {pid}");
+        // Input by its tag: a process started without stdin refuses it, in envd's terms.
+        let hello = base64::engine::general_purpose::STANDARD.encode("hello\n");
+        let input = json!({"process": {"tag": "reader"}, "input": {"stdin": hello}});
+        let r = call("SendInput", input).await;
+        rpc_error(&r, 400, "failed_precondition");
+        // SIGTERM by pid ends it; the start's stream ends with the signal.
+        let term = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGTERM"});
+        let r = call("SendSignal", term).await;
+        assert_eq!((r.status, r.json::<Value>()), (200, json!({})), "{r:?}");
+        pid
+    };
+    let (r, pid) = tokio::time::timeout(BOUND, async { tokio::join!(started, feed) })
+        .await
+        .expect("the start's stream ended");
+    assert_eq!(r.status, 200, "{r:?}");
+    let frames = frames(&r.body);
+    assert_eq!(frames[0].1["event"]["start"]["pid"], pid, "{frames:?}");
+    let started = base64::engine::general_purpose::STANDARD.encode("started\n");
+    assert_eq!(
+        frames[1].1["event"]["data"]["stdout"], started,
+        "{frames:?}"
+    );
+    let n = frames.len();
+    let end = &frames[n - 2].1["event"]["end"];
+    assert_eq!(
+        (&end["exitCode"], &end["exited"], &end["status"]),
+        (&json!(-1), &json!(false), &json!("signal: terminated")),
+        "{frames:?}"
+    );
+    assert_eq!(frames[n - 1], (0x02, json!({})), "{frames:?}");
+    // It ended: no longer listed, and its pid names nothing.
+    let listed: Value = call("List", json!({})).await.json();
+    assert_eq!(listed, json!({"processes": []}));
+    let kill = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
+    let r = call("SendSignal", kill).await;
+    rpc_error(&r, 404, "not_found");
     gw.stop().await;
     mesh.shutdown().await;
 }

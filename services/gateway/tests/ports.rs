@@ -180,6 +180,21 @@ async fn a_server_in_a_session_is_reached_through_the_gateway_and_nobody_else_re
         )
         .await;
     assert_eq!((r.status, r.header("location")), (308, Some(root.as_str())));
+    // A browser's token rides in the query: the redirect keeps it.
+    let r = gw
+        .send(
+            "GET",
+            &format!("/api/v1/sessions/{id}/ports/8000?sandmesh_token=t"),
+            None,
+            &[],
+            "",
+        )
+        .await;
+    let with_token = format!("{root}?sandmesh_token=t");
+    assert_eq!(
+        (r.status, r.header("location")),
+        (308, Some(with_token.as_str()))
+    );
 
     // Another tenant's key: the session does not exist for it.
     let r = gw.send("GET", &root, Some(&other), &[], "").await;

@@ -63,34 +63,43 @@ impl Dispatcher {
         self.affinity.sessions().get(session_id).await
     }
 
-    /// Whether `exec` runs under a filesystem policy: its template's, or its session's (read
-    /// again when the execution was parked and so holds no record).
-    async fn under_filesystem_policy(&self, exec: &Execution) -> Result<bool, StoreError> {
-        if exec.filesystem.is_some() {
-            return Ok(true);
+    /// Why tier `aio` cannot run `exec` as asked, if it cannot: an AIO instance is the
+    /// aio-pool's container, not an executor's, so no filesystem policy is mounted there and it
+    /// has no egress at all — work under either policy (its own, its template's or its
+    /// session's; the record read again when the execution was parked and so holds none) is
+    /// refused rather than run without it.
+    async fn aio_refusal(&self, exec: &Execution) -> Result<Option<ErrorBody>, StoreError> {
+        let record = match (&exec.session, &exec.request.session_id) {
+            (Some(record), _) => Some(record.clone()),
+            (None, Some(id)) => self.session(id).await?,
+            (None, None) => None,
+        };
+        let session = record.as_ref();
+        let refusal = |policy: &str, field: &str| {
+            ErrorBody::bad_request(format!(
+                "tier aio cannot apply a {policy} (the request's, its template's or its \
+                 session's): run it in tier session"
+            ))
+            .with_details(serde_json::json!({ "field": field, "tier": "aio" }))
+        };
+        if exec.filesystem.is_some() || session.is_some_and(|r| r.filesystem.is_some()) {
+            return Ok(Some(refusal("filesystem policy", "filesystem")));
         }
-        let Some(id) = &exec.request.session_id else {
-            return Ok(false);
-        };
-        let record = match &exec.session {
-            Some(record) => Some(record.clone()),
-            None => self.session(id).await?,
-        };
-        Ok(record.is_some_and(|r| r.filesystem.is_some()))
+        // Its instances reach nothing: a policy allowing some egress would be silently moot.
+        if exec.request.network.is_some() || session.is_some_and(|r| r.network.is_some()) {
+            return Ok(Some(refusal(
+                "network policy (AIO instances have no egress)",
+                "network",
+            )));
+        }
+        Ok(None)
     }
 
     /// The place and run stages: a session's node, or the node the strategy picks (the
     /// executor queue group while no node is known). `Err` is a transient failure.
     pub async fn dispatch(&self, exec: &Execution) -> Result<ExecResult, SchedulerError> {
         if exec.tier == Tier::Aio {
-            // An AIO instance is the aio-pool's container, not an executor's: no filesystem
-            // policy is mounted there, so work under one is refused rather than run without it.
-            if self.under_filesystem_policy(exec).await? {
-                let error = ErrorBody::bad_request(
-                    "tier aio cannot enforce a filesystem policy (its template's or session's): \
-                     run it in tier session",
-                )
-                .with_details(serde_json::json!({ "field": "tier" }));
+            if let Some(error) = self.aio_refusal(exec).await? {
                 return Ok(exec.refused(ExecStatus::Rejected, Tier::Aio, error));
             }
             return self.aio.run(exec).await;

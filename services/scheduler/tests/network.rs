@@ -3,7 +3,7 @@
 //! and a fetching program under a policy not held for confirmation.
 
 use crate::common::*;
-use messages::exec::{ExecRequest, ExecResult, Language};
+use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, Tier, TierChoice};
 use messages::executor::RunKind;
 use messages::network::NetworkPolicy;
 use messages::session::{SessionOpen, SessionRecord};
@@ -180,5 +180,50 @@ async fn an_admitted_policy_reaches_the_executor_and_fetching_under_it_needs_no_
         }
     );
     assert_eq!(runs[1].network, Some(admitted));
+    mesh.shutdown().await;
+}
+
+/// Tier `aio` has no egress (its instances reach nothing), so a network policy there would be
+/// moot: asked for with a policy, or in a session opened with one, the execution is refused
+/// with 400 naming the policy — never run without it. (Code the real assessor sends to tier
+/// aio is the aio-pool's tier tests' case.)
+#[tokio::test]
+async fn a_policy_tier_aio_cannot_apply_is_refused_naming_it() {
+    let mesh = mesh("pkgs.example.org").await;
+    let c = mesh.client.clone();
+    let network = policy(serde_json::json!({"allow_domains": ["pkgs.example.org"]}));
+    let session = SessionOpen {
+        session_id: Some("net-aio".into()),
+        network: Some(network.clone()),
+        ..Default::default()
+    };
+    let _: SessionRecord = c
+        .request(Subjects::default().sessions(SessionOp::Open), &session)
+        .await
+        .unwrap();
+    let asked = ExecRequest {
+        tier: TierChoice::Aio,
+        ..fetching(Some(network), None)
+    };
+    let in_session = ExecRequest {
+        tier: TierChoice::Aio,
+        ..fetching(None, Some("net-aio"))
+    };
+    for req in [asked, in_session] {
+        let r: ExecResult = mesh.exec(&req).await.unwrap();
+        assert_eq!(
+            (r.status, r.tier),
+            (ExecStatus::Rejected, Tier::Aio),
+            "{r:?}"
+        );
+        let e = r.error.expect("the refusal says why");
+        assert_eq!(e.kind, ErrorKind::BadRequest, "{e:?}");
+        assert!(e.message.contains("network policy"), "{e:?}");
+        assert_eq!(e.details.as_ref().unwrap()["field"], "network", "{e:?}");
+    }
+    assert!(
+        mesh.runs.lock().unwrap().is_empty(),
+        "nothing reached an executor"
+    );
     mesh.shutdown().await;
 }

@@ -613,6 +613,7 @@ async fn hostile_session_settings_are_refused_clearly() {
     assert_eq!(r.status, ExecStatus::Rejected, "{r:?}");
     let e = r.error.expect("the refusal says why");
     assert!(e.message.contains("filesystem policy"), "{e:?}");
+    assert_eq!(e.details.as_ref().unwrap()["field"], "filesystem", "{e:?}");
     mesh.shutdown().await;
 }
 

@@ -28,10 +28,12 @@ from .errors import (
     Denied,
     Internal,
     NotFound,
+    NotSupported,
     Overloaded,
     SandmeshError,
     Timeout,
     TooLarge,
+    Unauthorized,
     Unavailable,
 )
 from .sync import Aio, Audit, AuditFollow, Browser, Files, Job, Sandmesh, Session
@@ -87,6 +89,7 @@ __all__ = [
     "AsyncJob",
     "SandmeshError",
     "BadRequest",
+    "Unauthorized",
     "Denied",
     "NotFound",
     "Conflict",
@@ -95,6 +98,7 @@ __all__ = [
     "Unavailable",
     "Timeout",
     "Internal",
+    "NotSupported",
     "ExecResult",
     "TestReport",
     "TestCase",

@@ -22,6 +22,7 @@ from typing import Any, Dict, Mapping, Optional, Type
 __all__ = [
     "SandmeshError",
     "BadRequest",
+    "Unauthorized",
     "Denied",
     "NotFound",
     "Conflict",
@@ -30,6 +31,7 @@ __all__ = [
     "Unavailable",
     "Timeout",
     "Internal",
+    "NotSupported",
     "error_from_body",
     "error_from_reply",
     "KIND_BY_CODE",
@@ -40,7 +42,7 @@ class SandmeshError(Exception):
     """Base class of every error this SDK raises.
 
     Attributes:
-        code: the HTTP-like status code (400, 403, 404, 409, 413, 429, 500, 503, 504).
+        code: the HTTP-like status code (400, 401, 403, 404, 409, 413, 429, 500, 501, 503, 504).
         kind: the wire kind (``bad_request``, ``denied``, ``not_found``, ...).
         message: the service's explanation, meant for people.
         details: structured details the service attached (findings, field names, ...), or None.
@@ -85,6 +87,13 @@ class BadRequest(SandmeshError):
 
     code = 400
     kind = "bad_request"
+
+
+class Unauthorized(SandmeshError):
+    """401: no credentials, or ones the mesh does not know (a revoked or mistyped key)."""
+
+    code = 401
+    kind = "unauthorized"
 
 
 class Denied(SandmeshError):
@@ -172,10 +181,19 @@ class Internal(SandmeshError):
     kind = "internal"
 
 
+class NotSupported(SandmeshError, NotImplementedError):
+    """501 (``not_implemented``): the mesh cannot do this here, e.g. background processes on
+    the bubblewrap backend. (Not named after the kind: ``NotImplemented`` is Python's own.)"""
+
+    code = 501
+    kind = "not_implemented"
+
+
 _CLASSES: Dict[str, Type[SandmeshError]] = {
     cls.kind: cls
     for cls in (
         BadRequest,
+        Unauthorized,
         Denied,
         NotFound,
         Conflict,
@@ -184,6 +202,7 @@ _CLASSES: Dict[str, Type[SandmeshError]] = {
         Unavailable,
         Timeout,
         Internal,
+        NotSupported,
     )
 }
 

@@ -86,7 +86,9 @@ pub async fn execute(
         while let Some(event) = events.next().await {
             let text = match event {
                 ExecEvent::Output(chunk) => logs.add(chunk.stream, &chunk.data),
-                ExecEvent::Awaiting(notice) => log("stderr", &awaiting_line(&notice)),
+                ExecEvent::Awaiting(notice) => {
+                    log("stderr", &awaiting_line(&notice.confirmation_id))
+                }
                 ExecEvent::Done(outcome) => {
                     let mut text = logs.flush();
                     text.push_str(&match *outcome {

@@ -16,7 +16,9 @@
 //!
 //! ```text
 //! router ── control  /v2/sandboxes, /sandboxes/{id}[/timeout], /v2/sandboxes/{id}/connect
-//!        ├─ rpc      /process.Process/* ─ `process`, /filesystem.Filesystem/* ─ `files`
+//!        ├─ rpc      /process.Process/* ─ `process` (a command as an execution), or a
+//!        │           session process: `process_streams` (Start, Connect), `processes` (the
+//!        │           rest); /filesystem.Filesystem/* ─ `files`
 //!        │           (Connect with the JSON codec: framing in `connect`)
 //!        ├─ files    GET|POST /files
 //!        └─ interpreter  POST /execute (JSON lines)
@@ -32,6 +34,8 @@ pub mod control;
 pub mod files;
 pub mod interpreter;
 pub mod process;
+pub mod process_streams;
+pub mod processes;
 
 use std::sync::Arc;
 
@@ -265,11 +269,8 @@ pub fn e2b_path(workspace: &str) -> String {
 }
 
 /// The line the caller's `on_stderr` hears while an execution waits for a person.
-pub fn awaiting_line(notice: &messages::exec::AwaitingConfirmation) -> String {
-    format!(
-        "awaiting approval {} (sandmesh confirm approve {})\n",
-        notice.confirmation_id, notice.confirmation_id
-    )
+pub fn awaiting_line(confirmation_id: &str) -> String {
+    format!("awaiting approval {confirmation_id} (sandmesh confirm approve {confirmation_id})\n")
 }
 
 #[cfg(test)]

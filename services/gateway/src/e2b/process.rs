@@ -1,29 +1,39 @@
-//! envd's `process.Process` service. `Start` runs the command as a shell execution in the
-//! session and streams it in envd's events: `start{pid}` at once, `data{stdout|stderr}` as
-//! the output comes, then `end{exitCode, exited, status, error}`.
+//! envd's `process.Process` service. A command the caller can come back to — one started with
+//! `stdin`, a PTY or a tag — is a session process of the mesh ([`super::process_streams`]); any
+//! other command is a shell execution in the session, streamed in envd's events: `start{pid}`
+//! at once, `data{stdout|stderr}` as the output comes, then `end{exitCode, exited, status,
+//! error}`.
+//!
+//! Why two: envd's `Start` does not say whether the caller will wait for the end
+//! (`commands.run`) or keep a handle (`background=True`), and the two mesh paths differ in what
+//! users rely on. An execution hands the files it changed to the session's workspace, which
+//! `files.*` reads at once; a process does not, but outlives its stream, takes input and
+//! signals, and can be re-attached to. The request's own fields pick the path.
 //!
 //! A run that waits for a person's approval says so at once on stderr
 //! (`awaiting approval <confirmation id>`) and the stream stays open, with keepalives, until
 //! the decision or the caller's deadline; a denial ends with exit code 126 and the reason.
-//!
-//! The pid is the facade's own number for the run: an execution of the mesh has no process of
-//! its own to name.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::HeaderMap;
+use axum::response::Response;
 use base64::Engine;
 use bytes::Bytes;
 use futures::channel::mpsc;
-use futures::{SinkExt, StreamExt};
+use futures::{SinkExt, Stream, StreamExt};
 use messages::exec::{ExecRequest, ExecResult, ExecStatus, Language, OutputStream};
+use messages::proc::PtySize;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::connect::{self, Shape};
-use super::{awaiting_line, workspace_path, E2bError, E2bReply, Sandbox, HOME};
+use super::{
+    awaiting_line, process_streams, processes, workspace_path, E2bError, E2bReply, Sandbox, HOME,
+};
 use crate::api::App;
 use crate::stream::ExecEvent;
 
@@ -34,26 +44,65 @@ const KEEPALIVE: Duration = Duration::from_secs(50);
 /// it may not execute.
 pub const EXIT_REFUSED: i32 = 126;
 /// Frames a slow reader may fall behind before the relay waits for it.
-const BACKLOG: usize = 64;
+pub const BACKLOG: usize = 64;
 
-/// The facade's run numbers (E2B's pids).
-static PIDS: AtomicU32 = AtomicU32::new(1000);
+/// The pids of executions: numbers of the facade's own, counted from 2^31. Processes' pids
+/// (below 2^31, [`processes`]) and the sandbox's real ones never reach this range, so no
+/// selector names an execution: it cannot be signalled or re-attached to.
+static EXEC_PIDS: AtomicU32 = AtomicU32::new(1 << 31);
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ProcessConfig {
-    cmd: String,
-    args: Vec<String>,
-    envs: std::collections::BTreeMap<String, String>,
-    cwd: Option<String>,
+pub struct ProcessConfig {
+    pub cmd: String,
+    pub args: Vec<String>,
+    pub envs: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+}
+
+/// envd's `PTY`: `{"size": {"cols", "rows"}}` (proto3 JSON leaves out zeros).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Pty {
+    pub size: PtyCells,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct StartRequest {
-    process: ProcessConfig,
-    pty: Option<Value>,
-    stdin: Option<bool>,
+pub struct PtyCells {
+    pub cols: u32,
+    pub rows: u32,
+}
+
+impl Pty {
+    /// The mesh's terminal size; out of its range: invalid.
+    pub fn size(&self) -> Result<PtySize, E2bError> {
+        let cells = |n: u32| u16::try_from(n).ok();
+        let size = match (cells(self.size.cols), cells(self.size.rows)) {
+            (Some(cols), Some(rows)) => PtySize { cols, rows },
+            _ => return Err(E2bError::invalid("pty.size: cols and rows are 1..=1000")),
+        };
+        size.validate()
+            .map_err(|e| E2bError::invalid(format!("pty.size: {e}")))?;
+        Ok(size)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct StartRequest {
+    pub process: ProcessConfig,
+    pub pty: Option<Pty>,
+    pub tag: Option<String>,
+    pub stdin: Option<bool>,
+}
+
+impl StartRequest {
+    /// Whether the caller can come back to the command (input, a terminal, a name): then it
+    /// is a session process, else an execution.
+    fn is_process(&self) -> bool {
+        self.pty.is_some() || self.stdin == Some(true) || self.tag.is_some()
+    }
 }
 
 /// `'…'` for a POSIX shell.
@@ -61,31 +110,46 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The shell code of a command: the script of `bash -l -c <script>` (how the SDKs send every
-/// `commands.run`), anything else quoted word by word.
-fn shell_code(process: &ProcessConfig) -> Result<String, E2bError> {
-    let script = match (process.cmd.as_str(), process.args.as_slice()) {
+/// The script of `bash -l -c <script>` (how the SDKs send every `commands.run`), or `None` for
+/// a program and its arguments.
+pub fn bash_script(process: &ProcessConfig) -> Option<&str> {
+    match (process.cmd.as_str(), process.args.as_slice()) {
         ("/bin/bash" | "bash" | "/bin/sh" | "sh", [.., flag, script])
             if flag == "-c" || flag == "-lc" =>
         {
-            script.clone()
+            Some(script)
         }
-        ("", _) => return Err(E2bError::invalid("process.cmd is empty")),
-        (cmd, args) => std::iter::once(cmd)
-            .chain(args.iter().map(String::as_str))
-            .map(shell_quote)
+        _ => None,
+    }
+}
+
+/// The directory a command runs in, as the mesh names it: `None` for the workspace,
+/// a workspace-relative path under `/home/user`, any other absolute path as it is.
+pub fn run_dir(cwd: Option<&str>) -> Result<Option<String>, E2bError> {
+    match cwd {
+        None | Some("") => Ok(None),
+        Some(cwd) if cwd == HOME || cwd.starts_with(&format!("{HOME}/")) => {
+            Ok(Some(workspace_path(cwd)?).filter(|p| !p.is_empty()))
+        }
+        Some(cwd) => Ok(Some(cwd.to_string())),
+    }
+}
+
+/// The shell code of a command run as an execution: its bash script, or its words quoted,
+/// after a `cd` into another directory than the workspace (where a run starts).
+fn shell_code(process: &ProcessConfig) -> Result<String, E2bError> {
+    if process.cmd.is_empty() {
+        return Err(E2bError::invalid("process.cmd is empty"));
+    }
+    let script = match bash_script(process) {
+        Some(script) => script.to_string(),
+        None => std::iter::once(&process.cmd)
+            .chain(&process.args)
+            .map(|word| shell_quote(word))
             .collect::<Vec<_>>()
             .join(" "),
     };
-    // The run starts in the workspace (`/home/user`); another directory is entered first.
-    let cd = match process.cwd.as_deref() {
-        None | Some("") => None,
-        Some(cwd) if cwd == HOME || cwd.starts_with(&format!("{HOME}/")) => {
-            Some(workspace_path(cwd)?).filter(|p| !p.is_empty())
-        }
-        Some(cwd) => Some(cwd.to_string()),
-    };
-    Ok(match cd {
+    Ok(match run_dir(process.cwd.as_deref())? {
         Some(dir) => format!("cd {} || exit 1\n{script}", shell_quote(&dir)),
         None => script,
     })
@@ -95,29 +159,45 @@ fn millis_header(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
+/// The caller's keepalive interval (`Keepalive-Ping-Interval`, seconds).
+pub fn keepalive(headers: &HeaderMap) -> Duration {
+    millis_header(headers, "keepalive-ping-interval")
+        .map(|s| Duration::from_secs(s.clamp(1, 300)))
+        .unwrap_or(KEEPALIVE)
+}
+
+/// The caller's deadline (`Connect-Timeout-Ms`) bounding a wait, within the gateway's own.
+pub fn deadline(app: &App, headers: &HeaderMap) -> (Option<u64>, Duration) {
+    let ms = millis_header(headers, "connect-timeout-ms");
+    let wait = ms
+        .map(Duration::from_millis)
+        .map_or(app.limits.exec_timeout, |d| d.min(app.limits.exec_timeout));
+    (ms, wait)
+}
+
 /// One `process.Process` call.
 pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
     let sandbox = Sandbox::from_headers(app, req.headers()).await?;
     match method {
         "Start" => start(app, sandbox, req).await,
-        other => Err(E2bError::unsupported(&format!(
-            "process.Process/{other} (background commands, stdin, signals and PTYs need \
-             long-lived processes in a session)"
-        ))),
+        "Connect" => process_streams::connect(sandbox, req).await,
+        "List" => processes::list(sandbox, req).await,
+        "SendInput" => processes::send_input(sandbox, req).await,
+        "SendSignal" => processes::send_signal(sandbox, req).await,
+        "Update" => processes::update(sandbox, req).await,
+        "StreamInput" => Err(E2bError::unsupported(
+            "process.Process/StreamInput (a client stream; send input with SendInput)",
+        )),
+        other => Err(E2bError::unsupported(&format!("process.Process/{other}"))),
     }
 }
 
 async fn start(app: &App, sandbox: Sandbox, req: Request) -> E2bReply {
-    let deadline = millis_header(req.headers(), "connect-timeout-ms");
-    let keepalive = millis_header(req.headers(), "keepalive-ping-interval")
-        .map(|s| Duration::from_secs(s.clamp(1, 300)))
-        .unwrap_or(KEEPALIVE);
+    let (deadline, wait) = deadline(app, req.headers());
+    let keepalive = keepalive(req.headers());
     let start: StartRequest = connect::request(req, Shape::ServerStream).await?;
-    if start.pty.is_some() {
-        return Err(E2bError::unsupported("PTYs"));
-    }
-    if start.stdin == Some(true) {
-        return Err(E2bError::unsupported("stdin for commands"));
+    if start.is_process() {
+        return process_streams::start(sandbox, start, wait, keepalive);
     }
     let exec = ExecRequest {
         session_id: Some(sandbox.id.clone()),
@@ -129,45 +209,68 @@ async fn start(app: &App, sandbox: Sandbox, req: Request) -> E2bReply {
         ..Default::default()
     };
     // The caller's deadline bounds the whole wait (approval included), within the gateway's.
-    let wait = deadline
-        .map(Duration::from_millis)
-        .map_or(app.limits.exec_timeout, |d| d.min(app.limits.exec_timeout));
-    let mut events = crate::stream::events(sandbox.agent.mesh.clone(), exec, wait).await?;
-    let pid = PIDS.fetch_add(1, Ordering::Relaxed);
-    let (mut frames, body) = mpsc::channel::<Bytes>(BACKLOG);
+    let events = crate::stream::events(sandbox.agent.mesh.clone(), exec, wait).await?;
+    let pid = EXEC_PIDS.fetch_add(1, Ordering::Relaxed);
+    let frames = events.map(|event| match event {
+        ExecEvent::Output(chunk) => Frame::more(data(chunk.stream, chunk.data.as_bytes())),
+        ExecEvent::Awaiting(notice) => Frame::more(data(
+            OutputStream::Stderr,
+            awaiting_line(&notice.confirmation_id).as_bytes(),
+        )),
+        ExecEvent::Done(outcome) => Frame::last(closing(*outcome)),
+    });
+    let first = futures::stream::iter([Frame::more(started(pid))]);
+    Ok(relay(first.chain(frames), keepalive))
+}
+
+// === the stream ===
+
+/// One frame for the caller, and whether it ends the stream.
+pub struct Frame {
+    bytes: Bytes,
+    last: bool,
+}
+
+impl Frame {
+    pub fn more(bytes: Bytes) -> Self {
+        Self { bytes, last: false }
+    }
+
+    pub fn last(bytes: Bytes) -> Self {
+        Self { bytes, last: true }
+    }
+
+    /// The stream ends with `e` (Connect's end-of-stream error).
+    pub fn failed(e: impl Into<E2bError>) -> Self {
+        Self::last(connect::end_of_stream(Some(&e.into())))
+    }
+}
+
+/// The response relaying `frames` to the caller, with envd's keepalive whenever `keepalive`
+/// passes after the first frame (the SDKs read the first as the stream's `start`). A source
+/// that stops before its last frame ends the stream with an error, never silently. A caller
+/// that goes away stops the relay, not what it relays.
+pub fn relay(frames: impl Stream<Item = Frame> + Send + 'static, keepalive: Duration) -> Response {
+    let (mut out, body) = mpsc::channel::<Bytes>(BACKLOG);
     tokio::spawn(async move {
+        let mut frames = std::pin::pin!(frames);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
-        let _ = frames.send(event(json!({"start": {"pid": pid}}))).await;
+        let mut opened = false;
         loop {
-            let next = tokio::select! {
-                next = events.next() => Some(next),
-                _ = tick.tick() => None,
+            let frame = tokio::select! {
+                next = frames.next() => next.unwrap_or_else(|| Frame::failed(E2bError::new(
+                    super::Code::Internal,
+                    "the command's events ended without its end",
+                ))),
+                _ = tick.tick(), if opened => Frame::more(event(json!({"keepalive": {}}))),
             };
-            let (frame, last) = match next {
-                None => (event(json!({"keepalive": {}})), false),
-                Some(Some(ExecEvent::Output(chunk))) => {
-                    (data(chunk.stream, chunk.data.as_bytes()), false)
-                }
-                Some(Some(ExecEvent::Awaiting(notice))) => (
-                    data(OutputStream::Stderr, awaiting_line(&notice).as_bytes()),
-                    false,
-                ),
-                Some(Some(ExecEvent::Done(outcome))) => (closing(*outcome), true),
-                Some(None) => (
-                    closing(Err(E2bError::new(
-                        super::Code::Internal,
-                        "the execution's events ended without a result",
-                    ))),
-                    true,
-                ),
-            };
-            // A failed send: the caller went away, and the run goes on to its result.
-            if frames.send(frame).await.is_err() || last {
+            opened = true;
+            if out.send(frame.bytes).await.is_err() || frame.last {
                 return;
             }
         }
     });
-    Ok(connect::stream_response(body))
+    connect::stream_response(body)
 }
 
 /// The stream's last frames: the `end` event and a clean end of stream, or the failure the
@@ -175,16 +278,26 @@ async fn start(app: &App, sandbox: Sandbox, req: Request) -> E2bReply {
 fn closing(outcome: Result<ExecResult, impl Into<E2bError>>) -> Bytes {
     match outcome {
         Ok(result) => {
-            let mut frames = end(&result).to_vec();
-            frames.extend_from_slice(&connect::end_of_stream(None));
-            Bytes::from(frames)
+            let (code, error) = exit_of(&result);
+            finish(&End::exited(code, error))
         }
         Err(e) => connect::end_of_stream(Some(&e.into())),
     }
 }
 
-fn event(event: Value) -> Bytes {
+pub fn event(event: Value) -> Bytes {
     connect::envelope(0, &json!({ "event": event }))
+}
+
+/// The `start` event: the first of every process stream.
+pub fn started(pid: u32) -> Bytes {
+    event(json!({"start": {"pid": pid}}))
+}
+
+/// A `data` event: `stdout`, `stderr` or `pty` bytes.
+pub fn output(name: &str, bytes: &[u8]) -> Bytes {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+    event(json!({"data": { name: encoded }}))
 }
 
 fn data(stream: OutputStream, bytes: &[u8]) -> Bytes {
@@ -192,13 +305,49 @@ fn data(stream: OutputStream, bytes: &[u8]) -> Bytes {
         OutputStream::Stdout => "stdout",
         OutputStream::Stderr => "stderr",
     };
-    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
-    event(json!({"data": { name: encoded }}))
+    output(name, bytes)
 }
 
-/// envd's `end` event for a result: the exit code, and for runs that did not run to their own
-/// exit, the code a shell would give and why.
-fn end(result: &ExecResult) -> Bytes {
+/// envd's `end` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct End {
+    pub exit_code: i32,
+    /// Whether the program exited by itself (not by a signal).
+    pub exited: bool,
+    /// Go's `ProcessState.String()`, as envd reports it: `exit status 3`, `signal: killed`.
+    pub status: String,
+    pub error: Option<String>,
+}
+
+impl End {
+    pub fn exited(code: i32, error: Option<String>) -> Self {
+        Self {
+            exit_code: code,
+            exited: true,
+            status: format!("exit status {code}"),
+            error,
+        }
+    }
+}
+
+/// The `end` event and a clean end of stream: a stream's last frames.
+pub fn finish(end: &End) -> Bytes {
+    let mut body = json!({
+        "exitCode": end.exit_code,
+        "exited": end.exited,
+        "status": end.status,
+    });
+    if let Some(error) = &end.error {
+        body["error"] = Value::String(error.clone());
+    }
+    let mut frames = event(json!({ "end": body })).to_vec();
+    frames.extend_from_slice(&connect::end_of_stream(None));
+    Bytes::from(frames)
+}
+
+/// The exit code of a result, and for runs that did not run to their own exit, the code a
+/// shell would give and why.
+fn exit_of(result: &ExecResult) -> (i32, Option<String>) {
     let reason = || {
         result
             .confirmation
@@ -207,7 +356,7 @@ fn end(result: &ExecResult) -> Bytes {
             .or_else(|| result.error.as_ref().map(|e| e.message.clone()))
             .unwrap_or_else(|| result.status.as_str().to_string())
     };
-    let (code, error) = match result.status {
+    match result.status {
         ExecStatus::Ok | ExecStatus::Error => (result.exit_code.unwrap_or(1) as i32, None),
         ExecStatus::Denied | ExecStatus::Rejected => (
             EXIT_REFUSED,
@@ -219,16 +368,7 @@ fn end(result: &ExecResult) -> Bytes {
             result.exit_code.unwrap_or(1) as i32,
             Some(format!("{}: {}", result.status.as_str(), reason())),
         ),
-    };
-    let mut end = json!({
-        "exitCode": code,
-        "exited": true,
-        "status": format!("exit status {code}"),
-    });
-    if let Some(error) = error {
-        end["error"] = Value::String(error);
     }
-    event(json!({ "end": end }))
 }
 
 #[cfg(test)]
@@ -275,12 +415,14 @@ mod tests {
             },
             ..Default::default()
         };
-        let frame = end(&result);
-        let json: Value = serde_json::from_slice(&frame[5..]).unwrap();
+        let frame = closing(Ok::<_, E2bError>(result));
+        let length = u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]]) as usize;
+        let json: Value = serde_json::from_slice(&frame[5..5 + length]).unwrap();
         assert_eq!(json["event"]["end"]["exitCode"], 126);
         assert!(json["event"]["end"]["error"]
             .as_str()
             .unwrap()
             .contains("not today"));
+        assert_eq!(frame[5 + length], connect::FLAG_END_STREAM);
     }
 }
