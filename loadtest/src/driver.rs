@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::report::SeriesReport;
 use crate::stats::{Counts, Latencies};
 
 /// How much load one series applies.
@@ -125,10 +124,6 @@ impl Run {
         } else {
             0.0
         }
-    }
-
-    pub fn report(&self, name: &str) -> SeriesReport {
-        SeriesReport::new(name, self)
     }
 }
 

@@ -10,6 +10,14 @@ use crate::ids::IdCheck;
 use crate::rss::ProcessMemory;
 use crate::stats::{ratio, Counts, LatencySummary};
 
+/// Its report lives here, with the report's shape: the driver measures and knows nothing of
+/// how a series is reported.
+impl Run {
+    pub fn report(&self, name: &str) -> SeriesReport {
+        SeriesReport::new(name, self)
+    }
+}
+
 /// One measured series: one scenario, one language / tier / mode, one concurrency.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SeriesReport {

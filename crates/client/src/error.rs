@@ -94,6 +94,25 @@ impl ClientError {
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
+/// Why streamed content did not reach the workspace.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError<E> {
+    /// The content's own stream failed (the caller's error: a body that stalled, a cap).
+    #[error("reading the content failed")]
+    Content(#[source] E),
+    #[error(transparent)]
+    Mesh(#[from] ClientError),
+}
+
+impl StreamError<std::convert::Infallible> {
+    pub(crate) fn into_mesh(self) -> ClientError {
+        match self {
+            StreamError::Content(never) => match never {},
+            StreamError::Mesh(e) => e,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

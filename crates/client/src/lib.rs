@@ -62,7 +62,7 @@ pub use aio::AioClient;
 pub use audit::AuditClient;
 pub use browser::BrowserClient;
 pub use confirm::ConfirmClient;
-pub use error::{ClientError, ErrorKind, Result};
+pub use error::{ClientError, ErrorKind, Result, StreamError};
 pub use exec::ExecClient;
 #[cfg(feature = "internal")]
 pub use executor::ExecutorClient;
@@ -72,7 +72,7 @@ pub use risk::RiskClient;
 pub use sessions::SessionClient;
 pub use status::StatusClient;
 pub use templates::TemplateClient;
-pub use upload::{Staged, StreamError};
+pub use upload::Staged;
 pub use workspace::{Transfer, WorkspaceClient};
 
 /// Requests that are answered at once (look-ups, decisions, small writes) get this long unless

@@ -20,8 +20,9 @@ use messages::workspace::{
 };
 use sha2::{Digest, Sha256};
 
+use crate::error::StreamError;
 use crate::workspace::{WorkspaceClient, TRANSFER_WINDOW};
-use crate::{ClientError, Result};
+use crate::Result;
 
 /// Content handed to the workspace store but not yet a file: nothing of it is visible in the
 /// workspace until [`WorkspaceClient::commit`].
@@ -32,25 +33,6 @@ pub enum Staged {
     /// Chunks the store holds (they expire unless committed, and count against the session's
     /// open uploads until then).
     Upload(UploadRef),
-}
-
-/// Why streamed content did not reach the workspace.
-#[derive(Debug, thiserror::Error)]
-pub enum StreamError<E> {
-    /// The content's own stream failed (the caller's error: a body that stalled, a cap).
-    #[error("reading the content failed")]
-    Content(#[source] E),
-    #[error(transparent)]
-    Mesh(#[from] ClientError),
-}
-
-impl StreamError<Infallible> {
-    pub(crate) fn into_mesh(self) -> ClientError {
-        match self {
-            StreamError::Content(never) => match never {},
-            StreamError::Mesh(e) => e,
-        }
-    }
 }
 
 /// A digest no content has: a commit claiming it makes the store drop the upload's chunks

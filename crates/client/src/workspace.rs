@@ -33,7 +33,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::upload::StreamError;
+use crate::error::StreamError;
 use crate::{ClientError, ErrorKind, MeshClient, Result};
 
 /// Calls that move whole files or archives may take longer than the caller's default.

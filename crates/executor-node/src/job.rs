@@ -6,15 +6,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use messages::exec::{EffectiveLimits, ExecResult, Language};
+use messages::exec::{EffectiveLimits, Language};
 use messages::executor::ExecutorRun;
 use messages::template::TemplateRan;
 use messages::ErrorBody;
-use ractor::RpcReplyPort;
 use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
 
 use crate::config::NodeConfig;
-use crate::results::{Answer, ResultStore};
+use crate::results::{Answer, Reply, ResultStore};
 use crate::slot::RunSlot;
 
 /// Where the sandbox image installs the supervisor, and the workspace inside every sandbox
@@ -34,8 +33,6 @@ pub struct Job {
     /// Already retried once after an unusable container.
     pub retried: bool,
 }
-
-pub type Reply = RpcReplyPort<Result<ExecResult, ErrorBody>>;
 
 /// A job with the caller waiting for it and its run slot: answering consumes it (and gives
 /// the slot back), and answers alike every caller that attached to the run meanwhile (the

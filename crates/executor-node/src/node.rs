@@ -7,11 +7,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
-
-use crate::slot::TenantSlots;
 
 #[derive(Debug, Default)]
 pub struct NodeState {
@@ -108,5 +107,21 @@ impl NodeState {
             ("executions_total".to_string(), g(&self.finished)),
             ("containers".to_string(), self.owned_count() as f64),
         ])
+    }
+}
+
+/// Who holds the node's slots and who waits for one: the state
+/// [`messages::slot_share::SlotShares`] judges, changed only by [`crate::RunSlot`].
+#[derive(Debug, Default)]
+pub struct TenantSlots {
+    pub(crate) held: BTreeMap<String, u32>,
+    /// Tenants refused while under their share, and when last.
+    pub(crate) waiting: BTreeMap<String, Instant>,
+}
+
+impl TenantSlots {
+    /// Slots held per tenant, for the heartbeat (placement asks the same rule with it).
+    pub fn held(&self) -> BTreeMap<String, u32> {
+        self.held.clone()
     }
 }

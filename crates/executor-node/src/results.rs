@@ -24,12 +24,14 @@ use messages::exec::ExecResult;
 use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
 use messages::tenancy::Tenant;
 use messages::{ErrorBody, ErrorKind};
+use ractor::RpcReplyPort;
 use tokio::time::Instant;
-
-use crate::job::Reply;
 
 /// An answer as the caller got it.
 pub type Answer = Result<ExecResult, ErrorBody>;
+
+/// Where a caller waits for its answer.
+pub type Reply = RpcReplyPort<Answer>;
 
 /// How long and how much the node keeps (`SANDMESH_EXEC_RESULT_KEEP_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

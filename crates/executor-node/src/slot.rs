@@ -6,7 +6,7 @@
 //! takes every free slot only while nobody else wants one, and another tenant's run is
 //! admitted at once, up to its share, by borrowing the slots the flooder holds beyond its own.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,21 +20,6 @@ use crate::node::NodeState;
 /// a refused run every half second at most, so a tenant still waiting is seen again well
 /// within it; one that gave up stops holding the next slot for itself soon after.
 const WAITING_FOR: Duration = Duration::from_secs(2);
-
-/// Who holds the node's slots and who waits for one: the state [`SlotShares`] judges.
-#[derive(Debug, Default)]
-pub struct TenantSlots {
-    held: BTreeMap<String, u32>,
-    /// Tenants refused while under their share, and when last.
-    waiting: BTreeMap<String, Instant>,
-}
-
-impl TenantSlots {
-    /// Slots held per tenant, for the heartbeat (placement asks the same rule with it).
-    pub fn held(&self) -> BTreeMap<String, u32> {
-        self.held.clone()
-    }
-}
 
 pub struct RunSlot {
     node: Arc<NodeState>,

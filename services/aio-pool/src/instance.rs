@@ -6,14 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::docker::OwnedContainer;
 use messages::browser::AioExecResult;
-use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::aio_client::{AioClient, AioError};
-use crate::pool::PoolMsg;
-use crate::state::InstanceId;
+use crate::aio_client::AioClient;
+use crate::docker::OwnedContainer;
+use crate::error::PoolError;
 
 /// Consecutive failed health checks after which the instance is declared dead.
 const HEALTH_FAILURES: u32 = 2;
@@ -29,30 +27,26 @@ pub enum InstanceMsg {
         max_output_chars: usize,
         /// The instance reached `max_use_count`: stop after answering.
         retire_after: bool,
-        reply: RpcReplyPort<Result<AioExecResult, ErrorBody>>,
+        reply: RpcReplyPort<Result<AioExecResult, PoolError>>,
     },
     /// The CDP URL (starts the browser).
-    BrowserUrl(RpcReplyPort<Result<String, ErrorBody>>),
+    BrowserUrl(RpcReplyPort<Result<String, PoolError>>),
     Health,
 }
 
 pub struct Instance;
 
 pub struct InstanceArgs {
-    pub id: InstanceId,
     pub container: OwnedContainer,
     pub client: AioClient,
-    pub pool: ActorRef<PoolMsg>,
+    /// Tells the pool an execution finished (idle time counts from here).
+    pub touched: Box<dyn Fn() + Send + Sync>,
     pub health_interval: Duration,
 }
 
 pub struct InstanceState {
     args: InstanceArgs,
     failures: u32,
-}
-
-fn unavailable(what: &str, e: &AioError) -> ErrorBody {
-    ErrorBody::unavailable(format!("{what}: {}", crate::error_chain(e)))
 }
 
 impl Actor for Instance {
@@ -109,12 +103,15 @@ impl Actor for Instance {
                             retired: retire_after,
                         }
                     })
-                    .map_err(|e| unavailable("the AIO instance did not run the command", &e));
+                    .map_err(|source| PoolError::Instance {
+                        what: "the AIO instance did not run the command",
+                        source,
+                    });
                 reply.send(answer).ok();
                 if retire_after {
                     myself.stop(Some("used up (max_use_count)".into()));
                 } else {
-                    ractor::cast!(state.args.pool, PoolMsg::Touched(state.args.id)).ok();
+                    (state.args.touched)();
                 }
             }
             InstanceMsg::BrowserUrl(reply) => {
@@ -124,7 +121,10 @@ impl Actor for Instance {
                     .browser_info(BROWSER_LIMIT)
                     .await
                     .map(|info| info.cdp_url)
-                    .map_err(|e| unavailable("the AIO instance's browser", &e));
+                    .map_err(|source| PoolError::Instance {
+                        what: "the AIO instance's browser",
+                        source,
+                    });
                 reply.send(answer).ok();
             }
             InstanceMsg::Health => match state.args.client.health(HEALTH_LIMIT).await {

@@ -38,6 +38,7 @@
 pub mod aio_client;
 pub mod config;
 pub mod docker;
+pub mod error;
 pub mod instance;
 pub mod janitor;
 pub mod pool;

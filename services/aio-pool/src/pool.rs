@@ -18,15 +18,15 @@ use messages::browser::{
 };
 use messages::quota::{OverQuota, Quota};
 use messages::tenancy::{scoped, tenant_of_scoped};
-use messages::ErrorBody;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::time::Instant;
 
 use crate::docker::{start_instance, InstanceSpec, OwnedContainer, Registry, Started};
+use crate::error::PoolError;
 use crate::instance::{Instance, InstanceArgs, InstanceMsg};
 use crate::state::{AcquireError, Effect, InstanceId, PoolState, UseError, WaiterId};
 
-type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
+type Reply<T> = RpcReplyPort<Result<T, PoolError>>;
 
 /// Largest command `aio.exec` forwards (code travels inside it; files belong in the
 /// workspace API).
@@ -141,21 +141,9 @@ pub struct PoolStateHolder {
     next_waiter: WaiterId,
 }
 
-fn acquire_error(e: AcquireError) -> ErrorBody {
-    match e {
-        AcquireError::Overloaded { waited, max } => ErrorBody::overloaded(format!(
-            "no AIO instance free: all {max} are in use and none came free within {waited:?}; retry later"
-        )),
-        AcquireError::CreateFailed(m) => {
-            ErrorBody::unavailable(format!("starting an AIO instance failed: {m}"))
-        }
-        AcquireError::ShuttingDown => ErrorBody::unavailable("the aio-pool is shutting down"),
-    }
-}
-
 /// The session id as the pool keys it: scoped by the caller's tenant (internal callers name
 /// scoped ids already), validated by the protocol's one rule for ids.
-fn scoped_session(ctx: &RequestContext, session_id: &str) -> Result<String, ErrorBody> {
+fn scoped_session(ctx: &RequestContext, session_id: &str) -> Result<String, PoolError> {
     Ok(ctx.caller.scope("session_id", session_id)?)
 }
 
@@ -233,14 +221,12 @@ impl PoolStateHolder {
             Ok(id) => match self.live.get(&id) {
                 Some(live) => live,
                 None => {
-                    w.reply
-                        .send(Err(ErrorBody::internal("bound instance has no actor")))
-                        .ok();
+                    w.reply.send(Err(PoolError::NoActor)).ok();
                     return;
                 }
             },
             Err(e) => {
-                w.reply.send(Err(acquire_error(e))).ok();
+                w.reply.send(Err(e.into())).ok();
                 return;
             }
         };
@@ -264,38 +250,38 @@ impl PoolStateHolder {
                     ..lease
                 }),
                 Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(e),
-                _ => Err(ErrorBody::unavailable(
-                    "the AIO instance stopped while starting its browser",
-                )),
+                _ => Err(PoolError::BrowserStopped),
             };
             w.reply.send(answer).ok();
         });
     }
 
-    fn instance_named(&self, name: Option<&str>) -> Result<Option<InstanceId>, ErrorBody> {
+    fn instance_named(&self, name: Option<&str>) -> Result<Option<InstanceId>, PoolError> {
         match name {
             None => Ok(None),
-            Some(n) => self
-                .by_name
-                .get(n)
-                .copied()
-                .map(Some)
-                .ok_or_else(|| ErrorBody::not_found(format!("unknown AIO instance {n}"))),
+            Some(n) => {
+                self.by_name
+                    .get(n)
+                    .copied()
+                    .map(Some)
+                    .ok_or_else(|| PoolError::UnknownInstance {
+                        name: n.to_string(),
+                    })
+            }
         }
     }
+}
 
-    fn not_bound(&self, session: &str) -> ErrorBody {
-        ErrorBody::not_found(format!(
-            "session {session} has no AIO instance: acquire one first (it was never acquired, \
-             or was released, reclaimed after idle_timeout, retired after max_use_count, or lost)"
-        ))
+fn not_bound(session: &str) -> PoolError {
+    PoolError::NotBound {
+        session: session.to_string(),
     }
+}
 
-    fn wrong_instance(&self, session: &str, named: Option<&str>) -> ErrorBody {
-        ErrorBody::not_found(format!(
-            "AIO instance {} is not bound to session {session}",
-            named.unwrap_or("?")
-        ))
+fn wrong_instance(session: &str, named: Option<&str>) -> PoolError {
+    PoolError::WrongInstance {
+        session: session.to_string(),
+        named: named.map(str::to_string),
     }
 }
 
@@ -383,10 +369,10 @@ impl Actor for Pool {
                 let bound = state.args.state.bound_instance(&session);
                 match (bound, named) {
                     (None, _) => {
-                        reply.send(Err(state.not_bound(&req.session_id))).ok();
+                        reply.send(Err(not_bound(&req.session_id))).ok();
                     }
                     (Some(b), Some(n)) if b != n => {
-                        let e = state.wrong_instance(&req.session_id, req.instance_id.as_deref());
+                        let e = wrong_instance(&req.session_id, req.instance_id.as_deref());
                         reply.send(Err(e)).ok();
                     }
                     (Some(b), _) => {
@@ -410,10 +396,7 @@ impl Actor for Pool {
                 // Only the scheduler, after risk assessment and confirmation; the subject is
                 // not exported, so this holds also if a permission were ever widened.
                 if ctx.caller != messages::tenancy::Caller::Internal {
-                    let e = ErrorBody::denied(
-                        "commands run through sandbox.v1.aio.exec, which assesses them first",
-                    );
-                    reply.send(Err(e)).ok();
+                    reply.send(Err(PoolError::NotThroughScheduler)).ok();
                     return Ok(());
                 }
                 if let Err(e) = scoped_session(&ctx, &req.session_id) {
@@ -421,26 +404,23 @@ impl Actor for Pool {
                     return Ok(());
                 }
                 if req.command.is_empty() {
-                    reply
-                        .send(Err(ErrorBody::bad_request("command is empty")))
-                        .ok();
+                    reply.send(Err(PoolError::EmptyCommand)).ok();
                     return Ok(());
                 }
                 if req.command.len() > MAX_COMMAND_BYTES {
-                    let e = ErrorBody::too_large(format!(
-                        "command is {} bytes, at most {MAX_COMMAND_BYTES}",
-                        req.command.len()
-                    ));
+                    let e = PoolError::CommandTooLarge {
+                        len: req.command.len(),
+                        max: MAX_COMMAND_BYTES,
+                    };
                     reply.send(Err(e)).ok();
                     return Ok(());
                 }
                 let timeout = match req.timeout_ms.map(Duration::from_millis) {
                     None => state.args.default_exec_timeout,
                     Some(t) if t.is_zero() || t > state.args.max_exec_timeout => {
-                        let e = ErrorBody::bad_request(format!(
-                            "timeout_ms must be between 1 and {}",
-                            state.args.max_exec_timeout.as_millis()
-                        ));
+                        let e = PoolError::BadTimeout {
+                            max_ms: state.args.max_exec_timeout.as_millis(),
+                        };
                         reply.send(Err(e)).ok();
                         return Ok(());
                     }
@@ -455,10 +435,10 @@ impl Actor for Pool {
                 };
                 match state.args.state.use_instance(&req.session_id, named, now) {
                     Err(UseError::NotBound) => {
-                        reply.send(Err(state.not_bound(&req.session_id))).ok();
+                        reply.send(Err(not_bound(&req.session_id))).ok();
                     }
                     Err(UseError::WrongInstance { .. }) => {
-                        let e = state.wrong_instance(&req.session_id, req.instance_id.as_deref());
+                        let e = wrong_instance(&req.session_id, req.instance_id.as_deref());
                         reply.send(Err(e)).ok();
                     }
                     Ok((id, retire_after)) => match state.live.get(&id) {
@@ -476,9 +456,7 @@ impl Actor for Pool {
                             }
                         }
                         None => {
-                            reply
-                                .send(Err(ErrorBody::internal("bound instance has no actor")))
-                                .ok();
+                            reply.send(Err(PoolError::NoActor)).ok();
                         }
                     },
                 }
@@ -495,11 +473,13 @@ impl Actor for Pool {
             PoolMsg::Created(id, Ok((container, started))) => {
                 let name = container.name().to_string();
                 let base_url = control_url(&started.client.socket);
+                let pool = myself.clone();
                 let args = InstanceArgs {
-                    id,
                     container,
                     client: started.client,
-                    pool: myself.clone(),
+                    touched: Box::new(move || {
+                        ractor::cast!(pool, PoolMsg::Touched(id)).ok();
+                    }),
                     health_interval: state.args.health_interval,
                 };
                 match Actor::spawn_linked(None, Instance, args, myself.get_cell()).await {

@@ -44,13 +44,20 @@ pub enum Phase {
     Retiring,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AcquireError {
     /// No capacity within the wait bound.
+    #[error(
+        "no AIO instance free: all {max} are in use and none came free within {waited:?}; \
+         retry later"
+    )]
     Overloaded { waited: Duration, max: usize },
-    /// Creating an instance failed.
+    /// Creating an instance failed (the message has the cause's whole chain: it crossed from
+    /// the task that tried).
+    #[error("starting an AIO instance failed: {0}")]
     CreateFailed(String),
     /// The pool is stopping.
+    #[error("the aio-pool is shutting down")]
     ShuttingDown,
 }
 

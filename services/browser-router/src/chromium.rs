@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use cdp::{js_literal, CdpError, Connection, ImageFormat, Page};
 use messages::browser::BrowserElement;
+use messages::ErrorKind;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -40,6 +41,23 @@ pub enum ActionError {
     NoElement(String),
     #[error("not found within {0:?}")]
     WaitTimeout(Duration),
+}
+
+impl ActionError {
+    /// The kind the caller is answered with: the page's or the caller's mistake, a wait that
+    /// ran out, or the browser misbehaving.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ActionError::NoElement(_)
+            | ActionError::Script(_)
+            | ActionError::Cdp(CdpError::UnknownKey(_)) => ErrorKind::BadRequest,
+            ActionError::Navigation { .. } => ErrorKind::Unavailable,
+            ActionError::WaitTimeout(_)
+            | ActionError::NoLoad { .. }
+            | ActionError::Cdp(CdpError::Timeout { .. }) => ErrorKind::Timeout,
+            ActionError::Cdp(_) | ActionError::Decode(_) => ErrorKind::Internal,
+        }
+    }
 }
 
 /// A live connection to one browser and the session's page in it.

@@ -18,8 +18,8 @@ use messages::exec::{
     AwaitingConfirmation, NOTIFY_HEADER, STATUS_AWAITING_CONFIRMATION, STATUS_HEADER,
 };
 use messages::risk::{AssessRequest, ContentType, RiskLevel};
-use messages::{Encoding, ErrorBody};
-use sandmesh_client::MeshClient;
+use messages::{Encoding, ErrorBody, ErrorKind};
+use sandmesh_client::{ClientError, MeshClient};
 use serde_json::json;
 
 /// What the gate decided, for the reply.
@@ -28,6 +28,51 @@ pub struct Verdict {
     pub level: RiskLevel,
     /// The confirmation's id and final state, when a person was asked.
     pub confirmation: Option<(String, ConfirmState)>,
+}
+
+/// Why an action did not pass the gate.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("risk assessment failed: {0}")]
+    Assessment(#[source] ClientError),
+    #[error("confirmation failed: {0}")]
+    Confirmation(#[source] ClientError),
+    /// A person (or the policy, or the timeout) did not approve.
+    #[error(
+        "{} refused: confirmation {id} was {state:?} ({why}); nothing was done",
+        .action.as_str()
+    )]
+    Refused {
+        action: BrowserAction,
+        id: String,
+        state: ConfirmState,
+        why: String,
+        level: RiskLevel,
+    },
+}
+
+impl GateError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            GateError::Assessment(_) | GateError::Confirmation(_) => ErrorKind::Unavailable,
+            GateError::Refused { .. } => ErrorKind::Denied,
+        }
+    }
+}
+
+impl From<GateError> for ErrorBody {
+    /// A refusal names its confirmation, so the caller can look the decision up.
+    fn from(e: GateError) -> Self {
+        let body = ErrorBody::new(e.kind(), e.to_string());
+        match e {
+            GateError::Refused {
+                id, state, level, ..
+            } => body.with_details(
+                json!({"confirmation_id": id, "confirmation": state, "risk_level": level}),
+            ),
+            _ => body,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -77,7 +122,7 @@ impl Gate {
         summary: String,
         scope: &AuditScope,
         ctx: &RequestContext,
-    ) -> Result<Verdict, ErrorBody> {
+    ) -> Result<Verdict, GateError> {
         let assess = AssessRequest {
             content: action.as_str().to_string(),
             content_type: ContentType::Browser,
@@ -90,7 +135,7 @@ impl Gate {
             .risk()
             .assess(&assess)
             .await
-            .map_err(|e| ErrorBody::unavailable(format!("risk assessment failed: {e}")))?;
+            .map_err(GateError::Assessment)?;
         let ask = risk.requires_confirmation || sensitive || action == BrowserAction::Evaluate;
         let assessed = BrowserAssessed {
             action,
@@ -124,12 +169,12 @@ impl Gate {
             wait: true,
         };
         let confirm = self.mesh.confirm();
-        let failed = |e: sandmesh_client::ClientError| {
-            ErrorBody::unavailable(format!("confirmation failed: {e}"))
-        };
         if let Some(reply) = notice_subject(ctx) {
             request.wait = false;
-            let opened = confirm.request(&request).await.map_err(failed)?;
+            let opened = confirm
+                .request(&request)
+                .await
+                .map_err(GateError::Confirmation)?;
             if !opened.state.is_final() {
                 let notice = AwaitingConfirmation {
                     execution_id: action_id,
@@ -140,19 +185,18 @@ impl Gate {
             }
             request.wait = true;
         }
-        let decided = confirm.request(&request).await.map_err(failed)?;
+        let decided = confirm
+            .request(&request)
+            .await
+            .map_err(GateError::Confirmation)?;
         if decided.state != ConfirmState::Approved {
-            let why = decided.reason.as_deref().unwrap_or("no reason given");
-            return Err(ErrorBody::denied(format!(
-                "{} refused: confirmation {} was {:?} ({why}); nothing was done",
-                action.as_str(),
-                decided.id,
-                decided.state
-            ))
-            .with_details(
-                json!({"confirmation_id": decided.id, "confirmation": decided.state,
-                                 "risk_level": level}),
-            ));
+            return Err(GateError::Refused {
+                action,
+                id: decided.id,
+                state: decided.state,
+                why: decided.reason.unwrap_or_else(|| "no reason given".into()),
+                level,
+            });
         }
         Ok(Verdict {
             level,

@@ -27,6 +27,7 @@
 pub mod chromium;
 pub mod config;
 pub mod container;
+pub mod error;
 pub mod gate;
 pub mod guard;
 pub mod image;

@@ -15,16 +15,21 @@ use messages::browser::{
 };
 use messages::quota::Quota;
 use messages::tenancy::{scoped, Tenant};
-use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::session::{open, Act, BrowserSession, SessionArgs, SessionMsg, Shared, Started};
+use crate::error::{BrowserError, Reply};
+use crate::session::{
+    open, Act, BrowserSession, SessionArgs, SessionMsg, Shared, Started, TakeWarm,
+};
+
+/// How long a session waits for the router to hand it a warm browser.
+const TAKE_WITHIN: Duration = Duration::from_secs(5);
 
 /// One request on its way to a session, as it came: its action is the subject's.
 pub struct Routed {
     pub ctx: RequestContext,
     pub payload: BrowserPayload,
-    pub reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
+    pub reply: Reply,
 }
 
 pub enum RouterMsg {
@@ -34,18 +39,14 @@ pub enum RouterMsg {
     /// A session takes a warm browser, if there is one.
     Take(RpcReplyPort<Option<Started>>),
     /// A warm-pool start finished.
-    Warmed(Result<Box<Started>, ErrorBody>),
+    Warmed(Result<Box<Started>, BrowserError>),
     /// Sessions and warm browsers now (for the heartbeat and tests).
     Stats(RpcReplyPort<RouterStats>),
 }
 
 impl RouterMsg {
     /// The request handler's constructor (`kit::actor_handler`).
-    pub fn act(
-        ctx: RequestContext,
-        payload: BrowserPayload,
-        reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
-    ) -> Self {
+    pub fn act(ctx: RequestContext, payload: BrowserPayload, reply: Reply) -> Self {
         RouterMsg::Act(Box::new(Routed {
             ctx,
             payload,
@@ -120,9 +121,7 @@ impl Actor for Router {
                     payload,
                     reply,
                 } = *routed;
-                if let Err(e) = state.route(&myself, ctx, payload, reply).await {
-                    tracing::debug!(error = %e, "request not routed");
-                }
+                state.route(&myself, ctx, payload, reply).await;
             }
             RouterMsg::SessionClosed(id) => {
                 if let Some(session) = state.sessions.get(&id) {
@@ -194,19 +193,18 @@ impl RouterState {
         }
     }
 
+    /// Hands the request to its session's actor, starting one if needed; a request that
+    /// cannot be is answered here.
     async fn route(
         &mut self,
         myself: &ActorRef<RouterMsg>,
         ctx: RequestContext,
         payload: BrowserPayload,
-        reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
-    ) -> Result<(), ErrorBody> {
+        reply: Reply,
+    ) {
         let req = match self.check(&ctx, payload) {
             Ok(req) => req,
-            Err(e) => {
-                let _ = reply.send(Err(e.clone()));
-                return Err(e);
-            }
+            Err(e) => return refuse(reply, e),
         };
         let session = match self.sessions.get(&req.session_id) {
             Some(s) => s.clone(),
@@ -217,28 +215,22 @@ impl RouterState {
                     value: Some(serde_json::json!({"closed": false})),
                     ..Default::default()
                 }));
-                return Ok(());
+                return;
             }
             None => match self
                 .spawn_session(myself, ctx.caller.tenant(), &req.session_id)
                 .await
             {
                 Ok(s) => s,
-                Err(e) => {
-                    let _ = reply.send(Err(e.clone()));
-                    return Err(e);
-                }
+                Err(e) => return refuse(reply, e),
             },
         };
         let act = Box::new(Act { req, ctx, reply });
         if let Err(ractor::MessagingErr::SendErr(SessionMsg::Act(act))) =
             session.cast(SessionMsg::Act(act))
         {
-            let e = ErrorBody::unavailable("the session's browser is closing; retry");
-            let _ = act.reply.send(Err(e.clone()));
-            return Err(e);
+            refuse(act.reply, BrowserError::Closing);
         }
-        Ok(())
     }
 
     /// Everything about a request that needs no browser: the action, the session id, the
@@ -248,29 +240,21 @@ impl RouterState {
         &self,
         ctx: &RequestContext,
         payload: BrowserPayload,
-    ) -> Result<BrowserRequest, ErrorBody> {
+    ) -> Result<BrowserRequest, BrowserError> {
         let token = ctx.subject.rsplit('.').next().unwrap_or_default();
-        let action = BrowserAction::parse(token).ok_or_else(|| {
-            let known: Vec<_> = BrowserAction::ALL.iter().map(|a| a.as_str()).collect();
-            ErrorBody::not_found(format!(
-                "unknown browser action {token:?}; known: {}",
-                known.join(", ")
-            ))
+        let action = BrowserAction::parse(token).ok_or_else(|| BrowserError::UnknownAction {
+            token: token.to_string(),
         })?;
         let session_id = ctx
             .caller
             .scope("session_id", &payload.session_id)
-            .map_err(|e| ErrorBody::bad_request(e.to_string()))?;
+            .map_err(BrowserError::SessionId)?;
         let req = BrowserRequest {
             session_id,
             ..BrowserRequest::parse(action, payload)?
         };
         if BrowserBackend::route(&req) == BrowserBackend::Aio {
-            return Err(ErrorBody::unavailable(
-                "the aio browser backend needs aio-pool, which this mesh does not run yet; \
-                 send backend \"external\" to use the session's own browser",
-            )
-            .with_details(serde_json::json!({"backend": "aio"})));
+            return Err(BrowserError::AioBackend);
         }
         Ok(req)
     }
@@ -280,12 +264,10 @@ impl RouterState {
         myself: &ActorRef<RouterMsg>,
         tenant: Option<&Tenant>,
         session_id: &str,
-    ) -> Result<ActorRef<SessionMsg>, ErrorBody> {
+    ) -> Result<ActorRef<SessionMsg>, BrowserError> {
         let max = self.shared.config.max_browsers;
         if self.sessions.len() >= max {
-            return Err(ErrorBody::overloaded(format!(
-                "{max} browser sessions are open on this instance; close one or retry later"
-            )));
+            return Err(BrowserError::TooManyBrowsers { max });
         }
         if let Some(tenant) = tenant {
             // Its sessions are the keys with its prefix (ids are scoped by it). Counted on this
@@ -300,15 +282,35 @@ impl RouterState {
         let args = SessionArgs {
             session_id: session_id.to_string(),
             shared: self.shared.clone(),
-            router: myself.clone(),
+            take_warm: take_warm(myself),
         };
         let (session, _) = Actor::spawn_linked(None, BrowserSession, args, myself.get_cell())
             .await
-            .map_err(|e| ErrorBody::internal(format!("cannot start the session's actor: {e}")))?;
+            .map_err(BrowserError::SessionActor)?;
         self.by_actor
             .insert(session.get_id(), session_id.to_string());
         self.sessions
             .insert(session_id.to_string(), session.clone());
         Ok(session)
     }
+}
+
+/// Answers a request the router could not hand to a session.
+fn refuse(reply: Reply, e: BrowserError) {
+    tracing::debug!(error = %e, "request not routed");
+    let _ = reply.send(Err(e));
+}
+
+/// How a session takes a warm browser: it asks the router, which owns the pool.
+fn take_warm(router: &ActorRef<RouterMsg>) -> TakeWarm {
+    let router = router.clone();
+    Arc::new(move || {
+        let router = router.clone();
+        Box::pin(async move {
+            match router.call(RouterMsg::Take, Some(TAKE_WITHIN)).await {
+                Ok(ractor::rpc::CallResult::Success(warm)) => warm,
+                _ => None,
+            }
+        })
+    })
 }

@@ -10,24 +10,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use cdp::CdpError;
 use egress::{EgressProxy, EgressRules, SystemResolver};
+use futures::future::BoxFuture;
 use kit::{AuditScope, Auditor, RequestContext};
 use messages::audit::{BrowserActed, BrowserOutcome};
 use messages::browser::{
     BrowserBackend, BrowserCommand, BrowserRequest, BrowserResult, ContentFormat, WaitFor,
 };
 use messages::network::NetworkPolicy;
-use messages::{ErrorBody, ErrorKind};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sandmesh_client::WorkspaceClient;
 use serde_json::json;
 
-use crate::chromium::{ActionError, Chromium};
+use crate::chromium::Chromium;
 use crate::config::BrowserConfig;
 use crate::container::{BrowserContainer, Containers};
+use crate::error::{BrowserError, Reply};
 use crate::gate::{sensitive_field, Gate};
-use crate::router::RouterMsg;
 
 /// Replies and pages larger than this are cut (text) or refused (script values).
 pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
@@ -50,7 +49,7 @@ pub struct Shared {
 pub struct Act {
     pub req: BrowserRequest,
     pub ctx: RequestContext,
-    pub reply: RpcReplyPort<Result<BrowserResult, ErrorBody>>,
+    pub reply: Reply,
 }
 
 pub enum SessionMsg {
@@ -59,10 +58,13 @@ pub enum SessionMsg {
     IdleCheck,
 }
 
+/// Takes a warm browser, if the pool has one (`None` also when it did not answer in time).
+pub type TakeWarm = Arc<dyn Fn() -> BoxFuture<'static, Option<Started>> + Send + Sync>;
+
 pub struct SessionArgs {
     pub session_id: String,
     pub shared: Arc<Shared>,
-    pub router: ActorRef<RouterMsg>,
+    pub take_warm: TakeWarm,
 }
 
 /// A started browser container with its CDP connection and page, not yet any session's.
@@ -73,14 +75,14 @@ pub struct Started {
 }
 
 /// Starts a browser container and connects to it (the warm pool's and a cold start's way).
-pub async fn open(containers: &Containers) -> Result<Started, ErrorBody> {
+pub async fn open(containers: &Containers) -> Result<Started, BrowserError> {
     let container = containers
         .start(START_WITHIN)
         .await
-        .map_err(|e| ErrorBody::unavailable(format!("cannot start a browser: {e}")))?;
+        .map_err(|e| BrowserError::Start(Box::new(e)))?;
     let chromium = Chromium::connect(&container.cdp_url())
         .await
-        .map_err(|e| ErrorBody::unavailable(format!("cannot connect to the browser: {e}")))?;
+        .map_err(BrowserError::Connect)?;
     Ok(Started {
         chromium,
         container,
@@ -98,7 +100,7 @@ struct Live {
 pub struct SessionState {
     id: String,
     shared: Arc<Shared>,
-    router: ActorRef<RouterMsg>,
+    take_warm: TakeWarm,
     live: Option<Live>,
     /// A browser of this session died since the last reply.
     lost: bool,
@@ -121,7 +123,7 @@ impl Actor for BrowserSession {
         Ok(SessionState {
             id: args.session_id,
             shared: args.shared,
-            router: args.router,
+            take_warm: args.take_warm,
             live: None,
             lost: false,
             last_used: Instant::now(),
@@ -147,8 +149,8 @@ impl Actor for BrowserSession {
                         state_lost: r.state_lost,
                     },
                     Err(e) => BrowserOutcome::Failed {
-                        code: e.code,
-                        error: e.message.clone(),
+                        code: e.kind().code(),
+                        error: e.to_string(),
                     },
                 };
                 let acted = BrowserActed {
@@ -177,20 +179,6 @@ impl Actor for BrowserSession {
 
 fn schedule_idle_check(myself: &ActorRef<SessionMsg>, after: Duration) {
     myself.send_after(after + Duration::from_millis(10), || SessionMsg::IdleCheck);
-}
-
-fn action_error(e: ActionError) -> ErrorBody {
-    let kind = match &e {
-        ActionError::NoElement(_)
-        | ActionError::Script(_)
-        | ActionError::Cdp(CdpError::UnknownKey(_)) => ErrorKind::BadRequest,
-        ActionError::Navigation { .. } => ErrorKind::Unavailable,
-        ActionError::WaitTimeout(_)
-        | ActionError::NoLoad { .. }
-        | ActionError::Cdp(CdpError::Timeout { .. }) => ErrorKind::Timeout,
-        ActionError::Cdp(_) | ActionError::Decode(_) => ErrorKind::Internal,
-    };
-    ErrorBody::new(kind, e.to_string())
 }
 
 /// How long a wait may take: what it asked, bounded by the action's limit.
@@ -226,7 +214,7 @@ impl SessionState {
     }
 
     /// Keeps the current browser while it lives, else takes a new one.
-    async fn ensure_browser(&mut self) -> Result<(), ErrorBody> {
+    async fn ensure_browser(&mut self) -> Result<(), BrowserError> {
         if let Some(live) = &self.live {
             if !live.chromium.is_alive().await {
                 tracing::warn!(session_id = %self.id, container = %live.container.name, "browser died; replacing it");
@@ -240,15 +228,8 @@ impl SessionState {
         Ok(())
     }
 
-    async fn start(&self) -> Result<Live, ErrorBody> {
-        let warm = match self
-            .router
-            .call(RouterMsg::Take, Some(Duration::from_secs(5)))
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(c)) => c,
-            _ => None,
-        };
+    async fn start(&self) -> Result<Live, BrowserError> {
+        let warm = (self.take_warm)().await;
         // A warm browser may have died while it waited: then it is a cold start, not lost
         // state (this session never had it).
         let Started {
@@ -269,18 +250,11 @@ impl SessionState {
                 auditor.emit(&scope, event.clone());
             })
             .bind(&socket)
-            .map_err(|e| {
-                let cause = std::error::Error::source(&e)
-                    .map(|c| format!(": {c}"))
-                    .unwrap_or_default();
-                ErrorBody::internal(format!(
-                    "cannot bind the browser's egress proxy: {e}{cause}"
-                ))
-            })?;
+            .map_err(BrowserError::EgressBind)?;
         // Chromium runs as another user in the container and must be able to connect.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
-            .map_err(|e| ErrorBody::internal(format!("egress socket permissions: {e}")))?;
+            .map_err(BrowserError::EgressPermissions)?;
         tracing::info!(session_id = %self.id, container = %container.name, "browser bound");
         Ok(Live {
             chromium,
@@ -293,7 +267,7 @@ impl SessionState {
         &mut self,
         req: &BrowserRequest,
         ctx: &RequestContext,
-    ) -> Result<BrowserResult, ErrorBody> {
+    ) -> Result<BrowserResult, BrowserError> {
         let action = req.command.action();
         if req.command == BrowserCommand::Close {
             let had = self.live.take().is_some();
@@ -313,7 +287,7 @@ impl SessionState {
             BrowserCommand::Navigate { url } => {
                 let checked = crate::guard::check(&self.shared.rules, &SystemResolver, url)
                     .await
-                    .map_err(|e| ErrorBody::denied(format!("navigation refused: {e}")))?;
+                    .map_err(BrowserError::NavigationRefused)?;
                 Some(checked.to_string())
             }
             _ => None,
@@ -338,8 +312,7 @@ impl SessionState {
             Some(s) => Some(
                 tokio::time::timeout(limit, chromium.describe(s))
                     .await
-                    .map_err(|_| ErrorBody::timeout("describing the target timed out"))?
-                    .map_err(action_error)?,
+                    .map_err(|_| BrowserError::DescribeTimedOut)??,
             ),
             _ => None,
         };
@@ -450,20 +423,17 @@ impl SessionState {
         };
         // A little more than the action's own bound: wait_for reports its own timeout.
         let outcome = match tokio::time::timeout(limit + Duration::from_secs(1), run).await {
-            Ok(r) => r.map_err(action_error),
-            Err(_) => Err(ErrorBody::timeout(format!(
-                "{} took longer than {limit:?}",
-                action.as_str()
-            ))),
+            Ok(r) => r.map_err(BrowserError::Action),
+            Err(_) => Err(BrowserError::ActionTimedOut { action, limit }),
         };
         if let Err(e) = outcome {
             if !chromium.is_alive().await {
                 self.live = None;
                 self.lost = true;
-                return Err(ErrorBody::unavailable(format!(
-                    "the browser died during {}; its page state is lost and the next action starts a new one ({})",
-                    action.as_str(), e.message
-                )));
+                return Err(BrowserError::BrowserDied {
+                    action,
+                    cause: Box::new(e),
+                });
             }
             return Err(e);
         }
@@ -472,12 +442,13 @@ impl SessionState {
         // refused the hop, so the page is only its refusal): the answer says so, not `ok`.
         if matches!(req.command, BrowserCommand::Navigate { .. }) {
             if let Some(landed) = result.url.as_deref().filter(|u| Some(*u) != url.as_deref()) {
-                if let Err(e) =
+                if let Err(source) =
                     crate::guard::check(&self.shared.rules, &SystemResolver, landed).await
                 {
-                    return Err(ErrorBody::denied(format!(
-                        "navigation was redirected to {landed}, which is refused: {e}"
-                    )));
+                    return Err(BrowserError::Redirected {
+                        landed: landed.to_string(),
+                        source,
+                    });
                 }
             }
         }
@@ -488,9 +459,10 @@ impl SessionState {
                 .map(|v| v.to_string().len())
                 .unwrap_or(0);
             if size > MAX_CONTENT_BYTES {
-                return Err(ErrorBody::too_large(format!(
-                    "the script's value is {size} bytes serialized; at most {MAX_CONTENT_BYTES}"
-                )));
+                return Err(BrowserError::ValueTooLarge {
+                    size,
+                    max: MAX_CONTENT_BYTES,
+                });
             }
         }
         if let BrowserCommand::Screenshot { inline, .. } = req.command {
@@ -507,11 +479,11 @@ impl SessionState {
         &self,
         inline: bool,
         result: &mut BrowserResult,
-    ) -> Result<(), ErrorBody> {
+    ) -> Result<(), BrowserError> {
         let encoded = result.screenshot_base64.take().unwrap_or_default();
         let png = base64::engine::general_purpose::STANDARD
             .decode(&encoded)
-            .map_err(|e| ErrorBody::internal(format!("screenshot encoding: {e}")))?;
+            .map_err(BrowserError::ScreenshotEncoding)?;
         let path = format!(
             "artifacts/screenshot-{}.png",
             messages::new_id().to_ascii_lowercase()
@@ -520,9 +492,7 @@ impl SessionState {
             .workspace
             .write(&self.id, &path, &png)
             .await
-            .map_err(|e| {
-                ErrorBody::unavailable(format!("cannot store the screenshot in the workspace: {e}"))
-            })?;
+            .map_err(BrowserError::ScreenshotStore)?;
         result.screenshot_path = Some(path);
         if inline {
             if png.len() <= self.shared.config.inline_max_bytes {

@@ -17,10 +17,10 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::kv;
-use executor_node::{Backend, NodeState, Sweep};
+use executor_node::{NodeState, Sweep};
 use kit::janitor::node_alive;
+use messages::ServiceName;
 
-use crate::backend::BwrapBackend;
 use crate::cgroup::Cgroups;
 use crate::rootfs::RootfsCache;
 
@@ -31,6 +31,8 @@ pub struct BwrapSweeper {
     pub node: Arc<NodeState>,
     pub node_id: String,
     pub nodes_kv: kv::Store,
+    /// Whose heartbeat keys say a node is alive (the backend's service).
+    pub service: ServiceName,
 }
 
 impl BwrapSweeper {
@@ -55,7 +57,7 @@ impl BwrapSweeper {
     }
 
     async fn gone(&self, node: &str) -> bool {
-        !node_alive(&self.nodes_kv, BwrapBackend::SERVICE, node).await
+        !node_alive(&self.nodes_kv, self.service, node).await
     }
 }
 

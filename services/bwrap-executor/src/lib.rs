@@ -228,6 +228,7 @@ pub async fn run(config: BwrapConfig, shutdown: CancellationToken) -> Result<(),
         node: node.clone(),
         node_id: me.clone(),
         nodes_kv: nodes_kv.clone(),
+        service: BwrapBackend::SERVICE,
     };
     let labels = std::collections::BTreeMap::from([
         ("image".to_string(), config.node.image.clone()),

@@ -7,9 +7,13 @@ use std::sync::Arc;
 use messages::confirm::Confirmation;
 use messages::validate::ValidationError;
 use messages::{ErrorBody, ErrorKind};
+use ractor::RpcReplyPort;
 use serde_json::json;
 
 use crate::store::StoreError;
+
+/// Where a registry call's answer goes.
+pub type Reply<T> = RpcReplyPort<Result<T, ConfirmError>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfirmError {

@@ -9,7 +9,7 @@ use messages::validate::ValidationError;
 use tokio::time::Instant;
 
 use crate::audience::Audience;
-use crate::registry::Reply;
+use crate::error::Reply;
 use crate::store::{ConfirmationStore, StoreError};
 
 pub const DEFAULT_LIMIT: u32 = 100;

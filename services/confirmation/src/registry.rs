@@ -28,12 +28,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use crate::audience::Audience;
-use crate::error::ConfirmError;
+use crate::error::{ConfirmError, Reply};
 use crate::listing::{self, ParkedLists, Query};
 use crate::watch::Observation;
 use crate::workflow::Workflow;
-
-pub type Reply<T> = RpcReplyPort<Result<T, ConfirmError>>;
 
 /// A waiter is answered at the latest this long after its confirmation expires, even if no
 /// instance could record the timeout (NATS unreachable): then with an error to retry on.
@@ -126,7 +124,9 @@ impl<W: Workflow> Actor for Registry<W> {
         args: RegistryArgs<W>,
     ) -> Result<Self::State, ActorProcessingErr> {
         let watch = CancellationToken::new();
-        args.workflow.watch(myself, watch.clone());
+        let registry = myself.clone();
+        let observe = move |o| registry.cast(RegistryMsg::Observed(o)).is_ok();
+        args.workflow.watch(Box::new(observe), watch.clone());
         let state = RegistryState {
             workflow: args.workflow,
             gauges: args.gauges,

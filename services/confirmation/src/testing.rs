@@ -13,13 +13,11 @@ use messages::confirm::{
     ConfirmDecide, ConfirmListReply, ConfirmRequest, ConfirmState, Confirmation,
 };
 use messages::Encoding;
-use ractor::ActorRef;
 use tokio::time::Instant;
 
 use crate::error::ConfirmError;
-use crate::registry::RegistryMsg;
 use crate::store::StoreError;
-use crate::watch::Observation;
+use crate::watch::{Observation, Observer};
 use crate::workflow::Workflow;
 
 /// The timeout of a request without `timeout_ms`.
@@ -33,7 +31,7 @@ struct Pages {
     origin_ms: u64,
     records: BTreeMap<String, Confirmation>,
     revision: u64,
-    watcher: Option<ActorRef<RegistryMsg>>,
+    watcher: Option<Observer>,
     /// Timeouts cannot be written (NATS unreachable).
     unavailable: bool,
     /// How many times `expire` was called.
@@ -78,11 +76,11 @@ impl Pages {
     fn write(&mut self, record: Confirmation) {
         self.revision += 1;
         self.records.insert(record.id.clone(), record.clone());
-        if let Some(registry) = &self.watcher {
-            let _ = registry.cast(RegistryMsg::Observed(Observation {
+        if let Some(observe) = &self.watcher {
+            observe(Observation {
                 revision: self.revision,
                 record: Some(record),
-            }));
+            });
         }
     }
 
@@ -195,19 +193,19 @@ impl Workflow for Book {
     }
 
     /// Replays the current records, then feeds every write (the KV watch's contract).
-    fn watch(&self, registry: ActorRef<RegistryMsg>, _stop: CancellationToken) {
+    fn watch(&self, observe: Observer, _stop: CancellationToken) {
         let mut pages = self.pages();
         for (revision, record) in pages.records.values().enumerate() {
-            let _ = registry.cast(RegistryMsg::Observed(Observation {
+            observe(Observation {
                 revision: revision as u64 + 1,
                 record: Some(record.clone()),
-            }));
+            });
         }
-        let _ = registry.cast(RegistryMsg::Observed(Observation {
+        observe(Observation {
             revision: pages.revision,
             record: None,
-        }));
-        pages.watcher = Some(registry);
+        });
+        pages.watcher = Some(observe);
     }
 }
 

@@ -9,10 +9,8 @@ use async_nats::jetstream::kv::{self, Operation};
 use futures::StreamExt;
 use kit::CancellationToken;
 use messages::confirm::Confirmation;
-use ractor::ActorRef;
 use tokio::task::JoinHandle;
 
-use crate::registry::RegistryMsg;
 use crate::store;
 
 /// Pause before re-creating a broken watch (the server may still be restarting).
@@ -27,11 +25,10 @@ pub struct Observation {
     pub record: Option<Confirmation>,
 }
 
-pub fn spawn(
-    kv: kv::Store,
-    registry: ActorRef<RegistryMsg>,
-    stop: CancellationToken,
-) -> JoinHandle<()> {
+/// Where observations go (the registry's mailbox): `false` once nobody takes them any more.
+pub type Observer = Box<dyn Fn(Observation) -> bool + Send + Sync>;
+
+pub fn spawn(kv: kv::Store, observe: Observer, stop: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut next: Option<u64> = None;
         loop {
@@ -79,7 +76,7 @@ pub fn spawn(
                     revision: entry.revision,
                     record,
                 };
-                if registry.cast(RegistryMsg::Observed(observation)).is_err() {
+                if !observe(observation) {
                     return;
                 }
             }

@@ -19,13 +19,11 @@ use messages::confirm::{
 };
 use messages::tenancy::Caller;
 use messages::Subjects;
-use ractor::ActorRef;
 
 use crate::audience::{Audience, OperatorScopes};
 use crate::error::ConfirmError;
 use crate::listing::Query;
 use crate::policy::{AutoDecision, Grant, Policy, SessionGrants};
-use crate::registry::RegistryMsg;
 use crate::store::{Cas, ConfirmationStore, Versioned};
 use crate::{listing, validate, watch};
 
@@ -79,8 +77,8 @@ pub trait Workflow: Clone + Send + Sync + 'static {
     /// The latest revision: a replica that has applied it has seen every earlier write.
     fn last_revision(&self) -> impl Future<Output = Result<u64, ConfirmError>> + Send;
 
-    /// Feeds every change, starting with the current state, to `registry` until `stop`.
-    fn watch(&self, registry: ActorRef<RegistryMsg>, stop: CancellationToken);
+    /// Feeds every change, starting with the current state, to `observe` until `stop`.
+    fn watch(&self, observe: watch::Observer, stop: CancellationToken);
 }
 
 /// The workflow on the `sandbox_confirmations` bucket: a few reads and compare-and-set writes
@@ -257,8 +255,8 @@ impl Workflow for KvWorkflow {
         Ok(self.store.last_revision().await?)
     }
 
-    fn watch(&self, registry: ActorRef<RegistryMsg>, stop: CancellationToken) {
-        watch::spawn(self.store.kv().clone(), registry, stop);
+    fn watch(&self, observe: watch::Observer, stop: CancellationToken) {
+        watch::spawn(self.store.kv().clone(), observe, stop);
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use messages::risk::Finding;
 
-use crate::render::esc;
+use crate::escape::esc;
 
 /// The excerpt, escaped, with each finding's span (byte offsets into the code, or its whole
 /// line when only the line is known) wrapped in `<mark>`. Spans beyond the excerpt (it is cut

@@ -22,7 +22,9 @@
 //!    └── select!: shutdown → event streams end, server drains, runtime stops
 //! ```
 
+pub mod app;
 pub mod config;
+pub mod escape;
 pub mod highlight;
 pub mod history;
 pub mod live;
@@ -80,7 +82,7 @@ pub async fn serve(
         .mesh()
         .with_jetstream(runtime.js.clone())
         .with_encoding(Encoding::Json);
-    let app = Arc::new(web::App {
+    let app = Arc::new(app::App {
         logins: logins::Logins::new(
             &config.kit.nats_url,
             subjects,
@@ -89,7 +91,7 @@ pub async fn serve(
             config.state_dir.clone(),
         ),
         history: history::History::new(own),
-        hosts: web::App::hosts_for(addr, &config.extra_origins),
+        hosts: app::App::hosts_for(addr, &config.extra_origins),
         extra_origins: config.extra_origins.clone(),
         session_ttl: config.session_ttl,
         shutdown: shutdown.clone(),

@@ -18,9 +18,9 @@ use futures::{stream, Stream, StreamExt};
 use messages::confirm::{ConfirmState, Confirmation};
 use tokio::sync::broadcast;
 
+use crate::app::{pending, refuse, App};
 use crate::logins::FeedEvent;
 use crate::render;
-use crate::web::{pending, refuse, App};
 
 /// How long a page waits before reconnecting its stream.
 const RETRY: Duration = Duration::from_secs(1);

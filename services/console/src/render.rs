@@ -5,28 +5,13 @@
 
 use std::fmt::Write as _;
 
+use crate::escape::esc;
 use crate::history::Row;
 use messages::audit::{AuditDetails, ExecutionRejected};
 use messages::confirm::{ConfirmKind, ConfirmScope, ConfirmState, Confirmation};
 use messages::exec::Tier;
 use messages::risk::{Finding, RiskLevel};
 use messages::tenancy::scoped;
-
-/// HTML-escapes text for element content and quoted attribute values.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// `2026-11-26 14:05:39 UTC` for Unix milliseconds.
 pub fn utc(ms: u64) -> String {

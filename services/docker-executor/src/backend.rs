@@ -3,7 +3,7 @@
 //! own) and hands each admitted run to its [`Containers`] actor.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,18 +17,8 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::containers::{Containers, ContainersArgs, ContainersMsg};
 use crate::execution::Runner;
+use crate::gauges::ContainerGauges;
 use crate::janitor::DockerSweeper;
-
-/// What the heartbeat reports besides the node's own gauges.
-#[derive(Debug, Default)]
-pub struct ContainerGauges {
-    /// Ready containers in the node's own warm pool.
-    pub warm: AtomicUsize,
-    /// What the node's own warm pool is growing or shrinking to (its demand, `crate::demand`).
-    pub warm_target: AtomicUsize,
-    /// Live session containers.
-    pub sessions: AtomicUsize,
-}
 
 pub struct DockerBackend {
     pub runner: Runner,

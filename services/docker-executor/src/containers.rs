@@ -24,10 +24,10 @@ use messages::validate::Ceilings;
 use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::backend::ContainerGauges;
 use crate::demand::Sizing;
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Health, Runner};
+use crate::gauges::ContainerGauges;
 use crate::session::{SessionArgs, SessionContainer, SessionMsg};
 use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
 

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use executor_node::{Backend, NodeState, Sweep};
+use executor_node::{NodeState, Sweep};
 use kit::janitor::node_alive;
+use messages::ServiceName;
 
-use crate::backend::DockerBackend;
 use crate::docker::{summary_name, Sandboxes, LABEL_MESH, LABEL_NODE};
 
 /// A foreign container younger than this is left alone even if its node's heartbeat is not
@@ -24,6 +24,8 @@ pub struct DockerSweeper {
     pub sandboxes: Sandboxes,
     pub node: Arc<NodeState>,
     pub nodes_kv: kv::Store,
+    /// Whose heartbeat keys say a node is alive (the backend's service).
+    pub service: ServiceName,
 }
 
 impl Sweep for DockerSweeper {
@@ -58,7 +60,7 @@ async fn reap_node(args: &DockerSweeper, node: &str) -> usize {
             return 0;
         }
     };
-    if names.is_empty() || node_alive(&args.nodes_kv, DockerBackend::SERVICE, node).await {
+    if names.is_empty() || node_alive(&args.nodes_kv, args.service, node).await {
         return 0;
     }
     tracing::info!(
@@ -100,7 +102,7 @@ async fn sweep(args: &DockerSweeper) -> usize {
                 }
             }
             for (node, names) in by_node {
-                if !node_alive(&args.nodes_kv, DockerBackend::SERVICE, &node).await {
+                if !node_alive(&args.nodes_kv, args.service, &node).await {
                     tracing::info!(node, containers = names.len(), "janitor: node is gone");
                     doomed.extend(names);
                 }

@@ -98,6 +98,7 @@ pub mod docker;
 pub mod egress;
 pub mod exchange;
 pub mod execution;
+pub mod gauges;
 pub mod janitor;
 pub mod lease;
 pub mod ports;
@@ -177,6 +178,7 @@ pub async fn run(config: ExecutorConfig, shutdown: CancellationToken) -> Result<
         sandboxes,
         node: node.clone(),
         nodes_kv: nodes_kv.clone(),
+        service: DockerBackend::SERVICE,
     };
     let labels = std::collections::BTreeMap::from([
         ("image".to_string(), config.node.image.clone()),

@@ -9,7 +9,7 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::Docker;
 use futures::StreamExt;
 
-use crate::docker::DockerError;
+use containers::DockerError;
 
 /// What a bare exec printed and how it ended.
 #[derive(Debug, Clone, Default)]

@@ -31,9 +31,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use executor_node::{Admitted, NodeState};
 
-use crate::backend::ContainerGauges;
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Health, Runner};
+use crate::gauges::ContainerGauges;
 use crate::lease::{ContainerLease, StartError};
 use crate::procs::{ProcHost, Procs};
 use crate::warm_pool::WarmPoolMsg;

@@ -19,9 +19,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use executor_node::NodeState;
 
-use crate::backend::ContainerGauges;
 use crate::demand::{Demand, Sizing, Step};
 use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
+use crate::gauges::ContainerGauges;
 use crate::lease::ContainerLease;
 use crate::resident::Resident;
 

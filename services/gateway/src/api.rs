@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
-use axum::{Json, Router};
+use axum::response::IntoResponse;
+use axum::Json;
 use messages::exec::{ExecRequest, ExecResult, ResultGet, ResultLookup, MAX_RESULT_WAIT_MS};
 use messages::heartbeat::Heartbeat;
 use messages::session::{SessionListReply, SessionOpen, SessionRecord, SessionState};
@@ -23,11 +22,10 @@ use serde::{Deserialize, Serialize};
 use crate::body::BodyError;
 use crate::config::Limits;
 use crate::keys::{Caller, KeyStore};
-use crate::openapi::Errors;
-use crate::problem::Problem;
+use crate::problem::{Errors, Problem, Reply};
 use crate::rate::RateLimiter;
+use crate::stream;
 use crate::tenants::Tenants;
-use crate::{body, files, openapi, ports, procs, stream, templates};
 
 /// What every request handler reaches.
 pub struct App {
@@ -39,91 +37,11 @@ pub struct App {
     pub limits: Limits,
 }
 
-pub fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/api/v1/health", get(health))
-        .route("/api/v1/openapi.json", get(openapi::document))
-        .route("/api/v1/runtimes", get(runtimes))
-        .route("/api/v1/execute", post(execute))
-        .route("/api/v1/test", post(run_tests))
-        .route("/api/v1/sessions", post(open_session).get(list_sessions))
-        .route(
-            "/api/v1/sessions/{id}",
-            get(get_session).delete(close_session),
-        )
-        .route("/api/v1/sessions/{id}/execute", post(execute_in_session))
-        .route("/api/v1/executions/{id}", get(execution))
-        .route(
-            "/api/v1/templates",
-            get(templates::list).post(templates::create),
-        )
-        .route(
-            "/api/v1/templates/{name}",
-            get(templates::get)
-                .put(templates::update)
-                .delete(templates::delete),
-        )
-        .route(
-            "/api/v1/sessions/{id}/files",
-            get(files::list).post(files::upload_form),
-        )
-        .route(
-            "/api/v1/sessions/{id}/files/{*path}",
-            get(files::download)
-                .put(files::upload)
-                .post(files::upload_by_post)
-                .delete(files::delete),
-        )
-        .route(
-            "/api/v1/sessions/{id}/processes",
-            post(procs::start).get(procs::list),
-        )
-        .route(
-            "/api/v1/sessions/{id}/processes/{proc_id}",
-            axum::routing::delete(procs::kill),
-        )
-        .route(
-            "/api/v1/sessions/{id}/processes/{proc_id}/output",
-            get(procs::output),
-        )
-        .route(
-            "/api/v1/sessions/{id}/processes/{proc_id}/input",
-            post(procs::input),
-        )
-        .route(
-            "/api/v1/sessions/{id}/procs/{proc_id}/ws",
-            get(procs::terminal),
-        )
-        .route(
-            "/api/v1/sessions/{id}/ports",
-            post(ports::expose).get(ports::list),
-        )
-        .route(
-            "/api/v1/sessions/{id}/ports/{port}",
-            get(ports::to_root).delete(ports::unexpose),
-        )
-        .route(
-            "/api/v1/sessions/{id}/ports/{port}/",
-            any(ports::proxy_path),
-        )
-        .route(
-            "/api/v1/sessions/{id}/ports/{port}/{*path}",
-            any(ports::proxy_path),
-        )
-        .fallback(|| async { Problem::not_found("no such route") })
-        // `{port}-{session}.localhost` is a port of a session, whatever the path.
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            ports::host_routing,
-        ))
-        // Body caps are the extractors' (per route: files may be larger than JSON), checked
-        // as the body streams in; axum's default cap would cut uploads at 2 MB.
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            body::idle_timeout,
-        ))
-        .with_state(app)
+/// The limits, for middleware that needs nothing else of the app (`body::idle_timeout`).
+impl FromRef<Arc<App>> for Limits {
+    fn from_ref(app: &Arc<App>) -> Self {
+        app.limits
+    }
 }
 
 // === impl Agent ===
@@ -245,8 +163,6 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for QueryOf
             .map_err(|e| Problem::bad_request(e.body_text()))
     }
 }
-
-pub type Reply = Result<Response, Problem>;
 
 // === health and runtimes ===
 

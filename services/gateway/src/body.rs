@@ -3,7 +3,6 @@
 //! a cap where one applies, and paced for parsers that would otherwise read ahead without end.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::{Stream, StreamExt};
 
-use crate::api::App;
+use crate::config::Limits;
 use crate::problem::Problem;
 
 /// Why a request body could not be read whole.
@@ -82,8 +81,8 @@ impl From<&BodyError> for Problem {
 /// Middleware for every route: the body fails with [`BodyError::Stalled`] when the client
 /// sends nothing for `body_idle_timeout` while a handler waits for it. Time the handler spends
 /// elsewhere (waiting for the store) does not count.
-pub async fn idle_timeout(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let idle = app.limits.body_idle_timeout;
+pub async fn idle_timeout(State(limits): State<Limits>, req: Request, next: Next) -> Response {
+    let idle = limits.body_idle_timeout;
     let (parts, body) = req.into_parts();
     let timed = futures::stream::unfold(Some(body.into_data_stream()), move |body| async move {
         let mut body = body?;

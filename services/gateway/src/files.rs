@@ -15,10 +15,9 @@ use messages::workspace::{INLINE_MAX_BYTES, READ_RANGE_BYTES};
 use sandmesh_client::{Staged, StreamError, WorkspaceClient};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{Agent, App, Params, QueryOf, Reply};
+use crate::api::{Agent, App, Params, QueryOf};
 use crate::body::{self, BodyError};
-use crate::openapi::Errors;
-use crate::problem::Problem;
+use crate::problem::{Errors, Problem, Reply};
 use messages::workspace::{Ack, WsEntry, WsListing};
 
 #[derive(Debug, Default, Deserialize)]

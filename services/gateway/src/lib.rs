@@ -34,6 +34,7 @@ pub mod ports;
 pub mod problem;
 pub mod procs;
 pub mod rate;
+pub mod routes;
 pub mod stream;
 pub mod templates;
 pub mod tenants;
@@ -130,7 +131,7 @@ pub async fn serve_with(
         serve_router(listener, e2b::router(app.clone()), &shutdown).await
     };
     let served = tokio::try_join!(
-        serve_router(listener, api::router(app.clone()), &shutdown),
+        serve_router(listener, routes::router(app.clone()), &shutdown),
         facade
     );
     runtime.shutdown().await;

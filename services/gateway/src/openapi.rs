@@ -3,73 +3,15 @@
 //! `openapi` feature (so the protocol and its HTTP description cannot drift apart, and
 //! `messages` keeps no runtime dependency), the gateway's few own bodies derive theirs here.
 
-use std::collections::BTreeMap;
-
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use messages::exec::{AwaitingConfirmation, OutputChunk};
 
-use crate::problem::{Problem, PROBLEM_JSON};
+use crate::problem::Problem;
 use crate::{api, files, ports, procs, templates};
-
-/// The errors any call may answer with, all in the problem shape.
-pub struct Errors;
-
-impl utoipa::IntoResponses for Errors {
-    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
-        let problem = |what: &str| {
-            ResponseBuilder::new()
-                .description(what)
-                .content(
-                    PROBLEM_JSON,
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name("Problem")))
-                        .build(),
-                )
-                .build()
-                .into()
-        };
-        [
-            ("400", "malformed or out of bounds (`bad_request`)"),
-            (
-                "401",
-                "no key, or an unknown or revoked one (`unauthorized`)",
-            ),
-            ("403", "refused by policy (`denied`)"),
-            ("404", "no such id for this key's tenant (`not_found`)"),
-            (
-                "408",
-                "the request body sent nothing for too long (`timeout`); nothing was kept",
-            ),
-            ("409", "conflicts with the current state (`conflict`)"),
-            ("413", "over a size limit (`too_large`)"),
-            (
-                "429",
-                "over the key's rate (`rate_limited`, `Retry-After`) or shed (`overloaded`)",
-            ),
-            (
-                "502",
-                "an answer the gateway does not understand (`internal`)",
-            ),
-            (
-                "503",
-                "the service is not there (`unavailable`, `transport`)",
-            ),
-            (
-                "501",
-                "this kind of sandbox cannot do it (`not_implemented`)",
-            ),
-            ("504", "no answer in time (`timeout`)"),
-        ]
-        .into_iter()
-        .map(|(code, what)| (code.to_string(), problem(what)))
-        .collect()
-    }
-}
 
 /// `Authorization: Bearer <key>` on every call but health and this document.
 struct BearerKeys;

@@ -31,9 +31,8 @@ use messages::validate::validate_id;
 use sandmesh_client::MeshClient;
 use serde::Deserialize;
 
-use crate::api::{Agent, App, Body as JsonBody, Params, Reply};
-use crate::openapi::Errors;
-use crate::problem::Problem;
+use crate::api::{Agent, App, Body as JsonBody, Params};
+use crate::problem::{Errors, Problem, Reply};
 
 /// `POST /api/v1/sessions/{id}/ports`'s body.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, utoipa::ToSchema)]

@@ -2,16 +2,77 @@
 //! client crate's error kind, so an HTTP caller branches on `kind` as a NATS caller branches on
 //! [`sandmesh_client::ErrorKind`].
 
+use std::collections::BTreeMap;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use sandmesh_client::{ClientError, ErrorKind};
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Kinds the gateway itself reports besides the client crate's.
 pub const UNAUTHORIZED: &str = "unauthorized";
 pub const RATE_LIMITED: &str = "rate_limited";
+
+/// What a handler answers: its response, or a problem.
+pub type Reply = Result<Response, Problem>;
+
+/// The errors any call may answer with, all in the problem shape.
+pub struct Errors;
+
+impl utoipa::IntoResponses for Errors {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        let problem = |what: &str| {
+            ResponseBuilder::new()
+                .description(what)
+                .content(
+                    PROBLEM_JSON,
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build()
+                .into()
+        };
+        [
+            ("400", "malformed or out of bounds (`bad_request`)"),
+            (
+                "401",
+                "no key, or an unknown or revoked one (`unauthorized`)",
+            ),
+            ("403", "refused by policy (`denied`)"),
+            ("404", "no such id for this key's tenant (`not_found`)"),
+            (
+                "408",
+                "the request body sent nothing for too long (`timeout`); nothing was kept",
+            ),
+            ("409", "conflicts with the current state (`conflict`)"),
+            ("413", "over a size limit (`too_large`)"),
+            (
+                "429",
+                "over the key's rate (`rate_limited`, `Retry-After`) or shed (`overloaded`)",
+            ),
+            (
+                "502",
+                "an answer the gateway does not understand (`internal`)",
+            ),
+            (
+                "503",
+                "the service is not there (`unavailable`, `transport`)",
+            ),
+            (
+                "501",
+                "this kind of sandbox cannot do it (`not_implemented`)",
+            ),
+            ("504", "no answer in time (`timeout`)"),
+        ]
+        .into_iter()
+        .map(|(code, what)| (code.to_string(), problem(what)))
+        .collect()
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Problem {

@@ -30,9 +30,8 @@ use messages::proc::{
 use sandmesh_client::MeshClient;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{Agent, App, Body as JsonBody, Params, QueryOf, Reply};
-use crate::openapi::Errors;
-use crate::problem::Problem;
+use crate::api::{Agent, App, Body as JsonBody, Params, QueryOf};
+use crate::problem::{Errors, Problem, Reply};
 
 /// Starts a background process in the session (`cmd` or `argv`, `cwd`, `env`, `stdin`,
 /// `pty: {cols, rows}`, `tag`, `timeout_ms`). It is assessed as shell code; one that needs a

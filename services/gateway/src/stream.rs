@@ -18,8 +18,7 @@ use futures::{SinkExt, StreamExt};
 use messages::exec::{AwaitingConfirmation, ExecRequest, ExecResult, OutputChunk};
 use sandmesh_client::{ClientError, MeshClient};
 
-use crate::api::Reply;
-use crate::problem::Problem;
+use crate::problem::{Problem, Reply};
 
 /// The result travels on another subject than the chunks and may overtake the last of them:
 /// this long, at most, is waited for the `eof` chunk before the result is sent.

@@ -9,9 +9,8 @@ use axum::response::IntoResponse;
 use axum::Json;
 use messages::template::{Template, TemplateListReply, TemplateRecord};
 
-use crate::api::{Agent, Params, Reply};
-use crate::openapi::Errors;
-use crate::problem::Problem;
+use crate::api::{Agent, Params};
+use crate::problem::{Errors, Problem, Reply};
 
 /// Every template, sorted by name.
 #[utoipa::path(

@@ -269,3 +269,57 @@ impl Actor for Catalog {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use messages::ErrorKind;
+
+    use super::*;
+
+    /// The refusals the black-box tests cannot provoke (a corrupt record, a bucket that fails,
+    /// a race lost between two operators) are answered with their kind and their message too.
+    #[test]
+    fn every_refusal_is_answered_with_its_kind() {
+        let corrupt = serde_json::from_slice::<TemplateRecord>(b"{").unwrap_err();
+        let name = || "python-data".to_string();
+        for (e, kind) in [
+            (
+                CatalogError::AgentsOnlyRead {
+                    tenant: "acme".into(),
+                },
+                ErrorKind::Denied,
+            ),
+            (CatalogError::Unknown { name: name() }, ErrorKind::NotFound),
+            (
+                CatalogError::UpdateOfUnknown { name: name() },
+                ErrorKind::NotFound,
+            ),
+            (CatalogError::Exists { name: name() }, ErrorKind::Conflict),
+            (
+                CatalogError::ChangedMeanwhile { name: name() },
+                ErrorKind::Conflict,
+            ),
+            (
+                CatalogError::Corrupt {
+                    name: name(),
+                    source: corrupt,
+                },
+                ErrorKind::Internal,
+            ),
+            (
+                bucket("read")(std::io::Error::other("no responders")),
+                ErrorKind::Unavailable,
+            ),
+        ] {
+            let message = e.to_string();
+            let body = ErrorBody::from(e);
+            assert_eq!((body.kind, body.code), (kind, kind.code()), "{message}");
+            assert_eq!(body.message, message);
+        }
+        let invalid = ValidationError::invalid("name", "empty");
+        assert_eq!(
+            ErrorBody::from(CatalogError::from(invalid.clone())),
+            ErrorBody::from(invalid)
+        );
+    }
+}

@@ -49,6 +49,7 @@ pub mod snapshot;
 pub mod store;
 pub mod sweeper;
 pub mod uploads;
+pub mod workspaces;
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -65,7 +66,7 @@ use ractor::Actor;
 
 pub use config::WorkspaceConfig;
 pub use error::StoreError;
-pub use store::Workspaces;
+pub use workspaces::Workspaces;
 
 use blobs::Blobs;
 use container_sync::ContainerSync;

@@ -1,6 +1,6 @@
-//! The parts every operation shares, and [`Workspaces`], the owners of the operations:
-//! [`Files`], [`Snapshots`], [`Restores`] and [`Cleanup`], each holding what it needs of the
-//! index, the blobs and the limits.
+//! The parts every operation shares: the owners of the operations
+//! ([`crate::workspaces::Workspaces`]: files, snapshots, restores, cleanup) each hold what they
+//! need of them, of the index, the blobs and the limits.
 //!
 //! [`Tree`] is a session's tree in the index (its nodes and totals) and the three steps every
 //! change is made of:
@@ -24,16 +24,9 @@ use messages::quota::Quota;
 use messages::tenancy::{scoped, tenant_of_scoped, Caller, Tenant};
 use messages::workspace::WsEntry;
 
-use crate::blobs::Blobs;
-use crate::cleanup::Cleanup;
-use crate::config::WorkspaceConfig;
 use crate::error::{Result, StoreError};
-use crate::files::Files;
 use crate::index::{Cas, Index, Node, SessionMeta, Versioned};
 use crate::keys::RelPath;
-use crate::restore::Restores;
-use crate::snapshot::Snapshots;
-use crate::uploads::Uploads;
 
 /// Compare-and-set retries before giving up with 409 (only reached under extreme contention).
 const MAX_CAS_ATTEMPTS: usize = 1000;
@@ -68,58 +61,6 @@ pub enum Accounting {
     Settle,
 }
 
-/// The store's operations, by the type that owns each kind: what the endpoints call.
-pub struct Workspaces {
-    pub files: Files,
-    pub snapshots: Snapshots,
-    pub restores: Restores,
-    pub cleanup: Cleanup,
-    /// Chunks of content too large for one message, committed by a write or a restore.
-    pub uploads: Arc<Uploads>,
-    pub metrics: Arc<Metrics>,
-}
-
-impl Workspaces {
-    pub fn new(
-        config: &WorkspaceConfig,
-        index: Index,
-        blobs: Blobs,
-        uploads: Uploads,
-        auditor: Auditor,
-        quotas: Arc<QuotaBook>,
-    ) -> Self {
-        let tree = Arc::new(Tree {
-            index,
-            quota_bytes: config.quota_bytes(),
-            tenants: TenantBytes::new(quotas),
-        });
-        let journal = Journal {
-            auditor,
-            metrics: Arc::new(Metrics::default()),
-        };
-        let uploads = Arc::new(uploads);
-        Self {
-            files: Files::new(
-                tree.clone(),
-                blobs.clone(),
-                uploads.clone(),
-                journal.clone(),
-            ),
-            snapshots: Snapshots::new(tree.clone(), blobs.clone(), journal.clone()),
-            restores: Restores::new(
-                tree.clone(),
-                blobs.clone(),
-                uploads.clone(),
-                config,
-                journal.clone(),
-            ),
-            cleanup: Cleanup::new(tree, blobs, config.cleanup_after(), journal.clone()),
-            uploads,
-            metrics: journal.metrics,
-        }
-    }
-}
-
 /// What an operation leaves behind besides its change: an audit event and the counters the
 /// heartbeat reports.
 #[derive(Clone)]
@@ -129,6 +70,13 @@ pub struct Journal {
 }
 
 impl Journal {
+    pub fn new(auditor: Auditor) -> Self {
+        Self {
+            auditor,
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
     /// An audit event of `session`, naming who asked (`by`; none for the store's own sweeps).
     pub fn audit(
         &self,
@@ -234,6 +182,16 @@ impl TenantBytes {
 }
 
 impl Tree {
+    /// The tree of every session in `index`, each holding at most `quota_bytes`, each tenant
+    /// at most its `workspace_bytes` quota in `quotas`.
+    pub fn new(index: Index, quota_bytes: u64, quotas: Arc<QuotaBook>) -> Self {
+        Self {
+            index,
+            quota_bytes,
+            tenants: TenantBytes::new(quotas),
+        }
+    }
+
     /// Applies `bytes`/`files` deltas to the session's totals (creating them on first use).
     pub async fn account(
         &self,

@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::cleanup::Cleanup;
 use crate::keys::SWEEP_LOCK_KEY;
-use crate::store::Workspaces;
+use crate::workspaces::Workspaces;
 
 pub enum SweeperMsg {
     Tick,

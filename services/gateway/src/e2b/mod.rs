@@ -34,6 +34,7 @@ pub mod control;
 pub mod files;
 pub mod interpreter;
 pub mod process;
+pub mod process_rpc;
 pub mod process_streams;
 pub mod processes;
 
@@ -96,7 +97,7 @@ async fn process_rpc(
     Path(method): Path<String>,
     req: Request,
 ) -> Response {
-    let served = process::serve(&app, &method, req).await;
+    let served = process_rpc::serve(&app, &method, req).await;
     served.unwrap_or_else(connect::error_response)
 }
 

@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use base64::Engine;
@@ -30,10 +29,8 @@ use messages::proc::PtySize;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::connect::{self, Shape};
-use super::{
-    awaiting_line, process_streams, processes, workspace_path, E2bError, E2bReply, Sandbox, HOME,
-};
+use super::connect;
+use super::{awaiting_line, workspace_path, E2bError, E2bReply, Sandbox, HOME};
 use crate::api::App;
 use crate::stream::ExecEvent;
 
@@ -100,7 +97,7 @@ pub struct StartRequest {
 impl StartRequest {
     /// Whether the caller can come back to the command (input, a terminal, a name): then it
     /// is a session process, else an execution.
-    fn is_process(&self) -> bool {
+    pub fn is_process(&self) -> bool {
         self.pty.is_some() || self.stdin == Some(true) || self.tag.is_some()
     }
 }
@@ -175,30 +172,14 @@ pub fn deadline(app: &App, headers: &HeaderMap) -> (Option<u64>, Duration) {
     (ms, wait)
 }
 
-/// One `process.Process` call.
-pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
-    let sandbox = Sandbox::from_headers(app, req.headers()).await?;
-    match method {
-        "Start" => start(app, sandbox, req).await,
-        "Connect" => process_streams::connect(sandbox, req).await,
-        "List" => processes::list(sandbox, req).await,
-        "SendInput" => processes::send_input(sandbox, req).await,
-        "SendSignal" => processes::send_signal(sandbox, req).await,
-        "Update" => processes::update(sandbox, req).await,
-        "StreamInput" => Err(E2bError::unsupported(
-            "process.Process/StreamInput (a client stream; send input with SendInput)",
-        )),
-        other => Err(E2bError::unsupported(&format!("process.Process/{other}"))),
-    }
-}
-
-async fn start(app: &App, sandbox: Sandbox, req: Request) -> E2bReply {
-    let (deadline, wait) = deadline(app, req.headers());
-    let keepalive = keepalive(req.headers());
-    let start: StartRequest = connect::request(req, Shape::ServerStream).await?;
-    if start.is_process() {
-        return process_streams::start(sandbox, start, wait, keepalive);
-    }
+/// `Start` of a command that is no session process: one execution of the mesh, streamed.
+pub async fn start_exec(
+    sandbox: Sandbox,
+    start: StartRequest,
+    deadline: Option<u64>,
+    wait: Duration,
+    keepalive: Duration,
+) -> E2bReply {
     let exec = ExecRequest {
         session_id: Some(sandbox.id.clone()),
         language: Language::Shell,
