@@ -50,6 +50,8 @@ pub enum SessionMsg {
     IdleCheck,
     /// An operation on the session's background processes.
     Proc(ProcCall, RpcReplyPort<Result<ProcReply, ErrorBody>>),
+    /// A process start whose workspace sync is done: it starts now.
+    StartSynced(ProcCall, RpcReplyPort<Result<ProcReply, ErrorBody>>),
 }
 
 pub struct SessionContainer;
@@ -239,6 +241,14 @@ impl SessionState {
         });
     }
 
+    /// Off the actor: a start waits for its program, a wait for its end.
+    fn call_procs(&self, call: ProcCall, reply: RpcReplyPort<Result<ProcReply, ErrorBody>>) {
+        let (procs, host) = (self.procs.clone(), self.host.clone());
+        self.args.node.tasks.spawn(async move {
+            let _ = reply.send(procs.call(call, host).await);
+        });
+    }
+
     fn reject_queued(&mut self, error: ErrorBody) {
         for run in self.queue.drain(..) {
             run.answer(Err(error.clone()));
@@ -340,17 +350,29 @@ impl Actor for SessionContainer {
                     answer_syncs(vec![reply], false);
                 }
             }
-            SessionMsg::Proc(call, reply) => {
-                // Off the actor: a start waits for its program, a wait for its end.
-                let (procs, host) = (state.procs.clone(), state.host.clone());
-                if matches!(call, ProcCall::Start { .. }) {
-                    state.last_used = Instant::now();
-                    state.procs_since_run = true;
-                }
+            SessionMsg::Proc(call @ ProcCall::Start { .. }, reply) => {
+                // A process sees the workspace as the store holds it (an agent's upload
+                // included), as a run does: a run of nothing, queued behind the session's
+                // runs, brings it in first. A sync that failed is logged; the start goes on.
+                let (synced, done) = ractor::concurrency::oneshot();
+                state.syncs.push(synced.into());
+                state.pump(&myself);
+                let myself = myself.clone();
                 state.args.node.tasks.spawn(async move {
-                    let _ = reply.send(procs.call(call, host).await);
+                    let _ = done.await;
+                    if let Err(ractor::MessagingErr::SendErr(SessionMsg::StartSynced(_, reply))) =
+                        myself.cast(SessionMsg::StartSynced(call, reply))
+                    {
+                        let _ = reply.send(Err(ErrorBody::unavailable("the session was closed")));
+                    }
                 });
             }
+            SessionMsg::StartSynced(call, reply) => {
+                state.last_used = Instant::now();
+                state.procs_since_run = true;
+                state.call_procs(call, reply);
+            }
+            SessionMsg::Proc(call, reply) => state.call_procs(call, reply),
             SessionMsg::IdleCheck => {
                 // A running process, or an open tunnel to one of its ports, is activity: the
                 // session lives on (up to its TTL, which the scheduler enforces).

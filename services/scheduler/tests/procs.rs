@@ -691,6 +691,22 @@ async fn a_read_returns_what_a_running_process_wrote() {
         acme.workspace().read("files", "exited.txt").await.unwrap(),
         b"gone\n"
     );
+    // And the other way: a process started after an agent's upload, with no run between,
+    // reads the upload.
+    acme.workspace()
+        .write("files", "uploaded.txt", b"from-agent\n")
+        .await
+        .unwrap();
+    let reader = start("files", ProcCommand::Cmd("cat uploaded.txt".into()));
+    let reader = acme.procs().start(&reader, None).await.unwrap();
+    let ended = acme
+        .procs()
+        .wait("files", &reader.proc_id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(ended.exit_code, Some(0), "{ended:?}");
+    let out = read_all(&acme, "files", &reader.proc_id, 0).await;
+    assert_eq!(bytes_of(&out.chunks), b"from-agent\n");
     mesh.shutdown().await;
 }
 

@@ -25,12 +25,11 @@ pub async fn serve(app: &App, method: &str, req: Request) -> E2bReply {
     }
 }
 
+/// Every command is a session process, as every command is envd's: `commands.run` waits on
+/// its stream, `background=True` keeps the handle — the two send the same `Start`.
 async fn start(app: &App, sandbox: Sandbox, req: Request) -> E2bReply {
-    let (deadline, wait) = process::deadline(app, req.headers());
+    let wait = process::wait(app, req.headers());
     let keepalive = process::keepalive(req.headers());
     let start: StartRequest = connect::request(req, Shape::ServerStream).await?;
-    if start.is_process() {
-        return process_streams::start(sandbox, start, wait, keepalive);
-    }
-    process::start_exec(sandbox, start, deadline, wait, keepalive).await
+    process_streams::start(sandbox, start, wait, keepalive)
 }
