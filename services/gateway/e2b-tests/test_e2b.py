@@ -160,6 +160,20 @@ def test_a_background_command_is_listed_reattached_and_killed(sbx: Sandbox) -> N
     assert sbx.commands.kill(h.pid) is False, "a process that ended is not found"
 
 
+def test_a_plain_background_server_holds_nothing_up_and_is_killed(sbx: Sandbox) -> None:
+    # As agents start dev servers: no stdin, no tag.
+    server = sbx.commands.run("python3 -m http.server 8000", background=True, timeout=BOUND)
+    assert server.pid in [p.pid for p in sbx.commands.list()]
+    # A later command is not held behind it, and reaches it.
+    fetch = "python3 - <<'PY'\nimport time, urllib.request\nfor _ in range(100):\n    try:\n        print(urllib.request.urlopen('http://127.0.0.1:8000/').status); break\n    except OSError:\n        time.sleep(0.1)\nPY"
+    assert sbx.commands.run(fetch, timeout=BOUND).stdout == "200\n"
+    assert sbx.commands.kill(server.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        server.wait()
+    assert killed.value.exit_code == -1, killed.value
+    assert server.pid not in [p.pid for p in sbx.commands.list()]
+
+
 def test_stdin_reaches_a_background_cat(sbx: Sandbox) -> None:
     h = sbx.commands.run("cat", background=True, stdin=True, timeout=BOUND)
     sbx.commands.send_stdin(h.pid, "hello cat\n")
