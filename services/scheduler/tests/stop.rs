@@ -8,8 +8,11 @@ use async_nats::connection::State;
 
 /// The grace the scheduler is given in this test.
 const GRACE: Duration = Duration::from_secs(2);
-/// What the bounded NATS steps of a stop may add to the grace.
-const STEPS: Duration = Duration::from_secs(6);
+/// What the bounded steps of a stop may add to the grace: six NATS steps of the stop path, each
+/// bounded by `kit::shutdown::NATS_STEP_LIMIT` (the three loops' joins, the claims' releases,
+/// the heartbeat watch's join, the endpoints), and the supervision tree's own 5 s. A stop that
+/// hangs — what this test catches — never ends; a loaded machine may take each step's bound.
+const STEPS: Duration = Duration::from_secs(6 * kit::shutdown::NATS_STEP_LIMIT.as_secs() + 5);
 /// How long the scheduler runs on without NATS before it is stopped: longer than a jobs fetch
 /// (1 s) and a few parked sweeps (500 ms here), so both are caught waiting on the dead server —
 /// those waits are what used to keep the stop from ever finishing.
