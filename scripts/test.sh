@@ -104,46 +104,45 @@ done
 wait_images "$browser_images" "the browser image"
 wait_images "$other_images" "the AIO image or the python-data template"
 echo "images ready: $(grep -cE 'up to date|built ' "$images_log") steps (see $images_log)" >&2
-# Every test in a process of its own, two at a time (most start a whole mesh: more would starve
-# each other on a small machine); tests that look at the whole Docker host run alone, Chromium
-# tests one at a time (.config/nextest.toml).
 # Every suite below runs even when one before it failed (one run shows every failure); the
 # script fails at the end, naming which.
 failed=()
 suite() { local name=$1; shift; "$@" || failed+=("$name"); }
-suite "cargo nextest" cargo nextest run --workspace --no-fail-fast "$@"
-# nextest runs no doctests: the documentation's examples compile (and run) here.
-suite "doctests" cargo test --workspace --doc --no-fail-fast
-# Three suites with a mesh of their own each (free ports, own data directories), run side by
-# side (each mostly waits on its mesh): the Python SDK against a real mesh started from the
-# binaries just built (a cached venv; pip installs its test extra the first time), the HTTP
-# gateway's OpenAPI document — validated, then schemathesis against a live gateway (a bounded
-# number of examples per operation; no 5xx, every answer as documented) — and E2B's own SDKs,
-# unmodified, against the gateway's E2B facade. Each one's output is shown when it ends.
-side_by_side() { # side_by_side NAME CMD [NAME CMD ...]
-  local logs=() pids=() names=() i waited=0
+# Suites with a mesh of their own each (free ports, own data directories, containers labelled
+# with this run) start in the background and run beside the Rust tests: each mostly waits on
+# its mesh, as most Rust tests do on theirs, so on two cores they share the time instead of
+# adding to it. Each one's output is shown when it ends.
+side_names=() side_logs=() side_pids=()
+side_by_side() { # side_by_side NAME CMD [NAME CMD ...]: starts them
   while [ $# -gt 0 ]; do
-    names+=("$1")
-    logs+=("$(mktemp)")
-    "$2" >"${logs[-1]}" 2>&1 &
-    pids+=($!)
+    side_names+=("$1")
+    side_logs+=("$(mktemp)")
+    "$2" >"${side_logs[-1]}" 2>&1 &
+    side_pids+=($!)
     shift 2
   done
-  echo "running the ${names[*]} side by side" >&2
-  for i in "${!pids[@]}"; do
-    while kill -0 "${pids[$i]}" 2>/dev/null; do
+  echo "started the ${side_names[*]} (they run beside the Rust tests; output at their end)" >&2
+}
+side_wait() { # waits for every suite side_by_side started, saying every 30 s what still runs
+  local i waited=0
+  for i in "${!side_pids[@]}"; do
+    while kill -0 "${side_pids[$i]}" 2>/dev/null; do
       if [ $((waited % 30)) = 0 ] && [ "$waited" -gt 0 ]; then
-        echo "the ${names[$i]} still runs (${waited} s): $(tail -n 1 "${logs[$i]}" | cut -c1-120)" >&2
+        echo "the ${side_names[$i]} still runs (${waited} s after the Rust tests): $(tail -n 1 "${side_logs[$i]}" | cut -c1-120)" >&2
       fi
       sleep 1
       waited=$((waited + 1))
     done
-    wait "${pids[$i]}" || failed+=("${names[$i]}")
-    echo "== ${names[$i]}"
-    cat "${logs[$i]}"
-    rm -f "${logs[$i]}"
+    wait "${side_pids[$i]}" || failed+=("${side_names[$i]}")
+    echo "== ${side_names[$i]}"
+    cat "${side_logs[$i]}"
+    rm -f "${side_logs[$i]}"
   done
 }
+# The suites started so: the Python SDK against a real mesh started from the binaries just built (a cached venv; pip installs its test extra the first time), the HTTP
+# gateway's OpenAPI document — validated, then schemathesis against a live gateway (a bounded
+# number of examples per operation; no 5xx, every answer as documented) — and E2B's own SDKs,
+# unmodified, against the gateway's E2B facade. Each one's output is shown when it ends.
 # The framework adapters' suites (the frameworks' own conformance suites against a mesh of their
 # own) follow the SDK's on the same side with SANDMESH_TEST_ADAPTERS=1: they take about 14
 # minutes on a 2-core machine, more than the rest of the Python side, so a plain run leaves them
@@ -160,6 +159,12 @@ python_suites() {
 }
 side_by_side "python SDK" python_suites "OpenAPI check" services/gateway/check-openapi.sh \
   "E2B SDKs" services/gateway/e2b-tests/run.sh
+# Every test in a process of its own, two at a time (most start a whole mesh: more would starve
+# each other on a small machine); Chromium tests one at a time (.config/nextest.toml).
+suite "cargo nextest" cargo nextest run --workspace --no-fail-fast "$@"
+# nextest runs no doctests: the documentation's examples compile (and run) here.
+suite "doctests" cargo test --workspace --doc --no-fail-fast
+side_wait
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

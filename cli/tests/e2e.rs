@@ -13,19 +13,53 @@ use test_support::{
 
 use crate::common::{containers, run_bounded, sandmesh, Up, SANDMESH};
 
-/// The tests run one at a time: each counts the sandbox containers before and after its mesh,
-/// and another test's mesh would show up in that count.
-static ONE_MESH_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// A test-run mark of this test's own (`SANDMESH_TEST_RUN`'s form: a live pid and its start,
+/// so `scripts/test.sh` sweeps what is left once this process is gone). Every container the
+/// mesh it is given to makes carries it, so a leak check counts this mesh's containers and no
+/// one else's: other tests' meshes run beside it.
+fn own_test_run() -> String {
+    format!("{}-{}", std::process::id(), unix_now())
+}
 
-fn sandbox_containers() -> BTreeSet<String> {
-    containers(&["sandmesh".to_string()]).into_iter().collect()
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The containers made since `since` (Unix seconds) with the test-run mark `run`, gone or not:
+/// the daemon's own record of them.
+fn created_with_run(run: &str, since: u64) -> BTreeSet<String> {
+    let out = Command::new("docker")
+        .args(["events", "--since", &since.to_string(), "--until"])
+        .arg(unix_now().to_string())
+        .args(["--filter", "type=container", "--filter", "event=create"])
+        .args([
+            "--filter",
+            &format!("label={}={run}", ::containers::LABEL_TEST_RUN),
+        ])
+        .args(["--format", "{{.Actor.ID}}"])
+        .output()
+        .expect("docker events");
+    assert!(out.status.success(), "docker events: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn containers_of_run(run: &str) -> BTreeSet<String> {
+    containers(&[format!("{}={run}", ::containers::LABEL_TEST_RUN)])
+        .into_iter()
+        .collect()
 }
 
 #[tokio::test]
 async fn up_with_embedded_nats_runs_the_sample_and_stops() {
     require_docker();
-    let _one = ONE_MESH_AT_A_TIME.lock().await;
-    let before = sandbox_containers();
+    let run = own_test_run();
+    let started = unix_now();
     let data = tempfile::tempdir().unwrap();
     let mut up = Command::new(SANDMESH);
     up.args([
@@ -39,6 +73,7 @@ async fn up_with_embedded_nats_runs_the_sample_and_stops() {
     .arg(data.path())
     .env_remove("SANDMESH_NATS_URL")
     .env("SANDMESH_NATS_SERVER", nats_server_binary())
+    .env("SANDMESH_TEST_RUN", &run)
     .current_dir(repo_root());
     let out = run_bounded(up, Duration::from_secs(600)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -51,17 +86,20 @@ async fn up_with_embedded_nats_runs_the_sample_and_stops() {
         stdout.contains("status=rejected tier=reject risk=critical"),
         "{stdout}"
     );
-    let leaked: Vec<_> = sandbox_containers().difference(&before).cloned().collect();
+    // The mark reached the mesh's containers (so the leak check below counts them) ...
+    let made = created_with_run(&run, started);
+    assert!(!made.is_empty(), "no container was made with {run}");
+    // ... and none of them is left.
+    let leaked = containers_of_run(&run);
     assert!(
         leaked.is_empty(),
-        "containers left after up stopped: {leaked:?}"
+        "containers left after up stopped: {leaked:?} (of {made:?})"
     );
 }
 
 #[tokio::test]
 async fn a_python_client_and_the_cli_use_a_running_mesh() {
     require_docker();
-    let _one = ONE_MESH_AT_A_TIME.lock().await;
     let python = python_client();
     let nats = NatsServer::start();
     let log = tempfile::NamedTempFile::new().unwrap();
