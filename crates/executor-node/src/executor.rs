@@ -17,10 +17,10 @@ use messages::executor::{
 };
 use messages::proc::{ProcCall, ProcReply};
 use messages::workspace::Ack;
-use messages::ErrorBody;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::config::NodeConfig;
+use crate::error::ExecutorError;
 use crate::job::{output_budget, Admitted, Job};
 use crate::node::NodeState;
 use crate::results::{ResultStore, Seen};
@@ -28,7 +28,7 @@ use crate::slot::RunSlot;
 use crate::Backend;
 use kit::janitor::{Janitor, JanitorArgs, JanitorMsg};
 
-type Reply<T> = RpcReplyPort<Result<T, ErrorBody>>;
+type Reply<T> = RpcReplyPort<Result<T, ExecutorError>>;
 
 // `Run` is large, but it is the message this actor exists for and the kit's `actor_handler`
 // builds it by value; boxing would only add an allocation per request.
@@ -82,25 +82,19 @@ pub struct NodeActorState<B: Backend> {
 
 impl<B: Backend> NodeActorState<B> {
     /// Checks a run against this node's rules, decides its limits and takes its run slot.
-    fn admit(&self, run: &ExecutorRun) -> Result<(Job, RunSlot), ErrorBody> {
+    fn admit(&self, run: &ExecutorRun) -> Result<(Job, RunSlot), ExecutorError> {
         if self.draining {
-            return Err(ErrorBody::unavailable("this executor is draining"));
+            return Err(ExecutorError::Draining);
         }
-        run.validate_ids().map_err(ErrorBody::from)?;
-        let mut limits =
-            validate_exec(run.request(), &self.config.ceilings).map_err(ErrorBody::from)?;
+        run.validate_ids()?;
+        let mut limits = validate_exec(run.request(), &self.config.ceilings)?;
         // The result travels in one NATS message: output beyond what fits is cut (and the
         // status says so) rather than making the reply undeliverable.
         limits.max_output_bytes = limits.max_output_bytes.min(self.output_budget);
         self.backend.accepts(run)?;
         let capacity = self.capacity;
-        let slot =
-            RunSlot::acquire(&self.node, capacity, run.tenant.as_ref()).ok_or_else(|| {
-                ErrorBody::overloaded(format!(
-                    "this executor runs {capacity} executions at once, shared among the tenants \
-                 asking; retry later"
-                ))
-            })?;
+        let slot = RunSlot::acquire(&self.node, capacity, run.tenant.as_ref())
+            .ok_or(ExecutorError::Full { capacity })?;
         let job = Job {
             run: run.clone(),
             limits,
@@ -184,7 +178,7 @@ impl<B: Backend> Actor for ExecutorNode<B> {
                 let status = query
                     .validate()
                     .map(|()| state.results.status(&query))
-                    .map_err(ErrorBody::from);
+                    .map_err(ExecutorError::from);
                 let _ = reply.send(status);
             }
             NodeMsg::Close(_ctx, close, reply) => {
@@ -197,7 +191,7 @@ impl<B: Backend> Actor for ExecutorNode<B> {
             NodeMsg::Proc(_ctx, call, reply) => {
                 // Not while draining: a drain ends in closing every session.
                 if state.draining && matches!(call, ProcCall::Start { .. }) {
-                    let _ = reply.send(Err(ErrorBody::unavailable("the node is draining")));
+                    let _ = reply.send(Err(ExecutorError::Draining));
                     return Ok(());
                 }
                 let answer = state.backend.proc(call);

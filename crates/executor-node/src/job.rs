@@ -9,10 +9,11 @@ use std::time::Instant;
 use messages::exec::{EffectiveLimits, Language};
 use messages::executor::ExecutorRun;
 use messages::template::TemplateRan;
-use messages::ErrorBody;
+use messages::ErrorKind;
 use sandbox_protocol::{KernelLanguage, RunSpec, PROTOCOL_VERSION};
 
 use crate::config::NodeConfig;
+use crate::error::ExecutorError;
 use crate::results::{Answer, Reply, ResultStore};
 use crate::slot::RunSlot;
 
@@ -84,9 +85,7 @@ impl Drop for Admitted {
     fn drop(&mut self) {
         // Unanswered (a task that panicked, an actor that stopped): what the kit answers for
         // a dropped reply, to every caller, and not kept.
-        self.settle(Err(ErrorBody::unavailable(
-            "the execution ended without an answer",
-        )));
+        self.settle(Err(ExecutorError::Unanswered));
     }
 }
 
@@ -172,22 +171,98 @@ pub fn run_spec(job: &Job, config: &NodeConfig, keeps_changes: bool) -> RunSpec 
     }
 }
 
+/// Why the request's files could not be packed for the supervisor: its result's error.
+#[derive(Debug, thiserror::Error)]
+pub enum FilesError {
+    /// Content that does not decode in the encoding it names.
+    #[error("{path}: {reason}")]
+    Content { path: String, reason: String },
+    /// A file tar refuses (a path it cannot store).
+    #[error("{path}: {source}")]
+    Append {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("packing the request's files: {0}")]
+    Finish(#[source] std::io::Error),
+}
+
+impl FilesError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            FilesError::Content { .. } | FilesError::Append { .. } => ErrorKind::BadRequest,
+            FilesError::Finish(_) => ErrorKind::Internal,
+        }
+    }
+}
+
 /// The request's files as a tar (paths were validated on admission).
-pub fn request_files(job: &Job) -> Result<Vec<u8>, ErrorBody> {
+pub fn request_files(job: &Job) -> Result<Vec<u8>, FilesError> {
     let files = &job.run.request().files;
     if files.is_empty() {
         return Ok(Vec::new());
     }
     let mut b = tar::Builder::new(Vec::new());
     for f in files {
-        let bytes = f.bytes().map_err(ErrorBody::bad_request)?;
+        let bytes = f.bytes().map_err(|reason| FilesError::Content {
+            path: f.path.clone(),
+            reason,
+        })?;
         let mut h = tar::Header::new_gnu();
         h.set_size(bytes.len() as u64);
         h.set_mode(0o644);
         h.set_entry_type(tar::EntryType::Regular);
         b.append_data(&mut h, &f.path, bytes.as_slice())
-            .map_err(|e| ErrorBody::bad_request(format!("{}: {e}", f.path)))?;
+            .map_err(|source| FilesError::Append {
+                path: f.path.clone(),
+                source,
+            })?;
     }
-    b.into_inner()
-        .map_err(|e| ErrorBody::internal(e.to_string()))
+    b.into_inner().map_err(FilesError::Finish)
+}
+
+#[cfg(test)]
+mod tests {
+    use messages::exec::{validate_exec, ContentEncoding, ExecRequest, FileSpec};
+    use messages::executor::RunKind;
+    use messages::validate::Ceilings;
+
+    use super::*;
+
+    /// A job with `files`, which admission has not seen (it would refuse undecodable ones).
+    fn job_with(files: Vec<FileSpec>) -> Job {
+        let mut request = ExecRequest {
+            language: Language::Python,
+            code: "x".into(),
+            ..Default::default()
+        };
+        let limits = validate_exec(&request, &Ceilings::default()).unwrap();
+        request.files = files;
+        Job {
+            limits,
+            run: ExecutorRun::new("e1".into(), request, RunKind::Pooled).unwrap(),
+            accepted: Instant::now(),
+            retried: false,
+        }
+    }
+
+    #[test]
+    fn files_that_cannot_be_packed_are_the_callers_fault_unless_tar_fails() {
+        let undecodable = FileSpec {
+            path: "data.bin".into(),
+            content: "not base64!".into(),
+            encoding: ContentEncoding::Base64,
+        };
+        let e = request_files(&job_with(vec![undecodable])).unwrap_err();
+        assert!(matches!(e, FilesError::Content { ref path, .. } if path == "data.bin"));
+        assert_eq!(e.kind(), ErrorKind::BadRequest, "{e}");
+        let refused = FilesError::Append {
+            path: "a".into(),
+            source: std::io::Error::other("path too long"),
+        };
+        assert_eq!(refused.kind(), ErrorKind::BadRequest);
+        let finish = FilesError::Finish(std::io::Error::other("disk"));
+        assert_eq!(finish.kind(), ErrorKind::Internal);
+    }
 }

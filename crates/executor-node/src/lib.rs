@@ -10,6 +10,8 @@
 //!   backend with sessions; `proc` answers 501 on a backend without background processes);
 //! - one run per execution id, its answer kept a while for a caller whose reply was lost, and
 //!   `status` ("what happened to X?") from that record ([`results`]);
+//! - why a run or a call was refused ([`ExecutorError`], a backend's own reasons among them as
+//!   [`BackendError`]s), a typed value until the endpoint answers with it;
 //! - the heartbeat (capacity, running, the backend's own gauges), the janitor with its
 //!   watch on other nodes' heartbeat keys, and its restart;
 //! - the supervisor protocol's executor half ([`exchange`]), the run spec ([`job`]) and the
@@ -34,6 +36,7 @@
 
 pub mod changes;
 pub mod config;
+pub mod error;
 pub mod exchange;
 pub mod executor;
 pub mod image;
@@ -56,10 +59,11 @@ use kit::{actor_handler, CancellationToken, EndpointOptions, KitError, Runtime};
 use messages::executor::ExecutorRun;
 use messages::proc::{ProcCall, ProcReply};
 use messages::subjects::ExecutorOp;
-use messages::{ErrorBody, ServiceName};
+use messages::ServiceName;
 use ractor::{Actor, ActorCell, ActorProcessingErr};
 
 pub use config::NodeConfig;
+pub use error::{BackendError, ExecutorError};
 pub use executor::{ExecutorNode, NodeMsg};
 pub use image::{check_image, ImageCheckError};
 pub use job::{Admitted, Job, SUPERVISOR_PATH, WORKSPACE_DIR};
@@ -90,8 +94,8 @@ pub trait Backend: Send + 'static {
     const SESSIONS: bool;
 
     /// The run kinds and options it takes (tier, kind, session, network); the rest of
-    /// admission is the node's.
-    fn accepts(&self, run: &ExecutorRun) -> Result<(), ErrorBody>;
+    /// admission is the node's. A refusal is the backend's own [`BackendError`].
+    fn accepts(&self, run: &ExecutorRun) -> Result<(), ExecutorError>;
 
     /// Starts the backend's own actors, linked to the node's root actor `node` (a failed one
     /// fails the node).
@@ -110,14 +114,13 @@ pub trait Backend: Send + 'static {
     fn close_all(&self) -> BoxFuture<'static, ()>;
 
     /// One operation on a session's background processes (`messages::proc`); the caller's
-    /// ids are scoped already. A backend without them answers 501.
-    fn proc(&self, call: ProcCall) -> BoxFuture<'static, Result<ProcReply, ErrorBody>> {
+    /// ids are scoped already. A backend without them keeps this default: 501.
+    fn proc(&self, call: ProcCall) -> BoxFuture<'static, Result<ProcReply, ExecutorError>> {
         let _ = call;
-        let message = format!(
-            "the {} backend keeps no background processes: use a session on a docker node",
-            Self::KIND.as_str()
-        );
-        Box::pin(async move { Err(ErrorBody::not_implemented(message)) })
+        let refused = ExecutorError::NoProcesses {
+            backend: Self::KIND,
+        };
+        Box::pin(async move { Err(refused) })
     }
 
     /// At stop: removes every sandbox the backend's actors hold.

@@ -23,12 +23,14 @@ use std::time::Duration;
 use messages::exec::ExecResult;
 use messages::executor::{ExecutorRun, ExecutorRunStatus, ExecutorStatusQuery, RunState};
 use messages::tenancy::Tenant;
-use messages::{ErrorBody, ErrorKind};
+use messages::ErrorKind;
 use ractor::RpcReplyPort;
 use tokio::time::Instant;
 
-/// An answer as the caller got it.
-pub type Answer = Result<ExecResult, ErrorBody>;
+use crate::error::ExecutorError;
+
+/// An answer as the caller got it (its error made the wire's body at the endpoint).
+pub type Answer = Result<ExecResult, ExecutorError>;
 
 /// Where a caller waits for its answer.
 pub type Reply = RpcReplyPort<Answer>;
@@ -160,7 +162,7 @@ impl ResultStore {
         let key = Key::of_run(run);
         let mut inner = self.lock();
         let waiters = inner.running.remove(&key).unwrap_or_default();
-        let nothing_ran = matches!(answer, Err(e) if matches!(e.kind, ErrorKind::Overloaded | ErrorKind::Unavailable));
+        let nothing_ran = matches!(answer, Err(e) if matches!(e.kind(), ErrorKind::Overloaded | ErrorKind::Unavailable));
         if !nothing_ran {
             inner.keep(key, answer.clone(), &self.limits);
         }
@@ -186,7 +188,7 @@ impl ResultStore {
         let (result, error) = match answer {
             None => (None, None),
             Some(Ok(r)) => (Some(Box::new(r)), None),
-            Some(Err(e)) => (None, Some(e)),
+            Some(Err(e)) => (None, Some(e.into())),
         };
         ExecutorRunStatus {
             state,
@@ -202,11 +204,10 @@ impl ResultStore {
     }
 }
 
-fn forgotten(key: &Key) -> ErrorBody {
-    ErrorBody::conflict(format!(
-        "execution {} already ran on this node; its result is no longer kept",
-        key.execution_id
-    ))
+fn forgotten(key: &Key) -> ExecutorError {
+    ExecutorError::Forgotten {
+        execution_id: key.execution_id.clone(),
+    }
 }
 
 /// About what an answer costs in memory: its texts and outputs (the rest is small and fixed).
@@ -227,7 +228,7 @@ fn answer_bytes(answer: &Answer) -> usize {
                         .map(String::len)
                         .sum::<usize>()
             }
-            Err(e) => e.message.len(),
+            Err(e) => e.to_string().len(),
         }
 }
 
@@ -307,6 +308,8 @@ impl Inner {
 mod tests {
     use messages::exec::ExecStatus;
     use messages::executor::RunKind;
+    use messages::validate::ValidationError;
+    use messages::ErrorBody;
     use ractor::concurrency::{oneshot, OneshotReceiver};
 
     use super::*;
@@ -384,12 +387,17 @@ mod tests {
         for r in [&busy, &fail] {
             store.started(r);
         }
-        store.finished(&busy, &Err(ErrorBody::overloaded("full")));
-        store.finished(&fail, &Err(ErrorBody::internal("broke")));
+        store.finished(&busy, &Err(ExecutorError::Full { capacity: 1 }));
+        let broke = ValidationError::invalid("code", "broke");
+        store.finished(&fail, &Err(broke.clone().into()));
         assert_eq!(state(&store, &busy), RunState::Unknown);
         let status = store.status(&ExecutorStatusQuery::of(&fail));
         assert_eq!(status.state, RunState::Finished);
-        assert_eq!(status.error.unwrap().message, "broke");
+        assert_eq!(
+            status.error,
+            Some(ErrorBody::from(broke)),
+            "given as its wire form, details and all"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -413,7 +421,7 @@ mod tests {
         let Ok(Seen::Answered(_, answer)) = store.seen(&runs[0], reply) else {
             panic!("a forgotten run is not run again");
         };
-        assert_eq!(answer.map(|_| ()).unwrap_err().kind, ErrorKind::Conflict);
+        assert_eq!(answer.map(|_| ()).unwrap_err().kind(), ErrorKind::Conflict);
         let (records, bytes) = store.usage();
         assert_eq!(records, 3);
         assert!(bytes <= 3 * 1024, "{bytes}");

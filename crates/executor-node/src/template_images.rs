@@ -8,8 +8,32 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use messages::template::RunTemplate;
-use messages::ErrorBody;
+use messages::ErrorKind;
 use tokio::sync::OnceCell;
+
+/// Why a template's image could not be had. Its causes are shared: a run's answer goes to
+/// every caller attached to the run.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ImageError {
+    #[error("the image build task failed: {0}")]
+    Task(#[source] Arc<tokio::task::JoinError>),
+    /// Docker could not build (or find) it; the next run tries again.
+    #[error("template {template}: its image could not be built: {source}")]
+    Build {
+        template: String,
+        #[source]
+        source: Arc<containers::image::ImageError>,
+    },
+}
+
+impl ImageError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ImageError::Task(_) => ErrorKind::Internal,
+            ImageError::Build { .. } => ErrorKind::Unavailable,
+        }
+    }
+}
 
 /// A template's name and normalized image spec: what names one image on this node.
 type ImageKey = (String, Vec<u8>);
@@ -33,7 +57,7 @@ impl TemplateImages {
 
     /// The image `template` runs in here (the node's own for one that adds nothing),
     /// building it when Docker has none of the same inputs.
-    pub async fn image(&self, template: &RunTemplate) -> Result<String, ErrorBody> {
+    pub async fn image(&self, template: &RunTemplate) -> Result<String, ImageError> {
         let key = (template.name.clone(), template.image.normalized());
         let cell = {
             let mut images = self.images.lock().expect("not poisoned");
@@ -44,12 +68,10 @@ impl TemplateImages {
             let base = self.default_image.clone();
             tokio::task::spawn_blocking(move || containers::template::ensure(&name, &spec, &base))
                 .await
-                .map_err(|e| ErrorBody::internal(format!("the image build task failed: {e}")))?
-                .map_err(|e| {
-                    ErrorBody::unavailable(format!(
-                        "template {}: its image could not be built: {e}",
-                        template.name
-                    ))
+                .map_err(|e| ImageError::Task(Arc::new(e)))?
+                .map_err(|e| ImageError::Build {
+                    template: template.name.clone(),
+                    source: Arc::new(e),
                 })
         };
         cell.get_or_try_init(build).await.cloned()

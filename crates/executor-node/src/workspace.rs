@@ -21,8 +21,8 @@ use std::time::Duration;
 use async_nats::jetstream;
 use async_nats::jetstream::kv;
 use messages::workspace::WsRestored;
-use messages::{ErrorBody, Subjects};
-use sandmesh_client::{ErrorKind, WorkspaceClient};
+use messages::Subjects;
+use sandmesh_client::{ClientError, ErrorKind, WorkspaceClient};
 
 /// What a container's `/workspace` holds, compared with the session's workspace in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,28 @@ pub enum RevisionError {
     Bucket(#[source] async_nats::jetstream::context::KeyValueError),
     #[error("reading the workspace revision")]
     Read(#[source] kv::EntryError),
+}
+
+/// Why the session's workspace could not be brought in or its changes saved: the run's
+/// result says so.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// The store did not give the snapshot (refused, or did not answer): the run cannot start
+    /// from the session's files.
+    #[error("workspace snapshot: {0}")]
+    Snapshot(#[source] ClientError),
+    /// The store did not take the run's changes; its refusal keeps its kind.
+    #[error("workspace push: {0}")]
+    Push(#[source] ClientError),
+}
+
+impl WorkspaceError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            WorkspaceError::Snapshot(_) => ErrorKind::Unavailable,
+            WorkspaceError::Push(e) => e.kind(),
+        }
+    }
 }
 
 /// A fetched workspace and what a container holds once it is unpacked.
@@ -112,12 +134,8 @@ impl WorkspaceSync {
             .map(|e| e.revision))
     }
 
-    fn unavailable(what: &str, e: impl std::fmt::Display) -> ErrorBody {
-        ErrorBody::unavailable(format!("workspace {what}: {e}"))
-    }
-
     /// The session's workspace as a tar (an unknown session has an empty one).
-    pub async fn snapshot(&self, session_id: &str) -> Result<Snapshot, ErrorBody> {
+    pub async fn snapshot(&self, session_id: &str) -> Result<Snapshot, WorkspaceError> {
         match self.ws.snapshot_at(session_id, None).await {
             // No revision yet: the first change of the session will make one.
             Ok((tar, revision)) => Ok(Snapshot {
@@ -128,7 +146,7 @@ impl WorkspaceSync {
                 tar: Vec::new(),
                 holds: Held::Absent,
             }),
-            Err(e) => Err(Self::unavailable("snapshot", e)),
+            Err(e) => Err(WorkspaceError::Snapshot(e)),
         }
     }
 
@@ -138,7 +156,7 @@ impl WorkspaceSync {
         session_id: &str,
         changes: Vec<u8>,
         deleted: Vec<String>,
-    ) -> Result<WsRestored, ErrorBody> {
+    ) -> Result<WsRestored, WorkspaceError> {
         if changes.is_empty() && deleted.is_empty() {
             return Ok(WsRestored::default());
         }
@@ -154,9 +172,9 @@ impl WorkspaceSync {
                 self.ws
                     .restore(session_id, &changes, false, deleted)
                     .await
-                    .map_err(|e| e.into_body())
+                    .map_err(WorkspaceError::Push)
             }
-            Err(e) => Err(e.into_body()),
+            Err(e) => Err(WorkspaceError::Push(e)),
         }
     }
 }
@@ -176,5 +194,25 @@ mod tests {
             "the first change of a session"
         );
         assert!(!Held::Nothing.matches(None) && !Held::Unknown.matches(None));
+    }
+
+    #[test]
+    fn a_snapshot_not_had_is_unavailable_and_a_refused_push_keeps_the_stores_kind() {
+        let refused = |kind| ClientError::Service {
+            subject: "sandbox.v1.workspace.restore".into(),
+            body: messages::ErrorBody::new(kind, "over the workspace quota"),
+        };
+        let snapshot = WorkspaceError::Snapshot(refused(ErrorKind::Internal));
+        assert_eq!(snapshot.kind(), ErrorKind::Unavailable);
+        let push = WorkspaceError::Push(refused(ErrorKind::TooLarge));
+        assert_eq!(push.kind(), ErrorKind::TooLarge);
+        assert!(
+            push.to_string().contains("over the workspace quota"),
+            "{push}"
+        );
+        let silent = WorkspaceError::Push(ClientError::NoResponders {
+            subject: "sandbox.v1.workspace.restore".into(),
+        });
+        assert_eq!(silent.kind(), ErrorKind::Unavailable);
     }
 }

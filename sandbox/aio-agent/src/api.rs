@@ -3,7 +3,17 @@
 //! `{success, message, data, hint}`. Fields the agent does not implement are accepted and
 //! ignored, so clients of the upstream image keep working.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::{Deserialize, Serialize};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An id this agent hands out (a shell, command, kernel session or message id): `prefix-N`,
+/// unique within the process.
+pub(crate) fn next_id(prefix: &str) -> String {
+    format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed))
+}
 
 /// `Response[T]`: every JSON answer except `GET /v1/sandbox` and `/json/version`.
 #[derive(Debug, Serialize)]

@@ -14,7 +14,7 @@ use crate::api::Envelope;
 use crate::exec::{Command, Interpreter};
 use crate::files::error_chain;
 use crate::kernel::{CellOutput, CellResult, CellStatus, KernelError, Language};
-use crate::routes::{error, json, Reply};
+use crate::reply::{error, json, Reply};
 use crate::Agent;
 use sandbox_protocol::OutputKind;
 
@@ -286,7 +286,7 @@ pub async fn jupyter_execute(agent: &Agent, req: JupyterExecuteRequest) -> Reply
         status: cell.status.as_str(),
         execution_count: cell.execution_count,
         outputs: jupyter_outputs(&cell),
-        msg_id: Some(crate::routes::next_id("msg")),
+        msg_id: Some(crate::api::next_id("msg")),
         state_lost: cell.state_lost,
         truncated: cell.truncated,
         session_id: cell.session_id,
@@ -590,7 +590,7 @@ async fn run_program(
         merge_stderr: false,
         stdin,
     };
-    let out = crate::routes::run(agent, cmd).await?;
+    let out = agent.run(cmd).await?;
     let status = match (out.timed_out, out.exit_code) {
         (true, _) => CellStatus::Timeout,
         (false, Some(0)) => CellStatus::Ok,

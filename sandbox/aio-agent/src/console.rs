@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use crate::api::Envelope;
 use crate::files::error_chain;
 use crate::page::{page, PageError};
-use crate::routes::{error, json, Reply};
+use crate::reply::{error, json, Reply};
 use crate::Agent;
 
 /// Entries kept at most, and their text's bytes.

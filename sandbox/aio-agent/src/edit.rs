@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::files::{FileError, Workspace};
+use crate::files::{EditError, FileError, Workspace};
 
 /// Largest compiled pattern (the regex crate's own default is 10 MiB).
 const MAX_PATTERN_BYTES: usize = 1 << 20;
@@ -21,32 +21,6 @@ const MAX_FIND_RESULTS: usize = 10_000;
 /// Most undo steps kept per file, and most files with any.
 const MAX_UNDO_STEPS: usize = 10;
 const MAX_UNDO_FILES: usize = 256;
-
-#[derive(Debug, thiserror::Error)]
-pub enum EditError {
-    #[error("invalid pattern")]
-    Pattern(#[source] regex::Error),
-    #[error("{0} is not UTF-8 text")]
-    NotText(String),
-    #[error("`{0}` is required for this command")]
-    Missing(&'static str),
-    #[error("no replacement was performed: old_str did not appear verbatim in {0}")]
-    NotFound(String),
-    #[error(
-        "no replacement was performed: old_str occurs {} times (lines {lines:?}) in {path}; \
-         make it unique or set replace_mode to ALL",
-        lines.len()
-    )]
-    NotUnique { path: String, lines: Vec<usize> },
-    #[error("file already exists at {0}: `create` does not overwrite")]
-    Exists(String),
-    #[error("{0}")]
-    Range(&'static str),
-    #[error("no edit to undo for {0}")]
-    NoHistory(String),
-    #[error("{0} is a directory: only `view` works on one")]
-    Directory(String),
-}
 
 #[derive(Debug, Deserialize)]
 pub struct FileReplaceRequest {

@@ -41,7 +41,7 @@ pub enum FileError {
     #[error("{path} is {size} bytes, more than {limit} can be read in one answer")]
     TooLarge { path: String, size: u64, limit: u64 },
     #[error(transparent)]
-    Edit(#[from] crate::edit::EditError),
+    Edit(#[from] EditError),
     #[error("{path} is not a directory")]
     NotDirectory { path: String },
     #[error("{op} {path}")]
@@ -51,6 +51,34 @@ pub enum FileError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why a text tool ([`crate::edit`]) refused: here, beside the [`FileError`] that carries it
+/// to the file API's answer, because the tools sit above the files they edit.
+#[derive(Debug, thiserror::Error)]
+pub enum EditError {
+    #[error("invalid pattern")]
+    Pattern(#[source] regex::Error),
+    #[error("{0} is not UTF-8 text")]
+    NotText(String),
+    #[error("`{0}` is required for this command")]
+    Missing(&'static str),
+    #[error("no replacement was performed: old_str did not appear verbatim in {0}")]
+    NotFound(String),
+    #[error(
+        "no replacement was performed: old_str occurs {} times (lines {lines:?}) in {path}; \
+         make it unique or set replace_mode to ALL",
+        lines.len()
+    )]
+    NotUnique { path: String, lines: Vec<usize> },
+    #[error("file already exists at {0}: `create` does not overwrite")]
+    Exists(String),
+    #[error("{0}")]
+    Range(&'static str),
+    #[error("no edit to undo for {0}")]
+    NoHistory(String),
+    #[error("{0} is a directory: only `view` works on one")]
+    Directory(String),
 }
 
 /// `FileOperationError`: what a failed file call carries in `data` (HTTP 200,
@@ -75,9 +103,9 @@ impl FileError {
             | FileError::Parent(_)
             | FileError::Base64(_)
             | FileError::NotDirectory { .. } => ("invalid_argument", None),
-            FileError::Edit(crate::edit::EditError::NotText(_)) => ("not_text", None),
-            FileError::Edit(crate::edit::EditError::Exists(_)) => ("already_exists", None),
-            FileError::Edit(crate::edit::EditError::Directory(_)) => ("is_directory", None),
+            FileError::Edit(EditError::NotText(_)) => ("not_text", None),
+            FileError::Edit(EditError::Exists(_)) => ("already_exists", None),
+            FileError::Edit(EditError::Directory(_)) => ("is_directory", None),
             FileError::Edit(_) => ("invalid_argument", None),
             FileError::Outside { .. } | FileError::Symlink(_) => ("permission_denied", None),
             FileError::TooLarge { .. } => ("too_large", None),

@@ -468,7 +468,7 @@ impl Kernels {
     ) -> Result<(String, Arc<tokio::sync::Mutex<Session>>, bool), KernelError> {
         let id = match id {
             Some(id) => valid_session_id(id)?.to_string(),
-            None => crate::routes::next_id(language.kernel_name()),
+            None => crate::api::next_id(language.kernel_name()),
         };
         let mut table = self.table();
         let now = Instant::now();

@@ -38,6 +38,7 @@ pub mod files;
 pub mod kernel;
 pub mod page;
 pub mod record;
+mod reply;
 mod routes;
 
 use std::net::SocketAddr;
@@ -109,6 +110,17 @@ impl Agent {
             kernels,
             workspace,
             config,
+        })
+    }
+
+    /// Runs a command, one at a time with the agent's other commands and cells.
+    async fn run(&self, cmd: exec::Command) -> Result<exec::Outcome, reply::Reply> {
+        let _one_at_a_time = self.exec_lock.lock().await;
+        self.runner.run(cmd).await.map_err(|e| {
+            reply::error(
+                hyper::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("running the command: {}", files::error_chain(&e)),
+            )
         })
     }
 

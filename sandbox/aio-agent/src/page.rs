@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use crate::api::Envelope;
 use crate::browser::BrowserError;
 use crate::files::{error_chain, io, FileError};
-use crate::routes::{error, file_status, json, Reply};
+use crate::reply::{error, file_status, json, Reply};
 use crate::Agent;
 
 /// Bound of one CDP command (a navigation's wait has its own, from the request).

@@ -32,7 +32,7 @@ use crate::api::Envelope;
 use crate::avi;
 use crate::files::{error_chain, FileError, Workspace};
 use crate::page::{page, PageError};
-use crate::routes::{error, json, Reply};
+use crate::reply::{error, json, Reply};
 use crate::Agent;
 
 /// Longest recording (and `once`'s wait).

@@ -1,6 +1,6 @@
-//! Request routing, authentication, body limits and the JSON answers.
+//! Request routing, authentication and body limits; the handlers answer through
+//! [`crate::reply`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,25 +15,18 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 
 use crate::api::{self, Envelope};
-use crate::exec::{Command, Interpreter, Outcome};
+use crate::exec::{Command, Interpreter};
 use crate::files::{error_chain, FileError};
 use crate::kernel::Language;
+use crate::reply::{error, file_status, json, Reply};
 use crate::{code, console, edit, page};
 use crate::{trusted_peer, Agent, Peer};
-
-pub(crate) type Reply = Response<Full<Bytes>>;
 
 /// Upstream's header for the key.
 pub const API_KEY_HEADER: &str = "x-aio-api-key";
 /// `/v1/shell/exec` cuts output at this many characters when `truncate` is on (upstream's
 /// figure).
 const SHELL_TRUNCATE_CHARS: usize = 30_000;
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-pub(crate) fn next_id(prefix: &str) -> String {
-    format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed))
-}
 
 pub async fn handle(agent: Arc<Agent>, peer: Peer, req: Request<Incoming>) -> Reply {
     if !trusted_peer(&agent.config, peer) && !authorized(&agent.config.api_key, &req) {
@@ -285,21 +278,6 @@ fn percent_decode(s: &str) -> String {
 
 // === bodies and answers ===
 
-pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Reply {
-    let body = serde_json::to_vec(value).unwrap_or_else(|e| {
-        format!(r#"{{"success":false,"message":"encoding the answer: {e}"}}"#).into_bytes()
-    });
-    let mut res = Response::new(Full::new(Bytes::from(body)));
-    *res.status_mut() = status;
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    res
-}
-
-pub(crate) fn error(status: StatusCode, message: String) -> Reply {
-    json(status, &Envelope::error(message))
-}
-
 /// The whole body, at most `max_body_bytes` (413 beyond, before reading it when the length
 /// is declared).
 async fn body_bytes(agent: &Agent, req: Request<Incoming>) -> Result<Bytes, Reply> {
@@ -452,16 +430,6 @@ fn timeout_of(agent: &Agent, hard: Option<f64>, soft: Option<f64>) -> Option<Dur
     }
 }
 
-pub(crate) async fn run(agent: &Agent, cmd: Command) -> Result<Outcome, Reply> {
-    let _one_at_a_time = agent.exec_lock.lock().await;
-    agent.runner.run(cmd).await.map_err(|e| {
-        error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("running the command: {}", error_chain(&e)),
-        )
-    })
-}
-
 fn text(bytes: &[u8], max_chars: usize) -> String {
     let s = String::from_utf8_lossy(bytes);
     match s.char_indices().nth(max_chars) {
@@ -506,7 +474,7 @@ async fn shell_exec(agent: &Agent, req: api::ShellExecRequest) -> Reply {
         merge_stderr: true,
         stdin: None,
     };
-    let out = match run(agent, cmd).await {
+    let out = match agent.run(cmd).await {
         Ok(o) => o,
         Err(reply) => return reply,
     };
@@ -517,7 +485,7 @@ async fn shell_exec(agent: &Agent, req: api::ShellExecRequest) -> Reply {
     };
     let output = text(&out.stdout, max_chars);
     let result = api::ShellCommandResult {
-        session_id: req.id.unwrap_or_else(|| next_id("shell")),
+        session_id: req.id.unwrap_or_else(|| api::next_id("shell")),
         console: vec![api::ConsoleRecord {
             ps1: format!("{}$ ", cwd.display()),
             command: req.command.clone(),
@@ -555,15 +523,15 @@ async fn bash_exec(agent: &Agent, req: api::BashExecRequest) -> Reply {
         merge_stderr: false,
         stdin: None,
     };
-    let out = match run(agent, cmd).await {
+    let out = match agent.run(cmd).await {
         Ok(o) => o,
         Err(reply) => return reply,
     };
     let stdout = text(&out.stdout, req.max_output_length);
     let stderr = text(&out.stderr, req.max_output_length);
     let result = api::BashExecResult {
-        session_id: req.session_id.unwrap_or_else(|| next_id("bash")),
-        command_id: next_id("cmd"),
+        session_id: req.session_id.unwrap_or_else(|| api::next_id("bash")),
+        command_id: api::next_id("cmd"),
         command: req.command,
         status: if out.timed_out {
             "timed_out"
@@ -622,22 +590,6 @@ fn download(agent: &Agent, req: &Request<Incoming>) -> Reply {
             res
         }
         Err(e) => error(file_status(&e), error_chain(&e)),
-    }
-}
-
-/// The status of a failed file operation outside the file API's own calls (which answer
-/// upstream's 200 with `success: false`): a path out of the workspace is forbidden.
-pub(crate) fn file_status(e: &FileError) -> StatusCode {
-    match e {
-        FileError::Outside { .. } | FileError::Symlink(_) | FileError::Parent(_) => {
-            StatusCode::FORBIDDEN
-        }
-        FileError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        FileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-            StatusCode::NOT_FOUND
-        }
-        FileError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-        _ => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }
 

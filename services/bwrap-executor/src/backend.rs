@@ -7,11 +7,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use executor_node::{Admitted, Backend, Gauges, NodeState};
+use executor_node::{Admitted, Backend, BackendError, ExecutorError, Gauges, NodeState};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use messages::executor::{ExecutorRun, RunKind};
-use messages::{ErrorBody, ServiceName};
+use messages::{ErrorKind, ServiceName};
 use ractor::{ActorCell, ActorProcessingErr};
 
 use crate::execution::Runner;
@@ -22,9 +22,29 @@ pub struct BwrapBackend {
     pub node: Arc<NodeState>,
 }
 
+/// A run a sandbox cannot take: it is single-use, keeps no workspace and has no network.
+#[derive(Debug, thiserror::Error)]
+pub enum Unsupported {
+    #[error("the bwrap executor runs tier ephemeral without a session, not {0:?}")]
+    Kind(RunKind),
+    #[error(
+        "the bwrap executor has no network: a run with a network policy needs the docker \
+         executor"
+    )]
+    Network,
+}
+
+impl BackendError for Unsupported {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Unsupported::Kind(_) | Unsupported::Network => ErrorKind::BadRequest,
+        }
+    }
+}
+
 /// What a sandbox can run: tier `ephemeral` without a session (sessions live in Docker
 /// containers) and without a network policy (so do runs with egress).
-fn check_kind(run: &ExecutorRun) -> Result<(), ErrorBody> {
+fn check_kind(run: &ExecutorRun) -> Result<(), Unsupported> {
     match run.kind() {
         RunKind::Pooled
         | RunKind::Isolated {
@@ -33,16 +53,10 @@ fn check_kind(run: &ExecutorRun) -> Result<(), ErrorBody> {
         kind @ (RunKind::Isolated {
             session_grade: true,
         }
-        | RunKind::Session { .. }) => {
-            return Err(ErrorBody::bad_request(format!(
-                "the bwrap executor runs tier ephemeral without a session, not {kind:?}"
-            )))
-        }
+        | RunKind::Session { .. }) => return Err(Unsupported::Kind(kind.clone())),
     }
     if run.network.is_some() {
-        return Err(ErrorBody::bad_request(
-            "the bwrap executor has no network: a run with a network policy needs the docker executor",
-        ));
+        return Err(Unsupported::Network);
     }
     Ok(())
 }
@@ -53,8 +67,8 @@ impl Backend for BwrapBackend {
     const SERVICE: ServiceName = ServiceName::BwrapExecutor;
     const SESSIONS: bool = false;
 
-    fn accepts(&self, run: &ExecutorRun) -> Result<(), ErrorBody> {
-        check_kind(run)
+    fn accepts(&self, run: &ExecutorRun) -> Result<(), ExecutorError> {
+        Ok(check_kind(run)?)
     }
 
     async fn start(&mut self, _node: ActorCell) -> Result<(), ActorProcessingErr> {
@@ -120,22 +134,26 @@ mod tests {
         assert!(check_kind(&ephemeral_isolated()).is_ok());
         let mut with_network = ephemeral_isolated();
         with_network.network = Some(NetworkPolicy::default());
-        for r in [
-            run(RunKind::Session {
-                session_id: "s1".into(),
-            }),
-            run(RunKind::Isolated {
-                session_grade: true,
-            }),
-            with_network,
-        ] {
-            let e = check_kind(&r).unwrap_err();
-            assert_eq!(
-                e.kind,
-                messages::ErrorKind::BadRequest,
-                "{:?}: {e:?}",
-                r.kind()
+        let session = run(RunKind::Session {
+            session_id: "s1".into(),
+        });
+        let session_grade = run(RunKind::Isolated {
+            session_grade: true,
+        });
+        for r in [&session, &session_grade] {
+            let e = check_kind(r).unwrap_err();
+            assert!(
+                matches!(e, Unsupported::Kind(ref k) if k == r.kind()),
+                "{e:?}"
             );
+        }
+        let e = check_kind(&with_network).unwrap_err();
+        assert!(matches!(e, Unsupported::Network), "{e:?}");
+        for e in [
+            Unsupported::Kind(session.kind().clone()),
+            Unsupported::Network,
+        ] {
+            assert_eq!(e.kind(), ErrorKind::BadRequest, "{e}");
         }
     }
 }

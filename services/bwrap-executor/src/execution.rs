@@ -9,17 +9,54 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use executor_node::exchange::{request_wire, OutputStreamer};
-use executor_node::job::{request_files, run_spec};
+use executor_node::job::{request_files, run_spec, FilesError};
 use executor_node::outcome::{base_result, classify};
-use executor_node::{Job, NodeState, TemplateImages};
+use executor_node::{BackendError, ExecutorError, Job, NodeState, TemplateImages};
 use messages::exec::{ExecResult, ExecStatus, Timing, Usage};
 use messages::template::TemplateRan;
 use messages::{ErrorBody, ErrorKind, Subjects};
 
 use crate::cgroup::{Counters, Limits};
 use crate::config::BwrapConfig;
-use crate::rootfs::{Rootfs, RootfsCache};
-use crate::sandbox::{Finished, Launcher, SandboxInput};
+use crate::rootfs::{Rootfs, RootfsCache, RootfsError};
+use crate::sandbox::{Finished, Launcher, SandboxError, SandboxInput};
+
+/// The image's file tree could not be exported: the run's answer (nothing ran).
+#[derive(Debug, thiserror::Error)]
+#[error("no file tree of {image}: {}", kit::error_chain(.source))]
+pub struct NoTree {
+    image: String,
+    #[source]
+    source: RootfsError,
+}
+
+impl BackendError for NoTree {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Unavailable
+    }
+}
+
+/// Why an accepted run never got through its sandbox: its result's error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunFailure {
+    #[error(transparent)]
+    Files(#[from] FilesError),
+    /// The request and its files do not fit in the supervisor's frames.
+    #[error("the request does not fit: {0}")]
+    Request(#[source] std::io::Error),
+    #[error("no sandbox: {}", kit::error_chain(.0))]
+    Sandbox(#[source] SandboxError),
+}
+
+impl RunFailure {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            RunFailure::Files(e) => e.kind(),
+            RunFailure::Request(_) => ErrorKind::TooLarge,
+            RunFailure::Sandbox(_) => ErrorKind::Unavailable,
+        }
+    }
+}
 
 /// Everything an execution needs from its node. Cheap to clone.
 #[derive(Clone)]
@@ -37,7 +74,10 @@ impl Runner {
     /// The tree `job` runs on: its template's image (built first when Docker has none,
     /// exported on its first run here), or the node's; with the template that ran, for its
     /// result. An image that cannot be had is the run's answer (`unavailable`).
-    pub async fn tree(&self, job: &Job) -> Result<(Arc<Rootfs>, Option<TemplateRan>), ErrorBody> {
+    pub async fn tree(
+        &self,
+        job: &Job,
+    ) -> Result<(Arc<Rootfs>, Option<TemplateRan>), ExecutorError> {
         let (image, ran) = match &job.run.template {
             None => (self.config.node.image.clone(), None),
             Some(template) => {
@@ -49,9 +89,10 @@ impl Runner {
                 (image, Some(ran))
             }
         };
-        let tree = self.rootfs.tree(&image).await.map_err(|e| {
-            ErrorBody::unavailable(format!("no file tree of {image}: {}", kit::error_chain(&e)))
-        })?;
+        let tree = match self.rootfs.tree(&image).await {
+            Ok(tree) => tree,
+            Err(source) => return Err(NoTree { image, source }.into()),
+        };
         Ok((tree, ran))
     }
 
@@ -70,7 +111,7 @@ impl Runner {
                 }
                 let mut r = base_result(job);
                 r.status = ExecStatus::Internal;
-                r.error = Some(error);
+                r.error = Some(ErrorBody::new(error.kind(), error.to_string()));
                 r
             }
         };
@@ -86,12 +127,11 @@ impl Runner {
         job: &Job,
         rootfs: &Rootfs,
         streamer: Option<&mut OutputStreamer>,
-    ) -> Result<ExecResult, ErrorBody> {
+    ) -> Result<ExecResult, RunFailure> {
         // No workspace travels: a sandbox is single-use and its files die with it.
         let spec = run_spec(job, &self.config.node, false);
         let files = request_files(job)?;
-        let wire = request_wire(&spec, &[], &files)
-            .map_err(|e| ErrorBody::too_large(format!("the request does not fit: {e}")))?;
+        let wire = request_wire(&spec, &[], &files).map_err(RunFailure::Request)?;
         let limits = Limits {
             memory_mb: job.limits.memory_mb,
             pids: job.limits.pids,
@@ -117,10 +157,11 @@ impl Runner {
             streamer,
             filesystem: job.run.filesystem.as_ref(),
         };
-        let finished =
-            self.launcher.run(node, input).await.map_err(|e| {
-                ErrorBody::unavailable(format!("no sandbox: {}", kit::error_chain(&e)))
-            })?;
+        let finished = self
+            .launcher
+            .run(node, input)
+            .await
+            .map_err(RunFailure::Sandbox)?;
         Ok(outcome(job, finished))
     }
 }
@@ -156,5 +197,41 @@ fn apply_usage(result: &mut ExecResult, counters: Counters) {
     }
     if let Some(ns) = counters.cpu_ns {
         usage.cpu_ms = usage.cpu_ms.max(ns / 1_000_000);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_that_never_got_through_its_sandbox_says_whose_fault_it_was() {
+        let io = || std::io::Error::other("no space left");
+        let spawn = SandboxError::Spawn {
+            program: "bwrap".into(),
+            source: io(),
+        };
+        let files = FilesError::Content {
+            path: "a.bin".into(),
+            reason: "not base64".into(),
+        };
+        for (e, kind) in [
+            (files.into(), ErrorKind::BadRequest),
+            (RunFailure::Request(io()), ErrorKind::TooLarge),
+            (RunFailure::Sandbox(spawn), ErrorKind::Unavailable),
+        ] {
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+        let unpack = RootfsError::Unpack {
+            image: "sandmesh-sandbox:x".into(),
+            path: "/var/lib/x".into(),
+            source: io(),
+        };
+        let no_tree = NoTree {
+            image: "sandmesh-sandbox:x".into(),
+            source: unpack,
+        };
+        assert_eq!(no_tree.kind(), ErrorKind::Unavailable);
+        assert!(no_tree.to_string().contains("no space left"), "{no_tree}");
     }
 }

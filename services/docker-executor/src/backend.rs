@@ -7,18 +7,19 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use executor_node::{Admitted, Backend, Gauges, NodeState};
+use executor_node::{Admitted, Backend, BackendError, ExecutorError, Gauges, NodeState};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use messages::executor::{ExecutorRun, RunKind};
 use messages::proc::{ProcCall, ProcReply};
-use messages::{ErrorBody, ServiceName};
+use messages::{ErrorKind, ServiceName};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::containers::{Containers, ContainersArgs, ContainersMsg};
 use crate::execution::Runner;
 use crate::gauges::ContainerGauges;
 use crate::janitor::DockerSweeper;
+use crate::proc_error::ProcError;
 
 pub struct DockerBackend {
     pub runner: Runner,
@@ -45,16 +46,24 @@ impl DockerBackend {
     }
 }
 
+/// A pooled run runs in a warm container, made before anyone asked: it has no egress socket.
+#[derive(Debug, thiserror::Error)]
+#[error("a run with a network policy needs run kind isolated or session")]
+pub struct PooledWithNetwork;
+
+impl BackendError for PooledWithNetwork {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::BadRequest
+    }
+}
+
 /// The Docker backend runs every kind of run; of a run with a network policy it checks the
 /// policy, and that the run has a container of its own.
-fn check_network(run: &ExecutorRun) -> Result<(), ErrorBody> {
+fn check_network(run: &ExecutorRun) -> Result<(), ExecutorError> {
     if let Some(policy) = &run.network {
-        policy.validate().map_err(ErrorBody::from)?;
+        policy.validate()?;
         if run.kind() == &RunKind::Pooled {
-            // A warm container is made before anyone asked: it has no egress socket.
-            return Err(ErrorBody::bad_request(
-                "a run with a network policy needs run kind isolated or session",
-            ));
+            return Err(PooledWithNetwork.into());
         }
     }
     Ok(())
@@ -66,7 +75,7 @@ impl Backend for DockerBackend {
     const SERVICE: ServiceName = ServiceName::DockerExecutor;
     const SESSIONS: bool = true;
 
-    fn accepts(&self, run: &ExecutorRun) -> Result<(), ErrorBody> {
+    fn accepts(&self, run: &ExecutorRun) -> Result<(), ExecutorError> {
         check_network(run)
     }
 
@@ -109,16 +118,14 @@ impl Backend for DockerBackend {
         .boxed()
     }
 
-    fn proc(&self, call: ProcCall) -> BoxFuture<'static, Result<ProcReply, ErrorBody>> {
+    fn proc(&self, call: ProcCall) -> BoxFuture<'static, Result<ProcReply, ExecutorError>> {
         let containers = self.containers.clone();
         async move {
-            let containers = containers
-                .ok_or_else(|| ErrorBody::unavailable("the docker backend is starting"))?;
-            match ractor::call!(containers, ContainersMsg::Proc, call) {
+            let containers = containers.ok_or(ProcError::BackendStarting)?;
+            match ractor::call!(containers, ContainersMsg::Proc, Box::new(call)) {
                 Ok(answer) => answer,
-                Err(e) => Err(ErrorBody::unavailable(format!(
-                    "the session's container went: {e}"
-                ))),
+                // Stopped before answering, or it dropped the call (the session went).
+                Err(_) => Err(ProcError::SessionGone.into()),
             }
         }
         .boxed()
@@ -176,7 +183,8 @@ mod tests {
         };
         assert!(check_network(&run(isolated)).is_ok());
         let e = check_network(&run(RunKind::Pooled)).unwrap_err();
-        assert_eq!(e.kind, messages::ErrorKind::BadRequest, "{e:?}");
+        assert_eq!(e.kind(), ErrorKind::BadRequest, "{e:?}");
+        assert_eq!(e.to_string(), PooledWithNetwork.to_string());
         let mut hostile = run(RunKind::Isolated {
             session_grade: true,
         });
@@ -184,9 +192,8 @@ mod tests {
             allow_cidrs: vec!["not a cidr".into()],
             ..Default::default()
         });
-        assert_eq!(
-            check_network(&hostile).unwrap_err().kind,
-            messages::ErrorKind::BadRequest
-        );
+        let e = check_network(&hostile).unwrap_err();
+        assert!(matches!(e, ExecutorError::Invalid(_)), "{e:?}");
+        assert_eq!(e.kind(), ErrorKind::BadRequest);
     }
 }

@@ -14,34 +14,38 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use executor_node::template_images::TemplateImages;
-use executor_node::{Admitted, NodeState};
+use executor_node::template_images::{ImageError, TemplateImages};
+use executor_node::{Admitted, ExecutorError, NodeState};
 use messages::exec::ExecStatus;
 use messages::executor::RunKind;
 use messages::proc::{ProcCall, ProcReply};
 use messages::template::{RunTemplate, TemplateRan};
 use messages::validate::Ceilings;
-use messages::ErrorBody;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::demand::Sizing;
 use crate::docker::{ContainerKind, ContainerLimits};
-use crate::execution::{Health, Runner};
+use crate::execution::{Health, RunFailure, Runner};
 use crate::gauges::ContainerGauges;
-use crate::session::{SessionArgs, SessionContainer, SessionMsg};
+use crate::proc_error::ProcError;
+use crate::session::{SessionArgs, SessionContainer, SessionError, SessionMsg};
 use crate::warm_pool::{WarmPool, WarmPoolArgs, WarmPoolMsg};
 
 pub enum ContainersMsg {
     /// An admitted run (boxed: it travels through this mailbox by value).
     Run(Box<Admitted>),
     /// A template run's image is known (or could not be had): it runs now.
-    Resolved(Box<Admitted>, Result<String, ErrorBody>),
+    Resolved(Box<Admitted>, Result<String, ImageError>),
     /// Closes a session's container; answers whether there was one.
     Close(String, RpcReplyPort<bool>),
     /// The end of a drain: close every session.
     CloseAll(RpcReplyPort<()>),
-    /// An operation on a session's background processes, for its session actor.
-    Proc(ProcCall, RpcReplyPort<Result<ProcReply, ErrorBody>>),
+    /// An operation on a session's background processes, for its session actor (boxed: the
+    /// largest call would make every message of this mailbox its size).
+    Proc(
+        Box<ProcCall>,
+        RpcReplyPort<Result<ProcReply, ExecutorError>>,
+    ),
 }
 
 pub struct Containers;
@@ -190,12 +194,11 @@ impl ContainersState {
                         {
                             Ok(c) => c,
                             Err(e) => {
-                                let error = ErrorBody::unavailable(format!("no container: {e}"));
                                 let job = &run.job;
                                 break runner.failed(
                                     job,
                                     ExecStatus::Internal,
-                                    error,
+                                    &RunFailure::NoContainer(e),
                                     job.accepted,
                                 );
                             }
@@ -235,10 +238,8 @@ impl ContainersState {
                 Some(a) => a.clone(),
                 None => {
                     if self.sessions.len() >= self.runner.config.max_sessions {
-                        run.answer(Err(ErrorBody::overloaded(format!(
-                            "this executor holds {} sessions; retry on another",
-                            self.sessions.len()
-                        ))));
+                        let held = self.sessions.len();
+                        run.answer(Err(SessionError::Full { held }.into()));
                         return Ok(());
                     }
                     let args = SessionArgs {
@@ -268,9 +269,7 @@ impl ContainersState {
                 _ => return Ok(()),
             }
         }
-        run.answer(Err(ErrorBody::unavailable(
-            "the session is restarting; retry",
-        )));
+        run.answer(Err(SessionError::Restarting.into()));
         Ok(())
     }
 
@@ -330,7 +329,7 @@ impl Actor for Containers {
                         });
                         state.dispatch(&myself, run, Some(&image)).await?
                     }
-                    Err(e) => run.answer(Err(e)),
+                    Err(e) => run.answer(Err(e.into())),
                 }
             }
             ContainersMsg::Close(session_id, reply) => match state.sessions.remove(&session_id) {
@@ -347,12 +346,10 @@ impl Actor for Containers {
             ContainersMsg::Proc(call, reply) => match state.sessions.get(call.session_id()) {
                 // The session actor answers (or, stopped meanwhile, drops the port: 503).
                 Some(actor) => {
-                    let _ = actor.cast(SessionMsg::Proc(call, reply));
+                    let _ = actor.cast(SessionMsg::Proc(*call, reply));
                 }
                 None => {
-                    let _ = reply.send(Err(ErrorBody::not_found(
-                        "the session has no container on this node (closed, or idle)",
-                    )));
+                    let _ = reply.send(Err(ProcError::NoSession.into()));
                 }
             },
             ContainersMsg::CloseAll(reply) => {

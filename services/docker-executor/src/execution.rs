@@ -8,28 +8,59 @@ use std::time::{Duration, Instant};
 
 use executor_node::changes;
 use executor_node::exchange::OutputStreamer;
-use executor_node::job::{request_files, run_spec};
+use executor_node::job::{request_files, run_spec, FilesError};
 use executor_node::outcome::{base_result, classify, safe_paths};
-use executor_node::workspace::{Held, WorkspaceSync};
+use executor_node::workspace::{Held, WorkspaceError, WorkspaceSync};
 use executor_node::{Job, NodeState};
 use kit::AuditScope;
 use messages::exec::{validate_exec, ExecRequest, ExecResult, ExecStatus, Language, Timing};
 use messages::executor::{ExecutorRun, RunKind};
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
-use messages::{ErrorBody, Subjects};
+use messages::{ErrorBody, ErrorKind, Subjects};
 use sandbox_protocol::RunSpec;
 
 use crate::config::ExecutorConfig;
-use crate::docker::{ContainerKind, ContainerLimits, Sandboxes};
+use crate::docker::{ContainerKind, ContainerLimits, DockerError, Sandboxes};
 use crate::egress::{ContainerEgress, EgressHost};
 use crate::exchange::{self, ExchangeInput};
 use crate::lease::{ContainerLease, StartError};
+use crate::proc_error::ProcError;
 
 /// workspace-store removes workspaces unused past its TTL (hours), counting snapshots and
 /// changes as use. A session that runs for hours without changing a file makes neither, so its
 /// container refetches at least this often to keep the workspace alive.
 const SYNC_AT_LEAST_EVERY: Duration = Duration::from_secs(3600);
+
+/// Why a run never got to (or through) the supervisor: its result's error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunFailure {
+    #[error("no container: {0}")]
+    NoContainer(#[source] StartError),
+    #[error("setting the container's limits: {0}")]
+    Limits(#[source] DockerError),
+    #[error("clearing the container's workspace: {0}")]
+    ClearWorkspace(#[source] DockerError),
+    #[error(transparent)]
+    Files(#[from] FilesError),
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
+    #[error("the exchange with the supervisor: {0}")]
+    Exchange(#[source] DockerError),
+}
+
+impl RunFailure {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            RunFailure::NoContainer(_) => ErrorKind::Unavailable,
+            RunFailure::Limits(_) | RunFailure::ClearWorkspace(_) | RunFailure::Exchange(_) => {
+                ErrorKind::Internal
+            }
+            RunFailure::Files(e) => e.kind(),
+            RunFailure::Workspace(e) => e.kind(),
+        }
+    }
+}
 
 /// Everything an execution needs from its node. Cheap to clone.
 #[derive(Clone)]
@@ -102,7 +133,7 @@ impl Runner {
         &self,
         container: &mut ContainerLease,
         job: &Job,
-    ) -> Result<(Vec<u8>, Held), (ErrorBody, Health)> {
+    ) -> Result<(Vec<u8>, Held), (RunFailure, Health)> {
         let (Some(ws), Some(session)) = (&self.workspace, job.run.session_id()) else {
             return Ok((Vec::new(), container.held));
         };
@@ -114,7 +145,7 @@ impl Runner {
                         // with whatever the session's processes wrote since the last run.
                         ws.snapshot(session)
                             .await
-                            .map_err(|e| (e, Health::Reusable))?;
+                            .map_err(|e| (e.into(), Health::Reusable))?;
                         container.synced = Instant::now();
                     }
                     return Ok((Vec::new(), container.held));
@@ -128,20 +159,20 @@ impl Runner {
             self.sandboxes
                 .clear_workspace(&container.name)
                 .await
-                .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
+                .map_err(|e| (RunFailure::ClearWorkspace(e), Health::Unusable))?;
             container.held = Held::Nothing;
         }
         let snapshot = ws
             .snapshot(session)
             .await
-            .map_err(|e| (e, Health::Reusable))?;
+            .map_err(|e| (e.into(), Health::Reusable))?;
         container.synced = Instant::now();
         Ok((snapshot.tar, snapshot.holds))
     }
 
     /// A run of nothing in `session`'s container, for its one effect: the push of what
     /// changed in the workspace since the session's last run (what its processes wrote).
-    pub fn sync_job(&self, session: &str) -> Result<Job, ErrorBody> {
+    pub fn sync_job(&self, session: &str) -> Result<Job, ProcError> {
         let request = ExecRequest {
             language: Language::Shell,
             code: "true".into(),
@@ -152,10 +183,9 @@ impl Runner {
         let kind = RunKind::Session {
             session_id: session.to_string(),
         };
-        let run = ExecutorRun::new(messages::new_id(), request, kind)
-            .map_err(|e| ErrorBody::internal(e.to_string()))?;
-        let limits =
-            validate_exec(run.request(), &self.config.node.ceilings).map_err(ErrorBody::from)?;
+        let run =
+            ExecutorRun::new(messages::new_id(), request, kind).map_err(ProcError::SyncRun)?;
+        let limits = validate_exec(run.request(), &self.config.node.ceilings)?;
         Ok(Job {
             run,
             limits,
@@ -193,7 +223,7 @@ impl Runner {
                     s.finish().await;
                 }
                 (
-                    self.failed(job, ExecStatus::Internal, error, started),
+                    self.failed(job, ExecStatus::Internal, &error, started),
                     health,
                 )
             }
@@ -210,16 +240,16 @@ impl Runner {
         container: &mut ContainerLease,
         job: &Job,
         streamer: Option<&mut OutputStreamer>,
-    ) -> Result<(ExecResult, Health), (ErrorBody, Health)> {
+    ) -> Result<(ExecResult, Health), (RunFailure, Health)> {
         let wanted = ContainerLimits::from(&job.limits);
         if container.limits != wanted {
             self.sandboxes
                 .update_limits(&container.name, wanted)
                 .await
-                .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
+                .map_err(|e| (RunFailure::Limits(e), Health::Unusable))?;
             container.limits = wanted;
         }
-        let files = request_files(job).map_err(|e| (e, Health::Reusable))?;
+        let files = request_files(job).map_err(|e| (e.into(), Health::Reusable))?;
         let (archive, will_hold) = self.workspace_in(container, job).await?;
         // Until the supervisor says it unpacked, the container holds nothing known.
         if !archive.is_empty() {
@@ -241,7 +271,7 @@ impl Runner {
         };
         let ex = exchange::exchange(&self.sandboxes, &mut container.resident, input)
             .await
-            .map_err(|e| (ErrorBody::internal(e.to_string()), Health::Unusable))?;
+            .map_err(|e| (RunFailure::Exchange(e), Health::Unusable))?;
         let health = if ex.ending.container_suspect() {
             Health::Broken
         } else {
@@ -279,11 +309,8 @@ impl Runner {
                         tracing::warn!(session, error = %e, "could not push workspace changes");
                         container.held = Held::Unknown;
                         result.error.get_or_insert(ErrorBody::new(
-                            e.kind,
-                            format!(
-                                "the run finished but its file changes were not saved: {}",
-                                e.message
-                            ),
+                            e.kind(),
+                            format!("the run finished but its file changes were not saved: {e}"),
                         ));
                     }
                 }
@@ -297,14 +324,54 @@ impl Runner {
         &self,
         job: &Job,
         status: ExecStatus,
-        error: ErrorBody,
+        error: &RunFailure,
         started: Instant,
     ) -> ExecResult {
         let mut r = base_result(job);
         r.status = status;
-        r.error = Some(error);
+        r.error = Some(ErrorBody::new(error.kind(), error.to_string()));
         r.node = Some(self.sandboxes.spec.node_id.clone());
         r.timing.exec_ms = Timing::ms(started.elapsed());
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sandmesh_client::ClientError;
+
+    use super::*;
+
+    #[test]
+    fn a_run_that_never_reached_its_supervisor_says_whose_fault_it_was() {
+        let docker = || DockerError::Failed {
+            op: "exec",
+            target: "c1".into(),
+            message: "no such container".into(),
+        };
+        let refused = ClientError::Service {
+            subject: "sandbox.v1.workspace.snapshot".into(),
+            body: ErrorBody::not_found("no such session"),
+        };
+        let files = FilesError::Content {
+            path: "a.bin".into(),
+            reason: "not base64".into(),
+        };
+        for (e, kind) in [
+            (
+                RunFailure::NoContainer(docker().into()),
+                ErrorKind::Unavailable,
+            ),
+            (RunFailure::Limits(docker()), ErrorKind::Internal),
+            (RunFailure::ClearWorkspace(docker()), ErrorKind::Internal),
+            (RunFailure::Exchange(docker()), ErrorKind::Internal),
+            (files.into(), ErrorKind::BadRequest),
+            (
+                WorkspaceError::Snapshot(refused).into(),
+                ErrorKind::Unavailable,
+            ),
+        ] {
+            assert_eq!(e.kind(), kind, "{e}");
+        }
     }
 }

@@ -103,6 +103,7 @@ pub mod janitor;
 pub mod lease;
 pub mod ports;
 pub mod probe;
+pub mod proc_error;
 pub mod procs;
 pub mod resident;
 pub mod session;

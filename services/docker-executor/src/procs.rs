@@ -26,7 +26,7 @@ use messages::proc::{
     ProcOutputRequest, ProcReply, ProcResize, ProcSignal, ProcStart, ProcStarted, ProcState,
     ProcStream, ProcWait, PtySize, MAX_OUTPUT_REPLY_BYTES, MAX_WAIT_MS, OUTPUT_RING_BYTES,
 };
-use messages::{Encoding, ErrorBody};
+use messages::Encoding;
 use sandbox_protocol::{
     self as protocol, FrameDecoder, FrameKind, ProcEnd, ProcSpec, PtyWinsize, PROTOCOL_VERSION,
 };
@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::docker::SUPERVISOR_PATH;
 use crate::egress::ProcessDoors;
+use crate::proc_error::ProcError;
 use crate::resident::{ExecInput, ExecOutput};
 
 /// Processes a session holds, running and ended; the oldest ended one makes room.
@@ -148,8 +149,10 @@ pub struct Procs {
     table: Arc<Mutex<Vec<Entry>>>,
 }
 
-fn no_proc(proc_id: &str) -> ErrorBody {
-    ErrorBody::not_found(format!("no process {proc_id} in this session"))
+fn no_proc(proc_id: &str) -> ProcError {
+    ProcError::NoProc {
+        proc_id: proc_id.to_string(),
+    }
 }
 
 impl Procs {
@@ -160,8 +163,8 @@ impl Procs {
     fn with_proc<T>(
         &self,
         proc_id: &str,
-        f: impl FnOnce(&mut Entry) -> Result<T, ErrorBody>,
-    ) -> Result<T, ErrorBody> {
+        f: impl FnOnce(&mut Entry) -> Result<T, ProcError>,
+    ) -> Result<T, ProcError> {
         self.with(|t| {
             let entry = t
                 .iter_mut()
@@ -181,7 +184,7 @@ impl Procs {
         &self,
         call: ProcCall,
         host: Option<ProcHost>,
-    ) -> Result<ProcReply, ErrorBody> {
+    ) -> Result<ProcReply, ProcError> {
         match call {
             ProcCall::Start {
                 proc_id,
@@ -189,9 +192,7 @@ impl Procs {
                 output_subject,
                 start,
             } => {
-                let host = host.ok_or_else(|| {
-                    ErrorBody::unavailable("the session's container is not ready; retry")
-                })?;
+                let host = host.ok_or(ProcError::NotReady)?;
                 let audit = AuditScope {
                     session_id: Some(start.session_id.clone()),
                     actor: start.requested_by.clone(),
@@ -211,11 +212,11 @@ impl Procs {
             ProcCall::Wait(req) => self.wait(&req).await.map(ProcReply::Info),
             ProcCall::Resize(req) => self.resize(&req).map(ProcReply::Info),
             // It needs the session's container between runs: the session actor runs it.
-            ProcCall::Sync { .. } => Err(ErrorBody::internal("a sync is the session's to run")),
+            ProcCall::Sync { .. } => Err(ProcError::SyncMisrouted),
         }
     }
 
-    fn output(&self, req: &ProcOutputRequest) -> Result<ProcOutput, ErrorBody> {
+    fn output(&self, req: &ProcOutputRequest) -> Result<ProcOutput, ProcError> {
         let max = req
             .max_bytes
             .unwrap_or(MAX_OUTPUT_REPLY_BYTES)
@@ -231,8 +232,8 @@ impl Procs {
         })
     }
 
-    fn input(&self, req: &ProcInput) -> Result<ProcInputAck, ErrorBody> {
-        let data = req.bytes().map_err(ErrorBody::from)?;
+    fn input(&self, req: &ProcInput) -> Result<ProcInputAck, ProcError> {
+        let data = req.bytes()?;
         self.with_proc(&req.proc_id, |e| {
             match req.seq {
                 // A retry of an input already written: answered again, not written twice.
@@ -242,33 +243,29 @@ impl Procs {
                     })
                 }
                 Some(seq) if seq > e.input_next => {
-                    return Err(ErrorBody::conflict(format!(
-                        "input seq {seq} arrived before {}",
-                        e.input_next
-                    ))
-                    .with_details(serde_json::json!({ "next_seq": e.input_next })))
+                    return Err(ProcError::InputOutOfOrder {
+                        seq,
+                        next: e.input_next,
+                    })
                 }
                 _ => {}
             }
             if !e.stdin {
-                return Err(ErrorBody::conflict(
-                    "the process's stdin is closed, or it was started without (start it with \
-                     stdin or a pty)",
-                ));
+                return Err(ProcError::StdinClosed);
             }
-            let control = e
-                .control
-                .as_ref()
-                .ok_or_else(|| ErrorBody::conflict("the process has ended"))?;
-            let full = || ErrorBody::overloaded("the process's input backlog is full; retry");
+            let control = e.control.as_ref().ok_or(ProcError::Ended)?;
             if control.capacity() < 2 {
-                return Err(full());
+                return Err(ProcError::InputBacklog);
             }
             if !data.is_empty() {
-                control.try_send(Control::Input(data)).map_err(|_| full())?;
+                control
+                    .try_send(Control::Input(data))
+                    .map_err(|_| ProcError::InputBacklog)?;
             }
             if req.eof {
-                control.try_send(Control::InputEnd).map_err(|_| full())?;
+                control
+                    .try_send(Control::InputEnd)
+                    .map_err(|_| ProcError::InputBacklog)?;
                 if e.info.pty.is_none() {
                     e.stdin = false;
                 }
@@ -280,7 +277,7 @@ impl Procs {
         })
     }
 
-    fn signal(&self, req: &ProcSignal) -> Result<ProcInfo, ErrorBody> {
+    fn signal(&self, req: &ProcSignal) -> Result<ProcInfo, ProcError> {
         self.with_proc(&req.proc_id, |e| {
             if let Some(control) = &e.control {
                 e.ending = Ending::Requested;
@@ -290,15 +287,15 @@ impl Procs {
         })
     }
 
-    fn resize(&self, req: &ProcResize) -> Result<ProcInfo, ErrorBody> {
+    fn resize(&self, req: &ProcResize) -> Result<ProcInfo, ProcError> {
         let size = PtySize {
             cols: req.cols,
             rows: req.rows,
         };
-        size.validate().map_err(ErrorBody::from)?;
+        size.validate()?;
         self.with_proc(&req.proc_id, |e| {
             if e.info.pty.is_none() {
-                return Err(ErrorBody::conflict("the process has no terminal"));
+                return Err(ProcError::NoTerminal);
             }
             if let Some(control) = &e.control {
                 let _ = control.try_send(Control::Resize(PtyWinsize {
@@ -311,7 +308,7 @@ impl Procs {
         })
     }
 
-    async fn wait(&self, req: &ProcWait) -> Result<ProcInfo, ErrorBody> {
+    async fn wait(&self, req: &ProcWait) -> Result<ProcInfo, ProcError> {
         let ms = req.timeout_ms.unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
         let mut ended = self.with_proc(&req.proc_id, |e| Ok(e.ended.clone()))?;
         let _ = tokio::time::timeout(Duration::from_millis(ms), ended.wait_for(|done| *done)).await;
@@ -320,7 +317,7 @@ impl Procs {
 
     /// Makes room for one more process: at most [`MAX_PROCS`], of which the oldest ended one
     /// goes first; all running is 429.
-    fn make_room(&self) -> Result<(), ErrorBody> {
+    fn make_room(&self) -> Result<(), ProcError> {
         self.with(|t| {
             if t.len() < MAX_PROCS {
                 return Ok(());
@@ -330,9 +327,7 @@ impl Procs {
                     t.remove(i);
                     Ok(())
                 }
-                None => Err(ErrorBody::overloaded(format!(
-                    "the session runs {MAX_PROCS} processes already"
-                ))),
+                None => Err(ProcError::TooMany { max: MAX_PROCS }),
             }
         })
     }
@@ -344,7 +339,7 @@ impl Procs {
         subject: String,
         start: ProcStart,
         audit: AuditScope,
-    ) -> Result<ProcStarted, ErrorBody> {
+    ) -> Result<ProcStarted, ProcError> {
         self.make_room()?;
         let argv = start.command.argv();
         let cwd = match start.cwd.as_deref() {
@@ -363,9 +358,11 @@ impl Procs {
         // Its own proxy: what the process fetches is audited under it, and the proxy lives
         // as long as the process does, whatever runs come and go.
         let egress = match &host.egress {
-            Some(doors) => Some(doors.bind(&proc_id, audit.clone()).map_err(|e| {
-                ErrorBody::unavailable(format!("cannot open the process's egress: {e}"))
-            })?),
+            Some(doors) => Some(
+                doors
+                    .bind(&proc_id, audit.clone())
+                    .map_err(ProcError::Egress)?,
+            ),
             None => None,
         };
         let spec = ProcSpec {
@@ -383,18 +380,15 @@ impl Procs {
             egress_socket: egress.as_ref().map(|e| e.socket_in_container()),
         };
         let (mut input, mut output) = open(&host).await?;
-        let request = serde_json::to_vec(&spec).map_err(|e| ErrorBody::internal(e.to_string()))?;
+        let request = serde_json::to_vec(&spec).map_err(ProcError::Spec)?;
         let wire = protocol::encode_frame(FrameKind::Request, &request);
-        input
-            .write_all(&wire)
-            .await
-            .map_err(|e| ErrorBody::unavailable(format!("the process host is gone: {e}")))?;
+        input.write_all(&wire).await.map_err(ProcError::HostGone)?;
         let mut decoder = FrameDecoder::default();
         let mut early = Vec::new();
         let pid =
             tokio::time::timeout(START_WITHIN, started(&mut output, &mut decoder, &mut early))
                 .await
-                .map_err(|_| ErrorBody::timeout("the process host did not start the program"))??;
+                .map_err(|_| ProcError::StartTimeout)??;
         let started_at = messages::now_ms();
         let (ended_tx, ended_rx) = watch::channel(false);
         let (control_tx, control_rx) = mpsc::channel(CONTROL_BACKLOG);
@@ -556,7 +550,7 @@ fn send_signal(control: &mpsc::Sender<Control>, signal: i32) {
 }
 
 /// Starts `sandmesh-supervisor proc` in the container, attached.
-async fn open(host: &ProcHost) -> Result<(ExecInput, ExecOutput), ErrorBody> {
+async fn open(host: &ProcHost) -> Result<(ExecInput, ExecOutput), ProcError> {
     let options = CreateExecOptions {
         cmd: Some(vec![SUPERVISOR_PATH, "proc"]),
         attach_stdin: Some(true),
@@ -565,19 +559,15 @@ async fn open(host: &ProcHost) -> Result<(ExecInput, ExecOutput), ErrorBody> {
         tty: Some(false),
         ..Default::default()
     };
-    let gone = |e: bollard::errors::Error| {
-        ErrorBody::unavailable(format!(
-            "cannot start a process in the session's container: {e}"
-        ))
-    };
     let exec = host
         .docker
         .create_exec(&host.container, options)
         .await
-        .map_err(gone)?;
-    match host.docker.start_exec(&exec.id, None).await.map_err(gone)? {
+        .map_err(ProcError::Exec)?;
+    let started = host.docker.start_exec(&exec.id, None).await;
+    match started.map_err(ProcError::Exec)? {
         StartExecResults::Attached { output, input } => Ok((input, output)),
-        StartExecResults::Detached => Err(ErrorBody::internal("the process host is not attached")),
+        StartExecResults::Detached => Err(ProcError::NotAttached),
     }
 }
 
@@ -587,19 +577,16 @@ async fn started(
     output: &mut ExecOutput,
     decoder: &mut FrameDecoder,
     early: &mut Vec<(ProcStream, Vec<u8>)>,
-) -> Result<u32, ErrorBody> {
+) -> Result<u32, ProcError> {
     let mut log = String::new();
     loop {
-        while let Some((kind, payload)) = decoder
-            .next_frame()
-            .map_err(|e| ErrorBody::internal(format!("garbage from the process host: {e}")))?
-        {
+        while let Some((kind, payload)) = decoder.next_frame().map_err(ProcError::Garbage)? {
             match kind {
                 FrameKind::Started => {
                     return std::str::from_utf8(&payload)
                         .ok()
                         .and_then(|p| p.parse().ok())
-                        .ok_or_else(|| ErrorBody::internal("the process host sent no pid"));
+                        .ok_or(ProcError::NoPid);
                 }
                 FrameKind::Stdout => early.push((ProcStream::Stdout, payload)),
                 FrameKind::Stderr => early.push((ProcStream::Stderr, payload)),
@@ -608,9 +595,7 @@ async fn started(
                         Ok(ProcEnd::Failed { message }) => message,
                         other => format!("{other:?}"),
                     };
-                    return Err(ErrorBody::bad_request(format!(
-                        "the process did not start: {why}"
-                    )));
+                    return Err(ProcError::DidNotStart { why });
                 }
                 _ => {}
             }
@@ -621,12 +606,11 @@ async fn started(
                 log.push_str(&String::from_utf8_lossy(&message))
             }
             Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(ErrorBody::unavailable(format!("the process host: {e}"))),
+            Some(Err(e)) => return Err(ProcError::HostStream(e)),
             None => {
-                return Err(ErrorBody::unavailable(format!(
-                    "the process host ended before starting the program: {}",
-                    log.trim()
-                )))
+                return Err(ProcError::HostEnded {
+                    log: log.trim().to_string(),
+                })
             }
         }
     }

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use messages::filesystem::FilesystemPolicy;
 use messages::network::NetworkPolicy;
 use messages::proc::{ProcCall, ProcReply};
-use messages::ErrorBody;
+use messages::ErrorKind;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use executor_node::{Admitted, NodeState};
+use executor_node::{Admitted, BackendError, ExecutorError, NodeState};
 
 use crate::docker::{ContainerKind, ContainerLimits};
 use crate::execution::{Health, Runner};
@@ -37,6 +37,32 @@ use crate::gauges::ContainerGauges;
 use crate::lease::{ContainerLease, StartError};
 use crate::procs::{ProcHost, Procs};
 use crate::warm_pool::WarmPoolMsg;
+
+/// Why a session's run was not run (its answer; a run that ran says how in its result).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The node holds as many sessions as it may (`Containers` keeps the count).
+    #[error("this executor holds {held} sessions; retry on another")]
+    Full { held: usize },
+    /// Its actor had just stopped (idle) and the new one could not take the run either.
+    #[error("the session is restarting; retry")]
+    Restarting,
+    #[error("the session was closed")]
+    Closed,
+    #[error("could not start the session's container: {0}")]
+    NoContainer(#[source] StartError),
+}
+
+impl BackendError for SessionError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            SessionError::Full { .. } => ErrorKind::Overloaded,
+            SessionError::Restarting | SessionError::Closed | SessionError::NoContainer(_) => {
+                ErrorKind::Unavailable
+            }
+        }
+    }
+}
 
 /// Containers travel in messages as leases: one the stopped actor never reads is dropped with
 /// its message, and that removes it.
@@ -49,9 +75,9 @@ pub enum SessionMsg {
     Done(ContainerLease, Health, Option<Box<Admitted>>),
     IdleCheck,
     /// An operation on the session's background processes.
-    Proc(ProcCall, RpcReplyPort<Result<ProcReply, ErrorBody>>),
+    Proc(ProcCall, ProcReplyPort),
     /// A process start whose workspace sync is done: it starts now.
-    StartSynced(ProcCall, RpcReplyPort<Result<ProcReply, ErrorBody>>),
+    StartSynced(ProcCall, ProcReplyPort),
 }
 
 pub struct SessionContainer;
@@ -107,7 +133,9 @@ pub struct SessionState {
     procs_since_run: bool,
 }
 
-type SyncReply = RpcReplyPort<Result<ProcReply, ErrorBody>>;
+/// Where a call on the session's processes is answered (a sync's too).
+type ProcReplyPort = RpcReplyPort<Result<ProcReply, ExecutorError>>;
+type SyncReply = ProcReplyPort;
 
 fn answer_syncs(syncs: Vec<SyncReply>, ran: bool) {
     for reply in syncs {
@@ -200,7 +228,7 @@ impl SessionState {
             if let Err(ractor::MessagingErr::SendErr(SessionMsg::Done(_, _, Some(run)))) =
                 myself.cast(SessionMsg::Done(container, health, retry))
             {
-                run.answer(Err(ErrorBody::unavailable("the session was closed")));
+                run.answer(Err(SessionError::Closed.into()));
             }
         });
     }
@@ -221,6 +249,7 @@ impl SessionState {
         let job = match self.args.runner.sync_job(&self.args.session_id) {
             Ok(job) => job,
             Err(e) => {
+                let e = ExecutorError::from(e);
                 for reply in self.syncs.drain(..) {
                     let _ = reply.send(Err(e.clone()));
                 }
@@ -242,14 +271,14 @@ impl SessionState {
     }
 
     /// Off the actor: a start waits for its program, a wait for its end.
-    fn call_procs(&self, call: ProcCall, reply: RpcReplyPort<Result<ProcReply, ErrorBody>>) {
+    fn call_procs(&self, call: ProcCall, reply: ProcReplyPort) {
         let (procs, host) = (self.procs.clone(), self.host.clone());
         self.args.node.tasks.spawn(async move {
-            let _ = reply.send(procs.call(call, host).await);
+            let _ = reply.send(procs.call(call, host).await.map_err(Into::into));
         });
     }
 
-    fn reject_queued(&mut self, error: ErrorBody) {
+    fn reject_queued(&mut self, error: ExecutorError) {
         for run in self.queue.drain(..) {
             run.answer(Err(error.clone()));
         }
@@ -311,9 +340,7 @@ impl Actor for SessionContainer {
             }
             SessionMsg::Acquired(Err(e)) => {
                 tracing::warn!(session = %state.args.session_id, error = %e, "no container for the session");
-                state.reject_queued(ErrorBody::unavailable(format!(
-                    "could not start the session's container: {e}"
-                )));
+                state.reject_queued(SessionError::NoContainer(e).into());
                 myself.stop(Some("no container".into()));
             }
             SessionMsg::Done(container, health, retry) => {
@@ -363,7 +390,7 @@ impl Actor for SessionContainer {
                     if let Err(ractor::MessagingErr::SendErr(SessionMsg::StartSynced(_, reply))) =
                         myself.cast(SessionMsg::StartSynced(call, reply))
                     {
-                        let _ = reply.send(Err(ErrorBody::unavailable("the session was closed")));
+                        let _ = reply.send(Err(SessionError::Closed.into()));
                     }
                 });
             }
@@ -400,7 +427,7 @@ impl Actor for SessionContainer {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        state.reject_queued(ErrorBody::unavailable("the session was closed"));
+        state.reject_queued(SessionError::Closed.into());
         let doors = state.args.runner.sandboxes.ports.doors();
         doors.forget(&state.args.session_id);
         // A run in progress dies with its container now; its lease, back from the run's task
@@ -413,5 +440,31 @@ impl Actor for SessionContainer {
         }
         state.args.gauges.sessions.fetch_sub(1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::docker::DockerError;
+
+    #[test]
+    fn a_session_run_not_run_is_overloaded_only_when_the_node_is_full() {
+        let failed = DockerError::Failed {
+            op: "create",
+            target: "a sandbox container".into(),
+            message: "no uid free".into(),
+        };
+        for (e, kind) in [
+            (SessionError::Full { held: 8 }, ErrorKind::Overloaded),
+            (SessionError::Restarting, ErrorKind::Unavailable),
+            (SessionError::Closed, ErrorKind::Unavailable),
+            (
+                SessionError::NoContainer(failed.into()),
+                ErrorKind::Unavailable,
+            ),
+        ] {
+            assert_eq!((e.kind(), e.body().kind), (kind, kind), "{e}");
+        }
     }
 }

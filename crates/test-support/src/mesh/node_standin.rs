@@ -14,13 +14,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use executor_node::{
-    Admitted, Backend, Gauges, NodeConfig, NodeError, NodeParts, NodeState, Sweep,
+    Admitted, Backend, BackendError, ExecutorError, Gauges, NodeConfig, NodeError, NodeParts,
+    NodeState, Sweep,
 };
 use futures::future::BoxFuture;
 use kit::config::{env_map, ConfigReader};
 use kit::{CancellationToken, Runtime, ServiceInfo};
 use messages::executor::ExecutorRun;
-use messages::{ErrorBody, ServiceName, Subjects};
+use messages::{ErrorBody, ErrorKind, ServiceName, Subjects};
 use ractor::{ActorCell, ActorProcessingErr};
 
 use super::fakes::{fake_run, Runs};
@@ -49,13 +50,36 @@ impl Sweep for NoSandboxes {
     }
 }
 
+/// A refusal [`fake_run`] scripts (a 429 for `busy:`, ...), carried by the node as a backend's
+/// own error and answered as written.
+#[derive(Debug)]
+struct Scripted(ErrorBody);
+
+impl std::fmt::Display for Scripted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.message)
+    }
+}
+
+impl std::error::Error for Scripted {}
+
+impl BackendError for Scripted {
+    fn kind(&self) -> ErrorKind {
+        self.0.kind
+    }
+
+    fn body(&self) -> ErrorBody {
+        self.0.clone()
+    }
+}
+
 impl Backend for StandinBackend {
     type Sweeper = NoSandboxes;
     const KIND: messages::executor::Backend = messages::executor::Backend::Docker;
     const SERVICE: ServiceName = ServiceName::DockerExecutor;
     const SESSIONS: bool = true;
 
-    fn accepts(&self, _run: &ExecutorRun) -> Result<(), ErrorBody> {
+    fn accepts(&self, _run: &ExecutorRun) -> Result<(), ExecutorError> {
         Ok(())
     }
 
@@ -67,7 +91,7 @@ impl Backend for StandinBackend {
         let (node, runs) = (self.node.clone(), self.runs.clone());
         tokio::spawn(async move {
             let answer = fake_run(node, runs, run.job.run.clone()).await;
-            run.answer(answer);
+            run.answer(answer.map_err(|e| Scripted(e).into()));
         });
         Ok(())
     }
