@@ -144,22 +144,10 @@ side_by_side() { # side_by_side NAME CMD [NAME CMD ...]
     rm -f "${logs[$i]}"
   done
 }
-# The framework adapters' suites (the frameworks' own conformance suites against a mesh of their
-# own) follow the SDK's on the same side with SANDMESH_TEST_ADAPTERS=1: they take about 14
-# minutes on a 2-core machine, more than the rest of the Python side, so a plain run leaves them
-# out and says so.
-python_suites() {
-  local status=0
-  clients/python/run-tests.sh || status=1
-  if [ "${SANDMESH_TEST_ADAPTERS:-0}" = 1 ]; then
-    clients/python/run-conformance.sh || status=1
-  else
-    echo "the framework adapters' conformance suites are not run (SANDMESH_TEST_ADAPTERS=1 runs them)"
-  fi
-  return "$status"
-}
-side_by_side "python SDK" python_suites "OpenAPI check" services/gateway/check-openapi.sh \
-  "E2B SDKs" services/gateway/e2b-tests/run.sh
+# The framework adapters' suites (the frameworks' own conformance suites, on pytest-xdist workers
+# against a mesh of their own) are one more of them.
+side_by_side "python SDK" clients/python/run-tests.sh "framework adapters" clients/python/run-conformance.sh \
+  "OpenAPI check" services/gateway/check-openapi.sh "E2B SDKs" services/gateway/e2b-tests/run.sh
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

@@ -28,7 +28,8 @@ NOT_YET = {
     "test_cancellation_stops_foreground_work": RUNNING_FILES,
     "test_destroying_environment_during_command_raises_unavailable": RUNNING_FILES,
     "test_a_backend_attached_by_ref_reaches_a_detached_process": (
-        "sandmesh keeps no process between runs (long-lived processes are not built yet)"
+        "a run's processes end with it, a setsid daemon included; only a session's background "
+        "processes (proc.start) outlive a run, and this backend's commands are runs"
     ),
     "test_symlink_loop_does_not_break_listing": SYMLINKS,
     "test_realpath_and_entries_follow_symlinks": SYMLINKS,
