@@ -13,6 +13,7 @@ import io
 import json
 import time
 import urllib.parse
+import uuid
 from typing import Any, AsyncIterator, List, Optional, Tuple
 
 import pytest
@@ -22,12 +23,18 @@ from agents.models.interface import Model
 from agents.run_config import RunConfig, SandboxRunConfig
 from agents.sandbox import SandboxAgent
 from agents.sandbox.errors import ExposedPortUnavailableError, PtySessionNotFoundError
+from agents.sandbox.manifest import Manifest
 from agents.sandbox.session.pty_types import PtyExecUpdate
+from agents.sandbox.snapshot import resolve_snapshot
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
 from sandmesh import Sandmesh
-from sandmesh.integrations.openai_agents import SandmeshSandboxClient, SandmeshSandboxClientOptions
+from sandmesh.integrations.openai_agents import (
+    SandmeshSandboxClient,
+    SandmeshSandboxClientOptions,
+    SandmeshSandboxSessionState,
+)
 
 from conftest import RISKY_SHELL, Approver, Mesh
 
@@ -231,3 +238,26 @@ async def test_a_server_is_reached_through_its_exposed_port(sm: Sandmesh, mesh: 
         with pytest.raises(ExposedPortUnavailableError):
             await session.resolve_exposed_port(9000)
     await client.delete(session)
+
+
+async def test_a_port_the_gateway_cannot_route_is_refused(sm: Sandmesh, mesh: Mesh) -> None:
+    for bad in ("127.0.0.1:4281", "ftp://127.0.0.1:4281", "http://127.0.0.1:port", "http://:4281", "http://h:0"):
+        with pytest.raises(ValueError, match="the gateway is an http"):
+            SandmeshSandboxClient(sm, gateway=bad)
+    # A session whose id has capitals (the mesh's own ids have them; this client makes none): the
+    # gateway's host route, whose host names arrive lower-cased, cannot name it.
+    client = SandmeshSandboxClient(sm, gateway="http://" + mesh.env["SANDMESH_GATEWAY_ADDR"])
+    with sm.session() as named:
+        assert named.session_id != named.session_id.lower()
+        key = uuid.uuid4()
+        state = SandmeshSandboxSessionState(
+            session_id=key,
+            manifest=Manifest(root="/workspace"),
+            snapshot=resolve_snapshot(None, str(key)),
+            exposed_ports=(8000,),
+            mesh_session_id=named.session_id,
+        )
+        session = await client.resume(state)
+        with pytest.raises(ExposedPortUnavailableError) as refused:
+            await session.resolve_exposed_port(8000)
+        assert "has capitals" in str(refused.value.context), refused.value.context

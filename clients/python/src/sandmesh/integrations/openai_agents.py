@@ -344,9 +344,6 @@ class SandmeshSandboxSession(BaseSandboxSession):
         if session_id != session_id.lower():
             # Host names arrive lower-cased: the gateway's host route cannot name this session.
             raise unavailable(f"session id {session_id} has capitals; sessions this client makes have none")
-        gateway = urlsplit(self._gateway)
-        if gateway.scheme not in ("http", "https") or not gateway.hostname:
-            raise unavailable(f"gateway {self._gateway!r} is not an http(s) URL")
         exposed = self._exposed.get(port)
         if exposed is None or exposed.expires_at - _PORT_RENEW_MS < time.time() * 1000:
             try:
@@ -354,6 +351,7 @@ class SandmeshSandboxSession(BaseSandboxSession):
             except SandmeshError as e:
                 raise unavailable(f"sandmesh: {e}", e) from e
             self._exposed[port] = exposed
+        gateway = urlsplit(self._gateway)
         tls = gateway.scheme == "https"
         return ExposedPortEndpoint(
             host=f"{port}-{session_id}.localhost",
@@ -470,6 +468,8 @@ class SandmeshSandboxClient(BaseSandboxClient[Optional[SandmeshSandboxClientOpti
         sm: the client (one serves every session, from any event loop).
         on_awaiting_approval: called with the :class:`~sandmesh.Confirmation` when a command
             waits for a person (default: a warning naming it); the command goes on waiting.
+        gateway: the mesh's HTTP gateway, which exposed ports are reached through (default
+            ``http://$SANDMESH_GATEWAY_ADDR``, else ``http://127.0.0.1:4281``).
     """
 
     backend_id = "sandmesh"
@@ -487,6 +487,13 @@ class SandmeshSandboxClient(BaseSandboxClient[Optional[SandmeshSandboxClientOpti
         self._on_awaiting_approval = on_awaiting_approval
         addr = os.environ.get("SANDMESH_GATEWAY_ADDR")
         self._gateway = gateway or (f"http://{addr}" if addr else DEFAULT_GATEWAY)
+        try:
+            parts = urlsplit(self._gateway)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+        except ValueError:  # a port that is no number, or out of range
+            valid = False
+        if not valid:
+            raise ValueError(f"the gateway is an http(s) URL, e.g. {DEFAULT_GATEWAY}: not {self._gateway!r}")
         self._instrumentation = instrumentation or Instrumentation()
 
     def _session(self, state: SandmeshSandboxSessionState, *, attach: bool = False) -> SandmeshSandboxSession:
