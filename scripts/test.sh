@@ -139,26 +139,14 @@ side_wait() { # waits for every suite side_by_side started, saying every 30 s wh
     rm -f "${side_logs[$i]}"
   done
 }
-# The suites started so: the Python SDK against a real mesh started from the binaries just built (a cached venv; pip installs its test extra the first time), the HTTP
-# gateway's OpenAPI document — validated, then schemathesis against a live gateway (a bounded
+# The suites started so: the Python SDK against a real mesh started from the binaries just built
+# (a cached venv; pip installs its test extra the first time); the framework adapters' suites (the
+# frameworks' own conformance suites, on pytest-xdist workers against a mesh of their own); the
+# HTTP gateway's OpenAPI document — validated, then schemathesis against a live gateway (a bounded
 # number of examples per operation; no 5xx, every answer as documented) — and E2B's own SDKs,
-# unmodified, against the gateway's E2B facade. Each one's output is shown when it ends.
-# The framework adapters' suites (the frameworks' own conformance suites against a mesh of their
-# own) follow the SDK's on the same side with SANDMESH_TEST_ADAPTERS=1: they take about 14
-# minutes on a 2-core machine, more than the rest of the Python side, so a plain run leaves them
-# out and says so.
-python_suites() {
-  local status=0
-  clients/python/run-tests.sh || status=1
-  if [ "${SANDMESH_TEST_ADAPTERS:-0}" = 1 ]; then
-    clients/python/run-conformance.sh || status=1
-  else
-    echo "the framework adapters' conformance suites are not run (SANDMESH_TEST_ADAPTERS=1 runs them)"
-  fi
-  return "$status"
-}
-side_by_side "python SDK" python_suites "OpenAPI check" services/gateway/check-openapi.sh \
-  "E2B SDKs" services/gateway/e2b-tests/run.sh
+# unmodified, against the gateway's E2B facade.
+side_by_side "python SDK" clients/python/run-tests.sh "framework adapters" clients/python/run-conformance.sh \
+  "OpenAPI check" services/gateway/check-openapi.sh "E2B SDKs" services/gateway/e2b-tests/run.sh
 # Every test in a process of its own, two at a time (most start a whole mesh: more would starve
 # each other on a small machine); Chromium tests one at a time (.config/nextest.toml).
 suite "cargo nextest" cargo nextest run --workspace --no-fail-fast "$@"

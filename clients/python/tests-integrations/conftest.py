@@ -3,14 +3,23 @@ SDK tests' own fixture code (../tests/meshfixture.py), under the default strict 
 assessor rates high or critical waits for a person. The conformance suites' person is the
 ``operator`` fixture (it approves each notice with the real CLI, `sandmesh confirm approve`);
 the end-to-end tests check that a risky command was parked, noticed and approved.
+
+The suites run on several pytest-xdist workers (run-conformance.sh): their rules mostly wait on
+the mesh, and a few wait out the suites' own hang guards. The mesh is one for all of them: the
+main process starts it before the workers start, hands them how to reach it, and stops it once
+they are done. Each worker opens sessions of its own, so every rule keeps the isolation its
+suite gives it (its own directory in a shared session, or a session of its own).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional
 
 import pytest
 
@@ -31,12 +40,15 @@ BOUND = 90.0
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
     """A suite module's ``NOT_YET`` (rule name → reason) marks those rules xfail, strict: one
-    that starts passing fails the run, so the list in the README stays true."""
+    that starts passing fails the run, so the list in the README stays true. Its ``WAITS`` (rules
+    that wait out a hang guard of their suite) go first, so the workers wait on them while the
+    other rules run."""
     for item in items:
         not_yet = getattr(getattr(item, "module", None), "NOT_YET", {})
         reason = not_yet.get(getattr(item, "originalname", item.name))
         if reason is not None:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    items.sort(key=lambda i: getattr(i, "originalname", i.name) not in getattr(getattr(i, "module", None), "WAITS", ()))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -55,9 +67,54 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             report.longrepr = f"skipped, which this suite does not allow: {report.longrepr}"
 
 
+#: The scheduler's own defaults, not the SDK suite's two executions at once (its Overloaded test
+#: fills those): here several workers run at once.
+MESH_ENV = {"SANDMESH_SCHED_MAX_QUEUE": "64", "SANDMESH_SCHED_TENANT_MAX": "48"}
+#: How the main process keeps the mesh (its generator, to stop it) and hands it to the workers.
+_RUNNING = pytest.StashKey[Generator[Mesh, None, None]]()
+_SHARED = pytest.StashKey[Dict[str, Any]]()
+_WORKER_KEY = "sandmesh_mesh"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The main process (or the only one) starts the mesh; a failure to start is handed to every
+    test that needs it, which fails with it."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    running = start_mesh(MESH_ENV)
+    try:
+        mesh = next(running)
+    except (pytest.fail.Exception, Exception) as e:  # start_mesh fails with what to do about it
+        config.stash[_SHARED] = {"error": str(e)}
+        return
+    config.stash[_RUNNING] = running
+    fields = dataclasses.asdict(mesh)
+    config.stash[_SHARED] = {k: str(v) if isinstance(v, Path) else v for k, v in fields.items()}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    running = session.config.stash.get(_RUNNING, None)
+    if running is not None:
+        running.close()  # the generator's finally stops the mesh
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the main process, before a worker starts: how to reach the mesh."""
+    node.workerinput[_WORKER_KEY] = json.dumps(node.config.stash.get(_SHARED, {"error": "no mesh was started"}))
+
+
 @pytest.fixture(scope="session")
-def mesh() -> Iterator[Mesh]:
-    yield from start_mesh()
+def mesh(request: pytest.FixtureRequest) -> Mesh:
+    config = request.config
+    if hasattr(config, "workerinput"):
+        shared = json.loads(config.workerinput[_WORKER_KEY])
+    else:
+        shared = config.stash.get(_SHARED, {"error": "no mesh was started"})
+    if "error" in shared:
+        pytest.fail(f"the mesh did not start: {shared['error']}", pytrace=False)
+    return Mesh(**dict(shared, data_dir=Path(shared["data_dir"]), log=Path(shared["log"])))
 
 
 @pytest.fixture(scope="session")
@@ -86,6 +143,13 @@ class Approver:
     def _approve(self, confirmation_id: str) -> None:
         done = self.mesh.cli("confirm", "approve", confirmation_id)
         self.decided[confirmation_id] = "approved" if done.returncode == 0 else done.stderr
+
+    def decisions(self) -> List[str]:
+        """What became of each notice, once the person decided them all (within BOUND)."""
+        deadline = time.monotonic() + BOUND
+        while len(self.decided) < len(self.notices) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [self.decided.get(c.confirmation_id, "undecided") for c in self.notices]
 
 
 @pytest.fixture

@@ -276,6 +276,16 @@ def test_a_mailbox_hands_messages_over_in_order_and_times_out() -> None:
     asyncio.run(scenario())
 
 
+def test_a_record_with_exposed_ports_decodes_from_msgpack() -> None:
+    """The mesh's MessagePack keys a session's exposed ports by their numbers (in JSON they are
+    strings, as JSON keys are)."""
+    raw = json.loads((TESTDATA / "session_record.json").read_text())
+    raw["ports"] = {8000: {"token_sha256": "00" * 32, "expires_at": 1_764_003_600_000}}
+    decoded = Codec.decode(msgpack.packb(raw, use_bin_type=True), {"Content-Type": "application/msgpack"})
+    assert decoded["ports"] == raw["ports"]
+    assert sandmesh.SessionInfo.from_wire(decoded).state == "closed"
+
+
 def test_a_session_opened_here_sends_the_golden_vector_and_reads_its_record() -> None:
     sm = sandmesh.AsyncSandmesh("nats://127.0.0.1:4222")
     session = sm.session(

@@ -61,7 +61,8 @@ class AsyncProcesses:
     ) -> Process:
         """Starts ``command``: a line for ``bash -c`` (str) or a program and its arguments
         (a list). ``pty=(cols, rows)`` runs it in a terminal. Risky commands wait for a
-        person's approval first (up to ``request_timeout``)."""
+        person's approval first (up to ``request_timeout``; default the client's ``run_timeout``,
+        as a run waits)."""
         body: Dict[str, Any] = {
             "session_id": self.session_id,
             "cwd": cwd,
@@ -75,7 +76,8 @@ class AsyncProcesses:
             body["cmd"] = command
         else:
             body["argv"] = list(command)
-        reply = await self._t.request("proc.start", body, timeout=request_timeout)
+        wait = self._t.run_timeout if request_timeout is None else request_timeout
+        reply = await self._t.request("proc.start", body, timeout=wait)
         return Process.from_wire(reply)
 
     async def list(self) -> List[Dict[str, Any]]:

@@ -200,7 +200,9 @@ class Codec:
         if kind in ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack"):
             if _msgpack is None:
                 raise Internal("a MessagePack reply, and msgpack is not installed")
-            return _msgpack.unpackb(data, raw=False)
+            # The mesh keys some maps by number (a session's exposed ports): integer keys are
+            # valid MessagePack, which msgpack refuses unless told.
+            return _msgpack.unpackb(data, raw=False, strict_map_key=False)
         return json.loads(data) if data else None
 
 

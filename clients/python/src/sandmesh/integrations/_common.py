@@ -1,6 +1,6 @@
 """What every adapter shares: the workspace's place in the sandbox, paths mapped onto the
-session's files, shell commands as sandmesh runs, and what a run waiting for a person does by
-default."""
+session's files, shell commands as sandmesh runs, background processes, and what a run waiting
+for a person does by default."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import posixpath
 import shlex
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
+from .._exec import call_back
+from .._processes import Process
 from ..client import AsyncSession
 from ..errors import NotFound
 from ..sync import Sandmesh
-from ..types import Confirmation, ExecResult
+from ..types import AuditEvent, Confirmation, ExecResult
 
 __all__ = [
     "WORKSPACE_ROOT",
@@ -143,17 +145,50 @@ class MeshSession:
     def run(self, code: str, language: str = "shell", **kwargs: Any) -> ExecResult:
         return self.sm._call(self._run_here(code, language, kwargs))
 
-    async def _files_here(self, op: str, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    async def _call_here(self, part: str, op: str, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         inner = await self._open_here()
-        return await getattr(inner.files, op)(*args, **kwargs)
+        return await getattr(getattr(inner, part), op)(*args, **kwargs)
 
     async def afiles(self, op: str, *args: Any, **kwargs: Any) -> Any:
         """``files.<op>(...)`` of the session (``read``, ``write``, ``stat``, ``list``, ``exists``,
         ``remove``), awaited."""
-        return await self.sm.acall(self._files_here(op, args, kwargs))
+        return await self.sm.acall(self._call_here("files", op, args, kwargs))
 
     def files(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        return self.sm._call(self._files_here(op, args, kwargs))
+        return self.sm._call(self._call_here("files", op, args, kwargs))
+
+    async def aprocesses(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        """``processes.<op>(...)`` of the session (``read``, ``wait``, ``send_input``, ``kill``),
+        awaited; :meth:`astart` starts one."""
+        return await self.sm.acall(self._call_here("processes", op, args, kwargs))
+
+    async def aports(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        """``ports.<op>(...)`` of the session (``expose``, ``list``, ``unexpose``), awaited."""
+        return await self.sm.acall(self._call_here("ports", op, args, kwargs))
+
+    async def _start_here(self, command: Sequence[str], kwargs: Dict[str, Any]) -> Process:
+        inner = await self._open_here()
+        # A start that waits for a person answers only once they decided: what tells of the wait
+        # at once is the confirmation service's audit event, which names the session.
+        asked = await self.sm.async_client.audit.follow("confirmation_requested", session_id=inner.session_id)
+
+        async def tell() -> None:
+            async for event in asked:
+                await call_back(self.on_awaiting_approval, _confirmation(event))
+
+        telling = asyncio.ensure_future(tell())
+        try:
+            return await inner.processes.start(list(command), **kwargs)
+        finally:
+            telling.cancel()
+            await asked.close()
+
+    async def astart(self, command: Sequence[str], **kwargs: Any) -> Process:
+        """Starts a background process in the session (``processes.start`` arguments). While the
+        start waits for a person, each confirmation the session asks for meanwhile goes to
+        ``on_awaiting_approval``, and the start goes on waiting (up to the client's
+        ``run_timeout``, as a run does)."""
+        return await self.sm.acall(self._start_here(command, kwargs))
 
     async def aclose(self) -> None:
         if self._inner is not None:
@@ -164,3 +199,13 @@ class MeshSession:
         if self._inner is not None:
             inner, self._inner = self._inner, None
             self.sm._call(inner.close())
+
+
+def _confirmation(event: AuditEvent) -> Confirmation:
+    """A ``confirmation_requested`` audit event as the notice a parked run gives."""
+    details = event.details if isinstance(event.details, dict) else {}
+    return Confirmation(
+        execution_id=event.execution_id or "",
+        confirmation_id=str(details.get("id", "")),
+        expires_at=int(details.get("expires_at", 0)),
+    )

@@ -19,22 +19,34 @@ run), ``persist_workspace``/``hydrate_workspace`` move the workspace as a tar ar
 ``shutdown`` (the SDK's end of the session, ``client.delete``) closes it. ``resume`` attaches to
 the session a saved state names, or opens a new one that the SDK hydrates from the snapshot.
 
-Not supported yet: PTY sessions (``write_stdin``; sandmesh keeps no process between runs) and
-exposed ports.
+The session supports the SDK's PTY API, so the shell tool's commands (``exec_command``, with or
+without ``tty``) are the session's background processes (``sandbox.v1.proc.*``): a command still
+running when its yield time ends goes on, and ``write_stdin`` writes to its terminal or polls
+it. Ports named in ``SandmeshSandboxClientOptions(exposed_ports=...)`` resolve to the HTTP
+gateway's host route for the port (``http://<port>-<session>.localhost:<gateway port>/`` with
+the port's token), exposed on first use.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
+import os
 import shlex
+import signal
+import time
 import uuid
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Deque, Dict, Literal, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
 
 from agents.sandbox.errors import (
     ExecTimeoutError,
     ExecTransportError,
+    ExposedPortUnavailableError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
@@ -43,14 +55,25 @@ from agents.sandbox.errors import (
 from agents.sandbox.manifest import Manifest
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
 from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.pty_output import collect_pty_output
+from agents.sandbox.session.pty_types import (
+    PTY_PROCESSES_MAX,
+    PtyExecUpdate,
+    allocate_pty_process_id,
+    clamp_pty_yield_time_ms,
+    process_id_to_prune_from_meta,
+    resolve_pty_write_yield_time_ms,
+)
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
 from agents.sandbox.session.sandbox_session import SandboxSession
 from agents.sandbox.session.sandbox_session_state import SandboxSessionState
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
-from agents.sandbox.types import ExecResult, User
+from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tar_bytes
 
-from ..errors import Denied, NotFound, SandmeshError, Timeout
+from .._ports import TOKEN_PARAM, ExposedPort
+from .._transport import new_id
+from ..errors import Denied, NotFound, NotSupported, SandmeshError, Timeout
 from ..sync import Sandmesh
 from ._common import WORKSPACE_ROOT, ApprovalNotice, MeshSession, workspace_relative
 
@@ -63,6 +86,12 @@ __all__ = [
 
 #: The archive persist/hydrate pass through the workspace (excluded from itself).
 _ARCHIVE = ".sandmesh-workspace.tar"
+#: The terminal a ``tty`` command gets (columns, rows).
+PTY_SIZE = (80, 24)
+#: Where the mesh's HTTP gateway listens when neither the client nor SANDMESH_GATEWAY_ADDR says.
+DEFAULT_GATEWAY = "http://127.0.0.1:4281"
+#: An exposed port's token is renewed this long before it expires.
+_PORT_RENEW_MS = 60_000
 
 
 class SandmeshSandboxClientOptions(BaseSandboxClientOptions):
@@ -74,9 +103,13 @@ class SandmeshSandboxClientOptions(BaseSandboxClientOptions):
     network: Optional[Dict[str, Any]] = None
     ttl_ms: Optional[int] = None
     idle_ms: Optional[int] = None
+    #: Ports a server in the session may be reached on (``resolve_exposed_port``).
+    exposed_ports: Tuple[int, ...] = ()
 
     def session_fields(self) -> Dict[str, Any]:
-        return {k: v for k, v in self.model_dump().items() if k != "type" and v is not None}
+        return {
+            k: v for k, v in self.model_dump().items() if k not in ("type", "exposed_ports") and v is not None
+        }
 
 
 class SandmeshSandboxSessionState(SandboxSessionState):
@@ -85,6 +118,23 @@ class SandmeshSandboxSessionState(SandboxSessionState):
     type: Literal["sandmesh"] = "sandmesh"
     mesh_session_id: Optional[str] = None
     options: SandmeshSandboxClientOptions = SandmeshSandboxClientOptions()
+
+
+@dataclass
+class _Process:
+    """A command the PTY API started: the session's background process and what of its output
+    was collected so far."""
+
+    proc_id: str
+    tty: bool
+    next_seq: int = 0
+    exit_code: Optional[int] = None
+    last_used: float = field(default_factory=time.monotonic)
+    output_chunks: Deque[bytes] = field(default_factory=deque)
+    output_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    output_notify: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set once the process ended and all its output was read.
+    output_closed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class SandmeshSandboxSession(BaseSandboxSession):
@@ -99,6 +149,7 @@ class SandmeshSandboxSession(BaseSandboxSession):
         sm: Sandmesh,
         attach: bool = False,
         on_awaiting_approval: Optional[ApprovalNotice] = None,
+        gateway: str = DEFAULT_GATEWAY,
     ) -> None:
         self.state = state
         self._mesh = MeshSession(
@@ -108,6 +159,12 @@ class SandmeshSandboxSession(BaseSandboxSession):
             on_awaiting_approval=on_awaiting_approval,
             open_fields=state.options.session_fields(),
         )
+        self._gateway = gateway
+        # The PTY API's process ids (the SDK's small integers) → the session's processes.
+        self._processes: Dict[int, _Process] = {}
+        self._processes_lock = asyncio.Lock()
+        # Exposing a port again replaces its token, so one exposure serves until it expires.
+        self._exposed: Dict[int, ExposedPort] = {}
 
     @property
     def mesh_session(self) -> MeshSession:
@@ -133,24 +190,175 @@ class SandmeshSandboxSession(BaseSandboxSession):
         script = shlex.join(str(c) for c in command)
         try:
             result = await self._mesh.arun(script, "shell", timeout=timeout)
-        except Timeout as e:
-            context = {"confirmation_id": e.confirmation_id} if e.confirmation_id else {}
-            raise ExecTimeoutError(command=command, timeout_s=timeout, context=context, cause=e) from e
         except SandmeshError as e:
-            # A person's or the policy's refusal is final; an overloaded or unreachable mesh
-            # may pass.
-            retryable = None if isinstance(e, Denied) else e.kind in ("overloaded", "unavailable")
-            raise ExecTransportError(
-                command=command,
-                context={"kind": e.kind, "sandmesh": e.message},
-                cause=e,
-                message=f"sandmesh: {e}",
-                retryable=retryable,
-            ) from e
+            raise _exec_error(command, timeout, e) from e
         if result.status == "timeout":
             raise ExecTimeoutError(command=command, timeout_s=timeout, context={"execution_id": result.execution_id})
         exit_code = result.exit_code if result.exit_code is not None else 137
         return ExecResult(stdout=result.stdout.encode(), stderr=result.stderr.encode(), exit_code=exit_code)
+
+    # === the PTY API: commands as the session's background processes ===
+
+    def supports_pty(self) -> bool:
+        return True
+
+    async def pty_exec_start(
+        self,
+        *command: str | Path,
+        timeout: Optional[float] = None,
+        shell: bool | list[str] = True,
+        user: str | User | None = None,
+        tty: bool = False,
+        yield_time_s: Optional[float] = None,
+        max_output_tokens: Optional[int] = None,
+    ) -> PtyExecUpdate:
+        argv = self._prepare_exec_command(*command, shell=shell, user=user)
+        try:
+            started = await self._mesh.astart(argv, pty=PTY_SIZE if tty else None, request_timeout=timeout)
+        except SandmeshError as e:
+            raise _exec_error(command, timeout, e) from e
+        process = _Process(proc_id=started.proc_id, tty=tty)
+        async with self._processes_lock:
+            process_id = allocate_pty_process_id(set(self._processes))
+            pruned = self._prune_processes()
+            self._processes[process_id] = process
+        if pruned is not None:
+            await self._end(pruned)
+        yield_time_ms = 10_000 if yield_time_s is None else int(yield_time_s * 1000)
+        return await self._update(process_id, process, clamp_pty_yield_time_ms(yield_time_ms), max_output_tokens)
+
+    async def pty_write_stdin(
+        self,
+        *,
+        session_id: int,
+        chars: str,
+        yield_time_s: Optional[float] = None,
+        max_output_tokens: Optional[int] = None,
+    ) -> PtyExecUpdate:
+        async with self._processes_lock:
+            process = self._resolve_pty_session_entry(pty_processes=self._processes, session_id=session_id)
+        if chars:
+            if not process.tty:
+                # The SDK's words: its shell tool tells the model to start the command with a tty.
+                raise RuntimeError("stdin is not available for this process")
+            await self._mesh.aprocesses("send_input", process.proc_id, chars)
+        yield_time_ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
+        wait_ms = resolve_pty_write_yield_time_ms(yield_time_ms=yield_time_ms, input_empty=chars == "")
+        process.last_used = time.monotonic()
+        return await self._update(session_id, process, wait_ms, max_output_tokens)
+
+    async def pty_terminate_all(self) -> None:
+        async with self._processes_lock:
+            processes = list(self._processes.values())
+            self._processes.clear()
+        for process in processes:
+            await self._end(process)
+
+    async def _update(
+        self, process_id: int, process: _Process, yield_time_ms: int, max_output_tokens: Optional[int]
+    ) -> PtyExecUpdate:
+        """What the process printed within ``yield_time_ms`` (or until it ended); an ended
+        process is forgotten, and its update carries its exit code instead of an id."""
+
+        async def poll_output(_deadline: Optional[float] = None) -> None:
+            await self._read_output(process)
+
+        async def wait_for_output(remaining_s: float) -> None:
+            # proc.wait answers when the process ends, so an end is seen at once; output is read
+            # at the deadline, as the SDK's collector only hands it over then.
+            await self._mesh.aprocesses("wait", process.proc_id, timeout_ms=max(1, min(30_000, int(remaining_s * 1000))))
+
+        output, original_token_count, closed = await collect_pty_output(
+            output_chunks=process.output_chunks,
+            output_lock=process.output_lock,
+            output_notify=process.output_notify,
+            is_done=process.output_closed.is_set,
+            yield_time_ms=yield_time_ms,
+            max_output_tokens=max_output_tokens,
+            poll_output=poll_output,
+            settle_output=poll_output,
+            wait_for_output=wait_for_output,
+        )
+        if not closed:
+            return PtyExecUpdate(
+                process_id=process_id, output=output, exit_code=None, original_token_count=original_token_count
+            )
+        async with self._processes_lock:
+            self._processes.pop(process_id, None)
+        return PtyExecUpdate(
+            process_id=None, output=output, exit_code=process.exit_code, original_token_count=original_token_count
+        )
+
+    async def _read_output(self, process: _Process) -> None:
+        """Reads what the process printed since the last read; once it ended and everything was
+        read, takes its exit code and marks its output closed."""
+        if process.output_closed.is_set():
+            return
+        while True:
+            data, next_seq, state = await self._mesh.aprocesses("read", process.proc_id, process.next_seq)
+            if data:
+                async with process.output_lock:
+                    process.output_chunks.append(data)
+                process.output_notify.set()
+            moved, process.next_seq = next_seq != process.next_seq, next_seq
+            if not data or not moved:
+                break
+        if state != "running":
+            info = await self._mesh.aprocesses("wait", process.proc_id, timeout_ms=1)
+            process.exit_code = _exit_code(info)
+            process.output_closed.set()
+            process.output_notify.set()
+
+    def _prune_processes(self) -> Optional[_Process]:
+        """The SDK's bound on the processes it tracks: the least recently used (an ended one
+        first) makes room for a new one."""
+        if len(self._processes) < PTY_PROCESSES_MAX:
+            return None
+        meta = [(pid, p.last_used, p.output_closed.is_set()) for pid, p in self._processes.items()]
+        pruned = process_id_to_prune_from_meta(meta)
+        return None if pruned is None else self._processes.pop(pruned, None)
+
+    async def _end(self, process: _Process) -> None:
+        """Kills a process the SDK lets go of (one that already ended is left as it is)."""
+        if process.output_closed.is_set():
+            return
+        try:
+            await self._mesh.aprocesses("kill", process.proc_id)
+        except SandmeshError:
+            pass  # it ended meanwhile, or its session did: nothing is left to kill
+
+    # === exposed ports ===
+
+    async def _resolve_exposed_port(self, port: int) -> ExposedPortEndpoint:
+        def unavailable(detail: str, cause: Optional[BaseException] = None) -> ExposedPortUnavailableError:
+            return ExposedPortUnavailableError(
+                port=port,
+                exposed_ports=self.state.exposed_ports,
+                reason="backend_unavailable",
+                context={"backend": "sandmesh", "detail": detail},
+                cause=cause,
+            )
+
+        await self._ensure_backend_started()
+        session_id = str(self._mesh.session_id)
+        if session_id != session_id.lower():
+            # Host names arrive lower-cased: the gateway's host route cannot name this session.
+            raise unavailable(f"session id {session_id} has capitals; sessions this client makes have none")
+        exposed = self._exposed.get(port)
+        if exposed is None or exposed.expires_at - _PORT_RENEW_MS < time.time() * 1000:
+            try:
+                exposed = await self._mesh.aports("expose", port)
+            except SandmeshError as e:
+                raise unavailable(f"sandmesh: {e}", e) from e
+            self._exposed[port] = exposed
+        gateway = urlsplit(self._gateway)
+        tls = gateway.scheme == "https"
+        return ExposedPortEndpoint(
+            host=f"{port}-{session_id}.localhost",
+            port=gateway.port or (443 if tls else 80),
+            tls=tls,
+            query=f"{TOKEN_PARAM}={exposed.token}",
+        )
 
     # === files ===
 
@@ -260,6 +468,8 @@ class SandmeshSandboxClient(BaseSandboxClient[Optional[SandmeshSandboxClientOpti
         sm: the client (one serves every session, from any event loop).
         on_awaiting_approval: called with the :class:`~sandmesh.Confirmation` when a command
             waits for a person (default: a warning naming it); the command goes on waiting.
+        gateway: the mesh's HTTP gateway, which exposed ports are reached through (default
+            ``http://$SANDMESH_GATEWAY_ADDR``, else ``http://127.0.0.1:4281``).
     """
 
     backend_id = "sandmesh"
@@ -270,11 +480,26 @@ class SandmeshSandboxClient(BaseSandboxClient[Optional[SandmeshSandboxClientOpti
         sm: Sandmesh,
         *,
         on_awaiting_approval: Optional[ApprovalNotice] = None,
+        gateway: Optional[str] = None,
         instrumentation: Optional[Instrumentation] = None,
     ) -> None:
         self._sm = sm
         self._on_awaiting_approval = on_awaiting_approval
+        addr = os.environ.get("SANDMESH_GATEWAY_ADDR")
+        self._gateway = gateway or (f"http://{addr}" if addr else DEFAULT_GATEWAY)
+        try:
+            parts = urlsplit(self._gateway)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+        except ValueError:  # a port that is no number, or out of range
+            valid = False
+        if not valid:
+            raise ValueError(f"the gateway is an http(s) URL, e.g. {DEFAULT_GATEWAY}: not {self._gateway!r}")
         self._instrumentation = instrumentation or Instrumentation()
+
+    def _session(self, state: SandmeshSandboxSessionState, *, attach: bool = False) -> SandmeshSandboxSession:
+        return SandmeshSandboxSession(
+            state=state, sm=self._sm, attach=attach, on_awaiting_approval=self._on_awaiting_approval, gateway=self._gateway
+        )
 
     async def create(
         self,
@@ -287,14 +512,18 @@ class SandmeshSandboxClient(BaseSandboxClient[Optional[SandmeshSandboxClientOpti
         if manifest.root != WORKSPACE_ROOT:
             raise ValueError(f"a sandmesh session's workspace is {WORKSPACE_ROOT}; the manifest names {manifest.root}")
         session_id = uuid.uuid4()
+        options = options or SandmeshSandboxClientOptions()
         state = SandmeshSandboxSessionState(
             session_id=session_id,
             manifest=manifest,
             snapshot=resolve_snapshot(snapshot, str(session_id)),
-            options=options or SandmeshSandboxClientOptions(),
+            options=options,
+            exposed_ports=options.exposed_ports,
+            # The mesh's id format, lower case: a port's host route names the session in a host
+            # name, which arrives lower-cased.
+            mesh_session_id=new_id().lower(),
         )
-        inner = SandmeshSandboxSession(state=state, sm=self._sm, on_awaiting_approval=self._on_awaiting_approval)
-        return self._wrap_session(inner, instrumentation=self._instrumentation)
+        return self._wrap_session(self._session(state), instrumentation=self._instrumentation)
 
     async def delete(self, session: SandboxSession) -> SandboxSession:
         inner = session._inner
@@ -306,18 +535,38 @@ class SandmeshSandboxClient(BaseSandboxClient[Optional[SandmeshSandboxClientOpti
     async def resume(self, state: SandboxSessionState) -> SandboxSession:
         if not isinstance(state, SandmeshSandboxSessionState):
             raise TypeError("SandmeshSandboxClient.resume expects a SandmeshSandboxSessionState")
-        inner = SandmeshSandboxSession(
-            state=state, sm=self._sm, attach=True, on_awaiting_approval=self._on_awaiting_approval
-        )
+        inner = self._session(state, attach=True)
         try:
             await inner.mesh_session.aopen()
             inner._set_start_state_preserved(True)
         except NotFound:
             # The session is gone (closed, expired): a new one, which start() hydrates from
             # the snapshot.
-            state.mesh_session_id = None
-            inner = SandmeshSandboxSession(state=state, sm=self._sm, on_awaiting_approval=self._on_awaiting_approval)
+            state.mesh_session_id = new_id().lower()
+            inner = self._session(state)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
     def deserialize_session_state(self, payload: Dict[str, object]) -> SandboxSessionState:
         return self._deserialize_session_state_payload(payload, SandmeshSandboxSessionState)
+
+
+def _exec_error(command: Sequence[str | Path], timeout: Optional[float], e: SandmeshError) -> Exception:
+    """A mesh error of a command (a run or a process start) as the SDK's exec errors."""
+    if isinstance(e, Timeout):
+        context = {"confirmation_id": e.confirmation_id} if e.confirmation_id else {}
+        return ExecTimeoutError(command=command, timeout_s=timeout, context=context, cause=e)
+    # A person's or the policy's refusal is final; an overloaded or unreachable mesh may pass. A
+    # session whose backend keeps no processes started nothing: the SDK's shell tool may run the
+    # command once instead (retry_safe).
+    retryable = None if isinstance(e, Denied) else e.kind in ("overloaded", "unavailable")
+    context: Dict[str, object] = {"kind": e.kind, "sandmesh": e.message}
+    if isinstance(e, NotSupported):
+        context["retry_safe"] = True
+    return ExecTransportError(command=command, context=context, cause=e, message=f"sandmesh: {e}", retryable=retryable)
+
+
+def _exit_code(info: Dict[str, Any]) -> int:
+    """A process's end as a shell reports it: its exit code, or 128 + the signal that ended it."""
+    if info.get("exit_code") is not None:
+        return int(info["exit_code"])
+    return 128 + int(info.get("signal") or signal.SIGKILL)
