@@ -25,36 +25,10 @@ case "$suite" in
   *) echo "run-tests.sh: SANDMESH_PY_SUITE=$suite: expected sdk or integrations" >&2; exit 2 ;;
 esac
 venv="${CARGO_TARGET_DIR:-$root/target}/tmp/python-$suite-venv"
-python=${SANDMESH_PYTHON:-python3}
-mkdir -p "$(dirname "$venv")"
-# One installer at a time, under an advisory lock the kernel lets go of when its holder dies
-# (as the Rust tests' venvs). A venv counts as ready only by its stamp, written after a complete
-# install; an install that died halfway (a killed `venv` or `pip`: its marker is still there)
-# starts over from an empty venv instead of building on what it left.
-if command -v flock >/dev/null; then
-  exec 9>"$venv.flock"
-  flock 9
-fi
 # Reinstalled only when the package's sources or the pinned requirements change (not what
 # building the package leaves in src/, its egg-info).
 stamp=$(cd "$here" && find pyproject.toml README.md src "${requirements[@]}" -type f ! -name '*.pyc' ! -path '*.egg-info/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64)
-if [ "$(cat "$venv/.sandmesh-installed" 2>/dev/null)" != "$stamp" ]; then
-  if [ -e "$venv/.sandmesh-installing" ]; then
-    echo "run-tests.sh: an install into $venv did not finish: starting over" >&2
-    rm -rf "$venv"
-  fi
-  mkdir -p "$venv"
-  : >"$venv/.sandmesh-installing"
-  if [ ! -x "$venv/bin/python" ]; then
-    echo "run-tests.sh: creating $venv" >&2
-    "$python" -m venv "$venv"
-  fi
-  echo "run-tests.sh: installing the $suite suite's packages into $venv" >&2
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$here[$extras]" "${requirements[@]/#/-r$here/}"
-  echo "$stamp" >"$venv/.sandmesh-installed"
-  rm "$venv/.sandmesh-installing"
-fi
-exec 9>&- # installed: the next installer may go on
+scripts/python-venv.sh "$venv" "$stamp" "$here[$extras]" "${requirements[@]/#/-r$here/}"
 
 # The mesh's binaries: the CLI, and the two programs `up` puts into the sandbox and AIO images
 # (found next to it; without them `up` would compile release builds of its own).

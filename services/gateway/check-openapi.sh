@@ -13,10 +13,8 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 
 venv=$(realpath -m "${CARGO_TARGET_DIR:-$root/target}/tmp/openapi-venv")
-if [ ! -x "$venv/bin/st" ] || [ ! -x "$venv/bin/openapi-spec-validator" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet 'openapi-spec-validator==0.9.*' 'schemathesis==4.*'
-fi
+tools=('openapi-spec-validator==0.9.*' 'schemathesis==4.*')
+scripts/python-venv.sh "$venv" "$(printf '%s\n' "${tools[@]}" | sha256sum | cut -c1-64)" "${tools[@]}"
 if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   echo "the Docker daemon does not answer: start it (the gateway's mesh runs real sandboxes)" >&2
   exit 1

@@ -16,16 +16,8 @@ cd "$root"
 
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 venv="$target_dir/tmp/e2b-sdk-venv"
-python=${SANDMESH_PYTHON:-python3}
-if [ ! -x "$venv/bin/python" ]; then
-  echo "e2b-tests: creating $venv" >&2
-  "$python" -m venv "$venv"
-fi
-stamp=$(sha256sum "$here/requirements.txt" | cut -c1-64)
-if [ "$(cat "$venv/.sandmesh-installed" 2>/dev/null)" != "$stamp" ]; then
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
-  echo "$stamp" >"$venv/.sandmesh-installed"
-fi
+scripts/python-venv.sh "$venv" "$(sha256sum "$here/requirements.txt" | cut -c1-64)" \
+  -r "$here/requirements.txt"
 
 missing=()
 for bin in sandmesh sandmesh-supervisor sandmesh-aio-agent; do
