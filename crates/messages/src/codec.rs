@@ -36,8 +36,9 @@ pub enum CodecError {
         encoding: &'static str,
         message: String,
     },
+    /// Boxed: every `Result` of the codec (and of the errors that wrap it) stays small.
     #[error(transparent)]
-    UnknownField(UnknownField),
+    UnknownField(Box<UnknownField>),
     #[error("could not encode payload: {0}")]
     Encode(String),
 }
@@ -242,7 +243,7 @@ impl Encoding {
         serde_path_to_error::deserialize(de).map_err(|e| {
             let message = e.inner().to_string();
             if let Some(unknown) = UnknownField::at(&message, e.path(), type_name::<T>()) {
-                return CodecError::UnknownField(unknown);
+                return CodecError::UnknownField(Box::new(unknown));
             }
             let segments: Vec<_> = e.path().iter().collect();
             match dotted(&segments).as_str() {
@@ -324,7 +325,7 @@ mod tests {
                 .map(|(encoding, bytes)| match encoding.decode::<T>(&bytes) {
                     Err(CodecError::UnknownField(f)) => {
                         let shown = f.to_string();
-                        (f, shown)
+                        (*f, shown)
                     }
                     other => panic!("{encoding:?}: {other:?}"),
                 })

@@ -39,7 +39,7 @@ fn refused<T: DeserializeOwned + std::fmt::Debug>(
     bytes: &[u8],
 ) -> UnknownField {
     match encoding.decode::<T>(bytes) {
-        Err(CodecError::UnknownField(unknown)) => unknown,
+        Err(CodecError::UnknownField(unknown)) => *unknown,
         other => panic!("{encoding:?}: expected an unknown field, got {other:?}"),
     }
 }
