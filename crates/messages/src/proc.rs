@@ -38,7 +38,6 @@ pub const MAX_WAIT_MS: u64 = 30_000;
 pub const MAX_PTY_CELLS: u16 = 1000;
 
 /// What to run: a shell command line (`bash -c`) or a program and its arguments.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcCommand {
@@ -132,26 +131,19 @@ pub struct ProcStart {
     /// `"cmd": "npm run dev"` or `"argv": ["python3", "-m", "http.server"]`.
     pub command: ProcCommand,
     /// The working directory: absolute, or relative to the workspace (default: the workspace).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
     /// Added to the sandbox's environment (the same rules as an execution's).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Keep the process's stdin open for `proc.input` (without: `/dev/null`). A terminal
     /// always reads its input.
-    #[serde(default)]
     pub stdin: bool,
     /// Run it in a pseudo-terminal of this size (stdout and stderr are then one stream).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<PtySize>,
     /// A name of the caller's choosing, shown by `proc.list`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
     /// Killed after this long; 0 or absent: it may run as long as its session.
-    #[serde(default)]
     pub timeout_ms: u64,
     /// Who asked (shown to a person deciding).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
 }
 
@@ -177,18 +169,26 @@ pub mod wire {
         /// A program and its arguments.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub argv: Option<Vec<String>>,
+        /// The working directory: absolute, or relative to the workspace (default: the
+        /// workspace).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub cwd: Option<String>,
+        /// Added to the sandbox's environment (the same rules as an execution's).
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         pub env: BTreeMap<String, String>,
+        /// Keep the process's stdin open for `proc.input` (without: `/dev/null`).
         #[serde(default)]
         pub stdin: bool,
+        /// Run it in a pseudo-terminal of this size.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub pty: Option<PtySize>,
+        /// A name of the caller's choosing, shown by `proc.list`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub tag: Option<String>,
+        /// Killed after this long; 0 or absent: it may run as long as its session.
         #[serde(default)]
         pub timeout_ms: u64,
+        /// Who asked (shown to a person deciding).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub requested_by: Option<String>,
     }
