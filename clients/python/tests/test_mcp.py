@@ -189,6 +189,8 @@ def test_initialize_names_the_server_and_list_tools_shows_run_code(mesh: Mesh, t
         for name, tool in tools.items():
             assert tool.description and len(tool.description) > 20, f"{name} is described: {tool}"
             assert tool.input_schema.get("type") == "object", f"{name}: {tool.input_schema}"
+            # An argument a tool does not have is refused, and the schema says so.
+            assert tool.input_schema.get("additionalProperties") is False, f"{name}: {tool.input_schema}"
         run = tools["run_code"].input_schema
         assert run.get("required") == ["code"], run
         assert run["properties"]["language"].get("enum") == ["python", "javascript", "shell"], run
@@ -221,6 +223,11 @@ def test_run_code_prints_42(mesh: Mesh, sm: Sandmesh, tmp_path: Path) -> None:
         assert "status: error (exit code 3)" in text_of(crashed), text_of(crashed)
         unknown = await session.call_tool("run_code", {"code": "DISPLAY 1", "language": "cobol"})
         assert "python" in failed("run_code", unknown, "bad_request"), "the choices are named"
+        # A misspelt argument is a tool error naming it, not ignored (the code would run
+        # outside the session it names); the same call spelt right ran above.
+        misspelt = await session.call_tool("run_code", {"code": "print(6*7)", "sesion_id": "s1"})
+        assert misspelt.is_error, text_of(misspelt)
+        assert "unknown field `sesion_id`" in text_of(misspelt), text_of(misspelt)
 
     converse(mesh, tmp_path, scenario)
 

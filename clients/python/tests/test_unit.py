@@ -90,6 +90,19 @@ def test_the_golden_error_vector_maps_to_its_class() -> None:
     assert (e.code, e.kind) == (body["code"], body["kind"])
 
 
+def test_a_field_the_mesh_does_not_know_is_a_bad_request_naming_it() -> None:
+    # The mesh refuses a request field it does not have rather than ignore it (a misspelt
+    # `allow_domains` would open a session with no network policy): the SDK raises BadRequest
+    # with the field's path in its details.
+    body = json.loads((TESTDATA / "error_unknown_field.json").read_text())
+    assert body == msgpack.unpackb((TESTDATA / "error_unknown_field.msgpack").read_bytes(), raw=False)
+    e = error_from_reply({"Nats-Service-Error-Code": "400"}, body, subject="sandbox.v1.sessions.open")
+    assert type(e) is sandmesh.BadRequest
+    assert "unknown field `allow` in `network`" in e.message
+    assert e.details["field"] == "network.allow"
+    assert "allow_domains" in e.details["expected"]
+
+
 def test_the_golden_exec_result_decodes_the_same_from_json_and_msgpack() -> None:
     as_json = sandmesh.ExecResult.from_wire(json.loads((TESTDATA / "exec_result.json").read_text()))
     as_msgpack = sandmesh.ExecResult.from_wire(

@@ -4,11 +4,17 @@
 //! Values with a fixed set of choices (`language`, `encoding`, `format`) are strings whose
 //! schema lists the choices: a wrong one then comes back as a tool error the model can read
 //! and correct, not as a JSON-RPC "invalid params" failure most clients hide from it.
+//!
+//! An argument a tool does not have is refused, never ignored (`deny_unknown_fields`, so each
+//! schema says `additionalProperties: false`): a misspelt `session_id` would otherwise run the
+//! code outside its session without a word. The SDK answers an argument that does not decode
+//! as a tool error naming it, which the model reads.
 
 use rmcp::schemars::{self, JsonSchema};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunCode {
     /// The program to run. It sees its session's files in its working directory.
     pub code: String,
@@ -31,6 +37,7 @@ pub struct RunCode {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunTests {
     /// The code under test. Tests import it as the module `solution` (Python:
     /// `from solution import f`; JavaScript: `require('./solution.js')`).
@@ -54,6 +61,7 @@ pub struct RunTests {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct GetResult {
     /// The `execution_id` an earlier `run_code` answered with.
     pub execution_id: String,
@@ -63,6 +71,7 @@ pub struct GetResult {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReadFile {
     /// The session whose files to read (as given to `run_code`).
     pub session_id: String,
@@ -71,6 +80,7 @@ pub struct ReadFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WriteFile {
     /// The session whose files to write (as given to `run_code`); it starts on first use.
     pub session_id: String,
@@ -85,6 +95,7 @@ pub struct WriteFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListFiles {
     /// The session whose files to list (as given to `run_code`).
     pub session_id: String,
@@ -93,6 +104,7 @@ pub struct ListFiles {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BrowserNavigate {
     /// The session whose browser to use; each session has its own browser, started on
     /// first use, with its own cookies and history.
@@ -102,12 +114,14 @@ pub struct BrowserNavigate {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BrowserSession {
     /// The session whose browser to use.
     pub session_id: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BrowserClick {
     /// The session whose browser to use.
     pub session_id: String,
@@ -118,6 +132,7 @@ pub struct BrowserClick {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BrowserFill {
     /// The session whose browser to use.
     pub session_id: String,
@@ -130,6 +145,7 @@ pub struct BrowserFill {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BrowserScreenshot {
     /// The session whose browser to use.
     pub session_id: String,
@@ -139,6 +155,7 @@ pub struct BrowserScreenshot {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BrowserContent {
     /// The session whose browser to use.
     pub session_id: String,
@@ -148,6 +165,7 @@ pub struct BrowserContent {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExposePort {
     /// The session whose server listens on the port.
     pub session_id: String,
@@ -158,6 +176,7 @@ pub struct ExposePort {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StartProcess {
     /// The session to run it in (its files, its container).
     pub session_id: String,
@@ -172,6 +191,7 @@ pub struct StartProcess {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ProcessOutput {
     pub session_id: String,
     /// The `proc_id` start_process answered.
@@ -182,8 +202,66 @@ pub struct ProcessOutput {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct KillProcess {
     pub session_id: String,
     /// The `proc_id` start_process answered.
     pub proc_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::handler::server::common::schema_for_input;
+    use rmcp::handler::server::wrapper::Parameters;
+    use serde::de::DeserializeOwned;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// `T` takes `valid`, refuses it with a misspelt argument (naming it), and its input
+    /// schema, as the SDK lists it to clients, says so.
+    fn strict<T: DeserializeOwned + JsonSchema + std::fmt::Debug + 'static>(valid: Value) {
+        let name = std::any::type_name::<T>();
+        if let Err(e) = serde_json::from_value::<T>(valid.clone()) {
+            panic!("{name} refused {valid}: {e}");
+        }
+        let mut typo = valid;
+        typo["sesion_id"] = json!("s1");
+        let e = serde_json::from_value::<T>(typo).unwrap_err().to_string();
+        assert!(e.starts_with("unknown field `sesion_id`"), "{name}: {e}");
+        let schema = schema_for_input::<Parameters<T>>().unwrap();
+        assert_eq!(
+            schema.get("additionalProperties"),
+            Some(&json!(false)),
+            "{name}: {schema:?}"
+        );
+    }
+
+    #[test]
+    fn every_tool_refuses_an_argument_it_does_not_have() {
+        let s = || json!({"session_id": "s1"});
+        let with = |extra: Value| {
+            let mut v = s();
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            v
+        };
+        strict::<RunCode>(json!({"code": "print(1)"}));
+        strict::<RunTests>(json!({"code": "x = 1", "tests": "def test(): pass"}));
+        strict::<GetResult>(json!({"execution_id": "e1"}));
+        strict::<ReadFile>(with(json!({"path": "a.txt"})));
+        strict::<WriteFile>(with(json!({"path": "a.txt", "content": "hi"})));
+        strict::<ListFiles>(s());
+        strict::<BrowserNavigate>(with(json!({"url": "https://example.org/"})));
+        strict::<BrowserSession>(s());
+        strict::<BrowserClick>(with(json!({"index": 1})));
+        strict::<BrowserFill>(with(json!({"index": 1, "text": "hi"})));
+        strict::<BrowserScreenshot>(s());
+        strict::<BrowserContent>(s());
+        strict::<ExposePort>(with(json!({"port": 8000})));
+        strict::<StartProcess>(with(json!({"command": "python3 -m http.server"})));
+        strict::<ProcessOutput>(with(json!({"proc_id": "p1"})));
+        strict::<KillProcess>(with(json!({"proc_id": "p1"})));
+    }
 }

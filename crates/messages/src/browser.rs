@@ -433,6 +433,7 @@ impl Target {
 /// ms; `screenshot` full_page, inline; `content` format; `evaluate` script). Only
 /// [`BrowserRequest::parse`] reads it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BrowserPayload {
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -550,6 +551,7 @@ pub struct BrowserResult {
 
 /// `sandbox.v1.aio.acquire`: bind an AIO instance to a session (idempotent per session).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AioAcquire {
     pub session_id: String,
     /// Also start the instance's browser and return its CDP URL in the lease.
@@ -571,6 +573,7 @@ pub struct AioLease {
 /// `sandbox.v1.aio.release`: destroys the session's instance (it never passes to another
 /// session).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AioRelease {
     pub session_id: String,
     /// When given, must be the session's instance (a release naming another is refused).
@@ -587,6 +590,7 @@ pub struct AioReleased {
 
 /// `sandbox.v1.aio.exec`: run a shell command in the session's AIO instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AioExec {
     pub session_id: String,
     pub command: String,
@@ -617,6 +621,7 @@ pub struct AioExecResult {
 
 /// `sandbox.v1.aio.stats` request (`{}`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AioStatsRequest {}
 
 /// `sandbox.v1.aio.stats` answer (also in the heartbeat's metrics).

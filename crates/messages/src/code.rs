@@ -84,6 +84,7 @@ pub enum TierChoice {
 /// Resource limits a request may ask for; each is clamped to (or refused above) the ceilings.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u64>,
@@ -108,6 +109,7 @@ pub enum ContentEncoding {
 /// A file placed in the workspace before the code runs.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FileSpec {
     pub path: String,
     pub content: String,

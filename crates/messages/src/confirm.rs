@@ -12,6 +12,7 @@ use crate::tenancy::{unscoped, Tenant};
 /// core NATS: a caller that was disconnected asks). Asking again for the same `execution_id`
 /// returns the same confirmation, as it stands.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfirmRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_id: Option<String>,
@@ -45,6 +46,7 @@ pub struct ConfirmRequest {
 /// size and the SHA-256 of its bytes (what was approved can be told from what was not), and,
 /// for text, its beginning. Findings in it name it by `path` (`Finding::path`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfirmFile {
     pub path: String,
     /// Size in bytes, as written into the workspace.
@@ -150,6 +152,7 @@ pub struct Confirmation {
 
 /// `sandbox.v1.confirm.decide`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfirmDecide {
     pub id: String,
     pub approve: bool,
@@ -166,12 +169,14 @@ pub struct ConfirmDecide {
 
 /// `sandbox.v1.confirm.get`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfirmGet {
     pub id: String,
 }
 
 /// `sandbox.v1.confirm.list`: pending ones by default, newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfirmList {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,

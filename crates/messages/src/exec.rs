@@ -18,6 +18,7 @@ use crate::validate::{
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// The idempotency key; a ULID is assigned when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -311,6 +312,7 @@ pub const MAX_RESULT_WAIT_MS: u64 = 30_000;
 /// to that long (at most [`MAX_RESULT_WAIT_MS`]) before the reply says `pending`: a long poll
 /// that needs no subscription to the results stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResultGet {
     pub execution_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

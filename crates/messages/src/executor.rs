@@ -132,6 +132,7 @@ fn validate_run_id(tenant: Option<&Tenant>, field: &str, id: &str) -> Result<(),
 /// lapsed while it ran), before it calls the run lost. The id and tenant are the run's, so a
 /// run of another tenant with the same client id is a different execution.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecutorStatusQuery {
     pub execution_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -340,6 +341,7 @@ pub mod wire {
     }
 
     #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
     pub(super) struct Run {
         execution_id: String,
         tier: Tier,
@@ -415,12 +417,14 @@ impl Serialize for ExecutorRun {
 
 /// `executor.docker.<node>.close`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecutorClose {
     pub session_id: String,
 }
 
 /// `executor.docker.<node>.drain`: stop taking new work, finish what runs, close sessions.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecutorDrain {}
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ const KERNEL_DIRS: [&str; 3] = ["/proc", "/dev", "/sys"];
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FilesystemPolicy {
     /// Directories hidden from the code (an empty read-only directory in their place).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

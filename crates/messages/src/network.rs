@@ -21,6 +21,7 @@ pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct NetworkPolicy {
     /// Names reachable: `api.example.com`, `*.example.org`; bare `*` only with `allow_all`.
     pub allow_domains: Vec<String>,

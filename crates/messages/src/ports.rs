@@ -45,6 +45,7 @@ pub fn validate_port(port: u32) -> Result<u16, ValidationError> {
 /// exposed port again renews it with a new token (the old one stops working).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PortExpose {
     #[serde(default)]
     pub session_id: String,
@@ -73,6 +74,7 @@ impl PortExpose {
 /// `ports.unexpose` (one port) and `ports.list` (`port` left out).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PortRef {
     #[serde(default)]
     pub session_id: String,
@@ -163,6 +165,7 @@ pub enum TokenError {
 /// suffices (an API key's).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TunnelConnect {
     #[serde(default)]
     pub session_id: String,
@@ -195,6 +198,7 @@ pub fn validate_tunnel_id(id: &str) -> Result<(), ValidationError> {
 /// Internal: `executor.docker.<node>.tunnel`, the scheduler's order to the node holding the
 /// session's container. Ids are scoped; the tenant names the tunnel's subjects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecutorTunnel {
     pub session_id: String,
     pub port: u16,

@@ -38,7 +38,6 @@ pub const MAX_WAIT_MS: u64 = 30_000;
 pub const MAX_PTY_CELLS: u16 = 1000;
 
 /// What to run: a shell command line (`bash -c`) or a program and its arguments.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcCommand {
@@ -102,6 +101,7 @@ fn no_nul(field: &str, text: &str) -> Result<(), ValidationError> {
 /// A terminal's size in character cells.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PtySize {
     pub cols: u16,
     pub rows: u16,
@@ -122,36 +122,162 @@ impl PtySize {
 
 /// `sandbox.v1.proc.start`: starts a process in the session's sandbox. The command is
 /// risk-assessed as shell code and, when the assessment asks for it, waits for a person's
-/// approval (the reply comes once decided).
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// approval (the reply comes once decided). On the wire the command is one of two fields
+/// ([`wire::Start`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "wire::Start", into = "wire::Start")]
 pub struct ProcStart {
     pub session_id: String,
     /// `"cmd": "npm run dev"` or `"argv": ["python3", "-m", "http.server"]`.
-    #[serde(flatten)]
     pub command: ProcCommand,
     /// The working directory: absolute, or relative to the workspace (default: the workspace).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
     /// Added to the sandbox's environment (the same rules as an execution's).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Keep the process's stdin open for `proc.input` (without: `/dev/null`). A terminal
     /// always reads its input.
-    #[serde(default)]
     pub stdin: bool,
     /// Run it in a pseudo-terminal of this size (stdout and stderr are then one stream).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<PtySize>,
     /// A name of the caller's choosing, shown by `proc.list`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
     /// Killed after this long; 0 or absent: it may run as long as its session.
-    #[serde(default)]
     pub timeout_ms: u64,
     /// Who asked (shown to a person deciding).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+}
+
+/// The wire form of a [`ProcStart`]: the command is `cmd` or `argv`, two fields of which
+/// exactly one is given. (`#[serde(flatten)]` of the command would read the same bytes, but
+/// serde cannot refuse unknown fields beside a flattened one.)
+pub mod wire {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::{ProcCommand, ProcStart, PtySize};
+
+    #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+    #[cfg_attr(feature = "openapi", schema(as = ProcStartFields))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Start {
+        pub session_id: String,
+        /// A command line, run by `bash -c`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cmd: Option<String>,
+        /// A program and its arguments.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub argv: Option<Vec<String>>,
+        /// The working directory: absolute, or relative to the workspace (default: the
+        /// workspace).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cwd: Option<String>,
+        /// Added to the sandbox's environment (the same rules as an execution's).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub env: BTreeMap<String, String>,
+        /// Keep the process's stdin open for `proc.input` (without: `/dev/null`).
+        #[serde(default)]
+        pub stdin: bool,
+        /// Run it in a pseudo-terminal of this size.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pty: Option<PtySize>,
+        /// A name of the caller's choosing, shown by `proc.list`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tag: Option<String>,
+        /// Killed after this long; 0 or absent: it may run as long as its session.
+        #[serde(default)]
+        pub timeout_ms: u64,
+        /// Who asked (shown to a person deciding).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub requested_by: Option<String>,
+    }
+
+    /// A start naming both commands or neither.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+    #[error("name the command as exactly one of `cmd` (a line for bash) and `argv` (a program and its arguments)")]
+    pub struct NotOneCommand;
+
+    impl TryFrom<Start> for ProcStart {
+        type Error = NotOneCommand;
+
+        fn try_from(w: Start) -> Result<Self, NotOneCommand> {
+            let command = match (w.cmd, w.argv) {
+                (Some(cmd), None) => ProcCommand::Cmd(cmd),
+                (None, Some(argv)) => ProcCommand::Argv(argv),
+                _ => return Err(NotOneCommand),
+            };
+            Ok(ProcStart {
+                session_id: w.session_id,
+                command,
+                cwd: w.cwd,
+                env: w.env,
+                stdin: w.stdin,
+                pty: w.pty,
+                tag: w.tag,
+                timeout_ms: w.timeout_ms,
+                requested_by: w.requested_by,
+            })
+        }
+    }
+
+    impl From<ProcStart> for Start {
+        fn from(s: ProcStart) -> Self {
+            let (cmd, argv) = match s.command {
+                ProcCommand::Cmd(cmd) => (Some(cmd), None),
+                ProcCommand::Argv(argv) => (None, Some(argv)),
+            };
+            Start {
+                session_id: s.session_id,
+                cmd,
+                argv,
+                cwd: s.cwd,
+                env: s.env,
+                stdin: s.stdin,
+                pty: s.pty,
+                tag: s.tag,
+                timeout_ms: s.timeout_ms,
+                requested_by: s.requested_by,
+            }
+        }
+    }
+}
+
+/// The schema of [`ProcStart`]: its wire form's fields, and exactly one of `cmd` and `argv`
+/// given (not null).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for ProcStart {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AllOfBuilder, ArrayBuilder, ObjectBuilder, OneOfBuilder};
+        use utoipa::openapi::{RefOr, Schema, Type};
+        let string = || ObjectBuilder::new().schema_type(Type::String);
+        let given = |field: &str, schema: RefOr<Schema>| {
+            ObjectBuilder::new().property(field, schema).required(field)
+        };
+        let argv = ArrayBuilder::new().items(string()).into();
+        AllOfBuilder::new()
+            .item(utoipa::openapi::Ref::from_schema_name("ProcStartFields"))
+            .item(
+                OneOfBuilder::new()
+                    .item(given("cmd", string().into()))
+                    .item(given("argv", argv)),
+            )
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for ProcStart {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push(("ProcStartFields".into(), wire::Start::schema()));
+        <wire::Start as utoipa::ToSchema>::schemas(schemas);
+    }
 }
 
 impl ProcStart {
@@ -190,6 +316,7 @@ pub struct ProcStarted {
 /// ignored), the others both.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcRef {
     pub session_id: String,
     #[serde(default)]
@@ -254,6 +381,7 @@ pub struct ProcList {
 /// `sandbox.v1.proc.output`: the process's kept output from `from_seq` on.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcOutputRequest {
     pub session_id: String,
     pub proc_id: String,
@@ -322,6 +450,7 @@ pub struct ProcOutput {
 /// `sandbox.v1.proc.input`: bytes for the process's stdin (or terminal).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcInput {
     pub session_id: String,
     pub proc_id: String,
@@ -386,6 +515,7 @@ impl ProcSignalKind {
 /// is then (a killed process may take a moment to show `killed`: `proc.wait` for it).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcSignal {
     pub session_id: String,
     pub proc_id: String,
@@ -396,6 +526,7 @@ pub struct ProcSignal {
 /// [`MAX_WAIT_MS`]) with it still running.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcWait {
     pub session_id: String,
     pub proc_id: String,
@@ -406,6 +537,7 @@ pub struct ProcWait {
 /// `sandbox.v1.proc.resize`: a terminal's new size.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcResize {
     pub session_id: String,
     pub proc_id: String,
@@ -428,7 +560,7 @@ pub enum ProcEvent {
 /// The operation the scheduler forwards to the node holding the session
 /// (`sandbox.v1.executor.<backend>.<node>.proc`). Ids are scoped by tenant already.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ProcCall {
     Start {
         /// The new process's id (chosen by the scheduler, unscoped: the session scopes it).

@@ -81,6 +81,7 @@ pub const NETWORK_POLICY_PARAM: &str = "network_policy";
 /// [`NETWORK_POLICY_PARAM`]. `files` are the files placed beside the code, which it may run:
 /// each is assessed like code of its language, and the verdict covers them all.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AssessRequest {
     pub content: String,
     pub content_type: ContentType,

@@ -182,6 +182,7 @@ impl SessionRecord {
 /// `sessions.open`: an id may be supplied (idempotent), otherwise a ULID is assigned.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionOpen {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
@@ -256,6 +257,7 @@ impl SessionOpen {
 /// `sessions.ttl`: the session closes itself `ttl_ms` from now (a live session only; bounded
 /// like `SessionOpen::ttl_ms`). Answered with the record as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionTtl {
     pub session_id: String,
     pub ttl_ms: u64,
@@ -276,11 +278,13 @@ impl SessionTtl {
 
 /// `sessions.get` and `sessions.close`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionRef {
     pub session_id: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionList {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,

@@ -27,6 +27,7 @@ pub const MAX_WARM_POOL: u32 = 32;
 /// A template as operators write it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Template {
     /// `[a-z0-9-]`, starting with a letter, at most [`MAX_NAME_LEN`].
     pub name: String,
@@ -74,6 +75,7 @@ pub struct Template {
 /// template (env, limits, files) changes the image, so editing those never rebuilds it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ImageSpec {
     /// Absent: the executor's sandbox image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,12 +303,14 @@ pub struct TemplateRecord {
 /// `templates.get` and `templates.delete`.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TemplateRef {
     pub name: String,
 }
 
 /// `templates.list`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TemplateList {}
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -317,6 +321,7 @@ pub struct TemplateListReply {
 
 /// What an executor needs of a template to run in it (`ExecutorRun::template`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunTemplate {
     pub name: String,
     pub image: ImageSpec,

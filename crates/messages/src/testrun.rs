@@ -42,6 +42,7 @@ pub const MAX_MESSAGE_BYTES: usize = 4096;
 /// `sandbox.v1.test` request.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TestRequest {
     /// The idempotency key of the underlying execution; a ULID is assigned when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -65,11 +65,13 @@ pub const MEMORY_FILES: &[(&str, &str)] = &[
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsInit {
     pub session_id: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsWrite {
     pub session_id: String,
     pub path: String,
@@ -94,6 +96,7 @@ pub struct WsWrite {
 /// write or restore names its upload (or the upload expires). Chunks may arrive in any
 /// order after `seq` 0, which opens the upload; sending a chunk again replaces it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsUploadChunk {
     pub session_id: String,
     /// Chosen by the client (1–64 of `[A-Za-z0-9_-]`, e.g. a ULID), unique per session.
@@ -113,6 +116,7 @@ pub struct WsUploadAck {
 /// Names a finished upload in a write or restore: the content is its chunks `0..chunks` in
 /// order, and must hash to `sha256` (hex).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UploadRef {
     pub upload_id: String,
     pub chunks: u64,
@@ -121,6 +125,7 @@ pub struct UploadRef {
 
 /// `fetch`: a range of a staged snapshot (`WsArchive::object`) of the caller's session.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsFetch {
     pub session_id: String,
     pub object: String,
@@ -129,6 +134,7 @@ pub struct WsFetch {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsRead {
     pub session_id: String,
     pub path: String,
@@ -158,6 +164,7 @@ pub struct WsFile {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsList {
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +206,7 @@ pub struct WsListing {
 
 /// `stat` and `delete` name one path.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsPath {
     pub session_id: String,
     pub path: String,
@@ -211,6 +219,7 @@ pub struct WsPath {
 /// `snapshot`: the workspace as a tar. Small snapshots come inline (base64 in JSON, bin in
 /// msgpack); larger ones are left in the object store under `object` for the caller to fetch.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsSnapshot {
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -245,6 +254,7 @@ pub fn revision_key(session_id: &str) -> String {
 
 /// `restore`: unpack a tar into the workspace, all or nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsRestore {
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -279,6 +289,7 @@ pub struct WsRestored {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsUsageRequest {
     pub session_id: String,
 }
@@ -295,6 +306,7 @@ pub struct WsUsage {
 
 /// `cleanup`: remove one session's workspace, or sweep every workspace idle past the TTL.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WsCleanup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,

@@ -1078,6 +1078,12 @@ fn golden_vectors_are_byte_exact() {
         "error",
         &ErrorBody::too_large("code is 300000 bytes; the limit is 262144"),
     );
+    // What a request with a field its type does not have is answered: refused, never
+    // ignored, the field and its object named.
+    let misspelt = Encoding::Json
+        .decode::<SessionOpen>(br#"{"network": {"allow": ["pkgs.example.org"]}}"#)
+        .unwrap_err();
+    check("error_unknown_field", &ErrorBody::from(misspelt));
     check(
         "confirmation",
         &Confirmation {

@@ -98,7 +98,9 @@ impl Agent {
 // === extractors with problem-shaped rejections ===
 
 /// A JSON body of at most the configured size. No body at all reads as JSON `null`: an
-/// `Option` is `None`, anything else is refused.
+/// `Option` is `None`, anything else is refused. Decoded as the mesh decodes a NATS payload
+/// (`messages::codec`): a body with a field its type refuses (every `messages` request type
+/// and the gateway's own bodies do) is refused as over NATS, naming the field.
 pub struct Body<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<Arc<App>> for Body<T> {
@@ -119,9 +121,10 @@ impl<T: DeserializeOwned> FromRequest<Arc<App>> for Body<T> {
             true => b"null",
             false => &bytes,
         };
-        serde_json::from_slice(json)
+        messages::Encoding::Json
+            .decode(json)
             .map(Self)
-            .map_err(|e| Problem::bad_request(format!("the body: {e}")))
+            .map_err(|e| Problem::of_body(&e))
     }
 }
 

@@ -168,4 +168,61 @@ mod tests {
         }
         assert!(schemas.contains_key("RefusedFile"), "RefusedFile missing");
     }
+
+    /// What the bodies refuse, the document says: a request body and every object in it takes
+    /// no property it does not list, so a generator never makes one the gateway rightly
+    /// refuses. Answers stay open, for clients reading a newer gateway's.
+    #[test]
+    fn request_bodies_are_closed_and_answers_open() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for closed in [
+            "ExecRequest",
+            "TestRequest",
+            "SessionOpen",
+            "Template",
+            "ProcStartFields",
+            "InputBody",
+            "ExposeBody",
+            "NetworkPolicy",
+            "FilesystemPolicy",
+            "Limits",
+            "FileSpec",
+            "PtySize",
+        ] {
+            let schema = &schemas[closed];
+            assert_eq!(schema["additionalProperties"], false, "{closed}: {schema}");
+        }
+        for open in [
+            "ExecResult",
+            "SessionRecord",
+            "TemplateRecord",
+            "ProcInfo",
+            "Problem",
+        ] {
+            let schema = &schemas[open];
+            assert!(schema.is_object(), "{open} missing");
+            assert!(
+                schema.get("additionalProperties").is_none(),
+                "{open}: {schema}"
+            );
+        }
+        // A process's command: the fields, and exactly one of `cmd` and `argv`.
+        let start = &schemas["ProcStart"]["allOf"];
+        assert_eq!(
+            start[0]["$ref"], "#/components/schemas/ProcStartFields",
+            "{start}"
+        );
+        let one_of = start[1]["oneOf"].as_array().unwrap();
+        let required: Vec<_> = one_of.iter().map(|s| s["required"].clone()).collect();
+        assert_eq!(
+            required,
+            [serde_json::json!(["cmd"]), serde_json::json!(["argv"])]
+        );
+        assert_eq!(one_of[0]["properties"]["cmd"]["type"], "string", "{start}");
+        assert_eq!(one_of[1]["properties"]["argv"]["type"], "array", "{start}");
+        let body = &doc["paths"]["/api/v1/sessions/{id}/processes"]["post"]["requestBody"];
+        let schema = &body["content"]["application/json"]["schema"];
+        assert_eq!(schema["$ref"], "#/components/schemas/ProcStart", "{body}");
+    }
 }

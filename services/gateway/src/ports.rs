@@ -36,6 +36,7 @@ use crate::problem::{Errors, Problem, Reply};
 
 /// `POST /api/v1/sessions/{id}/ports`'s body.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExposeBody {
     pub port: u32,
     /// How long the port stays exposed (default an hour, at most a day).

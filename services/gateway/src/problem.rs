@@ -136,6 +136,12 @@ impl Problem {
         p
     }
 
+    /// A request body that does not decode as its type (malformed, or with a field the type
+    /// does not have): 400, saying where.
+    pub fn of_body(e: &messages::CodecError) -> Self {
+        Self::bad_request(format!("the body: {e}"))
+    }
+
     /// The HTTP status of a failed mesh call.
     pub fn status_of(kind: ErrorKind) -> StatusCode {
         match kind {

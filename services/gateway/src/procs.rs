@@ -55,7 +55,7 @@ pub async fn start(
         .ok_or_else(|| Problem::bad_request("the body: expected a JSON object"))?;
     object.insert("session_id".into(), serde_json::Value::String(id));
     let start: ProcStart =
-        serde_json::from_value(body).map_err(|e| Problem::bad_request(format!("the body: {e}")))?;
+        messages::Encoding::decode_json_value(body).map_err(|e| Problem::of_body(&e))?;
     let started = agent
         .mesh
         .procs()
@@ -134,6 +134,7 @@ pub async fn output(
 
 /// `POST …/input`'s body.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct InputBody {
     #[serde(default)]
     pub data: String,

@@ -8,4 +8,5 @@ mod e2b;
 mod large_upload;
 mod ports;
 mod procs;
+mod unknown_fields;
 mod uploads;

@@ -8,7 +8,7 @@ use messages::executor::RunKind;
 use messages::network::NetworkPolicy;
 use messages::session::{SessionOpen, SessionRecord};
 use messages::subjects::SessionOp;
-use messages::{ErrorKind, Subjects};
+use messages::{codec, Encoding, ErrorBody, ErrorKind, Subjects};
 
 fn policy(json: serde_json::Value) -> NetworkPolicy {
     serde_json::from_value(json).unwrap()
@@ -224,6 +224,107 @@ async fn a_policy_tier_aio_cannot_apply_is_refused_naming_it() {
     assert!(
         mesh.runs.lock().unwrap().is_empty(),
         "nothing reached an executor"
+    );
+    mesh.shutdown().await;
+}
+
+/// One request as a tenant's own NATS client sends it: `body` in `encoding`, with its
+/// `Content-Type`. Answers the error code header (if any) and the decoded reply.
+async fn ask(
+    nc: &async_nats::Client,
+    subject: String,
+    body: &serde_json::Value,
+    encoding: Encoding,
+) -> (Option<String>, serde_json::Value) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(codec::CONTENT_TYPE, encoding.content_type());
+    let reply = nc
+        .request_with_headers(subject, headers, encoding.encode(body).unwrap().into())
+        .await
+        .unwrap();
+    let code = reply
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(codec::SERVICE_ERROR_CODE))
+        .map(|v| v.to_string());
+    (code, encoding.decode(&reply.payload).unwrap())
+}
+
+/// A policy field the scheduler does not know is refused with 400 naming it, never ignored:
+/// a client that wrote `allow` for `allow_domains` would otherwise get a session with no
+/// network and no word of it. Sent as that client sends it, over a tenant's raw connection,
+/// in both encodings; with the field's right name the same request opens the session.
+#[tokio::test]
+async fn a_misspelt_policy_field_is_refused_naming_it_not_ignored() {
+    let mesh = Mesh::builder()
+        .tenants(&["acme"], &[])
+        .risk()
+        .workspace()
+        .confirm_standin(false)
+        .executor("node-a", 8)
+        .scheduler(|c| c.network_ceiling = NetworkPolicy::ceiling("pkgs.example.org", "").unwrap())
+        .start()
+        .await;
+    let acme = test_support::connect(&mesh.nats.agent_url("acme")).await;
+    let s = Subjects::default();
+    for encoding in [Encoding::Json, Encoding::MsgPack] {
+        let typo = serde_json::json!({
+            "session_id": "typo-1",
+            "network": {"allow": ["pkgs.example.org"]},
+        });
+        let (code, body) = ask(&acme, s.sessions(SessionOp::Open), &typo, encoding).await;
+        assert_eq!(code.as_deref(), Some("400"), "{encoding:?}: {body}");
+        let error: ErrorBody = serde_json::from_value(body).unwrap();
+        assert_eq!(error.kind, ErrorKind::BadRequest);
+        assert!(
+            error
+                .message
+                .starts_with("unknown field `allow` in `network` of `SessionOpen`"),
+            "{error:?}"
+        );
+        assert!(error.message.contains("allow_domains"), "{error:?}");
+        assert_eq!(error.details.unwrap()["field"], "network.allow");
+
+        let misspelt_top = serde_json::json!({
+            "language": "python",
+            "code": "print(1)",
+            "netwrok": {"allow_domains": ["pkgs.example.org"]},
+        });
+        let (code, body) = ask(&acme, s.exec(), &misspelt_top, encoding).await;
+        assert_eq!(code.as_deref(), Some("400"), "{encoding:?}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("unknown field `netwrok` in `ExecRequest`"),
+            "{body}"
+        );
+    }
+    let (code, _) = ask(
+        &acme,
+        s.sessions(SessionOp::Get),
+        &serde_json::json!({"session_id": "typo-1"}),
+        Encoding::Json,
+    )
+    .await;
+    assert_eq!(
+        code.as_deref(),
+        Some("404"),
+        "the refused open opened nothing"
+    );
+    assert!(mesh.runs.lock().unwrap().is_empty(), "nothing ran");
+
+    // Positive control: the same request with the field's right name.
+    let right = serde_json::json!({
+        "session_id": "typo-1",
+        "network": {"allow_domains": ["pkgs.example.org"]},
+    });
+    let (code, body) = ask(&acme, s.sessions(SessionOp::Open), &right, Encoding::Json).await;
+    assert_eq!(code, None, "{body}");
+    let opened: SessionRecord = serde_json::from_value(body).unwrap();
+    assert_eq!(
+        opened.network.map(|n| n.allow_domains),
+        Some(vec!["pkgs.example.org".to_string()])
     );
     mesh.shutdown().await;
 }

@@ -898,9 +898,15 @@ async fn hostile_requests_on_every_subject_get_a_clear_refusal() {
     let ids = json!({"session_id": "hostile", "proc_id": unknown});
     for op in [ProcOp::Output, ProcOp::Signal, ProcOp::Wait] {
         let mut body = ids.clone();
-        body["signal"] = json!("KILL");
+        if op == ProcOp::Signal {
+            body["signal"] = json!("KILL");
+        }
         assert_eq!(raw(op, body).await, Err(404), "{op:?}");
     }
+    // A field the operation does not have is refused before anything is looked up.
+    let mut stray = ids.clone();
+    stray["signal"] = json!("KILL");
+    assert_eq!(raw(ProcOp::Wait, stray).await, Err(400));
     let input = json!({"session_id": "hostile", "proc_id": unknown, "data": "x"});
     assert_eq!(raw(ProcOp::Input, input).await, Err(404));
     let resize = json!({"session_id": "hostile", "proc_id": unknown, "cols": 80, "rows": 24});

@@ -25,6 +25,10 @@
 //! every execution: crate::stream::events (notice, output, result) → E2B's shape
 //! ```
 //!
+//! Unlike `/api/v1`'s, the facade's request bodies are read leniently: their types are E2B's
+//! protocol, and an official SDK newer than this facade may send fields it does not model.
+//! What the facade acts on it reads, and the rest it ignores.
+//!
 //! Errors are E2B's shapes: `{"code": <status>, "message"}` on the control plane, `/files` and
 //! `/execute`; Connect's `{"code": "not_found", "message"}` on the RPCs. What sandmesh cannot
 //! do (pause, snapshots, templates, …) answers 501 naming it.
