@@ -4,7 +4,7 @@
 //! `run()` in-process) and instantiates the suite with
 //! [`executor_conformance!`](crate::executor_conformance):
 //!
-//! ```ignore
+//! ```text
 //! test_support::executor_conformance!(common::Harness);
 //! ```
 //!

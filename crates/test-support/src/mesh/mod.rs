@@ -4,7 +4,7 @@
 //! real Docker daemon, [`docker`]). The scheduler's, gateway's, console's and browser-router's
 //! tests all start their mesh here. A test says what it needs:
 //!
-//! ```ignore
+//! ```text
 //! let mesh = Mesh::builder().risk().confirm(&[]).executor("a", 4).scheduler(|_| {}).start().await;
 //! ```
 //!
