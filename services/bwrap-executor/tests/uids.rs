@@ -111,7 +111,11 @@ async fn a_sandbox_holding_every_per_user_budget_leaves_another_sandbox_its_own(
         .unwrap();
     let attack = async {
         let mut said = String::new();
-        while !said.contains("fds ") {
+        // Until its last line has come whole: a chunk may end inside it ("fds " without the count).
+        while !said
+            .split_inclusive('\n')
+            .any(|line| line.starts_with("fds ") && line.ends_with('\n'))
+        {
             let m = tokio::time::timeout(Duration::from_secs(60), chunks.next())
                 .await
                 .expect("A reports what it holds")
