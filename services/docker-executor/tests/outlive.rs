@@ -149,8 +149,10 @@ async fn a_kernel_thread_cannot_replace_later_runs_code() {
         &h,
         s,
         Language::Python,
-        "import time\na = int(open('/tmp/swaps').read())\ntime.sleep(0.3)\n\
-         print(int(open('/tmp/swaps').read()) > a, open('/tmp/.sandmesh/main.sh').read(), end='')",
+        // The writer truncates and rewrites each file: a read may fall between the two.
+        "import time\ndef read(path):\n    while not (t := open(path).read()):\n        pass\n    return t\n\
+         a = int(read('/tmp/swaps'))\ntime.sleep(0.3)\n\
+         print(int(read('/tmp/swaps')) > a, read('/tmp/.sandmesh/main.sh'), end='')",
     )
     .await;
     assert_eq!(r.stdout, "True echo HIJACKED\n", "{r:?}");
